@@ -1,0 +1,31 @@
+# The README's two commands.  Each installs what it needs on a fresh Debian
+# machine (apt packages, the virtualenv with vcsched installed editable) and runs.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+demo: $(STAMP)
+	VENV=$(VENV) scripts/demo
+
+test: $(STAMP)
+	VENV=$(VENV) scripts/test
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check vcsched hypervisor calibration cli tests
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(VENV)/bin/vcsched bench --output docs/benchmarks.md
+
+$(STAMP): pyproject.toml setup.py scripts/install-system-deps
+	scripts/install-system-deps
+	@[ -x $(PY) ] || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,plot]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,101 @@
+"""The click group and the one place that turns errors into one line and an exit code.
+
+Exit codes: 0 success, 1 a well-formed request that cannot be satisfied
+(no feasible placement, admission refused), 2 bad input (nothing was changed).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+
+from vcsched.errors import InputError, VcschedError
+
+EXIT_OK, EXIT_UNSATISFIED, EXIT_BAD_INPUT = 0, 1, 2
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """Print one line on stderr and exit; the single way commands report errors."""
+    click.echo(f"vcsched: error: {message}", err=True)
+    sys.exit(code)
+
+
+class VcschedGroup(click.Group):
+    """Maps every error a user can cause to one line on stderr and exit code 2."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+            sys.exit(EXIT_OK)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            fail("aborted", 130)
+        except click.ClickException as exc:
+            hint = ""
+            ctx = getattr(exc, "ctx", None)
+            if ctx is not None:
+                hint = f" (see '{ctx.command_path} --help')"
+            fail(f"{exc.format_message()}{hint}", EXIT_BAD_INPUT)
+        except InputError as exc:
+            fail(str(exc), EXIT_BAD_INPUT)
+        except VcschedError as exc:
+            fail(str(exc), getattr(exc, "exit_code", EXIT_BAD_INPUT))
+        if isinstance(rv, int):
+            sys.exit(rv)
+        return rv
+
+
+def read_json_file(path: str, what: str) -> Any:
+    """Read and decode a JSON file, turning every failure into an InputError naming the file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise InputError(f"{what} {path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{what} {path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+
+
+def emit_json(value: Any) -> None:
+    """One JSON object on stdout, for scripts."""
+    click.echo(json.dumps(value, indent=None, separators=(",", ":"), default=_json_default))
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):  # numpy scalars
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+@click.group(cls=VcschedGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="vcsched")
+def cli() -> None:
+    """vcsched — place virtual clusters on hosts, cap their CPU for a fair, high yield.
+
+    \b
+    The solver core (no hypervisor needed):
+      vcsched generate ... > inst.json     make an instance by the paper's protocol
+      vcsched solve inst.json -a mcb8      place it and report yields
+      vcsched experiment small             reproduce the paper's section 4
+      vcsched bench                        time the solvers
+
+    Exit codes: 0 done, 1 no feasible placement / request refused, 2 bad input.
+    """

@@ -1,0 +1,16 @@
+"""Entry point: assembles the command modules into the ``vcsched`` group."""
+
+from __future__ import annotations
+
+from cli.app import cli
+from cli.solve import solve_cmd
+
+cli.add_command(solve_cmd)
+
+
+def main() -> None:
+    cli(prog_name="vcsched")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""``vcsched solve``: place one instance with one algorithm and report yields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import numpy as np
+from rich.table import Table
+
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_json_file
+from vcsched.instance import instance_from_dict
+from vcsched.model import Instance, SolveOptions, SolveResult
+from vcsched.registry import algorithms, solve
+from vcsched.validate import check_allocation
+
+
+def result_to_dict(instance: Instance, result: SolveResult) -> dict[str, Any]:
+    """The ``--json`` document (format fixed by the solver-core issue)."""
+    placement: list[dict[str, Any]] | None = None
+    if result.allocation is not None:
+        placement = []
+        for t, h in enumerate(result.allocation.hosts):
+            j = int(instance.task_job[t])
+            placement.append(
+                {
+                    "job": instance.jobs[j].name,
+                    "task": int(t - instance.job_first_task[j]),
+                    "host": h,
+                    "cpu": result.allocation.cpu[j],
+                }
+            )
+    elif not result.feasible or result.bound is None:
+        placement = []
+    out: dict[str, Any] = {
+        "algorithm": result.algorithm,
+        "feasible": result.feasible,
+        "min_yield": result.min_yield,
+        "avg_yield": result.avg_yield,
+        "runtime_s": result.runtime_s,
+        "optimal": result.optimal,
+        "placement": placement,
+    }
+    if result.bound is not None:
+        out["bound"] = result.bound
+    if result.detail:
+        out["detail"] = result.detail
+    return out
+
+
+def render_result(instance: Instance, result: SolveResult) -> None:
+    status = "[green]feasible[/]" if result.feasible else "[red]no feasible placement found[/]"
+    console.print(f"[bold]{result.algorithm}[/] on {instance.n_hosts} hosts, {instance.n_jobs} jobs "
+                  f"({instance.n_tasks} tasks): {status}")
+    if result.bound is not None:
+        console.print(f"  upper bound on the minimum yield: [bold]{result.bound:.4f}[/]")
+    if result.min_yield is not None and result.allocation is not None:
+        console.print(f"  minimum yield [bold]{result.min_yield:.4f}[/]   average yield "
+                      f"[bold]{result.avg_yield:.4f}[/]   solver time {result.runtime_s * 1e3:.2f} ms")
+    if result.optimal is not None:
+        console.print(f"  proved optimal: {'yes' if result.optimal else 'no (time limit)'}")
+    if result.allocation is None:
+        return
+    hosts = np.asarray(result.allocation.hosts)
+    task_cpu = np.asarray(result.allocation.cpu)[instance.task_job]
+    table = Table(title="per-host load", show_lines=False)
+    for col in ("host", "tasks", "CPU need", "CPU given", "CPU cap.", "memory", "mem. cap."):
+        table.add_column(col, justify="right" if col != "host" else "left")
+    for h, host in enumerate(instance.hosts):
+        on = hosts == h
+        table.add_row(
+            host.name,
+            str(int(on.sum())),
+            f"{instance.task_alpha[on].sum():.3f}",
+            f"{task_cpu[on].sum():.3f}",
+            f"{host.cpu:g}",
+            f"{instance.task_mem[on].sum():.3f}",
+            f"{host.memory:g}",
+        )
+    console.print(table)
+
+
+@click.command("solve")
+@click.argument("instance_file", metavar="INSTANCE.json", type=click.Path(dir_okay=False))
+@click.option("-a", "--algorithm", default="mcb8", show_default=True, metavar="NAME",
+              help="Algorithm from the registry: mcb1..mcb8, gr, sg, gb, sgb, rrnd, rrnz, milp, lpbound.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of tables.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed for randomized algorithms (rrnd, rrnz).")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="S",
+              help="Wall-clock limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false).")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=500_000, show_default=True,
+              help="Placement attempts before gb/sgb give up backtracking (paper: 500,000).")
+def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
+              time_limit: float | None, max_attempts: int) -> int:
+    """Place the jobs of INSTANCE.json on its hosts and report the yields.
+
+    \b
+    INSTANCE.json:
+      {"hosts": [{"name": "h0", "cpu": 1.0, "memory": 1.0}, ...],
+       "jobs":  [{"name": "j0", "cpu_need": 0.5, "memory": 0.2, "tasks": 1}, ...]}
+
+    CPU and memory are fractions of a reference host; cpu_need is the CPU a
+    task uses when alone, in (0, 1]; tasks > 1 makes a parallel job whose
+    tasks all get the same CPU fraction.  Every placing algorithm is followed
+    by the optimal average-yield phase.
+
+    Exit codes: 0 placement found, 1 none found (the result is still printed), 2 bad input.
+    """
+    algos = algorithms()
+    if algorithm not in algos:
+        raise click.BadParameter(f"unknown algorithm {algorithm!r} (known: {', '.join(sorted(algos))})",
+                                 param_hint="'--algorithm'")
+    instance = instance_from_dict(read_json_file(instance_file, "instance"))
+    result = solve(instance, algorithm, SolveOptions(seed=seed, time_limit=time_limit, max_attempts=max_attempts))
+    if result.allocation is not None:
+        check_allocation(instance, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
+    if as_json:
+        emit_json(result_to_dict(instance, result))
+    else:
+        render_result(instance, result)
+    return EXIT_OK if result.feasible else EXIT_UNSATISFIED
