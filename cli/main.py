@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from cli.app import cli
+from cli.generate import generate_cmd
 from cli.solve import solve_cmd
 
 cli.add_command(solve_cmd)
+cli.add_command(generate_cmd)
 
 
 def main() -> None:
