@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from cli.app import cli
+from cli.bench import bench_cmd
+from cli.experiment import experiment_cmd
 from cli.generate import generate_cmd
 from cli.solve import solve_cmd
 
 cli.add_command(solve_cmd)
 cli.add_command(generate_cmd)
+cli.add_command(experiment_cmd)
+cli.add_command(bench_cmd)
 
 
 def main() -> None:

@@ -1,0 +1,199 @@
+"""``vcsched bench``: time every solver on fixed seeded instances and describe the machine."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import scipy
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli.app import EXIT_OK, console, emit_json, err_console
+from vcsched.bench import BENCH_CV, BENCH_SEED, BENCH_SLACK, DEFAULT_CASES, BenchCase, Timing, parse_cases, skip_reason
+from vcsched.errors import InputError
+from vcsched.generate import generate
+from vcsched.model import SolveOptions
+from vcsched.registry import algorithms as registered
+from vcsched.registry import solve
+from vcsched.validate import check_allocation
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def mcb_kernel() -> str:
+    """Which MCB implementation runs: the C kernel or pure Python (as vcsched.mcb reports it)."""
+    try:
+        mcb = importlib.import_module("vcsched.mcb")
+    except ModuleNotFoundError:
+        return "vcsched.mcb not installed"
+    for attr in ("KERNEL", "kernel_name", "C_KERNEL", "HAVE_C_KERNEL", "USING_C_KERNEL"):
+        value = getattr(mcb, attr, None)
+        if callable(value):
+            value = value()
+        if value is not None:
+            return f"{attr}={value}"
+    return "not reported by vcsched.mcb"
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    cpu: str
+    cores: int
+    python: str
+    numpy: str
+    scipy: str
+    mcb_kernel: str
+    load_avg: tuple[float, float, float]
+
+    def summary(self) -> str:
+        return (f"{self.cpu}, {self.cores} cores, Python {self.python}, numpy {self.numpy}, scipy {self.scipy}, "
+                f"MCB kernel: {self.mcb_kernel}, load average {self.load_avg[0]:.2f} at start")
+
+
+def machine_info() -> MachineInfo:
+    return MachineInfo(
+        cpu=_cpu_model(), cores=os.cpu_count() or 1, python=platform.python_version(), numpy=np.__version__,
+        scipy=scipy.__version__, mcb_kernel=mcb_kernel(), load_avg=os.getloadavg(),
+    )
+
+
+def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: int, info: MachineInfo) -> str:
+    lines = [
+        "# vcsched bench", "",
+        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {info.summary()}.", "",
+        f"Instances: the paper's protocol (section 4.1), slack {BENCH_SLACK}, cv_mem = cv_cpu = {BENCH_CV}, "
+        f"seed {BENCH_SEED}; sizes {', '.join(c.name for c in cases)} (hosts x tasks).  Time: median of {repeat} "
+        "run(s) of `registry.solve` (`runtime_s`: the placement plus the average-yield phase).", "",
+        "| algorithm | " + " | ".join(c.name for c in cases) + " |",
+        "| --- |" + " --- |" * len(cases),
+    ]
+    notes: dict[str, str] = {}
+    for algo in dict.fromkeys(t.algorithm for t in timings):
+        cells = []
+        for c in cases:
+            t = next((t for t in timings if t.algorithm == algo and t.case == c.name), None)
+            cells.append(_cell(t, notes))
+        lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+    if notes:
+        lines += ["", *[f"{mark} {why}" for why, mark in ((w, m) for w, m in notes.items())]]
+    lines += ["", "Cells: median seconds; `(none)` = no placement found (lpbound: memory does not fit even "
+              "fractionally); the time is still shown."]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(t: Timing | None, notes: dict[str, str]) -> str:
+    if t is None:
+        return "–"
+    if t.skipped:
+        mark = notes.setdefault(t.skipped, "*" * (len(notes) + 1))
+        return f"skipped{mark}"
+    med = t.median_s
+    text = f"{med:.4g} s" if med is not None else "–"
+    return text if t.feasible else f"{text} (none)"
+
+
+def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> Table:
+    table = Table(title="median solver time (s)")
+    table.add_column("algorithm")
+    for c in cases:
+        table.add_column(c.name, justify="right")
+    notes: dict[str, str] = {}
+    for algo in dict.fromkeys(t.algorithm for t in timings):
+        cells = [_cell(next((t for t in timings if t.algorithm == algo and t.case == c.name), None), notes)
+                 for c in cases]
+        table.add_row(algo, *cells)
+    if notes:
+        table.caption = "  ".join(f"{m} {w}" for w, m in notes.items())
+    return table
+
+
+@click.command("bench")
+@click.option("-r", "--repeat", type=click.IntRange(min=1, max=1000), default=5, show_default=True,
+              help="Runs per algorithm and size; the median is reported.")
+@click.option("-a", "--algorithms", "algorithms_opt", default=None, metavar="A,B,...",
+              help="Only these algorithms.  [default: all registered]")
+@click.option("--sizes", default=",".join(c.name for c in DEFAULT_CASES), show_default=True, metavar="HxJ,...",
+              help="Instance sizes as HOSTSxTASKS.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="FILE.md",
+              help="Also write the results as Markdown (with the machine description) to FILE.md.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
+def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str | None, as_json: bool) -> int:
+    """Time each solver on fixed, seeded instances of the paper's protocol.
+
+    Each algorithm runs REPEAT times on each size through the registry, the
+    same path `vcsched solve` takes, and every allocation is checked by the
+    validator.  Slow algorithms are skipped above a size, with the reason in
+    the table: milp only at 12 tasks, rrnd/rrnz/gb/sgb up to 500 tasks.
+
+    \b
+    Example:
+      nice vcsched bench --repeat 5 --output docs/benchmarks.md
+
+    The machine is described in the output (CPU, cores, Python, numpy,
+    scipy, whether the MCB C kernel is in use, load average): timings from a
+    shared machine are noisy, and the load average says how shared it was.
+    """
+    cases = parse_cases(sizes)
+    known = registered()
+    names = sorted(known) if algorithms_opt is None else [n.strip() for n in algorithms_opt.split(",") if n.strip()]
+    for n in names:
+        if n not in known:
+            raise InputError(f"--algorithms: unknown algorithm {n!r} (known: {', '.join(sorted(known))})")
+    info = machine_info()
+    timings: list[Timing] = []
+    work = [(c, a) for c in cases for a in names]
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        bar = progress.add_task("bench", total=len(work))
+        instances = {c.name: generate(c.spec(), BENCH_SEED) for c in cases}
+        for case, algo in work:
+            progress.update(bar, description=f"{algo} on {case.name}")
+            reason = skip_reason(algo, case)
+            if reason:
+                timings.append(Timing(algo, case.name, (), False, None, reason))
+                progress.advance(bar)
+                continue
+            inst = instances[case.name]
+            runs, feasible, min_yield = [], False, None
+            for _ in range(repeat):
+                result = solve(inst, algo, SolveOptions(seed=BENCH_SEED))
+                if result.allocation is not None:
+                    check_allocation(inst, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
+                runs.append(result.runtime_s)
+                feasible, min_yield = result.feasible, result.min_yield
+            timings.append(Timing(algo, case.name, tuple(runs), feasible, min_yield))
+            progress.advance(bar)
+    if output is not None:
+        try:
+            Path(output).write_text(bench_markdown(timings, cases, repeat, info))
+        except OSError as exc:
+            raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
+    if as_json:
+        doc: dict[str, Any] = {
+            "machine": vars(info) | {"load_avg": list(info.load_avg)}, "repeat": repeat,
+            "timings": [{"algorithm": t.algorithm, "size": t.case, "median_s": t.median_s, "runs_s": list(t.runs_s),
+                         "feasible": t.feasible, "min_yield": t.min_yield, "skipped": t.skipped} for t in timings],
+        }
+        emit_json(doc)
+    else:
+        console.print(info.summary(), highlight=False)
+        console.print(_table(timings, cases))
+        if output:
+            console.print(f"wrote {output}", highlight=False)
+    return EXIT_OK

@@ -1,0 +1,205 @@
+"""``vcsched experiment small|large|parallel``: the paper's section 4 (and 5) on this machine."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail
+from cli.bench import machine_info
+from vcsched.errors import InputError
+from vcsched.experiment import (
+    BOUND,
+    EXACT,
+    PAPER_INSTANCES,
+    SET_TASKS,
+    SETS,
+    Record,
+    WorkItem,
+    degradation,
+    mean_by,
+    report_markdown,
+    run_item,
+    specs,
+    work_items,
+)
+from vcsched.registry import algorithms as registered
+
+
+def parse_names(value: str | None, what: str) -> list[str] | None:
+    """A comma-separated list of registered algorithm names (None when not given)."""
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    known = registered()
+    for n in names:
+        if n not in known:
+            raise InputError(f"{what}: unknown algorithm {n!r} (known: {', '.join(sorted(known))})")
+    return names
+
+
+def default_algorithms(set_name: str) -> list[str]:
+    """Every registered algorithm, the exact MILP only on the small set (it does not scale), the bound last."""
+    names = [n for n in registered() if n != BOUND and (n != EXACT or set_name == "small")]
+    return [*sorted(names), BOUND]
+
+
+def run_all(items: list[WorkItem], jobs: int, progress: Progress) -> Iterator[list[Record]]:
+    """Run the items in ``jobs`` worker processes (in this process when jobs == 1), updating a bar."""
+    task = progress.add_task("instances", total=len(items))
+    if jobs == 1:
+        for item in items:
+            yield run_item(item)
+            progress.advance(task)
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_item, item) for item in items]
+        for fut in as_completed(futures):
+            yield fut.result()
+            progress.advance(task)
+
+
+def write_plots(records: list[Record], names: list[str], out_dir: Path) -> list[Path]:
+    """Yields vs slack and run time vs tasks as PNGs, when matplotlib is installed (the ``plot`` extra)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for attr, group, ylabel, log in (("min_yield", "slack", "mean minimum yield", False),
+                                     ("avg_yield", "slack", "mean average yield", False),
+                                     ("runtime_s", "tasks", "mean solver time (s)", True)):
+        means = mean_by(records, attr, group)
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for a in names:
+            if means.get(a):
+                xs = sorted(means[a])
+                ax.plot(xs, [means[a][x] for x in xs], marker="o", label=a)
+        ax.set_xlabel(group)
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+        ax.legend(fontsize="small", ncol=2)
+        ax.grid(alpha=0.3)
+        path = out_dir / f"{attr}_vs_{group}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+@click.command("experiment")
+@click.argument("set_name", metavar="SET", type=click.Choice(SETS))
+@click.option("-n", "--instances", type=click.IntRange(min=1), default=None,
+              help="Instances per family (paper: 10 for small, 100 for large and parallel).  [default: the paper's]")
+@click.option("-a", "--algorithms", "algorithms_opt", default=None, metavar="A,B,...",
+              help="Algorithms to run (comma-separated).  [default: all registered; milp only on small]")
+@click.option("-x", "--exclude", default=None, metavar="A,B,...",
+              help="Algorithms to leave out of the default list, e.g. rrnd,rrnz,gb,sgb at large scale.")
+@click.option("--tasks", "tasks_opt", default=None, metavar="J,J,...",
+              help="Only these task counts of the set (e.g. 100,250 for a reduced large set).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1, max=256), default=None,
+              help="Worker processes.  [default: os.cpu_count()]")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Where report.md, records.json (and PNG plots with matplotlib) go.  [default: results/SET]")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              metavar="S", help="Per-run limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Run seed; every instance gets its own seed derived from it.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (degradation table) on stdout.")
+def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | None, exclude: str | None,
+                   tasks_opt: str | None, jobs: int | None, output: str | None, time_limit: float, seed: int,
+                   as_json: bool) -> int:
+    """Reproduce the paper's simulation experiments (section 4; parallel jobs: section 5).
+
+    \b
+    SET is one of
+      small     4 hosts, 6/8/10/12 tasks                  144 families x 10 instances
+      large     64 hosts, 100/250/500 tasks               108 families x 100 instances
+      parallel  as large, jobs of 1..64 tasks (Lublin-Feitelson)
+    Families: slack 0.1..0.9 x cv_mem x cv_cpu in {0.25, 0.75}.
+
+    Every instance is generated from its own seed, solved by every algorithm
+    through the registry, and every allocation is checked by the validator
+    (an invalid one counts as a failure and is listed in the report).  The
+    report gives the % degradation from the best minimum yield found on each
+    instance, failures, yields vs slack, run times vs tasks, the MILP and LP
+    bound gaps, side by side with the paper's numbers.
+
+    \b
+    Example (a quick look, then the paper's small set):
+      vcsched experiment small -n 1 -a mcb8,sg -o /tmp/quick
+      nice vcsched experiment small -o results/small
+
+    Cost: rrnd/rrnz solve an LP per instance and gb/sgb backtrack; at 500
+    tasks they dominate the run, so leave them out with -x when in a hurry.
+    """
+    names = parse_names(algorithms_opt, "--algorithms") or default_algorithms(set_name)
+    excluded = parse_names(exclude, "--exclude") or []
+    names = [n for n in names if n not in excluded]
+    if not names:
+        raise InputError("--algorithms: nothing left to run after --exclude")
+    tasks = None
+    if tasks_opt is not None:
+        try:
+            tasks = [int(t) for t in tasks_opt.split(",") if t.strip()]
+        except ValueError:
+            raise InputError(f"--tasks: {tasks_opt!r} is not a comma-separated list of whole numbers") from None
+    n_instances = instances or PAPER_INSTANCES[set_name]
+    jobs = jobs or os.cpu_count() or 1
+    items = work_items(set_name, n_instances, names, seed=seed, time_limit=time_limit, tasks=tasks)
+    out_dir = Path(output or f"results/{set_name}")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--output {out_dir}: cannot create ({exc.strerror})") from None
+
+    records: list[Record] = []
+    start = time.perf_counter()
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=as_json) as progress:
+        for batch in run_all(items, jobs, progress):
+            records.extend(batch)
+    wall = time.perf_counter() - start
+    order = {n: i for i, n in enumerate(names)}
+    records.sort(key=lambda r: (r.spec_index, r.instance, order[r.algorithm]))
+
+    meta: dict[str, Any] = {
+        "set": set_name, "instances_per_spec": n_instances, "families": len(specs(set_name, tasks)),
+        "tasks": list(tasks or SET_TASKS[set_name]), "seed": seed, "algorithms": names,
+        "time_limit": time_limit, "jobs": jobs, "wall_s": wall, "machine": machine_info().summary(),
+    }
+    (out_dir / "records.json").write_text(json.dumps({"meta": meta, "records": [r.to_dict() for r in records]},
+                                                     indent=0))
+    report = report_markdown(records, meta)
+    plots = write_plots(records, names, out_dir)
+    if plots:
+        report += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
+    (out_dir / "report.md").write_text(report)
+
+    table = degradation(records)
+    errors = sum(1 for r in records if r.error)
+    if as_json:
+        emit_json({"meta": meta, "degradation": {a: vars(d) for a, d in table.items()}, "errors": errors})
+    else:
+        console.print(f"{len(items)} instances in {wall:.0f} s; report in {out_dir / 'report.md'}", highlight=False)
+        for d in sorted(table.values(), key=lambda d: d.avg):
+            console.print(f"  {d.algorithm:8s} avg {d.avg:6.2f} %  max {d.max:6.2f} %  failed {d.failed}",
+                          highlight=False)
+    if errors:
+        fail(f"{errors} solver errors or invalid allocations; see {out_dir / 'report.md'}", EXIT_UNSATISFIED)
+    return EXIT_OK

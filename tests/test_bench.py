@@ -1,0 +1,95 @@
+"""``vcsched bench``: sizes, skip rules, the machine description, and the command on a tiny size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli.bench import bench_markdown, machine_info
+from cli.main import cli
+from vcsched.bench import DEFAULT_CASES, BenchCase, Timing, parse_cases, skip_reason
+from vcsched.errors import InputError
+
+
+def test_default_sizes_are_the_small_the_papers_large_and_a_thousand_hosts() -> None:
+    assert [c.name for c in DEFAULT_CASES] == ["4x12", "64x500", "1000x10000"]
+
+
+def test_sizes_parse_as_hosts_by_tasks() -> None:
+    assert parse_cases("4x12, 64x500") == (BenchCase(4, 12), BenchCase(64, 500))
+
+
+@pytest.mark.parametrize("text", ["4*12", "0x5", "4x", "", "2x1"])
+def test_malformed_or_impossible_sizes_are_rejected(text: str) -> None:
+    with pytest.raises(InputError, match=r"--sizes|slack"):
+        parse_cases(text)
+
+
+def test_milp_is_timed_only_on_the_small_size() -> None:
+    assert skip_reason("milp", BenchCase(4, 12)) is None
+    reason = skip_reason("milp", BenchCase(64, 500))
+    assert reason is not None and "12 tasks" in reason
+
+
+def test_lp_rounding_and_backtracking_stop_at_500_tasks() -> None:
+    for algo in ("rrnd", "rrnz", "gb", "sgb"):
+        assert skip_reason(algo, BenchCase(64, 500)) is None
+        assert skip_reason(algo, BenchCase(1000, 10_000)) is not None
+
+
+def test_mcb_runs_at_every_size() -> None:
+    assert all(skip_reason("mcb8", c) is None for c in DEFAULT_CASES)
+
+
+def test_median_of_the_runs() -> None:
+    assert Timing("a", "4x12", (3.0, 1.0, 2.0), True, 0.5).median_s == 2.0
+    assert Timing("a", "4x12", (), False, None, "skipped").median_s is None
+
+
+def test_machine_info_names_cpu_cores_and_python() -> None:
+    info = machine_info()
+    assert info.cores >= 1
+    assert info.python.count(".") == 2
+    assert info.cpu in info.summary() and "MCB kernel" in info.summary()
+
+
+def test_cli_bench_on_a_tiny_size_writes_markdown_and_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.md"
+    r = CliRunner().invoke(cli, ["bench", "--repeat", "1", "--sizes", "3x6", "--algorithms", "lpbound",
+                                 "--output", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["repeat"] == 1 and doc["machine"]["cores"] >= 1
+    (t,) = doc["timings"]
+    assert t["algorithm"] == "lpbound" and t["size"] == "3x6" and len(t["runs_s"]) == 1
+    assert t["median_s"] == t["runs_s"][0] > 0
+    text = out.read_text()
+    assert "| lpbound |" in text and "3x6" in text and "cores" in text
+
+
+def test_markdown_shows_skipped_solvers_with_the_reason() -> None:
+    cases = (BenchCase(4, 12), BenchCase(64, 500))
+    reason = skip_reason("milp", cases[1])
+    assert reason is not None
+    timings = [Timing("milp", "4x12", (0.5,), True, 0.7), Timing("milp", "64x500", (), False, None, reason)]
+    text = bench_markdown(timings, cases, 1, machine_info())
+    row = next(line for line in text.splitlines() if line.startswith("| milp |"))
+    assert "0.5 s" in row and "skipped*" in row
+    assert f"* {reason}" in text
+
+
+def test_markdown_marks_runs_that_found_no_placement() -> None:
+    text = bench_markdown([Timing("sg", "4x12", (0.01,), False, None)], (BenchCase(4, 12),), 1, machine_info())
+    assert "0.01 s (none)" in text
+
+
+@pytest.mark.parametrize("bad", [["--repeat", "0"], ["--sizes", "4y12"], ["--algorithms", "nosuch"],
+                                 ["--sizes", "2x1"]])
+def test_cli_bad_flags_exit_2_with_one_line(bad: list[str]) -> None:
+    r = CliRunner().invoke(cli, ["bench", *bad])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vcsched: error:")

@@ -1,0 +1,249 @@
+"""The experiment machinery: families, seeds, records, the report's arithmetic, and the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cli
+from vcsched import registry
+from vcsched.errors import InputError
+from vcsched.experiment import (
+    Record,
+    bound_gap_by_slack,
+    degradation,
+    failures_by_slack,
+    milp_gaps,
+    ranking,
+    report_markdown,
+    run_item,
+    specs,
+    work_items,
+)
+from vcsched.model import Instance, SolveOptions
+
+
+def rec(instance: int, algorithm: str, min_yield: float | None, *, slack: float = 0.5,
+        optimal: bool | None = None, error: str | None = None) -> Record:
+    """A hand-made record: instance ``instance`` of family 0, 4 hosts x 6 tasks."""
+    return Record(set_name="small", spec_index=0, instance=instance, seed=instance, hosts=4, tasks=6, jobs=6,
+                  slack=slack, cv_mem=0.25, cv_cpu=0.25, algorithm=algorithm,
+                  feasible=min_yield is not None and error is None, min_yield=min_yield,
+                  avg_yield=None if min_yield is None else min(1.0, min_yield + 0.1), runtime_s=0.01,
+                  optimal=optimal, error=error)
+
+
+# ------------------------------------------------------------------ families and seeds
+
+
+def test_small_set_has_the_papers_144_families() -> None:
+    fams = specs("small")
+    assert len(fams) == 144
+    assert {f.hosts for f in fams} == {4}
+    assert {f.tasks for f in fams} == {6, 8, 10, 12}
+    assert {f.slack for f in fams} == {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9}
+    assert {(f.cv_mem, f.cv_cpu) for f in fams} == {(0.25, 0.25), (0.25, 0.75), (0.75, 0.25), (0.75, 0.75)}
+
+
+def test_large_and_parallel_sets_have_108_families_on_64_hosts() -> None:
+    for name in ("large", "parallel"):
+        fams = specs(name)
+        assert len(fams) == 108
+        assert {f.hosts for f in fams} == {64}
+        assert {f.tasks for f in fams} == {100, 250, 500}
+        assert all(f.parallel == (name == "parallel") for f in fams)
+
+
+def test_a_reduced_set_keeps_only_the_requested_task_counts() -> None:
+    assert {f.tasks for f in specs("large", [100, 250])} == {100, 250}
+    with pytest.raises(InputError, match="tasks: 7"):
+        specs("small", [7])
+
+
+def test_every_instance_gets_its_own_reproducible_seed() -> None:
+    items = work_items("small", 3, ["lpbound"], seed=11)
+    assert len(items) == 144 * 3
+    assert len({i.seed for i in items}) == len(items)
+    assert [i.seed for i in work_items("small", 3, ["lpbound"], seed=11)] == [i.seed for i in items]
+    assert items[0].seed != work_items("small", 3, ["lpbound"], seed=12)[0].seed
+
+
+# ------------------------------------------------------------------ degradation arithmetic
+
+
+def test_degradation_is_measured_from_the_best_placing_algorithm() -> None:
+    records = [rec(0, "a", 0.8), rec(0, "b", 0.6), rec(1, "a", 0.5), rec(1, "b", 0.5)]
+    table = degradation(records)
+    assert table["a"].avg == 0.0 and table["a"].max == 0.0
+    assert table["b"].max == pytest.approx(25.0)  # (0.8 - 0.6) / 0.8
+    assert table["b"].avg == pytest.approx(12.5)  # instance 1 is a tie
+
+
+def test_the_lp_bound_is_never_the_best() -> None:
+    records = [rec(0, "a", 0.5), rec(0, "lpbound", 1.0)]
+    table = degradation(records)
+    assert "lpbound" not in table
+    assert table["a"].avg == 0.0
+
+
+def test_failures_are_excluded_from_the_average_and_counted() -> None:
+    records = [rec(0, "a", 0.8), rec(0, "b", None), rec(1, "a", 0.4), rec(1, "b", 0.2)]
+    d = degradation(records)["b"]
+    assert d.succeeded == 1 and d.failed == 1
+    assert d.avg == pytest.approx(50.0)
+
+
+def test_instances_nobody_placed_count_as_failures_for_nobody() -> None:
+    records = [rec(0, "a", None), rec(0, "b", None), rec(1, "a", 0.5), rec(1, "b", 0.5)]
+    assert degradation(records)["a"].failed == 0
+    assert failures_by_slack(records) == {}
+
+
+def test_an_invalid_allocation_counts_as_a_failure() -> None:
+    records = [rec(0, "a", 0.8), rec(0, "b", 0.9, error="invalid allocation: host 'h0': CPU 1.2 exceeds 1")]
+    table = degradation(records)
+    assert table["a"].avg == 0.0  # b's bad 0.9 is not the best
+    assert table["b"].failed == 1
+
+
+def test_ranking_orders_by_average_degradation() -> None:
+    records = [rec(0, "a", 0.5), rec(0, "b", 0.8), rec(0, "c", 0.7)]
+    assert ranking(degradation(records), ["a", "b", "c"]) == ["b", "c", "a"]
+
+
+def test_failures_by_slack_groups_by_the_instance_slack() -> None:
+    records = [rec(0, "a", 0.5, slack=0.1), rec(0, "b", None, slack=0.1),
+               rec(1, "a", 0.5, slack=0.9), rec(1, "b", None, slack=0.9), rec(2, "a", 0.5, slack=0.9),
+               rec(2, "b", None, slack=0.9)]
+    assert failures_by_slack(records) == {"b": {0.1: 1, 0.9: 2}}
+
+
+def test_milp_gaps_use_only_proven_optima() -> None:
+    records = [
+        rec(0, "milp", 0.8, optimal=True), rec(0, "mcb8", 0.6), rec(0, "lpbound", 1.0),
+        rec(1, "milp", 0.5, optimal=False), rec(1, "mcb8", 0.1), rec(1, "lpbound", 1.0),
+    ]
+    gaps = milp_gaps(records)
+    assert gaps["heuristic_below_milp"].count == 1
+    assert gaps["heuristic_below_milp"].mean == pytest.approx(25.0)
+    assert gaps["bound_above_milp"].mean == pytest.approx(25.0)  # (1.0 - 0.8) / 0.8
+
+
+def test_bound_gap_by_slack_is_relative_to_the_bound() -> None:
+    records = [rec(0, "mcb8", 0.9, slack=0.2), rec(0, "lpbound", 1.0, slack=0.2)]
+    g = bound_gap_by_slack(records)[0.2]
+    assert g.mean == pytest.approx(10.0) and g.count == 1
+
+
+def test_records_round_trip_through_json_even_without_a_runtime() -> None:
+    r = Record(**{**rec(0, "a", None).to_dict(), "runtime_s": math.nan, "error": "RuntimeError: boom"})
+    back = Record.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back.error == r.error and math.isnan(back.runtime_s)
+    assert Record.from_dict(json.loads(json.dumps(rec(3, "a", 0.5).to_dict()))) == rec(3, "a", 0.5)
+
+
+def test_report_names_the_papers_numbers_next_to_ours() -> None:
+    records = [rec(0, "mcb8", 0.8), rec(0, "mcb1", 0.6), rec(0, "lpbound", 0.9)]
+    text = report_markdown(records, {"set": "small", "algorithms": ["mcb8", "mcb1", "lpbound"]})
+    row = next(line for line in text.splitlines() if line.startswith("| mcb1 |"))
+    assert "25.00" in row and "14.90" in row  # ours, then the paper's average
+
+
+# ------------------------------------------------------------------ running instances
+
+
+def _first_fit(instance: Instance, options: SolveOptions) -> registry.Placement:
+    """Memory first fit in job order: a deliberately simple placer for machinery tests."""
+    free = instance.host_mem.copy()
+    hosts = np.empty(instance.n_tasks, dtype=np.int64)
+    for t, m in enumerate(instance.task_mem):
+        fits = np.flatnonzero(free >= m - 1e-12)
+        if not len(fits):
+            return registry.Placement(hosts=None)
+        hosts[t] = fits[0]
+        free[fits[0]] -= m
+    return registry.Placement(hosts=hosts)
+
+
+def _overcommit(instance: Instance, options: SolveOptions) -> registry.Placement:
+    """Everything on host 0: memory overcommitted, which the registry must refuse."""
+    return registry.Placement(hosts=np.zeros(instance.n_tasks, dtype=np.int64))
+
+
+@pytest.fixture
+def toy_algorithms() -> Iterator[None]:
+    """Register two test placers for the duration of one test (the registry is global)."""
+    registry.algorithms()
+    registry.register("test-ff", "first fit (test only)")(_first_fit)
+    registry.register("test-bad", "overcommits memory (test only)")(_overcommit)
+    yield
+    for name in ("test-ff", "test-bad"):
+        registry._REGISTRY.pop(name, None)
+
+
+def test_run_item_records_every_algorithm_on_the_instance(toy_algorithms: None) -> None:
+    item = work_items("small", 1, ["test-ff", "lpbound"], seed=3, tasks=[6])[32]
+    assert item.spec.slack == 0.9  # plenty of memory: first fit must place it
+    records = run_item(item)
+    assert [r.algorithm for r in records] == ["test-ff", "lpbound"]
+    assert all(r.key == (item.set_name, item.spec_index, item.instance) for r in records)
+    ff, bound = records
+    assert ff.feasible and ff.error is None
+    assert ff.min_yield is not None and bound.min_yield is not None
+    assert 0 < ff.min_yield <= bound.min_yield <= 1
+
+
+def test_run_item_turns_a_solver_error_into_a_failed_record(toy_algorithms: None) -> None:
+    item = work_items("small", 1, ["test-bad", "test-ff"], seed=1, tasks=[12])[0]
+    bad, good = run_item(item)
+    assert not bad.feasible and bad.error is not None and "overcommits memory" in bad.error
+    assert good.error is None
+
+
+def test_cli_runs_a_tiny_experiment_end_to_end(tmp_path: Path, toy_algorithms: None) -> None:
+    out = tmp_path / "run"
+    r = CliRunner().invoke(cli, ["experiment", "small", "--instances", "1", "--tasks", "6",
+                                 "--algorithms", "test-ff,lpbound", "--jobs", "1", "--output", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["meta"]["families"] == 36 and doc["errors"] == 0
+    saved = json.loads((out / "records.json").read_text())
+    assert len(saved["records"]) == 36 * 2
+    assert {Record.from_dict(x).algorithm for x in saved["records"]} == {"test-ff", "lpbound"}
+    report = (out / "report.md").read_text()
+    assert "% degradation from best" in report and "| test-ff |" in report
+
+
+def test_cli_exits_1_and_says_so_when_a_solver_misbehaves(tmp_path: Path, toy_algorithms: None) -> None:
+    r = CliRunner().invoke(cli, ["experiment", "small", "-n", "1", "--tasks", "6", "-a", "test-bad,test-ff",
+                                 "-j", "1", "-o", str(tmp_path)])
+    assert r.exit_code == 1
+    assert "solver errors" in r.stderr
+    assert "## Errors" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["huge"],
+        ["small", "--instances", "0"],
+        ["small", "--jobs", "0"],
+        ["small", "--algorithms", "nosuch"],
+        ["small", "--exclude", "nosuch"],
+        ["small", "--tasks", "7"],
+        ["small", "--tasks", "six"],
+        ["small", "--time-limit", "0"],
+        ["small", "-a", "lpbound", "-x", "lpbound"],
+    ],
+)
+def test_cli_bad_flags_exit_2_with_one_line(bad: list[str], tmp_path: Path) -> None:
+    r = CliRunner().invoke(cli, ["experiment", *bad, "-o", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vcsched: error:")

@@ -1,0 +1,85 @@
+"""What ``vcsched bench`` times, and which solver is too slow for which size (pure data and arithmetic).
+
+The cases are fixed, seeded instances of the paper's protocol (section 4.1),
+so two machines time the same work.  Some algorithms do not scale and are
+skipped above a size, each with the reason printed in the table: a benchmark
+that silently drops a solver would read as if it had run.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+
+from vcsched.errors import InputError
+from vcsched.generate import GeneratorSpec
+
+BENCH_SEED = 20080101
+BENCH_SLACK = 0.3
+BENCH_CV = 0.5
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    hosts: int
+    tasks: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.hosts}x{self.tasks}"
+
+    def spec(self) -> GeneratorSpec:
+        return GeneratorSpec(hosts=self.hosts, tasks=self.tasks, slack=BENCH_SLACK, cv_mem=BENCH_CV, cv_cpu=BENCH_CV)
+
+
+DEFAULT_CASES = (BenchCase(4, 12), BenchCase(64, 500), BenchCase(1000, 10_000))
+
+# Largest task count each slow algorithm is timed at, and why (the paper's section 4.3 costs).
+TASK_LIMITS: dict[str, tuple[int, str]] = {
+    "milp": (12, "exact MILP: exponential; only the small size (paper: GLPK 28.7 s mean, 11,549 s worst, at 4x12)"),
+    "rrnd": (500, "solves the MILP's LP relaxation with J*H columns (paper: about 650 s at 500 tasks)"),
+    "rrnz": (500, "solves the MILP's LP relaxation with J*H columns (paper: about 650 s at 500 tasks)"),
+    "gb": (500, "backtracking bounded by 500,000 placement attempts, each O(H): minutes at 10,000 tasks"),
+    "sgb": (500, "backtracking bounded by 500,000 placement attempts, each O(H): minutes at 10,000 tasks"),
+}
+
+
+def skip_reason(algorithm: str, case: BenchCase) -> str | None:
+    """Why ``algorithm`` is not timed on ``case``, or None when it is."""
+    limit = TASK_LIMITS.get(algorithm)
+    if limit is not None and case.tasks > limit[0]:
+        return f"skipped above {limit[0]} tasks: {limit[1]}"
+    return None
+
+
+def parse_cases(text: str) -> tuple[BenchCase, ...]:
+    """``"4x12,64x500"`` -> cases; each HxJ with H, J >= 1."""
+    cases = []
+    for part in (p.strip() for p in text.split(",")):
+        m = re.fullmatch(r"(\d+)x(\d+)", part)
+        if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+            raise InputError(f"--sizes: {part!r} is not HOSTSxTASKS (e.g. 64x500)")
+        case = BenchCase(int(m.group(1)), int(m.group(2)))
+        case.spec()  # raises InputError when the memory mean would exceed one host
+        cases.append(case)
+    if not cases:
+        raise InputError("--sizes: at least one size is needed")
+    return tuple(cases)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Repeated runs of one algorithm on one case."""
+
+    algorithm: str
+    case: str
+    runs_s: tuple[float, ...]
+    feasible: bool
+    min_yield: float | None
+    skipped: str | None = None
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.runs_s) if self.runs_s else None
+
