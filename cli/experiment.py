@@ -14,7 +14,7 @@ from typing import Any
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail, read_json_file
 from cli.bench import machine_info
 from vcsched.errors import InputError
 from vcsched.experiment import (
@@ -51,6 +51,37 @@ def default_algorithms(set_name: str) -> list[str]:
     """Every registered algorithm, the exact MILP only on the small set (it does not scale), the bound last."""
     names = [n for n in registered() if n != BOUND and (n != EXACT or set_name == "small")]
     return [*sorted(names), BOUND]
+
+
+CHECKPOINT_S = 60.0
+# Run parameters that must match for --resume to reuse earlier records.
+RESUME_KEYS = ("set", "instances_per_spec", "tasks", "seed", "algorithms", "time_limit")
+
+
+def save_records(path: Path, meta: dict[str, Any], records: list[Record]) -> None:
+    """Write records.json atomically (a reader or a crash never sees half a file)."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"meta": meta, "records": [r.to_dict() for r in records]}, indent=0))
+    tmp.replace(path)
+
+
+def load_previous(path: Path, meta: dict[str, Any]) -> list[Record]:
+    """Records of an earlier run with the same parameters (``meta`` gets its wall time); [] if none."""
+    if not path.exists():
+        return []
+    doc = read_json_file(str(path), "records")
+    old = doc.get("meta", {}) if isinstance(doc, dict) else {}
+    for key in RESUME_KEYS:
+        if old.get(key) != meta[key]:
+            raise InputError(f"--resume: {path} was made with {key}={old.get(key)!r}, this run has "
+                             f"{key}={meta[key]!r}; use another --output")
+    meta["wall_s"] = float(old.get("wall_s", 0.0))
+    records = [Record.from_dict(r) for r in doc.get("records", [])]
+    per_instance: dict[tuple[str, int, int], int] = {}
+    for r in records:
+        per_instance[r.key] = per_instance.get(r.key, 0) + 1
+    complete = {k for k, n in per_instance.items() if n == len(meta["algorithms"])}
+    return [r for r in records if r.key in complete]
 
 
 def run_all(items: list[WorkItem], jobs: int, progress: Progress) -> Iterator[list[Record]]:
@@ -119,10 +150,13 @@ def write_plots(records: list[Record], names: list[str], out_dir: Path) -> list[
               metavar="S", help="Per-run limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Run seed; every instance gets its own seed derived from it.")
+@click.option("--resume", is_flag=True,
+              help="Keep the instances already in DIR/records.json (same set, seed, algorithms, limits) and run "
+                   "only the rest.  Results are saved every minute, so an interrupted run can be resumed.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (degradation table) on stdout.")
 def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | None, exclude: str | None,
                    tasks_opt: str | None, jobs: int | None, output: str | None, time_limit: float, seed: int,
-                   as_json: bool) -> int:
+                   resume: bool, as_json: bool) -> int:
     """Reproduce the paper's simulation experiments (section 4; parallel jobs: section 5).
 
     \b
@@ -167,24 +201,33 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
     except OSError as exc:
         raise InputError(f"--output {out_dir}: cannot create ({exc.strerror})") from None
 
-    records: list[Record] = []
-    start = time.perf_counter()
-    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-    with Progress(*columns, console=err_console, transient=as_json) as progress:
-        for batch in run_all(items, jobs, progress):
-            records.extend(batch)
-    wall = time.perf_counter() - start
-    order = {n: i for i, n in enumerate(names)}
-    records.sort(key=lambda r: (r.spec_index, r.instance, order[r.algorithm]))
-
     meta: dict[str, Any] = {
         "set": set_name, "instances_per_spec": n_instances, "families": len(specs(set_name, tasks)),
         "tasks": list(tasks or SET_TASKS[set_name]), "seed": seed, "algorithms": names,
-        "time_limit": time_limit, "jobs": jobs, "wall_s": wall, "machine": machine_info().summary(),
+        "time_limit": time_limit, "jobs": jobs, "wall_s": 0.0, "machine": machine_info().summary(),
+        "complete": False,
     }
-    (out_dir / "records.json").write_text(json.dumps({"meta": meta, "records": [r.to_dict() for r in records]},
-                                                     indent=0))
+    records_path = out_dir / "records.json"
+    records: list[Record] = load_previous(records_path, meta) if resume else []
+    done = {r.key for r in records}
+    todo = [i for i in items if (i.set_name, i.spec_index, i.instance) not in done]
+    previous_wall = float(meta["wall_s"])
+    start = last_save = time.perf_counter()
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=as_json) as progress:
+        for batch in run_all(todo, jobs, progress):
+            records.extend(batch)
+            if time.perf_counter() - last_save > CHECKPOINT_S:  # an interrupted run keeps its results
+                meta["wall_s"] = previous_wall + time.perf_counter() - start
+                save_records(records_path, meta, records)
+                last_save = time.perf_counter()
+    wall = time.perf_counter() - start
+    order = {n: i for i, n in enumerate(names)}
+    records.sort(key=lambda r: (r.spec_index, r.instance, order[r.algorithm]))
+    meta["wall_s"] = previous_wall + wall
+    meta["complete"] = True
+    save_records(records_path, meta, records)
     report = report_markdown(records, meta)
     plots = write_plots(records, names, out_dir)
     if plots:
@@ -196,7 +239,8 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
     if as_json:
         emit_json({"meta": meta, "degradation": {a: vars(d) for a, d in table.items()}, "errors": errors})
     else:
-        console.print(f"{len(items)} instances in {wall:.0f} s; report in {out_dir / 'report.md'}", highlight=False)
+        console.print(f"{len(todo)} instances run in {wall:.0f} s ({len(items) - len(todo)} from an earlier run); "
+                      f"report in {out_dir / 'report.md'}", highlight=False)
         for d in sorted(table.values(), key=lambda d: d.avg):
             console.print(f"  {d.algorithm:8s} avg {d.avg:6.2f} %  max {d.max:6.2f} %  failed {d.failed}",
                           highlight=False)
