@@ -287,3 +287,13 @@ def test_results_do_not_depend_on_the_number_of_worker_processes(tmp_path: Path,
         docs.append([{k: v for k, v in x.items() if k != "runtime_s"}
                      for x in json.loads((out / "records.json").read_text())["records"]])
     assert docs[0] == docs[1]
+
+
+def test_plots_are_written_when_matplotlib_is_installed(tmp_path: Path, toy_algorithms: None) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib (the 'plot' extra) is not installed")
+    r = CliRunner().invoke(cli, ["experiment", "small", "-n", "1", "--tasks", "6", "-a", "test-ff,lpbound",
+                                 "-j", "1", "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    for name in ("min_yield_vs_slack.png", "avg_yield_vs_slack.png", "runtime_s_vs_tasks.png"):
+        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
+        assert f"({name})" in (tmp_path / "report.md").read_text()
