@@ -6,10 +6,12 @@ from cli.app import cli
 from cli.bench import bench_cmd
 from cli.experiment import experiment_cmd
 from cli.generate import generate_cmd
+from cli.lab import lab_cmd
 from cli.solve import solve_cmd
 
 cli.add_command(solve_cmd)
 cli.add_command(generate_cmd)
+cli.add_command(lab_cmd)
 cli.add_command(experiment_cmd)
 cli.add_command(bench_cmd)
 

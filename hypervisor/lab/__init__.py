@@ -1,0 +1,331 @@
+"""The local lab: N real libvirt "hosts" on this one machine, for integration tests and demos.
+
+``up`` starts N namespaced ``libvirtd`` + ``virtlogd`` pairs (one per host,
+:mod:`hypervisor.lab.daemons`), each with its own cgroup partition
+(:mod:`hypervisor.lab.cgroups`), builds the TCG guest image
+(:mod:`hypervisor.lab.image`) and writes ``cluster.toml`` for the rest of
+vcsched.  ``down`` undoes all of it and is safe to run any number of times,
+including after a crash: it finds what to stop from the state directory alone
+(pid files, partition names derived from the directory), never by process name,
+so daemons and guests it did not start are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hypervisor.lab import cgroups, daemons
+from hypervisor.lab.guest import boot_directly
+from hypervisor.lab.image import ensure_image, initramfs_recipe
+from hypervisor.lab.state import (
+    GuestImage,
+    LabHost,
+    LabLayout,
+    default_lab_dir,
+    render_cluster_toml,
+)
+from vcsched.errors import InputError, VcschedError
+
+__all__ = [
+    "Lab",
+    "LabError",
+    "LabStatus",
+    "default_cluster_file",
+    "down",
+    "guest_boot_check",
+    "prerequisites_problem",
+    "root_problem",
+    "status",
+    "up",
+]
+
+MAX_HOSTS = 8
+REQUIRED_PROGRAMS = ("libvirtd", "virtlogd", "qemu-system-x86_64", "unshare", "mount", "apt-get", "dpkg-deb")
+
+Progress = Callable[[str], None]
+
+
+class LabError(VcschedError):
+    """The lab cannot be brought up here (a missing prerequisite); the CLI exits 2."""
+
+
+@dataclass(frozen=True)
+class Lab:
+    """A running lab: where it lives, its hosts and its default guest image."""
+
+    dir: Path
+    id: str
+    hosts: tuple[LabHost, ...]
+    guest: GuestImage
+    cluster_file: Path
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    name: str
+    uri: str
+    partition: str
+    libvirtd_pid: int | None
+    virtlogd_pid: int | None
+    answers: bool
+    domains: tuple[str, ...] = ()
+    cpus: int | None = None
+    memory_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class LabStatus:
+    dir: Path
+    id: str
+    running: bool
+    hosts: tuple[HostStatus, ...] = field(default=())
+    partitions: tuple[str, ...] = field(default=())
+
+
+def root_problem() -> str | None:
+    return None if os.geteuid() == 0 else "the lab needs root (namespaces, bind mounts, cgroups)"
+
+
+def prerequisites_problem() -> str | None:
+    """None when a lab can run here, else the first missing prerequisite as one line."""
+    problem = root_problem()
+    if problem:
+        return problem
+    for prog in REQUIRED_PROGRAMS:
+        if shutil.which(prog) is None:
+            return f"{prog} is not installed (run scripts/install-system-deps, or 'make test')"
+    try:
+        import libvirt  # noqa: F401
+    except ImportError:
+        return "the libvirt Python binding is missing (pip install libvirt-python)"
+    return cgroups.writable_problem()
+
+
+def _layout(dir: Path | None) -> LabLayout:
+    root = Path(dir) if dir is not None else default_lab_dir()
+    return LabLayout(root.absolute())
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop) -> Lab:
+    """Bring up an ``n_hosts`` lab in ``dir`` (default: the default lab dir), replacing any previous one there."""
+    if not 1 <= n_hosts <= MAX_HOSTS:
+        raise InputError(f"--hosts: {n_hosts} is not in [1, {MAX_HOSTS}]")
+    layout = _layout(dir)
+    layout.check_paths(n_hosts)
+    problem = prerequisites_problem()
+    if problem:
+        raise LabError(problem)
+    progress("cleaning up a previous lab in this directory")
+    down(layout.root)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    progress("preparing the guest image")
+    guest = ensure_image(layout.image_dir)
+    hosts: list[LabHost] = []
+    try:
+        for i in range(n_hosts):
+            progress(f"starting host {layout.host_name(i)}")
+            cgroups.create_partition(layout.partition(i))
+            daemons.start_host(layout, i)
+            hosts.append(LabHost(layout.host_name(i), layout.uri(i), layout.partition(i)))
+            _write_state(layout, hosts, guest)
+    except BaseException:
+        down(layout.root)  # the half-started host's directory is enough for down to find it
+        raise
+    layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest))
+    return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file)
+
+
+def _write_state(layout: LabLayout, hosts: list[LabHost], guest: GuestImage) -> None:
+    doc = {
+        "id": layout.id,
+        "n_hosts": len(hosts),
+        "hosts": [asdict(h) for h in hosts],
+        "guest": {k: str(v) for k, v in asdict(guest).items()},
+        "started": time.time(),
+    }
+    layout.state_file.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _host_indexes(layout: LabLayout) -> list[int]:
+    """Every host index this directory may hold state for: from lab.json and from the h<N> dirs."""
+    found: set[int] = set()
+    try:
+        doc = json.loads(layout.state_file.read_text())
+        found.update(range(int(doc.get("n_hosts", 0))))
+    except (OSError, ValueError):
+        pass
+    if layout.root.is_dir():
+        for p in layout.root.iterdir():
+            if p.is_dir() and p.name.startswith("h") and p.name[1:].isdigit():
+                found.add(int(p.name[1:]))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class DownReport:
+    """What ``down`` stopped: daemon pids, guests destroyed through libvirt, processes killed in partitions."""
+
+    daemons: tuple[int, ...]
+    guests: tuple[str, ...]
+    killed: tuple[int, ...]
+    partitions: tuple[str, ...]
+
+
+def down(dir: Path | None = None) -> DownReport:
+    """Stop everything the lab in ``dir`` started and remove its state (the image cache stays).
+
+    Order matters: guests first through libvirt (a clean ``destroy``), then the
+    daemons, then whatever still runs in the lab's partitions (guests of a lab
+    whose daemons crashed), then the partitions themselves.
+    """
+    layout = _layout(dir)
+    guests: list[str] = []
+    stopped: list[int] = []
+    killed: list[int] = []
+    removed: list[str] = []
+    indexes = _host_indexes(layout)
+    for i in indexes:
+        if daemons.daemon_pid(layout, i, "libvirtd") is not None:
+            guests += _destroy_guests(layout.uri(i))
+    for i in indexes:
+        stopped += daemons.stop_host(layout, i)
+    for i in _partition_indexes(layout, indexes):
+        part = layout.partition(i)
+        if cgroups.partition_dirs(part):
+            killed += cgroups.remove_partition(part)
+            removed.append(part)
+    for i in indexes:
+        shutil.rmtree(layout.host_dir(i), ignore_errors=True)
+    # The image cache (<dir>/image) is kept on purpose: a later `up` reuses it.
+    layout.cluster_file.unlink(missing_ok=True)
+    layout.state_file.unlink(missing_ok=True)
+    return DownReport(tuple(stopped), tuple(guests), tuple(killed), tuple(removed))
+
+
+def _partition_indexes(layout: LabLayout, indexes: list[int]) -> list[int]:
+    """Host indexes whose partitions exist: the recorded ones plus any other ``vcl<id>h<N>`` left behind."""
+    found = set(indexes)
+    prefix = f"vcl{layout.id}h"
+    for h in cgroups.hierarchies():
+        try:
+            names = [p.name for p in h.mount.iterdir()]
+        except OSError:
+            continue
+        for n in names:
+            stem = n.removesuffix(".partition")
+            if n.endswith(".partition") and stem.startswith(prefix) and stem[len(prefix):].isdigit():
+                found.add(int(stem[len(prefix):]))
+    return sorted(found)
+
+
+def _destroy_guests(uri: str) -> list[str]:
+    """Destroy and undefine every guest on a lab host (all of them are the lab's: the daemon is)."""
+    import libvirt
+
+    names: list[str] = []
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError:
+        return names
+    try:
+        for dom in conn.listAllDomains(0):
+            names.append(dom.name())
+            try:
+                if dom.isActive():
+                    dom.destroy()
+                if dom.isPersistent():
+                    dom.undefine()
+            except libvirt.libvirtError:
+                pass  # the partition sweep below still ends its process
+    finally:
+        conn.close()
+    return names
+
+
+def status(dir: Path | None = None) -> LabStatus:
+    """What the lab in ``dir`` is running: per host its daemons, whether it answers, its guests."""
+    layout = _layout(dir)
+    indexes = _host_indexes(layout)
+    hosts: list[HostStatus] = []
+    for i in indexes:
+        lpid = daemons.daemon_pid(layout, i, "libvirtd")
+        vpid = daemons.daemon_pid(layout, i, "virtlogd")
+        answers: bool = False
+        doms: tuple[str, ...] = ()
+        cpus: int | None = None
+        mem: int | None = None
+        if lpid is not None:
+            answers, doms, cpus, mem = _probe(layout.uri(i))
+        hosts.append(HostStatus(layout.host_name(i), layout.uri(i), layout.partition(i), lpid, vpid, answers,
+                                doms, cpus, mem))
+    parts = tuple(layout.partition(i) for i in _partition_indexes(layout, [])
+                      if cgroups.partition_dirs(layout.partition(i)))
+    running = bool(hosts) and all(h.answers for h in hosts)
+    return LabStatus(layout.root, layout.id, running, tuple(hosts), parts)
+
+
+def _probe(uri: str) -> tuple[bool, tuple[str, ...], int | None, int | None]:
+    import libvirt
+
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError:
+        return False, (), None, None
+    try:
+        info = conn.getInfo()
+        doms = tuple(sorted(d.name() for d in conn.listAllDomains(0)))
+        return True, doms, int(info[2]), int(info[1])
+    except libvirt.libvirtError:
+        return False, (), None, None
+    finally:
+        conn.close()
+
+
+def default_cluster_file() -> Path | None:
+    """The running default lab's ``cluster.toml``, or None when no default lab is up."""
+    layout = _layout(None)
+    if not layout.cluster_file.is_file():
+        return None
+    indexes = _host_indexes(layout)
+    if not indexes or any(daemons.daemon_pid(layout, i, "libvirtd") is None for i in indexes):
+        return None
+    return layout.cluster_file
+
+
+def guest_boot_check(timeout_s: float = 120.0) -> str | None:
+    """None if a TCG guest boots on this machine, else the reason to skip (for tests' skip messages).
+
+    It builds the image in the default lab's cache if needed and boots it once
+    under bare QEMU; a success is remembered (keyed by the image and QEMU binary)
+    so a test session pays the ~11 s boot at most once per machine.
+    """
+    problem = prerequisites_problem()
+    if problem:
+        return problem
+    layout = _layout(None)
+    try:
+        image = ensure_image(layout.image_dir)
+    except VcschedError as exc:
+        return f"no guest image: {exc}"
+    qemu = shutil.which("qemu-system-x86_64") or ""
+    key = json.dumps([image.kernel.stat().st_size, image.kernel.stat().st_mtime_ns, initramfs_recipe(),
+                      qemu, os.stat(qemu).st_mtime_ns])
+    stamp = layout.image_dir / "canary.ok"
+    if stamp.is_file() and stamp.read_text() == key:
+        return None
+    try:
+        boot_directly(image, timeout_s)
+    except (VcschedError, OSError) as exc:
+        return f"a TCG guest does not boot here: {exc}"
+    stamp.write_text(key)
+    return None

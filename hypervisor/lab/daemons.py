@@ -1,0 +1,159 @@
+"""One lab host = one ``libvirtd`` + ``virtlogd`` pair in a private mount and UTS namespace.
+
+libvirt has no notion of "several hosts per machine": its daemons find their
+configuration, sockets and state at fixed paths.  Each lab host therefore runs
+its daemons under ``unshare -m -u --propagation private`` with its own
+directories bind-mounted over ``/etc/libvirt``, ``/run/libvirt``,
+``/var/lib/libvirt``, ``/var/cache/libvirt`` and ``/var/log/libvirt``, its own
+host name and ``host_uuid`` (libvirt refuses to migrate to "the same host"),
+and pid files given with ``-p`` (two ``virtlogd`` would otherwise fight over
+one).  The machine's own ``/etc/libvirt`` is never read or written: each host
+gets fresh, minimal configuration files.  The namespace lives as long as its
+daemons do, so stopping them also drops the bind mounts.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from hypervisor.lab.state import HOST_MOUNTS, LabLayout, host_uuid, pid_matches, read_pid_file
+from vcsched.errors import VcschedError
+
+DAEMONS = ("libvirtd", "virtlogd")
+
+
+class DaemonError(VcschedError):
+    """A lab daemon did not start or answer."""
+
+
+def qemu_conf() -> str:
+    """Guests run as root without a security driver: there is no AppArmor/SELinux
+    set-up for the lab's directories, and the guest files live in /var/tmp."""
+    return 'user = "root"\ngroup = "root"\nsecurity_driver = "none"\n'
+
+
+def libvirtd_conf(uuid: str) -> str:
+    """Local unix socket only (no TCP listener to collide on); a distinct host UUID."""
+    return (
+        f'host_uuid = "{uuid}"\n'
+        'unix_sock_rw_perms = "0700"\n'
+        'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"\n'
+    )
+
+
+def prepare_host(layout: LabLayout, index: int) -> None:
+    """Create the host's directories and configuration (idempotent)."""
+    hd = layout.host_dir(index)
+    for sub, _target in HOST_MOUNTS:
+        (hd / sub).mkdir(parents=True, exist_ok=True)
+    (hd / "console").mkdir(exist_ok=True)
+    etc = hd / "etc"
+    (etc / "qemu").mkdir(exist_ok=True)
+    (etc / "libvirtd.conf").write_text(libvirtd_conf(host_uuid(layout.id, index)))
+    (etc / "qemu.conf").write_text(qemu_conf())
+    (etc / "virtlogd.conf").write_text("")
+
+
+def start_script(layout: LabLayout, index: int) -> str:
+    """The shell run inside the new namespace: bind mounts, host name, then both daemons."""
+    hd = layout.host_dir(index)
+    q = shlex.quote
+    lines = ["set -e"]
+    for sub, target in HOST_MOUNTS:
+        # The mount point may be missing on the machine (e.g. /run/libvirt without
+        # a running system libvirtd); an empty directory is all that is created.
+        lines.append(f"mkdir -p {q(target)}")
+        lines.append(f"mount --bind {q(str(hd / sub))} {q(target)}")
+    lines.append(f"hostname {q(layout.hostname(index))}")
+    lines.append(f"virtlogd -d -p {q(str(layout.pid_file(index, 'virtlogd')))}")
+    # libvirtd connects to virtlogd's socket when it starts a guest; wait for it.
+    lines.append("i=0; while [ ! -S /run/libvirt/virtlogd-sock ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done")
+    lines.append(f"libvirtd -d -p {q(str(layout.pid_file(index, 'libvirtd')))}")
+    return "\n".join(lines) + "\n"
+
+
+def start_host(layout: LabLayout, index: int, timeout_s: float = 60.0) -> None:
+    """Start the host's daemons and wait until its socket accepts a libvirt connection."""
+    prepare_host(layout, index)
+    log = layout.host_dir(index) / "start.log"
+    with log.open("wb") as out:
+        proc = subprocess.run(["unshare", "-m", "-u", "--propagation", "private", "sh", "-c",
+                               start_script(layout, index)], stdout=out, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        raise DaemonError(f"host h{index}: starting its daemons failed (exit {proc.returncode}): "
+                          f"{_tail(log)}")
+    wait_answers(layout.uri(index), timeout_s, f"host h{index}")
+
+
+def wait_answers(uri: str, timeout_s: float, what: str) -> None:
+    """Poll ``uri`` until ``getInfo()`` answers (libvirtd -d returns before it listens)."""
+    import libvirt  # the only layer allowed to import it; deferred so pure parts import without it
+
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            conn = libvirt.open(uri)
+            try:
+                conn.getInfo()
+                return
+            finally:
+                conn.close()
+        except libvirt.libvirtError as exc:
+            last = str(exc).splitlines()[0] if str(exc) else "libvirt error"
+        time.sleep(0.2)
+    raise DaemonError(f"{what}: {uri} did not answer within {timeout_s:g} s ({last})")
+
+
+def daemon_pid(layout: LabLayout, index: int, daemon: str) -> int | None:
+    """The pid of the lab's running daemon, or None (stale or foreign pid files count as not running)."""
+    pf = layout.pid_file(index, daemon)
+    pid = read_pid_file(pf)
+    return pid if pid is not None and pid_matches(pid, str(pf)) else None
+
+
+def stop_host(layout: LabLayout, index: int, timeout_s: float = 15.0) -> list[int]:
+    """Stop the host's daemons (TERM, then KILL), by pid file only; returns the pids stopped."""
+    stopped: list[int] = []
+    for daemon in DAEMONS:  # libvirtd first: it holds a connection to virtlogd
+        pid = daemon_pid(layout, index, daemon)
+        if pid is not None:
+            _terminate(pid, str(layout.pid_file(index, daemon)), timeout_s)
+            stopped.append(pid)
+        layout.pid_file(index, daemon).unlink(missing_ok=True)
+    return stopped
+
+
+def _terminate(pid: int, marker: str, timeout_s: float) -> None:
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not pid_matches(pid, marker) or _is_zombie(pid):
+                return
+            time.sleep(0.05)
+    raise DaemonError(f"pid {pid} ({marker}) survived SIGKILL")
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def _tail(path: Path, lines: int = 2) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no output"
+    return " | ".join(text[-lines:]) or "no output"

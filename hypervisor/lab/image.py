@@ -1,0 +1,143 @@
+"""The lab's guest: a stock Debian kernel and a busybox initramfs that burns CPU.
+
+The guest does one thing the controller needs to observe: it boots under TCG
+(``type='qemu'``; this machine's ``/dev/kvm`` is a nested scheme a stock kernel
+does not boot on, docs/lab.md), prints a marker on its serial console, and runs
+a busy loop so that libvirt's CPU accounting shows what a cap allows.  It is
+~9 MB of kernel plus ~1 MB of initramfs and boots in about 11 s.
+
+The kernel package is downloaded once (``apt-get download``) and only its
+``vmlinuz`` kept; later labs copy it from any lab's image cache.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from hypervisor.lab.state import DEFAULT_LAB_DIR, GuestImage
+from vcsched.errors import VcschedError
+
+BOOT_MARKER = "VCSCHED-GUEST-UP"
+BUSYBOX = Path("/bin/busybox")
+#: The initramfs' /init.  It mounts what busybox tools expect, announces itself
+#: on the serial console (what a boot check waits for), and then spins one CPU
+#: loop per vCPU so the guest uses all the CPU it is allowed.
+INIT_SCRIPT = f"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+echo {BOOT_MARKER} > /dev/console
+n=$(grep -c ^processor /proc/cpuinfo)
+i=1
+while [ "$i" -lt "$n" ]; do (while :; do :; done) & i=$((i + 1)); done
+while :; do :; done
+"""
+
+_KERNEL_PKG = re.compile(r"^(linux-image-6\.1\.0-(\d+)-amd64) ")
+
+
+class ImageError(VcschedError):
+    """The guest image cannot be built (no kernel package reachable, no busybox)."""
+
+
+def kernel_package() -> str:
+    """The newest signed Debian 6.1 amd64 kernel image package apt knows about."""
+    out = subprocess.run(["apt-cache", "search", "--names-only", r"^linux-image-6\.1\.0-[0-9]+-amd64$"],
+                         capture_output=True, text=True, check=False).stdout
+    found = [(int(m.group(2)), m.group(1)) for line in out.splitlines() if (m := _KERNEL_PKG.match(line))]
+    if not found:
+        raise ImageError("no linux-image-6.1.0-*-amd64 package in apt's lists (run 'apt-get update')")
+    return max(found)[1]
+
+
+def build_initramfs(busybox: Path = BUSYBOX) -> bytes:
+    """A gzip'd newc cpio holding busybox and /init (the format the kernel unpacks)."""
+    if not busybox.is_file():
+        raise ImageError(f"{busybox} is missing (install busybox-static)")
+    with tempfile.TemporaryDirectory(prefix="vcl-initrd-") as tmp:
+        root = Path(tmp)
+        for d in ("bin", "dev", "proc", "sys"):
+            (root / d).mkdir()
+        shutil.copy2(busybox, root / "bin" / "busybox")
+        (root / "bin" / "sh").symlink_to("busybox")
+        init = root / "init"
+        init.write_text(INIT_SCRIPT)
+        init.chmod(0o755)
+        names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+        cpio = _cpio(busybox, root, names)
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
+        gz.write(cpio)
+    return buf.getvalue()
+
+
+def _cpio(busybox: Path, root: Path, names: list[str]) -> bytes:
+    proc = subprocess.run([str(busybox), "cpio", "-o", "-H", "newc"], cwd=root,
+                          input=("\n".join(names) + "\n").encode(), capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise ImageError(f"busybox cpio failed: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout
+
+
+def download_kernel(dest: Path) -> Path:
+    """Download the kernel package with apt and extract only its vmlinuz to ``dest``."""
+    pkg = kernel_package()
+    with tempfile.TemporaryDirectory(prefix="vcl-kernel-", dir=dest.parent) as tmp:
+        proc = subprocess.run(["apt-get", "download", "-q", pkg], cwd=tmp, capture_output=True, text=True,
+                              check=False)
+        debs = list(Path(tmp).glob("*.deb"))
+        if proc.returncode != 0 or not debs:
+            raise ImageError(f"apt-get download {pkg} failed: {proc.stderr.strip().splitlines()[-1:]}")
+        x = subprocess.run(["dpkg-deb", "-x", str(debs[0]), tmp + "/x"], capture_output=True, text=True,
+                           check=False)
+        kernels = sorted(Path(tmp, "x", "boot").glob("vmlinuz-*"))
+        if x.returncode != 0 or not kernels:
+            raise ImageError(f"{debs[0].name} holds no boot/vmlinuz-* ({x.stderr.strip()})")
+        part = dest.with_suffix(".part")
+        shutil.copyfile(kernels[0], part)
+        os.replace(part, dest)
+    return dest
+
+
+def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "image",)) -> GuestImage:
+    """The lab's guest image in ``image_dir``, built on first use and cached there.
+
+    The kernel is copied from another lab's cache (``sources``) when one has it,
+    else downloaded; the initramfs is rebuilt whenever its content would change.
+    """
+    image_dir.mkdir(parents=True, exist_ok=True)
+    kernel = image_dir / "vmlinuz"
+    initrd = image_dir / "initrd.gz"
+    if not kernel.is_file():
+        for src in sources:
+            if (src / "vmlinuz").is_file() and src.resolve() != image_dir.resolve():
+                shutil.copyfile(src / "vmlinuz", kernel.with_suffix(".part"))
+                os.replace(kernel.with_suffix(".part"), kernel)
+                break
+        else:
+            download_kernel(kernel)
+    stamp = image_dir / "initrd.recipe"
+    recipe = initramfs_recipe()
+    if not initrd.is_file() or not stamp.is_file() or stamp.read_text() != recipe:
+        initrd.with_suffix(".part").write_bytes(build_initramfs())
+        os.replace(initrd.with_suffix(".part"), initrd)
+        stamp.write_text(recipe)
+    return GuestImage(kernel=kernel, initrd=initrd)
+
+
+def initramfs_recipe(busybox: Path = BUSYBOX) -> str:
+    """A digest of what goes into the initramfs, so a cached one is rebuilt only when it would differ."""
+    h = hashlib.sha256(INIT_SCRIPT.encode())
+    if busybox.is_file():
+        h.update(busybox.read_bytes())
+    return h.hexdigest()

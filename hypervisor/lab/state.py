@@ -1,0 +1,234 @@
+"""Where a lab keeps its files, what its hosts are called, and the cluster file it writes.
+
+Everything here is pure (paths, names, text): the parts of ``vcsched lab`` that
+must be right on every machine, so they are unit-tested without libvirt.
+
+A lab lives in one *state directory* (default ``/var/tmp/vcsched-lab``)::
+
+    <dir>/lab.json              what `lab up` started (ids, hosts), read by `down`/`status`
+    <dir>/cluster.toml          the cluster file other commands read (--cluster)
+    <dir>/image/                guest kernel + initramfs (kept by `lab down`)
+    <dir>/h0/etc|run|lib|cache|log   bind-mounted over /etc/libvirt, /run/libvirt, ...
+    <dir>/h0/libvirtd.pid, virtlogd.pid
+
+Paths stay short on purpose: libvirt's unix sockets must fit in 108 bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vcsched.errors import InputError
+
+DEFAULT_LAB_DIR = Path("/var/tmp/vcsched-lab")
+LAB_DIR_ENV = "VCSCHED_LAB_DIR"
+SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
+
+#: The guest kernel command line: serial console for the boot marker, reboot-free
+#: panic so a broken guest stops instead of looping.
+GUEST_CMDLINE = "console=ttyS0 panic=-1 quiet"
+
+#: Namespace for the hosts' libvirt ``host_uuid``: libvirt refuses to migrate
+#: between two daemons with the same host UUID ("same host"), so each lab host
+#: needs its own, and it must be stable across restarts of the same lab.
+_HOST_UUID_NS = uuid.UUID("6d1b8a52-3f0e-4c59-9a52-8c0f1e0b7a11")
+
+#: The bind mounts that make one libvirtd a separate "host": its configuration,
+#: sockets, state, cache and logs, each replaced by a directory of the lab host.
+HOST_MOUNTS: tuple[tuple[str, str], ...] = (
+    ("etc", "/etc/libvirt"),
+    ("run", "/run/libvirt"),
+    ("lib", "/var/lib/libvirt"),
+    ("cache", "/var/cache/libvirt"),
+    ("log", "/var/log/libvirt"),
+)
+
+
+def default_lab_dir() -> Path:
+    """The state directory used when none is given: ``$VCSCHED_LAB_DIR`` or ``/var/tmp/vcsched-lab``."""
+    env = os.environ.get(LAB_DIR_ENV)
+    return Path(env) if env else DEFAULT_LAB_DIR
+
+
+def lab_id(root: Path) -> str:
+    """A short id derived from the (absolute) state directory.
+
+    It goes into cgroup partition names and host names, so two labs in two
+    directories never share a partition, and a lab restarted in the same
+    directory finds (and cleans) what its crashed predecessor left.
+    """
+    return hashlib.sha256(str(root.absolute()).encode()).hexdigest()[:6]
+
+
+def partition_name(lid: str, index: int) -> str:
+    """The libvirt ``<resource><partition>`` of lab host ``index``, e.g. ``/vcl3fa2c1h0``.
+
+    libvirt places a guest of that partition under ``vcl3fa2c1h0.partition`` in
+    every cgroup controller; without a per-host partition two daemons would both
+    use ``/machine/qemu-1-name`` and collide (docs/lab.md).
+    """
+    if index < 0:
+        raise InputError(f"host index: {index} is negative")
+    return f"/vcl{lid}h{index}"
+
+
+def partition_dir_name(partition: str) -> str:
+    """The cgroup directory libvirt uses for a partition: ``/vclXh0`` -> ``vclXh0.partition``."""
+    if not partition.startswith("/") or "/" in partition[1:] or len(partition) < 2:
+        raise InputError(f"partition: {partition!r} is not of the form /name")
+    return partition[1:] + ".partition"
+
+
+def host_uuid(lid: str, index: int) -> str:
+    """The stable, per-lab-host libvirt ``host_uuid``."""
+    return str(uuid.uuid5(_HOST_UUID_NS, f"{lid}/h{index}"))
+
+
+@dataclass(frozen=True)
+class LabLayout:
+    """The file layout of one lab state directory (no I/O)."""
+
+    root: Path
+
+    @property
+    def id(self) -> str:
+        return lab_id(self.root)
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "lab.json"
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.root / "cluster.toml"
+
+    @property
+    def image_dir(self) -> Path:
+        return self.root / "image"
+
+    def host_name(self, index: int) -> str:
+        return f"h{index}"
+
+    def host_dir(self, index: int) -> Path:
+        return self.root / self.host_name(index)
+
+    def socket(self, index: int) -> Path:
+        """The daemon's socket as seen from outside its namespace (``/run/libvirt`` is bound here)."""
+        return self.host_dir(index) / "run" / "libvirt-sock"
+
+    def uri(self, index: int) -> str:
+        return f"qemu+unix:///system?socket={self.socket(index)}"
+
+    def pid_file(self, index: int, daemon: str) -> Path:
+        return self.host_dir(index) / f"{daemon}.pid"
+
+    def hostname(self, index: int) -> str:
+        """The UTS host name inside the host's namespace (libvirt compares host names on migration)."""
+        return f"vcl{self.id}h{index}"
+
+    def partition(self, index: int) -> str:
+        return partition_name(self.id, index)
+
+    def check_paths(self, n_hosts: int) -> None:
+        """Refuse a state directory whose sockets would not fit in a unix socket address."""
+        if not self.root.is_absolute():
+            raise InputError(f"--dir: {self.root} is not an absolute path")
+        longest = len(str(self.socket(max(n_hosts - 1, 0)))) + len("/virtlogd-admin-sock") - len("/libvirt-sock")
+        if longest > SOCKET_PATH_MAX:
+            raise InputError(f"--dir: {self.root} is too long ({longest} > {SOCKET_PATH_MAX} bytes for its sockets)")
+
+
+@dataclass(frozen=True)
+class LabHost:
+    """One lab host as recorded in ``lab.json`` and written to ``cluster.toml``."""
+
+    name: str
+    uri: str
+    partition: str
+    cores: int = 1
+    memory_reserved: str = "64MiB"
+
+
+@dataclass(frozen=True)
+class GuestImage:
+    """The default guest boot of a lab: a TCG-bootable kernel and busybox initramfs."""
+
+    kernel: Path
+    initrd: Path
+    cmdline: str = GUEST_CMDLINE
+    domain_type: str = "qemu"
+
+
+def toml_string(value: str) -> str:
+    """A TOML basic string: quote, backslash and every control character (incl. DEL) escaped."""
+    out = []
+    for ch in value:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def render_cluster_toml(name: str, hosts: Iterable[LabHost], guest: GuestImage | None, min_yield: float = 0.0) -> str:
+    """The cluster file in the format the libvirt-side developers agreed on (docs/lab.md)."""
+    hosts = list(hosts)
+    if not hosts:
+        raise InputError("hosts: a cluster needs at least one host")
+    if not 0.0 <= min_yield <= 1.0:
+        raise InputError(f"min_yield: {min_yield} is not in [0, 1]")
+    lines = [
+        "# Written by `vcsched lab up`; removed by `vcsched lab down`.",
+        f"name = {toml_string(name)}",
+        f"min_yield = {min_yield!r}",
+    ]
+    if guest is not None:
+        lines += [
+            "",
+            "[guest]",
+            f"kernel = {toml_string(str(guest.kernel))}",
+            f"initrd = {toml_string(str(guest.initrd))}",
+            f"cmdline = {toml_string(guest.cmdline)}",
+            f"domain_type = {toml_string(guest.domain_type)}",
+        ]
+    for h in hosts:
+        lines += [
+            "",
+            "[[hosts]]",
+            f"name = {toml_string(h.name)}",
+            f"uri = {toml_string(h.uri)}",
+            f"cores = {h.cores}",
+            f"memory_reserved = {toml_string(h.memory_reserved)}",
+            f"partition = {toml_string(h.partition)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def read_pid_file(path: Path) -> int | None:
+    """The pid in a daemon's pid file, or None when the file is missing, empty or garbage."""
+    try:
+        text = path.read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def pid_matches(pid: int, marker: str, proc: Path = Path("/proc")) -> bool:
+    """Whether ``pid`` is alive *and* its command line contains ``marker``.
+
+    Pid files outlive crashes and pids are reused, so a bare ``kill(pid)``
+    could hit an unrelated process; the lab's daemons are started with their
+    pid file path on the command line, which is the marker checked here.
+    """
+    try:
+        cmdline = (proc / str(pid) / "cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+        return False
+    return marker.encode() in cmdline.replace(b"\0", b" ")

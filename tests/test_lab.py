@@ -1,0 +1,290 @@
+"""The local lab: pure parts everywhere, the real thing (marked ``lab``) where libvirt and TCG work."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cli.main import cli
+from hypervisor.lab import Lab, down, status, up
+from hypervisor.lab import cgroups as lab_cgroups
+from hypervisor.lab.guest import guest_xml
+from hypervisor.lab.state import (
+    GuestImage,
+    LabHost,
+    LabLayout,
+    host_uuid,
+    lab_id,
+    partition_dir_name,
+    partition_name,
+    pid_matches,
+    read_pid_file,
+    render_cluster_toml,
+)
+from tests.lab_support import lab_guest, lab_leftovers, new_lab_dir, skip_unless_lab_possible, start_lab_guest
+from vcsched.errors import InputError
+
+# --- pure parts: run everywhere -------------------------------------------------------------------
+
+
+def _hosts(n: int, root: str = "/var/tmp/vcl-x") -> list[LabHost]:
+    layout = LabLayout(Path(root))
+    return [LabHost(layout.host_name(i), layout.uri(i), layout.partition(i)) for i in range(n)]
+
+
+def test_cluster_toml_parses_and_lists_every_host_in_order() -> None:
+    doc = tomllib.loads(render_cluster_toml("lab", _hosts(3), None))
+    assert doc["name"] == "lab"
+    assert [h["name"] for h in doc["hosts"]] == ["h0", "h1", "h2"]
+    assert all(h["cores"] == 1 and h["memory_reserved"] == "64MiB" for h in doc["hosts"])
+
+
+def test_cluster_toml_carries_uri_and_partition_of_each_host() -> None:
+    hosts = _hosts(2)
+    doc = tomllib.loads(render_cluster_toml("lab", hosts, None))
+    assert [(h["uri"], h["partition"]) for h in doc["hosts"]] == [(h.uri, h.partition) for h in hosts]
+
+
+def test_cluster_toml_guest_section_names_kernel_initrd_and_tcg() -> None:
+    guest = GuestImage(Path("/var/tmp/vcl-x/image/vmlinuz"), Path("/var/tmp/vcl-x/image/initrd.gz"))
+    doc = tomllib.loads(render_cluster_toml("lab", _hosts(1), guest))
+    assert doc["guest"] == {"kernel": str(guest.kernel), "initrd": str(guest.initrd),
+                            "cmdline": guest.cmdline, "domain_type": "qemu"}
+
+
+def test_cluster_toml_without_guest_has_no_guest_section() -> None:
+    assert "guest" not in tomllib.loads(render_cluster_toml("lab", _hosts(1), None))
+
+
+@given(st.text(min_size=1, max_size=30))
+def test_cluster_toml_round_trips_any_cluster_name(name: str) -> None:
+    assert tomllib.loads(render_cluster_toml(name, _hosts(1), None))["name"] == name
+
+
+def test_cluster_toml_refuses_a_cluster_without_hosts() -> None:
+    with pytest.raises(InputError, match="at least one host"):
+        render_cluster_toml("lab", [], None)
+
+
+def test_partition_name_embeds_lab_id_and_host_index() -> None:
+    assert partition_name("3fa2c1", 0) == "/vcl3fa2c1h0"
+    assert partition_dir_name("/vcl3fa2c1h0") == "vcl3fa2c1h0.partition"
+
+
+def test_partition_dir_name_rejects_nested_or_relative_partitions() -> None:
+    for bad in ("vclh0", "/a/b", "/"):
+        with pytest.raises(InputError, match="partition"):
+            partition_dir_name(bad)
+
+
+def test_two_lab_dirs_never_share_a_partition_or_host_uuid() -> None:
+    a, b = LabLayout(Path("/var/tmp/vcl-a")), LabLayout(Path("/var/tmp/vcl-b"))
+    assert a.id != b.id
+    assert {a.partition(0), a.partition(1)}.isdisjoint({b.partition(0), b.partition(1)})
+    assert host_uuid(a.id, 0) != host_uuid(b.id, 0) != host_uuid(b.id, 1)
+
+
+def test_lab_id_is_stable_for_the_same_dir() -> None:
+    # A restarted lab must find the partitions of its crashed predecessor.
+    assert lab_id(Path("/var/tmp/vcl-a")) == lab_id(Path("/var/tmp/vcl-a"))
+
+
+def test_socket_paths_that_do_not_fit_a_unix_address_are_refused() -> None:
+    with pytest.raises(InputError, match="too long"):
+        LabLayout(Path("/var/tmp/" + "d" * 90)).check_paths(2)
+    LabLayout(Path("/var/tmp/vcsched-lab")).check_paths(8)
+
+
+def test_pid_file_missing_or_garbage_reads_as_no_pid(tmp_path: Path) -> None:
+    assert read_pid_file(tmp_path / "none.pid") is None
+    (tmp_path / "g.pid").write_text("not a pid\n")
+    assert read_pid_file(tmp_path / "g.pid") is None
+    (tmp_path / "ok.pid").write_text("1234\n")
+    assert read_pid_file(tmp_path / "ok.pid") == 1234
+
+
+def test_pid_matches_only_a_live_process_whose_command_line_has_the_marker(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "77").mkdir(parents=True)
+    (proc / "77" / "cmdline").write_bytes(b"libvirtd\0-d\0-p\0/var/tmp/vcl-x/h0/libvirtd.pid\0")
+    assert pid_matches(77, "/var/tmp/vcl-x/h0/libvirtd.pid", proc)
+    assert not pid_matches(77, "/var/tmp/vcl-y/h0/libvirtd.pid", proc)  # a reused pid
+    assert not pid_matches(78, "/var/tmp/vcl-x/h0/libvirtd.pid", proc)  # gone
+
+
+def test_mounts_parsing_finds_v1_controllers_named_hierarchies_and_v2() -> None:
+    text = ("tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0\n"
+            "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n"
+            "cgroup /sys/fs/cgroup/systemd cgroup rw,relatime,name=systemd 0 0\n"
+            "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n")
+    hs = lab_cgroups.parse_mounts(text)
+    assert [(str(h.mount), h.controllers, h.v2) for h in hs] == [
+        ("/sys/fs/cgroup/cpu", ("cpu",), False),
+        ("/sys/fs/cgroup/systemd", ("name=systemd",), False),
+        ("/sys/fs/cgroup/unified", (), True),
+    ]
+
+
+def test_guest_xml_is_a_tcg_kernel_boot_in_the_hosts_partition() -> None:
+    image = GuestImage(Path("/img/vmlinuz"), Path("/img/initrd.gz"))
+    root = ET.fromstring(guest_xml("g1", image, partition="/vclxh1", console_log=Path("/c/g1.log")))
+    assert root.get("type") == "qemu"
+    assert root.findtext("resource/partition") == "/vclxh1"
+    assert root.findtext("os/kernel") == "/img/vmlinuz"
+    assert root.findtext("os/initrd") == "/img/initrd.gz"
+    assert root.find("devices/serial/source").get("path") == "/c/g1.log"  # type: ignore[union-attr]
+
+
+def test_guest_xml_escapes_names() -> None:
+    image = GuestImage(Path("/img/vmlinuz"), Path("/img/initrd.gz"))
+    assert ET.fromstring(guest_xml("a<&>b", image)).findtext("name") == "a<&>b"
+
+
+def test_lab_up_rejects_a_host_count_out_of_range() -> None:
+    for n in ("0", "9"):
+        r = CliRunner().invoke(cli, ["lab", "up", "--hosts", n])
+        assert r.exit_code == 2
+        assert "--hosts" in r.output
+
+
+def test_lab_status_of_an_empty_dir_says_nothing_runs(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("reading the lab's cgroups needs root")
+    r = CliRunner().invoke(cli, ["lab", "status", "--dir", str(tmp_path)])
+    assert r.exit_code == 0
+    assert "no lab running" in r.output
+
+
+def test_lab_down_of_an_empty_dir_is_harmless(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root")
+    r = CliRunner().invoke(cli, ["lab", "down", "--dir", str(tmp_path), "--json"])
+    assert r.exit_code == 0
+    assert '"daemons":[]' in r.output
+
+
+# --- the real lab ----------------------------------------------------------------------------------
+
+
+@pytest.mark.lab
+def test_lab_hosts_each_answer_get_info(lab2: Lab) -> None:
+    import libvirt
+
+    for h in lab2.hosts:
+        conn = libvirt.open(h.uri)
+        try:
+            assert conn.getInfo()[2] >= 1  # CPUs
+            assert conn.getHostname() == f"vcl{lab2.id}{h.name}"
+        finally:
+            conn.close()
+
+
+@pytest.mark.lab
+def test_lab_cluster_file_lists_the_running_hosts(lab2: Lab) -> None:
+    doc = tomllib.loads(lab2.cluster_file.read_text())
+    assert [(h["name"], h["uri"], h["partition"]) for h in doc["hosts"]] == [
+        (h.name, h.uri, h.partition) for h in lab2.hosts]
+    assert Path(doc["guest"]["kernel"]).is_file() and Path(doc["guest"]["initrd"]).is_file()
+
+
+@pytest.mark.lab
+def test_lab_hosts_are_distinct_libvirt_hosts(lab2: Lab) -> None:
+    import libvirt
+
+    uuids = set()
+    for h in lab2.hosts:
+        conn = libvirt.open(h.uri)
+        try:
+            uuids.add(ET.fromstring(conn.getCapabilities()).findtext("host/uuid"))
+        finally:
+            conn.close()
+    assert len(uuids) == len(lab2.hosts)
+
+
+def _cpu_seconds(dom: object, window_s: float) -> float:
+    """Host CPU the guest used per second over a window (libvirt's accounting, all threads)."""
+    t0 = dom.getCPUStats(True)[0]["cpu_time"]  # type: ignore[attr-defined]
+    time.sleep(window_s)
+    t1 = dom.getCPUStats(True)[0]["cpu_time"]  # type: ignore[attr-defined]
+    return (t1 - t0) / 1e9 / window_s
+
+
+@pytest.mark.lab
+def test_lab_guest_boots_and_burns_cpu(lab2: Lab) -> None:
+    with lab_guest(lab2, host=0) as dom:
+        assert dom.isActive()
+        # A busy loop under TCG uses most of a core; 0.3 leaves room for a loaded machine.
+        assert _cpu_seconds(dom, 1.0) > 0.3
+
+
+@pytest.mark.lab
+def test_lab_guest_lands_in_its_hosts_partition(lab2: Lab) -> None:
+    layout = LabLayout(lab2.dir)
+    with lab_guest(lab2, host=1, wait=False):
+        procs: set[int] = set()
+        for d in lab_cgroups.partition_dirs(layout.partition(1)):
+            procs |= lab_cgroups.procs_in(d)
+        assert procs, "no process in h1's partition"
+        assert not any(lab_cgroups.procs_in(d) for d in lab_cgroups.partition_dirs(layout.partition(0)))
+
+
+@pytest.mark.lab
+def test_lab_live_migration_moves_a_running_guest_between_hosts(lab2: Lab) -> None:
+    """The recipe docs/lab.md gives the adaptation developer: migrate3 over tcp://127.0.0.1, LIVE,
+    with the destination host's partition written into VIR_MIGRATE_PARAM_DEST_XML."""
+    import libvirt
+
+    src_host, dst_host = lab2.hosts
+    with lab_guest(lab2, host=0) as dom:
+        dst = libvirt.open(dst_host.uri)
+        try:
+            xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE).replace(
+                f"<partition>{src_host.partition}</partition>", f"<partition>{dst_host.partition}</partition>")
+            moved = dom.migrate3(dst, {libvirt.VIR_MIGRATE_PARAM_URI: "tcp://127.0.0.1",
+                                       libvirt.VIR_MIGRATE_PARAM_DEST_XML: xml}, libvirt.VIR_MIGRATE_LIVE)
+            assert moved.isActive()
+            assert ET.fromstring(moved.XMLDesc(0)).findtext("resource/partition") == dst_host.partition
+            assert dom.name() not in [d.name() for d in dom.connect().listAllDomains(0)]
+            assert _cpu_seconds(moved, 1.0) > 0.3  # still running its loop after the move
+        finally:
+            dst.close()
+
+
+@pytest.mark.lab
+def test_lab_down_leaves_no_daemons_guests_or_partitions_and_up_recovers_from_a_crash() -> None:
+    skip_unless_lab_possible()
+    d = new_lab_dir()
+    try:
+        lab = up(1, d)
+        layout = LabLayout(d)
+        start_lab_guest(lab, host=0, wait=False)
+        pids = [int(layout.pid_file(0, n).read_text()) for n in ("libvirtd", "virtlogd")]
+        guest_pids: set[int] = set()
+        for cg in lab_cgroups.partition_dirs(layout.partition(0)):
+            guest_pids |= lab_cgroups.procs_in(cg)
+        assert guest_pids
+        for pid in pids:  # a crash: daemons die, the guest and the partition stay
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        lab = up(1, d)
+        assert status(d).running
+        assert not any(Path(f"/proc/{p}").exists() for p in guest_pids), "the orphaned guest survived"
+        down(d)
+        assert lab_leftovers(d, 1) == []
+        assert not any(Path(f"/proc/{p}").exists() for p in pids)
+        assert not (d / "cluster.toml").exists()
+        assert (d / "image" / "vmlinuz").is_file()  # the image cache is kept
+        assert down(d).daemons == ()  # idempotent
+    finally:
+        down(d)
+        shutil.rmtree(d, ignore_errors=True)
