@@ -85,6 +85,15 @@ def test_degradation_is_measured_from_the_best_placing_algorithm() -> None:
     assert table["b"].avg == pytest.approx(12.5)  # instance 1 is a tie
 
 
+def test_degradation_among_a_group_ignores_algorithms_outside_it() -> None:
+    # the paper's Tables 1 and 7 compare the MCB variants among themselves
+    records = [rec(0, "mcb8", 0.8), rec(0, "mcb1", 0.4), rec(0, "milp", 1.0)]
+    table = degradation(records, among=["mcb8", "mcb1"])
+    assert set(table) == {"mcb8", "mcb1"}
+    assert table["mcb8"].avg == 0.0 and table["mcb1"].avg == pytest.approx(50.0)
+    assert degradation(records)["mcb8"].avg == pytest.approx(20.0)
+
+
 def test_the_lp_bound_is_never_the_best() -> None:
     records = [rec(0, "a", 0.5), rec(0, "lpbound", 1.0)]
     table = degradation(records)

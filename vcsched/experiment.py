@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -209,10 +209,13 @@ def by_instance(records: Iterable[Record]) -> dict[tuple[str, int, int], dict[st
     return dict(out)
 
 
-def best_min_yield(per_algo: dict[str, Record]) -> float | None:
-    """Highest minimum yield any placing algorithm found; the LP bound is not a placement (excluded)."""
+def best_min_yield(per_algo: dict[str, Record], among: Collection[str] | None = None) -> float | None:
+    """Highest minimum yield any placing algorithm (of ``among``, if given) found.
+
+    The LP bound is never "best": it is not a placement.
+    """
     found = [r.min_yield for a, r in per_algo.items()
-             if a != BOUND and r.feasible and r.min_yield is not None]
+             if a != BOUND and (among is None or a in among) and r.feasible and r.min_yield is not None]
     return max(found) if found else None
 
 
@@ -227,15 +230,19 @@ class Degradation:
     failed: int  # instances some algorithm solved but this one did not
 
 
-def degradation(records: Iterable[Record]) -> dict[str, Degradation]:
-    """Per algorithm: avg and max of ``100 (best - mine) / best`` where it succeeded."""
+def degradation(records: Iterable[Record], among: Collection[str] | None = None) -> dict[str, Degradation]:
+    """Per algorithm: avg and max of ``100 (best - mine) / best`` where it succeeded.
+
+    ``among`` restricts both the candidates for "best" and the rows: the
+    paper's Tables 1 and 7 compare the eight MCB variants among themselves.
+    """
     values: dict[str, list[float]] = defaultdict(list)
     failed: dict[str, int] = defaultdict(int)
     algos: set[str] = set()
     for per_algo in by_instance(records).values():
-        best = best_min_yield(per_algo)
+        best = best_min_yield(per_algo, among)
         for a, r in per_algo.items():
-            if a == BOUND:
+            if a == BOUND or (among is not None and a not in among):
                 continue
             algos.add(a)
             if best is None:
@@ -369,6 +376,19 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def _degradation_table(table: dict[str, Degradation], order: Sequence[str],
+                       paper: dict[str, tuple[float, float]]) -> str:
+    rows = []
+    for a in order:
+        d = table.get(a)
+        p = paper.get(a)
+        row = [a, _fmt(d.avg if d else None), _fmt(d.max if d else None),
+               str(d.succeeded if d else 0), str(d.failed if d else 0)]
+        rows.append(row + ([_fmt(p[0]) if p else "", _fmt(p[1]) if p else ""] if paper else []))
+    header = ["algorithm", "avg %", "max %", "placed", "failed"]
+    return _table(header + (["paper avg %", "paper max %"] if paper else []), rows)
+
+
 def report_markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
     """The run's report: every table the paper's section 4 discusses that this run has data for."""
     set_name = str(meta.get("set", "?"))
@@ -382,25 +402,24 @@ def report_markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
         f"MILP time limit {meta.get('time_limit')} s, {meta.get('jobs')} worker processes, wall time "
         f"{_fmt(meta.get('wall_s'), 0)} s on {meta.get('machine', '?')}."
     )
-    out += ["", "## % degradation from best (section 4.2)", "",
-            "best = highest minimum yield any algorithm found on the instance (the LP bound excluded); "
-            "averages and maxima over the instances where the algorithm found a placement."]
+    paper = PAPER_DEGRADATION.get(set_name, {})
+    mcbs = [a for a in algos if a in PAPER_MCB_RANKING]
+    if len(mcbs) > 1:
+        table = degradation(records, among=mcbs)
+        out += ["", "## MCB variants: % degradation from best (section 4.2.1, Tables 1 and 7)", "",
+                "As in the paper's tables, best = highest minimum yield among the MCB variants on the instance; "
+                "averages and maxima over the instances where the variant found a placement."]
+        out += ["", _degradation_table(table, ranking(table, mcbs), paper)]
+        order = ranking(table, mcbs)
+        if len(order) == len(PAPER_MCB_RANKING):
+            same = tuple(order) == PAPER_MCB_RANKING
+            out += ["", f"Ranking by average degradation: {', '.join(order)} "
+                        f"({'the same as' if same else 'differs from'} the paper's {', '.join(PAPER_MCB_RANKING)})."]
     table = degradation(records)
-    paper = PAPER_DEGRADATION.get("small" if set_name == "small" else "large", {})
+    out += ["", "## All algorithms: % degradation from best", "",
+            "best = highest minimum yield any algorithm of this run found on the instance (the LP bound excluded)."]
     order = ranking(table, algos) + [a for a in algos if a not in ranking(table, algos)]
-    rows = []
-    for a in order:
-        d = table.get(a)
-        p = paper.get(a) if set_name != "parallel" else None
-        rows.append([a, _fmt(d.avg if d else None), _fmt(d.max if d else None),
-                     str(d.succeeded if d else 0), str(d.failed if d else 0),
-                     _fmt(p[0]) if p else "", _fmt(p[1]) if p else ""])
-    out += ["", _table(["algorithm", "avg %", "max %", "placed", "failed", "paper avg %", "paper max %"], rows)]
-    mcbs = [a for a in ranking(table, algos) if a.startswith("mcb")]
-    if len(mcbs) == len(PAPER_MCB_RANKING):
-        same = tuple(mcbs) == PAPER_MCB_RANKING
-        out += ["", f"MCB ranking by average degradation: {', '.join(mcbs)} "
-                    f"({'same as' if same else 'differs from'} the paper's {', '.join(PAPER_MCB_RANKING)})."]
+    out += ["", _degradation_table(table, order, {})]
     unsolved = unsolved_by_slack(records)
     fails = failures_by_slack(records)
     slacks = list(unsolved)
