@@ -73,13 +73,15 @@ def machine_info() -> MachineInfo:
     )
 
 
-def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: int, info: MachineInfo) -> str:
+def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: int, info: MachineInfo,
+                   time_limit: float = 60.0) -> str:
     lines = [
         "# vcsched bench", "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {info.summary()}.", "",
         f"Instances: the paper's protocol (section 4.1), slack {BENCH_SLACK}, cv_mem = cv_cpu = {BENCH_CV}, "
         f"seed {BENCH_SEED}; sizes {', '.join(c.name for c in cases)} (hosts x tasks).  Time: median of {repeat} "
-        "run(s) of `registry.solve` (`runtime_s`: the placement plus the average-yield phase).", "",
+        "run(s) of `registry.solve` (`runtime_s`: the placement plus the average-yield phase); "
+        f"time limit {time_limit:g} s for milp/rrnd/rrnz.", "",
         "| algorithm | " + " | ".join(c.name for c in cases) + " |",
         "| --- |" + " --- |" * len(cases),
     ]
@@ -132,8 +134,11 @@ def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> Table:
               help="Instance sizes as HOSTSxTASKS.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="FILE.md",
               help="Also write the results as Markdown (with the machine description) to FILE.md.")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              metavar="S", help="Per-run limit in seconds for milp/rrnd/rrnz.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
-def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str | None, as_json: bool) -> int:
+def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str | None, time_limit: float,
+              as_json: bool) -> int:
     """Time each solver on fixed, seeded instances of the paper's protocol.
 
     Each algorithm runs REPEAT times on each size through the registry, the
@@ -172,7 +177,7 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             inst = instances[case.name]
             runs, feasible, min_yield = [], False, None
             for _ in range(repeat):
-                result = solve(inst, algo, SolveOptions(seed=BENCH_SEED))
+                result = solve(inst, algo, SolveOptions(seed=BENCH_SEED, time_limit=time_limit))
                 if result.allocation is not None:
                     check_allocation(inst, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
                 runs.append(result.runtime_s)
@@ -181,12 +186,12 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             progress.advance(bar)
     if output is not None:
         try:
-            Path(output).write_text(bench_markdown(timings, cases, repeat, info))
+            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit))
         except OSError as exc:
             raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
     if as_json:
         doc: dict[str, Any] = {
-            "machine": vars(info) | {"load_avg": list(info.load_avg)}, "repeat": repeat,
+            "machine": vars(info) | {"load_avg": list(info.load_avg)}, "repeat": repeat, "time_limit": time_limit,
             "timings": [{"algorithm": t.algorithm, "size": t.case, "median_s": t.median_s, "runs_s": list(t.runs_s),
                          "feasible": t.feasible, "min_yield": t.min_yield, "skipped": t.skipped} for t in timings],
         }
