@@ -64,11 +64,7 @@ def up_cmd(n_hosts: int, dir_: Path | None, as_json: bool) -> None:
         task = progress.add_task("lab up", total=None)
         lab = labmod.up(n_hosts, dir_, progress=lambda msg: progress.update(task, description=msg))
     if as_json:
-        emit_json({
-            "dir": str(lab.dir), "id": lab.id, "cluster_file": str(lab.cluster_file),
-            "hosts": [asdict(h) for h in lab.hosts],
-            "guest": {k: str(v) for k, v in asdict(lab.guest).items()},
-        })
+        emit_json(_plain(asdict(lab)))
         return
     _render_status(labmod.status(lab.dir))
     console.print(f"cluster file: [bold]{lab.cluster_file}[/]")
@@ -89,7 +85,7 @@ def down_cmd(dir_: Path | None, as_json: bool) -> None:
     with console.status("stopping the lab", spinner="dots") if not as_json else contextlib.nullcontext():
         report = labmod.down(dir_)
     if as_json:
-        emit_json(asdict(report))
+        emit_json(_plain(asdict(report)))
         return
     console.print(f"stopped {len(report.daemons)} daemons, destroyed {len(report.guests)} guests, "
                   f"killed {len(report.killed)} orphaned processes, removed {len(report.partitions)} partitions")
@@ -102,9 +98,20 @@ def status_cmd(dir_: Path | None, as_json: bool) -> None:
     """Show the lab's hosts: daemon pids, whether each answers, its CPUs, memory and guests."""
     st = labmod.status(dir_)
     if as_json:
-        emit_json(asdict(st))
+        emit_json(_plain(asdict(st)))
         return
     _render_status(st)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy of a dataclass dict: paths as strings, tuples as lists."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
 
 
 def _render_status(st: labmod.LabStatus) -> None:
@@ -115,7 +122,7 @@ def _render_status(st: labmod.LabStatus) -> None:
         return
     table = Table(title=f"lab {st.id} in {st.dir}" + ("" if st.running else " [red](not all hosts answer)[/]"))
     for col in ("host", "libvirtd", "virtlogd", "answers", "CPUs", "memory", "partition", "guests"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for h in st.hosts:
         table.add_row(h.name, str(h.libvirtd_pid or "-"), str(h.virtlogd_pid or "-"),
                       "[green]yes[/]" if h.answers else "[red]no[/]",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -173,6 +174,44 @@ def test_lab_down_of_an_empty_dir_is_harmless(tmp_path: Path) -> None:
     assert '"daemons":[]' in r.output
 
 
+def test_lab_up_as_non_root_fails_with_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    r = CliRunner().invoke(cli, ["lab", "up", "--dir", str(tmp_path)])
+    assert r.exit_code == 2
+    assert r.output == "vcsched: error: the lab needs root (namespaces, bind mounts, cgroups)\n"
+
+
+def test_lab_up_without_libvirtd_names_the_missing_program(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda p: None if p == "libvirtd" else real_which(p))
+    r = CliRunner().invoke(cli, ["lab", "up", "--dir", str(tmp_path)])
+    assert r.exit_code == 2
+    assert "libvirtd is not installed" in r.output
+    assert not list(tmp_path.iterdir())  # nothing was started or written
+
+
+def test_lab_up_with_a_relative_dir_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match="not an absolute path"):
+        LabLayout(Path("rel")).check_paths(1)
+
+
+def test_two_lab_commands_on_one_dir_do_not_interleave(tmp_path: Path) -> None:
+    import fcntl
+
+    from hypervisor.lab import LabError
+    from hypervisor.lab import down as lab_down
+
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(LabError, match="another 'vcsched lab' command"):
+            lab_down(tmp_path)
+    finally:
+        os.close(fd)
+
+
 # --- the real lab ----------------------------------------------------------------------------------
 
 
@@ -195,6 +234,15 @@ def test_lab_cluster_file_lists_the_running_hosts(lab2: Lab) -> None:
     assert [(h["name"], h["uri"], h["partition"]) for h in doc["hosts"]] == [
         (h.name, h.uri, h.partition) for h in lab2.hosts]
     assert Path(doc["guest"]["kernel"]).is_file() and Path(doc["guest"]["initrd"]).is_file()
+
+
+@pytest.mark.lab
+def test_lab_status_json_reports_both_hosts_answering(lab2: Lab) -> None:
+    r = CliRunner().invoke(cli, ["lab", "status", "--dir", str(lab2.dir), "--json"])
+    assert r.exit_code == 0
+    doc = json.loads(r.output)
+    assert doc["running"] is True
+    assert [(h["name"], h["answers"]) for h in doc["hosts"]] == [("h0", True), ("h1", True)]
 
 
 @pytest.mark.lab
@@ -225,6 +273,21 @@ def test_lab_guest_boots_and_burns_cpu(lab2: Lab) -> None:
         assert dom.isActive()
         # A busy loop under TCG uses most of a core; 0.3 leaves room for a loaded machine.
         assert _cpu_seconds(dom, 1.0) > 0.3
+
+
+@pytest.mark.lab
+def test_lab_vcpu_quota_caps_the_guests_cpu(lab2: Lab) -> None:
+    """Caps work on lab hosts (what the plan applier and calibration rely on): 25% of a vCPU."""
+    import libvirt
+
+    with lab_guest(lab2, host=0) as dom:
+        dom.setSchedulerParametersFlags({"vcpu_period": 100000, "vcpu_quota": 25000},
+                                        libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        params = dom.schedulerParametersFlags(libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        assert (params["vcpu_period"], params["vcpu_quota"]) == (100000, 25000)
+        time.sleep(0.3)  # let the running CFS period end
+        # The cap bounds it from above whatever else runs; the emulator thread adds ~1%.
+        assert 0.0 < _cpu_seconds(dom, 2.0) < 0.4
 
 
 @pytest.mark.lab

@@ -12,11 +12,13 @@ so daemons and guests it did not start are never touched.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -125,9 +127,14 @@ def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop) -> Lab
     problem = prerequisites_problem()
     if problem:
         raise LabError(problem)
-    progress("cleaning up a previous lab in this directory")
-    down(layout.root)
     layout.root.mkdir(parents=True, exist_ok=True)
+    with _exclusive(layout):
+        return _up(layout, n_hosts, progress)
+
+
+def _up(layout: LabLayout, n_hosts: int, progress: Progress) -> Lab:
+    progress("cleaning up a previous lab in this directory")
+    _down(layout)
     progress("preparing the guest image")
     guest = ensure_image(layout.image_dir)
     hosts: list[LabHost] = []
@@ -139,7 +146,7 @@ def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop) -> Lab
             hosts.append(LabHost(layout.host_name(i), layout.uri(i), layout.partition(i)))
             _write_state(layout, hosts, guest)
     except BaseException:
-        down(layout.root)  # the half-started host's directory is enough for down to find it
+        _down(layout)  # the half-started host's directory is enough for down to find it
         raise
     layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file)
@@ -189,6 +196,27 @@ def down(dir: Path | None = None) -> DownReport:
     whose daemons crashed), then the partitions themselves.
     """
     layout = _layout(dir)
+    if not layout.root.is_dir():
+        return _down(layout)  # nothing to lock; a crashed lab's partitions may still exist
+    with _exclusive(layout):
+        return _down(layout)
+
+
+@contextlib.contextmanager
+def _exclusive(layout: LabLayout) -> Iterator[None]:
+    """Hold an exclusive lock on the state directory: two `up`/`down` on one lab must not interleave."""
+    fd = os.open(layout.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LabError(f"another 'vcsched lab' command is working on {layout.root}") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _down(layout: LabLayout) -> DownReport:
     guests: list[str] = []
     stopped: list[int] = []
     killed: list[int] = []
