@@ -99,8 +99,10 @@ def destroy_everywhere(lab: Lab, name: str) -> None:
     for h in lab.hosts:
         conn = libvirt.open(h.uri)
         try:
-            with contextlib.suppress(libvirt.libvirtError):
-                dom = conn.lookupByName(name)
+            # Listing instead of lookupByName: a miss is normal here and libvirt would print it.
+            for dom in conn.listAllDomains(0):
+                if dom.name() != name:
+                    continue
                 if dom.isActive():
                     dom.destroy()
                 if dom.isPersistent():
