@@ -104,11 +104,11 @@ def response_time(
     expected rate").  Windows start every ``stride`` seconds from ``step_at``
     and look forward, so a response of 0 means the very first window after the
     change already agreed.  ``None`` means the rate had not settled by ``end``
-    (default: the end of the trace) — reported as such, never as a number.
+    (default, and at the latest: the end of the trace) — reported as such, never as a number.
     """
     if expected <= 0:
         raise ValueError(f"expected rate must be positive, got {expected}")
-    stop = trace.times[-1] if end is None else end
+    stop = trace.times[-1] if end is None else min(end, trace.times[-1])
     starts, rates = window_rates(trace, step_at, stop, window, stride)
     if starts.size == 0:
         return None

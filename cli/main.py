@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cli.app import cli
 from cli.bench import bench_cmd
+from cli.calibrate import calibrate_cmd
 from cli.experiment import experiment_cmd
 from cli.generate import generate_cmd
 from cli.lab import lab_cmd
@@ -14,6 +15,7 @@ cli.add_command(generate_cmd)
 cli.add_command(lab_cmd)
 cli.add_command(experiment_cmd)
 cli.add_command(bench_cmd)
+cli.add_command(calibrate_cmd)
 
 
 def main() -> None:

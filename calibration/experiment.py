@@ -1,0 +1,328 @@
+"""The calibration protocol of paper section 7, over any backend that can cap CPU-bound subjects.
+
+Phases, all on one physical CPU (the paper ran every VM on one CPU and the
+experiment controller on the other):
+
+1. **bare** — subject 0 outside any limit: the reference rate (the paper's
+   "compute rate measured on the raw hardware");
+2. **uncapped** — subject 0 under the mechanism with no limit: the overhead;
+3. **accuracy** — for n = 1..N concurrent subjects and every cap c with
+   n * c <= 1: each runs capped at c; expected rate = c * bare;
+4. **responsiveness** — subject 0 steps from a low cap to a high one and back;
+   the response time is how long the rate takes to stay within the tolerance;
+5. **bare again** — the reference is measured before and after and averaged,
+   and the drift between the two is reported: on a shared machine it shows how
+   much other load moved the baseline during the run.
+
+Backends with no "outside" (a VM's vCPU time: see ``hypervisor.caps_probe``)
+declare a ``nominal_bare`` rate instead and phases 1 and 5 are skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from calibration.stats import (
+    ErrorSummary,
+    Trace,
+    absolute_error,
+    mean_rate,
+    overhead,
+    response_time,
+    summarize_errors,
+)
+from vcsched.errors import InputError
+
+SAMPLE_INTERVAL = 0.01  # controller polling period; the cgroup workload timestamps its own points
+SETTLE = 0.3  # after (re)starting or re-capping, before measuring: lets caches and the CFS period line up
+
+
+class Subjects(Protocol):
+    """``count`` CPU-bound subjects on one CPU whose cap can be changed and whose progress can be read.
+
+    ``poll`` returns the points ``(time, work, cpu seconds)`` observed since the
+    previous poll: work in ``unit`` (what the paper measures: matrix
+    multiplications), and the CPU time the subject was given (what a cap
+    rations).  A backend that can only see CPU time returns it for both.
+    """
+
+    unit: str
+    count: int
+    nominal_bare: float | None
+    default_window: float
+
+    def resume(self, index: int) -> None: ...
+    def pause(self, index: int) -> None: ...
+    def set_cap(self, index: int, cap: float | None) -> None: ...
+    def make_bare(self, index: int) -> None: ...
+    def poll(self, index: int) -> Sequence[tuple[float, float, float]]: ...
+
+
+@dataclass(frozen=True)
+class Config:
+    caps: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0)
+    workers: int = 1
+    duration: float = 2.0
+    tolerance: float = 0.05
+    steps: tuple[float, float] = (0.25, 0.75)
+    window: float = 0.1
+    stride: float = 0.01
+
+    def __post_init__(self) -> None:
+        for i, c in enumerate(self.caps):
+            if not 0 < c <= 1:
+                raise InputError(f"caps[{i}]: {c:g} is outside (0, 1]")
+        if not self.caps:
+            raise InputError("caps: empty list")
+        if self.workers < 1:
+            raise InputError(f"workers: {self.workers} is below 1")
+        if self.duration <= 0:
+            raise InputError(f"duration: {self.duration:g} is not positive")
+        if not 0 < self.tolerance < 1:
+            raise InputError(f"tolerance: {self.tolerance:g} is outside (0, 1)")
+        lo, hi = self.steps
+        for name, c in (("low", lo), ("high", hi)):
+            if not 0 < c <= 1:
+                raise InputError(f"steps.{name}: {c:g} is outside (0, 1]")
+        if lo >= hi:
+            raise InputError(f"steps: low cap {lo:g} must be below high cap {hi:g}")
+        if self.window <= 0 or self.window >= self.duration:
+            raise InputError(f"window: {self.window:g} s must be positive and shorter than the duration")
+
+    def cap_runs(self) -> list[tuple[int, float]]:
+        """(concurrent subjects, cap) pairs measured for accuracy: caps on one CPU sum to at most 1."""
+        return [(n, c) for n in range(1, self.workers + 1) for c in self.caps if n * c <= 1 + 1e-9]
+
+    def planned_seconds(self, bare_measured: bool) -> float:
+        phase = SETTLE + self.duration
+        bare = 2 * phase if bare_measured else 0.0
+        return bare + phase + len(self.cap_runs()) * phase + SETTLE + 3 * self.duration
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One subject over one measurement: work per second, and CPU seconds it was given per second."""
+
+    rate: float
+    share: float
+
+
+@dataclass(frozen=True)
+class CapRun:
+    """n subjects capped at ``cap`` each: what they got against what the cap promises.
+
+    Errors are absolute, in units of the bare value (the paper's "absolute
+    error"): ``rate_errors`` on work done against ``cap * bare rate`` (the
+    paper's metric), ``share_errors`` on CPU seconds per second received
+    against ``cap`` itself (the cap's own currency and definition, immune to
+    the machine running faster or slower meanwhile).
+    """
+
+    workers: int
+    cap: float
+    expected: Measured
+    measured: tuple[Measured, ...]
+    rate_errors: tuple[float, ...]
+    share_errors: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Step:
+    """A cap change on a running subject and how long it took to follow (None: not within tolerance)."""
+
+    from_cap: float
+    to_cap: float
+    at: float  # seconds from the start of the responsiveness traces
+    rate_response: float | None
+    share_response: float | None
+
+
+@dataclass(frozen=True)
+class Result:
+    backend: str
+    unit: str
+    cpu: int
+    config: Config
+    bare_before: Measured | None
+    bare_after: Measured | None
+    bare: Measured
+    uncapped: Measured
+    rate_overhead: float
+    share_overhead: float
+    runs: tuple[CapRun, ...]
+    rate_error: ErrorSummary
+    share_error: ErrorSummary
+    steps: tuple[Step, ...]
+    step_work: Trace  # subject 0 through the responsiveness phase (for the plot)
+    step_cpu: Trace
+
+    @property
+    def bare_drift(self) -> float | None:
+        """Relative change of the bare rate between the start and the end of the run."""
+        if self.bare_before is None or self.bare_after is None:
+            return None
+        return self.bare_after.rate / self.bare_before.rate - 1.0
+
+
+Progress = Callable[[str, float], None]  # (what is running, seconds of the plan completed since last call)
+Traces = tuple[Trace, Trace]  # (work, CPU time) of one subject
+
+
+def _record(subjects: Subjects, indices: Sequence[int], seconds: float, progress: Progress, label: str) -> list[Traces]:
+    """Poll the subjects for ``seconds``; one (work, CPU) trace pair each, points deduplicated by time."""
+    points: list[list[tuple[float, float, float]]] = [[] for _ in indices]
+    for i in indices:
+        subjects.poll(i)  # drop what came before: a trace starts with this recording
+    start = time.monotonic()
+    last_tick = start
+    while True:
+        for k, i in enumerate(indices):
+            for p in subjects.poll(i):
+                if not points[k] or p[0] > points[k][-1][0]:
+                    points[k].append(p)
+        now = time.monotonic()
+        if now - last_tick >= 0.1:
+            progress(label, now - last_tick)
+            last_tick = now
+        if now - start >= seconds:
+            break
+        time.sleep(SAMPLE_INTERVAL)
+    progress(label, time.monotonic() - last_tick)
+    return [_split(p) for p in points]
+
+
+def _split(points: Sequence[tuple[float, float, float]]) -> Traces:
+    times = tuple(p[0] for p in points)
+    return Trace(times, tuple(p[1] for p in points)), Trace(times, tuple(p[2] for p in points))
+
+
+def _span(traces: Traces) -> Measured:
+    """Mean rates between the first and last point: exact for self-timestamped points (see workload)."""
+    work, cpu = traces
+    if len(work.times) < 2 or work.times[-1] <= work.times[0]:
+        raise RuntimeError("a subject made no progress during a measurement (is it frozen or dead?)")
+    lo, hi = work.times[0], work.times[-1]
+    return Measured(rate=mean_rate(work, lo, hi), share=mean_rate(cpu, lo, hi))
+
+
+def measure(
+    subjects: Subjects, indices: Sequence[int], duration: float, progress: Progress | None = None, label: str = ""
+) -> list[Measured]:
+    """Run the given subjects together for ``SETTLE + duration`` seconds; what each achieved (then paused)."""
+    tick: Progress = progress or (lambda _label, _s: None)
+    for i in indices:
+        subjects.resume(i)
+    try:
+        time.sleep(SETTLE)
+        tick(label, SETTLE)
+        traces = _record(subjects, indices, duration, tick, label)
+    finally:
+        for i in indices:
+            subjects.pause(i)
+    return [_span(t) for t in traces]
+
+
+def run(subjects: Subjects, cfg: Config, backend: str, cpu: int, progress: Progress | None = None) -> Result:
+    """Run every phase and return the measurements.  The caller owns ``subjects`` (and closes it)."""
+    if subjects.count < cfg.workers:
+        raise ValueError(f"{subjects.count} subjects for {cfg.workers} workers")
+    tick: Progress = progress or (lambda _label, _s: None)
+
+    bare_before = bare_after = None
+    if subjects.nominal_bare is None:
+        subjects.make_bare(0)
+        (bare_before,) = measure(subjects, [0], cfg.duration, tick, "bare rate (no cgroup limit)")
+
+    subjects.set_cap(0, None)
+    (uncapped,) = measure(subjects, [0], cfg.duration, tick, "uncapped under the mechanism")
+
+    runs_raw: list[tuple[int, float, list[Measured]]] = []
+    for n, cap in cfg.cap_runs():
+        for i in range(n):
+            subjects.set_cap(i, cap)
+        runs_raw.append((n, cap, measure(subjects, list(range(n)), cfg.duration, tick, f"{n} x cap {cap:g}")))
+
+    lo, hi = cfg.steps
+    subjects.set_cap(0, lo)
+    subjects.resume(0)
+    try:
+        time.sleep(SETTLE)
+        tick("cap steps", SETTLE)
+        t0 = time.monotonic()
+        marks: list[tuple[float, float, float]] = []  # (time of the change, from, to)
+        segments = _record(subjects, [0], cfg.duration, tick, f"cap steps: {lo:g}")
+        for before, after in ((lo, hi), (hi, lo)):
+            marks.append((time.monotonic(), before, after))
+            subjects.set_cap(0, after)
+            segments += _record(subjects, [0], cfg.duration, tick, f"cap steps: {before:g} -> {after:g}")
+    finally:
+        subjects.pause(0)
+
+    if subjects.nominal_bare is None:
+        subjects.make_bare(0)
+        (bare_after,) = measure(subjects, [0], cfg.duration, tick, "bare rate again (drift check)")
+        assert bare_before is not None
+        bare = Measured((bare_before.rate + bare_after.rate) / 2, (bare_before.share + bare_after.share) / 2)
+    else:
+        bare = Measured(subjects.nominal_bare, subjects.nominal_bare)
+
+    runs = tuple(_cap_run(n, cap, got, bare) for n, cap, got in runs_raw)
+    work = _join([w for w, _ in segments], t0)
+    cpu_trace = _join([c for _, c in segments], t0)
+
+    def respond(trace: Trace, at: float, expected: float) -> float | None:
+        return response_time(trace, at, expected, cfg.tolerance, cfg.window, cfg.stride, end=at + cfg.duration)
+
+    steps = tuple(
+        Step(
+            from_cap=before,
+            to_cap=after,
+            at=at - t0,
+            rate_response=respond(work, at - t0, after * bare.rate),
+            share_response=respond(cpu_trace, at - t0, after),
+        )
+        for at, before, after in marks
+    )
+    return Result(
+        backend=backend,
+        unit=subjects.unit,
+        cpu=cpu,
+        config=cfg,
+        bare_before=bare_before,
+        bare_after=bare_after,
+        bare=bare,
+        uncapped=uncapped,
+        rate_overhead=overhead(bare.rate, uncapped.rate),
+        share_overhead=overhead(bare.share, uncapped.share),
+        runs=runs,
+        rate_error=summarize_errors([e for r in runs for e in r.rate_errors]),
+        share_error=summarize_errors([e for r in runs for e in r.share_errors]),
+        steps=steps,
+        step_work=work,
+        step_cpu=cpu_trace,
+    )
+
+
+def _cap_run(n: int, cap: float, got: Sequence[Measured], bare: Measured) -> CapRun:
+    expected = Measured(cap * bare.rate, cap)
+    return CapRun(
+        workers=n,
+        cap=cap,
+        expected=expected,
+        measured=tuple(got),
+        rate_errors=tuple(absolute_error(m.rate, expected.rate, bare.rate) for m in got),
+        share_errors=tuple(absolute_error(m.share, expected.share, 1.0) for m in got),
+    )
+
+
+def _join(segments: Sequence[Trace], t0: float) -> Trace:
+    """One trace from consecutive recordings of the same subject, times relative to ``t0``."""
+    points: list[tuple[float, float]] = []
+    for seg in segments:
+        for t, w in zip(seg.times, seg.work, strict=True):
+            if not points or t - t0 > points[-1][0]:
+                points.append((t - t0, w))
+    return Trace.from_points(points)

@@ -1,0 +1,198 @@
+"""Calibration results as data: the ``--json`` document, a Markdown summary, and the PNG plot.
+
+The paper's section 7 reference numbers (Xen 3.1 credit scheduler, 1 to 10
+DGEMM VMs on one CPU) are kept here so every report can put ours beside them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from calibration.experiment import Result
+from calibration.stats import window_rates
+from vcsched.errors import InputError
+
+# Paper section 7 (Xen 3.1): overhead 0.27% average slowdown; absolute error 0.72% average,
+# 5.99% worst; a new cap takes effect in under one second.
+XEN_OVERHEAD = 0.0027
+XEN_MEAN_ERROR = 0.0072
+XEN_WORST_ERROR = 0.0599
+XEN_RESPONSE_S = 1.0
+
+
+def result_to_dict(result: Result, conditions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``--json`` document: every measured number, units in the key names."""
+    cfg = result.config
+    return {
+        "backend": result.backend,
+        "unit": result.unit,
+        "cpu": result.cpu,
+        "config": {
+            "caps": list(cfg.caps),
+            "workers": cfg.workers,
+            "duration_s": cfg.duration,
+            "tolerance": cfg.tolerance,
+            "steps": list(cfg.steps),
+            "window_s": cfg.window,
+        },
+        "conditions": conditions or {},
+        "bare": asdict(result.bare),
+        "bare_before": asdict(result.bare_before) if result.bare_before else None,
+        "bare_after": asdict(result.bare_after) if result.bare_after else None,
+        "bare_drift": result.bare_drift,
+        "uncapped": asdict(result.uncapped),
+        "overhead": {"rate": result.rate_overhead, "share": result.share_overhead},
+        "error": {
+            "rate": {"mean": result.rate_error.mean, "max": result.rate_error.worst, "count": result.rate_error.count},
+            "share": {
+                "mean": result.share_error.mean,
+                "max": result.share_error.worst,
+                "count": result.share_error.count,
+            },
+        },
+        "runs": [
+            {
+                "workers": r.workers,
+                "cap": r.cap,
+                "expected": asdict(r.expected),
+                "measured": [asdict(m) for m in r.measured],
+                "rate_errors": list(r.rate_errors),
+                "share_errors": list(r.share_errors),
+            }
+            for r in result.runs
+        ],
+        "steps": [
+            {
+                "from_cap": s.from_cap,
+                "to_cap": s.to_cap,
+                "at_s": s.at,
+                "rate_response_s": s.rate_response,
+                "share_response_s": s.share_response,
+            }
+            for s in result.steps
+        ],
+        "xen_reference": {
+            "overhead": XEN_OVERHEAD,
+            "mean_error": XEN_MEAN_ERROR,
+            "max_error": XEN_WORST_ERROR,
+            "response_s_below": XEN_RESPONSE_S,
+        },
+    }
+
+
+def pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.2f}%"
+
+
+def seconds(x: float | None) -> str:
+    """A response time; ``None`` means it never settled within the tolerance during the hold."""
+    return "not settled" if x is None else f"{x:.2f} s"
+
+
+def summary_rows(result: Result) -> list[tuple[str, str, str, str]]:
+    """(quantity, ours on work rate, ours on CPU share, Xen in the paper) — shared by the CLI and the docs."""
+    up = [s for s in result.steps if s.to_cap > s.from_cap]
+    down = [s for s in result.steps if s.to_cap < s.from_cap]
+    rows = [
+        ("overhead (uncapped slowdown)", pct(result.rate_overhead), pct(result.share_overhead), pct(XEN_OVERHEAD)),
+        ("mean absolute error", pct(result.rate_error.mean), pct(result.share_error.mean), pct(XEN_MEAN_ERROR)),
+        ("max absolute error", pct(result.rate_error.worst), pct(result.share_error.worst), pct(XEN_WORST_ERROR)),
+    ]
+    for label, steps in (("response, cap up", up), ("response, cap down", down)):
+        for s in steps:
+            rows.append(
+                (f"{label} {s.from_cap:g}→{s.to_cap:g}", seconds(s.rate_response), seconds(s.share_response), "< 1 s")
+            )
+    return rows
+
+
+def markdown(result: Result, conditions: dict[str, Any] | None = None) -> str:
+    """A Markdown summary and per-cap table, for docs/calibration.md."""
+    lines = [
+        f"Backend `{result.backend}`, CPU {result.cpu}, {result.config.workers} worker(s) max, "
+        f"{result.config.duration:g} s per measurement, tolerance ±{100 * result.config.tolerance:g}%, "
+        f"window {result.config.window:g} s.",
+    ]
+    if conditions:
+        lines.append("Conditions: " + ", ".join(f"{k} {v}" for k, v in conditions.items()) + ".")
+    drift = result.bare_drift
+    lines += [
+        f"Bare rate {result.bare.rate:.1f} {result.unit}"
+        + (f" (drift start→end {100 * drift:+.2f}%)" if drift is not None else " (nominal)")
+        + ".",
+        "",
+        "| quantity | work rate | CPU share | Xen 3.1 (paper) |",
+        "| --- | --- | --- | --- |",
+    ]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in summary_rows(result)]
+    lines += [
+        "",
+        "| workers | cap | expected rate | measured rate (each) | rate error (max) "
+        "| CPU share (each) | share error (max) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result.runs:
+        rates = ", ".join(f"{m.rate:.1f}" for m in r.measured)
+        shares = ", ".join(f"{m.share:.4f}" for m in r.measured)
+        lines.append(
+            f"| {r.workers} | {r.cap:g} | {r.expected.rate:.1f} | {rates} | {pct(max(r.rate_errors))} "
+            f"| {shares} | {pct(max(r.share_errors))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: Result, path: str) -> None:
+    """Two panels: measured vs expected per cap, and the rate through the cap steps (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError(
+            f"--plot {path}: matplotlib is not installed (pip install 'vcsched[plot]' or pip install matplotlib)"
+        ) from None
+    fig, (acc, resp) = plt.subplots(1, 2, figsize=(11, 4.2))
+    caps = np.array([r.cap for r in result.runs for _ in r.measured])
+    rates = np.array([m.rate / result.bare.rate for r in result.runs for m in r.measured])
+    shares = np.array([m.share for r in result.runs for m in r.measured])
+    acc.plot([0, 1], [0, 1], color="grey", lw=1, label="expected (cap)")
+    acc.scatter(caps, rates, marker="o", s=22, label="work rate / bare rate")
+    acc.scatter(caps, shares, marker="x", s=22, label="CPU share")
+    acc.set_xlabel("cap (fraction of one CPU)")
+    acc.set_ylabel("achieved (fraction of bare)")
+    acc.set_title(f"accuracy ({result.backend})")
+    acc.legend(loc="upper left", fontsize=8)
+
+    cfg = result.config
+    end = result.step_cpu.times[-1]
+    for trace, scale, label in (
+        (result.step_work, result.bare.rate, "work rate / bare"),
+        (result.step_cpu, 1.0, "CPU share"),
+    ):
+        starts, r = window_rates(trace, trace.times[0], end, cfg.window, cfg.stride)
+        resp.plot(starts + cfg.window / 2, r / scale, lw=1, label=label)
+    lo, hi = cfg.steps
+    marks = [0.0] + [s.at for s in result.steps] + [end]
+    targets = [lo] + [s.to_cap for s in result.steps]
+    for (a, b), c in zip(itertools.pairwise(marks), targets, strict=True):
+        resp.hlines(c, a, b, colors="grey", linestyles="dashed", lw=1)
+        resp.fill_between([a, b], c * (1 - cfg.tolerance), c * (1 + cfg.tolerance), color="grey", alpha=0.15)
+    for s in result.steps:
+        resp.axvline(s.at, color="black", lw=0.6)
+    resp.set_xlabel("seconds")
+    resp.set_ylabel(f"{cfg.window:g} s window average")
+    resp.set_title(f"cap steps {lo:g} ↔ {hi:g} (band: ±{100 * cfg.tolerance:g}%)")
+    resp.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise InputError(f"--plot {path}: cannot write ({exc.strerror})") from None
+    finally:
+        plt.close(fig)
+

@@ -1,0 +1,270 @@
+"""The cgroup calibration backend on the real kernel, and ``vcsched calibrate`` end to end.
+
+Bounds are loose on purpose: other work shares this machine's CPUs, so the
+tests only catch a cap that does not work (a 25% cap must give 15-35%), never
+judge the precision the docs report.  Tests needing a writable cpu cgroup skip
+with the reason where there is none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from calibration.cgroup_backend import (
+    GROUP_PREFIX,
+    CgroupError,
+    CgroupSubjects,
+    CpuGroup,
+    CpuHierarchy,
+    detect_hierarchy,
+    quota_for,
+)
+from calibration.cpus import cpu_busy, least_loaded_cpu
+from calibration.experiment import measure
+from cli.main import cli
+from vcsched.errors import InputError
+
+VCSCHED = [sys.executable, "-m", "cli.main"]
+
+
+def cgroup_unusable_reason() -> str | None:
+    try:
+        h = detect_hierarchy()
+    except CgroupError as exc:
+        return str(exc)
+    probe = h.mount / f"{GROUP_PREFIX}probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        return f"cannot create a cgroup under {h.mount} ({exc.strerror})"
+    return None
+
+
+needs_cgroup = pytest.mark.skipif(
+    (reason := cgroup_unusable_reason()) is not None, reason=f"cpu cgroup not writable: {reason}"
+)
+
+
+def worker_pids() -> set[int]:
+    pids = set()
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "calibration.workload" in cmd:
+            pids.add(p.pid)
+    return pids
+
+
+def calib_groups() -> set[str]:
+    try:
+        return {d.name for d in detect_hierarchy().mount.iterdir() if d.name.startswith(GROUP_PREFIX)}
+    except CgroupError:
+        return set()
+
+
+@pytest.fixture
+def cpu() -> int:
+    return least_loaded_cpu(cpu_busy(0.2))
+
+
+# --- the kernel interface, on a fake sysfs tree (no root needed) ---------------
+
+
+def test_v1_group_writes_period_and_quota(tmp_path: Path) -> None:
+    mount = tmp_path / "cpu"
+    mount.mkdir()
+    (mount / "cpu.cfs_quota_us").write_text("-1")
+    h = detect_hierarchy(tmp_path, proc_cgroup="1:cpu:/\n")
+    assert (h.version, h.mount) == (1, mount)
+    group = CpuGroup(h, 1, name="g")
+    group.set_cap(0, 0.25)
+    assert (mount / "g" / "w0" / "cpu.cfs_quota_us").read_text() == "25000"
+    assert (mount / "g" / "w0" / "cpu.cfs_period_us").read_text() == "100000"
+    group.set_cap(0, None)
+    assert (mount / "g" / "w0" / "cpu.cfs_quota_us").read_text() == "-1"
+
+
+def test_v2_group_writes_cpu_max_and_enables_the_controller(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids")
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    h = detect_hierarchy(tmp_path, proc_cgroup="0::/\n")
+    assert (h.version, h.mount) == (2, tmp_path)
+    group = CpuGroup(h, 2, name="g")
+    assert (tmp_path / "g" / "cgroup.subtree_control").read_text() == "+cpu"
+    group.set_cap(1, 0.1)
+    assert (tmp_path / "g" / "w1" / "cpu.max").read_text() == "10000 100000"
+    assert group.read_cap(1) == pytest.approx(0.1)
+    group.set_cap(1, None)
+    assert group.read_cap(1) is None
+
+
+def test_no_cpu_controller_is_reported_naming_the_path(tmp_path: Path) -> None:
+    with pytest.raises(CgroupError, match=str(tmp_path)):
+        detect_hierarchy(tmp_path, proc_cgroup="")
+
+
+def test_existing_group_is_not_reused(tmp_path: Path) -> None:
+    h = CpuHierarchy(1, tmp_path, tmp_path)
+    (tmp_path / "g").mkdir()
+    with pytest.raises(CgroupError, match="already exists"):
+        CpuGroup(h, 1, name="g")
+
+
+@pytest.mark.parametrize("cap", [0.0, -0.5, 1.5])
+def test_cap_outside_zero_one_is_refused(cap: float) -> None:
+    with pytest.raises(InputError, match="outside"):
+        quota_for(cap)
+
+
+def test_cap_below_the_kernel_minimum_quota_is_refused() -> None:
+    with pytest.raises(InputError, match="minimum quota"):
+        quota_for(0.005)
+
+
+# --- real cgroups ------------------------------------------------------------------
+
+
+@needs_cgroup
+def test_a_25_percent_cap_gives_about_a_quarter_of_the_cpu(cpu: int) -> None:
+    with CgroupSubjects(1, cpu) as s:
+        s.make_bare(0)
+        (bare,) = measure(s, [0], 0.5)
+        s.set_cap(0, 0.25)
+        assert s.group is not None and s.group.read_cap(0) == pytest.approx(0.25)
+        (capped,) = measure(s, [0], 1.0)
+    assert 0.15 <= capped.share <= 0.35
+    assert 0.15 <= capped.rate / bare.rate <= 0.35
+
+
+@needs_cgroup
+def test_two_workers_capped_at_a_quarter_each_both_get_about_a_quarter(cpu: int) -> None:
+    with CgroupSubjects(2, cpu) as s:
+        s.set_cap(0, 0.25)
+        s.set_cap(1, 0.25)
+        got = measure(s, [0, 1], 1.0)
+    for m in got:
+        assert 0.15 <= m.share <= 0.35
+
+
+@needs_cgroup
+def test_closing_removes_the_cgroup_and_kills_the_workers(cpu: int) -> None:
+    s = CgroupSubjects(2, cpu)
+    assert s.group is not None
+    group_dir = s.group.dir
+    pids = {p.pid for p in s.procs}
+    assert group_dir.is_dir()
+    assert s.close() == []
+    assert not group_dir.exists()
+    assert all(p.poll() is not None for p in s.procs)
+    assert not pids & worker_pids()
+
+
+@needs_cgroup
+def test_an_interrupt_during_a_measurement_still_cleans_up(cpu: int) -> None:
+    before = worker_pids()
+    with pytest.raises(KeyboardInterrupt), CgroupSubjects(1, cpu) as s:
+        assert s.group is not None
+        group_dir = s.group.dir
+        s.set_cap(0, 0.5)
+        s.resume(0)
+        raise KeyboardInterrupt
+    assert not group_dir.exists()
+    assert worker_pids() <= before
+
+
+# --- the command -------------------------------------------------------------------
+
+
+def run_cli(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [*VCSCHED, "calibrate", *args]
+    if user is not None:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]  # numeric ids
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["--caps", "0.5,1.5"], "1.5"),
+        (["--caps", "0"], "0"),
+        (["--caps", "0.25,abc"], "abc"),
+        (["--duration", "0"], "--duration"),
+        (["--backend", "xen"], "xen"),
+        (["--workers", "0"], "--workers"),
+        (["--tolerance", "1"], "--tolerance"),
+        (["--steps", "0.75,0.25"], "steps"),
+        (["--caps", "0.005"], "0.005"),
+        (["--backend", "libvirt"], "--connect"),
+        (["--connect", "qemu:///system"], "--connect"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing(args: list[str], names: str) -> None:
+    groups, workers = calib_groups(), worker_pids()
+    r = CliRunner().invoke(cli, ["calibrate", *args])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vcsched: error:"), r.stderr
+    assert names in lines[0]
+    assert calib_groups() <= groups
+    assert worker_pids() <= workers
+
+
+@needs_cgroup
+def test_no_permission_to_create_cgroups_is_one_line_exit_2() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to an unprivileged user")
+    r = run_cli("--duration", "0.5", user="65534")  # nobody
+    if "No module named" in r.stderr or "Permission denied: '" in r.stderr:
+        pytest.skip(f"the venv is not usable by 'nobody': {r.stderr.strip()[-200:]}")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot create" in lines[0] and "run as root" in lines[0], r.stderr
+
+
+@needs_cgroup
+def test_sigterm_mid_run_removes_the_cgroup_and_the_workers() -> None:
+    workers = worker_pids()
+    proc = subprocess.Popen(
+        [*VCSCHED, "calibrate", "--duration", "5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+    )
+    group = f"{GROUP_PREFIX}{proc.pid}"
+    deadline = time.monotonic() + 30
+    while group not in calib_groups() or not (worker_pids() - workers):
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "calibration never started"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "vcsched: error: aborted"
+    assert group not in calib_groups()
+    assert worker_pids() <= workers
+
+
+@needs_cgroup
+def test_a_short_run_reports_caps_that_hold() -> None:
+    r = CliRunner().invoke(cli, ["calibrate", "--caps", "0.5", "--duration", "0.4", "--steps", "0.25,0.75", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["backend"] == "cgroup" and doc["unit"] == "DGEMM/s"
+    (run,) = doc["runs"]
+    assert run["cap"] == 0.5
+    assert 0.4 <= run["measured"][0]["share"] <= 0.6
+    assert 0.4 <= run["measured"][0]["rate"] / doc["bare"]["rate"] <= 0.6
+    assert len(doc["steps"]) == 2
+    assert doc["error"]["share"]["max"] < 0.1
