@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.app import console, emit_json, fail
@@ -59,10 +59,17 @@ def up_cmd(n_hosts: int, dir_: Path | None, as_json: bool) -> None:
     problem = labmod.prerequisites_problem()
     if problem:
         fail(problem)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=console, transient=True, disable=as_json) as progress:
-        task = progress.add_task("lab up", total=None)
-        lab = labmod.up(n_hosts, dir_, progress=lambda msg: progress.update(task, description=msg))
+    steps = n_hosts + 2  # clean up, guest image, one per host
+    with Progress(SpinnerColumn(), TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True, disable=as_json) as progress:
+        task = progress.add_task("lab up", total=steps)
+        done = iter(range(steps))
+
+        def step(message: str) -> None:
+            progress.update(task, description=message, completed=next(done, steps - 1))
+
+        lab = labmod.up(n_hosts, dir_, progress=step)
+        progress.update(task, completed=steps)
     if as_json:
         emit_json(_plain(asdict(lab)))
         return
@@ -121,11 +128,11 @@ def _render_status(st: labmod.LabStatus) -> None:
                          if st.partitions else ""))
         return
     table = Table(title=f"lab {st.id} in {st.dir}" + ("" if st.running else " [red](not all hosts answer)[/]"))
-    for col in ("host", "libvirtd", "virtlogd", "answers", "CPUs", "memory", "partition", "guests"):
-        table.add_column(col, overflow="fold")
+    for col in ("host", "answers", "libvirtd/virtlogd", "CPUs", "memory", "partition", "guests"):
+        table.add_column(col, no_wrap=col == "partition", overflow="fold")
     for h in st.hosts:
-        table.add_row(h.name, str(h.libvirtd_pid or "-"), str(h.virtlogd_pid or "-"),
-                      "[green]yes[/]" if h.answers else "[red]no[/]",
+        table.add_row(h.name, "[green]yes[/]" if h.answers else "[red]no[/]",
+                      f"{h.libvirtd_pid or '-'}/{h.virtlogd_pid or '-'}",
                       str(h.cpus) if h.cpus is not None else "-",
                       f"{h.memory_mib} MiB" if h.memory_mib is not None else "-",
                       h.partition, ", ".join(h.domains) or "-")

@@ -27,6 +27,7 @@ import pytest
 
 from hypervisor.lab import Lab, down, guest_boot_check, status, up
 from hypervisor.lab import cgroups as lab_cgroups
+from hypervisor.lab.daemons import namespace_holders
 from hypervisor.lab.guest import start_guest, wait_for_boot
 from hypervisor.lab.state import LabLayout
 
@@ -42,6 +43,9 @@ def lab_leftovers(lab_dir: Path, n_hosts: int) -> list[str]:
     for i in range(n_hosts):
         for d in lab_cgroups.partition_dirs(layout.partition(i)):
             problems.append(f"partition left: {d}")
+        holders = namespace_holders(layout, i)
+        if holders:
+            problems.append(f"h{i}: processes still in its namespace: {holders}")
     return problems
 
 
@@ -103,9 +107,10 @@ def destroy_everywhere(lab: Lab, name: str) -> None:
             for dom in conn.listAllDomains(0):
                 if dom.name() != name:
                     continue
+                persistent = dom.isPersistent()  # a transient domain is gone once destroyed
                 if dom.isActive():
                     dom.destroy()
-                if dom.isPersistent():
+                if persistent:
                     dom.undefine()
         finally:
             conn.close()

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cli.main import cli
-from hypervisor.lab import Lab, down, status, up
+from hypervisor.lab import Lab, daemons, down, status, up
 from hypervisor.lab import cgroups as lab_cgroups
 from hypervisor.lab.guest import guest_xml
 from hypervisor.lab.state import (
@@ -134,6 +134,31 @@ def test_mounts_parsing_finds_v1_controllers_named_hierarchies_and_v2() -> None:
         ("/sys/fs/cgroup/systemd", ("name=systemd",), False),
         ("/sys/fs/cgroup/unified", (), True),
     ]
+
+
+_MOUNTINFO = (
+    "63 43 254:0 /var/tmp/vcl-a/h0/etc /etc/libvirt rw,relatime - ext4 /dev/vda rw\n"
+    "64 43 254:0 /var/tmp/vcl-a/h0/run /run/libvirt rw,relatime - ext4 /dev/vda rw\n"
+    "22 1 0:5 / /proc rw - proc proc rw\n"
+)
+
+
+def test_a_mount_table_with_the_hosts_etc_on_etc_libvirt_is_that_hosts_namespace() -> None:
+    binds = daemons.parse_mountinfo_binds(_MOUNTINFO)
+    assert daemons.holds_host_namespace(binds, LabLayout(Path("/var/tmp/vcl-a")), 0)
+    assert not daemons.holds_host_namespace(binds, LabLayout(Path("/var/tmp/vcl-a")), 1)
+    assert not daemons.holds_host_namespace(binds, LabLayout(Path("/var/tmp/vcl-b")), 0)
+
+
+def test_host_namespace_is_recognised_when_var_tmp_is_its_own_filesystem() -> None:
+    # The root field is then relative to /var/tmp's filesystem.
+    binds = daemons.parse_mountinfo_binds("63 43 8:1 /vcl-a/h0/etc /etc/libvirt rw - ext4 /dev/sdb rw\n")
+    assert daemons.holds_host_namespace(binds, LabLayout(Path("/var/tmp/vcl-a")), 0)
+
+
+def test_the_machines_own_mount_table_is_no_lab_hosts_namespace() -> None:
+    binds = daemons.parse_mountinfo_binds(Path("/proc/self/mountinfo").read_text())
+    assert not daemons.holds_host_namespace(binds, LabLayout(Path("/var/tmp/vcl-a")), 0)
 
 
 def test_guest_xml_is_a_tcg_kernel_boot_in_the_hosts_partition() -> None:

@@ -227,6 +227,8 @@ def _down(layout: LabLayout) -> DownReport:
             guests += _destroy_guests(layout.uri(i))
     for i in indexes:
         stopped += daemons.stop_host(layout, i)
+    for i in indexes:
+        killed += daemons.kill_namespace(layout, i)  # strays, e.g. a guest started outside its partition
     for i in _partition_indexes(layout, indexes):
         part = layout.partition(i)
         if cgroups.partition_dirs(part):
@@ -269,9 +271,10 @@ def _destroy_guests(uri: str) -> list[str]:
         for dom in conn.listAllDomains(0):
             names.append(dom.name())
             try:
+                persistent = dom.isPersistent()  # a transient domain is gone once destroyed
                 if dom.isActive():
                     dom.destroy()
-                if dom.isPersistent():
+                if persistent:
                     dom.undefine()
             except libvirt.libvirtError:
                 pass  # the partition sweep below still ends its process

@@ -14,6 +14,7 @@ daemons do, so stopping them also drops the bind mounts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -127,6 +128,62 @@ def stop_host(layout: LabLayout, index: int, timeout_s: float = 15.0) -> list[in
             stopped.append(pid)
         layout.pid_file(index, daemon).unlink(missing_ok=True)
     return stopped
+
+
+def parse_mountinfo_binds(text: str) -> list[tuple[str, str]]:
+    """(root within its filesystem, mount point) of every line of a ``/proc/PID/mountinfo``."""
+    out = []
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 5:
+            out.append((f[3].replace("\\040", " "), f[4].replace("\\040", " ")))
+    return out
+
+
+def holds_host_namespace(binds: list[tuple[str, str]], layout: LabLayout, index: int) -> bool:
+    """Whether a mount table has the host's ``etc`` bind-mounted on ``/etc/libvirt``: the host's namespace.
+
+    The root field is relative to its filesystem, so it is matched as a
+    suffix of the host directory's path (``/var/tmp`` may be its own mount).
+    """
+    etc = str(layout.host_dir(index) / "etc")
+    tail = f"/{layout.root.name}/{layout.host_name(index)}/etc"
+    return any(point == "/etc/libvirt" and root.endswith(tail) and etc.endswith(root) for root, point in binds)
+
+
+def namespace_holders(layout: LabLayout, index: int, proc: Path = Path("/proc")) -> list[int]:
+    """Pids still living in the host's mount namespace (its daemons, guests, or strays after a crash).
+
+    Every process in that namespace was started by this lab host, so this is
+    the last sweep of ``lab down``: once it is empty the bind mounts are gone.
+    """
+    by_ns: dict[str, bool] = {}
+    pids: list[int] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ns = os.readlink(entry / "ns" / "mnt")
+            if ns not in by_ns:
+                by_ns[ns] = holds_host_namespace(parse_mountinfo_binds((entry / "mountinfo").read_text()),
+                                                 layout, index)
+        except OSError:
+            continue  # gone meanwhile, or a kernel thread
+        if by_ns[ns]:
+            pids.append(int(entry.name))
+    return pids
+
+
+def kill_namespace(layout: LabLayout, index: int, timeout_s: float = 10.0) -> list[int]:
+    """SIGKILL every process left in the host's namespace; returns their pids."""
+    victims = namespace_holders(layout, index)
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(not _is_zombie(p) for p in victims):
+        time.sleep(0.05)
+    return victims
 
 
 def _terminate(pid: int, marker: str, timeout_s: float) -> None:
