@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cli.main import cli
-from hypervisor.lab import Lab, daemons, down, status, up
+from hypervisor.lab import Lab, daemons, default_cluster_file, down, status, up
 from hypervisor.lab import cgroups as lab_cgroups
 from hypervisor.lab.guest import guest_xml
 from hypervisor.lab.state import (
@@ -26,6 +26,7 @@ from hypervisor.lab.state import (
     LabLayout,
     host_uuid,
     lab_id,
+    memory_reserved_for,
     partition_dir_name,
     partition_name,
     pid_matches,
@@ -47,7 +48,7 @@ def test_cluster_toml_parses_and_lists_every_host_in_order() -> None:
     doc = tomllib.loads(render_cluster_toml("lab", _hosts(3), None))
     assert doc["name"] == "lab"
     assert [h["name"] for h in doc["hosts"]] == ["h0", "h1", "h2"]
-    assert all(h["cores"] == 1 and h["memory_reserved"] == "64MiB" for h in doc["hosts"])
+    assert all(h["cores"] == 1 and h["memory_reserved"] == "64MiB" for h in doc["hosts"])  # LabHost's default
 
 
 def test_cluster_toml_carries_uri_and_partition_of_each_host() -> None:
@@ -75,6 +76,18 @@ def test_cluster_toml_round_trips_any_cluster_name(name: str) -> None:
 def test_cluster_toml_refuses_a_cluster_without_hosts() -> None:
     with pytest.raises(InputError, match="at least one host"):
         render_cluster_toml("lab", [], None)
+
+
+def test_memory_reserved_leaves_each_host_its_share_of_the_machine() -> None:
+    assert memory_reserved_for(4096, 2) == "2048MiB"
+    assert memory_reserved_for(4097, 2) == "2049MiB"  # never more than the machine in total
+    assert memory_reserved_for(4096, 1) == "64MiB"  # a lone host keeps the floor for itself
+
+
+@given(st.integers(1, 1 << 20), st.integers(1, 8))
+def test_lab_hosts_together_never_promise_more_memory_than_the_machine(total: int, n: int) -> None:
+    usable = total - int(memory_reserved_for(total, n).removesuffix("MiB"))
+    assert n * usable <= total
 
 
 def test_partition_name_embeds_lab_id_and_host_index() -> None:
@@ -268,6 +281,32 @@ def test_lab_status_json_reports_both_hosts_answering(lab2: Lab) -> None:
     doc = json.loads(r.output)
     assert doc["running"] is True
     assert [(h["name"], h["answers"]) for h in doc["hosts"]] == [("h0", True), ("h1", True)]
+
+
+def test_default_cluster_file_is_none_when_no_lab_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("VCSCHED_LAB_DIR", str(tmp_path))
+    (tmp_path / "cluster.toml").write_text(render_cluster_toml("lab", _hosts(1), None))  # stale: no daemons
+    assert default_cluster_file() is None
+
+
+@pytest.mark.lab
+def test_default_cluster_file_is_the_running_labs(lab2: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VCSCHED_LAB_DIR", str(lab2.dir))
+    assert default_cluster_file() == lab2.cluster_file
+
+
+@pytest.mark.lab
+def test_lab_hosts_split_the_machines_memory(lab2: Lab) -> None:
+    import libvirt
+
+    doc = tomllib.loads(lab2.cluster_file.read_text())
+    conn = libvirt.open(lab2.hosts[0].uri)
+    try:
+        total = conn.getInfo()[1]
+    finally:
+        conn.close()
+    usable = [total - int(h["memory_reserved"].removesuffix("MiB")) for h in doc["hosts"]]
+    assert sum(usable) <= total
 
 
 @pytest.mark.lab

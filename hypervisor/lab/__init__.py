@@ -30,6 +30,7 @@ from hypervisor.lab.state import (
     LabHost,
     LabLayout,
     default_lab_dir,
+    memory_reserved_for,
     render_cluster_toml,
 )
 from vcsched.errors import InputError, VcschedError
@@ -143,7 +144,8 @@ def _up(layout: LabLayout, n_hosts: int, progress: Progress) -> Lab:
             progress(f"starting host {layout.host_name(i)}")
             cgroups.create_partition(layout.partition(i))
             daemons.start_host(layout, i)
-            hosts.append(LabHost(layout.host_name(i), layout.uri(i), layout.partition(i)))
+            reserved = memory_reserved_for(daemons.memory_mib(layout.uri(i)), n_hosts)
+            hosts.append(LabHost(layout.host_name(i), layout.uri(i), layout.partition(i), memory_reserved=reserved))
             _write_state(layout, hosts, guest)
     except BaseException:
         _down(layout)  # the half-started host's directory is enough for down to find it

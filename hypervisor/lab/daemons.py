@@ -111,6 +111,17 @@ def wait_answers(uri: str, timeout_s: float, what: str) -> None:
     raise DaemonError(f"{what}: {uri} did not answer within {timeout_s:g} s ({last})")
 
 
+def memory_mib(uri: str) -> int:
+    """The host memory libvirt reports for ``uri`` (``getInfo()[1]``, MiB)."""
+    import libvirt
+
+    conn = libvirt.open(uri)
+    try:
+        return int(conn.getInfo()[1])
+    finally:
+        conn.close()
+
+
 def daemon_pid(layout: LabLayout, index: int, daemon: str) -> int | None:
     """The pid of the lab's running daemon, or None (stale or foreign pid files count as not running)."""
     pf = layout.pid_file(index, daemon)

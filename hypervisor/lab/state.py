@@ -164,6 +164,19 @@ class GuestImage:
     domain_type: str = "qemu"
 
 
+def memory_reserved_for(total_mib: int, n_hosts: int, floor_mib: int = 64) -> str:
+    """The ``memory_reserved`` that leaves each of ``n_hosts`` lab hosts 1/n of the machine's memory.
+
+    Every lab host's libvirt reports the whole machine's memory; reserving the
+    rest keeps the hosts together from promising more than the machine has
+    (the memory analogue of ``cores = 1``).  At least ``floor_mib`` stays
+    reserved for the host itself.
+    """
+    if n_hosts < 1 or total_mib < 1:
+        raise InputError(f"memory split: {total_mib} MiB over {n_hosts} hosts")
+    return f"{max(floor_mib, total_mib - total_mib // n_hosts)}MiB"
+
+
 def toml_string(value: str) -> str:
     """A TOML basic string: quote, backslash and every control character (incl. DEL) escaped."""
     out = []
