@@ -84,6 +84,11 @@ def result_to_dict(result: Result, conditions: dict[str, Any] | None = None) -> 
     }
 
 
+def rate_text(x: float) -> str:
+    """DGEMM/s in the tens of thousands, vCPU s/s around 1: enough digits for both."""
+    return f"{x:.1f}" if abs(x) >= 100 else f"{x:.4f}"
+
+
 def pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.2f}%"
 
@@ -121,7 +126,7 @@ def markdown(result: Result, conditions: dict[str, Any] | None = None) -> str:
         lines.append("Conditions: " + ", ".join(f"{k} {v}" for k, v in conditions.items()) + ".")
     drift = result.bare_drift
     lines += [
-        f"Bare rate {result.bare.rate:.1f} {result.unit}"
+        f"Bare rate {rate_text(result.bare.rate)} {result.unit}"
         + (f" (drift start→end {100 * drift:+.2f}%)" if drift is not None else " (nominal)")
         + ".",
         "",
@@ -136,10 +141,10 @@ def markdown(result: Result, conditions: dict[str, Any] | None = None) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result.runs:
-        rates = ", ".join(f"{m.rate:.1f}" for m in r.measured)
+        rates = ", ".join(rate_text(m.rate) for m in r.measured)
         shares = ", ".join(f"{m.share:.4f}" for m in r.measured)
         lines.append(
-            f"| {r.workers} | {r.cap:g} | {r.expected.rate:.1f} | {rates} | {pct(max(r.rate_errors))} "
+            f"| {r.workers} | {r.cap:g} | {rate_text(r.expected.rate)} | {rates} | {pct(max(r.rate_errors))} "
             f"| {shares} | {pct(max(r.share_errors))} |"
         )
     return "\n".join(lines) + "\n"

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from calibration.cpus import check_cpu, conditions, cpu_busy, least_loaded_cpu
 from calibration.experiment import Config, Result, Subjects, run
-from calibration.report import markdown, pct, plot, result_to_dict, summary_rows
+from calibration.report import markdown, pct, plot, rate_text, result_to_dict, summary_rows
 from cli.app import console, emit_json, err_console
 from vcsched.errors import InputError
 
@@ -75,13 +75,13 @@ def open_subjects(backend: str, workers: int, cpu: int, connect: str | None, dom
         )
     from hypervisor.caps_probe import LibvirtSubjects
 
-    return LibvirtSubjects(connect, domains[:workers])
+    return LibvirtSubjects(connect, domains[:workers], cpu=cpu)
 
 
 def render(result: Result, cond: dict[str, Any]) -> None:
     console.print(
         f"[bold]calibration[/] backend [bold]{result.backend}[/] on CPU {result.cpu}: bare rate "
-        f"[bold]{result.bare.rate:.1f}[/] {result.unit}"
+        f"[bold]{rate_text(result.bare.rate)}[/] {result.unit}"
         + (f" (start→end drift {100 * result.bare_drift:+.2f}%)" if result.bare_drift is not None else " (nominal)")
         + f"; load average {cond.get('loadavg_1m')} at start"
     )
@@ -92,8 +92,8 @@ def render(result: Result, cond: dict[str, Any]) -> None:
         per_cap.add_row(
             str(r.workers),
             f"{r.cap:g}",
-            f"{r.expected.rate:.1f}",
-            ", ".join(f"{m.rate:.1f}" for m in r.measured),
+            rate_text(r.expected.rate),
+            ", ".join(rate_text(m.rate) for m in r.measured),
             pct(max(r.rate_errors)),
             ", ".join(f"{m.share:.3f}" for m in r.measured),
             pct(max(r.share_errors)),
@@ -172,7 +172,13 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     default=None,
     help="Averaging window (s) for the response time. Default: 0.1 (one CFS period) for cgroup, 1.0 for libvirt.",
 )
-@click.option("--cpu", type=click.IntRange(0), default=None, help="CPU to measure on. Default: the least busy one.")
+@click.option(
+    "--cpu",
+    type=click.IntRange(0),
+    default=None,
+    help="CPU to measure on (libvirt: the guests' vCPU and emulator threads are pinned there for the run). "
+    "Default: the least busy CPU of this machine.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print every measurement as one JSON object.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the summary as Markdown (for docs).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), help="Write a PNG plot here.")
@@ -220,11 +226,10 @@ def calibrate_cmd(
         steps=(steps[0], steps[1]),
         window=window if window is not None else default_window,
     )
-    if backend == "cgroup":
-        from calibration.cgroup_backend import quota_for
+    from calibration.cgroup_backend import quota_for
 
-        for c in (*caps, *steps):
-            quota_for(c)  # the kernel's 1 ms minimum quota: fail before creating anything
+    for c in (*caps, *steps):
+        quota_for(c)  # CFS's 1 ms minimum quota (libvirt's too): fail before creating anything
     busy = cpu_busy()
     chosen = check_cpu(cpu) if cpu is not None else least_loaded_cpu(busy)
     cond = conditions(busy, chosen)

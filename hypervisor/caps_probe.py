@@ -1,0 +1,190 @@
+"""Running guests as calibration subjects: capped with libvirt, observed through their vCPU time.
+
+This is the libvirt side of ``vcsched calibrate --backend libvirt`` (the
+calibration package itself never imports libvirt).  It implements
+``calibration.experiment.Subjects`` for already-running guests that loop on
+their CPU (the lab's guest, ``hypervisor.lab.guest``).
+
+What is measured, and why: the host cannot see a guest's own progress without
+an agent inside it, so the observable is the guests' **vCPU time**: the sum of
+``cpuTime`` over ``dom.vcpus()`` — the CPU time of the vCPU threads, exactly
+what ``vcpu_quota`` rations (the emulator thread is capped separately, by
+``emulator_quota``, and not counted).  Under TCG a second of vCPU time is a
+roughly constant amount of emulated work, so vCPU seconds per second is the
+guest's compute rate in units of one host CPU.  The "bare" rate is therefore
+the nominal 1 vCPU-second per second of a guest that owns its CPU; the
+overhead is how far short of it an uncapped guest falls.
+
+Caps follow the project contract: ``vcpu_period`` = 100000 µs,
+``vcpu_quota`` = round(cap / vcpus * period) per vCPU thread, set LIVE only —
+calibration is temporary, and ``close()`` restores each guest's original
+scheduler parameters, vCPU pinning and running state.  Xen hosts would use
+``cap`` (percent of one CPU) instead; the test driver cannot cap at all and is
+refused naming the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import libvirt
+
+from vcsched.errors import InputError, VcschedError
+
+PERIOD_US = 100_000
+MIN_QUOTA_US = 1_000
+
+
+class CapsProbeError(VcschedError):
+    """A libvirt call failed while calibrating (after the inputs were accepted)."""
+
+
+def _quiet_libvirt() -> None:
+    """libvirt prints every error on stderr by default; ours are reported once, by the CLI."""
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+
+def vcpu_quota_for(cap: float | None, vcpus: int) -> int:
+    """Per-vCPU-thread quota for a cap in host CPUs (``None``: unlimited, which libvirt spells -1)."""
+    if cap is None:
+        return -1
+    if not 0 < cap <= vcpus:
+        raise InputError(f"cap: {cap:g} is outside (0, {vcpus}] for a {vcpus}-vCPU guest")
+    quota = round(cap / vcpus * PERIOD_US)
+    if quota < MIN_QUOTA_US:
+        raise InputError(f"cap: {cap:g} is below libvirt's minimum vcpu_quota ({MIN_QUOTA_US} µs per {PERIOD_US} µs)")
+    return quota
+
+
+class LibvirtSubjects:
+    """Running CPU-loop guests on one libvirt host, optionally pinned to one host CPU."""
+
+    unit = "vCPU s/s"
+    nominal_bare: float | None = 1.0
+    default_window = 1.0
+
+    def __init__(self, uri: str, domains: Sequence[str], cpu: int | None = None):
+        _quiet_libvirt()
+        self.uri = uri
+        self.count = len(domains)
+        self.doms: list[Any] = []
+        self._saved: list[dict[str, Any]] = []
+        self._pins: list[tuple[list[tuple[bool, ...]], Any]] = []
+        try:
+            self.conn = libvirt.open(uri)
+        except libvirt.libvirtError as exc:
+            raise InputError(f"--connect {uri}: cannot connect ({exc.get_error_message()})") from None
+        try:
+            self._adopt(domains)
+            if cpu is not None:
+                self._pin(cpu)
+        except BaseException:
+            self.close()
+            raise
+
+    def _adopt(self, names: Sequence[str]) -> None:
+        for name in names:
+            try:
+                dom = self.conn.lookupByName(name)
+            except libvirt.libvirtError:
+                raise InputError(f"--domain {name}: no such domain on {self.uri}") from None
+            if dom.state()[0] != libvirt.VIR_DOMAIN_RUNNING:
+                raise InputError(f"--domain {name}: not running on {self.uri} (calibration needs a CPU-loop guest)")
+            try:
+                params = dom.schedulerParametersFlags(libvirt.VIR_DOMAIN_AFFECT_LIVE)
+            except libvirt.libvirtError as exc:
+                msg = exc.get_error_message()
+                raise InputError(f"host {self.uri}: cannot set caps: scheduler parameters unreadable ({msg})") from None
+            if "vcpu_quota" not in params:
+                raise InputError(
+                    f"host {self.uri}: cannot set caps: its driver has no vcpu_quota/vcpu_period "
+                    "(the libvirt test driver never has)"
+                )
+            self.doms.append(dom)
+            self._saved.append({k: params[k] for k in ("vcpu_period", "vcpu_quota")})
+
+    def _pin(self, cpu: int) -> None:
+        """All vCPU and emulator threads on host CPU ``cpu``, as the paper ran every VM on one CPU."""
+        n_cpus = self.conn.getInfo()[2]
+        if not 0 <= cpu < n_cpus:
+            raise InputError(f"--cpu: {cpu} is not a CPU of host {self.uri} (it has {n_cpus})")
+        cpumap = tuple(i == cpu for i in range(n_cpus))
+        for dom in self.doms:
+            flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+            vcpu_maps = dom.vcpuPinInfo(flags)
+            self._pins.append((vcpu_maps, dom.emulatorPinInfo(flags)))
+            try:
+                for v in range(len(vcpu_maps)):
+                    dom.pinVcpuFlags(v, cpumap, flags)
+                dom.pinEmulator(cpumap, flags)
+            except libvirt.libvirtError as exc:
+                msg = exc.get_error_message()
+                raise InputError(f"--cpu {cpu}: cannot pin {dom.name()} on {self.uri} ({msg})") from None
+
+    # --- the Subjects protocol -------------------------------------------------
+    def resume(self, index: int) -> None:
+        dom = self.doms[index]
+        if dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
+            dom.resume()
+
+    def pause(self, index: int) -> None:
+        dom = self.doms[index]
+        if dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING:
+            dom.suspend()
+
+    def set_cap(self, index: int, cap: float | None) -> None:
+        dom = self.doms[index]
+        vcpus = len(dom.vcpus()[0])
+        quota = vcpu_quota_for(cap, vcpus)
+        try:
+            dom.setSchedulerParametersFlags(
+                {"vcpu_period": PERIOD_US, "vcpu_quota": quota}, libvirt.VIR_DOMAIN_AFFECT_LIVE
+            )
+        except libvirt.libvirtError as exc:
+            raise CapsProbeError(f"host {self.uri}: cannot cap {dom.name()} ({exc.get_error_message()})") from None
+        got = dom.schedulerParametersFlags(libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        if got.get("vcpu_quota") != quota and not (quota < 0 and got.get("vcpu_quota", 0) <= 0):
+            raise CapsProbeError(f"host {self.uri}: {dom.name()} kept vcpu_quota {got.get('vcpu_quota')} after {quota}")
+
+    def make_bare(self, index: int) -> None:
+        raise CapsProbeError("a guest cannot run outside its VM: the libvirt backend uses a nominal bare rate")
+
+    def poll(self, index: int) -> list[tuple[float, float, float]]:
+        """One point: (time of the reading, vCPU seconds, vCPU seconds) — work and CPU are the same here."""
+        before = time.monotonic()
+        info = self.doms[index].vcpus()[0]
+        after = time.monotonic()
+        used = sum(v[2] for v in info) / 1e9
+        return [((before + after) / 2, used, used)]
+
+    def close(self) -> list[str]:
+        """Restore every guest as found: scheduler parameters, pinning, running.  Returns problems."""
+        problems: list[str] = []
+        for i, dom in enumerate(self.doms):
+            try:
+                if i < len(self._saved):
+                    saved = self._saved[i]
+                    dom.setSchedulerParametersFlags(saved, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                if i < len(self._pins):
+                    vcpu_maps, emulator_map = self._pins[i]
+                    for v, m in enumerate(vcpu_maps):
+                        dom.pinVcpuFlags(v, m, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                    dom.pinEmulator(emulator_map, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                if dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
+                    dom.resume()
+            except libvirt.libvirtError as exc:
+                problems.append(f"{dom.name()}: {exc.get_error_message()}")
+        self.doms = []
+        with contextlib.suppress(libvirt.libvirtError, AttributeError):
+            self.conn.close()
+        return problems
+
+    def __enter__(self) -> LibvirtSubjects:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()

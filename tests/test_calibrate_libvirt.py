@@ -1,0 +1,108 @@
+"""The libvirt calibration backend: refusals anywhere, real caps on a lab guest.
+
+The lab tests boot one TCG guest in a CPU loop on the session's ``lab2`` lab
+and skip, with the reason, where no guest can boot.  Bounds are loose (other
+work shares this machine): they catch a cap that does not bite, not precision.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cli
+from vcsched.errors import InputError
+
+libvirt = pytest.importorskip("libvirt", reason="libvirt-python is not installed")
+
+from calibration.experiment import measure  # noqa: E402
+from hypervisor.caps_probe import LibvirtSubjects, vcpu_quota_for  # noqa: E402
+from tests.lab_support import lab_guest  # noqa: E402
+
+
+def test_quota_is_per_vcpu_thread() -> None:
+    # Half a CPU over a 2-vCPU guest: each vCPU thread gets a quarter of the period.
+    assert vcpu_quota_for(0.5, 2) == 25_000
+    assert vcpu_quota_for(0.25, 1) == 25_000
+    assert vcpu_quota_for(None, 1) == -1
+
+
+def test_quota_refuses_caps_beyond_the_guest_vcpus() -> None:
+    with pytest.raises(InputError, match="outside"):
+        vcpu_quota_for(1.5, 1)
+
+
+def test_the_test_driver_is_refused_naming_the_host() -> None:
+    with pytest.raises(InputError, match=r"host test:///default: cannot set caps"):
+        LibvirtSubjects("test:///default", ["test"])
+
+
+def test_an_unknown_domain_is_refused_naming_it() -> None:
+    with pytest.raises(InputError, match="--domain nosuch: no such domain"):
+        LibvirtSubjects("test:///default", ["nosuch"])
+
+
+def test_cli_refusal_is_one_line_exit_2() -> None:
+    r = CliRunner().invoke(
+        cli, ["calibrate", "--backend", "libvirt", "--connect", "test:///default", "--domain", "test"]
+    )
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "test:///default" in lines[0]
+
+
+def test_cli_needs_one_guest_per_worker() -> None:
+    r = CliRunner().invoke(
+        cli, ["calibrate", "--backend", "libvirt", "--connect", "test:///default", "--domain", "a", "--workers", "2"]
+    )
+    assert r.exit_code == 2
+    assert "2 worker(s) need 2" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def guest(lab2: Any) -> Iterator[tuple[str, Any]]:
+    """(host URI, domain) of one booted CPU-loop guest on the lab's first host."""
+    with lab_guest(lab2, host=0) as dom:
+        yield lab2.hosts[0].uri, dom
+
+
+@pytest.mark.lab
+def test_a_quarter_cap_gives_the_guest_about_a_quarter_cpu(guest: tuple[str, Any]) -> None:
+    uri, dom = guest
+    with LibvirtSubjects(uri, [dom.name()]) as s:
+        s.set_cap(0, 0.25)
+        (m,) = measure(s, [0], 2.0)
+    assert 0.15 <= m.share <= 0.35
+
+
+@pytest.mark.lab
+def test_closing_restores_the_guest_as_found(guest: tuple[str, Any]) -> None:
+    uri, dom = guest
+    flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+    before = dom.schedulerParametersFlags(flags), dom.vcpuPinInfo(flags), dom.emulatorPinInfo(flags)
+    with LibvirtSubjects(uri, [dom.name()], cpu=0) as s:
+        s.set_cap(0, 0.1)
+        s.pause(0)
+        assert dom.schedulerParametersFlags(flags)["vcpu_quota"] == 10_000
+    assert (dom.schedulerParametersFlags(flags), dom.vcpuPinInfo(flags), dom.emulatorPinInfo(flags)) == before
+    assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+
+
+@pytest.mark.lab
+def test_calibrate_command_on_a_lab_guest(guest: tuple[str, Any]) -> None:
+    uri, dom = guest
+    r = CliRunner().invoke(
+        cli,
+        ["calibrate", "--backend", "libvirt", "--connect", uri, "--domain", dom.name(),
+         "--caps", "0.5", "--duration", "1.2", "--window", "0.5", "--json"],
+    )
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["unit"] == "vCPU s/s" and doc["bare"]["rate"] == 1.0
+    (run,) = doc["runs"]
+    assert 0.4 <= run["measured"][0]["share"] <= 0.6
+    assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
