@@ -388,6 +388,25 @@ def test_lab_live_migration_moves_a_running_guest_between_hosts(lab2: Lab) -> No
 
 
 @pytest.mark.lab
+def test_lab_cli_up_then_down_round_trip() -> None:
+    skip_unless_lab_possible()
+    d = new_lab_dir()
+    try:
+        r = CliRunner().invoke(cli, ["lab", "up", "--hosts", "1", "--dir", str(d), "--json"])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.output)
+        assert [h["name"] for h in doc["hosts"]] == ["h0"]
+        assert tomllib.loads(Path(doc["cluster_file"]).read_text())["hosts"][0]["uri"] == doc["hosts"][0]["uri"]
+        r = CliRunner().invoke(cli, ["lab", "down", "--dir", str(d), "--json"])
+        assert r.exit_code == 0, r.output
+        assert len(json.loads(r.output)["daemons"]) == 2  # libvirtd + virtlogd
+        assert lab_leftovers(d, 1) == []
+    finally:
+        down(d)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.lab
 def test_lab_down_leaves_no_daemons_guests_or_partitions_and_up_recovers_from_a_crash() -> None:
     skip_unless_lab_possible()
     d = new_lab_dir()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from hypervisor.lab import cgroups, daemons
 from hypervisor.lab.guest import boot_directly
-from hypervisor.lab.image import ensure_image, initramfs_recipe
+from hypervisor.lab.image import BUSYBOX, ensure_image, initramfs_recipe
 from hypervisor.lab.state import (
     GuestImage,
     LabHost,
@@ -36,6 +36,7 @@ from hypervisor.lab.state import (
 from vcsched.errors import InputError, VcschedError
 
 __all__ = [
+    "DownReport",
     "Lab",
     "LabError",
     "LabStatus",
@@ -71,6 +72,8 @@ class Lab:
 
 @dataclass(frozen=True)
 class HostStatus:
+    """One lab host as found now: its daemons' pids (None = not running), whether it answers, its guests."""
+
     name: str
     uri: str
     partition: str
@@ -84,6 +87,8 @@ class HostStatus:
 
 @dataclass(frozen=True)
 class LabStatus:
+    """A lab directory as found now; ``running`` = it has hosts and every one answers."""
+
     dir: Path
     id: str
     running: bool
@@ -92,6 +97,7 @@ class LabStatus:
 
 
 def root_problem() -> str | None:
+    """The one prerequisite even ``down`` needs (signals to root's daemons, cgroup removal)."""
     return None if os.geteuid() == 0 else "the lab needs root (namespaces, bind mounts, cgroups)"
 
 
@@ -103,6 +109,8 @@ def prerequisites_problem() -> str | None:
     for prog in REQUIRED_PROGRAMS:
         if shutil.which(prog) is None:
             return f"{prog} is not installed (run scripts/install-system-deps, or 'make test')"
+    if not BUSYBOX.is_file():
+        return f"{BUSYBOX} is missing (install busybox-static; it is the guest's userland)"
     try:
         import libvirt  # noqa: F401
     except ImportError:
