@@ -37,7 +37,7 @@ from calibration.stats import (
 from vcsched.errors import InputError
 
 SAMPLE_INTERVAL = 0.01  # controller polling period; the cgroup workload timestamps its own points
-SETTLE = 0.3  # after (re)starting or re-capping, before measuring: lets caches and the CFS period line up
+SETTLE = 0.3  # default wait after (re)starting or re-capping, before measuring: a few CFS periods
 
 
 class Subjects(Protocol):
@@ -70,6 +70,7 @@ class Config:
     steps: tuple[float, float] = (0.25, 0.75)
     window: float = 0.1
     stride: float = 0.01
+    settle: float = SETTLE
 
     def __post_init__(self) -> None:
         for i, c in enumerate(self.caps):
@@ -89,6 +90,8 @@ class Config:
                 raise InputError(f"steps.{name}: {c:g} is outside (0, 1]")
         if lo >= hi:
             raise InputError(f"steps: low cap {lo:g} must be below high cap {hi:g}")
+        if self.settle < 0:
+            raise InputError(f"settle: {self.settle:g} s is negative")
         if self.window <= 0 or self.window >= self.duration:
             raise InputError(f"window: {self.window:g} s must be positive and shorter than the duration")
 
@@ -97,9 +100,9 @@ class Config:
         return [(n, c) for n in range(1, self.workers + 1) for c in self.caps if n * c <= 1 + 1e-9]
 
     def planned_seconds(self, bare_measured: bool) -> float:
-        phase = SETTLE + self.duration
+        phase = self.settle + self.duration
         bare = 2 * phase if bare_measured else 0.0
-        return bare + phase + len(self.cap_runs()) * phase + SETTLE + 3 * self.duration
+        return bare + phase + len(self.cap_runs()) * phase + self.settle + 3 * self.duration
 
 
 @dataclass(frozen=True)
@@ -209,15 +212,20 @@ def _span(traces: Traces) -> Measured:
 
 
 def measure(
-    subjects: Subjects, indices: Sequence[int], duration: float, progress: Progress | None = None, label: str = ""
+    subjects: Subjects,
+    indices: Sequence[int],
+    duration: float,
+    progress: Progress | None = None,
+    label: str = "",
+    settle: float = SETTLE,
 ) -> list[Measured]:
-    """Run the given subjects together for ``SETTLE + duration`` seconds; what each achieved (then paused)."""
+    """Run the given subjects together for ``settle + duration`` seconds; what each achieved (then paused)."""
     tick: Progress = progress or (lambda _label, _s: None)
     for i in indices:
         subjects.resume(i)
     try:
-        time.sleep(SETTLE)
-        tick(label, SETTLE)
+        time.sleep(settle)
+        tick(label, settle)
         traces = _record(subjects, indices, duration, tick, label)
     finally:
         for i in indices:
@@ -234,23 +242,24 @@ def run(subjects: Subjects, cfg: Config, backend: str, cpu: int, progress: Progr
     bare_before = bare_after = None
     if subjects.nominal_bare is None:
         subjects.make_bare(0)
-        (bare_before,) = measure(subjects, [0], cfg.duration, tick, "bare rate (no cgroup limit)")
+        (bare_before,) = measure(subjects, [0], cfg.duration, tick, "bare rate (no cgroup limit)", cfg.settle)
 
     subjects.set_cap(0, None)
-    (uncapped,) = measure(subjects, [0], cfg.duration, tick, "uncapped under the mechanism")
+    (uncapped,) = measure(subjects, [0], cfg.duration, tick, "uncapped under the mechanism", cfg.settle)
 
     runs_raw: list[tuple[int, float, list[Measured]]] = []
     for n, cap in cfg.cap_runs():
         for i in range(n):
             subjects.set_cap(i, cap)
-        runs_raw.append((n, cap, measure(subjects, list(range(n)), cfg.duration, tick, f"{n} x cap {cap:g}")))
+        got = measure(subjects, list(range(n)), cfg.duration, tick, f"{n} x cap {cap:g}", cfg.settle)
+        runs_raw.append((n, cap, got))
 
     lo, hi = cfg.steps
     subjects.set_cap(0, lo)
     subjects.resume(0)
     try:
-        time.sleep(SETTLE)
-        tick("cap steps", SETTLE)
+        time.sleep(cfg.settle)
+        tick("cap steps", cfg.settle)
         t0 = time.monotonic()
         marks: list[tuple[float, float, float]] = []  # (time of the change, from, to)
         segments = _record(subjects, [0], cfg.duration, tick, f"cap steps: {lo:g}")
@@ -263,7 +272,7 @@ def run(subjects: Subjects, cfg: Config, backend: str, cpu: int, progress: Progr
 
     if subjects.nominal_bare is None:
         subjects.make_bare(0)
-        (bare_after,) = measure(subjects, [0], cfg.duration, tick, "bare rate again (drift check)")
+        (bare_after,) = measure(subjects, [0], cfg.duration, tick, "bare rate again (drift check)", cfg.settle)
         assert bare_before is not None
         bare = Measured((bare_before.rate + bare_after.rate) / 2, (bare_before.share + bare_after.share) / 2)
     else:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from calibration.experiment import Config, run
+from calibration.report import markdown, plot, result_to_dict
 from calibration.stats import (
     Trace,
     absolute_error,
@@ -16,6 +24,7 @@ from calibration.stats import (
     summarize_errors,
     window_rates,
 )
+from vcsched.errors import InputError
 
 
 def steady(rate: float, duration: float, dt: float = 0.01, t0: float = 0.0) -> Trace:
@@ -131,3 +140,117 @@ def test_tolerance_is_relative_to_the_expected_rate() -> None:
     trace = steady(48.0, 2.0)
     assert response_time(trace, 0.0, expected=50.0, tolerance=0.05, window=0.1, stride=0.05) == 0.0
     assert response_time(trace, 0.0, expected=50.0, tolerance=0.03, window=0.1, stride=0.05) is None
+
+
+# --- the protocol (calibration.experiment) on simulated subjects --------------------
+
+
+class SimulatedSubjects:
+    """Subjects whose caps take effect exactly and at once: the protocol must report zero error.
+
+    ``slowdown`` makes every capped or uncapped run that much slower than bare,
+    as a mechanism's overhead would.
+    """
+
+    unit = "ops/s"
+    nominal_bare: float | None = None
+    default_window = 0.1
+
+    def __init__(self, count: int, bare: float = 1000.0, slowdown: float = 0.0):
+        self.count, self.bare, self.slowdown = count, bare, slowdown
+        self.cap: list[float | None] = [None] * count
+        self.in_group = [False] * count
+        self.running = [False] * count
+        self.work = [0.0] * count
+        self.since = [time.monotonic()] * count
+
+    def _speed(self, i: int) -> float:
+        if not self.running[i]:
+            return 0.0
+        if not self.in_group[i]:
+            return self.bare
+        c = self.cap[i]
+        return self.bare * (1 - self.slowdown) * (1.0 if c is None else c)
+
+    def _advance(self, i: int) -> float:
+        now = time.monotonic()
+        self.work[i] += self._speed(i) * (now - self.since[i])
+        self.since[i] = now
+        return now
+
+    def resume(self, i: int) -> None:
+        self._advance(i)
+        self.running[i] = True
+
+    def pause(self, i: int) -> None:
+        self._advance(i)
+        self.running[i] = False
+
+    def set_cap(self, i: int, cap: float | None) -> None:
+        self._advance(i)
+        self.in_group[i], self.cap[i] = True, cap
+
+    def make_bare(self, i: int) -> None:
+        self._advance(i)
+        self.in_group[i] = False
+
+    def poll(self, i: int) -> list[tuple[float, float, float]]:
+        now = self._advance(i)
+        return [(now, self.work[i], self.work[i] / self.bare)]
+
+
+FAST = Config(caps=(0.25, 0.5), workers=2, duration=0.12, steps=(0.25, 0.75), window=0.04, stride=0.01, settle=0.02)
+ONE = Config(caps=(0.5,), duration=0.12, window=0.04, settle=0.02)
+
+
+def test_exact_caps_give_zero_error_and_immediate_response() -> None:
+    result = run(SimulatedSubjects(2), FAST, backend="sim", cpu=0)
+    assert [(r.workers, r.cap) for r in result.runs] == [(1, 0.25), (1, 0.5), (2, 0.25), (2, 0.5)]
+    assert result.bare.rate == pytest.approx(1000.0, rel=1e-3)
+    assert result.rate_error.worst < 1e-3
+    assert result.share_error.worst < 1e-3
+    assert all(s.rate_response == 0.0 and s.share_response == 0.0 for s in result.steps)
+    assert [(s.from_cap, s.to_cap) for s in result.steps] == [(0.25, 0.75), (0.75, 0.25)]
+
+
+def test_a_mechanism_that_slows_work_shows_as_overhead_and_error() -> None:
+    exact = run(SimulatedSubjects(1), ONE, backend="sim", cpu=0)
+    assert exact.rate_overhead == pytest.approx(0.0, abs=1e-3)
+    slow = run(SimulatedSubjects(1, slowdown=0.04), ONE, backend="sim", cpu=0)
+    assert slow.rate_overhead == pytest.approx(0.04, abs=2e-3)
+    (r,) = slow.runs
+    assert r.rate_errors[0] == pytest.approx(0.02, abs=2e-3)  # 0.5 x 4% of the bare rate
+
+
+def test_only_caps_that_fit_one_cpu_together_are_measured() -> None:
+    cfg = Config(caps=(0.1, 0.25, 0.5, 1.0), workers=4)
+    assert cfg.cap_runs() == [(1, 0.1), (1, 0.25), (1, 0.5), (1, 1.0), (2, 0.1), (2, 0.25), (2, 0.5),
+                              (3, 0.1), (3, 0.25), (4, 0.1), (4, 0.25)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"caps": (0.5, 1.2)}, "caps[1]"), ({"duration": 0.0}, "duration"), ({"workers": 0}, "workers"),
+     ({"steps": (0.75, 0.25)}, "steps"), ({"tolerance": 0.0}, "tolerance"), ({"window": 5.0}, "window"),
+     ({"settle": -1.0}, "settle")],
+)
+def test_config_names_the_bad_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(InputError, match=re.escape(field)):
+        Config(**kwargs)
+
+
+def test_json_document_carries_every_measurement() -> None:
+    result = run(SimulatedSubjects(1), ONE, backend="sim", cpu=3)
+    doc = json.loads(json.dumps(result_to_dict(result, {"loadavg_1m": 0.1})))
+    assert doc["cpu"] == 3 and doc["conditions"] == {"loadavg_1m": 0.1}
+    assert doc["runs"][0]["cap"] == 0.5 and len(doc["runs"][0]["measured"]) == 1
+    assert doc["xen_reference"]["max_error"] == 0.0599
+    assert "| mean absolute error |" in markdown(result)
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+    result = run(SimulatedSubjects(1), ONE, backend="sim", cpu=0)
+    out = tmp_path / "calib.png"
+    plot(result, str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
