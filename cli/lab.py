@@ -79,18 +79,20 @@ def up_cmd(n_hosts: int, dir_: Path | None, as_json: bool) -> None:
 
 @lab_cmd.command("down")
 @_dir_option()
+@click.option("--purge", is_flag=True, help="Also delete the state directory with its guest image cache.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was stopped as JSON.")
-def down_cmd(dir_: Path | None, as_json: bool) -> None:
+def down_cmd(dir_: Path | None, purge: bool, as_json: bool) -> None:
     """Destroy the lab's guests, stop its daemons, remove its cgroup partitions and state.
 
-    Only what this lab directory started is touched (found by its pid files and
-    partition names); the guest image cache is kept. Running it twice is harmless.
+    Only what this lab directory started is touched (found by its pid files,
+    partition names and namespaces); the guest image cache is kept unless
+    --purge. Running it twice is harmless.
     """
     problem = labmod.root_problem()
     if problem:
         fail(problem)
     with console.status("stopping the lab", spinner="dots") if not as_json else contextlib.nullcontext():
-        report = labmod.down(dir_)
+        report = labmod.down(dir_, purge=purge)
     if as_json:
         emit_json(_plain(asdict(report)))
         return

@@ -16,7 +16,6 @@ the lab cannot run (not root, packages missing, cgroups read-only, no TCG boot).
 from __future__ import annotations
 
 import contextlib
-import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -71,7 +70,7 @@ def lab2() -> Iterator[Lab]:
     finally:
         down(d)
         left = lab_leftovers(d, 2)
-        shutil.rmtree(d, ignore_errors=True)
+        down(d, purge=True)
         assert not left, f"lab teardown left: {left}"
 
 

@@ -401,6 +401,9 @@ def test_lab_cli_up_then_down_round_trip() -> None:
         assert r.exit_code == 0, r.output
         assert len(json.loads(r.output)["daemons"]) == 2  # libvirtd + virtlogd
         assert lab_leftovers(d, 1) == []
+        assert (d / "image").is_dir()
+        assert CliRunner().invoke(cli, ["lab", "down", "--dir", str(d), "--purge"]).exit_code == 0
+        assert not d.exists()
     finally:
         down(d)
         shutil.rmtree(d, ignore_errors=True)

@@ -198,18 +198,23 @@ class DownReport:
     partitions: tuple[str, ...]
 
 
-def down(dir: Path | None = None) -> DownReport:
-    """Stop everything the lab in ``dir`` started and remove its state (the image cache stays).
+def down(dir: Path | None = None, purge: bool = False) -> DownReport:
+    """Stop everything the lab in ``dir`` started and remove its state.
 
-    Order matters: guests first through libvirt (a clean ``destroy``), then the
-    daemons, then whatever still runs in the lab's partitions (guests of a lab
+    The image cache (``<dir>/image``) stays unless ``purge``, which removes the
+    whole directory (what a test's throw-away lab dir wants).  Order matters:
+    guests first through libvirt (a clean ``destroy``), then the daemons, then
+    whatever still runs in the lab's partitions or namespaces (guests of a lab
     whose daemons crashed), then the partitions themselves.
     """
     layout = _layout(dir)
     if not layout.root.is_dir():
         return _down(layout)  # nothing to lock; a crashed lab's partitions may still exist
     with _exclusive(layout):
-        return _down(layout)
+        report = _down(layout)
+    if purge:
+        shutil.rmtree(layout.root)
+    return report
 
 
 @contextlib.contextmanager
