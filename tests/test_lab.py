@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ from cli.main import cli
 from hypervisor.lab import Lab, daemons, default_cluster_file, down, status, up
 from hypervisor.lab import cgroups as lab_cgroups
 from hypervisor.lab.guest import guest_xml
+from hypervisor.lab.image import BOOT_MARKER, BUSYBOX, build_initramfs, ensure_image
 from hypervisor.lab.state import (
     GuestImage,
     LabHost,
@@ -172,6 +174,33 @@ def test_host_namespace_is_recognised_when_var_tmp_is_its_own_filesystem() -> No
 def test_the_machines_own_mount_table_is_no_lab_hosts_namespace() -> None:
     binds = daemons.parse_mountinfo_binds(Path("/proc/self/mountinfo").read_text())
     assert not daemons.holds_host_namespace(binds, LabLayout(Path("/var/tmp/vcl-a")), 0)
+
+
+def _newc_members(data: bytes) -> dict[str, tuple[int, bytes]]:
+    """name -> (mode, content) of a newc cpio archive (the initramfs format)."""
+    out: dict[str, tuple[int, bytes]] = {}
+    pos = 0
+    while True:
+        hdr = data[pos:pos + 110]
+        assert hdr[:6] == b"070701"
+        fields = [int(hdr[6 + 8 * i: 14 + 8 * i], 16) for i in range(13)]
+        mode, size, namesize = fields[1], fields[6], fields[11]
+        name = data[pos + 110: pos + 110 + namesize - 1].decode()
+        pos = (pos + 110 + namesize + 3) & ~3
+        if name == "TRAILER!!!":
+            return out
+        out[name] = (mode, data[pos:pos + size])
+        pos = (pos + size + 3) & ~3
+
+
+def test_initramfs_holds_busybox_and_an_executable_init_that_announces_the_boot() -> None:
+    if not BUSYBOX.is_file():
+        pytest.skip(f"{BUSYBOX} missing (busybox-static not installed)")
+    members = _newc_members(gzip.decompress(build_initramfs()))
+    mode, init = members["init"]
+    assert mode & 0o111
+    assert BOOT_MARKER.encode() in init
+    assert members["bin/busybox"][1] == BUSYBOX.read_bytes()
 
 
 def test_guest_xml_is_a_tcg_kernel_boot_in_the_hosts_partition() -> None:
@@ -385,6 +414,15 @@ def test_lab_live_migration_moves_a_running_guest_between_hosts(lab2: Lab) -> No
             assert _cpu_seconds(moved, 1.0) > 0.3  # still running its loop after the move
         finally:
             dst.close()
+
+
+@pytest.mark.lab
+def test_guest_image_is_built_from_the_debian_kernel_package_when_no_cache_has_it(tmp_path: Path) -> None:
+    skip_unless_lab_possible()
+    image = ensure_image(tmp_path / "image", sources=())  # forces `apt-get download`
+    assert image.kernel.read_bytes()[0x202:0x206] == b"HdrS"  # the x86 boot protocol signature of a bzImage
+    assert image.initrd.is_file()
+    assert not [p.name for p in image.kernel.parent.iterdir() if p.name.startswith(".")]  # no temporaries left
 
 
 @pytest.mark.lab

@@ -97,15 +97,14 @@ def download_kernel(dest: Path) -> Path:
                               check=False)
         debs = list(Path(tmp).glob("*.deb"))
         if proc.returncode != 0 or not debs:
-            raise ImageError(f"apt-get download {pkg} failed: {proc.stderr.strip().splitlines()[-1:]}")
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ImageError(f"apt-get download {pkg} failed: {last}")
         x = subprocess.run(["dpkg-deb", "-x", str(debs[0]), tmp + "/x"], capture_output=True, text=True,
                            check=False)
         kernels = sorted(Path(tmp, "x", "boot").glob("vmlinuz-*"))
         if x.returncode != 0 or not kernels:
             raise ImageError(f"{debs[0].name} holds no boot/vmlinuz-* ({x.stderr.strip()})")
-        part = dest.with_suffix(".part")
-        shutil.copyfile(kernels[0], part)
-        os.replace(part, dest)
+        _install(dest, kernels[0].read_bytes())
     return dest
 
 
@@ -121,18 +120,34 @@ def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "
     if not kernel.is_file():
         for src in sources:
             if (src / "vmlinuz").is_file() and src.resolve() != image_dir.resolve():
-                shutil.copyfile(src / "vmlinuz", kernel.with_suffix(".part"))
-                os.replace(kernel.with_suffix(".part"), kernel)
+                _install(kernel, (src / "vmlinuz").read_bytes())
                 break
         else:
             download_kernel(kernel)
     stamp = image_dir / "initrd.recipe"
     recipe = initramfs_recipe()
     if not initrd.is_file() or not stamp.is_file() or stamp.read_text() != recipe:
-        initrd.with_suffix(".part").write_bytes(build_initramfs())
-        os.replace(initrd.with_suffix(".part"), initrd)
-        stamp.write_text(recipe)
+        _install(initrd, build_initramfs())
+        _install(stamp, recipe.encode())
     return GuestImage(kernel=kernel, initrd=initrd)
+
+
+def _install(dest: Path, data: bytes) -> None:
+    """Write ``dest`` atomically through a uniquely named temporary file.
+
+    Several test sessions may build the same cache at once (each guest_boot_check
+    fills the default lab's image dir); a reader then sees the old or the new
+    file, never half of one.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def initramfs_recipe(busybox: Path = BUSYBOX) -> str:
