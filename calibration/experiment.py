@@ -29,6 +29,7 @@ from calibration.stats import (
     ErrorSummary,
     Trace,
     absolute_error,
+    in_band_fraction,
     mean_rate,
     overhead,
     response_time,
@@ -71,6 +72,7 @@ class Config:
     window: float = 0.1
     stride: float = 0.01
     settle: float = SETTLE
+    confirm: float | None = 1.0  # seconds the rate must stay in band to count as settled (None: to the end)
 
     def __post_init__(self) -> None:
         for i, c in enumerate(self.caps):
@@ -90,6 +92,8 @@ class Config:
                 raise InputError(f"steps.{name}: {c:g} is outside (0, 1]")
         if lo >= hi:
             raise InputError(f"steps: low cap {lo:g} must be below high cap {hi:g}")
+        if self.confirm is not None and self.confirm <= 0:
+            raise InputError(f"confirm: {self.confirm:g} s is not positive")
         if self.settle < 0:
             raise InputError(f"settle: {self.settle:g} s is negative")
         if self.window <= 0 or self.window >= self.duration:
@@ -141,6 +145,8 @@ class Step:
     at: float  # seconds from the start of the responsiveness traces
     rate_response: float | None
     share_response: float | None
+    rate_in_band: float | None  # fraction of the hold's windows within the tolerance band
+    share_in_band: float | None
 
 
 @dataclass(frozen=True)
@@ -282,8 +288,15 @@ def run(subjects: Subjects, cfg: Config, backend: str, cpu: int, progress: Progr
     work = _join([w for w, _ in segments], t0)
     cpu_trace = _join([c for _, c in segments], t0)
 
+    confirm = None if cfg.confirm is None else min(cfg.confirm, cfg.duration - cfg.window)
+
     def respond(trace: Trace, at: float, expected: float) -> float | None:
-        return response_time(trace, at, expected, cfg.tolerance, cfg.window, cfg.stride, end=at + cfg.duration)
+        return response_time(
+            trace, at, expected, cfg.tolerance, cfg.window, cfg.stride, end=at + cfg.duration, confirm=confirm
+        )
+
+    def in_band(trace: Trace, at: float, expected: float) -> float | None:
+        return in_band_fraction(trace, at, at + cfg.duration, expected, cfg.tolerance, cfg.window, cfg.stride)
 
     steps = tuple(
         Step(
@@ -292,6 +305,8 @@ def run(subjects: Subjects, cfg: Config, backend: str, cpu: int, progress: Progr
             at=at - t0,
             rate_response=respond(work, at - t0, after * bare.rate),
             share_response=respond(cpu_trace, at - t0, after),
+            rate_in_band=in_band(work, at - t0, after * bare.rate),
+            share_in_band=in_band(cpu_trace, at - t0, after),
         )
         for at, before, after in marks
     )

@@ -38,6 +38,7 @@ def result_to_dict(result: Result, conditions: dict[str, Any] | None = None) -> 
             "tolerance": cfg.tolerance,
             "steps": list(cfg.steps),
             "window_s": cfg.window,
+            "confirm_s": cfg.confirm,
         },
         "conditions": conditions or {},
         "bare": asdict(result.bare),
@@ -72,6 +73,8 @@ def result_to_dict(result: Result, conditions: dict[str, Any] | None = None) -> 
                 "at_s": s.at,
                 "rate_response_s": s.rate_response,
                 "share_response_s": s.share_response,
+                "rate_in_band": s.rate_in_band,
+                "share_in_band": s.share_in_band,
             }
             for s in result.steps
         ],
@@ -93,9 +96,10 @@ def pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.2f}%"
 
 
-def seconds(x: float | None) -> str:
-    """A response time; ``None`` means it never settled within the tolerance during the hold."""
-    return "not settled" if x is None else f"{x:.2f} s"
+def seconds(x: float | None, in_band: float | None = None) -> str:
+    """A response time (and how much of the hold was in band); ``None``: never settled during the hold."""
+    text = "not settled" if x is None else f"{x:.2f} s"
+    return text if in_band is None else f"{text} ({100 * in_band:.0f}% in band)"
 
 
 def summary_rows(result: Result) -> list[tuple[str, str, str, str]]:
@@ -110,7 +114,12 @@ def summary_rows(result: Result) -> list[tuple[str, str, str, str]]:
     for label, steps in (("response, cap up", up), ("response, cap down", down)):
         for s in steps:
             rows.append(
-                (f"{label} {s.from_cap:g}→{s.to_cap:g}", seconds(s.rate_response), seconds(s.share_response), "< 1 s")
+                (
+                    f"{label} {s.from_cap:g}→{s.to_cap:g}",
+                    seconds(s.rate_response, s.rate_in_band),
+                    seconds(s.share_response, s.share_in_band),
+                    "< 1 s",
+                )
             )
     return rows
 
@@ -120,7 +129,8 @@ def markdown(result: Result, conditions: dict[str, Any] | None = None) -> str:
     lines = [
         f"Backend `{result.backend}`, CPU {result.cpu}, {result.config.workers} worker(s) max, "
         f"{result.config.duration:g} s per measurement, tolerance ±{100 * result.config.tolerance:g}%, "
-        f"window {result.config.window:g} s.",
+        f"window {result.config.window:g} s, settled = in band for "
+        f"{'the rest of the hold' if result.config.confirm is None else f'{result.config.confirm:g} s'}.",
     ]
     if conditions:
         lines.append("Conditions: " + ", ".join(f"{k} {v}" for k, v in conditions.items()) + ".")

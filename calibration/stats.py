@@ -97,14 +97,21 @@ def response_time(
     window: float,
     stride: float,
     end: float | None = None,
+    confirm: float | None = None,
 ) -> float | None:
     """Seconds after ``step_at`` from which every ``window``-long rate stays within ±tolerance of ``expected``.
 
     The tolerance is relative to the new expected rate ("within 5% of the new
     expected rate").  Windows start every ``stride`` seconds from ``step_at``
     and look forward, so a response of 0 means the very first window after the
-    change already agreed.  ``None`` means the rate had not settled by ``end``
-    (default, and at the latest: the end of the trace) — reported as such, never as a number.
+    change already agreed.
+
+    "Stays" means until ``end`` (default, and at the latest: the end of the
+    trace) when ``confirm`` is None; otherwise for ``confirm`` seconds of
+    window starts.  The confirmed form lets a later disturbance by other load
+    on a shared CPU not erase a cap that did take effect; ``in_band_fraction``
+    reports how often the rate was out of the band anyway.  ``None`` means it
+    never settled — reported as such, never as a number.
     """
     if expected <= 0:
         raise ValueError(f"expected rate must be positive, got {expected}")
@@ -113,12 +120,30 @@ def response_time(
     if starts.size == 0:
         return None
     bad = np.abs(rates - expected) > tolerance * expected
+    if confirm is not None:
+        need = round(confirm / stride) + 1  # consecutive in-band window starts covering ``confirm`` seconds
+        good_run = 0
+        for k, b in enumerate(bad):
+            good_run = 0 if b else good_run + 1
+            if good_run >= need:
+                return float(starts[k - need + 1] - step_at)
+        return None
     if not bad.any():
         return 0.0
     last_bad = int(np.flatnonzero(bad)[-1])
     if last_bad == starts.size - 1:
         return None
     return float(starts[last_bad + 1] - step_at)
+
+
+def in_band_fraction(
+    trace: Trace, start: float, end: float, expected: float, tolerance: float, window: float, stride: float
+) -> float | None:
+    """Fraction of the ``window``-long rates in ``[start, end]`` within ±tolerance (relative) of ``expected``."""
+    starts, rates = window_rates(trace, start, min(end, trace.times[-1]), window, stride)
+    if starts.size == 0:
+        return None
+    return float(np.mean(np.abs(rates - expected) <= tolerance * expected))
 
 
 @dataclass(frozen=True)

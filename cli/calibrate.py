@@ -108,9 +108,9 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     unsettled = [s for s in result.steps if s.rate_response is None or s.share_response is None]
     if unsettled:
         console.print(
-            f"[yellow]'not settled': the {result.config.window:g} s window rate left the ±"
-            f"{100 * result.config.tolerance:g}% band again before the end of the hold "
-            "(other load on the CPU, or a cap that did not take).[/]"
+            f"[yellow]'not settled': the {result.config.window:g} s window rate never stayed within ±"
+            f"{100 * result.config.tolerance:g}% of the new expected value for {result.config.confirm:g} s "
+            "(other load on the CPU, work per CPU second changing under the cap, or a cap that did not take).[/]"
         )
 
 
@@ -173,6 +173,13 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     help="Averaging window (s) for the response time. Default: 0.1 (one CFS period) for cgroup, 1.0 for libvirt.",
 )
 @click.option(
+    "--confirm",
+    type=click.FloatRange(0, 600, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="A response counts once the rate stayed in the band this long (capped by what the hold allows).",
+)
+@click.option(
     "--cpu",
     type=click.IntRange(0),
     default=None,
@@ -192,6 +199,7 @@ def calibrate_cmd(
     tolerance: float,
     steps: tuple[float, ...],
     window: float | None,
+    confirm: float,
     cpu: int | None,
     as_json: bool,
     as_markdown: bool,
@@ -225,6 +233,7 @@ def calibrate_cmd(
         tolerance=tolerance,
         steps=(steps[0], steps[1]),
         window=window if window is not None else default_window,
+        confirm=confirm,
     )
     from calibration.cgroup_backend import quota_for
 

@@ -18,6 +18,7 @@ from calibration.report import markdown, plot, result_to_dict
 from calibration.stats import (
     Trace,
     absolute_error,
+    in_band_fraction,
     mean_rate,
     overhead,
     response_time,
@@ -254,3 +255,28 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     out = tmp_path / "calib.png"
     plot(result, str(out))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_confirmed_response_ignores_a_disturbance_after_the_rate_held() -> None:
+    # Same trace as above: in band from the step on, a stall 1.0 s later.  Held for 0.5 s: settled at once.
+    t = np.arange(0, 3.0005, 0.001)
+    rate = np.where((t >= 2.0) & (t < 2.1), 0.0, 50.0)
+    work = np.concatenate([[0.0], np.cumsum(rate[:-1] * 0.001)])
+    trace = Trace(tuple(t), tuple(work))
+    assert response_time(trace, 1.0, expected=50.0, tolerance=0.05, window=0.1, stride=0.01, confirm=0.5) == 0.0
+
+
+def test_confirmed_response_needs_the_whole_confirmation_span() -> None:
+    trace = step_trace(before=100.0, after=50.0, step_at=1.0, lag=0.35, duration=3.0)
+    rt = response_time(trace, 1.0, expected=50.0, tolerance=0.05, window=0.1, stride=0.01, confirm=0.5)
+    assert rt == pytest.approx(0.35, abs=0.011)
+    assert response_time(trace, 1.0, expected=50.0, tolerance=0.05, window=0.1, stride=0.01, confirm=5.0) is None
+
+
+def test_in_band_fraction_counts_windows_within_tolerance() -> None:
+    trace = step_trace(before=100.0, after=50.0, step_at=1.0, lag=0.0, duration=3.0)
+    # Windows start at 0.50, 0.51, ..., 1.40 (91 of them); one starting before 0.995 s holds more than
+    # 5 ms of the old rate (2.5/s too much on 50/s) and is out of band: 41 of 91 are in.
+    frac = in_band_fraction(trace, 0.5, 1.5, expected=50.0, tolerance=0.05, window=0.1, stride=0.01)
+    assert frac is not None
+    assert frac == pytest.approx(41 / 91, abs=0.012)
