@@ -42,13 +42,10 @@ def mcb_kernel() -> str:
         mcb = importlib.import_module("vcsched.mcb")
     except ModuleNotFoundError:
         return "vcsched.mcb not installed"
-    for attr in ("KERNEL", "kernel_name", "C_KERNEL", "HAVE_C_KERNEL", "USING_C_KERNEL"):
-        value = getattr(mcb, attr, None)
-        if callable(value):
-            value = value()
-        if value is not None:
-            return f"{attr}={value}"
-    return "not reported by vcsched.mcb"
+    backend = getattr(mcb, "DEFAULT_BACKEND", None)  # "c" when vcsched._mcbc is built, else "python"
+    if backend is None:
+        return "not reported by vcsched.mcb"
+    return "C (vcsched._mcbc)" if backend == "c" else f"{backend} (C kernel not built)"
 
 
 @dataclass(frozen=True)
