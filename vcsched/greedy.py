@@ -1,0 +1,176 @@
+"""Greedy placement with and without backtracking: GR, SG, GB, SGB (paper section 3.3).
+
+GR takes the tasks in the given order (a parallel job's tasks are separate
+tasks, numbered job by job) and puts each on the host with the least CPU
+load where its memory fits, ties going to the lowest host index.  SG does the
+same after a stable sort by memory, largest first, so that the awkward tasks
+go while there is still room.  CPU never makes a placement fail (it only
+lowers the yield); memory does, so GR/SG fail when a task fits nowhere.
+
+*Load* is the sum of the CPU needs (``alpha``) already on the host, divided by
+the host's CPU capacity ``C_h``.  The paper has identical unit hosts, where
+the division changes nothing; for heterogeneous hosts ``load / C_h`` is what
+the host's yield depends on (``min(1, C_h / load)``, see :mod:`vcsched.yields`),
+so the greedy keeps balancing the quantity the objective cares about.
+
+GB and SGB run GR's and SG's choices as a depth-first search: when a task
+fits nowhere they go back to the latest task that still has an untried host
+(hosts tried in the greedy's order at that point) and continue from there.
+The search is bounded by ``options.max_attempts`` placement attempts (one
+attempt = one task put on one host; the paper uses 500,000).  The search is
+an explicit stack, not recursion: 500-task instances would overflow Python's
+recursion limit, and the loop below touches only plain lists.
+
+Pruning of equivalent hosts.  At one depth, two candidate hosts with the
+same capacities (C_h, M_h) and the same current CPU and memory loads (exact
+float equality, in practice: two empty identical hosts) lead to isomorphic
+subtrees: relabelling the two hosts maps every completion of one onto a
+completion of the other with the same memory feasibility.  So if the first
+subtree is exhausted without success, the second one would be too; skipping
+it changes neither whether the search succeeds nor which placement it
+returns first, only how many attempts it spends.  Because attempts spent on
+duplicates are saved, the pruned search reaches further within the same
+bound than the paper's unpruned one; the ``attempts`` count in the result's
+``detail`` is the number actually made.  When the search runs out of choices
+before the bound, the instance is proved memory-infeasible (``exhausted``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vcsched.model import Instance, SolveOptions
+from vcsched.registry import Placement, Placer, register
+from vcsched.yields import MEMORY_TOLERANCE
+
+
+def task_order(instance: Instance, *, sort_by_memory: bool) -> list[int]:
+    """GR's order (as given) or SG's (memory descending, stable so equal memory keeps the given order)."""
+    if not sort_by_memory:
+        return list(range(instance.n_tasks))
+    return [int(t) for t in np.argsort(-instance.task_mem, kind="stable")]
+
+
+def greedy(instance: Instance, order: list[int]) -> np.ndarray | None:
+    """One greedy pass: each task on the least-loaded host where its memory fits; None if one fits nowhere."""
+    n_hosts = instance.n_hosts
+    cap_cpu = instance.host_cpu.tolist()
+    free_mem = (instance.host_mem + MEMORY_TOLERANCE).tolist()
+    alpha = instance.task_alpha.tolist()
+    mem = instance.task_mem.tolist()
+    load = [0.0] * n_hosts  # CPU need placed, relative to capacity
+    hosts = np.empty(instance.n_tasks, dtype=np.int64)
+    for t in order:
+        m = mem[t]
+        best = -1
+        best_load = 0.0
+        for h in range(n_hosts):
+            if free_mem[h] >= m and (best < 0 or load[h] < best_load):
+                best, best_load = h, load[h]
+        if best < 0:
+            return None
+        hosts[t] = best
+        free_mem[best] -= m
+        load[best] += alpha[t] / cap_cpu[best]
+    return hosts
+
+
+def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tuple[np.ndarray | None, int, bool]:
+    """Depth-first search over the greedy's host choices.
+
+    Returns ``(hosts or None, attempts made, exhausted)``; ``exhausted`` is True
+    when every choice was tried, i.e. no memory-feasible placement exists.
+    """
+    n_tasks, n_hosts = len(order), instance.n_hosts
+    if n_tasks == 0:
+        return np.empty(0, dtype=np.int64), 0, True
+    cap_cpu = instance.host_cpu.tolist()
+    cap_mem = instance.host_mem.tolist()
+    free_mem = (instance.host_mem + MEMORY_TOLERANCE).tolist()
+    alpha = instance.task_alpha.tolist()
+    mem = instance.task_mem.tolist()
+    need = [alpha[t] / cap_cpu[h] for t in range(instance.n_tasks) for h in range(n_hosts)]  # t*H + h
+    load = [0.0] * n_hosts
+    host_range = range(n_hosts)
+
+    def candidates(m: float) -> list[int]:
+        """Hosts where memory ``m`` fits, in greedy order, one per class of equivalent hosts."""
+        fit = sorted((load[h], h) for h in host_range if free_mem[h] >= m)
+        out: list[int] = []
+        seen: set[tuple[float, float, float, float]] = set()
+        for _, h in fit:
+            state = (cap_cpu[h], cap_mem[h], load[h], free_mem[h])
+            if state not in seen:
+                seen.add(state)
+                out.append(h)
+        return out
+
+    chosen = [0] * n_tasks  # host of the task at each depth
+    cands: list[list[int]] = [candidates(mem[order[0]])]
+    pos = [0]
+    depth = 0
+    attempts = 0
+    while True:
+        level = cands[depth]
+        p = pos[depth]
+        if p < len(level):
+            if attempts >= max_attempts:
+                return None, attempts, False
+            h = level[p]
+            pos[depth] = p + 1
+            t = order[depth]
+            attempts += 1
+            free_mem[h] -= mem[t]
+            load[h] += need[t * n_hosts + h]
+            chosen[depth] = h
+            depth += 1
+            if depth == n_tasks:
+                hosts = np.empty(instance.n_tasks, dtype=np.int64)
+                hosts[order] = chosen
+                return hosts, attempts, False
+            if len(cands) > depth:
+                cands[depth] = candidates(mem[order[depth]])
+                pos[depth] = 0
+            else:
+                cands.append(candidates(mem[order[depth]]))
+                pos.append(0)
+        else:
+            depth -= 1
+            if depth < 0:
+                return None, attempts, True
+            h = chosen[depth]
+            t = order[depth]
+            free_mem[h] += mem[t]
+            load[h] -= need[t * n_hosts + h]
+
+
+def _greedy_placer(sort_by_memory: bool) -> Placer:
+    def place(instance: Instance, options: SolveOptions) -> Placement:
+        hosts = greedy(instance, task_order(instance, sort_by_memory=sort_by_memory))
+        return Placement(hosts=hosts)
+
+    return place
+
+
+def _backtracking_placer(sort_by_memory: bool) -> Placer:
+    def place(instance: Instance, options: SolveOptions) -> Placement:
+        order = task_order(instance, sort_by_memory=sort_by_memory)
+        hosts, attempts, exhausted = backtracking(instance, order, options.max_attempts)
+        detail: dict[str, object] = {"attempts": attempts, "max_attempts": options.max_attempts}
+        if hosts is None:
+            detail["stopped"] = "no memory-feasible placement exists" if exhausted else "attempt bound reached"
+        return Placement(hosts=hosts, detail=detail)
+
+    return place
+
+
+register("gr", "greedy: tasks in given order, each on the least CPU-loaded host where memory fits (sec. 3.3)")(
+    _greedy_placer(False)
+)
+register("sg", "sorted greedy: GR after sorting tasks by memory, largest first (sec. 3.3)")(_greedy_placer(True))
+register("gb", "greedy with depth-first backtracking, bounded by --max-attempts (sec. 3.3)")(
+    _backtracking_placer(False)
+)
+register("sgb", "sorted greedy with depth-first backtracking, bounded by --max-attempts (sec. 3.3)")(
+    _backtracking_placer(True)
+)
