@@ -55,7 +55,8 @@ def default_algorithms(set_name: str) -> list[str]:
 
 CHECKPOINT_S = 60.0
 # Run parameters that must match for --resume to reuse earlier records.
-RESUME_KEYS = ("set", "instances_per_spec", "tasks", "seed", "algorithms", "time_limit")
+# (More instances per family or more task counts are fine: seeds do not depend on them.)
+RESUME_KEYS = ("set", "seed", "algorithms", "time_limit")
 
 
 def save_records(path: Path, meta: dict[str, Any], records: list[Record]) -> None:
@@ -75,8 +76,12 @@ def load_previous(path: Path, meta: dict[str, Any]) -> list[Record]:
         if old.get(key) != meta[key]:
             raise InputError(f"--resume: {path} was made with {key}={old.get(key)!r}, this run has "
                              f"{key}={meta[key]!r}; use another --output")
+    if int(old.get("instances_per_spec", 0)) > meta["instances_per_spec"]:
+        raise InputError(f"--resume: {path} has {old.get('instances_per_spec')} instances per family, more than "
+                         f"this run's {meta['instances_per_spec']}; use at least as many")
     meta["wall_s"] = float(old.get("wall_s", 0.0))
-    records = [Record.from_dict(r) for r in doc.get("records", [])]
+    wanted = set(meta["tasks"])
+    records = [r for r in (Record.from_dict(x) for x in doc.get("records", [])) if r.tasks in wanted]
     per_instance: dict[tuple[str, int, int], int] = {}
     for r in records:
         per_instance[r.key] = per_instance.get(r.key, 0) + 1
@@ -151,8 +156,9 @@ def write_plots(records: list[Record], names: list[str], out_dir: Path) -> list[
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Run seed; every instance gets its own seed derived from it.")
 @click.option("--resume", is_flag=True,
-              help="Keep the instances already in DIR/records.json (same set, seed, algorithms, limits) and run "
-                   "only the rest.  Results are saved every minute, so an interrupted run can be resumed.")
+              help="Keep the instances already in DIR/records.json (same set, seed, algorithms, time limit) and "
+                   "run only the rest: resumes an interrupted run (results are saved every minute) or extends "
+                   "one with more instances per family or more task counts.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (degradation table) on stdout.")
 def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | None, exclude: str | None,
                    tasks_opt: str | None, jobs: int | None, output: str | None, time_limit: float, seed: int,

@@ -74,6 +74,13 @@ def test_every_instance_gets_its_own_reproducible_seed() -> None:
     assert items[0].seed != work_items("small", 3, ["lpbound"], seed=12)[0].seed
 
 
+def test_a_reduced_run_is_a_subset_of_the_full_run() -> None:
+    full = {(i.spec_index, i.instance): i.seed for i in work_items("large", 3, ["lpbound"])}
+    part = work_items("large", 2, ["lpbound"], tasks=[250])
+    assert {i.spec.tasks for i in part} == {250}
+    assert all(full[(i.spec_index, i.instance)] == i.seed for i in part)
+
+
 # ------------------------------------------------------------------ degradation arithmetic
 
 
@@ -276,6 +283,19 @@ def test_resume_runs_only_the_instances_missing_from_records(tmp_path: Path, toy
 
     assert results(again["records"]) == results(first)  # same seeds, same deterministic placer, same order
     assert again["records"][:40] == first[:40]  # the kept instances were not re-run
+
+
+def test_resume_extends_a_run_with_more_instances_per_family(tmp_path: Path, toy_algorithms: None) -> None:
+    args = ["experiment", "small", "--tasks", "6", "-a", "test-ff", "-j", "1", "-o", str(tmp_path)]
+    assert CliRunner().invoke(cli, [*args, "-n", "1"]).exit_code == 0
+    r = CliRunner().invoke(cli, [*args, "-n", "2", "--resume"])
+    assert r.exit_code == 0, r.output
+    assert "36 instances run" in r.stdout
+    doc = json.loads((tmp_path / "records.json").read_text())
+    assert sorted({(x["spec_index"], x["instance"]) for x in doc["records"]}) == sorted(
+        (i.spec_index, i.instance) for i in work_items("small", 2, ["test-ff"], tasks=[6]))
+    fewer = CliRunner().invoke(cli, [*args, "-n", "1", "--resume"])
+    assert fewer.exit_code == 2 and "instances per family" in fewer.stderr
 
 
 def test_resume_refuses_records_of_a_different_run(tmp_path: Path, toy_algorithms: None) -> None:

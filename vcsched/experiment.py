@@ -106,13 +106,21 @@ def work_items(
     time_limit: float | None = None,
     tasks: Sequence[int] | None = None,
 ) -> list[WorkItem]:
+    """Items numbered by the family's place in the *full* set and the instance number.
+
+    Seeds depend only on (run seed, family, instance number), so a reduced set
+    (``tasks``) or fewer instances per family are subsets of the full run, and
+    a run can later be extended with more instances.
+    """
     if n_instances < 1:
         raise InputError(f"instances: {n_instances} must be at least 1")
     if not algorithms:
         raise InputError("algorithms: at least one algorithm is needed")
+    specs(set_name, tasks)  # validates the task counts
     return [
         WorkItem(set_name, i, k, spec, instance_seed(seed, i, k), tuple(algorithms), time_limit)
-        for i, spec in enumerate(specs(set_name, tasks))
+        for i, spec in enumerate(specs(set_name))
+        if tasks is None or spec.tasks in tasks
         for k in range(n_instances)
     ]
 
