@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cli.adapt import solve_adapt_cmd
 from cli.app import cli
 from cli.bench import bench_cmd
 from cli.calibrate import calibrate_cmd
@@ -16,6 +17,7 @@ cli.add_command(lab_cmd)
 cli.add_command(experiment_cmd)
 cli.add_command(bench_cmd)
 cli.add_command(calibrate_cmd)
+cli.add_command(solve_adapt_cmd)
 
 
 def main() -> None:

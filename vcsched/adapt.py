@@ -1,0 +1,516 @@
+"""Adapting a running cluster under a migration byte budget (paper section 6.1, model.md section 5).
+
+Some tasks already run: ``current[t]`` is the host task ``t`` runs on, or -1
+for a new arrival (departed jobs are simply absent).  Moving a running task
+costs its memory size in bytes (a live migration copies at least that much);
+placing a new arrival costs nothing.  The total cost of the new placement must
+stay within ``budget`` bytes.  Budget 0 keeps every running task where it is
+and only re-caps CPU; a budget of at least the total running bytes allows a
+free re-placement.
+
+The paper solves this only as a MILP (:mod:`vcsched.adapt_milp`) and leaves
+heuristics to future work.  :func:`adapt_heuristic` is ours:
+
+1. keep every running task where it is (evicting the cheapest tasks per unit
+   of memory from hosts whose memory is over capacity, which costs bytes);
+2. place new arrivals (and evicted tasks) into the *residual* capacity, with
+   the better of an MCB8 packing (section 3.2, binary search on the yield)
+   and a "least relative load" greedy;
+3. improvement moves: repeatedly take a task off the bottleneck host (the one
+   that sets the minimum yield) to the host and task that buy the most yield
+   per migrated byte, until nothing improves within the budget; moves after
+   the last one that raised the minimum yield are dropped (they cost bytes
+   and bought nothing);
+4. compute a from-scratch MCB8 placement, relabel its hosts and tasks to
+   overlap the current placement as much as possible, and take it instead
+   when its cost fits the budget and it gives a higher yield (or the same
+   yield for fewer bytes).
+
+Everything here is pure: problems in, placements and migration lists out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from vcsched.errors import InputError
+from vcsched.instance import instance_from_dict
+from vcsched.model import Instance, SolveOptions, SolveResult
+from vcsched.validate import check_allocation
+from vcsched.yields import MEMORY_TOLERANCE, allocate, fits_in_memory, placement_min_yield
+
+GIB = 1 << 30
+DEFAULT_HOST_MEMORY_BYTES = GIB  # bytes of one reference-host memory unit when the instance does not say
+UNLIMITED = (1 << 63) - 1  # a budget no cluster reaches: free re-placement
+ALGORITHMS = ("heuristic", "milp")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+               "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40,
+               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_YIELD_EPS = 1e-9
+
+
+def parse_bytes(where: str, value: Any) -> int:
+    """A byte count: a whole number, or a size such as "2GiB", "512MiB", "1.5GiB" ("unlimited" allowed).
+
+    Binary suffixes (KiB, MiB, GiB, TiB; K/M/G/T alike) are powers of 1024,
+    decimal ones (KB, MB, GB, TB) powers of 1000, as libvirt and IEC use them.
+    """
+    if isinstance(value, bool):
+        raise InputError(f"{where}: expected a byte count, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise InputError(f"{where}: {value} bytes is negative")
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("unlimited", "inf", "infinity"):
+            return UNLIMITED
+        m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*([a-z]*)", text)
+        if m and m.group(2) in _SIZE_UNITS:
+            n = float(m.group(1)) * _SIZE_UNITS[m.group(2)]
+            if math.isfinite(n) and n < UNLIMITED:
+                return round(n)
+    raise InputError(f"{where}: {value!r} is not a byte count (e.g. 1073741824, 2GiB, 512MiB, unlimited)")
+
+
+@dataclass(frozen=True)
+class AdaptProblem:
+    """The section 6.1 problem: an instance, where its tasks run now, what moving each costs, the budget.
+
+    ``current[t]`` is a host index or -1 (new arrival); ``task_bytes[t]`` the
+    bytes moving task ``t`` costs (all tasks of a job are equal).
+    """
+
+    instance: Instance
+    current: np.ndarray
+    task_bytes: np.ndarray
+    budget: int
+
+    def __post_init__(self) -> None:
+        n = self.instance.n_tasks
+        if self.current.shape != (n,) or self.task_bytes.shape != (n,):
+            raise InputError(f"adaptation problem: {n} tasks but {self.current.shape} current hosts "
+                             f"and {self.task_bytes.shape} byte sizes")
+        if self.budget < 0:
+            raise InputError(f"budget: {self.budget} bytes is negative")
+
+    @property
+    def running(self) -> np.ndarray:
+        """Mask of tasks that run now (moving them costs bytes)."""
+        return self.current >= 0
+
+    def with_budget(self, budget: int) -> AdaptProblem:
+        return AdaptProblem(self.instance, self.current, self.task_bytes, budget)
+
+
+def move_cost(problem: AdaptProblem, hosts: np.ndarray) -> int:
+    """Bytes migrated to go from ``problem.current`` to ``hosts``: running tasks that change host."""
+    moved = problem.running & (np.asarray(hosts) != problem.current)
+    return int(problem.task_bytes[moved].sum())
+
+
+@dataclass(frozen=True)
+class Migration:
+    job: str
+    task: int
+    source: int
+    target: int
+    bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "task": self.task, "from": self.source, "to": self.target, "bytes": self.bytes}
+
+
+def migrations(problem: AdaptProblem, hosts: np.ndarray) -> list[Migration]:
+    """The live migrations a placement asks for, in task order."""
+    inst = problem.instance
+    out = []
+    for t in np.flatnonzero(problem.running & (np.asarray(hosts) != problem.current)):
+        j = int(inst.task_job[t])
+        out.append(Migration(inst.jobs[j].name, int(t - inst.job_first_task[j]), int(problem.current[t]),
+                             int(hosts[t]), int(problem.task_bytes[t])))
+    return out
+
+
+@dataclass(frozen=True)
+class AdaptResult:
+    """A :class:`SolveResult` plus the migrations it needs and their total bytes."""
+
+    result: SolveResult
+    migrations: tuple[Migration, ...] = ()
+    migrated_bytes: int = 0
+    detail: dict[str, object] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+ADAPT_TOP_FIELDS = frozenset({"host_memory_bytes"})
+ADAPT_JOB_FIELDS = frozenset({"current", "memory_bytes"})
+
+
+def problem_from_dict(raw: Any, budget: int) -> AdaptProblem:
+    """Parse the ``solve`` instance format extended with ``current``/``memory_bytes`` per job.
+
+    ``current`` lists a host index or null per task (null: a new arrival);
+    a job without it is all new.  ``memory_bytes`` is what moving one task
+    costs; it defaults to the job's memory fraction times the instance's
+    ``host_memory_bytes`` (default 1 GiB per reference host).
+    """
+    instance = instance_from_dict(raw, extra_top=ADAPT_TOP_FIELDS, extra_job=ADAPT_JOB_FIELDS)
+    assert isinstance(raw, Mapping)  # instance_from_dict checked it
+    host_bytes = DEFAULT_HOST_MEMORY_BYTES
+    if "host_memory_bytes" in raw:
+        host_bytes = parse_bytes("host_memory_bytes", raw["host_memory_bytes"])
+        if host_bytes == 0:
+            raise InputError("host_memory_bytes: must be above 0")
+    current = np.full(instance.n_tasks, -1, dtype=np.int64)
+    task_bytes = np.zeros(instance.n_tasks, dtype=np.int64)
+    for j, (job, raw_job) in enumerate(zip(instance.jobs, raw["jobs"], strict=True)):
+        first = int(instance.job_first_task[j])
+        where = f"jobs[{j}]"
+        if "memory_bytes" in raw_job:
+            b = parse_bytes(f"{where}.memory_bytes", raw_job["memory_bytes"])
+        else:
+            b = round(job.memory * host_bytes)
+        task_bytes[first:first + job.tasks] = b
+        cur = raw_job.get("current")
+        if cur is None:
+            continue
+        if not isinstance(cur, list) or len(cur) != job.tasks:
+            raise InputError(f"{where}.current: expected a list of {job.tasks} host indices or nulls, got {cur!r}")
+        for t, h in enumerate(cur):
+            if h is None:
+                continue
+            if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < instance.n_hosts:
+                raise InputError(f"{where}.current[{t}]: {h!r} is not a host index in 0..{instance.n_hosts - 1}")
+            current[first + t] = h
+    return AdaptProblem(instance, current, task_bytes, budget)
+
+
+# ---------------------------------------------------------------------------------------------- packing
+
+def mcb8_probe(cpu_free: np.ndarray, mem_free: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray | None:
+    """One MCB8 probe (section 3.2) into given free capacities: a host per item, or None when one does not fit.
+
+    Items are split into a CPU-heavy and a memory-heavy list, each sorted by
+    ``max(cpu, mem)`` descending; hosts are filled one at a time, looking
+    first in the list that goes against the host's current imbalance.
+    """
+    n = len(cpu)
+    out = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return out
+    key = np.maximum(cpu, mem)
+    order = np.argsort(-key, kind="stable")
+    heavy = cpu[order] > mem[order]
+    lists = [order[heavy], order[~heavy]]  # [cpu-heavy, memory-heavy]
+    left = [np.ones(len(lst), dtype=bool) for lst in lists]
+    lcpu = [cpu[lst] for lst in lists]
+    lmem = [mem[lst] for lst in lists]
+    remaining = n
+    for h in range(len(cpu_free)):
+        cf, mf = float(cpu_free[h]), float(mem_free[h])
+        while remaining:
+            first = 0 if cf > mf else 1
+            placed = False
+            for k in (first, 1 - first):
+                if not len(lists[k]):
+                    continue
+                ok = left[k] & (lcpu[k] <= cf + 1e-12) & (lmem[k] <= mf + MEMORY_TOLERANCE)
+                i = int(np.argmax(ok))
+                if ok[i]:
+                    left[k][i] = False
+                    out[lists[k][i]] = h
+                    cf -= float(lcpu[k][i])
+                    mf -= float(lmem[k][i])
+                    remaining -= 1
+                    placed = True
+                    break
+            if not placed:
+                break
+        if not remaining:
+            return out
+    return None
+
+
+def _yield_of(instance: Instance, cpu_load: np.ndarray) -> float:
+    used = cpu_load > 0
+    if not used.any():
+        return 1.0
+    return float(min(1.0, np.min(instance.host_cpu[used] / cpu_load[used])))
+
+
+def pack_residual(
+    instance: Instance, hosts: np.ndarray, pool: np.ndarray, precision: float = 1e-4
+) -> np.ndarray | None:
+    """Place the ``pool`` tasks around the fixed tasks of ``hosts`` (entries of ``pool`` ignored there).
+
+    Binary search on the yield ``Y`` (section 3.2): a probe packs the pool
+    with CPU ``Y * alpha`` into what the fixed tasks leave at that ``Y``.  The
+    "least relative load" greedy is also tried and the better kept.
+    """
+    fixed = np.ones(instance.n_tasks, dtype=bool)
+    fixed[pool] = False
+    base_h = hosts[fixed]
+    cpu_load = np.bincount(base_h, weights=instance.task_alpha[fixed], minlength=instance.n_hosts)
+    mem_load = np.bincount(base_h, weights=instance.task_mem[fixed], minlength=instance.n_hosts)
+    if len(pool) == 0:
+        return hosts.copy()
+    alpha, mem = instance.task_alpha[pool], instance.task_mem[pool]
+    mem_free = instance.host_mem - mem_load
+    candidates = []
+
+    # Least relative load: biggest CPU need first, onto the host where it lowers the yield least.
+    greedy = hosts.copy()
+    load, mfree = cpu_load.copy(), mem_free.copy()
+    ok = True
+    for i in np.argsort(-alpha, kind="stable"):
+        room = mfree >= mem[i] - MEMORY_TOLERANCE
+        if not room.any():
+            ok = False
+            break
+        ratio = np.where(room, instance.host_cpu / (load + alpha[i]), -np.inf)
+        h = int(np.argmax(ratio))
+        greedy[pool[i]] = h
+        load[h] += alpha[i]
+        mfree[h] -= mem[i]
+    if ok:
+        candidates.append(greedy)
+
+    # MCB8 on the residual capacities, binary search on Y.
+    # Upper end: what the fixed tasks allow, and the LP bound of section 3.1 for the whole instance.
+    hi = min(_yield_of(instance, cpu_load), float(instance.host_cpu.sum() / instance.task_alpha.sum()))
+    lo, best = 0.0, None
+    y = hi
+    while True:
+        cpu_free = np.maximum(instance.host_cpu - y * cpu_load, 0.0)
+        got = mcb8_probe(cpu_free, mem_free, y * alpha, mem)
+        if got is not None:
+            best, lo = got, y
+        else:
+            hi = y
+        if best is not None and hi - lo <= precision:
+            break
+        if best is None and y <= precision:  # not even the smallest yield packs: memory does not fit
+            break
+        y = (lo + hi) / 2
+    if best is not None:
+        packed = hosts.copy()
+        packed[pool] = best
+        candidates.append(packed)
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: placement_min_yield(instance, c))
+
+
+def mcb8_from_scratch(instance: Instance, precision: float = 1e-4) -> np.ndarray | None:
+    """A full MCB8 placement: the registry's ``mcb8`` when it is installed, else our residual packer on empty hosts."""
+    from vcsched import registry
+
+    algo = registry.algorithms().get("mcb8")
+    if algo is not None:
+        got = algo.placer(instance, SolveOptions(precision=precision)).hosts
+        return None if got is None else np.asarray(got, dtype=np.int64)
+    empty = np.zeros(instance.n_tasks, dtype=np.int64)
+    return pack_residual(instance, empty, np.arange(instance.n_tasks), precision)
+
+
+def align_to_current(problem: AdaptProblem, target: np.ndarray) -> np.ndarray:
+    """Relabel ``target`` so that it moves as few bytes as possible away from ``problem.current``.
+
+    Hosts of equal capacity are interchangeable, so a placement computed from
+    scratch can be renamed host for host (an assignment problem on the bytes
+    that would stay), and the tasks of one job are interchangeable, so each
+    job keeps as many tasks as possible where they already are.
+    """
+    inst = problem.instance
+    target = np.asarray(target, dtype=np.int64).copy()
+    run = problem.running
+    # 1. Host relabelling within classes of equal (cpu, memory).
+    stay = np.zeros((inst.n_hosts, inst.n_hosts))  # [target host, current host] -> bytes
+    np.add.at(stay, (target[run], problem.current[run]), problem.task_bytes[run].astype(float))
+    rename = np.arange(inst.n_hosts)
+    classes: dict[tuple[float, float], list[int]] = {}
+    for h, host in enumerate(inst.hosts):
+        classes.setdefault((host.cpu, host.memory), []).append(h)
+    for members in classes.values():
+        if len(members) < 2:
+            continue
+        idx = np.array(members)
+        rows, cols = linear_sum_assignment(stay[np.ix_(idx, idx)], maximize=True)
+        rename[idx[rows]] = idx[cols]
+    target = rename[target]
+    # 2. Within each parallel job, keep tasks on hosts the job still uses there.
+    for j, job in enumerate(inst.jobs):
+        if job.tasks == 1:
+            continue
+        first = int(inst.job_first_task[j])
+        sl = slice(first, first + job.tasks)
+        cur, tgt = problem.current[sl], target[sl]
+        slots: dict[int, int] = {}
+        for h in tgt:
+            slots[int(h)] = slots.get(int(h), 0) + 1
+        new = np.full(job.tasks, -1, dtype=np.int64)
+        for t in np.argsort(cur < 0, kind="stable"):  # running tasks first
+            c = int(cur[t])
+            if c >= 0 and slots.get(c, 0) > 0:
+                new[t] = c
+                slots[c] -= 1
+        rest = [h for h, k in slots.items() for _ in range(k)]
+        new[new < 0] = rest
+        target[sl] = new
+    return target
+
+
+# ---------------------------------------------------------------------------------------------- heuristic
+
+def _evict_overfull(problem: AdaptProblem) -> np.ndarray:
+    """Running tasks to take off hosts whose memory is over capacity, cheapest bytes per unit of memory first.
+
+    This only happens when host capacities shrank since the tasks were placed
+    (a host reserved more memory); the evicted tasks must migrate.
+    """
+    inst = problem.instance
+    run = problem.running
+    mem_load = np.bincount(problem.current[run], weights=inst.task_mem[run], minlength=inst.n_hosts)
+    evicted: list[int] = []
+    for h in np.flatnonzero(mem_load > inst.host_mem + MEMORY_TOLERANCE):
+        on = np.flatnonzero(problem.current == h)
+        order = on[np.argsort(problem.task_bytes[on] / inst.task_mem[on], kind="stable")]
+        excess = mem_load[h] - inst.host_mem[h]
+        for t in order:
+            if excess <= MEMORY_TOLERANCE:
+                break
+            evicted.append(int(t))
+            excess -= inst.task_mem[t]
+    return np.array(evicted, dtype=np.int64)
+
+
+def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = None) -> np.ndarray:
+    """Improvement moves off the bottleneck host, best yield gain per migrated byte first, within the budget.
+
+    A move takes task ``t`` from the host ``b`` that sets the minimum yield to
+    a host ``h`` with memory room; its gain is how much it raises ``b``'s
+    yield without pushing ``h`` below the old level, its cost the change in
+    migrated bytes (moving a task back to where it runs now refunds it, and
+    new arrivals move for free).  Moves after the last one that raised the
+    global minimum yield are undone: they spent bytes for nothing.
+    """
+    inst = problem.instance
+    hosts = np.asarray(hosts, dtype=np.int64).copy()
+    cap_cpu, cap_mem = inst.host_cpu, inst.host_mem
+    load = np.bincount(hosts, weights=inst.task_alpha, minlength=inst.n_hosts)
+    mem = np.bincount(hosts, weights=inst.task_mem, minlength=inst.n_hosts)
+    spent = move_cost(problem, hosts)
+    budget = problem.budget
+    history: list[tuple[int, int, int]] = []  # (task, from, to)
+    best_y, best_len = _yield_of(inst, load), 0
+    limit = max_moves if max_moves is not None else 4 * inst.n_tasks + 100
+    host_ids = np.arange(inst.n_hosts)
+    while len(history) < limit:
+        with np.errstate(divide="ignore"):
+            ratio = np.where(load > 0, cap_cpu / load, np.inf)
+        b = int(np.argmin(ratio))
+        y_b = float(ratio[b])
+        if y_b >= 1.0:
+            break
+        on = np.flatnonzero(hosts == b)
+        a = inst.task_alpha[on][:, None]
+        m = inst.task_mem[on][:, None]
+        tb = problem.task_bytes[on][:, None].astype(float)
+        cur = problem.current[on][:, None]
+        running = cur >= 0
+        dest = host_ids[None, :]
+        cost_now = np.where(running & (cur != b), tb, 0.0)
+        cost_new = np.where(running & (cur != dest), tb, 0.0)
+        dc = cost_new - cost_now
+        with np.errstate(divide="ignore"):
+            after_b = np.where(load[b] - a > 1e-12, cap_cpu[b] / (load[b] - a), np.inf)
+        after_h = cap_cpu[None, :] / (load[None, :] + a)
+        gain = np.minimum(np.minimum(after_b, after_h), 1.0) - y_b
+        ok = ((mem[None, :] + m <= cap_mem[None, :] + MEMORY_TOLERANCE) & (dest != b)
+              & (spent + dc <= budget) & (gain > _YIELD_EPS))
+        if not ok.any():
+            break
+        free = ok & (dc <= 0)
+        # Free moves (new arrivals, returns home) first: most gain, then the largest refund.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            score = np.where(free, gain - 1e-15 * dc, -np.inf) if free.any() else np.where(ok, gain / dc, -np.inf)
+        i, h = np.unravel_index(int(np.argmax(score)), score.shape)
+        t = int(on[i])
+        hosts[t] = h
+        load[b] -= inst.task_alpha[t]
+        load[h] += inst.task_alpha[t]
+        mem[b] -= inst.task_mem[t]
+        mem[h] += inst.task_mem[t]
+        spent += int(dc[i, h])
+        history.append((t, b, int(h)))
+        y = _yield_of(inst, load)
+        if y > best_y + _YIELD_EPS:
+            best_y, best_len = y, len(history)
+    for t, src, _ in reversed(history[best_len:]):
+        hosts[t] = src
+    return hosts
+
+
+def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4) -> tuple[np.ndarray | None, dict[str, object]]:
+    """Our heuristic for section 6.1 (see the module docstring); returns a placement or None, and details."""
+    inst = problem.instance
+    evicted = _evict_overfull(problem)
+    pool = np.concatenate((np.flatnonzero(~problem.running), evicted)).astype(np.int64)
+    candidates: list[tuple[str, np.ndarray]] = []
+    if int(problem.task_bytes[evicted].sum()) <= problem.budget:
+        placed = pack_residual(inst, problem.current.clip(min=0), pool, precision)
+        if placed is not None and move_cost(problem, placed) <= problem.budget:
+            candidates.append(("incremental", improve(problem, placed)))
+    scratch = mcb8_from_scratch(inst, precision)
+    if scratch is not None:
+        aligned = align_to_current(problem, scratch)
+        if move_cost(problem, aligned) <= problem.budget:
+            candidates.append(("scratch", aligned))
+    if not candidates:
+        return None, {"path": "none"}
+    name, best = max(candidates, key=lambda c: (round(placement_min_yield(inst, c[1]), 9), -move_cost(problem, c[1])))
+    return best, {"path": name}
+
+
+# ---------------------------------------------------------------------------------------------- solving
+
+def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
+                options: SolveOptions | None = None) -> AdaptResult:
+    """Solve the adaptation problem with ``heuristic`` or ``milp``; the allocation is validated."""
+    options = options or SolveOptions()
+    if algorithm not in ALGORITHMS:
+        raise InputError(f"algorithm: unknown adaptation algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+    inst = problem.instance
+    start = time.perf_counter()
+    optimal: bool | None = None
+    if algorithm == "milp":
+        from vcsched.adapt_milp import adapt_milp
+
+        hosts, optimal, detail = adapt_milp(problem, options)
+    else:
+        hosts, detail = adapt_heuristic(problem, options.precision)
+    if hosts is None:
+        runtime = time.perf_counter() - start
+        return AdaptResult(SolveResult(algorithm, False, None, None, None, runtime, optimal, detail=detail))
+    hosts = np.asarray(hosts, dtype=np.int64)
+    if not fits_in_memory(inst, hosts):
+        raise AssertionError(f"adapt {algorithm} returned a placement that overcommits memory")
+    cost = move_cost(problem, hosts)
+    if cost > problem.budget:
+        raise AssertionError(f"adapt {algorithm} spent {cost} bytes, above the budget {problem.budget}")
+    allocation = allocate(inst, hosts)
+    runtime = time.perf_counter() - start
+    min_y, avg_y = allocation.min_yield(inst), allocation.avg_yield(inst)
+    check_allocation(inst, allocation, min_yield=min_y, avg_yield=avg_y)
+    result = SolveResult(algorithm, True, allocation, min_y, avg_y, runtime, optimal, detail=detail)
+    return AdaptResult(result, tuple(migrations(problem, hosts)), cost, detail)
