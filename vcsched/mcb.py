@@ -1,0 +1,257 @@
+"""MCB1-MCB8: multi-capacity bin packing under a binary search on the yield (paper section 3.4).
+
+For a fixed yield ``Y`` every task has a fixed CPU need ``c = Y * alpha`` and
+memory ``m``, so Leinberger et al.'s two-list multi-capacity bin packing
+applies directly; a binary search on ``Y`` in ``(0, Y_LP]`` (section 3.1's
+bound) finds the highest ``Y`` the packing achieves.  The eight variants
+differ only in the key that orders the two lists.
+
+The work splits in three, each in exactly one place:
+
+* :func:`search` — the binary search (first probe ``Y_LP / 2``, stop when
+  ``hi - lo < precision``, keep the placement of the highest successful
+  probe);
+* :func:`probe_lists` — for one ``Y``: the CPU needs, the split into the
+  CPU-heavy list (``c > m``) and the memory-heavy list, and each list sorted
+  by the variant's key, ties broken by task index so results are
+  reproducible;
+* the *kernel* that fills hosts from the two sorted lists: :func:`pack_python`
+  (the reference, a literal transcription) or the C extension
+  ``vcsched._mcbc.pack`` (same decisions, faster: see docs/mcb.md).
+
+Conventions the paper leaves open (section 3.4 says "starting arbitrarily
+with any list"):
+
+* the first task of every host is the first fitting task of the CPU-heavy
+  list, else of the memory-heavy list;
+* afterwards, a host with strictly more free CPU than free memory scans the
+  CPU-heavy list first; otherwise (including a tie) the memory-heavy list
+  first;
+* a task fits when ``c <= free_cpu + EPS`` and ``m <= free_mem + EPS``
+  (``EPS = 1e-12``), and free capacities are updated by subtraction in task
+  order — both kernels do exactly the same floating-point operations.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+
+from vcsched.errors import InputError
+from vcsched.lpbound import lp_bound
+from vcsched.model import Instance, SolveOptions
+from vcsched.registry import Placement, register
+
+try:  # the optional C kernel (setup.py builds it when a compiler is available)
+    _mcbc: ModuleType | None = importlib.import_module("vcsched._mcbc")
+except ImportError:  # pragma: no cover - depends on the build
+    _mcbc = None
+
+EPS = 1e-12  # fit tolerance, identical in the C kernel (_mcbc.c)
+
+
+# --- sort keys (section 3.4) --------------------------------------------------------------------
+
+
+def _sum(c: np.ndarray, m: np.ndarray) -> np.ndarray:
+    return m + c
+
+
+def _diff(c: np.ndarray, m: np.ndarray) -> np.ndarray:
+    return np.maximum(m, c) - np.minimum(m, c)
+
+
+def _ratio(c: np.ndarray, m: np.ndarray) -> np.ndarray:
+    # c = Y * alpha > 0 and m > 0 by the model's ranges, so min(m, c) > 0.
+    return np.maximum(m, c) / np.minimum(m, c)
+
+
+def _max(c: np.ndarray, m: np.ndarray) -> np.ndarray:
+    return np.maximum(m, c)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One MCB variant: the key each list is sorted by, and the direction."""
+
+    name: str
+    key: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    descending: bool
+    summary: str
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("mcb1", _sum, False, "memory + CPU, ascending"),
+        Variant("mcb2", _diff, False, "max(memory, CPU) - min(memory, CPU), ascending"),
+        Variant("mcb3", _ratio, False, "max(memory, CPU) / min(memory, CPU), ascending"),
+        Variant("mcb4", _max, False, "max(memory, CPU), ascending"),
+        Variant("mcb5", _sum, True, "memory + CPU, descending (Leinberger et al.'s original)"),
+        Variant("mcb6", _diff, True, "max(memory, CPU) - min(memory, CPU), descending"),
+        Variant("mcb7", _ratio, True, "max(memory, CPU) / min(memory, CPU), descending"),
+        Variant("mcb8", _max, True, "max(memory, CPU), descending (the paper's best)"),
+    )
+}
+
+
+# --- one probe --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeLists:
+    """What the kernel needs for one probe ``Y``: per-task needs and the two sorted lists."""
+
+    cpu: np.ndarray  # c = Y * alpha per task (float64)
+    mem: np.ndarray  # m per task (float64)
+    cpu_heavy: np.ndarray  # task indices with c > m, in scan order (int64)
+    mem_heavy: np.ndarray  # the other tasks, in scan order (int64)
+
+
+def probe_lists(instance: Instance, variant: Variant, y: float) -> ProbeLists:
+    """Split and sort the tasks for probe ``y`` (section 3.4).
+
+    Re-done for every probe: the split and the keys depend on ``c = y * alpha``.
+    A stable sort over increasing task indices breaks key ties by task index;
+    descending order sorts the negated key (exact in floating point), so ties
+    still go to the lower index.
+    """
+    c = y * instance.task_alpha
+    m = instance.task_mem
+    key = variant.key(c, m)
+    if variant.descending:
+        key = -key
+    heavy = c > m
+    cpu_idx = np.flatnonzero(heavy)
+    mem_idx = np.flatnonzero(~heavy)
+    cpu_order = cpu_idx[np.argsort(key[cpu_idx], kind="stable")]
+    mem_order = mem_idx[np.argsort(key[mem_idx], kind="stable")]
+    return ProbeLists(c, m, cpu_order.astype(np.int64), mem_order.astype(np.int64))
+
+
+def pack_python(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray) -> np.ndarray | None:
+    """The reference kernel: fill hosts in index order from the two lists; None if a task is left over.
+
+    A literal transcription of section 3.4: every search scans its list from
+    the start for the first task still unplaced that fits.  (The C kernel
+    resumes each scan where the previous one on the same host stopped, which
+    picks the same tasks because free capacity only shrinks while a host
+    fills; the tests check the two agree.)
+    """
+    n = len(lists.cpu)
+    hosts = np.full(n, -1, dtype=np.int64)
+    order = (lists.cpu_heavy, lists.mem_heavy)
+    need_c = (lists.cpu[order[0]], lists.cpu[order[1]])
+    need_m = (lists.mem[order[0]], lists.mem[order[1]])
+    alive = (np.ones(len(order[0]), dtype=bool), np.ones(len(order[1]), dtype=bool))
+    left = n
+    for h in range(len(host_cpu)):
+        if left == 0:
+            break
+        free_c, free_m = float(host_cpu[h]), float(host_mem[h])
+        first = True
+        while left:
+            scan = (0, 1) if first or free_c > free_m else (1, 0)
+            for li in scan:
+                ok = alive[li] & (need_c[li] <= free_c + EPS) & (need_m[li] <= free_m + EPS)
+                pos = int(np.argmax(ok)) if len(ok) else 0
+                if len(ok) and ok[pos]:
+                    break
+            else:
+                break  # nothing fits on this host: next host
+            alive[li][pos] = False
+            hosts[order[li][pos]] = h
+            free_c -= float(need_c[li][pos])
+            free_m -= float(need_m[li][pos])
+            left -= 1
+            first = False
+    return hosts if left == 0 else None
+
+
+def pack_c(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray) -> np.ndarray | None:
+    """The C kernel (``vcsched._mcbc.pack``), same contract as :func:`pack_python`."""
+    if _mcbc is None:
+        raise RuntimeError("the C kernel vcsched._mcbc is not built (pip install -e . builds it)")
+    hosts = np.empty(len(lists.cpu), dtype=np.int64)
+    ok = _mcbc.pack(
+        lists.cpu, lists.mem, lists.cpu_heavy, lists.mem_heavy,
+        np.ascontiguousarray(host_cpu, dtype=np.float64), np.ascontiguousarray(host_mem, dtype=np.float64),
+        EPS, hosts,
+    )
+    return hosts if ok else None
+
+
+Kernel = Callable[[ProbeLists, np.ndarray, np.ndarray], "np.ndarray | None"]
+KERNELS: dict[str, Kernel] = {"python": pack_python}
+if _mcbc is not None:
+    KERNELS["c"] = pack_c
+DEFAULT_BACKEND = "c" if _mcbc is not None else "python"
+
+
+# --- the binary search ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    hosts: np.ndarray | None  # placement of the highest successful probe, or None
+    probe_yield: float | None  # that probe's Y (the placement's true min yield can be higher)
+    lp_bound: float | None
+    probes: int
+    gap: float  # hi - lo when the search stopped (< precision unless the bound was None)
+    backend: str
+
+
+def search(instance: Instance, variant: str, precision: float = 1e-4, backend: str | None = None) -> SearchResult:
+    """Binary search on ``Y`` in ``(0, Y_LP]`` (section 3.4), first probe ``Y_LP / 2``."""
+    if variant not in VARIANTS:
+        raise InputError(f"variant: unknown MCB variant {variant!r} (known: {', '.join(VARIANTS)})")
+    if not precision > 0.0:
+        raise InputError(f"precision: {precision!r} must be above 0")
+    backend = backend or DEFAULT_BACKEND
+    if backend not in KERNELS:
+        raise InputError(f"backend: {backend!r} is not available (available: {', '.join(KERNELS)})")
+    kernel, var = KERNELS[backend], VARIANTS[variant]
+    y_lp = lp_bound(instance)
+    if y_lp is None:  # memory does not fit even fractionally: no probe can succeed
+        return SearchResult(None, None, None, 0, 0.0, backend)
+    host_cpu, host_mem = instance.host_cpu, instance.host_mem
+    lo, hi = 0.0, y_lp
+    best: np.ndarray | None = None
+    best_y: float | None = None
+    probes = 0
+    while hi - lo >= precision:
+        y = (lo + hi) / 2.0  # the first probe is Y_LP / 2
+        probes += 1
+        hosts = kernel(probe_lists(instance, var, y), host_cpu, host_mem)
+        if hosts is None:
+            hi = y
+        else:
+            lo, best, best_y = y, hosts, y
+    return SearchResult(best, best_y, y_lp, probes, hi - lo, backend)
+
+
+def _placer(variant: str) -> Callable[[Instance, SolveOptions], Placement]:
+    def place(instance: Instance, options: SolveOptions) -> Placement:
+        r = search(instance, variant, options.precision)
+        detail: dict[str, object] = {
+            "backend": r.backend,
+            "probes": r.probes,
+            "probe_yield": r.probe_yield,
+            "search_gap": r.gap,
+            "lp_bound": r.lp_bound,
+        }
+        return Placement(hosts=r.hosts, detail=detail)
+
+    place.__name__ = place.__qualname__ = f"place_{variant}"
+    place.__doc__ = f"{variant.upper()} (section 3.4): lists sorted by {VARIANTS[variant].summary}."
+    return place
+
+
+for _name, _variant in VARIANTS.items():
+    register(_name, f"multi-capacity bin packing, lists sorted by {_variant.summary} (section 3.4)")(
+        _placer(_name)
+    )
