@@ -1,0 +1,49 @@
+"""The small interface the executor and the CLI need from a hypervisor (cf. Cosmic Python's adapters).
+
+Two implementations: :mod:`hypervisor.libvirt_backend` (real hosts, one libvirt
+connection per host URI) and :mod:`hypervisor.memory` (a dict, for tests and
+dry runs).  Everything above this line — admission, plans, the executor —
+receives a ``Hypervisor`` and never imports libvirt.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from vcsched.errors import VcschedError
+from vcsched.inventory import Inventory, VmState
+from vcsched.plan import CreateStep
+
+
+class HypervisorError(VcschedError):
+    """A host refused or failed an operation; the message names the host (and the VM)."""
+
+    exit_code = 2
+
+
+class Hypervisor(Protocol):
+    def inventory(self) -> Inventory:
+        """Every host's capacity and every domain on it, managed or not (raises if a host is unreachable)."""
+        ...
+
+    def find_vm(self, name: str) -> VmState | None:
+        """The domain ``name`` wherever it is now, or None."""
+        ...
+
+    def create_vm(self, step: CreateStep) -> None:
+        """Create and start a managed VM on ``step.host`` with its metadata and cap from the first instant."""
+        ...
+
+    def set_cap(self, host: str, vm: str, cap_cores: float) -> None:
+        """Cap a running managed VM to ``cap_cores`` cores (live, and persistent config if it has one)."""
+        ...
+
+    def read_cap(self, host: str, vm: str) -> float | None:
+        """The VM's cap in cores as the hypervisor reports it (None: uncapped)."""
+        ...
+
+    def cpu_time_ns(self, host: str, vm: str) -> int | None:
+        """Cumulative CPU time of the VM in ns (None where the backend cannot measure)."""
+        ...
+
+    def close(self) -> None: ...

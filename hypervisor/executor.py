@@ -1,0 +1,193 @@
+"""Apply a plan to a cluster: check the snapshot, then each step's pre-condition, action, post-condition.
+
+Shaped after OpenStack Watcher's actions (pre-condition / execute /
+post-condition), but without whole-plan rollback, which Watcher's own notes
+admit does not work.  Instead every step is idempotent:
+
+* **pre**: look at the live state; if the step's effect is already there
+  (the VM exists on its host with the planned cap) the step is *skipped*;
+* **act**: make the change;
+* **post**: read the result back through the hypervisor (the cap within
+  :data:`CAP_READBACK_TOLERANCE` cores) — a step is *done* only when verified.
+
+The first failure stops the plan; nothing is undone and no VM is stopped (a
+running VM with its old cap is always a safe state, because the plan is
+ordered so that caps never overrun a host at any prefix, see
+:mod:`vcsched.plan`).  Re-running the same plan skips what is done and
+continues where it stopped, so it converges.
+
+**Extension point.** Each step kind has a :class:`StepRunner` registered by
+``op`` with :func:`register_runner`; the adaptation issue adds ``migrate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hypervisor.base import Hypervisor, HypervisorError
+from vcsched.errors import InputError, VcschedError
+from vcsched.inventory import snapshot_hash
+from vcsched.plan import CreateStep, Plan, SetCapStep, Step
+
+#: libvirt's quota is whole microseconds per 100 ms period per vCPU, so a read-back cap
+#: differs from the planned one by up to vcpus * 1e-5 cores; anything beyond this is wrong.
+CAP_READBACK_TOLERANCE = 0.005
+
+DONE, SKIPPED, FAILED, NOT_RUN = "done", "skipped", "failed", "not run"
+
+
+class SnapshotMismatch(InputError):
+    """The cluster changed since the plan was computed (exit 2; ``--force`` applies anyway)."""
+
+
+class StepFailed(VcschedError):
+    """A step's pre-condition cannot be met or its post-condition did not hold."""
+
+
+class StepRunner(Protocol):
+    def already_done(self, hv: Hypervisor, step: Any) -> bool:
+        """Pre-condition: True if the step's effect is already in place (raise StepFailed if it cannot run)."""
+        ...
+
+    def act(self, hv: Hypervisor, step: Any) -> None: ...
+
+    def verify(self, hv: Hypervisor, step: Any) -> None:
+        """Post-condition: raise StepFailed naming what is wrong."""
+        ...
+
+
+_RUNNERS: dict[str, StepRunner] = {}
+
+
+def register_runner(op: str, runner: StepRunner) -> None:
+    _RUNNERS[op] = runner
+
+
+def _cap_matches(hv: Hypervisor, host: str, vm: str, cap: float) -> bool:
+    now = hv.read_cap(host, vm)
+    return now is not None and abs(now - cap) <= CAP_READBACK_TOLERANCE
+
+
+def _verify_cap(hv: Hypervisor, host: str, vm: str, cap: float) -> None:
+    v = hv.find_vm(vm)
+    if v is None or v.host != host:
+        raise StepFailed(f"{vm} is not on host {host} after the step")
+    if not v.active:
+        raise StepFailed(f"{vm} on host {host} is not running")
+    now = hv.read_cap(host, vm)
+    if now is None or abs(now - cap) > CAP_READBACK_TOLERANCE:
+        shown = "none" if now is None else f"{now:.4f}"
+        raise StepFailed(f"{vm} on host {host}: cap reads back as {shown} cores, planned {cap:.4f}")
+
+
+def _where(hv: Hypervisor, vm: str, host: str) -> bool:
+    """True if ``vm`` is running on ``host``, False if absent; StepFailed if it is elsewhere or stopped."""
+    v = hv.find_vm(vm)
+    if v is None:
+        return False
+    if v.host != host:
+        raise StepFailed(f"{vm} is on host {v.host}, the plan expects it on {host}")
+    if not v.active:
+        raise StepFailed(f"{vm} exists on host {host} but is not running (start it, or remove it, and re-run)")
+    if not v.managed:
+        raise StepFailed(f"{vm} on host {host} is not managed by vcsched; refusing to touch it")
+    return True
+
+
+class CreateRunner:
+    def already_done(self, hv: Hypervisor, step: CreateStep) -> bool:
+        return _where(hv, step.vm, step.host) and _cap_matches(hv, step.host, step.vm, step.cap_cores)
+
+    def act(self, hv: Hypervisor, step: CreateStep) -> None:
+        if _where(hv, step.vm, step.host):  # created by an earlier, interrupted run: only the cap is left
+            hv.set_cap(step.host, step.vm, step.cap_cores)
+        else:
+            hv.create_vm(step)
+
+    def verify(self, hv: Hypervisor, step: CreateStep) -> None:
+        _verify_cap(hv, step.host, step.vm, step.cap_cores)
+
+
+class SetCapRunner:
+    def already_done(self, hv: Hypervisor, step: SetCapStep) -> bool:
+        if not _where(hv, step.vm, step.host):
+            raise StepFailed(f"{step.vm} is not on host {step.host} (nor anywhere else)")
+        return _cap_matches(hv, step.host, step.vm, step.cap_cores)
+
+    def act(self, hv: Hypervisor, step: SetCapStep) -> None:
+        hv.set_cap(step.host, step.vm, step.cap_cores)
+
+    def verify(self, hv: Hypervisor, step: SetCapStep) -> None:
+        _verify_cap(hv, step.host, step.vm, step.cap_cores)
+
+
+register_runner(CreateStep.op, CreateRunner())
+register_runner(SetCapStep.op, SetCapRunner())
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: Step
+    outcome: str  # DONE, SKIPPED, FAILED or NOT_RUN
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    results: tuple[StepResult, ...]
+    snapshot_matched: bool
+
+    @property
+    def ok(self) -> bool:
+        return all(r.outcome in (DONE, SKIPPED) for r in self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "snapshot_matched": self.snapshot_matched,
+                "steps": [{**r.step.to_dict(), "outcome": r.outcome, "detail": r.detail} for r in self.results]}
+
+
+def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
+    """Does the live cluster still match the inventory the plan was computed from?
+
+    The VMs the plan creates are left out of the comparison (see
+    :mod:`vcsched.inventory`), so a half-applied plan still matches.
+    """
+    inv = hv.inventory()
+    if inv.cluster != plan.cluster:
+        raise InputError(f"plan.cluster: plan is for cluster {plan.cluster!r}, this is {inv.cluster!r}")
+    return snapshot_hash(inv, plan.created_vms()) == plan.snapshot
+
+
+def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
+               on_step: Callable[[StepResult], None] | None = None) -> ApplyReport:
+    """Run ``plan`` on ``hv``; returns what happened to every step (see the module docstring)."""
+    for i, step in enumerate(plan.steps):
+        if step.op not in _RUNNERS:
+            raise InputError(f"plan.steps[{i}].op: no runner for {step.op!r} in this vcsched")
+    matched = check_snapshot(hv, plan)
+    if not matched and not force:
+        raise SnapshotMismatch(f"plan.snapshot: cluster {plan.cluster!r} changed since this plan was computed "
+                               "(re-run `vcsched place`, or apply anyway with --force)")
+    results: list[StepResult] = []
+    failed = False
+    for step in plan.steps:
+        if failed:
+            results.append(StepResult(step, NOT_RUN))
+            continue
+        runner = _RUNNERS[step.op]
+        try:
+            if runner.already_done(hv, step):
+                result = StepResult(step, SKIPPED, "already in place")
+            else:
+                runner.act(hv, step)
+                runner.verify(hv, step)
+                result = StepResult(step, DONE)
+        except (StepFailed, HypervisorError) as exc:
+            result = StepResult(step, FAILED, str(exc))
+            failed = True
+        results.append(result)
+        if on_step is not None:
+            on_step(result)
+    return ApplyReport(tuple(results), matched)

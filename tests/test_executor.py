@@ -1,0 +1,131 @@
+"""Applying plans (against the in-memory hypervisor): idempotent, stops on failure, re-runs converge."""
+
+from __future__ import annotations
+
+import pytest
+
+from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, SnapshotMismatch, apply_plan
+from hypervisor.memory import MemoryHypervisor
+from tests.test_admission import MiB, cluster_of, inventory_of, managed, request
+from vcsched.admission import admit
+from vcsched.inventory import Inventory, VmState
+from vcsched.plan import Plan, SetCapStep
+
+
+def backend(inv: Inventory) -> MemoryHypervisor:
+    return MemoryHypervisor(inv.cluster, inv.hosts, inv.vms)
+
+
+def placed(hv: MemoryHypervisor, vms: int = 2, need: float = 1.0) -> Plan:
+    d = admit(cluster_of(), hv.inventory(), request(vms=vms, need=need))
+    assert d.plan is not None
+    return d.plan
+
+
+@pytest.fixture
+def crowded() -> MemoryHypervisor:
+    """Two 1-core hosts, each with one VM capped at a whole core: a new request forces cap changes."""
+    return backend(inventory_of([managed("old-0", "h0", "old", 1.0, cap=1.0),
+                                 managed("old-1", "h1", "old", 1.0, cap=1.0)]))
+
+
+def test_applying_a_plan_creates_the_vms_and_sets_every_cap(crowded: MemoryHypervisor) -> None:
+    plan = placed(crowded)
+    report = apply_plan(crowded, plan)
+    assert report.ok and all(r.outcome == DONE for r in report.results)
+    for name, p in plan.per_vm.items():
+        vm = crowded.find_vm(name)
+        assert vm is not None and vm.host == p.host and vm.cap_cores == pytest.approx(p.cap_cores)
+
+
+def test_created_vms_carry_their_virtual_cluster_metadata(crowded: MemoryHypervisor) -> None:
+    apply_plan(crowded, placed(crowded))
+    vm = crowded.find_vm("web-0")
+    assert vm is not None and vm.meta is not None
+    assert (vm.meta.cluster, vm.meta.cpu_need_cores, vm.meta.memory_bytes) == ("web", 1.0, 128 * MiB)
+
+
+def test_reapplying_a_plan_changes_nothing(crowded: MemoryHypervisor) -> None:
+    plan = placed(crowded)
+    apply_plan(crowded, plan)
+    calls = len(crowded.calls)
+    report = apply_plan(crowded, plan)
+    assert report.ok and all(r.outcome == SKIPPED for r in report.results)
+    assert len(crowded.calls) == calls
+
+
+def test_a_failure_stops_the_plan_and_reports_done_and_not_done(crowded: MemoryHypervisor) -> None:
+    plan = placed(crowded)
+    victim = plan.steps[2].vm  # two set-caps first, then the creates
+    crowded.fail[("create", victim)] = f"host h0: boom creating {victim}"
+    report = apply_plan(crowded, plan)
+    assert not report.ok
+    assert [r.outcome for r in report.results] == [DONE, DONE, FAILED, NOT_RUN]
+    assert report.results[2].detail == f"host h0: boom creating {victim}"
+    assert crowded.find_vm(plan.steps[3].vm) is None  # nothing after the failure ran
+
+
+def test_a_failure_leaves_every_vm_running(crowded: MemoryHypervisor) -> None:
+    plan = placed(crowded)
+    crowded.fail[("create", plan.steps[3].vm)] = "boom"
+    apply_plan(crowded, plan)
+    assert all(v.active for v in crowded.inventory().vms)
+    assert {v.name for v in crowded.inventory().vms} == {"old-0", "old-1", plan.steps[2].vm}
+
+
+def test_rerunning_after_a_failure_converges(crowded: MemoryHypervisor) -> None:
+    plan = placed(crowded)
+    crowded.fail[("create", plan.steps[3].vm)] = "boom"
+    apply_plan(crowded, plan)
+    report = apply_plan(crowded, plan)
+    assert report.ok
+    assert [r.outcome for r in report.results] == [SKIPPED, SKIPPED, SKIPPED, DONE]
+
+
+def test_a_plan_for_a_changed_cluster_is_refused(crowded: MemoryHypervisor) -> None:
+    plan = placed(crowded)
+    crowded.vms["intruder"] = VmState("intruder", "h1", 1, 64 * MiB, True)
+    with pytest.raises(SnapshotMismatch, match="changed since this plan was computed"):
+        apply_plan(crowded, plan)
+    assert crowded.calls == []
+
+
+def test_force_applies_a_plan_for_a_changed_cluster(crowded: MemoryHypervisor) -> None:
+    plan = placed(crowded)
+    crowded.vms["intruder"] = VmState("intruder", "h1", 1, 64 * MiB, True)
+    report = apply_plan(crowded, plan, force=True)
+    assert report.ok and not report.snapshot_matched
+
+
+def test_changed_caps_alone_do_not_invalidate_a_plan(crowded: MemoryHypervisor) -> None:
+    plan = placed(crowded)
+    crowded.set_cap("h0", "old-0", 0.25)
+    assert apply_plan(crowded, plan).ok
+    vm = crowded.find_vm("old-0")
+    assert vm is not None and vm.cap_cores == pytest.approx(plan.per_vm["old-0"].cap_cores)
+
+
+def test_unmanaged_domains_are_never_touched() -> None:
+    hv = backend(inventory_of([VmState("stranger", "h0", 1, 64 * MiB, True)]))
+    apply_plan(hv, placed(hv, need=0.5))
+    assert hv.find_vm("stranger") == VmState("stranger", "h0", 1, 64 * MiB, True)
+    assert all(vm != "stranger" for _, vm in hv.calls)
+
+
+def test_a_step_aimed_at_an_unmanaged_domain_fails_without_acting() -> None:
+    hv = backend(inventory_of([VmState("stranger", "h0", 1, 64 * MiB, True)]))
+    plan = placed(hv, need=0.5)
+    bad = Plan(plan.kind, plan.cluster, plan.snapshot, 1, 1, {}, (SetCapStep("stranger", "h0", 0.1),))
+    report = apply_plan(hv, bad)
+    assert report.results[0].outcome == FAILED and "not managed by vcsched" in report.results[0].detail
+    assert hv.calls == []
+
+
+def test_a_vm_found_on_another_host_fails_the_step(crowded: MemoryHypervisor) -> None:
+    plan = placed(crowded)
+    step = plan.steps[2]
+    other = "h1" if step.host == "h0" else "h0"
+    crowded.vms[step.vm] = managed(step.vm, other, "web", 1.0, cap=0.5)
+    report = apply_plan(crowded, plan, force=True)
+    failed = next(r for r in report.results if r.outcome == FAILED)
+    assert failed.step.vm == step.vm and f"is on host {other}" in failed.detail

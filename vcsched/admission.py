@@ -1,0 +1,238 @@
+"""Admission of a virtual-cluster request into a running cluster, and the plan that carries it out.
+
+Pure: takes the cluster file, the live inventory and the request; returns a
+:class:`Decision` (admitted with a :class:`~vcsched.plan.Plan`, or refused with
+a reason).  Nothing here talks to a hypervisor.
+
+**The whole-cluster instance.**  Units follow model.md: the reference host
+has ``n_ref`` = the most usable cores of any host and ``mem_ref`` = the most
+usable memory; host ``h`` has ``C_h = cores_h / n_ref`` and
+``M_h = (usable_h - memory of unmanaged VMs on h) / mem_ref``.  Every running
+managed virtual cluster is one job whose tasks are its VMs (section 5: a
+parallel job's VMs all get the same CPU fraction); the request is one more job
+with ``k = vms`` tasks.  Unmanaged domains are never capped, so their CPU is
+not modelled; their memory is taken off their host.
+
+**Pinning existing VMs.**  Moving running VMs is migration, which belongs to
+the adaptation issue (section 6.1, under a byte budget).  Here existing VMs
+keep their hosts and only the new VMs are placed, by the chosen algorithm, in
+the capacity the others leave:
+
+* for a common minimum yield ``Y`` the existing VMs on host ``h`` need
+  ``Y * L_h`` CPU (``L_h`` = their summed CPU needs), leaving
+  ``C_h - Y * L_h`` CPU and ``M_h`` minus their memory for the new job;
+* ``Y`` is feasible iff the algorithm places the new job in that residual
+  capacity with a yield of at least ``Y`` — monotone in ``Y`` (less ``Y``,
+  more residual), so we bisect on it like MCB's own search (section 3.2),
+  starting at the LP bound ``min(1, sum C / sum k alpha)`` (section 3.1);
+* with the best placement found, :func:`vcsched.yields.allocate` computes
+  the whole cluster's yields, including the average-yield phase (3.5).
+
+This is correct (every VM's cap respects every host's capacity, and the new
+job gets what is left fairly), keeps the algorithm pluggable through the
+registry, and never plans a migration.  It can be worse than re-placing
+everything, which is exactly what the adaptation's budgeted MILP is for.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from vcsched.cluster import Cluster, format_size
+from vcsched.errors import InputError
+from vcsched.inventory import Inventory, VmState, snapshot_hash
+from vcsched.model import Host, Instance, Job, SolveOptions
+from vcsched.plan import Boot, CreateStep, Plan, SetCapStep, Step, VmPrediction, order_steps
+from vcsched.registry import get, solve
+from vcsched.request import Request
+from vcsched.yields import allocate
+
+#: Caps closer than this (cores) to the current one are left alone: libvirt's
+#: integer microsecond quota cannot express finer differences anyway.
+CAP_EPSILON = 1e-3
+SEARCH_STEPS = 24
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Decision:
+    admitted: bool
+    reason: str | None
+    plan: Plan | None
+    min_yield: float | None = None
+    avg_yield: float | None = None
+
+
+def check_request(cluster: Cluster, inventory: Inventory, request: Request) -> None:
+    """The request checks that need the cluster; bad input raises :class:`InputError` (exit 2)."""
+    if request.name in inventory.clusters():
+        raise InputError(f"name: virtual cluster {request.name!r} already exists in cluster {cluster.name!r}")
+    if request.name in cluster.host_names:
+        raise InputError(f"name: {request.name!r} is also a host name in cluster {cluster.name!r}")
+    taken = {v.name for v in inventory.vms}
+    for vm in request.vm_names():
+        if vm in taken:
+            raise InputError(f"name: VM {vm!r} already exists in cluster {cluster.name!r}")
+    n_ref = inventory.reference_cores
+    cores = request.need_cores(n_ref)
+    if cores > request.vcpus + _EPS:
+        raise InputError(f"cpu_need: {cores:g} cores per VM is more than its {request.vcpus} vCPUs can use")
+    if cores > n_ref + _EPS:
+        raise InputError(f"cpu_cores: {cores:g} cores per VM is more than the largest host has ({n_ref})")
+    if request.memory_bytes > inventory.reference_memory:
+        raise InputError(f"memory: {format_size(request.memory_bytes)} per VM is larger than the largest host "
+                         f"({format_size(inventory.reference_memory)} usable)")
+    if request.template is None and request.image is None and cluster.guest is None:
+        raise InputError(f"template: request {request.name!r} names no template or image and cluster "
+                         f"{cluster.name!r} has no [guest] default")
+
+
+def boot_for(cluster: Cluster, request: Request) -> Boot:
+    domain_type = cluster.guest.domain_type if cluster.guest else "qemu"
+    if request.template is not None:
+        return Boot("template", path=request.template, domain_type=domain_type)
+    if request.image is not None:
+        return Boot("image", path=request.image, domain_type=domain_type)
+    assert cluster.guest is not None  # check_request refused the request otherwise
+    g = cluster.guest
+    return Boot("kernel", kernel=g.kernel, initrd=g.initrd, cmdline=g.cmdline, domain_type=g.domain_type)
+
+
+@dataclass(frozen=True)
+class _Existing:
+    """Running managed VMs as jobs: one per (virtual cluster, CPU need, memory), tasks pinned."""
+
+    jobs: tuple[Job, ...]
+    vms: tuple[VmState, ...]  # task order
+    hosts: tuple[int, ...]  # pinned host index per task
+
+
+def _existing(inventory: Inventory, n_ref: int, mem_ref: int) -> _Existing:
+    groups: dict[tuple[str, float, int], list[VmState]] = defaultdict(list)
+    for v in inventory.managed():
+        assert v.meta is not None
+        groups[(v.meta.cluster, round(v.meta.cpu_need_cores, 9), v.memory_bytes)].append(v)
+    index = {h.name: i for i, h in enumerate(inventory.hosts)}
+    jobs, vms, hosts = [], [], []
+    for (cluster, cores, mem), members in sorted(groups.items()):
+        label = cluster if sum(1 for k in groups if k[0] == cluster) == 1 else f"{cluster}/{cores:g}/{mem}"
+        # A VM recorded as needing more than today's reference host (hosts changed) can use one host at most.
+        jobs.append(Job(label, min(cores / n_ref, 1.0), mem / mem_ref, len(members)))
+        for v in sorted(members, key=lambda v: v.name):
+            vms.append(v)
+            hosts.append(index[v.host])
+    return _Existing(tuple(jobs), tuple(vms), tuple(hosts))
+
+
+def _residual_placement(base: Instance, existing: _Existing, new: Job, y: float, algorithm: str,
+                        options: SolveOptions) -> np.ndarray | None:
+    """Hosts for the new job's tasks if ``algorithm`` reaches yield ``y`` in the capacity left at ``y``."""
+    n_old = len(existing.hosts)
+    old_hosts = np.asarray(existing.hosts, dtype=np.int64)
+    old_alpha = base.task_alpha[:n_old]
+    old_mem = base.task_mem[:n_old]
+    cpu_load = np.bincount(old_hosts, weights=old_alpha, minlength=base.n_hosts)
+    mem_load = np.bincount(old_hosts, weights=old_mem, minlength=base.n_hosts)
+    cpu_left = base.host_cpu - y * cpu_load
+    mem_left = base.host_mem - mem_load
+    usable = [h for h in range(base.n_hosts) if cpu_left[h] > _EPS and mem_left[h] >= new.memory - _EPS]
+    if not usable:
+        return None
+    sub = Instance(hosts=tuple(Host(base.hosts[h].name, float(cpu_left[h]), float(mem_left[h])) for h in usable),
+                   jobs=(new,))
+    result = solve(sub, algorithm, options)
+    if not result.feasible or result.allocation is None or (result.min_yield or 0.0) < y - 1e-7:
+        return None
+    return np.asarray([usable[h] for h in result.allocation.hosts], dtype=np.int64)
+
+
+def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: str = "mcb8",
+          options: SolveOptions | None = None) -> Decision:
+    """Decide whether ``request`` fits, and if so the plan (see the module docstring)."""
+    if get(algorithm).bound_only:
+        raise InputError(f"algorithm: {algorithm!r} computes a bound, not a placement")
+    check_request(cluster, inventory, request)
+    options = options or SolveOptions()
+    n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
+    unmanaged_mem: defaultdict[str, int] = defaultdict(int)
+    for v in inventory.vms:
+        if v.active and not v.managed:
+            unmanaged_mem[v.host] += v.memory_bytes
+    hosts = tuple(Host(h.name, h.cores / n_ref, max(h.usable_memory - unmanaged_mem[h.name], 0) / mem_ref)
+                  for h in inventory.hosts)
+    existing = _existing(inventory, n_ref, mem_ref)
+    cores = request.need_cores(n_ref)
+    new = Job(request.name, cores / n_ref, request.memory_bytes / mem_ref, request.vms)
+    instance = Instance(hosts=hosts, jobs=(*existing.jobs, new))
+
+    total_mem = float(instance.task_mem.sum())
+    if total_mem > float(instance.host_mem.sum()) + _EPS:
+        return Decision(False, _memory_reason(request, inventory, unmanaged_mem), None)
+    upper = min(1.0, float(instance.host_cpu.sum() / instance.task_alpha.sum()))
+    best = _residual_placement(instance, existing, new, upper, algorithm, options)
+    if best is None:
+        lo, hi = 0.0, upper
+        best = _residual_placement(instance, existing, new, 1e-4 * upper, algorithm, options)
+        if best is None:
+            return Decision(False, _memory_reason(request, inventory, unmanaged_mem), None)
+        lo = 1e-4 * upper
+        for _ in range(SEARCH_STEPS):
+            mid = (lo + hi) / 2
+            found = _residual_placement(instance, existing, new, mid, algorithm, options)
+            if found is None:
+                hi = mid
+            else:
+                lo, best = mid, found
+    task_hosts = np.concatenate((np.asarray(existing.hosts, dtype=np.int64), best))
+    allocation = allocate(instance, task_hosts)
+    min_y, avg_y = allocation.min_yield(instance), allocation.avg_yield(instance)
+
+    floor, who = cluster.min_yield, f"cluster {cluster.name!r} min_yield"
+    if request.min_yield is not None and request.min_yield > floor:
+        floor, who = request.min_yield, f"request {request.name!r} min_yield"
+    if min_y < floor - 1e-9:
+        return Decision(False, f"the minimum yield would be {min_y:.4f}, below {who} {floor:g}", None,
+                        min_y, avg_y)
+
+    yields = allocation.yields(instance)
+    per_vm: dict[str, VmPrediction] = {}
+    steps: list[Step] = []
+    boot = boot_for(cluster, request)
+    for t, h in enumerate(task_hosts):
+        j = int(instance.task_job[t])
+        cap = allocation.cpu[j] * n_ref
+        host = inventory.hosts[int(h)].name
+        if t < len(existing.vms):
+            v = existing.vms[t]
+            assert v.meta is not None
+            per_vm[v.name] = VmPrediction(host, v.meta.cluster, v.meta.cpu_need_cores, cap, float(yields[j]))
+            if v.cap_cores is None or abs(v.cap_cores - cap) > CAP_EPSILON:
+                steps.append(SetCapStep(v.name, host, cap))
+        else:
+            name = request.vm_names()[t - len(existing.vms)]
+            per_vm[name] = VmPrediction(host, request.name, cores, cap, float(yields[j]))
+            steps.append(CreateStep(name, host, request.name, request.vcpus, request.memory_bytes, cores, cap, boot))
+    ordered = order_steps(steps, current_caps(inventory), {h.name: float(h.cores) for h in inventory.hosts})
+    plan = Plan("place", cluster.name, snapshot_hash(inventory), min_y, avg_y, per_vm, ordered,
+                extra={"request": request.name})
+    return Decision(True, None, plan, min_y, avg_y)
+
+
+def current_caps(inventory: Inventory) -> dict[str, dict[str, float]]:
+    """Caps in cores per host of the running managed VMs; an uncapped VM counts as all its vCPUs."""
+    caps: dict[str, dict[str, float]] = {h.name: {} for h in inventory.hosts}
+    for v in inventory.managed():
+        caps.setdefault(v.host, {})[v.name] = v.cap_cores if v.cap_cores is not None else float(v.vcpus)
+    return caps
+
+
+def _memory_reason(request: Request, inventory: Inventory, unmanaged: dict[str, int]) -> str:
+    free = {h.name: h.usable_memory - unmanaged[h.name] - sum(v.memory_bytes for v in inventory.vms_on(h.name)
+                                                               if v.active and v.managed)
+            for h in inventory.hosts}
+    shown = ", ".join(f"{h} {format_size(max(f, 0))}" for h, f in free.items())
+    return (f"memory: {request.vms} VMs of {format_size(request.memory_bytes)} do not fit in the free memory "
+            f"({shown})")

@@ -1,0 +1,189 @@
+"""The cluster file: which hosts vcsched manages, how to reach them, how to boot a default guest.
+
+Format (TOML, written by ``vcsched lab up`` or by hand; docs/operations.md)::
+
+    name = "lab"                 # cluster name
+    min_yield = 0.0              # optional floor on the whole cluster's minimum yield
+    [guest]                      # optional default guest boot for requests without a template
+    kernel = "/path/vmlinuz"
+    initrd = "/path/initrd.gz"
+    cmdline = "console=ttyS0 panic=-1 quiet"
+    domain_type = "qemu"
+    [[hosts]]
+    name = "h0"
+    uri = "qemu+unix:///system?socket=/path/libvirt-sock"
+    cores = 1                    # optional: usable cores (default: what libvirt reports)
+    memory_reserved = "64MiB"    # optional: memory kept for the host itself
+    partition = "/vcl1h0"        # optional libvirt <resource><partition> for VMs placed here
+
+Parsing is pure: it takes the dict ``tomllib`` decoded (reading the file is
+the CLI's job) and raises :class:`InputError` naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vcsched.errors import InputError
+
+#: URI schemes of libvirt drivers vcsched knows how to cap (``test`` only for inventory tests).
+KNOWN_URI_SCHEMES = ("qemu", "xen", "libxl", "test")
+DOMAIN_TYPES = ("qemu", "kvm", "xen")
+
+_SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]iB|B)?\s*$")
+
+
+def parse_size(where: str, value: Any, *, allow_zero: bool = False) -> int:
+    """Bytes from an int or a string like ``"128MiB"`` (binary units only: ambiguity costs memory)."""
+    if isinstance(value, bool):
+        raise InputError(f"{where}: expected a size (bytes or e.g. \"128MiB\"), got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if not m:
+            raise InputError(f"{where}: {value!r} is not a size (bytes or e.g. \"128MiB\", \"2GiB\")")
+        n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2) or ""])
+    else:
+        raise InputError(f"{where}: expected a size (bytes or e.g. \"128MiB\"), got {value!r}")
+    if n < 0 or (n == 0 and not allow_zero):
+        raise InputError(f"{where}: {value!r} must be {'at least 0' if allow_zero else 'above 0'}")
+    return n
+
+
+def format_size(n: float) -> str:
+    """Bytes as the largest binary unit that keeps a readable number (for messages and tables)."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        if abs(n) >= _SIZE_UNITS[unit]:
+            return f"{n / _SIZE_UNITS[unit]:.4g} {unit}"
+    return f"{n:.0f} B"
+
+
+def check_fields(where: str, value: Any, allowed: set[str], required: set[str]) -> Mapping[str, Any]:
+    """A table with only known keys and every required one (typos must not pass silently)."""
+    if not isinstance(value, Mapping):
+        raise InputError(f"{where}: expected a table, got {type(value).__name__}")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise InputError(f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
+    missing = sorted(required - set(value))
+    if missing:
+        raise InputError(f"{where}: missing field {missing[0]!r}")
+    return value
+
+
+def check_name(where: str, value: Any) -> str:
+    """Names become libvirt domain names and metadata: keep them to a safe, printable alphabet."""
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", value):
+        raise InputError(f"{where}: {value!r} is not a name (letters, digits, '_', '.', '-'; at most 63)")
+    return value
+
+
+def check_string(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def check_fraction(where: str, value: Any, *, low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InputError(f"{where}: expected a number, got {value!r}")
+    if value > 1 or value < 0 or (low_open and value == 0):
+        raise InputError(f"{where}: {value!r} is not in {'(0' if low_open else '[0'}, 1]")
+    return float(value)
+
+
+def uri_scheme(uri: str) -> str:
+    """The driver part of a libvirt URI: ``qemu+unix:///system`` -> ``qemu``."""
+    return uri.split(":", 1)[0].split("+", 1)[0] if ":" in uri else ""
+
+
+@dataclass(frozen=True)
+class GuestDefaults:
+    """How to boot a VM whose request names no template: direct kernel + initrd boot."""
+
+    kernel: str
+    initrd: str
+    cmdline: str = "console=ttyS0 panic=-1 quiet"
+    domain_type: str = "qemu"
+
+
+@dataclass(frozen=True)
+class ClusterHost:
+    name: str
+    uri: str
+    cores: int | None = None
+    memory_reserved: int = 0
+    partition: str | None = None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    hosts: tuple[ClusterHost, ...]
+    min_yield: float = 0.0
+    guest: GuestDefaults | None = None
+
+    def host(self, name: str) -> ClusterHost:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise InputError(f"host {name!r}: not in cluster {self.name!r} (hosts: {', '.join(self.host_names)})")
+
+    @property
+    def host_names(self) -> tuple[str, ...]:
+        return tuple(h.name for h in self.hosts)
+
+
+def _host_from_dict(where: str, d: Any) -> ClusterHost:
+    d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition"}, {"name", "uri"})
+    name = check_name(f"{where}.name", d["name"])
+    uri = check_string(f"{where}.uri", d["uri"])
+    scheme = uri_scheme(uri)
+    if scheme not in KNOWN_URI_SCHEMES:
+        raise InputError(f"{where}.uri: {uri!r} has unknown scheme {scheme or '(none)'!r} "
+                         f"(known: {', '.join(KNOWN_URI_SCHEMES)})")
+    cores = d.get("cores")
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        raise InputError(f"{where}.cores: {cores!r} is not a whole number of cores >= 1")
+    reserved = parse_size(f"{where}.memory_reserved", d.get("memory_reserved", 0), allow_zero=True)
+    partition = d.get("partition")
+    if partition is not None and (not isinstance(partition, str) or not re.fullmatch(r"(/[A-Za-z0-9_.-]+)+",
+                                                                                         partition)):
+        raise InputError(f"{where}.partition: {partition!r} is not a partition path like \"/machine\"")
+    return ClusterHost(name, uri, cores, reserved, partition)
+
+
+def _guest_from_dict(d: Any) -> GuestDefaults:
+    d = check_fields("guest", d, {"kernel", "initrd", "cmdline", "domain_type"}, {"kernel", "initrd"})
+    domain_type = d.get("domain_type", "qemu")
+    if domain_type not in DOMAIN_TYPES:
+        raise InputError(f"guest.domain_type: {domain_type!r} is not one of {', '.join(DOMAIN_TYPES)}")
+    cmdline = d.get("cmdline", GuestDefaults.cmdline)
+    if not isinstance(cmdline, str):
+        raise InputError(f"guest.cmdline: expected a string, got {cmdline!r}")
+    return GuestDefaults(check_string("guest.kernel", d["kernel"]), check_string("guest.initrd", d["initrd"]),
+                         cmdline, domain_type)
+
+
+def cluster_from_dict(d: Any) -> Cluster:
+    """Validate a decoded cluster file; every error names the field and the value."""
+    d = check_fields("cluster", d, {"name", "min_yield", "guest", "hosts"}, {"name", "hosts"})
+    name = check_name("name", d["name"])
+    hosts_raw = d["hosts"]
+    if not isinstance(hosts_raw, list) or not hosts_raw:
+        raise InputError("hosts: a cluster needs at least one [[hosts]] table")
+    hosts = tuple(_host_from_dict(f"hosts[{i}]", h) for i, h in enumerate(hosts_raw))
+    seen: dict[str, int] = {}
+    for i, h in enumerate(hosts):
+        if h.name in seen:
+            raise InputError(f"hosts[{i}].name: duplicate host name {h.name!r} (also hosts[{seen[h.name]}])")
+        seen[h.name] = i
+    min_yield = check_fraction("min_yield", d.get("min_yield", 0.0))
+    guest = _guest_from_dict(d["guest"]) if "guest" in d else None
+    return Cluster(name, hosts, min_yield, guest)

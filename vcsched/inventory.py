@@ -1,0 +1,127 @@
+"""What a cluster holds right now: hosts, VMs (managed or not) and their caps, as plain values.
+
+A hypervisor backend (:mod:`hypervisor`) reads this; the core decides from it.
+
+The **snapshot hash** names the inventory a plan was computed from, so that
+``vcsched apply`` can refuse a plan made for a cluster that has changed since.
+It covers exactly the *inputs* of the decision: each host's usable cores and
+memory, and every running VM's name, host, memory, vCPUs and (for managed VMs)
+virtual cluster and CPU need.  It deliberately leaves out
+
+* current caps — they are the decision's *output*; a plan rewrites them, and
+  a half-applied plan must still match its own snapshot so a re-run converges;
+* the VMs the plan itself creates (``exclude``), for the same reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+#: Namespace of vcsched's domain metadata (the contract between the libvirt-side modules).
+METADATA_NS = "https://vcsched.dev/xmlns/vm/1"
+METADATA_PREFIX = "vcsched"
+
+
+@dataclass(frozen=True)
+class VmMeta:
+    """What vcsched records in a managed domain's metadata (``<vcsched:vm .../>``)."""
+
+    cluster: str
+    cpu_need_cores: float
+    memory_bytes: int
+    vcpus: int
+
+
+@dataclass(frozen=True)
+class VmState:
+    """One domain on one host.  ``meta`` None = unmanaged: reported, never touched."""
+
+    name: str
+    host: str
+    vcpus: int
+    memory_bytes: int
+    active: bool
+    meta: VmMeta | None = None
+    cap_cores: float | None = None  # None: no cap (or not readable, e.g. inactive)
+
+    @property
+    def managed(self) -> bool:
+        return self.meta is not None
+
+    @property
+    def cluster(self) -> str | None:
+        return self.meta.cluster if self.meta else None
+
+
+@dataclass(frozen=True)
+class HostState:
+    name: str
+    cores: int  # usable cores (the cluster file's override, else libvirt's count)
+    memory_bytes: int  # physical memory libvirt reports
+    memory_reserved: int = 0
+
+    @property
+    def usable_memory(self) -> int:
+        return max(self.memory_bytes - self.memory_reserved, 0)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    cluster: str
+    hosts: tuple[HostState, ...]
+    vms: tuple[VmState, ...]
+
+    def host(self, name: str) -> HostState:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    def vm(self, name: str) -> VmState | None:
+        for v in self.vms:
+            if v.name == name:
+                return v
+        return None
+
+    def vms_on(self, host: str) -> tuple[VmState, ...]:
+        return tuple(v for v in self.vms if v.host == host)
+
+    def managed(self) -> tuple[VmState, ...]:
+        return tuple(v for v in self.vms if v.managed and v.active)
+
+    def clusters(self) -> tuple[str, ...]:
+        return tuple(sorted({v.cluster for v in self.vms if v.cluster is not None}))
+
+    @property
+    def reference_cores(self) -> int:
+        """n_ref: the reference host has the most usable cores of any host (model.md, units)."""
+        return max(h.cores for h in self.hosts)
+
+    @property
+    def reference_memory(self) -> int:
+        return max(h.usable_memory for h in self.hosts)
+
+
+def canonical(inventory: Inventory, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The decision inputs as a JSON-ready value with a fixed order (see the module docstring)."""
+    hosts = [{"name": h.name, "cores": h.cores, "memory": h.usable_memory}
+             for h in sorted(inventory.hosts, key=lambda h: h.name)]
+    vms = []
+    for v in sorted(inventory.vms, key=lambda v: (v.name, v.host)):
+        if v.name in exclude or not v.active:
+            continue
+        entry: dict[str, Any] = {"name": v.name, "host": v.host, "memory": v.memory_bytes, "vcpus": v.vcpus}
+        if v.meta is not None:
+            entry["cluster"] = v.meta.cluster
+            entry["cpu_need_cores"] = round(v.meta.cpu_need_cores, 9)
+        vms.append(entry)
+    return {"cluster": inventory.cluster, "hosts": hosts, "vms": vms}
+
+
+def snapshot_hash(inventory: Inventory, exclude: frozenset[str] = frozenset()) -> str:
+    """sha256 of :func:`canonical` (``exclude``: names of VMs a plan creates)."""
+    text = json.dumps(canonical(inventory, exclude), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,87 @@
+"""A virtual-cluster request: k identical VMs that run one parallel job (paper section 5).
+
+Format (TOML; examples/web.toml)::
+
+    name = "web"          # virtual cluster name; its VMs are web-0, web-1, ...
+    vms = 2               # number of VMs (tasks of the job)
+    vcpus = 1             # per VM
+    memory = "128MiB"     # per VM: bytes or a binary size string
+    cpu_need = 0.5        # CPU a VM uses when alone, as a fraction of the reference host ...
+    # cpu_cores = 0.5     # ... or in cores (exactly one of the two)
+    template = "vm.xml"   # optional domain XML template (else the cluster's [guest] boot) ...
+    # image = "disk.qcow2"  # ... or a disk image to boot from (at most one of the two)
+    min_yield = 0.3       # optional: refuse admission if anyone's yield would drop below it
+
+Validation here is what needs no cluster; the checks against the cluster
+(vCPUs, largest host) are in :mod:`vcsched.admission`, where the reference
+host is known.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from vcsched.cluster import check_fields, check_fraction, check_name, check_string, parse_size
+from vcsched.errors import InputError
+
+MAX_VMS = 1024
+
+
+@dataclass(frozen=True)
+class Request:
+    name: str
+    vms: int
+    vcpus: int
+    memory_bytes: int
+    cpu_need: float | None = None  # fraction of the reference host
+    cpu_cores: float | None = None  # or absolute cores
+    template: str | None = None
+    image: str | None = None
+    min_yield: float | None = None
+
+    def vm_names(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}-{i}" for i in range(self.vms))
+
+    def need_cores(self, reference_cores: int) -> float:
+        """The CPU need of one VM in cores, whichever way the request gave it."""
+        if self.cpu_cores is not None:
+            return self.cpu_cores
+        assert self.cpu_need is not None  # request_from_dict guarantees exactly one
+        return self.cpu_need * reference_cores
+
+
+def _count(where: str, value: Any, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise InputError(f"{where}: {value!r} is not a whole number in [1, {high}]")
+    return value
+
+
+def request_from_dict(d: Any) -> Request:
+    """Validate a decoded request; every error names the field and the value."""
+    allowed = {"name", "vms", "vcpus", "memory", "cpu_need", "cpu_cores", "template", "image", "min_yield"}
+    d = check_fields("request", d, allowed, {"name", "vms", "vcpus", "memory"})
+    name = check_name("name", d["name"])
+    vms = _count("vms", d["vms"], MAX_VMS)
+    vcpus = _count("vcpus", d["vcpus"], 256)
+    memory = parse_size("memory", d["memory"])
+    if ("cpu_need" in d) == ("cpu_cores" in d):
+        raise InputError("cpu_need/cpu_cores: give exactly one (cpu_need as a fraction of the reference host, "
+                         "cpu_cores in cores)")
+    cpu_need = cpu_cores = None
+    if "cpu_need" in d:
+        cpu_need = check_fraction("cpu_need", d["cpu_need"], low_open=True)
+    else:
+        c = d["cpu_cores"]
+        if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c <= 0:
+            raise InputError(f"cpu_cores: {c!r} is not a positive number of cores")
+        cpu_cores = float(c)
+        if cpu_cores > vcpus:
+            raise InputError(f"cpu_cores: {cpu_cores:g} cores is more than the {vcpus} vCPUs of a VM can use")
+    if "template" in d and "image" in d:
+        raise InputError("template/image: give at most one (a domain XML template or a disk image)")
+    template = check_string("template", d["template"]) if "template" in d else None
+    image = check_string("image", d["image"]) if "image" in d else None
+    min_yield = check_fraction("min_yield", d["min_yield"]) if "min_yield" in d else None
+    return Request(name, vms, vcpus, memory, cpu_need, cpu_cores, template, image, min_yield)
