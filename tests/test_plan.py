@@ -15,6 +15,7 @@ from vcsched.plan import (
     CreateStep,
     Plan,
     SetCapStep,
+    Step,
     VmPrediction,
     cap_overruns,
     order_steps,
@@ -76,7 +77,8 @@ def test_a_tampered_plan_is_refused_naming_the_field(path: list[Any], value: Any
 
 def test_lowering_steps_go_before_raising_ones() -> None:
     # h0 (1 core): a at 0.8 must drop to 0.3 before b (new) can get 0.7.
-    steps = [CreateStep("b", "h0", "c", 1, 1, 0.7, 0.7, Boot("template", path="/t")), SetCapStep("a", "h0", 0.3)]
+    steps: list[Step] = [CreateStep("b", "h0", "c", 1, 1, 0.7, 0.7, Boot("template", path="/t")),
+                         SetCapStep("a", "h0", 0.3)]
     caps = {"h0": {"a": 0.8}}
     ordered = order_steps(steps, caps, {"h0": 1.0})
     assert [s.vm for s in ordered] == ["a", "b"]
