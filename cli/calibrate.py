@@ -58,14 +58,16 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def open_subjects(backend: str, workers: int, cpu: int, connect: str | None, domains: tuple[str, ...]) -> Any:
+def open_subjects(
+    backend: str, workers: int, cpu: int, connect: str | None, domains: tuple[str, ...], high_priority: bool
+) -> Any:
     """The backend's subjects, as a context manager that removes everything it created."""
     if backend == "cgroup":
         if connect or domains:
             raise InputError("--connect/--domain: only meaningful with --backend libvirt")
         from calibration.cgroup_backend import CgroupSubjects
 
-        return CgroupSubjects(workers, cpu)
+        return CgroupSubjects(workers, cpu, high_priority=high_priority)
     if not connect:
         raise InputError("--connect: required with --backend libvirt (e.g. qemu:///system or a lab host's URI)")
     if len(domains) < workers:
@@ -186,6 +188,14 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     help="CPU to measure on (libvirt: the guests' vCPU and emulator threads are pinned there for the run). "
     "Default: the least busy CPU of this machine.",
 )
+@click.option(
+    "--priority",
+    type=click.Choice(["high", "normal"]),
+    default="high",
+    show_default=True,
+    help="cgroup backend: run workers (bare and capped alike) at nice -20 weight, so other processes on a "
+    "shared machine disturb the measurement less; caps are quotas and hold either way.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print every measurement as one JSON object.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the summary as Markdown (for docs).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), help="Write a PNG plot here.")
@@ -201,6 +211,7 @@ def calibrate_cmd(
     window: float | None,
     confirm: float,
     cpu: int | None,
+    priority: str,
     as_json: bool,
     as_markdown: bool,
     plot_path: str | None,
@@ -242,7 +253,9 @@ def calibrate_cmd(
     busy = cpu_busy()
     chosen = check_cpu(cpu) if cpu is not None else least_loaded_cpu(busy)
     cond = conditions(busy, chosen)
-    with sigterm_as_interrupt(), open_subjects(backend, workers, chosen, connect, domains) as subjects:
+    with sigterm_as_interrupt(), open_subjects(
+        backend, workers, chosen, connect, domains, priority == "high"
+    ) as subjects:
         result = _run_with_progress(subjects, cfg, backend, chosen)
     if plot_path:
         plot(result, plot_path)

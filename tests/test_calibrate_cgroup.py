@@ -108,6 +108,17 @@ def test_v2_group_writes_cpu_max_and_enables_the_controller(tmp_path: Path) -> N
     assert group.read_cap(1) is None
 
 
+def test_high_priority_weighs_the_group_and_children_like_nice_minus_20(tmp_path: Path) -> None:
+    mount = tmp_path / "cpu"
+    mount.mkdir()
+    (mount / "cpu.cfs_quota_us").write_text("-1")
+    group = CpuGroup(detect_hierarchy(tmp_path, proc_cgroup=""), 2, name="g")
+    group.set_high_weight()
+    assert [(d / "cpu.shares").read_text() for d in (mount / "g", mount / "g" / "w0", mount / "g" / "w1")] == [
+        "88761"
+    ] * 3
+
+
 def test_no_cpu_controller_is_reported_naming_the_path(tmp_path: Path) -> None:
     with pytest.raises(CgroupError, match=str(tmp_path)):
         detect_hierarchy(tmp_path, proc_cgroup="")
@@ -154,6 +165,15 @@ def test_two_workers_capped_at_a_quarter_each_both_get_about_a_quarter(cpu: int)
         got = measure(s, [0, 1], 1.0)
     for m in got:
         assert 0.15 <= m.share <= 0.35
+
+
+@needs_cgroup
+def test_high_priority_workers_run_at_nice_minus_20(cpu: int) -> None:
+    with CgroupSubjects(1, cpu, high_priority=True) as s:
+        assert os.getpriority(os.PRIO_PROCESS, s.procs[0].pid) == -20
+        s.set_cap(0, 0.5)
+        (m,) = measure(s, [0], 0.5)
+    assert 0.4 <= m.share <= 0.6
 
 
 @needs_cgroup
