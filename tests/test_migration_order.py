@@ -1,0 +1,149 @@
+"""Ordering live migrations and cap changes so that no host ever runs out of memory on the way."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vcsched.migration import (
+    CapChange,
+    HostRoom,
+    MigrationBlocked,
+    MigrationOrder,
+    Move,
+    VmChange,
+    memory_trace,
+    order_changes,
+)
+
+G = 1 << 30
+
+
+def rooms(*spec: tuple[str, int, int]) -> list[HostRoom]:
+    """Hosts as (name, memory GiB, used GiB), one core each, caps in use filled in later by tests that need it."""
+    return [HostRoom(n, m * G, u * G, 1.0, 0.0) for n, m, u in spec]
+
+
+def vm(name: str, src: str, dst: str, gib: int = 1, cap_now: float = 0.5, cap_final: float = 0.5) -> VmChange:
+    return VmChange(name, src, dst, gib * G, cap_now, cap_final)
+
+
+def replay(order: MigrationOrder, changes: list[VmChange]) -> dict[str, str]:
+    where = {c.vm: c.source for c in changes}
+    for m in order.moves:
+        assert where[m.vm] == m.source
+        where[m.vm] = m.target
+    return where
+
+
+def test_a_migration_into_a_full_host_waits_for_the_one_leaving_it() -> None:
+    hosts = rooms(("h0", 2, 2), ("h1", 2, 2), ("h2", 2, 1))
+    changes = [vm("a", "h0", "h1"), vm("b", "h1", "h2")]
+    order = order_changes(hosts, changes)
+    assert [(m.vm, m.wave) for m in order.moves] == [("b", 1), ("a", 2)]
+
+
+def test_a_swap_between_full_hosts_is_relayed_through_a_host_with_room() -> None:
+    hosts = rooms(("h0", 2, 2), ("h1", 2, 2), ("h2", 2, 0))
+    changes = [vm("a", "h0", "h1"), vm("b", "h1", "h0")]
+    order = order_changes(hosts, changes)
+    assert order.relays == 1
+    assert order.total_bytes == 3 * G  # one VM moves twice
+    assert replay(order, changes) == {"a": "h1", "b": "h0"}
+    assert any(m.relay and m.target == "h2" for m in order.moves)
+
+
+def test_a_swap_with_no_room_anywhere_is_reported_as_blocked() -> None:
+    hosts = rooms(("h0", 2, 2), ("h1", 2, 2))
+    with pytest.raises(MigrationBlocked, match=r"no safe migration order: vm a .* cannot move from h0 to h1"):
+        order_changes(hosts, [vm("a", "h0", "h1"), vm("b", "h1", "h0")])
+
+
+def test_every_wave_keeps_every_host_within_memory() -> None:
+    hosts = rooms(("h0", 4, 4), ("h1", 4, 3), ("h2", 4, 2))
+    changes = [vm("a", "h0", "h1", 2), vm("b", "h1", "h2", 1), vm("c", "h0", "h2", 1), vm("d", "h2", "h0", 2)]
+    order = order_changes(hosts, changes)
+    for peak in memory_trace(hosts, order, {c.vm: c.memory_bytes for c in changes}):
+        assert all(peak[h.name] <= h.memory_bytes for h in hosts)
+    assert replay(order, changes) == {c.vm: c.target for c in changes}
+
+
+def test_at_most_parallel_migrations_run_at_once_between_two_hosts() -> None:
+    hosts = rooms(("h0", 8, 4), ("h1", 8, 0))
+    changes = [vm(f"v{i}", "h0", "h1") for i in range(4)]
+    assert order_changes(hosts, changes, parallel=1).waves == 4
+    assert order_changes(hosts, changes, parallel=2).waves == 2
+
+
+def test_caps_are_lowered_before_any_migration_and_raised_after_all() -> None:
+    hosts = [HostRoom("h0", 4 * G, 2 * G, 1.0, 1.0), HostRoom("h1", 4 * G, 1 * G, 1.0, 0.4)]
+    changes = [vm("a", "h0", "h1", cap_now=0.6, cap_final=0.3),
+               VmChange("b", "h0", "h0", G, 0.4, 0.7),
+               VmChange("c", "h1", "h1", G, 0.4, 0.2)]
+    order = order_changes(hosts, changes)
+    kinds = ["lower" if isinstance(s, CapChange) and s.phase == "lower" else
+             "raise" if isinstance(s, CapChange) else "move" for s in order.steps]
+    assert kinds == ["lower", "lower", "move", "raise"]
+    (move,) = order.moves
+    assert move.cap_cores == pytest.approx(0.3)
+
+
+def test_a_vm_arrives_with_no_more_cap_than_the_destination_has_free() -> None:
+    hosts = [HostRoom("h0", 4 * G, 2 * G, 1.0, 1.0), HostRoom("h1", 4 * G, 1 * G, 1.0, 0.8)]
+    changes = [vm("a", "h0", "h1", cap_now=0.5, cap_final=0.5), VmChange("b", "h1", "h1", G, 0.8, 0.5)]
+    order = order_changes(hosts, changes)
+    steps = list(order.steps)
+    assert steps[0] == CapChange("b", "h1", 0.5, "lower")
+    assert isinstance(steps[1], Move) and steps[1].cap_cores == pytest.approx(0.5)
+    assert len(steps) == 2  # nothing to raise: it arrived with its final cap
+
+
+def test_an_order_is_deterministic() -> None:
+    hosts = rooms(("h0", 4, 4), ("h1", 4, 3), ("h2", 4, 2))
+    changes = [vm("a", "h0", "h1", 2), vm("b", "h1", "h2", 1), vm("c", "h0", "h2", 1)]
+    assert order_changes(hosts, changes) == order_changes(hosts, list(reversed(changes)))
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[list[HostRoom], list[VmChange]]:
+    """Random start and end placements that both fit in memory."""
+    n_hosts = draw(st.integers(2, 5))
+    cap = [draw(st.integers(2, 8)) for _ in range(n_hosts)]
+    n_vms = draw(st.integers(1, 10))
+    sizes = [draw(st.integers(1, 3)) for _ in range(n_vms)]
+
+    def placement() -> list[int] | None:
+        used = [0] * n_hosts
+        out = []
+        for s in sizes:
+            h = draw(st.integers(0, n_hosts - 1))
+            if used[h] + s > cap[h]:
+                return None
+            used[h] += s
+            out.append(h)
+        return out
+
+    start, end = placement(), placement()
+    if start is None or end is None:
+        return [], []
+    hosts = [HostRoom(f"h{h}", cap[h] * G, sum(s for s, p in zip(sizes, start, strict=True) if p == h) * G,
+                      1.0, 0.0) for h in range(n_hosts)]
+    changes = [VmChange(f"v{i}", f"h{start[i]}", f"h{end[i]}", sizes[i] * G, 0.1, 0.1) for i in range(n_vms)]
+    return hosts, changes
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=scenarios(), parallel=st.integers(1, 3))
+def test_any_order_found_keeps_memory_within_capacity_and_reaches_the_target(
+        case: tuple[list[HostRoom], list[VmChange]], parallel: int) -> None:
+    hosts, changes = case
+    try:
+        order = order_changes(hosts, changes, parallel=parallel)
+    except MigrationBlocked:
+        return
+    for peak in memory_trace(hosts, order, {c.vm: c.memory_bytes for c in changes}):
+        assert all(peak[h.name] <= h.memory_bytes for h in hosts)
+    assert replay(order, changes) == {c.vm: c.target for c in changes}
+    assert order.total_bytes == sum(m.bytes for m in order.moves)
+    assert order.total_bytes >= sum(c.cost for c in changes if c.moves)
