@@ -102,6 +102,16 @@ def test_a_task_fits_within_the_tolerance_of_the_free_capacity(backend: str) -> 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_task_exactly_at_the_tolerance_fits_and_one_just_above_does_not(backend: str) -> None:
+    at = 0.5 + mcb.EPS  # after task 0 the free CPU is exactly .5, so this is the limit itself
+    probe = lists([0.5, at], [0.1, 0.1], cpu_heavy=[0, 1], mem_heavy=[])
+    hosts = mcb.KERNELS[backend](probe, *unit_hosts(1))
+    assert hosts is not None and hosts.tolist() == [0, 0]
+    above = lists([0.5, np.nextafter(at, 1.0)], [0.1, 0.1], cpu_heavy=[0, 1], mem_heavy=[])
+    assert mcb.KERNELS[backend](above, *unit_hosts(1)) is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_heterogeneous_hosts_use_their_own_capacities(backend: str) -> None:
     probe = lists([1.5, 0.5], [0.2, 0.2], cpu_heavy=[0, 1], mem_heavy=[])
     hosts = mcb.KERNELS[backend](probe, np.array([1.0, 2.0]), np.array([1.0, 1.0]))
@@ -324,6 +334,22 @@ def test_the_c_and_python_searches_agree_on_generated_instances(seed: int, varia
     assert (a.hosts is None and b.hosts is None) or (
         a.hosts is not None and b.hosts is not None and a.hosts.tolist() == b.hosts.tolist()
     )
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(6))
+def test_the_c_and_python_searches_agree_on_paper_sized_instances(seed: int) -> None:
+    # Larger lists exercise the C kernel's early exits (cursor resumption, tail minima).
+    from vcsched.generate import GeneratorSpec, generate
+
+    inst = generate(GeneratorSpec(hosts=32, tasks=250, slack=(0.1, 0.3, 0.6)[seed % 3], cv_mem=0.75, cv_cpu=0.75,
+                                  parallel=seed % 2 == 1), seed)
+    for variant in ("mcb8", "mcb5", "mcb2"):
+        a, b = mcb.search(inst, variant, backend="c"), mcb.search(inst, variant, backend="python")
+        assert (a.probes, a.probe_yield) == (b.probes, b.probe_yield)
+        assert (a.hosts is None) == (b.hosts is None)
+        if a.hosts is not None and b.hosts is not None:
+            assert a.hosts.tolist() == b.hosts.tolist()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -30,18 +30,27 @@
 typedef struct {
     const int64_t *task;  /* task index at each list position */
     Py_ssize_t *next;     /* next live position, -1 at the end */
+    double *tail_c;       /* tail_c[p]: smallest CPU need at positions >= p (placed tasks included) */
+    double *tail_m;       /* the same for memory */
     Py_ssize_t head;      /* first live position, -1 when empty */
     Py_ssize_t prev, cur; /* this host's cursor: positions before cur did not fit */
 } List;
 
-static int list_init(List *l, const int64_t *task, Py_ssize_t n)
+static int list_init(List *l, const int64_t *task, Py_ssize_t n, const double *cpu, const double *mem)
 {
+    size_t size = (size_t)(n > 0 ? n : 1);
     l->task = task;
-    l->next = (Py_ssize_t *)malloc(sizeof(Py_ssize_t) * (size_t)(n > 0 ? n : 1));
-    if (l->next == NULL)
+    l->next = (Py_ssize_t *)malloc(sizeof(Py_ssize_t) * size);
+    l->tail_c = (double *)malloc(sizeof(double) * size);
+    l->tail_m = (double *)malloc(sizeof(double) * size);
+    if (l->next == NULL || l->tail_c == NULL || l->tail_m == NULL)
         return -1;
-    for (Py_ssize_t i = 0; i < n; i++)
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        double c = cpu[task[i]], m = mem[task[i]];
         l->next[i] = (i + 1 < n) ? i + 1 : -1;
+        l->tail_c[i] = (i + 1 < n && l->tail_c[i + 1] < c) ? l->tail_c[i + 1] : c;
+        l->tail_m[i] = (i + 1 < n && l->tail_m[i + 1] < m) ? l->tail_m[i + 1] : m;
+    }
     l->head = n > 0 ? 0 : -1;
     return 0;
 }
@@ -50,6 +59,12 @@ static int list_init(List *l, const int64_t *task, Py_ssize_t n)
 static int64_t list_find(List *l, const double *cpu, const double *mem, double limit_c, double limit_m)
 {
     while (l->cur != -1) {
+        if (l->tail_c[l->cur] > limit_c || l->tail_m[l->cur] > limit_m) {
+            /* Nothing from here on fits this host (the bound covers every live task after cur). */
+            l->prev = -1; /* never used: cur == -1 means the list is exhausted for this host */
+            l->cur = -1;
+            return -1;
+        }
         int64_t t = l->task[l->cur];
         if (cpu[t] <= limit_c && mem[t] <= limit_m)
             return t;
@@ -129,8 +144,8 @@ static PyObject *pack(PyObject *self, PyObject *args)
     }
     for (Py_ssize_t t = 0; t < n_tasks; t++)
         out[t] = -1;
-    if (list_init(&lists[0], (const int64_t *)v[2].buf, n[2]) < 0 ||
-        list_init(&lists[1], (const int64_t *)v[3].buf, n[3]) < 0) {
+    if (list_init(&lists[0], (const int64_t *)v[2].buf, n[2], cpu, mem) < 0 ||
+        list_init(&lists[1], (const int64_t *)v[3].buf, n[3], cpu, mem) < 0) {
         PyErr_NoMemory();
         goto done;
     }
@@ -165,8 +180,11 @@ static PyObject *pack(PyObject *self, PyObject *args)
     result = PyBool_FromLong(left == 0);
 
 done:
-    free(lists[0].next);
-    free(lists[1].next);
+    for (int li = 0; li < 2; li++) {
+        free(lists[li].next);
+        free(lists[li].tail_c);
+        free(lists[li].tail_m);
+    }
     for (int i = 0; i < got; i++)
         PyBuffer_Release(&v[i]);
     return result;
