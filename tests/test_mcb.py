@@ -281,6 +281,23 @@ def test_unknown_variant_and_bad_precision_are_input_errors() -> None:
         mcb.search(inst, "mcb8", 0.0)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pack_places_items_with_fixed_needs_into_the_capacity_left_free(backend: str) -> None:
+    # Host 0 has only .3 CPU left, host 1 is empty: the .6 item must go to host 1.
+    hosts = mcb.pack(np.array([0.6, 0.3]), np.array([0.1, 0.1]), np.array([0.3, 1.0]), np.array([1.0, 1.0]),
+                     backend=backend)
+    assert hosts is not None and hosts.tolist() == [1, 0]
+
+
+def test_pack_returns_none_when_an_item_does_not_fit_anywhere() -> None:
+    assert mcb.pack(np.array([0.5]), np.array([0.5]), np.array([0.4]), np.array([1.0])) is None
+
+
+def test_an_unavailable_backend_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="backend"):
+        mcb.search(make_instance([(0.5, 0.5)], n_hosts=1), "mcb8", backend="fortran")
+
+
 # --- invariants (hypothesis) -------------------------------------------------------------------
 
 # A small value grid makes ties (equal keys, c == m, exact fits) common.

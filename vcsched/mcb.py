@@ -113,15 +113,22 @@ class ProbeLists:
 
 
 def probe_lists(instance: Instance, variant: Variant, y: float) -> ProbeLists:
-    """Split and sort the tasks for probe ``y`` (section 3.4).
+    """Split and sort the tasks for probe ``y`` (section 3.4): each task needs ``c = y * alpha``, ``m``.
 
-    Re-done for every probe: the split and the keys depend on ``c = y * alpha``.
+    Re-done for every probe: the split and the keys depend on ``c``.
+    """
+    return sorted_lists(variant, y * instance.task_alpha, instance.task_mem)
+
+
+def sorted_lists(variant: Variant, cpu: np.ndarray, mem: np.ndarray) -> ProbeLists:
+    """The CPU-heavy (``c > m``) and memory-heavy lists, each sorted by the variant's key.
+
     A stable sort over increasing task indices breaks key ties by task index;
     descending order sorts the negated key (exact in floating point), so ties
-    still go to the lower index.
+    still go to the lower index.  Needs ``cpu > 0`` and ``mem > 0`` (MCB3/7 divide).
     """
-    c = y * instance.task_alpha
-    m = instance.task_mem
+    c = np.ascontiguousarray(cpu, dtype=np.float64)
+    m = np.ascontiguousarray(mem, dtype=np.float64)
     key = variant.key(c, m)
     if variant.descending:
         key = -key
@@ -192,6 +199,36 @@ if _mcbc is not None:
 DEFAULT_BACKEND = "c" if _mcbc is not None else "python"
 
 
+def pack(
+    cpu: np.ndarray,
+    mem: np.ndarray,
+    host_cpu: np.ndarray,
+    host_mem: np.ndarray,
+    variant: str = "mcb8",
+    backend: str | None = None,
+) -> np.ndarray | None:
+    """One MCB packing of items with fixed needs into given capacities (no search): a host per item, or None.
+
+    For callers that already know each item's CPU need, e.g. packing new
+    tasks into the capacity left free by running ones (section 6.1).
+    """
+    kernel = KERNELS[_backend(backend)]
+    return kernel(sorted_lists(_variant(variant), cpu, mem), np.asarray(host_cpu), np.asarray(host_mem))
+
+
+def _variant(name: str) -> Variant:
+    if name not in VARIANTS:
+        raise InputError(f"variant: unknown MCB variant {name!r} (known: {', '.join(VARIANTS)})")
+    return VARIANTS[name]
+
+
+def _backend(name: str | None) -> str:
+    name = name or DEFAULT_BACKEND
+    if name not in KERNELS:
+        raise InputError(f"backend: {name!r} is not available (available: {', '.join(KERNELS)})")
+    return name
+
+
 # --- the binary search ------------------------------------------------------------------------
 
 
@@ -207,14 +244,11 @@ class SearchResult:
 
 def search(instance: Instance, variant: str, precision: float = 1e-4, backend: str | None = None) -> SearchResult:
     """Binary search on ``Y`` in ``(0, Y_LP]`` (section 3.4), first probe ``Y_LP / 2``."""
-    if variant not in VARIANTS:
-        raise InputError(f"variant: unknown MCB variant {variant!r} (known: {', '.join(VARIANTS)})")
+    var = _variant(variant)
     if not precision > 0.0:
         raise InputError(f"precision: {precision!r} must be above 0")
-    backend = backend or DEFAULT_BACKEND
-    if backend not in KERNELS:
-        raise InputError(f"backend: {backend!r} is not available (available: {', '.join(KERNELS)})")
-    kernel, var = KERNELS[backend], VARIANTS[variant]
+    backend = _backend(backend)
+    kernel = KERNELS[backend]
     y_lp = lp_bound(instance)
     if y_lp is None:  # memory does not fit even fractionally: no probe can succeed
         return SearchResult(None, None, None, 0, 0.0, backend)
@@ -251,7 +285,5 @@ def _placer(variant: str) -> Callable[[Instance, SolveOptions], Placement]:
     return place
 
 
-for _name, _variant in VARIANTS.items():
-    register(_name, f"multi-capacity bin packing, lists sorted by {_variant.summary} (section 3.4)")(
-        _placer(_name)
-    )
+for _name, _v in VARIANTS.items():
+    register(_name, f"multi-capacity bin packing, lists sorted by {_v.summary} (section 3.4)")(_placer(_name))
