@@ -8,6 +8,8 @@ receives a ``Hypervisor`` and never imports libvirt.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from vcsched.errors import VcschedError
@@ -47,3 +49,23 @@ class Hypervisor(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def measure_cores(hv: Hypervisor, vms: Iterable[VmState], seconds: float,
+                  sleep: Callable[[float], None] = time.sleep) -> dict[str, float | None]:
+    """Cores each running VM used over ``seconds``: two CPU-time samples, difference over the elapsed time.
+
+    All VMs are sampled together (one window), so the numbers are comparable
+    with each other and with the caps; None where the backend cannot measure.
+    """
+    running = [v for v in vms if v.active]
+    t0 = time.monotonic()
+    first = {v.name: hv.cpu_time_ns(v.host, v.name) for v in running}
+    sleep(seconds)
+    second = {v.name: hv.cpu_time_ns(v.host, v.name) for v in running}
+    elapsed = time.monotonic() - t0
+    out: dict[str, float | None] = {}
+    for v in running:
+        a, b = first[v.name], second[v.name]
+        out[v.name] = None if a is None or b is None or elapsed <= 0 else (b - a) / 1e9 / elapsed
+    return out

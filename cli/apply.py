@@ -1,0 +1,45 @@
+"""``vcsched apply``: carry out a saved plan, idempotently."""
+
+from __future__ import annotations
+
+import click
+
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_json_file
+from cli.place import cluster_option, load_cluster, render_plan, render_report, run_apply
+from hypervisor.libvirt_backend import LibvirtHypervisor
+from vcsched.plan import plan_from_dict
+
+
+@click.command("apply")
+@click.argument("plan_file", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@cluster_option()
+@click.option("--force", is_flag=True,
+              help="Apply even if the cluster changed since the plan was computed (its snapshot differs).")
+@click.option("--json", "as_json", is_flag=True, help="Print the apply report as one JSON object.")
+def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bool) -> int:
+    """Apply a plan saved by `vcsched place --output PLAN.json`.
+
+    \b
+    Each step checks first whether its effect is already there (then it is
+    skipped), acts, and reads the result back through libvirt.  The first
+    failure stops the plan; nothing is undone and every VM keeps running.
+    Running the same plan again skips the finished steps and converges.
+
+    The plan names the cluster state it was computed from (a hash of hosts,
+    VMs, CPU needs and memory; caps and the plan's own new VMs excluded).  If
+    the cluster changed since, the plan is refused (exit 2) unless --force.
+
+    Exit codes: 0 applied (or nothing to do), 1 a step failed, 2 bad input or changed cluster.
+    """
+    plan = plan_from_dict(read_json_file(plan_file, "plan"))
+    cluster = load_cluster(cluster_file)
+    with LibvirtHypervisor(cluster) as hv:
+        if not as_json:
+            console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {len(plan.steps)} steps)")
+            render_plan(plan, hv.inventory())
+        report = run_apply(hv, plan, force=force, quiet=as_json)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        render_report(report)
+    return EXIT_OK if report.ok else EXIT_UNSATISFIED

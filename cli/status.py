@@ -1,0 +1,107 @@
+"""``vcsched status``: hosts, VMs, caps, predicted yields and measured CPU, live from libvirt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.table import Table
+
+from cli.app import EXIT_OK, console, emit_json
+from cli.place import cluster_option, load_cluster
+from hypervisor.base import measure_cores
+from hypervisor.libvirt_backend import LibvirtHypervisor
+from vcsched.cluster import format_size
+from vcsched.inventory import Inventory, VmState
+
+
+def predicted_yield(vm: VmState) -> float | None:
+    """The yield a managed VM's cap gives it (section 2.3: y = a / alpha, both in cores here)."""
+    if vm.meta is None or not vm.active:
+        return None
+    if vm.cap_cores is None:
+        return 1.0  # uncapped: nothing holds it below its need
+    return min(1.0, vm.cap_cores / vm.meta.cpu_need_cores)
+
+
+def status_dict(inv: Inventory, measured: dict[str, float | None], seconds: float) -> dict[str, Any]:
+    hosts = []
+    for h in inv.hosts:
+        on = inv.vms_on(h.name)
+        hosts.append({
+            "name": h.name, "cores": h.cores, "memory_bytes": h.memory_bytes, "memory_reserved": h.memory_reserved,
+            "memory_used_bytes": sum(v.memory_bytes for v in on if v.active),
+            "caps_cores": sum(v.cap_cores or 0.0 for v in on if v.managed and v.active),
+            "measured_cores": sum(measured.get(v.name) or 0.0 for v in on),
+        })
+    vms = [{
+        "name": v.name, "host": v.host, "managed": v.managed, "cluster": v.cluster, "active": v.active,
+        "vcpus": v.vcpus, "memory_bytes": v.memory_bytes,
+        "cpu_need_cores": v.meta.cpu_need_cores if v.meta else None, "cap_cores": v.cap_cores,
+        "predicted_yield": predicted_yield(v), "measured_cores": measured.get(v.name),
+    } for v in inv.vms]
+    return {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms}
+
+
+def _num(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def render_status(doc: dict[str, Any]) -> None:
+    table = Table(title=f"cluster {doc['cluster']}: hosts")
+    for col in ("host", "cores", "caps (cores)", "measured (cores)", "memory used / usable"):
+        table.add_column(col, justify="left" if col == "host" else "right")
+    for h in doc["hosts"]:
+        usable = h["memory_bytes"] - h["memory_reserved"]
+        table.add_row(h["name"], str(h["cores"]), f"{h['caps_cores']:.3f}",
+                      _num(h["measured_cores"]) if doc["sample_seconds"] else "-",
+                      f"{format_size(h['memory_used_bytes'])} / {format_size(usable)}")
+    console.print(table)
+    if not doc["vms"]:
+        console.print("no VMs")
+        return
+    vt = Table(title="VMs (measured: cores used over the sample window, next to the cap)")
+    for col in ("host", "VM", "cluster", "vCPUs", "memory", "CPU need", "cap", "measured", "pred. yield"):
+        vt.add_column(col, justify="left" if col in ("host", "VM", "cluster") else "right")
+    for v in doc["vms"]:
+        cluster = v["cluster"] or "[dim]unmanaged[/]"
+        state = "" if v["active"] else " [dim](off)[/]"
+        vt.add_row(v["host"], v["name"] + state, cluster, str(v["vcpus"]), format_size(v["memory_bytes"]),
+                   _num(v["cpu_need_cores"]), _num(v["cap_cores"]), _num(v["measured_cores"]),
+                   _num(v["predicted_yield"]))
+    console.print(vt)
+
+
+@click.command("status")
+@cluster_option()
+@click.option("--sample", "seconds", type=click.FloatRange(0, 60), default=2.0, show_default=True, metavar="S",
+              help="Measure each VM's CPU use over S seconds (two CPU-time samples); 0 skips measuring.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def status_cmd(cluster_file: str | None, seconds: float, as_json: bool) -> int:
+    """Show every host and VM of the cluster: caps, predicted yields and measured CPU.
+
+    \b
+    For each host: cores, the sum of caps, the cores its VMs used, memory.
+    For each VM: its virtual cluster (or "unmanaged": not created by vcsched,
+    never touched), vCPUs, memory, CPU need and cap in cores, the cores it used
+    over the sample window (libvirt CPU time, vCPUs + emulator) and the yield
+    its cap gives it (cap / need, paper section 2.3).
+
+    A VM busy at its cap shows measured close to cap; one that idles shows less.
+    """
+    cluster = load_cluster(cluster_file)
+    with LibvirtHypervisor(cluster) as hv:
+        inv = hv.inventory()
+        measured: dict[str, float | None] = {}
+        if seconds > 0 and inv.vms:
+            if as_json:
+                measured = measure_cores(hv, inv.vms, seconds)
+            else:
+                with console.status(f"measuring CPU use over {seconds:g} s ..."):
+                    measured = measure_cores(hv, inv.vms, seconds)
+    doc = status_dict(inv, measured, seconds)
+    if as_json:
+        emit_json(doc)
+    else:
+        render_status(doc)
+    return EXIT_OK

@@ -1,0 +1,288 @@
+"""The libvirt implementation of :class:`hypervisor.base.Hypervisor`: one connection per host URI.
+
+What it reads: each host's cores and memory (``getInfo``; the cluster file may
+override cores and reserve memory), every domain with its vCPUs, memory,
+state, vcsched metadata and cap.  What it writes, and only to managed domains:
+new domains (with metadata and cap in their XML, so a VM never runs
+uncapped) and caps.
+
+Caps (the project's contract, docs/operations.md):
+
+* QEMU/KVM: ``vcpu_period`` = 100000 µs and ``vcpu_quota`` =
+  round(cores / vcpus * period) µs *per vCPU thread* (libvirt applies the
+  quota to each vCPU), set with AFFECT_LIVE (| AFFECT_CONFIG when the domain
+  is persistent), read back with ``schedulerParametersFlags``;
+* Xen: the credit scheduler's ``cap`` = round(cores * 100), percent of one
+  physical CPU; ``weight`` is left alone;
+* the libvirt test driver cannot cap at all: refused naming the host rather
+  than pretending (docs/lab.md).
+
+VMs are created *transient* (``createXML``): a vcsched VM lives where the
+scheduler put it, and a host restart is an adaptation event for the
+controller, not something the host should replay from a stale config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+import libvirt
+
+from hypervisor.base import HypervisorError
+from vcsched.cluster import Cluster, ClusterHost
+from vcsched.errors import InputError
+from vcsched.inventory import METADATA_NS, METADATA_PREFIX, HostState, Inventory, VmMeta, VmState
+from vcsched.plan import CreateStep
+
+PERIOD_US = 100_000
+MIN_QUOTA_US = 1_000  # libvirt/CFS refuse smaller quotas
+_UNLIMITED_QUOTA = 1 << 60  # libvirt reports "no quota" as -1 or as a huge value, depending on version
+
+
+def _quiet() -> None:
+    """libvirt prints every error on stderr by default; ours are reported once, by the CLI."""
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+
+def quota_for(cap_cores: float, vcpus: int) -> int:
+    """Per-vCPU-thread ``vcpu_quota`` (µs per 100 ms) for a cap of ``cap_cores`` cores."""
+    return round(cap_cores / vcpus * PERIOD_US)
+
+
+def metadata_xml(meta: VmMeta) -> str:
+    return (f'<{METADATA_PREFIX}:vm xmlns:{METADATA_PREFIX}="{METADATA_NS}" cluster={quoteattr(meta.cluster)} '
+            f'cpu_need_cores="{meta.cpu_need_cores!r}" memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"/>')
+
+
+def parse_metadata(xml: str) -> VmMeta | None:
+    """The ``<vcsched:vm>`` element libvirt hands back (namespace prefix dropped); None if unusable.
+
+    A domain with broken vcsched metadata is treated as unmanaged: never touching
+    it is the safe reading of "we cannot tell what it needs".
+    """
+    try:
+        el = ET.fromstring(xml)
+        return VmMeta(el.attrib["cluster"], float(el.attrib["cpu_need_cores"]), int(el.attrib["memory_bytes"]),
+                      int(el.attrib["vcpus"]))
+    except (ET.ParseError, KeyError, ValueError):
+        return None
+
+
+def domain_xml(step: CreateStep, partition: str | None) -> str:
+    """The XML of a VM to create: from the request's template, or built for a kernel or disk-image boot."""
+    meta = metadata_xml(VmMeta(step.cluster, step.cpu_need_cores, step.memory_bytes, step.vcpus))
+    quota = quota_for(step.cap_cores, step.vcpus)
+    if step.boot.kind == "template":
+        return _from_template(step, partition, meta, quota)
+    resource = f"<resource><partition>{escape(partition)}</partition></resource>" if partition else ""
+    if step.boot.kind == "kernel":
+        os_xml = (f"<type arch='x86_64'>hvm</type><kernel>{escape(step.boot.kernel or '')}</kernel>"
+                  f"<initrd>{escape(step.boot.initrd or '')}</initrd><cmdline>{escape(step.boot.cmdline)}</cmdline>")
+        disk = ""
+    else:
+        os_xml = "<type arch='x86_64'>hvm</type><boot dev='hd'/>"
+        fmt = "qcow2" if (step.boot.path or "").endswith(".qcow2") else "raw"
+        disk = (f"<disk type='file' device='disk'><driver name='qemu' type='{fmt}'/>"
+                f"<source file={quoteattr(step.boot.path or '')}/><target dev='vda' bus='virtio'/></disk>")
+    return f"""<domain type={quoteattr(step.boot.domain_type)}>
+  <name>{escape(step.vm)}</name>
+  <memory unit='b'>{step.memory_bytes}</memory>
+  <vcpu>{step.vcpus}</vcpu>
+  <metadata>{meta}</metadata>
+  <cputune><period>{PERIOD_US}</period><quota>{quota}</quota></cputune>
+  {resource}
+  <os>{os_xml}</os>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>restart</on_reboot>
+  <on_crash>destroy</on_crash>
+  <devices>
+    {disk}
+    <serial type='null'/>
+    <controller type='usb' model='none'/>
+    <memballoon model='none'/>
+  </devices>
+</domain>
+"""
+
+
+def _from_template(step: CreateStep, partition: str | None, meta: str, quota: int) -> str:
+    """The request's template with name, size, metadata, cap and partition set by vcsched (uuid dropped)."""
+    path = step.boot.path or ""
+    try:
+        root = ET.fromstring(Path(path).read_text())
+    except OSError as exc:
+        raise InputError(f"template {path}: cannot read ({exc.strerror})") from None
+    except ET.ParseError as exc:
+        raise InputError(f"template {path}: malformed XML ({exc})") from None
+    if root.tag != "domain":
+        raise InputError(f"template {path}: root element is <{root.tag}>, expected <domain>")
+    for tag in ("uuid", "name", "memory", "currentMemory", "vcpu", "metadata", "cputune"):
+        for el in root.findall(tag):
+            root.remove(el)
+    ET.SubElement(root, "name").text = step.vm
+    mem = ET.SubElement(root, "memory", unit="b")
+    mem.text = str(step.memory_bytes)
+    ET.SubElement(root, "vcpu").text = str(step.vcpus)
+    md = ET.SubElement(root, "metadata")
+    md.append(ET.fromstring(meta))
+    tune = ET.SubElement(root, "cputune")
+    ET.SubElement(tune, "period").text = str(PERIOD_US)
+    ET.SubElement(tune, "quota").text = str(quota)
+    if partition and root.find("resource") is None:
+        res = ET.SubElement(root, "resource")
+        ET.SubElement(res, "partition").text = partition
+    ET.register_namespace(METADATA_PREFIX, METADATA_NS)
+    return ET.tostring(root, encoding="unicode")
+
+
+class LibvirtHypervisor:
+    """All hosts of one cluster file; connections open on first use and are closed by :meth:`close`."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        _quiet()
+        self.cluster = cluster
+        self._conns: dict[str, Any] = {}
+
+    def __enter__(self) -> LibvirtHypervisor:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _conn(self, host: str) -> Any:
+        if host not in self._conns:
+            h = self.cluster.host(host)
+            try:
+                self._conns[host] = libvirt.open(h.uri)
+            except libvirt.libvirtError as exc:
+                raise HypervisorError(f"host {host}: cannot connect to {h.uri}: {exc.get_error_message()}") from None
+        return self._conns[host]
+
+    def _driver(self, host: str) -> str:
+        return str(self._conn(host).getType()).lower()  # "qemu", "xen", "test", ...
+
+    def _domain(self, host: str, vm: str) -> Any:
+        # Listing instead of lookupByName: a miss is normal here and not an error.
+        for dom in self._conn(host).listAllDomains(0):
+            if dom.name() == vm:
+                return dom
+        raise HypervisorError(f"host {host}: no domain {vm!r}")
+
+    # ----------------------------------------------------------- reading
+
+    def host_state(self, h: ClusterHost) -> HostState:
+        info = self._conn(h.name).getInfo()  # [model, memory MiB, cpus, mhz, nodes, sockets, cores, threads]
+        cores = h.cores if h.cores is not None else int(info[2])
+        return HostState(h.name, cores, int(info[1]) << 20, h.memory_reserved)
+
+    def _vm_state(self, host: str, dom: Any) -> VmState:
+        _state, max_kib, _cur_kib, vcpus, _cpu = dom.info()
+        active = bool(dom.isActive())
+        try:
+            meta = parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0))
+        except libvirt.libvirtError:
+            meta = None  # no vcsched metadata: unmanaged
+        cap = None
+        if active:
+            try:
+                cap = self._read_cap(host, dom, int(vcpus))
+            except HypervisorError:
+                if meta is not None:
+                    raise
+                # An unmanaged domain whose cap cannot be read is still reported, just without a cap.
+        return VmState(dom.name(), host, int(vcpus), int(max_kib) * 1024, active, meta, cap)
+
+    def inventory(self) -> Inventory:
+        hosts, vms = [], []
+        for h in self.cluster.hosts:
+            hosts.append(self.host_state(h))
+            for dom in self._conn(h.name).listAllDomains(0):
+                vms.append(self._vm_state(h.name, dom))
+        return Inventory(self.cluster.name, tuple(hosts), tuple(sorted(vms, key=lambda v: (v.host, v.name))))
+
+    def find_vm(self, name: str) -> VmState | None:
+        for h in self.cluster.hosts:
+            for dom in self._conn(h.name).listAllDomains(0):
+                if dom.name() == name:
+                    return self._vm_state(h.name, dom)
+        return None
+
+    def _read_cap(self, host: str, dom: Any, vcpus: int) -> float | None:
+        driver = self._driver(host)
+        try:
+            if driver == "test":
+                params = dom.schedulerParameters()  # the test driver knows only 'weight': never a cap
+            else:
+                params = dom.schedulerParametersFlags(libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"host {host}: cannot read the cap of {dom.name()!r}: "
+                                  f"{exc.get_error_message()}") from None
+        if driver in ("xen", "libxl") or "cap" in params:
+            cap = int(params.get("cap", 0))
+            return cap / 100 if cap > 0 else None
+        quota, period = params.get("vcpu_quota"), params.get("vcpu_period")
+        if quota is None or not period or quota <= 0 or quota >= _UNLIMITED_QUOTA:
+            return None
+        return float(quota) / float(period) * vcpus
+
+    def read_cap(self, host: str, vm: str) -> float | None:
+        dom = self._domain(host, vm)
+        return self._read_cap(host, dom, int(dom.info()[3]))
+
+    def cpu_time_ns(self, host: str, vm: str) -> int | None:
+        """The whole domain's CPU time (vCPUs + emulator), i.e. what the host really spends on it."""
+        if self._driver(host) == "test":
+            return None  # the test driver returns constants (docs/lab.md): nothing to measure
+        try:
+            return int(self._domain(host, vm).getCPUStats(True)[0]["cpu_time"])
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"host {host}: cannot read CPU time of {vm!r}: {exc.get_error_message()}") from None
+
+    # ----------------------------------------------------------- writing
+
+    def _refuse_uncappable(self, host: str) -> None:
+        if self._driver(host) == "test":
+            raise HypervisorError(f"host {host}: the libvirt test driver ({self.cluster.host(host).uri}) "
+                                  "cannot set CPU caps")
+
+    def create_vm(self, step: CreateStep) -> None:
+        self._refuse_uncappable(step.host)
+        quota = quota_for(step.cap_cores, step.vcpus)
+        if quota < MIN_QUOTA_US:
+            raise HypervisorError(f"host {step.host}: cap {step.cap_cores:.4f} cores for {step.vm!r} is below "
+                                  f"libvirt's minimum vcpu_quota ({MIN_QUOTA_US} µs per {PERIOD_US} µs per vCPU)")
+        xml = domain_xml(step, self.cluster.host(step.host).partition)
+        try:
+            self._conn(step.host).createXML(xml, 0)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"host {step.host}: cannot create {step.vm!r}: {exc.get_error_message()}") from None
+
+    def set_cap(self, host: str, vm: str, cap_cores: float) -> None:
+        self._refuse_uncappable(host)
+        dom = self._domain(host, vm)
+        vcpus = int(dom.info()[3])
+        if self._driver(host) in ("xen", "libxl"):
+            params: dict[str, int] = {"cap": max(1, round(cap_cores * 100))}
+        else:
+            quota = quota_for(cap_cores, vcpus)
+            if quota < MIN_QUOTA_US:
+                raise HypervisorError(f"host {host}: cap {cap_cores:.4f} cores for {vm!r} is below libvirt's "
+                                      f"minimum vcpu_quota ({MIN_QUOTA_US} µs per {PERIOD_US} µs per vCPU)")
+            params = {"vcpu_period": PERIOD_US, "vcpu_quota": quota}
+        flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+        if dom.isPersistent():
+            flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+        try:
+            dom.setSchedulerParametersFlags(params, flags)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"host {host}: cannot cap {vm!r}: {exc.get_error_message()}") from None
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.close()
+        self._conns.clear()
