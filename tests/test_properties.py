@@ -1,0 +1,118 @@
+"""Invariants every registered placing algorithm must keep, checked on random small instances.
+
+The algorithm list comes from :func:`vcsched.registry.algorithms`, so new
+algorithms (e.g. mcb1..mcb8) are covered as soon as they register.  The exact
+MILP is the referee: no algorithm may beat its proved optimum, none may place
+an instance it proved infeasible, and none may beat the LP bound (section 3.1).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vcsched.lpbound import lp_bound
+from vcsched.model import Host, Instance, Job, SolveOptions, SolveResult
+from vcsched.registry import algorithms, solve
+from vcsched.validate import check_allocation
+
+# Bounded so that one example stays well under a second on a shared 2-core machine;
+# the properties do not depend on the bounds.
+OPTIONS = SolveOptions(seed=7, time_limit=10.0, max_attempts=20_000)
+PROPERTY_SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+fraction = st.floats(min_value=0.02, max_value=1.0, allow_nan=False)
+
+
+@st.composite
+def instances(draw: st.DrawFn) -> Instance:
+    n_hosts = draw(st.integers(1, 4))
+    heterogeneous = draw(st.booleans())
+    capacity = st.floats(min_value=0.5, max_value=2.0) if heterogeneous else st.just(1.0)
+    hosts = tuple(Host(f"h{i}", cpu=draw(capacity), memory=draw(capacity)) for i in range(n_hosts))
+    n_jobs = draw(st.integers(1, 8))
+    jobs = tuple(
+        Job(f"j{i}", cpu_need=draw(fraction), memory=draw(fraction), tasks=draw(st.integers(1, 3)))
+        for i in range(n_jobs)
+    )
+    return Instance(hosts=hosts, jobs=jobs)
+
+
+def placing_algorithms() -> list[str]:
+    return sorted(name for name, algo in algorithms().items() if not algo.bound_only)
+
+
+def run_all(instance: Instance) -> dict[str, SolveResult]:
+    return {name: solve(instance, name, OPTIONS) for name in placing_algorithms()}
+
+
+def test_the_registry_holds_the_paper_algorithms() -> None:
+    assert {"gr", "sg", "gb", "sgb", "rrnd", "rrnz", "milp"} <= set(placing_algorithms())
+
+
+@PROPERTY_SETTINGS
+@given(instances())
+def test_every_feasible_result_is_a_valid_allocation(instance: Instance) -> None:
+    for name, result in run_all(instance).items():
+        if result.feasible:
+            assert result.allocation is not None, name
+            check_allocation(instance, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
+
+
+@PROPERTY_SETTINGS
+@given(instances())
+def test_no_algorithm_beats_the_lp_bound(instance: Instance) -> None:
+    bound = lp_bound(instance)
+    for name, result in run_all(instance).items():
+        if result.feasible:
+            assert bound is not None, f"{name} placed an instance whose total memory does not fit"
+            assert result.min_yield is not None
+            assert result.min_yield <= bound + 1e-9, name
+
+
+@PROPERTY_SETTINGS
+@given(instances())
+def test_no_algorithm_beats_a_proved_milp_optimum(instance: Instance) -> None:
+    results = run_all(instance)
+    exact = results["milp"]
+    if not (exact.optimal and exact.feasible):
+        return
+    assert exact.min_yield is not None
+    for name, result in results.items():
+        if result.feasible:
+            assert result.min_yield is not None
+            assert result.min_yield <= exact.min_yield + 1e-6, name
+
+
+@PROPERTY_SETTINGS
+@given(instances())
+def test_no_algorithm_places_an_instance_the_milp_proved_infeasible(instance: Instance) -> None:
+    results = run_all(instance)
+    exact = results["milp"]
+    if exact.feasible or not exact.optimal:
+        return
+    for name, result in results.items():
+        assert not result.feasible, name
+
+
+@PROPERTY_SETTINGS
+@given(instances())
+def test_an_exhausted_backtracking_search_agrees_with_the_milp(instance: Instance) -> None:
+    exact = solve(instance, "milp", OPTIONS)
+    for name in ("gb", "sgb"):
+        result = solve(instance, name, OPTIONS)
+        if result.detail.get("stopped") == "no memory-feasible placement exists":
+            assert not exact.feasible, name
+        if exact.optimal and not exact.feasible:
+            assert not result.feasible, name
+
+
+@PROPERTY_SETTINGS
+@given(instances())
+def test_backtracking_succeeds_whenever_its_greedy_does(instance: Instance) -> None:
+    for greedy, backtracking in (("gr", "gb"), ("sg", "sgb")):
+        first = solve(instance, greedy, OPTIONS)
+        second = solve(instance, backtracking, OPTIONS)
+        if first.feasible:
+            assert second.allocation is not None and first.allocation is not None
+            assert second.allocation.hosts == first.allocation.hosts
