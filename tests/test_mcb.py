@@ -132,6 +132,18 @@ def test_the_c_kernel_rejects_inconsistent_lengths() -> None:
         mcb.pack_c(probe, *unit_hosts(1))
 
 
+@needs_c
+def test_the_c_kernel_rejects_arrays_of_the_wrong_type() -> None:
+    from vcsched import _mcbc  # type: ignore[attr-defined]
+
+    out = np.empty(1, dtype=np.int64)
+    one = np.ones(1)
+    with pytest.raises(TypeError, match="float64"):
+        _mcbc.pack(one.astype(np.float32), one, np.zeros(1, np.int64), np.zeros(0, np.int64), one, one, 0.0, out)
+    with pytest.raises(TypeError, match="int64"):
+        _mcbc.pack(one, one, np.zeros(1, np.int32), np.zeros(0, np.int64), one, one, 0.0, out)
+
+
 # --- sort keys (section 3.4) -------------------------------------------------------------------
 
 KEYS = {

@@ -15,109 +15,121 @@
  * buffer protocol (no numpy headers); the Python wrapper guarantees dtypes,
  * this file checks sizes and index ranges.
  *
- * Why it is fast: placed tasks are unlinked from their list (singly linked
- * over list positions), and each host keeps one cursor per list.  The
- * reference scans a list from its start on every search; a task skipped on
- * this host because it did not fit can never fit later on the same host
- * (free capacity only shrinks), so resuming at the cursor finds the same
- * first fitting task.  Each host therefore walks each list at most once.
+ * Why it is fast: the reference scans a list from its start on every
+ * search, O(n) each.  Here each list is a min-tree (below), so a search skips
+ * whole runs of placed or too-large tasks and costs about O(log n).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+/*
+ * One list as a min-tree over its positions: leaf p holds the CPU and memory
+ * need of the task at position p (+inf once placed); an inner node holds the
+ * minima of its subtree.  The first live task in list order that fits is the
+ * leftmost leaf with c <= limit_c and m <= limit_m; a subtree whose smallest
+ * CPU or memory need is above the limit holds no such task and is skipped.
+ * The leaf test is the reference's comparison, so the choice is the same.
+ */
+static inline double dmin(double a, double b) { return a < b ? a : b; }
+
 typedef struct {
-    const int64_t *task;  /* task index at each list position */
-    Py_ssize_t *next;     /* next live position, -1 at the end */
-    double *tail_c;       /* tail_c[p]: smallest CPU need at positions >= p (placed tasks included) */
-    double *tail_m;       /* the same for memory */
-    Py_ssize_t head;      /* first live position, -1 when empty */
-    Py_ssize_t prev, cur; /* this host's cursor: positions before cur did not fit */
+    const int64_t *task; /* task index at each list position */
+    Py_ssize_t size;     /* number of leaves: a power of two >= the list length */
+    double *min_c;       /* 2 * size nodes, root at 1, leaves at size + p */
+    double *min_m;
 } List;
 
 static int list_init(List *l, const int64_t *task, Py_ssize_t n, const double *cpu, const double *mem)
 {
-    size_t size = (size_t)(n > 0 ? n : 1);
     l->task = task;
-    l->next = (Py_ssize_t *)malloc(sizeof(Py_ssize_t) * size);
-    l->tail_c = (double *)malloc(sizeof(double) * size);
-    l->tail_m = (double *)malloc(sizeof(double) * size);
-    if (l->next == NULL || l->tail_c == NULL || l->tail_m == NULL)
+    l->size = 1;
+    while (l->size < n)
+        l->size *= 2;
+    l->min_c = (double *)malloc(sizeof(double) * 2 * (size_t)l->size);
+    l->min_m = (double *)malloc(sizeof(double) * 2 * (size_t)l->size);
+    if (l->min_c == NULL || l->min_m == NULL)
         return -1;
-    for (Py_ssize_t i = n - 1; i >= 0; i--) {
-        double c = cpu[task[i]], m = mem[task[i]];
-        l->next[i] = (i + 1 < n) ? i + 1 : -1;
-        l->tail_c[i] = (i + 1 < n && l->tail_c[i + 1] < c) ? l->tail_c[i + 1] : c;
-        l->tail_m[i] = (i + 1 < n && l->tail_m[i + 1] < m) ? l->tail_m[i + 1] : m;
+    for (Py_ssize_t p = 0; p < l->size; p++) {
+        l->min_c[l->size + p] = p < n ? cpu[task[p]] : HUGE_VAL;
+        l->min_m[l->size + p] = p < n ? mem[task[p]] : HUGE_VAL;
     }
-    l->head = n > 0 ? 0 : -1;
+    for (Py_ssize_t i = l->size - 1; i >= 1; i--) {
+        l->min_c[i] = dmin(l->min_c[2 * i], l->min_c[2 * i + 1]);
+        l->min_m[i] = dmin(l->min_m[2 * i], l->min_m[2 * i + 1]);
+    }
     return 0;
 }
 
-/* Advance l's cursor to the first live task that fits; returns its task index or -1. */
-static int64_t list_find(List *l, const double *cpu, const double *mem, double limit_c, double limit_m)
+/* Leftmost position under node whose task fits, or -1. */
+static Py_ssize_t list_find_from(const List *l, Py_ssize_t node, double limit_c, double limit_m)
 {
-    while (l->cur != -1) {
-        if (l->tail_c[l->cur] > limit_c || l->tail_m[l->cur] > limit_m) {
-            /* Nothing from here on fits this host (the bound covers every live task after cur). */
-            l->prev = -1; /* never used: cur == -1 means the list is exhausted for this host */
-            l->cur = -1;
-            return -1;
-        }
-        int64_t t = l->task[l->cur];
-        if (cpu[t] <= limit_c && mem[t] <= limit_m)
-            return t;
-        l->prev = l->cur;
-        l->cur = l->next[l->cur];
-    }
-    return -1;
-}
-
-/* Unlink the task at the cursor; the cursor moves to its successor. */
-static void list_take(List *l)
-{
-    Py_ssize_t nxt = l->next[l->cur];
-    if (l->prev == -1)
-        l->head = nxt;
-    else
-        l->next[l->prev] = nxt;
-    l->cur = nxt;
-}
-
-static int get_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *name,
-                      Py_ssize_t *count)
-{
-    if (PyObject_GetBuffer(obj, view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS) < 0)
+    if (l->min_c[node] > limit_c || l->min_m[node] > limit_m)
         return -1;
-    if (view->len % itemsize != 0) {
-        PyErr_Format(PyExc_ValueError, "%s: buffer of %zd bytes is not a whole number of %zd-byte items", name,
-                     view->len, itemsize);
+    if (node >= l->size)
+        return node - l->size;
+    Py_ssize_t p = list_find_from(l, 2 * node, limit_c, limit_m);
+    return p >= 0 ? p : list_find_from(l, 2 * node + 1, limit_c, limit_m);
+}
+
+/* The first live task in list order that fits (its position), or -1. */
+static Py_ssize_t list_find(const List *l, double limit_c, double limit_m)
+{
+    return list_find_from(l, 1, limit_c, limit_m);
+}
+
+/* Mark the task at position p placed. */
+static void list_take(List *l, Py_ssize_t p)
+{
+    Py_ssize_t i = l->size + p;
+    l->min_c[i] = l->min_m[i] = HUGE_VAL;
+    for (i /= 2; i >= 1; i /= 2) {
+        l->min_c[i] = dmin(l->min_c[2 * i], l->min_c[2 * i + 1]);
+        l->min_m[i] = dmin(l->min_m[2 * i], l->min_m[2 * i + 1]);
+    }
+}
+
+/* A C-contiguous buffer of 8-byte items of the given kind: 'd' float64, 'i' int64. */
+static int get_buffer(PyObject *obj, Py_buffer *view, int writable, char kind, const char *name, Py_ssize_t *count)
+{
+    if (PyObject_GetBuffer(obj, view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    int ok = view->itemsize == 8 && f[1] == '\0' &&
+             (kind == 'd' ? *f == 'd' : (*f == 'q' || *f == 'l'));
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a contiguous %s array, got format '%s' with %zd-byte items", name,
+                     kind == 'd' ? "float64" : "int64", view->format ? view->format : "B", view->itemsize);
         PyBuffer_Release(view);
         return -1;
     }
-    *count = view->len / itemsize;
+    *count = view->len / 8;
     return 0;
 }
 
 static PyObject *pack(PyObject *self, PyObject *args)
 {
+    (void)self;
     PyObject *o[6], *o_out;
     double eps;
     if (!PyArg_ParseTuple(args, "OOOOOOdO:pack", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &eps, &o_out))
         return NULL;
     static const char *names[6] = {"cpu", "mem", "cpu_heavy", "mem_heavy", "host_cpu", "host_mem"};
-    static const Py_ssize_t sizes[6] = {8, 8, 8, 8, 8, 8};
+    static const char kinds[6] = {'d', 'd', 'i', 'i', 'd', 'd'};
     Py_buffer v[7];
     Py_ssize_t n[7];
     int got = 0;
     PyObject *result = NULL;
-    List lists[2] = {{0}, {0}};
+    List lists[2] = {{NULL, 0, NULL, NULL}, {NULL, 0, NULL, NULL}};
 
     for (; got < 6; got++)
-        if (get_buffer(o[got], &v[got], 0, sizes[got], names[got], &n[got]) < 0)
+        if (get_buffer(o[got], &v[got], 0, kinds[got], names[got], &n[got]) < 0)
             goto done;
-    if (get_buffer(o_out, &v[6], 1, 8, "out", &n[6]) < 0)
+    if (get_buffer(o_out, &v[6], 1, 'i', "out", &n[6]) < 0)
         goto done;
     got = 7;
 
@@ -153,23 +165,19 @@ static PyObject *pack(PyObject *self, PyObject *args)
     Py_ssize_t left = n_tasks;
     for (Py_ssize_t h = 0; h < n_hosts && left > 0; h++) {
         double free_c = hcpu[h], free_m = hmem[h];
-        for (int li = 0; li < 2; li++) {
-            lists[li].prev = -1;
-            lists[li].cur = lists[li].head;
-        }
         int first = 1;
         while (left > 0) {
             /* First task: CPU-heavy list, then memory-heavy.  Then against the imbalance. */
-            int a = (first || free_c > free_m) ? 0 : 1;
-            int li = a;
-            int64_t t = list_find(&lists[a], cpu, mem, free_c + eps, free_m + eps);
-            if (t < 0) {
-                li = 1 - a;
-                t = list_find(&lists[li], cpu, mem, free_c + eps, free_m + eps);
+            int li = (first || free_c > free_m) ? 0 : 1;
+            Py_ssize_t p = list_find(&lists[li], free_c + eps, free_m + eps);
+            if (p < 0) {
+                li = 1 - li;
+                p = list_find(&lists[li], free_c + eps, free_m + eps);
             }
-            if (t < 0)
+            if (p < 0)
                 break; /* nothing fits: next host */
-            list_take(&lists[li]);
+            int64_t t = lists[li].task[p];
+            list_take(&lists[li], p);
             out[t] = (int64_t)h;
             free_c -= cpu[t];
             free_m -= mem[t];
@@ -181,9 +189,8 @@ static PyObject *pack(PyObject *self, PyObject *args)
 
 done:
     for (int li = 0; li < 2; li++) {
-        free(lists[li].next);
-        free(lists[li].tail_c);
-        free(lists[li].tail_m);
+        free(lists[li].min_c);
+        free(lists[li].min_m);
     }
     for (int i = 0; i < got; i++)
         PyBuffer_Release(&v[i]);
@@ -197,7 +204,8 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_mcbc",
-                                    "C kernel of the MCB packing (vcsched.mcb).", -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_mcbc", "C kernel of the MCB packing (vcsched.mcb).", -1, methods, NULL, NULL, NULL, NULL,
+};
 
 PyMODINIT_FUNC PyInit__mcbc(void) { return PyModule_Create(&module); }
