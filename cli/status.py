@@ -60,9 +60,10 @@ def render_status(doc: dict[str, Any]) -> None:
     if not doc["vms"]:
         console.print("no VMs")
         return
-    vt = Table(title="VMs (measured: cores used over the sample window, next to the cap)")
-    for col in ("host", "VM", "cluster", "vCPUs", "memory", "CPU need", "cap", "measured", "pred. yield"):
-        vt.add_column(col, justify="left" if col in ("host", "VM", "cluster") else "right")
+    vt = Table(title="VMs (cores: need alone, cap, used over the sample window; yield = cap / need)")
+    for col in ("host", "VM", "cluster", "vCPUs", "memory", "need", "cap", "used", "yield"):
+        vt.add_column(col, justify="left" if col in ("host", "VM", "cluster") else "right",
+                      no_wrap=col in ("VM", "cluster"))
     for v in doc["vms"]:
         cluster = v["cluster"] or "[dim]unmanaged[/]"
         state = "" if v["active"] else " [dim](off)[/]"

@@ -73,7 +73,12 @@ def parse_metadata(xml: str) -> VmMeta | None:
 
 
 def domain_xml(step: CreateStep, partition: str | None) -> str:
-    """The XML of a VM to create: from the request's template, or built for a kernel or disk-image boot."""
+    """The XML of a VM to create: from the request's template, or built for a kernel or disk-image boot.
+
+    The serial console is a pty (``virsh console``), not a log file: a file
+    serial fails on a host whose /var/log/libvirt/qemu does not exist yet
+    (measured on a fresh lab host), and libvirt offers no way to create it.
+    """
     meta = metadata_xml(VmMeta(step.cluster, step.cpu_need_cores, step.memory_bytes, step.vcpus))
     quota = quota_for(step.cap_cores, step.vcpus)
     if step.boot.kind == "template":
@@ -101,7 +106,7 @@ def domain_xml(step: CreateStep, partition: str | None) -> str:
   <on_crash>destroy</on_crash>
   <devices>
     {disk}
-    <serial type='null'/>
+    <serial type='pty'><target port='0'/></serial>
     <controller type='usb' model='none'/>
     <memballoon model='none'/>
   </devices>

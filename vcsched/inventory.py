@@ -4,10 +4,13 @@ A hypervisor backend (:mod:`hypervisor`) reads this; the core decides from it.
 
 The **snapshot hash** names the inventory a plan was computed from, so that
 ``vcsched apply`` can refuse a plan made for a cluster that has changed since.
-It covers exactly the *inputs* of the decision: each host's usable cores and
-memory, and every running VM's name, host, memory, vCPUs and (for managed VMs)
+It covers the *inputs* of the decision: each host's name and usable cores,
+and every running VM's name, host, memory, vCPUs and (for managed VMs)
 virtual cluster and CPU need.  It deliberately leaves out
 
+* hosts' memory — libvirt's node memory drifts between calls on a live host
+  (measured on the lab: ``getInfo`` said 4698 MiB, then 5082 MiB minutes
+  later), which would refuse every saved plan; the VMs' memory is covered;
 * current caps — they are the decision's *output*; a plan rewrites them, and
   a half-applied plan must still match its own snapshot so a re-run converges;
 * the VMs the plan itself creates (``exclude``), for the same reason.
@@ -107,7 +110,7 @@ class Inventory:
 
 def canonical(inventory: Inventory, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The decision inputs as a JSON-ready value with a fixed order (see the module docstring)."""
-    hosts = [{"name": h.name, "cores": h.cores, "memory": h.usable_memory}
+    hosts = [{"name": h.name, "cores": h.cores}
              for h in sorted(inventory.hosts, key=lambda h: h.name)]
     vms = []
     for v in sorted(inventory.vms, key=lambda v: (v.name, v.host)):
