@@ -5,7 +5,10 @@ experiment controller on the other):
 
 1. **bare** — subject 0 outside any limit: the reference rate (the paper's
    "compute rate measured on the raw hardware");
-2. **uncapped** — subject 0 under the mechanism with no limit: the overhead;
+2. **uncapped** — subject 0 under the mechanism with no limit: the overhead.
+   Phases 1 and 2 alternate ``pairs`` times: the overhead is a fraction of a
+   percent while a shared machine's speed drifts by percents, so one pair
+   alone would mostly measure the drift;
 3. **accuracy** — for n = 1..N concurrent subjects and every cap c with
    n * c <= 1: each runs capped at c; expected rate = c * bare;
 4. **responsiveness** — subject 0 steps from a low cap to a high one and back;
@@ -73,6 +76,7 @@ class Config:
     stride: float = 0.01
     settle: float = SETTLE
     confirm: float | None = 1.0  # seconds the rate must stay in band to count as settled (None: to the end)
+    pairs: int = 3  # alternating bare / uncapped measurements for the overhead
 
     def __post_init__(self) -> None:
         for i, c in enumerate(self.caps):
@@ -94,6 +98,8 @@ class Config:
             raise InputError(f"steps: low cap {lo:g} must be below high cap {hi:g}")
         if self.confirm is not None and self.confirm <= 0:
             raise InputError(f"confirm: {self.confirm:g} s is not positive")
+        if self.pairs < 1:
+            raise InputError(f"pairs: {self.pairs} is below 1")
         if self.settle < 0:
             raise InputError(f"settle: {self.settle:g} s is negative")
         if self.window <= 0 or self.window >= self.duration:
@@ -105,8 +111,8 @@ class Config:
 
     def planned_seconds(self, bare_measured: bool) -> float:
         phase = self.settle + self.duration
-        bare = 2 * phase if bare_measured else 0.0
-        return bare + phase + len(self.cap_runs()) * phase + self.settle + 3 * self.duration
+        bare = (self.pairs + 1) * phase if bare_measured else 0.0
+        return bare + self.pairs * phase + len(self.cap_runs()) * phase + self.settle + 3 * self.duration
 
 
 @dataclass(frozen=True)
@@ -157,8 +163,10 @@ class Result:
     config: Config
     bare_before: Measured | None
     bare_after: Measured | None
-    bare: Measured
-    uncapped: Measured
+    bare: Measured  # mean of every bare measurement (or the nominal value)
+    uncapped: Measured  # mean of the uncapped measurements
+    bare_runs: tuple[Measured, ...]  # the paired bare measurements, in order (empty when nominal)
+    uncapped_runs: tuple[Measured, ...]
     rate_overhead: float
     share_overhead: float
     runs: tuple[CapRun, ...]
@@ -245,13 +253,18 @@ def run(subjects: Subjects, cfg: Config, backend: str, cpu: int, progress: Progr
         raise ValueError(f"{subjects.count} subjects for {cfg.workers} workers")
     tick: Progress = progress or (lambda _label, _s: None)
 
-    bare_before = bare_after = None
-    if subjects.nominal_bare is None:
-        subjects.make_bare(0)
-        (bare_before,) = measure(subjects, [0], cfg.duration, tick, "bare rate (no cgroup limit)", cfg.settle)
-
-    subjects.set_cap(0, None)
-    (uncapped,) = measure(subjects, [0], cfg.duration, tick, "uncapped under the mechanism", cfg.settle)
+    bare_runs: list[Measured] = []
+    uncapped_runs: list[Measured] = []
+    for k in range(cfg.pairs):
+        if subjects.nominal_bare is None:
+            subjects.make_bare(0)
+            bare_runs += measure(subjects, [0], cfg.duration, tick, f"bare rate ({k + 1}/{cfg.pairs})", cfg.settle)
+        subjects.set_cap(0, None)
+        label = f"uncapped in the mechanism ({k + 1}/{cfg.pairs})"
+        uncapped_runs += measure(subjects, [0], cfg.duration, tick, label, cfg.settle)
+    uncapped = _mean(uncapped_runs)
+    bare_before = bare_runs[0] if bare_runs else None
+    bare_after = None
 
     runs_raw: list[tuple[int, float, list[Measured]]] = []
     for n, cap in cfg.cap_runs():
@@ -279,10 +292,10 @@ def run(subjects: Subjects, cfg: Config, backend: str, cpu: int, progress: Progr
     if subjects.nominal_bare is None:
         subjects.make_bare(0)
         (bare_after,) = measure(subjects, [0], cfg.duration, tick, "bare rate again (drift check)", cfg.settle)
-        assert bare_before is not None
-        bare = Measured((bare_before.rate + bare_after.rate) / 2, (bare_before.share + bare_after.share) / 2)
+        bare = _mean([*bare_runs, bare_after])
+        paired_bare = _mean(bare_runs)
     else:
-        bare = Measured(subjects.nominal_bare, subjects.nominal_bare)
+        bare = paired_bare = Measured(subjects.nominal_bare, subjects.nominal_bare)
 
     runs = tuple(_cap_run(n, cap, got, bare) for n, cap, got in runs_raw)
     work = _join([w for w, _ in segments], t0)
@@ -319,8 +332,10 @@ def run(subjects: Subjects, cfg: Config, backend: str, cpu: int, progress: Progr
         bare_after=bare_after,
         bare=bare,
         uncapped=uncapped,
-        rate_overhead=overhead(bare.rate, uncapped.rate),
-        share_overhead=overhead(bare.share, uncapped.share),
+        bare_runs=tuple(bare_runs),
+        uncapped_runs=tuple(uncapped_runs),
+        rate_overhead=overhead(paired_bare.rate, uncapped.rate),
+        share_overhead=overhead(paired_bare.share, uncapped.share),
         runs=runs,
         rate_error=summarize_errors([e for r in runs for e in r.rate_errors]),
         share_error=summarize_errors([e for r in runs for e in r.share_errors]),
@@ -328,6 +343,10 @@ def run(subjects: Subjects, cfg: Config, backend: str, cpu: int, progress: Progr
         step_work=work,
         step_cpu=cpu_trace,
     )
+
+
+def _mean(ms: Sequence[Measured]) -> Measured:
+    return Measured(sum(m.rate for m in ms) / len(ms), sum(m.share for m in ms) / len(ms))
 
 
 def _cap_run(n: int, cap: float, got: Sequence[Measured], bare: Measured) -> CapRun:

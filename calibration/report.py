@@ -39,6 +39,7 @@ def result_to_dict(result: Result, conditions: dict[str, Any] | None = None) -> 
             "steps": list(cfg.steps),
             "window_s": cfg.window,
             "confirm_s": cfg.confirm,
+            "pairs": cfg.pairs,
         },
         "conditions": conditions or {},
         "bare": asdict(result.bare),
@@ -46,6 +47,10 @@ def result_to_dict(result: Result, conditions: dict[str, Any] | None = None) -> 
         "bare_after": asdict(result.bare_after) if result.bare_after else None,
         "bare_drift": result.bare_drift,
         "uncapped": asdict(result.uncapped),
+        "overhead_pairs": [
+            {"bare": asdict(b) if b else None, "uncapped": asdict(u) if u else None}
+            for b, u in itertools.zip_longest(result.bare_runs, result.uncapped_runs)
+        ],
         "overhead": {"rate": result.rate_overhead, "share": result.share_overhead},
         "error": {
             "rate": {"mean": result.rate_error.mean, "max": result.rate_error.worst, "count": result.rate_error.count},

@@ -175,6 +175,13 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     help="Averaging window (s) for the response time. Default: 0.1 (one CFS period) for cgroup, 1.0 for libvirt.",
 )
 @click.option(
+    "--pairs",
+    type=click.IntRange(1, 20),
+    default=3,
+    show_default=True,
+    help="Alternating bare/uncapped measurements averaged for the overhead.",
+)
+@click.option(
     "--confirm",
     type=click.FloatRange(0, 600, min_open=True),
     default=1.0,
@@ -209,6 +216,7 @@ def calibrate_cmd(
     tolerance: float,
     steps: tuple[float, ...],
     window: float | None,
+    pairs: int,
     confirm: float,
     cpu: int | None,
     priority: str,
@@ -245,6 +253,7 @@ def calibrate_cmd(
         steps=(steps[0], steps[1]),
         window=window if window is not None else default_window,
         confirm=confirm,
+        pairs=pairs,
     )
     from calibration.cgroup_backend import quota_for
 

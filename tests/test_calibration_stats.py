@@ -201,7 +201,7 @@ class SimulatedSubjects:
 
 
 FAST = Config(caps=(0.25, 0.5), workers=2, duration=0.12, steps=(0.25, 0.75), window=0.04, stride=0.01, settle=0.02)
-ONE = Config(caps=(0.5,), duration=0.12, window=0.04, settle=0.02)
+ONE = Config(caps=(0.5,), duration=0.12, window=0.04, settle=0.02, pairs=2)
 
 
 def test_exact_caps_give_zero_error_and_immediate_response() -> None:
@@ -233,7 +233,7 @@ def test_only_caps_that_fit_one_cpu_together_are_measured() -> None:
     ("kwargs", "field"),
     [({"caps": (0.5, 1.2)}, "caps[1]"), ({"duration": 0.0}, "duration"), ({"workers": 0}, "workers"),
      ({"steps": (0.75, 0.25)}, "steps"), ({"tolerance": 0.0}, "tolerance"), ({"window": 5.0}, "window"),
-     ({"settle": -1.0}, "settle")],
+     ({"settle": -1.0}, "settle"), ({"pairs": 0}, "pairs")],
 )
 def test_config_names_the_bad_field(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(InputError, match=re.escape(field)):
@@ -246,6 +246,7 @@ def test_json_document_carries_every_measurement() -> None:
     assert doc["cpu"] == 3 and doc["conditions"] == {"loadavg_1m": 0.1}
     assert doc["runs"][0]["cap"] == 0.5 and len(doc["runs"][0]["measured"]) == 1
     assert doc["xen_reference"]["max_error"] == 0.0599
+    assert len(doc["overhead_pairs"]) == 2 and doc["overhead_pairs"][0]["bare"]["rate"] > 0
     assert "| mean absolute error |" in markdown(result)
 
 
