@@ -285,6 +285,14 @@ def test_the_first_probe_is_half_the_lp_bound() -> None:
     assert r.probe_yield == pytest.approx(1 / 3)
 
 
+def test_there_is_always_at_least_one_probe() -> None:
+    # Y_LP = 2/3 is below a (silly) precision of 0.9: the search still probes Y_LP / 2 once.
+    inst = make_instance([(1.0, 0.1)] * 3, n_hosts=2)
+    r = mcb.search(inst, "mcb8", 0.9)
+    assert r.probes == 1 and r.hosts is not None
+    assert r.probe_yield == pytest.approx(1 / 3)
+
+
 def test_unknown_variant_and_bad_precision_are_input_errors() -> None:
     inst = make_instance([(0.5, 0.5)], n_hosts=1)
     with pytest.raises(InputError, match="variant"):

@@ -257,7 +257,9 @@ def search(instance: Instance, variant: str, precision: float = 1e-4, backend: s
     best: np.ndarray | None = None
     best_y: float | None = None
     probes = 0
-    while hi - lo >= precision:
+    # At least one probe, even when Y_LP itself is below the precision (a huge, CPU-starved instance):
+    # otherwise such an instance would be declared infeasible without a single try.
+    while probes == 0 or hi - lo >= precision:
         y = (lo + hi) / 2.0  # the first probe is Y_LP / 2
         probes += 1
         hosts = kernel(probe_lists(instance, var, y), host_cpu, host_mem)
