@@ -98,7 +98,7 @@ def test_calibrate_command_on_a_lab_guest(guest: tuple[str, Any]) -> None:
     r = CliRunner().invoke(
         cli,
         ["calibrate", "--backend", "libvirt", "--connect", uri, "--domain", dom.name(),
-         "--caps", "0.5", "--duration", "1.2", "--window", "0.5", "--json"],
+         "--caps", "0.5", "--duration", "1.2", "--window", "0.5", "--pairs", "1", "--json"],
     )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
