@@ -165,17 +165,23 @@ def markdown(result: Result, conditions: dict[str, Any] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: Result, path: str) -> None:
-    """Two panels: measured vs expected per cap, and the rate through the cap steps (needs matplotlib)."""
+def require_matplotlib(path: str) -> None:
+    """Fail before a long run rather than after it when the plot cannot be drawn."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
         raise InputError(
             f"--plot {path}: matplotlib is not installed (pip install 'vcsched[plot]' or pip install matplotlib)"
         ) from None
+
+
+def plot(result: Result, path: str) -> None:
+    """Two panels: measured vs expected per cap, and the rate through the cap steps (needs matplotlib)."""
+    require_matplotlib(path)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, (acc, resp) = plt.subplots(1, 2, figsize=(11, 4.2))
     caps = np.array([r.cap for r in result.runs for _ in r.measured])
     rates = np.array([m.rate / result.bare.rate for r in result.runs for m in r.measured])

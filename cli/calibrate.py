@@ -14,7 +14,7 @@ from rich.table import Table
 
 from calibration.cpus import check_cpu, conditions, cpu_busy, least_loaded_cpu
 from calibration.experiment import Config, Result, Subjects, run
-from calibration.report import markdown, pct, plot, rate_text, result_to_dict, summary_rows
+from calibration.report import markdown, pct, plot, rate_text, require_matplotlib, result_to_dict, summary_rows
 from cli.app import console, emit_json, err_console
 from vcsched.errors import InputError
 
@@ -255,6 +255,8 @@ def calibrate_cmd(
         confirm=confirm,
         pairs=pairs,
     )
+    if plot_path:
+        require_matplotlib(plot_path)
     from calibration.cgroup_backend import quota_for
 
     for c in (*caps, *steps):
