@@ -145,9 +145,8 @@ def pack_python(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray) -
 
     A literal transcription of section 3.4: every search scans its list from
     the start for the first task still unplaced that fits.  (The C kernel
-    resumes each scan where the previous one on the same host stopped, which
-    picks the same tasks because free capacity only shrinks while a host
-    fills; the tests check the two agree.)
+    finds the same task in a min-tree over list positions, skipping runs of
+    tasks that cannot fit; the tests check the two agree.)
     """
     n = len(lists.cpu)
     hosts = np.full(n, -1, dtype=np.int64)
