@@ -195,7 +195,10 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
         report = None
         if decision.plan is not None:
             if output:
-                Path(output).write_text(_plan_json(decision.plan))
+                try:
+                    Path(output).write_text(_plan_json(decision.plan))
+                except OSError as exc:
+                    raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
             if do_apply:
                 if not as_json:
                     render_decision(request, decision, inventory)

@@ -156,3 +156,12 @@ def test_admitted_plans_respect_every_host_at_every_step(existing: list[Any], k:
         assert p.yield_ >= d.plan.min_yield - 1e-6, name
     assert all(total <= 2 + 1e-6 for total in caps.values())
     assert cap_overruns(d.plan.steps, current_caps(inv), {f"h{i}": 2.0 for i in range(3)}) == []
+
+
+def test_pinned_vms_that_already_overload_a_host_bound_the_yield() -> None:
+    # h0 carries 2 cores of need on 1 core: nobody can get more than 0.5, whatever the new VM does.
+    inv = inventory_of([managed("a-0", "h0", "a", 1.0, cap=0.5), managed("a-1", "h0", "a", 1.0, cap=0.5)])
+    d = admit(cluster_of(), inv, request(vms=1, need=0.5))
+    assert d.admitted and d.plan is not None
+    assert d.min_yield == pytest.approx(0.5, abs=1e-6)
+    assert d.plan.per_vm["web-0"].host == "h1"

@@ -127,6 +127,16 @@ def _existing(inventory: Inventory, n_ref: int, mem_ref: int) -> _Existing:
     return _Existing(tuple(jobs), tuple(vms), tuple(hosts))
 
 
+def _pinned_bound(instance: Instance, existing: _Existing) -> float:
+    n_old = len(existing.hosts)
+    if n_old == 0:
+        return 1.0
+    load = np.bincount(np.asarray(existing.hosts, dtype=np.int64), weights=instance.task_alpha[:n_old],
+                       minlength=instance.n_hosts)
+    used = load > 0
+    return float(min(1.0, np.min(instance.host_cpu[used] / load[used])))
+
+
 def _residual_placement(base: Instance, existing: _Existing, new: Job, y: float, algorithm: str,
                         options: SolveOptions) -> np.ndarray | None:
     """Hosts for the new job's tasks if ``algorithm`` reaches yield ``y`` in the capacity left at ``y``."""
@@ -171,7 +181,9 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
     total_mem = float(instance.task_mem.sum())
     if total_mem > float(instance.host_mem.sum()) + _EPS:
         return Decision(False, _memory_reason(request, inventory, unmanaged_mem), None)
-    upper = min(1.0, float(instance.host_cpu.sum() / instance.task_alpha.sum()))
+    # Pinned VMs bound Y by themselves (min_h C_h / L_h over their hosts); searching above that
+    # bound would let a host whose pinned load alone misses Y look merely "full".
+    upper = min(1.0, float(instance.host_cpu.sum() / instance.task_alpha.sum()), _pinned_bound(instance, existing))
     best = _residual_placement(instance, existing, new, upper, algorithm, options)
     if best is None:
         lo, hi = 0.0, upper
