@@ -40,7 +40,6 @@ from vcsched.plan import CreateStep
 
 PERIOD_US = 100_000
 MIN_QUOTA_US = 1_000  # libvirt/CFS refuse smaller quotas
-_UNLIMITED_QUOTA = 1 << 60  # libvirt reports "no quota" as -1 or as a huge value, depending on version
 
 
 def _quiet() -> None:
@@ -230,7 +229,9 @@ class LibvirtHypervisor:
             cap = int(params.get("cap", 0))
             return cap / 100 if cap > 0 else None
         quota, period = params.get("vcpu_quota"), params.get("vcpu_period")
-        if quota is None or not period or quota <= 0 or quota >= _UNLIMITED_QUOTA:
+        # -1 means no quota; so does anything above the period (libvirt's maximum, 17592186044415,
+        # is what some versions report): a quota longer than the period cannot slow one vCPU thread.
+        if quota is None or not period or quota <= 0 or quota > period:
             return None
         return float(quota) / float(period) * vcpus
 

@@ -259,3 +259,89 @@ def test_apply_refuses_a_malformed_plan(tmp_path: Path, lab_cluster: Path) -> No
     p.write_text('{"version": 1}')
     line = one_line_error(run("apply", p, "--cluster", lab_cluster))
     assert "plan: missing field" in line
+
+
+# ------------------------------------------------------------------ cap parameters per driver (fake connection)
+
+
+class FakeDomain:
+    """Records scheduler calls; enough of virDomain for set_cap/read_cap."""
+
+    def __init__(self, name: str, vcpus: int, persistent: bool, params: dict[str, Any]) -> None:
+        self._name, self._vcpus, self._persistent, self.params = name, vcpus, persistent, params
+        self.calls: list[tuple[dict[str, Any], int]] = []
+
+    def name(self) -> str:
+        return self._name
+
+    def info(self) -> list[int]:
+        return [1, 131072, 131072, self._vcpus, 0]
+
+    def isPersistent(self) -> bool:
+        return self._persistent
+
+    def setSchedulerParametersFlags(self, params: dict[str, Any], flags: int) -> None:
+        self.calls.append((params, flags))
+        self.params.update(params)
+
+    def schedulerParametersFlags(self, flags: int) -> dict[str, Any]:
+        return dict(self.params)
+
+
+class FakeConn:
+    def __init__(self, driver: str, dom: FakeDomain) -> None:
+        self.driver, self.dom = driver, dom
+
+    def getType(self) -> str:
+        return self.driver
+
+    def listAllDomains(self, flags: int) -> list[FakeDomain]:
+        return [self.dom]
+
+    def close(self) -> None:
+        pass
+
+
+def fake_backend(driver: str, dom: FakeDomain) -> LibvirtHypervisor:
+    hv = LibvirtHypervisor(Cluster("t", (ClusterHost("h0", "qemu:///system"),)))
+    hv._conns["h0"] = FakeConn(driver, dom)
+    return hv
+
+
+def test_qemu_caps_are_a_per_vcpu_quota_live_and_in_the_persistent_config() -> None:
+    import libvirt
+
+    dom = FakeDomain("v", 2, True, {"vcpu_period": 100_000, "vcpu_quota": -1})
+    hv = fake_backend("QEMU", dom)
+    hv.set_cap("h0", "v", 1.5)
+    assert dom.calls == [({"vcpu_period": 100_000, "vcpu_quota": 75_000},
+                          libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_AFFECT_CONFIG)]
+    assert hv.read_cap("h0", "v") == pytest.approx(1.5)
+
+
+def test_a_transient_domain_is_capped_live_only() -> None:
+    import libvirt
+
+    dom = FakeDomain("v", 1, False, {})
+    fake_backend("QEMU", dom).set_cap("h0", "v", 0.5)
+    assert dom.calls[0][1] == libvirt.VIR_DOMAIN_AFFECT_LIVE
+
+
+def test_an_unlimited_quota_reads_as_no_cap() -> None:
+    dom = FakeDomain("v", 1, False, {"vcpu_period": 100_000, "vcpu_quota": 17592186044415})
+    assert fake_backend("QEMU", dom).read_cap("h0", "v") is None
+
+
+def test_xen_caps_are_percent_of_one_cpu_and_weight_is_left_alone() -> None:
+    dom = FakeDomain("v", 2, True, {"weight": 256, "cap": 0})
+    hv = fake_backend("Xen", dom)
+    hv.set_cap("h0", "v", 1.25)
+    assert dom.calls[0][0] == {"cap": 125}
+    assert dom.params["weight"] == 256 and hv.read_cap("h0", "v") == pytest.approx(1.25)
+
+
+def test_a_cap_below_libvirts_minimum_quota_is_refused_naming_the_vm() -> None:
+    dom = FakeDomain("v", 4, False, {})
+    with pytest.raises(HypervisorError, match=r"^host h0: cap 0\.0200 cores for 'v' is below"):
+        fake_backend("QEMU", dom).set_cap("h0", "v", 0.02)
+    assert dom.calls == []
