@@ -345,3 +345,23 @@ def test_a_cap_below_libvirts_minimum_quota_is_refused_naming_the_vm() -> None:
     with pytest.raises(HypervisorError, match=r"^host h0: cap 0\.0200 cores for 'v' is below"):
         fake_backend("QEMU", dom).set_cap("h0", "v", 0.02)
     assert dom.calls == []
+
+
+# ------------------------------------------------------------------ CLI: refusals and the default cluster
+
+
+def test_a_refused_request_exits_1_with_the_reason(tmp_path: Path, lab_cluster: Path) -> None:
+    req = write_request(tmp_path, WEB.replace("vms = 2", "vms = 4").replace("cpu_cores = 0.5", "cpu_cores = 1\n"
+                                                                            "min_yield = 0.9"))
+    result = run("place", req, "--cluster", lab_cluster, "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert not doc["admitted"] and doc["plan"] is None
+    assert doc["reason"] == "the minimum yield would be 0.5000, below request 'web' min_yield 0.9"
+
+
+def test_without_cluster_file_or_running_lab_place_says_how_to_get_one(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VCSCHED_LAB_DIR", str(tmp_path / "nolab"))
+    line = one_line_error(run("place", write_request(tmp_path, WEB)))
+    assert "--cluster: no cluster file given and no lab is running" in line
