@@ -91,8 +91,10 @@ def render_result(instance: Instance, result: SolveResult) -> None:
               help="Wall-clock limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false).")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=500_000, show_default=True,
               help="Placement attempts before gb/sgb give up backtracking (paper: 500,000).")
+@click.option("--precision", type=click.FloatRange(min=1e-9, max=0.1), default=1e-4, show_default=True,
+              help="MCB binary search stops when the yield interval is narrower than this.")
 def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
-              time_limit: float | None, max_attempts: int) -> int:
+              time_limit: float | None, max_attempts: int, precision: float) -> int:
     """Place the jobs of INSTANCE.json on its hosts and report the yields.
 
     \b
@@ -112,7 +114,8 @@ def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
         raise click.BadParameter(f"unknown algorithm {algorithm!r} (known: {', '.join(sorted(algos))})",
                                  param_hint="'--algorithm'")
     instance = instance_from_dict(read_json_file(instance_file, "instance"))
-    result = solve(instance, algorithm, SolveOptions(seed=seed, time_limit=time_limit, max_attempts=max_attempts))
+    result = solve(instance, algorithm, SolveOptions(seed=seed, time_limit=time_limit, max_attempts=max_attempts,
+                                                      precision=precision))
     if result.allocation is not None:
         check_allocation(instance, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
     if as_json:
