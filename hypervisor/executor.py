@@ -151,13 +151,15 @@ class ApplyReport:
 def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
     """Does the live cluster still match the inventory the plan was computed from?
 
-    The VMs the plan creates are left out of the comparison (see
-    :mod:`vcsched.inventory`), so a half-applied plan still matches.
+    The VMs the plan creates, and the hosts of the VMs it moves, are left out
+    of the comparison (see :mod:`vcsched.inventory`), so a half-applied plan
+    still matches.  Whoever computes a plan that moves VMs must hash with the
+    same ``moving`` set: ``snapshot_hash(inventory, moving=plan.moved_vms())``.
     """
     inv = hv.inventory()
     if inv.cluster != plan.cluster:
         raise InputError(f"plan.cluster: plan is for cluster {plan.cluster!r}, this is {inv.cluster!r}")
-    return snapshot_hash(inv, plan.created_vms()) == plan.snapshot
+    return snapshot_hash(inv, plan.created_vms(), plan.moved_vms()) == plan.snapshot
 
 
 def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import given, settings
@@ -110,3 +111,30 @@ def test_ordered_steps_never_overrun_a_host_at_any_prefix(case: Any) -> None:
     ordered = order_steps(steps, now, cores)
     assert sorted(s.vm for s in ordered) == sorted(s.vm for s in steps)
     assert cap_overruns(ordered, now, cores) == []
+
+
+def test_the_snapshot_ignores_the_host_of_a_vm_the_plan_moves() -> None:
+    from dataclasses import replace
+
+    from tests.test_admission import inventory_of, managed
+    from vcsched.inventory import snapshot_hash
+
+    before = inventory_of([managed("a-0", "h0", "a", 0.5), managed("b-0", "h1", "b", 0.5)])
+    moved = replace(before, vms=(replace(before.vms[0], host="h1"), before.vms[1]))
+    assert snapshot_hash(before) != snapshot_hash(moved)
+    assert snapshot_hash(before, moving=frozenset({"a-0"})) == snapshot_hash(moved, moving=frozenset({"a-0"}))
+
+
+@dataclass(frozen=True)
+class Hop(SetCapStep):
+    """A step kind that moves its VM (as the adaptation's ``migrate`` will)."""
+
+    op: ClassVar[str] = "hop"
+    moves: ClassVar[bool] = True
+
+
+def test_only_step_kinds_that_move_count_as_moved() -> None:
+    plan = sample_plan()
+    plan = Plan(plan.kind, plan.cluster, plan.snapshot, 1, 1, {}, (*plan.steps, Hop("old-0", "h1", 0.5)))
+    assert plan.moved_vms() == {"old-0"}
+    assert sample_plan().moved_vms() == frozenset()

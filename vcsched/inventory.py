@@ -13,7 +13,9 @@ virtual cluster and CPU need.  It deliberately leaves out
   later), which would refuse every saved plan; the VMs' memory is covered;
 * current caps — they are the decision's *output*; a plan rewrites them, and
   a half-applied plan must still match its own snapshot so a re-run converges;
-* the VMs the plan itself creates (``exclude``), for the same reason.
+* the VMs the plan itself creates (``exclude``), for the same reason;
+* the host of the VMs the plan moves (``moving``): a half-applied
+  migration plan has already moved some of them.
 """
 
 from __future__ import annotations
@@ -108,15 +110,18 @@ class Inventory:
         return max(h.usable_memory for h in self.hosts)
 
 
-def canonical(inventory: Inventory, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+def canonical(inventory: Inventory, exclude: frozenset[str] = frozenset(),
+              moving: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The decision inputs as a JSON-ready value with a fixed order (see the module docstring)."""
     hosts = [{"name": h.name, "cores": h.cores}
              for h in sorted(inventory.hosts, key=lambda h: h.name)]
     vms = []
-    for v in sorted(inventory.vms, key=lambda v: (v.name, v.host)):
+    for v in sorted(inventory.vms, key=lambda v: v.name):
         if v.name in exclude or not v.active:
             continue
-        entry: dict[str, Any] = {"name": v.name, "host": v.host, "memory": v.memory_bytes, "vcpus": v.vcpus}
+        entry: dict[str, Any] = {"name": v.name, "memory": v.memory_bytes, "vcpus": v.vcpus}
+        if v.name not in moving:
+            entry["host"] = v.host
         if v.meta is not None:
             entry["cluster"] = v.meta.cluster
             entry["cpu_need_cores"] = round(v.meta.cpu_need_cores, 9)
@@ -124,7 +129,8 @@ def canonical(inventory: Inventory, exclude: frozenset[str] = frozenset()) -> di
     return {"cluster": inventory.cluster, "hosts": hosts, "vms": vms}
 
 
-def snapshot_hash(inventory: Inventory, exclude: frozenset[str] = frozenset()) -> str:
-    """sha256 of :func:`canonical` (``exclude``: names of VMs a plan creates)."""
-    text = json.dumps(canonical(inventory, exclude), sort_keys=True, separators=(",", ":"))
+def snapshot_hash(inventory: Inventory, exclude: frozenset[str] = frozenset(),
+                  moving: frozenset[str] = frozenset()) -> str:
+    """sha256 of :func:`canonical` (``exclude``: VMs a plan creates; ``moving``: VMs it migrates)."""
+    text = json.dumps(canonical(inventory, exclude, moving), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

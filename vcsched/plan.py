@@ -13,7 +13,9 @@ adaptation) and applied by :mod:`hypervisor.executor`.  JSON format
 **Extension point.** Step kinds are registered by ``op`` with
 :func:`register_step`; a kind is a frozen dataclass with ``from_dict``,
 ``to_dict`` and ``cap_changes`` (how it changes the caps on each host, which
-is all :func:`order_steps` and :func:`cap_overruns` need).  The adaptation
+is all :func:`order_steps` and :func:`cap_overruns` need); a kind that moves
+its VM between hosts also sets the class attribute ``moves = True``, so the
+snapshot check ignores that VM's host (:meth:`Plan.moved_vms`).  The adaptation
 issue adds ``migrate`` this way, and registers how to execute it in
 :mod:`hypervisor.executor`.
 
@@ -241,6 +243,10 @@ class Plan:
 
     def created_vms(self) -> frozenset[str]:
         return frozenset(s.vm for s in self.steps if s.op == "create")
+
+    def moved_vms(self) -> frozenset[str]:
+        """VMs whose host the plan changes: steps of a kind with ``moves = True`` (a ``migrate``)."""
+        return frozenset(s.vm for s in self.steps if getattr(s, "moves", False))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
