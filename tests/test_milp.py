@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
 from scipy.sparse import csr_array
 
 from tests.conftest import make_instance
-from vcsched.milp import build_model, identical_host_groups, placement_from, solve_model
+from vcsched.milp import _native_stdout_to_stderr, build_model, identical_host_groups, placement_from, solve_model
 from vcsched.model import Host, Instance, Job, SolveOptions
 from vcsched.registry import solve
 from vcsched.validate import check_allocation
@@ -154,3 +155,12 @@ def test_model_variable_layout_matches_its_index_helpers() -> None:
     assert model.integrality[:6].tolist() == [1] * 6
     assert not model.integrality[6:].any()
     assert not model.relaxed().integrality.any()
+
+
+def test_native_solver_output_goes_to_stderr_not_stdout(capfd: pytest.CaptureFixture[str]) -> None:
+    # HiGHS sometimes printf()s a debug line; it must not corrupt `solve --json` on stdout.
+    with _native_stdout_to_stderr():
+        os.write(1, b"native line\n")
+    captured = capfd.readouterr()
+    assert "native line" not in captured.out
+    assert "native line" in captured.err

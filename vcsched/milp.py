@@ -41,6 +41,10 @@ Formulations where hosts are *not* interchangeable even at equal capacity
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -277,18 +281,44 @@ class MilpSolution:
     detail: dict[str, object] = field(default_factory=dict)
 
 
+@contextlib.contextmanager
+def _native_stdout_to_stderr() -> Iterator[None]:
+    """Route file descriptor 1 to 2 while HiGHS runs.
+
+    HiGHS (scipy 1.17) occasionally prints a debug line
+    (``HighsMipSolverData::transformNewIntegerFeasibleSolution ...``) with C
+    ``printf``, which Python cannot intercept and which would corrupt
+    ``vcsched solve --json`` on stdout.  Redirecting the descriptor keeps the
+    core free of output; if the descriptors cannot be duplicated (no stdout),
+    the solve runs unprotected.
+    """
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def solve_model(model: MilpModel, time_limit: float | None) -> MilpSolution:
     """Solve with HiGHS (``scipy.optimize.milp``); ``time_limit`` in seconds, None for no limit."""
     opts: dict[str, object] = {"mip_rel_gap": MIP_REL_GAP}
     if time_limit is not None:
         opts["time_limit"] = float(time_limit)
-    res = milp(
-        c=model.c,
-        constraints=LinearConstraint(model.a, model.row_lower, model.row_upper),
-        bounds=Bounds(model.lower, model.upper),
-        integrality=model.integrality,
-        options=opts,
-    )
+    with _native_stdout_to_stderr():
+        res = milp(
+            c=model.c,
+            constraints=LinearConstraint(model.a, model.row_lower, model.row_upper),
+            bounds=Bounds(model.lower, model.upper),
+            integrality=model.integrality,
+            options=opts,
+        )
     x = None if res.x is None else np.asarray(res.x, dtype=float)
     detail: dict[str, object] = {
         "status": res.message,
