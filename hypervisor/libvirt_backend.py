@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -143,6 +144,15 @@ def _from_template(step: CreateStep, partition: str | None, meta: str, quota: in
     return ET.tostring(root, encoding="unicode")
 
 
+@contextlib.contextmanager
+def _as_host_error(host: str, what: str) -> Iterator[None]:
+    """Any libvirt failure becomes a HypervisorError naming the host: the executor reports those as step failures."""
+    try:
+        yield
+    except libvirt.libvirtError as exc:
+        raise HypervisorError(f"host {host}: cannot {what}: {exc.get_error_message()}") from None
+
+
 class LibvirtHypervisor:
     """All hosts of one cluster file; connections open on first use and are closed by :meth:`close`."""
 
@@ -167,11 +177,14 @@ class LibvirtHypervisor:
         return self._conns[host]
 
     def _driver(self, host: str) -> str:
-        return str(self._conn(host).getType()).lower()  # "qemu", "xen", "test", ...
+        with _as_host_error(host, "ask the driver type"):
+            return str(self._conn(host).getType()).lower()  # "qemu", "xen", "test", ...
 
     def _domain(self, host: str, vm: str) -> Any:
         # Listing instead of lookupByName: a miss is normal here and not an error.
-        for dom in self._conn(host).listAllDomains(0):
+        with _as_host_error(host, "list domains"):
+            doms = self._conn(host).listAllDomains(0)
+        for dom in doms:
             if dom.name() == vm:
                 return dom
         raise HypervisorError(f"host {host}: no domain {vm!r}")
@@ -200,19 +213,37 @@ class LibvirtHypervisor:
                 # An unmanaged domain whose cap cannot be read is still reported, just without a cap.
         return VmState(dom.name(), host, int(vcpus), int(max_kib) * 1024, active, meta, cap)
 
+    def _host_vms(self, host: str) -> list[VmState]:
+        """Every domain of ``host``; one that vanishes while being read (destroyed meanwhile) is skipped."""
+        out = []
+        try:
+            doms = self._conn(host).listAllDomains(0)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"host {host}: cannot list domains: {exc.get_error_message()}") from None
+        for dom in doms:
+            try:
+                out.append(self._vm_state(host, dom))
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    continue
+                raise HypervisorError(f"host {host}: cannot read domain: {exc.get_error_message()}") from None
+        return out
+
     def inventory(self) -> Inventory:
         hosts, vms = [], []
         for h in self.cluster.hosts:
-            hosts.append(self.host_state(h))
-            for dom in self._conn(h.name).listAllDomains(0):
-                vms.append(self._vm_state(h.name, dom))
+            try:
+                hosts.append(self.host_state(h))
+            except libvirt.libvirtError as exc:
+                raise HypervisorError(f"host {h.name}: cannot read host info: {exc.get_error_message()}") from None
+            vms += self._host_vms(h.name)
         return Inventory(self.cluster.name, tuple(hosts), tuple(sorted(vms, key=lambda v: (v.host, v.name))))
 
     def find_vm(self, name: str) -> VmState | None:
         for h in self.cluster.hosts:
-            for dom in self._conn(h.name).listAllDomains(0):
-                if dom.name() == name:
-                    return self._vm_state(h.name, dom)
+            for v in self._host_vms(h.name):
+                if v.name == name:
+                    return v
         return None
 
     def _read_cap(self, host: str, dom: Any, vcpus: int) -> float | None:
@@ -236,8 +267,9 @@ class LibvirtHypervisor:
         return float(quota) / float(period) * vcpus
 
     def read_cap(self, host: str, vm: str) -> float | None:
-        dom = self._domain(host, vm)
-        return self._read_cap(host, dom, int(dom.info()[3]))
+        with _as_host_error(host, f"read the cap of {vm!r}"):
+            dom = self._domain(host, vm)
+            return self._read_cap(host, dom, int(dom.info()[3]))
 
     def cpu_time_ns(self, host: str, vm: str) -> int | None:
         """The whole domain's CPU time (vCPUs + emulator), i.e. what the host really spends on it."""
@@ -269,8 +301,10 @@ class LibvirtHypervisor:
 
     def set_cap(self, host: str, vm: str, cap_cores: float) -> None:
         self._refuse_uncappable(host)
-        dom = self._domain(host, vm)
-        vcpus = int(dom.info()[3])
+        with _as_host_error(host, f"cap {vm!r}"):
+            dom = self._domain(host, vm)
+            vcpus = int(dom.info()[3])
+            persistent = bool(dom.isPersistent())
         if self._driver(host) in ("xen", "libxl"):
             params: dict[str, int] = {"cap": max(1, round(cap_cores * 100))}
         else:
@@ -280,12 +314,10 @@ class LibvirtHypervisor:
                                       f"minimum vcpu_quota ({MIN_QUOTA_US} µs per {PERIOD_US} µs per vCPU)")
             params = {"vcpu_period": PERIOD_US, "vcpu_quota": quota}
         flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
-        if dom.isPersistent():
+        if persistent:
             flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
-        try:
+        with _as_host_error(host, f"cap {vm!r}"):
             dom.setSchedulerParametersFlags(params, flags)
-        except libvirt.libvirtError as exc:
-            raise HypervisorError(f"host {host}: cannot cap {vm!r}: {exc.get_error_message()}") from None
 
     def close(self) -> None:
         for conn in self._conns.values():
