@@ -88,8 +88,14 @@ def test_caps_read_back_through_libvirt_are_the_planned_ones(placed: Placed) -> 
 
 
 def _busy_cpu_seconds() -> float:
+    """CPU seconds spent so far by processes that compete with the VMs (not idle, not niced).
+
+    Niced work (other developers' benchmarks run under ``nice``) yields to the
+    VMs' nice-0 threads under CFS weights, so it does not take their cap away.
+    """
     t = psutil.cpu_times()
-    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "nice", 0.0)
+                 - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0))  # guest time is inside user/nice
 
 
 def test_each_vm_uses_its_cap_within_five_hundredths_of_a_core(placed: Placed) -> None:
@@ -113,7 +119,7 @@ def test_each_vm_uses_its_cap_within_five_hundredths_of_a_core(placed: Placed) -
         assert u <= CAP_CORES + TOLERANCE_CORES, f"{vm} used {u:.3f} cores, cap {CAP_CORES}"
     free_for_us = psutil.cpu_count() - others
     if free_for_us < len(placed.vms) * CAP_CORES + 0.1:
-        pytest.skip(f"machine too busy to check the lower bound: other processes used {others:.2f} of "
+        pytest.skip(f"machine too busy to check the lower bound: other nice-0 processes used {others:.2f} of "
                     f"{psutil.cpu_count()} cores (ours: {', '.join(f'{v}={used[v]:.3f}' for v in placed.vms)})")
     for vm in placed.vms:
         u = used[vm]
