@@ -35,6 +35,23 @@ def test_milp_pairs_big_and_small_tasks_for_yield_one() -> None:
     assert result.min_yield == pytest.approx(1.0)
 
 
+def test_highs_model_pairs_big_and_small_tasks() -> None:
+    inst = make_instance([(0.6, 0.1), (0.6, 0.1), (0.4, 0.1), (0.4, 0.1)])
+    model = build_model(inst)
+    sol = solve_model(model, None)
+    assert sol.optimal and sol.x is not None
+    assert sol.objective == pytest.approx(1.0)
+    hosts = placement_from(model, sol.x)
+    assert hosts[0] != hosts[1] and hosts[2] != hosts[3]
+
+
+def test_an_incumbent_at_the_lp_bound_is_optimal_without_highs() -> None:
+    inst = make_instance([(0.6, 0.1), (0.6, 0.1), (0.4, 0.1), (0.4, 0.1)])
+    result = solve(inst, "milp")
+    assert result.optimal
+    assert "LP bound" in str(result.detail["proof"])
+
+
 def test_milp_beats_greedy_where_greedy_is_suboptimal() -> None:
     # GR: 0.3 -> h0, 0.3 -> h1, 0.4 -> h0 (0.7), 1.0 -> h1 (1.3): Y = 1/1.3.
     # Optimum: {0.3, 0.3, 0.4} and {1.0}: Y = 1.

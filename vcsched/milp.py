@@ -51,6 +51,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array, csr_array, vstack
 
+from vcsched.lpbound import lp_bound
 from vcsched.model import Instance, SolveOptions
 from vcsched.registry import Placement, register
 from vcsched.yields import fits_in_memory, placement_min_yield
@@ -68,6 +69,7 @@ OBJECTIVE_SCALE = 1e3
 # heuristic's own placement.
 CUTOFF_SLACK = 1e-7
 INCUMBENT_ATTEMPTS = 10_000
+BOUND_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -396,12 +398,21 @@ def solve_exact(instance: Instance, options: SolveOptions) -> Placement:
     solution of its own (time limit, or a numerical "infeasible" under the
     cutoff), the heuristic placement is returned with ``optimal=False``.
     Without an incumbent an "infeasible" answer is HiGHS's proof that no
-    placement fits in memory.
+    placement fits in memory.  When the incumbent already reaches the closed-form
+    LP bound (section 3.1) it is optimal and HiGHS is not called at all.
     """
     if instance.n_tasks == 0:
         return Placement(hosts=np.empty(0, dtype=np.int64), optimal=True)
-    model = build_model(instance)
     incumbent = heuristic_incumbent(instance, options)
+    bound = lp_bound(instance)
+    if incumbent is not None and bound is not None and incumbent[1] >= bound - BOUND_TOLERANCE:
+        # The heuristic reaches the LP relaxation's bound (section 3.1): nothing can beat it.
+        detail: dict[str, object] = {
+            "incumbent": {"algorithm": incumbent[2], "min_yield": incumbent[1]},
+            "proof": "the incumbent reaches the LP bound; HiGHS not needed",
+        }
+        return Placement(hosts=incumbent[0], optimal=True, detail=detail)
+    model = build_model(instance)
     if incumbent is not None:
         lower = model.lower.copy()
         lower[model.y_index] = max(0.0, incumbent[1] - CUTOFF_SLACK)
