@@ -116,3 +116,16 @@ def test_backtracking_succeeds_whenever_its_greedy_does(instance: Instance) -> N
         if first.feasible:
             assert second.allocation is not None and first.allocation is not None
             assert second.allocation.hosts == first.allocation.hosts
+
+
+@PROPERTY_SETTINGS
+@given(instances())
+def test_every_algorithm_is_reproducible_for_a_fixed_seed(instance: Instance) -> None:
+    first, second = run_all(instance), run_all(instance)
+    for name, result in first.items():
+        if name == "milp" and not result.optimal:
+            continue  # a time-limited search may stop at a different incumbent
+        again = second[name]
+        assert result.feasible == again.feasible, name
+        if result.allocation is not None and again.allocation is not None:
+            assert result.allocation.hosts == again.allocation.hosts, name
