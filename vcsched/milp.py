@@ -270,9 +270,10 @@ def build_model(instance: Instance, *, symmetry_breaking: bool = True) -> MilpMo
 class MilpSolution:
     """What HiGHS said.  ``status`` is scipy's: 0 optimal, 1 limit reached, 2 infeasible, 3 unbounded, 4 other.
 
-    ``x`` is the best solution found (None when there is none); ``optimal``
-    is True only when HiGHS proved it optimal; ``infeasible`` when it proved
-    there is no solution at all.
+    ``x`` is the best solution found (None when there is none); ``objective``
+    is that solution's ``Y`` (read from ``x``, so it stays meaningful when a
+    caller changes ``c``); ``optimal`` is True only when HiGHS proved it
+    optimal; ``infeasible`` when it proved there is no solution at all.
     """
 
     status: int
