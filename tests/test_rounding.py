@@ -118,3 +118,11 @@ def test_rounding_places_parallel_tasks_individually() -> None:
     assert result.feasible and result.allocation is not None
     assert sorted(result.allocation.hosts[:4]) == [0, 0, 1, 1]  # memory allows two 0.45-tasks per host
     check_allocation(inst, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
+
+
+def test_an_lp_cut_short_by_the_time_limit_gives_no_placement() -> None:
+    # A zero limit stops HiGHS before the relaxation is solved; rounding a partial LP would be meaningless.
+    inst = random_instance(6, n_hosts=8, n_jobs=40)
+    result = solve(inst, "rrnz", SolveOptions(time_limit=0.0))
+    assert result.feasible is False
+    assert "time limit" in str(result.detail["stopped"])
