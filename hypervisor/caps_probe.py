@@ -82,6 +82,8 @@ class LibvirtSubjects:
             self._adopt(domains)
             if cpu is not None:
                 self._pin(cpu)
+            for i in range(self.count):
+                self.pause(i)  # like the cgroup workers: only the subjects being measured may run
         except BaseException:
             self.close()
             raise

@@ -85,8 +85,8 @@ def test_closing_restores_the_guest_as_found(guest: tuple[str, Any]) -> None:
     flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
     before = dom.schedulerParametersFlags(flags), dom.vcpuPinInfo(flags), dom.emulatorPinInfo(flags)
     with LibvirtSubjects(uri, [dom.name()], cpu=0) as s:
+        assert dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED  # idle subjects must not compete with measured ones
         s.set_cap(0, 0.1)
-        s.pause(0)
         assert dom.schedulerParametersFlags(flags)["vcpu_quota"] == 10_000
     assert (dom.schedulerParametersFlags(flags), dom.vcpuPinInfo(flags), dom.emulatorPinInfo(flags)) == before
     assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
