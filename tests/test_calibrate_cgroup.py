@@ -28,6 +28,7 @@ from calibration.cgroup_backend import (
     CpuHierarchy,
     detect_hierarchy,
     quota_for,
+    remove_stale_groups,
 )
 from calibration.cpus import cpu_busy, least_loaded_cpu
 from calibration.experiment import measure
@@ -129,6 +130,17 @@ def test_existing_group_is_not_reused(tmp_path: Path) -> None:
     (tmp_path / "g").mkdir()
     with pytest.raises(CgroupError, match="already exists"):
         CpuGroup(h, 1, name="g")
+
+
+def test_groups_of_dead_runs_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    h = CpuHierarchy(1, tmp_path, tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for pid in (dead.pid, os.getpid()):
+        (tmp_path / f"{GROUP_PREFIX}{pid}" / "w0").mkdir(parents=True)
+    assert remove_stale_groups(h) == [tmp_path / f"{GROUP_PREFIX}{dead.pid}"]
+    assert not (tmp_path / f"{GROUP_PREFIX}{dead.pid}").exists()
+    assert (tmp_path / f"{GROUP_PREFIX}{os.getpid()}" / "w0").is_dir()
 
 
 @pytest.mark.parametrize("cap", [0.0, -0.5, 1.5])
@@ -275,6 +287,31 @@ def test_sigterm_mid_run_removes_the_cgroup_and_the_workers() -> None:
     assert err.strip().splitlines()[-1] == "vcsched: error: aborted"
     assert group not in calib_groups()
     assert worker_pids() <= workers
+
+
+@needs_cgroup
+def test_workers_die_with_a_killed_run_and_the_next_run_removes_its_group() -> None:
+    workers = worker_pids()  # other runs' workers, if any
+    proc = subprocess.Popen(
+        [*VCSCHED, "calibrate", "--duration", "5"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).parent.parent,
+    )
+    group = f"{GROUP_PREFIX}{proc.pid}"
+    deadline = time.monotonic() + 30
+    while group not in calib_groups() or not (worker_pids() - workers):
+        assert proc.poll() is None and time.monotonic() < deadline, "calibration never started"
+        time.sleep(0.05)
+    ours = [c for c in psutil.Process(proc.pid).children() if c.pid in worker_pids()]
+    assert ours
+    proc.kill()  # no cleanup code runs: the kernel's parent-death signal must take the workers
+    proc.wait()
+    _, alive = psutil.wait_procs(ours, timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], "workers outlived their run"
+    assert group in calib_groups()  # nothing could remove it ...
+    remove_stale_groups(detect_hierarchy())  # ... until the next run starts
+    assert group not in calib_groups()
 
 
 @needs_cgroup
