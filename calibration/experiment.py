@@ -105,6 +105,11 @@ class Config:
         if self.window <= 0 or self.window >= self.duration:
             raise InputError(f"window: {self.window:g} s must be positive and shorter than the duration")
 
+    @property
+    def effective_confirm(self) -> float | None:
+        """The confirmation span actually used: ``confirm``, but never more than a hold can show."""
+        return None if self.confirm is None else min(self.confirm, self.duration - self.window)
+
     def cap_runs(self) -> list[tuple[int, float]]:
         """(concurrent subjects, cap) pairs measured for accuracy: caps on one CPU sum to at most 1."""
         return [(n, c) for n in range(1, self.workers + 1) for c in self.caps if n * c <= 1 + 1e-9]
@@ -301,7 +306,7 @@ def run(subjects: Subjects, cfg: Config, backend: str, cpu: int, progress: Progr
     work = _join([w for w, _ in segments], t0)
     cpu_trace = _join([c for _, c in segments], t0)
 
-    confirm = None if cfg.confirm is None else min(cfg.confirm, cfg.duration - cfg.window)
+    confirm = cfg.effective_confirm
 
     def respond(trace: Trace, at: float, expected: float) -> float | None:
         return response_time(

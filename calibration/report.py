@@ -38,7 +38,7 @@ def result_to_dict(result: Result, conditions: dict[str, Any] | None = None) -> 
             "tolerance": cfg.tolerance,
             "steps": list(cfg.steps),
             "window_s": cfg.window,
-            "confirm_s": cfg.confirm,
+            "confirm_s": cfg.effective_confirm,
             "pairs": cfg.pairs,
         },
         "conditions": conditions or {},
@@ -135,7 +135,7 @@ def markdown(result: Result, conditions: dict[str, Any] | None = None) -> str:
         f"Backend `{result.backend}`, CPU {result.cpu}, {result.config.workers} worker(s) max, "
         f"{result.config.duration:g} s per measurement, tolerance ±{100 * result.config.tolerance:g}%, "
         f"window {result.config.window:g} s, settled = in band for "
-        f"{'the rest of the hold' if result.config.confirm is None else f'{result.config.confirm:g} s'}.",
+        f"{'the rest of the hold' if (c := result.config.effective_confirm) is None else f'{c:g} s'}.",
     ]
     if conditions:
         lines.append("Conditions: " + ", ".join(f"{k} {v}" for k, v in conditions.items()) + ".")

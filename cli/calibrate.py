@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Iterator
 from types import FrameType
@@ -85,7 +86,7 @@ def render(result: Result, cond: dict[str, Any]) -> None:
         f"[bold]calibration[/] backend [bold]{result.backend}[/] on CPU {result.cpu}: bare rate "
         f"[bold]{rate_text(result.bare.rate)}[/] {result.unit}"
         + (f" (start→end drift {100 * result.bare_drift:+.2f}%)" if result.bare_drift is not None else " (nominal)")
-        + f"; load average {cond.get('loadavg_1m')} at start"
+        + f"; load average {cond.get('loadavg_1m')} at start, {cond.get('loadavg_1m_end')} at the end"
     )
     per_cap = Table(title="accuracy: measured vs expected (errors in points of the bare value)")
     for col in ("workers", "cap", "expected", "measured", "error", "CPU share", "share error"):
@@ -111,7 +112,7 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     if unsettled:
         console.print(
             f"[yellow]'not settled': the {result.config.window:g} s window rate never stayed within ±"
-            f"{100 * result.config.tolerance:g}% of the new expected value for {result.config.confirm:g} s "
+            f"{100 * result.config.tolerance:g}% of the new expected value for {result.config.effective_confirm:g} s "
             "(other load on the CPU, work per CPU second changing under the cap, or a cap that did not take).[/]"
         )
 
@@ -268,6 +269,7 @@ def calibrate_cmd(
         backend, workers, chosen, connect, domains, priority == "high"
     ) as subjects:
         result = _run_with_progress(subjects, cfg, backend, chosen)
+    cond["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     if plot_path:
         plot(result, plot_path)
     if as_json:
