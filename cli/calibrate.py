@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -60,25 +61,52 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def open_subjects(
-    backend: str, workers: int, cpu: int, connect: str | None, domains: tuple[str, ...], high_priority: bool
+    backend: str,
+    workers: int,
+    cpu: int,
+    connect: str | None,
+    domains: tuple[str, ...],
+    high_priority: bool,
+    cluster: str | None,
 ) -> Any:
     """The backend's subjects, as a context manager that removes everything it created."""
     if backend == "cgroup":
-        if connect or domains:
-            raise InputError("--connect/--domain: only meaningful with --backend libvirt")
+        if connect or domains or cluster:
+            raise InputError("--connect/--domain/--cluster: only meaningful with --backend libvirt")
         from calibration.cgroup_backend import CgroupSubjects
 
         return CgroupSubjects(workers, cpu, high_priority=high_priority)
     if not connect:
         raise InputError("--connect: required with --backend libvirt (e.g. qemu:///system or a lab host's URI)")
-    if len(domains) < workers:
+    if domains and len(domains) < workers:
         raise InputError(
             f"--domain: {workers} worker(s) need {workers} running CPU-loop guest(s), got {len(domains)} "
-            "(give --domain NAME once per guest)"
+            "(give --domain NAME once per guest, or none to boot them from --cluster)"
         )
-    from hypervisor.caps_probe import LibvirtSubjects
+    return _libvirt_subjects(connect, domains[:workers], workers, cpu, cluster)
 
-    return LibvirtSubjects(connect, domains[:workers], cpu=cpu)
+
+@contextlib.contextmanager
+def _libvirt_subjects(
+    uri: str, domains: tuple[str, ...], workers: int, cpu: int, cluster: str | None
+) -> Iterator[Subjects]:
+    from hypervisor.caps_probe import LibvirtSubjects, loop_guest_boot, loop_guests
+
+    with contextlib.ExitStack() as stack:
+        names = list(domains)
+        if not names:
+            from hypervisor.lab import default_cluster_file
+
+            cluster_file = Path(cluster) if cluster else default_cluster_file()
+            if cluster_file is None:
+                raise InputError(
+                    "--domain: none given, and no running lab whose guest image could boot CPU-loop guests "
+                    "(give --domain NAME per running guest, or --cluster FILE with a [guest] section)"
+                )
+            image, partition = loop_guest_boot(cluster_file, uri)
+            with err_console.status(f"booting {workers} CPU-loop guest(s) on {uri} ..."):
+                names = stack.enter_context(loop_guests(uri, workers, image, partition))
+        yield stack.enter_context(LibvirtSubjects(uri, names, cpu=cpu))
 
 
 def render(result: Result, cond: dict[str, Any]) -> None:
@@ -132,7 +160,15 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     "domains",
     multiple=True,
     metavar="NAME",
-    help="A running guest that loops on its CPU (libvirt backend); repeat once per worker.",
+    help="A running guest that loops on its CPU (libvirt backend); repeat once per worker. "
+    "Without it, --workers transient CPU-loop guests are booted from the cluster file's [guest] and destroyed after.",
+)
+@click.option(
+    "--cluster",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Cluster file whose [guest] boots the CPU-loop guests (libvirt backend without --domain). "
+    "Default: the running lab's.",
 )
 @click.option(
     "--caps",
@@ -211,6 +247,7 @@ def calibrate_cmd(
     backend: str,
     connect: str | None,
     domains: tuple[str, ...],
+    cluster: str | None,
     caps: tuple[float, ...],
     workers: int,
     duration: float,
@@ -240,6 +277,7 @@ def calibrate_cmd(
       vcsched calibrate                                  # cgroup backend, about 30 s
       vcsched calibrate --workers 4 --duration 3 --plot calib.png
       vcsched calibrate --backend libvirt --connect qemu:///system --domain loop1
+      vcsched calibrate --backend libvirt --connect URI_OF_LAB_HOST --workers 2   # boots its own guests
 
     Needs root for the cgroup backend.  Everything it creates (the
     vcsched-calib-<pid> cgroup, worker processes) is removed on exit, Ctrl-C
@@ -266,7 +304,7 @@ def calibrate_cmd(
     chosen = check_cpu(cpu) if cpu is not None else least_loaded_cpu(busy)
     cond = conditions(busy, chosen)
     with sigterm_as_interrupt(), open_subjects(
-        backend, workers, chosen, connect, domains, priority == "high"
+        backend, workers, chosen, connect, domains, priority == "high", cluster
     ) as subjects:
         result = _run_with_progress(subjects, cfg, backend, chosen)
     cond["loadavg_1m_end"] = round(os.getloadavg()[0], 2)

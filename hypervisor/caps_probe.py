@@ -26,13 +26,20 @@ refused naming the host.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import tempfile
 import time
-from collections.abc import Sequence
+import tomllib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import libvirt
 
+from hypervisor.lab.guest import GuestError, start_guest, wait_for_boot
+from hypervisor.lab.state import GuestImage
 from vcsched.errors import InputError, VcschedError
 
 PERIOD_US = 100_000
@@ -190,3 +197,62 @@ class LibvirtSubjects:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+def loop_guest_boot(cluster_file: Path, uri: str) -> tuple[GuestImage, str | None]:
+    """The guest boot (``[guest]``) of a cluster file and the partition of its host ``uri`` (None if unlisted)."""
+    try:
+        doc = tomllib.loads(cluster_file.read_text())
+    except OSError as exc:
+        raise InputError(f"--cluster {cluster_file}: cannot read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"--cluster {cluster_file}: malformed TOML ({exc})") from None
+    guest = doc.get("guest")
+    if not isinstance(guest, dict) or "kernel" not in guest or "initrd" not in guest:
+        raise InputError(f"--cluster {cluster_file}: no [guest] kernel/initrd to boot CPU-loop guests from")
+    image = GuestImage(
+        kernel=Path(guest["kernel"]),
+        initrd=Path(guest["initrd"]),
+        cmdline=str(guest.get("cmdline", "console=ttyS0 panic=-1 quiet")),
+        domain_type=str(guest.get("domain_type", "qemu")),
+    )
+    partition = next((h.get("partition") for h in doc.get("hosts", []) if h.get("uri") == uri), None)
+    return image, partition
+
+
+@contextlib.contextmanager
+def loop_guests(uri: str, count: int, image: GuestImage, partition: str | None) -> Iterator[list[str]]:
+    """``count`` transient CPU-loop guests booted on ``uri`` for a calibration, destroyed afterwards.
+
+    Named ``vcsched-calib-<pid>-<i>``; their serial consoles (how the boot is
+    detected) go to a temporary directory removed with them.
+    """
+    _quiet_libvirt()
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        raise InputError(f"--connect {uri}: cannot connect ({exc.get_error_message()})") from None
+    logs = Path(tempfile.mkdtemp(prefix="vcsched-calib-", dir="/var/tmp"))  # where lab daemons see it too
+    os.chmod(logs, 0o755)  # the daemon's qemu writes the console files here
+    names = [f"vcsched-calib-{os.getpid()}-{i}" for i in range(count)]
+    started: list[Any] = []
+    try:
+        for name in names:
+            try:
+                started.append(start_guest(conn, name, image, partition=partition, console_log=logs / f"{name}.log"))
+            except libvirt.libvirtError as exc:
+                msg = exc.get_error_message()
+                raise CapsProbeError(f"host {uri}: cannot start CPU-loop guest {name} ({msg})") from None
+        for name in names:
+            try:
+                wait_for_boot(logs / f"{name}.log")
+            except GuestError as exc:
+                raise CapsProbeError(f"host {uri}: {exc}") from None
+        yield names
+    finally:
+        for dom in started:
+            with contextlib.suppress(libvirt.libvirtError):
+                dom.destroy()
+        with contextlib.suppress(libvirt.libvirtError):
+            conn.close()
+        shutil.rmtree(logs, ignore_errors=True)

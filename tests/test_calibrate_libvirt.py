@@ -106,3 +106,32 @@ def test_calibrate_command_on_a_lab_guest(guest: tuple[str, Any]) -> None:
     (run,) = doc["runs"]
     assert 0.4 <= run["measured"][0]["share"] <= 0.6
     assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+
+
+@pytest.mark.lab
+def test_calibrate_boots_its_own_guests_from_the_cluster_file_and_removes_them(lab2: Any) -> None:
+    uri = lab2.hosts[0].uri
+    r = CliRunner().invoke(
+        cli,
+        ["calibrate", "--backend", "libvirt", "--connect", uri, "--cluster", str(lab2.cluster_file),
+         "--caps", "0.25", "--duration", "1.2", "--window", "0.5", "--pairs", "1", "--json"],
+    )
+    assert r.exit_code == 0, r.output
+    (run,) = json.loads(r.stdout)["runs"]
+    assert 0.15 <= run["measured"][0]["share"] <= 0.35
+    conn = libvirt.open(uri)
+    try:
+        left = [d.name() for d in conn.listAllDomains(0) if d.name().startswith("vcsched-calib-")]
+    finally:
+        conn.close()
+    assert left == []
+
+
+def test_a_cluster_file_without_a_guest_section_is_refused(tmp_path: Any) -> None:
+    f = tmp_path / "cluster.toml"
+    f.write_text('name = "c"\n[[hosts]]\nname = "h0"\nuri = "test:///default"\n')
+    r = CliRunner().invoke(
+        cli, ["calibrate", "--backend", "libvirt", "--connect", "test:///default", "--cluster", str(f)]
+    )
+    assert r.exit_code == 2
+    assert "no [guest]" in r.stderr and str(f) in r.stderr
