@@ -45,6 +45,7 @@ HIGH_WEIGHT_V2 = 10000
 MIN_QUOTA_US = 1_000  # the kernel refuses quotas under 1 ms
 GROUP_PREFIX = "vcsched-calib-"
 DEFAULT_SYSFS = Path("/sys/fs/cgroup")
+SHM_DIR = Path("/dev/shm")  # the workers' progress file: tmpfs, named vcsched-calib-<pid>-XXXX
 
 
 class CgroupError(VcschedError):
@@ -199,19 +200,33 @@ class CpuGroup:
         return problems
 
 
-def remove_stale_groups(hierarchy: CpuHierarchy) -> list[Path]:
-    """Remove ``vcsched-calib-<pid>`` groups whose run no longer exists (killed with SIGKILL)."""
+def remove_stale_groups(hierarchy: CpuHierarchy, shm_dir: Path = SHM_DIR) -> list[Path]:
+    """Remove what runs killed outright (SIGKILL) left: their groups and progress files.
+
+    Both carry the run's pid (``vcsched-calib-<pid>``, ``vcsched-calib-<pid>-XXXX``);
+    anything whose pid no longer exists is stale.  Returns what was removed.
+    """
     removed: list[Path] = []
-    pattern = re.compile(re.escape(GROUP_PREFIX) + r"(\d+)$")
+    pattern = re.compile(re.escape(GROUP_PREFIX) + r"(\d+)(-\w+)?$")
+
+    def stale(p: Path) -> bool:
+        m = pattern.match(p.name)
+        return m is not None and not Path(f"/proc/{m.group(1)}").exists()
+
     for d in hierarchy.mount.iterdir():
-        m = pattern.match(d.name)
-        if not m or not d.is_dir() or Path(f"/proc/{m.group(1)}").exists():
+        if not d.is_dir() or not stale(d):
             continue
         children = sorted(p for p in d.iterdir() if p.is_dir())
-        stale = CpuGroup.__new__(CpuGroup)
-        stale.hierarchy, stale.dir, stale.children = hierarchy, d, children
-        if not stale.remove():
+        group = CpuGroup.__new__(CpuGroup)
+        group.hierarchy, group.dir, group.children = hierarchy, d, children
+        if not group.remove():
             removed.append(d)
+    if shm_dir.is_dir():
+        for f in shm_dir.iterdir():
+            if f.is_file() and stale(f):
+                with contextlib.suppress(OSError):
+                    f.unlink()
+                    removed.append(f)
     return removed
 
 
@@ -256,8 +271,8 @@ class CgroupSubjects:
             raise
 
     def _start_workers(self, ready_timeout: float) -> None:
-        shm_dir = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        fd, self._shm_path = tempfile.mkstemp(prefix="vcsched-calib-", dir=shm_dir)
+        shm_dir = str(SHM_DIR) if os.access(SHM_DIR, os.W_OK) else None
+        fd, self._shm_path = tempfile.mkstemp(prefix=f"{GROUP_PREFIX}{os.getpid()}-", dir=shm_dir)
         os.ftruncate(fd, slot_bytes(self.count))
         self._mm = mmap.mmap(fd, 0)
         os.close(fd)

@@ -211,7 +211,7 @@ def plot(result: Result, path: str) -> None:
     for s in result.steps:
         resp.axvline(s.at, color="black", lw=0.6)
     resp.set_xlabel("seconds")
-    resp.set_ylabel(f"{cfg.window:g} s window average")
+    resp.set_ylabel(f"{cfg.window:g} s window average (centred)")
     resp.set_title(f"cap steps {lo:g} ↔ {hi:g} (band: ±{100 * cfg.tolerance:g}%)")
     resp.legend(loc="upper right", fontsize=8)
     fig.tight_layout()

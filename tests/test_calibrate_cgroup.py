@@ -132,15 +132,20 @@ def test_existing_group_is_not_reused(tmp_path: Path) -> None:
         CpuGroup(h, 1, name="g")
 
 
-def test_groups_of_dead_runs_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
-    h = CpuHierarchy(1, tmp_path, tmp_path)
+def test_groups_and_progress_files_of_dead_runs_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    mount, shm = tmp_path / "cpu", tmp_path / "shm"
+    shm.mkdir()
+    h = CpuHierarchy(1, mount, mount)
     dead = subprocess.Popen(["true"])
     dead.wait()
     for pid in (dead.pid, os.getpid()):
-        (tmp_path / f"{GROUP_PREFIX}{pid}" / "w0").mkdir(parents=True)
-    assert remove_stale_groups(h) == [tmp_path / f"{GROUP_PREFIX}{dead.pid}"]
-    assert not (tmp_path / f"{GROUP_PREFIX}{dead.pid}").exists()
-    assert (tmp_path / f"{GROUP_PREFIX}{os.getpid()}" / "w0").is_dir()
+        (mount / f"{GROUP_PREFIX}{pid}" / "w0").mkdir(parents=True)
+        (shm / f"{GROUP_PREFIX}{pid}-x1y2").write_bytes(b"")
+    assert sorted(remove_stale_groups(h, shm)) == sorted(
+        [mount / f"{GROUP_PREFIX}{dead.pid}", shm / f"{GROUP_PREFIX}{dead.pid}-x1y2"]
+    )
+    assert (mount / f"{GROUP_PREFIX}{os.getpid()}" / "w0").is_dir()
+    assert (shm / f"{GROUP_PREFIX}{os.getpid()}-x1y2").is_file()
 
 
 @pytest.mark.parametrize("cap", [0.0, -0.5, 1.5])
@@ -312,6 +317,7 @@ def test_workers_die_with_a_killed_run_and_the_next_run_removes_its_group() -> N
     assert group in calib_groups()  # nothing could remove it ...
     remove_stale_groups(detect_hierarchy())  # ... until the next run starts
     assert group not in calib_groups()
+    assert not list(Path("/dev/shm").glob(f"{group}-*"))
 
 
 @needs_cgroup
