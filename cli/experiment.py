@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -57,6 +58,18 @@ CHECKPOINT_S = 60.0
 # Run parameters that must match for --resume to reuse earlier records.
 # (More instances per family or more task counts are fine: seeds do not depend on them.)
 RESUME_KEYS = ("set", "seed", "algorithms", "time_limit")
+
+
+def code_version() -> str:
+    """The git commit the run used, and whether vcsched/ had uncommitted changes (results depend on it)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "vcsched"], capture_output=True, text=True,
+                               timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return f"{head} (vcsched/ with uncommitted changes)" if dirty else head
 
 
 def save_records(path: Path, meta: dict[str, Any], records: list[Record]) -> None:
@@ -211,6 +224,7 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
         "set": set_name, "instances_per_spec": n_instances, "families": len(specs(set_name, tasks)),
         "tasks": list(tasks or SET_TASKS[set_name]), "seed": seed, "algorithms": names,
         "time_limit": time_limit, "jobs": jobs, "wall_s": 0.0, "machine": machine_info().summary(),
+        "code": code_version(),
         "complete": False,
     }
     records_path = out_dir / "records.json"

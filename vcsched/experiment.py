@@ -408,7 +408,7 @@ def report_markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
         f"task counts {meta.get('tasks')}), run seed {meta.get('seed')}, "
         f"algorithms {', '.join(meta.get('algorithms', []))}, "
         f"MILP time limit {meta.get('time_limit')} s, {meta.get('jobs')} worker processes, wall time "
-        f"{_fmt(meta.get('wall_s'), 0)} s on {meta.get('machine', '?')}."
+        f"{_fmt(meta.get('wall_s'), 0)} s on {meta.get('machine', '?')}; code {meta.get('code', '?')}."
     )
     paper = PAPER_DEGRADATION.get(set_name, {})
     mcbs = [a for a in algos if a in PAPER_MCB_RANKING]
