@@ -18,7 +18,8 @@ heuristics to future work.  :func:`adapt_heuristic` is ours:
    and a "least relative load" greedy;
 3. improvement moves: repeatedly take a task off the bottleneck host (the one
    that sets the minimum yield) to the host and task that buy the most yield
-   per migrated byte, until nothing improves within the budget; moves after
+   per migrated byte (when no single move helps, exchange it with a smaller
+   task elsewhere), until nothing improves within the budget; moves after
    the last one that raised the minimum yield are dropped (they cost bytes
    and bought nothing);
 4. compute a from-scratch MCB8 placement, relabel its hosts and tasks to
@@ -394,6 +395,9 @@ def _evict_overfull(problem: AdaptProblem) -> np.ndarray:
     return np.array(evicted, dtype=np.int64)
 
 
+CANDIDATE_HOSTS = 48  # destinations/exchange partners tried first: the hosts with the most CPU to spare
+
+
 def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = None) -> np.ndarray:
     """Improvement moves off the bottleneck host, best yield gain per migrated byte first, within the budget.
 
@@ -401,64 +405,131 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     a host ``h`` with memory room; its gain is how much it raises ``b``'s
     yield without pushing ``h`` below the old level, its cost the change in
     migrated bytes (moving a task back to where it runs now refunds it, and
-    new arrivals move for free).  Moves after the last one that raised the
-    global minimum yield are undone: they spent bytes for nothing.
+    new arrivals move for free).  When no move helps, the best exchange with
+    a smaller task elsewhere is tried.  Moves after the last one that raised
+    the global minimum yield are undone: they spent bytes for nothing.
+
+    For speed on large clusters, destinations are first sought among the
+    :data:`CANDIDATE_HOSTS` hosts with the highest yield (the best gains are
+    there) plus the tasks' current hosts (free returns), then among all.
     """
     inst = problem.instance
     hosts = np.asarray(hosts, dtype=np.int64).copy()
-    cap_cpu, cap_mem = inst.host_cpu, inst.host_mem
     load = np.bincount(hosts, weights=inst.task_alpha, minlength=inst.n_hosts)
     mem = np.bincount(hosts, weights=inst.task_mem, minlength=inst.n_hosts)
     spent = move_cost(problem, hosts)
-    budget = problem.budget
     history: list[tuple[int, int, int]] = []  # (task, from, to)
     best_y, best_len = _yield_of(inst, load), 0
     limit = max_moves if max_moves is not None else 4 * inst.n_tasks + 100
-    host_ids = np.arange(inst.n_hosts)
+    all_hosts = np.arange(inst.n_hosts)
     while len(history) < limit:
         with np.errstate(divide="ignore"):
-            ratio = np.where(load > 0, cap_cpu / load, np.inf)
+            ratio = np.where(load > 0, inst.host_cpu / load, np.inf)
         b = int(np.argmin(ratio))
-        y_b = float(ratio[b])
-        if y_b >= 1.0:
+        if ratio[b] >= 1.0:
             break
         on = np.flatnonzero(hosts == b)
-        a = inst.task_alpha[on][:, None]
-        m = inst.task_mem[on][:, None]
-        tb = problem.task_bytes[on][:, None].astype(float)
-        cur = problem.current[on][:, None]
-        running = cur >= 0
-        dest = host_ids[None, :]
-        cost_now = np.where(running & (cur != b), tb, 0.0)
-        cost_new = np.where(running & (cur != dest), tb, 0.0)
-        dc = cost_new - cost_now
-        with np.errstate(divide="ignore"):
-            after_b = np.where(load[b] - a > 1e-12, cap_cpu[b] / (load[b] - a), np.inf)
-        after_h = cap_cpu[None, :] / (load[None, :] + a)
-        gain = np.minimum(np.minimum(after_b, after_h), 1.0) - y_b
-        ok = ((mem[None, :] + m <= cap_mem[None, :] + MEMORY_TOLERANCE) & (dest != b)
-              & (spent + dc <= budget) & (gain > _YIELD_EPS))
-        if not ok.any():
-            break
-        free = ok & (dc <= 0)
-        # Free moves (new arrivals, returns home) first: most gain, then the largest refund.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            score = np.where(free, gain - 1e-15 * dc, -np.inf) if free.any() else np.where(ok, gain / dc, -np.inf)
-        i, h = np.unravel_index(int(np.argmax(score)), score.shape)
-        t = int(on[i])
-        hosts[t] = h
-        load[b] -= inst.task_alpha[t]
-        load[h] += inst.task_alpha[t]
-        mem[b] -= inst.task_mem[t]
-        mem[h] += inst.task_mem[t]
-        spent += int(dc[i, h])
-        history.append((t, b, int(h)))
+        if inst.n_hosts > CANDIDATE_HOSTS:
+            top = np.argpartition(-ratio, CANDIDATE_HOSTS - 1)[:CANDIDATE_HOSTS]
+            homes = problem.current[on]
+            candidates = np.unique(np.concatenate((top, homes[homes >= 0])))
+        else:
+            candidates = all_hosts
+        move = _best_move(problem, load, mem, b, on, spent, candidates)
+        if move is None and len(candidates) < inst.n_hosts:
+            move = _best_move(problem, load, mem, b, on, spent, all_hosts)
+        if move is not None:
+            t, h, dcost = move
+            steps = [(t, b, h)]
+        else:
+            partners = np.flatnonzero(np.isin(hosts, candidates) & (hosts != b))
+            swap = _best_swap(problem, hosts, load, mem, b, on, partners, spent)
+            if swap is None and len(candidates) < inst.n_hosts:
+                swap = _best_swap(problem, hosts, load, mem, b, on, np.flatnonzero(hosts != b), spent)
+            if swap is None:
+                break
+            t, u, h, dcost = swap
+            steps = [(t, b, h), (u, h, b)]
+        for task, src, dst in steps:
+            hosts[task] = dst
+            load[src] -= inst.task_alpha[task]
+            load[dst] += inst.task_alpha[task]
+            mem[src] -= inst.task_mem[task]
+            mem[dst] += inst.task_mem[task]
+            history.append((task, src, dst))
+        spent += dcost
         y = _yield_of(inst, load)
         if y > best_y + _YIELD_EPS:
             best_y, best_len = y, len(history)
     for t, src, _ in reversed(history[best_len:]):
         hosts[t] = src
     return hosts
+
+
+def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int, on: np.ndarray, spent: int,
+               dests: np.ndarray) -> tuple[int, int, int] | None:
+    """The move of a task on ``b`` to one of ``dests`` that buys the most yield per byte: (task, host, bytes)."""
+    inst = problem.instance
+    y_b = inst.host_cpu[b] / load[b]
+    a = inst.task_alpha[on][:, None]
+    m = inst.task_mem[on][:, None]
+    tb = problem.task_bytes[on][:, None].astype(float)
+    cur = problem.current[on][:, None]
+    running = cur >= 0
+    dest = dests[None, :]
+    dc = np.where(running & (cur != dest), tb, 0.0) - np.where(running & (cur != b), tb, 0.0)
+    with np.errstate(divide="ignore"):
+        after_b = np.where(load[b] - a > 1e-12, inst.host_cpu[b] / (load[b] - a), np.inf)
+    after_h = inst.host_cpu[dests][None, :] / (load[dests][None, :] + a)
+    gain = np.minimum(np.minimum(after_b, after_h), 1.0) - y_b
+    ok = ((mem[dests][None, :] + m <= inst.host_mem[dests][None, :] + MEMORY_TOLERANCE) & (dest != b)
+          & (spent + dc <= problem.budget) & (gain > _YIELD_EPS))
+    if not ok.any():
+        return None
+    free = ok & (dc <= 0)
+    # Free moves (new arrivals, returns home) first: most gain, then the largest refund.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = np.where(free, gain - 1e-15 * dc, -np.inf) if free.any() else np.where(ok, gain / dc, -np.inf)
+    i, k = np.unravel_index(int(np.argmax(score)), score.shape)
+    return int(on[i]), int(dests[k]), int(dc[i, k])
+
+
+def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: np.ndarray, b: int,
+               on: np.ndarray, others: np.ndarray, spent: int) -> tuple[int, int, int, int] | None:
+    """The exchange of a task ``t`` on the bottleneck ``b`` with a smaller task ``u`` among ``others`` that buys the
+    most yield per byte within the budget, as (t, u, u's host, change in bytes); None if none improves.
+
+    Tried when no single move helps: typically memory is tight, and only an
+    exchange keeps both hosts within memory.
+    """
+    inst = problem.instance
+    if not len(others) or not len(on):
+        return None
+    hu = hosts[others][None, :]
+    at, au = inst.task_alpha[on][:, None], inst.task_alpha[others][None, :]
+    mt, mu = inst.task_mem[on][:, None], inst.task_mem[others][None, :]
+    ct, cu = problem.current[on][:, None], problem.current[others][None, :]
+    bt, bu = problem.task_bytes[on][:, None].astype(float), problem.task_bytes[others][None, :].astype(float)
+    # Byte cost change: t goes b -> hu, u goes hu -> b (each relative to where it runs now).
+    dc = (np.where((ct >= 0) & (ct != hu), bt, 0.0) - np.where((ct >= 0) & (ct != b), bt, 0.0)
+          + np.where((cu >= 0) & (cu != b), bu, 0.0) - np.where((cu >= 0) & (cu != hu), bu, 0.0))
+    y_b = inst.host_cpu[b] / load[b]
+    new_b = load[b] - at + au
+    new_h = load[hosts[others]][None, :] - au + at
+    with np.errstate(divide="ignore"):
+        gain = np.minimum(np.minimum(inst.host_cpu[b] / new_b, inst.host_cpu[hu] / new_h), 1.0) - y_b
+    ok = ((au < at) & (gain > _YIELD_EPS) & (spent + dc <= problem.budget)
+          & (mem[b] - mt + mu <= inst.host_mem[b] + MEMORY_TOLERANCE)
+          & (mem[hosts[others]][None, :] - mu + mt <= inst.host_mem[hu] + MEMORY_TOLERANCE))
+    if not ok.any():
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = np.where(ok, np.where(dc <= 0, np.inf, gain / dc), -np.inf)
+    best = score.max()
+    if np.isinf(best):  # free exchanges: the one with the most gain
+        score = np.where(ok & (dc <= 0), gain, -np.inf)
+    i, k = np.unravel_index(int(np.argmax(score)), score.shape)
+    return int(on[i]), int(others[k]), int(hosts[others[k]]), int(dc[i, k])
 
 
 def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4) -> tuple[np.ndarray | None, dict[str, object]]:
