@@ -1,15 +1,38 @@
-"""``vcsched solve-adapt``: re-place a running cluster within a migration byte budget (section 6.1)."""
+"""``vcsched solve-adapt`` (re-place a running cluster within a migration byte budget, section 6.1) and
+``vcsched experiment adapt`` (yield versus budget over arrival-departure traces)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import math
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 from typing import Any
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_json_file
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, read_json_file
+from cli.bench import machine_info
 from cli.solve import render_result, result_to_dict
 from vcsched.adapt import ALGORITHMS, UNLIMITED, AdaptProblem, AdaptResult, parse_bytes, problem_from_dict, solve_adapt
+from vcsched.adapt_experiment import (
+    BUDGET_FRACTIONS,
+    LARGE,
+    METHODS,
+    SMALL,
+    CurvePoint,
+    StepRecord,
+    TraceSpec,
+    curves,
+    milp_gaps,
+    report_markdown,
+    run_trace,
+)
 from vcsched.errors import InputError
 from vcsched.model import SolveOptions
 
@@ -104,3 +127,126 @@ def solve_adapt_cmd(instance_file: str, budget: int, algorithm: str, as_json: bo
     else:
         render_adapt(problem, adapted)
     return EXIT_OK if adapted.result.feasible else EXIT_UNSATISFIED
+
+
+# ---------------------------------------------------------------------------------------------- experiment
+
+
+ADAPT_SETS: tuple[tuple[str, TraceSpec, tuple[str, ...]], ...] = (
+    ("small", SMALL, METHODS),  # the MILP is tractable here
+    ("large", LARGE, tuple(m for m in METHODS if m != "milp")),
+)
+
+
+TraceItem = tuple[str, TraceSpec, tuple[str, ...], int, float, float | None]
+
+
+def _trace_item(item: TraceItem) -> list[StepRecord]:
+    _, spec, methods, seed, budget_fraction, time_limit = item
+    return run_trace(spec, seed, budget_fraction, methods, time_limit)
+
+
+def _adapt_plots(points_by_set: dict[str, list[CurvePoint]], out_dir: Path) -> list[Path]:
+    """Minimum yield and bytes moved versus budget, one PNG per set (with matplotlib, the ``plot`` extra)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, points in points_by_set.items():
+        budgets = sorted({p.budget_fraction for p in points})
+        labels = ["unl." if math.isinf(b) else f"{100 * b:g}%" for b in budgets]
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+        for m in dict.fromkeys(p.method for p in points):
+            ys = [next((p for p in points if p.method == m and p.budget_fraction == b), None) for b in budgets]
+            ax1.plot(labels, [p.mean_min_yield if p else None for p in ys], marker="o", label=m)
+            ax2.plot(labels, [100 * p.mean_migrated_fraction if p and p.mean_migrated_fraction is not None
+                              else None for p in ys], marker="o", label=m)
+        ax1.set_xlabel("budget (% of running bytes)")
+        ax1.set_ylabel("mean minimum yield")
+        ax2.set_xlabel("budget (% of running bytes)")
+        ax2.set_ylabel("bytes migrated (% of running)")
+        for ax in (ax1, ax2):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize="small")
+        fig.suptitle(f"adaptation, {name} traces")
+        fig.tight_layout()
+        path = out_dir / f"adapt_{name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def adapt_experiment(traces: int | None, output: str | None, time_limit: float, seed: int, jobs: int | None,
+                     as_json: bool, sets: tuple[tuple[str, TraceSpec, tuple[str, ...]], ...] = ADAPT_SETS) -> int:
+    """``vcsched experiment adapt``: yield-versus-budget curves over seeded arrival-departure traces.
+
+    Two sets of traces: ``small`` (4 hosts, 10 tasks; the MILP included) and
+    ``large`` (64 hosts, 500 tasks; no MILP).  Records go to
+    ``records_<set>.json``, the tables to ``report.md`` (+ PNGs with matplotlib).
+    """
+    n_traces = traces or 5
+    jobs = jobs or os.cpu_count() or 1
+    out_dir = Path(output or "results/adapt")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--output {out_dir}: cannot create ({exc.strerror})") from None
+    items: list[TraceItem] = [(name, spec, methods, seed * 1_000_003 + s, bf, time_limit)
+                              for name, spec, methods in sets for s in range(n_traces) for bf in BUDGET_FRACTIONS]
+    records: dict[str, list[StepRecord]] = {name: [] for name, _, _ in sets}
+    start = time.perf_counter()
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=as_json) as progress:
+        bar = progress.add_task("traces", total=len(items))
+        if jobs == 1:
+            for item in items:
+                records[item[0]].extend(_trace_item(item))
+                progress.advance(bar)
+        else:
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                futures = {pool.submit(_trace_item, item): item[0] for item in items}
+                for fut in as_completed(futures):
+                    records[futures[fut]].extend(fut.result())
+                    progress.advance(bar)
+    wall = time.perf_counter() - start
+    reports, summary, points_by_set = [], {}, {}
+    for name, spec, methods in sets:
+        recs = sorted(records[name], key=lambda r: (r.budget_fraction, r.seed, r.step))
+        meta = {"set": name, "methods": list(methods), "traces": n_traces, "steps": spec.steps,
+                "hosts": spec.hosts, "tasks": spec.tasks, "slack": spec.slack, "depart": spec.depart,
+                "arrive": spec.arrive, "change": spec.change, "seed": seed, "time_limit": time_limit,
+                "wall_s": wall, "machine": machine_info().summary()}
+        reports.append(report_markdown(recs, meta))
+        points_by_set[name] = curves(recs, methods)
+        summary[name] = {"meta": meta, "curves": [vars(p) | {"budget_fraction": None if math.isinf(p.budget_fraction)
+                                                              else p.budget_fraction} for p in points_by_set[name]],
+                         "milp_gaps": [vars(g) | {"budget_fraction": None if math.isinf(g.budget_fraction)
+                                                   else g.budget_fraction} for g in milp_gaps(recs)]}
+        (out_dir / f"records_{name}.json").write_text(
+            json.dumps({"meta": meta, "records": [r.to_dict() for r in recs]}, indent=0))
+    report = "\n\n".join(reports)
+    plots = _adapt_plots(points_by_set, out_dir)
+    if plots:
+        report += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
+    (out_dir / "report.md").write_text(report)
+    if as_json:
+        emit_json(summary)
+    else:
+        console.print(f"{len(items)} traces in {wall:.0f} s; report in {out_dir / 'report.md'}", highlight=False)
+        for name in summary:
+            for p in points_by_set[name]:
+                if p.method == "heuristic":
+                    console.print(f"  {name:5s} budget {_budget_label(p.budget_fraction):>9s}: heuristic min yield "
+                                  f"{p.mean_min_yield or 0:.4f}, moved {100 * (p.mean_migrated_fraction or 0):.1f} %",
+                                  highlight=False)
+    return EXIT_OK
+
+
+def _budget_label(bf: float) -> str:
+    return "unlimited" if math.isinf(bf) else f"{100 * bf:g} %"

@@ -151,7 +151,7 @@ def write_plots(records: list[Record], names: list[str], out_dir: Path) -> list[
 
 
 @click.command("experiment")
-@click.argument("set_name", metavar="SET", type=click.Choice(SETS))
+@click.argument("set_name", metavar="SET", type=click.Choice((*SETS, "adapt")))
 @click.option("-n", "--instances", type=click.IntRange(min=1), default=None,
               help="Instances per family (paper: 10 for small, 100 for large and parallel).  [default: the paper's]")
 @click.option("-a", "--algorithms", "algorithms_opt", default=None, metavar="A,B,...",
@@ -183,6 +183,8 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
       small     4 hosts, 6/8/10/12 tasks                  144 families x 10 instances
       large     64 hosts, 100/250/500 tasks               108 families x 100 instances
       parallel  as large, jobs of 1..64 tasks (Lublin-Feitelson)
+      adapt     yield vs migration budget over arrival/departure traces
+                (section 6.1; -n traces per budget, default 5; see cli/adapt.py)
     Families: slack 0.1..0.9 x cv_mem x cv_cpu in {0.25, 0.75}.
 
     Every instance is generated from its own seed, solved by every algorithm
@@ -200,6 +202,10 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
     Cost: rrnd/rrnz solve an LP per instance and gb/sgb backtrack; at 500
     tasks they dominate the run, so leave them out with -x when in a hurry.
     """
+    if set_name == "adapt":  # its own machinery, in cli/adapt.py
+        from cli.adapt import adapt_experiment
+
+        return adapt_experiment(instances, output, time_limit, seed, jobs, as_json)
     names = parse_names(algorithms_opt, "--algorithms") or default_algorithms(set_name)
     excluded = parse_names(exclude, "--exclude") or []
     names = [n for n in names if n not in excluded]

@@ -88,3 +88,21 @@ def test_bad_current_host_exits_two_naming_the_field(tmp_path: Path) -> None:
     r = run(tmp_path, doc, "--budget", "0")
     assert r.exit_code == 2
     assert "jobs[0].current[0]: 5 is not a host index" in r.output
+
+
+def test_experiment_adapt_writes_report_records_and_json(tmp_path: Path) -> None:
+    from cli.adapt import adapt_experiment
+    from vcsched.adapt_experiment import TraceSpec
+
+    tiny = (("tiny", TraceSpec(hosts=3, tasks=6, slack=0.5, steps=2), ("none", "heuristic", "milp", "scratch")),)
+    code = adapt_experiment(1, str(tmp_path), 5.0, 0, 1, True, sets=tiny)
+    assert code == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "## Mean minimum yield" in report and "unlimited" in report
+    records = json.loads((tmp_path / "records_tiny.json").read_text())
+    assert len(records["records"]) == 2 * 8  # two steps at each of the eight budget levels
+
+
+def test_experiment_help_lists_the_adapt_set() -> None:
+    r = CliRunner().invoke(cli, ["experiment", "--help"])
+    assert r.exit_code == 0 and "adapt" in r.output
