@@ -51,6 +51,7 @@ from vcsched.yields import MEMORY_TOLERANCE, allocate, fits_in_memory, placement
 GIB = 1 << 30
 DEFAULT_HOST_MEMORY_BYTES = GIB  # bytes of one reference-host memory unit when the instance does not say
 UNLIMITED = (1 << 63) - 1  # a budget no cluster reaches: free re-placement
+CAP_UNCHANGED = 1e-3  # cores; below the executor's read-back tolerance
 ALGORITHMS = ("heuristic", "milp")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
                "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40,
@@ -585,3 +586,104 @@ def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
     check_allocation(inst, allocation, min_yield=min_y, avg_yield=avg_y)
     result = SolveResult(algorithm, True, allocation, min_y, avg_y, runtime, optimal, detail=detail)
     return AdaptResult(result, tuple(migrations(problem, hosts)), cost, detail)
+
+
+# ---------------------------------------------------------------------------------------------- live clusters
+
+
+@dataclass(frozen=True)
+class LiveAdaptation:
+    """An adaptation of a live inventory: the solver's answer, the safe order, and the plan to apply."""
+
+    adapted: AdaptResult
+    plan: Any  # vcsched.plan.Plan, or None when nothing was found within the budget
+    order: Any  # vcsched.migration.MigrationOrder
+    problem: AdaptProblem
+
+
+def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Mapping[str, float] | None = None,
+                    algorithm: str = "heuristic", parallel: int = 1,
+                    options: SolveOptions | None = None) -> LiveAdaptation:
+    """Adapt the running managed VMs of ``inventory`` (a :class:`vcsched.inventory.Inventory`) within ``budget``.
+
+    Units as in admission (model.md): hosts in fractions of the reference
+    host (most cores, most usable memory, less what unmanaged domains use).
+    Each virtual cluster with one CPU need and memory size is a job whose
+    tasks are its VMs (section 5: they share one yield).  ``needs`` overrides
+    VMs' CPU needs in cores.  Moving a VM costs its memory in bytes.  The
+    result's migrations are ordered by :func:`vcsched.migration.order_changes`
+    and the total including relays must fit the budget, else
+    :class:`vcsched.migration.MigrationBlocked`.
+    """
+    from collections import defaultdict
+
+    from vcsched.inventory import snapshot_hash
+    from vcsched.migration import HostRoom, MigrationBlocked, VmChange, order_changes, plan_steps
+    from vcsched.model import Host, Job
+    from vcsched.plan import Plan, VmPrediction
+
+    needs = dict(needs or {})
+    managed = inventory.managed()
+    names = {v.name for v in managed}
+    for vm in needs:
+        if vm not in names:
+            raise InputError(f"--set-need: {vm!r} is not a running managed VM of cluster {cluster_name!r}")
+    n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
+    unmanaged_mem: defaultdict[str, int] = defaultdict(int)
+    used_mem: defaultdict[str, int] = defaultdict(int)
+    caps_used: defaultdict[str, float] = defaultdict(float)
+    for v in inventory.vms:
+        if not v.active:
+            continue
+        used_mem[v.host] += v.memory_bytes
+        if not v.managed:
+            unmanaged_mem[v.host] += v.memory_bytes
+            caps_used[v.host] += float(v.vcpus)
+        else:
+            caps_used[v.host] += v.cap_cores if v.cap_cores is not None else float(v.vcpus)
+    hosts = tuple(Host(h.name, h.cores / n_ref, max(h.usable_memory - unmanaged_mem[h.name], 0) / mem_ref)
+                  for h in inventory.hosts)
+    index = {h.name: i for i, h in enumerate(inventory.hosts)}
+    groups: dict[tuple[str, float, int], list[Any]] = defaultdict(list)
+    for v in managed:
+        cores = needs.get(v.name, v.meta.cpu_need_cores)
+        if not 0 < cores <= v.vcpus:
+            raise InputError(f"--set-need {v.name}: {cores:g} cores must be above 0 and at most its {v.vcpus} vCPUs")
+        groups[(v.meta.cluster, round(cores, 9), v.memory_bytes)].append(v)
+    jobs, vms, current, task_bytes = [], [], [], []
+    for (vc, cores, mem), members in sorted(groups.items()):
+        label = vc if sum(1 for k in groups if k[0] == vc) == 1 else f"{vc}/{cores:g}/{mem}"
+        jobs.append(Job(label, min(cores / n_ref, 1.0), mem / mem_ref, len(members)))
+        for v in sorted(members, key=lambda v: v.name):
+            vms.append(v)
+            current.append(index[v.host])
+            task_bytes.append(v.memory_bytes)
+    instance = Instance(hosts, tuple(jobs))
+    problem = AdaptProblem(instance, np.array(current, dtype=np.int64), np.array(task_bytes, dtype=np.int64), budget)
+    adapted = solve_adapt(problem, algorithm, options)
+    if adapted.result.allocation is None:
+        return LiveAdaptation(adapted, None, None, problem)
+    alloc = adapted.result.allocation
+    yields = alloc.yields(instance)
+    changes, per_vm = [], {}
+    for t, v in enumerate(vms):
+        j = int(instance.task_job[t])
+        target = inventory.hosts[alloc.hosts[t]].name
+        cap = alloc.cpu[j] * n_ref
+        cores = needs.get(v.name, v.meta.cpu_need_cores)
+        per_vm[v.name] = VmPrediction(target, v.meta.cluster, cores, cap, float(yields[j]))
+        now = v.cap_cores if v.cap_cores is not None else float(v.vcpus)
+        # Caps read back rounded to whole microseconds of quota: do not re-cap for that.
+        final = now if abs(now - cap) <= CAP_UNCHANGED else cap
+        changes.append(VmChange(v.name, v.host, target, v.memory_bytes, now, final))
+    rooms = [HostRoom(h.name, h.usable_memory, used_mem[h.name], float(h.cores), caps_used[h.name])
+             for h in inventory.hosts]
+    order = order_changes(rooms, changes, parallel=parallel)
+    if order.total_bytes > budget:
+        raise MigrationBlocked(f"budget: the safe order needs {order.total_bytes} bytes ({order.relays} relays "
+                               f"through hosts with room), above the budget of {budget}; raise --budget")
+    steps = plan_steps(order)
+    moved = frozenset(s.vm for s in steps if getattr(s, "moves", False))
+    plan = Plan("adapt", cluster_name, snapshot_hash(inventory, moving=moved), float(adapted.result.min_yield or 0),
+                float(adapted.result.avg_yield or 0), per_vm, steps)
+    return LiveAdaptation(adapted, plan, order, problem)

@@ -30,8 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from vcsched.errors import VcschedError
+from vcsched.errors import InputError, VcschedError
+from vcsched.plan import SetCapStep, register_step
+from vcsched.plan import _fields as plan_fields
+from vcsched.plan import _int as plan_int
+from vcsched.plan import _num as plan_num
+from vcsched.plan import _str as plan_str
 
 MIN_CAP_CORES = 0.01  # libvirt's smallest vcpu_quota (1 ms per 100 ms period) for one vCPU
 CAP_TOLERANCE = 1e-9
@@ -222,3 +228,60 @@ def memory_trace(hosts: Iterable[HostRoom], order: MigrationOrder,
         for m in in_wave:
             mem[m.source] -= memory_of[m.vm]
     return trace
+
+
+# ---------------------------------------------------------------------------------------------- plan step
+
+
+@dataclass(frozen=True)
+class MigrateStep:
+    """Plan step ``{"op": "migrate", "vm", "from", "to", "bytes", "cap_cores"}``: live-migrate a managed VM.
+
+    Registered with :func:`vcsched.plan.register_step` (the plans' extension
+    point); ``moves = True`` tells the snapshot to leave the VM's host out, so
+    a half-applied plan still matches.  ``cap_cores`` is the cap it has on
+    arrival (see :func:`order_changes`).
+    """
+
+    op: ClassVar[str] = "migrate"
+    moves: ClassVar[bool] = True
+    vm: str
+    source: str
+    target: str
+    bytes: int
+    cap_cores: float
+
+    @property
+    def host(self) -> str:
+        return self.target
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "vm": self.vm, "from": self.source, "to": self.target, "bytes": self.bytes,
+                "cap_cores": self.cap_cores}
+
+    def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
+        return ((self.source, self.vm, None), (self.target, self.vm, self.cap_cores))
+
+    @staticmethod
+    def from_dict(where: str, d: Mapping[str, Any]) -> MigrateStep:
+        d = plan_fields(where, d, {"op", "vm", "from", "to", "bytes", "cap_cores"})
+        step = MigrateStep(plan_str(f"{where}.vm", d["vm"]), plan_str(f"{where}.from", d["from"]),
+                           plan_str(f"{where}.to", d["to"]), plan_int(f"{where}.bytes", d["bytes"]),
+                           plan_num(f"{where}.cap_cores", d["cap_cores"]))
+        if step.source == step.target:
+            raise InputError(f"{where}.to: {step.target!r} is also the source host")
+        return step
+
+
+def plan_steps(order: MigrationOrder) -> tuple[SetCapStep | MigrateStep, ...]:
+    """The ordered changes as plan steps, in the same order."""
+    out: list[SetCapStep | MigrateStep] = []
+    for s in order.steps:
+        if isinstance(s, Move):
+            out.append(MigrateStep(s.vm, s.source, s.target, s.bytes, s.cap_cores))
+        else:
+            out.append(SetCapStep(s.vm, s.host, s.cap_cores))
+    return tuple(out)
+
+
+register_step(MigrateStep.op, MigrateStep.from_dict)

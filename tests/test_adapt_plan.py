@@ -1,0 +1,114 @@
+"""Adapting a live inventory: the plan (migrate + set-cap steps), its safety, and applying it (in memory)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hypervisor.executor import DONE, SKIPPED, apply_plan
+from hypervisor.memory import MemoryHypervisor
+from hypervisor.migration import RUNNER, rewrite_partition  # noqa: F401  (registers the migrate runner)
+from vcsched.adapt import GIB, adapt_inventory
+from vcsched.inventory import HostState, VmMeta, VmState
+from vcsched.migration import MigrateStep, MigrationBlocked
+from vcsched.plan import plan_from_dict
+
+
+def vm(name: str, host: str, need: float, cap: float, cluster: str | None = None, mem: int = GIB) -> VmState:
+    return VmState(name, host, 1, mem, True, VmMeta(cluster or name, need, mem, 1), cap)
+
+
+def lopsided() -> MemoryHypervisor:
+    """Two 1-core hosts; a and b (0.8 cores each) share h0, c (0.2) is alone on h1."""
+    hosts = [HostState("h0", 1, 4 * GIB), HostState("h1", 1, 4 * GIB)]
+    return MemoryHypervisor("lab", hosts, [vm("a", "h0", 0.8, 0.5), vm("b", "h0", 0.8, 0.5), vm("c", "h1", 0.2, 0.2)])
+
+
+def test_a_budget_for_one_vm_migrates_it_and_recaps_everyone() -> None:
+    hv = lopsided()
+    live = adapt_inventory("lab", hv.inventory(), GIB)
+    assert live.plan is not None
+    moves = [s for s in live.plan.steps if isinstance(s, MigrateStep)]
+    assert len(moves) == 1 and moves[0].source == "h0" and moves[0].target == "h1" and moves[0].bytes == GIB
+    assert live.plan.min_yield == pytest.approx(1.0)
+
+
+def test_budget_zero_only_recaps() -> None:
+    live = adapt_inventory("lab", lopsided().inventory(), 0)
+    assert live.plan is not None
+    assert not any(isinstance(s, MigrateStep) for s in live.plan.steps)
+    assert live.plan.min_yield == pytest.approx(1 / 1.6)
+
+
+def test_applying_the_plan_moves_the_vm_with_its_cap_and_a_rerun_skips_everything() -> None:
+    hv = lopsided()
+    live = adapt_inventory("lab", hv.inventory(), GIB)
+    assert live.plan is not None
+    report = apply_plan(hv, live.plan)
+    assert report.ok and all(r.outcome == DONE for r in report.results)
+    moved = next(s for s in live.plan.steps if isinstance(s, MigrateStep))
+    v = hv.find_vm(moved.vm)
+    assert v is not None and v.host == "h1" and v.cap_cores == pytest.approx(0.8)
+    again = apply_plan(hv, live.plan)
+    assert again.ok and all(r.outcome == SKIPPED for r in again.results)
+
+
+def test_a_failed_migration_stops_the_plan_and_leaves_the_vm_on_its_source() -> None:
+    hv = lopsided()
+    live = adapt_inventory("lab", hv.inventory(), GIB)
+    assert live.plan is not None
+    moved = next(s for s in live.plan.steps if isinstance(s, MigrateStep))
+    hv.fail[("migrate", moved.vm)] = "host h0: cannot migrate: connection reset"
+    report = apply_plan(hv, live.plan)
+    assert not report.ok
+    v = hv.find_vm(moved.vm)
+    assert v is not None and v.host == "h0" and v.active
+    assert apply_plan(hv, live.plan).ok  # re-running continues and converges
+
+
+def test_the_plan_round_trips_through_json_with_migrate_steps() -> None:
+    live = adapt_inventory("lab", lopsided().inventory(), GIB)
+    assert live.plan is not None
+    again = plan_from_dict(live.plan.to_dict())
+    assert again.steps == live.plan.steps
+
+
+def test_migrate_steps_reject_the_same_source_and_destination() -> None:
+    from vcsched.errors import InputError
+
+    with pytest.raises(InputError, match=r"steps\[0\]\.to: 'h0' is also the source"):
+        MigrateStep.from_dict("steps[0]", {"op": "migrate", "vm": "a", "from": "h0", "to": "h0", "bytes": 1,
+                                           "cap_cores": 0.5})
+
+
+def test_new_cpu_needs_change_the_caps() -> None:
+    live = adapt_inventory("lab", lopsided().inventory(), 0, needs={"a": 0.2})
+    assert live.plan is not None
+    assert live.plan.per_vm["a"].cpu_need_cores == pytest.approx(0.2)
+    assert live.plan.min_yield == pytest.approx(1.0)
+
+
+def test_unknown_vm_in_new_needs_is_an_input_error() -> None:
+    from vcsched.errors import InputError
+
+    with pytest.raises(InputError, match="--set-need: 'zz'"):
+        adapt_inventory("lab", lopsided().inventory(), 0, needs={"zz": 0.2})
+
+
+def test_a_plan_needing_relays_beyond_the_budget_is_refused() -> None:
+    # Two full hosts that must swap their VMs and a third with room: the swap needs a relay,
+    # which moves one VM twice: 3 GiB for a 2 GiB budget.
+    hosts = [HostState("h0", 1, 2 * GIB), HostState("h1", 1, 2 * GIB), HostState("h2", 1, 1 * GIB)]
+    hv = MemoryHypervisor("lab", hosts, [vm("a", "h0", 1.0, 0.5, mem=GIB), vm("b", "h0", 1.0, 0.5, mem=GIB),
+                                         vm("c", "h1", 0.1, 0.5, mem=GIB), vm("d", "h1", 0.1, 0.5, mem=GIB)])
+    try:
+        live = adapt_inventory("lab", hv.inventory(), 2 * GIB)
+    except MigrationBlocked as exc:
+        assert "raise --budget" in str(exc)
+        return
+    assert live.order is not None and live.order.total_bytes <= 2 * GIB
+
+
+def test_partition_is_rewritten_for_the_destination() -> None:
+    xml = "<domain><resource>\n    <partition>/vcl1h0</partition>\n  </resource></domain>"
+    assert "<partition>/vcl1h1</partition>" in rewrite_partition(xml, "/vcl1h0", "/vcl1h1")
+    assert rewrite_partition(xml, "/vcl1h0", "/vcl1h0") == xml
