@@ -16,10 +16,21 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+import hypervisor.migration  # noqa: F401  (registers the migrate step's runner with the executor)
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, read_json_file
 from cli.bench import machine_info
 from cli.solve import render_result, result_to_dict
-from vcsched.adapt import ALGORITHMS, UNLIMITED, AdaptProblem, AdaptResult, parse_bytes, problem_from_dict, solve_adapt
+from vcsched.adapt import (
+    ALGORITHMS,
+    UNLIMITED,
+    AdaptProblem,
+    AdaptResult,
+    LiveAdaptation,
+    adapt_inventory,
+    parse_bytes,
+    problem_from_dict,
+    solve_adapt,
+)
 from vcsched.adapt_experiment import (
     BUDGET_FRACTIONS,
     LARGE,
@@ -250,3 +261,124 @@ def adapt_experiment(traces: int | None, output: str | None, time_limit: float, 
 
 def _budget_label(bf: float) -> str:
     return "unlimited" if math.isinf(bf) else f"{100 * bf:g} %"
+
+
+# ---------------------------------------------------------------------------------------------- live adapt
+
+
+def _parse_needs(items: tuple[str, ...]) -> dict[str, float]:
+    needs: dict[str, float] = {}
+    for item in items:
+        vm, sep, value = item.partition("=")
+        try:
+            cores = float(value)
+        except ValueError:
+            cores = math.nan
+        if not sep or not vm or not math.isfinite(cores) or cores <= 0:
+            raise InputError(f"--set-need: {item!r} is not VM=CORES with CORES above 0 (e.g. web-0=0.3)")
+        needs[vm] = cores
+    return needs
+
+
+def render_moves(live: LiveAdaptation) -> None:
+    if live.order is None or not live.order.moves:
+        return
+    table = Table(title=f"live migrations ({live.order.waves} waves, {live.order.relays} relays)")
+    for col in ("wave", "VM", "from", "to", "bytes", "cap on arrival"):
+        table.add_column(col, justify="right" if col in ("wave", "bytes", "cap on arrival") else "left")
+    for m in live.order.moves:
+        table.add_row(str(m.wave), m.vm + (" (relay)" if m.relay else ""), m.source, m.target, _human(m.bytes),
+                      f"{m.cap_cores:.3f}")
+    console.print(table)
+
+
+@click.command("adapt")
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Cluster file (TOML).  Default: the running lab's (`vcsched lab up`).")
+@click.option("--budget", type=ByteSize(), required=True,
+              help="Most bytes the live migrations may move in all: 0, 512MiB, 2GiB, unlimited.")
+@click.option("--set-need", "set_need", multiple=True, metavar="VM=CORES",
+              help="Plan with a new CPU need for a VM, in cores (repeatable).  Recorded needs come from metadata.")
+@click.option("-a", "--algorithm", type=click.Choice(ALGORITHMS), default="heuristic", show_default=True,
+              help="heuristic, or milp (section 6.1; small clusters).")
+@click.option("--parallel", type=click.IntRange(min=1, max=16), default=1, show_default=True,
+              help="Most migrations at once between one pair of hosts (the plan's waves).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None, metavar="PLAN.json",
+              help="Save the plan for `vcsched apply`.")
+@click.option("--apply", "do_apply", is_flag=True, help="Carry the plan out now (default: dry run, print it).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (result, plan, apply report).")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="S",
+              help="Wall-clock limit in seconds for milp.")
+def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], algorithm: str, parallel: int,
+              output: str | None, do_apply: bool, as_json: bool, time_limit: float | None) -> int:
+    """Re-balance a running cluster: re-cap every managed VM and live-migrate a few, within --budget bytes.
+
+    \b
+    Reads the live inventory (hosts, managed VMs, their recorded CPU needs
+    and memory), solves the section 6.1 problem (the highest minimum yield
+    reachable moving at most --budget bytes; moving a VM costs its memory),
+    and prints the plan.  The plan is ordered so that no host ever runs out
+    of memory (a migrating VM counts on both hosts until it lands), caps go
+    down before others go up, and swaps between full hosts are relayed
+    through a host with room (their extra bytes count against the budget).
+
+    \b
+    Examples:
+      vcsched adapt --budget 0                   re-cap only
+      vcsched adapt --budget 2GiB --set-need web-0=0.3
+      vcsched adapt --budget 2GiB -o plan.json && vcsched apply plan.json
+      vcsched adapt --budget 2GiB --apply
+
+    Applying is idempotent and stops at the first failure with every VM
+    running (a failed migration leaves its VM on the source); run it again to
+    continue.
+
+    Exit codes: 0 planned (and applied), 1 nothing within the budget / no
+    safe order / a step failed, 2 bad input.
+    """
+    from cli.place import load_cluster, render_plan, render_report, run_apply
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from vcsched.migration import MigrationBlocked
+
+    needs = _parse_needs(set_need)
+    cluster = load_cluster(cluster_file)
+    with LibvirtHypervisor(cluster) as hv:
+        inventory = hv.inventory()
+        try:
+            live = adapt_inventory(cluster.name, inventory, budget, needs=needs, algorithm=algorithm,
+                                   parallel=parallel, options=SolveOptions(time_limit=time_limit))
+        except MigrationBlocked as exc:
+            if as_json:
+                emit_json({"feasible": False, "reason": str(exc)})
+            else:
+                console.print(f"[red]no safe plan[/]: {exc}")
+            return EXIT_UNSATISFIED
+        out: dict[str, Any] = adapt_result_to_dict(live.problem, live.adapted)
+        if live.plan is None:
+            if as_json:
+                emit_json(out)
+            else:
+                console.print(f"[red]no placement within the budget[/] of {_human(budget)}")
+            return EXIT_UNSATISFIED
+        out["plan"] = live.plan.to_dict()
+        if output:
+            try:
+                Path(output).write_text(json.dumps(live.plan.to_dict(), indent=1) + "\n")
+            except OSError as exc:
+                raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
+        if not as_json:
+            console.print(f"cluster {cluster.name!r}: {len(inventory.managed())} managed VMs; plan moves "
+                          f"{_human(live.order.total_bytes)} of a budget of {_human(budget)}", highlight=False)
+            render_plan(live.plan, inventory)
+            render_moves(live)
+        report = None
+        if do_apply:
+            report = run_apply(hv, live.plan, force=False, quiet=as_json)
+            out["apply"] = report.to_dict()
+            if not as_json:
+                render_report(report)
+        elif not as_json:
+            console.print("dry run: nothing changed (use --apply, or -o PLAN.json and `vcsched apply`)")
+    if as_json:
+        emit_json(out)
+    return EXIT_OK if report is None or report.ok else EXIT_UNSATISFIED

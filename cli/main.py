@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cli.adapt import solve_adapt_cmd
+from cli.adapt import adapt_cmd, solve_adapt_cmd
 from cli.app import cli
 from cli.apply import apply_cmd
 from cli.bench import bench_cmd
@@ -21,6 +21,7 @@ cli.add_command(experiment_cmd)
 cli.add_command(bench_cmd)
 cli.add_command(calibrate_cmd)
 cli.add_command(solve_adapt_cmd)
+cli.add_command(adapt_cmd)
 cli.add_command(place_cmd)
 cli.add_command(apply_cmd)
 cli.add_command(status_cmd)
