@@ -1,0 +1,97 @@
+"""End to end on the real lab: an adapt plan live-migrates a VM between two hosts with libvirt.
+
+Two managed VMs needing 0.6 cores each start on h0 (1 core), capped at 0.5
+each: minimum yield 0.83.  With a budget of one VM's memory, `vcsched adapt
+--apply` must move one of them to h1 and raise both caps to 0.6 (yield 1).
+Checked through libvirt afterwards: the VM runs on h1 with its cap, h0 no
+longer has it.  Needs the ``lab2`` fixture (skipped with the reason where a
+TCG guest cannot boot).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cli
+from hypervisor.lab import Lab
+from hypervisor.libvirt_backend import LibvirtHypervisor
+from tests.lab_support import destroy_everywhere
+from vcsched.cluster import cluster_from_dict
+from vcsched.plan import Boot, CreateStep
+
+pytestmark = pytest.mark.lab
+
+MIB = 1 << 20
+NEED_CORES = 0.6
+
+
+def run(*args: Any) -> Any:
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture
+def two_on_h0(lab2: Lab) -> Iterator[tuple[str, str]]:
+    import tomllib
+
+    cluster = cluster_from_dict(tomllib.loads(lab2.cluster_file.read_text()))
+    g = cluster.guest
+    assert g is not None
+    boot = Boot("kernel", kernel=g.kernel, initrd=g.initrd, cmdline=g.cmdline, domain_type=g.domain_type)
+    tag = uuid.uuid4().hex[:6]
+    names = (f"ad{tag}-0", f"ad{tag}-1")
+    try:
+        with LibvirtHypervisor(cluster) as hv:
+            for n in names:
+                hv.create_vm(CreateStep(n, "h0", f"ad{tag}", 1, 128 * MIB, NEED_CORES, 0.5, boot))
+        yield names
+    finally:
+        for n in names:
+            destroy_everywhere(lab2, n)
+
+
+def where(lab: Lab, name: str) -> list[tuple[str, bool]]:
+    import libvirt
+
+    out = []
+    for h in lab.hosts:
+        conn = libvirt.open(h.uri)
+        try:
+            out += [(h.name, bool(d.isActive())) for d in conn.listAllDomains(0) if d.name() == name]
+        finally:
+            conn.close()
+    return out
+
+
+def test_adapt_live_migrates_one_vm_and_raises_the_caps(lab2: Lab, two_on_h0: tuple[str, str]) -> None:
+    dry = run("adapt", "--cluster", lab2.cluster_file, "--budget", "128MiB", "--json")
+    assert dry.exit_code == 0, dry.output
+    plan = json.loads(dry.stdout)["plan"]
+    moves = [s for s in plan["steps"] if s["op"] == "migrate"]
+    assert len(moves) == 1 and moves[0]["from"] == "h0" and moves[0]["to"] == "h1"
+    assert all(where(lab2, n) == [("h0", True)] for n in two_on_h0)  # a dry run changes nothing
+
+    done = run("adapt", "--cluster", lab2.cluster_file, "--budget", "128MiB", "--apply", "--json")
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.stdout)
+    assert doc["apply"]["ok"], doc["apply"]
+    moved = next(s["vm"] for s in doc["plan"]["steps"] if s["op"] == "migrate")
+    assert where(lab2, moved) == [("h1", True)]  # running on h1, gone from h0
+    import tomllib
+
+    cluster = cluster_from_dict(tomllib.loads(lab2.cluster_file.read_text()))
+    with LibvirtHypervisor(cluster) as hv:
+        for n in two_on_h0:
+            v = hv.find_vm(n)
+            assert v is not None and v.active
+            cap = hv.read_cap(v.host, n)
+            assert cap == pytest.approx(NEED_CORES, abs=0.005)
+
+    again = run("adapt", "--cluster", lab2.cluster_file, "--budget", "128MiB", "--json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["migrations"] == []  # balanced now: nothing left to move
