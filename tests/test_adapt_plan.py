@@ -112,3 +112,27 @@ def test_partition_is_rewritten_for_the_destination() -> None:
     xml = "<domain><resource>\n    <partition>/vcl1h0</partition>\n  </resource></domain>"
     assert "<partition>/vcl1h1</partition>" in rewrite_partition(xml, "/vcl1h0", "/vcl1h1")
     assert rewrite_partition(xml, "/vcl1h0", "/vcl1h0") == xml
+
+
+def test_a_relayed_swap_applies_and_a_rerun_skips_every_hop() -> None:
+    from vcsched.migration import HostRoom, VmChange, order_changes, plan_steps
+    from vcsched.plan import Plan
+
+    hosts = [HostState("h0", 1, 2 * GIB), HostState("h1", 1, 2 * GIB), HostState("h2", 1, 2 * GIB)]
+    hv = MemoryHypervisor("lab", hosts, [vm("a", "h0", 0.5, 0.5, mem=2 * GIB), vm("b", "h1", 0.5, 0.5, mem=2 * GIB)])
+    rooms = [HostRoom("h0", 2 * GIB, 2 * GIB, 1.0, 0.5), HostRoom("h1", 2 * GIB, 2 * GIB, 1.0, 0.5),
+             HostRoom("h2", 2 * GIB, 0, 1.0, 0.0)]
+    order = order_changes(rooms, [VmChange("a", "h0", "h1", 2 * GIB, 0.5, 0.5),
+                                  VmChange("b", "h1", "h0", 2 * GIB, 0.5, 0.5)])
+    assert order.relays == 1
+    steps = plan_steps(order)
+    assert any(isinstance(s, MigrateStep) and s.final is not None for s in steps)
+    plan = Plan("adapt", "lab", "0" * 64, 1.0, 1.0, {}, steps)
+    from hypervisor.executor import apply_plan as apply_unchecked
+
+    first = apply_unchecked(hv, plan, force=True)
+    assert first.ok
+    assert hv.find_vm("a").host == "h1" and hv.find_vm("b").host == "h0"  # type: ignore[union-attr]
+    again = apply_unchecked(hv, plan, force=True)
+    assert again.ok and all(r.outcome == SKIPPED for r in again.results)
+    assert plan_from_dict(plan.to_dict()).steps == plan.steps

@@ -250,24 +250,29 @@ class MigrateStep:
     target: str
     bytes: int
     cap_cores: float
+    final: str | None = None  # on a relay hop: where the VM goes next (a re-run finding it there skips this hop)
 
     @property
     def host(self) -> str:
         return self.target
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "vm": self.vm, "from": self.source, "to": self.target, "bytes": self.bytes,
-                "cap_cores": self.cap_cores}
+        d: dict[str, Any] = {"op": self.op, "vm": self.vm, "from": self.source, "to": self.target,
+                             "bytes": self.bytes, "cap_cores": self.cap_cores}
+        if self.final is not None:
+            d["final"] = self.final
+        return d
 
     def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
         return ((self.source, self.vm, None), (self.target, self.vm, self.cap_cores))
 
     @staticmethod
     def from_dict(where: str, d: Mapping[str, Any]) -> MigrateStep:
-        d = plan_fields(where, d, {"op", "vm", "from", "to", "bytes", "cap_cores"})
+        d = plan_fields(where, d, {"op", "vm", "from", "to", "bytes", "cap_cores"}, {"final"})
+        final = plan_str(f"{where}.final", d["final"]) if "final" in d else None
         step = MigrateStep(plan_str(f"{where}.vm", d["vm"]), plan_str(f"{where}.from", d["from"]),
                            plan_str(f"{where}.to", d["to"]), plan_int(f"{where}.bytes", d["bytes"]),
-                           plan_num(f"{where}.cap_cores", d["cap_cores"]))
+                           plan_num(f"{where}.cap_cores", d["cap_cores"]), final)
         if step.source == step.target:
             raise InputError(f"{where}.to: {step.target!r} is also the source host")
         return step
@@ -276,9 +281,11 @@ class MigrateStep:
 def plan_steps(order: MigrationOrder) -> tuple[SetCapStep | MigrateStep, ...]:
     """The ordered changes as plan steps, in the same order."""
     out: list[SetCapStep | MigrateStep] = []
+    final = {s.vm: s.target for s in order.steps if isinstance(s, Move)}  # the last hop of each VM wins
     for s in order.steps:
         if isinstance(s, Move):
-            out.append(MigrateStep(s.vm, s.source, s.target, s.bytes, s.cap_cores))
+            out.append(MigrateStep(s.vm, s.source, s.target, s.bytes, s.cap_cores,
+                                   final[s.vm] if s.relay and final[s.vm] != s.target else None))
         else:
             out.append(SetCapStep(s.vm, s.host, s.cap_cores))
     return tuple(out)
