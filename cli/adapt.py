@@ -280,6 +280,19 @@ def _parse_needs(items: tuple[str, ...]) -> dict[str, float]:
     return needs
 
 
+def _changes_file(path: str | None) -> dict[str, float]:
+    """``--changes FILE``: ``{"set_need": {"VM": cores, ...}}`` (JSON), the file form of --set-need."""
+    if path is None:
+        return {}
+    doc = read_json_file(path, "changes")
+    if not isinstance(doc, dict) or set(doc) - {"set_need"}:
+        raise InputError(f"changes {path}: expected an object with only \"set_need\" (got {doc!r:.80})")
+    raw = doc.get("set_need", {})
+    if not isinstance(raw, dict):
+        raise InputError(f"changes {path}: set_need: expected an object VM -> cores")
+    return _parse_needs(tuple(f"{vm}={cores}" for vm, cores in raw.items()))
+
+
 def render_moves(live: LiveAdaptation) -> None:
     if live.order is None or not live.order.moves:
         return
@@ -298,7 +311,10 @@ def render_moves(live: LiveAdaptation) -> None:
 @click.option("--budget", type=ByteSize(), required=True,
               help="Most bytes the live migrations may move in all: 0, 512MiB, 2GiB, unlimited.")
 @click.option("--set-need", "set_need", multiple=True, metavar="VM=CORES",
-              help="Plan with a new CPU need for a VM, in cores (repeatable).  Recorded needs come from metadata.")
+              help="Plan with a new CPU need for a VM, in cores (repeatable).  Recorded needs come from metadata "
+                   "(which this does not rewrite: repeat it on later runs while it holds).")
+@click.option("--changes", "changes_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help='JSON {"set_need": {"VM": cores, ...}}: --set-need for many VMs (the command line wins).')
 @click.option("-a", "--algorithm", type=click.Choice(ALGORITHMS), default="heuristic", show_default=True,
               help="heuristic, or milp (section 6.1; small clusters).")
 @click.option("--parallel", type=click.IntRange(min=1, max=16), default=1, show_default=True,
@@ -309,8 +325,9 @@ def render_moves(live: LiveAdaptation) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (result, plan, apply report).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="S",
               help="Wall-clock limit in seconds for milp.")
-def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], algorithm: str, parallel: int,
-              output: str | None, do_apply: bool, as_json: bool, time_limit: float | None) -> int:
+def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], changes_file: str | None,
+              algorithm: str, parallel: int, output: str | None, do_apply: bool, as_json: bool,
+              time_limit: float | None) -> int:
     """Re-balance a running cluster: re-cap every managed VM and live-migrate a few, within --budget bytes.
 
     \b
@@ -340,7 +357,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.migration import MigrationBlocked
 
-    needs = _parse_needs(set_need)
+    needs = {**_changes_file(changes_file), **_parse_needs(set_need)}
     cluster = load_cluster(cluster_file)
     with LibvirtHypervisor(cluster) as hv:
         inventory = hv.inventory()

@@ -106,3 +106,20 @@ def test_experiment_adapt_writes_report_records_and_json(tmp_path: Path) -> None
 def test_experiment_help_lists_the_adapt_set() -> None:
     r = CliRunner().invoke(cli, ["experiment", "--help"])
     assert r.exit_code == 0 and "adapt" in r.output
+
+
+def test_adapt_set_need_must_be_vm_equals_cores() -> None:
+    r = CliRunner().invoke(cli, ["adapt", "--budget", "1GiB", "--set-need", "web-0=-1"])
+    assert r.exit_code == 2 and "--set-need: 'web-0=-1'" in r.output
+
+
+def test_adapt_changes_file_must_hold_only_set_need(tmp_path: Path) -> None:
+    f = tmp_path / "changes.json"
+    f.write_text(json.dumps({"depart": ["web"]}))
+    r = CliRunner().invoke(cli, ["adapt", "--budget", "1GiB", "--changes", str(f)])
+    assert r.exit_code == 2 and "set_need" in r.output
+
+
+def test_adapt_budget_is_required() -> None:
+    r = CliRunner().invoke(cli, ["adapt"])
+    assert r.exit_code == 2 and "--budget" in r.output
