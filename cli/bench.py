@@ -90,7 +90,7 @@ def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: 
             cells.append(_cell(t, notes))
         lines.append(f"| {algo} | " + " | ".join(cells) + " |")
     if notes:
-        lines += ["", *[f"{mark} {why}" for why, mark in ((w, m) for w, m in notes.items())]]
+        lines += ["", *[f"- {mark} {why}" for why, mark in notes.items()]]
     lines += ["", "Cells: median seconds; `(none)` = no placement found (lpbound: memory does not fit even "
               "fractionally); the time is still shown."]
     return "\n".join(lines) + "\n"
@@ -100,8 +100,8 @@ def _cell(t: Timing | None, notes: dict[str, str]) -> str:
     if t is None:
         return "–"
     if t.skipped:
-        mark = notes.setdefault(t.skipped, "*" * (len(notes) + 1))
-        return f"skipped{mark}"
+        mark = notes.setdefault(t.skipped, f"({'abcdefghij'[len(notes) % 10]})")
+        return f"skipped {mark}"
     med = t.median_s
     text = f"{med:.4g} s" if med is not None else "–"
     return text if t.feasible else f"{text} (none)"

@@ -77,8 +77,8 @@ def test_markdown_shows_skipped_solvers_with_the_reason() -> None:
     timings = [Timing("milp", "4x12", (0.5,), True, 0.7), Timing("milp", "64x500", (), False, None, reason)]
     text = bench_markdown(timings, cases, 1, machine_info())
     row = next(line for line in text.splitlines() if line.startswith("| milp |"))
-    assert "0.5 s" in row and "skipped*" in row
-    assert f"* {reason}" in text
+    assert "0.5 s" in row and "skipped (a)" in row
+    assert f"- (a) {reason}" in text
 
 
 def test_markdown_marks_runs_that_found_no_placement() -> None:
