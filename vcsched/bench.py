@@ -37,7 +37,7 @@ DEFAULT_CASES = (BenchCase(4, 12), BenchCase(64, 500), BenchCase(1000, 10_000))
 
 # Largest task count each slow algorithm is timed at, and why (the paper's section 4.3 costs).
 TASK_LIMITS: dict[str, tuple[int, str]] = {
-    "milp": (12, "exact MILP: exponential; only the small size (paper: GLPK 28.7 s mean, 11,549 s worst, at 4x12)"),
+    "milp": (12, "exact MILP: exponential; only the small size (paper, GLPK on its small set: 28.7 s mean, 11,549 s worst)"),
     "rrnd": (500, "solves the MILP's LP relaxation with J*H columns (paper: about 650 s at 500 tasks)"),
     "rrnz": (500, "solves the MILP's LP relaxation with J*H columns (paper: about 650 s at 500 tasks)"),
     "gb": (500, "backtracking bounded by 500,000 placement attempts of O(H) each; not timed at this size"),
