@@ -35,9 +35,10 @@ class BenchCase:
 
 DEFAULT_CASES = (BenchCase(4, 12), BenchCase(64, 500), BenchCase(1000, 10_000))
 
-# Largest task count each slow algorithm is timed at, and why (the paper's section 4.3 costs).
+# Largest task count each slow algorithm is timed at, and why (costs: the paper's section 4.2).
 TASK_LIMITS: dict[str, tuple[int, str]] = {
-    "milp": (12, "exact MILP: exponential; only the small size (paper, GLPK on its small set: 28.7 s mean, 11,549 s worst)"),
+    "milp": (12, "exact MILP: exponential; only the small size "
+                 "(paper, GLPK on its small set: 28.7 s mean, 11,549 s worst)"),
     "rrnd": (500, "solves the MILP's LP relaxation with J*H columns (paper: about 650 s at 500 tasks)"),
     "rrnz": (500, "solves the MILP's LP relaxation with J*H columns (paper: about 650 s at 500 tasks)"),
     "gb": (500, "backtracking bounded by 500,000 placement attempts of O(H) each; not timed at this size"),
