@@ -97,5 +97,15 @@ def cli() -> None:
       vcsched experiment small             reproduce the paper's section 4
       vcsched bench                        time the solvers
 
+    \b
+    Real hypervisors (libvirt; --cluster FILE, default the running lab's):
+      vcsched lab up --hosts 2             a real local cluster of libvirtd hosts
+      vcsched status                       hosts, VMs, caps, predicted and measured yields
+      vcsched place web.toml [--apply]     admit a virtual cluster: decision and plan
+      vcsched apply plan.json              apply a saved plan (idempotent)
+      vcsched adapt --budget 2GiB          re-balance with live migrations under a byte budget
+      vcsched calibrate                    measure how precisely CPU caps take effect
+      vcsched lab down                     remove the lab and everything it made
+
     Exit codes: 0 done, 1 no feasible placement / request refused, 2 bad input.
     """
