@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from calibration.workload import SINGLE_THREAD_ENV, Point, is_ready, read_points, slot_bytes
+from calibration.workload import PARENT_ENV, SINGLE_THREAD_ENV, Point, is_ready, read_points, slot_bytes
 from vcsched.errors import InputError, VcschedError
 
 PERIOD_US = 100_000  # the CFS default period, and libvirt's default vcpu_period
@@ -277,7 +277,7 @@ class CgroupSubjects:
         self._mm = mmap.mmap(fd, 0)
         os.close(fd)
         self._view = memoryview(self._mm).cast("d")
-        env = {**os.environ, **SINGLE_THREAD_ENV}
+        env = {**os.environ, **SINGLE_THREAD_ENV, PARENT_ENV: str(os.getpid())}
         for i in range(self.count):
             proc = subprocess.Popen(
                 [sys.executable, "-m", "calibration.workload", self._shm_path, str(i), str(self.cpu)],

@@ -83,12 +83,18 @@ def read_points(view: memoryview[float], slot: int, since: int) -> tuple[list[Po
     return points, written
 
 
+PARENT_ENV = "VCSCHED_CALIBRATION_PARENT"  # pid of the run that started the worker
+
+
 def die_with_parent() -> None:
     """Have the kernel SIGKILL this worker when its parent dies (prctl PR_SET_PDEATHSIG).
 
     A calibration run killed outright must not leave a CPU-bound process behind.
+    The parent's pid comes from the environment, not from ``getppid()`` here: the
+    parent may already be dead when this runs (Python start-up is slow under
+    load), and then ``getppid()`` would name the reaper and the check would pass.
     """
-    parent = os.getppid()
+    parent = int(os.environ.get(PARENT_ENV, os.getppid()))
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before the request took effect
