@@ -105,6 +105,20 @@ def procs_in(directory: Path) -> set[int]:
     return pids
 
 
+def pid_gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs: absent, or a zombie.
+
+    A guest whose libvirtd was killed is re-parented to the machine's init,
+    which may reap it late; until then its ``/proc`` entry stays although
+    nothing runs.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
 def remove_partition(partition: str, kill_timeout_s: float = 10.0) -> list[int]:
     """Kill whatever still runs in the partition, then remove its cgroups; returns the pids killed.
 
@@ -120,7 +134,7 @@ def remove_partition(partition: str, kill_timeout_s: float = 10.0) -> list[int]:
     deadline = time.monotonic() + kill_timeout_s
     alive = set(victims)
     while alive and time.monotonic() < deadline:
-        alive = {p for p in alive if Path(f"/proc/{p}").exists()}
+        alive = {p for p in alive if not pid_gone(p)}
         time.sleep(0.05)
     for d in dirs:
         _rmdir_tree(d, deadline)
