@@ -9,6 +9,7 @@ import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -280,17 +281,29 @@ def _parse_needs(items: tuple[str, ...]) -> dict[str, float]:
     return needs
 
 
-def _changes_file(path: str | None) -> dict[str, float]:
-    """``--changes FILE``: ``{"set_need": {"VM": cores, ...}}`` (JSON), the file form of --set-need."""
+@dataclass(frozen=True)
+class Changes:
+    """What ``vcsched adapt`` plans for besides the recorded state: new CPU needs and departed virtual clusters."""
+
+    needs: dict[str, float]
+    depart: tuple[str, ...]
+
+
+def _changes_file(path: str | None) -> Changes:
+    """``--changes FILE``: ``{"set_need": {"VM": cores, ...}, "depart": ["VC", ...]}`` (JSON, both optional)."""
     if path is None:
-        return {}
+        return Changes({}, ())
     doc = read_json_file(path, "changes")
-    if not isinstance(doc, dict) or set(doc) - {"set_need"}:
-        raise InputError(f"changes {path}: expected an object with only \"set_need\" (got {doc!r:.80})")
+    if not isinstance(doc, dict) or set(doc) - {"set_need", "depart"}:
+        raise InputError(f"changes {path}: expected an object with only \"set_need\" and \"depart\" "
+                         f"(got {doc!r:.80})")
     raw = doc.get("set_need", {})
     if not isinstance(raw, dict):
         raise InputError(f"changes {path}: set_need: expected an object VM -> cores")
-    return _parse_needs(tuple(f"{vm}={cores}" for vm, cores in raw.items()))
+    depart = doc.get("depart", [])
+    if not isinstance(depart, list) or not all(isinstance(vc, str) and vc for vc in depart):
+        raise InputError(f"changes {path}: depart: expected a list of virtual cluster names (got {depart!r:.80})")
+    return Changes(_parse_needs(tuple(f"{vm}={cores}" for vm, cores in raw.items())), tuple(depart))
 
 
 def render_moves(live: LiveAdaptation) -> None:
@@ -313,8 +326,12 @@ def render_moves(live: LiveAdaptation) -> None:
 @click.option("--set-need", "set_need", multiple=True, metavar="VM=CORES",
               help="Plan with a new CPU need for a VM, in cores (repeatable).  Recorded needs come from metadata "
                    "(which this does not rewrite: repeat it on later runs while it holds).")
+@click.option("--depart", "depart", multiple=True, metavar="VC",
+              help="A virtual cluster that leaves: its VMs are stopped and removed first, and the others share "
+                   "what they held (repeatable).")
 @click.option("--changes", "changes_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help='JSON {"set_need": {"VM": cores, ...}}: --set-need for many VMs (the command line wins).')
+              help='JSON {"set_need": {"VM": cores, ...}, "depart": ["VC", ...]}: the file form of --set-need '
+                   "and --depart (for a need, the command line wins).")
 @click.option("-a", "--algorithm", type=click.Choice(ALGORITHMS), default="heuristic", show_default=True,
               help="heuristic, or milp (section 6.1; small clusters).")
 @click.option("--parallel", type=click.IntRange(min=1, max=16), default=1, show_default=True,
@@ -325,14 +342,16 @@ def render_moves(live: LiveAdaptation) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (result, plan, apply report).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="S",
               help="Wall-clock limit in seconds for milp.")
-def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], changes_file: str | None,
+def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], depart: tuple[str, ...],
+              changes_file: str | None,
               algorithm: str, parallel: int, output: str | None, do_apply: bool, as_json: bool,
               time_limit: float | None) -> int:
     """Re-balance a running cluster: re-cap every managed VM and live-migrate a few, within --budget bytes.
 
     \b
     Reads the live inventory (hosts, managed VMs, their recorded CPU needs
-    and memory), solves the section 6.1 problem (the highest minimum yield
+    and memory), drops the VMs of departed virtual clusters (--depart: they
+    are removed first, which only frees room), solves the section 6.1 problem (the highest minimum yield
     reachable moving at most --budget bytes; moving a VM costs its memory),
     and prints the plan.  The plan is ordered so that no host ever runs out
     of memory (a migrating VM counts on both hosts until it lands), caps go
@@ -343,6 +362,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     Examples:
       vcsched adapt --budget 0                   re-cap only
       vcsched adapt --budget 2GiB --set-need web-0=0.3
+      vcsched adapt --budget 1GiB --depart batch   batch leaves; the rest grow
       vcsched adapt --budget 2GiB -o plan.json && vcsched apply plan.json
       vcsched adapt --budget 2GiB --apply
 
@@ -357,12 +377,14 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.migration import MigrationBlocked
 
-    needs = {**_changes_file(changes_file), **_parse_needs(set_need)}
+    changes = _changes_file(changes_file)
+    needs = {**changes.needs, **_parse_needs(set_need)}
+    departing = tuple(dict.fromkeys(changes.depart + depart))
     cluster = load_cluster(cluster_file)
     with LibvirtHypervisor(cluster) as hv:
         inventory = hv.inventory()
         try:
-            live = adapt_inventory(cluster.name, inventory, budget, needs=needs, algorithm=algorithm,
+            live = adapt_inventory(cluster.name, inventory, budget, needs=needs, depart=departing, algorithm=algorithm,
                                    parallel=parallel, options=SolveOptions(time_limit=time_limit))
         except MigrationBlocked as exc:
             if as_json:
@@ -384,7 +406,9 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
             except OSError as exc:
                 raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
         if not as_json:
-            console.print(f"cluster {cluster.name!r}: {len(inventory.managed())} managed VMs; plan moves "
+            removed = live.plan.removed_vms()
+            leaving = f", {len(removed)} of them leaving ({', '.join(departing)})" if departing else ""
+            console.print(f"cluster {cluster.name!r}: {len(inventory.managed())} managed VMs{leaving}; plan moves "
                           f"{_human(live.order.total_bytes)} of a budget of {_human(budget)}", highlight=False)
             render_plan(live.plan, inventory)
             render_moves(live)

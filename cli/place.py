@@ -24,7 +24,7 @@ from vcsched.cluster import Cluster, cluster_from_dict, format_size
 from vcsched.errors import InputError
 from vcsched.inventory import Inventory
 from vcsched.model import SolveOptions
-from vcsched.plan import CreateStep, Plan
+from vcsched.plan import CreateStep, Plan, RemoveStep
 from vcsched.registry import algorithms
 from vcsched.request import Request, request_from_dict
 
@@ -108,6 +108,8 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
         if isinstance(step, CreateStep):
             detail = (f"{step.vcpus} vCPU, {format_size(step.memory_bytes)}, needs {step.cpu_need_cores:.3f} "
                       f"cores, boot: {step.boot.kind}")
+        elif isinstance(step, RemoveStep):
+            detail = f"{step.cluster} departs"
         table.add_row(str(i + 1), step.op, step.vm, step.host, now, "-" if after is None else f"{after:.3f}", detail)
     console.print(table)
 

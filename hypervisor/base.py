@@ -40,6 +40,10 @@ class Hypervisor(Protocol):
         """Cap a running managed VM to ``cap_cores`` cores (live, and persistent config if it has one)."""
         ...
 
+    def remove_vm(self, host: str, vm: str) -> None:
+        """Stop a managed VM on ``host`` and forget it (undefine, if persistent); refuses unmanaged domains."""
+        ...
+
     def read_cap(self, host: str, vm: str) -> float | None:
         """The VM's cap in cores as the hypervisor reports it (None: uncapped)."""
         ...

@@ -18,6 +18,8 @@ continues where it stopped, so it converges.
 
 **Extension point.** Each step kind has a :class:`StepRunner` registered by
 ``op`` with :func:`register_runner`; the adaptation issue adds ``migrate``.
+A ``remove`` (a departed virtual cluster's VM) is the one step that stops a
+VM, and it only ever stops one whose metadata names the departed cluster.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Protocol
 from hypervisor.base import Hypervisor, HypervisorError
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import snapshot_hash
-from vcsched.plan import CreateStep, Plan, SetCapStep, Step
+from vcsched.plan import CreateStep, Plan, RemoveStep, SetCapStep, Step
 
 #: libvirt's quota is whole microseconds per 100 ms period per vCPU, so a read-back cap
 #: differs from the planned one by up to vcpus * 1e-5 cores; anything beyond this is wrong.
@@ -123,8 +125,34 @@ class SetCapRunner:
         _verify_cap(hv, step.host, step.vm, step.cap_cores)
 
 
+class RemoveRunner:
+    """A departed VM: done once no host has it.  Only a managed VM of the step's virtual cluster is touched."""
+
+    def already_done(self, hv: Hypervisor, step: RemoveStep) -> bool:
+        v = hv.find_vm(step.vm)
+        if v is None:
+            return True
+        if v.meta is None:
+            raise StepFailed(f"{step.vm} on host {v.host} is not managed by vcsched; refusing to remove it")
+        if v.meta.cluster != step.cluster:
+            raise StepFailed(f"{step.vm} on host {v.host} belongs to virtual cluster {v.meta.cluster!r}, "
+                             f"not the departed {step.cluster!r}; refusing to remove it")
+        if v.host != step.host:
+            raise StepFailed(f"{step.vm} is on host {v.host}, the plan removes it from {step.host}")
+        return False
+
+    def act(self, hv: Hypervisor, step: RemoveStep) -> None:
+        hv.remove_vm(step.host, step.vm)
+
+    def verify(self, hv: Hypervisor, step: RemoveStep) -> None:
+        v = hv.find_vm(step.vm)
+        if v is not None:
+            raise StepFailed(f"{step.vm} still exists on host {v.host} after removing it")
+
+
 register_runner(CreateStep.op, CreateRunner())
 register_runner(SetCapStep.op, SetCapRunner())
+register_runner(RemoveStep.op, RemoveRunner())
 
 
 @dataclass(frozen=True)
@@ -154,12 +182,13 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
     The VMs the plan creates, and the hosts of the VMs it moves, are left out
     of the comparison (see :mod:`vcsched.inventory`), so a half-applied plan
     still matches.  Whoever computes a plan that moves VMs must hash with the
-    same ``moving`` set: ``snapshot_hash(inventory, moving=plan.moved_vms())``.
+    same ``moving`` set: ``snapshot_hash(inventory, moving=plan.moved_vms())``;
+    the VMs it removes are left out like the ones it creates.
     """
     inv = hv.inventory()
     if inv.cluster != plan.cluster:
         raise InputError(f"plan.cluster: plan is for cluster {plan.cluster!r}, this is {inv.cluster!r}")
-    return snapshot_hash(inv, plan.created_vms(), plan.moved_vms()) == plan.snapshot
+    return snapshot_hash(inv, plan.created_vms() | plan.removed_vms(), plan.moved_vms()) == plan.snapshot
 
 
 def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,

@@ -319,6 +319,18 @@ class LibvirtHypervisor:
         with _as_host_error(host, f"cap {vm!r}"):
             dom.setSchedulerParametersFlags(params, flags)
 
+    def remove_vm(self, host: str, vm: str) -> None:
+        """Destroy (hard stop: the cluster departed, its guests' state is not kept) and undefine if persistent."""
+        with _as_host_error(host, f"remove {vm!r}"):
+            dom = self._domain(host, vm)
+            if self._vm_state(host, dom).meta is None:
+                raise HypervisorError(f"host {host}: refusing to remove unmanaged domain {vm!r}")
+            persistent = bool(dom.isPersistent())  # a transient domain is gone once destroyed: ask first
+            if dom.isActive():
+                dom.destroy()
+            if persistent:
+                dom.undefine()
+
     def close(self) -> None:
         for conn in self._conns.values():
             with contextlib.suppress(libvirt.libvirtError):

@@ -70,6 +70,13 @@ class MemoryHypervisor:
             raise HypervisorError(f"host {host}: cap {cap_cores:g} cores exceeds {vm!r}'s {v.vcpus} vCPUs")
         self.vms[vm] = replace(v, cap_cores=cap_cores)
 
+    def remove_vm(self, host: str, vm: str) -> None:
+        self._maybe_fail("remove", vm)
+        v = self._vm_on(host, vm)
+        if v.meta is None:
+            raise HypervisorError(f"host {host}: refusing to remove unmanaged domain {vm!r}")
+        del self.vms[vm]
+
     def read_cap(self, host: str, vm: str) -> float | None:
         return self._vm_on(host, vm).cap_cores
 

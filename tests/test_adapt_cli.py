@@ -113,11 +113,17 @@ def test_adapt_set_need_must_be_vm_equals_cores() -> None:
     assert r.exit_code == 2 and "--set-need: 'web-0=-1'" in r.output
 
 
-def test_adapt_changes_file_must_hold_only_set_need(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("doc", "message"), [
+    ({"arrive": ["web"]}, 'only "set_need" and "depart"'),
+    ({"depart": "web"}, "depart: expected a list of virtual cluster names"),
+    ({"depart": [""]}, "depart: expected a list of virtual cluster names"),
+    ({"set_need": {"web-0": 0}}, "--set-need: 'web-0=0'"),
+])
+def test_adapt_changes_file_is_validated_before_any_host_is_read(tmp_path: Path, doc: Any, message: str) -> None:
     f = tmp_path / "changes.json"
-    f.write_text(json.dumps({"depart": ["web"]}))
-    r = CliRunner().invoke(cli, ["adapt", "--budget", "1GiB", "--changes", str(f)])
-    assert r.exit_code == 2 and "set_need" in r.output
+    f.write_text(json.dumps(doc))
+    r = CliRunner().invoke(cli, ["adapt", "--budget", "1GiB", "--changes", str(f), "--cluster", "/nonexistent"])
+    assert r.exit_code == 2 and message in r.output and len(r.output.strip().splitlines()) == 1
 
 
 def test_adapt_budget_is_required() -> None:

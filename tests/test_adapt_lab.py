@@ -1,4 +1,4 @@
-"""End to end on the real lab: an adapt plan live-migrates a VM between two hosts with libvirt.
+"""End to end on the real lab: adapt plans that live-migrate a VM, and that remove a departed cluster.
 
 Two managed VMs needing 0.6 cores each start on h0 (1 core), capped at 0.5
 each: minimum yield 0.83.  With a budget of one VM's memory, `vcsched adapt
@@ -95,3 +95,48 @@ def test_adapt_live_migrates_one_vm_and_raises_the_caps(lab2: Lab, two_on_h0: tu
     again = run("adapt", "--cluster", lab2.cluster_file, "--budget", "128MiB", "--json")
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["migrations"] == []  # balanced now: nothing left to move
+
+
+@pytest.fixture
+def leaving_and_staying(lab2: Lab) -> Iterator[tuple[str, str, str]]:
+    """On h0 (1 core): ``stay`` needs 0.9 cores, ``leave`` 0.5, both capped at 0.5 (yield 0.56)."""
+    import tomllib
+
+    cluster = cluster_from_dict(tomllib.loads(lab2.cluster_file.read_text()))
+    g = cluster.guest
+    assert g is not None
+    boot = Boot("kernel", kernel=g.kernel, initrd=g.initrd, cmdline=g.cmdline, domain_type=g.domain_type)
+    tag = uuid.uuid4().hex[:6]
+    stay, leave = f"st{tag}-0", f"lv{tag}-0"
+    try:
+        with LibvirtHypervisor(cluster) as hv:
+            hv.create_vm(CreateStep(stay, "h0", f"st{tag}", 1, 128 * MIB, 0.9, 0.5, boot))
+            hv.create_vm(CreateStep(leave, "h0", f"lv{tag}", 1, 128 * MIB, 0.5, 0.5, boot))
+        yield stay, leave, f"lv{tag}"
+    finally:
+        for n in (stay, leave):
+            destroy_everywhere(lab2, n)
+
+
+def test_a_departed_cluster_is_removed_and_the_others_get_its_cpu(
+        lab2: Lab, leaving_and_staying: tuple[str, str, str]) -> None:
+    stay, leave, vc = leaving_and_staying
+    dry = run("adapt", "--cluster", lab2.cluster_file, "--budget", "0", "--depart", vc, "--json")
+    assert dry.exit_code == 0, dry.output
+    steps = json.loads(dry.stdout)["plan"]["steps"]
+    assert steps[0] == {"op": "remove", "vm": leave, "host": "h0", "cluster": vc}
+    assert where(lab2, leave) == [("h0", True)]  # a dry run changes nothing
+
+    done = run("adapt", "--cluster", lab2.cluster_file, "--budget", "0", "--depart", vc, "--apply", "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["apply"]["ok"]
+    assert where(lab2, leave) == []  # stopped and gone from every host
+    assert where(lab2, stay) == [("h0", True)]
+    import tomllib
+
+    cluster = cluster_from_dict(tomllib.loads(lab2.cluster_file.read_text()))
+    with LibvirtHypervisor(cluster) as hv:
+        assert hv.read_cap("h0", stay) == pytest.approx(0.9, abs=0.005)
+
+    again = run("adapt", "--cluster", lab2.cluster_file, "--budget", "0", "--depart", vc)
+    assert again.exit_code == 2 and f"--depart: {vc!r} is not a virtual cluster" in again.output

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -602,7 +602,7 @@ class LiveAdaptation:
 
 
 def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Mapping[str, float] | None = None,
-                    algorithm: str = "heuristic", parallel: int = 1,
+                    depart: Iterable[str] = (), algorithm: str = "heuristic", parallel: int = 1,
                     options: SolveOptions | None = None) -> LiveAdaptation:
     """Adapt the running managed VMs of ``inventory`` (a :class:`vcsched.inventory.Inventory`) within ``budget``.
 
@@ -614,18 +614,33 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
     result's migrations are ordered by :func:`vcsched.migration.order_changes`
     and the total including relays must fit the budget, else
     :class:`vcsched.migration.MigrationBlocked`.
+
+    ``depart`` names virtual clusters that leave: their VMs get ``remove``
+    steps at the head of the plan (removing only frees memory and CPU, so the
+    rest is planned, ordered and budgeted as if they were already gone) and
+    the remaining clusters share what they held.
     """
     from collections import defaultdict
 
     from vcsched.inventory import snapshot_hash
     from vcsched.migration import HostRoom, MigrationBlocked, VmChange, order_changes, plan_steps
     from vcsched.model import Host, Job
-    from vcsched.plan import Plan, VmPrediction
+    from vcsched.plan import Plan, RemoveStep, VmPrediction
 
     needs = dict(needs or {})
-    managed = inventory.managed()
+    departing = sorted(set(depart))
+    known = inventory.clusters()
+    for vc in departing:
+        if vc not in known:
+            raise InputError(f"--depart: {vc!r} is not a virtual cluster of cluster {cluster_name!r} "
+                             f"(its virtual clusters: {', '.join(known) or 'none'})")
+    leaving = [v for v in inventory.vms if v.managed and v.meta.cluster in departing]
+    gone = frozenset(v.name for v in leaving)
+    managed = tuple(v for v in inventory.managed() if v.name not in gone)
     names = {v.name for v in managed}
     for vm in needs:
+        if vm in gone:
+            raise InputError(f"--set-need: {vm!r} belongs to a departing virtual cluster (--depart)")
         if vm not in names:
             raise InputError(f"--set-need: {vm!r} is not a running managed VM of cluster {cluster_name!r}")
     n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
@@ -633,7 +648,7 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
     used_mem: defaultdict[str, int] = defaultdict(int)
     caps_used: defaultdict[str, float] = defaultdict(float)
     for v in inventory.vms:
-        if not v.active:
+        if not v.active or v.name in gone:
             continue
         used_mem[v.host] += v.memory_bytes
         if not v.managed:
@@ -682,8 +697,9 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
     if order.total_bytes > budget:
         raise MigrationBlocked(f"budget: the safe order needs {order.total_bytes} bytes ({order.relays} relays "
                                f"through hosts with room), above the budget of {budget}; raise --budget")
-    steps = plan_steps(order)
+    removals = tuple(RemoveStep(v.name, v.host, v.meta.cluster) for v in sorted(leaving, key=lambda v: v.name))
+    steps = removals + plan_steps(order)
     moved = frozenset(s.vm for s in steps if getattr(s, "moves", False))
-    plan = Plan("adapt", cluster_name, snapshot_hash(inventory, moving=moved), float(adapted.result.min_yield or 0),
+    plan = Plan("adapt", cluster_name, snapshot_hash(inventory, gone, moved), float(adapted.result.min_yield or 0),
                 float(adapted.result.avg_yield or 0), per_vm, steps)
     return LiveAdaptation(adapted, plan, order, problem)

@@ -8,14 +8,17 @@ adaptation) and applied by :mod:`hypervisor.executor`.  JSON format
      "snapshot": "<sha256 of the canonical inventory it was computed from>",
      "predicted": {"min_yield": .., "avg_yield": .., "per_vm": {VM: {...}}},
      "steps": [{"op": "create", "vm": .., "host": .., ...},
-               {"op": "set-cap", "vm": .., "host": .., "cap_cores": ..}]}
+               {"op": "set-cap", "vm": .., "host": .., "cap_cores": ..},
+               {"op": "remove", "vm": .., "host": .., "cluster": ..}]}
 
 **Extension point.** Step kinds are registered by ``op`` with
 :func:`register_step`; a kind is a frozen dataclass with ``from_dict``,
 ``to_dict`` and ``cap_changes`` (how it changes the caps on each host, which
 is all :func:`order_steps` and :func:`cap_overruns` need); a kind that moves
 its VM between hosts also sets the class attribute ``moves = True``, so the
-snapshot check ignores that VM's host (:meth:`Plan.moved_vms`).  The adaptation
+snapshot check ignores that VM's host (:meth:`Plan.moved_vms`); a kind that
+ends its VM sets ``removes = True``, so the snapshot leaves that VM out
+(:meth:`Plan.removed_vms`) and a half-applied plan still matches.  The adaptation
 issue adds ``migrate`` this way, and registers how to execute it in
 :mod:`hypervisor.executor`.
 
@@ -204,6 +207,34 @@ class SetCapStep:
                           _num(f"{where}.cap_cores", d["cap_cores"]))
 
 
+@dataclass(frozen=True)
+class RemoveStep:
+    """Stop and undefine a managed VM of a departed virtual cluster.
+
+    ``cluster`` is recorded so the executor can refuse a VM whose metadata
+    names another virtual cluster (a reused name must not be destroyed by an
+    old plan).  Removals free memory and CPU, so plans put them first.
+    """
+
+    op: ClassVar[str] = "remove"
+    removes: ClassVar[bool] = True
+    vm: str
+    host: str
+    cluster: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "vm": self.vm, "host": self.host, "cluster": self.cluster}
+
+    def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
+        return ((self.host, self.vm, None),)
+
+    @staticmethod
+    def from_dict(where: str, d: Mapping[str, Any]) -> RemoveStep:
+        d = _fields(where, d, {"op", "vm", "host", "cluster"})
+        return RemoveStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+                          _str(f"{where}.cluster", d["cluster"]))
+
+
 def _check_cap(where: str, cap: float, vcpus: int) -> None:
     if cap > vcpus + CAP_TOLERANCE:
         raise InputError(f"{where}.cap_cores: {cap:g} cores is more than the VM's {vcpus} vCPUs can use")
@@ -211,6 +242,7 @@ def _check_cap(where: str, cap: float, vcpus: int) -> None:
 
 register_step(CreateStep.op, CreateStep.from_dict)
 register_step(SetCapStep.op, SetCapStep.from_dict)
+register_step(RemoveStep.op, RemoveStep.from_dict)
 
 
 # ---------------------------------------------------------------- plan
@@ -247,6 +279,10 @@ class Plan:
     def moved_vms(self) -> frozenset[str]:
         """VMs whose host the plan changes: steps of a kind with ``moves = True`` (a ``migrate``)."""
         return frozenset(s.vm for s in self.steps if getattr(s, "moves", False))
+
+    def removed_vms(self) -> frozenset[str]:
+        """VMs the plan ends: steps of a kind with ``removes = True`` (a ``remove``)."""
+        return frozenset(s.vm for s in self.steps if getattr(s, "removes", False))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
