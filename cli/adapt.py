@@ -324,8 +324,8 @@ def render_moves(live: LiveAdaptation) -> None:
 @click.option("--budget", type=ByteSize(), required=True,
               help="Most bytes the live migrations may move in all: 0, 512MiB, 2GiB, unlimited.")
 @click.option("--set-need", "set_need", multiple=True, metavar="VM=CORES",
-              help="Plan with a new CPU need for a VM, in cores (repeatable).  Recorded needs come from metadata "
-                   "(which this does not rewrite: repeat it on later runs while it holds).")
+              help="Plan with a new CPU need for a VM, in cores (repeatable).  Needs are read from each VM's "
+                   "metadata; applying the plan records the new one there (a set-need step).")
 @click.option("--depart", "depart", multiple=True, metavar="VC",
               help="A virtual cluster that leaves: its VMs are stopped and removed first, and the others share "
                    "what they held (repeatable).")

@@ -40,6 +40,10 @@ class Hypervisor(Protocol):
         """Cap a running managed VM to ``cap_cores`` cores (live, and persistent config if it has one)."""
         ...
 
+    def set_need(self, host: str, vm: str, cpu_need_cores: float) -> None:
+        """Rewrite the CPU need in a managed VM's metadata (live, and persistent config if it has one)."""
+        ...
+
     def remove_vm(self, host: str, vm: str) -> None:
         """Stop a managed VM on ``host`` and forget it (undefine, if persistent); refuses unmanaged domains."""
         ...

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from hypervisor.base import Hypervisor, HypervisorError
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import snapshot_hash
-from vcsched.plan import CreateStep, Plan, RemoveStep, SetCapStep, Step
+from vcsched.plan import CreateStep, Plan, RemoveStep, SetCapStep, SetNeedStep, Step
 
 #: libvirt's quota is whole microseconds per 100 ms period per vCPU, so a read-back cap
 #: differs from the planned one by up to vcpus * 1e-5 cores; anything beyond this is wrong.
@@ -150,7 +150,34 @@ class RemoveRunner:
             raise StepFailed(f"{step.vm} still exists on host {v.host} after removing it")
 
 
+NEED_TOLERANCE = 1e-9
+
+
+class SetNeedRunner:
+    """Rewrite the recorded need of a managed VM that runs on the step's host."""
+
+    def _need(self, hv: Hypervisor, step: SetNeedStep) -> float:
+        if not _where(hv, step.vm, step.host):
+            raise StepFailed(f"{step.vm} is not on host {step.host} (nor anywhere else)")
+        v = hv.find_vm(step.vm)
+        assert v is not None and v.meta is not None  # _where: running and managed
+        return v.meta.cpu_need_cores
+
+    def already_done(self, hv: Hypervisor, step: SetNeedStep) -> bool:
+        return abs(self._need(hv, step) - step.cpu_need_cores) <= NEED_TOLERANCE
+
+    def act(self, hv: Hypervisor, step: SetNeedStep) -> None:
+        hv.set_need(step.host, step.vm, step.cpu_need_cores)
+
+    def verify(self, hv: Hypervisor, step: SetNeedStep) -> None:
+        now = self._need(hv, step)
+        if abs(now - step.cpu_need_cores) > NEED_TOLERANCE:
+            raise StepFailed(f"{step.vm} on host {step.host}: need reads back as {now:g} cores, "
+                             f"planned {step.cpu_need_cores:g}")
+
+
 register_runner(CreateStep.op, CreateRunner())
+register_runner(SetNeedStep.op, SetNeedRunner())
 register_runner(SetCapStep.op, SetCapRunner())
 register_runner(RemoveStep.op, RemoveRunner())
 
@@ -183,12 +210,14 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
     of the comparison (see :mod:`vcsched.inventory`), so a half-applied plan
     still matches.  Whoever computes a plan that moves VMs must hash with the
     same ``moving`` set: ``snapshot_hash(inventory, moving=plan.moved_vms())``;
-    the VMs it removes are left out like the ones it creates.
+    the VMs it removes are left out like the ones it creates, and the needs it
+    rewrites too.
     """
     inv = hv.inventory()
     if inv.cluster != plan.cluster:
         raise InputError(f"plan.cluster: plan is for cluster {plan.cluster!r}, this is {inv.cluster!r}")
-    return snapshot_hash(inv, plan.created_vms() | plan.removed_vms(), plan.moved_vms()) == plan.snapshot
+    now = snapshot_hash(inv, plan.created_vms() | plan.removed_vms(), plan.moved_vms(), plan.renewed_vms())
+    return now == plan.snapshot
 
 
 def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,

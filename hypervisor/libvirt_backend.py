@@ -53,9 +53,15 @@ def quota_for(cap_cores: float, vcpus: int) -> int:
     return round(cap_cores / vcpus * PERIOD_US)
 
 
-def metadata_xml(meta: VmMeta) -> str:
-    return (f'<{METADATA_PREFIX}:vm xmlns:{METADATA_PREFIX}="{METADATA_NS}" cluster={quoteattr(meta.cluster)} '
-            f'cpu_need_cores="{meta.cpu_need_cores!r}" memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"/>')
+def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
+    """The ``<vcsched:vm>`` element for a domain's XML; ``bare``: without the namespace, for ``setMetadata``.
+
+    ``setMetadata`` puts the element in the namespace itself and refuses one
+    that already declares it ("failed to create a new XML namespace").
+    """
+    tag = "vm" if bare else f'{METADATA_PREFIX}:vm xmlns:{METADATA_PREFIX}="{METADATA_NS}"'
+    return (f'<{tag} cluster={quoteattr(meta.cluster)} cpu_need_cores="{meta.cpu_need_cores!r}" '
+            f'memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"/>')
 
 
 def parse_metadata(xml: str) -> VmMeta | None:
@@ -318,6 +324,21 @@ class LibvirtHypervisor:
             flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
         with _as_host_error(host, f"cap {vm!r}"):
             dom.setSchedulerParametersFlags(params, flags)
+
+    def set_need(self, host: str, vm: str, cpu_need_cores: float) -> None:
+        """Rewrite the ``<vcsched:vm>`` element with the new need (the other fields as they are)."""
+        from dataclasses import replace
+
+        with _as_host_error(host, f"record the need of {vm!r}"):
+            dom = self._domain(host, vm)
+            meta = self._vm_state(host, dom).meta
+            if meta is None:
+                raise HypervisorError(f"host {host}: refusing to write metadata of unmanaged domain {vm!r}")
+            flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+            if dom.isPersistent():
+                flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+            element = metadata_xml(replace(meta, cpu_need_cores=cpu_need_cores), bare=True)
+            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, METADATA_PREFIX, METADATA_NS, flags)
 
     def remove_vm(self, host: str, vm: str) -> None:
         """Destroy (hard stop: the cluster departed, its guests' state is not kept) and undefine if persistent."""

@@ -70,6 +70,13 @@ class MemoryHypervisor:
             raise HypervisorError(f"host {host}: cap {cap_cores:g} cores exceeds {vm!r}'s {v.vcpus} vCPUs")
         self.vms[vm] = replace(v, cap_cores=cap_cores)
 
+    def set_need(self, host: str, vm: str, cpu_need_cores: float) -> None:
+        self._maybe_fail("set-need", vm)
+        v = self._vm_on(host, vm)
+        if v.meta is None:
+            raise HypervisorError(f"host {host}: refusing to write metadata of unmanaged domain {vm!r}")
+        self.vms[vm] = replace(v, meta=replace(v.meta, cpu_need_cores=cpu_need_cores))
+
     def remove_vm(self, host: str, vm: str) -> None:
         self._maybe_fail("remove", vm)
         v = self._vm_on(host, vm)

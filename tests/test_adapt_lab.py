@@ -118,7 +118,7 @@ def leaving_and_staying(lab2: Lab) -> Iterator[tuple[str, str, str]]:
             destroy_everywhere(lab2, n)
 
 
-def test_a_departed_cluster_is_removed_and_the_others_get_its_cpu(
+def test_a_departed_cluster_is_removed_and_a_new_need_is_recorded(
         lab2: Lab, leaving_and_staying: tuple[str, str, str]) -> None:
     stay, leave, vc = leaving_and_staying
     dry = run("adapt", "--cluster", lab2.cluster_file, "--budget", "0", "--depart", vc, "--json")
@@ -127,16 +127,26 @@ def test_a_departed_cluster_is_removed_and_the_others_get_its_cpu(
     assert steps[0] == {"op": "remove", "vm": leave, "host": "h0", "cluster": vc}
     assert where(lab2, leave) == [("h0", True)]  # a dry run changes nothing
 
-    done = run("adapt", "--cluster", lab2.cluster_file, "--budget", "0", "--depart", vc, "--apply", "--json")
+    # ... and at the same time stay's need drops to 0.8: recorded in its libvirt metadata by a set-need step.
+    done = run("adapt", "--cluster", lab2.cluster_file, "--budget", "0", "--depart", vc, "--set-need", f"{stay}=0.8",
+               "--apply", "--json")
     assert done.exit_code == 0, done.output
-    assert json.loads(done.stdout)["apply"]["ok"]
+    doc = json.loads(done.stdout)
+    assert doc["apply"]["ok"]
+    assert doc["plan"]["steps"][-1] == {"op": "set-need", "vm": stay, "host": "h0", "cpu_need_cores": 0.8}
     assert where(lab2, leave) == []  # stopped and gone from every host
     assert where(lab2, stay) == [("h0", True)]
     import tomllib
 
     cluster = cluster_from_dict(tomllib.loads(lab2.cluster_file.read_text()))
     with LibvirtHypervisor(cluster) as hv:
-        assert hv.read_cap("h0", stay) == pytest.approx(0.9, abs=0.005)
+        assert hv.read_cap("h0", stay) == pytest.approx(0.8, abs=0.005)
+        v = hv.find_vm(stay)
+        assert v is not None and v.meta is not None and v.meta.cpu_need_cores == 0.8
+
+    steady = run("adapt", "--cluster", lab2.cluster_file, "--budget", "0", "--json")
+    assert steady.exit_code == 0, steady.output
+    assert json.loads(steady.stdout)["plan"]["steps"] == []  # the recorded need holds: nothing to change
 
     again = run("adapt", "--cluster", lab2.cluster_file, "--budget", "0", "--depart", vc)
     assert again.exit_code == 2 and f"--depart: {vc!r} is not a virtual cluster" in again.output

@@ -618,14 +618,16 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
     ``depart`` names virtual clusters that leave: their VMs get ``remove``
     steps at the head of the plan (removing only frees memory and CPU, so the
     rest is planned, ordered and budgeted as if they were already gone) and
-    the remaining clusters share what they held.
+    the remaining clusters share what they held.  A need in ``needs`` that
+    differs from the VM's metadata gets a ``set-need`` step at the end, so
+    once applied the next adaptation starts from it.
     """
     from collections import defaultdict
 
     from vcsched.inventory import snapshot_hash
     from vcsched.migration import HostRoom, MigrationBlocked, VmChange, order_changes, plan_steps
     from vcsched.model import Host, Job
-    from vcsched.plan import Plan, RemoveStep, VmPrediction
+    from vcsched.plan import Plan, RemoveStep, SetNeedStep, VmPrediction
 
     needs = dict(needs or {})
     departing = sorted(set(depart))
@@ -698,8 +700,12 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
         raise MigrationBlocked(f"budget: the safe order needs {order.total_bytes} bytes ({order.relays} relays "
                                f"through hosts with room), above the budget of {budget}; raise --budget")
     removals = tuple(RemoveStep(v.name, v.host, v.meta.cluster) for v in sorted(leaving, key=lambda v: v.name))
-    steps = removals + plan_steps(order)
+    # New needs are written back last (on each VM's final host), so the next run plans with them.
+    renewals = tuple(SetNeedStep(v.name, per_vm[v.name].host, needs[v.name]) for v in vms
+                     if v.name in needs and abs(needs[v.name] - v.meta.cpu_need_cores) > 1e-9)
+    steps = removals + plan_steps(order) + renewals
     moved = frozenset(s.vm for s in steps if getattr(s, "moves", False))
-    plan = Plan("adapt", cluster_name, snapshot_hash(inventory, gone, moved), float(adapted.result.min_yield or 0),
-                float(adapted.result.avg_yield or 0), per_vm, steps)
+    renewed = frozenset(s.vm for s in renewals)
+    plan = Plan("adapt", cluster_name, snapshot_hash(inventory, gone, moved, renewed),
+                float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps)
     return LiveAdaptation(adapted, plan, order, problem)

@@ -111,7 +111,7 @@ class Inventory:
 
 
 def canonical(inventory: Inventory, exclude: frozenset[str] = frozenset(),
-              moving: frozenset[str] = frozenset()) -> dict[str, Any]:
+              moving: frozenset[str] = frozenset(), renewing: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The decision inputs as a JSON-ready value with a fixed order (see the module docstring)."""
     hosts = [{"name": h.name, "cores": h.cores}
              for h in sorted(inventory.hosts, key=lambda h: h.name)]
@@ -124,13 +124,20 @@ def canonical(inventory: Inventory, exclude: frozenset[str] = frozenset(),
             entry["host"] = v.host
         if v.meta is not None:
             entry["cluster"] = v.meta.cluster
-            entry["cpu_need_cores"] = round(v.meta.cpu_need_cores, 9)
+            if v.name not in renewing:
+                entry["cpu_need_cores"] = round(v.meta.cpu_need_cores, 9)
         vms.append(entry)
     return {"cluster": inventory.cluster, "hosts": hosts, "vms": vms}
 
 
 def snapshot_hash(inventory: Inventory, exclude: frozenset[str] = frozenset(),
-                  moving: frozenset[str] = frozenset()) -> str:
-    """sha256 of :func:`canonical` (``exclude``: VMs a plan creates; ``moving``: VMs it migrates)."""
-    text = json.dumps(canonical(inventory, exclude, moving), sort_keys=True, separators=(",", ":"))
+                  moving: frozenset[str] = frozenset(), renewing: frozenset[str] = frozenset()) -> str:
+    """sha256 of :func:`canonical`.
+
+    ``exclude``: VMs a plan creates or removes; ``moving``: VMs it migrates
+    (their host is left out); ``renewing``: VMs whose recorded need it
+    rewrites (their need is left out).  Each is what a half-applied plan
+    has already changed, so it still matches.
+    """
+    text = json.dumps(canonical(inventory, exclude, moving, renewing), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

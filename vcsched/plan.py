@@ -9,7 +9,8 @@ adaptation) and applied by :mod:`hypervisor.executor`.  JSON format
      "predicted": {"min_yield": .., "avg_yield": .., "per_vm": {VM: {...}}},
      "steps": [{"op": "create", "vm": .., "host": .., ...},
                {"op": "set-cap", "vm": .., "host": .., "cap_cores": ..},
-               {"op": "remove", "vm": .., "host": .., "cluster": ..}]}
+               {"op": "remove", "vm": .., "host": .., "cluster": ..},
+               {"op": "set-need", "vm": .., "host": .., "cpu_need_cores": ..}]}
 
 **Extension point.** Step kinds are registered by ``op`` with
 :func:`register_step`; a kind is a frozen dataclass with ``from_dict``,
@@ -18,7 +19,9 @@ is all :func:`order_steps` and :func:`cap_overruns` need); a kind that moves
 its VM between hosts also sets the class attribute ``moves = True``, so the
 snapshot check ignores that VM's host (:meth:`Plan.moved_vms`); a kind that
 ends its VM sets ``removes = True``, so the snapshot leaves that VM out
-(:meth:`Plan.removed_vms`) and a half-applied plan still matches.  The adaptation
+(:meth:`Plan.removed_vms`) and a half-applied plan still matches; one that
+rewrites the VM's recorded CPU need sets ``renews = True`` (the snapshot
+leaves that need out, :meth:`Plan.renewed_vms`).  The adaptation
 issue adds ``migrate`` this way, and registers how to execute it in
 :mod:`hypervisor.executor`.
 
@@ -235,6 +238,36 @@ class RemoveStep:
                           _str(f"{where}.cluster", d["cluster"]))
 
 
+@dataclass(frozen=True)
+class SetNeedStep:
+    """Record a new CPU need in a managed VM's metadata.
+
+    Needs come from metadata on every run, so a need the operator changed
+    (``vcsched adapt --set-need``) must be written back once the plan built on
+    it is applied, or the next adaptation would plan with the old one.  It
+    changes no cap, so it can go anywhere; plans put it last, on the VM's
+    final host.
+    """
+
+    op: ClassVar[str] = "set-need"
+    renews: ClassVar[bool] = True
+    vm: str
+    host: str
+    cpu_need_cores: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "vm": self.vm, "host": self.host, "cpu_need_cores": self.cpu_need_cores}
+
+    def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
+        return ()
+
+    @staticmethod
+    def from_dict(where: str, d: Mapping[str, Any]) -> SetNeedStep:
+        d = _fields(where, d, {"op", "vm", "host", "cpu_need_cores"})
+        return SetNeedStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+                           _num(f"{where}.cpu_need_cores", d["cpu_need_cores"]))
+
+
 def _check_cap(where: str, cap: float, vcpus: int) -> None:
     if cap > vcpus + CAP_TOLERANCE:
         raise InputError(f"{where}.cap_cores: {cap:g} cores is more than the VM's {vcpus} vCPUs can use")
@@ -243,6 +276,7 @@ def _check_cap(where: str, cap: float, vcpus: int) -> None:
 register_step(CreateStep.op, CreateStep.from_dict)
 register_step(SetCapStep.op, SetCapStep.from_dict)
 register_step(RemoveStep.op, RemoveStep.from_dict)
+register_step(SetNeedStep.op, SetNeedStep.from_dict)
 
 
 # ---------------------------------------------------------------- plan
@@ -283,6 +317,10 @@ class Plan:
     def removed_vms(self) -> frozenset[str]:
         """VMs the plan ends: steps of a kind with ``removes = True`` (a ``remove``)."""
         return frozenset(s.vm for s in self.steps if getattr(s, "removes", False))
+
+    def renewed_vms(self) -> frozenset[str]:
+        """VMs whose recorded CPU need the plan rewrites: steps of a kind with ``renews = True``."""
+        return frozenset(s.vm for s in self.steps if getattr(s, "renews", False))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
