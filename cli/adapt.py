@@ -335,7 +335,8 @@ def render_moves(live: LiveAdaptation) -> None:
 @click.option("-a", "--algorithm", type=click.Choice(ALGORITHMS), default="heuristic", show_default=True,
               help="heuristic, or milp (section 6.1; small clusters).")
 @click.option("--parallel", type=click.IntRange(min=1, max=16), default=1, show_default=True,
-              help="Most migrations at once between one pair of hosts (the plan's waves).")
+              help="Most live migrations running at once between one pair of hosts.  The plan groups migrations "
+                   "into waves that fit in memory together; apply runs each wave's migrations at once.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None, metavar="PLAN.json",
               help="Save the plan for `vcsched apply`.")
 @click.option("--apply", "do_apply", is_flag=True, help="Carry the plan out now (default: dry run, print it).")

@@ -10,7 +10,9 @@ admit does not work.  Instead every step is idempotent:
 * **post**: read the result back through the hypervisor (the cap within
   :data:`CAP_READBACK_TOLERANCE` cores) — a step is *done* only when verified.
 
-The first failure stops the plan; nothing is undone and no VM is stopped (a
+The migrations of one wave run at once (threads; libvirt connections are
+thread-safe), everything else one step at a time.  The first failure stops
+the plan (after the rest of its wave); nothing is undone and no VM is stopped (a
 running VM with its old cap is always a safe state, because the plan is
 ordered so that caps never overrun a host at any prefix, see
 :mod:`vcsched.plan`).  Re-running the same plan skips what is done and
@@ -24,7 +26,8 @@ VM, and it only ever stops one whose metadata names the departed cluster.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -232,22 +235,48 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
                                "(re-run `vcsched place`, or apply anyway with --force)")
     results: list[StepResult] = []
     failed = False
-    for step in plan.steps:
+    for group in _batches(plan.steps):
         if failed:
-            results.append(StepResult(step, NOT_RUN))
+            results += [StepResult(step, NOT_RUN) for step in group]
             continue
-        runner = _RUNNERS[step.op]
-        try:
-            if runner.already_done(hv, step):
-                result = StepResult(step, SKIPPED, "already in place")
-            else:
-                runner.act(hv, step)
-                runner.verify(hv, step)
-                result = StepResult(step, DONE)
-        except (StepFailed, HypervisorError) as exc:
-            result = StepResult(step, FAILED, str(exc))
-            failed = True
-        results.append(result)
-        if on_step is not None:
-            on_step(result)
+        if len(group) == 1:
+            done = [_run_step(hv, group[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=len(group), thread_name_prefix="vcsched-wave") as pool:
+                done = list(pool.map(lambda step: _run_step(hv, step), group))
+        for result in done:
+            results.append(result)
+            failed = failed or result.outcome == FAILED
+            if on_step is not None:
+                on_step(result)
     return ApplyReport(tuple(results), matched)
+
+
+def _run_step(hv: Hypervisor, step: Step) -> StepResult:
+    runner = _RUNNERS[step.op]
+    try:
+        if runner.already_done(hv, step):
+            return StepResult(step, SKIPPED, "already in place")
+        runner.act(hv, step)
+        runner.verify(hv, step)
+        return StepResult(step, DONE)
+    except (StepFailed, HypervisorError) as exc:
+        return StepResult(step, FAILED, str(exc))
+
+
+def _batches(steps: Sequence[Step]) -> list[list[Step]]:
+    """Consecutive steps that may run at once: the migrations of one wave (a ``wave`` attribute), else one each.
+
+    A wave was planned so that all its migrations fit in memory together
+    (:mod:`vcsched.migration`); a failure in it lets the others of the wave
+    finish (a live migration cannot be abandoned halfway safely) and stops
+    the plan after them.
+    """
+    out: list[list[Step]] = []
+    for step in steps:
+        wave = getattr(step, "wave", None)
+        if wave is not None and out and getattr(out[-1][0], "wave", None) == wave:
+            out[-1].append(step)
+        else:
+            out.append([step])
+    return out

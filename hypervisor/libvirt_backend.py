@@ -25,6 +25,7 @@ controller, not something the host should replay from a stale config.
 from __future__ import annotations
 
 import contextlib
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,6 +167,7 @@ class LibvirtHypervisor:
         _quiet()
         self.cluster = cluster
         self._conns: dict[str, Any] = {}
+        self._lock = threading.Lock()  # a plan's wave of migrations uses the connections from several threads
 
     def __enter__(self) -> LibvirtHypervisor:
         return self
@@ -174,13 +176,15 @@ class LibvirtHypervisor:
         self.close()
 
     def _conn(self, host: str) -> Any:
-        if host not in self._conns:
-            h = self.cluster.host(host)
-            try:
-                self._conns[host] = libvirt.open(h.uri)
-            except libvirt.libvirtError as exc:
-                raise HypervisorError(f"host {host}: cannot connect to {h.uri}: {exc.get_error_message()}") from None
-        return self._conns[host]
+        with self._lock:
+            if host not in self._conns:
+                h = self.cluster.host(host)
+                try:
+                    self._conns[host] = libvirt.open(h.uri)
+                except libvirt.libvirtError as exc:
+                    raise HypervisorError(f"host {host}: cannot connect to {h.uri}: "
+                                          f"{exc.get_error_message()}") from None
+            return self._conns[host]
 
     def _driver(self, host: str) -> str:
         with _as_host_error(host, "ask the driver type"):

@@ -150,3 +150,44 @@ def test_a_departed_cluster_is_removed_and_a_new_need_is_recorded(
 
     again = run("adapt", "--cluster", lab2.cluster_file, "--budget", "0", "--depart", vc)
     assert again.exit_code == 2 and f"--depart: {vc!r} is not a virtual cluster" in again.output
+
+
+@pytest.fixture
+def four_on_h0(lab2: Lab) -> Iterator[list[str]]:
+    """Four VMs needing 0.5 cores on h0 (1 core), capped at 0.25: two must move to h1."""
+    import tomllib
+
+    cluster = cluster_from_dict(tomllib.loads(lab2.cluster_file.read_text()))
+    g = cluster.guest
+    assert g is not None
+    boot = Boot("kernel", kernel=g.kernel, initrd=g.initrd, cmdline=g.cmdline, domain_type=g.domain_type)
+    tag = uuid.uuid4().hex[:6]
+    names = [f"pw{tag}-{i}" for i in range(4)]
+    try:
+        with LibvirtHypervisor(cluster) as hv:
+            for n in names:
+                hv.create_vm(CreateStep(n, "h0", f"pw{tag}", 1, 128 * MIB, 0.5, 0.25, boot))
+        yield names
+    finally:
+        for n in names:
+            destroy_everywhere(lab2, n)
+
+
+def test_parallel_two_live_migrates_a_wave_of_two_at_once(lab2: Lab, four_on_h0: list[str]) -> None:
+    done = run("adapt", "--cluster", lab2.cluster_file, "--budget", "256MiB", "--parallel", "2", "--apply", "--json")
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.stdout)
+    assert doc["apply"]["ok"], doc["apply"]
+    moves = [s for s in doc["plan"]["steps"] if s["op"] == "migrate"]
+    assert len(moves) == 2 and {m["wave"] for m in moves} == {1} and {m["to"] for m in moves} == {"h1"}
+    for m in moves:
+        assert where(lab2, m["vm"]) == [("h1", True)]
+    hosts = sorted(where(lab2, n)[0][0] for n in four_on_h0)
+    assert hosts == ["h0", "h0", "h1", "h1"]
+    import tomllib
+
+    cluster = cluster_from_dict(tomllib.loads(lab2.cluster_file.read_text()))
+    with LibvirtHypervisor(cluster) as hv:
+        for n in four_on_h0:
+            v = hv.find_vm(n)
+            assert v is not None and v.active and hv.read_cap(v.host, n) == pytest.approx(0.5, abs=0.005)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 
-from hypervisor.executor import DONE, FAILED, SKIPPED, apply_plan, check_snapshot
+from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan, check_snapshot
 from hypervisor.memory import MemoryHypervisor
 from hypervisor.migration import RUNNER, rewrite_partition  # noqa: F401  (registers the migrate runner)
 from vcsched.adapt import GIB, adapt_inventory
@@ -177,3 +180,65 @@ def test_set_need_steps_round_trip_and_reject_a_bad_need() -> None:
     assert SetNeedStep.from_dict("s", step.to_dict()) == step
     with pytest.raises(InputError, match=r"steps\[3\]\.cpu_need_cores"):
         SetNeedStep.from_dict("steps[3]", {"op": "set-need", "vm": "a", "host": "h0", "cpu_need_cores": -1})
+
+
+class BarrierHypervisor(MemoryHypervisor):
+    """Each migration waits until ``parties`` migrations are inside the hypervisor at the same time."""
+
+    def __init__(self, parties: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.barrier = threading.Barrier(parties, timeout=30)  # a deadlock guard, not a time measurement
+
+    def _maybe_fail(self, op: str, vm: str) -> None:
+        super()._maybe_fail(op, vm)
+        if op == "migrate":
+            self.barrier.wait()
+
+
+def four_on_h0(hv_class: Any = MemoryHypervisor, *args: Any) -> Any:
+    """Four 0.5-core VMs on h0 (1 core), h1 empty: two must move for everyone to get all they need."""
+    hosts = [HostState("h0", 1, 8 * GIB), HostState("h1", 1, 8 * GIB)]
+    return hv_class(*args, "lab", hosts, [vm(f"v{i}", "h0", 0.5, 0.25, "v") for i in range(4)])
+
+
+def test_with_parallel_two_the_migrations_of_a_wave_run_at_once() -> None:
+    hv = four_on_h0(BarrierHypervisor, 2)
+    live = adapt_inventory("lab", hv.inventory(), 2 * GIB, parallel=2)
+    assert live.plan is not None
+    moves = [s for s in live.plan.steps if isinstance(s, MigrateStep)]
+    assert len(moves) == 2 and {m.wave for m in moves} == {1}
+    report = apply_plan(hv, live.plan)  # sequential migrations would break the barrier
+    assert report.ok, report.to_dict()
+    assert sorted(v.host for v in hv.vms.values()) == ["h0", "h0", "h1", "h1"]
+    assert all(v.cap_cores == pytest.approx(0.5) for v in hv.vms.values())
+
+
+def test_with_parallel_one_migrations_between_one_pair_of_hosts_run_one_at_a_time() -> None:
+    hv = four_on_h0()
+    live = adapt_inventory("lab", hv.inventory(), 2 * GIB, parallel=1)
+    assert live.plan is not None
+    assert sorted(s.wave for s in live.plan.steps if isinstance(s, MigrateStep)) == [1, 2]
+    assert apply_plan(hv, live.plan).ok
+
+
+def test_a_failure_inside_a_wave_lets_the_wave_finish_then_stops() -> None:
+    hv = four_on_h0()
+    live = adapt_inventory("lab", hv.inventory(), 2 * GIB, parallel=2)
+    assert live.plan is not None
+    moves = [s for s in live.plan.steps if isinstance(s, MigrateStep)]
+    hv.fail[("migrate", moves[0].vm)] = "host h0: cannot migrate: connection reset"
+    report = apply_plan(hv, live.plan)
+    outcome = {r.step.vm: r.outcome for r in report.results if isinstance(r.step, MigrateStep)}
+    assert outcome == {moves[0].vm: FAILED, moves[1].vm: DONE}
+    last = max(i for i, r in enumerate(report.results) if isinstance(r.step, MigrateStep))
+    assert report.results[last + 1:] and {r.outcome for r in report.results[last + 1:]} == {NOT_RUN}
+    failed_vm = hv.find_vm(moves[0].vm)
+    assert failed_vm is not None and failed_vm.host == "h0" and failed_vm.active
+    assert apply_plan(hv, live.plan).ok  # the re-run migrates the one that failed
+
+
+def test_the_wave_survives_the_plan_json() -> None:
+    live = adapt_inventory("lab", four_on_h0().inventory(), 2 * GIB, parallel=2)
+    assert live.plan is not None
+    again = plan_from_dict(live.plan.to_dict())
+    assert [getattr(s, "wave", None) for s in again.steps] == [getattr(s, "wave", None) for s in live.plan.steps]

@@ -10,8 +10,9 @@ VM runs on the destination, so while it runs the VM occupies both hosts.
 Migrations are grouped into *waves*: a wave only starts migrations whose
 destinations have room for everything arriving in that wave, counting the VMs
 still to leave them as present; at most ``parallel`` migrations run at once
-between one pair of hosts.  Running the steps of a wave one after another is
-just as safe (each finished migration only frees memory).
+between one pair of hosts.  The executor runs a wave's migrations at once
+(:mod:`hypervisor.executor`); running them one after another is just as safe
+(each finished migration only frees memory).
 
 When no pending migration fits (a cycle: A must go to B's host while B must
 go to A's, both full), one VM is *relayed* through a third host with room,
@@ -171,16 +172,20 @@ def order_changes(hosts: Iterable[HostRoom], changes: Iterable[VmChange], *, par
             started = [(c, src, via, True)]
             rest[i] = (c, via, dst, True)
             relays += 1
+        leaving = []
         for c, src, dst, relay in started:
             mem[dst] += c.memory_bytes
+            # The wave's migrations may run at once: a VM leaving dst in this wave still holds its cap there.
             arrival = min(cap_of[c.vm], max(rooms[dst].cores - caps[dst], min_cap))
-            caps[src] -= cap_of[c.vm]
+            leaving.append((src, cap_of[c.vm]))
             caps[dst] += arrival
             cap_of[c.vm] = arrival
             steps.append(Move(c.vm, src, dst, c.cost, arrival, wave, relay))
             total += c.cost
         for c, src, _, _ in started:  # the sources are freed once the VMs run on their destinations
             mem[src] -= c.memory_bytes
+        for src, cap in leaving:
+            caps[src] -= cap
         pending = rest
 
     # 3. Raise every cap that must go up, now that every VM is where it belongs.
@@ -251,6 +256,7 @@ class MigrateStep:
     bytes: int
     cap_cores: float
     final: str | None = None  # on a relay hop: where the VM goes next (a re-run finding it there skips this hop)
+    wave: int | None = None  # consecutive migrations of one wave may run at once (None: one at a time)
 
     @property
     def host(self) -> str:
@@ -261,6 +267,8 @@ class MigrateStep:
                              "bytes": self.bytes, "cap_cores": self.cap_cores}
         if self.final is not None:
             d["final"] = self.final
+        if self.wave is not None:
+            d["wave"] = self.wave
         return d
 
     def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
@@ -268,11 +276,12 @@ class MigrateStep:
 
     @staticmethod
     def from_dict(where: str, d: Mapping[str, Any]) -> MigrateStep:
-        d = plan_fields(where, d, {"op", "vm", "from", "to", "bytes", "cap_cores"}, {"final"})
+        d = plan_fields(where, d, {"op", "vm", "from", "to", "bytes", "cap_cores"}, {"final", "wave"})
         final = plan_str(f"{where}.final", d["final"]) if "final" in d else None
+        wave = plan_int(f"{where}.wave", d["wave"]) if "wave" in d else None
         step = MigrateStep(plan_str(f"{where}.vm", d["vm"]), plan_str(f"{where}.from", d["from"]),
                            plan_str(f"{where}.to", d["to"]), plan_int(f"{where}.bytes", d["bytes"]),
-                           plan_num(f"{where}.cap_cores", d["cap_cores"]), final)
+                           plan_num(f"{where}.cap_cores", d["cap_cores"]), final, wave)
         if step.source == step.target:
             raise InputError(f"{where}.to: {step.target!r} is also the source host")
         return step
@@ -285,7 +294,7 @@ def plan_steps(order: MigrationOrder) -> tuple[SetCapStep | MigrateStep, ...]:
     for s in order.steps:
         if isinstance(s, Move):
             out.append(MigrateStep(s.vm, s.source, s.target, s.bytes, s.cap_cores,
-                                   final[s.vm] if s.relay and final[s.vm] != s.target else None))
+                                   final[s.vm] if s.relay and final[s.vm] != s.target else None, s.wave))
         else:
             out.append(SetCapStep(s.vm, s.host, s.cap_cores))
     return tuple(out)
