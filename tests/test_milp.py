@@ -10,7 +10,7 @@ import pytest
 from scipy.sparse import csr_array
 
 from tests.conftest import make_instance
-from vcsched.milp import _native_stdout_to_stderr, build_model, identical_host_groups, placement_from, solve_model
+from vcsched.milp import _native_stdout_discarded, build_model, identical_host_groups, placement_from, solve_model
 from vcsched.model import Host, Instance, Job, SolveOptions
 from vcsched.registry import solve
 from vcsched.validate import check_allocation
@@ -174,10 +174,11 @@ def test_model_variable_layout_matches_its_index_helpers() -> None:
     assert not model.relaxed().integrality.any()
 
 
-def test_native_solver_output_goes_to_stderr_not_stdout(capfd: pytest.CaptureFixture[str]) -> None:
+def test_native_solver_output_is_discarded_and_stdout_restored(capfd: pytest.CaptureFixture[str]) -> None:
     # HiGHS sometimes printf()s a debug line; it must not corrupt `solve --json` on stdout.
-    with _native_stdout_to_stderr():
+    with _native_stdout_discarded():
         os.write(1, b"native line\n")
+    os.write(1, b"after\n")
     captured = capfd.readouterr()
-    assert "native line" not in captured.out
-    assert "native line" in captured.err
+    assert "native line" not in captured.out + captured.err
+    assert captured.out == "after\n"

@@ -286,28 +286,31 @@ class MilpSolution:
 
 
 @contextlib.contextmanager
-def _native_stdout_to_stderr() -> Iterator[None]:
-    """Route file descriptor 1 to 2 while HiGHS runs.
+def _native_stdout_discarded() -> Iterator[None]:
+    """Point file descriptor 1 at /dev/null while HiGHS runs.
 
     HiGHS (scipy 1.17) occasionally prints a debug line
     (``HighsMipSolverData::transformNewIntegerFeasibleSolution ...``) with C
     ``printf``, which Python cannot intercept and which would corrupt
-    ``vcsched solve --json`` on stdout.  Redirecting the descriptor keeps the
-    core free of output; if the descriptors cannot be duplicated (no stdout),
-    the solve runs unprotected.
+    ``vcsched solve --json`` on stdout (and, on stderr, tear through the
+    experiment's progress bar).  It says nothing a user can act on; the
+    solve's status is reported from its result.  If the descriptors cannot be
+    duplicated (no stdout), the solve runs unprotected.
     """
     try:
         sys.stdout.flush()
         saved = os.dup(1)
+        devnull = os.open(os.devnull, os.O_WRONLY)
     except (OSError, ValueError):
         yield
         return
     try:
-        os.dup2(2, 1)
+        os.dup2(devnull, 1)
         yield
     finally:
         os.dup2(saved, 1)
         os.close(saved)
+        os.close(devnull)
 
 
 def solve_model(model: MilpModel, time_limit: float | None) -> MilpSolution:
@@ -315,7 +318,7 @@ def solve_model(model: MilpModel, time_limit: float | None) -> MilpSolution:
     opts: dict[str, object] = {"mip_rel_gap": MIP_REL_GAP}
     if time_limit is not None:
         opts["time_limit"] = float(time_limit)
-    with _native_stdout_to_stderr():
+    with _native_stdout_discarded():
         res = milp(
             c=model.c,
             constraints=LinearConstraint(model.a, model.row_lower, model.row_upper),
