@@ -141,11 +141,12 @@ def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool) ->
 def render_report(report: ApplyReport) -> None:
     colour = {DONE: "green", SKIPPED: "dim", FAILED: "red"}
     table = Table(title="applied" if report.ok else "[red]stopped at a failed step[/] (every VM left running)")
-    for col in ("#", "step", "VM", "host", "outcome", "detail"):
-        table.add_column(col)
+    for col in ("#", "step", "VM", "host", "outcome", "time", "detail"):
+        table.add_column(col, justify="right" if col in ("#", "time") else "left")
     for i, r in enumerate(report.results):
         c = colour.get(r.outcome, "yellow")
-        table.add_row(str(i + 1), r.step.op, r.step.vm, r.step.host, f"[{c}]{r.outcome}[/]", r.detail)
+        took = "-" if r.seconds is None else f"{r.seconds:.2f} s"
+        table.add_row(str(i + 1), r.step.op, r.step.vm, r.step.host, f"[{c}]{r.outcome}[/]", took, r.detail)
     console.print(table)
     if not report.snapshot_matched:
         console.print("[yellow]note:[/] applied with --force to a cluster that changed since the plan was made")

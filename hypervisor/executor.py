@@ -26,6 +26,7 @@ VM, and it only ever stops one whose metadata names the departed cluster.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -190,6 +191,7 @@ class StepResult:
     step: Step
     outcome: str  # DONE, SKIPPED, FAILED or NOT_RUN
     detail: str = ""
+    seconds: float | None = None  # wall time of the step (pre-condition to post-condition); None if not run
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,8 @@ class ApplyReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "snapshot_matched": self.snapshot_matched,
-                "steps": [{**r.step.to_dict(), "outcome": r.outcome, "detail": r.detail} for r in self.results]}
+                "steps": [{**r.step.to_dict(), "outcome": r.outcome, "detail": r.detail, "seconds": r.seconds}
+                          for r in self.results]}
 
 
 def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
@@ -254,14 +257,15 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
 
 def _run_step(hv: Hypervisor, step: Step) -> StepResult:
     runner = _RUNNERS[step.op]
+    start = time.monotonic()
     try:
         if runner.already_done(hv, step):
-            return StepResult(step, SKIPPED, "already in place")
+            return StepResult(step, SKIPPED, "already in place", time.monotonic() - start)
         runner.act(hv, step)
         runner.verify(hv, step)
-        return StepResult(step, DONE)
+        return StepResult(step, DONE, seconds=time.monotonic() - start)
     except (StepFailed, HypervisorError) as exc:
-        return StepResult(step, FAILED, str(exc))
+        return StepResult(step, FAILED, str(exc), time.monotonic() - start)
 
 
 def _batches(steps: Sequence[Step]) -> list[list[Step]]:

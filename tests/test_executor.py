@@ -63,6 +63,9 @@ def test_a_failure_stops_the_plan_and_reports_done_and_not_done(crowded: MemoryH
     assert [r.outcome for r in report.results] == [DONE, DONE, FAILED, NOT_RUN]
     assert report.results[2].detail == f"host h0: boom creating {victim}"
     assert crowded.find_vm(plan.steps[3].vm) is None  # nothing after the failure ran
+    # every step that ran reports how long it took; the ones that did not, nothing
+    assert [r.seconds is not None and r.seconds >= 0 for r in report.results] == [True, True, True, False]
+    assert [s["seconds"] is None for s in report.to_dict()["steps"]] == [False, False, False, True]
 
 
 def test_a_failure_leaves_every_vm_running(crowded: MemoryHypervisor) -> None:
