@@ -401,6 +401,8 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
                 console.print(f"[red]no placement within the budget[/] of {_human(budget)}")
             return EXIT_UNSATISFIED
         out["plan"] = live.plan.to_dict()
+        out["floors_missed"] = [{"cluster": vc, "yield": got, "min_yield": floor}
+                                for vc, got, floor in live.floors_missed]
         if output:
             try:
                 Path(output).write_text(json.dumps(live.plan.to_dict(), indent=1) + "\n")
@@ -413,6 +415,10 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
                           f"{_human(live.order.total_bytes)} of a budget of {_human(budget)}", highlight=False)
             render_plan(live.plan, inventory)
             render_moves(live)
+            for vc, got, floor in live.floors_missed:
+                console.print(f"[yellow]warning:[/] virtual cluster {vc!r} gets a yield of {got:.4f}, below the "
+                              f"min_yield {floor:g} it was admitted with (the best within this budget: "
+                              "raise --budget, or --depart a cluster)", highlight=False)
         report = None
         if do_apply:
             report = run_apply(hv, live.plan, force=False, quiet=as_json)

@@ -61,8 +61,9 @@ def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
     that already declares it ("failed to create a new XML namespace").
     """
     tag = "vm" if bare else f'{METADATA_PREFIX}:vm xmlns:{METADATA_PREFIX}="{METADATA_NS}"'
+    floor = "" if meta.min_yield is None else f' min_yield="{meta.min_yield!r}"'
     return (f'<{tag} cluster={quoteattr(meta.cluster)} cpu_need_cores="{meta.cpu_need_cores!r}" '
-            f'memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"/>')
+            f'memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"{floor}/>')
 
 
 def parse_metadata(xml: str) -> VmMeta | None:
@@ -73,8 +74,9 @@ def parse_metadata(xml: str) -> VmMeta | None:
     """
     try:
         el = ET.fromstring(xml)
+        floor = float(el.attrib["min_yield"]) if "min_yield" in el.attrib else None
         return VmMeta(el.attrib["cluster"], float(el.attrib["cpu_need_cores"]), int(el.attrib["memory_bytes"]),
-                      int(el.attrib["vcpus"]))
+                      int(el.attrib["vcpus"]), floor)
     except (ET.ParseError, KeyError, ValueError):
         return None
 
@@ -86,7 +88,7 @@ def domain_xml(step: CreateStep, partition: str | None) -> str:
     serial fails on a host whose /var/log/libvirt/qemu does not exist yet
     (measured on a fresh lab host), and libvirt offers no way to create it.
     """
-    meta = metadata_xml(VmMeta(step.cluster, step.cpu_need_cores, step.memory_bytes, step.vcpus))
+    meta = metadata_xml(VmMeta(step.cluster, step.cpu_need_cores, step.memory_bytes, step.vcpus, step.min_yield))
     quota = quota_for(step.cap_cores, step.vcpus)
     if step.boot.kind == "template":
         return _from_template(step, partition, meta, quota)

@@ -56,7 +56,7 @@ class MemoryHypervisor:
 
     def create_vm(self, step: CreateStep) -> None:
         self._maybe_fail("create", step.vm)
-        meta = VmMeta(step.cluster, step.cpu_need_cores, step.memory_bytes, step.vcpus)
+        meta = VmMeta(step.cluster, step.cpu_need_cores, step.memory_bytes, step.vcpus, step.min_yield)
         self._add(VmState(step.vm, step.host, step.vcpus, step.memory_bytes, True, meta, step.cap_cores))
 
     def set_cap(self, host: str, vm: str, cap_cores: float) -> None:

@@ -242,3 +242,16 @@ def test_the_wave_survives_the_plan_json() -> None:
     assert live.plan is not None
     again = plan_from_dict(live.plan.to_dict())
     assert [getattr(s, "wave", None) for s in again.steps] == [getattr(s, "wave", None) for s in live.plan.steps]
+
+
+def test_clusters_left_below_their_recorded_floor_are_reported() -> None:
+    from dataclasses import replace
+
+    hv = lopsided()
+    a = hv.vms["a"]
+    assert a.meta is not None
+    hv.vms["a"] = replace(a, meta=replace(a.meta, min_yield=0.9))
+    stuck = adapt_inventory("lab", hv.inventory(), 0)  # no migration: a and b share h0, yield 0.625
+    assert [(vc, round(got, 3), floor) for vc, got, floor in stuck.floors_missed] == [("a", 0.625, 0.9)]
+    freed = adapt_inventory("lab", hv.inventory(), GIB)  # one migration: everyone at 1.0
+    assert freed.floors_missed == ()

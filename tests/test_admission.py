@@ -165,3 +165,32 @@ def test_pinned_vms_that_already_overload_a_host_bound_the_yield() -> None:
     assert d.admitted and d.plan is not None
     assert d.min_yield == pytest.approx(0.5, abs=1e-6)
     assert d.plan.per_vm["web-0"].host == "h1"
+
+
+def floored(name: str, host: str, cluster: str, need: float, floor: float, cap: float | None = None) -> VmState:
+    v = managed(name, host, cluster, need, cap)
+    assert v.meta is not None
+    return VmState(v.name, v.host, v.vcpus, v.memory_bytes, True,
+                   VmMeta(cluster, need, v.memory_bytes, v.vcpus, floor), cap)
+
+
+def test_a_request_that_would_squeeze_an_earlier_cluster_below_its_floor_is_refused() -> None:
+    # gold was admitted with min_yield 0.9 on two 1-core hosts; a request for two more whole cores
+    # would leave everyone half, so it is refused naming gold and both numbers.
+    inv = inventory_of([floored("gold-0", "h0", "gold", 1.0, 0.9, cap=1.0),
+                        floored("gold-1", "h1", "gold", 1.0, 0.9, cap=1.0)])
+    d = admit(cluster_of(), inv, request(vms=2, need=1.0))
+    assert not d.admitted and d.plan is None
+    assert d.reason == ("virtual cluster 'gold' would get a yield of 0.5000, below the min_yield 0.9 "
+                        "it was admitted with")
+    # without a recorded floor the same request is admitted
+    plain = inventory_of([managed("gold-0", "h0", "gold", 1.0, cap=1.0), managed("gold-1", "h1", "gold", 1.0, cap=1.0)])
+    assert admit(cluster_of(), plain, request(vms=2, need=1.0)).admitted
+
+
+def test_a_floor_that_still_holds_admits_and_the_new_vms_carry_their_own() -> None:
+    inv = inventory_of([floored("gold-0", "h0", "gold", 1.0, 0.4, cap=1.0)])
+    d = admit(cluster_of(n_hosts=1), inv, request(vms=1, need=1.0, min_yield=0.3))
+    assert d.admitted and d.plan is not None
+    creates = [s for s in d.plan.steps if isinstance(s, CreateStep)]
+    assert [c.min_yield for c in creates] == [0.3]

@@ -82,6 +82,13 @@ def test_metadata_round_trips_through_libvirt(tmp_path: Path) -> None:
     assert vm is not None and vm.meta == meta
 
 
+def test_a_recorded_floor_round_trips_and_is_optional() -> None:
+    with_floor = VmMeta("gold", 0.5, 64 * MiB, 1, 0.75)
+    assert parse_metadata(metadata_xml(with_floor)) == with_floor
+    assert 'min_yield="0.75"' in metadata_xml(with_floor, bare=True)
+    assert "min_yield" not in metadata_xml(VmMeta("plain", 0.5, 64 * MiB, 1))
+
+
 def test_broken_metadata_makes_a_domain_unmanaged() -> None:
     assert parse_metadata('<vm cluster="x" cpu_need_cores="lots"/>') is None
 

@@ -599,6 +599,10 @@ class LiveAdaptation:
     plan: Any  # vcsched.plan.Plan, or None when nothing was found within the budget
     order: Any  # vcsched.migration.MigrationOrder
     problem: AdaptProblem
+    #: (virtual cluster, yield, recorded min_yield) for clusters the new allocation leaves below their
+    #: floor.  Reported, not refused: the allocation is already the best within the budget, and the
+    #: current one (after the changes) is no better.
+    floors_missed: tuple[tuple[str, float, float], ...] = ()
 
 
 def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Mapping[str, float] | None = None,
@@ -624,6 +628,7 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
     """
     from collections import defaultdict
 
+    from vcsched.admission import floors_missed
     from vcsched.inventory import snapshot_hash
     from vcsched.migration import HostRoom, MigrationBlocked, VmChange, order_changes, plan_steps
     from vcsched.model import Host, Job
@@ -708,4 +713,5 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
     renewed = frozenset(s.vm for s in renewals)
     plan = Plan("adapt", cluster_name, snapshot_hash(inventory, gone, moved, renewed),
                 float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps)
-    return LiveAdaptation(adapted, plan, order, problem)
+    missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})
+    return LiveAdaptation(adapted, plan, order, problem, tuple(missed))

@@ -28,6 +28,10 @@ the capacity the others leave:
 * with the best placement found, :func:`vcsched.yields.allocate` computes
   the whole cluster's yields, including the average-yield phase (3.5).
 
+**Floors.**  A request's ``min_yield`` is recorded in its VMs' metadata; a
+later request that would push an earlier cluster below its recorded floor is
+refused like one that misses its own (:func:`floors_missed`).
+
 This is correct (every VM's cap respects every host's capacity, and the new
 job gets what is left fairly), keeps the algorithm pluggable through the
 registry, and never plans a migration.  It can be worse than re-placing
@@ -36,7 +40,9 @@ everything, which is exactly what the adaptation's budgeted MILP is for.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -208,8 +214,14 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
     if min_y < floor - 1e-9:
         return Decision(False, f"the minimum yield would be {min_y:.4f}, below {who} {floor:g}", None,
                         min_y, avg_y)
-
     yields = allocation.yields(instance)
+    missed = floors_missed(existing.vms, {v.name: float(yields[int(instance.task_job[t])])
+                                          for t, v in enumerate(existing.vms)})
+    if missed:
+        vc, got, floor = missed[0]
+        return Decision(False, f"virtual cluster {vc!r} would get a yield of {got:.4f}, below the min_yield "
+                               f"{floor:g} it was admitted with", None, min_y, avg_y)
+
     per_vm: dict[str, VmPrediction] = {}
     steps: list[Step] = []
     boot = boot_for(cluster, request)
@@ -226,11 +238,27 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
         else:
             name = request.vm_names()[t - len(existing.vms)]
             per_vm[name] = VmPrediction(host, request.name, cores, cap, float(yields[j]))
-            steps.append(CreateStep(name, host, request.name, request.vcpus, request.memory_bytes, cores, cap, boot))
+            steps.append(CreateStep(name, host, request.name, request.vcpus, request.memory_bytes, cores, cap, boot,
+                                    request.min_yield))
     ordered = order_steps(steps, current_caps(inventory), {h.name: float(h.cores) for h in inventory.hosts})
     plan = Plan("place", cluster.name, snapshot_hash(inventory), min_y, avg_y, per_vm, ordered,
                 extra={"request": request.name})
     return Decision(True, None, plan, min_y, avg_y)
+
+
+def floors_missed(vms: Iterable[VmState], yields: Mapping[str, float]) -> list[tuple[str, float, float]]:
+    """``(virtual cluster, its lowest yield, its floor)`` for each cluster below the floor in its metadata.
+
+    A request's ``min_yield`` is recorded in its VMs' metadata when admitted,
+    so that no later admission squeezes it below what it was promised.
+    """
+    worst: dict[str, tuple[float, float]] = {}
+    for v in vms:
+        if v.meta is None or v.meta.min_yield is None or v.name not in yields:
+            continue
+        got = min(yields[v.name], worst.get(v.meta.cluster, (math.inf, 0.0))[0])
+        worst[v.meta.cluster] = (got, v.meta.min_yield)
+    return [(vc, got, floor) for vc, (got, floor) in sorted(worst.items()) if got < floor - 1e-9]
 
 
 def current_caps(inventory: Inventory) -> dict[str, dict[str, float]]:

@@ -38,6 +38,7 @@ class VmMeta:
     cpu_need_cores: float
     memory_bytes: int
     vcpus: int
+    min_yield: float | None = None  # the floor its request was admitted with; later admissions keep to it
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from vcsched.cluster import check_fraction
 from vcsched.errors import InputError, VcschedError
 
 PLAN_VERSION = 1
@@ -166,11 +167,15 @@ class CreateStep:
     cpu_need_cores: float
     cap_cores: float
     boot: Boot
+    min_yield: float | None = None  # the request's floor, recorded in the VM's metadata
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "vm": self.vm, "host": self.host, "cluster": self.cluster, "vcpus": self.vcpus,
-                "memory_bytes": self.memory_bytes, "cpu_need_cores": self.cpu_need_cores,
-                "cap_cores": self.cap_cores, "boot": self.boot.to_dict()}
+        d = {"op": self.op, "vm": self.vm, "host": self.host, "cluster": self.cluster, "vcpus": self.vcpus,
+             "memory_bytes": self.memory_bytes, "cpu_need_cores": self.cpu_need_cores,
+             "cap_cores": self.cap_cores, "boot": self.boot.to_dict()}
+        if self.min_yield is not None:
+            d["min_yield"] = self.min_yield
+        return d
 
     def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
         return ((self.host, self.vm, self.cap_cores),)
@@ -178,12 +183,13 @@ class CreateStep:
     @staticmethod
     def from_dict(where: str, d: Mapping[str, Any]) -> CreateStep:
         d = _fields(where, d, {"op", "vm", "host", "cluster", "vcpus", "memory_bytes", "cpu_need_cores",
-                               "cap_cores", "boot"})
+                               "cap_cores", "boot"}, {"min_yield"})
         step = CreateStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
                           _str(f"{where}.cluster", d["cluster"]), _int(f"{where}.vcpus", d["vcpus"]),
                           _int(f"{where}.memory_bytes", d["memory_bytes"]),
                           _num(f"{where}.cpu_need_cores", d["cpu_need_cores"]),
-                          _num(f"{where}.cap_cores", d["cap_cores"]), Boot.from_dict(f"{where}.boot", d["boot"]))
+                          _num(f"{where}.cap_cores", d["cap_cores"]), Boot.from_dict(f"{where}.boot", d["boot"]),
+                          check_fraction(f"{where}.min_yield", d["min_yield"]) if "min_yield" in d else None)
         _check_cap(where, step.cap_cores, step.vcpus)
         return step
 
