@@ -52,7 +52,8 @@ def placed(lab2: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plac
     d = tmp_path_factory.mktemp("place")
     name = f"p{uuid.uuid4().hex[:6]}"
     req = d / "req.toml"
-    req.write_text(f'name = "{name}"\nvms = 2\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = {CAP_CORES}\n')
+    req.write_text(f'name = "{name}"\nvms = 2\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = {CAP_CORES}\n'
+                   'min_yield = 0.2\n')
     plan_file = d / "plan.json"
     vms = (f"{name}-0", f"{name}-1")
     try:
@@ -70,6 +71,20 @@ def test_the_virtual_cluster_lands_on_both_hosts(placed: Placed) -> None:
     hosts = {s["vm"]: s["host"] for s in placed.plan["steps"]}
     assert sorted(hosts) == sorted(placed.vms)
     assert sorted(hosts.values()) == ["h0", "h1"]
+
+
+def test_need_and_floor_are_recorded_in_the_libvirt_metadata(placed: Placed) -> None:
+    import tomllib
+
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from vcsched.cluster import cluster_from_dict
+
+    cluster = cluster_from_dict(tomllib.loads(placed.lab.cluster_file.read_text()))
+    with LibvirtHypervisor(cluster) as hv:
+        for vm in placed.vms:
+            v = hv.find_vm(vm)
+            assert v is not None and v.meta is not None
+            assert (v.meta.cpu_need_cores, v.meta.min_yield) == (CAP_CORES, 0.2)
 
 
 def test_caps_read_back_through_libvirt_are_the_planned_ones(placed: Placed) -> None:
