@@ -255,3 +255,19 @@ def test_clusters_left_below_their_recorded_floor_are_reported() -> None:
     assert [(vc, round(got, 3), floor) for vc, got, floor in stuck.floors_missed] == [("a", 0.625, 0.9)]
     freed = adapt_inventory("lab", hv.inventory(), GIB)  # one migration: everyone at 1.0
     assert freed.floors_missed == ()
+
+
+def test_an_adapt_plan_states_its_budget_and_total_and_a_tampered_one_is_refused() -> None:
+    from vcsched.errors import InputError
+
+    live = adapt_inventory("lab", lopsided().inventory(), 3 * GIB)
+    assert live.plan is not None
+    doc = live.plan.to_dict()
+    assert (doc["budget"], doc["migrated_bytes"]) == (3 * GIB, GIB)
+    assert plan_from_dict(doc).extra == {"budget": 3 * GIB, "migrated_bytes": GIB}
+    with pytest.raises(InputError, match=r"^plan.migrated_bytes: 0 but the migrate steps move 1073741824 bytes$"):
+        plan_from_dict({**doc, "migrated_bytes": 0})
+    with pytest.raises(InputError, match=r"^plan.migrated_bytes: 1073741824 bytes is above the plan's budget of 1$"):
+        plan_from_dict({**doc, "budget": 1})
+    with pytest.raises(InputError, match=r"^plan.budget: expected a byte count >= 0, got '3GiB'$"):
+        plan_from_dict({**doc, "budget": "3GiB"})

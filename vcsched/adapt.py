@@ -712,6 +712,7 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
     moved = frozenset(s.vm for s in steps if getattr(s, "moves", False))
     renewed = frozenset(s.vm for s in renewals)
     plan = Plan("adapt", cluster_name, snapshot_hash(inventory, gone, moved, renewed),
-                float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps)
+                float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps,
+                extra={"budget": budget, "migrated_bytes": order.total_bytes})
     missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})
     return LiveAdaptation(adapted, plan, order, problem, tuple(missed))

@@ -344,7 +344,8 @@ class Plan:
 
 def plan_from_dict(d: Any) -> Plan:
     """Validate a decoded plan document (a saved plan may have been edited by hand)."""
-    d = _fields("plan", d, {"version", "kind", "cluster", "snapshot", "predicted", "steps"}, {"request"})
+    d = _fields("plan", d, {"version", "kind", "cluster", "snapshot", "predicted", "steps"},
+                {"request", "budget", "migrated_bytes"})
     if d["version"] != PLAN_VERSION:
         raise InputError(f"plan.version: {d['version']!r} is not supported (this vcsched reads {PLAN_VERSION})")
     if d["kind"] not in PLAN_KINDS:
@@ -374,11 +375,27 @@ def plan_from_dict(d: Any) -> Plan:
         if op not in _STEP_PARSERS:
             raise InputError(f"{where}.op: {op!r} is not a known step (known: {', '.join(step_kinds())})")
         steps.append(_STEP_PARSERS[op](where, s))
-    extra = {"request": d["request"]} if "request" in d else {}
+    extra: dict[str, Any] = {"request": _str("plan.request", d["request"])} if "request" in d else {}
+    if "budget" in d or "migrated_bytes" in d:
+        extra.update(_budget(d, steps))
     return Plan(d["kind"], _str("plan.cluster", d["cluster"]), snapshot,
                 _num("plan.predicted.min_yield", pred["min_yield"], low_open=False),
                 _num("plan.predicted.avg_yield", pred["avg_yield"], low_open=False), per_vm, tuple(steps),
                 extra=extra)
+
+
+def _budget(d: Mapping[str, Any], steps: Iterable[Step]) -> dict[str, int]:
+    """An adapt plan's byte budget and total: the total must be what its steps move, and within the budget."""
+    for key in ("budget", "migrated_bytes"):
+        v = d.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InputError(f"plan.{key}: expected a byte count >= 0, got {v!r}")
+    moved = sum(int(getattr(s, "bytes", 0)) for s in steps if getattr(s, "moves", False))
+    if d["migrated_bytes"] != moved:
+        raise InputError(f"plan.migrated_bytes: {d['migrated_bytes']} but the migrate steps move {moved} bytes")
+    if moved > d["budget"]:
+        raise InputError(f"plan.migrated_bytes: {moved} bytes is above the plan's budget of {d['budget']}")
+    return {"budget": d["budget"], "migrated_bytes": moved}
 
 
 # ---------------------------------------------------------------- ordering
