@@ -22,13 +22,12 @@ the CLI's job) and raises :class:`InputError` naming the field and the value.
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from vcsched.errors import InputError
+from vcsched.fields import check_fields, check_fraction, check_name, check_string
 
 #: URI schemes of libvirt drivers vcsched knows how to cap (``test`` only for inventory tests).
 KNOWN_URI_SCHEMES = ("qemu", "xen", "libxl", "test")
@@ -62,40 +61,6 @@ def format_size(n: float) -> str:
         if abs(n) >= _SIZE_UNITS[unit]:
             return f"{n / _SIZE_UNITS[unit]:.4g} {unit}"
     return f"{n:.0f} B"
-
-
-def check_fields(where: str, value: Any, allowed: set[str], required: set[str]) -> Mapping[str, Any]:
-    """A table with only known keys and every required one (typos must not pass silently)."""
-    if not isinstance(value, Mapping):
-        raise InputError(f"{where}: expected a table, got {type(value).__name__}")
-    unknown = sorted(set(value) - allowed)
-    if unknown:
-        raise InputError(f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
-    missing = sorted(required - set(value))
-    if missing:
-        raise InputError(f"{where}: missing field {missing[0]!r}")
-    return value
-
-
-def check_name(where: str, value: Any) -> str:
-    """Names become libvirt domain names and metadata: keep them to a safe, printable alphabet."""
-    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", value):
-        raise InputError(f"{where}: {value!r} is not a name (letters, digits, '_', '.', '-'; at most 63)")
-    return value
-
-
-def check_string(where: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise InputError(f"{where}: expected a non-empty string, got {value!r}")
-    return value
-
-
-def check_fraction(where: str, value: Any, *, low_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InputError(f"{where}: expected a number, got {value!r}")
-    if value > 1 or value < 0 or (low_open and value == 0):
-        raise InputError(f"{where}: {value!r} is not in {'(0' if low_open else '[0'}, 1]")
-    return float(value)
 
 
 def uri_scheme(uri: str) -> str:
@@ -141,7 +106,7 @@ class Cluster:
 
 
 def _host_from_dict(where: str, d: Any) -> ClusterHost:
-    d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition"}, {"name", "uri"})
+    d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition"}, {"name", "uri"}, kind="table")
     name = check_name(f"{where}.name", d["name"])
     uri = check_string(f"{where}.uri", d["uri"])
     scheme = uri_scheme(uri)
@@ -160,7 +125,7 @@ def _host_from_dict(where: str, d: Any) -> ClusterHost:
 
 
 def _guest_from_dict(d: Any) -> GuestDefaults:
-    d = check_fields("guest", d, {"kernel", "initrd", "cmdline", "domain_type"}, {"kernel", "initrd"})
+    d = check_fields("guest", d, {"kernel", "initrd", "cmdline", "domain_type"}, {"kernel", "initrd"}, kind="table")
     domain_type = d.get("domain_type", "qemu")
     if domain_type not in DOMAIN_TYPES:
         raise InputError(f"guest.domain_type: {domain_type!r} is not one of {', '.join(DOMAIN_TYPES)}")
@@ -173,7 +138,7 @@ def _guest_from_dict(d: Any) -> GuestDefaults:
 
 def cluster_from_dict(d: Any) -> Cluster:
     """Validate a decoded cluster file; every error names the field and the value."""
-    d = check_fields("cluster", d, {"name", "min_yield", "guest", "hosts"}, {"name", "hosts"})
+    d = check_fields("cluster", d, {"name", "min_yield", "guest", "hosts"}, {"name", "hosts"}, kind="table")
     name = check_name("name", d["name"])
     hosts_raw = d["hosts"]
     if not isinstance(hosts_raw, list) or not hosts_raw:

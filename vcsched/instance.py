@@ -11,49 +11,11 @@ Every check raises :class:`InputError` naming the field path and the value.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from typing import Any
 
 from vcsched.errors import InputError
+from vcsched.fields import check_count, check_fields, check_list, check_number, check_string
 from vcsched.model import Host, Instance, Job
-
-
-def _number(where: str, value: Any, *, low: float, high: float | None, low_open: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"{where}: expected a number, got {value!r}")
-    x = float(value)
-    if not math.isfinite(x):
-        raise InputError(f"{where}: {value!r} is not a finite number")
-    if (low_open and x <= low) or (not low_open and x < low):
-        raise InputError(f"{where}: {value!r} must be {'above' if low_open else 'at least'} {low:g}")
-    if high is not None and x > high:
-        raise InputError(f"{where}: {value!r} is above {high:g}")
-    return x
-
-
-def _name(where: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise InputError(f"{where}: expected a non-empty string, got {value!r}")
-    return value
-
-
-def _object(where: str, value: Any, allowed: set[str], required: set[str]) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise InputError(f"{where}: expected an object, got {type(value).__name__}")
-    unknown = sorted(set(value) - allowed)
-    if unknown:
-        raise InputError(f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
-    missing = sorted(required - set(value))
-    if missing:
-        raise InputError(f"{where}: missing field {missing[0]!r}")
-    return value
-
-
-def _list(where: str, value: Any) -> list[Any]:
-    if not isinstance(value, list):
-        raise InputError(f"{where}: expected a list, got {type(value).__name__}")
-    return value
 
 
 def _unique(kind: str, names: list[str]) -> None:
@@ -69,23 +31,21 @@ JOB_FIELDS = {"name", "cpu_need", "memory", "tasks"}
 
 
 def parse_host(where: str, raw: Any) -> Host:
-    obj = _object(where, raw, HOST_FIELDS, {"name"})
+    obj = check_fields(where, raw, HOST_FIELDS, {"name"})
     return Host(
-        name=_name(f"{where}.name", obj["name"]),
-        cpu=_number(f"{where}.cpu", obj.get("cpu", 1.0), low=0.0, high=None),
-        memory=_number(f"{where}.memory", obj.get("memory", 1.0), low=0.0, high=None),
+        name=check_string(f"{where}.name", obj["name"]),
+        cpu=check_number(f"{where}.cpu", obj.get("cpu", 1.0), low=0.0, high=None),
+        memory=check_number(f"{where}.memory", obj.get("memory", 1.0), low=0.0, high=None),
     )
 
 
 def parse_job(where: str, raw: Any, extra_fields: frozenset[str] = frozenset()) -> Job:
-    obj = _object(where, raw, JOB_FIELDS | extra_fields, {"name", "cpu_need", "memory"})
-    tasks = obj.get("tasks", 1)
-    if isinstance(tasks, bool) or not isinstance(tasks, int) or tasks < 1:
-        raise InputError(f"{where}.tasks: expected a whole number >= 1, got {tasks!r}")
+    obj = check_fields(where, raw, JOB_FIELDS | extra_fields, {"name", "cpu_need", "memory"})
+    tasks = check_count(f"{where}.tasks", obj.get("tasks", 1))
     return Job(
-        name=_name(f"{where}.name", obj["name"]),
-        cpu_need=_number(f"{where}.cpu_need", obj["cpu_need"], low=0.0, high=1.0),
-        memory=_number(f"{where}.memory", obj["memory"], low=0.0, high=1.0),
+        name=check_string(f"{where}.name", obj["name"]),
+        cpu_need=check_number(f"{where}.cpu_need", obj["cpu_need"], low=0.0, high=1.0),
+        memory=check_number(f"{where}.memory", obj["memory"], low=0.0, high=1.0),
         tasks=tasks,
     )
 
@@ -101,9 +61,9 @@ def instance_from_dict(
     ``extra_top``/``extra_job`` let formats that extend this one (the
     adaptation instance) reuse the same checks while parsing their own fields.
     """
-    obj = _object("instance", raw, {"hosts", "jobs"} | extra_top, {"hosts", "jobs"})
-    hosts_raw = _list("hosts", obj["hosts"])
-    jobs_raw = _list("jobs", obj["jobs"])
+    obj = check_fields("instance", raw, {"hosts", "jobs"} | extra_top, {"hosts", "jobs"})
+    hosts_raw = check_list("hosts", obj["hosts"])
+    jobs_raw = check_list("jobs", obj["jobs"])
     if not hosts_raw:
         raise InputError("hosts: at least one host is needed")
     hosts = tuple(parse_host(f"hosts[{i}]", h) for i, h in enumerate(hosts_raw))

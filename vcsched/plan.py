@@ -35,13 +35,12 @@ within capacity (:func:`order_steps`); :func:`cap_overruns` checks any order.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from vcsched.cluster import check_fraction
 from vcsched.errors import InputError, VcschedError
+from vcsched.fields import check_count, check_fields, check_fraction, check_number, check_string
 
 PLAN_VERSION = 1
 PLAN_KINDS = ("place", "adapt")
@@ -88,35 +87,12 @@ def step_kinds() -> tuple[str, ...]:
 
 def _fields(where: str, d: Any, required: set[str], optional: frozenset[str] | set[str] = frozenset()
             ) -> Mapping[str, Any]:
-    if not isinstance(d, Mapping):
-        raise InputError(f"{where}: expected an object, got {type(d).__name__}")
-    unknown = sorted(set(d) - required - optional)
-    if unknown:
-        raise InputError(f"{where}: unknown field {unknown[0]!r}")
-    missing = sorted(required - set(d))
-    if missing:
-        raise InputError(f"{where}: missing field {missing[0]!r}")
-    return d
+    return check_fields(where, d, optional, required)
 
 
-def _str(where: str, v: Any) -> str:
-    if not isinstance(v, str) or not v:
-        raise InputError(f"{where}: expected a non-empty string, got {v!r}")
-    return v
-
-
-def _num(where: str, v: Any, *, low: float = 0.0, low_open: bool = True) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise InputError(f"{where}: expected a number, got {v!r}")
-    if v < low or (low_open and v == low):
-        raise InputError(f"{where}: {v!r} must be {'above' if low_open else 'at least'} {low:g}")
-    return float(v)
-
-
-def _int(where: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise InputError(f"{where}: {v!r} is not a whole number >= 1")
-    return v
+_str = check_string
+_num = check_number
+_int = check_count
 
 
 # ---------------------------------------------------------------- step kinds

@@ -23,8 +23,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from vcsched.cluster import check_fields, check_fraction, check_name, check_string, parse_size
+from vcsched.cluster import parse_size
 from vcsched.errors import InputError
+from vcsched.fields import check_fields, check_fraction, check_name, check_string
 
 MAX_VMS = 1024
 
@@ -61,7 +62,7 @@ def _count(where: str, value: Any, high: int) -> int:
 def request_from_dict(d: Any) -> Request:
     """Validate a decoded request; every error names the field and the value."""
     allowed = {"name", "vms", "vcpus", "memory", "cpu_need", "cpu_cores", "template", "image", "min_yield"}
-    d = check_fields("request", d, allowed, {"name", "vms", "vcpus", "memory"})
+    d = check_fields("request", d, allowed, {"name", "vms", "vcpus", "memory"}, kind="table")
     name = check_name("name", d["name"])
     vms = _count("vms", d["vms"], MAX_VMS)
     vcpus = _count("vcpus", d["vcpus"], 256)
