@@ -628,10 +628,9 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
     """
     from collections import defaultdict
 
-    from vcsched.admission import floors_missed
+    from vcsched.admission import existing_jobs, floors_missed, model_hosts
     from vcsched.inventory import snapshot_hash
     from vcsched.migration import HostRoom, MigrationBlocked, VmChange, order_changes, plan_steps
-    from vcsched.model import Host, Job
     from vcsched.plan import Plan, RemoveStep, SetNeedStep, VmPrediction
 
     needs = dict(needs or {})
@@ -650,8 +649,7 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
             raise InputError(f"--set-need: {vm!r} belongs to a departing virtual cluster (--depart)")
         if vm not in names:
             raise InputError(f"--set-need: {vm!r} is not a running managed VM of cluster {cluster_name!r}")
-    n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
-    unmanaged_mem: defaultdict[str, int] = defaultdict(int)
+    n_ref = inventory.reference_cores
     used_mem: defaultdict[str, int] = defaultdict(int)
     caps_used: defaultdict[str, float] = defaultdict(float)
     for v in inventory.vms:
@@ -659,36 +657,28 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
             continue
         used_mem[v.host] += v.memory_bytes
         if not v.managed:
-            unmanaged_mem[v.host] += v.memory_bytes
             caps_used[v.host] += float(v.vcpus)
         else:
             caps_used[v.host] += v.cap_cores if v.cap_cores is not None else float(v.vcpus)
-    hosts = tuple(Host(h.name, h.cores / n_ref, max(h.usable_memory - unmanaged_mem[h.name], 0) / mem_ref)
-                  for h in inventory.hosts)
-    index = {h.name: i for i, h in enumerate(inventory.hosts)}
-    groups: dict[tuple[str, float, int], list[Any]] = defaultdict(list)
     for v in managed:
         cores = needs.get(v.name, v.meta.cpu_need_cores)
         if not 0 < cores <= v.vcpus:
             raise InputError(f"--set-need {v.name}: {cores:g} cores must be above 0 and at most its {v.vcpus} vCPUs")
-        groups[(v.meta.cluster, round(cores, 9), v.memory_bytes)].append(v)
-    jobs, vms, current, task_bytes = [], [], [], []
-    for (vc, cores, mem), members in sorted(groups.items()):
-        label = vc if sum(1 for k in groups if k[0] == vc) == 1 else f"{vc}/{cores:g}/{mem}"
-        jobs.append(Job(label, min(cores / n_ref, 1.0), mem / mem_ref, len(members)))
-        for v in sorted(members, key=lambda v: v.name):
-            vms.append(v)
-            current.append(index[v.host])
-            task_bytes.append(v.memory_bytes)
-    instance = Instance(hosts, tuple(jobs))
-    problem = AdaptProblem(instance, np.array(current, dtype=np.int64), np.array(task_bytes, dtype=np.int64), budget)
+    # The same whole-cluster instance as admission's (one job per virtual cluster and size), not pinned.
+    existing = existing_jobs(inventory, managed, needs)
+    vms = list(existing.vms)
+    instance = Instance(model_hosts(inventory), existing.jobs)
+    problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
+                           np.array([v.memory_bytes for v in vms], dtype=np.int64), budget)
     adapted = solve_adapt(problem, algorithm, options)
     if adapted.result.allocation is None:
         return LiveAdaptation(adapted, None, None, problem)
     alloc = adapted.result.allocation
     yields = alloc.yields(instance)
-    changes, per_vm = [], {}
+    changes, per_vm, recorded = [], {}, {}
     for t, v in enumerate(vms):
+        assert v.meta is not None  # managed
+        recorded[v.name] = v.meta.cpu_need_cores
         j = int(instance.task_job[t])
         target = inventory.hosts[alloc.hosts[t]].name
         cap = alloc.cpu[j] * n_ref
@@ -707,7 +697,7 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
     removals = tuple(RemoveStep(v.name, v.host, v.meta.cluster) for v in sorted(leaving, key=lambda v: v.name))
     # New needs are written back last (on each VM's final host), so the next run plans with them.
     renewals = tuple(SetNeedStep(v.name, per_vm[v.name].host, needs[v.name]) for v in vms
-                     if v.name in needs and abs(needs[v.name] - v.meta.cpu_need_cores) > 1e-9)
+                     if v.name in needs and abs(needs[v.name] - recorded[v.name]) > 1e-9)
     steps = removals + plan_steps(order) + renewals
     moved = frozenset(s.vm for s in steps if getattr(s, "moves", False))
     renewed = frozenset(s.vm for s in renewals)

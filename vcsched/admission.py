@@ -108,32 +108,54 @@ def boot_for(cluster: Cluster, request: Request) -> Boot:
 
 
 @dataclass(frozen=True)
-class _Existing:
-    """Running managed VMs as jobs: one per (virtual cluster, CPU need, memory), tasks pinned."""
+class Existing:
+    """Running managed VMs as jobs: one per (virtual cluster, CPU need, memory), tasks where they run."""
 
     jobs: tuple[Job, ...]
     vms: tuple[VmState, ...]  # task order
-    hosts: tuple[int, ...]  # pinned host index per task
+    hosts: tuple[int, ...]  # current host index per task
 
 
-def _existing(inventory: Inventory, n_ref: int, mem_ref: int) -> _Existing:
+def unmanaged_memory(inventory: Inventory) -> defaultdict[str, int]:
+    """Bytes of running unmanaged domains per host: vcsched cannot move them, so it plans around them."""
+    out: defaultdict[str, int] = defaultdict(int)
+    for v in inventory.vms:
+        if v.active and not v.managed:
+            out[v.host] += v.memory_bytes
+    return out
+
+
+def model_hosts(inventory: Inventory) -> tuple[Host, ...]:
+    """The hosts in model units (module docstring): cores and usable memory less unmanaged domains' memory."""
+    n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
+    unmanaged_mem = unmanaged_memory(inventory)
+    return tuple(Host(h.name, h.cores / n_ref, max(h.usable_memory - unmanaged_mem[h.name], 0) / mem_ref)
+                 for h in inventory.hosts)
+
+
+def existing_jobs(inventory: Inventory, vms: Iterable[VmState] | None = None,
+                  needs: Mapping[str, float] | None = None) -> Existing:
+    """``vms`` (default: every running managed VM) as jobs, a VM's need taken from ``needs`` if there."""
+    n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
+    needs = needs or {}
     groups: dict[tuple[str, float, int], list[VmState]] = defaultdict(list)
-    for v in inventory.managed():
+    for v in inventory.managed() if vms is None else vms:
         assert v.meta is not None
-        groups[(v.meta.cluster, round(v.meta.cpu_need_cores, 9), v.memory_bytes)].append(v)
+        cores = needs.get(v.name, v.meta.cpu_need_cores)
+        groups[(v.meta.cluster, round(cores, 9), v.memory_bytes)].append(v)
     index = {h.name: i for i, h in enumerate(inventory.hosts)}
-    jobs, vms, hosts = [], [], []
+    jobs, vms_out, hosts = [], [], []
     for (cluster, cores, mem), members in sorted(groups.items()):
         label = cluster if sum(1 for k in groups if k[0] == cluster) == 1 else f"{cluster}/{cores:g}/{mem}"
         # A VM recorded as needing more than today's reference host (hosts changed) can use one host at most.
         jobs.append(Job(label, min(cores / n_ref, 1.0), mem / mem_ref, len(members)))
         for v in sorted(members, key=lambda v: v.name):
-            vms.append(v)
+            vms_out.append(v)
             hosts.append(index[v.host])
-    return _Existing(tuple(jobs), tuple(vms), tuple(hosts))
+    return Existing(tuple(jobs), tuple(vms_out), tuple(hosts))
 
 
-def _pinned_bound(instance: Instance, existing: _Existing) -> float:
+def _pinned_bound(instance: Instance, existing: Existing) -> float:
     n_old = len(existing.hosts)
     if n_old == 0:
         return 1.0
@@ -143,7 +165,7 @@ def _pinned_bound(instance: Instance, existing: _Existing) -> float:
     return float(min(1.0, np.min(instance.host_cpu[used] / load[used])))
 
 
-def _residual_placement(base: Instance, existing: _Existing, new: Job, y: float, algorithm: str,
+def _residual_placement(base: Instance, existing: Existing, new: Job, y: float, algorithm: str,
                         options: SolveOptions) -> np.ndarray | None:
     """Hosts for the new job's tasks if ``algorithm`` reaches yield ``y`` in the capacity left at ``y``."""
     n_old = len(existing.hosts)
@@ -173,13 +195,9 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
     check_request(cluster, inventory, request)
     options = options or SolveOptions()
     n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
-    unmanaged_mem: defaultdict[str, int] = defaultdict(int)
-    for v in inventory.vms:
-        if v.active and not v.managed:
-            unmanaged_mem[v.host] += v.memory_bytes
-    hosts = tuple(Host(h.name, h.cores / n_ref, max(h.usable_memory - unmanaged_mem[h.name], 0) / mem_ref)
-                  for h in inventory.hosts)
-    existing = _existing(inventory, n_ref, mem_ref)
+    unmanaged_mem = unmanaged_memory(inventory)
+    hosts = model_hosts(inventory)
+    existing = existing_jobs(inventory)
     cores = request.need_cores(n_ref)
     new = Job(request.name, cores / n_ref, request.memory_bytes / mem_ref, request.vms)
     instance = Instance(hosts=hosts, jobs=(*existing.jobs, new))
