@@ -57,15 +57,19 @@ class VcschedGroup(click.Group):
         return rv
 
 
-def read_json_file(path: str, what: str) -> Any:
-    """Read and decode a JSON file, turning every failure into an InputError naming the file."""
-    p = Path(path)
+def read_text_file(path: str | Path, what: str) -> str:
+    """A file's text; a missing or unreadable file is an InputError naming it (``what``: "plan", "request"...)."""
     try:
-        text = p.read_text()
+        return Path(path).read_text()
     except FileNotFoundError:
         raise InputError(f"{what} {path}: no such file") from None
     except OSError as exc:
         raise InputError(f"{what} {path}: cannot read ({exc.strerror})") from None
+
+
+def read_json_file(path: str, what: str) -> Any:
+    """Read and decode a JSON file, turning every failure into an InputError naming the file."""
+    text = read_text_file(path, what)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

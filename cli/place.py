@@ -16,7 +16,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_text_file
 from hypervisor.executor import DONE, FAILED, SKIPPED, ApplyReport, StepResult, apply_plan
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.admission import Decision, admit
@@ -34,12 +34,7 @@ CLUSTER_HELP = ("Cluster file (TOML: hosts and their libvirt URIs; see docs/oper
 
 def read_toml_file(path: str | Path, what: str) -> dict[str, Any]:
     """Read and decode a TOML file, turning every failure into an InputError naming the file."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise InputError(f"{what} {path}: no such file") from None
-    except OSError as exc:
-        raise InputError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    text = read_text_file(path, what)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
