@@ -38,7 +38,8 @@ def status_dict(inv: Inventory, measured: dict[str, float | None], seconds: floa
         "name": v.name, "host": v.host, "managed": v.managed, "cluster": v.cluster, "active": v.active,
         "vcpus": v.vcpus, "memory_bytes": v.memory_bytes,
         "cpu_need_cores": v.meta.cpu_need_cores if v.meta else None, "cap_cores": v.cap_cores,
-        "predicted_yield": predicted_yield(v), "measured_cores": measured.get(v.name),
+        "predicted_yield": predicted_yield(v), "min_yield": v.meta.min_yield if v.meta else None,
+        "measured_cores": measured.get(v.name),
     } for v in inv.vms]
     return {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms}
 
@@ -60,16 +61,19 @@ def render_status(doc: dict[str, Any]) -> None:
     if not doc["vms"]:
         console.print("no VMs")
         return
-    vt = Table(title="VMs (cores: need alone, cap, used over the sample window; yield = cap / need)")
-    for col in ("host", "VM", "cluster", "vCPUs", "memory", "need", "cap", "used", "yield"):
+    vt = Table(title="VMs (cores: need alone, cap, used over the sample window; yield = cap / need; "
+                     "floor = the min_yield it was admitted with)")
+    for col in ("host", "VM", "cluster", "vCPUs", "memory", "need", "cap", "used", "yield", "floor"):
         vt.add_column(col, justify="left" if col in ("host", "VM", "cluster") else "right",
                       no_wrap=col in ("VM", "cluster"))
     for v in doc["vms"]:
         cluster = v["cluster"] or "[dim]unmanaged[/]"
         state = "" if v["active"] else " [dim](off)[/]"
+        y, floor = v["predicted_yield"], v["min_yield"]
+        shown = _num(y) if y is None or floor is None or y >= floor - 1e-9 else f"[red]{y:.3f}[/]"
         vt.add_row(v["host"], v["name"] + state, cluster, str(v["vcpus"]), format_size(v["memory_bytes"]),
-                   _num(v["cpu_need_cores"]), _num(v["cap_cores"]), _num(v["measured_cores"]),
-                   _num(v["predicted_yield"]))
+                   _num(v["cpu_need_cores"]), _num(v["cap_cores"]), _num(v["measured_cores"]), shown,
+                   _num(floor, "{:g}"))
     console.print(vt)
 
 

@@ -1,0 +1,41 @@
+"""``vcsched status`` output built from an inventory (no libvirt): yields, floors, unmanaged domains."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.app import console
+from cli.status import predicted_yield, render_status, status_dict
+from vcsched.inventory import HostState, Inventory, VmMeta, VmState
+
+MiB = 1 << 20
+
+
+def inventory() -> Inventory:
+    return Inventory("lab", (HostState("h0", 1, 1024 * MiB),), (
+        VmState("gold-0", "h0", 1, 128 * MiB, True, VmMeta("gold", 1.0, 128 * MiB, 1, 0.6), 0.5),
+        VmState("web-0", "h0", 1, 128 * MiB, True, VmMeta("web", 0.5, 128 * MiB, 1), 0.25),
+        VmState("other", "h0", 1, 256 * MiB, True, None, None),
+    ))
+
+
+def test_yields_floors_and_host_totals() -> None:
+    doc = status_dict(inventory(), {"gold-0": 0.51, "web-0": 0.26, "other": 0.1}, 2.0)
+    vms = {v["name"]: v for v in doc["vms"]}
+    assert vms["gold-0"]["predicted_yield"] == pytest.approx(0.5) and vms["gold-0"]["min_yield"] == 0.6
+    assert vms["web-0"]["min_yield"] is None and vms["other"]["predicted_yield"] is None
+    (h,) = doc["hosts"]
+    assert h["caps_cores"] == pytest.approx(0.75) and h["memory_used_bytes"] == 512 * MiB
+    assert h["measured_cores"] == pytest.approx(0.87)
+
+
+def test_the_table_shows_the_recorded_floor_and_unmanaged_domains() -> None:
+    with console.capture() as cap:
+        render_status(status_dict(inventory(), {}, 0.0))
+    text = cap.get()
+    assert "floor" in text and "0.6" in text and "unmanaged" in text
+
+
+def test_an_uncapped_managed_vm_has_full_yield() -> None:
+    v = VmState("x", "h0", 1, MiB, True, VmMeta("x", 0.5, MiB, 1), None)
+    assert predicted_yield(v) == 1.0
