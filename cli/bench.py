@@ -17,7 +17,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cli.app import EXIT_OK, console, emit_json, err_console
-from vcsched.bench import BENCH_CV, BENCH_SEED, BENCH_SLACK, DEFAULT_CASES, BenchCase, Timing, parse_cases, skip_reason
+from vcsched.adapt import solve_adapt
+from vcsched.bench import (
+    ADAPT_BUDGETS,
+    ADAPT_PREFIX,
+    BENCH_CV,
+    BENCH_SEED,
+    BENCH_SLACK,
+    DEFAULT_CASES,
+    BenchCase,
+    Timing,
+    adapt_problem,
+    adapt_row_name,
+    parse_cases,
+    skip_reason,
+)
 from vcsched.errors import InputError
 from vcsched.generate import generate
 from vcsched.model import SolveOptions
@@ -78,7 +92,10 @@ def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: 
         f"Instances: the paper's protocol (section 4.1), slack {BENCH_SLACK}, cv_mem = cv_cpu = {BENCH_CV}, "
         f"seed {BENCH_SEED}; sizes {', '.join(c.name for c in cases)} (hosts x tasks).  Time: median of {repeat} "
         "run(s) of `registry.solve` (`runtime_s`: the placement plus the average-yield phase); "
-        f"time limit {time_limit:g} s for milp/rrnd/rrnz.", "",
+        f"time limit {time_limit:g} s for milp/rrnd/rrnz.  `adapt` rows: the adaptation heuristic "
+        "(`solve_adapt`, placement plus average-yield phase) on the same size after one round of changes "
+        "(about 10 % of jobs leave, 10 % arrive, 10 % change need), budget as a fraction of the running VMs' "
+        "bytes.", "",
         "| algorithm | " + " | ".join(c.name for c in cases) + " |",
         "| --- |" + " --- |" * len(cases),
     ]
@@ -126,7 +143,8 @@ def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> Table:
 @click.option("-r", "--repeat", type=click.IntRange(min=1, max=1000), default=5, show_default=True,
               help="Runs per algorithm and size; the median is reported.")
 @click.option("-a", "--algorithms", "algorithms_opt", default=None, metavar="A,B,...",
-              help="Only these algorithms.  [default: all registered]")
+              help="Only these algorithms; 'adapt' for the adaptation heuristic's rows.  "
+                   "[default: all registered, and adapt]")
 @click.option("--sizes", default=",".join(c.name for c in DEFAULT_CASES), show_default=True, metavar="HxJ,...",
               help="Instance sizes as HOSTSxTASKS.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="FILE.md",
@@ -153,16 +171,21 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     """
     cases = parse_cases(sizes)
     known = registered()
-    names = sorted(known) if algorithms_opt is None else [n.strip() for n in algorithms_opt.split(",") if n.strip()]
+    names = [*sorted(known), ADAPT_PREFIX] if algorithms_opt is None else \
+        [n.strip() for n in algorithms_opt.split(",") if n.strip()]
     for n in names:
-        if n not in known:
-            raise InputError(f"--algorithms: unknown algorithm {n!r} (known: {', '.join(sorted(known))})")
+        if n not in known and n != ADAPT_PREFIX:
+            raise InputError(f"--algorithms: unknown algorithm {n!r} (known: {', '.join(sorted(known))}, "
+                             f"{ADAPT_PREFIX})")
+    do_adapt = ADAPT_PREFIX in names
+    names = [n for n in names if n != ADAPT_PREFIX]
     info = machine_info()
     timings: list[Timing] = []
     work = [(c, a) for c in cases for a in names]
+    adapt_work = [(c, b) for c in cases for b in ADAPT_BUDGETS] if do_adapt else []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as progress:
-        bar = progress.add_task("bench", total=len(work))
+        bar = progress.add_task("bench", total=len(work) + len(adapt_work))
         instances = {c.name: generate(c.spec(), BENCH_SEED) for c in cases}
         for case, algo in work:
             progress.update(bar, description=f"{algo} on {case.name}")
@@ -180,6 +203,17 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
                 runs.append(result.runtime_s)
                 feasible, min_yield = result.feasible, result.min_yield
             timings.append(Timing(algo, case.name, tuple(runs), feasible, min_yield))
+            progress.advance(bar)
+        for case, budget in adapt_work:
+            name = adapt_row_name(budget)
+            progress.update(bar, description=f"{name} on {case.name}")
+            problem = adapt_problem(case, budget)
+            runs, feasible, min_yield = [], False, None
+            for _ in range(repeat):
+                adapted = solve_adapt(problem, "heuristic")  # validates the allocation and the budget itself
+                runs.append(adapted.result.runtime_s)
+                feasible, min_yield = adapted.result.feasible, adapted.result.min_yield
+            timings.append(Timing(name, case.name, tuple(runs), feasible, min_yield))
             progress.advance(bar)
     if output is not None:
         try:

@@ -93,3 +93,24 @@ def test_cli_bad_flags_exit_2_with_one_line(bad: list[str]) -> None:
     assert r.exit_code == 2, r.output
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vcsched: error:")
+
+
+def test_adapt_rows_time_the_heuristic_at_three_budgets(tmp_path: Path) -> None:
+    r = CliRunner().invoke(cli, ["bench", "--repeat", "1", "--sizes", "8x30", "--algorithms", "adapt", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {t["algorithm"]: t for t in json.loads(r.stdout)["timings"]}
+    assert sorted(rows) == ["adapt 0 %", "adapt 10 %", "adapt unlimited"]
+    assert all(t["size"] == "8x30" and len(t["runs_s"]) == 1 and t["runs_s"][0] > 0 for t in rows.values())
+    # a larger budget can only help the minimum yield (the heuristic keeps the best candidate it found)
+    assert rows["adapt unlimited"]["min_yield"] >= rows["adapt 0 %"]["min_yield"] - 1e-9
+
+
+def test_the_adaptation_problem_is_fixed_and_within_its_budget() -> None:
+    import math
+
+    from vcsched.bench import adapt_problem
+
+    a, b = adapt_problem(BenchCase(8, 30), 0.1), adapt_problem(BenchCase(8, 30), 0.1)
+    assert (a.current == b.current).all() and a.budget == b.budget > 0
+    assert (a.current == -1).any() and (a.current >= 0).any()  # arrivals and running VMs
+    assert adapt_problem(BenchCase(8, 30), math.inf).budget > a.budget

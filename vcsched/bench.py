@@ -8,12 +8,17 @@ that silently drops a solver would read as if it had run.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from vcsched.errors import InputError
 from vcsched.generate import GeneratorSpec
+
+if TYPE_CHECKING:
+    from vcsched.adapt import AdaptProblem
 
 BENCH_SEED = 20080101
 BENCH_SLACK = 0.3
@@ -84,3 +89,29 @@ class Timing:
     def median_s(self) -> float | None:
         return statistics.median(self.runs_s) if self.runs_s else None
 
+
+
+# ---------------------------------------------------------------- adaptation
+
+#: Budgets the adaptation heuristic is timed at, as fractions of the running VMs' bytes (inf: unlimited).
+ADAPT_BUDGETS = (0.0, 0.1, math.inf)
+ADAPT_PREFIX = "adapt"
+
+
+def adapt_row_name(budget_fraction: float) -> str:
+    return f"{ADAPT_PREFIX} {'unlimited' if math.isinf(budget_fraction) else f'{100 * budget_fraction:g} %'}"
+
+
+def adapt_problem(case: BenchCase, budget_fraction: float) -> AdaptProblem:
+    """A fixed adaptation problem of ``case``'s size: an MCB8-placed instance after one round of changes.
+
+    The round is the adaptation study's (docs/adapt-results.md): about 10 % of
+    the jobs leave, 10 % arrive and 10 % get a new CPU need; moving a task
+    costs its memory fraction of a 1 GiB host.
+    """
+    from vcsched.adapt_experiment import TraceSpec, apply_change, initial_state, problem_for, random_change
+
+    spec = TraceSpec(case.hosts, case.tasks, BENCH_SLACK, cv_mem=BENCH_CV, cv_cpu=BENCH_CV)
+    instance, hosts, rng = initial_state(spec, BENCH_SEED)
+    changed, current = apply_change(instance, hosts, random_change(spec, instance, 1, rng))
+    return problem_for(changed, current, budget_fraction)
