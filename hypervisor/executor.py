@@ -165,6 +165,9 @@ class SetNeedRunner:
             raise StepFailed(f"{step.vm} is not on host {step.host} (nor anywhere else)")
         v = hv.find_vm(step.vm)
         assert v is not None and v.meta is not None  # _where: running and managed
+        if step.cpu_need_cores > v.vcpus + NEED_TOLERANCE:
+            raise StepFailed(f"{step.vm}: a need of {step.cpu_need_cores:g} cores is more than its {v.vcpus} "
+                             "vCPUs can use")
         return v.meta.cpu_need_cores
 
     def already_done(self, hv: Hypervisor, step: SetNeedStep) -> bool:

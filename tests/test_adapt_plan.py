@@ -271,3 +271,14 @@ def test_an_adapt_plan_states_its_budget_and_total_and_a_tampered_one_is_refused
         plan_from_dict({**doc, "budget": 1})
     with pytest.raises(InputError, match=r"^plan.budget: expected a byte count >= 0, got '3GiB'$"):
         plan_from_dict({**doc, "budget": "3GiB"})
+
+
+def test_a_set_need_step_above_the_vms_vcpus_fails_without_writing() -> None:
+    from vcsched.plan import Plan
+
+    hv = lopsided()
+    plan = Plan("adapt", "lab", "0" * 64, 1.0, 1.0, {}, (SetNeedStep("a", "h0", 2.5),))
+    report = apply_plan(hv, plan, force=True)
+    assert report.results[0].outcome == FAILED and "more than its 1 vCPUs" in report.results[0].detail
+    a = hv.find_vm("a")
+    assert a is not None and a.meta is not None and a.meta.cpu_need_cores == 0.8
