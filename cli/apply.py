@@ -17,17 +17,22 @@ from vcsched.plan import plan_from_dict
               help="Apply even if the cluster changed since the plan was computed (its snapshot differs).")
 @click.option("--json", "as_json", is_flag=True, help="Print the apply report as one JSON object.")
 def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bool) -> int:
-    """Apply a plan saved by `vcsched place --output PLAN.json`.
+    """Apply a plan saved by `vcsched place -o PLAN.json` or `vcsched adapt -o PLAN.json`.
 
     \b
+    Steps: create (a new VM, capped from its first instant), set-cap,
+    migrate (live; a wave's migrations run at once), remove (a departed
+    cluster's VM), set-need (record a new need in the VM's metadata).
     Each step checks first whether its effect is already there (then it is
     skipped), acts, and reads the result back through libvirt.  The first
-    failure stops the plan; nothing is undone and every VM keeps running.
-    Running the same plan again skips the finished steps and converges.
+    failure stops the plan; nothing is undone and every VM keeps running (a
+    failed migration leaves its VM on the source).  Running the same plan
+    again skips the finished steps and converges.
 
     The plan names the cluster state it was computed from (a hash of hosts,
-    VMs, CPU needs and memory; caps and the plan's own new VMs excluded).  If
-    the cluster changed since, the plan is refused (exit 2) unless --force.
+    VMs, CPU needs and memory; caps and what the plan itself creates, moves,
+    removes or re-records excluded).  If the cluster changed since, the plan
+    is refused (exit 2) unless --force.
 
     Exit codes: 0 applied (or nothing to do), 1 a step failed, 2 bad input or changed cluster.
     """
