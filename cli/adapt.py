@@ -400,6 +400,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
             else:
                 console.print(f"[red]no placement within the budget[/] of {_human(budget)}")
             return EXIT_UNSATISFIED
+        out["current_min_yield"] = live.current_min_yield
         out["plan"] = live.plan.to_dict()
         out["floors_missed"] = [{"cluster": vc, "yield": got, "min_yield": floor}
                                 for vc, got, floor in live.floors_missed]
@@ -413,6 +414,9 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
             leaving = f", {len(removed)} of them leaving ({', '.join(departing)})" if departing else ""
             console.print(f"cluster {cluster.name!r}: {len(inventory.managed())} managed VMs{leaving}; plan moves "
                           f"{_human(live.order.total_bytes)} of a budget of {_human(budget)}", highlight=False)
+            if live.current_min_yield is not None:
+                console.print(f"  minimum yield now {live.current_min_yield:.4f} (caps / needs), planned "
+                              f"{live.plan.min_yield:.4f}", highlight=False)
             render_plan(live.plan, inventory)
             render_moves(live)
             for vc, got, floor in live.floors_missed:

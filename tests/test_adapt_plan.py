@@ -282,3 +282,11 @@ def test_a_set_need_step_above_the_vms_vcpus_fails_without_writing() -> None:
     assert report.results[0].outcome == FAILED and "more than its 1 vCPUs" in report.results[0].detail
     a = hv.find_vm("a")
     assert a is not None and a.meta is not None and a.meta.cpu_need_cores == 0.8
+
+
+def test_the_minimum_yield_before_the_plan_is_reported_with_the_new_needs() -> None:
+    hv = lopsided()  # a and b need 0.8 and are capped at 0.5; c needs 0.2 and has it
+    assert adapt_inventory("lab", hv.inventory(), GIB).current_min_yield == pytest.approx(0.625)
+    # with a's need down to 0.5 its cap already covers it: b is the one left at 0.625
+    assert adapt_inventory("lab", hv.inventory(), GIB, needs={"a": 0.5}).current_min_yield == pytest.approx(0.625)
+    assert adapt_inventory("lab", hv.inventory(), GIB, needs={"b": 1.0}).current_min_yield == pytest.approx(0.5)

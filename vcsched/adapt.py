@@ -603,6 +603,8 @@ class LiveAdaptation:
     #: floor.  Reported, not refused: the allocation is already the best within the budget, and the
     #: current one (after the changes) is no better.
     floors_missed: tuple[tuple[str, float, float], ...] = ()
+    #: The staying VMs' minimum of cap / need before the plan (needs after the changes): what the plan improves on.
+    current_min_yield: float | None = None
 
 
 def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Mapping[str, float] | None = None,
@@ -666,13 +668,16 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
             raise InputError(f"--set-need {v.name}: {cores:g} cores must be above 0 and at most its {v.vcpus} vCPUs")
     # The same whole-cluster instance as admission's (one job per virtual cluster and size), not pinned.
     existing = existing_jobs(inventory, managed, needs)
+    now_yields = [min(1.0, (v.cap_cores if v.cap_cores is not None else float(v.vcpus))
+                      / needs.get(v.name, v.meta.cpu_need_cores)) for v in managed]
+    current_min = min(now_yields) if now_yields else None
     vms = list(existing.vms)
     instance = Instance(model_hosts(inventory), existing.jobs)
     problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
                            np.array([v.memory_bytes for v in vms], dtype=np.int64), budget)
     adapted = solve_adapt(problem, algorithm, options)
     if adapted.result.allocation is None:
-        return LiveAdaptation(adapted, None, None, problem)
+        return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min)
     alloc = adapted.result.allocation
     yields = alloc.yields(instance)
     changes, per_vm, recorded = [], {}, {}
@@ -705,4 +710,4 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
                 float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps,
                 extra={"budget": budget, "migrated_bytes": order.total_bytes})
     missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})
-    return LiveAdaptation(adapted, plan, order, problem, tuple(missed))
+    return LiveAdaptation(adapted, plan, order, problem, tuple(missed), current_min)
