@@ -661,16 +661,19 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
         if not v.managed:
             caps_used[v.host] += float(v.vcpus)
         else:
-            caps_used[v.host] += v.cap_cores if v.cap_cores is not None else float(v.vcpus)
+            caps_used[v.host] += v.cap_or_vcpus
+    cores_of: dict[str, float] = {}  # each staying VM's need in cores, after the changes
+    renew: dict[str, float] = {}  # the changed needs to record in metadata
     for v in managed:
         cores = needs.get(v.name, v.meta.cpu_need_cores)
         if not 0 < cores <= v.vcpus:
             raise InputError(f"--set-need {v.name}: {cores:g} cores must be above 0 and at most its {v.vcpus} vCPUs")
+        cores_of[v.name] = cores
+        if abs(cores - v.meta.cpu_need_cores) > 1e-9:
+            renew[v.name] = cores
     # The same whole-cluster instance as admission's (one job per virtual cluster and size), not pinned.
     existing = existing_jobs(inventory, managed, needs)
-    now_yields = [min(1.0, (v.cap_cores if v.cap_cores is not None else float(v.vcpus))
-                      / needs.get(v.name, v.meta.cpu_need_cores)) for v in managed]
-    current_min = min(now_yields) if now_yields else None
+    current_min = min((min(1.0, v.cap_or_vcpus / cores_of[v.name]) for v in managed), default=None)
     vms = list(existing.vms)
     instance = Instance(model_hosts(inventory), existing.jobs)
     problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
@@ -680,16 +683,14 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
         return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min)
     alloc = adapted.result.allocation
     yields = alloc.yields(instance)
-    changes, per_vm, recorded = [], {}, {}
+    changes, per_vm = [], {}
     for t, v in enumerate(vms):
         assert v.meta is not None  # managed
-        recorded[v.name] = v.meta.cpu_need_cores
         j = int(instance.task_job[t])
         target = inventory.hosts[alloc.hosts[t]].name
         cap = alloc.cpu[j] * n_ref
-        cores = needs.get(v.name, v.meta.cpu_need_cores)
-        per_vm[v.name] = VmPrediction(target, v.meta.cluster, cores, cap, float(yields[j]))
-        now = v.cap_cores if v.cap_cores is not None else float(v.vcpus)
+        per_vm[v.name] = VmPrediction(target, v.meta.cluster, cores_of[v.name], cap, float(yields[j]))
+        now = v.cap_or_vcpus
         # Caps read back rounded to whole microseconds of quota: do not re-cap for that.
         final = now if abs(now - cap) <= CAP_UNCHANGED else cap
         changes.append(VmChange(v.name, v.host, target, v.memory_bytes, now, final))
@@ -701,8 +702,7 @@ def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Ma
                                f"through hosts with room), above the budget of {budget}; raise --budget")
     removals = tuple(RemoveStep(v.name, v.host, v.meta.cluster) for v in sorted(leaving, key=lambda v: v.name))
     # New needs are written back last (on each VM's final host), so the next run plans with them.
-    renewals = tuple(SetNeedStep(v.name, per_vm[v.name].host, needs[v.name]) for v in vms
-                     if v.name in needs and abs(needs[v.name] - recorded[v.name]) > 1e-9)
+    renewals = tuple(SetNeedStep(v.name, per_vm[v.name].host, renew[v.name]) for v in vms if v.name in renew)
     steps = removals + plan_steps(order) + renewals
     moved = frozenset(s.vm for s in steps if getattr(s, "moves", False))
     renewed = frozenset(s.vm for s in renewals)

@@ -283,7 +283,7 @@ def current_caps(inventory: Inventory) -> dict[str, dict[str, float]]:
     """Caps in cores per host of the running managed VMs; an uncapped VM counts as all its vCPUs."""
     caps: dict[str, dict[str, float]] = {h.name: {} for h in inventory.hosts}
     for v in inventory.managed():
-        caps.setdefault(v.host, {})[v.name] = v.cap_cores if v.cap_cores is not None else float(v.vcpus)
+        caps.setdefault(v.host, {})[v.name] = v.cap_or_vcpus
     return caps
 
 

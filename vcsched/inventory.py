@@ -61,6 +61,11 @@ class VmState:
     def cluster(self) -> str | None:
         return self.meta.cluster if self.meta else None
 
+    @property
+    def cap_or_vcpus(self) -> float:
+        """The cores it may use now: its cap, or every vCPU when it has none."""
+        return self.cap_cores if self.cap_cores is not None else float(self.vcpus)
+
 
 @dataclass(frozen=True)
 class HostState:
