@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from hypervisor.base import Hypervisor, HypervisorError
 from vcsched.errors import InputError, VcschedError
-from vcsched.inventory import snapshot_hash
+from vcsched.inventory import VmState, snapshot_hash
 from vcsched.plan import CreateStep, Plan, RemoveStep, SetCapStep, SetNeedStep, Step
 
 #: libvirt's quota is whole microseconds per 100 ms period per vCPU, so a read-back cap
@@ -88,23 +88,23 @@ def _verify_cap(hv: Hypervisor, host: str, vm: str, cap: float) -> None:
         raise StepFailed(f"{vm} on host {host}: cap reads back as {shown} cores, planned {cap:.4f}")
 
 
-def _where(hv: Hypervisor, vm: str, host: str) -> bool:
-    """True if ``vm`` is running on ``host``, False if absent; StepFailed if it is elsewhere or stopped."""
+def _where(hv: Hypervisor, vm: str, host: str) -> VmState | None:
+    """``vm`` as it runs on ``host``, None if absent; StepFailed if it is elsewhere, stopped or unmanaged."""
     v = hv.find_vm(vm)
     if v is None:
-        return False
+        return None
     if v.host != host:
         raise StepFailed(f"{vm} is on host {v.host}, the plan expects it on {host}")
     if not v.active:
         raise StepFailed(f"{vm} exists on host {host} but is not running (start it, or remove it, and re-run)")
     if not v.managed:
         raise StepFailed(f"{vm} on host {host} is not managed by vcsched; refusing to touch it")
-    return True
+    return v
 
 
 class CreateRunner:
     def already_done(self, hv: Hypervisor, step: CreateStep) -> bool:
-        return _where(hv, step.vm, step.host) and _cap_matches(hv, step.host, step.vm, step.cap_cores)
+        return _where(hv, step.vm, step.host) is not None and _cap_matches(hv, step.host, step.vm, step.cap_cores)
 
     def act(self, hv: Hypervisor, step: CreateStep) -> None:
         if _where(hv, step.vm, step.host):  # created by an earlier, interrupted run: only the cap is left
@@ -161,10 +161,10 @@ class SetNeedRunner:
     """Rewrite the recorded need of a managed VM that runs on the step's host."""
 
     def _need(self, hv: Hypervisor, step: SetNeedStep) -> float:
-        if not _where(hv, step.vm, step.host):
+        v = _where(hv, step.vm, step.host)
+        if v is None:
             raise StepFailed(f"{step.vm} is not on host {step.host} (nor anywhere else)")
-        v = hv.find_vm(step.vm)
-        assert v is not None and v.meta is not None  # _where: running and managed
+        assert v.meta is not None  # _where: managed
         if step.cpu_need_cores > v.vcpus + NEED_TOLERANCE:
             raise StepFailed(f"{step.vm}: a need of {step.cpu_need_cores:g} cores is more than its {v.vcpus} "
                              "vCPUs can use")
