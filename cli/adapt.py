@@ -401,12 +401,13 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
                 console.print(f"[red]no placement within the budget[/] of {_human(budget)}")
             return EXIT_UNSATISFIED
         out["current_min_yield"] = live.current_min_yield
-        out["plan"] = live.plan.to_dict()
+        plan_doc = live.plan.to_dict()
+        out["plan"] = plan_doc
         out["floors_missed"] = [{"cluster": vc, "yield": got, "min_yield": floor}
                                 for vc, got, floor in live.floors_missed]
         if output:
             try:
-                Path(output).write_text(json.dumps(live.plan.to_dict(), indent=1) + "\n")
+                Path(output).write_text(json.dumps(plan_doc, indent=1) + "\n")
             except OSError as exc:
                 raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
         if not as_json:

@@ -331,15 +331,20 @@ class LibvirtHypervisor:
         with _as_host_error(host, f"cap {vm!r}"):
             dom.setSchedulerParametersFlags(params, flags)
 
+    def _managed_domain(self, host: str, vm: str, action: str) -> tuple[Any, VmMeta]:
+        """The domain and its vcsched metadata; an unmanaged domain is refused, naming ``action``."""
+        dom = self._domain(host, vm)
+        meta = self._vm_state(host, dom).meta
+        if meta is None:
+            raise HypervisorError(f"host {host}: refusing to {action} unmanaged domain {vm!r}")
+        return dom, meta
+
     def set_need(self, host: str, vm: str, cpu_need_cores: float) -> None:
         """Rewrite the ``<vcsched:vm>`` element with the new need (the other fields as they are)."""
         from dataclasses import replace
 
         with _as_host_error(host, f"record the need of {vm!r}"):
-            dom = self._domain(host, vm)
-            meta = self._vm_state(host, dom).meta
-            if meta is None:
-                raise HypervisorError(f"host {host}: refusing to write metadata of unmanaged domain {vm!r}")
+            dom, meta = self._managed_domain(host, vm, "write metadata of")
             flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
             if dom.isPersistent():
                 flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
@@ -349,9 +354,7 @@ class LibvirtHypervisor:
     def remove_vm(self, host: str, vm: str) -> None:
         """Destroy (hard stop: the cluster departed, its guests' state is not kept) and undefine if persistent."""
         with _as_host_error(host, f"remove {vm!r}"):
-            dom = self._domain(host, vm)
-            if self._vm_state(host, dom).meta is None:
-                raise HypervisorError(f"host {host}: refusing to remove unmanaged domain {vm!r}")
+            dom, _meta = self._managed_domain(host, vm, "remove")
             persistent = bool(dom.isPersistent())  # a transient domain is gone once destroyed: ask first
             if dom.isActive():
                 dom.destroy()

@@ -47,6 +47,13 @@ class MemoryHypervisor:
             raise HypervisorError(f"host {host}: no domain {vm!r}")
         return v
 
+    def _managed_on(self, host: str, vm: str, action: str) -> tuple[VmState, VmMeta]:
+        """The VM on ``host`` and its metadata; an unmanaged domain is refused, naming ``action``."""
+        v = self._vm_on(host, vm)
+        if v.meta is None:
+            raise HypervisorError(f"host {host}: refusing to {action} unmanaged domain {vm!r}")
+        return v, v.meta
+
     def inventory(self) -> Inventory:
         return Inventory(self.cluster, tuple(self.hosts.values()),
                          tuple(sorted(self.vms.values(), key=lambda v: (v.host, v.name))))
@@ -61,9 +68,7 @@ class MemoryHypervisor:
 
     def set_cap(self, host: str, vm: str, cap_cores: float) -> None:
         self._maybe_fail("set-cap", vm)
-        v = self._vm_on(host, vm)
-        if v.meta is None:
-            raise HypervisorError(f"host {host}: refusing to cap unmanaged domain {vm!r}")
+        v, _meta = self._managed_on(host, vm, "cap")
         if not v.active:
             raise HypervisorError(f"host {host}: domain {vm!r} is not running")
         if cap_cores > v.vcpus + 1e-9:
@@ -72,16 +77,12 @@ class MemoryHypervisor:
 
     def set_need(self, host: str, vm: str, cpu_need_cores: float) -> None:
         self._maybe_fail("set-need", vm)
-        v = self._vm_on(host, vm)
-        if v.meta is None:
-            raise HypervisorError(f"host {host}: refusing to write metadata of unmanaged domain {vm!r}")
-        self.vms[vm] = replace(v, meta=replace(v.meta, cpu_need_cores=cpu_need_cores))
+        v, meta = self._managed_on(host, vm, "write metadata of")
+        self.vms[vm] = replace(v, meta=replace(meta, cpu_need_cores=cpu_need_cores))
 
     def remove_vm(self, host: str, vm: str) -> None:
         self._maybe_fail("remove", vm)
-        v = self._vm_on(host, vm)
-        if v.meta is None:
-            raise HypervisorError(f"host {host}: refusing to remove unmanaged domain {vm!r}")
+        self._managed_on(host, vm, "remove")
         del self.vms[vm]
 
     def read_cap(self, host: str, vm: str) -> float | None:
