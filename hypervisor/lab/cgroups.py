@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypervisor.lab.state import partition_dir_name
+from hypervisor.lab.state import partition_dir_name, pid_gone
 
 PROC_MOUNTS = Path("/proc/mounts")
 
@@ -103,20 +103,6 @@ def procs_in(directory: Path) -> set[int]:
             continue
         pids.update(int(p) for p in text.split())
     return pids
-
-
-def pid_gone(pid: int) -> bool:
-    """True once ``pid`` no longer runs: absent, or a zombie.
-
-    A guest whose libvirtd was killed is re-parented to the machine's init,
-    which may reap it late; until then its ``/proc`` entry stays although
-    nothing runs.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
 def remove_partition(partition: str, kill_timeout_s: float = 10.0) -> list[int]:

@@ -22,7 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from hypervisor.lab.state import HOST_MOUNTS, LabLayout, host_uuid, pid_matches, read_pid_file
+from hypervisor.lab.state import HOST_MOUNTS, LabLayout, host_uuid, pid_gone, pid_matches, read_pid_file
 from vcsched.errors import VcschedError
 
 DAEMONS = ("libvirtd", "virtlogd")
@@ -192,7 +192,7 @@ def kill_namespace(layout: LabLayout, index: int, timeout_s: float = 10.0) -> li
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(not _is_zombie(p) for p in victims):
+    while time.monotonic() < deadline and any(not pid_gone(p) for p in victims):
         time.sleep(0.05)
     return victims
 
@@ -205,18 +205,10 @@ def _terminate(pid: int, marker: str, timeout_s: float) -> None:
             return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if not pid_matches(pid, marker) or _is_zombie(pid):
+            if not pid_matches(pid, marker) or pid_gone(pid):
                 return
             time.sleep(0.05)
     raise DaemonError(f"pid {pid} ({marker}) survived SIGKILL")
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
 def _tail(path: Path, lines: int = 2) -> str:

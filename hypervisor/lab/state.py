@@ -233,6 +233,20 @@ def read_pid_file(path: Path) -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
+def pid_gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs: absent, or a zombie.
+
+    A guest whose libvirtd was killed is re-parented to the machine's init,
+    which may reap it late; until then its ``/proc`` entry stays although
+    nothing runs.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
 def pid_matches(pid: int, marker: str, proc: Path = Path("/proc")) -> bool:
     """Whether ``pid`` is alive *and* its command line contains ``marker``.
 
