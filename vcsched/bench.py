@@ -90,7 +90,6 @@ class Timing:
         return statistics.median(self.runs_s) if self.runs_s else None
 
 
-
 # ---------------------------------------------------------------- adaptation
 
 #: Budgets the adaptation heuristic is timed at, as fractions of the running VMs' bytes (inf: unlimited).
