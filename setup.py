@@ -25,7 +25,7 @@ class OptionalBuildExt(build_ext):
 
 
 ext_modules = []
-if Path("vcsched/_mcbc.c").exists():
-    ext_modules.append(Extension("vcsched._mcbc", ["vcsched/_mcbc.c"], extra_compile_args=["-O3"]))
+if Path("vcsched/solvers/_mcbc.c").exists():
+    ext_modules.append(Extension("vcsched.solvers._mcbc", ["vcsched/solvers/_mcbc.c"], extra_compile_args=["-O3"]))
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})

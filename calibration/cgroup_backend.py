@@ -34,15 +34,15 @@ from pathlib import Path
 from types import TracebackType
 
 from calibration.workload import PARENT_ENV, SINGLE_THREAD_ENV, Point, is_ready, read_points, slot_bytes
+from vcsched.caps import MIN_QUOTA_US, PERIOD_US
+from vcsched.caps import quota_for as vcpu_quota_for
 from vcsched.errors import InputError, VcschedError
 
-PERIOD_US = 100_000  # the CFS default period, and libvirt's default vcpu_period
 # High priority, the same for bare and capped workers: nice -20 is CFS weight 88761; a v1 group with
 # cpu.shares 88761 weighs the same against other processes, v2's cpu.weight tops out at 10000 (= 102400).
 HIGH_NICE = -20
 HIGH_SHARES_V1 = 88761
 HIGH_WEIGHT_V2 = 10000
-MIN_QUOTA_US = 1_000  # the kernel refuses quotas under 1 ms
 GROUP_PREFIX = "vcsched-calib-"
 DEFAULT_SYSFS = Path("/sys/fs/cgroup")
 SHM_DIR = Path("/dev/shm")  # the workers' progress file: tmpfs, named vcsched-calib-<pid>-XXXX
@@ -104,7 +104,7 @@ def quota_for(cap: float | None) -> int | None:
         return None
     if not 0 < cap <= 1:
         raise InputError(f"cap: {cap:g} is outside (0, 1]")
-    quota = round(cap * PERIOD_US)
+    quota = vcpu_quota_for(cap, 1)  # a worker is one thread, capped like a 1-vCPU guest
     if quota < MIN_QUOTA_US:
         raise InputError(f"cap: {cap:g} is below the kernel's minimum quota ({MIN_QUOTA_US / PERIOD_US:g})")
     return quota

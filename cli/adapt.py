@@ -17,22 +17,15 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-import hypervisor.migration  # noqa: F401  (registers the migrate step's runner with the executor)
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, read_json_file
 from cli.bench import machine_info
 from cli.solve import render_result, result_to_dict
-from vcsched.adapt import (
-    ALGORITHMS,
-    UNLIMITED,
-    AdaptProblem,
-    AdaptResult,
-    LiveAdaptation,
-    adapt_inventory,
-    parse_bytes,
-    problem_from_dict,
-    solve_adapt,
-)
-from vcsched.adapt_experiment import (
+from vcsched.adaptation.problem import AdaptProblem, AdaptResult, problem_from_dict
+from vcsched.adaptation.problem import parse_budget as parse_bytes
+from vcsched.adaptation.solve import ALGORITHMS, solve_adapt
+from vcsched.control.live import LiveAdaptation, adapt_inventory
+from vcsched.errors import InputError
+from vcsched.experiments.adaptation import (
     BUDGET_FRACTIONS,
     LARGE,
     METHODS,
@@ -45,7 +38,7 @@ from vcsched.adapt_experiment import (
     report_markdown,
     run_trace,
 )
-from vcsched.errors import InputError
+from vcsched.formats.units import UNLIMITED
 from vcsched.model import SolveOptions
 
 
@@ -376,7 +369,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     """
     from cli.place import load_cluster, render_plan, render_report, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
-    from vcsched.migration import MigrationBlocked
+    from vcsched.plans.migration import MigrationBlocked
 
     changes = _changes_file(changes_file)
     needs = {**changes.needs, **_parse_needs(set_need)}
@@ -413,8 +406,9 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
         if not as_json:
             removed = live.plan.removed_vms()
             leaving = f", {len(removed)} of them leaving ({', '.join(departing)})" if departing else ""
+            moved = live.plan.extra["migrated_bytes"]
             console.print(f"cluster {cluster.name!r}: {len(inventory.managed())} managed VMs{leaving}; plan moves "
-                          f"{_human(live.order.total_bytes)} of a budget of {_human(budget)}", highlight=False)
+                          f"{_human(moved)} of a budget of {_human(budget)}", highlight=False)
             if live.current_min_yield is not None:
                 console.print(f"  minimum yield now {live.current_min_yield:.4f} (caps / needs), planned "
                               f"{live.plan.min_yield:.4f}", highlight=False)

@@ -17,8 +17,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cli.app import EXIT_OK, console, emit_json, err_console
-from vcsched.adapt import solve_adapt
-from vcsched.bench import (
+from vcsched.adaptation.solve import solve_adapt
+from vcsched.errors import InputError
+from vcsched.experiments.bench import (
     ADAPT_BUDGETS,
     ADAPT_PREFIX,
     BENCH_CV,
@@ -32,11 +33,10 @@ from vcsched.bench import (
     parse_cases,
     skip_reason,
 )
-from vcsched.errors import InputError
-from vcsched.generate import generate
+from vcsched.experiments.generate import generate
 from vcsched.model import SolveOptions
-from vcsched.registry import algorithms as registered
-from vcsched.registry import solve
+from vcsched.solvers.registry import algorithms as registered
+from vcsched.solvers.registry import solve
 from vcsched.validate import check_allocation
 
 
@@ -51,15 +51,15 @@ def _cpu_model() -> str:
 
 
 def mcb_kernel() -> str:
-    """Which MCB implementation runs: the C kernel or pure Python (as vcsched.mcb reports it)."""
+    """Which MCB implementation runs: the C kernel or pure Python (as vcsched.solvers.mcb reports it)."""
     try:
-        mcb = importlib.import_module("vcsched.mcb")
+        mcb = importlib.import_module("vcsched.solvers.mcb")
     except ModuleNotFoundError:
-        return "vcsched.mcb not installed"
-    backend = getattr(mcb, "DEFAULT_BACKEND", None)  # "c" when vcsched._mcbc is built, else "python"
+        return "vcsched.solvers.mcb not installed"
+    backend = getattr(mcb, "DEFAULT_BACKEND", None)  # "c" when vcsched.solvers._mcbc is built, else "python"
     if backend is None:
-        return "not reported by vcsched.mcb"
-    return "C (vcsched._mcbc)" if backend == "c" else f"{backend} (C kernel not built)"
+        return "not reported by vcsched.solvers.mcb"
+    return "C (vcsched.solvers._mcbc)" if backend == "c" else f"{backend} (C kernel not built)"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail, read_json_file
 from cli.bench import machine_info
 from vcsched.errors import InputError
-from vcsched.experiment import (
+from vcsched.experiments.paper import (
     BOUND,
     EXACT,
     PAPER_INSTANCES,
@@ -33,7 +33,7 @@ from vcsched.experiment import (
     specs,
     work_items,
 )
-from vcsched.registry import algorithms as registered
+from vcsched.solvers.registry import algorithms as registered
 
 
 def parse_names(value: str | None, what: str) -> list[str] | None:

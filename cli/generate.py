@@ -10,8 +10,8 @@ import click
 
 from cli.app import EXIT_OK, console
 from vcsched.errors import InputError
-from vcsched.generate import GeneratorSpec, generate
-from vcsched.instance import instance_to_dict
+from vcsched.experiments.generate import GeneratorSpec, generate
+from vcsched.formats.instance import instance_to_dict
 
 
 def _one_entry_per_line(doc: dict[str, Any]) -> str:

@@ -19,14 +19,16 @@ from rich.table import Table
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_text_file
 from hypervisor.executor import DONE, FAILED, SKIPPED, ApplyReport, StepResult, apply_plan
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from vcsched.admission import Decision, admit
-from vcsched.cluster import Cluster, cluster_from_dict, format_size
+from vcsched.control.admission import Decision, admit
+from vcsched.control.inventory import Inventory
 from vcsched.errors import InputError
-from vcsched.inventory import Inventory
+from vcsched.formats.cluster import Cluster, cluster_from_dict
+from vcsched.formats.request import Request, request_from_dict
+from vcsched.formats.units import format_size
 from vcsched.model import SolveOptions
-from vcsched.plan import CreateStep, Plan, RemoveStep
-from vcsched.registry import algorithms
-from vcsched.request import Request, request_from_dict
+from vcsched.plans.plan import Plan
+from vcsched.plans.steps import CreateStep, RemoveStep
+from vcsched.solvers.registry import algorithms
 
 CLUSTER_HELP = ("Cluster file (TOML: hosts and their libvirt URIs; see docs/operations.md). "
                 "Default: the running lab's (`vcsched lab up`).")

@@ -9,14 +9,14 @@ import numpy as np
 from rich.table import Table
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_json_file
-from vcsched.instance import instance_from_dict
+from vcsched.formats.instance import instance_from_dict
 from vcsched.model import Instance, SolveOptions, SolveResult
-from vcsched.registry import algorithms, solve
+from vcsched.solvers.registry import algorithms, solve
 from vcsched.validate import check_allocation
 
 
 def result_to_dict(instance: Instance, result: SolveResult) -> dict[str, Any]:
-    """The ``--json`` document (format fixed by the solver-core issue)."""
+    """The ``--json`` document (a fixed format: other tools read it)."""
     placement: list[dict[str, Any]] | None = None
     if result.allocation is not None:
         placement = []

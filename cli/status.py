@@ -11,8 +11,8 @@ from cli.app import EXIT_OK, console, emit_json
 from cli.place import cluster_option, load_cluster
 from hypervisor.base import measure_cores
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from vcsched.cluster import format_size
-from vcsched.inventory import Inventory, VmState
+from vcsched.control.inventory import Inventory, VmState
+from vcsched.formats.units import format_size
 
 
 def predicted_yield(vm: VmState) -> float | None:

@@ -6,7 +6,7 @@ tested without any daemon; everything that acts on a host lives here:
 * :mod:`hypervisor.base` — the small ``Hypervisor`` protocol the executor and CLI use;
 * :mod:`hypervisor.libvirt_backend` — its libvirt implementation (one connection per host URI);
 * :mod:`hypervisor.memory` — an in-memory implementation for tests and dry runs;
-* :mod:`hypervisor.executor` — applies a :class:`vcsched.plan.Plan` step by step, idempotently;
+* :mod:`hypervisor.executor` — applies a :class:`vcsched.plans.plan.Plan` step by step, idempotently;
 * :mod:`hypervisor.lab` — the local multi-host lab; :mod:`hypervisor.caps_probe` — calibration subjects.
 
 Submodules are not imported here, so ``import hypervisor.memory`` never needs libvirt.

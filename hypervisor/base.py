@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from vcsched.control.inventory import Inventory, VmState
 from vcsched.errors import VcschedError
-from vcsched.inventory import Inventory, VmState
-from vcsched.plan import CreateStep
+from vcsched.plans.steps import CreateStep
 
 
 class HypervisorError(VcschedError):
@@ -46,6 +46,14 @@ class Hypervisor(Protocol):
 
     def remove_vm(self, host: str, vm: str) -> None:
         """Stop a managed VM on ``host`` and forget it (undefine, if persistent); refuses unmanaged domains."""
+        ...
+
+    def migrate_vm(self, vm: str, source: str, target: str) -> None:
+        """Live-migrate a running managed VM from ``source`` to ``target``; a failure leaves it on ``source``."""
+        ...
+
+    def lists(self, host: str, vm: str) -> bool:
+        """Whether ``host`` has a domain named ``vm`` in any state (running, paused or only defined)."""
         ...
 
     def read_cap(self, host: str, vm: str) -> float | None:

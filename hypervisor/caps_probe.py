@@ -40,10 +40,8 @@ import libvirt
 
 from hypervisor.lab.guest import GuestError, start_guest, wait_for_boot
 from hypervisor.lab.state import GuestImage
+from vcsched.caps import MIN_QUOTA_US, PERIOD_US, quota_for
 from vcsched.errors import InputError, VcschedError
-
-PERIOD_US = 100_000
-MIN_QUOTA_US = 1_000
 
 
 class CapsProbeError(VcschedError):
@@ -61,7 +59,7 @@ def vcpu_quota_for(cap: float | None, vcpus: int) -> int:
         return -1
     if not 0 < cap <= vcpus:
         raise InputError(f"cap: {cap:g} is outside (0, {vcpus}] for a {vcpus}-vCPU guest")
-    quota = round(cap / vcpus * PERIOD_US)
+    quota = quota_for(cap, vcpus)
     if quota < MIN_QUOTA_US:
         raise InputError(f"cap: {cap:g} is below libvirt's minimum vcpu_quota ({MIN_QUOTA_US} µs per {PERIOD_US} µs)")
     return quota

@@ -15,11 +15,11 @@ thread-safe), everything else one step at a time.  The first failure stops
 the plan (after the rest of its wave); nothing is undone and no VM is stopped (a
 running VM with its old cap is always a safe state, because the plan is
 ordered so that caps never overrun a host at any prefix, see
-:mod:`vcsched.plan`).  Re-running the same plan skips what is done and
+:mod:`vcsched.plans.ordering`).  Re-running the same plan skips what is done and
 continues where it stopped, so it converges.
 
-**Extension point.** Each step kind has a :class:`StepRunner` registered by
-``op`` with :func:`register_runner`; the adaptation issue adds ``migrate``.
+Each step kind has a :class:`StepRunner` in :data:`RUNNERS`, a literal
+table by ``op`` like the plan's own (:data:`vcsched.plans.steps.STEP_PARSERS`).
 A ``remove`` (a departed virtual cluster's VM) is the one step that stops a
 VM, and it only ever stops one whose metadata names the departed cluster.
 """
@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hypervisor.base import Hypervisor, HypervisorError
+from vcsched.control.inventory import VmState, snapshot_hash
 from vcsched.errors import InputError, VcschedError
-from vcsched.inventory import VmState, snapshot_hash
-from vcsched.plan import CreateStep, Plan, RemoveStep, SetCapStep, SetNeedStep, Step
+from vcsched.plans.plan import Plan
+from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
 
 #: libvirt's quota is whole microseconds per 100 ms period per vCPU, so a read-back cap
 #: differs from the planned one by up to vcpus * 1e-5 cores; anything beyond this is wrong.
@@ -62,13 +63,6 @@ class StepRunner(Protocol):
     def verify(self, hv: Hypervisor, step: Any) -> None:
         """Post-condition: raise StepFailed naming what is wrong."""
         ...
-
-
-_RUNNERS: dict[str, StepRunner] = {}
-
-
-def register_runner(op: str, runner: StepRunner) -> None:
-    _RUNNERS[op] = runner
 
 
 def _cap_matches(hv: Hypervisor, host: str, vm: str, cap: float) -> bool:
@@ -183,10 +177,53 @@ class SetNeedRunner:
                              f"planned {step.cpu_need_cores:g}")
 
 
-register_runner(CreateStep.op, CreateRunner())
-register_runner(SetNeedStep.op, SetNeedRunner())
-register_runner(SetCapStep.op, SetCapRunner())
-register_runner(RemoveStep.op, RemoveRunner())
+class MigrateRunner:
+    """A live migration, idempotent like the others.
+
+    Already running on the destination = skipped (its arrival cap is
+    transient: later set-cap steps of the plan own the final cap); on the
+    source = migrated, then capped to the arrival cap; anywhere else =
+    failure naming where it is.  A failed migration leaves the VM running on
+    its source (:meth:`hypervisor.base.Hypervisor.migrate_vm`): the step
+    fails, the plan stops, re-running continues from there.
+    """
+
+    def already_done(self, hv: Hypervisor, step: MigrateStep) -> bool:
+        v = hv.find_vm(step.vm)
+        if v is None:
+            raise StepFailed(f"{step.vm} is on no host (expected on {step.source} or {step.target})")
+        if step.final is not None and v.host == step.final:
+            return True  # a relay hop a previous run already went past
+        if v.host not in (step.source, step.target):
+            raise StepFailed(f"{step.vm} is on host {v.host}, the plan moves it from {step.source} to {step.target}")
+        if not v.managed:
+            raise StepFailed(f"{step.vm} on host {v.host} is not managed by vcsched; refusing to migrate it")
+        if not v.active:
+            raise StepFailed(f"{step.vm} on host {v.host} is not running")
+        # Done once it runs on the destination: its arrival cap is transient (a later set-cap step of the
+        # plan raises it), so re-running must not put it back.
+        return v.host == step.target
+
+    def act(self, hv: Hypervisor, step: MigrateStep) -> None:
+        v = hv.find_vm(step.vm)
+        if v is not None and v.host == step.source:
+            hv.migrate_vm(step.vm, step.source, step.target)
+        hv.set_cap(step.target, step.vm, step.cap_cores)
+
+    def verify(self, hv: Hypervisor, step: MigrateStep) -> None:
+        _verify_cap(hv, step.target, step.vm, step.cap_cores)
+        if hv.lists(step.source, step.vm):  # not even paused or defined: one copy only
+            raise StepFailed(f"{step.vm} still exists on host {step.source} after migrating to {step.target}")
+
+
+#: How each step kind is carried out, by ``op``.
+RUNNERS: dict[str, StepRunner] = {
+    CreateStep.op: CreateRunner(),
+    SetCapStep.op: SetCapRunner(),
+    MigrateStep.op: MigrateRunner(),
+    RemoveStep.op: RemoveRunner(),
+    SetNeedStep.op: SetNeedRunner(),
+}
 
 
 @dataclass(frozen=True)
@@ -216,7 +253,7 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
     """Does the live cluster still match the inventory the plan was computed from?
 
     The VMs the plan creates, and the hosts of the VMs it moves, are left out
-    of the comparison (see :mod:`vcsched.inventory`), so a half-applied plan
+    of the comparison (see :mod:`vcsched.control.inventory`), so a half-applied plan
     still matches.  Whoever computes a plan that moves VMs must hash with the
     same ``moving`` set: ``snapshot_hash(inventory, moving=plan.moved_vms())``;
     the VMs it removes are left out like the ones it creates, and the needs it
@@ -233,7 +270,7 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
                on_step: Callable[[StepResult], None] | None = None) -> ApplyReport:
     """Run ``plan`` on ``hv``; returns what happened to every step (see the module docstring)."""
     for i, step in enumerate(plan.steps):
-        if step.op not in _RUNNERS:
+        if step.op not in RUNNERS:
             raise InputError(f"plan.steps[{i}].op: no runner for {step.op!r} in this vcsched")
     matched = check_snapshot(hv, plan)
     if not matched and not force:
@@ -259,7 +296,7 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
 
 
 def _run_step(hv: Hypervisor, step: Step) -> StepResult:
-    runner = _RUNNERS[step.op]
+    runner = RUNNERS[step.op]
     start = time.monotonic()
     try:
         if runner.already_done(hv, step):
@@ -272,17 +309,18 @@ def _run_step(hv: Hypervisor, step: Step) -> StepResult:
 
 
 def _batches(steps: Sequence[Step]) -> list[list[Step]]:
-    """Consecutive steps that may run at once: the migrations of one wave (a ``wave`` attribute), else one each.
+    """Consecutive steps that may run at once: the migrations of one wave, else one step each.
 
     A wave was planned so that all its migrations fit in memory together
-    (:mod:`vcsched.migration`); a failure in it lets the others of the wave
+    (:mod:`vcsched.plans.migration`); a failure in it lets the others of the wave
     finish (a live migration cannot be abandoned halfway safely) and stops
     the plan after them.
     """
     out: list[list[Step]] = []
     for step in steps:
-        wave = getattr(step, "wave", None)
-        if wave is not None and out and getattr(out[-1][0], "wave", None) == wave:
+        last = out[-1][0] if out else None
+        if (isinstance(step, MigrateStep) and step.wave is not None and isinstance(last, MigrateStep)
+                and last.wave == step.wave):
             out[-1].append(step)
         else:
             out.append([step])

@@ -35,23 +35,19 @@ from xml.sax.saxutils import escape, quoteattr
 import libvirt
 
 from hypervisor.base import HypervisorError
-from vcsched.cluster import Cluster, ClusterHost
+from vcsched.caps import MIN_QUOTA_US, PERIOD_US, cores_from_quota, quota_for
+from vcsched.control.inventory import METADATA_NS, METADATA_PREFIX, HostState, Inventory, VmMeta, VmState
 from vcsched.errors import InputError
-from vcsched.inventory import METADATA_NS, METADATA_PREFIX, HostState, Inventory, VmMeta, VmState
-from vcsched.plan import CreateStep
+from vcsched.formats.cluster import Cluster, ClusterHost
+from vcsched.plans.steps import CreateStep
 
-PERIOD_US = 100_000
-MIN_QUOTA_US = 1_000  # libvirt/CFS refuse smaller quotas
+#: Where migration streams go (``VIR_MIGRATE_PARAM_URI``): the lab's hosts all live on this machine.
+MIGRATION_URI = "tcp://127.0.0.1"
 
 
 def _quiet() -> None:
     """libvirt prints every error on stderr by default; ours are reported once, by the CLI."""
     libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
-
-
-def quota_for(cap_cores: float, vcpus: int) -> int:
-    """Per-vCPU-thread ``vcpu_quota`` (µs per 100 ms) for a cap of ``cap_cores`` cores."""
-    return round(cap_cores / vcpus * PERIOD_US)
 
 
 def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
@@ -153,6 +149,33 @@ def _from_template(step: CreateStep, partition: str | None, meta: str, quota: in
     return ET.tostring(root, encoding="unicode")
 
 
+def rewrite_partition(xml: str, source_partition: str | None, target_partition: str | None) -> str:
+    """The domain XML with the source host's cgroup partition replaced by the destination's.
+
+    Each lab host keeps its VMs in its own partition (docs/lab.md), so a VM
+    arriving on another host must name that host's.  Edited as XML, not as
+    text, so it does not depend on how libvirt indents the document.
+    """
+    if source_partition == target_partition:
+        return xml
+    root = ET.fromstring(xml)
+    resource = root.find("resource")
+    partition = resource.find("partition") if resource is not None else None
+    if target_partition is None:
+        if resource is not None and partition is not None:
+            resource.remove(partition)
+            if not len(resource):
+                root.remove(resource)
+    else:
+        if resource is None:
+            resource = ET.SubElement(root, "resource")
+        if partition is None:
+            partition = ET.SubElement(resource, "partition")
+        partition.text = target_partition
+    ET.register_namespace(METADATA_PREFIX, METADATA_NS)
+    return ET.tostring(root, encoding="unicode")
+
+
 @contextlib.contextmanager
 def _as_host_error(host: str, what: str) -> Iterator[None]:
     """Any libvirt failure becomes a HypervisorError naming the host: the executor reports those as step failures."""
@@ -192,14 +215,17 @@ class LibvirtHypervisor:
         with _as_host_error(host, "ask the driver type"):
             return str(self._conn(host).getType()).lower()  # "qemu", "xen", "test", ...
 
-    def _domain(self, host: str, vm: str) -> Any:
+    def _lookup(self, host: str, vm: str) -> Any | None:
         # Listing instead of lookupByName: a miss is normal here and not an error.
         with _as_host_error(host, "list domains"):
             doms = self._conn(host).listAllDomains(0)
-        for dom in doms:
-            if dom.name() == vm:
-                return dom
-        raise HypervisorError(f"host {host}: no domain {vm!r}")
+        return next((dom for dom in doms if dom.name() == vm), None)
+
+    def _domain(self, host: str, vm: str) -> Any:
+        dom = self._lookup(host, vm)
+        if dom is None:
+            raise HypervisorError(f"host {host}: no domain {vm!r}")
+        return dom
 
     # ----------------------------------------------------------- reading
 
@@ -276,7 +302,7 @@ class LibvirtHypervisor:
         # is what some versions report): a quota longer than the period cannot slow one vCPU thread.
         if quota is None or not period or quota <= 0 or quota > period:
             return None
-        return float(quota) / float(period) * vcpus
+        return cores_from_quota(int(quota), int(period), vcpus)
 
     def read_cap(self, host: str, vm: str) -> float | None:
         with _as_host_error(host, f"read the cap of {vm!r}"):
@@ -360,6 +386,35 @@ class LibvirtHypervisor:
                 dom.destroy()
             if persistent:
                 dom.undefine()
+
+    def migrate_vm(self, vm: str, source: str, target: str) -> None:
+        """Live-migrate ``vm`` (docs/lab.md's recipe): ``migrate3`` from the source connection, LIVE.
+
+        The destination XML (``VIR_MIGRATE_PARAM_DEST_XML``) carries the
+        destination's cgroup partition.  vcsched creates its VMs transient; a
+        persistent one also gets ``PERSIST_DEST | UNDEFINE_SOURCE`` with the
+        same XML.  libvirt undefines the source only once the VM runs on the
+        destination, and a failed migration leaves it running on its source.
+        """
+        src_host, dst_host = self.cluster.host(source), self.cluster.host(target)
+        dom = self._domain(source, vm)
+        dst = self._conn(target)
+        try:
+            xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE)
+            xml = rewrite_partition(xml, src_host.partition, dst_host.partition)
+            params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_URI: MIGRATION_URI,
+                                      libvirt.VIR_MIGRATE_PARAM_DEST_XML: xml}
+            flags = libvirt.VIR_MIGRATE_LIVE
+            if dom.isPersistent():
+                params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = xml
+                flags |= libvirt.VIR_MIGRATE_PERSIST_DEST | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
+            dom.migrate3(dst, params, flags)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"host {source}: cannot migrate {vm!r} to {target}: {exc.get_error_message()} "
+                                  f"(it keeps running on {source})") from None
+
+    def lists(self, host: str, vm: str) -> bool:
+        return self._lookup(host, vm) is not None
 
     def close(self) -> None:
         for conn in self._conns.values():

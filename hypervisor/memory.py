@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from hypervisor.base import HypervisorError
-from vcsched.inventory import HostState, Inventory, VmMeta, VmState
-from vcsched.plan import CreateStep
+from vcsched.control.inventory import HostState, Inventory, VmMeta, VmState
+from vcsched.plans.steps import CreateStep
 
 
 class MemoryHypervisor:
@@ -84,6 +84,18 @@ class MemoryHypervisor:
         self._maybe_fail("remove", vm)
         self._managed_on(host, vm, "remove")
         del self.vms[vm]
+
+    def migrate_vm(self, vm: str, source: str, target: str) -> None:
+        """The VM changes host, keeping its cap (as a live migration does)."""
+        self._maybe_fail("migrate", vm)
+        v = self._vm_on(source, vm)
+        if target not in self.hosts:
+            raise HypervisorError(f"host {target}: not in cluster {self.cluster!r}")
+        self.vms[vm] = replace(v, host=target)
+
+    def lists(self, host: str, vm: str) -> bool:
+        v = self.vms.get(vm)
+        return v is not None and v.host == host
 
     def read_cap(self, host: str, vm: str) -> float | None:
         return self._vm_on(host, vm).cap_cores

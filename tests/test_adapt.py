@@ -8,18 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import make_instance
-from vcsched.adapt import (
-    GIB,
-    UNLIMITED,
-    AdaptProblem,
-    align_to_current,
-    mcb8_from_scratch,
-    move_cost,
-    parse_bytes,
-    problem_from_dict,
-    solve_adapt,
-)
+from vcsched.adaptation.heuristic import align_to_current, mcb8_from_scratch
+from vcsched.adaptation.problem import GIB, AdaptProblem, move_cost, problem_from_dict
+from vcsched.adaptation.problem import parse_budget as parse_bytes
+from vcsched.adaptation.solve import solve_adapt
 from vcsched.errors import InputError
+from vcsched.formats.units import UNLIMITED
 from vcsched.model import Host, Instance, Job
 from vcsched.validate import check_allocation
 from vcsched.yields import allocate, placement_min_yield

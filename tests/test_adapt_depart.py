@@ -8,12 +8,13 @@ import pytest
 
 from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan, check_snapshot
 from hypervisor.memory import MemoryHypervisor
-from hypervisor.migration import RUNNER  # noqa: F401  (registers the migrate runner)
-from vcsched.adapt import GIB, adapt_inventory
+from vcsched.adaptation.problem import GIB
+from vcsched.control.inventory import HostState, VmMeta, VmState
+from vcsched.control.live import adapt_inventory
 from vcsched.errors import InputError
-from vcsched.inventory import HostState, VmMeta, VmState
-from vcsched.migration import MigrateStep
-from vcsched.plan import RemoveStep, SetCapStep, cap_overruns, plan_from_dict
+from vcsched.plans.ordering import cap_overruns
+from vcsched.plans.plan import plan_from_dict
+from vcsched.plans.steps import MigrateStep, RemoveStep, SetCapStep
 
 
 def vm(name: str, host: str, need: float, cap: float, cluster: str, mem: int = GIB) -> VmState:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from vcsched.adapt_experiment import (
+from vcsched.experiments.adaptation import (
     Change,
     StepRecord,
     TraceSpec,

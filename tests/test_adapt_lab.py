@@ -22,8 +22,8 @@ from cli.main import cli
 from hypervisor.lab import Lab
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from tests.lab_support import destroy_everywhere
-from vcsched.cluster import cluster_from_dict
-from vcsched.plan import Boot, CreateStep
+from vcsched.formats.cluster import cluster_from_dict
+from vcsched.plans.steps import Boot, CreateStep
 
 pytestmark = pytest.mark.lab
 

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vcsched.adapt import GIB, UNLIMITED, AdaptProblem, move_cost, solve_adapt
+from vcsched.adaptation.problem import GIB, AdaptProblem, move_cost
+from vcsched.adaptation.solve import solve_adapt
+from vcsched.formats.units import UNLIMITED
 from vcsched.model import Host, Instance, Job
 from vcsched.yields import fits_in_memory, placement_min_yield
 

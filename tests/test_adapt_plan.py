@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 
 from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan, check_snapshot
+from hypervisor.libvirt_backend import rewrite_partition
 from hypervisor.memory import MemoryHypervisor
-from hypervisor.migration import RUNNER, rewrite_partition  # noqa: F401  (registers the migrate runner)
-from vcsched.adapt import GIB, adapt_inventory
-from vcsched.inventory import HostState, VmMeta, VmState
-from vcsched.migration import MigrateStep, MigrationBlocked
-from vcsched.plan import SetNeedStep, plan_from_dict
+from vcsched.adaptation.problem import GIB
+from vcsched.control.inventory import HostState, VmMeta, VmState
+from vcsched.control.live import adapt_inventory
+from vcsched.plans.migration import MigrationBlocked
+from vcsched.plans.plan import plan_from_dict
+from vcsched.plans.steps import MigrateStep, SetNeedStep
 
 
 def vm(name: str, host: str, need: float, cap: float, cluster: str | None = None, mem: int = GIB) -> VmState:
@@ -118,8 +120,8 @@ def test_partition_is_rewritten_for_the_destination() -> None:
 
 
 def test_a_relayed_swap_applies_and_a_rerun_skips_every_hop() -> None:
-    from vcsched.migration import HostRoom, VmChange, order_changes, plan_steps
-    from vcsched.plan import Plan
+    from vcsched.plans.migration import HostRoom, VmChange, order_changes, plan_steps
+    from vcsched.plans.plan import Plan
 
     hosts = [HostState("h0", 1, 2 * GIB), HostState("h1", 1, 2 * GIB), HostState("h2", 1, 2 * GIB)]
     hv = MemoryHypervisor("lab", hosts, [vm("a", "h0", 0.5, 0.5, mem=2 * GIB), vm("b", "h1", 0.5, 0.5, mem=2 * GIB)])
@@ -274,7 +276,7 @@ def test_an_adapt_plan_states_its_budget_and_total_and_a_tampered_one_is_refused
 
 
 def test_a_set_need_step_above_the_vms_vcpus_fails_without_writing() -> None:
-    from vcsched.plan import Plan
+    from vcsched.plans.plan import Plan
 
     hv = lopsided()
     plan = Plan("adapt", "lab", "0" * 64, 1.0, 1.0, {}, (SetNeedStep("a", "h0", 2.5),))

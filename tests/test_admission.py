@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vcsched.admission import admit, current_caps
-from vcsched.cluster import Cluster, ClusterHost, GuestDefaults
+from vcsched.control.admission import admit, current_caps
+from vcsched.control.inventory import HostState, Inventory, VmMeta, VmState, snapshot_hash
 from vcsched.errors import InputError
-from vcsched.inventory import HostState, Inventory, VmMeta, VmState, snapshot_hash
-from vcsched.plan import CreateStep, SetCapStep, cap_overruns
-from vcsched.request import Request
+from vcsched.formats.cluster import Cluster, ClusterHost, GuestDefaults
+from vcsched.formats.request import Request
+from vcsched.plans.ordering import cap_overruns
+from vcsched.plans.steps import CreateStep, SetCapStep
 
 MiB = 1 << 20
 

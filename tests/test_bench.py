@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from cli.bench import bench_markdown, machine_info
 from cli.main import cli
-from vcsched.bench import DEFAULT_CASES, BenchCase, Timing, parse_cases, skip_reason
 from vcsched.errors import InputError
+from vcsched.experiments.bench import DEFAULT_CASES, BenchCase, Timing, parse_cases, skip_reason
 
 
 def test_default_sizes_are_the_small_the_papers_large_and_a_thousand_hosts() -> None:
@@ -108,7 +108,7 @@ def test_adapt_rows_time_the_heuristic_at_three_budgets(tmp_path: Path) -> None:
 def test_the_adaptation_problem_is_fixed_and_within_its_budget() -> None:
     import math
 
-    from vcsched.bench import adapt_problem
+    from vcsched.experiments.bench import adapt_problem
 
     a, b = adapt_problem(BenchCase(8, 30), 0.1), adapt_problem(BenchCase(8, 30), 0.1)
     assert (a.current == b.current).all() and a.budget == b.budget > 0

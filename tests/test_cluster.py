@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from vcsched.cluster import cluster_from_dict, format_size, parse_size
 from vcsched.errors import InputError
+from vcsched.formats.cluster import cluster_from_dict
+from vcsched.formats.units import format_size, parse_size
 
 
 def lab_like() -> dict[str, Any]:
@@ -80,12 +81,13 @@ def test_guest_domain_type_must_be_known() -> None:
 
 
 @pytest.mark.parametrize("text,expected", [(4096, 4096), ("128MiB", 128 << 20), ("2GiB", 2 << 30),
-                                           ("1.5KiB", 1536), ("10B", 10), ("77", 77)])
-def test_sizes_are_bytes_or_binary_units(text: Any, expected: int) -> None:
+                                           ("1.5KiB", 1536), ("10B", 10), ("77", 77), ("128MB", 128 * 10**6),
+                                           ("1gb", 10**9), ("64k", 65536)])
+def test_sizes_are_bytes_or_binary_or_decimal_units(text: Any, expected: int) -> None:
     assert parse_size("memory", text) == expected
 
 
-@pytest.mark.parametrize("text", ["128MB", "lots", -1, 0, True, 1.5])
+@pytest.mark.parametrize("text", ["lots", -1, 0, True, 1.5, "unlimited", "2XB"])
 def test_bad_sizes_are_refused_naming_the_field(text: Any) -> None:
     with pytest.raises(InputError, match=r"^memory: "):
         parse_size("memory", text)

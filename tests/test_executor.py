@@ -7,9 +7,10 @@ import pytest
 from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, SnapshotMismatch, apply_plan
 from hypervisor.memory import MemoryHypervisor
 from tests.test_admission import MiB, cluster_of, inventory_of, managed, request
-from vcsched.admission import admit
-from vcsched.inventory import Inventory, VmState
-from vcsched.plan import Plan, SetCapStep
+from vcsched.control.admission import admit
+from vcsched.control.inventory import Inventory, VmState
+from vcsched.plans.plan import Plan
+from vcsched.plans.steps import SetCapStep
 
 
 def backend(inv: Inventory) -> MemoryHypervisor:
@@ -132,3 +133,43 @@ def test_a_vm_found_on_another_host_fails_the_step(crowded: MemoryHypervisor) ->
     report = apply_plan(crowded, plan, force=True)
     failed = next(r for r in report.results if r.outcome == FAILED)
     assert failed.step.vm == step.vm and f"is on host {other}" in failed.detail
+
+
+MIGRATE_PLAN_SCRIPT = r"""
+import sys
+from hypervisor.executor import apply_plan
+from hypervisor.memory import MemoryHypervisor
+from vcsched.control.inventory import HostState, VmMeta, VmState, snapshot_hash
+from vcsched.plans.plan import plan_from_dict
+
+hosts = (HostState("h0", 1, 1 << 30), HostState("h1", 1, 1 << 30))
+vm = VmState("a-0", "h0", 1, 128 << 20, True, VmMeta("a", 0.5, 128 << 20, 1), 0.5)
+hv = MemoryHypervisor("lab", hosts, [vm])
+doc = {"version": 1, "kind": "adapt", "cluster": "lab",
+       "snapshot": snapshot_hash(hv.inventory(), moving=frozenset({"a-0"})),
+       "predicted": {"min_yield": 1.0, "avg_yield": 1.0,
+                     "per_vm": {"a-0": {"host": "h1", "cluster": "a", "cpu_need_cores": 0.5,
+                                        "cap_cores": 0.5, "yield": 1.0}}},
+       "steps": [{"op": "migrate", "vm": "a-0", "from": "h0", "to": "h1", "bytes": 134217728,
+                  "cap_cores": 0.5}],
+       "budget": 134217728, "migrated_bytes": 134217728}
+report = apply_plan(hv, plan_from_dict(doc))
+assert report.ok, report.to_dict()
+assert hv.find_vm("a-0").host == "h1"
+assert not any(m.startswith(("cli", "vcsched.control.live", "vcsched.adaptation")) for m in sys.modules), \
+    sorted(m for m in sys.modules if m.startswith(("cli", "vcsched")))
+print("ok")
+"""
+
+
+def test_a_migrate_plan_loads_and_applies_with_only_the_plan_module_and_the_executor_imported() -> None:
+    """No import-order accident: plan steps and runners are literal tables, not side-effect registrations."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", MIGRATE_PLAN_SCRIPT], cwd=root, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from vcsched import registry
+from vcsched.solvers import registry
 from vcsched.errors import InputError
-from vcsched.experiment import (
+from vcsched.experiments.paper import (
     Record,
     bound_gap_by_slack,
     degradation,

@@ -14,7 +14,7 @@ from scipy.stats import truncnorm
 
 from cli.main import cli
 from vcsched.errors import InputError
-from vcsched.generate import (
+from vcsched.experiments.generate import (
     MAX_TASKS_PER_JOB,
     SERIAL_PROB,
     GeneratorSpec,
@@ -23,7 +23,7 @@ from vcsched.generate import (
     lublin_job_size,
     truncated_normal,
 )
-from vcsched.instance import instance_from_dict, instance_to_dict
+from vcsched.formats.instance import instance_from_dict, instance_to_dict
 
 
 def _truncated_mean(mean: float, cv: float) -> float:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import make_instance
-from vcsched.greedy import backtracking, greedy, task_order
 from vcsched.model import Host, Instance, Job, SolveOptions
-from vcsched.registry import solve
+from vcsched.solvers.greedy import backtracking, greedy, task_order
+from vcsched.solvers.registry import solve
 from vcsched.validate import check_allocation
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vcsched.errors import InputError
-from vcsched.instance import instance_from_dict, instance_to_dict
+from vcsched.formats.instance import instance_from_dict, instance_to_dict
 
 
 def doc(**job_overrides: object) -> dict[str, object]:

@@ -25,11 +25,11 @@ from hypervisor.libvirt_backend import (
     parse_metadata,
     quota_for,
 )
-from vcsched.admission import admit
-from vcsched.cluster import Cluster, ClusterHost, GuestDefaults
-from vcsched.inventory import METADATA_NS, VmMeta
-from vcsched.plan import Boot, CreateStep
-from vcsched.request import Request
+from vcsched.control.admission import admit
+from vcsched.control.inventory import METADATA_NS, VmMeta
+from vcsched.formats.cluster import Cluster, ClusterHost, GuestDefaults
+from vcsched.formats.request import Request
+from vcsched.plans.steps import Boot, CreateStep
 
 MiB = 1 << 20
 META = VmMeta("old", 0.5, 128 * MiB, 1)

@@ -13,16 +13,17 @@ from hypothesis import strategies as st
 
 from cli.main import cli  # the group with every command registered
 from tests.conftest import make_instance
-from vcsched import mcb
+from vcsched.solvers import mcb
 from vcsched.errors import InputError
-from vcsched.lpbound import lp_bound
 from vcsched.model import Host, Instance, Job, SolveOptions
-from vcsched.registry import algorithms, solve
+from vcsched.solvers.lpbound import lp_bound
+from vcsched.solvers.registry import algorithms, solve
 from vcsched.validate import check_allocation
 
 BACKENDS = sorted(mcb.KERNELS)
 needs_c = pytest.mark.skipif(
-    "c" not in mcb.KERNELS, reason="C kernel vcsched._mcbc not built (run: .venv/bin/pip install -e . --no-deps)"
+    "c" not in mcb.KERNELS,
+    reason="C kernel vcsched.solvers._mcbc not built (run: .venv/bin/pip install -e . --no-deps)",
 )
 
 
@@ -134,7 +135,7 @@ def test_the_c_kernel_rejects_inconsistent_lengths() -> None:
 
 @needs_c
 def test_the_c_kernel_rejects_arrays_of_the_wrong_type() -> None:
-    from vcsched import _mcbc  # type: ignore[attr-defined]
+    from vcsched.solvers import _mcbc  # type: ignore[attr-defined]
 
     out = np.empty(1, dtype=np.int64)
     one = np.ones(1)
@@ -358,7 +359,7 @@ def test_the_c_kernel_packs_exactly_like_the_python_reference(inst: Instance, va
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), variant=st.sampled_from(sorted(mcb.VARIANTS)))
 def test_the_c_and_python_searches_agree_on_generated_instances(seed: int, variant: str) -> None:
-    from vcsched.generate import GeneratorSpec, generate
+    from vcsched.experiments.generate import GeneratorSpec, generate
 
     rng = np.random.default_rng(seed)
     n_hosts = int(rng.integers(2, 9))
@@ -377,7 +378,7 @@ def test_the_c_and_python_searches_agree_on_generated_instances(seed: int, varia
 @pytest.mark.parametrize("seed", range(6))
 def test_the_c_and_python_searches_agree_on_paper_sized_instances(seed: int) -> None:
     # Larger lists exercise the C kernel's early exits (cursor resumption, tail minima).
-    from vcsched.generate import GeneratorSpec, generate
+    from vcsched.experiments.generate import GeneratorSpec, generate
 
     inst = generate(GeneratorSpec(hosts=32, tasks=250, slack=(0.1, 0.3, 0.6)[seed % 3], cv_mem=0.75, cv_cpu=0.75,
                                   parallel=seed % 2 == 1), seed)

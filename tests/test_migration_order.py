@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vcsched.migration import (
-    MIN_CAP_CORES,
+from vcsched.caps import MIN_CAP_CORES
+from vcsched.plans.migration import (
     CapChange,
     HostRoom,
     MigrationBlocked,

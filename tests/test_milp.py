@@ -10,9 +10,15 @@ import pytest
 from scipy.sparse import csr_array
 
 from tests.conftest import make_instance
-from vcsched.milp import _native_stdout_discarded, build_model, identical_host_groups, placement_from, solve_model
 from vcsched.model import Host, Instance, Job, SolveOptions
-from vcsched.registry import solve
+from vcsched.solvers.milp import (
+    _native_stdout_discarded,
+    build_model,
+    identical_host_groups,
+    placement_from,
+    solve_model,
+)
+from vcsched.solvers.registry import solve
 from vcsched.validate import check_allocation
 from vcsched.yields import fits_in_memory, placement_min_yield
 

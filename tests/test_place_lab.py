@@ -77,7 +77,7 @@ def test_need_and_floor_are_recorded_in_the_libvirt_metadata(placed: Placed) -> 
     import tomllib
 
     from hypervisor.libvirt_backend import LibvirtHypervisor
-    from vcsched.cluster import cluster_from_dict
+    from vcsched.formats.cluster import cluster_from_dict
 
     cluster = cluster_from_dict(tomllib.loads(placed.lab.cluster_file.read_text()))
     with LibvirtHypervisor(cluster) as hv:
@@ -117,7 +117,7 @@ def test_each_vm_uses_its_cap_within_five_hundredths_of_a_core(placed: Placed) -
     from cli.place import read_toml_file
     from hypervisor.base import measure_cores
     from hypervisor.libvirt_backend import LibvirtHypervisor
-    from vcsched.cluster import cluster_from_dict
+    from vcsched.formats.cluster import cluster_from_dict
 
     cluster = cluster_from_dict(read_toml_file(placed.lab.cluster_file, "cluster file"))
     with LibvirtHypervisor(cluster) as hv:

@@ -11,17 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vcsched.errors import InputError
-from vcsched.plan import (
-    Boot,
-    CreateStep,
-    Plan,
-    SetCapStep,
-    Step,
-    VmPrediction,
-    cap_overruns,
-    order_steps,
-    plan_from_dict,
-)
+from vcsched.plans.ordering import cap_overruns, order_steps
+from vcsched.plans.plan import Plan, VmPrediction, plan_from_dict
+from vcsched.plans.steps import Boot, CreateStep, SetCapStep, Step
 
 SNAP = "ab" * 32
 
@@ -117,7 +109,7 @@ def test_the_snapshot_ignores_the_host_of_a_vm_the_plan_moves() -> None:
     from dataclasses import replace
 
     from tests.test_admission import inventory_of, managed
-    from vcsched.inventory import snapshot_hash
+    from vcsched.control.inventory import snapshot_hash
 
     before = inventory_of([managed("a-0", "h0", "a", 0.5), managed("b-0", "h1", "b", 0.5)])
     moved = replace(before, vms=(replace(before.vms[0], host="h1"), before.vms[1]))

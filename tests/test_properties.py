@@ -1,6 +1,6 @@
 """Invariants every registered placing algorithm must keep, checked on random small instances.
 
-The algorithm list comes from :func:`vcsched.registry.algorithms`, so new
+The algorithm list comes from :func:`vcsched.solvers.registry.algorithms`, so new
 algorithms (e.g. mcb1..mcb8) are covered as soon as they register.  The exact
 MILP is the referee: no algorithm may beat its proved optimum, none may place
 an instance it proved infeasible, and none may beat the LP bound (section 3.1).
@@ -11,9 +11,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vcsched.lpbound import lp_bound
 from vcsched.model import Host, Instance, Job, SolveOptions, SolveResult
-from vcsched.registry import algorithms, solve
+from vcsched.solvers.lpbound import lp_bound
+from vcsched.solvers.registry import algorithms, solve
 from vcsched.validate import check_allocation
 
 # Bounded so that one example stays well under a second on a shared 2-core machine;

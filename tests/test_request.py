@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from vcsched.errors import InputError
-from vcsched.request import request_from_dict
+from vcsched.formats.request import request_from_dict
 
 
 def web(**over: Any) -> dict[str, Any]:

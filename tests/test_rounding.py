@@ -7,8 +7,8 @@ import pytest
 
 from tests.conftest import make_instance
 from vcsched.model import Instance, SolveOptions
-from vcsched.registry import solve
-from vcsched.rounding import relaxation_probabilities, round_randomly
+from vcsched.solvers.registry import solve
+from vcsched.solvers.rounding import relaxation_probabilities, round_randomly
 from vcsched.validate import check_allocation
 
 

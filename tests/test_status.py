@@ -6,7 +6,7 @@ import pytest
 
 from cli.app import console
 from cli.status import predicted_yield, render_status, status_dict
-from vcsched.inventory import HostState, Inventory, VmMeta, VmState
+from vcsched.control.inventory import HostState, Inventory, VmMeta, VmState
 
 MiB = 1 << 20
 

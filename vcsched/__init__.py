@@ -2,19 +2,123 @@
 
 Nothing in this package performs I/O or talks to a hypervisor: it takes an
 inventory and requests and returns values (allocations, plans) that other
-layers print, save or apply.  See DEVELOPERS.md for the data flow.
+layers print, save or apply.  Data flows one way: the CLI parses, the core
+decides and returns a plan, :mod:`hypervisor` acts on it.
+
+The sub-packages, each named after what it holds:
+
+* :mod:`vcsched.formats` — the input files (instance JSON, cluster and request
+  TOML), their field checks and byte sizes;
+* :mod:`vcsched.solvers` — the registry of placement algorithms (MCB1–8,
+  greedy, rounding, MILP, LP bound);
+* :mod:`vcsched.adaptation` — re-placing a running cluster under a migration
+  byte budget;
+* :mod:`vcsched.control` — a live cluster: inventory, admission, live adaptation;
+* :mod:`vcsched.plans` — plan steps, plans, their safe order;
+* :mod:`vcsched.experiments` — instance generation, the paper's experiments,
+  adaptation traces, benchmarks.
+
+The names below are the public API.  They load on first use (PEP 562), so
+``import vcsched`` stays cheap for commands that need little of it.
 """
 
-from vcsched.errors import InputError, VcschedError
-from vcsched.model import Allocation, Host, Instance, Job, SolveOptions, SolveResult
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "VcschedError": "vcsched.errors",
+    "InputError": "vcsched.errors",
+    "AllocationError": "vcsched.errors",
+    "Host": "vcsched.model",
+    "Job": "vcsched.model",
+    "Instance": "vcsched.model",
+    "Allocation": "vcsched.model",
+    "SolveOptions": "vcsched.model",
+    "SolveResult": "vcsched.model",
+    "allocate": "vcsched.yields",
+    "check_allocation": "vcsched.validate",
+    "allocation_problems": "vcsched.validate",
+    "instance_from_dict": "vcsched.formats.instance",
+    "instance_to_dict": "vcsched.formats.instance",
+    "cluster_from_dict": "vcsched.formats.cluster",
+    "request_from_dict": "vcsched.formats.request",
+    "parse_size": "vcsched.formats.units",
+    "format_size": "vcsched.formats.units",
+    "solve": "vcsched.solvers.registry",
+    "algorithms": "vcsched.solvers.registry",
+    "AdaptProblem": "vcsched.adaptation.problem",
+    "solve_adapt": "vcsched.adaptation.solve",
+    "Inventory": "vcsched.control.inventory",
+    "admit": "vcsched.control.admission",
+    "adapt_inventory": "vcsched.control.live",
+    "Plan": "vcsched.plans.plan",
+    "plan_from_dict": "vcsched.plans.plan",
+    "generate": "vcsched.experiments.generate",
+    "GeneratorSpec": "vcsched.experiments.generate",
+}
 
 __all__ = [
+    "AdaptProblem",
     "Allocation",
+    "AllocationError",
+    "GeneratorSpec",
     "Host",
     "InputError",
     "Instance",
+    "Inventory",
     "Job",
+    "Plan",
     "SolveOptions",
     "SolveResult",
     "VcschedError",
+    "adapt_inventory",
+    "admit",
+    "algorithms",
+    "allocate",
+    "allocation_problems",
+    "check_allocation",
+    "cluster_from_dict",
+    "format_size",
+    "generate",
+    "instance_from_dict",
+    "instance_to_dict",
+    "parse_size",
+    "plan_from_dict",
+    "request_from_dict",
+    "solve",
+    "solve_adapt",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vcsched' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:
+    from vcsched.adaptation.problem import AdaptProblem
+    from vcsched.adaptation.solve import solve_adapt
+    from vcsched.control.admission import admit
+    from vcsched.control.inventory import Inventory
+    from vcsched.control.live import adapt_inventory
+    from vcsched.errors import AllocationError, InputError, VcschedError
+    from vcsched.experiments.generate import GeneratorSpec, generate
+    from vcsched.formats.cluster import cluster_from_dict
+    from vcsched.formats.instance import instance_from_dict, instance_to_dict
+    from vcsched.formats.request import request_from_dict
+    from vcsched.formats.units import format_size, parse_size
+    from vcsched.model import Allocation, Host, Instance, Job, SolveOptions, SolveResult
+    from vcsched.plans.plan import Plan, plan_from_dict
+    from vcsched.solvers.registry import algorithms, solve
+    from vcsched.validate import allocation_problems, check_allocation
+    from vcsched.yields import allocate

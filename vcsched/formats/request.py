@@ -13,7 +13,7 @@ Format (TOML; examples/web.toml)::
     min_yield = 0.3       # optional: refuse admission if anyone's yield would drop below it
 
 Validation here is what needs no cluster; the checks against the cluster
-(vCPUs, largest host) are in :mod:`vcsched.admission`, where the reference
+(vCPUs, largest host) are in :mod:`vcsched.control.admission`, where the reference
 host is known.
 """
 
@@ -23,9 +23,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from vcsched.cluster import parse_size
 from vcsched.errors import InputError
-from vcsched.fields import check_fields, check_fraction, check_name, check_string
+from vcsched.formats.fields import check_fields, check_fraction, check_name, check_string
+from vcsched.formats.units import parse_size
 
 MAX_VMS = 1024
 

@@ -1,10 +1,10 @@
 """Admission of a virtual-cluster request into a running cluster, and the plan that carries it out.
 
 Pure: takes the cluster file, the live inventory and the request; returns a
-:class:`Decision` (admitted with a :class:`~vcsched.plan.Plan`, or refused with
+:class:`Decision` (admitted with a :class:`~vcsched.plans.plan.Plan`, or refused with
 a reason).  Nothing here talks to a hypervisor.
 
-**The whole-cluster instance.**  Units follow model.md: the reference host
+**The whole-cluster instance.**  Units follow docs/model.md: the reference host
 has ``n_ref`` = the most usable cores of any host and ``mem_ref`` = the most
 usable memory; host ``h`` has ``C_h = cores_h / n_ref`` and
 ``M_h = (usable_h - memory of unmanaged VMs on h) / mem_ref``.  Every running
@@ -13,8 +13,8 @@ parallel job's VMs all get the same CPU fraction); the request is one more job
 with ``k = vms`` tasks.  Unmanaged domains are never capped, so their CPU is
 not modelled; their memory is taken off their host.
 
-**Pinning existing VMs.**  Moving running VMs is migration, which belongs to
-the adaptation issue (section 6.1, under a byte budget).  Here existing VMs
+**Pinning existing VMs.**  Moving running VMs is migration, which is the
+adaptation's job (section 6.1, under a byte budget: :mod:`vcsched.control.live`).  Here existing VMs
 keep their hosts and only the new VMs are placed, by the chosen algorithm, in
 the capacity the others leave:
 
@@ -47,13 +47,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vcsched.cluster import Cluster, format_size
+from vcsched.control.inventory import Inventory, VmState, snapshot_hash
 from vcsched.errors import InputError
-from vcsched.inventory import Inventory, VmState, snapshot_hash
+from vcsched.formats.cluster import Cluster
+from vcsched.formats.request import Request
+from vcsched.formats.units import format_size
 from vcsched.model import Host, Instance, Job, SolveOptions
-from vcsched.plan import Boot, CreateStep, Plan, SetCapStep, Step, VmPrediction, order_steps
-from vcsched.registry import get, solve
-from vcsched.request import Request
+from vcsched.plans.ordering import order_steps
+from vcsched.plans.plan import Plan, VmPrediction
+from vcsched.plans.steps import Boot, CreateStep, SetCapStep, Step
+from vcsched.solvers.registry import get, solve
 from vcsched.yields import allocate
 
 #: Caps closer than this (cores) to the current one are left alone: libvirt's

@@ -1,4 +1,4 @@
-"""The adaptation MILP of section 6.1 (model.md sections 2 and 5), solved with HiGHS.
+"""The adaptation MILP of section 6.1 (docs/model.md: the exact formulation plus the budget row), solved with HiGHS.
 
 The static MILP of section 2.5 (section 5's per-task form) plus the budget row
 
@@ -25,7 +25,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from vcsched.adapt import AdaptProblem, move_cost
+from vcsched.adaptation.problem import AdaptProblem, move_cost
 from vcsched.model import SolveOptions
 from vcsched.yields import MEMORY_TOLERANCE
 

@@ -1,6 +1,6 @@
 """Safe order for the live migrations and cap changes of an adaptation (section 6.1, made executable).
 
-The adaptation (:mod:`vcsched.adapt`) says where every VM should end up and
+The adaptation (:mod:`vcsched.adaptation`) says where every VM should end up and
 with which CPU cap; this module says in which order to get there without a
 host ever running out of memory on the way.
 
@@ -31,16 +31,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
 
-from vcsched.errors import InputError, VcschedError
-from vcsched.plan import SetCapStep, register_step
-from vcsched.plan import _fields as plan_fields
-from vcsched.plan import _int as plan_int
-from vcsched.plan import _num as plan_num
-from vcsched.plan import _str as plan_str
+from vcsched.caps import MIN_CAP_CORES
+from vcsched.errors import VcschedError
+from vcsched.plans.steps import MigrateStep, SetCapStep
 
-MIN_CAP_CORES = 0.01  # libvirt's smallest vcpu_quota (1 ms per 100 ms period) for one vCPU
 CAP_TOLERANCE = 1e-9
 
 
@@ -235,58 +230,6 @@ def memory_trace(hosts: Iterable[HostRoom], order: MigrationOrder,
     return trace
 
 
-# ---------------------------------------------------------------------------------------------- plan step
-
-
-@dataclass(frozen=True)
-class MigrateStep:
-    """Plan step ``{"op": "migrate", "vm", "from", "to", "bytes", "cap_cores"}``: live-migrate a managed VM.
-
-    Registered with :func:`vcsched.plan.register_step` (the plans' extension
-    point); ``moves = True`` tells the snapshot to leave the VM's host out, so
-    a half-applied plan still matches.  ``cap_cores`` is the cap it has on
-    arrival (see :func:`order_changes`).
-    """
-
-    op: ClassVar[str] = "migrate"
-    moves: ClassVar[bool] = True
-    vm: str
-    source: str
-    target: str
-    bytes: int
-    cap_cores: float
-    final: str | None = None  # on a relay hop: where the VM goes next (a re-run finding it there skips this hop)
-    wave: int | None = None  # consecutive migrations of one wave may run at once (None: one at a time)
-
-    @property
-    def host(self) -> str:
-        return self.target
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"op": self.op, "vm": self.vm, "from": self.source, "to": self.target,
-                             "bytes": self.bytes, "cap_cores": self.cap_cores}
-        if self.final is not None:
-            d["final"] = self.final
-        if self.wave is not None:
-            d["wave"] = self.wave
-        return d
-
-    def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
-        return ((self.source, self.vm, None), (self.target, self.vm, self.cap_cores))
-
-    @staticmethod
-    def from_dict(where: str, d: Mapping[str, Any]) -> MigrateStep:
-        d = plan_fields(where, d, {"op", "vm", "from", "to", "bytes", "cap_cores"}, {"final", "wave"})
-        final = plan_str(f"{where}.final", d["final"]) if "final" in d else None
-        wave = plan_int(f"{where}.wave", d["wave"]) if "wave" in d else None
-        step = MigrateStep(plan_str(f"{where}.vm", d["vm"]), plan_str(f"{where}.from", d["from"]),
-                           plan_str(f"{where}.to", d["to"]), plan_int(f"{where}.bytes", d["bytes"]),
-                           plan_num(f"{where}.cap_cores", d["cap_cores"]), final, wave)
-        if step.source == step.target:
-            raise InputError(f"{where}.to: {step.target!r} is also the source host")
-        return step
-
-
 def plan_steps(order: MigrationOrder) -> tuple[SetCapStep | MigrateStep, ...]:
     """The ordered changes as plan steps, in the same order."""
     out: list[SetCapStep | MigrateStep] = []
@@ -299,5 +242,3 @@ def plan_steps(order: MigrationOrder) -> tuple[SetCapStep | MigrateStep, ...]:
             out.append(SetCapStep(s.vm, s.host, s.cap_cores))
     return tuple(out)
 
-
-register_step(MigrateStep.op, MigrateStep.from_dict)

@@ -9,7 +9,7 @@ It bounds every real placement from above; it is not itself a placement.
 from __future__ import annotations
 
 from vcsched.model import Instance, SolveOptions
-from vcsched.registry import Placement, register
+from vcsched.solvers.registry import Placement, register
 
 
 def lp_bound(instance: Instance) -> float | None:

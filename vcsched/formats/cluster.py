@@ -27,41 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from vcsched.errors import InputError
-from vcsched.fields import check_fields, check_fraction, check_name, check_string
+from vcsched.formats.fields import check_fields, check_fraction, check_name, check_string
+from vcsched.formats.units import parse_size
 
 #: URI schemes of libvirt drivers vcsched knows how to cap (``test`` only for inventory tests).
 KNOWN_URI_SCHEMES = ("qemu", "xen", "libxl", "test")
 DOMAIN_TYPES = ("qemu", "kvm", "xen")
-
-_SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]iB|B)?\s*$")
-
-
-def parse_size(where: str, value: Any, *, allow_zero: bool = False) -> int:
-    """Bytes from an int or a string like ``"128MiB"`` (binary units only: ambiguity costs memory)."""
-    if isinstance(value, bool):
-        raise InputError(f"{where}: expected a size (bytes or e.g. \"128MiB\"), got {value!r}")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if not m:
-            raise InputError(f"{where}: {value!r} is not a size (bytes or e.g. \"128MiB\", \"2GiB\")")
-        n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2) or ""])
-    else:
-        raise InputError(f"{where}: expected a size (bytes or e.g. \"128MiB\"), got {value!r}")
-    if n < 0 or (n == 0 and not allow_zero):
-        raise InputError(f"{where}: {value!r} must be {'at least 0' if allow_zero else 'above 0'}")
-    return n
-
-
-def format_size(n: float) -> str:
-    """Bytes as the largest binary unit that keeps a readable number (for messages and tables)."""
-    for unit in ("TiB", "GiB", "MiB", "KiB"):
-        if abs(n) >= _SIZE_UNITS[unit]:
-            return f"{n / _SIZE_UNITS[unit]:.4g} {unit}"
-    return f"{n:.0f} B"
-
 
 def uri_scheme(uri: str) -> str:
     """The driver part of a libvirt URI: ``qemu+unix:///system`` -> ``qemu``."""

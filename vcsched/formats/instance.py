@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from vcsched.errors import InputError
-from vcsched.fields import check_count, check_fields, check_list, check_number, check_string
+from vcsched.formats.fields import check_count, check_fields, check_list, check_number, check_string
 from vcsched.model import Host, Instance, Job
 
 

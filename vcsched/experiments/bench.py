@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vcsched.errors import InputError
-from vcsched.generate import GeneratorSpec
+from vcsched.experiments.generate import GeneratorSpec
 
 if TYPE_CHECKING:
-    from vcsched.adapt import AdaptProblem
+    from vcsched.adaptation.problem import AdaptProblem
 
 BENCH_SEED = 20080101
 BENCH_SLACK = 0.3
@@ -108,7 +108,7 @@ def adapt_problem(case: BenchCase, budget_fraction: float) -> AdaptProblem:
     the jobs leave, 10 % arrive and 10 % get a new CPU need; moving a task
     costs its memory fraction of a 1 GiB host.
     """
-    from vcsched.adapt_experiment import TraceSpec, apply_change, initial_state, problem_for, random_change
+    from vcsched.experiments.adaptation import TraceSpec, apply_change, initial_state, problem_for, random_change
 
     spec = TraceSpec(case.hosts, case.tasks, BENCH_SLACK, cv_mem=BENCH_CV, cv_cpu=BENCH_CV)
     instance, hosts, rng = initial_state(spec, BENCH_SEED)

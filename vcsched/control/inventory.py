@@ -108,7 +108,7 @@ class Inventory:
 
     @property
     def reference_cores(self) -> int:
-        """n_ref: the reference host has the most usable cores of any host (model.md, units)."""
+        """n_ref: the reference host has the most usable cores of any host (docs/model.md, units)."""
         return max(h.cores for h in self.hosts)
 
     @property

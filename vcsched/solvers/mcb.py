@@ -17,7 +17,7 @@ The work splits in three, each in exactly one place:
   reproducible;
 * the *kernel* that fills hosts from the two sorted lists: :func:`pack_python`
   (the reference, a literal transcription) or the C extension
-  ``vcsched._mcbc.pack`` (same decisions, faster: see docs/mcb.md).
+  ``vcsched.solvers._mcbc.pack`` (same decisions, faster: see docs/mcb.md).
 
 Conventions the paper leaves open (section 3.4 says "starting arbitrarily
 with any list"):
@@ -42,12 +42,12 @@ from types import ModuleType
 import numpy as np
 
 from vcsched.errors import InputError
-from vcsched.lpbound import lp_bound
 from vcsched.model import Instance, SolveOptions
-from vcsched.registry import Placement, register
+from vcsched.solvers.lpbound import lp_bound
+from vcsched.solvers.registry import Placement, register
 
 try:  # the optional C kernel (setup.py builds it when a compiler is available)
-    _mcbc: ModuleType | None = importlib.import_module("vcsched._mcbc")
+    _mcbc: ModuleType | None = importlib.import_module("vcsched.solvers._mcbc")
 except ImportError:  # pragma: no cover - depends on the build
     _mcbc = None
 
@@ -179,9 +179,9 @@ def pack_python(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray) -
 
 
 def pack_c(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray) -> np.ndarray | None:
-    """The C kernel (``vcsched._mcbc.pack``), same contract as :func:`pack_python`."""
+    """The C kernel (``vcsched.solvers._mcbc.pack``), same contract as :func:`pack_python`."""
     if _mcbc is None:
-        raise RuntimeError("the C kernel vcsched._mcbc is not built (pip install -e . builds it)")
+        raise RuntimeError("the C kernel vcsched.solvers._mcbc is not built (pip install -e . builds it)")
     hosts = np.empty(len(lists.cpu), dtype=np.int64)
     ok = _mcbc.pack(
         lists.cpu, lists.mem, lists.cpu_heavy, lists.mem_heavy,

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from vcsched.errors import InputError, VcschedError
-from vcsched.generate import GeneratorSpec, generate
+from vcsched.experiments.generate import GeneratorSpec, generate
 from vcsched.model import SolveOptions
-from vcsched.registry import solve
+from vcsched.solvers.registry import solve
 from vcsched.validate import allocation_problems
 
 SETS = ("small", "large", "parallel")
@@ -42,7 +42,7 @@ BOUND = "lpbound"
 EXACT = "milp"
 REFERENCE = "mcb8"
 
-# Paper section 4 (model.md section 6): % degradation from best, (avg, max).
+# Paper section 4 (docs/model.md, experiment protocol): % degradation from best, (avg, max).
 PAPER_DEGRADATION: dict[str, dict[str, tuple[float, float]]] = {
     "small": {
         "mcb8": (1.06, 40.45), "mcb5": (1.60, 38.67), "mcb6": (1.83, 37.61), "mcb7": (3.91, 40.71),

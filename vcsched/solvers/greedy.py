@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from vcsched.model import Instance, SolveOptions
-from vcsched.registry import Placement, Placer, register
+from vcsched.solvers.registry import Placement, Placer, register
 from vcsched.yields import MEMORY_TOLERANCE
 
 

@@ -44,7 +44,8 @@ class Algorithm:
 _REGISTRY: dict[str, Algorithm] = {}
 # Modules whose import registers algorithms; loaded on first use so that
 # importing the core stays cheap.
-_MODULES = ("vcsched.mcb", "vcsched.greedy", "vcsched.rounding", "vcsched.milp", "vcsched.lpbound")
+_MODULES = ("vcsched.solvers.mcb", "vcsched.solvers.greedy", "vcsched.solvers.rounding", "vcsched.solvers.milp",
+            "vcsched.solvers.lpbound")
 _loaded = False
 
 

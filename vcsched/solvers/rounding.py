@@ -1,8 +1,8 @@
 """Randomized rounding of the MILP's LP relaxation: RRND and RRNZ (paper section 3.2).
 
 We solve the relaxation of the section-2.5 MILP itself (same rows as
-:mod:`vcsched.milp`, ``e`` continuous in [0, 1]) with HiGHS, not the closed
-form of :mod:`vcsched.lpbound`: the closed form spreads every task evenly
+:mod:`vcsched.solvers.milp`, ``e`` continuous in [0, 1]) with HiGHS, not the closed
+form of :mod:`vcsched.solvers.lpbound`: the closed form spreads every task evenly
 over all hosts, which would make the rounding a uniform random placement.
 HiGHS returns a vertex of the relaxation, whose ``e`` rows are mostly
 concentrated on one or two hosts.  Symmetry-breaking rows are left out: they
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vcsched.milp import assignment_matrix, build_model, solve_model
 from vcsched.model import Instance, SolveOptions
-from vcsched.registry import Placement, Placer, register
+from vcsched.solvers.milp import assignment_matrix, build_model, solve_model
+from vcsched.solvers.registry import Placement, Placer, register
 from vcsched.yields import MEMORY_TOLERANCE
 
 EPSILON = 0.01

@@ -1,4 +1,4 @@
-"""Adapting a running cluster under a migration byte budget (paper section 6.1, model.md section 5).
+"""Our heuristic for the adaptation problem (paper section 6.1; the problem is in :mod:`vcsched.adaptation.problem`).
 
 Some tasks already run: ``current[t]`` is the host task ``t`` runs on, or -1
 for a new arrival (departed jobs are simply absent).  Moving a running task
@@ -8,7 +8,7 @@ stay within ``budget`` bytes.  Budget 0 keeps every running task where it is
 and only re-caps CPU; a budget of at least the total running bytes allows a
 free re-placement.
 
-The paper solves this only as a MILP (:mod:`vcsched.adapt_milp`) and leaves
+The paper solves this only as a MILP (:mod:`vcsched.adaptation.milp`) and leaves
 heuristics to future work.  :func:`adapt_heuristic` is ours:
 
 1. keep every running task where it is (evicting the cheapest tasks per unit
@@ -32,169 +32,15 @@ Everything here is pure: problems in, placements and migration lists out.
 
 from __future__ import annotations
 
-import math
-import re
-import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from vcsched.errors import InputError
-from vcsched.instance import instance_from_dict
-from vcsched.model import Instance, SolveOptions, SolveResult
-from vcsched.validate import check_allocation
-from vcsched.yields import MEMORY_TOLERANCE, allocate, fits_in_memory, placement_min_yield
+from vcsched.adaptation.problem import AdaptProblem, move_cost
+from vcsched.model import Instance
+from vcsched.solvers.mcb import search
+from vcsched.yields import MEMORY_TOLERANCE, placement_min_yield
 
-GIB = 1 << 30
-DEFAULT_HOST_MEMORY_BYTES = GIB  # bytes of one reference-host memory unit when the instance does not say
-UNLIMITED = (1 << 63) - 1  # a budget no cluster reaches: free re-placement
-CAP_UNCHANGED = 1e-3  # cores; below the executor's read-back tolerance
-ALGORITHMS = ("heuristic", "milp")
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
-               "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40,
-               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _YIELD_EPS = 1e-9
-
-
-def parse_bytes(where: str, value: Any) -> int:
-    """A byte count: a whole number, or a size such as "2GiB", "512MiB", "1.5GiB" ("unlimited" allowed).
-
-    Binary suffixes (KiB, MiB, GiB, TiB; K/M/G/T alike) are powers of 1024,
-    decimal ones (KB, MB, GB, TB) powers of 1000, as libvirt and IEC use them.
-    """
-    if isinstance(value, bool):
-        raise InputError(f"{where}: expected a byte count, got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise InputError(f"{where}: {value} bytes is negative")
-        return value
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("unlimited", "inf", "infinity"):
-            return UNLIMITED
-        m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*([a-z]*)", text)
-        if m and m.group(2) in _SIZE_UNITS:
-            n = float(m.group(1)) * _SIZE_UNITS[m.group(2)]
-            if math.isfinite(n) and n < UNLIMITED:
-                return round(n)
-    raise InputError(f"{where}: {value!r} is not a byte count (e.g. 1073741824, 2GiB, 512MiB, unlimited)")
-
-
-@dataclass(frozen=True)
-class AdaptProblem:
-    """The section 6.1 problem: an instance, where its tasks run now, what moving each costs, the budget.
-
-    ``current[t]`` is a host index or -1 (new arrival); ``task_bytes[t]`` the
-    bytes moving task ``t`` costs (all tasks of a job are equal).
-    """
-
-    instance: Instance
-    current: np.ndarray
-    task_bytes: np.ndarray
-    budget: int
-
-    def __post_init__(self) -> None:
-        n = self.instance.n_tasks
-        if self.current.shape != (n,) or self.task_bytes.shape != (n,):
-            raise InputError(f"adaptation problem: {n} tasks but {self.current.shape} current hosts "
-                             f"and {self.task_bytes.shape} byte sizes")
-        if self.budget < 0:
-            raise InputError(f"budget: {self.budget} bytes is negative")
-
-    @property
-    def running(self) -> np.ndarray:
-        """Mask of tasks that run now (moving them costs bytes)."""
-        return self.current >= 0
-
-    def with_budget(self, budget: int) -> AdaptProblem:
-        return AdaptProblem(self.instance, self.current, self.task_bytes, budget)
-
-
-def move_cost(problem: AdaptProblem, hosts: np.ndarray) -> int:
-    """Bytes migrated to go from ``problem.current`` to ``hosts``: running tasks that change host."""
-    moved = problem.running & (np.asarray(hosts) != problem.current)
-    return int(problem.task_bytes[moved].sum())
-
-
-@dataclass(frozen=True)
-class Migration:
-    job: str
-    task: int
-    source: int
-    target: int
-    bytes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"job": self.job, "task": self.task, "from": self.source, "to": self.target, "bytes": self.bytes}
-
-
-def migrations(problem: AdaptProblem, hosts: np.ndarray) -> list[Migration]:
-    """The live migrations a placement asks for, in task order."""
-    inst = problem.instance
-    out = []
-    for t in np.flatnonzero(problem.running & (np.asarray(hosts) != problem.current)):
-        j = int(inst.task_job[t])
-        out.append(Migration(inst.jobs[j].name, int(t - inst.job_first_task[j]), int(problem.current[t]),
-                             int(hosts[t]), int(problem.task_bytes[t])))
-    return out
-
-
-@dataclass(frozen=True)
-class AdaptResult:
-    """A :class:`SolveResult` plus the migrations it needs and their total bytes."""
-
-    result: SolveResult
-    migrations: tuple[Migration, ...] = ()
-    migrated_bytes: int = 0
-    detail: dict[str, object] = field(default_factory=dict)
-
-
-# ---------------------------------------------------------------------------------------------- parsing
-
-ADAPT_TOP_FIELDS = frozenset({"host_memory_bytes"})
-ADAPT_JOB_FIELDS = frozenset({"current", "memory_bytes"})
-
-
-def problem_from_dict(raw: Any, budget: int) -> AdaptProblem:
-    """Parse the ``solve`` instance format extended with ``current``/``memory_bytes`` per job.
-
-    ``current`` lists a host index or null per task (null: a new arrival);
-    a job without it is all new.  ``memory_bytes`` is what moving one task
-    costs; it defaults to the job's memory fraction times the instance's
-    ``host_memory_bytes`` (default 1 GiB per reference host).
-    """
-    instance = instance_from_dict(raw, extra_top=ADAPT_TOP_FIELDS, extra_job=ADAPT_JOB_FIELDS)
-    assert isinstance(raw, Mapping)  # instance_from_dict checked it
-    host_bytes = DEFAULT_HOST_MEMORY_BYTES
-    if "host_memory_bytes" in raw:
-        host_bytes = parse_bytes("host_memory_bytes", raw["host_memory_bytes"])
-        if host_bytes == 0:
-            raise InputError("host_memory_bytes: must be above 0")
-    current = np.full(instance.n_tasks, -1, dtype=np.int64)
-    task_bytes = np.zeros(instance.n_tasks, dtype=np.int64)
-    for j, (job, raw_job) in enumerate(zip(instance.jobs, raw["jobs"], strict=True)):
-        first = int(instance.job_first_task[j])
-        where = f"jobs[{j}]"
-        if "memory_bytes" in raw_job:
-            b = parse_bytes(f"{where}.memory_bytes", raw_job["memory_bytes"])
-        else:
-            b = round(job.memory * host_bytes)
-        task_bytes[first:first + job.tasks] = b
-        cur = raw_job.get("current")
-        if cur is None:
-            continue
-        if not isinstance(cur, list) or len(cur) != job.tasks:
-            raise InputError(f"{where}.current: expected a list of {job.tasks} host indices or nulls, got {cur!r}")
-        for t, h in enumerate(cur):
-            if h is None:
-                continue
-            if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < instance.n_hosts:
-                raise InputError(f"{where}.current[{t}]: {h!r} is not a host index in 0..{instance.n_hosts - 1}")
-            current[first + t] = h
-    return AdaptProblem(instance, current, task_bytes, budget)
 
 
 # ---------------------------------------------------------------------------------------------- packing
@@ -314,15 +160,8 @@ def pack_residual(
 
 
 def mcb8_from_scratch(instance: Instance, precision: float = 1e-4) -> np.ndarray | None:
-    """A full MCB8 placement: the registry's ``mcb8`` when it is installed, else our residual packer on empty hosts."""
-    from vcsched import registry
-
-    algo = registry.algorithms().get("mcb8")
-    if algo is not None:
-        got = algo.placer(instance, SolveOptions(precision=precision)).hosts
-        return None if got is None else np.asarray(got, dtype=np.int64)
-    empty = np.zeros(instance.n_tasks, dtype=np.int64)
-    return pack_residual(instance, empty, np.arange(instance.n_tasks), precision)
+    """A full MCB8 placement (section 3.4's binary search), ignoring where tasks run now."""
+    return search(instance, "mcb8", precision).hosts
 
 
 def align_to_current(problem: AdaptProblem, target: np.ndarray) -> np.ndarray:
@@ -553,161 +392,3 @@ def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4) -> tuple[np.
     name, best = max(candidates, key=lambda c: (round(placement_min_yield(inst, c[1]), 9), -move_cost(problem, c[1])))
     return best, {"path": name}
 
-
-# ---------------------------------------------------------------------------------------------- solving
-
-def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
-                options: SolveOptions | None = None) -> AdaptResult:
-    """Solve the adaptation problem with ``heuristic`` or ``milp``; the allocation is validated."""
-    options = options or SolveOptions()
-    if algorithm not in ALGORITHMS:
-        raise InputError(f"algorithm: unknown adaptation algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
-    inst = problem.instance
-    start = time.perf_counter()
-    optimal: bool | None = None
-    if algorithm == "milp":
-        from vcsched.adapt_milp import adapt_milp
-
-        hosts, optimal, detail = adapt_milp(problem, options)
-    else:
-        hosts, detail = adapt_heuristic(problem, options.precision)
-    if hosts is None:
-        runtime = time.perf_counter() - start
-        return AdaptResult(SolveResult(algorithm, False, None, None, None, runtime, optimal, detail=detail))
-    hosts = np.asarray(hosts, dtype=np.int64)
-    if not fits_in_memory(inst, hosts):
-        raise AssertionError(f"adapt {algorithm} returned a placement that overcommits memory")
-    cost = move_cost(problem, hosts)
-    if cost > problem.budget:
-        raise AssertionError(f"adapt {algorithm} spent {cost} bytes, above the budget {problem.budget}")
-    allocation = allocate(inst, hosts)
-    runtime = time.perf_counter() - start
-    min_y, avg_y = allocation.min_yield(inst), allocation.avg_yield(inst)
-    check_allocation(inst, allocation, min_yield=min_y, avg_yield=avg_y)
-    result = SolveResult(algorithm, True, allocation, min_y, avg_y, runtime, optimal, detail=detail)
-    return AdaptResult(result, tuple(migrations(problem, hosts)), cost, detail)
-
-
-# ---------------------------------------------------------------------------------------------- live clusters
-
-
-@dataclass(frozen=True)
-class LiveAdaptation:
-    """An adaptation of a live inventory: the solver's answer, the safe order, and the plan to apply."""
-
-    adapted: AdaptResult
-    plan: Any  # vcsched.plan.Plan, or None when nothing was found within the budget
-    order: Any  # vcsched.migration.MigrationOrder
-    problem: AdaptProblem
-    #: (virtual cluster, yield, recorded min_yield) for clusters the new allocation leaves below their
-    #: floor.  Reported, not refused: the allocation is already the best within the budget, and the
-    #: current one (after the changes) is no better.
-    floors_missed: tuple[tuple[str, float, float], ...] = ()
-    #: The staying VMs' minimum of cap / need before the plan (needs after the changes): what the plan improves on.
-    current_min_yield: float | None = None
-
-
-def adapt_inventory(cluster_name: str, inventory: Any, budget: int, *, needs: Mapping[str, float] | None = None,
-                    depart: Iterable[str] = (), algorithm: str = "heuristic", parallel: int = 1,
-                    options: SolveOptions | None = None) -> LiveAdaptation:
-    """Adapt the running managed VMs of ``inventory`` (a :class:`vcsched.inventory.Inventory`) within ``budget``.
-
-    Units as in admission (model.md): hosts in fractions of the reference
-    host (most cores, most usable memory, less what unmanaged domains use).
-    Each virtual cluster with one CPU need and memory size is a job whose
-    tasks are its VMs (section 5: they share one yield).  ``needs`` overrides
-    VMs' CPU needs in cores.  Moving a VM costs its memory in bytes.  The
-    result's migrations are ordered by :func:`vcsched.migration.order_changes`
-    and the total including relays must fit the budget, else
-    :class:`vcsched.migration.MigrationBlocked`.
-
-    ``depart`` names virtual clusters that leave: their VMs get ``remove``
-    steps at the head of the plan (removing only frees memory and CPU, so the
-    rest is planned, ordered and budgeted as if they were already gone) and
-    the remaining clusters share what they held.  A need in ``needs`` that
-    differs from the VM's metadata gets a ``set-need`` step at the end, so
-    once applied the next adaptation starts from it.
-    """
-    from collections import defaultdict
-
-    from vcsched.admission import existing_jobs, floors_missed, model_hosts
-    from vcsched.inventory import snapshot_hash
-    from vcsched.migration import HostRoom, MigrationBlocked, VmChange, order_changes, plan_steps
-    from vcsched.plan import Plan, RemoveStep, SetNeedStep, VmPrediction
-
-    needs = dict(needs or {})
-    departing = sorted(set(depart))
-    known = inventory.clusters()
-    for vc in departing:
-        if vc not in known:
-            raise InputError(f"--depart: {vc!r} is not a virtual cluster of cluster {cluster_name!r} "
-                             f"(its virtual clusters: {', '.join(known) or 'none'})")
-    leaving = [v for v in inventory.vms if v.managed and v.meta.cluster in departing]
-    gone = frozenset(v.name for v in leaving)
-    managed = tuple(v for v in inventory.managed() if v.name not in gone)
-    names = {v.name for v in managed}
-    for vm in needs:
-        if vm in gone:
-            raise InputError(f"--set-need: {vm!r} belongs to a departing virtual cluster (--depart)")
-        if vm not in names:
-            raise InputError(f"--set-need: {vm!r} is not a running managed VM of cluster {cluster_name!r}")
-    n_ref = inventory.reference_cores
-    used_mem: defaultdict[str, int] = defaultdict(int)
-    caps_used: defaultdict[str, float] = defaultdict(float)
-    for v in inventory.vms:
-        if not v.active or v.name in gone:
-            continue
-        used_mem[v.host] += v.memory_bytes
-        if not v.managed:
-            caps_used[v.host] += float(v.vcpus)
-        else:
-            caps_used[v.host] += v.cap_or_vcpus
-    cores_of: dict[str, float] = {}  # each staying VM's need in cores, after the changes
-    renew: dict[str, float] = {}  # the changed needs to record in metadata
-    for v in managed:
-        cores = needs.get(v.name, v.meta.cpu_need_cores)
-        if not 0 < cores <= v.vcpus:
-            raise InputError(f"--set-need {v.name}: {cores:g} cores must be above 0 and at most its {v.vcpus} vCPUs")
-        cores_of[v.name] = cores
-        if abs(cores - v.meta.cpu_need_cores) > 1e-9:
-            renew[v.name] = cores
-    # The same whole-cluster instance as admission's (one job per virtual cluster and size), not pinned.
-    existing = existing_jobs(inventory, managed, needs)
-    current_min = min((min(1.0, v.cap_or_vcpus / cores_of[v.name]) for v in managed), default=None)
-    vms = list(existing.vms)
-    instance = Instance(model_hosts(inventory), existing.jobs)
-    problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
-                           np.array([v.memory_bytes for v in vms], dtype=np.int64), budget)
-    adapted = solve_adapt(problem, algorithm, options)
-    if adapted.result.allocation is None:
-        return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min)
-    alloc = adapted.result.allocation
-    yields = alloc.yields(instance)
-    changes, per_vm = [], {}
-    for t, v in enumerate(vms):
-        assert v.meta is not None  # managed
-        j = int(instance.task_job[t])
-        target = inventory.hosts[alloc.hosts[t]].name
-        cap = alloc.cpu[j] * n_ref
-        per_vm[v.name] = VmPrediction(target, v.meta.cluster, cores_of[v.name], cap, float(yields[j]))
-        now = v.cap_or_vcpus
-        # Caps read back rounded to whole microseconds of quota: do not re-cap for that.
-        final = now if abs(now - cap) <= CAP_UNCHANGED else cap
-        changes.append(VmChange(v.name, v.host, target, v.memory_bytes, now, final))
-    rooms = [HostRoom(h.name, h.usable_memory, used_mem[h.name], float(h.cores), caps_used[h.name])
-             for h in inventory.hosts]
-    order = order_changes(rooms, changes, parallel=parallel)
-    if order.total_bytes > budget:
-        raise MigrationBlocked(f"budget: the safe order needs {order.total_bytes} bytes ({order.relays} relays "
-                               f"through hosts with room), above the budget of {budget}; raise --budget")
-    removals = tuple(RemoveStep(v.name, v.host, v.meta.cluster) for v in sorted(leaving, key=lambda v: v.name))
-    # New needs are written back last (on each VM's final host), so the next run plans with them.
-    renewals = tuple(SetNeedStep(v.name, per_vm[v.name].host, renew[v.name]) for v in vms if v.name in renew)
-    steps = removals + plan_steps(order) + renewals
-    moved = frozenset(s.vm for s in steps if getattr(s, "moves", False))
-    renewed = frozenset(s.vm for s in renewals)
-    plan = Plan("adapt", cluster_name, snapshot_hash(inventory, gone, moved, renewed),
-                float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps,
-                extra={"budget": budget, "migrated_bytes": order.total_bytes})
-    missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})
-    return LiveAdaptation(adapted, plan, order, problem, tuple(missed), current_min)

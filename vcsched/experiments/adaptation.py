@@ -11,7 +11,7 @@ At every step the *same* adaptation problem is solved by every method, so
 that the curves compare methods on identical problems:
 
 - ``none``: budget 0, i.e. re-capping plus placing arrivals, no migration;
-- ``heuristic``: :func:`vcsched.adapt.adapt_heuristic` at the budget;
+- ``heuristic``: :func:`vcsched.adaptation.heuristic.adapt_heuristic` at the budget;
 - ``milp``: the section 6.1 MILP at the budget (small traces only);
 - ``scratch``: MCB8 from scratch, ignoring the budget (what full re-placement
   would give, and the bytes it would move after the best relabelling).
@@ -32,16 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from vcsched.adapt import (
-    DEFAULT_HOST_MEMORY_BYTES,
-    UNLIMITED,
-    AdaptProblem,
-    align_to_current,
-    mcb8_from_scratch,
-    move_cost,
-    solve_adapt,
-)
-from vcsched.generate import CPU_MEAN, GeneratorSpec, generate, truncated_normal
+from vcsched.adaptation.heuristic import align_to_current, mcb8_from_scratch
+from vcsched.adaptation.problem import DEFAULT_HOST_MEMORY_BYTES, AdaptProblem, move_cost
+from vcsched.adaptation.solve import solve_adapt
+from vcsched.experiments.generate import CPU_MEAN, GeneratorSpec, generate, truncated_normal
+from vcsched.formats.units import UNLIMITED
 from vcsched.model import Instance, Job, SolveOptions
 from vcsched.yields import allocate
 

@@ -3,12 +3,12 @@
 The model is built as data (:class:`MilpModel`) by :func:`build_model` and
 solved by :func:`solve_model`; :func:`placement_from` reads the task->host
 placement back.  Keeping the three apart lets other formulations reuse them:
-the LP relaxation behind RRND/RRNZ (:mod:`vcsched.rounding`) is the same
-model with integrality dropped, and the adaptation MILP (model.md section 5)
+the LP relaxation behind RRND/RRNZ (:mod:`vcsched.solvers.rounding`) is the same
+model with integrality dropped, and the adaptation MILP (docs/model.md, adaptation)
 is the same model with one more row, the migration byte budget, appended
 with :meth:`MilpModel.with_rows`.
 
-Formulation (model.md section 2).  Tasks ``t`` (a parallel job's tasks are
+Formulation (docs/model.md, the exact formulation).  Tasks ``t`` (a parallel job's tasks are
 separate tasks of the same job ``j(t)``), hosts ``h``:
 
 - ``e[t, h]`` in {0, 1}: task ``t`` runs on host ``h``;
@@ -52,9 +52,9 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array, csr_array, vstack
 
-from vcsched.lpbound import lp_bound
 from vcsched.model import Instance, SolveOptions
-from vcsched.registry import Placement, register
+from vcsched.solvers.lpbound import lp_bound
+from vcsched.solvers.registry import Placement, register
 from vcsched.yields import fits_in_memory, placement_min_yield
 
 SYMMETRY_NONZERO_LIMIT = 200_000
@@ -375,7 +375,7 @@ def heuristic_incumbent(instance: Instance, options: SolveOptions) -> tuple[np.n
     with a small attempt bound take milliseconds on the instances the MILP
     can solve, and their yield prunes much of the branch-and-bound tree.
     """
-    from vcsched.registry import algorithms  # the registry is loaded by the time a placer runs
+    from vcsched.solvers.registry import algorithms  # the registry is loaded by the time a placer runs
 
     registered = algorithms()
     quick = replace(options, max_attempts=min(options.max_attempts, INCUMBENT_ATTEMPTS))

@@ -1,0 +1,150 @@
+"""The adaptation problem of paper section 6.1: a cluster where some tasks already run, and a byte budget.
+
+Some tasks already run: ``current[t]`` is the host task ``t`` runs on, or -1
+for a new arrival (departed jobs are simply absent).  Moving a running task
+costs its memory size in bytes (a live migration copies at least that much);
+placing a new arrival costs nothing.  The total cost of the new placement must
+stay within ``budget`` bytes.  Budget 0 keeps every running task where it is
+and only re-caps CPU; a budget of at least the total running bytes allows a
+free re-placement.
+
+Solved by :mod:`vcsched.adaptation.heuristic` (ours) or
+:mod:`vcsched.adaptation.milp` (the paper's), through
+:func:`vcsched.adaptation.solve.solve_adapt`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vcsched.errors import InputError
+from vcsched.formats.instance import instance_from_dict
+from vcsched.formats.units import parse_size
+from vcsched.model import Instance, SolveResult
+
+GIB = 1 << 30
+DEFAULT_HOST_MEMORY_BYTES = GIB  # bytes of one reference-host memory unit when the instance does not say
+
+
+def parse_budget(where: str, value: Any) -> int:
+    """A migration byte budget: a size (0 allowed) or "unlimited"."""
+    return parse_size(where, value, allow_zero=True, allow_unlimited=True)
+
+
+@dataclass(frozen=True)
+class AdaptProblem:
+    """The section 6.1 problem: an instance, where its tasks run now, what moving each costs, the budget.
+
+    ``current[t]`` is a host index or -1 (new arrival); ``task_bytes[t]`` the
+    bytes moving task ``t`` costs (all tasks of a job are equal).
+    """
+
+    instance: Instance
+    current: np.ndarray
+    task_bytes: np.ndarray
+    budget: int
+
+    def __post_init__(self) -> None:
+        n = self.instance.n_tasks
+        if self.current.shape != (n,) or self.task_bytes.shape != (n,):
+            raise InputError(f"adaptation problem: {n} tasks but {self.current.shape} current hosts "
+                             f"and {self.task_bytes.shape} byte sizes")
+        if self.budget < 0:
+            raise InputError(f"budget: {self.budget} bytes is negative")
+
+    @property
+    def running(self) -> np.ndarray:
+        """Mask of tasks that run now (moving them costs bytes)."""
+        return self.current >= 0
+
+    def with_budget(self, budget: int) -> AdaptProblem:
+        return AdaptProblem(self.instance, self.current, self.task_bytes, budget)
+
+
+def move_cost(problem: AdaptProblem, hosts: np.ndarray) -> int:
+    """Bytes migrated to go from ``problem.current`` to ``hosts``: running tasks that change host."""
+    moved = problem.running & (np.asarray(hosts) != problem.current)
+    return int(problem.task_bytes[moved].sum())
+
+
+@dataclass(frozen=True)
+class Migration:
+    job: str
+    task: int
+    source: int
+    target: int
+    bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "task": self.task, "from": self.source, "to": self.target, "bytes": self.bytes}
+
+
+def migrations(problem: AdaptProblem, hosts: np.ndarray) -> list[Migration]:
+    """The live migrations a placement asks for, in task order."""
+    inst = problem.instance
+    out = []
+    for t in np.flatnonzero(problem.running & (np.asarray(hosts) != problem.current)):
+        j = int(inst.task_job[t])
+        out.append(Migration(inst.jobs[j].name, int(t - inst.job_first_task[j]), int(problem.current[t]),
+                             int(hosts[t]), int(problem.task_bytes[t])))
+    return out
+
+
+@dataclass(frozen=True)
+class AdaptResult:
+    """A :class:`SolveResult` plus the migrations it needs and their total bytes."""
+
+    result: SolveResult
+    migrations: tuple[Migration, ...] = ()
+    migrated_bytes: int = 0
+    detail: dict[str, object] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+ADAPT_TOP_FIELDS = frozenset({"host_memory_bytes"})
+ADAPT_JOB_FIELDS = frozenset({"current", "memory_bytes"})
+
+
+def problem_from_dict(raw: Any, budget: int) -> AdaptProblem:
+    """Parse the ``solve`` instance format extended with ``current``/``memory_bytes`` per job.
+
+    ``current`` lists a host index or null per task (null: a new arrival);
+    a job without it is all new.  ``memory_bytes`` is what moving one task
+    costs; it defaults to the job's memory fraction times the instance's
+    ``host_memory_bytes`` (default 1 GiB per reference host).
+    """
+    instance = instance_from_dict(raw, extra_top=ADAPT_TOP_FIELDS, extra_job=ADAPT_JOB_FIELDS)
+    assert isinstance(raw, Mapping)  # instance_from_dict checked it
+    host_bytes = DEFAULT_HOST_MEMORY_BYTES
+    if "host_memory_bytes" in raw:
+        host_bytes = parse_size("host_memory_bytes", raw["host_memory_bytes"])
+        if host_bytes == 0:
+            raise InputError("host_memory_bytes: must be above 0")
+    current = np.full(instance.n_tasks, -1, dtype=np.int64)
+    task_bytes = np.zeros(instance.n_tasks, dtype=np.int64)
+    for j, (job, raw_job) in enumerate(zip(instance.jobs, raw["jobs"], strict=True)):
+        first = int(instance.job_first_task[j])
+        where = f"jobs[{j}]"
+        if "memory_bytes" in raw_job:
+            b = parse_size(f"{where}.memory_bytes", raw_job["memory_bytes"], allow_zero=True)
+        else:
+            b = round(job.memory * host_bytes)
+        task_bytes[first:first + job.tasks] = b
+        cur = raw_job.get("current")
+        if cur is None:
+            continue
+        if not isinstance(cur, list) or len(cur) != job.tasks:
+            raise InputError(f"{where}.current: expected a list of {job.tasks} host indices or nulls, got {cur!r}")
+        for t, h in enumerate(cur):
+            if h is None:
+                continue
+            if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < instance.n_hosts:
+                raise InputError(f"{where}.current[{t}]: {h!r} is not a host index in 0..{instance.n_hosts - 1}")
+            current[first + t] = h
+    return AdaptProblem(instance, current, task_bytes, budget)
+

@@ -1,0 +1,138 @@
+"""Adapting the running managed VMs of a live inventory: the adaptation problem built from libvirt state, solved,
+ordered safely and turned into a plan (paper section 6.1 made executable)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from vcsched.adaptation.problem import AdaptProblem, AdaptResult
+from vcsched.adaptation.solve import solve_adapt
+from vcsched.control.admission import existing_jobs, floors_missed, model_hosts
+from vcsched.control.inventory import Inventory, snapshot_hash
+from vcsched.errors import InputError
+from vcsched.model import Instance, SolveOptions
+from vcsched.plans.migration import HostRoom, MigrationBlocked, MigrationOrder, VmChange, order_changes, plan_steps
+from vcsched.plans.plan import Plan, VmPrediction
+from vcsched.plans.steps import RemoveStep, SetNeedStep
+
+CAP_UNCHANGED = 1e-3  # cores; below the executor's read-back tolerance
+
+
+@dataclass(frozen=True)
+class LiveAdaptation:
+    """An adaptation of a live inventory: the solver's answer, the safe order, and the plan to apply."""
+
+    adapted: AdaptResult
+    plan: Plan | None  # None when nothing was found within the budget
+    order: MigrationOrder | None
+    problem: AdaptProblem
+    #: (virtual cluster, yield, recorded min_yield) for clusters the new allocation leaves below their
+    #: floor.  Reported, not refused: the allocation is already the best within the budget, and the
+    #: current one (after the changes) is no better.
+    floors_missed: tuple[tuple[str, float, float], ...] = ()
+    #: The staying VMs' minimum of cap / need before the plan (needs after the changes): what the plan improves on.
+    current_min_yield: float | None = None
+
+
+def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, needs: Mapping[str, float] | None = None,
+                    depart: Iterable[str] = (), algorithm: str = "heuristic", parallel: int = 1,
+                    options: SolveOptions | None = None) -> LiveAdaptation:
+    """Adapt the running managed VMs of ``inventory``  within ``budget``.
+
+    Units as in admission (docs/model.md): hosts in fractions of the reference
+    host (most cores, most usable memory, less what unmanaged domains use).
+    Each virtual cluster with one CPU need and memory size is a job whose
+    tasks are its VMs (section 5: they share one yield).  ``needs`` overrides
+    VMs' CPU needs in cores.  Moving a VM costs its memory in bytes.  The
+    result's migrations are ordered by :func:`vcsched.plans.migration.order_changes`
+    and the total including relays must fit the budget, else
+    :class:`vcsched.plans.migration.MigrationBlocked`.
+
+    ``depart`` names virtual clusters that leave: their VMs get ``remove``
+    steps at the head of the plan (removing only frees memory and CPU, so the
+    rest is planned, ordered and budgeted as if they were already gone) and
+    the remaining clusters share what they held.  A need in ``needs`` that
+    differs from the VM's metadata gets a ``set-need`` step at the end, so
+    once applied the next adaptation starts from it.
+    """
+    needs = dict(needs or {})
+    departing = sorted(set(depart))
+    known = inventory.clusters()
+    for vc in departing:
+        if vc not in known:
+            raise InputError(f"--depart: {vc!r} is not a virtual cluster of cluster {cluster_name!r} "
+                             f"(its virtual clusters: {', '.join(known) or 'none'})")
+    leaving = [v for v in inventory.vms if v.cluster in departing]
+    gone = frozenset(v.name for v in leaving)
+    managed = tuple(v for v in inventory.managed() if v.name not in gone)
+    names = {v.name for v in managed}
+    for vm in needs:
+        if vm in gone:
+            raise InputError(f"--set-need: {vm!r} belongs to a departing virtual cluster (--depart)")
+        if vm not in names:
+            raise InputError(f"--set-need: {vm!r} is not a running managed VM of cluster {cluster_name!r}")
+    n_ref = inventory.reference_cores
+    used_mem: defaultdict[str, int] = defaultdict(int)
+    caps_used: defaultdict[str, float] = defaultdict(float)
+    for v in inventory.vms:
+        if not v.active or v.name in gone:
+            continue
+        used_mem[v.host] += v.memory_bytes
+        if not v.managed:
+            caps_used[v.host] += float(v.vcpus)
+        else:
+            caps_used[v.host] += v.cap_or_vcpus
+    cores_of: dict[str, float] = {}  # each staying VM's need in cores, after the changes
+    renew: dict[str, float] = {}  # the changed needs to record in metadata
+    for v in managed:
+        assert v.meta is not None  # managed
+        cores = needs.get(v.name, v.meta.cpu_need_cores)
+        if not 0 < cores <= v.vcpus:
+            raise InputError(f"--set-need {v.name}: {cores:g} cores must be above 0 and at most its {v.vcpus} vCPUs")
+        cores_of[v.name] = cores
+        if abs(cores - v.meta.cpu_need_cores) > 1e-9:
+            renew[v.name] = cores
+    # The same whole-cluster instance as admission's (one job per virtual cluster and size), not pinned.
+    existing = existing_jobs(inventory, managed, needs)
+    current_min = min((min(1.0, v.cap_or_vcpus / cores_of[v.name]) for v in managed), default=None)
+    vms = list(existing.vms)
+    instance = Instance(model_hosts(inventory), existing.jobs)
+    problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
+                           np.array([v.memory_bytes for v in vms], dtype=np.int64), budget)
+    adapted = solve_adapt(problem, algorithm, options)
+    if adapted.result.allocation is None:
+        return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min)
+    alloc = adapted.result.allocation
+    yields = alloc.yields(instance)
+    changes, per_vm = [], {}
+    for t, v in enumerate(vms):
+        assert v.meta is not None  # managed
+        j = int(instance.task_job[t])
+        target = inventory.hosts[alloc.hosts[t]].name
+        cap = alloc.cpu[j] * n_ref
+        per_vm[v.name] = VmPrediction(target, v.meta.cluster, cores_of[v.name], cap, float(yields[j]))
+        now = v.cap_or_vcpus
+        # Caps read back rounded to whole microseconds of quota: do not re-cap for that.
+        final = now if abs(now - cap) <= CAP_UNCHANGED else cap
+        changes.append(VmChange(v.name, v.host, target, v.memory_bytes, now, final))
+    rooms = [HostRoom(h.name, h.usable_memory, used_mem[h.name], float(h.cores), caps_used[h.name])
+             for h in inventory.hosts]
+    order = order_changes(rooms, changes, parallel=parallel)
+    if order.total_bytes > budget:
+        raise MigrationBlocked(f"budget: the safe order needs {order.total_bytes} bytes ({order.relays} relays "
+                               f"through hosts with room), above the budget of {budget}; raise --budget")
+    removals = tuple(RemoveStep(v.name, v.host, str(v.cluster)) for v in sorted(leaving, key=lambda v: v.name))
+    # New needs are written back last (on each VM's final host), so the next run plans with them.
+    renewals = tuple(SetNeedStep(v.name, per_vm[v.name].host, renew[v.name]) for v in vms if v.name in renew)
+    steps = removals + plan_steps(order) + renewals
+    moved = frozenset(s.vm for s in steps if s.moves)
+    renewed = frozenset(s.vm for s in renewals)
+    plan = Plan("adapt", cluster_name, snapshot_hash(inventory, gone, moved, renewed),
+                float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps,
+                extra={"budget": budget, "migrated_bytes": order.total_bytes})
+    missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})
+    return LiveAdaptation(adapted, plan, order, problem, tuple(missed), current_min)

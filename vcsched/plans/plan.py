@@ -1,0 +1,145 @@
+"""Plans: what vcsched will do to a cluster, as a reviewable, saveable value.
+
+A plan is computed by the pure core (:mod:`vcsched.control.admission`,
+:mod:`vcsched.control.live`) and applied by :mod:`hypervisor.executor`.  JSON format
+(version 1, the contract between the libvirt-side modules)::
+
+    {"version": 1, "kind": "place" | "adapt", "cluster": NAME,
+     "snapshot": "<sha256 of the canonical inventory it was computed from>",
+     "predicted": {"min_yield": .., "avg_yield": .., "per_vm": {VM: {...}}},
+     "steps": [{"op": "create", "vm": .., "host": .., ...},
+               {"op": "set-cap", "vm": .., "host": .., "cap_cores": ..},
+               {"op": "migrate", "vm": .., "from": .., "to": .., "bytes": .., "cap_cores": ..},
+               {"op": "remove", "vm": .., "host": .., "cluster": ..},
+               {"op": "set-need", "vm": .., "host": .., "cpu_need_cores": ..}]}
+
+The step kinds are in :mod:`vcsched.plans.steps` and their safe order in
+:mod:`vcsched.plans.ordering`; this module holds the plan as a whole: its
+predicted yields, its steps, and the checks a loaded plan file must pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vcsched.errors import InputError
+from vcsched.formats.fields import check_fields, check_number, check_string
+from vcsched.plans.steps import MigrateStep, Step, step_from_dict
+
+PLAN_VERSION = 1
+PLAN_KINDS = ("place", "adapt")
+
+_str = check_string
+_num = check_number
+
+
+def _fields(where: str, d: Any, required: set[str], optional: frozenset[str] | set[str] = frozenset()
+            ) -> Mapping[str, Any]:
+    return check_fields(where, d, optional, required)
+
+
+@dataclass(frozen=True)
+class VmPrediction:
+    host: str
+    cluster: str
+    cpu_need_cores: float
+    cap_cores: float
+    yield_: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "cluster": self.cluster, "cpu_need_cores": self.cpu_need_cores,
+                "cap_cores": self.cap_cores, "yield": self.yield_}
+
+
+@dataclass(frozen=True)
+class Plan:
+    kind: str
+    cluster: str
+    snapshot: str
+    min_yield: float
+    avg_yield: float
+    per_vm: Mapping[str, VmPrediction]
+    steps: tuple[Step, ...]
+    version: int = PLAN_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)  # e.g. the admitted request's name
+
+    def created_vms(self) -> frozenset[str]:
+        return frozenset(s.vm for s in self.steps if s.op == "create")
+
+    def moved_vms(self) -> frozenset[str]:
+        """VMs whose host the plan changes: steps of a kind with ``moves = True`` (a ``migrate``)."""
+        return frozenset(s.vm for s in self.steps if s.moves)
+
+    def removed_vms(self) -> frozenset[str]:
+        """VMs the plan ends: steps of a kind with ``removes = True`` (a ``remove``)."""
+        return frozenset(s.vm for s in self.steps if s.removes)
+
+    def renewed_vms(self) -> frozenset[str]:
+        """VMs whose recorded CPU need the plan rewrites: steps of a kind with ``renews = True``."""
+        return frozenset(s.vm for s in self.steps if s.renews)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "version": self.version,
+            "kind": self.kind,
+            "cluster": self.cluster,
+            "snapshot": self.snapshot,
+            "predicted": {"min_yield": self.min_yield, "avg_yield": self.avg_yield,
+                          "per_vm": {k: v.to_dict() for k, v in sorted(self.per_vm.items())}},
+            "steps": [s.to_dict() for s in self.steps],
+        }
+        out.update(self.extra)
+        return out
+
+
+def plan_from_dict(d: Any) -> Plan:
+    """Validate a decoded plan document (a saved plan may have been edited by hand)."""
+    d = _fields("plan", d, {"version", "kind", "cluster", "snapshot", "predicted", "steps"},
+                {"request", "budget", "migrated_bytes"})
+    if d["version"] != PLAN_VERSION:
+        raise InputError(f"plan.version: {d['version']!r} is not supported (this vcsched reads {PLAN_VERSION})")
+    if d["kind"] not in PLAN_KINDS:
+        raise InputError(f"plan.kind: {d['kind']!r} is not one of {', '.join(PLAN_KINDS)}")
+    snapshot = _str("plan.snapshot", d["snapshot"])
+    if len(snapshot) != 64 or any(c not in "0123456789abcdef" for c in snapshot):
+        raise InputError(f"plan.snapshot: {snapshot!r} is not a sha256 hex digest")
+    pred = _fields("plan.predicted", d["predicted"], {"min_yield", "avg_yield", "per_vm"})
+    per_vm_raw = pred["per_vm"]
+    if not isinstance(per_vm_raw, Mapping):
+        raise InputError("plan.predicted.per_vm: expected an object")
+    per_vm = {}
+    for name, p in per_vm_raw.items():
+        w = f"plan.predicted.per_vm.{name}"
+        p = _fields(w, p, {"host", "cluster", "cpu_need_cores", "cap_cores", "yield"})
+        per_vm[name] = VmPrediction(_str(f"{w}.host", p["host"]), _str(f"{w}.cluster", p["cluster"]),
+                                    _num(f"{w}.cpu_need_cores", p["cpu_need_cores"]),
+                                    _num(f"{w}.cap_cores", p["cap_cores"]),
+                                    _num(f"{w}.yield", p["yield"], low_open=False))
+    raw_steps = d["steps"]
+    if not isinstance(raw_steps, list):
+        raise InputError("plan.steps: expected a list")
+    steps = [step_from_dict(f"plan.steps[{i}]", s) for i, s in enumerate(raw_steps)]
+    extra: dict[str, Any] = {"request": _str("plan.request", d["request"])} if "request" in d else {}
+    if "budget" in d or "migrated_bytes" in d:
+        extra.update(_budget(d, steps))
+    return Plan(d["kind"], _str("plan.cluster", d["cluster"]), snapshot,
+                _num("plan.predicted.min_yield", pred["min_yield"], low_open=False),
+                _num("plan.predicted.avg_yield", pred["avg_yield"], low_open=False), per_vm, tuple(steps),
+                extra=extra)
+
+
+def _budget(d: Mapping[str, Any], steps: Iterable[Step]) -> dict[str, int]:
+    """An adapt plan's byte budget and total: the total must be what its steps move, and within the budget."""
+    for key in ("budget", "migrated_bytes"):
+        v = d.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InputError(f"plan.{key}: expected a byte count >= 0, got {v!r}")
+    moved = sum(s.bytes for s in steps if isinstance(s, MigrateStep))
+    if d["migrated_bytes"] != moved:
+        raise InputError(f"plan.migrated_bytes: {d['migrated_bytes']} but the migrate steps move {moved} bytes")
+    if moved > d["budget"]:
+        raise InputError(f"plan.migrated_bytes: {moved} bytes is above the plan's budget of {d['budget']}")
+    return {"budget": d["budget"], "migrated_bytes": moved}
+

@@ -1,0 +1,297 @@
+"""Plan steps: one frozen dataclass per kind of change vcsched makes to a host, and the table that parses them.
+
+Every step names the VM it acts on and the host it acts on, serialises to
+the plan JSON (``to_dict``/``from_dict``, which validates a hand-edited
+plan), and says how it changes the caps on each host (``cap_changes``): that
+is all the ordering (:mod:`vcsched.plans.ordering`) needs to keep every host
+within its cores at every prefix of a plan.  Three class-level flags tell
+the snapshot check (:mod:`vcsched.control.inventory`) what a half-applied
+plan may already have changed: ``moves`` (the VM's host), ``removes`` (the
+VM itself), ``renews`` (the VM's recorded CPU need).
+
+How a step is carried out lives on the other side of the data flow, in
+:mod:`hypervisor.executor`, which has one runner per ``op``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from vcsched.caps import CAP_TOLERANCE
+from vcsched.errors import InputError
+from vcsched.formats.fields import check_count, check_fields, check_fraction, check_number, check_string
+
+
+class Step(Protocol):
+    op: ClassVar[str]
+    moves: ClassVar[bool]
+    removes: ClassVar[bool]
+    renews: ClassVar[bool]
+
+    @property
+    def vm(self) -> str: ...
+
+    @property
+    def host(self) -> str:
+        """The host the step acts on (for a migration: the destination)."""
+        ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
+        """``(host, vm, new cap in cores or None = VM leaves the host)`` for every cap this step changes."""
+        ...
+
+
+class _Flags:
+    """The defaults of the three flags: a step changes none of host, existence or need unless it says so."""
+
+    moves: ClassVar[bool] = False
+    removes: ClassVar[bool] = False
+    renews: ClassVar[bool] = False
+
+
+def _fields(where: str, d: Any, required: set[str], optional: frozenset[str] | set[str] = frozenset()
+            ) -> Mapping[str, Any]:
+    return check_fields(where, d, optional, required)
+
+
+_str = check_string
+_num = check_number
+_int = check_count
+
+
+@dataclass(frozen=True)
+class Boot:
+    """How a created VM boots: ``kernel`` (direct kernel+initrd, the cluster's [guest]),
+    ``template`` (a domain XML file the request names) or ``image`` (a disk image)."""
+
+    kind: str
+    kernel: str | None = None
+    initrd: str | None = None
+    cmdline: str = ""
+    domain_type: str = "qemu"
+    path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.kind == "kernel":
+            return {"kind": "kernel", "kernel": self.kernel, "initrd": self.initrd, "cmdline": self.cmdline,
+                    "domain_type": self.domain_type}
+        return {"kind": self.kind, "path": self.path, "domain_type": self.domain_type}
+
+    @staticmethod
+    def from_dict(where: str, d: Any) -> Boot:
+        if not isinstance(d, Mapping) or d.get("kind") not in ("kernel", "template", "image"):
+            raise InputError(f"{where}.kind: expected 'kernel', 'template' or 'image', got "
+                             f"{d.get('kind') if isinstance(d, Mapping) else d!r}")
+        if d["kind"] == "kernel":
+            d = _fields(where, d, {"kind", "kernel", "initrd"}, {"cmdline", "domain_type"})
+            return Boot("kernel", _str(f"{where}.kernel", d["kernel"]), _str(f"{where}.initrd", d["initrd"]),
+                        str(d.get("cmdline", "")), _str(f"{where}.domain_type", d.get("domain_type", "qemu")))
+        d = _fields(where, d, {"kind", "path"}, {"domain_type"})
+        return Boot(d["kind"], path=_str(f"{where}.path", d["path"]),
+                    domain_type=_str(f"{where}.domain_type", d.get("domain_type", "qemu")))
+
+
+
+@dataclass(frozen=True)
+class CreateStep(_Flags):
+    """Create (and start) a managed VM on ``host``, capped from its first instant."""
+
+    op: ClassVar[str] = "create"
+    vm: str
+    host: str
+    cluster: str
+    vcpus: int
+    memory_bytes: int
+    cpu_need_cores: float
+    cap_cores: float
+    boot: Boot
+    min_yield: float | None = None  # the request's floor, recorded in the VM's metadata
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"op": self.op, "vm": self.vm, "host": self.host, "cluster": self.cluster, "vcpus": self.vcpus,
+             "memory_bytes": self.memory_bytes, "cpu_need_cores": self.cpu_need_cores,
+             "cap_cores": self.cap_cores, "boot": self.boot.to_dict()}
+        if self.min_yield is not None:
+            d["min_yield"] = self.min_yield
+        return d
+
+    def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
+        return ((self.host, self.vm, self.cap_cores),)
+
+    @staticmethod
+    def from_dict(where: str, d: Mapping[str, Any]) -> CreateStep:
+        d = _fields(where, d, {"op", "vm", "host", "cluster", "vcpus", "memory_bytes", "cpu_need_cores",
+                               "cap_cores", "boot"}, {"min_yield"})
+        step = CreateStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+                          _str(f"{where}.cluster", d["cluster"]), _int(f"{where}.vcpus", d["vcpus"]),
+                          _int(f"{where}.memory_bytes", d["memory_bytes"]),
+                          _num(f"{where}.cpu_need_cores", d["cpu_need_cores"]),
+                          _num(f"{where}.cap_cores", d["cap_cores"]), Boot.from_dict(f"{where}.boot", d["boot"]),
+                          check_fraction(f"{where}.min_yield", d["min_yield"]) if "min_yield" in d else None)
+        _check_cap(where, step.cap_cores, step.vcpus)
+        return step
+
+
+@dataclass(frozen=True)
+class SetCapStep(_Flags):
+    """Change the CPU cap of an existing managed VM (live, and in its persistent config if any)."""
+
+    op: ClassVar[str] = "set-cap"
+    vm: str
+    host: str
+    cap_cores: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "vm": self.vm, "host": self.host, "cap_cores": self.cap_cores}
+
+    def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
+        return ((self.host, self.vm, self.cap_cores),)
+
+    @staticmethod
+    def from_dict(where: str, d: Mapping[str, Any]) -> SetCapStep:
+        d = _fields(where, d, {"op", "vm", "host", "cap_cores"})
+        return SetCapStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+                          _num(f"{where}.cap_cores", d["cap_cores"]))
+
+
+@dataclass(frozen=True)
+class RemoveStep(_Flags):
+    """Stop and undefine a managed VM of a departed virtual cluster.
+
+    ``cluster`` is recorded so the executor can refuse a VM whose metadata
+    names another virtual cluster (a reused name must not be destroyed by an
+    old plan).  Removals free memory and CPU, so plans put them first.
+    """
+
+    op: ClassVar[str] = "remove"
+    removes: ClassVar[bool] = True
+    vm: str
+    host: str
+    cluster: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "vm": self.vm, "host": self.host, "cluster": self.cluster}
+
+    def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
+        return ((self.host, self.vm, None),)
+
+    @staticmethod
+    def from_dict(where: str, d: Mapping[str, Any]) -> RemoveStep:
+        d = _fields(where, d, {"op", "vm", "host", "cluster"})
+        return RemoveStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+                          _str(f"{where}.cluster", d["cluster"]))
+
+
+@dataclass(frozen=True)
+class SetNeedStep(_Flags):
+    """Record a new CPU need in a managed VM's metadata.
+
+    Needs come from metadata on every run, so a need the operator changed
+    (``vcsched adapt --set-need``) must be written back once the plan built on
+    it is applied, or the next adaptation would plan with the old one.  It
+    changes no cap, so it can go anywhere; plans put it last, on the VM's
+    final host.
+    """
+
+    op: ClassVar[str] = "set-need"
+    renews: ClassVar[bool] = True
+    vm: str
+    host: str
+    cpu_need_cores: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "vm": self.vm, "host": self.host, "cpu_need_cores": self.cpu_need_cores}
+
+    def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
+        return ()
+
+    @staticmethod
+    def from_dict(where: str, d: Mapping[str, Any]) -> SetNeedStep:
+        d = _fields(where, d, {"op", "vm", "host", "cpu_need_cores"})
+        return SetNeedStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+                           _num(f"{where}.cpu_need_cores", d["cpu_need_cores"]))
+
+
+
+@dataclass(frozen=True)
+class MigrateStep(_Flags):
+    """Plan step ``{"op": "migrate", "vm", "from", "to", "bytes", "cap_cores"}``: live-migrate a managed VM.
+
+    ``moves = True`` tells the snapshot to leave the VM's host out, so a
+    half-applied plan still matches.  ``cap_cores`` is the cap it has on
+    arrival (see :func:`vcsched.plans.migration.order_changes`).
+    """
+
+    op: ClassVar[str] = "migrate"
+    moves: ClassVar[bool] = True
+    vm: str
+    source: str
+    target: str
+    bytes: int
+    cap_cores: float
+    final: str | None = None  # on a relay hop: where the VM goes next (a re-run finding it there skips this hop)
+    wave: int | None = None  # consecutive migrations of one wave may run at once (None: one at a time)
+
+    @property
+    def host(self) -> str:
+        return self.target
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"op": self.op, "vm": self.vm, "from": self.source, "to": self.target,
+                             "bytes": self.bytes, "cap_cores": self.cap_cores}
+        if self.final is not None:
+            d["final"] = self.final
+        if self.wave is not None:
+            d["wave"] = self.wave
+        return d
+
+    def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
+        return ((self.source, self.vm, None), (self.target, self.vm, self.cap_cores))
+
+    @staticmethod
+    def from_dict(where: str, d: Mapping[str, Any]) -> MigrateStep:
+        d = _fields(where, d, {"op", "vm", "from", "to", "bytes", "cap_cores"}, {"final", "wave"})
+        final = _str(f"{where}.final", d["final"]) if "final" in d else None
+        wave = _int(f"{where}.wave", d["wave"]) if "wave" in d else None
+        step = MigrateStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.from", d["from"]),
+                           _str(f"{where}.to", d["to"]), _int(f"{where}.bytes", d["bytes"]),
+                           _num(f"{where}.cap_cores", d["cap_cores"]), final, wave)
+        if step.source == step.target:
+            raise InputError(f"{where}.to: {step.target!r} is also the source host")
+        return step
+
+
+def _check_cap(where: str, cap: float, vcpus: int) -> None:
+    if cap > vcpus + CAP_TOLERANCE:
+        raise InputError(f"{where}.cap_cores: {cap:g} cores is more than the VM's {vcpus} vCPUs can use")
+
+
+
+StepParser = Callable[[str, Mapping[str, Any]], Step]
+
+#: Every step kind a plan file may hold, by ``op``: a literal table, so loading a plan never depends on which
+#: modules happened to be imported before.
+STEP_PARSERS: Mapping[str, StepParser] = {
+    CreateStep.op: CreateStep.from_dict,
+    SetCapStep.op: SetCapStep.from_dict,
+    MigrateStep.op: MigrateStep.from_dict,
+    RemoveStep.op: RemoveStep.from_dict,
+    SetNeedStep.op: SetNeedStep.from_dict,
+}
+
+
+def step_kinds() -> tuple[str, ...]:
+    return tuple(sorted(STEP_PARSERS))
+
+
+def step_from_dict(where: str, d: Any) -> Step:
+    """One step of a plan document, validated; ``where`` names it in errors (``plan.steps[3]``)."""
+    op = d.get("op") if isinstance(d, Mapping) else None
+    parser = STEP_PARSERS.get(op) if isinstance(op, str) else None
+    if parser is None:
+        raise InputError(f"{where}.op: {op!r} is not a known step (known: {', '.join(step_kinds())})")
+    return parser(where, d)
