@@ -12,7 +12,6 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from vcsched.solvers import registry
 from vcsched.errors import InputError
 from vcsched.experiments.paper import (
     Record,
@@ -27,6 +26,7 @@ from vcsched.experiments.paper import (
     work_items,
 )
 from vcsched.model import Instance, SolveOptions
+from vcsched.solvers import registry
 
 
 def rec(instance: int, algorithm: str, min_yield: float | None, *, slack: float = 0.5,

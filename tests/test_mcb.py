@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from cli.main import cli  # the group with every command registered
 from tests.conftest import make_instance
-from vcsched.solvers import mcb
 from vcsched.errors import InputError
 from vcsched.model import Host, Instance, Job, SolveOptions
+from vcsched.solvers import mcb
 from vcsched.solvers.lpbound import lp_bound
 from vcsched.solvers.registry import algorithms, solve
 from vcsched.validate import check_allocation
