@@ -7,7 +7,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from cli.app import EXIT_OK, console, emit_json
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
 from cli.place import cluster_option, load_cluster
 from hypervisor.base import measure_cores
 from hypervisor.libvirt_backend import LibvirtHypervisor
@@ -29,7 +29,8 @@ def status_dict(inv: Inventory, measured: dict[str, float | None], seconds: floa
     for h in inv.hosts:
         on = inv.vms_on(h.name)
         hosts.append({
-            "name": h.name, "cores": h.cores, "memory_bytes": h.memory_bytes, "memory_reserved": h.memory_reserved,
+            "name": h.name, "down": h.down,
+            "cores": h.cores, "memory_bytes": h.memory_bytes, "memory_reserved": h.memory_reserved,
             "memory_used_bytes": sum(v.memory_bytes for v in on if v.active),
             "caps_cores": sum(v.cap_cores or 0.0 for v in on if v.managed and v.active),
             "measured_cores": sum(measured.get(v.name) or 0.0 for v in on),
@@ -53,11 +54,18 @@ def render_status(doc: dict[str, Any]) -> None:
     for col in ("host", "cores", "caps (cores)", "measured (cores)", "memory used / usable"):
         table.add_column(col, justify="left" if col == "host" else "right")
     for h in doc["hosts"]:
+        if h["down"] is not None:
+            table.add_row(f"[red]{h['name']} (down)[/]", "?", "?", "?", f"[red]{h['down']}[/]")
+            continue
         usable = h["memory_bytes"] - h["memory_reserved"]
         table.add_row(h["name"], str(h["cores"]), f"{h['caps_cores']:.3f}",
                       _num(h["measured_cores"]) if doc["sample_seconds"] else "-",
                       f"{format_size(h['memory_used_bytes'])} / {format_size(usable)}")
     console.print(table)
+    down = [h["name"] for h in doc["hosts"] if h["down"] is not None]
+    if down:
+        console.print(f"[red]{len(down)} host(s) down[/] ({', '.join(down)}): their VMs are unknown, and nothing "
+                      "is planned onto or off them until they answer again.")
     if not doc["vms"]:
         console.print("no VMs")
         return
@@ -93,6 +101,10 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool) -> int:
     its cap gives it (cap / need, paper section 2.3).
 
     A VM busy at its cap shows measured close to cap; one that idles shows less.
+
+    A host that does not answer is shown as down, with libvirt's reason; the
+    others are shown as usual.  Exit codes: 0 shown (even with hosts down),
+    1 every host is down, 2 bad input.
     """
     cluster = load_cluster(cluster_file)
     with LibvirtHypervisor(cluster) as hv:
@@ -109,4 +121,4 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool) -> int:
         emit_json(doc)
     else:
         render_status(doc)
-    return EXIT_OK
+    return EXIT_UNSATISFIED if len(inv.down_hosts()) == len(inv.hosts) else EXIT_OK

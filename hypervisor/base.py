@@ -18,14 +18,22 @@ from vcsched.plans.steps import CreateStep
 
 
 class HypervisorError(VcschedError):
-    """A host refused or failed an operation; the message names the host (and the VM)."""
+    """A host refused or failed an operation; the message names the host (and the VM).
 
-    exit_code = 2
+    Exit 1: the input was fine, a host was not (bad input is :class:`vcsched.errors.InputError`, exit 2).
+    """
+
+    exit_code = 1
 
 
 class Hypervisor(Protocol):
-    def inventory(self) -> Inventory:
-        """Every host's capacity and every domain on it, managed or not (raises if a host is unreachable)."""
+    def inventory(self, hosts: Iterable[str] | None = None) -> Inventory:
+        """Every host's capacity and every domain on it, managed or not; only ``hosts`` when given.
+
+        A host that does not answer is in the inventory as *down* (with the
+        reason), without VMs: one host down is a fact to report, not a
+        reason to stop.  Unknown host names raise.
+        """
         ...
 
     def find_vm(self, name: str) -> VmState | None:
@@ -48,8 +56,15 @@ class Hypervisor(Protocol):
         """Stop a managed VM on ``host`` and forget it (undefine, if persistent); refuses unmanaged domains."""
         ...
 
-    def migrate_vm(self, vm: str, source: str, target: str) -> None:
-        """Live-migrate a running managed VM from ``source`` to ``target``; a failure leaves it on ``source``."""
+    def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float) -> None:
+        """Live-migrate a running managed VM from ``source`` to ``target``, arriving capped at ``cap_cores``.
+
+        A failure leaves it running on ``source``.
+        """
+        ...
+
+    def realised_cap(self, host: str, vcpus: int, cap_cores: float) -> float:
+        """The cap ``host`` actually holds (and reads back) when asked for ``cap_cores`` on a ``vcpus``-vCPU VM."""
         ...
 
     def lists(self, host: str, vm: str) -> bool:

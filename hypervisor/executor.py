@@ -7,8 +7,17 @@ admit does not work.  Instead every step is idempotent:
 * **pre**: look at the live state; if the step's effect is already there
   (the VM exists on its host with the planned cap) the step is *skipped*;
 * **act**: make the change;
-* **post**: read the result back through the hypervisor (the cap within
-  :data:`CAP_READBACK_TOLERANCE` cores) — a step is *done* only when verified.
+* **post**: read the result back through the hypervisor (the cap exactly the
+  grid point the host realises for the planned one, :mod:`vcsched.caps`) — a
+  step is *done* only when verified.
+
+Before the first step the whole plan is replayed on the live inventory
+(:mod:`vcsched.plans.check`): a plan that names an unknown or down host, a
+cap beyond a VM or a host, or that would over-commit any host at any point,
+is refused whole and nothing changes.  Right before each step (each wave of
+migrations) the hosts it touches are read again and the same replay is its
+pre-condition, so a change someone else made meanwhile stops the plan
+instead of over-committing a host.
 
 The migrations of one wave run at once (threads; libvirt connections are
 thread-safe), everything else one step at a time.  The first failure stops
@@ -33,14 +42,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hypervisor.base import Hypervisor, HypervisorError
-from vcsched.control.inventory import VmState, snapshot_hash
+from vcsched.control.inventory import Inventory, VmState, snapshot_hash
 from vcsched.errors import InputError, VcschedError
+from vcsched.plans.check import check_plan, replay_problems
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
 
-#: libvirt's quota is whole microseconds per 100 ms period per vCPU, so a read-back cap
-#: differs from the planned one by up to vcpus * 1e-5 cores; anything beyond this is wrong.
-CAP_READBACK_TOLERANCE = 0.005
+#: A read-back cap equals the grid point the host realises, up to float noise.
+CAP_READBACK_TOLERANCE = 1e-9
 
 DONE, SKIPPED, FAILED, NOT_RUN = "done", "skipped", "failed", "not run"
 
@@ -65,9 +74,9 @@ class StepRunner(Protocol):
         ...
 
 
-def _cap_matches(hv: Hypervisor, host: str, vm: str, cap: float) -> bool:
-    now = hv.read_cap(host, vm)
-    return now is not None and abs(now - cap) <= CAP_READBACK_TOLERANCE
+def _cap_matches(hv: Hypervisor, v: VmState, cap: float) -> bool:
+    now = hv.read_cap(v.host, v.name)
+    return now is not None and abs(now - hv.realised_cap(v.host, v.vcpus, cap)) <= CAP_READBACK_TOLERANCE
 
 
 def _verify_cap(hv: Hypervisor, host: str, vm: str, cap: float) -> None:
@@ -76,10 +85,10 @@ def _verify_cap(hv: Hypervisor, host: str, vm: str, cap: float) -> None:
         raise StepFailed(f"{vm} is not on host {host} after the step")
     if not v.active:
         raise StepFailed(f"{vm} on host {host} is not running")
-    now = hv.read_cap(host, vm)
-    if now is None or abs(now - cap) > CAP_READBACK_TOLERANCE:
-        shown = "none" if now is None else f"{now:.4f}"
-        raise StepFailed(f"{vm} on host {host}: cap reads back as {shown} cores, planned {cap:.4f}")
+    if not _cap_matches(hv, v, cap):
+        now = hv.read_cap(host, vm)
+        shown = "none (uncapped)" if now is None else f"{now:.5f}"
+        raise StepFailed(f"{vm} on host {host}: cap reads back as {shown} cores, planned {cap:.5f}")
 
 
 def _where(hv: Hypervisor, vm: str, host: str) -> VmState | None:
@@ -98,7 +107,8 @@ def _where(hv: Hypervisor, vm: str, host: str) -> VmState | None:
 
 class CreateRunner:
     def already_done(self, hv: Hypervisor, step: CreateStep) -> bool:
-        return _where(hv, step.vm, step.host) is not None and _cap_matches(hv, step.host, step.vm, step.cap_cores)
+        v = _where(hv, step.vm, step.host)
+        return v is not None and _cap_matches(hv, v, step.cap_cores)
 
     def act(self, hv: Hypervisor, step: CreateStep) -> None:
         if _where(hv, step.vm, step.host):  # created by an earlier, interrupted run: only the cap is left
@@ -112,9 +122,10 @@ class CreateRunner:
 
 class SetCapRunner:
     def already_done(self, hv: Hypervisor, step: SetCapStep) -> bool:
-        if not _where(hv, step.vm, step.host):
+        v = _where(hv, step.vm, step.host)
+        if v is None:
             raise StepFailed(f"{step.vm} is not on host {step.host} (nor anywhere else)")
-        return _cap_matches(hv, step.host, step.vm, step.cap_cores)
+        return _cap_matches(hv, v, step.cap_cores)
 
     def act(self, hv: Hypervisor, step: SetCapStep) -> None:
         hv.set_cap(step.host, step.vm, step.cap_cores)
@@ -207,8 +218,8 @@ class MigrateRunner:
     def act(self, hv: Hypervisor, step: MigrateStep) -> None:
         v = hv.find_vm(step.vm)
         if v is not None and v.host == step.source:
-            hv.migrate_vm(step.vm, step.source, step.target)
-        hv.set_cap(step.target, step.vm, step.cap_cores)
+            hv.migrate_vm(step.vm, step.source, step.target, step.cap_cores)  # arrives with its cap
+        hv.set_cap(step.target, step.vm, step.cap_cores)  # a re-run found it arrived: (re)set the arrival cap
 
     def verify(self, hv: Hypervisor, step: MigrateStep) -> None:
         _verify_cap(hv, step.target, step.vm, step.cap_cores)
@@ -249,6 +260,28 @@ class ApplyReport:
                           for r in self.results]}
 
 
+def _precondition(hv: Hypervisor, group: Sequence[Step], first: int) -> str | None:
+    """The group's steps replayed on the hosts they touch as they are *now*; the first problem, or None."""
+    try:
+        where = {v.host for v in (hv.find_vm(step.vm) for step in group) if v is not None}
+        now = hv.inventory(sorted(where | {h for step in group for h in _hosts_of(step)}))
+    except HypervisorError as exc:
+        return f"pre-condition: cannot read the hosts it touches: {exc}"
+    problems = replay_problems(group, now, first_index=first)
+    return None if not problems else f"pre-condition: {problems[0]} (the cluster changed; nothing was done)"
+
+
+def _hosts_of(step: Step) -> tuple[str, ...]:
+    return (step.source, step.target) if isinstance(step, MigrateStep) else (step.host,)
+
+
+def _snapshot_matches(inventory: Inventory, plan: Plan) -> bool:
+    if inventory.cluster != plan.cluster:
+        raise InputError(f"plan.cluster: plan is for cluster {plan.cluster!r}, this is {inventory.cluster!r}")
+    now = snapshot_hash(inventory, plan.created_vms() | plan.removed_vms(), plan.moved_vms(), plan.renewed_vms())
+    return now == plan.snapshot
+
+
 def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
     """Does the live cluster still match the inventory the plan was computed from?
 
@@ -259,30 +292,40 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
     the VMs it removes are left out like the ones it creates, and the needs it
     rewrites too.
     """
-    inv = hv.inventory()
-    if inv.cluster != plan.cluster:
-        raise InputError(f"plan.cluster: plan is for cluster {plan.cluster!r}, this is {inv.cluster!r}")
-    now = snapshot_hash(inv, plan.created_vms() | plan.removed_vms(), plan.moved_vms(), plan.renewed_vms())
-    return now == plan.snapshot
+    return _snapshot_matches(hv.inventory(), plan)
 
 
 def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
                on_step: Callable[[StepResult], None] | None = None) -> ApplyReport:
-    """Run ``plan`` on ``hv``; returns what happened to every step (see the module docstring)."""
+    """Run ``plan`` on ``hv``; returns what happened to every step (see the module docstring).
+
+    Raises (nothing changed): :class:`SnapshotMismatch` when the cluster
+    changed since the plan was computed (unless ``force``), and
+    :class:`vcsched.errors.InputError` when the plan does not hold on the
+    live cluster as a whole (even with ``force``: that would over-commit).
+    """
     for i, step in enumerate(plan.steps):
         if step.op not in RUNNERS:
             raise InputError(f"plan.steps[{i}].op: no runner for {step.op!r} in this vcsched")
-    matched = check_snapshot(hv, plan)
+    inventory = hv.inventory()
+    matched = _snapshot_matches(inventory, plan)
     if not matched and not force:
+        again = "place" if plan.kind == "place" else "adapt"
         raise SnapshotMismatch(f"plan.snapshot: cluster {plan.cluster!r} changed since this plan was computed "
-                               "(re-run `vcsched place`, or apply anyway with --force)")
+                               f"(compute a new one with `vcsched {again}`, or apply anyway with --force)")
+    check_plan(plan.steps, inventory)
     results: list[StepResult] = []
     failed = False
+    position = 0
     for group in _batches(plan.steps):
+        first, position = position, position + len(group)
         if failed:
             results += [StepResult(step, NOT_RUN) for step in group]
             continue
-        if len(group) == 1:
+        problem = _precondition(hv, group, first)
+        if problem is not None:
+            done = [StepResult(step, FAILED, problem, 0.0) for step in group]
+        elif len(group) == 1:
             done = [_run_step(hv, group[0])]
         else:
             with ThreadPoolExecutor(max_workers=len(group), thread_name_prefix="vcsched-wave") as pool:

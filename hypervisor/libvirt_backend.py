@@ -25,20 +25,23 @@ controller, not something the host should replay from a stale config.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
+import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from xml.sax.saxutils import escape, quoteattr
 
 import libvirt
 
 from hypervisor.base import HypervisorError
-from vcsched.caps import MIN_QUOTA_US, PERIOD_US, cores_from_quota, quota_for
+from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, PERIOD_US, cores_from_quota, quota_for, realisable_cap
 from vcsched.control.inventory import METADATA_NS, METADATA_PREFIX, HostState, Inventory, VmMeta, VmState
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster, ClusterHost
+from vcsched.formats.units import format_size
 from vcsched.plans.steps import CreateStep
 
 #: Where migration streams go (``VIR_MIGRATE_PARAM_URI``): the lab's hosts all live on this machine.
@@ -185,6 +188,45 @@ def _as_host_error(host: str, what: str) -> Iterator[None]:
         raise HypervisorError(f"host {host}: cannot {what}: {exc.get_error_message()}") from None
 
 
+#: libvirt errors that a moment later may not recur: a cgroup being set up while another domain starts
+#: ("Failed to create v2 cgroup"), a daemon busy or briefly unreachable.  Retried; anything else is final.
+TRANSIENT_ERRORS = frozenset(code for code in (
+    getattr(libvirt, "VIR_ERR_INTERNAL_ERROR", None), getattr(libvirt, "VIR_ERR_OPERATION_FAILED", None),
+    getattr(libvirt, "VIR_ERR_SYSTEM_ERROR", None), getattr(libvirt, "VIR_ERR_OPERATION_TIMEOUT", None),
+    getattr(libvirt, "VIR_ERR_RPC", None)) if code is not None)
+RETRIES = 3
+RETRY_PAUSE_S = 0.2
+
+T = TypeVar("T")
+
+
+def _retrying(fn: Callable[[], T]) -> T:
+    """``fn()``, again up to :data:`RETRIES` times while it fails with a transient libvirt error."""
+    for attempt in range(RETRIES + 1):
+        try:
+            return fn()
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() not in TRANSIENT_ERRORS or attempt == RETRIES:
+                raise
+            time.sleep(RETRY_PAUSE_S * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def set_cputune(xml: str, quota_us: int) -> str:
+    """The domain XML with its ``<cputune>`` period and quota set (so a migrated VM arrives capped)."""
+    root = ET.fromstring(xml)
+    tune = root.find("cputune")
+    if tune is None:
+        tune = ET.SubElement(root, "cputune")
+    for tag, value in (("period", PERIOD_US), ("quota", quota_us)):
+        el = tune.find(tag)
+        if el is None:
+            el = ET.SubElement(tune, tag)
+        el.text = str(value)
+    ET.register_namespace(METADATA_PREFIX, METADATA_NS)
+    return ET.tostring(root, encoding="unicode")
+
+
 class LibvirtHypervisor:
     """All hosts of one cluster file; connections open on first use and are closed by :meth:`close`."""
 
@@ -255,27 +297,44 @@ class LibvirtHypervisor:
         """Every domain of ``host``; one that vanishes while being read (destroyed meanwhile) is skipped."""
         out = []
         try:
-            doms = self._conn(host).listAllDomains(0)
+            doms = _retrying(lambda: self._conn(host).listAllDomains(0))
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"host {host}: cannot list domains: {exc.get_error_message()}") from None
         for dom in doms:
             try:
-                out.append(self._vm_state(host, dom))
+                out.append(_retrying(functools.partial(self._vm_state, host, dom)))
             except libvirt.libvirtError as exc:
                 if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
                     continue
                 raise HypervisorError(f"host {host}: cannot read domain: {exc.get_error_message()}") from None
         return out
 
-    def inventory(self) -> Inventory:
-        hosts, vms = [], []
-        for h in self.cluster.hosts:
+    def inventory(self, hosts: Iterable[str] | None = None) -> Inventory:
+        wanted = self.cluster.hosts if hosts is None else tuple(self.cluster.host(h) for h in hosts)
+        states, vms = [], []
+        for h in wanted:
             try:
-                hosts.append(self.host_state(h))
-            except libvirt.libvirtError as exc:
-                raise HypervisorError(f"host {h.name}: cannot read host info: {exc.get_error_message()}") from None
-            vms += self._host_vms(h.name)
-        return Inventory(self.cluster.name, tuple(hosts), tuple(sorted(vms, key=lambda v: (v.host, v.name))))
+                state = _retrying(functools.partial(self.host_state, h))
+                found = self._host_vms(h.name)
+            except (libvirt.libvirtError, HypervisorError) as exc:
+                reason = exc.get_error_message() if isinstance(exc, libvirt.libvirtError) else str(exc)
+                states.append(HostState(h.name, h.cores or 0, 0, h.memory_reserved, down=reason))
+                self._forget(h.name)
+                continue
+            if state.memory_reserved >= state.memory_bytes:
+                raise InputError(f"cluster file: host {h.name}: memory_reserved {format_size(h.memory_reserved)} "
+                                 f"is not below the host's {format_size(state.memory_bytes)} of memory")
+            states.append(state)
+            vms += found
+        return Inventory(self.cluster.name, tuple(states), tuple(sorted(vms, key=lambda v: (v.host, v.name))))
+
+    def _forget(self, host: str) -> None:
+        """Drop a host's connection after a failure, so the next call reconnects (the daemon may be back)."""
+        with self._lock:
+            conn = self._conns.pop(host, None)
+        if conn is not None:
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.close()
 
     def find_vm(self, name: str) -> VmState | None:
         for h in self.cluster.hosts:
@@ -305,9 +364,18 @@ class LibvirtHypervisor:
         return cores_from_quota(int(quota), int(period), vcpus)
 
     def read_cap(self, host: str, vm: str) -> float | None:
-        with _as_host_error(host, f"read the cap of {vm!r}"):
+        def read() -> float | None:
             dom = self._domain(host, vm)
             return self._read_cap(host, dom, int(dom.info()[3]))
+
+        with _as_host_error(host, f"read the cap of {vm!r}"):
+            return _retrying(read)
+
+    def realised_cap(self, host: str, vcpus: int, cap_cores: float) -> float:
+        """The CFS grid point, rounded down; on Xen, whole percent of one CPU, rounded down."""
+        if self._driver(host) in ("xen", "libxl"):
+            return max(1, int(cap_cores * 100 + 1e-9)) / 100
+        return realisable_cap(cap_cores, vcpus)
 
     def cpu_time_ns(self, host: str, vm: str) -> int | None:
         """The whole domain's CPU time (vCPUs + emulator), i.e. what the host really spends on it."""
@@ -328,6 +396,9 @@ class LibvirtHypervisor:
     def create_vm(self, step: CreateStep) -> None:
         self._refuse_uncappable(step.host)
         quota = quota_for(step.cap_cores, step.vcpus)
+        if step.cap_cores > step.vcpus + CAP_TOLERANCE:
+            raise HypervisorError(f"host {step.host}: cap {step.cap_cores:g} cores for {step.vm!r} is more than its "
+                                  f"{step.vcpus} vCPUs (it would run uncapped)")
         if quota < MIN_QUOTA_US:
             raise HypervisorError(f"host {step.host}: cap {step.cap_cores:.4f} cores for {step.vm!r} is below "
                                   f"libvirt's minimum vcpu_quota ({MIN_QUOTA_US} µs per {PERIOD_US} µs per vCPU)")
@@ -343,8 +414,11 @@ class LibvirtHypervisor:
             dom = self._domain(host, vm)
             vcpus = int(dom.info()[3])
             persistent = bool(dom.isPersistent())
+        if cap_cores > vcpus + CAP_TOLERANCE:
+            raise HypervisorError(f"host {host}: cap {cap_cores:g} cores for {vm!r} is more than its {vcpus} vCPUs "
+                                  "(it would run uncapped); nothing changed")
         if self._driver(host) in ("xen", "libxl"):
-            params: dict[str, int] = {"cap": max(1, round(cap_cores * 100))}
+            params: dict[str, int] = {"cap": round(self.realised_cap(host, vcpus, cap_cores) * 100)}
         else:
             quota = quota_for(cap_cores, vcpus)
             if quota < MIN_QUOTA_US:
@@ -355,7 +429,7 @@ class LibvirtHypervisor:
         if persistent:
             flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
         with _as_host_error(host, f"cap {vm!r}"):
-            dom.setSchedulerParametersFlags(params, flags)
+            _retrying(lambda: dom.setSchedulerParametersFlags(params, flags))
 
     def _managed_domain(self, host: str, vm: str, action: str) -> tuple[Any, VmMeta]:
         """The domain and its vcsched metadata; an unmanaged domain is refused, naming ``action``."""
@@ -387,11 +461,12 @@ class LibvirtHypervisor:
             if persistent:
                 dom.undefine()
 
-    def migrate_vm(self, vm: str, source: str, target: str) -> None:
+    def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float) -> None:
         """Live-migrate ``vm`` (docs/lab.md's recipe): ``migrate3`` from the source connection, LIVE.
 
         The destination XML (``VIR_MIGRATE_PARAM_DEST_XML``) carries the
-        destination's cgroup partition.  vcsched creates its VMs transient; a
+        destination's cgroup partition and the VM's cap there (``<cputune>``),
+        so it never runs on the destination with its source cap.  vcsched creates its VMs transient; a
         persistent one also gets ``PERSIST_DEST | UNDEFINE_SOURCE`` with the
         same XML.  libvirt undefines the source only once the VM runs on the
         destination, and a failed migration leaves it running on its source.
@@ -400,8 +475,14 @@ class LibvirtHypervisor:
         dom = self._domain(source, vm)
         dst = self._conn(target)
         try:
+            vcpus = int(dom.info()[3])
+            if cap_cores > vcpus + CAP_TOLERANCE or quota_for(cap_cores, vcpus) < MIN_QUOTA_US:
+                raise HypervisorError(f"host {target}: arrival cap {cap_cores:g} cores for {vm!r} is outside "
+                                      f"[minimum quota, {vcpus} vCPUs]; it keeps running on {source}")
             xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE)
             xml = rewrite_partition(xml, src_host.partition, dst_host.partition)
+            if self._driver(target) not in ("xen", "libxl"):
+                xml = set_cputune(xml, quota_for(cap_cores, vcpus))
             params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_URI: MIGRATION_URI,
                                       libvirt.VIR_MIGRATE_PARAM_DEST_XML: xml}
             flags = libvirt.VIR_MIGRATE_LIVE

@@ -1,18 +1,21 @@
 """An in-memory hypervisor: the executor's and the CLI's tests run against it, and dry runs could too.
 
 It keeps the same invariants a real host enforces (one VM per name, a VM on
-one host, caps only on running VMs, no cap above the VM's vCPUs) and lets a
-test inject a failure into any operation on any VM (``fail``), which is how
-the executor's stop-and-report and re-run-converges behaviour is specified
-without a daemon.
+one host, caps only on running VMs, no cap above the VM's vCPUs, caps held on
+the CFS quota grid like libvirt's) and lets a test inject a failure into any
+operation on any VM (``fail``), mark a host down (``down``), or run code just
+before an operation (``before``: another operator acting meanwhile), which is
+how the executor's stop-and-report and re-run-converges behaviour is
+specified without a daemon.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from hypervisor.base import HypervisorError
+from vcsched.caps import CAP_TOLERANCE, min_cap, realisable_cap
 from vcsched.control.inventory import HostState, Inventory, VmMeta, VmState
 from vcsched.plans.steps import CreateStep
 
@@ -26,6 +29,10 @@ class MemoryHypervisor:
             self._add(v)
         #: (operation, vm) -> message; the next such call raises HypervisorError(message) once.
         self.fail: dict[tuple[str, str], str] = {}
+        #: (operation, vm) -> callable run once just before that call (e.g. a second operator's change).
+        self.before: dict[tuple[str, str], Callable[[], None]] = {}
+        #: host -> reason: the host does not answer (its VMs are unknown, every call on it fails).
+        self.down: dict[str, str] = {}
         self.calls: list[tuple[str, str]] = []  # (operation, vm) of every state-changing call
 
     def _add(self, v: VmState) -> None:
@@ -36,12 +43,17 @@ class MemoryHypervisor:
         self.vms[v.name] = v
 
     def _maybe_fail(self, op: str, vm: str) -> None:
+        hook = self.before.pop((op, vm), None)
+        if hook is not None:
+            hook()
         self.calls.append((op, vm))
         msg = self.fail.pop((op, vm), None)
         if msg is not None:
             raise HypervisorError(msg)
 
     def _vm_on(self, host: str, vm: str) -> VmState:
+        if host in self.down:
+            raise HypervisorError(f"host {host}: does not answer ({self.down[host]})")
         v = self.vms.get(vm)
         if v is None or v.host != host:
             raise HypervisorError(f"host {host}: no domain {vm!r}")
@@ -54,26 +66,46 @@ class MemoryHypervisor:
             raise HypervisorError(f"host {host}: refusing to {action} unmanaged domain {vm!r}")
         return v, v.meta
 
-    def inventory(self) -> Inventory:
-        return Inventory(self.cluster, tuple(self.hosts.values()),
-                         tuple(sorted(self.vms.values(), key=lambda v: (v.host, v.name))))
+    def inventory(self, hosts: Iterable[str] | None = None) -> Inventory:
+        names = list(self.hosts) if hosts is None else list(hosts)
+        for h in names:
+            if h not in self.hosts:
+                raise HypervisorError(f"host {h}: not in cluster {self.cluster!r}")
+        states = tuple(replace(self.hosts[h], down=self.down.get(h)) for h in names)
+        up = {h for h in names if h not in self.down}
+        return Inventory(self.cluster, states,
+                         tuple(sorted((v for v in self.vms.values() if v.host in up), key=lambda v: (v.host, v.name))))
 
     def find_vm(self, name: str) -> VmState | None:
-        return self.vms.get(name)
+        v = self.vms.get(name)
+        return None if v is None or v.host in self.down else v
 
     def create_vm(self, step: CreateStep) -> None:
         self._maybe_fail("create", step.vm)
+        if step.host in self.down:
+            raise HypervisorError(f"host {step.host}: does not answer ({self.down[step.host]})")
+        self._check_cap(step.host, step.vm, step.vcpus, step.cap_cores)
         meta = VmMeta(step.cluster, step.cpu_need_cores, step.memory_bytes, step.vcpus, step.min_yield)
-        self._add(VmState(step.vm, step.host, step.vcpus, step.memory_bytes, True, meta, step.cap_cores))
+        self._add(VmState(step.vm, step.host, step.vcpus, step.memory_bytes, True, meta,
+                          self.realised_cap(step.host, step.vcpus, step.cap_cores)))
+
+    @staticmethod
+    def _check_cap(host: str, vm: str, vcpus: int, cap_cores: float) -> None:
+        if cap_cores > vcpus + CAP_TOLERANCE:
+            raise HypervisorError(f"host {host}: cap {cap_cores:g} cores exceeds {vm!r}'s {vcpus} vCPUs")
+        if cap_cores < min_cap(vcpus) - CAP_TOLERANCE:
+            raise HypervisorError(f"host {host}: cap {cap_cores:g} cores for {vm!r} is below the minimum quota")
+
+    def realised_cap(self, host: str, vcpus: int, cap_cores: float) -> float:
+        return realisable_cap(cap_cores, vcpus)  # like libvirt's vcpu_quota: whole µs, rounded down
 
     def set_cap(self, host: str, vm: str, cap_cores: float) -> None:
         self._maybe_fail("set-cap", vm)
         v, _meta = self._managed_on(host, vm, "cap")
         if not v.active:
             raise HypervisorError(f"host {host}: domain {vm!r} is not running")
-        if cap_cores > v.vcpus + 1e-9:
-            raise HypervisorError(f"host {host}: cap {cap_cores:g} cores exceeds {vm!r}'s {v.vcpus} vCPUs")
-        self.vms[vm] = replace(v, cap_cores=cap_cores)
+        self._check_cap(host, vm, v.vcpus, cap_cores)
+        self.vms[vm] = replace(v, cap_cores=self.realised_cap(host, v.vcpus, cap_cores))
 
     def set_need(self, host: str, vm: str, cpu_need_cores: float) -> None:
         self._maybe_fail("set-need", vm)
@@ -85,13 +117,16 @@ class MemoryHypervisor:
         self._managed_on(host, vm, "remove")
         del self.vms[vm]
 
-    def migrate_vm(self, vm: str, source: str, target: str) -> None:
-        """The VM changes host, keeping its cap (as a live migration does)."""
+    def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float) -> None:
+        """The VM changes host and arrives with ``cap_cores`` (the destination XML's cap, in libvirt)."""
         self._maybe_fail("migrate", vm)
         v = self._vm_on(source, vm)
         if target not in self.hosts:
             raise HypervisorError(f"host {target}: not in cluster {self.cluster!r}")
-        self.vms[vm] = replace(v, host=target)
+        if target in self.down:
+            raise HypervisorError(f"host {target}: does not answer ({self.down[target]})")
+        self._check_cap(target, vm, v.vcpus, cap_cores)
+        self.vms[vm] = replace(v, host=target, cap_cores=self.realised_cap(target, v.vcpus, cap_cores))
 
     def lists(self, host: str, vm: str) -> bool:
         v = self.vms.get(vm)

@@ -115,16 +115,34 @@ def test_a_failed_removal_stops_the_plan_and_nothing_else_changes() -> None:
     assert apply_plan(hv, live.plan).ok
 
 
-def test_a_reused_name_in_another_virtual_cluster_is_not_removed() -> None:
+def test_a_reused_name_in_another_virtual_cluster_refuses_the_whole_plan_before_any_step() -> None:
     hv = crowded()
     live = adapt_inventory("lab", hv.inventory(), 0, depart=["batch"])
     assert live.plan is not None
     v = hv.vms["batch-0"]
     assert v.meta is not None
     hv.vms["batch-0"] = replace(v, meta=replace(v.meta, cluster="batch2"))  # recreated meanwhile by someone else
+    with pytest.raises(InputError, match="'batch2'"):
+        apply_plan(hv, live.plan, force=True)
+    assert "batch-0" in hv.vms and hv.calls == []
+
+
+def test_a_name_reused_while_the_plan_runs_stops_it_at_that_step() -> None:
+    """The change happens after the whole-plan check: the step's own pre-condition catches it."""
+    hv = crowded()
+    live = adapt_inventory("lab", hv.inventory(), 0, depart=["batch"])
+    assert live.plan is not None
+
+    def someone_else() -> None:
+        v = hv.vms["batch-1"]
+        assert v.meta is not None
+        hv.vms["batch-1"] = replace(v, meta=replace(v.meta, cluster="batch2"))
+
+    hv.before[("remove", "batch-0")] = someone_else
     report = apply_plan(hv, live.plan, force=True)
-    assert report.results[0].outcome == FAILED and "'batch2'" in report.results[0].detail
-    assert "batch-0" in hv.vms
+    assert [r.outcome for r in report.results[:2]] == [DONE, FAILED]
+    assert "'batch2'" in report.results[1].detail
+    assert "batch-1" in hv.vms and "batch-0" not in hv.vms
 
 
 def test_an_unmanaged_domain_with_the_name_is_not_removed() -> None:
@@ -132,9 +150,9 @@ def test_an_unmanaged_domain_with_the_name_is_not_removed() -> None:
     live = adapt_inventory("lab", hv.inventory(), 0, depart=["batch"])
     assert live.plan is not None
     hv.vms["batch-0"] = replace(hv.vms["batch-0"], meta=None)
-    report = apply_plan(hv, live.plan, force=True)
-    assert report.results[0].outcome == FAILED and "not managed" in report.results[0].detail
-    assert "batch-0" in hv.vms
+    with pytest.raises(InputError, match="unmanaged"):
+        apply_plan(hv, live.plan, force=True)
+    assert "batch-0" in hv.vms and hv.calls == []
 
 
 def test_every_cluster_departing_leaves_only_removals() -> None:

@@ -13,6 +13,7 @@ from hypervisor.memory import MemoryHypervisor
 from vcsched.adaptation.problem import GIB
 from vcsched.control.inventory import HostState, VmMeta, VmState
 from vcsched.control.live import adapt_inventory
+from vcsched.errors import InputError
 from vcsched.plans.migration import MigrationBlocked
 from vcsched.plans.plan import plan_from_dict
 from vcsched.plans.steps import MigrateStep, SetNeedStep
@@ -275,13 +276,14 @@ def test_an_adapt_plan_states_its_budget_and_total_and_a_tampered_one_is_refused
         plan_from_dict({**doc, "budget": "3GiB"})
 
 
-def test_a_set_need_step_above_the_vms_vcpus_fails_without_writing() -> None:
+def test_a_set_need_step_above_the_vms_vcpus_is_refused_without_writing() -> None:
     from vcsched.plans.plan import Plan
 
     hv = lopsided()
     plan = Plan("adapt", "lab", "0" * 64, 1.0, 1.0, {}, (SetNeedStep("a", "h0", 2.5),))
-    report = apply_plan(hv, plan, force=True)
-    assert report.results[0].outcome == FAILED and "more than its 1 vCPUs" in report.results[0].detail
+    with pytest.raises(InputError, match=r"plan\.steps\[0\]\.cpu_need_cores: 2\.5 .* 1 vCPUs"):
+        apply_plan(hv, plan, force=True)
+    assert hv.calls == []
     a = hv.find_vm("a")
     assert a is not None and a.meta is not None and a.meta.cpu_need_cores == 0.8
 

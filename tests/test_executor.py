@@ -9,6 +9,7 @@ from hypervisor.memory import MemoryHypervisor
 from tests.test_admission import MiB, cluster_of, inventory_of, managed, request
 from vcsched.control.admission import admit
 from vcsched.control.inventory import Inventory, VmState
+from vcsched.errors import InputError
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import SetCapStep
 
@@ -116,23 +117,38 @@ def test_unmanaged_domains_are_never_touched() -> None:
     assert all(vm != "stranger" for _, vm in hv.calls)
 
 
-def test_a_step_aimed_at_an_unmanaged_domain_fails_without_acting() -> None:
+def test_a_plan_aimed_at_an_unmanaged_domain_is_refused_without_acting() -> None:
     hv = backend(inventory_of([VmState("stranger", "h0", 1, 64 * MiB, True)]))
     plan = placed(hv, need=0.5)
     bad = Plan(plan.kind, plan.cluster, plan.snapshot, 1, 1, {}, (SetCapStep("stranger", "h0", 0.1),))
-    report = apply_plan(hv, bad)
-    assert report.results[0].outcome == FAILED and "not managed by vcsched" in report.results[0].detail
+    with pytest.raises(InputError, match="'stranger' on host h0 is not managed by vcsched"):
+        apply_plan(hv, bad)
     assert hv.calls == []
 
 
-def test_a_vm_found_on_another_host_fails_the_step(crowded: MemoryHypervisor) -> None:
+def test_a_vm_found_on_another_host_refuses_the_plan_before_any_step(crowded: MemoryHypervisor) -> None:
     plan = placed(crowded)
     step = plan.steps[2]
     other = "h1" if step.host == "h0" else "h0"
     crowded.vms[step.vm] = managed(step.vm, other, "web", 1.0, cap=0.5)
+    with pytest.raises(InputError, match=f"'{step.vm}' already exists on host {other}"):
+        apply_plan(crowded, plan, force=True)
+    assert crowded.calls == []
+
+
+def test_a_vm_created_elsewhere_while_the_plan_runs_fails_that_step(crowded: MemoryHypervisor) -> None:
+    """A second operator acts after the whole-plan check: the step's runner still refuses to act."""
+    plan = placed(crowded)
+    first, step = plan.steps[0], plan.steps[2]
+    other = "h1" if step.host == "h0" else "h0"
+
+    def someone_else() -> None:
+        crowded.vms[step.vm] = managed(step.vm, other, "web", 1.0, cap=0.5)
+
+    crowded.before[(first.op, first.vm)] = someone_else
     report = apply_plan(crowded, plan, force=True)
     failed = next(r for r in report.results if r.outcome == FAILED)
-    assert failed.step.vm == step.vm and f"is on host {other}" in failed.detail
+    assert failed.step.vm == step.vm and f"already exists on host {other}" in failed.detail
 
 
 MIGRATE_PLAN_SCRIPT = r"""

@@ -117,10 +117,15 @@ def test_applying_on_the_test_driver_stops_at_the_first_step_and_leaves_domains_
         assert {v.name for v in hv.inventory().vms} == {v.name for v in inv.vms}
 
 
-def test_unreachable_host_is_an_error_naming_it(tmp_path: Path) -> None:
-    c = Cluster("t", (ClusterHost("far", f"qemu+unix:///system?socket={tmp_path}/nope"),))
-    with LibvirtHypervisor(c) as hv, pytest.raises(HypervisorError, match=r"^host far: cannot connect to qemu"):
-        hv.inventory()
+def test_an_unreachable_host_is_down_naming_why_and_the_others_are_read(tmp_path: Path) -> None:
+    c = Cluster("t", (ClusterHost("far", f"qemu+unix:///system?socket={tmp_path}/nope"),
+                      ClusterHost("near", "test:///default")))
+    with LibvirtHypervisor(c) as hv:
+        inv = hv.inventory()
+    far, near = inv.hosts
+    assert far.down is not None and far.down.startswith("host far: cannot connect to qemu")
+    assert near.down is None and any(v.host == "near" for v in inv.vms)
+    assert all(v.host != "far" for v in inv.vms)
 
 
 def test_quota_is_per_vcpu_thread() -> None:
@@ -208,10 +213,19 @@ def test_unknown_uri_scheme_is_one_line_exit_2(tmp_path: Path) -> None:
     assert "hosts[0].uri: 'vmware://esx/' has unknown scheme 'vmware'" in line
 
 
-def test_unreachable_host_is_one_line_exit_2(tmp_path: Path) -> None:
+def test_status_with_every_host_unreachable_shows_them_down_and_exits_1(tmp_path: Path) -> None:
     c = cluster_toml(tmp_path, [("far", f"qemu+unix:///system?socket={tmp_path}/none")])
-    line = one_line_error(run("status", "--cluster", c))
-    assert "host far: cannot connect to" in line
+    r = run("status", "--cluster", c, "--sample", "0", "--json")
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    assert doc["hosts"][0]["down"].startswith("host far: cannot connect to")
+
+
+def test_status_reports_one_host_down_and_shows_the_others(tmp_path: Path) -> None:
+    c = cluster_toml(tmp_path, [("far", f"qemu+unix:///system?socket={tmp_path}/none"), ("near", "test:///default")])
+    r = run("status", "--cluster", c, "--sample", "0")
+    assert r.exit_code == 0, r.output
+    assert "far (down)" in r.stdout and "1 host(s) down" in r.stdout and "near" in r.stdout
 
 
 def test_vm_larger_than_any_host_is_one_line_exit_2(tmp_path: Path, lab_cluster: Path) -> None:

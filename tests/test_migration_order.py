@@ -72,7 +72,7 @@ def test_every_wave_keeps_every_host_within_memory() -> None:
 
 def test_at_most_parallel_migrations_run_at_once_between_two_hosts() -> None:
     hosts = rooms(("h0", 8, 4), ("h1", 8, 0))
-    changes = [vm(f"v{i}", "h0", "h1") for i in range(4)]
+    changes = [vm(f"v{i}", "h0", "h1", cap_now=0.25, cap_final=0.25) for i in range(4)]
     assert order_changes(hosts, changes, parallel=1).waves == 4
     assert order_changes(hosts, changes, parallel=2).waves == 2
 
@@ -207,13 +207,23 @@ def test_caps_stay_within_each_host_even_when_a_whole_wave_runs_at_once(
             i += 1
 
 
-def test_a_swap_in_one_wave_does_not_count_on_the_departure_that_runs_alongside() -> None:
-    # x (0.8 cores) goes h0 -> h1 while y (0.8) goes h1 -> h0, both in wave 1 (room for both).
-    # Run at once, x may land before y leaves: y must not arrive on h0 with the cap x is about to free.
+def test_a_swap_between_full_hosts_squeezes_one_vm_once_and_says_so() -> None:
+    # x (0.8 cores) goes h0 -> h1 while y (0.8) goes h1 -> h0: memory has room for both at once, cores do not.
+    # Run at once, x may land before y leaves, so one of them must arrive below its cap; the other waits
+    # one wave, until the first has left its host, and arrives with its whole cap.
     hosts = [HostRoom("h0", 4 * G, G, 1.0, 0.8), HostRoom("h1", 4 * G, G, 1.0, 0.8)]
     order = order_changes(hosts, [VmChange("x", "h0", "h1", G, 0.8, 0.8), VmChange("y", "h1", "h0", G, 0.8, 0.8)])
-    arrivals = {m.vm: m.cap_cores for m in order.moves}
-    assert {m.wave for m in order.moves} == {1}
-    assert arrivals == {"x": pytest.approx(0.2), "y": pytest.approx(0.2)}
+    first, second = order.moves
+    assert (first.wave, second.wave) == (1, 2)
+    assert first.squeezed and first.cap_cores == pytest.approx(0.2)
+    assert not second.squeezed and second.cap_cores == pytest.approx(0.8)
     raises = {s.vm: s.cap_cores for s in order.steps if isinstance(s, CapChange) and s.phase == "raise"}
-    assert raises == {"x": 0.8, "y": 0.8}  # both get their cap back once the wave is over
+    assert raises == {first.vm: 0.8}  # the squeezed one gets its cap back once the swap is over
+
+
+def test_a_migration_waits_a_wave_rather_than_arrive_below_its_cap() -> None:
+    # a leaves h1 for h2 while b comes from h0 to h1: b waits until a has gone, instead of arriving squeezed.
+    hosts = [HostRoom("h0", 4 * G, G, 1.0, 0.9), HostRoom("h1", 4 * G, G, 1.0, 0.9), HostRoom("h2", 4 * G, 0, 1.0, 0)]
+    order = order_changes(hosts, [VmChange("a", "h1", "h2", G, 0.9, 0.9), VmChange("b", "h0", "h1", G, 0.9, 0.9)])
+    assert [(m.vm, m.wave, m.cap_cores, m.squeezed) for m in order.moves] == [("a", 1, 0.9, False),
+                                                                           ("b", 2, 0.9, False)]

@@ -47,8 +47,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vcsched.caps import min_cap, realisable_cap, same_cap
 from vcsched.control.inventory import Inventory, VmState, snapshot_hash
-from vcsched.errors import InputError
+from vcsched.errors import InputError, VcschedError
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.request import Request
 from vcsched.formats.units import format_size
@@ -59,11 +60,14 @@ from vcsched.plans.steps import Boot, CreateStep, SetCapStep, Step
 from vcsched.solvers.registry import get, solve
 from vcsched.yields import allocate
 
-#: Caps closer than this (cores) to the current one are left alone: libvirt's
-#: integer microsecond quota cannot express finer differences anyway.
-CAP_EPSILON = 1e-3
 SEARCH_STEPS = 24
 _EPS = 1e-9
+
+
+class HostsDown(VcschedError):
+    """No host of the cluster answers: nothing can be planned (exit 1, the hosts are the problem)."""
+
+    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -192,7 +196,15 @@ def _residual_placement(base: Instance, existing: Existing, new: Job, y: float, 
 
 def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: str = "mcb8",
           options: SolveOptions | None = None) -> Decision:
-    """Decide whether ``request`` fits, and if so the plan (see the module docstring)."""
+    """Decide whether ``request`` fits, and if so the plan (see the module docstring).
+
+    Hosts that are down get nothing; the plan's snapshot still names them, so
+    it is refused once they answer again (their VMs were not planned around).
+    """
+    full, inventory = inventory, inventory.up()
+    if not inventory.hosts:
+        raise HostsDown(f"every host of cluster {cluster.name!r} is down: "
+                        + "; ".join(f"{h.name}: {h.down}" for h in full.hosts))
     if get(algorithm).bound_only:
         raise InputError(f"algorithm: {algorithm!r} computes a bound, not a placement")
     check_request(cluster, inventory, request)
@@ -248,21 +260,26 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
     boot = boot_for(cluster, request)
     for t, h in enumerate(task_hosts):
         j = int(instance.task_job[t])
-        cap = allocation.cpu[j] * n_ref
         host = inventory.hosts[int(h)].name
         if t < len(existing.vms):
             v = existing.vms[t]
             assert v.meta is not None
+            cap = realisable_cap(allocation.cpu[j] * n_ref, v.vcpus)
             per_vm[v.name] = VmPrediction(host, v.meta.cluster, v.meta.cpu_need_cores, cap, float(yields[j]))
-            if v.cap_cores is None or abs(v.cap_cores - cap) > CAP_EPSILON:
+            if v.cap_cores is None or not same_cap(v.cap_cores, cap, v.vcpus):
                 steps.append(SetCapStep(v.name, host, cap))
         else:
             name = request.vm_names()[t - len(existing.vms)]
+            cap = realisable_cap(allocation.cpu[j] * n_ref, request.vcpus)
+            if cap < min_cap(request.vcpus):
+                return Decision(False, f"each VM would get {cap:g} cores, below the smallest cap of a "
+                                       f"{request.vcpus}-vCPU VM ({min_cap(request.vcpus):g} cores)", None,
+                                min_y, avg_y)
             per_vm[name] = VmPrediction(host, request.name, cores, cap, float(yields[j]))
             steps.append(CreateStep(name, host, request.name, request.vcpus, request.memory_bytes, cores, cap, boot,
                                     request.min_yield))
     ordered = order_steps(steps, current_caps(inventory), {h.name: float(h.cores) for h in inventory.hosts})
-    plan = Plan("place", cluster.name, snapshot_hash(inventory), min_y, avg_y, per_vm, ordered,
+    plan = Plan("place", cluster.name, snapshot_hash(full), min_y, avg_y, per_vm, ordered,
                 extra={"request": request.name})
     return Decision(True, None, plan, min_y, avg_y)
 

@@ -69,10 +69,14 @@ class VmState:
 
 @dataclass(frozen=True)
 class HostState:
+    """One host as read now.  ``down`` (the reason) when it did not answer: its VMs are unknown, and nothing is
+    planned onto it or off it until it answers again."""
+
     name: str
     cores: int  # usable cores (the cluster file's override, else libvirt's count)
     memory_bytes: int  # physical memory libvirt reports
     memory_reserved: int = 0
+    down: str | None = None
 
     @property
     def usable_memory(self) -> int:
@@ -103,6 +107,17 @@ class Inventory:
     def managed(self) -> tuple[VmState, ...]:
         return tuple(v for v in self.vms if v.managed and v.active)
 
+    def up(self) -> Inventory:
+        """The hosts that answered, and their VMs: what planning may use (a down host gets nothing)."""
+        if all(h.down is None for h in self.hosts):
+            return self
+        hosts = tuple(h for h in self.hosts if h.down is None)
+        names = {h.name for h in hosts}
+        return Inventory(self.cluster, hosts, tuple(v for v in self.vms if v.host in names))
+
+    def down_hosts(self) -> tuple[HostState, ...]:
+        return tuple(h for h in self.hosts if h.down is not None)
+
     def clusters(self) -> tuple[str, ...]:
         return tuple(sorted({v.cluster for v in self.vms if v.cluster is not None}))
 
@@ -119,7 +134,7 @@ class Inventory:
 def canonical(inventory: Inventory, exclude: frozenset[str] = frozenset(),
               moving: frozenset[str] = frozenset(), renewing: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The decision inputs as a JSON-ready value with a fixed order (see the module docstring)."""
-    hosts = [{"name": h.name, "cores": h.cores}
+    hosts = [{"name": h.name, "cores": h.cores, **({"down": True} if h.down is not None else {})}
              for h in sorted(inventory.hosts, key=lambda h: h.name)]
     vms = []
     for v in sorted(inventory.vms, key=lambda v: v.name):

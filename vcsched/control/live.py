@@ -11,15 +11,14 @@ import numpy as np
 
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult
 from vcsched.adaptation.solve import solve_adapt
-from vcsched.control.admission import existing_jobs, floors_missed, model_hosts
+from vcsched.caps import min_cap, realisable_cap, same_cap
+from vcsched.control.admission import HostsDown, existing_jobs, floors_missed, model_hosts
 from vcsched.control.inventory import Inventory, snapshot_hash
 from vcsched.errors import InputError
 from vcsched.model import Instance, SolveOptions
 from vcsched.plans.migration import HostRoom, MigrationBlocked, MigrationOrder, VmChange, order_changes, plan_steps
 from vcsched.plans.plan import Plan, VmPrediction
 from vcsched.plans.steps import RemoveStep, SetNeedStep
-
-CAP_UNCHANGED = 1e-3  # cores; below the executor's read-back tolerance
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,10 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     differs from the VM's metadata gets a ``set-need`` step at the end, so
     once applied the next adaptation starts from it.
     """
+    full, inventory = inventory, inventory.up()
+    if not inventory.hosts:
+        raise HostsDown(f"every host of cluster {cluster_name!r} is down: "
+                        + "; ".join(f"{h.name}: {h.down}" for h in full.hosts))
     needs = dict(needs or {})
     departing = sorted(set(depart))
     known = inventory.clusters()
@@ -82,9 +85,7 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         if not v.active or v.name in gone:
             continue
         used_mem[v.host] += v.memory_bytes
-        if not v.managed:
-            caps_used[v.host] += float(v.vcpus)
-        else:
+        if v.managed:  # unmanaged domains are never capped: their CPU is not planned (as in admission)
             caps_used[v.host] += v.cap_or_vcpus
     cores_of: dict[str, float] = {}  # each staying VM's need in cores, after the changes
     renew: dict[str, float] = {}  # the changed needs to record in metadata
@@ -113,12 +114,14 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         assert v.meta is not None  # managed
         j = int(instance.task_job[t])
         target = inventory.hosts[alloc.hosts[t]].name
-        cap = alloc.cpu[j] * n_ref
+        cap = realisable_cap(alloc.cpu[j] * n_ref, v.vcpus)
+        if cap < min_cap(v.vcpus):
+            raise MigrationBlocked(f"{v.name} would get a cap of {cap:g} cores, below the smallest cap of a "
+                                   f"{v.vcpus}-vCPU VM ({min_cap(v.vcpus):g}); the cluster is too crowded")
         per_vm[v.name] = VmPrediction(target, v.meta.cluster, cores_of[v.name], cap, float(yields[j]))
         now = v.cap_or_vcpus
-        # Caps read back rounded to whole microseconds of quota: do not re-cap for that.
-        final = now if abs(now - cap) <= CAP_UNCHANGED else cap
-        changes.append(VmChange(v.name, v.host, target, v.memory_bytes, now, final))
+        final = now if v.cap_cores is not None and same_cap(now, cap, v.vcpus) else cap
+        changes.append(VmChange(v.name, v.host, target, v.memory_bytes, now, final, vcpus=v.vcpus))
     rooms = [HostRoom(h.name, h.usable_memory, used_mem[h.name], float(h.cores), caps_used[h.name])
              for h in inventory.hosts]
     order = order_changes(rooms, changes, parallel=parallel)
@@ -131,7 +134,7 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     steps = removals + plan_steps(order) + renewals
     moved = frozenset(s.vm for s in steps if s.moves)
     renewed = frozenset(s.vm for s in renewals)
-    plan = Plan("adapt", cluster_name, snapshot_hash(inventory, gone, moved, renewed),
+    plan = Plan("adapt", cluster_name, snapshot_hash(full, gone, moved, renewed),
                 float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps,
                 extra={"budget": budget, "migrated_bytes": order.total_bytes})
     missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})

@@ -116,10 +116,14 @@ def cluster_from_dict(d: Any) -> Cluster:
         raise InputError("hosts: a cluster needs at least one [[hosts]] table")
     hosts = tuple(_host_from_dict(f"hosts[{i}]", h) for i, h in enumerate(hosts_raw))
     seen: dict[str, int] = {}
+    uris: dict[str, int] = {}
     for i, h in enumerate(hosts):
         if h.name in seen:
             raise InputError(f"hosts[{i}].name: duplicate host name {h.name!r} (also hosts[{seen[h.name]}])")
+        if h.uri in uris:  # one hypervisor listed twice: every VM on it would be counted (and capped) twice
+            raise InputError(f"hosts[{i}].uri: {h.uri!r} is also hosts[{uris[h.uri]}]'s URI")
         seen[h.name] = i
+        uris[h.uri] = i
     min_yield = check_fraction("min_yield", d.get("min_yield", 0.0))
     guest = _guest_from_dict(d["guest"]) if "guest" in d else None
     return Cluster(name, hosts, min_yield, guest)

@@ -20,11 +20,17 @@ which costs its bytes a second time.  If no host has room, the order cannot
 be made safe and :class:`MigrationBlocked` says how much room is missing.
 
 CPU caps (the allocation of section 2.3) never over-commit a host by more
-than a step can avoid: caps that go down are lowered first, migrating VMs
-carry the lower of their old and new caps, and arrive with no more than the
-destination's free cores (never below ``min_cap`` cores); caps that go up are
-raised last, when the final placement is in place, so their sum stays within
-each host's cores.
+than a step can avoid: caps that go down are lowered first; migrating VMs
+carry the lower of their old and new caps and *arrive with it* (the
+destination XML carries the cap, so the VM never runs uncapped there); caps
+that go up are raised last, when the final placement is in place, so their
+sum stays within each host's cores.  A migration whose cap does not fit on
+its destination yet — the destination still holds a VM that leaves in the
+same wave — waits for a later wave.  Only when no migration can start that
+way (a swap of two VMs between two full hosts) does one arrive *squeezed*,
+with the destination's free cores (at least its minimum cap); its step says
+so (``squeezed``), and the cap is raised to its final value once the swap is
+done.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from vcsched.caps import MIN_CAP_CORES
+from vcsched.caps import min_cap, realisable_cap
 from vcsched.errors import VcschedError
 from vcsched.plans.steps import MigrateStep, SetCapStep
 
@@ -67,6 +73,7 @@ class VmChange:
     cap_now: float
     cap_final: float
     migrate_bytes: int | None = None  # bytes a migration moves (default: its memory)
+    vcpus: int = 1  # caps are realised on this VM's quota grid
 
     @property
     def moves(self) -> bool:
@@ -94,6 +101,7 @@ class Move:
     cap_cores: float  # the cap it has on arrival
     wave: int
     relay: bool = False  # a hop through a third host to break a cycle
+    squeezed: bool = False  # arrives below its cap: no wave order leaves room for it on the destination
 
 
 OrderedStep = CapChange | Move
@@ -111,13 +119,12 @@ class MigrationOrder:
         return tuple(s for s in self.steps if isinstance(s, Move))
 
 
-def order_changes(hosts: Iterable[HostRoom], changes: Iterable[VmChange], *, parallel: int = 1,
-                  min_cap: float = MIN_CAP_CORES) -> MigrationOrder:
+def order_changes(hosts: Iterable[HostRoom], changes: Iterable[VmChange], *, parallel: int = 1) -> MigrationOrder:
     """Order the cap changes and migrations of ``changes`` safely (see the module docstring).
 
-    ``hosts`` must account for everything on them now (unmanaged VMs too) in
-    ``memory_used``/``caps_used``.  Raises :class:`MigrationBlocked` when
-    some migration can never start.
+    ``hosts`` must account for everything on them now in ``memory_used``
+    (unmanaged VMs too) and ``caps_used`` (the managed VMs' caps).  Raises
+    :class:`MigrationBlocked` when some migration can never start.
     """
     if parallel < 1:
         raise ValueError("parallel must be at least 1")
@@ -146,18 +153,29 @@ def order_changes(hosts: Iterable[HostRoom], changes: Iterable[VmChange], *, par
     while pending:
         wave += 1
         incoming = dict.fromkeys(rooms, 0)
+        incoming_caps = dict.fromkeys(rooms, 0.0)
         pairs: dict[tuple[str, str], int] = {}
         started: list[tuple[VmChange, str, str, bool]] = []
         rest: list[tuple[VmChange, str, str, bool]] = []
+        cap_blocked: list[int] = []  # indexes into rest: would fit in memory, not yet in cores
         for p in pending:
             c, src, dst, relay = p
             fits = mem[dst] + incoming[dst] + c.memory_bytes <= rooms[dst].memory_bytes
-            if fits and pairs.get((src, dst), 0) < parallel:
+            room = rooms[dst].cores - caps[dst] - incoming_caps[dst]
+            if fits and pairs.get((src, dst), 0) < parallel and cap_of[c.vm] <= room + CAP_TOLERANCE:
                 started.append(p)
                 incoming[dst] += c.memory_bytes
+                incoming_caps[dst] += cap_of[c.vm]
                 pairs[(src, dst)] = pairs.get((src, dst), 0) + 1
             else:
+                if fits and pairs.get((src, dst), 0) < parallel:
+                    cap_blocked.append(len(rest))
                 rest.append(p)
+        if not started and cap_blocked:
+            # Every migration that fits in memory waits for cores a VM leaving its destination holds: a cycle.
+            # Start the one that is squeezed least.
+            i = max(cap_blocked, key=lambda k: (rooms[rest[k][2]].cores - caps[rest[k][2]]) / cap_of[rest[k][0].vm])
+            started = [rest.pop(i)]
         if not started:
             hop = _relay(rooms, mem, rest) if relays < 2 * len(changes) else None
             if hop is None:
@@ -171,11 +189,13 @@ def order_changes(hosts: Iterable[HostRoom], changes: Iterable[VmChange], *, par
         for c, src, dst, relay in started:
             mem[dst] += c.memory_bytes
             # The wave's migrations may run at once: a VM leaving dst in this wave still holds its cap there.
-            arrival = min(cap_of[c.vm], max(rooms[dst].cores - caps[dst], min_cap))
+            room = rooms[dst].cores - caps[dst]
+            squeezed = cap_of[c.vm] > room + CAP_TOLERANCE
+            arrival = realisable_cap(max(room, min_cap(c.vcpus)), c.vcpus) if squeezed else cap_of[c.vm]
             leaving.append((src, cap_of[c.vm]))
             caps[dst] += arrival
             cap_of[c.vm] = arrival
-            steps.append(Move(c.vm, src, dst, c.cost, arrival, wave, relay))
+            steps.append(Move(c.vm, src, dst, c.cost, arrival, wave, relay, squeezed))
             total += c.cost
         for c, src, _, _ in started:  # the sources are freed once the VMs run on their destinations
             mem[src] -= c.memory_bytes
@@ -237,7 +257,8 @@ def plan_steps(order: MigrationOrder) -> tuple[SetCapStep | MigrateStep, ...]:
     for s in order.steps:
         if isinstance(s, Move):
             out.append(MigrateStep(s.vm, s.source, s.target, s.bytes, s.cap_cores,
-                                   final[s.vm] if s.relay and final[s.vm] != s.target else None, s.wave))
+                                   final[s.vm] if s.relay and final[s.vm] != s.target else None, s.wave,
+                                   s.squeezed))
         else:
             out.append(SetCapStep(s.vm, s.host, s.cap_cores))
     return tuple(out)

@@ -235,6 +235,9 @@ class MigrateStep(_Flags):
     cap_cores: float
     final: str | None = None  # on a relay hop: where the VM goes next (a re-run finding it there skips this hop)
     wave: int | None = None  # consecutive migrations of one wave may run at once (None: one at a time)
+    #: It arrives below its cap for now: the destination's cores are held by a VM leaving in the same wave
+    #: (a swap between full hosts); a later set-cap step restores it.
+    squeezed: bool = False
 
     @property
     def host(self) -> str:
@@ -247,6 +250,8 @@ class MigrateStep(_Flags):
             d["final"] = self.final
         if self.wave is not None:
             d["wave"] = self.wave
+        if self.squeezed:
+            d["squeezed"] = True
         return d
 
     def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
@@ -254,12 +259,15 @@ class MigrateStep(_Flags):
 
     @staticmethod
     def from_dict(where: str, d: Mapping[str, Any]) -> MigrateStep:
-        d = _fields(where, d, {"op", "vm", "from", "to", "bytes", "cap_cores"}, {"final", "wave"})
+        d = _fields(where, d, {"op", "vm", "from", "to", "bytes", "cap_cores"}, {"final", "wave", "squeezed"})
         final = _str(f"{where}.final", d["final"]) if "final" in d else None
         wave = _int(f"{where}.wave", d["wave"]) if "wave" in d else None
+        squeezed = d.get("squeezed", False)
+        if not isinstance(squeezed, bool):
+            raise InputError(f"{where}.squeezed: expected true or false, got {squeezed!r}")
         step = MigrateStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.from", d["from"]),
                            _str(f"{where}.to", d["to"]), _int(f"{where}.bytes", d["bytes"]),
-                           _num(f"{where}.cap_cores", d["cap_cores"]), final, wave)
+                           _num(f"{where}.cap_cores", d["cap_cores"]), final, wave, squeezed)
         if step.source == step.target:
             raise InputError(f"{where}.to: {step.target!r} is also the source host")
         return step

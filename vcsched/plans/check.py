@@ -1,0 +1,240 @@
+"""A plan checked whole against the live inventory, before its first step runs.
+
+A plan file may have been edited by hand, computed against another cluster
+state, or be half-applied already.  Before anything changes, the executor
+replays the plan on the inventory as data (:func:`plan_problems`): every step
+must make sense where the cluster is *now*, and no prefix of the plan may
+leave a host with more caps than cores or more memory than it has.  The
+same replay, on a few steps and a freshly read inventory, is each step's
+pre-condition right before it acts (so a change made meanwhile by anyone
+else stops the plan instead of over-committing a host).
+
+The replay follows the executor's idempotency rules: a step whose effect is
+already in place (the VM exists with that cap, has already migrated, is
+already gone) is a no-op, so re-running a half-applied plan checks clean.
+
+What is checked, per step: its host exists and is up; VM names obey the
+request rules; the VM is managed (vcsched touches nothing else); caps are on
+the quota grid's usable range (at least the minimum quota, at most the VM's
+vCPUs and the host's cores); needs are within the VM's vCPUs; memory fits
+where a VM arrives; no VM gets two steps in one wave; and after every step
+(every wave, for migrations that run at once) no host's caps exceed its cores
+because of the plan.  Unmanaged domains count for memory, not for CPU: they
+are never capped, so the model does not plan their CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from vcsched.caps import CAP_TOLERANCE, min_cap
+from vcsched.control.inventory import HostState, Inventory
+from vcsched.errors import InputError
+from vcsched.formats.fields import check_name
+from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
+
+MAX_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class _Vm:
+    host: str
+    vcpus: int
+    memory: int
+    managed: bool
+    active: bool
+    cluster: str | None
+    cap: float | None  # None: uncapped (counts as all its vCPUs)
+
+    @property
+    def cores(self) -> float:
+        return float(self.vcpus) if self.cap is None else self.cap
+
+
+class _Replay:
+    """The cluster as data, changed step by step as the executor would change it."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.hosts: dict[str, HostState] = {h.name: h for h in inventory.hosts}
+        self.vms: dict[str, _Vm] = {
+            v.name: _Vm(v.host, v.vcpus, v.memory_bytes, v.managed, v.active, v.cluster, v.cap_cores)
+            for v in inventory.vms}
+        self.problems: list[str] = []
+
+    def caps(self, host: str) -> float:
+        return sum(v.cores for v in self.vms.values() if v.host == host and v.managed and v.active)
+
+    def memory(self, host: str) -> int:
+        return sum(v.memory for v in self.vms.values() if v.host == host and v.active)
+
+    def host_ok(self, where: str, host: str) -> HostState | None:
+        h = self.hosts.get(host)
+        if h is None:
+            self.problems.append(f"{where}: host {host!r} is not in the cluster (hosts: {', '.join(self.hosts)})")
+            return None
+        if h.down is not None:
+            self.problems.append(f"{where}: host {host} is down ({h.down})")
+            return None
+        return h
+
+    def managed_vm(self, where: str, name: str, host: str | None = None) -> _Vm | None:
+        v = self.vms.get(name)
+        if v is None:
+            self.problems.append(f"{where}: VM {name!r} is on no host of the cluster")
+            return None
+        if not v.managed:
+            self.problems.append(f"{where}: VM {name!r} on host {v.host} is not managed by vcsched")
+            return None
+        if not v.active:
+            self.problems.append(f"{where}: VM {name!r} on host {v.host} is not running")
+            return None
+        if host is not None and v.host != host:
+            self.problems.append(f"{where}: VM {name!r} is on host {v.host}, not {host}")
+            return None
+        return v
+
+    def cap_ok(self, where: str, cap: float, vcpus: int, host: HostState) -> bool:
+        if cap > vcpus + CAP_TOLERANCE:
+            self.problems.append(f"{where}.cap_cores: {cap:g} cores is more than the VM's {vcpus} vCPUs can use")
+            return False
+        if cap > host.cores + CAP_TOLERANCE:
+            self.problems.append(f"{where}.cap_cores: {cap:g} cores is more than host {host.name}'s {host.cores}")
+            return False
+        if cap < min_cap(vcpus) - CAP_TOLERANCE:
+            self.problems.append(f"{where}.cap_cores: {cap:g} cores is below the smallest cap of a {vcpus}-vCPU "
+                                 f"VM ({min_cap(vcpus):g}: the minimum CPU quota)")
+            return False
+        return True
+
+    # ------------------------------------------------------------------ one step
+
+    def step(self, where: str, s: Step) -> None:
+        if isinstance(s, CreateStep):
+            self._create(where, s)
+        elif isinstance(s, SetCapStep):
+            h = self.host_ok(where, s.host)
+            v = self.managed_vm(where, s.vm, s.host)
+            if h is not None and v is not None and self.cap_ok(where, s.cap_cores, v.vcpus, h):
+                self.vms[s.vm] = replace(v, cap=s.cap_cores)
+        elif isinstance(s, MigrateStep):
+            self._migrate(where, s)
+        elif isinstance(s, RemoveStep):
+            v = self.vms.get(s.vm)
+            if v is None:
+                return  # already gone
+            if not v.managed or v.cluster != s.cluster:
+                owner = f"virtual cluster {v.cluster!r}" if v.cluster else "no virtual cluster (unmanaged)"
+                self.problems.append(f"{where}: VM {s.vm!r} on host {v.host} belongs to {owner}, "
+                                     f"not the departing {s.cluster!r}")
+            elif v.host != s.host:
+                self.problems.append(f"{where}: VM {s.vm!r} is on host {v.host}, the plan removes it from {s.host}")
+            else:
+                del self.vms[s.vm]
+        elif isinstance(s, SetNeedStep):
+            v = self.managed_vm(where, s.vm, s.host)
+            if v is not None and not 0 < s.cpu_need_cores <= v.vcpus + CAP_TOLERANCE:
+                self.problems.append(f"{where}.cpu_need_cores: {s.cpu_need_cores:g} must be above 0 and at most "
+                                     f"the VM's {v.vcpus} vCPUs")
+
+    def _create(self, where: str, s: CreateStep) -> None:
+        try:
+            check_name(f"{where}.vm", s.vm)
+            check_name(f"{where}.cluster", s.cluster)
+        except InputError as exc:
+            self.problems.append(str(exc))
+            return
+        h = self.host_ok(where, s.host)
+        if h is None or not self.cap_ok(where, s.cap_cores, s.vcpus, h):
+            return
+        v = self.vms.get(s.vm)
+        if v is not None:  # an interrupted earlier run created it: only its cap is left to set
+            if not v.managed or v.cluster != s.cluster or v.host != s.host or not v.active:
+                self.problems.append(f"{where}: a domain named {s.vm!r} already exists on host {v.host}")
+            else:
+                self.vms[s.vm] = replace(v, cap=s.cap_cores)
+            return
+        if s.memory_bytes > h.usable_memory - self.memory(s.host):
+            self.problems.append(f"{where}: VM {s.vm!r} needs {s.memory_bytes} bytes, host {s.host} has "
+                                 f"{h.usable_memory - self.memory(s.host)} free")
+        self.vms[s.vm] = _Vm(s.host, s.vcpus, s.memory_bytes, True, True, s.cluster, s.cap_cores)
+
+    def _migrate(self, where: str, s: MigrateStep) -> None:
+        v = self.vms.get(s.vm)
+        if v is not None and (v.host == s.target or (s.final is not None and v.host == s.final)):
+            if v.managed and v.active and v.host == s.target:
+                self.vms[s.vm] = replace(v, cap=s.cap_cores)  # arrived in an earlier run; the cap is re-set
+            return
+        v = self.managed_vm(where, s.vm, s.source)
+        h = self.host_ok(where, s.target)
+        if v is None or h is None or not self.cap_ok(where, s.cap_cores, v.vcpus, h):
+            return
+        if s.bytes < 1:
+            self.problems.append(f"{where}.bytes: {s.bytes} (a migration moves at least the VM's memory)")
+        self.vms[s.vm] = replace(v, host=s.target, cap=s.cap_cores)
+
+
+def _batches(steps: Sequence[Step]) -> list[list[tuple[int, Step]]]:
+    """Steps that run at once: consecutive migrations of one wave; everything else alone."""
+    out: list[list[tuple[int, Step]]] = []
+    for i, s in enumerate(steps):
+        last = out[-1][0][1] if out else None
+        if (isinstance(s, MigrateStep) and s.wave is not None and isinstance(last, MigrateStep)
+                and last.wave == s.wave):
+            out[-1].append((i, s))
+        else:
+            out.append([(i, s)])
+    return out
+
+
+def replay_problems(steps: Sequence[Step], inventory: Inventory, *, first_index: int = 0) -> list[str]:
+    """The problems of running ``steps`` in order on the cluster ``inventory`` describes (see the module docstring).
+
+    The replay stops after the first step (or wave) with a problem: what
+    follows a broken step would only repeat its consequences.
+
+    ``first_index`` numbers the steps in messages (``plan.steps[N]``) when
+    ``steps`` is the tail of a plan.
+    """
+    r = _Replay(inventory)
+    for batch in _batches(steps):
+        if r.problems:
+            break  # the steps after a broken one would only report its consequences
+        seen: set[str] = set()
+        for i, s in batch:
+            if s.vm in seen:
+                r.problems.append(f"plan.steps[{first_index + i}]: VM {s.vm!r} has two steps in one wave")
+            seen.add(s.vm)
+        caps_before = {h: r.caps(h) for h in r.hosts}
+        mem_before = {h: r.memory(h) for h in r.hosts}
+        # While a wave runs, a migrating VM holds memory on both hosts: count arrivals before any departure.
+        arriving: dict[str, int] = {}
+        for i, s in batch:
+            if isinstance(s, MigrateStep):
+                v = r.vms.get(s.vm)
+                if v is not None and v.host == s.source and v.active:
+                    arriving[s.target] = arriving.get(s.target, 0) + v.memory
+            r.step(f"plan.steps[{first_index + i}]", s)
+        for h, state in r.hosts.items():
+            if state.down is not None:
+                continue
+            caps = r.caps(h)
+            if caps > caps_before[h] + CAP_TOLERANCE and caps > state.cores + CAP_TOLERANCE:
+                first = batch[0][0] + first_index
+                r.problems.append(f"plan.steps[{first}] ({batch[0][1].op} {batch[0][1].vm}): host {h} would have "
+                                  f"caps of {caps:.5f} cores on {state.cores} cores")
+            peak = max(r.memory(h), mem_before[h] + arriving.get(h, 0))
+            if peak > mem_before[h] and peak > state.usable_memory:
+                first = batch[0][0] + first_index
+                r.problems.append(f"plan.steps[{first}] ({batch[0][1].op} {batch[0][1].vm}): host {h} would need "
+                                  f"{peak} bytes of memory, it has {state.usable_memory} usable")
+    return r.problems
+
+
+def check_plan(steps: Sequence[Step], inventory: Inventory, *, first_index: int = 0) -> None:
+    """Raise :class:`InputError` naming the first problems of :func:`replay_problems`, if any."""
+    problems = replay_problems(steps, inventory, first_index=first_index)
+    if problems:
+        more = f" (+{len(problems) - MAX_SHOWN} more)" if len(problems) > MAX_SHOWN else ""
+        raise InputError("; ".join(problems[:MAX_SHOWN]) + more)
+
