@@ -17,7 +17,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, read_json_file
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json, err_console, read_json_file
 from cli.bench import machine_info
 from cli.solve import render_result, result_to_dict
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult, problem_from_dict
@@ -38,6 +38,7 @@ from vcsched.experiments.adaptation import (
     report_markdown,
     run_trace,
 )
+from vcsched.formats.fields import check_number
 from vcsched.formats.units import UNLIMITED
 from vcsched.model import SolveOptions
 
@@ -98,7 +99,7 @@ def render_adapt(problem: AdaptProblem, adapted: AdaptResult) -> None:
 @click.option("-a", "--algorithm", type=click.Choice(ALGORITHMS), default="heuristic", show_default=True,
               help="milp: the paper's section 6.1 MILP (HiGHS; small instances).  heuristic: keep, pack, improve.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of tables.")
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="S",
+@click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="S",
               help="Wall-clock limit in seconds for milp (it then reports optimal=false).")
 def solve_adapt_cmd(instance_file: str, budget: int, algorithm: str, as_json: bool, time_limit: float | None) -> int:
     """Re-place a running cluster, migrating at most --budget bytes, for the best minimum yield.
@@ -270,6 +271,9 @@ def _parse_needs(items: tuple[str, ...]) -> dict[str, float]:
             cores = math.nan
         if not sep or not vm or not math.isfinite(cores) or cores <= 0:
             raise InputError(f"--set-need: {item!r} is not VM=CORES with CORES above 0 (e.g. web-0=0.3)")
+        if vm in needs:
+            raise InputError(f"--set-need: {vm!r} is given twice ({needs[vm]:g} and {cores:g} cores); "
+                             "give each VM once")
         needs[vm] = cores
     return needs
 
@@ -296,7 +300,8 @@ def _changes_file(path: str | None) -> Changes:
     depart = doc.get("depart", [])
     if not isinstance(depart, list) or not all(isinstance(vc, str) and vc for vc in depart):
         raise InputError(f"changes {path}: depart: expected a list of virtual cluster names (got {depart!r:.80})")
-    return Changes(_parse_needs(tuple(f"{vm}={cores}" for vm, cores in raw.items())), tuple(depart))
+    needs = {vm: check_number(f"changes {path}: set_need.{vm}", cores) for vm, cores in raw.items()}
+    return Changes(needs, tuple(depart))
 
 
 def render_moves(live: LiveAdaptation) -> None:
@@ -334,7 +339,7 @@ def render_moves(live: LiveAdaptation) -> None:
               help="Save the plan for `vcsched apply`.")
 @click.option("--apply", "do_apply", is_flag=True, help="Carry the plan out now (default: dry run, print it).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (result, plan, apply report).")
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="S",
+@click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="S",
               help="Wall-clock limit in seconds for milp.")
 def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], depart: tuple[str, ...],
               changes_file: str | None,
@@ -372,7 +377,11 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     from vcsched.plans.migration import MigrationBlocked
 
     changes = _changes_file(changes_file)
-    needs = {**changes.needs, **_parse_needs(set_need)}
+    flags = _parse_needs(set_need)
+    both = sorted(set(flags) & set(changes.needs))
+    if both:
+        raise InputError(f"--set-need: {both[0]!r} also has a need in --changes {changes_file}; give each VM once")
+    needs = {**changes.needs, **flags}
     departing = tuple(dict.fromkeys(changes.depart + depart))
     cluster = load_cluster(cluster_file)
     with LibvirtHypervisor(cluster) as hv:

@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 a well-formed request that cannot be satisfied
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -57,12 +58,26 @@ class VcschedGroup(click.Group):
         return rv
 
 
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange, refusing NaN and infinities (they pass its comparisons: ``nan < 0`` is False)."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if isinstance(rv, float) and not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
+
+
 def read_text_file(path: str | Path, what: str) -> str:
-    """A file's text; a missing or unreadable file is an InputError naming it (``what``: "plan", "request"...)."""
+    """A file's text; a missing, unreadable or non-UTF-8 file is an InputError naming it (``what``: "plan"...)."""
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(f"{what} {path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} {path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except OSError as exc:
         raise InputError(f"{what} {path}: cannot read ({exc.strerror})") from None
 
@@ -74,6 +89,8 @@ def read_json_file(path: str, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{what} {path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise InputError(f"{what} {path}: nested too deeply to be a {what}") from None
 
 
 def emit_json(value: Any) -> None:

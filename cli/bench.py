@@ -16,7 +16,7 @@ import scipy
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.app import EXIT_OK, console, emit_json, err_console
+from cli.app import EXIT_OK, FiniteFloatRange, console, emit_json, err_console
 from vcsched.adaptation.solve import solve_adapt
 from vcsched.errors import InputError
 from vcsched.experiments.bench import (
@@ -149,7 +149,7 @@ def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> Table:
               help="Instance sizes as HOSTSxTASKS.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="FILE.md",
               help="Also write the results as Markdown (with the machine description) to FILE.md.")
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+@click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=60.0, show_default=True,
               metavar="S", help="Per-run limit in seconds for milp/rrnd/rrnz.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
 def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str | None, time_limit: float,

@@ -17,7 +17,7 @@ from rich.table import Table
 from calibration.cpus import check_cpu, conditions, cpu_busy, least_loaded_cpu
 from calibration.experiment import Config, Result, Subjects, run
 from calibration.report import markdown, pct, plot, rate_text, require_matplotlib, result_to_dict, summary_rows
-from cli.app import console, emit_json, err_console
+from cli.app import FiniteFloatRange, console, emit_json, err_console
 from vcsched.errors import InputError
 
 
@@ -186,14 +186,14 @@ def render(result: Result, cond: dict[str, Any]) -> None:
 )
 @click.option(
     "--duration",
-    type=click.FloatRange(0, 600, min_open=True),
+    type=FiniteFloatRange(0, 600, min_open=True),
     default=2.0,
     show_default=True,
     help="Seconds per measurement (each also has a 0.3 s settling time).",
 )
 @click.option(
     "--tolerance",
-    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    type=FiniteFloatRange(0, 1, min_open=True, max_open=True),
     default=0.05,
     show_default=True,
     help="Response time = time until the rate stays within ±tolerance (relative) of the new expected rate.",
@@ -207,7 +207,7 @@ def render(result: Result, cond: dict[str, Any]) -> None:
 )
 @click.option(
     "--window",
-    type=click.FloatRange(0, 10, min_open=True),
+    type=FiniteFloatRange(0, 10, min_open=True),
     default=None,
     help="Averaging window (s) for the response time. Default: 0.1 (one CFS period) for cgroup, 1.0 for libvirt.",
 )
@@ -220,7 +220,7 @@ def render(result: Result, cond: dict[str, Any]) -> None:
 )
 @click.option(
     "--confirm",
-    type=click.FloatRange(0, 600, min_open=True),
+    type=FiniteFloatRange(0, 600, min_open=True),
     default=1.0,
     show_default=True,
     help="A response counts once the rate stayed in the band this long (capped by what the hold allows).",

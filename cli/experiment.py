@@ -15,7 +15,7 @@ from typing import Any
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail, read_json_file
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json, err_console, fail, read_json_file
 from cli.bench import machine_info
 from vcsched.errors import InputError
 from vcsched.experiments.paper import (
@@ -164,7 +164,7 @@ def write_plots(records: list[Record], names: list[str], out_dir: Path) -> list[
               help="Worker processes.  [default: os.cpu_count()]")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Where report.md, records.json (and PNG plots with matplotlib) go.  [default: results/SET]")
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+@click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=60.0, show_default=True,
               metavar="S", help="Per-run limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Run seed; every instance gets its own seed derived from it.")

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from cli.app import EXIT_OK, console
+from cli.app import EXIT_OK, FiniteFloatRange, console
 from vcsched.errors import InputError
 from vcsched.experiments.generate import GeneratorSpec, generate
 from vcsched.formats.instance import instance_to_dict
@@ -27,12 +27,12 @@ def _one_entry_per_line(doc: dict[str, Any]) -> str:
 @click.option("--hosts", type=click.IntRange(min=1), required=True, help="Number of identical unit hosts H.")
 @click.option("--tasks", type=click.IntRange(min=1), required=True,
               help="Number of tasks J (one VM each).  With --parallel: the total over all jobs.")
-@click.option("--slack", type=click.FloatRange(0, 1, max_open=True), required=True,
+@click.option("--slack", type=FiniteFloatRange(0, 1, max_open=True), required=True,
               help="Memory slack s in [0, 1): mean task memory is (1 - s) * H / J, so about a "
                    "fraction s of total memory stays free.")
-@click.option("--cv-mem", type=click.FloatRange(min=0, max=10), default=0.25, show_default=True,
+@click.option("--cv-mem", type=FiniteFloatRange(min=0, max=10), default=0.25, show_default=True,
               help="Coefficient of variation of task memory (paper: 0.25 or 0.75).")
-@click.option("--cv-cpu", type=click.FloatRange(min=0, max=10), default=0.25, show_default=True,
+@click.option("--cv-cpu", type=FiniteFloatRange(min=0, max=10), default=0.25, show_default=True,
               help="Coefficient of variation of task CPU need, mean 0.5 (paper: 0.25 or 0.75).")
 @click.option("--parallel", is_flag=True,
               help="Parallel jobs: tasks per job from the Lublin-Feitelson model (1..64, biased to powers of two).")

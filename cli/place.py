@@ -41,6 +41,8 @@ def read_toml_file(path: str | Path, what: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{what} {path}: malformed TOML: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{what} {path}: nested too deeply to be a {what}") from None
 
 
 def load_cluster(path: str | None) -> Cluster:

@@ -8,7 +8,7 @@ import click
 import numpy as np
 from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_json_file
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json, read_json_file
 from vcsched.formats.instance import instance_from_dict
 from vcsched.model import Instance, SolveOptions, SolveResult
 from vcsched.solvers.registry import algorithms, solve
@@ -87,11 +87,11 @@ def render_result(instance: Instance, result: SolveResult) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of tables.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed for randomized algorithms (rrnd, rrnz).")
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="S",
+@click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="S",
               help="Wall-clock limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false).")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=500_000, show_default=True,
               help="Placement attempts before gb/sgb give up backtracking (paper: 500,000).")
-@click.option("--precision", type=click.FloatRange(min=1e-9, max=0.1), default=1e-4, show_default=True,
+@click.option("--precision", type=FiniteFloatRange(min=1e-9, max=0.1), default=1e-4, show_default=True,
               help="MCB binary search stops when the yield interval is narrower than this.")
 def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
               time_limit: float | None, max_attempts: int, precision: float) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json
 from cli.place import cluster_option, load_cluster
 from hypervisor.base import measure_cores
 from hypervisor.libvirt_backend import LibvirtHypervisor
@@ -87,7 +87,7 @@ def render_status(doc: dict[str, Any]) -> None:
 
 @click.command("status")
 @cluster_option()
-@click.option("--sample", "seconds", type=click.FloatRange(0, 60), default=2.0, show_default=True, metavar="S",
+@click.option("--sample", "seconds", type=FiniteFloatRange(0, 60), default=2.0, show_default=True, metavar="S",
               help="Measure each VM's CPU use over S seconds (two CPU-time samples); 0 skips measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def status_cmd(cluster_file: str | None, seconds: float, as_json: bool) -> int:

@@ -113,11 +113,26 @@ def test_adapt_set_need_must_be_vm_equals_cores() -> None:
     assert r.exit_code == 2 and "--set-need: 'web-0=-1'" in r.output
 
 
+def test_adapt_set_need_given_twice_for_one_vm_is_refused() -> None:
+    r = CliRunner().invoke(cli, ["adapt", "--budget", "1GiB", "--set-need", "web-0=0.3", "--set-need", "web-0=0.5",
+                                 "--cluster", "/nonexistent"])
+    assert r.exit_code == 2 and "'web-0' is given twice (0.3 and 0.5 cores)" in r.output
+
+
+def test_adapt_set_need_also_in_the_changes_file_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "changes.json"
+    f.write_text(json.dumps({"set_need": {"web-0": 0.4}}))
+    r = CliRunner().invoke(cli, ["adapt", "--budget", "1GiB", "--set-need", "web-0=0.3", "--changes", str(f),
+                                 "--cluster", "/nonexistent"])
+    assert r.exit_code == 2 and "'web-0' also has a need in --changes" in r.output
+
+
 @pytest.mark.parametrize(("doc", "message"), [
     ({"arrive": ["web"]}, 'only "set_need" and "depart"'),
     ({"depart": "web"}, "depart: expected a list of virtual cluster names"),
     ({"depart": [""]}, "depart: expected a list of virtual cluster names"),
-    ({"set_need": {"web-0": 0}}, "--set-need: 'web-0=0'"),
+    ({"set_need": {"web-0": 0}}, "set_need.web-0: 0 must be above 0"),
+    ({"set_need": {"web-0": "0.3"}}, "set_need.web-0: expected a number, got '0.3'"),
 ])
 def test_adapt_changes_file_is_validated_before_any_host_is_read(tmp_path: Path, doc: Any, message: str) -> None:
     f = tmp_path / "changes.json"
