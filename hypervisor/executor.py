@@ -44,14 +44,14 @@ from typing import Any, Protocol
 from hypervisor.base import Hypervisor, HypervisorError
 from vcsched.control.inventory import Inventory, VmState, snapshot_hash
 from vcsched.errors import InputError, VcschedError
-from vcsched.plans.check import check_plan, replay_problems
+from vcsched.plans.check import batches, check_plan, replay_problems
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
 
 #: A read-back cap equals the grid point the host realises, up to float noise.
 CAP_READBACK_TOLERANCE = 1e-9
 
-DONE, SKIPPED, FAILED, NOT_RUN = "done", "skipped", "failed", "not run"
+DONE, SKIPPED, FAILED, NOT_RUN, INTERRUPTED = "done", "skipped", "failed", "not run", "interrupted"
 
 
 class SnapshotMismatch(InputError):
@@ -249,13 +249,14 @@ class StepResult:
 class ApplyReport:
     results: tuple[StepResult, ...]
     snapshot_matched: bool
+    stopped: str | None = None  # why the plan stopped before its end without a failed step (Ctrl-C, lock lost)
 
     @property
     def ok(self) -> bool:
-        return all(r.outcome in (DONE, SKIPPED) for r in self.results)
+        return self.stopped is None and all(r.outcome in (DONE, SKIPPED) for r in self.results)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "snapshot_matched": self.snapshot_matched,
+        return {"ok": self.ok, "snapshot_matched": self.snapshot_matched, "stopped": self.stopped,
                 "steps": [{**r.step.to_dict(), "outcome": r.outcome, "detail": r.detail, "seconds": r.seconds}
                           for r in self.results]}
 
@@ -296,13 +297,20 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
 
 
 def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
-               on_step: Callable[[StepResult], None] | None = None) -> ApplyReport:
+               on_step: Callable[[StepResult], None] | None = None,
+               guard: Callable[[], None] | None = None) -> ApplyReport:
     """Run ``plan`` on ``hv``; returns what happened to every step (see the module docstring).
 
     Raises (nothing changed): :class:`SnapshotMismatch` when the cluster
     changed since the plan was computed (unless ``force``), and
     :class:`vcsched.errors.InputError` when the plan does not hold on the
     live cluster as a whole (even with ``force``: that would over-commit).
+
+    ``guard`` is called before every step (every wave); if it raises a
+    :class:`VcschedError` (the cluster lock was lost) no further step starts
+    and the report says why.  Ctrl-C (KeyboardInterrupt) stops the plan the
+    same way: the report lists what was done, and the step that was running
+    is marked interrupted.
     """
     for i, step in enumerate(plan.steps):
         if step.op not in RUNNERS:
@@ -316,26 +324,42 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
     check_plan(plan.steps, inventory)
     results: list[StepResult] = []
     failed = False
-    position = 0
-    for group in _batches(plan.steps):
-        first, position = position, position + len(group)
-        if failed:
+    stopped: str | None = None
+    for batch in batches(plan.steps):
+        group = [step for _, step in batch]
+        if failed or stopped is not None:
             results += [StepResult(step, NOT_RUN) for step in group]
             continue
-        problem = _precondition(hv, group, first)
-        if problem is not None:
-            done = [StepResult(step, FAILED, problem, 0.0) for step in group]
-        elif len(group) == 1:
-            done = [_run_step(hv, group[0])]
-        else:
-            with ThreadPoolExecutor(max_workers=len(group), thread_name_prefix="vcsched-wave") as pool:
-                done = list(pool.map(lambda step: _run_step(hv, step), group))
+        try:
+            if guard is not None:
+                guard()
+            done = _run_group(hv, group, batch[0][0])
+        except VcschedError as exc:
+            stopped = str(exc)
+            results += [StepResult(step, NOT_RUN) for step in group]
+            continue
+        except KeyboardInterrupt:
+            stopped = "interrupted (Ctrl-C)"
+            done = [StepResult(step, INTERRUPTED, "interrupted while running: it may or may not have taken effect; "
+                                                  "every VM is still running somewhere, re-run the plan to converge")
+                    for step in group]
         for result in done:
             results.append(result)
-            failed = failed or result.outcome == FAILED
+            failed = failed or result.outcome in (FAILED, INTERRUPTED)
             if on_step is not None:
                 on_step(result)
-    return ApplyReport(tuple(results), matched)
+    return ApplyReport(tuple(results), matched, stopped)
+
+
+def _run_group(hv: Hypervisor, group: list[Step], first: int) -> list[StepResult]:
+    """One step, or one wave of migrations at once, after its pre-condition on the hosts as they are now."""
+    problem = _precondition(hv, group, first)
+    if problem is not None:
+        return [StepResult(step, FAILED, problem, 0.0) for step in group]
+    if len(group) == 1:
+        return [_run_step(hv, group[0])]
+    with ThreadPoolExecutor(max_workers=len(group), thread_name_prefix="vcsched-wave") as pool:
+        return list(pool.map(lambda step: _run_step(hv, step), group))
 
 
 def _run_step(hv: Hypervisor, step: Step) -> StepResult:
@@ -349,22 +373,3 @@ def _run_step(hv: Hypervisor, step: Step) -> StepResult:
         return StepResult(step, DONE, seconds=time.monotonic() - start)
     except (StepFailed, HypervisorError) as exc:
         return StepResult(step, FAILED, str(exc), time.monotonic() - start)
-
-
-def _batches(steps: Sequence[Step]) -> list[list[Step]]:
-    """Consecutive steps that may run at once: the migrations of one wave, else one step each.
-
-    A wave was planned so that all its migrations fit in memory together
-    (:mod:`vcsched.plans.migration`); a failure in it lets the others of the wave
-    finish (a live migration cannot be abandoned halfway safely) and stops
-    the plan after them.
-    """
-    out: list[list[Step]] = []
-    for step in steps:
-        last = out[-1][0] if out else None
-        if (isinstance(step, MigrateStep) and step.wave is not None and isinstance(last, MigrateStep)
-                and last.wave == step.wave):
-            out[-1].append(step)
-        else:
-            out.append([step])
-    return out

@@ -234,3 +234,46 @@ def test_a_cluster_file_listing_one_uri_twice_is_refused() -> None:
 
 def test_host_state_reports_memory_in_bytes() -> None:
     assert HostState("h", 1, GIB, memory_reserved=GIB // 2).usable_memory == GIB // 2
+
+
+# ---------------------------------------------------------------------------------------- stopping
+
+
+def test_ctrl_c_during_a_step_reports_what_was_done_and_converges_on_rerun() -> None:
+    from hypervisor.executor import INTERRUPTED
+
+    inv = inventory_of()
+    hv = MemoryHypervisor(inv.cluster, inv.hosts, inv.vms)
+    d = admit(cluster_of(), hv.inventory(), request("web", vms=2, need=0.5))
+    assert d.plan is not None
+    second = d.plan.steps[1]
+
+    def ctrl_c() -> None:
+        raise KeyboardInterrupt
+
+    hv.before[(second.op, second.vm)] = ctrl_c
+    report = apply_plan(hv, d.plan)
+    assert [r.outcome for r in report.results] == [DONE, INTERRUPTED]
+    assert report.stopped == "interrupted (Ctrl-C)" and not report.ok
+    assert report.to_dict()["stopped"] == "interrupted (Ctrl-C)"
+    again = apply_plan(hv, d.plan)
+    assert again.ok and set(hv.vms) == {"web-0", "web-1"}
+
+
+def test_a_lost_lock_starts_no_further_step() -> None:
+    from vcsched.errors import VcschedError
+
+    inv = inventory_of()
+    hv = MemoryHypervisor(inv.cluster, inv.hosts, inv.vms)
+    d = admit(cluster_of(), hv.inventory(), request("web", vms=2, need=0.5))
+    assert d.plan is not None
+    calls = iter([None, VcschedError("cluster 'lab': cannot renew the lock")])
+
+    def guard() -> None:
+        outcome = next(calls)
+        if outcome is not None:
+            raise outcome
+
+    report = apply_plan(hv, d.plan, guard=guard)
+    assert [r.outcome for r in report.results] == [DONE, NOT_RUN]
+    assert report.stopped == "cluster 'lab': cannot renew the lock" and "web-1" not in hv.vms

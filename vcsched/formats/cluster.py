@@ -4,6 +4,7 @@ Format (TOML, written by ``vcsched lab up`` or by hand; docs/operations.md)::
 
     name = "lab"                 # cluster name
     min_yield = 0.0              # optional floor on the whole cluster's minimum yield
+    coordination = "etcd3+http://10.0.0.5:2379"   # optional: where the cluster lock lives (tooz URL)
     [guest]                      # optional default guest boot for requests without a template
     kernel = "/path/vmlinuz"
     initrd = "/path/initrd.gz"
@@ -64,6 +65,7 @@ class Cluster:
     hosts: tuple[ClusterHost, ...]
     min_yield: float = 0.0
     guest: GuestDefaults | None = None
+    coordination: str | None = None  # tooz URL of the cluster lock; None: the default (docs/operations.md)
 
     def host(self, name: str) -> ClusterHost:
         for h in self.hosts:
@@ -109,7 +111,8 @@ def _guest_from_dict(d: Any) -> GuestDefaults:
 
 def cluster_from_dict(d: Any) -> Cluster:
     """Validate a decoded cluster file; every error names the field and the value."""
-    d = check_fields("cluster", d, {"name", "min_yield", "guest", "hosts"}, {"name", "hosts"}, kind="table")
+    d = check_fields("cluster", d, {"name", "min_yield", "guest", "hosts", "coordination"}, {"name", "hosts"},
+                     kind="table")
     name = check_name("name", d["name"])
     hosts_raw = d["hosts"]
     if not isinstance(hosts_raw, list) or not hosts_raw:
@@ -126,4 +129,22 @@ def cluster_from_dict(d: Any) -> Cluster:
         uris[h.uri] = i
     min_yield = check_fraction("min_yield", d.get("min_yield", 0.0))
     guest = _guest_from_dict(d["guest"]) if "guest" in d else None
-    return Cluster(name, hosts, min_yield, guest)
+    coordination = check_coordination_url("coordination", d["coordination"]) if "coordination" in d else None
+    return Cluster(name, hosts, min_yield, guest, coordination)
+
+
+#: tooz backends vcsched is tested against; the others tooz knows are accepted as untested (docs/operations.md).
+TESTED_COORDINATION = ("file", "etcd3+http", "etcd3+https")
+UNTESTED_COORDINATION = ("zookeeper", "kazoo", "redis", "memcached", "mysql", "postgresql", "consul", "kubernetes")
+
+
+def check_coordination_url(where: str, url: Any) -> str:
+    """A tooz backend URL (the cluster lock's home); an unknown scheme is bad input naming it."""
+    text = check_string(where, url)
+    scheme, sep, rest = text.partition("://")
+    if not sep or (scheme not in TESTED_COORDINATION and scheme not in UNTESTED_COORDINATION):
+        raise InputError(f"{where}: {text!r} has no known coordination scheme (use file:///DIR, "
+                         "etcd3+http://HOST:2379 or etcd3+https://HOST:2379)")
+    if scheme == "file" and not rest.strip("/"):
+        raise InputError(f"{where}: {text!r} names no directory (e.g. file:///var/lib/vcsched/coordination)")
+    return text

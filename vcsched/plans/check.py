@@ -174,8 +174,12 @@ class _Replay:
         self.vms[s.vm] = replace(v, host=s.target, cap=s.cap_cores)
 
 
-def _batches(steps: Sequence[Step]) -> list[list[tuple[int, Step]]]:
-    """Steps that run at once: consecutive migrations of one wave; everything else alone."""
+def batches(steps: Sequence[Step]) -> list[list[tuple[int, Step]]]:
+    """Steps that run at once, with their index: consecutive migrations of one wave; any other step alone.
+
+    A wave was planned so that all its migrations fit in memory together
+    (:mod:`vcsched.plans.migration`), so they may run concurrently.
+    """
     out: list[list[tuple[int, Step]]] = []
     for i, s in enumerate(steps):
         last = out[-1][0][1] if out else None
@@ -197,7 +201,7 @@ def replay_problems(steps: Sequence[Step], inventory: Inventory, *, first_index:
     ``steps`` is the tail of a plan.
     """
     r = _Replay(inventory)
-    for batch in _batches(steps):
+    for batch in batches(steps):
         if r.problems:
             break  # the steps after a broken one would only report its consequences
         seen: set[str] = set()
