@@ -11,9 +11,10 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.app import console, emit_json, fail
+from cli.app import console, emit_json, err_console, fail
 from hypervisor import lab as labmod
 from hypervisor.lab.state import DEFAULT_LAB_DIR, LAB_DIR_ENV
+from vcsched.formats.units import parse_size
 
 DIR_HELP = (f"State directory of the lab (default: ${LAB_DIR_ENV} or {DEFAULT_LAB_DIR}). "
             "Each directory is an independent lab with its own cgroup partitions.")
@@ -47,14 +48,27 @@ def lab_cmd() -> None:
 @click.option("--hosts", "n_hosts", type=click.IntRange(1, labmod.MAX_HOSTS), default=2, show_default=True,
               help="How many hosts to start. Each lab host is declared with cores = 1, so 2 hosts on a "
                    "2-core machine never oversubscribe it.")
+@click.option("--cores", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Cores each host declares (its 'cores' in the cluster file).")
+@click.option("--memory", "memory", default=None, metavar="SIZE",
+              help="Memory each host declares, e.g. 2GiB (default: an equal share of this machine's).")
+@click.option("--recreate", is_flag=True,
+              help="Replace a lab that already runs here: destroys its guests (without it, `up` repairs it).")
 @_dir_option()
 @click.option("--json", "as_json", is_flag=True, help="Print the lab (hosts, URIs, cluster file) as JSON.")
-def up_cmd(n_hosts: int, dir_: Path | None, as_json: bool) -> None:
-    """Start a lab of N hosts, replacing whatever a previous lab in the same directory left.
+def up_cmd(n_hosts: int, cores: int, memory: str | None, recreate: bool, dir_: Path | None, as_json: bool) -> None:
+    """Start a lab of N hosts, or repair the one that runs here.
 
     Builds (once, then cached in <dir>/image) the guest kernel + initramfs, starts
     the hosts, checks each answers libvirt's getInfo, and writes <dir>/cluster.toml,
     which other commands use by default while the lab runs.
+
+    \b
+    On a lab that already runs, `up` repairs it: a host whose libvirtd died or
+    hangs gets its daemons restarted inside its namespace, and its guests keep
+    running (the new libvirtd takes them over). Guests are destroyed only with
+    --recreate. A lab whose hosts declare more cores or memory than this
+    machine has is started with a warning.
     """
     problem = labmod.prerequisites_problem()
     if problem:
@@ -68,11 +82,16 @@ def up_cmd(n_hosts: int, dir_: Path | None, as_json: bool) -> None:
         def step(message: str) -> None:
             progress.update(task, description=message, completed=next(done, steps - 1))
 
-        lab = labmod.up(n_hosts, dir_, progress=step)
+        memory_mib = None if memory is None else parse_size("--memory", memory) >> 20
+        lab = labmod.up(n_hosts, dir_, progress=step, cores=cores, memory_mib=memory_mib, recreate=recreate)
         progress.update(task, completed=steps)
     if as_json:
         emit_json(_plain(asdict(lab)))
         return
+    for warning in lab.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}")
+    if lab.repaired:
+        console.print(f"repaired {', '.join(lab.repaired)}: daemons restarted, guests kept")
     _render_status(labmod.status(lab.dir))
     console.print(f"cluster file: [bold]{lab.cluster_file}[/]")
 

@@ -4,7 +4,9 @@
 :mod:`hypervisor.lab.daemons`), each with its own cgroup partition
 (:mod:`hypervisor.lab.cgroups`), builds the TCG guest image
 (:mod:`hypervisor.lab.image`) and writes ``cluster.toml`` for the rest of
-vcsched.  ``down`` undoes all of it and is safe to run any number of times,
+vcsched.  ``up`` on a lab that already runs *repairs* it — restarts the
+daemons of hosts that died, keeping every guest — and replaces it (destroying
+its guests) only when asked to (``recreate``).  ``down`` undoes all of it and is safe to run any number of times,
 including after a crash: it finds what to stop from the state directory alone
 (pid files, partition names derived from the directory), never by process name,
 so daemons and guests it did not start are never touched.
@@ -13,6 +15,7 @@ so daemons and guests it did not start are never touched.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -50,7 +53,8 @@ __all__ = [
 ]
 
 MAX_HOSTS = 8
-REQUIRED_PROGRAMS = ("libvirtd", "virtlogd", "qemu-system-x86_64", "unshare", "mount", "apt-get", "dpkg-deb")
+REQUIRED_PROGRAMS = ("libvirtd", "virtlogd", "qemu-system-x86_64", "unshare", "nsenter", "mount", "apt-get",
+                     "dpkg-deb")
 
 Progress = Callable[[str], None]
 
@@ -61,13 +65,20 @@ class LabError(VcschedError):
 
 @dataclass(frozen=True)
 class Lab:
-    """A running lab: where it lives, its hosts and its default guest image."""
+    """A running lab: where it lives, its hosts and its default guest image.
+
+    ``repaired``: hosts whose daemons ``up`` had to restart (an existing lab);
+    ``warnings``: what the operator should know (e.g. the lab promises more
+    cores or memory than this machine has).
+    """
 
     dir: Path
     id: str
     hosts: tuple[LabHost, ...]
     guest: GuestImage
     cluster_file: Path
+    repaired: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,10 +138,21 @@ def _noop(_: str) -> None:
     pass
 
 
-def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop) -> Lab:
-    """Bring up an ``n_hosts`` lab in ``dir`` (default: the default lab dir), replacing any previous one there."""
+def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop, *, cores: int = 1,
+       memory_mib: int | None = None, recreate: bool = False) -> Lab:
+    """Bring up an ``n_hosts`` lab in ``dir`` (default: the default lab dir).
+
+    Each host declares ``cores`` cores and ``memory_mib`` MiB (default: an
+    equal share of the machine's memory).  If a lab already runs there with
+    the same shape it is repaired, guests kept; a different shape is refused
+    unless ``recreate``, which replaces the lab and destroys its guests.
+    """
     if not 1 <= n_hosts <= MAX_HOSTS:
         raise InputError(f"--hosts: {n_hosts} is not in [1, {MAX_HOSTS}]")
+    if cores < 1:
+        raise InputError(f"--cores: {cores} must be at least 1")
+    if memory_mib is not None and memory_mib < 64:
+        raise InputError(f"--memory: {memory_mib} MiB is less than the 64 MiB a lab host needs")
     layout = _layout(dir)
     layout.check_paths(n_hosts)
     problem = prerequisites_problem()
@@ -138,28 +160,86 @@ def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop) -> Lab
         raise LabError(problem)
     layout.root.mkdir(parents=True, exist_ok=True)
     with _exclusive(layout):
-        return _up(layout, n_hosts, progress)
+        existing = _recorded(layout)
+        if existing is not None and not recreate:
+            return _repair(layout, existing, n_hosts, cores, memory_mib, progress)
+        return _up(layout, n_hosts, cores, memory_mib, progress)
 
 
-def _up(layout: LabLayout, n_hosts: int, progress: Progress) -> Lab:
+def _recorded(layout: LabLayout) -> tuple[list[LabHost], GuestImage] | None:
+    """The hosts and guest of the lab recorded in this directory, if one was brought up here."""
+    try:
+        doc = json.loads(layout.state_file.read_text())
+        hosts = [LabHost(**h) for h in doc["hosts"]]
+        guest = GuestImage(Path(doc["guest"]["kernel"]), Path(doc["guest"]["initrd"]), doc["guest"]["cmdline"],
+                           doc["guest"]["domain_type"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (hosts, guest) if hosts and layout.cluster_file.is_file() else None
+
+
+def _shape_warnings(n_hosts: int, cores: int, memory_mib: int | None, machine_mib: int) -> tuple[str, ...]:
+    out = []
+    machine_cores = os.cpu_count() or 1
+    if n_hosts * cores > machine_cores:
+        out.append(f"the lab declares {n_hosts} x {cores} = {n_hosts * cores} cores on a machine with "
+                   f"{machine_cores}: caps will promise CPU this machine does not have")
+    if memory_mib is not None and n_hosts * memory_mib > machine_mib:
+        out.append(f"the lab declares {n_hosts} x {memory_mib} MiB = {n_hosts * memory_mib} MiB on a machine with "
+                   f"{machine_mib} MiB: guests may not all fit")
+    return tuple(out)
+
+
+def _reserved(machine_mib: int, n_hosts: int, memory_mib: int | None) -> str:
+    if memory_mib is None:
+        return memory_reserved_for(machine_mib, n_hosts)
+    return f"{max(machine_mib - memory_mib, 0)}MiB"
+
+
+def _repair(layout: LabLayout, existing: tuple[list[LabHost], GuestImage], n_hosts: int, cores: int,
+            memory_mib: int | None, progress: Progress) -> Lab:
+    hosts, guest = existing
+    if len(hosts) != n_hosts or any(h.cores != cores for h in hosts):
+        raise LabError(f"a lab of {len(hosts)} host(s) with {hosts[0].cores} core(s) each already runs in "
+                       f"{layout.root}; 'vcsched lab up --recreate' replaces it (destroying its guests), "
+                       "'vcsched lab down' removes it")
+    repaired = []
+    for i, h in enumerate(hosts):
+        progress(f"checking host {h.name}")
+        cgroups.create_partition(layout.partition(i))  # idempotent: a reboot may have removed it
+        if daemons.repair_host(layout, i):
+            repaired.append(h.name)
+    machine_mib = daemons.memory_mib(layout.uri(0))
+    if memory_mib is not None:
+        hosts = [dataclasses.replace(h, memory_reserved=_reserved(machine_mib, n_hosts, memory_mib)) for h in hosts]
+        _write_state(layout, hosts, guest)
+    layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest))
+    return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file, tuple(repaired),
+               _shape_warnings(n_hosts, cores, memory_mib, machine_mib))
+
+
+def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, progress: Progress) -> Lab:
     progress("cleaning up a previous lab in this directory")
     _down(layout)
     progress("preparing the guest image")
     guest = ensure_image(layout.image_dir)
     hosts: list[LabHost] = []
+    machine_mib = 0
     try:
         for i in range(n_hosts):
             progress(f"starting host {layout.host_name(i)}")
             cgroups.create_partition(layout.partition(i))
             daemons.start_host(layout, i)
-            reserved = memory_reserved_for(daemons.memory_mib(layout.uri(i)), n_hosts)
-            hosts.append(LabHost(layout.host_name(i), layout.uri(i), layout.partition(i), memory_reserved=reserved))
+            machine_mib = daemons.memory_mib(layout.uri(i))
+            hosts.append(LabHost(layout.host_name(i), layout.uri(i), layout.partition(i), cores=cores,
+                                 memory_reserved=_reserved(machine_mib, n_hosts, memory_mib)))
             _write_state(layout, hosts, guest)
     except BaseException:
         _down(layout)  # the half-started host's directory is enough for down to find it
         raise
     layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest))
-    return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file)
+    return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file,
+               warnings=_shape_warnings(n_hosts, cores, memory_mib, machine_mib))
 
 
 def _write_state(layout: LabLayout, hosts: list[LabHost], guest: GuestImage) -> None:
@@ -338,12 +418,16 @@ def _probe(uri: str) -> tuple[bool, tuple[str, ...], int | None, int | None]:
 
 
 def default_cluster_file() -> Path | None:
-    """The running default lab's ``cluster.toml``, or None when no default lab is up."""
+    """The default lab's ``cluster.toml`` while that lab exists, or None.
+
+    A lab with some hosts dead still counts: commands then show those hosts
+    as down and go on with the others (``lab up`` repairs them).
+    """
     layout = _layout(None)
     if not layout.cluster_file.is_file():
         return None
     indexes = _host_indexes(layout)
-    if not indexes or any(daemons.daemon_pid(layout, i, "libvirtd") is None for i in indexes):
+    if not indexes or all(daemons.daemon_pid(layout, i, "libvirtd") is None for i in indexes):
         return None
     return layout.cluster_file
 

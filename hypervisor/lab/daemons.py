@@ -60,18 +60,24 @@ def prepare_host(layout: LabLayout, index: int) -> None:
     (etc / "virtlogd.conf").write_text("")
 
 
-def start_script(layout: LabLayout, index: int) -> str:
-    """The shell run inside the new namespace: bind mounts, host name, then both daemons."""
+def start_script(layout: LabLayout, index: int, *, mounts: bool = True, virtlogd: bool = True) -> str:
+    """The shell run inside the host's namespace: bind mounts and host name (a new namespace), then the daemons.
+
+    ``mounts=False`` runs in the host's existing namespace (a repair, entered
+    with ``nsenter``); ``virtlogd=False`` leaves a running virtlogd alone.
+    """
     hd = layout.host_dir(index)
     q = shlex.quote
     lines = ["set -e"]
-    for sub, target in HOST_MOUNTS:
-        # The mount point may be missing on the machine (e.g. /run/libvirt without
-        # a running system libvirtd); an empty directory is all that is created.
-        lines.append(f"mkdir -p {q(target)}")
-        lines.append(f"mount --bind {q(str(hd / sub))} {q(target)}")
-    lines.append(f"hostname {q(layout.hostname(index))}")
-    lines.append(f"virtlogd -d -p {q(str(layout.pid_file(index, 'virtlogd')))}")
+    if mounts:
+        for sub, target in HOST_MOUNTS:
+            # The mount point may be missing on the machine (e.g. /run/libvirt without
+            # a running system libvirtd); an empty directory is all that is created.
+            lines.append(f"mkdir -p {q(target)}")
+            lines.append(f"mount --bind {q(str(hd / sub))} {q(target)}")
+        lines.append(f"hostname {q(layout.hostname(index))}")
+    if virtlogd:
+        lines.append(f"virtlogd -d -p {q(str(layout.pid_file(index, 'virtlogd')))}")
     # libvirtd connects to virtlogd's socket when it starts a guest; wait for it.
     lines.append("i=0; while [ ! -S /run/libvirt/virtlogd-sock ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done")
     lines.append(f"libvirtd -d -p {q(str(layout.pid_file(index, 'libvirtd')))}")
@@ -89,6 +95,63 @@ def start_host(layout: LabLayout, index: int, timeout_s: float = 60.0) -> None:
         raise DaemonError(f"host h{index}: starting its daemons failed (exit {proc.returncode}): "
                           f"{_tail(log)}")
     wait_answers(layout.uri(index), timeout_s, f"host h{index}")
+
+
+def repair_host(layout: LabLayout, index: int, timeout_s: float = 60.0) -> bool:
+    """Bring a lab host whose libvirtd died (or hangs) back, keeping its running guests; True if it needed it.
+
+    The guests' QEMU processes outlive libvirtd and keep the host's mount
+    namespace alive: libvirtd is restarted *inside* that namespace (entered
+    with ``nsenter`` through one of them), where it finds their state and
+    monitor sockets and takes them over again.  A host with nothing left in
+    its namespace is started afresh, as ``up`` does.
+    """
+    lpid = daemon_pid(layout, index, "libvirtd")
+    if lpid is not None and answers(layout.uri(index)):
+        return False
+    if lpid is not None:  # running but not answering (stopped, hung): replace it, keep the guests
+        _terminate(lpid, str(layout.pid_file(index, "libvirtd")), 15.0)
+    layout.pid_file(index, "libvirtd").unlink(missing_ok=True)
+    holders = [p for p in namespace_holders(layout, index) if not pid_gone(p)]
+    if not holders:
+        stop_host(layout, index)
+        start_host(layout, index, timeout_s)
+        return True
+    virtlogd = daemon_pid(layout, index, "virtlogd") is None
+    log = layout.host_dir(index) / "repair.log"
+    with log.open("wb") as out:
+        proc = subprocess.run(["nsenter", "-t", str(holders[0]), "-m", "-u", "sh", "-c",
+                               start_script(layout, index, mounts=False, virtlogd=virtlogd)],
+                              stdout=out, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        raise DaemonError(f"host h{index}: restarting its libvirtd failed (exit {proc.returncode}): {_tail(log)}")
+    wait_answers(layout.uri(index), timeout_s, f"host h{index}")
+    return True
+
+
+def answers(uri: str, timeout_s: float = 5.0) -> bool:
+    """Whether ``uri`` answers ``getInfo`` now (a stopped daemon would block libvirt.open: bounded by a thread)."""
+    import threading
+
+    import libvirt
+
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            conn = libvirt.open(uri)
+            try:
+                conn.getInfo()
+                result.append(True)
+            finally:
+                conn.close()
+        except libvirt.libvirtError:
+            result.append(False)
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return bool(result and result[0])
 
 
 def wait_answers(uri: str, timeout_s: float, what: str) -> None:

@@ -1,0 +1,176 @@
+"""Plan safety on real libvirt: rounded caps after adapt, VMs arriving capped, a host down and repaired, and two
+operators placing at once — never a host over its cores or memory.
+
+The shared ``lab2`` serves the cap tests; the tests that kill daemons or race
+two commands get a 3-host lab of their own (``lab3``), so nothing they break
+reaches the other lab tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cli
+from hypervisor.lab import Lab, down, up
+from hypervisor.lab.daemons import daemon_pid
+from hypervisor.lab.state import LabLayout
+from hypervisor.libvirt_backend import LibvirtHypervisor
+from tests.lab_support import destroy_everywhere, lab_leftovers, new_lab_dir, skip_unless_lab_possible
+from vcsched.formats.cluster import Cluster, cluster_from_dict
+
+pytestmark = pytest.mark.lab
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: Any) -> Any:
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def cluster_of(lab: Lab) -> Cluster:
+    return cluster_from_dict(tomllib.loads(lab.cluster_file.read_text()))
+
+
+def request(d: Path, name: str, vms: int, cores: float) -> Path:
+    p = d / f"{name}.toml"
+    p.write_text(f'name = "{name}"\nvms = {vms}\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = {cores}\n')
+    return p
+
+
+def over_committed(lab: Lab) -> list[str]:
+    """Every host whose running VMs' caps (an uncapped VM: its vCPUs) or memory exceed it, read from libvirt."""
+    with LibvirtHypervisor(cluster_of(lab)) as hv:
+        inv = hv.inventory()
+    problems = []
+    for h in inv.hosts:
+        on = [v for v in inv.vms if v.host == h.name and v.active]
+        caps = sum(v.cap_or_vcpus for v in on if v.managed)
+        mem = sum(v.memory_bytes for v in on)
+        if caps > h.cores + 1e-9:
+            problems.append(f"{h.name}: caps {caps:.5f} > {h.cores} cores")
+        if mem > h.usable_memory:
+            problems.append(f"{h.name}: memory {mem} > {h.usable_memory}")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------- on lab2
+
+
+def test_admission_after_adapt_places_onto_a_full_host(lab2: Lab, tmp_path: Path) -> None:
+    """The sequence that was refused as bad input: after an adapt left caps such as 0.6087 and 0.3913 on full
+    1-core hosts, a small request landing on one of them got "no order of the remaining steps ..." (exit 2)."""
+    tag = uuid.uuid4().hex[:4]
+    a, b, c = f"a{tag}", f"b{tag}", f"c{tag}"
+    vms = [f"{a}-0", f"{a}-1", f"{b}-0", f"{b}-1", f"{c}-0"]
+    try:
+        for name, n, cores in ((a, 2, 0.7), (b, 2, 0.45)):
+            r = run("place", request(tmp_path, name, n, cores), "--cluster", lab2.cluster_file, "--apply", "--json")
+            assert r.exit_code == 0, r.output
+        r = run("adapt", "--cluster", lab2.cluster_file, "--budget", "0", "--set-need", f"{b}-0=0.2", "--apply")
+        assert r.exit_code == 0, r.output
+        r = run("place", request(tmp_path, c, 1, 0.2), "--cluster", lab2.cluster_file, "--apply", "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["applied"]["ok"]
+        assert over_committed(lab2) == []
+    finally:
+        for vm in vms:
+            destroy_everywhere(lab2, vm)
+
+
+def test_a_migrated_vm_arrives_with_its_destination_cap(lab2: Lab) -> None:
+    from tests.lab_support import lab_guest
+    from vcsched.control.inventory import VmMeta
+    from vcsched.formats.cluster import ClusterHost  # noqa: F401  (the cluster file describes both hosts)
+
+    cluster = cluster_of(lab2)
+    with lab_guest(lab2, host=0) as dom, LibvirtHypervisor(cluster) as hv:
+        import libvirt
+
+        from hypervisor.libvirt_backend import METADATA_NS, METADATA_PREFIX, metadata_xml
+
+        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
+                        metadata_xml(VmMeta("arrive", 0.9, 128 << 20, 1), bare=True), METADATA_PREFIX, METADATA_NS,
+                        libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        hv.set_cap("h0", dom.name(), 0.9)
+        hv.migrate_vm(dom.name(), "h0", "h1", 0.2)
+        assert hv.read_cap("h1", dom.name()) == pytest.approx(0.2, abs=1e-9)  # no set_cap after the move
+
+
+# ---------------------------------------------------------------------------------------- own 3-host lab
+
+
+@pytest.fixture(scope="module")
+def lab3() -> Iterator[Lab]:
+    skip_unless_lab_possible()
+    d = new_lab_dir()
+    try:
+        yield up(3, d)
+    finally:
+        down(d)
+        left = lab_leftovers(d, 3)
+        down(d, purge=True)
+        assert not left, f"lab teardown left: {left}"
+
+
+def test_a_host_down_is_reported_planned_around_and_repaired_keeping_its_guests(lab3: Lab, tmp_path: Path) -> None:
+    from tests.lab_support import start_lab_guest
+
+    guest = start_lab_guest(lab3, host=2, wait=False).name()
+    layout = LabLayout(lab3.dir)
+    pid = daemon_pid(layout, 2, "libvirtd")
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    try:
+        start = time.monotonic()
+        r = run("status", "--cluster", lab3.cluster_file, "--sample", "0", "--json")
+        assert r.exit_code == 0, r.output
+        hosts = {h["name"]: h for h in json.loads(r.stdout)["hosts"]}
+        assert hosts["h2"]["down"] and hosts["h0"]["down"] is None and time.monotonic() - start < 30
+        r = run("place", request(tmp_path, "dn", 3, 0.2), "--cluster", lab3.cluster_file, "--json")
+        assert r.exit_code == 0, r.output
+        assert {p["host"] for p in json.loads(r.stdout)["plan"]["predicted"]["per_vm"].values()} <= {"h0", "h1"}
+    finally:
+        repaired = up(3, lab3.dir)  # `lab up` on the running lab: repair, not recreate
+    assert repaired.repaired == ("h2",)
+    import libvirt
+
+    conn = libvirt.open(lab3.hosts[2].uri)
+    try:
+        assert conn.lookupByName(guest).isActive()  # the guest outlived its libvirtd and was taken over
+    finally:
+        conn.close()
+    destroy_everywhere(lab3, guest)
+
+
+def test_two_operators_placing_at_once_never_over_commit_a_host(lab3: Lab, tmp_path: Path) -> None:
+    """20 trials of two `place --apply` started together: each request alone would take a whole 1-core host
+    at 0.6 cores, so without the lock both land on the same empty host (1.2 cores of caps)."""
+    lock_dir = tmp_path / "locks"
+    env = {**os.environ, "VCSCHED_COORDINATION": f"file://{lock_dir}"}
+    for trial in range(20):
+        names = [f"r{trial}x{uuid.uuid4().hex[:4]}" for _ in range(2)]
+        procs = [subprocess.Popen([sys.executable, "-m", "cli.main", "place", str(request(tmp_path, n, 1, 0.6)),
+                                   "--cluster", str(lab3.cluster_file), "--apply", "--wait", "120"],
+                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for n in names]
+        outs = [p.communicate(timeout=300) for p in procs]
+        try:
+            for p, (out, err) in zip(procs, outs, strict=True):
+                assert p.returncode == 0, (trial, out, err)
+            problems = over_committed(lab3)
+            assert problems == [], (trial, problems)
+        finally:
+            for n in names:
+                destroy_everywhere(lab3, f"{n}-0")
