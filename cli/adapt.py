@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, read_json_file
-from cli.bench import machine_info
+from cli.common import machine_info
 from cli.solve import render_result, result_to_dict
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult, problem_from_dict
 from vcsched.adaptation.problem import parse_budget as parse_bytes
@@ -367,7 +367,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     Exit codes: 0 planned (and applied), 1 nothing within the budget / no
     safe order / a step failed, 2 bad input.
     """
-    from cli.place import load_cluster, render_plan, render_report, run_apply
+    from cli.common import load_cluster, render_plan, render_report, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.plans.migration import MigrationBlocked
 

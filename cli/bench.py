@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
-import os
-import platform
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
-import scipy
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.app import EXIT_OK, console, emit_json, err_console
+from cli.common import MachineInfo, machine_info
 from vcsched.adaptation.solve import solve_adapt
 from vcsched.errors import InputError
 from vcsched.experiments.bench import (
@@ -38,50 +33,6 @@ from vcsched.model import SolveOptions
 from vcsched.solvers.registry import algorithms as registered
 from vcsched.solvers.registry import solve
 from vcsched.validate import check_allocation
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def mcb_kernel() -> str:
-    """Which MCB implementation runs: the C kernel or pure Python (as vcsched.solvers.mcb reports it)."""
-    try:
-        mcb = importlib.import_module("vcsched.solvers.mcb")
-    except ModuleNotFoundError:
-        return "vcsched.solvers.mcb not installed"
-    backend = getattr(mcb, "DEFAULT_BACKEND", None)  # "c" when vcsched.solvers._mcbc is built, else "python"
-    if backend is None:
-        return "not reported by vcsched.solvers.mcb"
-    return "C (vcsched.solvers._mcbc)" if backend == "c" else f"{backend} (C kernel not built)"
-
-
-@dataclass(frozen=True)
-class MachineInfo:
-    cpu: str
-    cores: int
-    python: str
-    numpy: str
-    scipy: str
-    mcb_kernel: str
-    load_avg: tuple[float, float, float]
-
-    def summary(self) -> str:
-        return (f"{self.cpu}, {self.cores} cores, Python {self.python}, numpy {self.numpy}, scipy {self.scipy}, "
-                f"MCB kernel: {self.mcb_kernel}, load average {self.load_avg[0]:.2f} at start")
-
-
-def machine_info() -> MachineInfo:
-    return MachineInfo(
-        cpu=_cpu_model(), cores=os.cpu_count() or 1, python=platform.python_version(), numpy=np.__version__,
-        scipy=scipy.__version__, mcb_kernel=mcb_kernel(), load_avg=os.getloadavg(),
-    )
 
 
 def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: int, info: MachineInfo,

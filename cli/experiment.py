@@ -16,7 +16,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail, read_json_file
-from cli.bench import machine_info
+from cli.common import machine_info
 from vcsched.errors import InputError
 from vcsched.experiments.paper import (
     BOUND,

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli.bench import bench_markdown, machine_info
+from cli.bench import bench_markdown
+from cli.common import machine_info
 from cli.main import cli
 from vcsched.errors import InputError
 from vcsched.experiments.bench import DEFAULT_CASES, BenchCase, Timing, parse_cases, skip_reason
