@@ -7,15 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.app import EXIT_OK, console, emit_json, err_console
-from cli.common import MachineInfo, machine_info
-from vcsched.adaptation.solve import solve_adapt
+from cli.common import MachineInfo, machine_info, progress_bar
 from vcsched.errors import InputError
 from vcsched.experiments.bench import (
-    ADAPT_BUDGETS,
     ADAPT_PREFIX,
     BENCH_CV,
     BENCH_SEED,
@@ -23,16 +21,10 @@ from vcsched.experiments.bench import (
     DEFAULT_CASES,
     BenchCase,
     Timing,
-    adapt_problem,
-    adapt_row_name,
     parse_cases,
-    skip_reason,
+    run_bench,
 )
-from vcsched.experiments.generate import generate
-from vcsched.model import SolveOptions
 from vcsched.solvers.registry import algorithms as registered
-from vcsched.solvers.registry import solve
-from vcsched.validate import check_allocation
 
 
 def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: int, info: MachineInfo,
@@ -131,41 +123,10 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     do_adapt = ADAPT_PREFIX in names
     names = [n for n in names if n != ADAPT_PREFIX]
     info = machine_info()
-    timings: list[Timing] = []
-    work = [(c, a) for c in cases for a in names]
-    adapt_work = [(c, b) for c in cases for b in ADAPT_BUDGETS] if do_adapt else []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=True) as progress:
-        bar = progress.add_task("bench", total=len(work) + len(adapt_work))
-        instances = {c.name: generate(c.spec(), BENCH_SEED) for c in cases}
-        for case, algo in work:
-            progress.update(bar, description=f"{algo} on {case.name}")
-            reason = skip_reason(algo, case)
-            if reason:
-                timings.append(Timing(algo, case.name, (), False, None, reason))
-                progress.advance(bar)
-                continue
-            inst = instances[case.name]
-            runs, feasible, min_yield = [], False, None
-            for _ in range(repeat):
-                result = solve(inst, algo, SolveOptions(seed=BENCH_SEED, time_limit=time_limit))
-                if result.allocation is not None:
-                    check_allocation(inst, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
-                runs.append(result.runtime_s)
-                feasible, min_yield = result.feasible, result.min_yield
-            timings.append(Timing(algo, case.name, tuple(runs), feasible, min_yield))
-            progress.advance(bar)
-        for case, budget in adapt_work:
-            name = adapt_row_name(budget)
-            progress.update(bar, description=f"{name} on {case.name}")
-            problem = adapt_problem(case, budget)
-            runs, feasible, min_yield = [], False, None
-            for _ in range(repeat):
-                adapted = solve_adapt(problem, "heuristic")  # validates the allocation and the budget itself
-                runs.append(adapted.result.runtime_s)
-                feasible, min_yield = adapted.result.feasible, adapted.result.min_yield
-            timings.append(Timing(name, case.name, tuple(runs), feasible, min_yield))
-            progress.advance(bar)
+    with progress_bar(*columns, console=err_console, transient=True) as on_progress:
+        timings = run_bench(cases, names, repeat=repeat, time_limit=time_limit, adapt=do_adapt,
+                            on_progress=on_progress)
     if output is not None:
         try:
             Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit))

@@ -1,5 +1,5 @@
 """What several commands share: reading cluster and request files, rendering plans and apply reports,
-describing the machine.
+describing the machine, and the progress bar that the library's ``on_progress`` callbacks drive.
 
 Heavy modules (the hypervisor adapter, rich tables, numpy, scipy) are imported
 inside the functions that use them, so that a command that needs one helper
@@ -12,7 +12,8 @@ import dataclasses
 import os
 import platform
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,9 +24,13 @@ from cli.app import console, read_text_file
 from vcsched.errors import InputError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import ProgressColumn
+
     from hypervisor.executor import ApplyReport
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.inventory import Inventory
+    from vcsched.experiments import OnProgress
     from vcsched.formats.cluster import Cluster
     from vcsched.formats.request import Request
     from vcsched.plans.plan import Plan
@@ -215,3 +220,24 @@ def machine_info() -> MachineInfo:
         scipy=scipy.__version__, mcb_kernel=mcb_kernel(), load_avg=os.getloadavg(),
     )
 
+
+
+# ---------------------------------------------------------------------------------------------- progress
+
+
+@contextmanager
+def progress_bar(*columns: ProgressColumn, console: Console, transient: bool) -> Iterator[OnProgress]:
+    """A rich progress bar, handed to the library as its ``on_progress(done, total, description)`` callback.
+
+    The library calls it in this process (also when it farms work out to
+    worker processes), first with ``done = 0``; the bar is drawn from then on.
+    """
+    from rich.progress import Progress
+
+    with Progress(*columns, console=console, transient=transient) as progress:
+        task = progress.add_task("", total=None)
+
+        def on_progress(done: int, total: int, description: str) -> None:
+            progress.update(task, completed=done, total=total, description=description)
+
+        yield on_progress

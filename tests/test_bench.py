@@ -12,7 +12,7 @@ from cli.bench import bench_markdown
 from cli.common import machine_info
 from cli.main import cli
 from vcsched.errors import InputError
-from vcsched.experiments.bench import DEFAULT_CASES, BenchCase, Timing, parse_cases, skip_reason
+from vcsched.experiments.bench import DEFAULT_CASES, BenchCase, Timing, parse_cases, run_bench, skip_reason
 
 
 def test_default_sizes_are_the_small_the_papers_large_and_a_thousand_hosts() -> None:
@@ -115,3 +115,22 @@ def test_the_adaptation_problem_is_fixed_and_within_its_budget() -> None:
     assert (a.current == b.current).all() and a.budget == b.budget > 0
     assert (a.current == -1).any() and (a.current >= 0).any()  # arrivals and running VMs
     assert adapt_problem(BenchCase(8, 30), math.inf).budget > a.budget
+
+
+# ------------------------------------------------------------------ the timing runs as a library call (no CLI)
+
+
+def test_run_bench_times_each_algorithm_then_the_adaptation_rows_reporting_progress() -> None:
+    calls: list[tuple[int, int, str]] = []
+    timings = run_bench((BenchCase(3, 6),), ["lpbound", "mcb8"], repeat=2, adapt=True,
+                        on_progress=lambda done, total, what: calls.append((done, total, what)))
+    assert [t.algorithm for t in timings] == ["lpbound", "mcb8", "adapt 0 %", "adapt 10 %", "adapt unlimited"]
+    assert all(t.case == "3x6" and len(t.runs_s) == 2 and t.skipped is None for t in timings)
+    assert calls == [(0, 5, "generating instances"), (0, 5, "lpbound on 3x6"), (1, 5, "mcb8 on 3x6"),
+                     (2, 5, "adapt 0 % on 3x6"), (3, 5, "adapt 10 % on 3x6"), (4, 5, "adapt unlimited on 3x6"),
+                     (5, 5, "done")]
+
+
+def test_run_bench_gives_a_too_slow_algorithm_a_row_with_the_reason_and_no_runs() -> None:
+    (t,) = run_bench((BenchCase(4, 20),), ["milp"], repeat=1)
+    assert t.runs_s == () and t.skipped == skip_reason("milp", BenchCase(4, 20)) and not t.feasible
