@@ -1,7 +1,13 @@
-"""``vcsched bench``: time every solver on fixed seeded instances and describe the machine."""
+"""``vcsched bench``: time every solver on fixed seeded instances, and vcsched itself start to exit; describe the
+machine."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,22 +19,51 @@ from rich.table import Table
 from cli.app import EXIT_OK, console, emit_json, err_console
 from cli.common import MachineInfo, machine_info, progress_bar
 from vcsched.errors import InputError
+from vcsched.experiments import OnProgress
 from vcsched.experiments.bench import (
     ADAPT_PREFIX,
     BENCH_CV,
     BENCH_SEED,
     BENCH_SLACK,
     DEFAULT_CASES,
+    STARTUP_CASE,
+    STARTUP_PREFIX,
     BenchCase,
     Timing,
     parse_cases,
     run_bench,
+    time_commands,
 )
+from vcsched.experiments.generate import generate
+from vcsched.formats.instance import instance_to_dict
 from vcsched.solvers.registry import algorithms as registered
 
 
+def vcsched_command() -> list[str]:
+    """How a user starts this vcsched: the console script beside the interpreter, else ``python -m cli.main``."""
+    script = Path(sys.executable).with_name("vcsched")
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "cli.main"]
+
+
+def startup_commands(vcsched: Sequence[str], instance_file: str) -> list[tuple[str, list[str]]]:
+    """The start-up rows: ``vcsched --help``, and ``vcsched solve`` (mcb8) of the STARTUP_CASE instance."""
+    return [(f"{STARTUP_PREFIX} --help", [*vcsched, "--help"]),
+            (f"{STARTUP_PREFIX} solve {STARTUP_CASE.name}", [*vcsched, "solve", instance_file])]
+
+
+def time_startup(repeat: int, on_progress: OnProgress | None = None) -> list[Timing]:
+    """Whole-process times of :func:`startup_commands`, on the bench's STARTUP_CASE instance in a scratch file."""
+    instance = generate(STARTUP_CASE.spec(), BENCH_SEED)
+    with tempfile.TemporaryDirectory(prefix="vcsched-bench-") as tmp:
+        path = Path(tmp) / f"{STARTUP_CASE.name}.json"
+        path.write_text(json.dumps(instance_to_dict(instance)))
+        return time_commands(startup_commands(vcsched_command(), str(path)), repeat=repeat, on_progress=on_progress)
+
+
 def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: int, info: MachineInfo,
-                   time_limit: float = 60.0) -> str:
+                   time_limit: float = 60.0, startup: Sequence[Timing] = ()) -> str:
     lines = [
         "# vcsched bench", "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {info.summary()}.", "",
@@ -53,6 +88,14 @@ def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: 
         lines += ["", *[f"- {mark} {why}" for why, mark in notes.items()]]
     lines += ["", "Cells: median seconds; `(none)` = no placement found (lpbound: memory does not fit even "
               "fractionally); the time is still shown."]
+    if startup:
+        lines += ["", "## Start-up: whole processes", "",
+                  "Wall time of `vcsched --help` and of `vcsched solve INSTANCE.json` (mcb8) on the "
+                  f"{STARTUP_CASE.name} instance of the protocol above, from start to exit, as a user waits for "
+                  "them (Python start-up, imports, reading the file, solving, printing): median of "
+                  f"{repeat} run(s) of the `vcsched` script by `subprocess.run`, after one untimed run.", "",
+                  "| row | median |", "| --- | --- |"]
+        lines += [f"| {t.algorithm} | {_cell(t, {})} |" for t in startup]
     return "\n".join(lines) + "\n"
 
 
@@ -82,12 +125,21 @@ def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> Table:
     return table
 
 
+def _startup_table(startup: Sequence[Timing]) -> Table:
+    table = Table(title="whole-process wall time (s)")
+    table.add_column("row")
+    table.add_column("median", justify="right")
+    for t in startup:
+        table.add_row(t.algorithm, _cell(t, {}))
+    return table
+
+
 @click.command("bench")
 @click.option("-r", "--repeat", type=click.IntRange(min=1, max=1000), default=5, show_default=True,
               help="Runs per algorithm and size; the median is reported.")
 @click.option("-a", "--algorithms", "algorithms_opt", default=None, metavar="A,B,...",
-              help="Only these algorithms; 'adapt' for the adaptation heuristic's rows.  "
-                   "[default: all registered, and adapt]")
+              help="Only these algorithms; 'adapt' for the adaptation heuristic's rows, 'cli' for the "
+                   "whole-process start-up rows.  [default: all registered, adapt and cli]")
 @click.option("--sizes", default=",".join(c.name for c in DEFAULT_CASES), show_default=True, metavar="HxJ,...",
               help="Instance sizes as HOSTSxTASKS.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="FILE.md",
@@ -104,6 +156,10 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     validator.  Slow algorithms are skipped above a size, with the reason in
     the table: milp only at 12 tasks, rrnd/rrnz/gb/sgb up to 500 tasks.
 
+    The 'cli' rows time vcsched itself from start to exit, as a user waits
+    for it: `vcsched --help`, and `vcsched solve` of the 64x500 instance
+    (whatever --sizes says), REPEAT runs each after an untimed one.
+
     \b
     Example:
       nice vcsched bench --repeat 5 --output docs/benchmarks.md
@@ -114,22 +170,23 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     """
     cases = parse_cases(sizes)
     known = registered()
-    names = [*sorted(known), ADAPT_PREFIX] if algorithms_opt is None else \
+    names = [*sorted(known), ADAPT_PREFIX, STARTUP_PREFIX] if algorithms_opt is None else \
         [n.strip() for n in algorithms_opt.split(",") if n.strip()]
     for n in names:
-        if n not in known and n != ADAPT_PREFIX:
+        if n not in known and n not in (ADAPT_PREFIX, STARTUP_PREFIX):
             raise InputError(f"--algorithms: unknown algorithm {n!r} (known: {', '.join(sorted(known))}, "
-                             f"{ADAPT_PREFIX})")
-    do_adapt = ADAPT_PREFIX in names
-    names = [n for n in names if n != ADAPT_PREFIX]
+                             f"{ADAPT_PREFIX}, {STARTUP_PREFIX})")
+    do_adapt, do_startup = ADAPT_PREFIX in names, STARTUP_PREFIX in names
+    names = [n for n in names if n not in (ADAPT_PREFIX, STARTUP_PREFIX)]
     info = machine_info()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with progress_bar(*columns, console=err_console, transient=True) as on_progress:
         timings = run_bench(cases, names, repeat=repeat, time_limit=time_limit, adapt=do_adapt,
                             on_progress=on_progress)
+        startup = time_startup(repeat, on_progress) if do_startup else []
     if output is not None:
         try:
-            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit))
+            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit, startup))
         except OSError as exc:
             raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
     if as_json:
@@ -137,11 +194,15 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             "machine": vars(info) | {"load_avg": list(info.load_avg)}, "repeat": repeat, "time_limit": time_limit,
             "timings": [{"algorithm": t.algorithm, "size": t.case, "median_s": t.median_s, "runs_s": list(t.runs_s),
                          "feasible": t.feasible, "min_yield": t.min_yield, "skipped": t.skipped} for t in timings],
+            "startup": [{"row": t.algorithm, "median_s": t.median_s, "runs_s": list(t.runs_s)} for t in startup],
         }
         emit_json(doc)
     else:
         console.print(info.summary(), highlight=False)
-        console.print(_table(timings, cases))
+        if timings:
+            console.print(_table(timings, cases))
+        if startup:
+            console.print(_startup_table(startup))
         if output:
             console.print(f"wrote {output}", highlight=False)
     return EXIT_OK

@@ -8,6 +8,8 @@ that silently drops a solver would read as if it had run.
 :func:`run_bench` does the timing and reports how far it got through an
 ``on_progress(done, total, description)`` callback; it prints nothing, so the
 CLI draws the progress bar and the tables, and Python callers get the values.
+:func:`time_commands` times whole processes (the start-up rows: what a user
+waits for, imports included), on command lines the caller gives.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import math
 import re
 import statistics
+import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vcsched.errors import InputError
+from vcsched.errors import InputError, VcschedError
 from vcsched.experiments import OnProgress
 from vcsched.experiments.generate import GeneratorSpec, generate
 from vcsched.model import SolveOptions
@@ -152,7 +156,8 @@ def run_bench(cases: Sequence[BenchCase], algorithms: Sequence[str], *, repeat: 
             on_progress(done, total, description)
 
     progress(0, "generating instances")
-    instances = {c.name: generate(c.spec(), BENCH_SEED) for c in cases}
+    timed = {c.name for c, a in work if not skip_reason(a, c)}
+    instances = {c.name: generate(c.spec(), BENCH_SEED) for c in cases if c.name in timed}
     timings: list[Timing] = []
     for case, algo in work:
         progress(len(timings), f"{algo} on {case.name}")
@@ -179,5 +184,50 @@ def run_bench(cases: Sequence[BenchCase], algorithms: Sequence[str], *, repeat: 
             runs.append(adapted.result.runtime_s)
             feasible, min_yield = adapted.result.feasible, adapted.result.min_yield
         timings.append(Timing(name, case.name, tuple(runs), feasible, min_yield))
+    progress(total, "done")
+    return timings
+
+
+# ---------------------------------------------------------------- whole processes
+
+#: The size of the instance whose ``vcsched solve``, start to exit, ``vcsched bench`` times (the paper's large set).
+STARTUP_CASE = BenchCase(64, 500)
+STARTUP_PREFIX = "cli"
+#: ``Timing.case`` of a whole-process row.
+WHOLE_PROCESS = "whole process"
+
+
+def time_commands(commands: Sequence[tuple[str, Sequence[str]]], *, repeat: int = 5,
+                  on_progress: OnProgress | None = None) -> list[Timing]:
+    """Wall-clock time of whole processes, start to exit: ``(row name, command line)`` each run ``repeat`` times.
+
+    This is what a user waits for (interpreter start-up, imports, reading the
+    input, the work, the output), where :func:`run_bench` times the solver
+    alone.  Each command first runs once untimed, so that every timed run
+    finds the files it reads in the page cache.  Output is discarded; a
+    command that exits with a status other than 0 is an error (a row that
+    timed a failure would read as a result).
+    """
+    total = len(commands)
+
+    def progress(done: int, description: str) -> None:
+        if on_progress is not None:
+            on_progress(done, total, description)
+
+    timings: list[Timing] = []
+    for name, argv in commands:
+        progress(len(timings), name)
+        runs = []
+        for i in range(repeat + 1):
+            start = time.perf_counter()
+            done = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, check=False)
+            took = time.perf_counter() - start
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+                raise VcschedError(f"{name}: {' '.join(argv)} exited with status {done.returncode}: {last}")
+            if i:  # run 0 warms the caches
+                runs.append(took)
+        timings.append(Timing(name, WHOLE_PROCESS, tuple(runs), True, None))
     progress(total, "done")
     return timings
