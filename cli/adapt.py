@@ -8,17 +8,17 @@ import json
 import math
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json, err_console, read_json_file
-from cli.bench import machine_info
+from cli.common import machine_info, progress_bar
 from cli.solve import render_result, result_to_dict
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult, problem_from_dict
 from vcsched.adaptation.problem import parse_budget as parse_bytes
@@ -26,17 +26,15 @@ from vcsched.adaptation.solve import ALGORITHMS, solve_adapt
 from vcsched.control.live import LiveAdaptation, adapt_inventory
 from vcsched.errors import InputError
 from vcsched.experiments.adaptation import (
-    BUDGET_FRACTIONS,
-    LARGE,
-    METHODS,
-    SMALL,
+    SETS,
     CurvePoint,
-    StepRecord,
-    TraceSpec,
+    TraceSet,
     curves,
     milp_gaps,
     report_markdown,
-    run_trace,
+    run_traces,
+    trace_items,
+    trace_meta,
 )
 from vcsched.formats.fields import check_number
 from vcsched.formats.units import UNLIMITED
@@ -138,20 +136,6 @@ def solve_adapt_cmd(instance_file: str, budget: int, algorithm: str, as_json: bo
 # ---------------------------------------------------------------------------------------------- experiment
 
 
-ADAPT_SETS: tuple[tuple[str, TraceSpec, tuple[str, ...]], ...] = (
-    ("small", SMALL, METHODS),  # the MILP is tractable here
-    ("large", LARGE, tuple(m for m in METHODS if m != "milp")),
-)
-
-
-TraceItem = tuple[str, TraceSpec, tuple[str, ...], int, float, float | None]
-
-
-def _trace_item(item: TraceItem) -> list[StepRecord]:
-    _, spec, methods, seed, budget_fraction, time_limit = item
-    return run_trace(spec, seed, budget_fraction, methods, time_limit)
-
-
 def _adapt_plots(points_by_set: dict[str, list[CurvePoint]], out_dir: Path) -> list[Path]:
     """Minimum yield and bytes moved versus budget, one PNG per set (with matplotlib, the ``plot`` extra)."""
     if importlib.util.find_spec("matplotlib") is None:
@@ -188,7 +172,7 @@ def _adapt_plots(points_by_set: dict[str, list[CurvePoint]], out_dir: Path) -> l
 
 
 def adapt_experiment(traces: int | None, output: str | None, time_limit: float, seed: int, jobs: int | None,
-                     as_json: bool, sets: tuple[tuple[str, TraceSpec, tuple[str, ...]], ...] = ADAPT_SETS) -> int:
+                     as_json: bool, sets: Sequence[TraceSet] = SETS) -> int:
     """``vcsched experiment adapt``: yield-versus-budget curves over seeded arrival-departure traces.
 
     Two sets of traces: ``small`` (4 hosts, 10 tasks; the MILP included) and
@@ -202,32 +186,18 @@ def adapt_experiment(traces: int | None, output: str | None, time_limit: float, 
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"--output {out_dir}: cannot create ({exc.strerror})") from None
-    items: list[TraceItem] = [(name, spec, methods, seed * 1_000_003 + s, bf, time_limit)
-                              for name, spec, methods in sets for s in range(n_traces) for bf in BUDGET_FRACTIONS]
-    records: dict[str, list[StepRecord]] = {name: [] for name, _, _ in sets}
+    items = trace_items(sets, n_traces, seed, time_limit)
     start = time.perf_counter()
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-    with Progress(*columns, console=err_console, transient=as_json) as progress:
-        bar = progress.add_task("traces", total=len(items))
-        if jobs == 1:
-            for item in items:
-                records[item[0]].extend(_trace_item(item))
-                progress.advance(bar)
-        else:
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures = {pool.submit(_trace_item, item): item[0] for item in items}
-                for fut in as_completed(futures):
-                    records[futures[fut]].extend(fut.result())
-                    progress.advance(bar)
+    with progress_bar(*columns, console=err_console, transient=as_json) as on_progress:
+        records = run_traces(items, jobs=jobs, on_progress=on_progress)
     wall = time.perf_counter() - start
     reports, summary, points_by_set = [], {}, {}
     for name, spec, methods in sets:
-        recs = sorted(records[name], key=lambda r: (r.budget_fraction, r.seed, r.step))
-        meta = {"set": name, "methods": list(methods), "traces": n_traces, "steps": spec.steps,
-                "hosts": spec.hosts, "tasks": spec.tasks, "slack": spec.slack, "depart": spec.depart,
-                "arrive": spec.arrive, "change": spec.change, "seed": seed, "time_limit": time_limit,
-                "wall_s": wall, "machine": machine_info().summary()}
+        recs = records.get(name, [])
+        meta = trace_meta(name, spec, methods, n_traces, seed, time_limit) | {
+            "wall_s": wall, "machine": machine_info().summary()}
         reports.append(report_markdown(recs, meta))
         points_by_set[name] = curves(recs, methods)
         summary[name] = {"meta": meta, "curves": [vars(p) | {"budget_fraction": None if math.isinf(p.budget_fraction)
@@ -372,7 +342,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     Exit codes: 0 planned (and applied), 1 nothing within the budget / no
     safe order / a step failed, 2 bad input.
     """
-    from cli.place import load_cluster, render_plan, render_report, run_apply
+    from cli.common import load_cluster, render_plan, render_report, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.plans.migration import MigrationBlocked
 

@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 a well-formed request that cannot be satisfied
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import sys
@@ -29,7 +30,47 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     sys.exit(code)
 
 
-class VcschedGroup(click.Group):
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported when they run, not when the program starts.
+
+    A command's module imports what the command needs (numpy, scipy, the
+    libvirt adapter, ...), and that costs far more than most commands take to
+    run.  A lazy command is registered by name with where it lives
+    (``"module:attribute"``) and its one-line summary, so that ``--help`` lists
+    every command without importing any; the summary must be the first
+    paragraph of the command's docstring (tests/test_cli_main.py checks it).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands: dict[str, tuple[str, str]] = {}
+
+    def add_lazy_command(self, name: str, import_path: str, summary: str) -> None:
+        self.lazy_commands[name] = (import_path, summary)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy_commands:
+            module, _, attribute = self.lazy_commands[cmd_name][0].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """As click.Group's, but a command not loaded yet is shown by its summary instead of being imported."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.commands.get(name) or click.Command(name, help=self.lazy_commands[name][1])
+            if not cmd.hidden:
+                rows.append((name, cmd))
+        if rows:
+            limit = formatter.width - 6 - max(len(name) for name, _ in rows)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, cmd.get_short_help_str(limit)) for name, cmd in rows])
+
+
+class VcschedGroup(LazyGroup):
     """Maps every error a user can cause to one line on stderr and exit code 2."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:

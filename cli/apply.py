@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_json_file
-from cli.place import cluster_option, load_cluster, render_plan, render_report, run_apply
+from cli.common import cluster_option, load_cluster, render_plan, render_report, run_apply
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.plans.plan import plan_from_dict
 

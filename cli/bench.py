@@ -1,91 +1,69 @@
-"""``vcsched bench``: time every solver on fixed seeded instances and describe the machine."""
+"""``vcsched bench``: time every solver on fixed seeded instances, and vcsched itself start to exit; describe the
+machine."""
 
 from __future__ import annotations
 
-import importlib
+import json
 import os
-import platform
-from dataclasses import dataclass
+import sys
+import tempfile
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
-import scipy
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.app import EXIT_OK, FiniteFloatRange, console, emit_json, err_console
-from vcsched.adaptation.solve import solve_adapt
+from cli.common import MachineInfo, machine_info, progress_bar
 from vcsched.errors import InputError
+from vcsched.experiments import OnProgress
 from vcsched.experiments.bench import (
-    ADAPT_BUDGETS,
     ADAPT_PREFIX,
     BENCH_CV,
     BENCH_SEED,
     BENCH_SLACK,
     DEFAULT_CASES,
+    STARTUP_CASE,
+    STARTUP_PREFIX,
     BenchCase,
     Timing,
-    adapt_problem,
-    adapt_row_name,
     parse_cases,
-    skip_reason,
+    run_bench,
+    time_commands,
 )
 from vcsched.experiments.generate import generate
-from vcsched.model import SolveOptions
+from vcsched.formats.instance import instance_to_dict
 from vcsched.solvers.registry import algorithms as registered
-from vcsched.solvers.registry import solve
-from vcsched.validate import check_allocation
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+def vcsched_command() -> list[str]:
+    """How a user starts this vcsched: the console script beside the interpreter, else ``python -m cli.main``."""
+    script = Path(sys.executable).with_name("vcsched")
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "cli.main"]
 
 
-def mcb_kernel() -> str:
-    """Which MCB implementation runs: the C kernel or pure Python (as vcsched.solvers.mcb reports it)."""
-    try:
-        mcb = importlib.import_module("vcsched.solvers.mcb")
-    except ModuleNotFoundError:
-        return "vcsched.solvers.mcb not installed"
-    backend = getattr(mcb, "DEFAULT_BACKEND", None)  # "c" when vcsched.solvers._mcbc is built, else "python"
-    if backend is None:
-        return "not reported by vcsched.solvers.mcb"
-    return "C (vcsched.solvers._mcbc)" if backend == "c" else f"{backend} (C kernel not built)"
+def startup_commands(vcsched: Sequence[str], instance_file: str) -> list[tuple[str, list[str]]]:
+    """The start-up rows: ``vcsched --help``, and ``vcsched solve`` (mcb8) of the STARTUP_CASE instance."""
+    return [(f"{STARTUP_PREFIX} --help", [*vcsched, "--help"]),
+            (f"{STARTUP_PREFIX} solve {STARTUP_CASE.name}", [*vcsched, "solve", instance_file])]
 
 
-@dataclass(frozen=True)
-class MachineInfo:
-    cpu: str
-    cores: int
-    python: str
-    numpy: str
-    scipy: str
-    mcb_kernel: str
-    load_avg: tuple[float, float, float]
-
-    def summary(self) -> str:
-        return (f"{self.cpu}, {self.cores} cores, Python {self.python}, numpy {self.numpy}, scipy {self.scipy}, "
-                f"MCB kernel: {self.mcb_kernel}, load average {self.load_avg[0]:.2f} at start")
-
-
-def machine_info() -> MachineInfo:
-    return MachineInfo(
-        cpu=_cpu_model(), cores=os.cpu_count() or 1, python=platform.python_version(), numpy=np.__version__,
-        scipy=scipy.__version__, mcb_kernel=mcb_kernel(), load_avg=os.getloadavg(),
-    )
+def time_startup(repeat: int, on_progress: OnProgress | None = None) -> list[Timing]:
+    """Whole-process times of :func:`startup_commands`, on the bench's STARTUP_CASE instance in a scratch file."""
+    instance = generate(STARTUP_CASE.spec(), BENCH_SEED)
+    with tempfile.TemporaryDirectory(prefix="vcsched-bench-") as tmp:
+        path = Path(tmp) / f"{STARTUP_CASE.name}.json"
+        path.write_text(json.dumps(instance_to_dict(instance)))
+        return time_commands(startup_commands(vcsched_command(), str(path)), repeat=repeat, on_progress=on_progress)
 
 
 def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: int, info: MachineInfo,
-                   time_limit: float = 60.0) -> str:
+                   time_limit: float = 60.0, startup: Sequence[Timing] = ()) -> str:
     lines = [
         "# vcsched bench", "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {info.summary()}.", "",
@@ -110,6 +88,14 @@ def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: 
         lines += ["", *[f"- {mark} {why}" for why, mark in notes.items()]]
     lines += ["", "Cells: median seconds; `(none)` = no placement found (lpbound: memory does not fit even "
               "fractionally); the time is still shown."]
+    if startup:
+        lines += ["", "## Start-up: whole processes", "",
+                  "Wall time of `vcsched --help` and of `vcsched solve INSTANCE.json` (mcb8) on the "
+                  f"{STARTUP_CASE.name} instance of the protocol above, from start to exit, as a user waits for "
+                  "them (Python start-up, imports, reading the file, solving, printing): median of "
+                  f"{repeat} run(s) of the `vcsched` script by `subprocess.run`, after one untimed run.", "",
+                  "| row | median |", "| --- | --- |"]
+        lines += [f"| {t.algorithm} | {_cell(t, {})} |" for t in startup]
     return "\n".join(lines) + "\n"
 
 
@@ -139,12 +125,21 @@ def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> Table:
     return table
 
 
+def _startup_table(startup: Sequence[Timing]) -> Table:
+    table = Table(title="whole-process wall time (s)")
+    table.add_column("row")
+    table.add_column("median", justify="right")
+    for t in startup:
+        table.add_row(t.algorithm, _cell(t, {}))
+    return table
+
+
 @click.command("bench")
 @click.option("-r", "--repeat", type=click.IntRange(min=1, max=1000), default=5, show_default=True,
               help="Runs per algorithm and size; the median is reported.")
 @click.option("-a", "--algorithms", "algorithms_opt", default=None, metavar="A,B,...",
-              help="Only these algorithms; 'adapt' for the adaptation heuristic's rows.  "
-                   "[default: all registered, and adapt]")
+              help="Only these algorithms; 'adapt' for the adaptation heuristic's rows, 'cli' for the "
+                   "whole-process start-up rows.  [default: all registered, adapt and cli]")
 @click.option("--sizes", default=",".join(c.name for c in DEFAULT_CASES), show_default=True, metavar="HxJ,...",
               help="Instance sizes as HOSTSxTASKS.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="FILE.md",
@@ -161,6 +156,10 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     validator.  Slow algorithms are skipped above a size, with the reason in
     the table: milp only at 12 tasks, rrnd/rrnz/gb/sgb up to 500 tasks.
 
+    The 'cli' rows time vcsched itself from start to exit, as a user waits
+    for it: `vcsched --help`, and `vcsched solve` of the 64x500 instance
+    (whatever --sizes says), REPEAT runs each after an untimed one.
+
     \b
     Example:
       nice vcsched bench --repeat 5 --output docs/benchmarks.md
@@ -171,53 +170,23 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     """
     cases = parse_cases(sizes)
     known = registered()
-    names = [*sorted(known), ADAPT_PREFIX] if algorithms_opt is None else \
+    names = [*sorted(known), ADAPT_PREFIX, STARTUP_PREFIX] if algorithms_opt is None else \
         [n.strip() for n in algorithms_opt.split(",") if n.strip()]
     for n in names:
-        if n not in known and n != ADAPT_PREFIX:
+        if n not in known and n not in (ADAPT_PREFIX, STARTUP_PREFIX):
             raise InputError(f"--algorithms: unknown algorithm {n!r} (known: {', '.join(sorted(known))}, "
-                             f"{ADAPT_PREFIX})")
-    do_adapt = ADAPT_PREFIX in names
-    names = [n for n in names if n != ADAPT_PREFIX]
+                             f"{ADAPT_PREFIX}, {STARTUP_PREFIX})")
+    do_adapt, do_startup = ADAPT_PREFIX in names, STARTUP_PREFIX in names
+    names = [n for n in names if n not in (ADAPT_PREFIX, STARTUP_PREFIX)]
     info = machine_info()
-    timings: list[Timing] = []
-    work = [(c, a) for c in cases for a in names]
-    adapt_work = [(c, b) for c in cases for b in ADAPT_BUDGETS] if do_adapt else []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=True) as progress:
-        bar = progress.add_task("bench", total=len(work) + len(adapt_work))
-        instances = {c.name: generate(c.spec(), BENCH_SEED) for c in cases}
-        for case, algo in work:
-            progress.update(bar, description=f"{algo} on {case.name}")
-            reason = skip_reason(algo, case)
-            if reason:
-                timings.append(Timing(algo, case.name, (), False, None, reason))
-                progress.advance(bar)
-                continue
-            inst = instances[case.name]
-            runs, feasible, min_yield = [], False, None
-            for _ in range(repeat):
-                result = solve(inst, algo, SolveOptions(seed=BENCH_SEED, time_limit=time_limit))
-                if result.allocation is not None:
-                    check_allocation(inst, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
-                runs.append(result.runtime_s)
-                feasible, min_yield = result.feasible, result.min_yield
-            timings.append(Timing(algo, case.name, tuple(runs), feasible, min_yield))
-            progress.advance(bar)
-        for case, budget in adapt_work:
-            name = adapt_row_name(budget)
-            progress.update(bar, description=f"{name} on {case.name}")
-            problem = adapt_problem(case, budget)
-            runs, feasible, min_yield = [], False, None
-            for _ in range(repeat):
-                adapted = solve_adapt(problem, "heuristic")  # validates the allocation and the budget itself
-                runs.append(adapted.result.runtime_s)
-                feasible, min_yield = adapted.result.feasible, adapted.result.min_yield
-            timings.append(Timing(name, case.name, tuple(runs), feasible, min_yield))
-            progress.advance(bar)
+    with progress_bar(*columns, console=err_console, transient=True) as on_progress:
+        timings = run_bench(cases, names, repeat=repeat, time_limit=time_limit, adapt=do_adapt,
+                            on_progress=on_progress)
+        startup = time_startup(repeat, on_progress) if do_startup else []
     if output is not None:
         try:
-            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit))
+            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit, startup))
         except OSError as exc:
             raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
     if as_json:
@@ -225,11 +194,15 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             "machine": vars(info) | {"load_avg": list(info.load_avg)}, "repeat": repeat, "time_limit": time_limit,
             "timings": [{"algorithm": t.algorithm, "size": t.case, "median_s": t.median_s, "runs_s": list(t.runs_s),
                          "feasible": t.feasible, "min_yield": t.min_yield, "skipped": t.skipped} for t in timings],
+            "startup": [{"row": t.algorithm, "median_s": t.median_s, "runs_s": list(t.runs_s)} for t in startup],
         }
         emit_json(doc)
     else:
         console.print(info.summary(), highlight=False)
-        console.print(_table(timings, cases))
+        if timings:
+            console.print(_table(timings, cases))
+        if startup:
+            console.print(_startup_table(startup))
         if output:
             console.print(f"wrote {output}", highlight=False)
     return EXIT_OK

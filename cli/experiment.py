@@ -7,16 +7,14 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json, err_console, fail, read_json_file
-from cli.bench import machine_info
+from cli.common import machine_info, progress_bar
 from vcsched.errors import InputError
 from vcsched.experiments.paper import (
     BOUND,
@@ -25,11 +23,13 @@ from vcsched.experiments.paper import (
     SET_TASKS,
     SETS,
     Record,
-    WorkItem,
     degradation,
+    in_run_order,
     mean_by,
+    missing_items,
     report_markdown,
-    run_item,
+    resumable_records,
+    run_items,
     specs,
     work_items,
 )
@@ -55,9 +55,6 @@ def default_algorithms(set_name: str) -> list[str]:
 
 
 CHECKPOINT_S = 60.0
-# Run parameters that must match for --resume to reuse earlier records.
-# (More instances per family or more task counts are fine: seeds do not depend on them.)
-RESUME_KEYS = ("set", "seed", "algorithms", "time_limit")
 
 
 def code_version() -> str:
@@ -84,37 +81,12 @@ def load_previous(path: Path, meta: dict[str, Any]) -> list[Record]:
     if not path.exists():
         return []
     doc = read_json_file(str(path), "records")
-    old = doc.get("meta", {}) if isinstance(doc, dict) else {}
-    for key in RESUME_KEYS:
-        if old.get(key) != meta[key]:
-            raise InputError(f"--resume: {path} was made with {key}={old.get(key)!r}, this run has "
-                             f"{key}={meta[key]!r}; use another --output")
-    if int(old.get("instances_per_spec", 0)) > meta["instances_per_spec"]:
-        raise InputError(f"--resume: {path} has {old.get('instances_per_spec')} instances per family, more than "
-                         f"this run's {meta['instances_per_spec']}; use at least as many")
-    meta["wall_s"] = float(old.get("wall_s", 0.0))
-    wanted = set(meta["tasks"])
-    records = [r for r in (Record.from_dict(x) for x in doc.get("records", [])) if r.tasks in wanted]
-    per_instance: dict[tuple[str, int, int], int] = {}
-    for r in records:
-        per_instance[r.key] = per_instance.get(r.key, 0) + 1
-    complete = {k for k, n in per_instance.items() if n == len(meta["algorithms"])}
-    return [r for r in records if r.key in complete]
-
-
-def run_all(items: list[WorkItem], jobs: int, progress: Progress) -> Iterator[list[Record]]:
-    """Run the items in ``jobs`` worker processes (in this process when jobs == 1), updating a bar."""
-    task = progress.add_task("instances", total=len(items))
-    if jobs == 1:
-        for item in items:
-            yield run_item(item)
-            progress.advance(task)
-        return
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_item, item) for item in items]
-        for fut in as_completed(futures):
-            yield fut.result()
-            progress.advance(task)
+    try:
+        previous = resumable_records(doc, meta, str(path))
+    except InputError as exc:
+        raise InputError(f"--resume: {exc}") from None
+    meta["wall_s"] = previous.wall_s
+    return previous.records
 
 
 def write_plots(records: list[Record], names: list[str], out_dir: Path) -> list[Path]:
@@ -235,22 +207,20 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
     }
     records_path = out_dir / "records.json"
     records: list[Record] = load_previous(records_path, meta) if resume else []
-    done = {r.key for r in records}
-    todo = [i for i in items if (i.set_name, i.spec_index, i.instance) not in done]
+    todo = missing_items(items, records)
     previous_wall = float(meta["wall_s"])
     start = last_save = time.perf_counter()
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-    with Progress(*columns, console=err_console, transient=as_json) as progress:
-        for batch in run_all(todo, jobs, progress):
+    with progress_bar(*columns, console=err_console, transient=as_json) as on_progress:
+        for batch in run_items(todo, jobs, on_progress):
             records.extend(batch)
             if time.perf_counter() - last_save > CHECKPOINT_S:  # an interrupted run keeps its results
                 meta["wall_s"] = previous_wall + time.perf_counter() - start
                 save_records(records_path, meta, records)
                 last_save = time.perf_counter()
     wall = time.perf_counter() - start
-    order = {n: i for i, n in enumerate(names)}
-    records.sort(key=lambda r: (r.spec_index, r.instance, order[r.algorithm]))
+    records = in_run_order(records, names)
     meta["wall_s"] = previous_wall + wall
     meta["complete"] = True
     save_records(records_path, meta, records)

@@ -1,30 +1,40 @@
-"""Entry point: assembles the command modules into the ``vcsched`` group."""
+"""Entry point: the ``vcsched`` group and its commands, each imported only when it runs.
+
+``vcsched --help`` lists the commands from the table below without importing
+any of them, and ``vcsched solve`` imports the solver but not the libvirt
+adapter, the adaptation or the benchmarks.  A new command goes in the table
+with the first paragraph of its docstring (tests/test_cli_main.py checks both).
+"""
 
 from __future__ import annotations
 
-from cli.adapt import adapt_cmd, solve_adapt_cmd
 from cli.app import cli
-from cli.apply import apply_cmd
-from cli.bench import bench_cmd
-from cli.calibrate import calibrate_cmd
-from cli.experiment import experiment_cmd
-from cli.generate import generate_cmd
-from cli.lab import lab_cmd
-from cli.place import place_cmd
-from cli.solve import solve_cmd
-from cli.status import status_cmd
 
-cli.add_command(solve_cmd)
-cli.add_command(generate_cmd)
-cli.add_command(lab_cmd)
-cli.add_command(experiment_cmd)
-cli.add_command(bench_cmd)
-cli.add_command(calibrate_cmd)
-cli.add_command(solve_adapt_cmd)
-cli.add_command(adapt_cmd)
-cli.add_command(place_cmd)
-cli.add_command(apply_cmd)
-cli.add_command(status_cmd)
+#: name -> (where the click command lives, its one-line summary: the first paragraph of its docstring)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "solve": ("cli.solve:solve_cmd", "Place the jobs of INSTANCE.json on its hosts and report the yields."),
+    "generate": ("cli.generate:generate_cmd",
+                 "Generate a random instance as in the paper's experiments (section 4.1)."),
+    "lab": ("cli.lab:lab_cmd",
+            "A real local cluster: N libvirt hosts on this machine, for trying placements end to end."),
+    "experiment": ("cli.experiment:experiment_cmd",
+                   "Reproduce the paper's simulation experiments (section 4; parallel jobs: section 5)."),
+    "bench": ("cli.bench:bench_cmd", "Time each solver on fixed, seeded instances of the paper's protocol."),
+    "calibrate": ("cli.calibrate:calibrate_cmd", "Measure how precisely and how quickly CPU caps take effect."),
+    "solve-adapt": ("cli.adapt:solve_adapt_cmd",
+                    "Re-place a running cluster, migrating at most --budget bytes, for the best minimum yield."),
+    "adapt": ("cli.adapt:adapt_cmd",
+              "Re-balance a running cluster: re-cap every managed VM and live-migrate a few, within --budget bytes."),
+    "place": ("cli.place:place_cmd",
+              "Decide whether a virtual cluster fits, and how: print the admission decision and the plan."),
+    "apply": ("cli.apply:apply_cmd",
+              "Apply a plan saved by `vcsched place -o PLAN.json` or `vcsched adapt -o PLAN.json`."),
+    "status": ("cli.status:status_cmd",
+               "Show every host and VM of the cluster: caps, predicted yields and measured CPU."),
+}
+
+for _name, (_where, _summary) in COMMANDS.items():
+    cli.add_lazy_command(_name, _where, _summary)
 
 
 def main() -> None:

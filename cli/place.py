@@ -1,116 +1,22 @@
-"""``vcsched place``: admission decision and plan for a virtual-cluster request; ``--apply`` carries it out.
-
-Also holds what ``apply`` and ``status`` share: reading the cluster file and
-rendering an apply report.
-"""
+"""``vcsched place``: admission decision and plan for a virtual-cluster request; ``--apply`` carries it out."""
 
 from __future__ import annotations
 
-import dataclasses
-import tomllib
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_text_file
-from hypervisor.executor import DONE, FAILED, SKIPPED, ApplyReport, StepResult, apply_plan
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
+from cli.common import cluster_option, load_cluster, load_request, render_plan, render_report, run_apply
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.admission import Decision, admit
 from vcsched.control.inventory import Inventory
 from vcsched.errors import InputError
-from vcsched.formats.cluster import Cluster, cluster_from_dict
-from vcsched.formats.request import Request, request_from_dict
+from vcsched.formats.request import Request
 from vcsched.formats.units import format_size
 from vcsched.model import SolveOptions
 from vcsched.plans.plan import Plan
-from vcsched.plans.steps import CreateStep, RemoveStep
 from vcsched.solvers.registry import algorithms
-
-CLUSTER_HELP = ("Cluster file (TOML: hosts and their libvirt URIs; see docs/operations.md). "
-                "Default: the running lab's (`vcsched lab up`).")
-
-
-def read_toml_file(path: str | Path, what: str) -> dict[str, Any]:
-    """Read and decode a TOML file, turning every failure into an InputError naming the file."""
-    text = read_text_file(path, what)
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{what} {path}: malformed TOML: {exc}") from None
-    except RecursionError:
-        raise InputError(f"{what} {path}: nested too deeply to be a {what}") from None
-
-
-def load_cluster(path: str | None) -> Cluster:
-    """The cluster of ``--cluster``, else the running default lab's."""
-    if path is None:
-        from hypervisor.lab import default_cluster_file
-
-        found = default_cluster_file()
-        if found is None:
-            raise InputError("--cluster: no cluster file given and no lab is running (start one with "
-                             "`vcsched lab up`, or pass --cluster FILE)")
-        path = str(found)
-    try:
-        return cluster_from_dict(read_toml_file(path, "cluster file"))
-    except InputError as exc:
-        if str(exc).startswith("cluster file "):
-            raise
-        raise InputError(f"cluster file {path}: {exc}") from None
-
-
-def load_request(path: str) -> Request:
-    """A request file; a relative template/image path is taken relative to the request file."""
-    try:
-        request = request_from_dict(read_toml_file(path, "request"))
-    except InputError as exc:
-        if str(exc).startswith("request "):
-            raise
-        raise InputError(f"request {path}: {exc}") from None
-    base = Path(path).resolve().parent
-
-    def resolved(field: str, value: str | None) -> str | None:
-        if value is None:
-            return None
-        full = (base / value).resolve()
-        if not full.is_file():
-            raise InputError(f"request {path}: {field}: {value!r} is not a file ({full})")
-        return str(full)
-
-    return dataclasses.replace(request, template=resolved("template", request.template),
-                               image=resolved("image", request.image))
-
-
-def cluster_option() -> Callable[[Any], Any]:
-    return click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), default=None,
-                        metavar="FILE", help=CLUSTER_HELP)
-
-
-def render_plan(plan: Plan, inventory: Inventory) -> None:
-    console.print(f"  predicted minimum yield [bold]{plan.min_yield:.4f}[/], average yield "
-                  f"[bold]{plan.avg_yield:.4f}[/] over the whole cluster")
-    if not plan.steps:
-        console.print("  nothing to do: every VM already has its cap")
-        return
-    table = Table(title=f"plan ({len(plan.steps)} steps, in this order)")
-    for col in ("#", "step", "VM", "host", "cap now", "cap after", "detail"):
-        table.add_column(col, justify="right" if col in ("#", "cap now", "cap after") else "left")
-    for i, step in enumerate(plan.steps):
-        vm = inventory.vm(step.vm)
-        now = "-" if vm is None or vm.cap_cores is None else f"{vm.cap_cores:.3f}"
-        after = step.to_dict().get("cap_cores")
-        detail = ""
-        if isinstance(step, CreateStep):
-            detail = (f"{step.vcpus} vCPU, {format_size(step.memory_bytes)}, needs {step.cpu_need_cores:.3f} "
-                      f"cores, boot: {step.boot.kind}")
-        elif isinstance(step, RemoveStep):
-            detail = f"{step.cluster} departs"
-        table.add_row(str(i + 1), step.op, step.vm, step.host, now, "-" if after is None else f"{after:.3f}", detail)
-    console.print(table)
 
 
 def render_decision(request: Request, decision: Decision, inventory: Inventory) -> None:
@@ -121,36 +27,6 @@ def render_decision(request: Request, decision: Decision, inventory: Inventory) 
     console.print(f"[green]admitted[/] {request.name}: {request.vms} VMs of {request.vcpus} vCPU, "
                   f"{format_size(request.memory_bytes)}")
     render_plan(decision.plan, inventory)
-
-
-def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool) -> ApplyReport:
-    """Apply with a progress bar (unless ``quiet``), one line per step as it finishes."""
-    if quiet or not plan.steps:
-        return apply_plan(hv, plan, force=force)
-    with Progress(TextColumn("applying"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                  console=console, transient=True) as progress:
-        task = progress.add_task("", total=len(plan.steps))
-
-        def on_step(r: StepResult) -> None:
-            progress.update(task, advance=1, description=f"{r.step.op} {r.step.vm}: {r.outcome}")
-
-        return apply_plan(hv, plan, force=force, on_step=on_step)
-
-
-def render_report(report: ApplyReport) -> None:
-    colour = {DONE: "green", SKIPPED: "dim", FAILED: "red"}
-    table = Table(title="applied" if report.ok else "[red]stopped at a failed step[/] (every VM left running)")
-    for col in ("#", "step", "VM", "host", "outcome", "time", "detail"):
-        table.add_column(col, justify="right" if col in ("#", "time") else "left")
-    for i, r in enumerate(report.results):
-        c = colour.get(r.outcome, "yellow")
-        took = "-" if r.seconds is None else f"{r.seconds:.2f} s"
-        table.add_row(str(i + 1), r.step.op, r.step.vm, r.step.host, f"[{c}]{r.outcome}[/]", took, r.detail)
-    console.print(table)
-    if not report.snapshot_matched:
-        console.print("[yellow]note:[/] applied with --force to a cluster that changed since the plan was made")
-    if not report.ok:
-        console.print("Fix the cause and run the same plan again: finished steps are skipped.")
 
 
 @click.command("place")

@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json
-from cli.place import cluster_option, load_cluster
+from cli.common import cluster_option, load_cluster
 from hypervisor.base import measure_cores
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.inventory import Inventory, VmState

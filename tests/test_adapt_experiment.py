@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from vcsched.experiments.adaptation import (
+    BUDGET_FRACTIONS,
     Change,
     StepRecord,
     TraceSpec,
@@ -19,6 +20,9 @@ from vcsched.experiments.adaptation import (
     random_change,
     report_markdown,
     run_trace,
+    run_traces,
+    trace_items,
+    trace_meta,
 )
 from vcsched.model import Job
 
@@ -99,3 +103,48 @@ def test_initial_state_is_a_fitting_placement() -> None:
     instance, hosts, _ = initial_state(TINY, 5)
     mem = np.bincount(hosts, weights=instance.task_mem, minlength=instance.n_hosts)
     assert np.all(mem <= instance.host_mem + 1e-9)
+
+
+# ------------------------------------------------------------------ the study as a library call (no CLI)
+
+
+TINY_SET = (("tiny", TraceSpec(hosts=3, tasks=6, slack=0.5, steps=2), ("none", "heuristic")),)
+
+
+def _without_times(records: dict[str, list[StepRecord]]) -> dict[str, list[dict[str, object]]]:
+    return {name: [{**r.to_dict(), "results": {m: {**x.__dict__, "runtime_s": 0} for m, x in r.results.items()}}
+                   for r in recs] for name, recs in records.items()}
+
+
+def test_trace_items_give_every_budget_the_same_traces() -> None:
+    items = trace_items(TINY_SET, 2, seed=3, time_limit=5.0)
+    assert len(items) == 2 * len(BUDGET_FRACTIONS)
+    assert {i.seed for i in items} == {3 * 1_000_003, 3 * 1_000_003 + 1}
+    assert sorted({i.budget_fraction for i in items}) == sorted(BUDGET_FRACTIONS)
+    assert all(i.set_name == "tiny" and i.time_limit == 5.0 for i in items)
+
+
+def test_run_traces_reports_progress_after_each_trace() -> None:
+    calls: list[tuple[int, int, str]] = []
+    items = trace_items(TINY_SET, 1)
+    records = run_traces(items, on_progress=lambda done, total, what: calls.append((done, total, what)))
+    n = len(items)
+    assert calls == [(done, n, "traces") for done in range(n + 1)]
+    assert list(records) == ["tiny"] and len(records["tiny"]) == n * 2  # two steps per trace
+    keys = [(r.budget_fraction, r.seed, r.step) for r in records["tiny"]]
+    assert keys == sorted(keys)
+
+
+def test_run_traces_gives_the_same_records_in_worker_processes() -> None:
+    items = trace_items(TINY_SET, 1, seed=5)
+    calls: list[tuple[int, int, str]] = []
+    in_workers = run_traces(items, jobs=2, on_progress=lambda *a: calls.append(a))
+    assert _without_times(in_workers) == _without_times(run_traces(items))
+    assert [c[0] for c in calls] == list(range(len(items) + 1))  # called in this process, once per trace
+
+
+def test_trace_meta_is_what_the_report_reads() -> None:
+    name, spec, methods = TINY_SET[0]
+    meta = trace_meta(name, spec, methods, 1, 0, None) | {"wall_s": 1.0}
+    records = run_traces(trace_items(TINY_SET, 1))["tiny"]
+    assert "3 hosts, 6 initial tasks" in report_markdown(records, meta)

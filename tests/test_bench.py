@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from cli.bench import bench_markdown, machine_info
+from cli.bench import bench_markdown
+from cli.common import machine_info
 from cli.main import cli
-from vcsched.errors import InputError
-from vcsched.experiments.bench import DEFAULT_CASES, BenchCase, Timing, parse_cases, skip_reason
+from vcsched.errors import InputError, VcschedError
+from vcsched.experiments.bench import (
+    DEFAULT_CASES,
+    WHOLE_PROCESS,
+    BenchCase,
+    Timing,
+    parse_cases,
+    run_bench,
+    skip_reason,
+    time_commands,
+)
 
 
 def test_default_sizes_are_the_small_the_papers_large_and_a_thousand_hosts() -> None:
@@ -114,3 +125,58 @@ def test_the_adaptation_problem_is_fixed_and_within_its_budget() -> None:
     assert (a.current == b.current).all() and a.budget == b.budget > 0
     assert (a.current == -1).any() and (a.current >= 0).any()  # arrivals and running VMs
     assert adapt_problem(BenchCase(8, 30), math.inf).budget > a.budget
+
+
+# ------------------------------------------------------------------ the timing runs as a library call (no CLI)
+
+
+def test_run_bench_times_each_algorithm_then_the_adaptation_rows_reporting_progress() -> None:
+    calls: list[tuple[int, int, str]] = []
+    timings = run_bench((BenchCase(3, 6),), ["lpbound", "mcb8"], repeat=2, adapt=True,
+                        on_progress=lambda done, total, what: calls.append((done, total, what)))
+    assert [t.algorithm for t in timings] == ["lpbound", "mcb8", "adapt 0 %", "adapt 10 %", "adapt unlimited"]
+    assert all(t.case == "3x6" and len(t.runs_s) == 2 and t.skipped is None for t in timings)
+    assert calls == [(0, 5, "generating instances"), (0, 5, "lpbound on 3x6"), (1, 5, "mcb8 on 3x6"),
+                     (2, 5, "adapt 0 % on 3x6"), (3, 5, "adapt 10 % on 3x6"), (4, 5, "adapt unlimited on 3x6"),
+                     (5, 5, "done")]
+
+
+def test_run_bench_gives_a_too_slow_algorithm_a_row_with_the_reason_and_no_runs() -> None:
+    (t,) = run_bench((BenchCase(4, 20),), ["milp"], repeat=1)
+    assert t.runs_s == () and t.skipped == skip_reason("milp", BenchCase(4, 20)) and not t.feasible
+
+
+def test_time_commands_runs_each_command_repeat_times_after_an_untimed_run(tmp_path: Path) -> None:
+    log = tmp_path / "runs"
+    count = [sys.executable, "-c", f"open({str(log)!r}, 'a').write('x')"]
+    calls: list[tuple[int, int, str]] = []
+    timings = time_commands([("count", count), ("nothing", [sys.executable, "-c", "pass"])], repeat=3,
+                            on_progress=lambda done, total, what: calls.append((done, total, what)))
+    assert log.read_text() == "x" * 4
+    assert [(t.algorithm, t.case, len(t.runs_s), t.feasible) for t in timings] == [
+        ("count", WHOLE_PROCESS, 3, True), ("nothing", WHOLE_PROCESS, 3, True)]
+    assert all(r > 0 for t in timings for r in t.runs_s)
+    assert calls == [(0, 2, "count"), (1, 2, "nothing"), (2, 2, "done")]
+
+
+def test_a_command_that_fails_is_an_error_not_a_timing() -> None:
+    failing = [sys.executable, "-c", "import sys; sys.exit('no such file')"]
+    with pytest.raises(VcschedError, match=r"^broken: .* exited with status 1: no such file$"):
+        time_commands([("broken", failing)], repeat=1)
+
+
+def test_cli_bench_times_vcsched_itself_start_to_exit(tmp_path: Path) -> None:
+    out = tmp_path / "bench.md"
+    r = CliRunner().invoke(cli, ["bench", "--repeat", "1", "--algorithms", "cli", "--json", "--output", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["timings"] == []
+    assert [(s["row"], len(s["runs_s"])) for s in doc["startup"]] == [("cli --help", 1), ("cli solve 64x500", 1)]
+    assert all(s["median_s"] > 0 for s in doc["startup"])
+    text = out.read_text()
+    assert "## Start-up: whole processes" in text and "| cli --help |" in text and "| cli solve 64x500 |" in text
+
+
+def test_by_default_bench_includes_the_start_up_rows() -> None:
+    r = CliRunner().invoke(cli, ["bench", "--help"])
+    assert r.exit_code == 0 and "[default: all registered, adapt and cli]" in " ".join(r.output.split())

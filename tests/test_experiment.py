@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +20,14 @@ from vcsched.experiments.paper import (
     bound_gap_by_slack,
     degradation,
     failures_by_slack,
+    in_run_order,
     milp_gaps,
+    missing_items,
     ranking,
     report_markdown,
+    resumable_records,
     run_item,
+    run_items,
     specs,
     work_items,
 )
@@ -220,6 +226,69 @@ def test_run_item_turns_a_solver_error_into_a_failed_record(toy_algorithms: None
     bad, good = run_item(item)
     assert not bad.feasible and bad.error is not None and "overcommits memory" in bad.error
     assert good.error is None
+
+
+# ------------------------------------------------------------------ running and resuming as library calls (no CLI)
+
+
+def _without_times(batches: list[list[Record]]) -> list[list[dict[str, object]]]:
+    return [[{k: v for k, v in r.to_dict().items() if k != "runtime_s"} for r in batch] for batch in batches]
+
+
+def test_run_items_reports_progress_before_the_first_instance_and_after_each(toy_algorithms: None) -> None:
+    items = work_items("small", 1, ["test-ff", "lpbound"], seed=3, tasks=[6])[:4]
+    calls: list[tuple[int, int, str]] = []
+    batches = list(run_items(items, on_progress=lambda done, total, what: calls.append((done, total, what))))
+    assert calls == [(done, 4, "instances") for done in range(5)]
+    assert _without_times(batches) == _without_times([run_item(i) for i in items])
+
+
+def test_run_items_in_worker_processes_gives_the_same_records(toy_algorithms: None) -> None:
+    items = work_items("small", 1, ["test-ff"], seed=3, tasks=[6])[:6]
+    calls: list[tuple[int, int, str]] = []
+    batches = list(run_items(items, jobs=2, on_progress=lambda *a: calls.append(a)))
+    def by_instance(bs: list[list[dict[str, object]]]) -> dict[object, list[dict[str, object]]]:
+        return {(b[0]["spec_index"], b[0]["instance"]): b for b in bs}  # batches come in completion order
+
+    assert by_instance(_without_times(batches)) == by_instance(_without_times([run_item(i) for i in items]))
+    assert [c[0] for c in calls] == list(range(7))  # called in this process, once per instance
+
+
+def _meta(**changes: object) -> dict[str, object]:
+    return {"set": "small", "seed": 0, "algorithms": ["a", "b"], "time_limit": 60.0, "instances_per_spec": 2,
+            "tasks": [6], **changes}
+
+
+def test_a_saved_run_keeps_only_whole_instances_of_this_runs_task_counts() -> None:
+    whole, half = [rec(0, "a", 0.5), rec(0, "b", 0.4)], [rec(1, "a", 0.5)]
+    other_tasks = [replace(r, instance=2, tasks=8) for r in whole]
+    doc = {"meta": {**_meta(), "wall_s": 12.5}, "records": [r.to_dict() for r in whole + half + other_tasks]}
+    kept = resumable_records(doc, _meta(), "records.json")
+    assert kept.records == whole and kept.wall_s == 12.5
+
+
+@pytest.mark.parametrize(("saved", "message"), [
+    (_meta(seed=5), "records.json was made with seed=5, this run has seed=0"),
+    (_meta(algorithms=["a"]), "was made with algorithms=['a']"),
+    (_meta(instances_per_spec=3), "records.json has 3 instances per family, more than this run's 2"),
+    ({}, "was made with set=None"),
+])
+def test_a_saved_run_with_other_parameters_is_refused(saved: dict[str, object], message: str) -> None:
+    with pytest.raises(InputError, match=re.escape(message)):
+        resumable_records({"meta": saved, "records": []}, _meta(), "records.json")
+
+
+def test_missing_items_are_the_instances_without_records() -> None:
+    items = work_items("small", 2, ["a"], tasks=[6])
+    done = [replace(rec(i.instance, "a", 0.5), spec_index=i.spec_index) for i in items[::2]]
+    assert missing_items(items, done) == items[1::2]
+    assert missing_items(items, []) == items
+
+
+def test_records_come_back_in_run_order_whatever_the_workers_did() -> None:
+    shuffled = [rec(1, "b", 0.5), rec(0, "b", 0.5), rec(1, "a", 0.5), rec(0, "a", 0.5)]
+    ordered = in_run_order(shuffled, ["a", "b"])
+    assert [(r.instance, r.algorithm) for r in ordered] == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
 
 
 def test_cli_runs_a_tiny_experiment_end_to_end(tmp_path: Path, toy_algorithms: None) -> None:

@@ -448,7 +448,7 @@ def test_lab_cli_up_then_down_round_trip() -> None:
 
 
 @pytest.mark.lab
-def test_lab_down_leaves_no_daemons_guests_or_partitions_and_up_recovers_from_a_crash() -> None:
+def test_lab_down_leaves_nothing_and_up_repairs_a_crash_keeping_guests_or_recreates_on_request() -> None:
     skip_unless_lab_possible()
     d = new_lab_dir()
     try:
@@ -463,9 +463,13 @@ def test_lab_down_leaves_no_daemons_guests_or_partitions_and_up_recovers_from_a_
         for pid in pids:  # a crash: daemons die, the guest and the partition stay
             os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
-        lab = up(1, d)
-        assert status(d).running
-        assert all(lab_cgroups.pid_gone(p) for p in guest_pids), "the orphaned guest survived"
+        lab = up(1, d)  # on a lab that exists: a repair, which keeps the guest
+        assert status(d).running and lab.repaired == ("h0",)
+        assert not any(lab_cgroups.pid_gone(p) for p in guest_pids), "the repair lost the guest"
+        assert len(status(d).hosts[0].domains) == 1  # the new libvirtd took it over
+        lab = up(1, d, recreate=True)  # asked for: a fresh lab, the old guest destroyed
+        assert status(d).running and status(d).hosts[0].domains == ()
+        assert all(lab_cgroups.pid_gone(p) for p in guest_pids), "the orphaned guest survived --recreate"
         down(d)
         assert lab_leftovers(d, 1) == []
         assert all(lab_cgroups.pid_gone(p) for p in pids)

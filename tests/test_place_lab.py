@@ -114,7 +114,7 @@ def _busy_cpu_seconds() -> float:
 
 
 def test_each_vm_uses_its_cap_within_five_hundredths_of_a_core(placed: Placed) -> None:
-    from cli.place import read_toml_file
+    from cli.common import read_toml_file
     from hypervisor.base import measure_cores
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.formats.cluster import cluster_from_dict

@@ -20,13 +20,16 @@ The trace then continues from the heuristic's placement.  Arrivals that do
 not fit in memory within the budget are refused (admission control), so a
 step's problem is always the one the heuristic actually faced.
 
-Pure: records in, tables out.  The CLI (``vcsched experiment adapt``) runs it.
+:func:`run_traces` runs the study's traces (in worker processes if asked),
+reporting progress through a callback; the rest is pure: records in, tables
+out.  The CLI (``vcsched experiment adapt``) saves the records and report.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,6 +38,7 @@ import numpy as np
 from vcsched.adaptation.heuristic import align_to_current, mcb8_from_scratch
 from vcsched.adaptation.problem import DEFAULT_HOST_MEMORY_BYTES, AdaptProblem, move_cost
 from vcsched.adaptation.solve import solve_adapt
+from vcsched.experiments import OnProgress
 from vcsched.experiments.generate import CPU_MEAN, GeneratorSpec, generate, truncated_normal
 from vcsched.formats.units import UNLIMITED
 from vcsched.model import Instance, Job, SolveOptions
@@ -212,6 +216,80 @@ def run_trace(spec: TraceSpec, seed: int, budget_fraction: float, methods: Seque
             break
         instance, hosts = new_instance, placed
     return records
+
+
+# ---------------------------------------------------------------------------------------------- the study
+
+#: A set of traces: its name, the trace family, the methods compared on it.
+TraceSet = tuple[str, TraceSpec, tuple[str, ...]]
+
+#: The study's two sets: ``small`` (4 hosts, 10 tasks; the MILP included) and ``large`` (64 hosts, 500 tasks).
+SETS: tuple[TraceSet, ...] = (
+    ("small", SMALL, METHODS),  # the MILP is tractable here
+    ("large", LARGE, tuple(m for m in METHODS if m != "milp")),
+)
+
+
+@dataclass(frozen=True)
+class TraceItem:
+    """One trace at one budget level: the unit of work :func:`run_traces` hands to a worker."""
+
+    set_name: str
+    spec: TraceSpec
+    methods: tuple[str, ...]
+    seed: int
+    budget_fraction: float
+    time_limit: float | None
+
+
+def trace_items(sets: Sequence[TraceSet], traces: int, seed: int = 0,
+                time_limit: float | None = None) -> list[TraceItem]:
+    """``traces`` seeded traces of each set at each of :data:`BUDGET_FRACTIONS` (trace ``s`` of the run
+    with seed ``seed`` has seed ``seed * 1_000_003 + s``, at every budget: the budgets see the same traces)."""
+    return [TraceItem(name, spec, methods, seed * 1_000_003 + s, bf, time_limit)
+            for name, spec, methods in sets for s in range(traces) for bf in BUDGET_FRACTIONS]
+
+
+def run_trace_item(item: TraceItem) -> list[StepRecord]:
+    return run_trace(item.spec, item.seed, item.budget_fraction, item.methods, item.time_limit)
+
+
+def run_traces(items: Sequence[TraceItem], *, jobs: int = 1,
+               on_progress: OnProgress | None = None) -> dict[str, list[StepRecord]]:
+    """Run the traces of :func:`trace_items` in ``jobs`` worker processes (in this one when ``jobs`` is 1).
+
+    Returns each set's step records by budget, trace seed and step, whatever
+    order the workers finished in.  ``on_progress`` is called here, in the
+    caller's process: once before the first trace, then after each.
+    """
+    records: dict[str, list[StepRecord]] = {item.set_name: [] for item in items}
+    total = len(items)
+
+    def progress(done: int) -> None:
+        if on_progress is not None:
+            on_progress(done, total, "traces")
+
+    progress(0)
+    if jobs == 1:
+        for done, item in enumerate(items, 1):
+            records[item.set_name].extend(run_trace_item(item))
+            progress(done)
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(run_trace_item, item): item.set_name for item in items}
+            for done, fut in enumerate(as_completed(futures), 1):
+                records[futures[fut]].extend(fut.result())
+                progress(done)
+    return {name: sorted(recs, key=lambda r: (r.budget_fraction, r.seed, r.step)) for name, recs in records.items()}
+
+
+def trace_meta(name: str, spec: TraceSpec, methods: Sequence[str], traces: int, seed: int,
+               time_limit: float | None) -> dict[str, Any]:
+    """A set's run parameters, as :func:`report_markdown` reads them (it also wants ``wall_s``; ``machine``
+    is optional)."""
+    return {"set": name, "methods": list(methods), "traces": traces, "steps": spec.steps, "hosts": spec.hosts,
+            "tasks": spec.tasks, "slack": spec.slack, "depart": spec.depart, "arrive": spec.arrive,
+            "change": spec.change, "seed": seed, "time_limit": time_limit}
 
 
 # ---------------------------------------------------------------------------------------------- report

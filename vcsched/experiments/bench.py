@@ -1,9 +1,15 @@
-"""What ``vcsched bench`` times, and which solver is too slow for which size (pure data and arithmetic).
+"""What ``vcsched bench`` times, which solver is too slow for which size, and the timing runs themselves.
 
 The cases are fixed, seeded instances of the paper's protocol (section 4.1),
 so two machines time the same work.  Some algorithms do not scale and are
 skipped above a size, each with the reason printed in the table: a benchmark
 that silently drops a solver would read as if it had run.
+
+:func:`run_bench` does the timing and reports how far it got through an
+``on_progress(done, total, description)`` callback; it prints nothing, so the
+CLI draws the progress bar and the tables, and Python callers get the values.
+:func:`time_commands` times whole processes (the start-up rows: what a user
+waits for, imports included), on command lines the caller gives.
 """
 
 from __future__ import annotations
@@ -11,11 +17,18 @@ from __future__ import annotations
 import math
 import re
 import statistics
+import subprocess
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vcsched.errors import InputError
-from vcsched.experiments.generate import GeneratorSpec
+from vcsched.errors import InputError, VcschedError
+from vcsched.experiments import OnProgress
+from vcsched.experiments.generate import GeneratorSpec, generate
+from vcsched.model import SolveOptions
+from vcsched.solvers.registry import solve
+from vcsched.validate import check_allocation
 
 if TYPE_CHECKING:
     from vcsched.adaptation.problem import AdaptProblem
@@ -114,3 +127,107 @@ def adapt_problem(case: BenchCase, budget_fraction: float) -> AdaptProblem:
     instance, hosts, rng = initial_state(spec, BENCH_SEED)
     changed, current = apply_change(instance, hosts, random_change(spec, instance, 1, rng))
     return problem_for(changed, current, budget_fraction)
+
+
+# ---------------------------------------------------------------- the timing runs
+
+
+def run_bench(cases: Sequence[BenchCase], algorithms: Sequence[str], *, repeat: int = 5, time_limit: float = 60.0,
+              adapt: bool = False, on_progress: OnProgress | None = None) -> list[Timing]:
+    """Time each of ``algorithms`` ``repeat`` times on each case, then (``adapt``) the adaptation heuristic.
+
+    Every run goes through :func:`vcsched.solvers.registry.solve`, the path
+    ``vcsched solve`` takes, and every allocation is checked by the one
+    validator; an algorithm too slow for a case (:func:`skip_reason`) gets a
+    row with the reason instead of runs.  The ``adapt`` rows time
+    ``solve_adapt(..., "heuristic")`` on :func:`adapt_problem` at each of
+    :data:`ADAPT_BUDGETS`.  Rows come case by case, in the order given, the
+    adaptation rows last.  ``on_progress`` is told before each row is timed
+    (and once when all are).
+    """
+    from vcsched.adaptation.solve import solve_adapt
+
+    work = [(c, a) for c in cases for a in algorithms]
+    adapt_work = [(c, b) for c in cases for b in ADAPT_BUDGETS] if adapt else []
+    total = len(work) + len(adapt_work)
+
+    def progress(done: int, description: str) -> None:
+        if on_progress is not None:
+            on_progress(done, total, description)
+
+    progress(0, "generating instances")
+    timed = {c.name for c, a in work if not skip_reason(a, c)}
+    instances = {c.name: generate(c.spec(), BENCH_SEED) for c in cases if c.name in timed}
+    timings: list[Timing] = []
+    for case, algo in work:
+        progress(len(timings), f"{algo} on {case.name}")
+        reason = skip_reason(algo, case)
+        if reason:
+            timings.append(Timing(algo, case.name, (), False, None, reason))
+            continue
+        inst = instances[case.name]
+        runs, feasible, min_yield = [], False, None
+        for _ in range(repeat):
+            result = solve(inst, algo, SolveOptions(seed=BENCH_SEED, time_limit=time_limit))
+            if result.allocation is not None:
+                check_allocation(inst, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
+            runs.append(result.runtime_s)
+            feasible, min_yield = result.feasible, result.min_yield
+        timings.append(Timing(algo, case.name, tuple(runs), feasible, min_yield))
+    for case, budget in adapt_work:
+        name = adapt_row_name(budget)
+        progress(len(timings), f"{name} on {case.name}")
+        problem = adapt_problem(case, budget)
+        runs, feasible, min_yield = [], False, None
+        for _ in range(repeat):
+            adapted = solve_adapt(problem, "heuristic")  # validates the allocation and the budget itself
+            runs.append(adapted.result.runtime_s)
+            feasible, min_yield = adapted.result.feasible, adapted.result.min_yield
+        timings.append(Timing(name, case.name, tuple(runs), feasible, min_yield))
+    progress(total, "done")
+    return timings
+
+
+# ---------------------------------------------------------------- whole processes
+
+#: The size of the instance whose ``vcsched solve``, start to exit, ``vcsched bench`` times (the paper's large set).
+STARTUP_CASE = BenchCase(64, 500)
+STARTUP_PREFIX = "cli"
+#: ``Timing.case`` of a whole-process row.
+WHOLE_PROCESS = "whole process"
+
+
+def time_commands(commands: Sequence[tuple[str, Sequence[str]]], *, repeat: int = 5,
+                  on_progress: OnProgress | None = None) -> list[Timing]:
+    """Wall-clock time of whole processes, start to exit: ``(row name, command line)`` each run ``repeat`` times.
+
+    This is what a user waits for (interpreter start-up, imports, reading the
+    input, the work, the output), where :func:`run_bench` times the solver
+    alone.  Each command first runs once untimed, so that every timed run
+    finds the files it reads in the page cache.  Output is discarded; a
+    command that exits with a status other than 0 is an error (a row that
+    timed a failure would read as a result).
+    """
+    total = len(commands)
+
+    def progress(done: int, description: str) -> None:
+        if on_progress is not None:
+            on_progress(done, total, description)
+
+    timings: list[Timing] = []
+    for name, argv in commands:
+        progress(len(timings), name)
+        runs = []
+        for i in range(repeat + 1):
+            start = time.perf_counter()
+            done = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, check=False)
+            took = time.perf_counter() - start
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+                raise VcschedError(f"{name}: {' '.join(argv)} exited with status {done.returncode}: {last}")
+            if i:  # run 0 warms the caches
+                runs.append(took)
+        timings.append(Timing(name, WHOLE_PROCESS, tuple(runs), True, None))
+    progress(total, "done")
+    return timings

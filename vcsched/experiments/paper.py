@@ -8,11 +8,15 @@ The pieces, in the order a run uses them:
   the result does not depend on how items are spread over processes;
 * :func:`run_item` — generate the instance, run every algorithm through the
   registry, validate every allocation with the one validator, return records;
+* :func:`run_items` — many items, in worker processes, reporting progress;
+* :func:`resumable_records` and :func:`missing_items` — what an earlier run's
+  saved records already cover, and what is left to run;
 * :func:`degradation` and the other aggregations — the report's numbers;
 * :func:`report_markdown` — the report as a string (writing it is the CLI's job).
 
 ``run_item`` measures solver time (``SolveResult.runtime_s``); it performs no
-I/O, so the CLI can run it in worker processes.
+I/O, so :func:`run_items` can run it in worker processes.  Reading and saving
+records files is the caller's job.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 
 from vcsched.errors import InputError, VcschedError
+from vcsched.experiments import OnProgress
 from vcsched.experiments.generate import GeneratorSpec, generate
 from vcsched.model import SolveOptions
 from vcsched.solvers.registry import solve
@@ -89,6 +95,11 @@ class WorkItem:
     seed: int
     algorithms: tuple[str, ...]
     time_limit: float | None
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """The instance it is about, as :attr:`Record.key` names it."""
+        return (self.set_name, self.spec_index, self.instance)
 
 
 def instance_seed(run_seed: int, spec_index: int, instance: int) -> int:
@@ -205,6 +216,88 @@ def run_item(item: WorkItem) -> list[Record]:
             optimal=result.optimal, error=error,
         ))
     return records
+
+
+def run_items(items: Sequence[WorkItem], jobs: int = 1,
+              on_progress: OnProgress | None = None) -> Iterator[list[Record]]:
+    """:func:`run_item` on each item, in ``jobs`` worker processes (in this one when ``jobs`` is 1).
+
+    Yields each item's records as soon as they are there (in completion order
+    with workers), so that the caller can save them as it goes; the results
+    do not depend on ``jobs``.  ``on_progress`` is called here, in the
+    caller's process: once before the first item, then after each.
+    """
+    total = len(items)
+
+    def progress(done: int) -> None:
+        if on_progress is not None:
+            on_progress(done, total, "instances")
+
+    progress(0)
+    if jobs == 1:
+        for done, item in enumerate(items, 1):
+            records = run_item(item)
+            progress(done)
+            yield records
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_item, item) for item in items]
+        for done, fut in enumerate(as_completed(futures), 1):
+            records = fut.result()
+            progress(done)
+            yield records
+
+
+# ---------------------------------------------------------------- resuming a run
+
+#: Run parameters that must match for a resumed run to reuse earlier records.
+#: (More instances per family or more task counts are fine: seeds do not depend on them.)
+RESUME_KEYS = ("set", "seed", "algorithms", "time_limit")
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """What an earlier run left: the records of the instances it finished, and the wall time it took."""
+
+    records: list[Record]
+    wall_s: float
+
+
+def resumable_records(doc: Any, meta: Mapping[str, Any], source: str) -> Resumable:
+    """The records of a saved run (``doc``: ``{"meta": ..., "records": [...]}``) that a run with ``meta`` reuses.
+
+    Only whole instances (a record for each of the run's algorithms) of the
+    run's task counts are kept.  A saved run with other parameters
+    (:data:`RESUME_KEYS`), or with more instances per family than this run,
+    is an InputError naming ``source`` (the file it came from).
+    """
+    old = doc.get("meta", {}) if isinstance(doc, dict) else {}
+    for key in RESUME_KEYS:
+        if old.get(key) != meta[key]:
+            raise InputError(f"{source} was made with {key}={old.get(key)!r}, this run has "
+                             f"{key}={meta[key]!r}; use another --output")
+    if int(old.get("instances_per_spec", 0)) > meta["instances_per_spec"]:
+        raise InputError(f"{source} has {old.get('instances_per_spec')} instances per family, more than "
+                         f"this run's {meta['instances_per_spec']}; use at least as many")
+    wanted = set(meta["tasks"])
+    records = [r for r in (Record.from_dict(x) for x in doc.get("records", [])) if r.tasks in wanted]
+    per_instance: dict[tuple[str, int, int], int] = {}
+    for r in records:
+        per_instance[r.key] = per_instance.get(r.key, 0) + 1
+    complete = {k for k, n in per_instance.items() if n == len(meta["algorithms"])}
+    return Resumable([r for r in records if r.key in complete], float(old.get("wall_s", 0.0)))
+
+
+def missing_items(items: Iterable[WorkItem], records: Iterable[Record]) -> list[WorkItem]:
+    """The items whose instance has no records yet: what is left of a run."""
+    done = {r.key for r in records}
+    return [i for i in items if i.key not in done]
+
+
+def in_run_order(records: Iterable[Record], algorithms: Sequence[str]) -> list[Record]:
+    """Records by family, instance, and the run's algorithm order: the same file whatever the workers did."""
+    order = {n: i for i, n in enumerate(algorithms)}
+    return sorted(records, key=lambda r: (r.spec_index, r.instance, order[r.algorithm]))
 
 
 # ---------------------------------------------------------------- aggregation

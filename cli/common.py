@@ -1,0 +1,245 @@
+"""What several commands share: reading cluster and request files, rendering plans and apply reports,
+describing the machine, and the progress bar that the library's ``on_progress`` callbacks drive.
+
+Heavy modules (the hypervisor adapter, rich tables, numpy, scipy) are imported
+inside the functions that use them, so that a command that needs one helper
+does not pay at start-up for the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import tomllib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from cli.app import console, read_text_file
+from vcsched.errors import InputError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import ProgressColumn
+
+    from hypervisor.executor import ApplyReport
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from vcsched.control.inventory import Inventory
+    from vcsched.experiments import OnProgress
+    from vcsched.formats.cluster import Cluster
+    from vcsched.formats.request import Request
+    from vcsched.plans.plan import Plan
+
+CLUSTER_HELP = ("Cluster file (TOML: hosts and their libvirt URIs; see docs/operations.md). "
+                "Default: the running lab's (`vcsched lab up`).")
+
+
+# ---------------------------------------------------------------------------------------------- input files
+
+
+def read_toml_file(path: str | Path, what: str) -> dict[str, Any]:
+    """Read and decode a TOML file, turning every failure into an InputError naming the file."""
+    text = read_text_file(path, what)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{what} {path}: malformed TOML: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{what} {path}: nested too deeply to be a {what}") from None
+
+
+def load_cluster(path: str | None) -> Cluster:
+    """The cluster of ``--cluster``, else the running default lab's."""
+    from vcsched.formats.cluster import cluster_from_dict
+
+    if path is None:
+        from hypervisor.lab import default_cluster_file
+
+        found = default_cluster_file()
+        if found is None:
+            raise InputError("--cluster: no cluster file given and no lab is running (start one with "
+                             "`vcsched lab up`, or pass --cluster FILE)")
+        path = str(found)
+    try:
+        return cluster_from_dict(read_toml_file(path, "cluster file"))
+    except InputError as exc:
+        if str(exc).startswith("cluster file "):
+            raise
+        raise InputError(f"cluster file {path}: {exc}") from None
+
+
+def load_request(path: str) -> Request:
+    """A request file; a relative template/image path is taken relative to the request file."""
+    from vcsched.formats.request import request_from_dict
+
+    try:
+        request = request_from_dict(read_toml_file(path, "request"))
+    except InputError as exc:
+        if str(exc).startswith("request "):
+            raise
+        raise InputError(f"request {path}: {exc}") from None
+    base = Path(path).resolve().parent
+
+    def resolved(field: str, value: str | None) -> str | None:
+        if value is None:
+            return None
+        full = (base / value).resolve()
+        if not full.is_file():
+            raise InputError(f"request {path}: {field}: {value!r} is not a file ({full})")
+        return str(full)
+
+    return dataclasses.replace(request, template=resolved("template", request.template),
+                               image=resolved("image", request.image))
+
+
+def cluster_option() -> Callable[[Any], Any]:
+    return click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), default=None,
+                        metavar="FILE", help=CLUSTER_HELP)
+
+
+# ---------------------------------------------------------------------------------------------- plans
+
+
+def render_plan(plan: Plan, inventory: Inventory) -> None:
+    from rich.table import Table
+
+    from vcsched.formats.units import format_size
+    from vcsched.plans.steps import CreateStep, RemoveStep
+
+    console.print(f"  predicted minimum yield [bold]{plan.min_yield:.4f}[/], average yield "
+                  f"[bold]{plan.avg_yield:.4f}[/] over the whole cluster")
+    if not plan.steps:
+        console.print("  nothing to do: every VM already has its cap")
+        return
+    table = Table(title=f"plan ({len(plan.steps)} steps, in this order)")
+    for col in ("#", "step", "VM", "host", "cap now", "cap after", "detail"):
+        table.add_column(col, justify="right" if col in ("#", "cap now", "cap after") else "left")
+    for i, step in enumerate(plan.steps):
+        vm = inventory.vm(step.vm)
+        now = "-" if vm is None or vm.cap_cores is None else f"{vm.cap_cores:.3f}"
+        after = step.to_dict().get("cap_cores")
+        detail = ""
+        if isinstance(step, CreateStep):
+            detail = (f"{step.vcpus} vCPU, {format_size(step.memory_bytes)}, needs {step.cpu_need_cores:.3f} "
+                      f"cores, boot: {step.boot.kind}")
+        elif isinstance(step, RemoveStep):
+            detail = f"{step.cluster} departs"
+        table.add_row(str(i + 1), step.op, step.vm, step.host, now, "-" if after is None else f"{after:.3f}", detail)
+    console.print(table)
+
+
+def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool) -> ApplyReport:
+    """Apply with a progress bar (unless ``quiet``), one line per step as it finishes."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from hypervisor.executor import StepResult, apply_plan
+
+    if quiet or not plan.steps:
+        return apply_plan(hv, plan, force=force)
+    with Progress(TextColumn("applying"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                  console=console, transient=True) as progress:
+        task = progress.add_task("", total=len(plan.steps))
+
+        def on_step(r: StepResult) -> None:
+            progress.update(task, advance=1, description=f"{r.step.op} {r.step.vm}: {r.outcome}")
+
+        return apply_plan(hv, plan, force=force, on_step=on_step)
+
+
+def render_report(report: ApplyReport) -> None:
+    from rich.table import Table
+
+    from hypervisor.executor import DONE, FAILED, SKIPPED
+
+    colour = {DONE: "green", SKIPPED: "dim", FAILED: "red"}
+    table = Table(title="applied" if report.ok else "[red]stopped at a failed step[/] (every VM left running)")
+    for col in ("#", "step", "VM", "host", "outcome", "time", "detail"):
+        table.add_column(col, justify="right" if col in ("#", "time") else "left")
+    for i, r in enumerate(report.results):
+        c = colour.get(r.outcome, "yellow")
+        took = "-" if r.seconds is None else f"{r.seconds:.2f} s"
+        table.add_row(str(i + 1), r.step.op, r.step.vm, r.step.host, f"[{c}]{r.outcome}[/]", took, r.detail)
+    console.print(table)
+    if not report.snapshot_matched:
+        console.print("[yellow]note:[/] applied with --force to a cluster that changed since the plan was made")
+    if not report.ok:
+        console.print("Fix the cause and run the same plan again: finished steps are skipped.")
+
+
+# ---------------------------------------------------------------------------------------------- the machine
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def mcb_kernel() -> str:
+    """Which MCB implementation runs: the C kernel or pure Python (as vcsched.solvers.mcb reports it)."""
+    import importlib
+
+    try:
+        mcb = importlib.import_module("vcsched.solvers.mcb")
+    except ModuleNotFoundError:
+        return "vcsched.solvers.mcb not installed"
+    backend = getattr(mcb, "DEFAULT_BACKEND", None)  # "c" when vcsched.solvers._mcbc is built, else "python"
+    if backend is None:
+        return "not reported by vcsched.solvers.mcb"
+    return "C (vcsched.solvers._mcbc)" if backend == "c" else f"{backend} (C kernel not built)"
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    cpu: str
+    cores: int
+    python: str
+    numpy: str
+    scipy: str
+    mcb_kernel: str
+    load_avg: tuple[float, float, float]
+
+    def summary(self) -> str:
+        return (f"{self.cpu}, {self.cores} cores, Python {self.python}, numpy {self.numpy}, scipy {self.scipy}, "
+                f"MCB kernel: {self.mcb_kernel}, load average {self.load_avg[0]:.2f} at start")
+
+
+def machine_info() -> MachineInfo:
+    import numpy as np
+    import scipy
+
+    return MachineInfo(
+        cpu=_cpu_model(), cores=os.cpu_count() or 1, python=platform.python_version(), numpy=np.__version__,
+        scipy=scipy.__version__, mcb_kernel=mcb_kernel(), load_avg=os.getloadavg(),
+    )
+
+
+
+# ---------------------------------------------------------------------------------------------- progress
+
+
+@contextmanager
+def progress_bar(*columns: ProgressColumn, console: Console, transient: bool) -> Iterator[OnProgress]:
+    """A rich progress bar, handed to the library as its ``on_progress(done, total, description)`` callback.
+
+    The library calls it in this process (also when it farms work out to
+    worker processes), first with ``done = 0``; the bar is drawn from then on.
+    """
+    from rich.progress import Progress
+
+    with Progress(*columns, console=console, transient=transient) as progress:
+        task = progress.add_task("", total=None)
+
+        def on_progress(done: int, total: int, description: str) -> None:
+            progress.update(task, completed=done, total=total, description=description)
+
+        yield on_progress
