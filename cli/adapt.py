@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json, err_console, read_json_file
-from cli.common import machine_info, progress_bar
+from cli.common import lock_options, machine_info, progress_bar
 from cli.solve import render_result, result_to_dict
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult, problem_from_dict
 from vcsched.adaptation.problem import parse_budget as parse_bytes
@@ -311,10 +311,11 @@ def render_moves(live: LiveAdaptation) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (result, plan, apply report).")
 @click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="S",
               help="Wall-clock limit in seconds for milp.")
+@lock_options()
 def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], depart: tuple[str, ...],
               changes_file: str | None,
               algorithm: str, parallel: int, output: str | None, do_apply: bool, as_json: bool,
-              time_limit: float | None) -> int:
+              time_limit: float | None, wait: float, coordination: str | None) -> int:
     """Re-balance a running cluster: re-cap every managed VM and live-migrate a few, within --budget bytes.
 
     \b
@@ -337,12 +338,13 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
 
     Applying is idempotent and stops at the first failure with every VM
     running (a failed migration leaves its VM on the source); run it again to
-    continue.
+    continue.  With --apply the command holds the cluster lock from reading
+    the hosts to the last step (--wait to wait for another holder).
 
     Exit codes: 0 planned (and applied), 1 nothing within the budget / no
     safe order / a step failed, 2 bad input.
     """
-    from cli.common import load_cluster, render_plan, render_report, run_apply
+    from cli.common import apply_exit_code, cluster_lock, load_cluster, render_plan, render_report, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.plans.migration import MigrationBlocked
 
@@ -354,7 +356,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     needs = {**changes.needs, **flags}
     departing = tuple(dict.fromkeys(changes.depart + depart))
     cluster = load_cluster(cluster_file)
-    with LibvirtHypervisor(cluster) as hv:
+    with cluster_lock(cluster, coordination, wait, needed=do_apply) as lock, LibvirtHypervisor(cluster) as hv:
         inventory = hv.inventory()
         try:
             live = adapt_inventory(cluster.name, inventory, budget, needs=needs, depart=departing, algorithm=algorithm,
@@ -399,7 +401,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
                               "raise --budget, or --depart a cluster)", highlight=False)
         report = None
         if do_apply:
-            report = run_apply(hv, live.plan, force=False, quiet=as_json)
+            report = run_apply(hv, live.plan, force=False, quiet=as_json, lock=lock)
             out["apply"] = report.to_dict()
             if not as_json:
                 render_report(report)
@@ -407,4 +409,4 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
             console.print("dry run: nothing changed (use --apply, or -o PLAN.json and `vcsched apply`)")
     if as_json:
         emit_json(out)
-    return EXIT_OK if report is None or report.ok else EXIT_UNSATISFIED
+    return apply_exit_code(report)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -20,8 +21,19 @@ from vcsched.errors import InputError, VcschedError
 
 EXIT_OK, EXIT_UNSATISFIED, EXIT_BAD_INPUT = 0, 1, 2
 
-console = Console()
-err_console = Console(stderr=True)
+#: Piped output (a file, grep, CI logs) is not cut at rich's default 80 columns, which hid values behind "…":
+#: without a terminal, tables get room to show every column in full ($COLUMNS still wins).
+PIPED_WIDTH = 240
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, width=PIPED_WIDTH if piped else None)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:

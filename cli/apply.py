@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import click
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_json_file
-from cli.common import cluster_option, load_cluster, render_plan, render_report, run_apply
+from cli.app import console, emit_json, read_json_file
+from cli.common import (
+    apply_exit_code,
+    cluster_lock,
+    cluster_option,
+    load_cluster,
+    lock_options,
+    render_plan,
+    render_report,
+    run_apply,
+)
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.plans.plan import plan_from_dict
 
@@ -16,7 +25,9 @@ from vcsched.plans.plan import plan_from_dict
 @click.option("--force", is_flag=True,
               help="Apply even if the cluster changed since the plan was computed (its snapshot differs).")
 @click.option("--json", "as_json", is_flag=True, help="Print the apply report as one JSON object.")
-def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bool) -> int:
+@lock_options()
+def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bool, wait: float,
+              coordination: str | None) -> int:
     """Apply a plan saved by `vcsched place -o PLAN.json` or `vcsched adapt -o PLAN.json`.
 
     \b
@@ -32,19 +43,26 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bo
     The plan names the cluster state it was computed from (a hash of hosts,
     VMs, CPU needs and memory; caps and what the plan itself creates, moves,
     removes or re-records excluded).  If the cluster changed since, the plan
-    is refused (exit 2) unless --force.
+    is refused (exit 2) unless --force.  Either way the whole plan is then
+    replayed on the live cluster before its first step: a plan that names an
+    unknown or down host, caps a VM beyond its vCPUs or a host beyond its
+    cores, or over-commits any host at any step is refused whole (exit 2).
 
-    Exit codes: 0 applied (or nothing to do), 1 a step failed, 2 bad input or changed cluster.
+    The command holds the cluster lock throughout (--wait to wait for another
+    holder).  Ctrl-C stops after the running step and reports what was done.
+
+    Exit codes: 0 applied (or nothing to do), 1 a step failed, the run was
+    interrupted or the cluster is locked, 2 bad input or changed cluster.
     """
     plan = plan_from_dict(read_json_file(plan_file, "plan"))
     cluster = load_cluster(cluster_file)
-    with LibvirtHypervisor(cluster) as hv:
+    with cluster_lock(cluster, coordination, wait) as lock, LibvirtHypervisor(cluster) as hv:
         if not as_json:
             console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {len(plan.steps)} steps)")
             render_plan(plan, hv.inventory())
-        report = run_apply(hv, plan, force=force, quiet=as_json)
+        report = run_apply(hv, plan, force=force, quiet=as_json, lock=lock)
     if as_json:
         emit_json(report.to_dict())
     else:
         render_report(report)
-    return EXIT_OK if report.ok else EXIT_UNSATISFIED
+    return apply_exit_code(report)

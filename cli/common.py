@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.app import console, read_text_file
+from cli.app import FiniteFloatRange, console, read_text_file
 from vcsched.errors import InputError
 
 if TYPE_CHECKING:
@@ -29,11 +29,14 @@ if TYPE_CHECKING:
 
     from hypervisor.executor import ApplyReport
     from hypervisor.libvirt_backend import LibvirtHypervisor
+    from hypervisor.lock import ClusterLock
     from vcsched.control.inventory import Inventory
     from vcsched.experiments import OnProgress
     from vcsched.formats.cluster import Cluster
     from vcsched.formats.request import Request
     from vcsched.plans.plan import Plan
+
+EXIT_INTERRUPTED = 130
 
 CLUSTER_HELP = ("Cluster file (TOML: hosts and their libvirt URIs; see docs/operations.md). "
                 "Default: the running lab's (`vcsched lab up`).")
@@ -133,14 +136,43 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
     console.print(table)
 
 
-def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool) -> ApplyReport:
-    """Apply with a progress bar (unless ``quiet``), one line per step as it finishes."""
+def lock_options() -> Callable[[Any], Any]:
+    """``--wait`` and ``--coordination``, for every command that changes hosts (it holds the cluster lock)."""
+    def deco(f: Any) -> Any:
+        f = click.option("--coordination", metavar="URL", default=None,
+                         help="Where the cluster lock lives (tooz URL: file:///DIR, etcd3+http://HOST:2379). "
+                              "Default: $VCSCHED_COORDINATION, the cluster file's 'coordination', else a "
+                              "file lock under /var/lib/vcsched (docs/operations.md).")(f)
+        return click.option("--wait", "wait", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
+                            metavar="SECONDS",
+                            help="If another command holds the cluster lock, wait up to this long for it "
+                                 "(default: fail at once, naming the holder).")(f)
+    return deco
+
+
+@contextmanager
+def cluster_lock(cluster: Cluster, coordination: str | None, wait: float, *, needed: bool = True
+                 ) -> Iterator[ClusterLock | None]:
+    """The cluster's lock while the block runs (``needed=False``: a dry run, no lock); see hypervisor.lock."""
+    if not needed:
+        yield None
+        return
+    from hypervisor.lock import holding, resolve_url
+
+    with holding(resolve_url(coordination, cluster.coordination), cluster.name, wait) as lock:
+        yield lock
+
+
+def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
+              lock: ClusterLock | None = None) -> ApplyReport:
+    """Apply with a progress bar (unless ``quiet``), one line per step as it finishes; under ``lock``."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from hypervisor.executor import StepResult, apply_plan
 
+    guard = lock.guard if lock is not None else None
     if quiet or not plan.steps:
-        return apply_plan(hv, plan, force=force)
+        return apply_plan(hv, plan, force=force, guard=guard)
     with Progress(TextColumn("applying"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   console=console, transient=True) as progress:
         task = progress.add_task("", total=len(plan.steps))
@@ -148,7 +180,7 @@ def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool) ->
         def on_step(r: StepResult) -> None:
             progress.update(task, advance=1, description=f"{r.step.op} {r.step.vm}: {r.outcome}")
 
-        return apply_plan(hv, plan, force=force, on_step=on_step)
+        return apply_plan(hv, plan, force=force, on_step=on_step, guard=guard)
 
 
 def render_report(report: ApplyReport) -> None:
@@ -157,7 +189,13 @@ def render_report(report: ApplyReport) -> None:
     from hypervisor.executor import DONE, FAILED, SKIPPED
 
     colour = {DONE: "green", SKIPPED: "dim", FAILED: "red"}
-    table = Table(title="applied" if report.ok else "[red]stopped at a failed step[/] (every VM left running)")
+    if report.ok:
+        title = "applied"
+    elif report.stopped is not None:
+        title = f"[red]stopped: {report.stopped}[/] (every VM left running)"
+    else:
+        title = "[red]stopped at a failed step[/] (every VM left running)"
+    table = Table(title=title)
     for col in ("#", "step", "VM", "host", "outcome", "time", "detail"):
         table.add_column(col, justify="right" if col in ("#", "time") else "left")
     for i, r in enumerate(report.results):
@@ -169,6 +207,16 @@ def render_report(report: ApplyReport) -> None:
         console.print("[yellow]note:[/] applied with --force to a cluster that changed since the plan was made")
     if not report.ok:
         console.print("Fix the cause and run the same plan again: finished steps are skipped.")
+
+
+def apply_exit_code(report: ApplyReport | None) -> int:
+    """0 applied (or nothing applied), 130 interrupted by Ctrl-C, 1 a step failed or the plan stopped."""
+    from cli.app import EXIT_OK, EXIT_UNSATISFIED
+    from hypervisor.executor import CTRL_C
+
+    if report is None or report.ok:
+        return EXIT_OK
+    return EXIT_INTERRUPTED if report.stopped == CTRL_C else EXIT_UNSATISFIED
 
 
 # ---------------------------------------------------------------------------------------------- the machine

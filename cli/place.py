@@ -6,8 +6,18 @@ from pathlib import Path
 
 import click
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
-from cli.common import cluster_option, load_cluster, load_request, render_plan, render_report, run_apply
+from cli.app import EXIT_UNSATISFIED, console, emit_json
+from cli.common import (
+    apply_exit_code,
+    cluster_lock,
+    cluster_option,
+    load_cluster,
+    load_request,
+    lock_options,
+    render_plan,
+    render_report,
+    run_apply,
+)
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.admission import Decision, admit
 from vcsched.control.inventory import Inventory
@@ -40,8 +50,9 @@ def render_decision(request: Request, decision: Decision, inventory: Inventory) 
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (decision, plan, apply report).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed for randomized algorithms.")
+@lock_options()
 def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, output: str | None, do_apply: bool,
-              as_json: bool, seed: int) -> int:
+              as_json: bool, seed: int, wait: float, coordination: str | None) -> int:
     """Decide whether a virtual cluster fits, and how: print the admission decision and the plan.
 
     \b
@@ -60,14 +71,20 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     out (average-yield phase).  Caps = yield x CPU need, in cores.  Nothing
     changes without --apply.
 
-    Exit codes: 0 admitted (and applied), 1 refused or a step failed, 2 bad input (nothing changed).
+    With --apply the command holds the cluster lock from reading the hosts to
+    the last step, so a second operator's command waits (--wait) or is refused
+    naming the holder; the plan is checked whole before its first step and
+    each step again right before it acts (docs/operations.md).
+
+    Exit codes: 0 admitted (and applied), 1 refused, a step failed or the
+    cluster is locked, 2 bad input (nothing changed).
     """
     if algorithm not in algorithms():
         raise click.BadParameter(f"unknown algorithm {algorithm!r} (known: {', '.join(sorted(algorithms()))})",
                                  param_hint="'--algorithm'")
     cluster = load_cluster(cluster_file)
     request = load_request(request_file)
-    with LibvirtHypervisor(cluster) as hv:
+    with cluster_lock(cluster, coordination, wait, needed=do_apply) as lock, LibvirtHypervisor(cluster) as hv:
         inventory = hv.inventory()
         decision = admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed))
         report = None
@@ -80,7 +97,7 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
             if do_apply:
                 if not as_json:
                     render_decision(request, decision, inventory)
-                report = run_apply(hv, decision.plan, force=False, quiet=as_json)
+                report = run_apply(hv, decision.plan, force=False, quiet=as_json, lock=lock)
     if as_json:
         emit_json({"admitted": decision.admitted, "reason": decision.reason, "min_yield": decision.min_yield,
                    "avg_yield": decision.avg_yield,
@@ -94,9 +111,9 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                               "(--apply to carry it out)")
         else:
             render_report(report)
-    if not decision.admitted or (report is not None and not report.ok):
+    if not decision.admitted:
         return EXIT_UNSATISFIED
-    return EXIT_OK
+    return apply_exit_code(report)
 
 
 def _plan_json(plan: Plan) -> str:

@@ -52,6 +52,7 @@ from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep,
 CAP_READBACK_TOLERANCE = 1e-9
 
 DONE, SKIPPED, FAILED, NOT_RUN, INTERRUPTED = "done", "skipped", "failed", "not run", "interrupted"
+CTRL_C = "interrupted (Ctrl-C)"  # ApplyReport.stopped when the operator interrupted the run
 
 
 class SnapshotMismatch(InputError):
@@ -339,7 +340,7 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
             results += [StepResult(step, NOT_RUN) for step in group]
             continue
         except KeyboardInterrupt:
-            stopped = "interrupted (Ctrl-C)"
+            stopped = CTRL_C
             done = [StepResult(step, INTERRUPTED, "interrupted while running: it may or may not have taken effect; "
                                                   "every VM is still running somewhere, re-run the plan to converge")
                     for step in group]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cli.app import console
@@ -39,3 +41,16 @@ def test_the_table_shows_the_recorded_floor_and_unmanaged_domains() -> None:
 def test_an_uncapped_managed_vm_has_full_yield() -> None:
     v = VmState("x", "h0", 1, MiB, True, VmMeta("x", 0.5, MiB, 1), None)
     assert predicted_yield(v) == 1.0
+
+
+def test_piped_status_tables_are_not_cut_at_80_columns(tmp_path: Path) -> None:
+    """Issue: `vcsched status | cat` showed "vCP…" for vCPUs: without a terminal rich used 80 columns."""
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    c = tmp_path / "c.toml"
+    c.write_text('name = "t"\n[[hosts]]\nname = "h0"\nuri = "test:///default"\n')
+    r = CliRunner().invoke(cli, ["status", "--cluster", str(c), "--sample", "0"])
+    assert r.exit_code == 0, r.output
+    assert "vCPUs" in r.stdout and "…" not in r.stdout
