@@ -1,6 +1,6 @@
 /*
  * The MCB packing kernel in C (paper section 3.4); the reference is
- * vcsched.mcb.pack_python and the two must make exactly the same decisions.
+ * vcsched.solvers.mcb.pack_python and the two must make exactly the same decisions.
  *
  * pack(cpu, mem, cpu_heavy, mem_heavy, host_cpu, host_mem, eps, out) -> bool
  *
@@ -27,13 +27,16 @@
 
 /*
  * One list as a min-tree over its positions: leaf p holds the CPU and memory
- * need of the task at position p (+inf once placed); an inner node holds the
- * minima of its subtree.  The first live task in list order that fits is the
- * leftmost leaf with c <= limit_c and m <= limit_m; a subtree whose smallest
- * CPU or memory need is above the limit holds no such task and is skipped.
- * The leaf test is the reference's comparison, so the choice is the same.
+ * need of the task at position p (NaN once placed, and for padding); an inner
+ * node holds the minima of its subtree, ignoring NaN.  The first live task in
+ * list order that fits is the leftmost leaf with c <= limit_c and
+ * m <= limit_m; a subtree whose smallest CPU or memory need is not <= the
+ * limit holds no such task and is skipped.  The leaf test is the reference's
+ * comparison, so the choice is the same, for every IEEE value: a comparison
+ * with NaN is false, so a NaN capacity (limit) fits nothing, as in the
+ * reference, and a placed task never fits, even under an infinite capacity.
  */
-static inline double dmin(double a, double b) { return a < b ? a : b; }
+static inline double live_min(double a, double b) { return (b < a || a != a) ? b : a; } /* NaN = none */
 
 typedef struct {
     const int64_t *task; /* task index at each list position */
@@ -53,12 +56,12 @@ static int list_init(List *l, const int64_t *task, Py_ssize_t n, const double *c
     if (l->min_c == NULL || l->min_m == NULL)
         return -1;
     for (Py_ssize_t p = 0; p < l->size; p++) {
-        l->min_c[l->size + p] = p < n ? cpu[task[p]] : HUGE_VAL;
-        l->min_m[l->size + p] = p < n ? mem[task[p]] : HUGE_VAL;
+        l->min_c[l->size + p] = p < n ? cpu[task[p]] : NAN;
+        l->min_m[l->size + p] = p < n ? mem[task[p]] : NAN;
     }
     for (Py_ssize_t i = l->size - 1; i >= 1; i--) {
-        l->min_c[i] = dmin(l->min_c[2 * i], l->min_c[2 * i + 1]);
-        l->min_m[i] = dmin(l->min_m[2 * i], l->min_m[2 * i + 1]);
+        l->min_c[i] = live_min(l->min_c[2 * i], l->min_c[2 * i + 1]);
+        l->min_m[i] = live_min(l->min_m[2 * i], l->min_m[2 * i + 1]);
     }
     return 0;
 }
@@ -66,7 +69,7 @@ static int list_init(List *l, const int64_t *task, Py_ssize_t n, const double *c
 /* Leftmost position under node whose task fits, or -1. */
 static Py_ssize_t list_find_from(const List *l, Py_ssize_t node, double limit_c, double limit_m)
 {
-    if (l->min_c[node] > limit_c || l->min_m[node] > limit_m)
+    if (!(l->min_c[node] <= limit_c) || !(l->min_m[node] <= limit_m)) /* also when either is NaN */
         return -1;
     if (node >= l->size)
         return node - l->size;
@@ -84,10 +87,10 @@ static Py_ssize_t list_find(const List *l, double limit_c, double limit_m)
 static void list_take(List *l, Py_ssize_t p)
 {
     Py_ssize_t i = l->size + p;
-    l->min_c[i] = l->min_m[i] = HUGE_VAL;
+    l->min_c[i] = l->min_m[i] = NAN;
     for (i /= 2; i >= 1; i /= 2) {
-        l->min_c[i] = dmin(l->min_c[2 * i], l->min_c[2 * i + 1]);
-        l->min_m[i] = dmin(l->min_m[2 * i], l->min_m[2 * i + 1]);
+        l->min_c[i] = live_min(l->min_c[2 * i], l->min_c[2 * i + 1]);
+        l->min_m[i] = live_min(l->min_m[2 * i], l->min_m[2 * i + 1]);
     }
 }
 
@@ -200,12 +203,12 @@ done:
 static PyMethodDef methods[] = {
     {"pack", pack, METH_VARARGS,
      "pack(cpu, mem, cpu_heavy, mem_heavy, host_cpu, host_mem, eps, out) -> bool\n\n"
-     "Fill hosts in order from the two sorted task lists (MCB, paper section 3.4); see vcsched/mcb.py."},
+     "Fill hosts in order from the two sorted task lists (MCB, paper section 3.4); see vcsched/solvers/mcb.py."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_mcbc", "C kernel of the MCB packing (vcsched.mcb).", -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_mcbc", "C kernel of the MCB packing (vcsched.solvers.mcb).", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__mcbc(void) { return PyModule_Create(&module); }
