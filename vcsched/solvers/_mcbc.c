@@ -21,22 +21,24 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 /*
  * One list as a min-tree over its positions: leaf p holds the CPU and memory
- * need of the task at position p (NaN once placed, and for padding); an inner
- * node holds the minima of its subtree, ignoring NaN.  The first live task in
- * list order that fits is the leftmost leaf with c <= limit_c and
- * m <= limit_m; a subtree whose smallest CPU or memory need is not <= the
- * limit holds no such task and is skipped.  The leaf test is the reference's
- * comparison, so the choice is the same, for every IEEE value: a comparison
- * with NaN is false, so a NaN capacity (limit) fits nothing, as in the
- * reference, and a placed task never fits, even under an infinite capacity.
+ * need of the task at position p (+inf once placed); an inner node holds the
+ * minima of its subtree.  The first live task in list order that fits is the
+ * leftmost leaf with c <= limit_c and m <= limit_m; a subtree whose smallest
+ * CPU or memory need is not <= the limit holds no such task and is skipped.
+ * The leaf test is the reference's comparison, so the choice is the same.
+ * "not <=" rather than ">": a comparison with NaN is false, so a NaN limit
+ * (a NaN capacity) fits nothing, as in the reference.  A limit is never +inf
+ * (pack clamps it to DBL_MAX: fit_limit), so a placed task's +inf never fits;
+ * needs are finite.
  */
-static inline double live_min(double a, double b) { return (b < a || a != a) ? b : a; } /* NaN = none */
+static inline double dmin(double a, double b) { return a < b ? a : b; }
 
 typedef struct {
     const int64_t *task; /* task index at each list position */
@@ -56,12 +58,12 @@ static int list_init(List *l, const int64_t *task, Py_ssize_t n, const double *c
     if (l->min_c == NULL || l->min_m == NULL)
         return -1;
     for (Py_ssize_t p = 0; p < l->size; p++) {
-        l->min_c[l->size + p] = p < n ? cpu[task[p]] : NAN;
-        l->min_m[l->size + p] = p < n ? mem[task[p]] : NAN;
+        l->min_c[l->size + p] = p < n ? cpu[task[p]] : HUGE_VAL;
+        l->min_m[l->size + p] = p < n ? mem[task[p]] : HUGE_VAL;
     }
     for (Py_ssize_t i = l->size - 1; i >= 1; i--) {
-        l->min_c[i] = live_min(l->min_c[2 * i], l->min_c[2 * i + 1]);
-        l->min_m[i] = live_min(l->min_m[2 * i], l->min_m[2 * i + 1]);
+        l->min_c[i] = dmin(l->min_c[2 * i], l->min_c[2 * i + 1]);
+        l->min_m[i] = dmin(l->min_m[2 * i], l->min_m[2 * i + 1]);
     }
     return 0;
 }
@@ -69,7 +71,7 @@ static int list_init(List *l, const int64_t *task, Py_ssize_t n, const double *c
 /* Leftmost position under node whose task fits, or -1. */
 static Py_ssize_t list_find_from(const List *l, Py_ssize_t node, double limit_c, double limit_m)
 {
-    if (!(l->min_c[node] <= limit_c) || !(l->min_m[node] <= limit_m)) /* also when either is NaN */
+    if (!(l->min_c[node] <= limit_c) || !(l->min_m[node] <= limit_m)) /* also when a limit is NaN */
         return -1;
     if (node >= l->size)
         return node - l->size;
@@ -83,14 +85,18 @@ static Py_ssize_t list_find(const List *l, double limit_c, double limit_m)
     return list_find_from(l, 1, limit_c, limit_m);
 }
 
+/* The limit a need is compared with: free + eps, an infinite one clamped to DBL_MAX (any finite need
+ * fits, a placed task's +inf does not), NaN kept (nothing fits). */
+static inline double fit_limit(double x) { return x > DBL_MAX ? DBL_MAX : x; }
+
 /* Mark the task at position p placed. */
 static void list_take(List *l, Py_ssize_t p)
 {
     Py_ssize_t i = l->size + p;
-    l->min_c[i] = l->min_m[i] = NAN;
+    l->min_c[i] = l->min_m[i] = HUGE_VAL;
     for (i /= 2; i >= 1; i /= 2) {
-        l->min_c[i] = live_min(l->min_c[2 * i], l->min_c[2 * i + 1]);
-        l->min_m[i] = live_min(l->min_m[2 * i], l->min_m[2 * i + 1]);
+        l->min_c[i] = dmin(l->min_c[2 * i], l->min_c[2 * i + 1]);
+        l->min_m[i] = dmin(l->min_m[2 * i], l->min_m[2 * i + 1]);
     }
 }
 
@@ -172,10 +178,11 @@ static PyObject *pack(PyObject *self, PyObject *args)
         while (left > 0) {
             /* First task: CPU-heavy list, then memory-heavy.  Then against the imbalance. */
             int li = (first || free_c > free_m) ? 0 : 1;
-            Py_ssize_t p = list_find(&lists[li], free_c + eps, free_m + eps);
+            double limit_c = fit_limit(free_c + eps), limit_m = fit_limit(free_m + eps);
+            Py_ssize_t p = list_find(&lists[li], limit_c, limit_m);
             if (p < 0) {
                 li = 1 - li;
-                p = list_find(&lists[li], free_c + eps, free_m + eps);
+                p = list_find(&lists[li], limit_c, limit_m);
             }
             if (p < 0)
                 break; /* nothing fits: next host */
