@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from vcsched.errors import InputError
@@ -58,3 +60,19 @@ def test_duplicate_job_names_are_rejected() -> None:
 def test_top_level_must_be_an_object() -> None:
     with pytest.raises(InputError, match="instance: expected an object"):
         instance_from_dict([1, 2])
+
+
+@pytest.mark.parametrize("field", ["cpu", "memory"])
+@pytest.mark.parametrize("text", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_host_capacity_is_refused_naming_the_field(field: str, text: str) -> None:
+    # Python's json module reads these non-standard literals; a NaN capacity would fit nothing, an infinite one
+    # everything, so they never reach a solver.
+    raw = json.loads(f'{{"hosts": [{{"name": "h0", "{field}": {text}}}], "jobs": []}}')
+    with pytest.raises(InputError, match=rf"^hosts\[0\]\.{field}: .* is not a finite number$"):
+        instance_from_dict(raw)
+
+
+@pytest.mark.parametrize("field", ["cpu_need", "memory"])
+def test_a_nan_job_need_is_refused_naming_the_field(field: str) -> None:
+    with pytest.raises(InputError, match=rf"^jobs\[0\]\.{field}: nan is not a finite number$"):
+        instance_from_dict(doc(**{field: float("nan")}))

@@ -127,7 +127,7 @@ def lab3() -> Iterator[Lab]:
 def test_a_host_down_is_reported_planned_around_and_repaired_keeping_its_guests(lab3: Lab, tmp_path: Path) -> None:
     from tests.lab_support import start_lab_guest
 
-    guest = start_lab_guest(lab3, host=2, wait=False).name()
+    guest = start_lab_guest(lab3, host=2).name()  # booted: a guest libvirtd had finished starting
     layout = LabLayout(lab3.dir)
     pid = daemon_pid(layout, 2, "libvirtd")
     assert pid is not None

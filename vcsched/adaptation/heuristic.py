@@ -14,7 +14,7 @@ heuristics to future work.  :func:`adapt_heuristic` is ours:
 1. keep every running task where it is (evicting the cheapest tasks per unit
    of memory from hosts whose memory is over capacity, which costs bytes);
 2. place new arrivals (and evicted tasks) into the *residual* capacity, with
-   the better of an MCB8 packing (section 3.2, binary search on the yield)
+   the better of an MCB8 packing (section 3.4, binary search on the yield)
    and a "least relative load" greedy;
 3. improvement moves: repeatedly take a task off the bottleneck host (the one
    that sets the minimum yield) to the host and task that buy the most yield
@@ -37,57 +37,14 @@ from scipy.optimize import linear_sum_assignment
 
 from vcsched.adaptation.problem import AdaptProblem, move_cost
 from vcsched.model import Instance
-from vcsched.solvers.mcb import search
+from vcsched.solvers.mcb import pack, search
+from vcsched.solvers.yield_search import bisect_yield
 from vcsched.yields import MEMORY_TOLERANCE, placement_min_yield
 
 _YIELD_EPS = 1e-9
 
 
 # ---------------------------------------------------------------------------------------------- packing
-
-def mcb8_probe(cpu_free: np.ndarray, mem_free: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray | None:
-    """One MCB8 probe (section 3.2) into given free capacities: a host per item, or None when one does not fit.
-
-    Items are split into a CPU-heavy and a memory-heavy list, each sorted by
-    ``max(cpu, mem)`` descending; hosts are filled one at a time, looking
-    first in the list that goes against the host's current imbalance.
-    """
-    n = len(cpu)
-    out = np.full(n, -1, dtype=np.int64)
-    if n == 0:
-        return out
-    key = np.maximum(cpu, mem)
-    order = np.argsort(-key, kind="stable")
-    heavy = cpu[order] > mem[order]
-    lists = [order[heavy], order[~heavy]]  # [cpu-heavy, memory-heavy]
-    left = [np.ones(len(lst), dtype=bool) for lst in lists]
-    lcpu = [cpu[lst] for lst in lists]
-    lmem = [mem[lst] for lst in lists]
-    remaining = n
-    for h in range(len(cpu_free)):
-        cf, mf = float(cpu_free[h]), float(mem_free[h])
-        while remaining:
-            first = 0 if cf > mf else 1
-            placed = False
-            for k in (first, 1 - first):
-                if not len(lists[k]):
-                    continue
-                ok = left[k] & (lcpu[k] <= cf + 1e-12) & (lmem[k] <= mf + MEMORY_TOLERANCE)
-                i = int(np.argmax(ok))
-                if ok[i]:
-                    left[k][i] = False
-                    out[lists[k][i]] = h
-                    cf -= float(lcpu[k][i])
-                    mf -= float(lmem[k][i])
-                    remaining -= 1
-                    placed = True
-                    break
-            if not placed:
-                break
-        if not remaining:
-            return out
-    return None
-
 
 def _yield_of(instance: Instance, cpu_load: np.ndarray) -> float:
     used = cpu_load > 0
@@ -101,9 +58,11 @@ def pack_residual(
 ) -> np.ndarray | None:
     """Place the ``pool`` tasks around the fixed tasks of ``hosts`` (entries of ``pool`` ignored there).
 
-    Binary search on the yield ``Y`` (section 3.2): a probe packs the pool
-    with CPU ``Y * alpha`` into what the fixed tasks leave at that ``Y``.  The
-    "least relative load" greedy is also tried and the better kept.
+    Binary search on the yield ``Y`` (section 3.4, :func:`~vcsched.solvers.yield_search.bisect_yield`,
+    the upper end first): a probe packs the pool with CPU ``Y * alpha`` into
+    what the fixed tasks leave at that ``Y``, with the MCB8 kernel of
+    :func:`vcsched.solvers.mcb.pack`.  The "least relative load" greedy is
+    also tried and the better kept.
     """
     fixed = np.ones(instance.n_tasks, dtype=bool)
     fixed[pool] = False
@@ -133,27 +92,18 @@ def pack_residual(
     if ok:
         candidates.append(greedy)
 
-    # MCB8 on the residual capacities, binary search on Y.
-    # Upper end: what the fixed tasks allow, and the LP bound of section 3.1 for the whole instance.
-    hi = min(_yield_of(instance, cpu_load), float(instance.host_cpu.sum() / instance.task_alpha.sum()))
-    lo, best = 0.0, None
-    y = hi
-    while True:
+    # MCB8 on the residual capacities, binary search on Y.  Upper end, probed first: what the fixed tasks
+    # allow, and the LP bound of section 3.1 for the whole instance.
+    def residual_mcb8(y: float) -> np.ndarray | None:
         cpu_free = np.maximum(instance.host_cpu - y * cpu_load, 0.0)
-        got = mcb8_probe(cpu_free, mem_free, y * alpha, mem)
-        if got is not None:
-            best, lo = got, y
-        else:
-            hi = y
-        if best is not None and hi - lo <= precision:
-            break
-        if best is None and y <= precision:  # not even the smallest yield packs: memory does not fit
-            break
-        y = (lo + hi) / 2
-    if best is not None:
-        packed = hosts.copy()
-        packed[pool] = best
-        candidates.append(packed)
+        return pack(y * alpha, mem, cpu_free, mem_free, "mcb8")
+
+    upper = min(_yield_of(instance, cpu_load), float(instance.host_cpu.sum() / instance.task_alpha.sum()))
+    packed = bisect_yield(residual_mcb8, 0.0, upper, precision, probe_upper=True).found
+    if packed is not None:
+        placed = hosts.copy()
+        placed[pool] = packed
+        candidates.append(placed)
     if not candidates:
         return None
     return max(candidates, key=lambda c: placement_min_yield(instance, c))

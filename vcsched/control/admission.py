@@ -23,8 +23,10 @@ the capacity the others leave:
   ``C_h - Y * L_h`` CPU and ``M_h`` minus their memory for the new job;
 * ``Y`` is feasible iff the algorithm places the new job in that residual
   capacity with a yield of at least ``Y`` — monotone in ``Y`` (less ``Y``,
-  more residual), so we bisect on it like MCB's own search (section 3.2),
-  starting at the LP bound ``min(1, sum C / sum k alpha)`` (section 3.1);
+  more residual), so we bisect on it with MCB's own search
+  (:func:`~vcsched.solvers.yield_search.bisect_yield`, section 3.4), probing first the
+  upper end: the LP bound ``min(1, sum C / sum k alpha)`` (section 3.1) or less
+  if the pinned VMs bound ``Y`` lower;
 * with the best placement found, :func:`vcsched.yields.allocate` computes
   the whole cluster's yields, including the average-yield phase (3.5).
 
@@ -58,9 +60,14 @@ from vcsched.plans.ordering import order_steps
 from vcsched.plans.plan import Plan, VmPrediction
 from vcsched.plans.steps import Boot, CreateStep, SetCapStep, Step
 from vcsched.solvers.registry import get, solve
+from vcsched.solvers.yield_search import bisect_yield
 from vcsched.yields import allocate
 
+#: The residual placement's search (:func:`~vcsched.solvers.yield_search.bisect_yield`): a request that
+#: does not fit at ``SEARCH_FLOOR * upper`` is refused; otherwise the interval is halved until it is below
+#: ``upper * 2**-SEARCH_STEPS`` (SEARCH_STEPS halvings).
 SEARCH_STEPS = 24
+SEARCH_FLOOR = 1e-4
 _EPS = 1e-9
 
 
@@ -223,20 +230,16 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
     # Pinned VMs bound Y by themselves (min_h C_h / L_h over their hosts); searching above that
     # bound would let a host whose pinned load alone misses Y look merely "full".
     upper = min(1.0, float(instance.host_cpu.sum() / instance.task_alpha.sum()), _pinned_bound(instance, existing))
-    best = _residual_placement(instance, existing, new, upper, algorithm, options)
-    if best is None:
-        lo, hi = 0.0, upper
-        best = _residual_placement(instance, existing, new, 1e-4 * upper, algorithm, options)
-        if best is None:
-            return Decision(False, _memory_reason(request, inventory, unmanaged_mem), None)
-        lo = 1e-4 * upper
-        for _ in range(SEARCH_STEPS):
-            mid = (lo + hi) / 2
-            found = _residual_placement(instance, existing, new, mid, algorithm, options)
-            if found is None:
-                hi = mid
-            else:
-                lo, best = mid, found
+
+    def residual(y: float) -> np.ndarray | None:
+        return _residual_placement(instance, existing, new, y, algorithm, options)
+
+    # Upper end first (often nothing binds); then the floor, where a failure refuses the request at once.
+    search = bisect_yield(residual, SEARCH_FLOOR * upper, upper, upper * 2.0 ** -SEARCH_STEPS,
+                          probe_upper=True, probe_lower=True)
+    if search.found is None:
+        return Decision(False, _memory_reason(request, inventory, unmanaged_mem), None)
+    best = search.found
     task_hosts = np.concatenate((np.asarray(existing.hosts, dtype=np.int64), best))
     allocation = allocate(instance, task_hosts)
     min_y, avg_y = allocation.min_yield(instance), allocation.avg_yield(instance)

@@ -1,6 +1,6 @@
 /*
  * The MCB packing kernel in C (paper section 3.4); the reference is
- * vcsched.mcb.pack_python and the two must make exactly the same decisions.
+ * vcsched.solvers.mcb.pack_python and the two must make exactly the same decisions.
  *
  * pack(cpu, mem, cpu_heavy, mem_heavy, host_cpu, host_mem, eps, out) -> bool
  *
@@ -21,6 +21,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,8 +31,12 @@
  * need of the task at position p (+inf once placed); an inner node holds the
  * minima of its subtree.  The first live task in list order that fits is the
  * leftmost leaf with c <= limit_c and m <= limit_m; a subtree whose smallest
- * CPU or memory need is above the limit holds no such task and is skipped.
+ * CPU or memory need is not <= the limit holds no such task and is skipped.
  * The leaf test is the reference's comparison, so the choice is the same.
+ * "not <=" rather than ">": a comparison with NaN is false, so a NaN limit
+ * (a NaN capacity) fits nothing, as in the reference.  A limit is never +inf
+ * (pack clamps it to DBL_MAX: fit_limit), so a placed task's +inf never fits;
+ * needs are finite.
  */
 static inline double dmin(double a, double b) { return a < b ? a : b; }
 
@@ -66,7 +71,7 @@ static int list_init(List *l, const int64_t *task, Py_ssize_t n, const double *c
 /* Leftmost position under node whose task fits, or -1. */
 static Py_ssize_t list_find_from(const List *l, Py_ssize_t node, double limit_c, double limit_m)
 {
-    if (l->min_c[node] > limit_c || l->min_m[node] > limit_m)
+    if (!(l->min_c[node] <= limit_c) || !(l->min_m[node] <= limit_m)) /* also when a limit is NaN */
         return -1;
     if (node >= l->size)
         return node - l->size;
@@ -79,6 +84,10 @@ static Py_ssize_t list_find(const List *l, double limit_c, double limit_m)
 {
     return list_find_from(l, 1, limit_c, limit_m);
 }
+
+/* The limit a need is compared with: free + eps, an infinite one clamped to DBL_MAX (any finite need
+ * fits, a placed task's +inf does not), NaN kept (nothing fits). */
+static inline double fit_limit(double x) { return x > DBL_MAX ? DBL_MAX : x; }
 
 /* Mark the task at position p placed. */
 static void list_take(List *l, Py_ssize_t p)
@@ -169,10 +178,11 @@ static PyObject *pack(PyObject *self, PyObject *args)
         while (left > 0) {
             /* First task: CPU-heavy list, then memory-heavy.  Then against the imbalance. */
             int li = (first || free_c > free_m) ? 0 : 1;
-            Py_ssize_t p = list_find(&lists[li], free_c + eps, free_m + eps);
+            double limit_c = fit_limit(free_c + eps), limit_m = fit_limit(free_m + eps);
+            Py_ssize_t p = list_find(&lists[li], limit_c, limit_m);
             if (p < 0) {
                 li = 1 - li;
-                p = list_find(&lists[li], free_c + eps, free_m + eps);
+                p = list_find(&lists[li], limit_c, limit_m);
             }
             if (p < 0)
                 break; /* nothing fits: next host */
@@ -200,12 +210,12 @@ done:
 static PyMethodDef methods[] = {
     {"pack", pack, METH_VARARGS,
      "pack(cpu, mem, cpu_heavy, mem_heavy, host_cpu, host_mem, eps, out) -> bool\n\n"
-     "Fill hosts in order from the two sorted task lists (MCB, paper section 3.4); see vcsched/mcb.py."},
+     "Fill hosts in order from the two sorted task lists (MCB, paper section 3.4); see vcsched/solvers/mcb.py."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_mcbc", "C kernel of the MCB packing (vcsched.mcb).", -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_mcbc", "C kernel of the MCB packing (vcsched.solvers.mcb).", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__mcbc(void) { return PyModule_Create(&module); }

@@ -10,7 +10,7 @@ The work splits in three, each in exactly one place:
 
 * :func:`search` — the binary search (first probe ``Y_LP / 2``, stop when
   ``hi - lo < precision``, keep the placement of the highest successful
-  probe);
+  probe), run by :func:`vcsched.solvers.yield_search.bisect_yield`;
 * :func:`probe_lists` — for one ``Y``: the CPU needs, the split into the
   CPU-heavy list (``c > m``) and the memory-heavy list, and each list sorted
   by the variant's key, ties broken by task index so results are
@@ -45,6 +45,7 @@ from vcsched.errors import InputError
 from vcsched.model import Instance, SolveOptions
 from vcsched.solvers.lpbound import lp_bound
 from vcsched.solvers.registry import Placement, register
+from vcsched.solvers.yield_search import bisect_yield
 
 try:  # the optional C kernel (setup.py builds it when a compiler is available)
     _mcbc: ModuleType | None = importlib.import_module("vcsched.solvers._mcbc")
@@ -252,21 +253,14 @@ def search(instance: Instance, variant: str, precision: float = 1e-4, backend: s
     if y_lp is None:  # memory does not fit even fractionally: no probe can succeed
         return SearchResult(None, None, None, 0, 0.0, backend)
     host_cpu, host_mem = instance.host_cpu, instance.host_mem
-    lo, hi = 0.0, y_lp
-    best: np.ndarray | None = None
-    best_y: float | None = None
-    probes = 0
-    # At least one probe, even when Y_LP itself is below the precision (a huge, CPU-starved instance):
-    # otherwise such an instance would be declared infeasible without a single try.
-    while probes == 0 or hi - lo >= precision:
-        y = (lo + hi) / 2.0  # the first probe is Y_LP / 2
-        probes += 1
-        hosts = kernel(probe_lists(instance, var, y), host_cpu, host_mem)
-        if hosts is None:
-            hi = y
-        else:
-            lo, best, best_y = y, hosts, y
-    return SearchResult(best, best_y, y_lp, probes, hi - lo, backend)
+
+    def probe(y: float) -> np.ndarray | None:
+        return kernel(probe_lists(instance, var, y), host_cpu, host_mem)
+
+    # Over (0, Y_LP], first probe Y_LP / 2; at least one probe, even when Y_LP itself is below the precision
+    # (a huge, CPU-starved instance), which otherwise would be declared infeasible without a single try.
+    s = bisect_yield(probe, 0.0, y_lp, precision)
+    return SearchResult(s.found, s.y, y_lp, s.probes, s.gap, backend)
 
 
 def _placer(variant: str) -> Callable[[Instance, SolveOptions], Placement]:

@@ -4,7 +4,7 @@ The model is built as data (:class:`MilpModel`) by :func:`build_model` and
 solved by :func:`solve_model`; :func:`placement_from` reads the task->host
 placement back.  Keeping the three apart lets other formulations reuse them:
 the LP relaxation behind RRND/RRNZ (:mod:`vcsched.solvers.rounding`) is the same
-model with integrality dropped, and the adaptation MILP (docs/model.md, adaptation)
+model with integrality dropped, and the adaptation MILP (:mod:`vcsched.adaptation.milp`)
 is the same model with one more row, the migration byte budget, appended
 with :meth:`MilpModel.with_rows`.
 
@@ -313,9 +313,13 @@ def _native_stdout_discarded() -> Iterator[None]:
         os.close(devnull)
 
 
-def solve_model(model: MilpModel, time_limit: float | None) -> MilpSolution:
-    """Solve with HiGHS (``scipy.optimize.milp``); ``time_limit`` in seconds, None for no limit."""
-    opts: dict[str, object] = {"mip_rel_gap": MIP_REL_GAP}
+def solve_model(model: MilpModel, time_limit: float | None, *, mip_rel_gap: float = MIP_REL_GAP) -> MilpSolution:
+    """Solve with HiGHS (``scipy.optimize.milp``); ``time_limit`` in seconds, None for no limit.
+
+    The static MILP, its LP relaxation (RRND/RRNZ) and the adaptation MILP all solve here, so HiGHS's
+    stray prints never reach stdout.
+    """
+    opts: dict[str, object] = {"mip_rel_gap": mip_rel_gap}
     if time_limit is not None:
         opts["time_limit"] = float(time_limit)
     with _native_stdout_discarded():
