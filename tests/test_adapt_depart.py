@@ -8,17 +8,14 @@ import pytest
 
 from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan, check_snapshot
 from hypervisor.memory import MemoryHypervisor
+from tests.builders import vm
 from vcsched.adaptation.problem import GIB
-from vcsched.control.inventory import HostState, VmMeta, VmState
+from vcsched.control.inventory import HostState, VmState
 from vcsched.control.live import adapt_inventory
 from vcsched.errors import InputError
 from vcsched.plans.ordering import cap_overruns
 from vcsched.plans.plan import plan_from_dict
 from vcsched.plans.steps import MigrateStep, RemoveStep, SetCapStep
-
-
-def vm(name: str, host: str, need: float, cap: float, cluster: str, mem: int = GIB) -> VmState:
-    return VmState(name, host, 1, mem, True, VmMeta(cluster, need, mem, 1), cap)
 
 
 def crowded() -> MemoryHypervisor:

@@ -10,17 +10,14 @@ import pytest
 from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan, check_snapshot
 from hypervisor.libvirt_backend import rewrite_partition
 from hypervisor.memory import MemoryHypervisor
+from tests.builders import vm
 from vcsched.adaptation.problem import GIB
-from vcsched.control.inventory import HostState, VmMeta, VmState
+from vcsched.control.inventory import HostState
 from vcsched.control.live import adapt_inventory
 from vcsched.errors import InputError
 from vcsched.plans.migration import MigrationBlocked
 from vcsched.plans.plan import plan_from_dict
 from vcsched.plans.steps import MigrateStep, SetNeedStep
-
-
-def vm(name: str, host: str, need: float, cap: float, cluster: str | None = None, mem: int = GIB) -> VmState:
-    return VmState(name, host, 1, mem, True, VmMeta(cluster or name, need, mem, 1), cap)
 
 
 def lopsided() -> MemoryHypervisor:

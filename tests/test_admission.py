@@ -2,40 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.builders import MiB, cluster_of, inventory_of, managed, request
 from vcsched.control.admission import admit, current_caps
-from vcsched.control.inventory import HostState, Inventory, VmMeta, VmState, snapshot_hash
+from vcsched.control.inventory import VmMeta, VmState, snapshot_hash
 from vcsched.errors import InputError
-from vcsched.formats.cluster import Cluster, ClusterHost, GuestDefaults
-from vcsched.formats.request import Request
 from vcsched.plans.ordering import cap_overruns
 from vcsched.plans.steps import CreateStep, SetCapStep
-
-MiB = 1 << 20
-
-
-def cluster_of(n_hosts: int = 2, min_yield: float = 0.0) -> Cluster:
-    hosts = tuple(ClusterHost(f"h{i}", f"test:///h{i}.xml") for i in range(n_hosts))
-    return Cluster("lab", hosts, min_yield, GuestDefaults("/k", "/i"))
-
-
-def managed(name: str, host: str, cluster: str, need: float, cap: float | None = None, mem: int = 128 * MiB,
-            vcpus: int = 1) -> VmState:
-    return VmState(name, host, vcpus, mem, True, VmMeta(cluster, need, mem, vcpus), cap)
-
-
-def inventory_of(vms: Iterable[VmState] = (), n_hosts: int = 2, cores: int = 1, memory: int = 1024 * MiB) -> Inventory:
-    return Inventory("lab", tuple(HostState(f"h{i}", cores, memory) for i in range(n_hosts)), tuple(vms))
-
-
-def request(name: str = "web", vms: int = 2, need: float = 0.5, mem: int = 128 * MiB, **kw: Any) -> Request:
-    return Request(name, vms, kw.pop("vcpus", 1), mem, cpu_need=need, **kw)
 
 
 def test_a_request_that_fits_gets_full_yield_and_caps_equal_to_its_need() -> None:

@@ -6,16 +6,12 @@ import pytest
 
 from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, SnapshotMismatch, apply_plan
 from hypervisor.memory import MemoryHypervisor
-from tests.test_admission import MiB, cluster_of, inventory_of, managed, request
+from tests.builders import MiB, cluster_of, inventory_of, managed, memory_hypervisor, request
 from vcsched.control.admission import admit
-from vcsched.control.inventory import Inventory, VmState
+from vcsched.control.inventory import VmState
 from vcsched.errors import InputError
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import SetCapStep
-
-
-def backend(inv: Inventory) -> MemoryHypervisor:
-    return MemoryHypervisor(inv.cluster, inv.hosts, inv.vms)
 
 
 def placed(hv: MemoryHypervisor, vms: int = 2, need: float = 1.0) -> Plan:
@@ -27,7 +23,7 @@ def placed(hv: MemoryHypervisor, vms: int = 2, need: float = 1.0) -> Plan:
 @pytest.fixture
 def crowded() -> MemoryHypervisor:
     """Two 1-core hosts, each with one VM capped at a whole core: a new request forces cap changes."""
-    return backend(inventory_of([managed("old-0", "h0", "old", 1.0, cap=1.0),
+    return memory_hypervisor(inventory_of([managed("old-0", "h0", "old", 1.0, cap=1.0),
                                  managed("old-1", "h1", "old", 1.0, cap=1.0)]))
 
 
@@ -111,14 +107,14 @@ def test_changed_caps_alone_do_not_invalidate_a_plan(crowded: MemoryHypervisor) 
 
 
 def test_unmanaged_domains_are_never_touched() -> None:
-    hv = backend(inventory_of([VmState("stranger", "h0", 1, 64 * MiB, True)]))
+    hv = memory_hypervisor(inventory_of([VmState("stranger", "h0", 1, 64 * MiB, True)]))
     apply_plan(hv, placed(hv, need=0.5))
     assert hv.find_vm("stranger") == VmState("stranger", "h0", 1, 64 * MiB, True)
     assert all(vm != "stranger" for _, vm in hv.calls)
 
 
 def test_a_plan_aimed_at_an_unmanaged_domain_is_refused_without_acting() -> None:
-    hv = backend(inventory_of([VmState("stranger", "h0", 1, 64 * MiB, True)]))
+    hv = memory_hypervisor(inventory_of([VmState("stranger", "h0", 1, 64 * MiB, True)]))
     plan = placed(hv, need=0.5)
     bad = Plan(plan.kind, plan.cluster, plan.snapshot, 1, 1, {}, (SetCapStep("stranger", "h0", 0.1),))
     with pytest.raises(InputError, match="'stranger' on host h0 is not managed by vcsched"):

@@ -108,7 +108,7 @@ def test_ordered_steps_never_overrun_a_host_at_any_prefix(case: Any) -> None:
 def test_the_snapshot_ignores_the_host_of_a_vm_the_plan_moves() -> None:
     from dataclasses import replace
 
-    from tests.test_admission import inventory_of, managed
+    from tests.builders import inventory_of, managed
     from vcsched.control.inventory import snapshot_hash
 
     before = inventory_of([managed("a-0", "h0", "a", 0.5), managed("b-0", "h1", "b", 0.5)])

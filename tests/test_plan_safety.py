@@ -10,7 +10,7 @@ import pytest
 
 from hypervisor.executor import DONE, FAILED, NOT_RUN, apply_plan
 from hypervisor.memory import MemoryHypervisor
-from tests.test_admission import cluster_of, inventory_of, managed, request
+from tests.builders import cluster_of, inventory_of, managed, request
 from vcsched.caps import PERIOD_US, min_cap, quota_for, realisable_cap, same_cap
 from vcsched.control.admission import admit
 from vcsched.control.inventory import HostState, Inventory
