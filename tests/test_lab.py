@@ -326,14 +326,12 @@ def test_default_cluster_file_is_the_running_labs(lab2: Lab, monkeypatch: pytest
 
 @pytest.mark.lab
 def test_lab_hosts_split_the_machines_memory(lab2: Lab) -> None:
-    import libvirt
 
     doc = tomllib.loads(lab2.cluster_file.read_text())
-    conn = libvirt.open(lab2.hosts[0].uri)
-    try:
-        total = conn.getInfo()[1]
-    finally:
-        conn.close()
+    # The split is made from what libvirt reported at `up`; compare with that, not with now: the machine's
+    # reported memory drifts by hundreds of MiB on a shared machine (7770 -> 7002 MiB within minutes here).
+    total = lab2.machine_memory_mib
+    assert total > 0
     usable = [total - int(h["memory_reserved"].removesuffix("MiB")) for h in doc["hosts"]]
     assert sum(usable) <= total
 

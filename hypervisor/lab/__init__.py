@@ -79,6 +79,9 @@ class Lab:
     cluster_file: Path
     repaired: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    #: The machine memory libvirt reported when the hosts' memory was split (it drifts later: libvirt reads
+    #: what the machine reports now, which moved by hundreds of MiB within minutes on a shared machine).
+    machine_memory_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -166,16 +169,17 @@ def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop, *, cor
         return _up(layout, n_hosts, cores, memory_mib, progress)
 
 
-def _recorded(layout: LabLayout) -> tuple[list[LabHost], GuestImage] | None:
-    """The hosts and guest of the lab recorded in this directory, if one was brought up here."""
+def _recorded(layout: LabLayout) -> tuple[list[LabHost], GuestImage, int] | None:
+    """The hosts, guest and split machine memory of the lab recorded in this directory, if one was brought up."""
     try:
         doc = json.loads(layout.state_file.read_text())
         hosts = [LabHost(**h) for h in doc["hosts"]]
         guest = GuestImage(Path(doc["guest"]["kernel"]), Path(doc["guest"]["initrd"]), doc["guest"]["cmdline"],
                            doc["guest"]["domain_type"])
+        machine_mib = int(doc.get("machine_memory_mib", 0))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return (hosts, guest) if hosts and layout.cluster_file.is_file() else None
+    return (hosts, guest, machine_mib) if hosts and layout.cluster_file.is_file() else None
 
 
 def _shape_warnings(n_hosts: int, cores: int, memory_mib: int | None, machine_mib: int) -> tuple[str, ...]:
@@ -196,9 +200,9 @@ def _reserved(machine_mib: int, n_hosts: int, memory_mib: int | None) -> str:
     return f"{max(machine_mib - memory_mib, 0)}MiB"
 
 
-def _repair(layout: LabLayout, existing: tuple[list[LabHost], GuestImage], n_hosts: int, cores: int,
+def _repair(layout: LabLayout, existing: tuple[list[LabHost], GuestImage, int], n_hosts: int, cores: int,
             memory_mib: int | None, progress: Progress) -> Lab:
-    hosts, guest = existing
+    hosts, guest, split_mib = existing
     if len(hosts) != n_hosts or any(h.cores != cores for h in hosts):
         raise LabError(f"a lab of {len(hosts)} host(s) with {hosts[0].cores} core(s) each already runs in "
                        f"{layout.root}; 'vcsched lab up --recreate' replaces it (destroying its guests), "
@@ -209,13 +213,13 @@ def _repair(layout: LabLayout, existing: tuple[list[LabHost], GuestImage], n_hos
         cgroups.create_partition(layout.partition(i))  # idempotent: a reboot may have removed it
         if daemons.repair_host(layout, i):
             repaired.append(h.name)
-    machine_mib = daemons.memory_mib(layout.uri(0))
+    machine_mib = split_mib or daemons.memory_mib(layout.uri(0))
     if memory_mib is not None:
         hosts = [dataclasses.replace(h, memory_reserved=_reserved(machine_mib, n_hosts, memory_mib)) for h in hosts]
-        _write_state(layout, hosts, guest)
+        _write_state(layout, hosts, guest, machine_mib)
     layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file, tuple(repaired),
-               _shape_warnings(n_hosts, cores, memory_mib, machine_mib))
+               _shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_mib)
 
 
 def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, progress: Progress) -> Lab:
@@ -230,22 +234,23 @@ def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, pro
             progress(f"starting host {layout.host_name(i)}")
             cgroups.create_partition(layout.partition(i))
             daemons.start_host(layout, i)
-            machine_mib = daemons.memory_mib(layout.uri(i))
+            machine_mib = machine_mib or daemons.memory_mib(layout.uri(i))  # one split for every host
             hosts.append(LabHost(layout.host_name(i), layout.uri(i), layout.partition(i), cores=cores,
                                  memory_reserved=_reserved(machine_mib, n_hosts, memory_mib)))
-            _write_state(layout, hosts, guest)
+            _write_state(layout, hosts, guest, machine_mib)
     except BaseException:
         _down(layout)  # the half-started host's directory is enough for down to find it
         raise
     layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file,
-               warnings=_shape_warnings(n_hosts, cores, memory_mib, machine_mib))
+               warnings=_shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_memory_mib=machine_mib)
 
 
-def _write_state(layout: LabLayout, hosts: list[LabHost], guest: GuestImage) -> None:
+def _write_state(layout: LabLayout, hosts: list[LabHost], guest: GuestImage, machine_mib: int) -> None:
     doc = {
         "id": layout.id,
         "n_hosts": len(hosts),
+        "machine_memory_mib": machine_mib,
         "hosts": [asdict(h) for h in hosts],
         "guest": {k: str(v) for k, v in asdict(guest).items()},
         "started": time.time(),
