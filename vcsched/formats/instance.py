@@ -49,7 +49,14 @@ def _unique(kind: str, names: list[str]) -> None:
 HOST_FIELDS = {"name", "cpu", "memory", "capacity"}
 JOB_FIELDS = {"name", "cpu_need", "memory", "tasks", "needs", "weight", "tenant"}
 TENANT_FIELDS = {"name", "weight", "parent"}
-RESERVED_RESOURCES = {CPU: "the cpu/cpu_need field", "memory": "the memory field (memory is rigid, not shared)"}
+RESERVED_RESOURCES = {
+    CPU: "the cpu/cpu_need field",
+    "memory": "the memory field (memory is rigid, not shared)",
+    # the other fields of a `vcsched solve --json` placement row, which gains one field per resource
+    "job": "another name (reserved for the solve output)",
+    "task": "another name (reserved for the solve output)",
+    "host": "another name (reserved for the solve output)",
+}
 
 
 def _resource_amounts(where: str, raw: Any, *, high: float | None) -> Amounts:

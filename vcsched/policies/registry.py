@@ -120,7 +120,7 @@ def allocate_policy(instance: Instance, hosts: object, policy: str = "yield",
     start = time.perf_counter()
     result = pol.fn(instance, h, options)
     runtime = time.perf_counter() - start
-    y = np.asarray(result.yields, dtype=float)
+    y = np.asarray(result.yields, dtype=float) + 0.0  # no -0.0 from a solver in the output
     check_yields(instance, h, y)
     if result.pool_shares:
         caps = capacities(instance, h)
