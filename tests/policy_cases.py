@@ -1,8 +1,8 @@
 """Builders and independent checks for the sharing-policy tests.
 
-The papers' single-pool examples map onto one vcsched host (docs/policies.md,
-"The papers' examples on one host"): every capacity 1, each paper job one VM
-whose need is its demand vector divided by its largest component, so that
+The papers' single-pool examples map onto one vcsched host (docs/policies.md
+§5): every capacity 1, each paper job one VM whose need is its demand vector
+divided by its largest component, so that
 its yield is its dominant share (``y_i = phi_i * max_r a_ir``) and the cap
 ``y <= 1`` never binds before capacity does.
 
@@ -30,8 +30,8 @@ def one_host(profiles: Sequence[Sequence[float]], resources: Sequence[str] = ("c
              capacity: Sequence[float] | None = None, normalise: bool = True) -> tuple[Instance, np.ndarray]:
     """One host, one single-VM job per profile; ``profiles[i][r]`` is paper job i's demand of ``resources[r]``.
 
-    ``normalise`` divides each profile by its largest component (the §5.4
-    mapping); ``capacity`` defaults to 1 for every resource.
+    ``normalise`` divides each profile by its largest component (the
+    mapping of docs/policies.md §5); ``capacity`` defaults to 1 for every resource.
 
     vcsched needs ``cpu_need > 0`` but some paper jobs need no CPU (a GPU-only
     job).  Then give resources not starting with ``"cpu"`` (e.g. ``("cores",

@@ -57,7 +57,7 @@ def test_drf_notes_drf_gives_a_3_cpus_12_gb_and_b_6_cpus_2_gb_with_cpu_saturated
 
 def test_drf_notes_asset_fairness_gives_63_25_and_54_25_tasks() -> None:
     r = run(*one_host(DRF_NOTES), "asset")
-    assert r.yields == pytest.approx((14 / 25, 18 / 25), abs=EXACT)  # docs/policies.md: (0.56, 0.72)
+    assert r.yields == pytest.approx((14 / 25, 18 / 25), abs=EXACT)  # (0.56, 0.72)
     assert tasks(r) == pytest.approx((63 / 25, 54 / 25), abs=EXACT)  # 6x = 7y: equal "spend" of $2/CPU, $1/GB
     assert 6 * tasks(r)[0] == pytest.approx(7 * tasks(r)[1])
     assert (np.array(r.vm_share[0]) + np.array(r.vm_share[1]))[0] == pytest.approx(1.0)  # CPU saturated

@@ -122,7 +122,7 @@ def yield_problems(instance: Instance, hosts: object, yields: object, *, tol: fl
         return problems
     for j, job in enumerate(instance.jobs):
         if not np.isfinite(y[j]) or y[j] < -tol or y[j] > 1 + tol:
-            problems.append(f"job {job.name!r}: yield {y[j]!r} outside [0, 1]")
+            problems.append(f"job {job.name!r}: yield {float(y[j])!r} outside [0, 1]")
     if problems:
         return problems
     cpu_load = np.bincount(hosts_a, weights=(y * instance.job_alpha)[instance.task_job], minlength=instance.n_hosts)

@@ -29,6 +29,7 @@ cvxpy is imported only when one of these policies runs.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -127,15 +128,16 @@ def polish(rows: csr_matrix, w: np.ndarray, alpha: float, scale: float,
     active = np.flatnonzero(load >= 1 - ACTIVE_TOL)
     capped = y0 >= 1 - ACTIVE_TOL
     free = np.flatnonzero(~capped)
-    if len(active) == 0 or len(free) == 0:
-        return None
     b_all = rows[active]
     b = b_all[:, free].tocsr()
     useful = np.diff(b.indptr) > 0  # a binding row over capped jobs only holds by itself
     useful &= ~_proportional_duplicates(b)  # e.g. a host's CPU and disk rows over one job: one of them suffices
     active, b_all, b = active[useful], b_all[useful], b[useful]
-    if len(active) == 0:
-        return None
+    if len(active) == 0 or len(free) == 0:
+        if len(free):
+            return None  # a job below its cap on no binding row: the interior-point answer was not near optimal
+        # Every job at its cap: prices 0 on the rows and eta = w is a KKT point (the rows are not what limits).
+        return np.ones_like(y0), np.zeros(rows.shape[0]), w.astype(float).copy()
     rhs = 1 - np.asarray(b_all[:, np.flatnonzero(capped)] @ np.ones(int(capped.sum()))).ravel()
     x = y0[free] / scale
     wf = w[free]
@@ -196,7 +198,10 @@ def utility_allocation(instance: Instance, hosts: np.ndarray, alpha: float) -> P
     y = np.zeros(n)
     detail: dict[str, object] = {"alpha": alpha,
                                  "pinned_at_zero": [instance.jobs[j].name for j in np.flatnonzero(pinned)]}
-    if len(free) == 0:
+    if len(free) == 0:  # nothing to optimise: every job is pinned at 0
+        detail.update({"status": "trivial", "solver": None, "polished": False, "feasibility_repair": 1.0,
+                       "kkt": {"stationarity": 0.0, "complementarity": 0.0, "infeasibility": 0.0,
+                               "duality_gap": 0.0}, "nu": {}, "eta": {}})
         return PolicyResult(y, detail)
     keep = ~zero_rows
     rows = (diags(1.0 / caps.capacity[keep]) @ caps.matrix[keep][:, free]).tocsr()  # a_jp, normalised rows
@@ -218,7 +223,9 @@ def utility_allocation(instance: Instance, hosts: np.ndarray, alpha: float) -> P
         prob = cp.Problem(cp.Minimize(w @ cp.power(x / s, 1 - alpha, approx=False)), cons)
         k = (alpha - 1) * s ** (alpha - 1)
     try:
-        prob.solve(solver=cp.CLARABEL, **CLARABEL_SETTINGS)
+        with warnings.catch_warnings():  # "optimal_inaccurate" is reported in the details and polished below
+            warnings.filterwarnings("ignore", message="Solution may be inaccurate")
+            prob.solve(solver=cp.CLARABEL, **CLARABEL_SETTINGS)
     except cp.error.SolverError as exc:  # pragma: no cover - solver failure is reported, not hidden
         raise SolverError(f"policy alpha-fair (alpha={alpha}): Clarabel failed: {exc}") from None
     if prob.status not in ("optimal", "optimal_inaccurate") or x.value is None:

@@ -1,7 +1,7 @@
 """The capacity rows of a fixed placement: one per (host, fluid resource) pair.
 
 With the placement fixed, every sharing policy works on the same linear
-constraints over the yields (policies.md §5.1)::
+constraints over the yields (docs/policies.md §1)::
 
     sum_j n_jh * need_jr * y_j <= C_hr     for every host h and fluid resource r
     0 <= y_j <= 1

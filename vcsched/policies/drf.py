@@ -2,7 +2,7 @@
 
 All three are the exact water-filling of :mod:`vcsched.policies.waterfill`
 with a different rate per job, i.e. the lexicographic max-min of
-``y_j / rho_j`` (policies.md §5.2):
+``y_j / rho_j`` (docs/policies.md §3):
 
 * ``drf`` — Dominant Resource Fairness (the DRF notes, "Dominant Resource Fairness: Fair Allocation of Multiple
   Resource Types";
@@ -12,8 +12,8 @@ with a different rate per job, i.e. the lexicographic max-min of
   dominant shares ``y_j D_j / w_j`` are max-min fair, capacities being
   enforced per (host, resource).  With all weights 1 this is plain DRF.
 * ``drf-pools`` — Bonald & Roberts' reading of DRF when every (host,
-  resource) pair is its own pool (their model, §2.1, has J pools; policies.md
-  §5.5 item 2): job j needs ``a_jp = n_jh need_jr / C_hr`` of pool p per unit
+  resource) pair is its own pool (their model, §2.1, has J pools; docs/policies.md
+  §2): job j needs ``a_jp = n_jh need_jr / C_hr`` of pool p per unit
   yield, and ``rho_j = w_j / max_p a_jp``.  A job's share is then its share of
   its most loaded *pair*, not of the cluster: a job whose VMs crowd one host
   counts as big even if the cluster is large.  On one host the two readings
@@ -25,7 +25,7 @@ with a different rate per job, i.e. the lexicographic max-min of
   counterexamples).
 
 CEEI is not here: in this fluid model it has the same maximiser as
-proportional fairness (policies.md §1), see :mod:`vcsched.policies.alphafair`.
+proportional fairness (docs/policies.md §3), see :mod:`vcsched.policies.alphafair`.
 """
 
 from __future__ import annotations

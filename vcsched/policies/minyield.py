@@ -6,7 +6,7 @@ yield.  On an instance with CPU as its only fluid resource this *is*
 the same two phases run on every (host, resource) row: ``Y = min(1, min_p
 C_p / L_p)``, then one LP (HiGHS) for the mean.  Weights and tenants are
 ignored: this objective has none.  Note that "max-min, then max mean" is not
-the lexicographic max-min that ``drf`` computes (policies.md §5.2).
+the lexicographic max-min that ``drf`` computes (docs/policies.md §3).
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def allocate_policy(instance: Instance, hosts: object, policy: str = "yield",
     if result.pool_shares:
         caps = capacities(instance, h)
         per_unit, where = pool_shares(caps, instance.n_jobs)
-        dom = np.where(y > 0, y * per_unit, 0.0)
+        dom = y * np.where(np.isfinite(per_unit), per_unit, 0.0)  # infinite only where y must be 0
         pools = tuple(caps.pair_name(instance, int(p)) for p in where)
     else:
         per_unit, where = dominant_shares(instance)

@@ -1,9 +1,9 @@
 """How much of the cluster a job holds per unit of yield: dominant, asset and per-pool shares.
 
 All three are *per unit of yield*: a job at yield ``y`` holds ``y`` times
-them.  Memory is rigid and never part of a share (policies.md §5.1).
+them.  Memory is rigid and never part of a share (docs/policies.md §2).
 
-* Cluster shares (the default reading, policies.md §5.1):
+* Cluster shares (the default reading, docs/policies.md §2):
   ``sigma_jr = k_j * need_jr / C_r^tot`` with ``C_r^tot`` the cluster's total
   capacity of resource ``r``.  The **dominant share** per unit yield is
   ``D_j = max_r sigma_jr`` ("Dominant Resource Fairness: Fair Allocation of

@@ -1,4 +1,4 @@
-"""Exact weighted water-filling on the (host, resource) rows of a fixed placement (policies.md §5.2).
+"""Exact weighted water-filling on the (host, resource) rows of a fixed placement (docs/policies.md §3).
 
 Every job j grows its yield at its own rate ``rho_j`` along a common level
 ``t`` (``y_j = rho_j * t``) until it *freezes*: at its upper limit (yield 1),
