@@ -41,7 +41,6 @@ from vcsched.model import Instance
 from vcsched.policies.allocation import PolicyOptions
 from vcsched.policies.constraints import capacities
 from vcsched.policies.registry import PolicyResult, register
-from vcsched.policies.waterfill import waterfill
 
 # Tighter than Clarabel's defaults (1e-8): the tests compare with the papers' fractions to 1e-6.
 CLARABEL_SETTINGS = {"tol_gap_abs": 1e-10, "tol_gap_rel": 1e-10, "tol_feas": 1e-10, "tol_ktratio": 1e-8}
@@ -171,18 +170,56 @@ def polish(rows: csr_matrix, w: np.ndarray, alpha: float, scale: float,
     factor = scale ** (alpha - 1)
     nu_full = np.zeros(rows.shape[0])
     nu_full[active] = nu / factor
+    if not (np.all(np.asarray(rows @ y).ravel() <= 1 + 1e-12) and np.all((y > 0) & (y <= 1 + 1e-12))):
+        return None
+    y = np.minimum(y, 1.0)
     eta = np.zeros(len(y))
     if capped.any():
         eta[capped] = w[capped] - np.asarray(rows[:, np.flatnonzero(capped)].T @ nu_full).ravel()
-    ok = (np.all(nu_full >= -1e-9 * max(1.0, float(np.max(np.abs(nu_full)))))
-          and np.all(eta >= -1e-9 * max(1.0, float(np.max(w))))
-          and np.all(np.asarray(rows @ y).ravel() <= 1 + 1e-12) and np.all((y > 0) & (y <= 1 + 1e-12)))
-    if not ok:
-        return None
-    nu_full, eta, y = np.maximum(nu_full, 0.0), np.maximum(eta, 0.0), np.minimum(y, 1.0)
+    if not (np.all(nu_full >= -1e-9 * max(1.0, float(np.max(np.abs(nu_full)))))
+            and np.all(eta >= -1e-9 * max(1.0, float(np.max(w))))):
+        # The yields are right but the prices of dependent binding rows were split wrongly (e.g. one
+        # free job binding two hosts' rows, each also holding capped jobs): pick valid ones by an LP.
+        prices = _prices_by_lp(rows, w, alpha, y, capped)
+        if prices is None:
+            return None
+        nu_full, eta = prices
+    nu_full, eta = np.maximum(nu_full, 0.0), np.maximum(eta, 0.0)
     if kkt_report(rows, w, alpha, y, nu_full, eta)["stationarity"] > 1e-9:
         return None
     return y, nu_full, eta
+
+
+def _prices_by_lp(rows: csr_matrix, w: np.ndarray, alpha: float, y: np.ndarray,
+                  capped: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """KKT prices for known optimal yields: nu >= 0 on the binding rows with ``rows^T nu = w U'(y)`` for the
+    jobs below their cap and ``<=`` for the capped ones (their eta takes the rest).  An LP (HiGHS), then
+    a least-squares solve on the rows it priced, to bring the equalities to machine precision."""
+    from scipy.optimize import linprog
+    from scipy.sparse.linalg import lsqr
+
+    tight = np.flatnonzero(np.asarray(rows @ y).ravel() >= 1 - 1e-9)
+    free = np.flatnonzero(~capped)
+    grad = w * marginal(y, alpha)
+    top = float(grad.max())
+    a_eq = rows[tight][:, free].T.tocsr()
+    a_ub = rows[tight][:, np.flatnonzero(capped)].T.tocsr()
+    res = linprog(np.ones(len(tight)), A_eq=a_eq, b_eq=grad[free] / top,
+                  A_ub=a_ub if capped.any() else None, b_ub=grad[capped] / top if capped.any() else None,
+                  bounds=(0, None), method="highs",
+                  options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10})
+    if res.status != 0:
+        return None
+    priced = np.flatnonzero(res.x > 1e-12)
+    nu_t = np.zeros(len(tight))
+    nu_t[priced] = lsqr(a_eq[:, priced], grad[free] / top, atol=1e-15, btol=1e-15)[0] if len(priced) else []
+    nu = np.zeros(rows.shape[0])
+    nu[tight] = nu_t * top
+    eta = np.zeros(len(y))
+    eta[capped] = grad[capped] - np.asarray(rows[:, np.flatnonzero(capped)].T @ nu).ravel()
+    if np.any(nu < -1e-12 * top) or np.any(eta < -1e-9 * top):
+        return None
+    return nu, eta
 
 
 def utility_allocation(instance: Instance, hosts: np.ndarray, alpha: float) -> PolicyResult:
@@ -208,9 +245,10 @@ def utility_allocation(instance: Instance, hosts: np.ndarray, alpha: float) -> P
     rows_nz = np.diff(rows.indptr) > 0
     rows = rows[rows_nz]
     w = instance.job_weight[free]
-    # Scale for conditioning: y / s with s the max-min yield, so the powers stay near 1 for any alpha.
-    s = float(np.min(waterfill(caps, np.where(pinned, 0.0, 1.0)).yields[free]))
-    s = s if s > 0 else 1.0
+    # Scale for conditioning: y / s with s the max-min yield (the first water-filling level,
+    # min(1, min_p 1 / load_p at y = 1)), so the powers stay near 1 for any alpha.
+    full = np.asarray(rows @ np.ones(len(free))).ravel()
+    s = float(min(1.0, 1.0 / full.max())) if len(full) and full.max() > 0 else 1.0
     x = cp.Variable(len(free), pos=True)
     cons = [rows @ x <= 1, x <= 1]
     if alpha == 1:
