@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -84,28 +83,6 @@ def render_result(instance: Instance, result: SolveResult) -> None:
     console.print(table)
 
 
-def apply_policy(instance: Instance, result: SolveResult, policy: str,
-                 alpha: float | None) -> tuple[SolveResult, PolicyAllocation | None]:
-    """Re-allocate the placement of ``result`` with a sharing policy (docs/policies.md).
-
-    ``yield`` on an instance with CPU as its only fluid resource keeps the
-    solver's allocation untouched (it is the same computation).
-    """
-    from vcsched.policies import PolicyOptions, allocate_policy  # lazy: most runs need no policy
-
-    if result.allocation is None:
-        return result, None
-    palloc = allocate_policy(instance, result.allocation.hosts, policy, PolicyOptions(alpha=alpha))
-    if policy == "yield" and not instance.has_extra_resources:
-        return result, palloc
-    y = np.asarray(palloc.yields)
-    return dataclasses.replace(
-        result, allocation=palloc.allocation(instance),
-        min_yield=float(y.min()) if len(y) else 1.0, avg_yield=float(y.mean()) if len(y) else 1.0,
-        runtime_s=result.runtime_s + palloc.runtime_s,
-    ), palloc
-
-
 def add_policy_fields(out: dict[str, Any], instance: Instance, policy: str, palloc: PolicyAllocation | None) -> None:
     """``--policy``'s additions to the JSON: ``policy``, ``yields`` and one field per extra resource in each row."""
     out["policy"] = policy
@@ -176,9 +153,9 @@ def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
     if algorithm not in algos:
         raise click.BadParameter(f"unknown algorithm {algorithm!r} (known: {', '.join(sorted(algos))})",
                                  param_hint="'--algorithm'")
-    if policy is not None or alpha is not None:
-        from vcsched.policies import PolicyOptions
-        from vcsched.policies.registry import check_options, get
+    if policy is not None or alpha is not None:  # lazy: most runs need no policy
+        from vcsched.policies import PolicyOptions, get
+        from vcsched.policies.registry import check_options
 
         check_options(get(policy or "yield"), PolicyOptions(alpha=alpha))  # fail before placing
     instance = instance_from_dict(read_json_file(instance_file, "instance"))
@@ -187,7 +164,10 @@ def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
     with_policy = policy is not None or instance.has_extra_resources
     palloc = None
     if with_policy:
-        result, palloc = apply_policy(instance, result, policy or "yield", alpha)
+        from vcsched.policies import PolicyOptions
+        from vcsched.policies.placed import reallocate
+
+        result, palloc = reallocate(instance, result, policy or "yield", PolicyOptions(alpha=alpha))
     if result.allocation is not None:
         check_allocation(instance, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
     if as_json:

@@ -171,3 +171,20 @@ def test_bench_cases_build_valid_placed_instances_at_small_sizes() -> None:
 def test_bench_markdown_has_one_row_per_timing() -> None:
     text = markdown([BenchRow("cluster", "drf", 0.01, 0.02, 0.1, 0.4, "1000 hosts")])
     assert text.splitlines()[2] == "| cluster | drf | 0.010 | 0.020 | 0.1000 | 0.4000 | 1000 hosts |"
+
+
+def test_reallocate_keeps_the_solvers_result_bit_for_bit_under_yield_and_replaces_it_otherwise() -> None:
+    from vcsched.policies.placed import reallocate
+    from vcsched.solvers.registry import solve
+
+    inst = Instance((Host("h0"), Host("h1")), (Job("a", 0.8, 0.3), Job("b", 0.6, 0.3, 2), Job("c", 0.9, 0.3)))
+    result = solve(inst, "mcb8")
+    same, palloc = reallocate(inst, result, "yield")
+    assert same is result and palloc is not None
+    assert palloc.yields == tuple(result.allocation.yields(inst))  # type: ignore[union-attr]
+    drf, palloc = reallocate(inst, result, "drf")
+    assert palloc is not None and drf.allocation is not None
+    assert drf.allocation.hosts == result.allocation.hosts  # type: ignore[union-attr]
+    assert drf.min_yield == pytest.approx(min(palloc.yields))
+    bound = solve(inst, "lpbound")
+    assert reallocate(inst, bound, "drf") == (bound, None)

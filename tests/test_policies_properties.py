@@ -310,8 +310,12 @@ def test_alpha_fair_tends_to_the_max_min_of_the_yields_as_alpha_grows() -> None:
 # --- H-DRF ----------------------------------------------------------------------------------------------------
 
 @st.composite
-def trees(draw: st.DrawFn) -> tuple[Instance, np.ndarray]:
-    """One host; a random tenant tree of depth <= 3 with random weights; every leaf demanding."""
+def trees(draw: st.DrawFn, all_needed: bool = False) -> tuple[Instance, np.ndarray]:
+    """One host; a random tenant tree of depth <= 3 with random weights; every leaf demanding.
+
+    ``all_needed``: every leaf needs every resource, so all leaves stay unblocked until the first
+    resource saturates, and then all block at once."""
+    need = FRACTION if all_needed else st.sampled_from([0.0]) | FRACTION
     n_res = draw(st.integers(1, 3))
     resources = ("cpu", *(f"r{i}" for i in range(1, n_res)))
     tenants: list[Tenant] = []
@@ -324,7 +328,7 @@ def trees(draw: st.DrawFn) -> tuple[Instance, np.ndarray]:
     jobs = []
     for i in range(draw(st.integers(2, 7))):
         tenant = draw(st.sampled_from([t.name for t in tenants]))
-        needs = tuple((r, v) for r in resources[1:] if (v := draw(st.sampled_from([0.0]) | FRACTION)) > 0)
+        needs = tuple((r, v) for r in resources[1:] if (v := draw(need)) > 0)
         jobs.append(Job(f"j{i}", draw(FRACTION), 0.0, 1, needs, draw(st.sampled_from([1.0, 2.0])), tenant))
     host = Host("h0", 0.3, 1.0, tuple((r, 0.3) for r in resources[1:]))
     return Instance((host,), tuple(jobs), tuple(tenants)), np.zeros(len(jobs), dtype=np.int64)
@@ -369,6 +373,28 @@ def test_hdrf_hierarchical_share_guarantee(case: tuple[Instance, np.ndarray]) ->
     assume(max(r.yields) < 1 - 1e-9)
     for j in range(inst.n_jobs):
         assert r.dominant_share[j] >= guaranteed_share(inst, j) - 2e-3
+
+
+@PROPS
+@given(case=trees(all_needed=True))
+def test_hdrf_siblings_never_blocked_before_the_end_have_equal_weighted_shares(
+        case: tuple[Instance, np.ndarray]) -> None:
+    """Algorithm 1's invariant: non-blocked siblings keep equal s / w.  Here no leaf is blocked before the
+    first saturation, which blocks all of them, so every pair of siblings ends with equal s / w (to ~epsilon)."""
+    inst, hosts = case
+    r = run(inst, hosts, "hdrf")
+    assume(max(r.yields) < 1 - 1e-9)
+    share = dict(r.detail["node_share"])  # type: ignore[call-overload]
+    share.update({j.name: r.dominant_share[k] for k, j in enumerate(inst.jobs)})
+    weight = {t.name: t.weight for t in inst.tenants} | {j.name: j.weight for j in inst.jobs}
+    parent = {t.name: t.parent for t in inst.tenants} | {j.name: j.tenant for j in inst.jobs}
+    holds = {n for n in share if share[n] > 0}
+    for p in {*parent.values()}:
+        kids = [n for n in parent if parent[n] == p and n in holds]
+        levels = [share[n] / weight[n] for n in kids]
+        if len(levels) < 2:
+            continue
+        assert max(levels) - min(levels) <= 2e-3 * max(1.0, max(levels)), (p, dict(zip(kids, levels, strict=True)))
 
 
 @PROPS
