@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -13,6 +13,9 @@ from vcsched.formats.instance import instance_from_dict
 from vcsched.model import Instance, SolveOptions, SolveResult
 from vcsched.solvers.registry import algorithms, solve
 from vcsched.validate import check_allocation
+
+if TYPE_CHECKING:
+    from vcsched.policies import PolicyAllocation
 
 
 def result_to_dict(instance: Instance, result: SolveResult) -> dict[str, Any]:
@@ -80,6 +83,31 @@ def render_result(instance: Instance, result: SolveResult) -> None:
     console.print(table)
 
 
+def add_policy_fields(out: dict[str, Any], instance: Instance, policy: str, palloc: PolicyAllocation | None) -> None:
+    """``--policy``'s additions to the JSON: ``policy``, ``yields`` and one field per extra resource in each row."""
+    out["policy"] = policy
+    out["yields"] = palloc.yield_of(instance) if palloc is not None else {}
+    if palloc is None or not out.get("placement"):
+        return
+    extra = list(enumerate(instance.resources))[1:]
+    for row, t in zip(out["placement"], range(instance.n_tasks), strict=True):
+        j = int(instance.task_job[t])
+        for r, name in extra:
+            row[name] = palloc.vm_share[j][r]
+
+
+def render_policy(instance: Instance, palloc: PolicyAllocation) -> None:
+    table = Table(title=f"policy {palloc.policy}: yields and dominant shares", show_lines=False)
+    for col in ("job", "yield", "dominant share", "dominant resource"):
+        table.add_column(col, justify="left" if col in ("job", "dominant resource") else "right")
+    for j, job in enumerate(instance.jobs):
+        table.add_row(job.name, f"{palloc.yields[j]:.4f}", f"{palloc.dominant_share[j]:.4f}", palloc.dominant_pool[j])
+    console.print(table)
+    kkt = palloc.detail.get("kkt")
+    if isinstance(kkt, dict):
+        console.print("  KKT residuals: " + ", ".join(f"{k} {v:.1e}" for k, v in kkt.items()))
+
+
 @click.command("solve")
 @click.argument("instance_file", metavar="INSTANCE.json", type=click.Path(dir_okay=False))
 @click.option("-a", "--algorithm", default="mcb8", show_default=True, metavar="NAME",
@@ -93,8 +121,14 @@ def render_result(instance: Instance, result: SolveResult) -> None:
               help="Placement attempts before gb/sgb give up backtracking (paper: 500,000).")
 @click.option("--precision", type=FiniteFloatRange(min=1e-9, max=0.1), default=1e-4, show_default=True,
               help="MCB binary search stops when the yield interval is narrower than this.")
+@click.option("--policy", default=None, metavar="NAME",
+              help="Sharing policy for the yields once placed: yield (default), drf, drf-pools, asset, pf, "
+                   "alpha-fair, hdrf (docs/policies.md).  Adds 'policy' and 'yields' to --json.")
+@click.option("--alpha", type=float, default=None, metavar="A",
+              help="The exponent of --policy alpha-fair, in (0, 100] (1 is pf).")
 def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
-              time_limit: float | None, max_attempts: int, precision: float) -> int:
+              time_limit: float | None, max_attempts: int, precision: float,
+              policy: str | None, alpha: float | None) -> int:
     """Place the jobs of INSTANCE.json on its hosts and report the yields.
 
     \b
@@ -107,19 +141,42 @@ def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
     tasks all get the same CPU fraction.  Every placing algorithm is followed
     by the optimal average-yield phase.
 
+    With --policy the placement is kept and the yields are chosen by a
+    sharing policy; hosts may then list extra fluid resources ("capacity":
+    {"disk": 1.0}) and jobs their "needs", "weight" and "tenant" (see
+    docs/policies.md).  An instance with extra resources always gets them
+    honoured (policy yield unless told otherwise).
+
     Exit codes: 0 placement found, 1 none found (the result is still printed), 2 bad input.
     """
     algos = algorithms()
     if algorithm not in algos:
         raise click.BadParameter(f"unknown algorithm {algorithm!r} (known: {', '.join(sorted(algos))})",
                                  param_hint="'--algorithm'")
+    if policy is not None or alpha is not None:  # lazy: most runs need no policy
+        from vcsched.policies import PolicyOptions, get
+        from vcsched.policies.registry import check_options
+
+        check_options(get(policy or "yield"), PolicyOptions(alpha=alpha))  # fail before placing
     instance = instance_from_dict(read_json_file(instance_file, "instance"))
     result = solve(instance, algorithm, SolveOptions(seed=seed, time_limit=time_limit, max_attempts=max_attempts,
                                                       precision=precision))
+    with_policy = policy is not None or instance.has_extra_resources
+    palloc = None
+    if with_policy:
+        from vcsched.policies import PolicyOptions
+        from vcsched.policies.placed import reallocate
+
+        result, palloc = reallocate(instance, result, policy or "yield", PolicyOptions(alpha=alpha))
     if result.allocation is not None:
         check_allocation(instance, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
     if as_json:
-        emit_json(result_to_dict(instance, result))
+        out = result_to_dict(instance, result)
+        if with_policy:
+            add_policy_fields(out, instance, policy or "yield", palloc)
+        emit_json(out)
     else:
         render_result(instance, result)
+        if palloc is not None:
+            render_policy(instance, palloc)
     return EXIT_OK if result.feasible else EXIT_UNSATISFIED

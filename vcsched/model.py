@@ -4,14 +4,35 @@ Units: CPU and memory are fractions of a *reference host* (capacity 1, 1).
 Heterogeneous hosts carry other capacities in the same units.  A job has
 ``tasks`` identical tasks (one VM each); every task of a job needs CPU
 ``cpu_need`` (``alpha``) when alone and memory ``memory``.
+
+Multi-resource sharing (docs/policies.md) adds optional *extra fluid
+resources* (``disk``, ``net``, ...): a host's ``capacity`` and a job's per-task
+``needs``, in fractions of the reference host like CPU.  Fluid means a job at
+yield ``y`` gets ``y * need`` of every one of them, as it gets ``y * cpu_need``
+of CPU; memory stays rigid.  A resource missing from a host's ``capacity`` has
+capacity 0 there.  ``weight`` and ``tenant`` matter only to the sharing
+policies (weighted DRF, PF, H-DRF over the ``tenants`` tree).  With none of
+these set, everything means exactly what it meant before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+
+CPU = "cpu"
+"""The name of the one fluid resource every host and job has."""
+
+Amounts = tuple[tuple[str, float], ...]
+"""Extra fluid resources as ``(name, amount)`` pairs sorted by name: hashable, unlike a dict."""
+
+
+def amounts(pairs: Iterable[tuple[str, float]]) -> Amounts:
+    """Normalise ``(name, amount)`` pairs (any order; a dict's ``.items()``) to the stored form."""
+    return tuple(sorted((str(k), float(v)) for k, v in pairs))
 
 
 @dataclass(frozen=True)
@@ -19,6 +40,16 @@ class Host:
     name: str
     cpu: float = 1.0
     memory: float = 1.0
+    capacity: Amounts = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "capacity", amounts(self.capacity))
+
+    def capacity_of(self, resource: str) -> float:
+        """Capacity of a fluid resource; 0 for one this host does not list."""
+        if resource == CPU:
+            return self.cpu
+        return dict(self.capacity).get(resource, 0.0)
 
 
 @dataclass(frozen=True)
@@ -27,6 +58,31 @@ class Job:
     cpu_need: float
     memory: float
     tasks: int = 1
+    needs: Amounts = ()
+    weight: float = 1.0
+    tenant: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "needs", amounts(self.needs))
+
+    def need_of(self, resource: str) -> float:
+        """Per-task need of a fluid resource when alone; 0 for one the job does not list."""
+        if resource == CPU:
+            return self.cpu_need
+        return dict(self.needs).get(resource, 0.0)
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A node of the tenant tree (organisations; H-DRF).  Roots have no ``parent``.
+
+    Jobs are the leaves: a job names its tenant; a job without one hangs
+    directly under the (implicit) root, beside the root tenants.
+    """
+
+    name: str
+    weight: float = 1.0
+    parent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +95,7 @@ class Instance:
 
     hosts: tuple[Host, ...]
     jobs: tuple[Job, ...]
+    tenants: tuple[Tenant, ...] = ()
 
     @property
     def n_hosts(self) -> int:
@@ -94,6 +151,32 @@ class Instance:
     @cached_property
     def has_parallel_jobs(self) -> bool:
         return any(j.tasks > 1 for j in self.jobs)
+
+    @cached_property
+    def resources(self) -> tuple[str, ...]:
+        """Fluid resources: ``cpu`` first, then every extra one a host or job names, sorted."""
+        extra = {k for h in self.hosts for k, _ in h.capacity} | {k for j in self.jobs for k, _ in j.needs}
+        return (CPU, *sorted(extra - {CPU}))
+
+    @cached_property
+    def has_extra_resources(self) -> bool:
+        return len(self.resources) > 1
+
+    @cached_property
+    def host_capacity(self) -> np.ndarray:
+        """Fluid capacity per host and resource (``n_hosts x len(resources)``), column 0 = CPU."""
+        return np.array([[h.capacity_of(r) for r in self.resources] for h in self.hosts], dtype=float).reshape(
+            self.n_hosts, len(self.resources))
+
+    @cached_property
+    def job_need(self) -> np.ndarray:
+        """Per-task fluid need per job and resource (``n_jobs x len(resources)``), column 0 = ``cpu_need``."""
+        return np.array([[j.need_of(r) for r in self.resources] for j in self.jobs], dtype=float).reshape(
+            self.n_jobs, len(self.resources))
+
+    @cached_property
+    def job_weight(self) -> np.ndarray:
+        return np.array([j.weight for j in self.jobs], dtype=float)
 
 
 @dataclass(frozen=True)

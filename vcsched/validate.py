@@ -2,6 +2,13 @@
 
 Every constraint of the model is checked with a small absolute tolerance,
 because solvers (LP/MILP in particular) return floating-point values.
+
+Two views of the same constraints: :func:`allocation_problems` checks an
+:class:`Allocation` (CPU fraction per job, what the placement solvers
+return); :func:`yield_problems` checks a placement and one yield per job
+(what the sharing policies return).  Both check every fluid resource of every
+host (CPU and the extra ones, a job at yield ``y`` using ``y * need`` of each)
+and memory.
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ def allocation_problems(
             problems.append(f"host {host.name!r}: CPU {cpu_load[h]:.6f} exceeds capacity {host.cpu}")
         if mem_load[h] > host.memory + tol:
             problems.append(f"host {host.name!r}: memory {mem_load[h]:.6f} exceeds capacity {host.memory}")
+    if instance.has_extra_resources:
+        problems += _extra_resource_problems(instance, hosts, cpu / instance.job_alpha, tol)
     if min_yield is not None and instance.n_jobs:
         actual = allocation.min_yield(instance)
         if abs(actual - min_yield) > tol:
@@ -74,5 +83,60 @@ def check_allocation(
 ) -> None:
     """Raise :class:`AllocationError` listing every broken constraint."""
     problems = allocation_problems(instance, allocation, min_yield=min_yield, avg_yield=avg_yield)
+    if problems:
+        raise AllocationError(problems)
+
+
+def _extra_resource_problems(instance: Instance, hosts: np.ndarray, yields: np.ndarray, tol: float) -> list[str]:
+    """Every extra fluid resource (not CPU) over capacity on some host, for jobs at ``yields``."""
+    problems: list[str] = []
+    task_y = yields[instance.task_job]
+    for r, name in enumerate(instance.resources[1:], start=1):
+        load = np.bincount(hosts, weights=task_y * instance.job_need[instance.task_job, r],
+                           minlength=instance.n_hosts)
+        cap = instance.host_capacity[:, r]
+        for h in np.flatnonzero(load > cap + tol):
+            problems.append(f"host {instance.hosts[h].name!r}: {name} {load[h]:.6f} exceeds capacity {cap[h]:g}")
+    return problems
+
+
+def yield_problems(instance: Instance, hosts: object, yields: object, *, tol: float = TOLERANCE) -> list[str]:
+    """Every way a placement (task -> host index) with one yield per job breaks the model.
+
+    Checks: one host per task, each existing; one yield per job, each finite
+    and in [0, 1]; every fluid resource (CPU included) and memory within
+    capacity on every host.
+    """
+    hosts_a = np.asarray(hosts, dtype=np.int64).ravel()
+    y = np.asarray(yields, dtype=float).ravel()
+    if len(hosts_a) != instance.n_tasks:
+        return [f"{len(hosts_a)} task placements for {instance.n_tasks} tasks"]
+    if len(y) != instance.n_jobs:
+        return [f"{len(y)} yields for {instance.n_jobs} jobs"]
+    problems: list[str] = []
+    bad = np.flatnonzero((hosts_a < 0) | (hosts_a >= instance.n_hosts))
+    for t in bad[:5]:
+        job = instance.jobs[int(instance.task_job[t])]
+        problems.append(f"task {t} of job {job.name!r}: host index {int(hosts_a[t])} out of range")
+    if len(bad):
+        return problems
+    for j, job in enumerate(instance.jobs):
+        if not np.isfinite(y[j]) or y[j] < -tol or y[j] > 1 + tol:
+            problems.append(f"job {job.name!r}: yield {float(y[j])!r} outside [0, 1]")
+    if problems:
+        return problems
+    cpu_load = np.bincount(hosts_a, weights=(y * instance.job_alpha)[instance.task_job], minlength=instance.n_hosts)
+    mem_load = np.bincount(hosts_a, weights=instance.task_mem, minlength=instance.n_hosts)
+    for h, host in enumerate(instance.hosts):
+        if cpu_load[h] > host.cpu + tol:
+            problems.append(f"host {host.name!r}: CPU {cpu_load[h]:.6f} exceeds capacity {host.cpu}")
+        if mem_load[h] > host.memory + tol:
+            problems.append(f"host {host.name!r}: memory {mem_load[h]:.6f} exceeds capacity {host.memory}")
+    return problems + _extra_resource_problems(instance, hosts_a, y, tol)
+
+
+def check_yields(instance: Instance, hosts: object, yields: object) -> None:
+    """Raise :class:`AllocationError` listing every broken constraint of a placement and its yields."""
+    problems = yield_problems(instance, hosts, yields)
     if problems:
         raise AllocationError(problems)
