@@ -315,7 +315,7 @@ def render_moves(live: LiveAdaptation) -> None:
 def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], depart: tuple[str, ...],
               changes_file: str | None,
               algorithm: str, parallel: int, output: str | None, do_apply: bool, as_json: bool,
-              time_limit: float | None, wait: float, coordination: str | None) -> int:
+              time_limit: float | None, wait: float, coordination: str | None, lock_ttl: float | None) -> int:
     """Re-balance a running cluster: re-cap every managed VM and live-migrate a few, within --budget bytes.
 
     \b
@@ -356,7 +356,8 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     needs = {**changes.needs, **flags}
     departing = tuple(dict.fromkeys(changes.depart + depart))
     cluster = load_cluster(cluster_file)
-    with cluster_lock(cluster, coordination, wait, needed=do_apply) as lock, LibvirtHypervisor(cluster) as hv:
+    locked = cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply)
+    with locked as lock, LibvirtHypervisor(cluster) as hv:
         inventory = hv.inventory()
         try:
             live = adapt_inventory(cluster.name, inventory, budget, needs=needs, depart=departing, algorithm=algorithm,

@@ -27,7 +27,7 @@ from vcsched.plans.plan import plan_from_dict
 @click.option("--json", "as_json", is_flag=True, help="Print the apply report as one JSON object.")
 @lock_options()
 def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bool, wait: float,
-              coordination: str | None) -> int:
+              coordination: str | None, lock_ttl: float | None) -> int:
     """Apply a plan saved by `vcsched place -o PLAN.json` or `vcsched adapt -o PLAN.json`.
 
     \b
@@ -56,7 +56,7 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bo
     """
     plan = plan_from_dict(read_json_file(plan_file, "plan"))
     cluster = load_cluster(cluster_file)
-    with cluster_lock(cluster, coordination, wait) as lock, LibvirtHypervisor(cluster) as hv:
+    with cluster_lock(cluster, coordination, wait, ttl=lock_ttl) as lock, LibvirtHypervisor(cluster) as hv:
         if not as_json:
             console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {len(plan.steps)} steps)")
             render_plan(plan, hv.inventory())

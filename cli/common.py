@@ -136,13 +136,23 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
     console.print(table)
 
 
+def _check_coordination(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """Checked when parsed, dry run or not: bad input is refused before anything else happens."""
+    from vcsched.formats.cluster import check_coordination_url
+
+    return None if value is None else check_coordination_url("--coordination", value)
+
+
 def lock_options() -> Callable[[Any], Any]:
     """``--wait`` and ``--coordination``, for every command that changes hosts (it holds the cluster lock)."""
     def deco(f: Any) -> Any:
-        f = click.option("--coordination", metavar="URL", default=None,
+        f = click.option("--coordination", metavar="URL", default=None, callback=_check_coordination,
                          help="Where the cluster lock lives (tooz URL: file:///DIR, etcd3+http://HOST:2379). "
                               "Default: $VCSCHED_COORDINATION, the cluster file's 'coordination', else a "
                               "file lock under /var/lib/vcsched (docs/operations.md).")(f)
+        f = click.option("--lock-ttl", "lock_ttl", type=FiniteFloatRange(min=1), default=None, metavar="SECONDS",
+                         help="etcd: seconds the lock outlives a holder that died (default: the cluster file's "
+                              "lock_ttl, else 10).")(f)
         return click.option("--wait", "wait", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
                             metavar="SECONDS",
                             help="If another command holds the cluster lock, wait up to this long for it "
@@ -151,15 +161,16 @@ def lock_options() -> Callable[[Any], Any]:
 
 
 @contextmanager
-def cluster_lock(cluster: Cluster, coordination: str | None, wait: float, *, needed: bool = True
-                 ) -> Iterator[ClusterLock | None]:
+def cluster_lock(cluster: Cluster, coordination: str | None, wait: float, *, ttl: float | None = None,
+                 needed: bool = True) -> Iterator[ClusterLock | None]:
     """The cluster's lock while the block runs (``needed=False``: a dry run, no lock); see hypervisor.lock."""
     if not needed:
         yield None
         return
-    from hypervisor.lock import holding, resolve_url
+    from hypervisor.lock import DEFAULT_TTL, holding, resolve_url
 
-    with holding(resolve_url(coordination, cluster.coordination), cluster.name, wait) as lock:
+    url = resolve_url(coordination, cluster.coordination)
+    with holding(url, cluster.name, wait, ttl or cluster.lock_ttl or DEFAULT_TTL) as lock:
         yield lock
 
 

@@ -52,7 +52,7 @@ def render_decision(request: Request, decision: Decision, inventory: Inventory) 
               help="Seed for randomized algorithms.")
 @lock_options()
 def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, output: str | None, do_apply: bool,
-              as_json: bool, seed: int, wait: float, coordination: str | None) -> int:
+              as_json: bool, seed: int, wait: float, coordination: str | None, lock_ttl: float | None) -> int:
     """Decide whether a virtual cluster fits, and how: print the admission decision and the plan.
 
     \b
@@ -84,7 +84,8 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                                  param_hint="'--algorithm'")
     cluster = load_cluster(cluster_file)
     request = load_request(request_file)
-    with cluster_lock(cluster, coordination, wait, needed=do_apply) as lock, LibvirtHypervisor(cluster) as hv:
+    locked = cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply)
+    with locked as lock, LibvirtHypervisor(cluster) as hv:
         inventory = hv.inventory()
         decision = admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed))
         report = None

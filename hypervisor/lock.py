@@ -17,9 +17,17 @@ mechanism covers one machine and several:
   operators and controllers on several machines (docs/operations.md).
 
 Who holds the lock (member ``user@host:pid``, since when) is written next to
-it, so a refused command can name the holder.  ``guard()`` is called before
-every step: a holder that lost its lock (its lease expired) starts no further
-step.
+it (a file beside the lock; a key on the lock's lease in etcd), so a refused
+command can name the holder.
+
+**Leases and fencing (etcd).**  The lock is a key on an etcd lease of
+``ttl`` seconds (default :data:`DEFAULT_TTL`): if its holder dies, etcd frees
+it within the TTL.  The holder renews the lease from a thread every third of
+the TTL.  ``guard()``, called before every step, renews it once more and
+checks that the last successful renewal is younger than the TTL less a margin;
+a holder that cannot renew (etcd unreachable, lease expired) starts no
+further step — it stops before its lease could have expired, so no step ever
+runs without a valid lease.
 """
 
 from __future__ import annotations
@@ -27,20 +35,27 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
+import math
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
-from vcsched.errors import VcschedError
+from vcsched.errors import InputError, VcschedError
 from vcsched.formats.cluster import check_coordination_url
 
 COORDINATION_ENV = "VCSCHED_COORDINATION"
 STATE_DIR_ENV = "VCSCHED_STATE_DIR"
+DEFAULT_TTL = 10.0  # seconds a dead holder keeps an etcd lock
+#: A holder stops starting steps once its last renewal is this much of the TTL old: it must stop *before*
+#: the lease can expire and someone else take the lock.
+FENCE_FRACTION = 0.6
+HOLDERS_PREFIX = "/vcsched/holders/"
 
 
 class LockBusy(VcschedError):
@@ -89,6 +104,29 @@ def check_url(where: str, url: str) -> str:
     return check_coordination_url(where, url)
 
 
+def check_ttl(where: str, ttl: Any) -> float:
+    """A lease TTL in seconds: a finite number of at least 1 (etcd leases are whole seconds)."""
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl < 1:
+        raise InputError(f"{where}: {ttl!r} is not a lease time of at least 1 second")
+    return float(ttl)
+
+
+def _etcd(url: str) -> bool:
+    return urlparse(url).scheme.startswith("etcd3")
+
+
+def with_ttl(url: str, ttl: float) -> str:
+    """The tooz URL with the lock's lease TTL (and the client timeout) set, unless the URL sets them itself."""
+    if not _etcd(url):
+        return url
+    parsed = urlparse(url)
+    query = dict(parse_qsl(parsed.query))
+    query.setdefault("lock_timeout", str(math.ceil(ttl)))
+    # The client's socket timeout bounds each call: a hung etcd must fail a renewal well within the TTL.
+    query.setdefault("timeout", str(max(1, math.ceil(ttl / 3))))
+    return urlunparse(parsed._replace(query=urlencode(query)))
+
+
 def member_id() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
 
@@ -106,13 +144,18 @@ class Holder:
 class ClusterLock:
     """The lock of one cluster on one coordination backend (see the module docstring)."""
 
-    def __init__(self, url: str, cluster: str, member: str | None = None) -> None:
-        self.url = url
+    def __init__(self, url: str, cluster: str, member: str | None = None, ttl: float = DEFAULT_TTL) -> None:
+        self.ttl = check_ttl("lock_ttl", ttl)
+        self.url = with_ttl(url, self.ttl)
         self.cluster = cluster
         self.member = member or member_id()
         self.name = f"vcsched-cluster-{cluster}"
         self._coordinator: Any = None
         self._lock: Any = None
+        self._renewed = 0.0  # time.monotonic() of the last successful renewal
+        self._expired = False
+        self._stop = threading.Event()
+        self._heart: threading.Thread | None = None
 
     # ------------------------------------------------------------- holder record
 
@@ -122,21 +165,31 @@ class ClusterLock:
 
     def holder(self) -> Holder | None:
         """Who holds the lock, as recorded by the holder (None if unknown)."""
-        path = self._holder_path()
-        if path is None:
-            return None
         try:
-            doc = json.loads(path.read_text())
+            path = self._holder_path()
+            if path is not None:
+                text = path.read_text()
+            elif self._coordinator is not None and _etcd(self.url):
+                values = self._coordinator.client.get(HOLDERS_PREFIX + self.name)
+                if not values:
+                    return None
+                text = values[0].decode() if isinstance(values[0], bytes) else str(values[0])
+            else:
+                return None
+            doc = json.loads(text)
             return Holder(str(doc["member"]), float(doc["since"]))
-        except (OSError, ValueError, KeyError, TypeError):
+        except Exception:  # a record being rewritten, or etcd not answering: the holder is just unknown
             return None
 
     def _record(self) -> None:
+        doc = json.dumps({"member": self.member, "since": time.time()})
         path = self._holder_path()
         if path is not None:
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"member": self.member, "since": time.time()}))
+            tmp.write_text(doc)
             tmp.replace(path)
+        elif _etcd(self.url):  # on the lock's own lease: it disappears with the lock
+            self._coordinator.client.put(HOLDERS_PREFIX + self.name, doc, lease=self._lock._lease)
 
     def _unrecord(self) -> None:
         path = self._holder_path()
@@ -156,40 +209,71 @@ class ClusterLock:
             Path(parsed.path).mkdir(parents=True, exist_ok=True)
         try:
             self._coordinator = coordination.get_coordinator(self.url, self.member.encode())
-            self._coordinator.start(start_heart=True)
+            self._coordinator.start()
             self._lock = self._coordinator.get_lock(self.name.encode())
             got = self._lock.acquire(blocking=wait if wait > 0 else False)
-        except coordination.ToozError as exc:
-            self._stop()
+            if got:
+                self._renewed = time.monotonic()
+                self._record()
+        except Exception as exc:  # tooz's own errors and the backend's (an etcd that does not answer)
+            if self._lock is not None and getattr(self._lock, "acquired", False):
+                with contextlib.suppress(Exception):
+                    self._lock.release()
+            self._lock = None
+            self._shutdown()
             raise CoordinationDown(f"coordination service {self.url} unreachable: {exc}; nothing changed") from None
         if not got:
-            self._stop()
             held = self.holder()
+            self._lock = None
+            self._shutdown()
             who = held.describe() if held is not None else "another command"
             waited = f" after waiting {wait:g} s" if wait > 0 else ""
             raise LockBusy(f"cluster {self.cluster!r} is locked by {who}{waited}; nothing changed "
                            "(retry later, or wait for it with --wait SECONDS)")
-        self._record()
+        if _etcd(self.url):
+            self._heart = threading.Thread(target=self._beat, name="vcsched-lock-heart", daemon=True)
+            self._heart.start()
+
+    def _renew(self) -> bool:
+        """Renew the lease now; False when etcd does not answer.  A lease found expired is never renewed again."""
+        if self._expired:
+            return False
+        try:
+            self._coordinator.heartbeat()
+            if self._lock._lease.ttl() <= 0:  # it ran out while we could not reach etcd: someone may hold it
+                self._expired = True
+                return False
+        except Exception:
+            return False
+        self._renewed = time.monotonic()
+        return True
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            self._renew()
 
     def guard(self) -> None:
         """Raise :class:`LockLost` unless the lock is still ours (called before every step)."""
         if self._lock is None:
             raise LockLost(f"cluster {self.cluster!r}: the lock is not held")
-        try:
-            self._coordinator.heartbeat()
-        except Exception as exc:  # tooz raises its own errors, and the backend's (e.g. etcd unreachable)
-            raise LockLost(f"cluster {self.cluster!r}: cannot renew the lock at {self.url} ({exc}); "
-                           "no further step is started") from None
+        if not _etcd(self.url):
+            return  # a file lock is the kernel's: held until this process ends or releases it
+        if not self._renew() and (self._expired or time.monotonic() - self._renewed > FENCE_FRACTION * self.ttl):
+            raise LockLost(f"cluster {self.cluster!r}: cannot renew the lock's lease at {self.url} for "
+                           f"{time.monotonic() - self._renewed:.1f} s (TTL {self.ttl:g} s); no further step "
+                           "is started")
 
     def release(self) -> None:
+        self._stop.set()
         if self._lock is not None:
             self._unrecord()
             with contextlib.suppress(Exception):
                 self._lock.release()
             self._lock = None
-        self._stop()
+        self._shutdown()
 
-    def _stop(self) -> None:
+    def _shutdown(self) -> None:
+        self._stop.set()
         if self._coordinator is not None:
             with contextlib.suppress(Exception):
                 self._coordinator.stop()
@@ -197,9 +281,9 @@ class ClusterLock:
 
 
 @contextlib.contextmanager
-def holding(url: str, cluster: str, wait: float = 0.0) -> Iterator[ClusterLock]:
+def holding(url: str, cluster: str, wait: float = 0.0, ttl: float = DEFAULT_TTL) -> Iterator[ClusterLock]:
     """The cluster's lock for the duration of a ``with`` block."""
-    lock = ClusterLock(url, cluster)
+    lock = ClusterLock(url, cluster, ttl=ttl)
     lock.acquire(wait)
     try:
         yield lock

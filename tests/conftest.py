@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.etcd_support import etcd  # noqa: F401  (a real etcd on loopback, see tests/etcd_support.py)
 from tests.lab_support import lab2  # noqa: F401  (the real-libvirt lab fixture, see tests/lab_support.py)
 from vcsched.model import Host, Instance, Job
 

@@ -43,7 +43,7 @@ def cluster_of(lab: Lab) -> Cluster:
     return cluster_from_dict(tomllib.loads(lab.cluster_file.read_text()))
 
 
-def request(d: Path, name: str, vms: int, cores: float) -> Path:
+def request_file(d: Path, name: str, vms: int, cores: float) -> Path:
     p = d / f"{name}.toml"
     p.write_text(f'name = "{name}"\nvms = {vms}\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = {cores}\n')
     return p
@@ -76,11 +76,12 @@ def test_admission_after_adapt_places_onto_a_full_host(lab2: Lab, tmp_path: Path
     vms = [f"{a}-0", f"{a}-1", f"{b}-0", f"{b}-1", f"{c}-0"]
     try:
         for name, n, cores in ((a, 2, 0.7), (b, 2, 0.45)):
-            r = run("place", request(tmp_path, name, n, cores), "--cluster", lab2.cluster_file, "--apply", "--json")
+            req = request_file(tmp_path, name, n, cores)
+            r = run("place", req, "--cluster", lab2.cluster_file, "--apply", "--json")
             assert r.exit_code == 0, r.output
         r = run("adapt", "--cluster", lab2.cluster_file, "--budget", "0", "--set-need", f"{b}-0=0.2", "--apply")
         assert r.exit_code == 0, r.output
-        r = run("place", request(tmp_path, c, 1, 0.2), "--cluster", lab2.cluster_file, "--apply", "--json")
+        r = run("place", request_file(tmp_path, c, 1, 0.2), "--cluster", lab2.cluster_file, "--apply", "--json")
         assert r.exit_code == 0, r.output
         assert json.loads(r.stdout)["applied"]["ok"]
         assert over_committed(lab2) == []
@@ -138,7 +139,7 @@ def test_a_host_down_is_reported_planned_around_and_repaired_keeping_its_guests(
         assert r.exit_code == 0, r.output
         hosts = {h["name"]: h for h in json.loads(r.stdout)["hosts"]}
         assert hosts["h2"]["down"] and hosts["h0"]["down"] is None and time.monotonic() - start < 30
-        r = run("place", request(tmp_path, "dn", 3, 0.2), "--cluster", lab3.cluster_file, "--json")
+        r = run("place", request_file(tmp_path, "dn", 3, 0.2), "--cluster", lab3.cluster_file, "--json")
         assert r.exit_code == 0, r.output
         assert {p["host"] for p in json.loads(r.stdout)["plan"]["predicted"]["per_vm"].values()} <= {"h0", "h1"}
     finally:
@@ -154,14 +155,17 @@ def test_a_host_down_is_reported_planned_around_and_repaired_keeping_its_guests(
     destroy_everywhere(lab3, guest)
 
 
-def test_two_operators_placing_at_once_never_over_commit_a_host(lab3: Lab, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["file", "etcd"])
+def test_two_operators_placing_at_once_never_over_commit_a_host(lab3: Lab, tmp_path: Path, backend: str,
+                                                                request: pytest.FixtureRequest) -> None:
     """20 trials of two `place --apply` started together: each request alone would take a whole 1-core host
-    at 0.6 cores, so without the lock both land on the same empty host (1.2 cores of caps)."""
-    lock_dir = tmp_path / "locks"
-    env = {**os.environ, "VCSCHED_COORDINATION": f"file://{lock_dir}"}
+    at 0.6 cores, so without the lock both land on the same empty host (1.2 cores of caps).  Each command
+    is its own process, so each has its own member id (user@host:pid)."""
+    url = request.getfixturevalue("etcd").url if backend == "etcd" else f"file://{tmp_path / 'locks'}"
+    env = {**os.environ, "VCSCHED_COORDINATION": url}
     for trial in range(20):
         names = [f"r{trial}x{uuid.uuid4().hex[:4]}" for _ in range(2)]
-        procs = [subprocess.Popen([sys.executable, "-m", "cli.main", "place", str(request(tmp_path, n, 1, 0.6)),
+        procs = [subprocess.Popen([sys.executable, "-m", "cli.main", "place", str(request_file(tmp_path, n, 1, 0.6)),
                                    "--cluster", str(lab3.cluster_file), "--apply", "--wait", "120"],
                                   cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for n in names]

@@ -5,6 +5,7 @@ Format (TOML, written by ``vcsched lab up`` or by hand; docs/operations.md)::
     name = "lab"                 # cluster name
     min_yield = 0.0              # optional floor on the whole cluster's minimum yield
     coordination = "etcd3+http://10.0.0.5:2379"   # optional: where the cluster lock lives (tooz URL)
+    lock_ttl = 10                # optional: seconds a dead holder keeps the lock (etcd lease)
     [guest]                      # optional default guest boot for requests without a template
     kernel = "/path/vmlinuz"
     initrd = "/path/initrd.gz"
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vcsched.errors import InputError
-from vcsched.formats.fields import check_fields, check_fraction, check_name, check_string
+from vcsched.formats.fields import check_fields, check_fraction, check_name, check_number, check_string
 from vcsched.formats.units import parse_size
 
 #: URI schemes of libvirt drivers vcsched knows how to cap (``test`` only for inventory tests).
@@ -66,6 +67,7 @@ class Cluster:
     min_yield: float = 0.0
     guest: GuestDefaults | None = None
     coordination: str | None = None  # tooz URL of the cluster lock; None: the default (docs/operations.md)
+    lock_ttl: float | None = None  # seconds; None: the default
 
     def host(self, name: str) -> ClusterHost:
         for h in self.hosts:
@@ -111,8 +113,8 @@ def _guest_from_dict(d: Any) -> GuestDefaults:
 
 def cluster_from_dict(d: Any) -> Cluster:
     """Validate a decoded cluster file; every error names the field and the value."""
-    d = check_fields("cluster", d, {"name", "min_yield", "guest", "hosts", "coordination"}, {"name", "hosts"},
-                     kind="table")
+    d = check_fields("cluster", d, {"name", "min_yield", "guest", "hosts", "coordination", "lock_ttl"},
+                     {"name", "hosts"}, kind="table")
     name = check_name("name", d["name"])
     hosts_raw = d["hosts"]
     if not isinstance(hosts_raw, list) or not hosts_raw:
@@ -130,7 +132,8 @@ def cluster_from_dict(d: Any) -> Cluster:
     min_yield = check_fraction("min_yield", d.get("min_yield", 0.0))
     guest = _guest_from_dict(d["guest"]) if "guest" in d else None
     coordination = check_coordination_url("coordination", d["coordination"]) if "coordination" in d else None
-    return Cluster(name, hosts, min_yield, guest, coordination)
+    lock_ttl = check_number("lock_ttl", d["lock_ttl"], low=1.0, low_open=False) if "lock_ttl" in d else None
+    return Cluster(name, hosts, min_yield, guest, coordination, lock_ttl)
 
 
 #: tooz backends vcsched is tested against; the others tooz knows are accepted as untested (docs/operations.md).
