@@ -96,3 +96,32 @@ def test_the_cli_writes_the_report_records_and_plots(tmp_path: Path, monkeypatch
     assert (tmp_path / "report.md").exists() and (tmp_path / "records.json").exists()
     pytest.importorskip("matplotlib", reason="matplotlib (the 'plot' extra) is not installed")
     assert (tmp_path / "policies.png").exists() and (tmp_path / "policies_placement.png").exists()
+
+
+# --- the policies' rows of `vcsched bench` ---------------------------------------------------------------
+
+
+def test_bench_rows_say_whether_each_target_is_met() -> None:
+    from vcsched.policies.bench import BenchRow, target_text, within_target
+
+    assert within_target(BenchRow("cluster", "pf", 0.9, 1.0, 0, 0, "")) is True
+    assert within_target(BenchRow("tenants", "hdrf", 0.6, 0.7, 0, 0, "")) is False
+    assert within_target(BenchRow("cluster", "yield", 0.6, 0.7, 0, 0, "")) is None
+    assert target_text(BenchRow("cluster", "drf (weighted)", 0.2, 0.3, 0, 0, "")) == "MISSED (<= 0.1 s)"
+
+
+def test_vcsched_bench_times_the_policies(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vcsched.policies.bench as B
+    from cli.main import cli
+
+    monkeypatch.setattr(B, "CASES", {"cluster": lambda: B.cluster_case(hosts=8, vms=40, parallel=False),
+                                     "tenants": lambda: B.tenants_case(hosts=8, leaves_per_team=2, teams=2,
+                                                                       orgs=2, vms_per_job=2)})
+    r = CliRunner().invoke(cli, ["bench", "-a", "policies", "-r", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["policies"]
+    assert [(x["case"], x["policy"]) for x in rows] == [
+        ("cluster", "yield"), ("cluster", "drf"), ("cluster", "drf (weighted)"), ("cluster", "drf-pools"),
+        ("cluster", "asset"), ("cluster", "pf"), ("cluster", "alpha-fair"),
+        ("tenants", "drf"), ("tenants", "pf"), ("tenants", "hdrf")]
+    assert {x["policy"] for x in rows if x["within_target"] is None} == {"yield", "alpha-fair"}  # no target
