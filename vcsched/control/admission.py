@@ -353,7 +353,7 @@ def _admit_shared(cluster: Cluster, full: Inventory, inventory: Inventory, reque
     from vcsched.formats.instance import check_instance
     from vcsched.policies.placement import level_rates
     from vcsched.policies.registry import allocate_policy
-    from vcsched.solvers.mcb_vector import level_bound, level_yields, normalised_rates
+    from vcsched.solvers.mcb_vector import highest_level, level_bound, level_yields, normalised_rates
 
     n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
     unmanaged_mem = unmanaged_memory(inventory)
@@ -384,14 +384,9 @@ def _admit_shared(cluster: Cluster, full: Inventory, inventory: Inventory, reque
     def pinned_fits(level: float) -> bool:
         return bool(np.all(pinned_load(level) <= cap + 1e-9))
 
-    upper = level_bound(instance, rho)
-    assert upper is not None  # memory fits in total (checked above)
-    if not pinned_fits(upper):  # the pinned VMs bound the level by themselves (cf. _pinned_bound)
-        lo, hi = 0.0, upper
-        for _ in range(60):
-            mid = (lo + hi) / 2.0
-            lo, hi = (mid, hi) if pinned_fits(mid) else (lo, mid)
-        upper = lo
+    bound = level_bound(instance, rho)
+    assert bound is not None  # memory fits in total (checked above)
+    upper = highest_level(pinned_fits, bound)  # the pinned VMs may bound the level by themselves (cf. _pinned_bound)
     mem_load = np.bincount(old_hosts, weights=instance.task_mem[:n_old], minlength=instance.n_hosts)
     plain = Job(new.name, new.cpu_need, new.memory, new.tasks, new.needs)  # the sub-instance has no tenants
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -47,6 +46,7 @@ import numpy as np
 from vcsched.errors import VcschedError
 from vcsched.experiments import OnProgress
 from vcsched.experiments.generate import GeneratorSpec, generate, truncated_normal
+from vcsched.experiments.workers import map_items
 from vcsched.model import Host, Instance, Job, SolveOptions, Tenant
 
 #: The extra fluid resources: (mean, coefficient of variation) of a job's per-VM need; host capacity 1.
@@ -221,25 +221,7 @@ def run_item(item: PolicyItem) -> list[PolicyRecord]:
 def run_items(items: Sequence[PolicyItem], jobs: int = 1,
               on_progress: OnProgress | None = None) -> Iterator[list[PolicyRecord]]:
     """:func:`run_item` on each item, in ``jobs`` worker processes; ``on_progress`` is called in this process."""
-    total = len(items)
-
-    def progress(done: int) -> None:
-        if on_progress is not None:
-            on_progress(done, total, "instances")
-
-    progress(0)
-    if jobs == 1:
-        for done, item in enumerate(items, 1):
-            records = run_item(item)
-            progress(done)
-            yield records
-        return
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_item, item) for item in items]
-        for done, fut in enumerate(as_completed(futures), 1):
-            records = fut.result()
-            progress(done)
-            yield records
+    return map_items(run_item, items, jobs, on_progress)
 
 
 # ---------------------------------------------------------------------------------------------- tables

@@ -203,10 +203,15 @@ def level_bound(instance: Instance, rates: np.ndarray) -> float | None:
     def fits(level: float) -> bool:
         return bool(np.all(level_yields(rates, level) @ demand <= total * (1 + 1e-12)))
 
+    return highest_level(fits, top)
+
+
+def highest_level(fits: Callable[[float], bool], top: float) -> float:
+    """The highest level in ``[0, top]`` at which the monotone ``fits`` holds, to machine precision."""
     if fits(top):
         return top
     lo, hi = 0.0, top
-    for _ in range(100):  # bisection to machine precision: the load is piecewise linear in the level
+    for _ in range(100):  # loads are piecewise linear in the level: bisect until the interval stops shrinking
         mid = (lo + hi) / 2.0
         if mid in (lo, hi):
             break
