@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json, err_console, read_json_file
-from cli.common import lock_options, machine_info, progress_bar
+from cli.common import lock_options, machine_info, policy_options, progress_bar
 from cli.solve import render_result, result_to_dict
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult, problem_from_dict
 from vcsched.adaptation.problem import parse_budget as parse_bytes
@@ -311,11 +311,13 @@ def render_moves(live: LiveAdaptation) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (result, plan, apply report).")
 @click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="S",
               help="Wall-clock limit in seconds for milp.")
+@policy_options()
 @lock_options()
 def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], depart: tuple[str, ...],
               changes_file: str | None,
               algorithm: str, parallel: int, output: str | None, do_apply: bool, as_json: bool,
-              time_limit: float | None, wait: float, coordination: str | None, lock_ttl: float | None) -> int:
+              time_limit: float | None, policy: str | None, alpha: float | None, wait: float,
+              coordination: str | None, lock_ttl: float | None) -> int:
     """Re-balance a running cluster: re-cap every managed VM and live-migrate a few, within --budget bytes.
 
     \b
@@ -335,6 +337,11 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
       vcsched adapt --budget 1GiB --depart batch   batch leaves; the rest grow
       vcsched adapt --budget 2GiB -o plan.json && vcsched apply plan.json
       vcsched adapt --budget 2GiB --apply
+
+    Under a sharing policy (--policy, else the cluster file's policy = "...")
+    or when VMs need disk or network bandwidth, the byte-budgeted search
+    places on CPU and memory and the policy then allocates every resource on
+    that placement (docs/policies.md).
 
     Applying is idempotent and stops at the first failure with every VM
     running (a failed migration leaves its VM on the source); run it again to
@@ -356,12 +363,16 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     needs = {**changes.needs, **flags}
     departing = tuple(dict.fromkeys(changes.depart + depart))
     cluster = load_cluster(cluster_file)
+    from vcsched.control.sharing import sharing_for
+
+    sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
     locked = cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply)
     with locked as lock, LibvirtHypervisor(cluster) as hv:
         inventory = hv.inventory()
         try:
             live = adapt_inventory(cluster.name, inventory, budget, needs=needs, depart=departing, algorithm=algorithm,
-                                   parallel=parallel, options=SolveOptions(time_limit=time_limit))
+                                   parallel=parallel, options=SolveOptions(time_limit=time_limit), cluster=cluster,
+                                   sharing=sharing)
         except MigrationBlocked as exc:
             if as_json:
                 emit_json({"feasible": False, "reason": str(exc)})
@@ -369,6 +380,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
                 console.print(f"[red]no safe plan[/]: {exc}")
             return EXIT_UNSATISFIED
         out: dict[str, Any] = adapt_result_to_dict(live.problem, live.adapted)
+        out["policy"] = sharing.policy
         if live.plan is None:
             if as_json:
                 emit_json(out)

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -26,6 +26,7 @@ from vcsched.experiments.bench import (
     BENCH_SEED,
     BENCH_SLACK,
     DEFAULT_CASES,
+    POLICIES_PREFIX,
     STARTUP_CASE,
     STARTUP_PREFIX,
     BenchCase,
@@ -37,6 +38,9 @@ from vcsched.experiments.bench import (
 from vcsched.experiments.generate import generate
 from vcsched.formats.instance import instance_to_dict
 from vcsched.solvers.registry import algorithms as registered
+
+if TYPE_CHECKING:
+    from vcsched.policies.bench import BenchRow as PolicyBenchRow
 
 
 def vcsched_command() -> list[str]:
@@ -63,7 +67,8 @@ def time_startup(repeat: int, on_progress: OnProgress | None = None) -> list[Tim
 
 
 def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: int, info: MachineInfo,
-                   time_limit: float = 60.0, startup: Sequence[Timing] = ()) -> str:
+                   time_limit: float = 60.0, startup: Sequence[Timing] = (),
+                   policy_rows: Sequence[PolicyBenchRow] = ()) -> str:
     lines = [
         "# vcsched bench", "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {info.summary()}.", "",
@@ -96,6 +101,15 @@ def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: 
                   f"{repeat} run(s) of the `vcsched` script by `subprocess.run`, after one untimed run.", "",
                   "| row | median |", "| --- | --- |"]
         lines += [f"| {t.algorithm} | {_cell(t, {})} |" for t in startup]
+    if policy_rows:
+        from vcsched.policies.bench import markdown as policy_markdown
+
+        lines += ["", "## Sharing policies", "",
+                  "Each policy on a fixed placement (docs/policies.md §7): `cluster` = the protocol's parallel jobs "
+                  "at 1,000 hosts x 10,000 VMs plus disk and net, placed by MCB8 on the resource vector; "
+                  "`sequential` = 10,000 one-VM jobs; `tenants` = 100 jobs of 100 VMs under a 3-level tree. "
+                  f"Best of {repeat} run(s): the policy's own time and the whole `allocate_policy` call.", "",
+                  policy_markdown(list(policy_rows))]
     return "\n".join(lines) + "\n"
 
 
@@ -125,6 +139,24 @@ def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> Table:
     return table
 
 
+def _policy_table(rows: Sequence[PolicyBenchRow]) -> Table:
+    from vcsched.policies.bench import target_text
+
+    table = Table(title="sharing policies on a fixed placement (best time, s)")
+    for col in ("case", "policy", "policy", "allocate_policy", "target", "min yield", "mean yield"):
+        table.add_column(col, justify="left" if col in ("case", "target") or col == "policy" else "right")
+    for r in rows:
+        table.add_row(r.case, r.policy, f"{r.policy_s:.3f}", f"{r.total_s:.3f}", target_text(r),
+                      f"{r.min_yield:.4f}", f"{r.mean_yield:.4f}")
+    return table
+
+
+def _within(row: PolicyBenchRow) -> bool | None:
+    from vcsched.policies.bench import within_target
+
+    return within_target(row)
+
+
 def _startup_table(startup: Sequence[Timing]) -> Table:
     table = Table(title="whole-process wall time (s)")
     table.add_column("row")
@@ -139,7 +171,8 @@ def _startup_table(startup: Sequence[Timing]) -> Table:
               help="Runs per algorithm and size; the median is reported.")
 @click.option("-a", "--algorithms", "algorithms_opt", default=None, metavar="A,B,...",
               help="Only these algorithms; 'adapt' for the adaptation heuristic's rows, 'cli' for the "
-                   "whole-process start-up rows.  [default: all registered, adapt and cli]")
+                   "whole-process start-up rows, 'policies' for the sharing policies' rows.  "
+                   "[default: all registered, adapt, cli and policies]")
 @click.option("--sizes", default=",".join(c.name for c in DEFAULT_CASES), show_default=True, metavar="HxJ,...",
               help="Instance sizes as HOSTSxTASKS.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="FILE.md",
@@ -156,6 +189,10 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     validator.  Slow algorithms are skipped above a size, with the reason in
     the table: milp only at 12 tasks, rrnd/rrnz/gb/sgb up to 500 tasks.
 
+    The 'policies' rows time every sharing policy on fixed placements of
+    1,000 hosts x 10,000 VMs x 3 resources (docs/policies.md §7), best of
+    REPEAT, against its target (DRF 0.1 s, PF 1 s, H-DRF 0.5 s).
+
     The 'cli' rows time vcsched itself from start to exit, as a user waits
     for it: `vcsched --help`, and `vcsched solve` of the 64x500 instance
     (whatever --sizes says), REPEAT runs each after an untimed one.
@@ -170,23 +207,29 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     """
     cases = parse_cases(sizes)
     known = registered()
-    names = [*sorted(known), ADAPT_PREFIX, STARTUP_PREFIX] if algorithms_opt is None else \
+    pseudo = (ADAPT_PREFIX, STARTUP_PREFIX, POLICIES_PREFIX)
+    names = [*sorted(known), *pseudo] if algorithms_opt is None else \
         [n.strip() for n in algorithms_opt.split(",") if n.strip()]
     for n in names:
-        if n not in known and n not in (ADAPT_PREFIX, STARTUP_PREFIX):
+        if n not in known and n not in pseudo:
             raise InputError(f"--algorithms: unknown algorithm {n!r} (known: {', '.join(sorted(known))}, "
-                             f"{ADAPT_PREFIX}, {STARTUP_PREFIX})")
-    do_adapt, do_startup = ADAPT_PREFIX in names, STARTUP_PREFIX in names
-    names = [n for n in names if n not in (ADAPT_PREFIX, STARTUP_PREFIX)]
+                             f"{', '.join(pseudo)})")
+    do_adapt, do_startup, do_policies = (p in names for p in pseudo)
+    names = [n for n in names if n not in pseudo]
     info = machine_info()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with progress_bar(*columns, console=err_console, transient=True) as on_progress:
         timings = run_bench(cases, names, repeat=repeat, time_limit=time_limit, adapt=do_adapt,
                             on_progress=on_progress)
         startup = time_startup(repeat, on_progress) if do_startup else []
+        policy_rows: list[PolicyBenchRow] = []
+        if do_policies:
+            from vcsched.policies.bench import bench as bench_policies
+
+            policy_rows = bench_policies(repeat, on_progress)
     if output is not None:
         try:
-            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit, startup))
+            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit, startup, policy_rows))
         except OSError as exc:
             raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
     if as_json:
@@ -195,6 +238,7 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             "timings": [{"algorithm": t.algorithm, "size": t.case, "median_s": t.median_s, "runs_s": list(t.runs_s),
                          "feasible": t.feasible, "min_yield": t.min_yield, "skipped": t.skipped} for t in timings],
             "startup": [{"row": t.algorithm, "median_s": t.median_s, "runs_s": list(t.runs_s)} for t in startup],
+            "policies": [vars(r) | {"within_target": _within(r)} for r in policy_rows],
         }
         emit_json(doc)
     else:
@@ -203,6 +247,8 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             console.print(_table(timings, cases))
         if startup:
             console.print(_startup_table(startup))
+        if policy_rows:
+            console.print(_policy_table(policy_rows))
         if output:
             console.print(f"wrote {output}", highlight=False)
     return EXIT_OK

@@ -100,6 +100,17 @@ def load_request(path: str) -> Request:
                                image=resolved("image", request.image))
 
 
+def policy_options() -> Callable[[Any], Any]:
+    """``--policy`` and ``--alpha``: the sharing policy that overrides the cluster file's ``policy``."""
+    def deco(f: Any) -> Any:
+        f = click.option("--alpha", type=float, default=None, metavar="A",
+                         help="The exponent of policy alpha-fair, in (0, 100] (1 is pf).")(f)
+        return click.option("--policy", default=None, metavar="NAME",
+                            help="Sharing policy: yield, drf, drf-pools, asset, pf, alpha-fair, hdrf "
+                                 "(docs/policies.md).  Default: the cluster file's policy, else yield.")(f)
+    return deco
+
+
 def cluster_option() -> Callable[[Any], Any]:
     return click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), default=None,
                         metavar="FILE", help=CLUSTER_HELP)
@@ -114,8 +125,17 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
     from vcsched.formats.units import format_size
     from vcsched.plans.steps import CreateStep, RemoveStep
 
+    policy = plan.extra.get("policy")
     console.print(f"  predicted minimum yield [bold]{plan.min_yield:.4f}[/], average yield "
-                  f"[bold]{plan.avg_yield:.4f}[/] over the whole cluster")
+                  f"[bold]{plan.avg_yield:.4f}[/] over the whole cluster"
+                  + (f" (policy [bold]{policy}[/])" if policy else ""))
+    io = sorted({r for p in plan.per_vm.values() for r, _ in p.io_bytes_sec})
+    if io:
+        from vcsched.formats.units import format_size
+
+        console.print("  predicted disk/network per VM: " + "; ".join(
+            f"{vm} " + ", ".join(f"{r} {format_size(v)}/s" for r, v in p.io_bytes_sec)
+            for vm, p in sorted(plan.per_vm.items()) if p.io_bytes_sec), highlight=False)
     if not plan.steps:
         console.print("  nothing to do: every VM already has its cap")
         return

@@ -122,8 +122,20 @@ def write_plots(records: list[Record], names: list[str], out_dir: Path) -> list[
     return written
 
 
+def _task_counts(tasks_opt: str | None) -> list[int] | None:
+    if tasks_opt is None:
+        return None
+    try:
+        tasks = [int(t) for t in tasks_opt.split(",") if t.strip()]
+    except ValueError:
+        raise InputError(f"--tasks: {tasks_opt!r} is not a comma-separated list of whole numbers") from None
+    if not tasks or min(tasks) < 1:
+        raise InputError(f"--tasks: {tasks_opt!r} must name at least one task count >= 1")
+    return tasks
+
+
 @click.command("experiment")
-@click.argument("set_name", metavar="SET", type=click.Choice((*SETS, "adapt")))
+@click.argument("set_name", metavar="SET", type=click.Choice((*SETS, "adapt", "policies")))
 @click.option("-n", "--instances", type=click.IntRange(min=1), default=None,
               help="Instances per family (paper: 10 for small, 100 for large and parallel).  [default: the paper's]")
 @click.option("-a", "--algorithms", "algorithms_opt", default=None, metavar="A,B,...",
@@ -157,6 +169,9 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
       parallel  as large, jobs of 1..64 tasks (Lublin-Feitelson)
       adapt     yield vs migration budget over arrival/departure traces
                 (section 6.1; -n traces per budget, default 5; see cli/adapt.py)
+      policies  every sharing policy (docs/policies.md) on the same instances:
+                64 hosts, --tasks 100,250 VMs in parallel jobs, plus disk and
+                net; -n instances per family, default 3
     Families: slack 0.1..0.9 x cv_mem x cv_cpu in {0.25, 0.75}.
 
     Every instance is generated from its own seed, solved by every algorithm
@@ -178,17 +193,16 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
         from cli.adapt import adapt_experiment
 
         return adapt_experiment(instances, output, time_limit, seed, jobs, as_json)
+    if set_name == "policies":  # its own machinery, in cli/policy_experiment.py
+        from cli.policy_experiment import policies_experiment
+
+        return policies_experiment(instances, output, seed, jobs, _task_counts(tasks_opt), as_json)
     names = parse_names(algorithms_opt, "--algorithms") or default_algorithms(set_name)
     excluded = parse_names(exclude, "--exclude") or []
     names = [n for n in names if n not in excluded]
     if not names:
         raise InputError("--algorithms: nothing left to run after --exclude")
-    tasks = None
-    if tasks_opt is not None:
-        try:
-            tasks = [int(t) for t in tasks_opt.split(",") if t.strip()]
-        except ValueError:
-            raise InputError(f"--tasks: {tasks_opt!r} is not a comma-separated list of whole numbers") from None
+    tasks = _task_counts(tasks_opt)
     n_instances = instances or PAPER_INSTANCES[set_name]
     jobs = jobs or os.cpu_count() or 1
     items = work_items(set_name, n_instances, names, seed=seed, time_limit=time_limit, tasks=tasks)

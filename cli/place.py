@@ -14,6 +14,7 @@ from cli.common import (
     load_cluster,
     load_request,
     lock_options,
+    policy_options,
     render_plan,
     render_report,
     run_apply,
@@ -50,9 +51,11 @@ def render_decision(request: Request, decision: Decision, inventory: Inventory) 
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (decision, plan, apply report).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed for randomized algorithms.")
+@policy_options()
 @lock_options()
 def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, output: str | None, do_apply: bool,
-              as_json: bool, seed: int, wait: float, coordination: str | None, lock_ttl: float | None) -> int:
+              as_json: bool, seed: int, policy: str | None, alpha: float | None, wait: float,
+              coordination: str | None, lock_ttl: float | None) -> int:
     """Decide whether a virtual cluster fits, and how: print the admission decision and the plan.
 
     \b
@@ -65,6 +68,13 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                             or cpu_cores = 0.5 (cores) - exactly one of the two
       template = "vm.xml"   optional domain XML (else the cluster's [guest] boot), or image = "disk.qcow2"
       min_yield = 0.3       optional: refuse if anyone's yield would fall below it
+      disk_bps = "20MiB"    optional: disk bytes/s a VM uses alone; net_bps likewise (hosts
+                            declare theirs in the cluster file: disk_bps, net_bps)
+      weight = 2.0          optional weight (drf, pf, hdrf); tenant = "ads" its [[tenants]] leaf (hdrf)
+
+    Under a sharing policy (--policy, else the cluster file's policy = "...";
+    docs/policies.md) the yields are the policy's, over CPU and every extra
+    resource; min_yield floors stay promises in yield.
 
     Running VMs stay on their hosts; the new VMs go where the algorithm finds
     the highest minimum yield for the whole cluster, then spare CPU is shared
@@ -84,10 +94,13 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                                  param_hint="'--algorithm'")
     cluster = load_cluster(cluster_file)
     request = load_request(request_file)
+    from vcsched.control.sharing import sharing_for
+
+    sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
     locked = cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply)
     with locked as lock, LibvirtHypervisor(cluster) as hv:
         inventory = hv.inventory()
-        decision = admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed))
+        decision = admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing)
         report = None
         if decision.plan is not None:
             if output:
@@ -100,7 +113,8 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                     render_decision(request, decision, inventory)
                 report = run_apply(hv, decision.plan, force=False, quiet=as_json, lock=lock)
     if as_json:
-        emit_json({"admitted": decision.admitted, "reason": decision.reason, "min_yield": decision.min_yield,
+        emit_json({"admitted": decision.admitted, "reason": decision.reason, "policy": sharing.policy,
+                   "min_yield": decision.min_yield,
                    "avg_yield": decision.avg_yield,
                    "plan": decision.plan.to_dict() if decision.plan else None,
                    "applied": report.to_dict() if report else None})

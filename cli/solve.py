@@ -141,11 +141,13 @@ def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
     tasks all get the same CPU fraction.  Every placing algorithm is followed
     by the optimal average-yield phase.
 
-    With --policy the placement is kept and the yields are chosen by a
-    sharing policy; hosts may then list extra fluid resources ("capacity":
-    {"disk": 1.0}) and jobs their "needs", "weight" and "tenant" (see
-    docs/policies.md).  An instance with extra resources always gets them
-    honoured (policy yield unless told otherwise).
+    With --policy the jobs are placed for that sharing policy and the yields
+    are chosen by it (yield, drf and asset: MCB bisects on the policy's fill
+    level; the others: placed for the max-min yield, then allocated by the
+    policy).  Hosts may list extra fluid resources ("capacity": {"disk": 1.0})
+    and jobs their "needs", "weight" and "tenant" (see docs/policies.md).  An
+    instance with extra resources is placed on the whole resource vector and
+    always gets them honoured (policy yield unless told otherwise).
 
     Exit codes: 0 placement found, 1 none found (the result is still printed), 2 bad input.
     """
@@ -159,15 +161,17 @@ def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
 
         check_options(get(policy or "yield"), PolicyOptions(alpha=alpha))  # fail before placing
     instance = instance_from_dict(read_json_file(instance_file, "instance"))
-    result = solve(instance, algorithm, SolveOptions(seed=seed, time_limit=time_limit, max_attempts=max_attempts,
-                                                      precision=precision))
+    options = SolveOptions(seed=seed, time_limit=time_limit, max_attempts=max_attempts, precision=precision)
     with_policy = policy is not None or instance.has_extra_resources
     palloc = None
-    if with_policy:
+    if with_policy and not algos[algorithm].bound_only:
         from vcsched.policies import PolicyOptions
-        from vcsched.policies.placed import reallocate
+        from vcsched.policies.placement import place_policy
 
-        result, palloc = reallocate(instance, result, policy or "yield", PolicyOptions(alpha=alpha))
+        placed = place_policy(instance, policy or "yield", algorithm, options, PolicyOptions(alpha=alpha))
+        result, palloc = placed.result, placed.allocation
+    else:
+        result = solve(instance, algorithm, options)
     if result.allocation is not None:
         check_allocation(instance, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
     if as_json:

@@ -8,10 +8,12 @@ import click
 from rich.table import Table
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json
-from cli.common import cluster_option, load_cluster
+from cli.common import cluster_option, load_cluster, policy_options
 from hypervisor.base import measure_cores
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.inventory import Inventory, VmState
+from vcsched.control.sharing import Sharing, sharing_for
+from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
 
 
@@ -24,7 +26,51 @@ def predicted_yield(vm: VmState) -> float | None:
     return min(1.0, vm.cap_cores / vm.meta.cpu_need_cores)
 
 
-def status_dict(inv: Inventory, measured: dict[str, float | None], seconds: float) -> dict[str, Any]:
+def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing) -> list[dict[str, Any]]:
+    """Each running virtual cluster's yield (its VMs' lowest cap / need), weight, tenant and dominant share.
+
+    The dominant share is the yield times the job's share per unit of yield
+    (docs/policies.md §2): on cluster totals, its dominant resource; under
+    ``drf-pools``, on its most loaded (host, resource) pair.
+    """
+    import numpy as np
+
+    from vcsched.control.admission import existing_jobs, model_hosts
+    from vcsched.control.sharing import check_vms, host_capacities, needed_resources, references
+    from vcsched.model import Instance
+    from vcsched.policies.constraints import capacities
+    from vcsched.policies.shares import dominant_shares, pool_shares
+
+    up = inv.up()
+    managed = up.managed()
+    if not managed:
+        return []
+    check_vms(cluster, managed)
+    refs = references(cluster, up, needed_resources(v.meta for v in managed if v.meta is not None))
+    existing = existing_jobs(up, managed, refs=refs)
+    instance = Instance(model_hosts(up, host_capacities(cluster, up, refs)), existing.jobs)
+    if sharing.policy == "drf-pools":
+        caps = capacities(instance, np.asarray(existing.hosts, dtype=np.int64))
+        per_unit, where = pool_shares(caps, instance.n_jobs)
+        pools = [caps.pair_name(instance, int(p)) if p >= 0 else "-" for p in where]
+    else:
+        per_unit, where = dominant_shares(instance)
+        pools = [instance.resources[int(r)] for r in where]
+    out = []
+    for j, job in enumerate(instance.jobs):
+        vms = [v for t, v in enumerate(existing.vms) if int(instance.task_job[t]) == j]
+        y = min(predicted_yield(v) or 0.0 for v in vms)
+        meta = vms[0].meta
+        assert meta is not None
+        share = float(y * per_unit[j]) if np.isfinite(per_unit[j]) else 0.0
+        out.append({"name": job.name, "vms": len(vms), "weight": job.weight, "tenant": job.tenant,
+                    "yield": y, "dominant_share": share, "dominant_pool": pools[j], "min_yield": meta.min_yield,
+                    **{k: v for k, v in (("disk_bps", meta.disk_bps), ("net_bps", meta.net_bps)) if v is not None}})
+    return out
+
+
+def status_dict(inv: Inventory, measured: dict[str, float | None], seconds: float,
+                policy: str | None = None, clusters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     hosts = []
     for h in inv.hosts:
         on = inv.vms_on(h.name)
@@ -42,7 +88,11 @@ def status_dict(inv: Inventory, measured: dict[str, float | None], seconds: floa
         "predicted_yield": predicted_yield(v), "min_yield": v.meta.min_yield if v.meta else None,
         "measured_cores": measured.get(v.name),
     } for v in inv.vms]
-    return {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms}
+    out: dict[str, Any] = {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms}
+    if policy is not None:
+        out["policy"] = policy
+        out["virtual_clusters"] = clusters or []
+    return out
 
 
 def _num(x: float | None, fmt: str = "{:.3f}") -> str:
@@ -83,6 +133,26 @@ def render_status(doc: dict[str, Any]) -> None:
                    _num(v["cpu_need_cores"]), _num(v["cap_cores"]), _num(v["measured_cores"]), shown,
                    _num(floor, "{:g}"))
     console.print(vt)
+    if "policy" in doc:
+        render_virtual_clusters(doc)
+
+
+def render_virtual_clusters(doc: dict[str, Any]) -> None:
+    vcs = doc["virtual_clusters"]
+    if not vcs:
+        console.print(f"policy in force: [bold]{doc['policy']}[/]; no virtual cluster runs")
+        return
+    pools = "pool (host:resource)" if doc["policy"] == "drf-pools" else "dominant resource"
+    table = Table(title=f"virtual clusters under policy {doc['policy']} (yield = the lowest cap / need of its VMs; "
+                        "dominant share = yield x its share of the cluster per unit of yield)")
+    for col in ("virtual cluster", "VMs", "weight", "tenant", "yield", "dominant share", pools, "floor"):
+        table.add_column(col, justify="left" if col in ("virtual cluster", "tenant", pools) else "right")
+    for vc in vcs:
+        y, floor = vc["yield"], vc["min_yield"]
+        shown = f"{y:.3f}" if floor is None or y >= floor - 1e-9 else f"[red]{y:.3f}[/]"
+        table.add_row(vc["name"], str(vc["vms"]), f"{vc['weight']:g}", vc["tenant"] or "-", shown,
+                      f"{vc['dominant_share']:.4f}", vc["dominant_pool"], _num(floor, "{:g}"))
+    console.print(table)
 
 
 @click.command("status")
@@ -90,7 +160,9 @@ def render_status(doc: dict[str, Any]) -> None:
 @click.option("--sample", "seconds", type=FiniteFloatRange(0, 60), default=2.0, show_default=True, metavar="S",
               help="Measure each VM's CPU use over S seconds (two CPU-time samples); 0 skips measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def status_cmd(cluster_file: str | None, seconds: float, as_json: bool) -> int:
+@policy_options()
+def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: str | None,
+               alpha: float | None) -> int:
     """Show every host and VM of the cluster: caps, predicted yields and measured CPU.
 
     \b
@@ -102,11 +174,16 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool) -> int:
 
     A VM busy at its cap shows measured close to cap; one that idles shows less.
 
+    For each virtual cluster: the policy in force (--policy, else the cluster
+    file's policy, else yield), its yield, weight, tenant, dominant share and
+    dominant resource (under drf-pools: its most loaded host:resource pair).
+
     A host that does not answer is shown as down, with libvirt's reason; the
     others are shown as usual.  Exit codes: 0 shown (even with hosts down),
     1 every host is down, 2 bad input.
     """
     cluster = load_cluster(cluster_file)
+    sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
     with LibvirtHypervisor(cluster) as hv:
         inv = hv.inventory()
         measured: dict[str, float | None] = {}
@@ -116,7 +193,7 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool) -> int:
             else:
                 with console.status(f"measuring CPU use over {seconds:g} s ..."):
                     measured = measure_cores(hv, inv.vms, seconds)
-    doc = status_dict(inv, measured, seconds)
+    doc = status_dict(inv, measured, seconds, sharing.policy, virtual_clusters(cluster, inv, sharing))
     if as_json:
         emit_json(doc)
     else:

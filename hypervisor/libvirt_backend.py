@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -61,8 +62,15 @@ def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
     """
     tag = "vm" if bare else f'{METADATA_PREFIX}:vm xmlns:{METADATA_PREFIX}="{METADATA_NS}"'
     floor = "" if meta.min_yield is None else f' min_yield="{meta.min_yield!r}"'
+    # The multi-resource attributes only when set, so a CPU-only VM's metadata reads as it always did.
+    extra = "".join(f' {k}="{v}"' for k, v in (("disk_bps", meta.disk_bps), ("net_bps", meta.net_bps))
+                    if v is not None)
+    if meta.weight != 1.0:
+        extra += f' weight="{meta.weight!r}"'
+    if meta.tenant is not None:
+        extra += f" tenant={quoteattr(meta.tenant)}"
     return (f'<{tag} cluster={quoteattr(meta.cluster)} cpu_need_cores="{meta.cpu_need_cores!r}" '
-            f'memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"{floor}/>')
+            f'memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"{floor}{extra}/>')
 
 
 def parse_metadata(xml: str) -> VmMeta | None:
@@ -74,8 +82,12 @@ def parse_metadata(xml: str) -> VmMeta | None:
     try:
         el = ET.fromstring(xml)
         floor = float(el.attrib["min_yield"]) if "min_yield" in el.attrib else None
+        io = {k: int(el.attrib[k]) if k in el.attrib else None for k in ("disk_bps", "net_bps")}
+        weight = float(el.attrib.get("weight", "1.0"))
+        if not (weight > 0 and math.isfinite(weight)) or any(v is not None and v < 0 for v in io.values()):
+            return None
         return VmMeta(el.attrib["cluster"], float(el.attrib["cpu_need_cores"]), int(el.attrib["memory_bytes"]),
-                      int(el.attrib["vcpus"]), floor)
+                      int(el.attrib["vcpus"]), floor, io["disk_bps"], io["net_bps"], weight, el.attrib.get("tenant"))
     except (ET.ParseError, KeyError, ValueError):
         return None
 
@@ -87,7 +99,7 @@ def domain_xml(step: CreateStep, partition: str | None) -> str:
     serial fails on a host whose /var/log/libvirt/qemu does not exist yet
     (measured on a fresh lab host), and libvirt offers no way to create it.
     """
-    meta = metadata_xml(VmMeta(step.cluster, step.cpu_need_cores, step.memory_bytes, step.vcpus, step.min_yield))
+    meta = metadata_xml(step.meta())
     quota = quota_for(step.cap_cores, step.vcpus)
     if step.boot.kind == "template":
         return _from_template(step, partition, meta, quota)

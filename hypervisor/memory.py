@@ -85,7 +85,7 @@ class MemoryHypervisor:
         if step.host in self.down:
             raise HypervisorError(f"host {step.host}: does not answer ({self.down[step.host]})")
         self._check_cap(step.host, step.vm, step.vcpus, step.cap_cores)
-        meta = VmMeta(step.cluster, step.cpu_need_cores, step.memory_bytes, step.vcpus, step.min_yield)
+        meta = step.meta()
         self._add(VmState(step.vm, step.host, step.vcpus, step.memory_bytes, True, meta,
                           self.realised_cap(step.host, step.vcpus, step.cap_cores)))
 

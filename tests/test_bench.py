@@ -179,4 +179,4 @@ def test_cli_bench_times_vcsched_itself_start_to_exit(tmp_path: Path) -> None:
 
 def test_by_default_bench_includes_the_start_up_rows() -> None:
     r = CliRunner().invoke(cli, ["bench", "--help"])
-    assert r.exit_code == 0 and "[default: all registered, adapt and cli]" in " ".join(r.output.split())
+    assert r.exit_code == 0 and "[default: all registered, adapt, cli and policies]" in " ".join(r.output.split())

@@ -170,7 +170,7 @@ def test_bench_cases_build_valid_placed_instances_at_small_sizes() -> None:
 
 def test_bench_markdown_has_one_row_per_timing() -> None:
     text = markdown([BenchRow("cluster", "drf", 0.01, 0.02, 0.1, 0.4, "1000 hosts")])
-    assert text.splitlines()[2] == "| cluster | drf | 0.010 | 0.020 | 0.1000 | 0.4000 | 1000 hosts |"
+    assert text.splitlines()[2] == "| cluster | drf | 0.010 | 0.020 | met (<= 0.1 s) | 0.1000 | 0.4000 | 1000 hosts |"
 
 
 def test_reallocate_keeps_the_solvers_result_bit_for_bit_under_yield_and_replaces_it_otherwise() -> None:

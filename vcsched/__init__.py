@@ -11,6 +11,8 @@ The sub-packages, each named after what it holds:
   TOML), their field checks and byte sizes;
 * :mod:`vcsched.solvers` — the registry of placement algorithms (MCB1–8,
   greedy, rounding, MILP, LP bound);
+* :mod:`vcsched.policies` — multi-resource sharing policies (DRF, PF, H-DRF,
+  ...) on a placement, and placement under a policy;
 * :mod:`vcsched.adaptation` — re-placing a running cluster under a migration
   byte budget;
 * :mod:`vcsched.control` — a live cluster: inventory, admission, live adaptation;
@@ -34,6 +36,7 @@ _EXPORTS = {
     "Host": "vcsched.model",
     "Job": "vcsched.model",
     "Instance": "vcsched.model",
+    "Tenant": "vcsched.model",
     "Allocation": "vcsched.model",
     "SolveOptions": "vcsched.model",
     "SolveResult": "vcsched.model",
@@ -47,6 +50,12 @@ _EXPORTS = {
     "parse_size": "vcsched.formats.units",
     "format_size": "vcsched.formats.units",
     "solve": "vcsched.solvers.registry",
+    "PolicyOptions": "vcsched.policies.allocation",
+    "PolicyAllocation": "vcsched.policies.allocation",
+    "allocate_policy": "vcsched.policies.registry",
+    "policies": "vcsched.policies.registry",
+    "place_policy": "vcsched.policies.placement",
+    "reallocate": "vcsched.policies.placed",
     "algorithms": "vcsched.solvers.registry",
     "AdaptProblem": "vcsched.adaptation.problem",
     "solve_adapt": "vcsched.adaptation.solve",
@@ -70,13 +79,17 @@ __all__ = [
     "Inventory",
     "Job",
     "Plan",
+    "PolicyAllocation",
+    "PolicyOptions",
     "SolveOptions",
     "SolveResult",
+    "Tenant",
     "VcschedError",
     "adapt_inventory",
     "admit",
     "algorithms",
     "allocate",
+    "allocate_policy",
     "allocation_problems",
     "check_allocation",
     "cluster_from_dict",
@@ -85,7 +98,10 @@ __all__ = [
     "instance_from_dict",
     "instance_to_dict",
     "parse_size",
+    "place_policy",
     "plan_from_dict",
+    "policies",
+    "reallocate",
     "request_from_dict",
     "solve",
     "solve_adapt",
@@ -117,8 +133,12 @@ if TYPE_CHECKING:
     from vcsched.formats.instance import instance_from_dict, instance_to_dict
     from vcsched.formats.request import request_from_dict
     from vcsched.formats.units import format_size, parse_size
-    from vcsched.model import Allocation, Host, Instance, Job, SolveOptions, SolveResult
+    from vcsched.model import Allocation, Host, Instance, Job, SolveOptions, SolveResult, Tenant
     from vcsched.plans.plan import Plan, plan_from_dict
+    from vcsched.policies.allocation import PolicyAllocation, PolicyOptions
+    from vcsched.policies.placed import reallocate
+    from vcsched.policies.placement import place_policy
+    from vcsched.policies.registry import allocate_policy, policies
     from vcsched.solvers.registry import algorithms, solve
     from vcsched.validate import allocation_problems, check_allocation
     from vcsched.yields import allocate

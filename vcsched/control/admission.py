@@ -51,11 +51,12 @@ import numpy as np
 
 from vcsched.caps import min_cap, realisable_cap, same_cap
 from vcsched.control.inventory import Inventory, VmState, snapshot_hash
+from vcsched.control.sharing import Sharing, io_amounts, io_step_fields
 from vcsched.errors import InputError, VcschedError
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.request import Request
 from vcsched.formats.units import format_size
-from vcsched.model import Host, Instance, Job, SolveOptions
+from vcsched.model import Allocation, Amounts, Host, Instance, Job, SolveOptions
 from vcsched.plans.ordering import order_steps
 from vcsched.plans.plan import Plan, VmPrediction
 from vcsched.plans.steps import Boot, CreateStep, SetCapStep, Step
@@ -139,17 +140,26 @@ def unmanaged_memory(inventory: Inventory) -> defaultdict[str, int]:
     return out
 
 
-def model_hosts(inventory: Inventory) -> tuple[Host, ...]:
-    """The hosts in model units (module docstring): cores and usable memory less unmanaged domains' memory."""
+def model_hosts(inventory: Inventory, capacity: Mapping[str, Amounts] | None = None) -> tuple[Host, ...]:
+    """The hosts in model units (module docstring): cores and usable memory less unmanaged domains' memory.
+
+    ``capacity``: each host's extra fluid capacities (:func:`vcsched.control.sharing.host_capacities`).
+    """
     n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
     unmanaged_mem = unmanaged_memory(inventory)
-    return tuple(Host(h.name, h.cores / n_ref, max(h.usable_memory - unmanaged_mem[h.name], 0) / mem_ref)
+    extra = capacity or {}
+    return tuple(Host(h.name, h.cores / n_ref, max(h.usable_memory - unmanaged_mem[h.name], 0) / mem_ref,
+                      extra.get(h.name, ()))
                  for h in inventory.hosts)
 
 
 def existing_jobs(inventory: Inventory, vms: Iterable[VmState] | None = None,
-                  needs: Mapping[str, float] | None = None) -> Existing:
-    """``vms`` (default: every running managed VM) as jobs, a VM's need taken from ``needs`` if there."""
+                  needs: Mapping[str, float] | None = None, refs: Mapping[str, int] | None = None) -> Existing:
+    """``vms`` (default: every running managed VM) as jobs, a VM's need taken from ``needs`` if there.
+
+    With ``refs`` (the reference rate of each extra resource, :func:`vcsched.control.sharing.references`)
+    the jobs also carry their extra needs, weight and tenant from the VMs' metadata.
+    """
     n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
     needs = needs or {}
     groups: dict[tuple[str, float, int], list[VmState]] = defaultdict(list)
@@ -162,7 +172,16 @@ def existing_jobs(inventory: Inventory, vms: Iterable[VmState] | None = None,
     for (cluster, cores, mem), members in sorted(groups.items()):
         label = cluster if sum(1 for k in groups if k[0] == cluster) == 1 else f"{cluster}/{cores:g}/{mem}"
         # A VM recorded as needing more than today's reference host (hosts changed) can use one host at most.
-        jobs.append(Job(label, min(cores / n_ref, 1.0), mem / mem_ref, len(members)))
+        if refs is None:
+            jobs.append(Job(label, min(cores / n_ref, 1.0), mem / mem_ref, len(members)))
+        else:
+            from vcsched.control.sharing import model_needs
+
+            meta = members[0].meta
+            assert meta is not None
+            jobs.append(Job(label, min(cores / n_ref, 1.0), mem / mem_ref, len(members),
+                            model_needs(meta.io_needs(), refs, f"virtual cluster {cluster!r}"), meta.weight,
+                            meta.tenant))
         for v in sorted(members, key=lambda v: v.name):
             vms_out.append(v)
             hosts.append(index[v.host])
@@ -202,11 +221,15 @@ def _residual_placement(base: Instance, existing: Existing, new: Job, y: float, 
 
 
 def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: str = "mcb8",
-          options: SolveOptions | None = None) -> Decision:
+          options: SolveOptions | None = None, sharing: Sharing | None = None) -> Decision:
     """Decide whether ``request`` fits, and if so the plan (see the module docstring).
 
     Hosts that are down get nothing; the plan's snapshot still names them, so
     it is refused once they answer again (their VMs were not planned around).
+
+    ``sharing``: the policy in force (default: the cluster file's, else
+    ``yield``).  Under ``yield`` with no extra resource needed by anyone this
+    is exactly the admission above; otherwise :func:`_admit_shared`.
     """
     full, inventory = inventory, inventory.up()
     if not inventory.hosts:
@@ -216,6 +239,14 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
         raise InputError(f"algorithm: {algorithm!r} computes a bound, not a placement")
     check_request(cluster, inventory, request)
     options = options or SolveOptions()
+    from vcsched.control.sharing import check_tenant, check_vms, needed_resources, sharing_for
+
+    sharing = sharing or sharing_for(cluster)
+    check_tenant(cluster, request.tenant, f"request {request.name!r}")
+    check_vms(cluster, inventory.managed())
+    metas = [v.meta for v in inventory.managed() if v.meta is not None]
+    if not sharing.is_default or needed_resources(metas, request.io_needs()):
+        return _admit_shared(cluster, full, inventory, request, algorithm, options, sharing)
     n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
     unmanaged_mem = unmanaged_memory(inventory)
     hosts = model_hosts(inventory)
@@ -242,6 +273,21 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
     best = search.found
     task_hosts = np.concatenate((np.asarray(existing.hosts, dtype=np.int64), best))
     allocation = allocate(instance, task_hosts)
+    return _decide(cluster, full, inventory, request, instance, existing, allocation, cores)
+
+
+def _decide(cluster: Cluster, full: Inventory, inventory: Inventory, request: Request, instance: Instance,
+            existing: Existing, allocation: Allocation, cores: float, *, policy: str | None = None,
+            io: Mapping[int, Mapping[str, int]] | None = None) -> Decision:
+    """Floors, caps and the plan for an allocation of the whole cluster (existing VMs first, then the request).
+
+    ``policy`` and ``io`` (each job's extra needs in bytes/s) come from a
+    sharing policy (:func:`_admit_shared`): the plan then names the policy and
+    predicts every VM's disk and network bytes/s.
+    """
+    n_ref = inventory.reference_cores
+    io = io or {}
+    task_hosts = allocation.hosts
     min_y, avg_y = allocation.min_yield(instance), allocation.avg_yield(instance)
 
     floor, who = cluster.min_yield, f"cluster {cluster.name!r} min_yield"
@@ -268,9 +314,10 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
             v = existing.vms[t]
             assert v.meta is not None
             cap = realisable_cap(allocation.cpu[j] * n_ref, v.vcpus)
-            per_vm[v.name] = VmPrediction(host, v.meta.cluster, v.meta.cpu_need_cores, cap, float(yields[j]))
+            shares = io_amounts(float(yields[j]), io.get(j, {}))
+            per_vm[v.name] = VmPrediction(host, v.meta.cluster, v.meta.cpu_need_cores, cap, float(yields[j]), shares)
             if v.cap_cores is None or not same_cap(v.cap_cores, cap, v.vcpus):
-                steps.append(SetCapStep(v.name, host, cap))
+                steps.append(SetCapStep(v.name, host, cap, **io_step_fields(SetCapStep, shares)))
         else:
             name = request.vm_names()[t - len(existing.vms)]
             cap = realisable_cap(allocation.cpu[j] * n_ref, request.vcpus)
@@ -278,13 +325,99 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
                 return Decision(False, f"each VM would get {cap:g} cores, below the smallest cap of a "
                                        f"{request.vcpus}-vCPU VM ({min_cap(request.vcpus):g} cores)", None,
                                 min_y, avg_y)
-            per_vm[name] = VmPrediction(host, request.name, cores, cap, float(yields[j]))
+            shares = io_amounts(float(yields[j]), io.get(j, {}))
+            per_vm[name] = VmPrediction(host, request.name, cores, cap, float(yields[j]), shares)
             steps.append(CreateStep(name, host, request.name, request.vcpus, request.memory_bytes, cores, cap, boot,
-                                    request.min_yield))
+                                    request.min_yield, request.disk_bps, request.net_bps, request.weight,
+                                    request.tenant, **io_step_fields(CreateStep, shares)))
     ordered = order_steps(steps, current_caps(inventory), {h.name: float(h.cores) for h in inventory.hosts})
-    plan = Plan("place", cluster.name, snapshot_hash(full), min_y, avg_y, per_vm, ordered,
-                extra={"request": request.name})
+    extra: dict[str, object] = {"request": request.name}
+    if policy is not None:
+        extra["policy"] = policy
+    plan = Plan("place", cluster.name, snapshot_hash(full), min_y, avg_y, per_vm, ordered, extra=extra)
     return Decision(True, None, plan, min_y, avg_y)
+
+
+def _admit_shared(cluster: Cluster, full: Inventory, inventory: Inventory, request: Request, algorithm: str,
+                  options: SolveOptions, sharing: Sharing) -> Decision:
+    """Admission under a sharing policy, with extra fluid resources, weights and tenants (docs/policies.md).
+
+    The same pinning as :func:`admit`, on every fluid resource: for a fill
+    level ``L`` (the policy's own for ``yield``, ``drf`` and ``asset``; the
+    max-min yield for the others, docs/policies.md §8) the running virtual
+    clusters at ``y_j(L)`` leave a residual capacity per (host, resource),
+    the algorithm packs the request there, and the level is bisected.  The
+    policy then allocates the whole cluster on the placement found.
+    """
+    from vcsched.control.sharing import host_capacities, model_needs, needed_resources, references
+    from vcsched.formats.instance import check_instance
+    from vcsched.policies.placement import level_rates
+    from vcsched.policies.registry import allocate_policy
+    from vcsched.solvers.mcb_vector import highest_level, level_bound, level_yields, normalised_rates
+
+    n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
+    unmanaged_mem = unmanaged_memory(inventory)
+    metas = [v.meta for v in inventory.managed() if v.meta is not None]
+    refs = references(cluster, inventory, needed_resources(metas, request.io_needs()))
+    hosts = model_hosts(inventory, host_capacities(cluster, inventory, refs))
+    existing = existing_jobs(inventory, refs=refs)
+    cores = request.need_cores(n_ref)
+    new = Job(request.name, cores / n_ref, request.memory_bytes / mem_ref, request.vms,
+              model_needs(request.io_needs(), refs, f"request {request.name!r}"), request.weight, request.tenant)
+    instance = Instance(hosts=hosts, jobs=(*existing.jobs, new), tenants=cluster.tenants)
+    check_instance(instance)
+    if float(instance.task_mem.sum()) > float(instance.host_mem.sum()) + _EPS:
+        return Decision(False, _memory_reason(request, inventory, unmanaged_mem), None)
+    rates = level_rates(instance, sharing.policy)
+    rho = normalised_rates(np.ones(instance.n_jobs) if rates is None else rates)
+    n_old = len(existing.hosts)
+    old_hosts = np.asarray(existing.hosts, dtype=np.int64)
+    cap = instance.host_capacity
+    res = instance.resources
+
+    def pinned_load(level: float) -> np.ndarray:
+        y = level_yields(rho, level)[instance.task_job[:n_old]]
+        need = instance.job_need[instance.task_job[:n_old]] * y[:, None]
+        return np.stack([np.bincount(old_hosts, weights=need[:, r], minlength=instance.n_hosts)
+                         for r in range(len(res))], axis=1) if n_old else np.zeros_like(cap)
+
+    def pinned_fits(level: float) -> bool:
+        return bool(np.all(pinned_load(level) <= cap + 1e-9))
+
+    bound = level_bound(instance, rho)
+    assert bound is not None  # memory fits in total (checked above)
+    upper = highest_level(pinned_fits, bound)  # the pinned VMs may bound the level by themselves (cf. _pinned_bound)
+    mem_load = np.bincount(old_hosts, weights=instance.task_mem[:n_old], minlength=instance.n_hosts)
+    plain = Job(new.name, new.cpu_need, new.memory, new.tasks, new.needs)  # the sub-instance has no tenants
+
+    def residual(level: float) -> np.ndarray | None:
+        left = cap - pinned_load(level)
+        mem_left = instance.host_mem - mem_load
+        y_new = float(level_yields(rho, level)[-1])
+        usable = [h for h in range(instance.n_hosts) if left[h, 0] > _EPS and mem_left[h] >= new.memory - _EPS]
+        if not usable:
+            return None
+        sub_hosts = tuple(Host(instance.hosts[h].name, float(left[h, 0]), float(mem_left[h]),
+                               tuple((res[r], max(float(left[h, r]), 0.0)) for r in range(1, len(res))))
+                          for h in usable)
+        result = solve(Instance(sub_hosts, (plain,)), algorithm, options)
+        if not result.feasible or result.allocation is None or (result.min_yield or 0.0) < y_new - 1e-7:
+            return None
+        return np.asarray([usable[h] for h in result.allocation.hosts], dtype=np.int64)
+
+    search = bisect_yield(residual, SEARCH_FLOOR * upper, upper, upper * 2.0 ** -SEARCH_STEPS,
+                          probe_upper=True, probe_lower=True)
+    if search.found is None:
+        return Decision(False, _memory_reason(request, inventory, unmanaged_mem), None)
+    task_hosts = np.concatenate((old_hosts, search.found))
+    palloc = allocate_policy(instance, task_hosts, sharing.policy, sharing.options)
+    io: dict[int, Mapping[str, int]] = {}
+    for t, v in enumerate(existing.vms):
+        if v.meta is not None and v.meta.io_needs():
+            io[int(instance.task_job[t])] = v.meta.io_needs()
+    io[instance.n_jobs - 1] = request.io_needs()
+    return _decide(cluster, full, inventory, request, instance, existing, palloc.allocation(instance), cores,
+                   policy=sharing.policy, io=io)
 
 
 def floors_missed(vms: Iterable[VmState], yields: Mapping[str, float]) -> list[tuple[str, float, float]]:

@@ -39,6 +39,15 @@ class VmMeta:
     memory_bytes: int
     vcpus: int
     min_yield: float | None = None  # the floor its request was admitted with; later admissions keep to it
+    # The multi-resource fields of its request (docs/policies.md), absent from older metadata:
+    disk_bps: int | None = None  # disk bytes/s one VM uses alone
+    net_bps: int | None = None  # network bytes/s one VM uses alone
+    weight: float = 1.0
+    tenant: str | None = None  # its leaf of the cluster file's tenant tree
+
+    def io_needs(self) -> dict[str, int]:
+        """``{"disk": bytes/s, "net": bytes/s}`` for the extra resources this VM needs."""
+        return {r: v for r, v in (("disk", self.disk_bps), ("net", self.net_bps)) if v is not None}
 
 
 @dataclass(frozen=True)

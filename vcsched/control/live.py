@@ -3,6 +3,7 @@ ordered safely and turned into a plan (paper section 6.1 made executable)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -13,8 +14,19 @@ from vcsched.adaptation.problem import AdaptProblem, AdaptResult
 from vcsched.adaptation.solve import solve_adapt
 from vcsched.caps import min_cap, realisable_cap, same_cap
 from vcsched.control.admission import HostsDown, existing_jobs, floors_missed, model_hosts
-from vcsched.control.inventory import Inventory, snapshot_hash
+from vcsched.control.inventory import Inventory, VmState, snapshot_hash
+from vcsched.control.sharing import (
+    Sharing,
+    check_vms,
+    host_capacities,
+    io_amounts,
+    needed_resources,
+    references,
+    sharing_for,
+)
 from vcsched.errors import InputError
+from vcsched.formats.cluster import Cluster
+from vcsched.formats.instance import check_instance
 from vcsched.model import Instance, SolveOptions
 from vcsched.plans.migration import HostRoom, MigrationBlocked, MigrationOrder, VmChange, order_changes, plan_steps
 from vcsched.plans.plan import Plan, VmPrediction
@@ -39,7 +51,8 @@ class LiveAdaptation:
 
 def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, needs: Mapping[str, float] | None = None,
                     depart: Iterable[str] = (), algorithm: str = "heuristic", parallel: int = 1,
-                    options: SolveOptions | None = None) -> LiveAdaptation:
+                    options: SolveOptions | None = None, cluster: Cluster | None = None,
+                    sharing: Sharing | None = None) -> LiveAdaptation:
     """Adapt the running managed VMs of ``inventory``  within ``budget``.
 
     Units as in admission (docs/model.md): hosts in fractions of the reference
@@ -57,6 +70,13 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     the remaining clusters share what they held.  A need in ``needs`` that
     differs from the VM's metadata gets a ``set-need`` step at the end, so
     once applied the next adaptation starts from it.
+
+    ``cluster`` (the cluster file) and ``sharing`` (default: its policy)
+    bring in the sharing policies (docs/policies.md): under a policy other
+    than ``yield``, or when VMs need extra fluid resources (disk, network),
+    the byte-budgeted search places on CPU and memory as above, and the policy
+    then allocates every fluid resource on that placement, so every host's
+    declared disk and network capacity holds in the plan's predictions.
     """
     full, inventory = inventory, inventory.up()
     if not inventory.hosts:
@@ -97,6 +117,12 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         cores_of[v.name] = cores
         if abs(cores - v.meta.cpu_need_cores) > 1e-9:
             renew[v.name] = cores
+    shared = None
+    if cluster is not None:
+        shared = _shared_instance(cluster, inventory, managed, needs, sharing or sharing_for(cluster))
+    elif any(v.meta is not None and v.meta.io_needs() for v in managed):
+        raise InputError("adapt: VMs need disk or network bandwidth; pass the cluster file (its hosts' disk_bps and "
+                         "net_bps) to plan them")
     # The same whole-cluster instance as admission's (one job per virtual cluster and size), not pinned.
     existing = existing_jobs(inventory, managed, needs)
     current_min = min((min(1.0, v.cap_or_vcpus / cores_of[v.name]) for v in managed), default=None)
@@ -107,7 +133,11 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     adapted = solve_adapt(problem, algorithm, options)
     if adapted.result.allocation is None:
         return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min)
+    if shared is not None:  # the policy allocates every fluid resource on the placement found
+        adapted = _reallocated(adapted, *shared)
+        instance = shared[0]
     alloc = adapted.result.allocation
+    assert alloc is not None
     yields = alloc.yields(instance)
     changes, per_vm = [], {}
     for t, v in enumerate(vms):
@@ -118,7 +148,8 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         if cap < min_cap(v.vcpus):
             raise MigrationBlocked(f"{v.name} would get a cap of {cap:g} cores, below the smallest cap of a "
                                    f"{v.vcpus}-vCPU VM ({min_cap(v.vcpus):g}); the cluster is too crowded")
-        per_vm[v.name] = VmPrediction(target, v.meta.cluster, cores_of[v.name], cap, float(yields[j]))
+        per_vm[v.name] = VmPrediction(target, v.meta.cluster, cores_of[v.name], cap, float(yields[j]),
+                                      io_amounts(float(yields[j]), v.meta.io_needs()) if shared else ())
         now = v.cap_or_vcpus
         final = now if v.cap_cores is not None and same_cap(now, cap, v.vcpus) else cap
         changes.append(VmChange(v.name, v.host, target, v.memory_bytes, now, final, vcpus=v.vcpus))
@@ -136,6 +167,36 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     renewed = frozenset(s.vm for s in renewals)
     plan = Plan("adapt", cluster_name, snapshot_hash(full, gone, moved, renewed),
                 float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps,
-                extra={"budget": budget, "migrated_bytes": order.total_bytes})
+                extra={"budget": budget, "migrated_bytes": order.total_bytes,
+                       **({"policy": shared[1].policy} if shared is not None else {})})
     missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})
     return LiveAdaptation(adapted, plan, order, problem, tuple(missed), current_min)
+
+
+def _shared_instance(cluster: Cluster, inventory: Inventory, managed: tuple[VmState, ...], needs: Mapping[str, float],
+                     sharing: Sharing) -> tuple[Instance, Sharing] | None:
+    """The whole-cluster instance with extra resources, weights and tenants, when a policy needs it; else None."""
+    check_vms(cluster, managed)
+    needed = needed_resources(v.meta for v in managed if v.meta is not None)
+    if sharing.is_default and not needed:
+        return None  # today's adaptation, unchanged
+    refs = references(cluster, inventory, needed)
+    existing = existing_jobs(inventory, managed, needs, refs)
+    instance = Instance(model_hosts(inventory, host_capacities(cluster, inventory, refs)), existing.jobs,
+                        cluster.tenants)
+    check_instance(instance)
+    return instance, sharing
+
+
+def _reallocated(adapted: AdaptResult, instance: Instance, sharing: Sharing) -> AdaptResult:
+    """The adaptation's placement with the policy's yields on every fluid resource."""
+    from vcsched.policies.registry import allocate_policy
+
+    assert adapted.result.allocation is not None
+    palloc = allocate_policy(instance, adapted.result.allocation.hosts, sharing.policy, sharing.options)
+    y = np.asarray(palloc.yields)
+    result = dataclasses.replace(adapted.result, allocation=palloc.allocation(instance),
+                                 min_yield=float(y.min()) if len(y) else 1.0,
+                                 avg_yield=float(y.mean()) if len(y) else 1.0,
+                                 detail={**adapted.result.detail, "policy": sharing.policy})
+    return dataclasses.replace(adapted, result=result)

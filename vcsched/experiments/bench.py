@@ -193,6 +193,7 @@ def run_bench(cases: Sequence[BenchCase], algorithms: Sequence[str], *, repeat: 
 #: The size of the instance whose ``vcsched solve``, start to exit, ``vcsched bench`` times (the paper's large set).
 STARTUP_CASE = BenchCase(64, 500)
 STARTUP_PREFIX = "cli"
+POLICIES_PREFIX = "policies"  # the sharing policies' rows (vcsched.policies.bench), timed by the CLI
 #: ``Timing.case`` of a whole-process row.
 WHOLE_PROCESS = "whole process"
 

@@ -25,7 +25,6 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -34,6 +33,7 @@ import numpy as np
 from vcsched.errors import InputError, VcschedError
 from vcsched.experiments import OnProgress
 from vcsched.experiments.generate import GeneratorSpec, generate
+from vcsched.experiments.workers import map_items
 from vcsched.model import SolveOptions
 from vcsched.solvers.registry import solve
 from vcsched.validate import allocation_problems
@@ -227,25 +227,7 @@ def run_items(items: Sequence[WorkItem], jobs: int = 1,
     do not depend on ``jobs``.  ``on_progress`` is called here, in the
     caller's process: once before the first item, then after each.
     """
-    total = len(items)
-
-    def progress(done: int) -> None:
-        if on_progress is not None:
-            on_progress(done, total, "instances")
-
-    progress(0)
-    if jobs == 1:
-        for done, item in enumerate(items, 1):
-            records = run_item(item)
-            progress(done)
-            yield records
-        return
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_item, item) for item in items]
-        for done, fut in enumerate(as_completed(futures), 1):
-            records = fut.result()
-            progress(done)
-            yield records
+    return map_items(run_item, items, jobs, on_progress)
 
 
 # ---------------------------------------------------------------- resuming a run

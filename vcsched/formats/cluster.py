@@ -17,6 +17,20 @@ Format (TOML, written by ``vcsched lab up`` or by hand; docs/operations.md)::
     cores = 1                    # optional: usable cores (default: what libvirt reports)
     memory_reserved = "64MiB"    # optional: memory kept for the host itself
     partition = "/vcl1h0"        # optional libvirt <resource><partition> for VMs placed here
+    disk_bps = "200MiB"          # optional: disk bytes per second the host can give its VMs together
+    net_bps = "117MiB"           # optional: network bytes per second, in each direction
+
+Sharing policies (docs/policies.md), all optional::
+
+    policy = "drf"               # the policy place/adapt/status use (a --policy flag overrides it)
+    alpha = 2.0                  # the exponent of policy "alpha-fair" (only with it)
+    [[tenants]]                  # the tenant tree of policy "hdrf": organisations, requests name a leaf
+    name = "org"
+    weight = 1.0
+    [[tenants]]
+    name = "ads"
+    weight = 3.0
+    parent = "org"
 
 Parsing is pure: it takes the dict ``tomllib`` decoded (reading the file is
 the CLI's job) and raises :class:`InputError` naming the field and the value.
@@ -26,11 +40,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_fields, check_fraction, check_name, check_number, check_string
 from vcsched.formats.units import parse_size
+
+if TYPE_CHECKING:
+    from vcsched.model import Tenant
 
 #: URI schemes of libvirt drivers vcsched knows how to cap (``test`` only for inventory tests).
 KNOWN_URI_SCHEMES = ("qemu", "xen", "libxl", "test")
@@ -58,6 +75,11 @@ class ClusterHost:
     cores: int | None = None
     memory_reserved: int = 0
     partition: str | None = None
+    #: Bytes per second of disk I/O / network (each direction) the host can give its VMs together; libvirt
+    #: cannot know them.  None: not declared (capacity 0 in the multi-resource model: nothing needing that
+    #: resource is placed there).
+    disk_bps: int | None = None
+    net_bps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +89,9 @@ class Cluster:
     min_yield: float = 0.0
     guest: GuestDefaults | None = None
     coordination: str | None = None  # tooz URL of the cluster lock; None: the default (docs/operations.md)
+    policy: str | None = None  # the sharing policy in force (docs/policies.md); None: "yield"
+    alpha: float | None = None  # alpha-fair's exponent
+    tenants: tuple[Tenant, ...] = ()  # the tenant tree (hdrf); requests name a leaf with tenant = "..."
     lock_ttl: float | None = None  # seconds; None: the default
 
     def host(self, name: str) -> ClusterHost:
@@ -81,7 +106,8 @@ class Cluster:
 
 
 def _host_from_dict(where: str, d: Any) -> ClusterHost:
-    d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition"}, {"name", "uri"}, kind="table")
+    d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition", "disk_bps", "net_bps"},
+                     {"name", "uri"}, kind="table")
     name = check_name(f"{where}.name", d["name"])
     uri = check_string(f"{where}.uri", d["uri"])
     scheme = uri_scheme(uri)
@@ -96,7 +122,8 @@ def _host_from_dict(where: str, d: Any) -> ClusterHost:
     if partition is not None and (not isinstance(partition, str) or not re.fullmatch(r"(/[A-Za-z0-9_.-]+)+",
                                                                                          partition)):
         raise InputError(f"{where}.partition: {partition!r} is not a partition path like \"/machine\"")
-    return ClusterHost(name, uri, cores, reserved, partition)
+    rates = {k: parse_size(f"{where}.{k}", d[k]) if k in d else None for k in ("disk_bps", "net_bps")}
+    return ClusterHost(name, uri, cores, reserved, partition, rates["disk_bps"], rates["net_bps"])
 
 
 def _guest_from_dict(d: Any) -> GuestDefaults:
@@ -113,8 +140,8 @@ def _guest_from_dict(d: Any) -> GuestDefaults:
 
 def cluster_from_dict(d: Any) -> Cluster:
     """Validate a decoded cluster file; every error names the field and the value."""
-    d = check_fields("cluster", d, {"name", "min_yield", "guest", "hosts", "coordination", "lock_ttl"},
-                     {"name", "hosts"}, kind="table")
+    d = check_fields("cluster", d, {"name", "min_yield", "guest", "hosts", "coordination", "lock_ttl", "policy",
+                                    "alpha", "tenants"}, {"name", "hosts"}, kind="table")
     name = check_name("name", d["name"])
     hosts_raw = d["hosts"]
     if not isinstance(hosts_raw, list) or not hosts_raw:
@@ -132,8 +159,39 @@ def cluster_from_dict(d: Any) -> Cluster:
     min_yield = check_fraction("min_yield", d.get("min_yield", 0.0))
     guest = _guest_from_dict(d["guest"]) if "guest" in d else None
     coordination = check_coordination_url("coordination", d["coordination"]) if "coordination" in d else None
+    policy, alpha = _policy_from_dict(d)
+    tenants = _tenants_from_dict(d["tenants"]) if "tenants" in d else ()
     lock_ttl = check_number("lock_ttl", d["lock_ttl"], low=1.0, low_open=False) if "lock_ttl" in d else None
-    return Cluster(name, hosts, min_yield, guest, coordination, lock_ttl)
+    return Cluster(name, hosts, min_yield, guest, coordination, policy, alpha, tenants, lock_ttl)
+
+
+def _policy_from_dict(d: Any) -> tuple[str | None, float | None]:
+    """``policy`` (a registered sharing policy) and ``alpha`` (only for alpha-fair, in its range)."""
+    if "policy" not in d:
+        if "alpha" in d:
+            raise InputError(f"alpha: {d['alpha']!r} given without policy = \"alpha-fair\"")
+        return None, None
+    from vcsched.policies.allocation import PolicyOptions
+    from vcsched.policies.registry import check_options, get
+
+    policy = get(check_string("policy", d["policy"])).name
+    alpha = d.get("alpha")
+    check_options(get(policy), PolicyOptions(alpha=alpha))
+    return policy, None if alpha is None else float(alpha)
+
+
+def _tenants_from_dict(raw: Any) -> tuple[Tenant, ...]:
+    """``[[tenants]]``: unique names, weights above 0, parents that exist, no cycle (one line each)."""
+    from vcsched.formats.instance import check_instance, parse_tenant
+    from vcsched.model import Instance
+
+    if not isinstance(raw, list):
+        raise InputError(f"tenants: expected a list of [[tenants]] tables, got {type(raw).__name__}")
+    tenants = tuple(parse_tenant(f"tenants[{i}]", t) for i, t in enumerate(raw))
+    for i, t in enumerate(tenants):
+        check_name(f"tenants[{i}].name", t.name)
+    check_instance(Instance((), (), tenants))
+    return tenants
 
 
 #: tooz backends vcsched is tested against; the others tooz knows are accepted as untested (docs/operations.md).

@@ -11,6 +11,10 @@ Format (TOML; examples/web.toml)::
     template = "vm.xml"   # optional domain XML template (else the cluster's [guest] boot) ...
     # image = "disk.qcow2"  # ... or a disk image to boot from (at most one of the two)
     min_yield = 0.3       # optional: refuse admission if anyone's yield would drop below it
+    disk_bps = "20MiB"    # optional: disk bytes/s a VM uses alone (fluid, like CPU: docs/policies.md)
+    net_bps = "10MiB"     # optional: network bytes/s a VM uses alone (each direction)
+    weight = 2.0          # optional: the virtual cluster's weight (weighted DRF, PF, H-DRF; default 1)
+    tenant = "ads"        # optional: its leaf in the cluster file's [[tenants]] tree (hdrf)
 
 Validation here is what needs no cluster; the checks against the cluster
 (vCPUs, largest host) are in :mod:`vcsched.control.admission`, where the reference
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vcsched.errors import InputError
-from vcsched.formats.fields import check_fields, check_fraction, check_name, check_string
+from vcsched.formats.fields import check_fields, check_fraction, check_name, check_number, check_string
 from vcsched.formats.units import parse_size
 
 MAX_VMS = 1024
@@ -41,6 +45,14 @@ class Request:
     template: str | None = None
     image: str | None = None
     min_yield: float | None = None
+    disk_bps: int | None = None  # bytes/s per VM when alone (an extra fluid resource, docs/policies.md)
+    net_bps: int | None = None
+    weight: float = 1.0
+    tenant: str | None = None
+
+    def io_needs(self) -> dict[str, int]:
+        """``{"disk": bytes/s, "net": bytes/s}`` for the extra resources the request needs."""
+        return {r: v for r, v in (("disk", self.disk_bps), ("net", self.net_bps)) if v is not None}
 
     def vm_names(self) -> tuple[str, ...]:
         return tuple(f"{self.name}-{i}" for i in range(self.vms))
@@ -61,7 +73,8 @@ def _count(where: str, value: Any, high: int) -> int:
 
 def request_from_dict(d: Any) -> Request:
     """Validate a decoded request; every error names the field and the value."""
-    allowed = {"name", "vms", "vcpus", "memory", "cpu_need", "cpu_cores", "template", "image", "min_yield"}
+    allowed = {"name", "vms", "vcpus", "memory", "cpu_need", "cpu_cores", "template", "image", "min_yield",
+               "disk_bps", "net_bps", "weight", "tenant"}
     d = check_fields("request", d, allowed, {"name", "vms", "vcpus", "memory"}, kind="table")
     name = check_name("name", d["name"])
     vms = _count("vms", d["vms"], MAX_VMS)
@@ -85,4 +98,8 @@ def request_from_dict(d: Any) -> Request:
     template = check_string("template", d["template"]) if "template" in d else None
     image = check_string("image", d["image"]) if "image" in d else None
     min_yield = check_fraction("min_yield", d["min_yield"]) if "min_yield" in d else None
-    return Request(name, vms, vcpus, memory, cpu_need, cpu_cores, template, image, min_yield)
+    io = {k: parse_size(k, d[k]) if k in d else None for k in ("disk_bps", "net_bps")}
+    weight = check_number("weight", d["weight"]) if "weight" in d else 1.0
+    tenant = check_name("tenant", d["tenant"]) if "tenant" in d else None
+    return Request(name, vms, vcpus, memory, cpu_need, cpu_cores, template, image, min_yield,
+                   io["disk_bps"], io["net_bps"], weight, tenant)

@@ -40,6 +40,10 @@ def _fields(where: str, d: Any, required: set[str], optional: frozenset[str] | s
     return check_fields(where, d, optional, required)
 
 
+#: Optional per-VM predictions of the extra fluid resources, bytes per second.
+IO_PREDICTIONS = frozenset({"disk_bytes_sec", "net_bytes_sec"})
+
+
 @dataclass(frozen=True)
 class VmPrediction:
     host: str
@@ -47,10 +51,14 @@ class VmPrediction:
     cpu_need_cores: float
     cap_cores: float
     yield_: float
+    #: What the VM gets of each extra fluid resource under the plan, ``(("disk", bytes/s), ...)``; written
+    #: as ``disk_bytes_sec``/``net_bytes_sec`` only when set (docs/policies.md), so CPU-only plans read as before.
+    io_bytes_sec: tuple[tuple[str, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "cluster": self.cluster, "cpu_need_cores": self.cpu_need_cores,
-                "cap_cores": self.cap_cores, "yield": self.yield_}
+                "cap_cores": self.cap_cores, "yield": self.yield_,
+                **{f"{r}_bytes_sec": v for r, v in self.io_bytes_sec}}
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,7 @@ class Plan:
 def plan_from_dict(d: Any) -> Plan:
     """Validate a decoded plan document (a saved plan may have been edited by hand)."""
     d = _fields("plan", d, {"version", "kind", "cluster", "snapshot", "predicted", "steps"},
-                {"request", "budget", "migrated_bytes"})
+                {"request", "budget", "migrated_bytes", "policy"})
     if d["version"] != PLAN_VERSION:
         raise InputError(f"plan.version: {d['version']!r} is not supported (this vcsched reads {PLAN_VERSION})")
     if d["kind"] not in PLAN_KINDS:
@@ -112,16 +120,20 @@ def plan_from_dict(d: Any) -> Plan:
     per_vm = {}
     for name, p in per_vm_raw.items():
         w = f"plan.predicted.per_vm.{name}"
-        p = _fields(w, p, {"host", "cluster", "cpu_need_cores", "cap_cores", "yield"})
+        p = _fields(w, p, {"host", "cluster", "cpu_need_cores", "cap_cores", "yield"}, IO_PREDICTIONS)
+        io = tuple((k.removesuffix("_bytes_sec"), int(_num(f"{w}.{k}", p[k], low_open=False)))
+                   for k in sorted(IO_PREDICTIONS) if k in p)
         per_vm[name] = VmPrediction(_str(f"{w}.host", p["host"]), _str(f"{w}.cluster", p["cluster"]),
                                     _num(f"{w}.cpu_need_cores", p["cpu_need_cores"]),
                                     _num(f"{w}.cap_cores", p["cap_cores"]),
-                                    _num(f"{w}.yield", p["yield"], low_open=False))
+                                    _num(f"{w}.yield", p["yield"], low_open=False), io)
     raw_steps = d["steps"]
     if not isinstance(raw_steps, list):
         raise InputError("plan.steps: expected a list")
     steps = [step_from_dict(f"plan.steps[{i}]", s) for i, s in enumerate(raw_steps)]
     extra: dict[str, Any] = {"request": _str("plan.request", d["request"])} if "request" in d else {}
+    if "policy" in d:
+        extra["policy"] = _str("plan.policy", d["policy"])
     if "budget" in d or "migrated_bytes" in d:
         extra.update(_budget(d, steps))
     return Plan(d["kind"], _str("plan.cluster", d["cluster"]), snapshot,

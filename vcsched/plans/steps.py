@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from vcsched.caps import CAP_TOLERANCE
+from vcsched.control.inventory import VmMeta
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_count, check_fields, check_fraction, check_number, check_string
 
@@ -96,6 +97,17 @@ class Boot:
 
 
 
+#: A create step's optional multi-resource fields (the request's, recorded in the VM's metadata).
+META_FIELDS = frozenset({"disk_bps", "net_bps", "weight", "tenant"})
+
+
+def _meta_from_dict(where: str, d: Mapping[str, Any]) -> dict[str, Any]:
+    return {"disk_bps": _int(f"{where}.disk_bps", d["disk_bps"]) if "disk_bps" in d else None,
+            "net_bps": _int(f"{where}.net_bps", d["net_bps"]) if "net_bps" in d else None,
+            "weight": _num(f"{where}.weight", d["weight"]) if "weight" in d else 1.0,
+            "tenant": _str(f"{where}.tenant", d["tenant"]) if "tenant" in d else None}
+
+
 @dataclass(frozen=True)
 class CreateStep(_Flags):
     """Create (and start) a managed VM on ``host``, capped from its first instant."""
@@ -110,6 +122,12 @@ class CreateStep(_Flags):
     cap_cores: float
     boot: Boot
     min_yield: float | None = None  # the request's floor, recorded in the VM's metadata
+    # The request's multi-resource fields, recorded in the VM's metadata (docs/policies.md); written to the
+    # plan only when set, so CPU-only plans read as before.
+    disk_bps: int | None = None
+    net_bps: int | None = None
+    weight: float = 1.0
+    tenant: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {"op": self.op, "vm": self.vm, "host": self.host, "cluster": self.cluster, "vcpus": self.vcpus,
@@ -117,7 +135,17 @@ class CreateStep(_Flags):
              "cap_cores": self.cap_cores, "boot": self.boot.to_dict()}
         if self.min_yield is not None:
             d["min_yield"] = self.min_yield
+        for k in ("disk_bps", "net_bps", "tenant"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        if self.weight != 1.0:
+            d["weight"] = self.weight
         return d
+
+    def meta(self) -> VmMeta:
+        """The metadata the created VM carries."""
+        return VmMeta(self.cluster, self.cpu_need_cores, self.memory_bytes, self.vcpus, self.min_yield,
+                      self.disk_bps, self.net_bps, self.weight, self.tenant)
 
     def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
         return ((self.host, self.vm, self.cap_cores),)
@@ -125,13 +153,14 @@ class CreateStep(_Flags):
     @staticmethod
     def from_dict(where: str, d: Mapping[str, Any]) -> CreateStep:
         d = _fields(where, d, {"op", "vm", "host", "cluster", "vcpus", "memory_bytes", "cpu_need_cores",
-                               "cap_cores", "boot"}, {"min_yield"})
+                               "cap_cores", "boot"}, {"min_yield", *META_FIELDS})
         step = CreateStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
                           _str(f"{where}.cluster", d["cluster"]), _int(f"{where}.vcpus", d["vcpus"]),
                           _int(f"{where}.memory_bytes", d["memory_bytes"]),
                           _num(f"{where}.cpu_need_cores", d["cpu_need_cores"]),
                           _num(f"{where}.cap_cores", d["cap_cores"]), Boot.from_dict(f"{where}.boot", d["boot"]),
-                          check_fraction(f"{where}.min_yield", d["min_yield"]) if "min_yield" in d else None)
+                          check_fraction(f"{where}.min_yield", d["min_yield"]) if "min_yield" in d else None,
+                          **_meta_from_dict(where, d))
         _check_cap(where, step.cap_cores, step.vcpus)
         return step
 

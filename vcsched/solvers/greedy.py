@@ -77,6 +77,45 @@ def greedy(instance: Instance, order: list[int]) -> np.ndarray | None:
     return hosts
 
 
+def greedy_vector(instance: Instance, order: list[int]) -> np.ndarray | None:
+    """GR/SG on the resource vector (an instance with extra fluid resources, docs/policies.md).
+
+    The same pass as :func:`greedy`, with a host's load the largest of its
+    relative loads over every fluid resource (``sum need_r / C_hr``; a
+    resource the host has none of, needed by a task already there, makes it
+    infinite): the yield of a host is ``min(1, C_hr / L_hr)`` over its
+    resources, so this is again the quantity the objective cares about.
+    Instances whose only fluid resource is CPU never come here.
+    """
+    n_hosts = instance.n_hosts
+    cap = instance.host_capacity
+    free_mem = (instance.host_mem + MEMORY_TOLERANCE).tolist()
+    mem = instance.task_mem.tolist()
+    need = instance.job_need[instance.task_job]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # rel[t, h, r] is never built whole: one task's row against every host at a time.
+        inv = np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1.0), np.inf)
+    loads = np.zeros_like(cap)  # hosts x resources, relative
+    load = [0.0] * n_hosts
+    hosts = np.empty(instance.n_tasks, dtype=np.int64)
+    for t in order:
+        m = mem[t]
+        best = -1
+        best_load = 0.0
+        for h in range(n_hosts):
+            if free_mem[h] >= m and (best < 0 or load[h] < best_load):
+                best, best_load = h, load[h]
+        if best < 0:
+            return None
+        hosts[t] = best
+        free_mem[best] -= m
+        with np.errstate(invalid="ignore"):
+            add = np.where(need[t] > 0, need[t] * inv[best], 0.0)
+        loads[best] += add
+        load[best] = float(loads[best].max())
+    return hosts
+
+
 def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tuple[np.ndarray | None, int, bool]:
     """Depth-first search over the greedy's host choices.
 
@@ -148,7 +187,8 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
 
 def _greedy_placer(sort_by_memory: bool) -> Placer:
     def place(instance: Instance, options: SolveOptions) -> Placement:
-        hosts = greedy(instance, task_order(instance, sort_by_memory=sort_by_memory))
+        run = greedy_vector if instance.has_extra_resources else greedy
+        hosts = run(instance, task_order(instance, sort_by_memory=sort_by_memory))
         return Placement(hosts=hosts)
 
     return place

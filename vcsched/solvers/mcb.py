@@ -265,6 +265,8 @@ def search(instance: Instance, variant: str, precision: float = 1e-4, backend: s
 
 def _placer(variant: str) -> Callable[[Instance, SolveOptions], Placement]:
     def place(instance: Instance, options: SolveOptions) -> Placement:
+        if instance.has_extra_resources:  # the resource vector (disk, net, ...): the d-dimensional path
+            return _place_vector(instance, variant, options)
         r = search(instance, variant, options.precision)
         detail: dict[str, object] = {
             "backend": r.backend,
@@ -278,6 +280,16 @@ def _placer(variant: str) -> Callable[[Instance, SolveOptions], Placement]:
     place.__name__ = place.__qualname__ = f"place_{variant}"
     place.__doc__ = f"{variant.upper()} (section 3.4): lists sorted by {VARIANTS[variant].summary}."
     return place
+
+
+def _place_vector(instance: Instance, variant: str, options: SolveOptions) -> Placement:
+    """MCB on every fluid resource and memory (:mod:`vcsched.solvers.mcb_vector`), max-min yield."""
+    from vcsched.solvers.mcb_vector import search_level
+
+    r = search_level(instance, variant, None, options.precision)
+    detail: dict[str, object] = {"backend": "vector", "probes": r.probes, "probe_yield": r.level,
+                                 "search_gap": r.gap, "lp_bound": r.bound}
+    return Placement(hosts=r.hosts, detail=detail)
 
 
 for _name, _v in VARIANTS.items():

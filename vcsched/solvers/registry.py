@@ -108,7 +108,12 @@ def solve(instance: Instance, algorithm: str, options: SolveOptions | None = Non
     hosts = np.asarray(placement.hosts, dtype=np.int64)
     if not fits_in_memory(instance, hosts):
         raise AllocationError([f"{algo.name} returned a placement that overcommits memory"])
-    allocation = allocate(instance, hosts)
+    if instance.has_extra_resources:  # every fluid resource must hold, not CPU alone: the yield policy's phases
+        from vcsched.policies.registry import allocate_policy
+
+        allocation = allocate_policy(instance, hosts, "yield").allocation(instance)
+    else:
+        allocation = allocate(instance, hosts)
     runtime = time.perf_counter() - start
     return SolveResult(
         algorithm=algo.name,

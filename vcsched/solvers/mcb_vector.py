@@ -1,0 +1,263 @@
+"""MCB on the resource vector: Leinberger et al.'s multi-capacity bin packing in ``d`` dimensions.
+
+The paper's MCB (section 3.4, :mod:`vcsched.solvers.mcb`) packs two
+dimensions, CPU and memory.  Leinberger's algorithm is multi-capacity to
+begin with, so an instance with extra fluid resources (disk, network:
+docs/policies.md) packs the whole vector: every task of job ``j`` at yield
+``y_j`` needs ``y_j * need_jr`` of every fluid resource ``r`` (CPU first, then
+the extra ones in :attr:`Instance.resources` order) and its memory ``m_j``,
+which stays rigid (it never scales with the yield).
+
+The generalisation keeps every convention of the 2-D kernel, so that with
+``d = 2`` it makes exactly the 2-D kernel's decisions (a test checks it):
+
+* a task goes into the list of its **largest dimension**, ties going to the
+  later dimension (2-D: ``c > m`` is CPU-heavy, a tie memory-heavy);
+* each list is sorted by the variant's key over the whole vector (sum,
+  max - min, max / min, max; ascending or descending), ties by task index;
+* the first task of every host is the first fitting task of the lists taken
+  in dimension order (CPU first); afterwards a host scans the lists in
+  decreasing order of its free capacity per dimension, ties to the later
+  dimension ("look first in the list that goes against the host's
+  imbalance");
+* a task fits when every need is at most the free capacity plus ``EPS``,
+  and free capacities are updated by subtraction in placement order.
+
+The 2-D C kernel is left as it is: instances whose only fluid resource is CPU
+never come here.  This kernel is numpy: per host it keeps, per list, the
+positions of the tasks that still fit that host (a host's free capacity only
+shrinks, so a task that does not fit now never will), and looks at the first
+few candidates before filtering the rest.
+
+**The search is on a fill level.**  A sharing policy with a single fill level
+(docs/policies.md §5.3) gives job ``j`` the yield ``y_j(L) = min(1, rho_j L)``
+at level ``L``: ``rho_j = 1`` for ``yield`` (max-min), ``w_j / D_j`` for
+(weighted) DRF, ``w_j / A_j`` for asset fairness.  The binary search
+(:func:`vcsched.solvers.yield_search.bisect_yield`) probes levels in
+``(0, L_LP]``, where ``L_LP`` is the level at which the fluid relaxation (every
+job spread over the whole cluster) fills some resource in total: section 3.1's
+bound with several resources and rates.  Rates are scaled so that the
+largest is 1, so the level reads as the yield of the fastest-filling job and
+the precision means what it means for the 2-D search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from vcsched.errors import InputError
+from vcsched.model import Instance
+from vcsched.solvers.yield_search import bisect_yield
+
+EPS = 1e-12  # fit tolerance, as in the 2-D kernels
+_PEEK = 16  # candidates looked at before filtering a whole list
+
+VectorKey = Callable[[np.ndarray], np.ndarray]
+
+
+def _sum(v: np.ndarray) -> np.ndarray:
+    return v.sum(axis=1)
+
+
+def _diff(v: np.ndarray) -> np.ndarray:
+    return v.max(axis=1) - v.min(axis=1)
+
+
+def _ratio(v: np.ndarray) -> np.ndarray:
+    # A zero need (a job that needs no disk) makes the ratio infinite: the most unbalanced item there is.
+    lo, hi = v.min(axis=1), v.max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(lo > 0, hi / np.where(lo > 0, lo, 1.0), np.inf)
+
+
+def _max(v: np.ndarray) -> np.ndarray:
+    return v.max(axis=1)
+
+
+#: The eight variants' keys over the need vector, and whether descending (section 3.4's table).
+VECTOR_KEYS: dict[str, tuple[VectorKey, bool]] = {
+    "mcb1": (_sum, False), "mcb2": (_diff, False), "mcb3": (_ratio, False), "mcb4": (_max, False),
+    "mcb5": (_sum, True), "mcb6": (_diff, True), "mcb7": (_ratio, True), "mcb8": (_max, True),
+}
+
+
+@dataclass(frozen=True)
+class VectorLists:
+    """One probe's items: the need matrix (tasks x dimensions) and one sorted list of task indices per dimension."""
+
+    need: np.ndarray  # float64, n_tasks x d
+    lists: tuple[np.ndarray, ...]  # d arrays of task indices (int64), in scan order
+
+
+def vector_lists(variant: str, need: np.ndarray) -> VectorLists:
+    """Split the tasks by their largest dimension (ties: the later one) and sort each list by the variant's key."""
+    if variant not in VECTOR_KEYS:
+        raise InputError(f"variant: unknown MCB variant {variant!r} (known: {', '.join(VECTOR_KEYS)})")
+    fn, descending = VECTOR_KEYS[variant]
+    v = np.ascontiguousarray(need, dtype=np.float64)
+    n, d = v.shape
+    key = fn(v) if n else np.zeros(0)
+    if descending:
+        key = -key
+    largest = d - 1 - np.argmax(v[:, ::-1], axis=1) if n else np.zeros(0, dtype=np.int64)  # last max wins ties
+    lists = []
+    for dim in range(d):
+        idx = np.flatnonzero(largest == dim)
+        lists.append(idx[np.argsort(key[idx], kind="stable")].astype(np.int64))
+    return VectorLists(v, tuple(lists))
+
+
+def pack_vector(items: VectorLists, capacity: np.ndarray) -> np.ndarray | None:
+    """Fill hosts in index order from the ``d`` lists (module docstring); a host per task, or None.
+
+    ``capacity`` is hosts x d, the same dimensions as ``items.need``.
+    """
+    need = items.need
+    n, d = need.shape
+    cap = np.asarray(capacity, dtype=np.float64).reshape(-1, d)
+    hosts = np.full(n, -1, dtype=np.int64)
+    alive = np.ones(n, dtype=bool)
+    lists = [lst.copy() for lst in items.lists]
+    left = n
+    for h in range(len(cap)):
+        if left == 0:
+            break
+        # Drop the tasks placed on earlier hosts, then keep only the tasks that fit this empty host.
+        lists = [lst[alive[lst]] for lst in lists]
+        free = cap[h].copy()
+        with np.errstate(invalid="ignore"):  # a NaN capacity fits nothing
+            cand = [lst[np.all(need[lst] <= free + EPS, axis=1)] for lst in lists]
+        first = True
+        while left:
+            if first:
+                scan: list[int] = list(range(d))
+            else:  # most free dimension first; ties to the later dimension
+                scan = sorted(range(d), key=lambda k: (-free[k], -k))
+            chosen = -1
+            for li in scan:
+                c = cand[li]
+                if not len(c):
+                    continue
+                with np.errstate(invalid="ignore"):
+                    head = np.all(need[c[:_PEEK]] <= free + EPS, axis=1)
+                if head.any():
+                    pos = int(np.argmax(head))
+                else:
+                    with np.errstate(invalid="ignore"):
+                        ok = np.all(need[c] <= free + EPS, axis=1)
+                    c = cand[li] = c[ok]  # the rest never fits this host again
+                    if not len(c):
+                        continue
+                    pos = 0
+                chosen = int(c[pos])
+                cand[li] = np.delete(c, pos)
+                break
+            if chosen < 0:
+                break  # nothing fits on this host: next host
+            hosts[chosen] = h
+            alive[chosen] = False
+            for k in range(d):
+                free[k] -= need[chosen, k]
+            left -= 1
+            first = False
+    return hosts if left == 0 else None
+
+
+# --- the search on a fill level -----------------------------------------------------------------
+
+
+def normalised_rates(rates: np.ndarray) -> np.ndarray:
+    """Rates scaled so the largest is 1 (the level is then the fastest job's uncapped yield)."""
+    r = np.asarray(rates, dtype=float)
+    if not len(r):
+        return r
+    top = float(r.max())
+    if not (top > 0 and np.isfinite(top)) or (r <= 0).any() or not np.isfinite(r).all():
+        raise InputError(f"rates: every fill rate must be a finite number above 0 (got {r.min()!r}..{top!r})")
+    return r / top
+
+
+def level_yields(rates: np.ndarray, level: float) -> np.ndarray:
+    """``y_j(L) = min(1, rho_j L)``."""
+    return np.minimum(1.0, rates * level)
+
+
+def level_bound(instance: Instance, rates: np.ndarray) -> float | None:
+    """``L_LP``: the highest level at which every fluid resource fits in total, or None if memory does not.
+
+    Section 3.1's bound ``min(1, sum C / sum k alpha)`` with one row per fluid
+    resource and a rate per job; above ``max_j 1 / rho_j`` every job is at
+    yield 1 and nothing grows, so the level stops there.
+    """
+    if instance.n_tasks == 0:
+        return 1.0
+    if float(instance.task_mem.sum()) > float(instance.host_mem.sum()) + 1e-12:
+        return None
+    top = float(np.max(1.0 / rates))
+    demand = instance.job_need * instance.job_tasks[:, None]  # jobs x resources, per unit of yield
+    total = instance.host_capacity.sum(axis=0)
+
+    def fits(level: float) -> bool:
+        return bool(np.all(level_yields(rates, level) @ demand <= total * (1 + 1e-12)))
+
+    return highest_level(fits, top)
+
+
+def highest_level(fits: Callable[[float], bool], top: float) -> float:
+    """The highest level in ``[0, top]`` at which the monotone ``fits`` holds, to machine precision."""
+    if fits(top):
+        return top
+    lo, hi = 0.0, top
+    for _ in range(100):  # loads are piecewise linear in the level: bisect until the interval stops shrinking
+        mid = (lo + hi) / 2.0
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def vector_capacity(instance: Instance) -> np.ndarray:
+    """Hosts x (fluid resources + memory): every fluid capacity, then memory last."""
+    return np.column_stack((instance.host_capacity, instance.host_mem))
+
+
+def vector_need(instance: Instance, yields: np.ndarray) -> np.ndarray:
+    """Tasks x (fluid resources + memory) for jobs at ``yields``: ``y_j * need_jr``, then ``m_j``."""
+    fluid = (np.asarray(yields, dtype=float)[:, None] * instance.job_need)[instance.task_job]
+    return np.column_stack((fluid, instance.task_mem))
+
+
+@dataclass(frozen=True)
+class LevelSearch:
+    hosts: np.ndarray | None  # placement of the highest successful probe, or None
+    level: float | None  # that probe's level (normalised rates)
+    bound: float | None  # L_LP
+    probes: int
+    gap: float
+
+
+def search_level(instance: Instance, variant: str, rates: np.ndarray | None = None,
+                 precision: float = 1e-4) -> LevelSearch:
+    """Binary search on the fill level in ``(0, L_LP]``, first probe ``L_LP / 2`` (section 3.4 with rates).
+
+    ``rates`` (one per job, default all 1 = max-min yield) are normalised so
+    the largest is 1.
+    """
+    if not precision > 0.0:
+        raise InputError(f"precision: {precision!r} must be above 0")
+    if variant not in VECTOR_KEYS:
+        raise InputError(f"variant: unknown MCB variant {variant!r} (known: {', '.join(VECTOR_KEYS)})")
+    rho = normalised_rates(np.ones(instance.n_jobs) if rates is None else rates)
+    bound = level_bound(instance, rho)
+    if bound is None:
+        return LevelSearch(None, None, None, 0, 0.0)
+    capacity = vector_capacity(instance)
+
+    def probe(level: float) -> np.ndarray | None:
+        return pack_vector(vector_lists(variant, vector_need(instance, level_yields(rho, level))), capacity)
+
+    s = bisect_yield(probe, 0.0, bound, precision)
+    return LevelSearch(s.found, s.y, bound, s.probes, s.gap)
