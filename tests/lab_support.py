@@ -106,11 +106,15 @@ def destroy_everywhere(lab: Lab, name: str) -> None:
             for dom in conn.listAllDomains(0):
                 if dom.name() != name:
                     continue
-                persistent = dom.isPersistent()  # a transient domain is gone once destroyed
-                if dom.isActive():
-                    dom.destroy()
-                if persistent:
-                    dom.undefine()
+                try:
+                    persistent = dom.isPersistent()  # a transient domain is gone once destroyed
+                    if dom.isActive():
+                        dom.destroy()
+                    if persistent:
+                        dom.undefine()
+                except libvirt.libvirtError as exc:
+                    if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:  # gone meanwhile: what we wanted
+                        raise
         finally:
             conn.close()
 
