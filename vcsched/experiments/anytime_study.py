@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -65,6 +66,19 @@ def _machine() -> str:
             f"{', '.join(f'{x:.2f}' for x in load)} at the start")
 
 
+def _code() -> str:
+    """The git commit of this checkout, and whether vcsched/ differs from it (results depend on it)."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=here.parent, capture_output=True,
+                               text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return f"{head} (vcsched/ with uncommitted changes)" if dirty else head
+
+
 def _save(path: Path, meta: dict[str, Any], records: list[Record]) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"meta": meta, "records": [r.to_dict() for r in records]}, indent=0))
@@ -81,7 +95,7 @@ def run_study(set_name: str, out_dir: Path, *, instances: int, budgets: Sequence
         "set": set_name, "instances_per_spec": instances, "families": len(specs(set_name, tasks)),
         "tasks": list(tasks or SET_TASKS[set_name]), "seed": seed, "algorithms": names,
         "time_limit": time_limit, "jobs": jobs, "wall_s": 0.0, "machine": _machine(),
-        "code": "see git log", "complete": False,
+        "code": _code(), "complete": False,
     }
     path = out_dir / "records.json"
     records: list[Record] = []
