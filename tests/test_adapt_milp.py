@@ -108,7 +108,7 @@ def test_highs_prints_during_the_adaptation_milp_do_not_reach_stdout(monkeypatch
 
     import vcsched.solvers.milp as static_milp
 
-    real = static_milp.milp
+    real = static_milp.scipy_milp
     calls = []
 
     def noisy(*args: object, **kwargs: object) -> object:
@@ -116,7 +116,7 @@ def test_highs_prints_during_the_adaptation_milp_do_not_reach_stdout(monkeypatch
         os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();\n")
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(static_milp, "milp", noisy)
+    monkeypatch.setattr(static_milp, "scipy_milp", noisy)
     out = solve_adapt(LOPSIDED.with_budget(5 * GIB), "milp")
     assert out.result.min_yield == pytest.approx(1.0)
     assert calls and capfd.readouterr().out == ""

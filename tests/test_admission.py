@@ -113,7 +113,7 @@ def test_a_bound_only_algorithm_cannot_place() -> None:
         admit(cluster_of(), inventory_of(), request(), algorithm="lpbound")
 
 
-@pytest.mark.parametrize("algorithm", ["mcb8", "mcb5", "gr", "sg"])
+@pytest.mark.parametrize("algorithm", ["mcb8", "mcb5", "gr", "sg", "best"])
 def test_any_placing_algorithm_of_the_registry_can_admit(algorithm: str) -> None:
     d = admit(cluster_of(), inventory_of([managed("a-0", "h0", "a", 0.8, cap=0.8)]), request(vms=2, need=0.4),
               algorithm=algorithm)

@@ -19,6 +19,7 @@ from vcsched.experiments.bench import (
     BenchCase,
     Timing,
     parse_cases,
+    row_time_limit,
     run_bench,
     skip_reason,
     time_commands,
@@ -144,6 +145,15 @@ def test_run_bench_times_each_algorithm_then_the_adaptation_rows_reporting_progr
 def test_run_bench_gives_a_too_slow_algorithm_a_row_with_the_reason_and_no_runs() -> None:
     (t,) = run_bench((BenchCase(4, 20),), ["milp"], repeat=1)
     assert t.runs_s == () and t.skipped == skip_reason("milp", BenchCase(4, 20)) and not t.feasible
+
+
+def test_best_runs_at_its_own_budget_unless_its_row_names_one() -> None:
+    assert row_time_limit("best", 60.0) is None  # its default budget, not the MILP's minute
+    assert row_time_limit("best@0.01", 60.0) == 0.01
+    assert row_time_limit("milp", 60.0) == 60.0
+    (t,) = run_bench((BenchCase(8, 40),), ["best@0.01"], repeat=2, time_limit=60.0)
+    assert t.algorithm == "best@0.01" and t.feasible and len(t.runs_s) == 2
+    assert max(t.runs_s) < 1.0
 
 
 def test_time_commands_runs_each_command_repeat_times_after_an_untimed_run(tmp_path: Path) -> None:

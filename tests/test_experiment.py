@@ -17,12 +17,15 @@ from cli.main import cli
 from vcsched.errors import InputError
 from vcsched.experiments.paper import (
     Record,
+    anytime_summary,
     bound_gap_by_slack,
+    budget_label,
     degradation,
     failures_by_slack,
     in_run_order,
     milp_gaps,
     missing_items,
+    parse_label,
     ranking,
     report_markdown,
     resumable_records,
@@ -413,3 +416,54 @@ def test_cli_runs_the_real_solvers_end_to_end(tmp_path: Path) -> None:
             assert rec_.min_yield <= bounds[rec_.key] + 1e-9
     report = (tmp_path / "report.md").read_text()
     assert "## MCB variants" in report and "paper avg %" in report
+
+
+# ------------------------------------------------------------------ budgeted labels and the anytime summary
+
+
+def test_a_label_with_a_budget_names_the_algorithm_and_its_time_limit() -> None:
+    assert parse_label("best@0.1") == ("best", 0.1)
+    assert parse_label("milp") == ("milp", None)
+    assert budget_label("best", 1.0) == "best@1"
+
+
+@pytest.mark.parametrize("label", ["best@", "best@0", "best@-1", "best@soon", "best@nan"])
+def test_a_bad_budget_in_a_label_is_refused_before_anything_runs(label: str) -> None:
+    with pytest.raises(InputError, match="must be a number above 0"):
+        work_items("small", 1, [label])
+
+
+def test_a_budgeted_label_runs_its_algorithm_with_its_own_time_limit(toy_algorithms: None) -> None:
+    seen: list[float | None] = []
+
+    def spy(instance: Instance, options: SolveOptions) -> registry.Placement:
+        seen.append(options.time_limit)
+        return _first_fit(instance, options)
+
+    registry.register("test-spy", "records its time limit (test only)")(spy)
+    try:
+        item = work_items("small", 1, ["test-spy@0.25", "test-spy"], time_limit=60.0, tasks=[6])[32]
+        records = run_item(item)
+    finally:
+        registry._REGISTRY.pop("test-spy", None)
+    assert seen == [0.25, 60.0]
+    assert [r.algorithm for r in records] == ["test-spy@0.25", "test-spy"]
+
+
+def test_the_anytime_summary_compares_with_mcb8_the_milp_and_the_bound() -> None:
+    records = [
+        rec(0, "best@0.1", 0.9), rec(0, "mcb8", 0.8), rec(0, "milp", 0.9, optimal=True), rec(0, "lpbound", 1.0),
+        rec(1, "best@0.1", 0.5), rec(1, "mcb8", 0.5), rec(1, "milp", 0.6, optimal=True), rec(1, "lpbound", 0.6),
+        rec(2, "best@0.1", None), rec(2, "mcb8", None), rec(2, "milp", 0.4, optimal=True), rec(2, "lpbound", 0.5),
+    ]
+    s = anytime_summary(records, "best@0.1")
+    assert s.instances == 3 and s.failed_milp_feasible == 1 and s.failed_reference_placed == 0
+    assert s.below_milp.mean == pytest.approx((0 + 100 * 0.1 / 0.6) / 2)
+    assert (s.better, s.worse) == (1, 0)
+    assert s.gain.mean == pytest.approx((12.5 + 0) / 2)
+    assert s.below_bound.mean == pytest.approx((10 + 100 * 0.1 / 0.6) / 2)
+    assert s.reference_below_bound.mean == pytest.approx((20 + 100 * 0.1 / 0.6) / 2)
+    assert s.closed == pytest.approx(1 - s.below_bound.mean / s.reference_below_bound.mean)
+    assert s.closed_each == pytest.approx((0.5 + 0.0) / 2)
+    text = report_markdown(records, {"set": "small", "algorithms": ["best@0.1", "mcb8", "milp", "lpbound"]})
+    assert "## Anytime search against MCB8" in text

@@ -16,8 +16,6 @@ LP (section 5).
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import csr_matrix
 
 from vcsched.model import Allocation, Instance
 
@@ -64,6 +62,11 @@ def _sequential_phase(instance: Instance, hosts: np.ndarray, min_yield: float) -
 
 def _parallel_phase(instance: Instance, hosts: np.ndarray, min_yield: float) -> np.ndarray:
     """LP: maximize sum_j y_j, Y <= y_j <= 1, sum_j n_jh alpha_j y_j <= C_h."""
+    # Imported here, not at the top: scipy.optimize costs ~0.4 s to import, more than a whole
+    # sequential-job ``vcsched solve`` at 64 x 500 takes; only parallel jobs need the LP.
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_matrix
+
     n_jobs, n_hosts = instance.n_jobs, instance.n_hosts
     # n_jh * alpha_j as a sparse (host x job) matrix, summing duplicate entries.
     a = csr_matrix(

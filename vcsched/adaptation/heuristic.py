@@ -22,7 +22,7 @@ heuristics to future work.  :func:`adapt_heuristic` is ours:
    task elsewhere), until nothing improves within the budget; moves after
    the last one that raised the minimum yield are dropped (they cost bytes
    and bought nothing);
-4. compute a from-scratch MCB8 placement, relabel its hosts and tasks to
+4. compute a from-scratch MCB8 placement (or another registry algorithm's), relabel its hosts and tasks to
    overlap the current placement as much as possible, and take it instead
    when its cost fits the budget and it gives a higher yield (or the same
    yield for fewer bytes).
@@ -112,6 +112,16 @@ def pack_residual(
 def mcb8_from_scratch(instance: Instance, precision: float = 1e-4) -> np.ndarray | None:
     """A full MCB8 placement (section 3.4's binary search), ignoring where tasks run now."""
     return search(instance, "mcb8", precision).hosts
+
+
+def from_scratch(instance: Instance, precision: float = 1e-4, algorithm: str = "mcb8") -> np.ndarray | None:
+    """A full placement by ``algorithm`` (any placing algorithm of the registry, e.g. ``best``; MCB8 by default)."""
+    if algorithm == "mcb8":
+        return mcb8_from_scratch(instance, precision)
+    from vcsched.model import SolveOptions
+    from vcsched.solvers.registry import get
+
+    return get(algorithm).placer(instance, SolveOptions(precision=precision)).hosts
 
 
 def align_to_current(problem: AdaptProblem, target: np.ndarray) -> np.ndarray:
@@ -322,8 +332,13 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     return int(on[i]), int(others[k]), int(hosts[others[k]]), int(dc[i, k])
 
 
-def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4) -> tuple[np.ndarray | None, dict[str, object]]:
-    """Our heuristic for section 6.1 (see the module docstring); returns a placement or None, and details."""
+def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4,
+                    scratch: str = "mcb8") -> tuple[np.ndarray | None, dict[str, object]]:
+    """Our heuristic for section 6.1 (see the module docstring); returns a placement or None, and details.
+
+    ``scratch`` names the registry algorithm of step 4's from-scratch placement (``best`` for the anytime
+    search, at its default budget).
+    """
     inst = problem.instance
     evicted = _evict_overfull(problem)
     pool = np.concatenate((np.flatnonzero(~problem.running), evicted)).astype(np.int64)
@@ -332,9 +347,9 @@ def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4) -> tuple[np.
         placed = pack_residual(inst, problem.current.clip(min=0), pool, precision)
         if placed is not None and move_cost(problem, placed) <= problem.budget:
             candidates.append(("incremental", improve(problem, placed)))
-    scratch = mcb8_from_scratch(inst, precision)
-    if scratch is not None:
-        aligned = align_to_current(problem, scratch)
+    placed_anew = from_scratch(inst, precision, scratch)
+    if placed_anew is not None:
+        aligned = align_to_current(problem, placed_anew)
         if move_cost(problem, aligned) <= problem.budget:
             candidates.append(("scratch", aligned))
     if not candidates:

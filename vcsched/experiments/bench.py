@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from vcsched.errors import InputError, VcschedError
 from vcsched.experiments import OnProgress
 from vcsched.experiments.generate import GeneratorSpec, generate
+from vcsched.experiments.paper import parse_label
 from vcsched.model import SolveOptions
 from vcsched.solvers.registry import solve
 from vcsched.validate import check_allocation
@@ -64,9 +65,22 @@ TASK_LIMITS: dict[str, tuple[int, str]] = {
 }
 
 
+#: Anytime algorithms are timed at their own default budget, not at the bench's time limit (they would spend
+#: all of it); ``name@S`` (:func:`vcsched.experiments.paper.parse_label`) times them at S seconds instead.
+OWN_BUDGET = frozenset({"best"})
+
+
+def row_time_limit(algorithm: str, time_limit: float) -> float | None:
+    """The time limit a row runs with: the label's budget, the algorithm's own default, or the bench's."""
+    name, budget = parse_label(algorithm)
+    if budget is not None:
+        return budget
+    return None if name in OWN_BUDGET else time_limit
+
+
 def skip_reason(algorithm: str, case: BenchCase) -> str | None:
     """Why ``algorithm`` is not timed on ``case``, or None when it is."""
-    limit = TASK_LIMITS.get(algorithm)
+    limit = TASK_LIMITS.get(parse_label(algorithm)[0])
     if limit is not None and case.tasks > limit[0]:
         return f"skipped above {limit[0]} tasks: {limit[1]}"
     return None
@@ -141,8 +155,10 @@ def run_bench(cases: Sequence[BenchCase], algorithms: Sequence[str], *, repeat: 
     validator; an algorithm too slow for a case (:func:`skip_reason`) gets a
     row with the reason instead of runs.  The ``adapt`` rows time
     ``solve_adapt(..., "heuristic")`` on :func:`adapt_problem` at each of
-    :data:`ADAPT_BUDGETS`.  Rows come case by case, in the order given, the
-    adaptation rows last.  ``on_progress`` is told before each row is timed
+    :data:`ADAPT_BUDGETS`.  ``time_limit`` applies to milp/rrnd/rrnz; ``best``
+    runs at its own default budget, and an algorithm given as ``name@S`` at
+    S seconds (:func:`row_time_limit`).  Rows come case by case, in the
+    order given, the adaptation rows last.  ``on_progress`` is told before each row is timed
     (and once when all are).
     """
     from vcsched.adaptation.solve import solve_adapt
@@ -168,7 +184,8 @@ def run_bench(cases: Sequence[BenchCase], algorithms: Sequence[str], *, repeat: 
         inst = instances[case.name]
         runs, feasible, min_yield = [], False, None
         for _ in range(repeat):
-            result = solve(inst, algo, SolveOptions(seed=BENCH_SEED, time_limit=time_limit))
+            result = solve(inst, parse_label(algo)[0],
+                           SolveOptions(seed=BENCH_SEED, time_limit=row_time_limit(algo, time_limit)))
             if result.allocation is not None:
                 check_allocation(inst, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
             runs.append(result.runtime_s)

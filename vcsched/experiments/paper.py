@@ -62,6 +62,30 @@ PAPER_DEGRADATION: dict[str, dict[str, tuple[float, float]]] = {
 PAPER_MCB_RANKING = ("mcb8", "mcb5", "mcb6", "mcb7", "mcb3", "mcb2", "mcb1", "mcb4")
 
 
+#: ``name@S`` in a run's algorithm list runs ``name`` with its own time limit of S seconds (e.g. ``best@0.1``),
+#: so that one run can compare budgets while the MILP keeps the run's limit; records carry the label.
+BUDGET_MARK = "@"
+
+
+def parse_label(label: str) -> tuple[str, float | None]:
+    """``"best@0.1"`` -> ``("best", 0.1)``; a plain name -> ``(name, None)`` (the run's time limit applies)."""
+    name, mark, budget = label.partition(BUDGET_MARK)
+    if not mark:
+        return label, None
+    try:
+        seconds = float(budget)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise InputError(f"algorithm: {label!r}: the time limit after {BUDGET_MARK!r} must be a number above 0")
+    return name, seconds
+
+
+def budget_label(name: str, seconds: float) -> str:
+    """The label :func:`parse_label` reads back: ``budget_label("best", 0.1) == "best@0.1"``."""
+    return f"{name}{BUDGET_MARK}{seconds:g}"
+
+
 def specs(set_name: str, tasks: Sequence[int] | None = None) -> list[GeneratorSpec]:
     """The families of a set: tasks x slack x cv_mem x cv_cpu (section 4.1).
 
@@ -127,6 +151,8 @@ def work_items(
         raise InputError(f"instances: {n_instances} must be at least 1")
     if not algorithms:
         raise InputError("algorithms: at least one algorithm is needed")
+    for label in algorithms:
+        parse_label(label)  # refuses a bad budget before anything runs
     specs(set_name, tasks)  # validates the task counts
     return [
         WorkItem(set_name, i, k, spec, instance_seed(seed, i, k), tuple(algorithms), time_limit)
@@ -185,6 +211,8 @@ class Record:
 def run_item(item: WorkItem) -> list[Record]:
     """Generate one instance and run every algorithm on it, validating each allocation.
 
+    An algorithm given as ``name@S`` (:func:`parse_label`) runs with a time limit of S seconds instead of the
+    item's.
     A solver that raises, or returns an allocation the validator rejects,
     gets a record with ``error`` set and ``feasible=False``: one bad instance
     must not lose an hour of results, and the report lists every error.
@@ -198,11 +226,12 @@ def run_item(item: WorkItem) -> list[Record]:
         algorithm="", feasible=False, min_yield=None, avg_yield=None, runtime_s=math.nan,
     )
     records = []
-    for name in item.algorithms:
+    for label in item.algorithms:
+        name, budget = parse_label(label)
         try:
-            result = solve(instance, name, options)
+            result = solve(instance, name, options if budget is None else replace(options, time_limit=budget))
         except (VcschedError, ArithmeticError, ValueError, RuntimeError) as exc:
-            records.append(replace(blank, algorithm=name, error=f"{type(exc).__name__}: {exc}"))
+            records.append(replace(blank, algorithm=label, error=f"{type(exc).__name__}: {exc}"))
             continue
         error = None
         if result.allocation is not None:
@@ -211,7 +240,7 @@ def run_item(item: WorkItem) -> list[Record]:
             if problems:
                 error = "invalid allocation: " + "; ".join(problems[:3])
         records.append(replace(
-            blank, algorithm=name, feasible=result.feasible and error is None,
+            blank, algorithm=label, feasible=result.feasible and error is None,
             min_yield=result.min_yield, avg_yield=result.avg_yield, runtime_s=result.runtime_s,
             optimal=result.optimal, error=error,
         ))
@@ -446,6 +475,111 @@ def milp_status(records: Iterable[Record]) -> dict[str, int]:
     return out
 
 
+@dataclass(frozen=True)
+class AnytimeSummary:
+    """How one algorithm (typically ``best`` at one budget) does against the MILP, MCB8 and the LP bound.
+
+    Percentages are ``percent_gap`` per instance, then averaged: ``below_milp``
+    over instances where both it and the MILP (proven optimal) placed;
+    ``below_bound`` and ``reference_below_bound`` over the instances where it
+    *and* the reference placed (the same instances for both, so they compare);
+    ``closed`` = ``1 - below_bound.mean / reference_below_bound.mean`` (the share
+    of the reference's mean gap to the bound it closes) and ``closed_each`` the
+    mean of that share per instance, over the instances where the reference is
+    more than 1e-9 below the bound; ``gain`` = ``100 (mine - reference) /
+    reference``.  ``failed_milp_feasible``: instances the MILP placed and it did
+    not; ``worse`` / ``better``: instances below / above the reference (by more
+    than 1e-9 relative); ``time``: mean and max seconds (the registry's
+    ``runtime_s``).
+    """
+
+    algorithm: str
+    instances: int
+    below_milp: Gap
+    failed_milp_feasible: int
+    below_bound: Gap
+    reference_below_bound: Gap
+    closed: float
+    closed_each: float
+    gain: Gap
+    worse: int
+    better: int
+    failed_reference_placed: int
+    mean_s: float
+    max_s: float
+
+
+def anytime_summary(records: Iterable[Record], algorithm: str, reference: str = REFERENCE) -> AnytimeSummary:
+    """:class:`AnytimeSummary` of ``algorithm`` against ``reference`` (MCB8), the MILP and the LP bound."""
+    below_milp: list[float] = []
+    below_bound: list[float] = []
+    ref_below: list[float] = []
+    closed_each: list[float] = []
+    gains: list[float] = []
+    times: list[float] = []
+    failed_milp = worse = better = failed_ref = n = 0
+    for per_algo in by_instance(records).values():
+        mine = per_algo.get(algorithm)
+        if mine is None:
+            continue
+        n += 1
+        if not math.isnan(mine.runtime_s):
+            times.append(mine.runtime_s)
+        placed = mine.feasible and mine.min_yield is not None
+        m, b, ref = per_algo.get(EXACT), per_algo.get(BOUND), per_algo.get(reference)
+        if m is not None and m.feasible and m.min_yield is not None:
+            if not placed:
+                failed_milp += 1
+            elif m.optimal:
+                below_milp.append(percent_gap(mine.min_yield, m.min_yield))  # type: ignore[arg-type]
+        ref_placed = ref is not None and ref.feasible and ref.min_yield is not None
+        if ref_placed and not placed:
+            failed_ref += 1
+        if not (placed and ref_placed):
+            continue
+        assert mine.min_yield is not None and ref is not None and ref.min_yield is not None
+        gains.append(100.0 * (mine.min_yield - ref.min_yield) / ref.min_yield)
+        if mine.min_yield < ref.min_yield * (1 - 1e-9):
+            worse += 1
+        elif mine.min_yield > ref.min_yield * (1 + 1e-9):
+            better += 1
+        if b is not None and b.feasible and b.min_yield is not None:
+            g_mine, g_ref = percent_gap(mine.min_yield, b.min_yield), percent_gap(ref.min_yield, b.min_yield)
+            below_bound.append(g_mine)
+            ref_below.append(g_ref)
+            if g_ref > 1e-7:
+                closed_each.append(1.0 - g_mine / g_ref)
+    mine_gap, ref_gap = _gap(below_bound), _gap(ref_below)
+    closed = 1.0 - mine_gap.mean / ref_gap.mean if ref_gap.count and ref_gap.mean > 0 else math.nan
+    return AnytimeSummary(
+        algorithm=algorithm, instances=n, below_milp=_gap(below_milp), failed_milp_feasible=failed_milp,
+        below_bound=mine_gap, reference_below_bound=ref_gap, closed=closed,
+        closed_each=statistics.fmean(closed_each) if closed_each else math.nan, gain=_gap(gains),
+        worse=worse, better=better, failed_reference_placed=failed_ref,
+        mean_s=statistics.fmean(times) if times else math.nan, max_s=max(times) if times else math.nan,
+    )
+
+
+def _anytime_section(records: Sequence[Record], labels: Sequence[str]) -> list[str]:
+    rows = []
+    for a in labels:
+        s = anytime_summary(records, a)
+        rows.append([a, str(s.instances), _fmt(s.below_milp.mean), _fmt(s.below_milp.max),
+                     str(s.failed_milp_feasible), _fmt(s.gain.mean), f"{s.better}/{s.worse}",
+                     _fmt(s.below_bound.mean), _fmt(s.reference_below_bound.mean),
+                     _fmt(100 * s.closed, 1), _fmt(100 * s.closed_each, 1),
+                     _fmt(1e3 * s.mean_s, 1), _fmt(1e3 * s.max_s, 1)])
+    return ["", "## Anytime search against MCB8, the MILP and the LP bound", "",
+            f"Per instance, then averaged (`vcsched.experiments.paper.anytime_summary`): % below the MILP optimum "
+            f"(proven optima only) and failures where the MILP placed; % gain over {REFERENCE} and instances "
+            f"better/worse than it; % below the LP bound for the algorithm and for {REFERENCE} on the same "
+            f"instances; share of {REFERENCE}'s mean gap closed (ratio of the means, and mean of the per-instance "
+            "shares); solver time (`runtime_s`, ms).", "",
+            _table(["algorithm", "instances", "below MILP avg %", "max %", "failed (MILP placed)",
+                    f"gain over {REFERENCE} %", "better/worse", "below bound %", f"{REFERENCE} below bound %",
+                    "gap closed %", "closed per inst. %", "mean ms", "max ms"], rows)]
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -545,6 +679,9 @@ def report_markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
                 "8% at 0.2, 37% at 0.1)."]
         out += ["", _table(["slack", "mean %", "max %", "instances"],
                            [[f"{s:g}", _fmt(g.mean), _fmt(g.max), str(g.count)] for s, g in bg.items()])]
+    anytime = [a for a in algos if parse_label(a)[1] is not None or parse_label(a)[0] == "best"]
+    if anytime:
+        out += _anytime_section(records, anytime)
     errors = [r for r in records if r.error]
     out += ["", "## Errors", ""]
     if errors:

@@ -45,7 +45,7 @@ _REGISTRY: dict[str, Algorithm] = {}
 # Modules whose import registers algorithms; loaded on first use so that
 # importing the core stays cheap.
 _MODULES = ("vcsched.solvers.mcb", "vcsched.solvers.greedy", "vcsched.solvers.rounding", "vcsched.solvers.milp",
-            "vcsched.solvers.lpbound")
+            "vcsched.solvers.lpbound", "vcsched.solvers.anytime")
 _loaded = False
 
 
