@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "Apply a plan saved by `vcsched place -o PLAN.json` or `vcsched adapt -o PLAN.json`."),
     "status": ("cli.status:status_cmd",
                "Show every host and VM of the cluster: caps, predicted yields and measured CPU."),
+    "simulate": ("cli.simulate:simulate_cmd",
+                 "Simulate virtual clusters arriving and leaving over time, under every sharing policy."),
 }
 
 for _name, (_where, _summary) in COMMANDS.items():

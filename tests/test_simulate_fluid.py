@@ -1,0 +1,185 @@
+"""The fluid simulator: exact small cases, the paper's dynamic model against its exact Markov chain, seeds."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from vcsched.simulate.fluid import Arrival, RunOptions, simulate
+from vcsched.simulate.markov import solve_chain, strategy_proofness
+from vcsched.simulate.scenarios import cluster64, scenario
+from vcsched.simulate.study import sweep
+from vcsched.simulate.workload import HostSpec, Part, Phase, VCClass, Workload, validate
+
+SLOW = pytest.mark.skipif(not os.environ.get("VCSCHED_SLOW"), reason="long statistical check: set VCSCHED_SLOW=1")
+
+# policies.md §2.5, [D]: exact CTMC values of γ1 / γ2 (three decimals)
+REFERENCE = {
+    ("br-fig1a", 0.2): {"drf": (.783, .783), "pf": (.800, .800)},
+    ("br-fig1a", 0.5): {"drf": (.429, .429), "pf": (.500, .500)},
+    ("br-fig1a", 0.8): {"drf": (.109, .109), "pf": (.199, .199)},
+    ("br-fig1b", 0.2): {"drf": (.798, .890), "pf": (.800, .916)},
+    ("br-fig1b", 0.5): {"drf": (.496, .620), "pf": (.500, .792)},
+    ("br-fig1b", 0.8): {"drf": (.198, .243), "pf": (.200, .653)},
+    ("br-fig2a", 0.2): {"drf": (.799, .803), "pf": (.787, .848)},
+    ("br-fig2a", 0.5): {"drf": (.493, .508), "pf": (.485, .593)},
+    ("br-fig2a", 0.8): {"drf": (.196, .206), "pf": (.193, .295)},
+    ("br-fig2b", 0.2): {"drf": (.801, .848), "pf": (.794, .915)},
+    ("br-fig2b", 0.5): {"drf": (.503, .571), "pf": (.494, .713)},
+    ("br-fig2b", 0.8): {"drf": (.206, .233), "pf": (.198, .362)},
+}
+
+
+def one_host(*classes: VCClass, memory: float = 1.0) -> Workload:
+    return validate(Workload((HostSpec("h", 1.0, memory, (("io", 1.0),)),), classes))
+
+
+def cls(name: str, cpu: float = 1.0, io: float = 0.0, memory: float = 0.0, rate: float = 1.0,
+        phases: tuple[Phase, ...] | None = None) -> VCClass:
+    needs = tuple((r, v) for r, v in (("cpu", cpu), ("io", io)) if v > 0)
+    return VCClass(name, rate, phases or (Phase((Part(needs, 1.0),)),), memory=memory)
+
+
+def trace_run(w: Workload, arrivals: list[Arrival], policy: str = "drf", **kw: object) -> dict[int, float]:
+    r = simulate(w, RunOptions(policy=policy, arrivals=1, warmup=0, record=True, **kw), arrivals)  # type: ignore[arg-type]
+    return r.completion
+
+
+def test_a_vc_alone_finishes_after_its_work() -> None:
+    assert trace_run(one_host(cls("a")), [Arrival(1.0, 0, 2.5)]) == {0: pytest.approx(2.5)}
+
+
+@pytest.mark.parametrize("policy", ["drf", "pf", "asset", "yield", "hdrf"])
+def test_two_vcs_on_one_resource_share_it_equally(policy: str) -> None:
+    # processor sharing: both at 1/2 until the first (work 1) ends at 2, then the other alone: 1 left, ends at 3
+    done = trace_run(one_host(cls("a")), [Arrival(0.0, 0, 1.0), Arrival(0.0, 0, 2.0)], policy)
+    assert done == {0: pytest.approx(2.0), 1: pytest.approx(3.0)}
+
+
+def test_a_vc_waits_for_memory_and_its_wait_counts_in_its_completion_time() -> None:
+    w = one_host(cls("a", cpu=0.5, memory=0.6))
+    done = trace_run(w, [Arrival(0.0, 0, 1.0), Arrival(0.5, 0, 1.0)])
+    assert done == {0: pytest.approx(1.0), 1: pytest.approx(1.5)}  # starts at 1.0, ends at 2.0
+
+
+def test_parts_of_a_phase_run_together_and_the_phase_ends_with_the_longest() -> None:
+    # alone: both parts at yield 1 (cpu 0.5 + io 0.5 per VM), 0.3 and 0.7 of the work; then a second phase
+    phases = (Phase((Part((("cpu", 0.5),), 0.3), Part((("io", 0.5),), 0.5))), Phase((Part((("cpu", 1.0),), 0.2),)))
+    w = one_host(cls("a", phases=phases))
+    assert trace_run(w, [Arrival(0.0, 0, 10.0)]) == {0: pytest.approx(5.0 + 2.0)}
+
+
+def test_altruism_zero_is_the_fair_policy_exactly() -> None:
+    w = scenario("phased").scaled_to_load(0.7)
+    base = RunOptions(policy="drf", arrivals=400, warmup=50, seed=4, record=True)
+    fair = simulate(w, base)
+    zero = simulate(w, dataclasses.replace(base, altruism=0.0, leftover="pack"))
+    assert zero.completion == fair.completion
+    assert zero.classes == fair.classes
+
+
+def test_the_same_seed_gives_the_same_run_and_another_replication_another() -> None:
+    w = scenario("br-fig2b").scaled_to_load(0.6)
+    opts = RunOptions(policy="pf", arrivals=300, warmup=30, seed=9, record=True)
+    a, b = simulate(w, opts), simulate(w, opts)
+    assert a.completion == b.completion and a.classes == b.classes
+    c = simulate(w, dataclasses.replace(opts, replication=1))
+    assert c.completion != a.completion
+
+
+def test_every_policy_sees_the_same_arrivals_under_one_seed() -> None:
+    w = scenario("br-fig1b").scaled_to_load(0.5)
+    runs = [simulate(w, RunOptions(policy=p, arrivals=200, warmup=0, seed=2, record=True)) for p in ("drf", "pf")]
+    assert set(runs[0].completion) == set(runs[1].completion)
+    assert [c.completions for c in runs[0].classes] == [c.completions for c in runs[1].classes]
+
+
+@pytest.mark.parametrize("policy", ["drf", "pf"])
+def test_one_resource_is_processor_sharing_service_rate_one_minus_load(policy: str) -> None:
+    # Bonald & Roberts §3.3: with a single resource, locally fair policies give γ = 1 − ρ for every class
+    w = scenario("single").scaled_to_load(0.5)
+    [pt] = sweep(w, [policy], [None], RunOptions(arrivals=6000, warmup=600, seed=1), replications=4)
+    for name in ("small", "large"):
+        est = pt.summary.classes[name]["service_rate"]
+        assert est is not None and est.contains(0.5, slack=0.02), (name, est)
+
+
+@pytest.mark.parametrize(("name", "load"), [("br-fig1a", 0.2), ("br-fig1b", 0.5), ("br-fig2a", 0.2),
+                                            ("br-fig2b", 0.5)])
+def test_markov_chain_reproduces_the_reference_values(name: str, load: float) -> None:
+    w = scenario(name).scaled_to_load(load)
+    for policy, expected in REFERENCE[(name, load)].items():
+        chain = solve_chain(w, policy)
+        assert chain.truncated_mass < 1e-9
+        assert chain.service_rate == pytest.approx(expected, abs=5e-4)
+
+
+@pytest.mark.slow
+@SLOW
+@pytest.mark.parametrize("key", sorted(REFERENCE))
+def test_markov_chain_reproduces_every_reference_value(key: tuple[str, float]) -> None:
+    w = scenario(key[0]).scaled_to_load(key[1])
+    for policy, expected in REFERENCE[key].items():
+        assert solve_chain(w, policy).service_rate == pytest.approx(expected, abs=5e-4)
+
+
+def test_simulation_agrees_with_the_exact_chain_within_its_confidence_interval() -> None:
+    w = scenario("br-fig1b").scaled_to_load(0.5)
+    points = sweep(w, ["drf", "pf"], [None], RunOptions(arrivals=5000, warmup=500, seed=3), replications=5)
+    for pt in points:
+        exact = REFERENCE[("br-fig1b", 0.5)][pt.policy]
+        for name, value in zip(("class1", "class2"), exact, strict=True):
+            est = pt.summary.classes[name]["service_rate"]
+            assert est is not None and est.contains(value, slack=0.01), (pt.policy, name, est, value)
+    drf, pf = (pt.summary.classes["class2"]["service_rate"] for pt in points)
+    assert drf is not None and pf is not None and pf.mean > drf.mean + 0.1  # RAM less loaded: PF ≫ DRF
+
+
+def test_strategy_proofness_chain_reproduces_the_reference_values() -> None:
+    # policies.md §2.5 [D]: γ1 of the permanent class-1 job, truthful and lying optimally for n = 1, 2, 5
+    for rho2, expected in ((0.5, (.950, .725, .846, .941)), (0.7, (.919, .489, .630, .842))):
+        got = [strategy_proofness(0.1, beta, rho2) for beta in (None, 0.5263, 0.3571, 0.1818)]
+        assert got == pytest.approx(expected, abs=5e-4)
+
+
+def test_a_permanent_vc_gets_the_chains_mean_yield() -> None:
+    from vcsched.simulate.scenarios import strategy_proofness as lie
+
+    w = lie(0.1, None).with_rates([0.0, 0.5 * 1.0])  # ρ2 = 0.5: class 2 needs io 1 per unit work
+    [pt] = sweep(w, ["pf"], [None], RunOptions(arrivals=4000, warmup=400, seed=5), replications=4)
+    est = pt.summary.classes["class1"]["permanent_yield"]
+    assert est is not None and est.contains(0.950, slack=0.01)
+
+
+def test_decomposed_fast_engines_match_the_registry_on_many_hosts() -> None:
+    # Only the connected component of binding pairs an event touches is re-allocated: the result must be the
+    # registry's allocation of every running VC, event after event (same completion times).
+    hosts = (HostSpec("h", 1.0, 1.0, (("disk", 1.0),), count=4),)
+    w = validate(Workload(hosts, (
+        VCClass("a", 1.0, (Phase((Part((("cpu", 0.6), ("disk", 0.1)), 1.0),)),), vms=2, memory=0.1),
+        VCClass("b", 1.0, (Phase((Part((("cpu", 0.1), ("disk", 0.7)), 1.0),)),), vms=3, memory=0.1),
+        VCClass("c", 0.5, (Phase((Part((("cpu", 0.5),), 0.5), Part((("disk", 0.5),), 0.5))),), vms=1, memory=0.2),
+    ))).scaled_to_load(0.8)
+    for policy, placement in (("drf", "pack"), ("drf", "spread"), ("pf", "spread")):
+        opts = RunOptions(policy=policy, arrivals=80, warmup=0, seed=8, record=True, placement=placement)
+        fast, slow = simulate(w, opts), simulate(w, dataclasses.replace(opts, fast=False))
+        assert fast.completion.keys() == slow.completion.keys()
+        for i, t in fast.completion.items():
+            assert t == pytest.approx(slow.completion[i], rel=1e-6), (policy, placement, i)
+
+
+def test_the_cluster_scenario_runs_every_policy() -> None:
+    w = cluster64().scaled_to_load(0.5)
+    for policy in ("yield", "drf", "drf-pools", "asset", "pf", "hdrf"):
+        r = simulate(w, RunOptions(policy=policy, arrivals=60, warmup=10, seed=1))
+        assert sum(c.completions for c in r.classes) == 60
+        assert 0 < r.jain <= 1 and 0 < r.utilisation["cpu"] < 1
+
+
+def test_adaptation_under_a_byte_budget_migrates_within_it() -> None:
+    w = cluster64().scaled_to_load(0.5)
+    opts = RunOptions(policy="drf", arrivals=40, warmup=0, seed=2, placement="mcb8", migration_budget=1 << 30)
+    r = simulate(w, opts)
+    assert r.events > 0 and r.migrated_bytes <= r.events * (1 << 30)
