@@ -170,7 +170,7 @@ def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, se
         detail["mcb8_min_yield"] = y8
         small = instance.n_tasks * instance.n_hosts <= MILP_MAX_VARIABLES
         if search.best is None and small and not search.infeasible and search.remaining() >= _milp_min_s():
-            _exact(search, cutoff=False)
+            optimal = _exact(search, cutoff=False)
         if search.infeasible:
             optimal, stopped = True, "SGB's exhaustive search proved that no placement fits in memory"
         elif search.best is None:
@@ -179,12 +179,13 @@ def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, se
             detail["start"] = {"algorithm": search.source, "min_yield": search.best_y}
             local_until = budget_s * LOCAL_SHARE_SMALL if small else budget_s
             stall = STALL_KICKS if small else None
-            if not search.at_bound:
+            if not search.at_bound and not optimal:
                 _local_search(search, local_until, seed, max_kicks, stall)
-            if small and not search.at_bound and search.remaining() >= _milp_min_s():
+            if small and not search.at_bound and not optimal and search.remaining() >= _milp_min_s():
                 optimal = _exact(search, cutoff=True)
-            if not search.at_bound and not optimal and search.remaining() > 0 and small:
-                _local_search(search, budget_s, seed + 1, max_kicks, None)  # the MILP stopped early: use the rest
+            if small and not search.at_bound and not optimal and search.remaining() > 0:
+                # HiGHS did not run (too little time left) or stopped without a proof: search on to the end.
+                _local_search(search, budget_s, seed + 1, max_kicks, None)
             if search.at_bound:
                 optimal, stopped = True, "reached the LP bound (section 3.1): optimal"
             elif optimal:
