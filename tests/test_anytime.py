@@ -112,6 +112,18 @@ def test_an_exhausted_backtracking_search_proves_there_is_no_placement() -> None
     assert "no placement fits" in str(result.detail["stopped"])
 
 
+def test_when_no_heuristic_places_the_milp_finds_a_first_placement_or_proves_there_is_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vcsched.solvers import anytime
+
+    monkeypatch.setattr(anytime, "_start", lambda search, precision: None)  # MCB, SG and SGB "fail"
+    placed = best_placement(make_instance([(0.5, 0.6), (0.5, 0.3), (0.5, 0.6)], n_hosts=2), budget_s=10.0)
+    assert placed.hosts is not None and placed.optimal is True and placed.detail["source"] == "milp"
+    none = best_placement(make_instance([(0.5, 0.6)] * 3, n_hosts=2), budget_s=10.0)
+    assert none.hosts is None and none.optimal is True
+    assert none.detail["stopped"] == "HiGHS proved that no placement fits in memory"
+
+
 def test_the_detail_reports_the_gap_to_the_lp_bound_and_the_time_used() -> None:
     inst = generate(GeneratorSpec(hosts=16, tasks=120, slack=0.3, cv_mem=0.75, cv_cpu=0.75), 7)
     result = solve(inst, "best", SolveOptions(time_limit=0.05))

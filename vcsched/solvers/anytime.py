@@ -124,7 +124,7 @@ class _Search:
     best_y: float = -1.0
     source: str = ""
     local: _LocalStats | None = None
-    infeasible: bool = False  # SGB tried every choice: no memory-feasible placement exists
+    infeasible: str | None = None  # who proved that no memory-feasible placement exists (SGB or HiGHS)
     detail: dict[str, object] = field(default_factory=dict)
 
     def elapsed(self) -> float:
@@ -172,7 +172,7 @@ def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, se
         if search.best is None and small and not search.infeasible and search.remaining() >= _milp_min_s():
             optimal = _exact(search, cutoff=False)
         if search.infeasible:
-            optimal, stopped = True, "SGB's exhaustive search proved that no placement fits in memory"
+            optimal, stopped = True, f"{search.infeasible} proved that no placement fits in memory"
         elif search.best is None:
             stopped = "no placement found"
         else:
@@ -240,7 +240,7 @@ def _start(search: _Search, precision: float) -> float | None:
         attempts = int(min(500_000, max(1_000, RESCUE_ATTEMPTS_PER_S * search.budget)))
         hosts, _, exhausted = backtracking(instance, task_order(instance, sort_by_memory=True), attempts)
         search.offer(hosts, "sgb")
-        search.infeasible = exhausted
+        search.infeasible = "SGB's exhaustive search" if exhausted else None
     return y8
 
 
@@ -300,6 +300,8 @@ def _exact(search: _Search, *, cutoff: bool) -> bool:
         info["bound"] = bound
         search.detail["milp_bound"] = bound
     search.detail["milp"] = info
+    if not cutoff and sol.infeasible and search.best is None:
+        search.infeasible = "HiGHS"
     if not sol.optimal or search.best is None or sol.objective is None:
         return False
     # HiGHS's optimum (to its tolerances): ours is optimal when it is at least as good.
