@@ -56,6 +56,9 @@ large), which makes the search deterministic for a given seed.
 ``lp_gap_percent`` (``100 (bound - Y) / bound``), ``upper_bound`` (the LP
 bound, or HiGHS's better bound when it has one), ``gap_percent`` (to it) and
 ``stopped`` (why it stopped).
+
+Instances with fluid resources besides CPU (the multi-resource model's
+``has_extra_resources``) get MCB8's placement unchanged: this search knows CPU and memory only.
 """
 
 from __future__ import annotations
@@ -156,6 +159,8 @@ class _Search:
 def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, seed: int = 0,
                    precision: float = 1e-4, max_kicks: int | None = None) -> Placement:
     """The ``best`` search (module docstring); ``max_kicks`` bounds the iterated local search (reproducible runs)."""
+    if getattr(instance, "has_extra_resources", False):
+        return _mcb8_only(instance, budget_s, precision)
     search = _Search(instance, budget_s, time.perf_counter(), lp_bound(instance))
     detail = search.detail
     detail["budget_s"] = budget_s
@@ -210,6 +215,26 @@ def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, se
         detail["gap_percent"] = 100.0 * (upper - search.best_y) / upper
         detail["source"] = search.source
     return Placement(hosts=search.best, optimal=optimal, detail=detail)
+
+
+def _mcb8_only(instance: Instance, budget_s: float, precision: float) -> Placement:
+    """MCB8's own placement, for instances with fluid resources besides CPU (disk, net, ...).
+
+    The multi-resource model (``Instance.has_extra_resources``, docs/policies.md, developed beside this
+    search) places such instances on the resource vector; this search judges placements by CPU and memory
+    alone, so its moves could trade the other resources away and end below MCB8.  Until it learns them,
+    it returns what the registry's ``mcb8`` returns.
+    """
+    from vcsched.solvers.registry import get
+
+    started = time.perf_counter()
+    placed = get("mcb8").placer(instance, SolveOptions(precision=precision))
+    detail: dict[str, object] = {
+        "budget_s": budget_s, "search_s": time.perf_counter() - started, "source": "mcb8",
+        "stopped": "fluid resources besides CPU: the local search knows CPU and memory only, so MCB8's "
+                   "placement is returned",
+    }
+    return Placement(hosts=placed.hosts, optimal=False, detail=detail)
 
 
 def _milp_min_s() -> float:
