@@ -75,6 +75,25 @@ def test_a_kick_limit_makes_the_search_reproducible(case: tuple, seed: int, kick
         assert first.hosts.tolist() == again.hosts.tolist()
 
 
+class _WithExtraResources(Instance):
+    """Stands in for an instance of the multi-resource model that has disk or network needs."""
+
+    @property
+    def has_extra_resources(self) -> bool:
+        return True
+
+
+def test_an_instance_with_other_fluid_resources_gets_mcb8s_placement_unchanged() -> None:
+    inst = generate(GeneratorSpec(hosts=8, tasks=60, slack=0.3, cv_mem=0.75, cv_cpu=0.75), 5)
+    extra = _WithExtraResources(inst.hosts, inst.jobs)
+    placed = best_placement(extra, budget_s=1.0)
+    mcb8 = solve(inst, "mcb8").allocation
+    assert placed.hosts is not None and mcb8 is not None
+    assert placed.hosts.tolist() == list(mcb8.hosts)
+    assert "CPU and memory only" in str(placed.detail["stopped"])
+    assert solve(inst, "best").min_yield > solve(inst, "mcb8").min_yield  # type: ignore[operator]  # without
+
+
 # ------------------------------------------------------------------ stopping and proving
 
 
@@ -110,6 +129,18 @@ def test_an_exhausted_backtracking_search_proves_there_is_no_placement() -> None
     result = solve(make_instance([(0.5, 0.6)] * 3, n_hosts=2), "best")
     assert not result.feasible and result.optimal is True
     assert "no placement fits" in str(result.detail["stopped"])
+
+
+def test_when_no_heuristic_places_the_milp_finds_a_first_placement_or_proves_there_is_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vcsched.solvers import anytime
+
+    monkeypatch.setattr(anytime, "_start", lambda search, precision: None)  # MCB, SG and SGB "fail"
+    placed = best_placement(make_instance([(0.5, 0.6), (0.5, 0.3), (0.5, 0.6)], n_hosts=2), budget_s=10.0)
+    assert placed.hosts is not None and placed.optimal is True and placed.detail["source"] == "milp"
+    none = best_placement(make_instance([(0.5, 0.6)] * 3, n_hosts=2), budget_s=10.0)
+    assert none.hosts is None and none.optimal is True
+    assert none.detail["stopped"] == "HiGHS proved that no placement fits in memory"
 
 
 def test_the_detail_reports_the_gap_to_the_lp_bound_and_the_time_used() -> None:

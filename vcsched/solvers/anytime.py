@@ -56,6 +56,9 @@ large), which makes the search deterministic for a given seed.
 ``lp_gap_percent`` (``100 (bound - Y) / bound``), ``upper_bound`` (the LP
 bound, or HiGHS's better bound when it has one), ``gap_percent`` (to it) and
 ``stopped`` (why it stopped).
+
+Instances with fluid resources besides CPU (the multi-resource model's
+``has_extra_resources``) get MCB8's placement unchanged: this search knows CPU and memory only.
 """
 
 from __future__ import annotations
@@ -124,7 +127,7 @@ class _Search:
     best_y: float = -1.0
     source: str = ""
     local: _LocalStats | None = None
-    infeasible: bool = False  # SGB tried every choice: no memory-feasible placement exists
+    infeasible: str | None = None  # who proved that no memory-feasible placement exists (SGB or HiGHS)
     detail: dict[str, object] = field(default_factory=dict)
 
     def elapsed(self) -> float:
@@ -156,6 +159,8 @@ class _Search:
 def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, seed: int = 0,
                    precision: float = 1e-4, max_kicks: int | None = None) -> Placement:
     """The ``best`` search (module docstring); ``max_kicks`` bounds the iterated local search (reproducible runs)."""
+    if getattr(instance, "has_extra_resources", False):
+        return _mcb8_only(instance, budget_s, precision)
     search = _Search(instance, budget_s, time.perf_counter(), lp_bound(instance))
     detail = search.detail
     detail["budget_s"] = budget_s
@@ -170,21 +175,22 @@ def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, se
         detail["mcb8_min_yield"] = y8
         small = instance.n_tasks * instance.n_hosts <= MILP_MAX_VARIABLES
         if search.best is None and small and not search.infeasible and search.remaining() >= _milp_min_s():
-            _exact(search, cutoff=False)
+            optimal = _exact(search, cutoff=False)
         if search.infeasible:
-            optimal, stopped = True, "SGB's exhaustive search proved that no placement fits in memory"
+            optimal, stopped = True, f"{search.infeasible} proved that no placement fits in memory"
         elif search.best is None:
             stopped = "no placement found"
         else:
             detail["start"] = {"algorithm": search.source, "min_yield": search.best_y}
             local_until = budget_s * LOCAL_SHARE_SMALL if small else budget_s
             stall = STALL_KICKS if small else None
-            if not search.at_bound:
+            if not search.at_bound and not optimal:
                 _local_search(search, local_until, seed, max_kicks, stall)
-            if small and not search.at_bound and search.remaining() >= _milp_min_s():
+            if small and not search.at_bound and not optimal and search.remaining() >= _milp_min_s():
                 optimal = _exact(search, cutoff=True)
-            if not search.at_bound and not optimal and search.remaining() > 0 and small:
-                _local_search(search, budget_s, seed + 1, max_kicks, None)  # the MILP stopped early: use the rest
+            if small and not search.at_bound and not optimal and search.remaining() > 0:
+                # HiGHS did not run (too little time left) or stopped without a proof: search on to the end.
+                _local_search(search, budget_s, seed + 1, max_kicks, None)
             if search.at_bound:
                 optimal, stopped = True, "reached the LP bound (section 3.1): optimal"
             elif optimal:
@@ -209,6 +215,26 @@ def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, se
         detail["gap_percent"] = 100.0 * (upper - search.best_y) / upper
         detail["source"] = search.source
     return Placement(hosts=search.best, optimal=optimal, detail=detail)
+
+
+def _mcb8_only(instance: Instance, budget_s: float, precision: float) -> Placement:
+    """MCB8's own placement, for instances with fluid resources besides CPU (disk, net, ...).
+
+    The multi-resource model (``Instance.has_extra_resources``, docs/policies.md, developed beside this
+    search) places such instances on the resource vector; this search judges placements by CPU and memory
+    alone, so its moves could trade the other resources away and end below MCB8.  Until it learns them,
+    it returns what the registry's ``mcb8`` returns.
+    """
+    from vcsched.solvers.registry import get
+
+    started = time.perf_counter()
+    placed = get("mcb8").placer(instance, SolveOptions(precision=precision))
+    detail: dict[str, object] = {
+        "budget_s": budget_s, "search_s": time.perf_counter() - started, "source": "mcb8",
+        "stopped": "fluid resources besides CPU: the local search knows CPU and memory only, so MCB8's "
+                   "placement is returned",
+    }
+    return Placement(hosts=placed.hosts, optimal=False, detail=detail)
 
 
 def _milp_min_s() -> float:
@@ -239,7 +265,7 @@ def _start(search: _Search, precision: float) -> float | None:
         attempts = int(min(500_000, max(1_000, RESCUE_ATTEMPTS_PER_S * search.budget)))
         hosts, _, exhausted = backtracking(instance, task_order(instance, sort_by_memory=True), attempts)
         search.offer(hosts, "sgb")
-        search.infeasible = exhausted
+        search.infeasible = "SGB's exhaustive search" if exhausted else None
     return y8
 
 
@@ -299,6 +325,8 @@ def _exact(search: _Search, *, cutoff: bool) -> bool:
         info["bound"] = bound
         search.detail["milp_bound"] = bound
     search.detail["milp"] = info
+    if not cutoff and sol.infeasible and search.best is None:
+        search.infeasible = "HiGHS"
     if not sol.optimal or search.best is None or sol.objective is None:
         return False
     # HiGHS's optimum (to its tolerances): ours is optimal when it is at least as good.
