@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "Apply a plan saved by `vcsched place -o PLAN.json` or `vcsched adapt -o PLAN.json`."),
     "status": ("cli.status:status_cmd",
                "Show every host and VM of the cluster: caps, predicted yields and measured CPU."),
+    "observe": ("cli.observe:observe_cmd",
+                "Measure every managed VM's CPU use over a window and estimate what it needs."),
+    "run": ("cli.run:run_cmd",
+            "Run the controller: measure needs, follow them with caps, re-balance within a byte budget per interval."),
 }
 
 for _name, (_where, _summary) in COMMANDS.items():

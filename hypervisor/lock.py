@@ -131,6 +131,11 @@ def member_id() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
 
 
+def leader_lock_name(cluster: str) -> str:
+    """The lock whose holder is the active ``vcsched run`` of ``cluster`` (its leader; the others stand by)."""
+    return f"vcsched-leader-{cluster}"
+
+
 @dataclass(frozen=True)
 class Holder:
     member: str
@@ -144,12 +149,15 @@ class Holder:
 class ClusterLock:
     """The lock of one cluster on one coordination backend (see the module docstring)."""
 
-    def __init__(self, url: str, cluster: str, member: str | None = None, ttl: float = DEFAULT_TTL) -> None:
+    def __init__(self, url: str, cluster: str, member: str | None = None, ttl: float = DEFAULT_TTL, *,
+                 name: str | None = None) -> None:
         self.ttl = check_ttl("lock_ttl", ttl)
         self.url = with_ttl(url, self.ttl)
         self.cluster = cluster
         self.member = member or member_id()
-        self.name = f"vcsched-cluster-{cluster}"
+        #: The lock's name on the backend: the cluster lock by default; ``vcsched run``'s leadership is a
+        #: second lock of the same kind (:func:`leader_lock_name`).
+        self.name = name or f"vcsched-cluster-{cluster}"
         self._coordinator: Any = None
         self._lock: Any = None
         self._renewed = 0.0  # time.monotonic() of the last successful renewal

@@ -39,6 +39,9 @@ class VmMeta:
     memory_bytes: int
     vcpus: int
     min_yield: float | None = None  # the floor its request was admitted with; later admissions keep to it
+    #: Unix time of the VM's last live migration (None: never migrated).  Written into the domain XML the VM
+    #: arrives with, so `vcsched run` (any leader, after any restart) keeps it put for its cool-down.
+    migrated_at: float | None = None
 
 
 @dataclass(frozen=True)
