@@ -133,9 +133,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
                 leader_lock=lambda: ClusterLock(url, cluster.name, member, ttl, name=leader_lock_name(cluster.name)),
                 cluster_lock=lambda: ClusterLock(url, cluster.name, member, ttl),
                 events=events, metrics=metrics, clock=clock, stop=stop)
-            if server is not None:
-                events.emit("metrics", addr=server.addr, port=server.port)
-            controller.run()
+            metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
+            controller.run(**metrics_at)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -52,7 +52,7 @@ from typing import Any, Protocol
 from hypervisor.base import Hypervisor
 from hypervisor.events import EventLog
 from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
-from hypervisor.lock import LockBusy
+from hypervisor.lock import LockBusy, leader_lock_name
 from hypervisor.metrics import ControllerMetrics, VmMetrics
 from hypervisor.sampling import Clock, CpuSampler, SystemClock
 from vcsched.control.inventory import Inventory
@@ -77,6 +77,8 @@ class Lock(Protocol):
     def acquire(self, wait: float = 0.0) -> None: ...
 
     def guard(self) -> None: ...
+
+    def held(self) -> bool: ...
 
     def release(self) -> None: ...
 
@@ -169,13 +171,20 @@ class Controller:
             self.events.emit(state, cluster=self.cluster, **fields)
         self.metrics.leader = state == "leader"
 
-    def _try_lead(self) -> None:
-        """A standby tries to take the leader lock; the leader checks it still holds it."""
-        if self._lead.lock is not None:
-            try:
-                self._lead.lock.guard()
-            except VcschedError as exc:
-                self._step_down(str(exc))
+    def _try_lead(self, renew: bool = True) -> None:
+        """A standby tries to take the leader lock; the leader checks it still holds it (``renew``: asking the
+        backend, which may block for the client's timeout; else only the time of the last renewal)."""
+        lock = self._lead.lock
+        if lock is not None:
+            if not lock.held():
+                self._step_down(f"leader lock {leader_lock_name(self.cluster)}: not renewed for too long; "
+                                "standing down before its lease can expire")
+                return
+            if renew:
+                try:
+                    lock.guard()
+                except VcschedError as exc:
+                    self._step_down(f"leader lock {leader_lock_name(self.cluster)}: {exc}")
             return
         lock = self.leader_lock()
         try:
@@ -192,11 +201,11 @@ class Controller:
 
     def _step_down(self, reason: str) -> None:
         lock, self._lead.lock = self._lead.lock, None
+        self.metrics.set_vms(())
+        self._log_state("standby", reason=reason)  # first: releasing may wait on a coordination service that hangs
         if lock is not None:
             with contextlib.suppress(Exception):
                 lock.release()
-        self.metrics.set_vms(())
-        self._log_state("standby", reason=reason)
 
     def _guard(self, cluster_lock: Lock | None) -> Callable[[], None]:
         """Before every step: not stopping, still the leader, still holding the cluster lock."""
@@ -225,13 +234,16 @@ class Controller:
 
     # ------------------------------------------------------------------ the loop
 
-    def run(self) -> None:
-        """Until :attr:`stop` is set: be leader or standby, and act every interval as leader."""
+    def run(self, **start: Any) -> None:
+        """Until :attr:`stop` is set: be leader or standby, and act every interval as leader.
+
+        ``start``: more fields for the ``start`` event (where the metrics are served).
+        """
         o = self.options
         self.events.emit("start", cluster=self.cluster, interval=o.interval, budget=o.rebalance.budget,
                          threshold=o.rebalance.threshold, window=o.window_s, sample=o.sample_s,
                          cooldown=o.rebalance.cooldown, settle=o.rebalance.settle, probe_seconds=o.probe_s,
-                         dry_run=o.dry_run)
+                         dry_run=o.dry_run, **start)
         try:
             while not self.stop.is_set():
                 self.cycle()
@@ -264,7 +276,7 @@ class Controller:
                 if self.clock.wait(min(self.options.sample_s, left), self.stop):
                     return
                 self._sample()
-                self._try_lead()
+                self._try_lead(renew=False)  # the lock's own heartbeat renews; this only looks
             elif self.clock.wait(left, self.stop):
                 return
 

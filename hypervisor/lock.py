@@ -271,6 +271,19 @@ class ClusterLock:
                            f"{time.monotonic() - self._renewed:.1f} s (TTL {self.ttl:g} s); no further step "
                            "is started")
 
+    def held(self) -> bool:
+        """Whether the lock is still ours, without asking the backend (never blocks; :meth:`guard` renews).
+
+        On etcd: the last renewal (the heartbeat thread's or a guard's) is younger than the fence
+        (:data:`FENCE_FRACTION` of the TTL) and the lease was not found expired.  A holder that sees False
+        must stop acting: its lease may run out before it could renew again.
+        """
+        if self._lock is None:
+            return False
+        if not _etcd(self.url):
+            return True
+        return not self._expired and time.monotonic() - self._renewed <= FENCE_FRACTION * self.ttl
+
     def release(self) -> None:
         self._stop.set()
         if self._lock is not None:

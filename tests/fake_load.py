@@ -146,6 +146,9 @@ class FakeLock:
         if self.member in self.locks.lost or self.locks.holders.get(self.name) != self.member:
             raise LockLost(f"{self.name}: lease of {self.member} expired")
 
+    def held(self) -> bool:
+        return self.member not in self.locks.lost and self.locks.holders.get(self.name) == self.member
+
     def release(self) -> None:
         if self.locks.holders.get(self.name) == self.member:
             del self.locks.holders[self.name]
