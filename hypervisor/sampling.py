@@ -77,7 +77,7 @@ class CpuSampler:
     def sample(self, hv: Hypervisor, probe: Collection[str] = ()) -> Inventory:
         """One round; returns the inventory it read.  ``probe``: VMs whose caps a probe has raised."""
         inventory = hv.inventory()
-        now, wall = self.clock.monotonic(), self.clock.time()
+        wall = self.clock.time()
         seen = set()
         self.errors = []
         for v in inventory.up().managed():
@@ -88,6 +88,9 @@ class CpuSampler:
                 self._last.pop(v.name, None)
                 self.errors.append(str(exc))
                 continue
+            # Each reading has its own time: a slow libvirt call earlier in the round must not stretch or
+            # shrink another VM's interval (a shared round time once made a VM capped at 0.33 "use" 1.12 cores).
+            now = self.clock.monotonic()
             if ns is None:
                 continue
             last = self._last.get(v.name)
