@@ -31,6 +31,7 @@ in-memory hypervisor (tests/test_controller.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -232,7 +233,8 @@ def test_caps_follow_load_and_an_overloaded_host_sheds_a_vm_within_budget(lab: L
             capwatch.close()
         watcher.close()
         for vm, path in consoles.items():
-            destroy_everywhere(lab, vm)
+            with contextlib.suppress(Exception):  # a host that died: `lab down` (the fixture) ends its guests
+                destroy_everywhere(lab, vm)
             if path.exists():  # kept with the test's files: the lab directory goes with the lab
                 (tmp_path / path.name).write_bytes(path.read_bytes())
 
