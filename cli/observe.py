@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -47,11 +48,11 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
 
     Exit codes: 0 done, 1 every host is down or a step failed, 2 bad input.
     """
-    from hypervisor.executor import ApplyReport, apply_plan
+    from hypervisor.executor import ApplyReport
     from hypervisor.libvirt_backend import LibvirtHypervisor
-    from hypervisor.sampling import CpuSampler, raise_caps
+    from hypervisor.sampling import CpuSampler, probe_and_restore, record_estimates
     from vcsched.control.admission import HostsDown
-    from vcsched.control.observe import estimate_all, probe_caps, record_plan
+    from vcsched.control.observe import estimate_all
 
     every = sample if sample is not None else min(5.0, max(0.5, window / 12))
     cluster = load_cluster(cluster_file)
@@ -72,30 +73,19 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
         with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=changing) as lock:
             guard = lock.guard if lock is not None else None
             if probe:
-                fresh = hv.inventory()
-                caps = probe_caps(fresh, estimate_all(fresh, sampler.samples()))
-                before = {name: fresh.vm(name).cap_cores for name in caps}  # type: ignore[union-attr]
-                out["probe"] = {"caps": caps, "before": before, "seconds": probe_seconds}
-                if caps:
+                def started(caps: Mapping[str, float]) -> None:
                     if not as_json:
                         err_console.print(f"probing {', '.join(sorted(caps))} for {probe_seconds:g} s ...",
                                           highlight=False)
-                    reports["probe"] = raise_caps(hv, fresh, caps, guard)
-                    raised = [r.step.vm for r in reports["probe"].results if r.outcome == "done"]
-                    sampler.restart(raised)
-                    sampler.sample_for(hv, probe_seconds, min(every, max(probe_seconds / 5, 0.2)), stop,
-                                       probe=frozenset(raised))
-                    now = hv.inventory()
-                    back = {name: cap for name, cap in before.items() if name in raised and cap is not None
-                            and now.vm(name) is not None}
-                    reports["restore"] = raise_caps(hv, now, back, guard)
-                    inventory = hv.inventory()
-                    estimates = estimate_all(inventory, sampler.samples())
+
+                done, inventory, estimates = probe_and_restore(
+                    hv, sampler, probe_seconds, min(every, max(probe_seconds / 5, 0.2)), stop, guard,
+                    on_start=started)
+                out["probe"] = {"caps": dict(done.caps), "before": dict(done.before), "seconds": probe_seconds}
+                reports.update(done.reports())
             if record:
-                fresh = hv.inventory()
-                plan = record_plan(fresh, [e for e in estimates.values() if fresh.vm(e.vm) is not None])
+                plan, reports["record"] = record_estimates(hv, estimates, guard)
                 out["record"] = plan.to_dict()
-                reports["record"] = apply_plan(hv, plan, guard=guard)
     out["hosts_down"] = [{"host": h.name, "reason": h.down} for h in inventory.down_hosts()]
     out["vms"] = [{**e.to_dict(), "vc": inventory.vm(e.vm).cluster if inventory.vm(e.vm) else None}  # type: ignore[union-attr]
                   for e in sorted(estimates.values(), key=lambda e: (e.host, e.vm))]

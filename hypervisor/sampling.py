@@ -24,10 +24,20 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hypervisor.base import Hypervisor, HypervisorError
-from hypervisor.executor import ApplyReport, StepResult, apply_plan
+from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
 from vcsched.caps import same_cap
 from vcsched.control.inventory import Inventory
-from vcsched.control.observe import Sample, cap_plan
+from vcsched.control.observe import (
+    DEFAULT_PARAMS,
+    Estimate,
+    ObserveParams,
+    Sample,
+    cap_plan,
+    estimate_all,
+    probe_caps,
+    record_plan,
+)
+from vcsched.plans.plan import Plan
 
 
 class Clock(Protocol):
@@ -146,3 +156,54 @@ def raise_caps(hv: Hypervisor, inventory: Inventory, caps: Mapping[str, float],
                on_step: Callable[[StepResult], None] | None = None) -> ApplyReport:
     """Set ``caps`` (a probe's raise, or putting caps back) through the executor and its checks."""
     return apply_plan(hv, cap_plan(inventory, caps), guard=guard, on_step=on_step)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What `vcsched observe --probe` did: the raised caps, the caps before, and the two plans' reports."""
+
+    caps: Mapping[str, float]
+    before: Mapping[str, float | None]
+    raised: ApplyReport | None = None
+    restored: ApplyReport | None = None
+
+    def reports(self) -> dict[str, ApplyReport]:
+        return {k: r for k, r in (("probe", self.raised), ("restore", self.restored)) if r is not None}
+
+
+def probe_and_restore(hv: Hypervisor, sampler: CpuSampler, seconds: float, every: float, stop: threading.Event,
+                      guard: Callable[[], None] | None = None, params: ObserveParams = DEFAULT_PARAMS,
+                      on_start: Callable[[Mapping[str, float]], None] | None = None,
+                      ) -> tuple[ProbeResult, Inventory, dict[str, Estimate]]:
+    """Probe the VMs at their full estimate (:func:`~vcsched.control.observe.probe_caps`) for ``seconds``, then
+    put their caps back; the probe samples stay in ``sampler``.  Returns what was done, the inventory after,
+    and the estimates with the probe.  The caller holds the cluster lock (``guard``: its guard)."""
+    fresh = hv.inventory()
+    caps = probe_caps(fresh, estimate_all(fresh, sampler.samples(), params=params), params)
+    before = {name: v.cap_cores for name in caps if (v := fresh.vm(name)) is not None}
+    if not caps:
+        return ProbeResult(caps, before), fresh, estimate_all(fresh, sampler.samples(), params=params)
+    if on_start is not None:
+        on_start(caps)
+    raised_report = raise_caps(hv, fresh, caps, guard)
+    raised = frozenset(r.step.vm for r in raised_report.results if r.outcome == DONE)
+    restored = None
+    if raised:
+        sampler.restart(raised)
+        sampler.sample_for(hv, seconds, every, stop, probe=raised)
+        now = hv.inventory()
+        back = {name: cap for name, cap in before.items()
+                if name in raised and cap is not None and now.vm(name) is not None}
+        restored = raise_caps(hv, now, back, guard)
+        sampler.restart(raised)
+    after = hv.inventory()
+    return ProbeResult(caps, before, raised_report, restored), after, estimate_all(after, sampler.samples(),
+                                                                                   params=params)
+
+
+def record_estimates(hv: Hypervisor, estimates: Mapping[str, Estimate],
+                     guard: Callable[[], None] | None = None) -> tuple[Plan, ApplyReport]:
+    """Write the estimates as the VMs' recorded needs (set-need steps through the executor, under the lock)."""
+    fresh = hv.inventory()
+    plan = record_plan(fresh, [e for e in estimates.values() if fresh.vm(e.vm) is not None])
+    return plan, apply_plan(hv, plan, guard=guard)

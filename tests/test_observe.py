@@ -186,3 +186,42 @@ def test_a_migrating_domain_xml_is_stamped_with_the_time_of_its_move() -> None:
     el = ET.fromstring(stamped).find(f"metadata/{{{METADATA_NS}}}vm")
     assert el is not None and el.get("migrated_at") == "1234.5"
     assert stamp_migrated_at("<domain><name>x</name></domain>", 1.0) == "<domain><name>x</name></domain>"
+
+
+# ---------------------------------------------------------------------------------------------- vcsched observe
+
+
+def test_observe_samples_probes_puts_caps_back_and_records_on_a_loaded_cluster() -> None:
+    """`vcsched observe --probe --record`'s library path, with CPU load on a fake clock (no real time passes)."""
+    import threading
+
+    from hypervisor.sampling import CpuSampler, probe_and_restore, record_estimates
+    from tests.fake_load import FakeClock, LoadedHypervisor, busy
+    from vcsched.control.observe import estimate_all
+
+    clock = FakeClock()
+    inv = inventory_of([managed("hungry", "h0", "a", 0.2, 0.2), managed("light", "h0", "b", 0.5, 0.5),
+                        managed("away", "h1", "c", 0.5, 0.5)])
+    hv = LoadedHypervisor("lab", inv.hosts, inv.vms, clock,
+                          {"hungry": busy(0.6), "light": busy(0.1), "away": busy(0.3)})
+    sampler = CpuSampler(60 + 5, clock)
+    stop = threading.Event()
+    after = sampler.sample_for(hv, 60, 5, stop)
+    assert after is not None and len(sampler.samples()["light"]) == 12
+    before = estimate_all(after, sampler.samples())
+    assert before["hungry"].saturated and before["hungry"].wants_probe  # at its cap 0.2 = its declared need
+    assert before["light"].estimate == pytest.approx(0.14) and not before["light"].saturated
+    assert before["away"].estimate == pytest.approx(0.36)
+
+    done, inventory, estimates = probe_and_restore(hv, sampler, 6, 1, stop)
+    assert done.caps == {"hungry": pytest.approx(0.5)}  # h0's unused 0.3 core went to the one VM that wanted it
+    assert done.raised is not None and done.raised.ok and done.restored is not None and done.restored.ok
+    assert hv.vms["hungry"].cap_cores == pytest.approx(0.2)  # put back
+    e = estimates["hungry"]
+    assert e.basis == "saturated at probe" and e.estimate == pytest.approx(0.58)  # filled 0.5 too: a lower bound
+
+    plan, report = record_estimates(hv, estimates)
+    assert report.ok and {s.vm for s in plan.steps} == {"hungry", "light", "away"}
+    assert hv.vms["light"].meta.cpu_need_cores == pytest.approx(0.14)  # type: ignore[union-attr]
+    assert hv.vms["hungry"].cap_cores == pytest.approx(0.2)  # recording changes no cap
+    assert inventory.vm("hungry") is not None
