@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "Show every host and VM of the cluster: caps, predicted yields and measured CPU."),
     "simulate": ("cli.simulate:simulate_cmd",
                  "Simulate virtual clusters arriving and leaving over time, under every sharing policy."),
+    "observe": ("cli.observe:observe_cmd",
+                "Measure every managed VM's CPU use over a window and estimate what it needs."),
+    "run": ("cli.run:run_cmd",
+            "Run the controller: measure needs, follow them with caps, re-balance within a byte budget per interval."),
 }
 
 for _name, (_where, _summary) in COMMANDS.items():

@@ -69,6 +69,8 @@ def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
         extra += f' weight="{meta.weight!r}"'
     if meta.tenant is not None:
         extra += f" tenant={quoteattr(meta.tenant)}"
+    if meta.migrated_at is not None:
+        extra += f' migrated_at="{meta.migrated_at!r}"'
     return (f'<{tag} cluster={quoteattr(meta.cluster)} cpu_need_cores="{meta.cpu_need_cores!r}" '
             f'memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"{floor}{extra}/>')
 
@@ -86,8 +88,10 @@ def parse_metadata(xml: str) -> VmMeta | None:
         weight = float(el.attrib.get("weight", "1.0"))
         if not (weight > 0 and math.isfinite(weight)) or any(v is not None and v < 0 for v in io.values()):
             return None
+        moved = float(el.attrib["migrated_at"]) if "migrated_at" in el.attrib else None
         return VmMeta(el.attrib["cluster"], float(el.attrib["cpu_need_cores"]), int(el.attrib["memory_bytes"]),
-                      int(el.attrib["vcpus"]), floor, io["disk_bps"], io["net_bps"], weight, el.attrib.get("tenant"))
+                      int(el.attrib["vcpus"]), floor, io["disk_bps"], io["net_bps"], weight, el.attrib.get("tenant"),
+                      migrated_at=moved)
     except (ET.ParseError, KeyError, ValueError):
         return None
 
@@ -222,6 +226,22 @@ def _retrying(fn: Callable[[], T]) -> T:
                 raise
             time.sleep(RETRY_PAUSE_S * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def stamp_migrated_at(xml: str, when: float) -> str:
+    """The domain XML with ``migrated_at`` set on its vcsched metadata (a domain without it is left as is).
+
+    The VM arrives carrying the time of its move, so whichever controller runs
+    next knows it was just moved (the cool-down of `vcsched run`) without a
+    database of its own.
+    """
+    root = ET.fromstring(xml)
+    el = root.find(f"metadata/{{{METADATA_NS}}}vm")
+    if el is None:
+        return xml
+    el.set("migrated_at", repr(float(when)))
+    ET.register_namespace(METADATA_PREFIX, METADATA_NS)
+    return ET.tostring(root, encoding="unicode")
 
 
 def set_cputune(xml: str, quota_us: int) -> str:
@@ -495,6 +515,7 @@ class LibvirtHypervisor:
             xml = rewrite_partition(xml, src_host.partition, dst_host.partition)
             if self._driver(target) not in ("xen", "libxl"):
                 xml = set_cputune(xml, quota_for(cap_cores, vcpus))
+            xml = stamp_migrated_at(xml, time.time())
             params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_URI: MIGRATION_URI,
                                       libvirt.VIR_MIGRATE_PARAM_DEST_XML: xml}
             flags = libvirt.VIR_MIGRATE_LIVE

@@ -11,6 +11,7 @@ specified without a daemon.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
@@ -34,6 +35,8 @@ class MemoryHypervisor:
         #: host -> reason: the host does not answer (its VMs are unknown, every call on it fails).
         self.down: dict[str, str] = {}
         self.calls: list[tuple[str, str]] = []  # (operation, vm) of every state-changing call
+        #: Wall clock of the hosts: a migrated VM records when it moved (``VmMeta.migrated_at``), as libvirt's do.
+        self.clock: Callable[[], float] = time.time
 
     def _add(self, v: VmState) -> None:
         if v.host not in self.hosts:
@@ -126,7 +129,8 @@ class MemoryHypervisor:
         if target in self.down:
             raise HypervisorError(f"host {target}: does not answer ({self.down[target]})")
         self._check_cap(target, vm, v.vcpus, cap_cores)
-        self.vms[vm] = replace(v, host=target, cap_cores=self.realised_cap(target, v.vcpus, cap_cores))
+        meta = None if v.meta is None else replace(v.meta, migrated_at=self.clock())
+        self.vms[vm] = replace(v, host=target, cap_cores=self.realised_cap(target, v.vcpus, cap_cores), meta=meta)
 
     def lists(self, host: str, vm: str) -> bool:
         v = self.vms.get(vm)

@@ -28,15 +28,50 @@ from vcsched.errors import VcschedError
 
 BOOT_MARKER = "VCSCHED-GUEST-UP"
 BUSYBOX = Path("/bin/busybox")
+#: Printed on the serial console at the start of each phase of a load pattern: ``VCSCHED-LOAD <percent> <seconds>``.
+LOAD_MARKER = "VCSCHED-LOAD"
+#: A load pattern (kernel command line ``vcsched.load=PHASE,PHASE,...``, repeated forever): each phase is
+#: ``LEVEL:SECONDS`` with LEVEL ``busy`` (100), ``idle`` (0) or a percentage of every vCPU, kept by stopping
+#: and continuing the CPU loops every 100 ms.  E.g. ``vcsched.load=idle:30,busy:30,50:20``.  Without the
+#: option the guest spins flat out, as it always did.
+LOAD_PATTERN = f"""
+load=
+for arg in $(cat /proc/cmdline); do
+  case "$arg" in vcsched.load=*) load="${{arg#vcsched.load=}}" ;; esac
+done
+if [ -n "$load" ]; then
+  n=$(grep -c ^processor /proc/cpuinfo)
+  pids=
+  i=0
+  while [ "$i" -lt "$n" ]; do (while :; do :; done) & pids="$pids $!"; i=$((i + 1)); done
+  kill -STOP $pids
+  while :; do
+    for ph in $(echo "$load" | tr , ' '); do
+      lv="${{ph%%:*}}"; s="${{ph#*:}}"
+      case "$lv" in busy) lv=100 ;; idle) lv=0 ;; esac
+      echo "{LOAD_MARKER} $lv $s" > /dev/console
+      if [ "$lv" -ge 100 ]; then kill -CONT $pids; sleep "$s"; kill -STOP $pids
+      elif [ "$lv" -le 0 ]; then sleep "$s"
+      else
+        k=$((s * 10))
+        while [ "$k" -gt 0 ]; do
+          kill -CONT $pids; usleep $((lv * 1000)); kill -STOP $pids; usleep $(((100 - lv) * 1000)); k=$((k - 1))
+        done
+      fi
+    done
+  done
+fi
+"""
 #: The initramfs' /init.  It mounts what busybox tools expect, announces itself
 #: on the serial console (what a boot check waits for), and then spins one CPU
-#: loop per vCPU so the guest uses all the CPU it is allowed.
+#: loop per vCPU so the guest uses all the CPU it is allowed (or follows its load pattern).
 INIT_SCRIPT = f"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 echo {BOOT_MARKER} > /dev/console
+{LOAD_PATTERN}
 n=$(grep -c ^processor /proc/cpuinfo)
 i=1
 while [ "$i" -lt "$n" ]; do (while :; do :; done) & i=$((i + 1)); done

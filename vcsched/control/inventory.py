@@ -48,6 +48,9 @@ class VmMeta:
     def io_needs(self) -> dict[str, int]:
         """``{"disk": bytes/s, "net": bytes/s}`` for the extra resources this VM needs."""
         return {r: v for r, v in (("disk", self.disk_bps), ("net", self.net_bps)) if v is not None}
+    #: Unix time of the VM's last live migration (None: never migrated).  Written into the domain XML the VM
+    #: arrives with, so `vcsched run` (any leader, after any restart) keeps it put for its cool-down.
+    migrated_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from vcsched.control.sharing import (
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.instance import check_instance
+from vcsched.formats.units import UNLIMITED
 from vcsched.model import Instance, SolveOptions
 from vcsched.plans.migration import HostRoom, MigrationBlocked, MigrationOrder, VmChange, order_changes, plan_steps
 from vcsched.plans.plan import Plan, VmPrediction
@@ -52,7 +53,8 @@ class LiveAdaptation:
 def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, needs: Mapping[str, float] | None = None,
                     depart: Iterable[str] = (), algorithm: str = "heuristic", parallel: int = 1,
                     options: SolveOptions | None = None, cluster: Cluster | None = None,
-                    sharing: Sharing | None = None) -> LiveAdaptation:
+                    sharing: Sharing | None = None, pinned: Iterable[str] = (),
+                    record_needs: bool = True) -> LiveAdaptation:
     """Adapt the running managed VMs of ``inventory``  within ``budget``.
 
     Units as in admission (docs/model.md): hosts in fractions of the reference
@@ -69,7 +71,9 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     rest is planned, ordered and budgeted as if they were already gone) and
     the remaining clusters share what they held.  A need in ``needs`` that
     differs from the VM's metadata gets a ``set-need`` step at the end, so
-    once applied the next adaptation starts from it.
+    once applied the next adaptation starts from it (unless ``record_needs``
+    is False: `vcsched run` plans with measured needs and leaves the recorded
+    ones alone).
 
     ``cluster`` (the cluster file) and ``sharing`` (default: its policy)
     bring in the sharing policies (docs/policies.md): under a policy other
@@ -77,6 +81,9 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     the byte-budgeted search places on CPU and memory as above, and the policy
     then allocates every fluid resource on that placement, so every host's
     declared disk and network capacity holds in the plan's predictions.
+
+    ``pinned`` VMs stay where they are (`vcsched run`'s cool-down after a
+    migration): to the solver, moving one costs more than the whole budget.
     """
     full, inventory = inventory, inventory.up()
     if not inventory.hosts:
@@ -115,7 +122,7 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         if not 0 < cores <= v.vcpus:
             raise InputError(f"--set-need {v.name}: {cores:g} cores must be above 0 and at most its {v.vcpus} vCPUs")
         cores_of[v.name] = cores
-        if abs(cores - v.meta.cpu_need_cores) > 1e-9:
+        if record_needs and abs(cores - v.meta.cpu_need_cores) > 1e-9:
             renew[v.name] = cores
     shared = None
     if cluster is not None:
@@ -128,8 +135,12 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     current_min = min((min(1.0, v.cap_or_vcpus / cores_of[v.name]) for v in managed), default=None)
     vms = list(existing.vms)
     instance = Instance(model_hosts(inventory), existing.jobs)
+    stay = set(pinned)
+    # A pinned VM's move costs more than the budget, so no placement within the budget moves it.
+    over = min(budget + 1, UNLIMITED)
     problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
-                           np.array([v.memory_bytes for v in vms], dtype=np.int64), budget)
+                           np.array([over if v.name in stay else v.memory_bytes for v in vms], dtype=np.int64),
+                           budget)
     adapted = solve_adapt(problem, algorithm, options)
     if adapted.result.allocation is None:
         return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min)
@@ -155,6 +166,10 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         changes.append(VmChange(v.name, v.host, target, v.memory_bytes, now, final, vcpus=v.vcpus))
     rooms = [HostRoom(h.name, h.usable_memory, used_mem[h.name], float(h.cores), caps_used[h.name])
              for h in inventory.hosts]
+    moved_pinned = sorted(c.vm for c in changes if c.vm in stay and c.source != c.target)
+    if moved_pinned:  # only possible with an unlimited budget, where no cost exceeds it
+        raise MigrationBlocked(f"{moved_pinned[0]} is pinned (migrated recently) but the best placement moves it; "
+                               "give a finite budget")
     order = order_changes(rooms, changes, parallel=parallel)
     if order.total_bytes > budget:
         raise MigrationBlocked(f"budget: the safe order needs {order.total_bytes} bytes ({order.relays} relays "
