@@ -16,6 +16,8 @@ Format (TOML, written by ``vcsched lab up`` or by hand; docs/operations.md)::
     cores = 1                    # optional: usable cores (default: what libvirt reports)
     memory_reserved = "64MiB"    # optional: memory kept for the host itself
     partition = "/vcl1h0"        # optional libvirt <resource><partition> for VMs placed here
+    disk_bps = "200MiB"          # optional: disk bytes per second the host can give its VMs together
+    net_bps = "117MiB"           # optional: network bytes per second, in each direction
 
 Parsing is pure: it takes the dict ``tomllib`` decoded (reading the file is
 the CLI's job) and raises :class:`InputError` naming the field and the value.
@@ -57,6 +59,11 @@ class ClusterHost:
     cores: int | None = None
     memory_reserved: int = 0
     partition: str | None = None
+    #: Bytes per second of disk I/O / network (each direction) the host can give its VMs: libvirt cannot
+    #: know them (``vcsched calibrate --resource disk|net`` measures them).  None: not declared, and
+    #: vcsched refuses to cap that resource on the host.
+    disk_bps: int | None = None
+    net_bps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,8 @@ class Cluster:
 
 
 def _host_from_dict(where: str, d: Any) -> ClusterHost:
-    d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition"}, {"name", "uri"}, kind="table")
+    d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition", "disk_bps", "net_bps"},
+                     {"name", "uri"}, kind="table")
     name = check_name(f"{where}.name", d["name"])
     uri = check_string(f"{where}.uri", d["uri"])
     scheme = uri_scheme(uri)
@@ -94,7 +102,8 @@ def _host_from_dict(where: str, d: Any) -> ClusterHost:
     if partition is not None and (not isinstance(partition, str) or not re.fullmatch(r"(/[A-Za-z0-9_.-]+)+",
                                                                                          partition)):
         raise InputError(f"{where}.partition: {partition!r} is not a partition path like \"/machine\"")
-    return ClusterHost(name, uri, cores, reserved, partition)
+    rates = {k: parse_size(f"{where}.{k}", d[k]) if k in d else None for k in ("disk_bps", "net_bps")}
+    return ClusterHost(name, uri, cores, reserved, partition, rates["disk_bps"], rates["net_bps"])
 
 
 def _guest_from_dict(d: Any) -> GuestDefaults:
