@@ -325,7 +325,55 @@ def set_cputune(xml: str, quota_us: int) -> str:
     return ET.tostring(root, encoding="unicode")
 
 
-def _devices(dom: Any) -> VmDevices:
+def apply_io_caps(host: str, dom: Any, devices: VmDevices, caps: IoCaps, flags: int) -> None:
+    """Set ``caps`` on a running domain: every disk (one throttle group), then every interface.
+
+    ``caps`` fields that are None are left as they are; 0 removes a limit
+    (calibration only: plans never uncap).  Errors name the host, the VM and
+    the value.
+    """
+    vm = dom.name()
+    tune: dict[str, Any] = {}
+    if caps.disk_bytes_sec is not None:
+        tune["total_bytes_sec"] = int(caps.disk_bytes_sec)
+    if caps.disk_iops_sec is not None:
+        tune["total_iops_sec"] = int(caps.disk_iops_sec)
+    if tune:
+        if any(tune.values()):
+            tune["group_name"] = IO_GROUP
+        for d in devices.disks:
+            with _as_host_error(host, f"throttle disk {d} of {vm!r} to {tune}"):
+                _retrying(functools.partial(dom.setBlockIoTune, d, tune, flags))
+    if caps.net_bytes_sec is not None:
+        average = net_units(caps.net_bytes_sec, len(devices.nics))
+        for n in devices.nics:
+            shape_interface(host, dom, n, average, flags, caps.net_bytes_sec)
+
+
+def shape_interface(host: str, dom: Any, nic: str, average: int, flags: int, asked: int) -> None:
+    """One interface to ``average`` units both ways (0: unshaped); on failure its previous parameters are put back.
+
+    Not retried: a tc command that fails (a qdisc or action the host's
+    kernel lacks) fails the same way again.
+    """
+    vm = dom.name()
+    live = libvirt.VIR_DOMAIN_AFFECT_LIVE
+    with _as_host_error(host, f"read the shaping of interface {nic} of {vm!r}"):
+        before = {k: v for k, v in dom.interfaceParameters(nic, live).items() if k in SHAPING_KEYS}
+    try:
+        dom.setInterfaceParameters(nic, {"inbound.average": average, "outbound.average": average}, flags)
+    except libvirt.libvirtError as exc:
+        try:
+            dom.setInterfaceParameters(nic, before, live)
+            restored = "its previous shaping was put back"
+        except libvirt.libvirtError as again:
+            restored = f"putting its previous shaping back failed too ({again.get_error_message()})"
+        said = " ".join(exc.get_error_message().split())  # tc's message spans lines: keep it to one
+        raise HypervisorError(f"host {host}: cannot shape interface {nic} of {vm!r} to {asked} B/s "
+                              f"({average} x {NET_UNIT} B/s): {said}; {restored}") from None
+
+
+def live_devices(dom: Any) -> VmDevices:
     """The disks and shaped interfaces of a domain, from its live XML (interfaces named by their tap)."""
     return devices_of(ET.fromstring(dom.XMLDesc(0)))
 
@@ -409,7 +457,7 @@ class LibvirtHypervisor:
         except libvirt.libvirtError:
             meta = None  # no vcsched metadata: unmanaged
         cap = None
-        devices = _devices(dom)
+        devices = live_devices(dom)
         io = IoCaps()
         if active:
             try:
@@ -536,7 +584,7 @@ class LibvirtHypervisor:
         """
         def read() -> IoCaps:
             dom = self._domain(host, vm)
-            return self._read_io_caps(host, dom, _devices(dom))
+            return self._read_io_caps(host, dom, live_devices(dom))
 
         with _as_host_error(host, f"read the disk/network caps of {vm!r}"):
             return _retrying(read)
@@ -557,7 +605,7 @@ class LibvirtHypervisor:
             dom = self._domain(host, vm)
             if not dom.isActive():
                 return None
-            devices = _devices(dom)
+            devices = live_devices(dom)
             disk = 0
             for d in devices.disks:
                 _rd_req, rd_bytes, _wr_req, wr_bytes, _errs = dom.blockStats(d)
@@ -592,7 +640,8 @@ class LibvirtHypervisor:
         try:
             self._conn(step.host).createXML(xml, 0)
         except libvirt.libvirtError as exc:
-            raise HypervisorError(f"host {step.host}: cannot create {step.vm!r}: {exc.get_error_message()}") from None
+            said = " ".join(exc.get_error_message().split())  # e.g. tc's multi-line error for a <bandwidth>
+            raise HypervisorError(f"host {step.host}: cannot create {step.vm!r}: {said}") from None
 
     def set_cap(self, host: str, vm: str, cap_cores: float) -> None:
         self._refuse_uncappable(host)
@@ -641,7 +690,7 @@ class LibvirtHypervisor:
             dom, _meta = self._managed_domain(host, vm, "cap")
             if not dom.isActive():
                 raise HypervisorError(f"host {host}: domain {vm!r} is not running")
-            devices = _devices(dom)
+            devices = live_devices(dom)
             persistent = bool(dom.isPersistent())
         problem = io_problem(caps, devices)
         if problem is not None:
@@ -649,41 +698,7 @@ class LibvirtHypervisor:
         flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
         if persistent:
             flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
-        tune: dict[str, Any] = {}
-        if caps.disk_bytes_sec is not None:
-            tune["total_bytes_sec"] = int(caps.disk_bytes_sec)
-        if caps.disk_iops_sec is not None:
-            tune["total_iops_sec"] = int(caps.disk_iops_sec)
-        if tune:
-            tune["group_name"] = IO_GROUP
-            for d in devices.disks:
-                with _as_host_error(host, f"throttle disk {d} of {vm!r} to {tune}"):
-                    _retrying(functools.partial(dom.setBlockIoTune, d, tune, flags))
-        if caps.net_bytes_sec is not None:
-            average = net_units(caps.net_bytes_sec, len(devices.nics))
-            for n in devices.nics:
-                self._shape(host, vm, dom, n, average, flags, caps.net_bytes_sec)
-
-    @staticmethod
-    def _shape(host: str, vm: str, dom: Any, nic: str, average: int, flags: int, asked: int) -> None:
-        """One interface to ``average`` units both ways; on failure its previous parameters are put back.
-
-        Not retried: a tc command that fails (a qdisc or action the host's
-        kernel lacks) fails the same way again.
-        """
-        live = libvirt.VIR_DOMAIN_AFFECT_LIVE
-        with _as_host_error(host, f"read the shaping of interface {nic} of {vm!r}"):
-            before = {k: v for k, v in dom.interfaceParameters(nic, live).items() if k in SHAPING_KEYS}
-        try:
-            dom.setInterfaceParameters(nic, {"inbound.average": average, "outbound.average": average}, flags)
-        except libvirt.libvirtError as exc:
-            try:
-                dom.setInterfaceParameters(nic, before, live)
-                restored = "its previous shaping was put back"
-            except libvirt.libvirtError as again:
-                restored = f"putting its previous shaping back failed too ({again.get_error_message()})"
-            raise HypervisorError(f"host {host}: cannot shape interface {nic} of {vm!r} to {asked} B/s "
-                                  f"({average} x {NET_UNIT} B/s): {exc.get_error_message()}; {restored}") from None
+        apply_io_caps(host, dom, devices, caps, flags)
 
     def _managed_domain(self, host: str, vm: str, action: str) -> tuple[Any, VmMeta]:
         """The domain and its vcsched metadata; an unmanaged domain is refused, naming ``action``."""
