@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "apply": ("cli.apply:apply_cmd",
               "Apply a plan saved by `vcsched place -o PLAN.json` or `vcsched adapt -o PLAN.json`."),
     "status": ("cli.status:status_cmd",
-               "Show every host and VM of the cluster: caps, predicted yields and measured CPU."),
+               "Show every host and VM of the cluster: caps, predicted yields and measured CPU, disk and network."),
 }
 
 for _name, (_where, _summary) in COMMANDS.items():
