@@ -350,6 +350,12 @@ def apply_io_caps(host: str, dom: Any, devices: VmDevices, caps: IoCaps, flags: 
             shape_interface(host, dom, n, average, flags, caps.net_bytes_sec)
 
 
+def one_line(exc: Exception) -> str:
+    """libvirt's message for ``exc`` on one line (tc's errors, passed through by libvirt, span several)."""
+    said = exc.get_error_message() if isinstance(exc, libvirt.libvirtError) else None
+    return " ".join((said or str(exc)).split())
+
+
 def shape_interface(host: str, dom: Any, nic: str, average: int, flags: int, asked: int) -> None:
     """One interface to ``average`` units both ways (0: unshaped); on failure its previous parameters are put back.
 
@@ -368,7 +374,7 @@ def shape_interface(host: str, dom: Any, nic: str, average: int, flags: int, ask
             restored = "its previous shaping was put back"
         except libvirt.libvirtError as again:
             restored = f"putting its previous shaping back failed too ({again.get_error_message()})"
-        said = " ".join(exc.get_error_message().split())  # tc's message spans lines: keep it to one
+        said = one_line(exc)
         raise HypervisorError(f"host {host}: cannot shape interface {nic} of {vm!r} to {asked} B/s "
                               f"({average} x {NET_UNIT} B/s): {said}; {restored}") from None
 
@@ -640,7 +646,7 @@ class LibvirtHypervisor:
         try:
             self._conn(step.host).createXML(xml, 0)
         except libvirt.libvirtError as exc:
-            said = " ".join(exc.get_error_message().split())  # e.g. tc's multi-line error for a <bandwidth>
+            said = one_line(exc)  # e.g. tc's multi-line error for a <bandwidth>
             raise HypervisorError(f"host {step.host}: cannot create {step.vm!r}: {said}") from None
 
     def set_cap(self, host: str, vm: str, cap_cores: float) -> None:

@@ -88,6 +88,15 @@ class _Replay:
         """Disk and network caps ``caps`` (the fields given) for ``vm`` on ``host``: see the module docstring."""
         if not caps:
             return True
+        asked = {"disk": caps.disk_bytes_sec or caps.disk_iops_sec, "net": caps.net_bytes_sec}
+        for r in IO_RESOURCES:  # the driver first: nothing else matters on a host that cannot cap at all
+            why = host.cap_problem(r)
+            if asked[r] is not None and why is not None:
+                field = STEP_FIELDS[r] if r == "net" or caps.disk_bytes_sec is not None else "disk_iops_sec"
+                unit = "IOPS" if field == "disk_iops_sec" else "B/s"
+                self.problems.append(f"{where}.{field}: host {host.name} cannot cap {r} of VM {vm!r} "
+                                     f"({asked[r]} {unit}): {why}")
+                return False
         problem = io_problem(caps, devices)
         if problem is not None:
             self.problems.append(f"{where}: VM {vm!r} on host {host.name}: {problem}")
@@ -97,11 +106,6 @@ class _Replay:
             if amount is None:
                 continue
             field = STEP_FIELDS[r]
-            why = host.cap_problem(r)
-            if why is not None:
-                self.problems.append(f"{where}.{field}: host {host.name} cannot cap {r} of VM {vm!r} "
-                                     f"({amount} B/s): {why}")
-                return False
             capacity = host.capacity(r)
             if capacity is None:
                 self.problems.append(f"{where}.{field}: host {host.name} declares no {r}_bps in the cluster file, "
@@ -112,10 +116,6 @@ class _Replay:
                 self.problems.append(f"{where}.{field}: {amount} B/s for VM {vm!r} is more than host "
                                      f"{host.name}'s {r}_bps of {capacity}")
                 return False
-        if caps.disk_iops_sec is not None and host.cap_problem("disk") is not None:
-            self.problems.append(f"{where}.disk_iops_sec: host {host.name} cannot cap disk of VM {vm!r} "
-                                 f"({caps.disk_iops_sec} IOPS): {host.cap_problem('disk')}")
-            return False
         return True
 
     def carried_ok(self, where: str, vm: str, v: _Vm, host: HostState) -> bool:

@@ -39,6 +39,7 @@ State = dict[str, dict[str, dict[str, float]]]  # resource -> host -> vm -> cap
 
 def _apply_changes(state: State, step: Step) -> None:
     caps = state[CPU]
+    leaving: dict[tuple[str, str], float] = {}  # (resource, vm) -> cap, of a VM this step takes off a host
     for host, vm, cap in step.cap_changes():
         on = caps.setdefault(host, {})
         if cap is None:
@@ -52,9 +53,15 @@ def _apply_changes(state: State, step: Step) -> None:
                     vms.pop(vm, None)
         for r in IO_RESOURCES:  # its disk and network caps go where it goes (the domain XML carries them)
             hosts = state.setdefault(r, {})
-            carried = [hosts[h].pop(vm) for h in list(hosts) if vm in hosts[h] and (cap is None or h != host)]
-            if cap is not None and carried:
-                hosts.setdefault(host, {})[vm] = carried[0]
+            if cap is None:
+                amount = hosts.get(host, {}).pop(vm, None)
+                if amount is not None:
+                    leaving[(r, vm)] = amount
+                continue
+            found = [hosts[h].pop(vm) for h in list(hosts) if h != host and vm in hosts[h]]
+            amount = found[0] if found else leaving.pop((r, vm), None)
+            if amount is not None:
+                hosts.setdefault(host, {})[vm] = amount
     for r, host, vm, amount in step.io_changes():
         state.setdefault(r, {}).setdefault(host, {})[vm] = amount
 
