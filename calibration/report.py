@@ -29,6 +29,7 @@ def result_to_dict(result: Result, conditions: dict[str, Any] | None = None) -> 
     cfg = result.config
     return {
         "backend": result.backend,
+        "resource": result.resource,
         "unit": result.unit,
         "cpu": result.cpu,
         "config": {
@@ -111,8 +112,10 @@ def summary_rows(result: Result) -> list[tuple[str, str, str, str]]:
     """(quantity, ours on work rate, ours on CPU share, Xen in the paper) — shared by the CLI and the docs."""
     up = [s for s in result.steps if s.to_cap > s.from_cap]
     down = [s for s in result.steps if s.to_cap < s.from_cap]
+    overhead = ("overhead (uncapped slowdown)" if result.resource == "cpu"
+                else "uncapped runs vs the reference (drift, not an overhead)")
     rows = [
-        ("overhead (uncapped slowdown)", pct(result.rate_overhead), pct(result.share_overhead), pct(XEN_OVERHEAD)),
+        (overhead, pct(result.rate_overhead), pct(result.share_overhead), pct(XEN_OVERHEAD)),
         ("mean absolute error", pct(result.rate_error.mean), pct(result.share_error.mean), pct(XEN_MEAN_ERROR)),
         ("max absolute error", pct(result.rate_error.worst), pct(result.share_error.worst), pct(XEN_WORST_ERROR)),
     ]
@@ -184,8 +187,9 @@ _AXES = {
 }
 
 
-def plot(result: Result, path: str, resource: str = "cpu") -> None:
+def plot(result: Result, path: str, resource: str | None = None) -> None:
     """Two panels: measured vs expected per cap, and the rate through the cap steps (needs matplotlib)."""
+    resource = resource or result.resource
     require_matplotlib(path)
     import matplotlib
 

@@ -24,7 +24,9 @@ from vcsched.formats.units import format_size
 CPU_CAPS = "0.05,0.1,0.25,0.5,0.75,1.0"
 #: Disk and network caps are fractions of what one guest reaches uncapped: only caps well below it show the cap
 #: (at 1.0 a guest would measure its own speed, not the limit).
-IO_CAPS = "0.05,0.1,0.25,0.5"
+IO_CAPS = "0.02,0.05,0.1,0.2,0.3"
+CPU_STEPS = "0.25,0.75"
+IO_STEPS = "0.1,0.3"
 
 
 class FloatList(click.ParamType):
@@ -287,9 +289,9 @@ def render(result: Result, cond: dict[str, Any]) -> None:
 @click.option(
     "--steps",
     type=FloatList(count=2),
-    default="0.25,0.75",
-    show_default=True,
-    help="LOW,HIGH: the cap is stepped LOW→HIGH→LOW on a running subject to time the response.",
+    default=None,
+    help=f"LOW,HIGH: the cap is stepped LOW→HIGH→LOW on a running subject to time the response "
+    f"(default {CPU_STEPS} for cpu, {IO_STEPS} for disk and net).",
 )
 @click.option(
     "--window",
@@ -339,7 +341,7 @@ def calibrate_cmd(
     workers: int,
     duration: float,
     tolerance: float,
-    steps: tuple[float, ...],
+    steps: tuple[float, ...] | None,
     window: float | None,
     pairs: int,
     confirm: float,
@@ -383,6 +385,8 @@ def calibrate_cmd(
         backend = "cgroup" if resource == "cpu" else "libvirt"
     if caps is None:
         caps = FloatList().convert(CPU_CAPS if resource == "cpu" else IO_CAPS, None, None)
+    if steps is None:
+        steps = FloatList(count=2).convert(CPU_STEPS if resource == "cpu" else IO_STEPS, None, None)
     default_window = 0.1 if backend == "cgroup" else 1.0
     cfg = Config(
         caps=caps,
@@ -423,11 +427,10 @@ def calibrate_cmd(
         cond["aggregate_bps"] = round(reference["aggregate_bps"])
     lines = cluster_lines(resource, reference, connect or "", cluster) if reference is not None else []
     if plot_path:
-        plot(result, plot_path, resource)
+        plot(result, plot_path)
     if as_json:
         doc = result_to_dict(result, cond)
         if reference is not None:
-            doc["resource"] = resource
             doc["reference"] = reference
             doc["cluster_lines"] = lines
         emit_json(doc)

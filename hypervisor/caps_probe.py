@@ -281,6 +281,7 @@ class LibvirtIoSubjects:
 
     nominal_bare: float | None = 1.0
     default_window = 1.0
+    resource: str
 
     def __init__(self, uri: str, domains: Sequence[str], resource: str):
         from hypervisor.libvirt_backend import io_support
@@ -365,8 +366,7 @@ class LibvirtIoSubjects:
         try:
             self._apply(0, probe)
         except CapsProbeError as exc:
-            raise InputError(f"{exc} (probing whether host {self.uri} can cap {self.resource} of "
-                             f"{self.doms[0].name()} at {probe} B/s)") from None
+            raise InputError(f"--resource {self.resource}: {exc}") from None
         self._apply(0, self._saved[0].amount(self.resource))
 
     def _make_floods(self) -> None:
