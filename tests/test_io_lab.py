@@ -188,6 +188,8 @@ def test_a_disk_cap_well_below_the_uncapped_rate_is_met_within_5_percent(iolab: 
         assert read_caps(iolab, vm).disk_bytes_sec == cap
         time.sleep(1.0)
         (got,) = rates(iolab, [vm], "disk_bytes", WINDOW_S)
+    print(f"\ndisk: uncapped {uncapped / MiB:.1f} MiB/s, capped at {cap / MiB:g} MiB/s: {got / MiB:.4f} MiB/s "
+          f"({100 * (got / cap - 1):+.2f}%)")
     assert got == pytest.approx(cap, rel=TOLERANCE), f"uncapped {uncapped / MiB:.1f} MiB/s, capped {got / MiB:.3f}"
 
 
@@ -199,6 +201,8 @@ def test_a_vm_created_with_a_disk_cap_never_writes_faster_than_it(iolab: IoLab) 
         time.sleep(2.0)
         done, alive = counter(iolab, vm, "disk_bytes"), time.monotonic() - t0
         (got,) = rates(iolab, [vm], "disk_bytes", WINDOW_S)
+    print(f"\ndisk, created capped at {cap / MiB:g} MiB/s: {done / MiB:.2f} MiB in its first {alive:.1f} s, then "
+          f"{got / MiB:.4f} MiB/s ({100 * (got / cap - 1):+.2f}%)")
     # Everything it wrote since it was created fits under the cap (plus QEMU's burst of a tenth of a second).
     assert done <= cap * (alive + 0.1) and done > 0
     assert got == pytest.approx(cap, rel=TOLERANCE)
@@ -210,6 +214,7 @@ def test_a_live_disk_cap_change_takes_effect_within_2_seconds(iolab: IoLab) -> N
         time.sleep(1.0)
         up_s = response_time(iolab, vm, "disk_bytes", SetCapStep(vm, "h0", None, disk_bytes_sec=high), high)
         down_s = response_time(iolab, vm, "disk_bytes", SetCapStep(vm, "h0", None, disk_bytes_sec=low), low)
+    print(f"\ndisk cap 2 -> 6 MiB/s settled after {up_s} s, 6 -> 2 after {down_s} s (0.5 s windows, ±5%)")
     assert up_s is not None and up_s <= RESPONSE_LIMIT_S, up_s
     assert down_s is not None and down_s <= RESPONSE_LIMIT_S, down_s
 
@@ -220,6 +225,7 @@ def test_two_vms_with_disk_caps_in_ratio_1_to_3_write_1_to_3(iolab: IoLab) -> No
             io_guest(iolab, "dsk-3", "disk", IoCaps(disk_bytes_sec=b)) as three:
         time.sleep(1.0)
         got_a, got_b = rates(iolab, [one, three], "disk_bytes", WINDOW_S)
+    print(f"\ndisk caps 1 and 3 MiB/s: {got_a / MiB:.4f} and {got_b / MiB:.4f} MiB/s, ratio {got_b / got_a:.4f}")
     assert got_a == pytest.approx(a, rel=TOLERANCE) and got_b == pytest.approx(b, rel=TOLERANCE)
     assert got_b / got_a == pytest.approx(3.0, rel=TOLERANCE)
 
@@ -288,6 +294,7 @@ def test_frames_sent_into_a_guests_tap_show_in_its_receive_counter(iolab: IoLab)
         time.sleep(0.5)
         (got,) = rates(iolab, [s.name], "net_rx_bytes", 3.0)
         sent = flood.sent
+    print(f"\nnet: {flood.sent / MiB:.2f} MiB written into {s.tap} at 2 MiB/s, guest received {got / MiB:.4f} MiB/s")
     assert sent > 0
     assert got == pytest.approx(2 * MiB, rel=0.10), f"{got / MiB:.3f} MiB/s of {FRAME_BYTES}-byte frames"
 
