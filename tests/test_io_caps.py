@@ -595,3 +595,81 @@ def test_apply_refuses_a_disk_cap_on_the_test_driver_in_one_line_exit_2(tmp_path
     assert len(lines) == 1
     assert lines[0].startswith("vcsched: error: plan.steps[0].disk_bytes_sec: host h0 cannot cap disk of VM "
                                "'io-0' (1048576 B/s): the libvirt test driver")
+
+
+def test_a_plan_table_shows_the_disk_and_network_caps_of_each_step() -> None:
+    from cli.app import console
+    from cli.common import render_plan
+
+    hv = io_backend(io_vm("a"))
+    with console.capture() as cap:
+        render_plan(plan_of(hv, SetCapStep("a", "h0", None, disk_bytes_sec=4 * MiB, net_bytes_sec=2_000_000)),
+                    hv.inventory())
+    assert "disk 4 MiB/s, net 1.907 MiB/s" in cap.get()
+
+
+# -------------------------------------------------------------------------------------- calibrate: bad input
+
+
+def test_calibrating_disk_on_the_cgroup_backend_is_one_line_exit_2() -> None:
+    r = CliRunner().invoke(cli, ["calibrate", "--resource", "disk", "--backend", "cgroup"])
+    assert r.exit_code == 2
+    assert r.stderr.strip() == ("vcsched: error: --resource disk: only the libvirt backend caps disk and network "
+                                "(--backend libvirt --connect URI)")
+
+
+def test_calibrating_disk_on_the_test_driver_is_refused_naming_the_host_before_measuring() -> None:
+    r = CliRunner().invoke(cli, ["calibrate", "--resource", "disk", "--connect", "test:///default",
+                                 "--domain", "test", "--duration", "2"])
+    assert r.exit_code == 2
+    assert r.stderr.strip() == ("vcsched: error: host test:///default: cannot cap disk: the libvirt test driver "
+                                "(test:///default) cannot throttle disks")
+
+
+# ------------------------------------------------------------------------------------------ the lab image
+
+
+def test_the_initramfs_carries_the_io_modules_and_reads_its_workload_from_the_command_line(tmp_path: Path) -> None:
+    import gzip
+
+    from hypervisor.lab.image import BUSYBOX, MODULES, build_initramfs, initramfs_recipe
+    from tests.test_lab import _newc_members
+
+    if not BUSYBOX.is_file():
+        pytest.skip(f"{BUSYBOX} missing (busybox-static not installed)")
+    for m in MODULES:
+        (tmp_path / f"{m}.ko").write_bytes(m.encode())
+    members = _newc_members(gzip.decompress(build_initramfs(modules=tmp_path)))
+    assert {f"lib/modules/{m}.ko" for m in MODULES} <= set(members)
+    init = members["init"][1].decode()
+    assert "vcsched.work=" in init and "oflag=direct" in init and "pktgen" in init
+    assert initramfs_recipe(modules=tmp_path) != initramfs_recipe()  # a module change rebuilds the cached image
+
+
+def test_the_kernel_version_is_read_from_the_bzimage_header(tmp_path: Path) -> None:
+    from hypervisor.lab.image import kernel_version
+
+    head = bytearray(0x1000)
+    head[0x202:0x206] = b"HdrS"
+    head[0x20E:0x210] = (0x300).to_bytes(2, "little")
+    text = b"6.1.0-56-amd64 (debian-kernel@lists.debian.org) #1 SMP\0"
+    head[0x500:0x500 + len(text)] = text
+    (tmp_path / "vmlinuz").write_bytes(bytes(head))
+    assert kernel_version(tmp_path / "vmlinuz") == "6.1.0-56-amd64"
+    (tmp_path / "junk").write_bytes(b"x" * 0x300)
+    assert kernel_version(tmp_path / "junk") is None
+
+
+def test_an_io_guest_has_its_disk_its_tap_nic_and_its_workload_on_the_command_line() -> None:
+    from hypervisor.lab.guest import GuestError, guest_xml
+    from hypervisor.lab.state import GuestImage
+
+    image = GuestImage(Path("/img/vmlinuz"), Path("/img/initrd.gz"))
+    root = ET.fromstring(guest_xml("g", image, workload="disk", disk=Path("/d/g.img"), nic=True))
+    assert root.findtext("os/cmdline", "").endswith(" vcsched.work=disk")
+    assert root.find("devices/disk/source").get("file") == "/d/g.img"  # type: ignore[union-attr]
+    nic = root.find("devices/interface")
+    assert nic is not None and nic.get("type") == "ethernet" and nic.find("ip") is None
+    assert "vcsched.work" not in (ET.fromstring(guest_xml("g", image)).findtext("os/cmdline") or "")
+    with pytest.raises(GuestError, match="workload"):
+        guest_xml("g", image, workload="gpu")
