@@ -76,8 +76,9 @@ class ClusterHost:
     memory_reserved: int = 0
     partition: str | None = None
     #: Bytes per second of disk I/O / network (each direction) the host can give its VMs together; libvirt
-    #: cannot know them.  None: not declared (capacity 0 in the multi-resource model: nothing needing that
-    #: resource is placed there).
+    #: cannot know them (``vcsched calibrate --resource disk|net`` measures them).  None: not declared:
+    #: capacity 0 in the multi-resource model (nothing needing that resource is placed there), and
+    #: vcsched refuses to cap that resource on the host.
     disk_bps: int | None = None
     net_bps: int | None = None
 
