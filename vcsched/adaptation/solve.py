@@ -13,12 +13,14 @@ from vcsched.model import SolveOptions, SolveResult
 from vcsched.validate import check_allocation
 from vcsched.yields import allocate, fits_in_memory
 
-ALGORITHMS = ("heuristic", "milp")
+#: ``heuristic-best``: the heuristic with the anytime search ``best`` (at its default budget) instead of MCB8 for
+#: its from-scratch re-placement candidate.
+ALGORITHMS = ("heuristic", "heuristic-best", "milp")
 
 
 def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
                 options: SolveOptions | None = None) -> AdaptResult:
-    """Solve the adaptation problem with ``heuristic`` or ``milp``; the allocation is validated."""
+    """Solve the adaptation problem with ``heuristic``, ``heuristic-best`` or ``milp``; the allocation is validated."""
     options = options or SolveOptions()
     if algorithm not in ALGORITHMS:
         raise InputError(f"algorithm: unknown adaptation algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
@@ -30,7 +32,8 @@ def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
 
         hosts, optimal, detail = adapt_milp(problem, options)
     else:
-        hosts, detail = adapt_heuristic(problem, options.precision)
+        hosts, detail = adapt_heuristic(problem, options.precision,
+                                        scratch="best" if algorithm == "heuristic-best" else "mcb8")
     if hosts is None:
         runtime = time.perf_counter() - start
         return AdaptResult(SolveResult(algorithm, False, None, None, None, runtime, optimal, detail=detail))
