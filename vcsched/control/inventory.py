@@ -44,6 +44,10 @@ class VmMeta:
     net_bps: int | None = None  # network bytes/s one VM uses alone
     weight: float = 1.0
     tenant: str | None = None  # its leaf of the cluster file's tenant tree
+    # Placement rules of its request (docs/rules.md), absent from older metadata:
+    spread: str | None = None  # "required" / "preferred": no two VMs of its virtual cluster on one host
+    together: str | None = None  # "required" / "preferred": all on one host
+    pinned: bool = False  # never migrated: its host is fixed
 
     def io_needs(self) -> dict[str, int]:
         """``{"disk": bytes/s, "net": bytes/s}`` for the extra resources this VM needs."""

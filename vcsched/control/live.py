@@ -47,12 +47,15 @@ class LiveAdaptation:
     floors_missed: tuple[tuple[str, float, float], ...] = ()
     #: The staying VMs' minimum of cap / need before the plan (needs after the changes): what the plan improves on.
     current_min_yield: float | None = None
+    #: A drain (docs/rules.md): the drained host, and each VM that stays on it with its reason and explanation.
+    drained: str | None = None
+    stays: tuple[tuple[str, str, str], ...] = ()
 
 
 def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, needs: Mapping[str, float] | None = None,
                     depart: Iterable[str] = (), algorithm: str = "heuristic", parallel: int = 1,
                     options: SolveOptions | None = None, cluster: Cluster | None = None,
-                    sharing: Sharing | None = None) -> LiveAdaptation:
+                    sharing: Sharing | None = None, drain: str | None = None) -> LiveAdaptation:
     """Adapt the running managed VMs of ``inventory``  within ``budget``.
 
     Units as in admission (docs/model.md): hosts in fractions of the reference
@@ -77,6 +80,13 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     the byte-budgeted search places on CPU and memory as above, and the policy
     then allocates every fluid resource on that placement, so every host's
     declared disk and network capacity holds in the plan's predictions.
+
+    Placement rules (docs/rules.md): hosts in maintenance in ``cluster`` take
+    no VM that does not run there, VMs keep their recorded spread, together
+    and pinned rules, and a rule broken now is repaired within the budget
+    (what is left is in the result's detail).  ``drain`` names a host to
+    empty (:func:`vcsched.adaptation.drain.drain`): in maintenance, its VMs
+    leave within the budget, or the best partial drain with each staying VM's reason.
     """
     full, inventory = inventory, inventory.up()
     if not inventory.hosts:
@@ -127,12 +137,19 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     existing = existing_jobs(inventory, managed, needs)
     current_min = min((min(1.0, v.cap_or_vcpus / cores_of[v.name]) for v in managed), default=None)
     vms = list(existing.vms)
-    instance = Instance(model_hosts(inventory), existing.jobs)
+    cordoned = cluster.cordoned if cluster is not None else frozenset()
+    pinned = tuple(existing.hosts[t] if v.meta is not None and v.meta.pinned else -1 for t, v in enumerate(vms))
+    instance = Instance(model_hosts(inventory, cordoned=cordoned), existing.jobs,
+                        pinned=pinned if any(p >= 0 for p in pinned) else ())
     problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
                            np.array([v.memory_bytes for v in vms], dtype=np.int64), budget)
-    adapted = solve_adapt(problem, algorithm, options)
+    stays: tuple[tuple[str, str, str], ...] = ()
+    if drain is not None:
+        problem, adapted, stays = _drain(cluster_name, inventory, full, vms, problem, drain, algorithm, options)
+    else:
+        adapted = solve_adapt(problem, algorithm, options)
     if adapted.result.allocation is None:
-        return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min)
+        return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min, drained=drain, stays=stays)
     if shared is not None:  # the policy allocates every fluid resource on the placement found
         adapted = _reallocated(adapted, *shared)
         instance = shared[0]
@@ -168,9 +185,33 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     plan = Plan("adapt", cluster_name, snapshot_hash(full, gone, moved, renewed),
                 float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps,
                 extra={"budget": budget, "migrated_bytes": order.total_bytes,
-                       **({"policy": shared[1].policy} if shared is not None else {})})
+                       **({"policy": shared[1].policy} if shared is not None else {}),
+                       **({"drain": drain, "stays": [list(s) for s in stays]} if drain is not None else {})})
     missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})
-    return LiveAdaptation(adapted, plan, order, problem, tuple(missed), current_min)
+    return LiveAdaptation(adapted, plan, order, problem, tuple(missed), current_min, drain, stays)
+
+
+def _drain(cluster_name: str, inventory: Inventory, full: Inventory, vms: list[VmState], problem: AdaptProblem,
+           host: str, algorithm: str, options: SolveOptions | None
+           ) -> tuple[AdaptProblem, AdaptResult, tuple[tuple[str, str, str], ...]]:
+    """The drain of ``host``: bad input checked first (unknown or down host, pinned VMs with a budget)."""
+    from vcsched.adaptation.drain import drain
+
+    names = [h.name for h in inventory.hosts]
+    if host not in names:
+        if any(h.name == host for h in full.hosts):
+            raise HostsDown(f"drain {host}: the host does not answer; its VMs are unknown")
+        raise InputError(f"drain: {host!r} is not a host of cluster {cluster_name!r} (hosts: "
+                         f"{', '.join(h.name for h in full.hosts)})")
+    index = names.index(host)
+    pinned = [v.name for v in vms if v.host == host and v.meta is not None and v.meta.pinned]
+    if pinned and problem.budget > 0:
+        raise InputError(f"drain {host}: {', '.join(pinned)} {'is' if len(pinned) == 1 else 'are'} pinned (pinned = "
+                         "true) and can never leave; move it by hand or unpin it first (--budget 0 shows what "
+                         "would stay)")
+    result = drain(problem, index, algorithm, options)
+    stays = tuple((vms[s.task].name, s.reason, s.detail) for s in result.stays)
+    return result.problem, result.adapted, stays
 
 
 def _shared_instance(cluster: Cluster, inventory: Inventory, managed: tuple[VmState, ...], needs: Mapping[str, float],
