@@ -31,6 +31,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "Apply a plan saved by `vcsched place -o PLAN.json` or `vcsched adapt -o PLAN.json`."),
     "status": ("cli.status:status_cmd",
                "Show every host and VM of the cluster: caps, predicted yields and measured CPU."),
+    "cordon": ("cli.maintenance:cordon_cmd",
+               "Put HOST in maintenance: no new VM and no migration lands on it (its VMs keep running)."),
+    "uncordon": ("cli.maintenance:uncordon_cmd",
+                 "Take HOST out of maintenance: it receives VMs again (`vcsched adapt` can move some back)."),
+    "drain": ("cli.maintenance:drain_cmd",
+              "Empty HOST by live migration within --budget bytes, for maintenance; --apply carries it out."),
     "simulate": ("cli.simulate:simulate_cmd",
                  "Simulate virtual clusters arriving and leaving over time, under every sharing policy."),
 }
