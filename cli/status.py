@@ -87,12 +87,22 @@ def status_dict(inv: Inventory, measured: dict[str, float | None], seconds: floa
         "cpu_need_cores": v.meta.cpu_need_cores if v.meta else None, "cap_cores": v.cap_cores,
         "predicted_yield": predicted_yield(v), "min_yield": v.meta.min_yield if v.meta else None,
         "measured_cores": measured.get(v.name),
+        "rules": _vm_rules(v),
     } for v in inv.vms]
     out: dict[str, Any] = {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms}
     if policy is not None:
         out["policy"] = policy
         out["virtual_clusters"] = clusters or []
     return out
+
+
+def _vm_rules(v: VmState) -> list[str]:
+    """The placement rules recorded in a VM's metadata (docs/rules.md), as short words."""
+    if v.meta is None:
+        return []
+    return ([f"spread{'' if v.meta.spread == 'required' else '?'}"] if v.meta.spread else []) + \
+        ([f"together{'' if v.meta.together == 'required' else '?'}"] if v.meta.together else []) + \
+        (["pinned"] if v.meta.pinned else [])
 
 
 def _num(x: float | None, fmt: str = "{:.3f}") -> str:
@@ -108,7 +118,8 @@ def render_status(doc: dict[str, Any]) -> None:
             table.add_row(f"[red]{h['name']} (down)[/]", "?", "?", "?", f"[red]{h['down']}[/]")
             continue
         usable = h["memory_bytes"] - h["memory_reserved"]
-        table.add_row(h["name"], str(h["cores"]), f"{h['caps_cores']:.3f}",
+        name = h["name"] + (" [yellow](maintenance)[/]" if h.get("maintenance") else "")
+        table.add_row(name, str(h["cores"]), f"{h['caps_cores']:.3f}",
                       _num(h["measured_cores"]) if doc["sample_seconds"] else "-",
                       f"{format_size(h['memory_used_bytes'])} / {format_size(usable)}")
     console.print(table)
@@ -121,7 +132,7 @@ def render_status(doc: dict[str, Any]) -> None:
         return
     vt = Table(title="VMs (cores: need alone, cap, used over the sample window; yield = cap / need; "
                      "floor = the min_yield it was admitted with)")
-    for col in ("host", "VM", "cluster", "vCPUs", "memory", "need", "cap", "used", "yield", "floor"):
+    for col in ("host", "VM", "cluster", "vCPUs", "memory", "need", "cap", "used", "yield", "floor", "rules"):
         vt.add_column(col, justify="left" if col in ("host", "VM", "cluster") else "right",
                       no_wrap=col in ("VM", "cluster"))
     for v in doc["vms"]:
@@ -131,8 +142,11 @@ def render_status(doc: dict[str, Any]) -> None:
         shown = _num(y) if y is None or floor is None or y >= floor - 1e-9 else f"[red]{y:.3f}[/]"
         vt.add_row(v["host"], v["name"] + state, cluster, str(v["vcpus"]), format_size(v["memory_bytes"]),
                    _num(v["cpu_need_cores"]), _num(v["cap_cores"]), _num(v["measured_cores"]), shown,
-                   _num(floor, "{:g}"))
+                   _num(floor, "{:g}"), " ".join(v.get("rules", [])) or "-")
     console.print(vt)
+    for bad in doc.get("violations", []):
+        console.print(f"[yellow]rule broken:[/] {bad['cluster']}: {bad['rule']}: {bad['problem']} "
+                      "(`vcsched adapt --budget B` repairs it)", highlight=False)
     if "policy" in doc:
         render_virtual_clusters(doc)
 
@@ -178,6 +192,10 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     file's policy, else yield), its yield, weight, tenant, dominant share and
     dominant resource (under drf-pools: its most loaded host:resource pair).
 
+    Placement rules (docs/rules.md): hosts in maintenance are marked, each
+    VM's rules are shown (spread, together, pinned; "?" = preferred), and
+    every rule the running VMs break is listed (`vcsched adapt` repairs it).
+
     A host that does not answer is shown as down, with libvirt's reason; the
     others are shown as usual.  Exit codes: 0 shown (even with hosts down),
     1 every host is down, 2 bad input.
@@ -194,6 +212,11 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
                 with console.status(f"measuring CPU use over {seconds:g} s ..."):
                     measured = measure_cores(hv, inv.vms, seconds)
     doc = status_dict(inv, measured, seconds, sharing.policy, virtual_clusters(cluster, inv, sharing))
+    from vcsched.control.live import rule_violations
+
+    for h in doc["hosts"]:
+        h["maintenance"] = h["name"] in cluster.cordoned
+    doc["violations"] = rule_violations(inv.up())
     if as_json:
         emit_json(doc)
     else:

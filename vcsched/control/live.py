@@ -241,3 +241,28 @@ def _reallocated(adapted: AdaptResult, instance: Instance, sharing: Sharing) -> 
                                  avg_yield=float(y.mean()) if len(y) else 1.0,
                                  detail={**adapted.result.detail, "policy": sharing.policy})
     return dataclasses.replace(adapted, result=result)
+
+
+def rule_violations(inventory: Inventory) -> list[dict[str, str]]:
+    """Every placement rule the running managed VMs break now (docs/rules.md), one entry per virtual cluster.
+
+    A rule recorded after its VMs were placed (or a preferred one that could not be met) shows here until
+    ``vcsched adapt`` repairs it within a budget.  VMs on a host in maintenance are not a violation: they
+    may stay until the host is drained.
+    """
+    by_vc: defaultdict[str, list[VmState]] = defaultdict(list)
+    for v in inventory.managed():
+        by_vc[str(v.cluster)].append(v)
+    out = []
+    for vc, vms in sorted(by_vc.items()):
+        meta = vms[0].meta
+        assert meta is not None
+        hosts = [v.host for v in vms]
+        if meta.spread and len(set(hosts)) < len(hosts):
+            shared = sorted({h for h in hosts if hosts.count(h) > 1})
+            out.append({"cluster": vc, "rule": f"spread ({meta.spread})",
+                        "problem": f"several VMs on {', '.join(shared)}"})
+        if meta.together and len(set(hosts)) > 1:
+            out.append({"cluster": vc, "rule": f"together ({meta.together})",
+                        "problem": f"VMs on {len(set(hosts))} hosts: {', '.join(sorted(set(hosts)))}"})
+    return out
