@@ -103,13 +103,16 @@ def test_caps_read_back_through_libvirt_are_the_planned_ones(placed: Placed) -> 
 
 
 def _busy_cpu_seconds() -> float:
-    """CPU seconds spent so far by processes that compete with the VMs (not idle, not niced).
+    """CPU seconds spent so far by every process (not idle), niced ones included.
 
-    Niced work (other developers' benchmarks run under ``nice``) yields to the
-    VMs' nice-0 threads under CFS weights, so it does not take their cap away.
+    Nice does not protect the guests: their vCPU threads live in their own
+    cgroup, and CFS shares a core between cgroups by cgroup weight, so a niced
+    guest of another lab, or a niced test run in another cgroup, takes as much
+    of the core as the guest under test (measured: 0.37 of a 0.55 cap beside
+    another lab's nice-10 guest).
     """
     t = psutil.cpu_times()
-    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "nice", 0.0)
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0)
                  - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0))  # guest time is inside user/nice
 
 
@@ -120,25 +123,34 @@ def test_each_vm_uses_its_cap_within_five_hundredths_of_a_core(placed: Placed) -
     from vcsched.formats.cluster import cluster_from_dict
 
     cluster = cluster_from_dict(read_toml_file(placed.lab.cluster_file, "cluster file"))
+    windows: list[tuple[dict[str, float | None], float]] = []
     with LibvirtHypervisor(cluster) as hv:
         time.sleep(WARMUP_S)  # let the guests get past their first instants
         ours = [v for v in hv.inventory().vms if v.name in placed.vms]
-        busy0, t0 = _busy_cpu_seconds(), time.monotonic()
-        used = measure_cores(hv, ours, WINDOW_S)
-        busy = (_busy_cpu_seconds() - busy0) / (time.monotonic() - t0)
-    ours_total = sum(u or 0.0 for u in used.values())
-    others = max(busy - ours_total, 0.0)
-    for vm in placed.vms:
-        u = used[vm]
-        assert u is not None
-        assert u <= CAP_CORES + TOLERANCE_CORES, f"{vm} used {u:.3f} cores, cap {CAP_CORES}"
+        # Up to three windows: the cap must hold in every one, while reaching the cap needs only one window
+        # in which nothing else took the VM's core (each lab host is one core of this 2-core machine, and a
+        # burst of other work on that core is not visible in a machine-wide busy figure).
+        for _ in range(3):
+            busy0, t0 = _busy_cpu_seconds(), time.monotonic()
+            used = measure_cores(hv, ours, WINDOW_S)
+            busy = (_busy_cpu_seconds() - busy0) / (time.monotonic() - t0)
+            windows.append((used, busy))
+            if all((used[vm] or 0.0) >= CAP_CORES - TOLERANCE_CORES for vm in placed.vms):
+                break
+    for used, _ in windows:
+        for vm in placed.vms:
+            u = used[vm]
+            assert u is not None
+            assert u <= CAP_CORES + TOLERANCE_CORES, f"{vm} used {u:.3f} cores, cap {CAP_CORES}"
+    best = {vm: max(used[vm] or 0.0 for used, _ in windows) for vm in placed.vms}
+    others = min(max(busy - sum(u or 0.0 for u in used.values()), 0.0) for used, busy in windows)
     free_for_us = psutil.cpu_count() - others
     if free_for_us < len(placed.vms) * CAP_CORES + 0.1:
-        pytest.skip(f"machine too busy to check the lower bound: other nice-0 processes used {others:.2f} of "
-                    f"{psutil.cpu_count()} cores (ours: {', '.join(f'{v}={used[v]:.3f}' for v in placed.vms)})")
+        pytest.skip(f"machine too busy to check the lower bound: other processes used {others:.2f} of "
+                    f"{psutil.cpu_count()} cores (ours at best: {', '.join(f'{v}={best[v]:.3f}' for v in placed.vms)})")
     for vm in placed.vms:
-        u = used[vm]
-        assert u is not None and u >= CAP_CORES - TOLERANCE_CORES, f"{vm} used {u:.3f} cores, cap {CAP_CORES}"
+        assert best[vm] >= CAP_CORES - TOLERANCE_CORES, \
+            f"{vm} used at most {best[vm]:.3f} cores in {len(windows)} windows of {WINDOW_S} s, cap {CAP_CORES}"
 
 
 def test_reapplying_the_plan_is_a_no_op(placed: Placed) -> None:
