@@ -66,6 +66,18 @@ def vcpu_quota_for(cap: float | None, vcpus: int) -> int:
     return quota
 
 
+def running_domain(conn: Any, uri: str, name: str, why: str = "") -> Any:
+    """The running domain ``name`` given with --domain: calibration measures a guest's work as it runs, so a
+    missing or stopped one is bad input, refused before anything is changed."""
+    try:
+        dom = conn.lookupByName(name)
+    except libvirt.libvirtError:
+        raise InputError(f"--domain {name}: no such domain on {uri}") from None
+    if dom.state()[0] != libvirt.VIR_DOMAIN_RUNNING:
+        raise InputError(f"--domain {name}: not running on {uri}{why}")
+    return dom
+
+
 class LibvirtSubjects:
     """Running CPU-loop guests on one libvirt host, optionally pinned to one host CPU."""
 
@@ -96,12 +108,7 @@ class LibvirtSubjects:
 
     def _adopt(self, names: Sequence[str]) -> None:
         for name in names:
-            try:
-                dom = self.conn.lookupByName(name)
-            except libvirt.libvirtError:
-                raise InputError(f"--domain {name}: no such domain on {self.uri}") from None
-            if dom.state()[0] != libvirt.VIR_DOMAIN_RUNNING:
-                raise InputError(f"--domain {name}: not running on {self.uri} (calibration needs a CPU-loop guest)")
+            dom = running_domain(self.conn, self.uri, name, " (calibration needs a CPU-loop guest)")
             try:
                 params = dom.schedulerParametersFlags(libvirt.VIR_DOMAIN_AFFECT_LIVE)
             except libvirt.libvirtError as exc:
@@ -334,12 +341,7 @@ class LibvirtIoSubjects:
         from hypervisor.libvirt_backend import live_devices
 
         for name in names:
-            try:
-                dom = self.conn.lookupByName(name)
-            except libvirt.libvirtError:
-                raise InputError(f"--domain {name}: no such domain on {self.uri}") from None
-            if dom.state()[0] != libvirt.VIR_DOMAIN_RUNNING:
-                raise InputError(f"--domain {name}: not running on {self.uri}")
+            dom = running_domain(self.conn, self.uri, name)
             devices = live_devices(dom)
             if not devices.count(self.resource):
                 what = "disk" if self.resource == "disk" else "network interface libvirt can shape"
