@@ -183,3 +183,13 @@ def test_adaptation_under_a_byte_budget_migrates_within_it() -> None:
     opts = RunOptions(policy="drf", arrivals=40, warmup=0, seed=2, placement="mcb8", migration_budget=1 << 30)
     r = simulate(w, opts)
     assert r.events > 0 and r.migrated_bytes <= r.events * (1 << 30)
+
+
+@pytest.mark.parametrize("beta", [None, 1 / 1.9, 1 / 5.5])
+def test_the_general_chain_with_a_permanent_vc_is_the_birth_death_chain(beta: float | None) -> None:
+    # solve_chain holds a class without arrivals fixed at its permanent VCs: the same γ1 as §3.4's own chain
+    from vcsched.simulate.scenarios import strategy_proofness as lie
+
+    chain = solve_chain(lie(0.1, beta).with_rates([0.0, 0.5]), "pf")
+    assert chain.service_rate[0] is None and chain.permanent_yield[1] is None
+    assert chain.permanent_yield[0] == pytest.approx(strategy_proofness(0.1, beta, 0.5), abs=1e-9)

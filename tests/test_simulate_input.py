@@ -158,3 +158,23 @@ def test_cli_runs_a_trace_and_lists_scenarios(tmp_path: Path) -> None:
     assert classes["class1"]["mean_time"]["n"] == 1
     listed = run_cli("--list")
     assert "br-fig1a" in listed.stdout and "br-tasks" in listed.stdout
+
+
+def test_cli_exact_shows_the_chain_beside_the_simulation() -> None:
+    r = run_cli("br-fig1b", "--load", "0.5", "-n", "200", "--warmup", "20", "-r", "2", "--exact", "--json")
+    assert r.returncode == 0, r.stderr
+    drf, pf = json.loads(r.stdout)["points"]
+    assert drf["exact_service_rate"] == pytest.approx([0.496, 0.620], abs=5e-4)
+    assert pf["exact_service_rate"] == pytest.approx([0.500, 0.792], abs=5e-4)
+    lie = run_cli("br-lie", "--load", "0.5", "-p", "pf", "-n", "100", "--warmup", "10", "-r", "2", "--exact",
+                  "--json")
+    assert lie.returncode == 0, lie.stderr
+    assert json.loads(lie.stdout)["points"][0]["exact_service_rate"][0] == pytest.approx(0.950, abs=5e-4)
+
+
+def test_cli_exact_refuses_what_has_no_chain(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("time,class,work\n0,class1,1\n")
+    for args in (("br-fig1a", "--trace", str(trace), "--exact"), ("br-tasks", "--load", "0.5", "--exact")):
+        r = run_cli(*args, "-n", "50", "--warmup", "0", "-r", "1")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--exact" in r.stderr, r.stderr
