@@ -153,6 +153,15 @@ def csv_text(points: list[Any], label: str) -> str:
     return buf.getvalue()
 
 
+def check_outputs(csv_file: str | None, plot_file: str | None, load_opt: str | None) -> None:
+    """Refuse an output that cannot be written before a run of minutes, not after it."""
+    for flag, name in (("--csv", csv_file), ("--plot", plot_file)):
+        if name is not None and not Path(name).resolve().parent.is_dir():
+            raise InputError(f"{flag} {name}: cannot write (no directory {str(Path(name).resolve().parent)!r})")
+    if plot_file is not None and load_opt is None:
+        raise InputError("--plot: needs --load with at least one value (service rate against load)")
+
+
 def plot(points: list[Any], label: str, path: str) -> None:
     """Service rate against load, one line per (class, policy): the papers' figures."""
     if importlib.util.find_spec("matplotlib") is None:
@@ -285,6 +294,7 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
     start = time.perf_counter()
+    check_outputs(csv_file, plot_file, load_opt)  # before the run, not after it
     tasks = workload in TASK_SCENARIOS
     if exact and (tasks or trace_file):  # before the run, not after it
         raise InputError("--exact: the Markov chain is for the fluid model with Poisson arrivals")

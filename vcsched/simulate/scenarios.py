@@ -40,8 +40,9 @@ def br_pool() -> tuple[HostSpec, ...]:
 
 
 def br(profiles: Sequence[Sequence[float]], mix: Sequence[float]) -> Workload:
+    """Bonald & Roberts' classes with rates in proportion ``mix``, at load 0.5 unless ``--load`` says otherwise."""
     classes = tuple(profile_class(f"class{k + 1}", a, m) for k, (a, m) in enumerate(zip(profiles, mix, strict=True)))
-    return validate(Workload(br_pool(), classes))
+    return validate(Workload(br_pool(), classes)).scaled_to_load(0.5)
 
 
 FIG1 = ((1.0, 0.1), (0.1, 1.0))
@@ -62,7 +63,7 @@ def strategy_proofness(alpha: float = 0.1, beta: float | None = None) -> Workloa
     claim = alpha if beta is None else beta
     return validate(Workload(br_pool(), (
         profile_class("class1", (1.0, claim), 0.0, permanent=1),
-        profile_class("class2", (alpha, 1.0), 1.0),
+        profile_class("class2", (alpha, 1.0), 0.5),  # ρ2 = 0.5 unless --load says otherwise
     )))
 
 
