@@ -180,6 +180,10 @@ class Result:
     steps: tuple[Step, ...]
     step_work: Trace  # subject 0 through the responsiveness phase (for the plot)
     step_cpu: Trace
+    #: What was capped: ``cpu``, or ``disk``/``net`` (rates are then fractions of a reference rate of bytes/s:
+    #: one guest uncapped, measured first; the "bare" rate is that nominal 1, and the "overhead" how far the
+    #: uncapped runs strayed from it).
+    resource: str = "cpu"
 
     @property
     def bare_drift(self) -> float | None:
@@ -347,6 +351,7 @@ def run(subjects: Subjects, cfg: Config, backend: str, cpu: int, progress: Progr
         steps=steps,
         step_work=work,
         step_cpu=cpu_trace,
+        resource=getattr(subjects, "resource", "cpu"),
     )
 
 

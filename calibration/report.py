@@ -29,6 +29,7 @@ def result_to_dict(result: Result, conditions: dict[str, Any] | None = None) -> 
     cfg = result.config
     return {
         "backend": result.backend,
+        "resource": result.resource,
         "unit": result.unit,
         "cpu": result.cpu,
         "config": {
@@ -111,8 +112,10 @@ def summary_rows(result: Result) -> list[tuple[str, str, str, str]]:
     """(quantity, ours on work rate, ours on CPU share, Xen in the paper) — shared by the CLI and the docs."""
     up = [s for s in result.steps if s.to_cap > s.from_cap]
     down = [s for s in result.steps if s.to_cap < s.from_cap]
+    overhead = ("overhead (uncapped slowdown)" if result.resource == "cpu"
+                else "uncapped runs vs the reference (drift, not an overhead)")
     rows = [
-        ("overhead (uncapped slowdown)", pct(result.rate_overhead), pct(result.share_overhead), pct(XEN_OVERHEAD)),
+        (overhead, pct(result.rate_overhead), pct(result.share_overhead), pct(XEN_OVERHEAD)),
         ("mean absolute error", pct(result.rate_error.mean), pct(result.share_error.mean), pct(XEN_MEAN_ERROR)),
         ("max absolute error", pct(result.rate_error.worst), pct(result.share_error.worst), pct(XEN_WORST_ERROR)),
     ]
@@ -175,8 +178,18 @@ def require_matplotlib(path: str) -> None:
         ) from None
 
 
-def plot(result: Result, path: str) -> None:
+#: Axis labels by resource: what the caps are fractions of, and what "share" measures.
+_AXES = {
+    "cpu": ("cap (fraction of one CPU)", "work rate / bare rate", "CPU share"),
+    "disk": ("cap (fraction of one guest's uncapped disk rate)", "disk bytes/s / reference", "disk bytes/s"),
+    "net": ("cap (fraction of one guest's uncapped receive rate)", "bytes received/s / reference",
+            "bytes received/s"),
+}
+
+
+def plot(result: Result, path: str, resource: str | None = None) -> None:
     """Two panels: measured vs expected per cap, and the rate through the cap steps (needs matplotlib)."""
+    resource = resource or result.resource
     require_matplotlib(path)
     import matplotlib
 
@@ -186,20 +199,26 @@ def plot(result: Result, path: str) -> None:
     caps = np.array([r.cap for r in result.runs for _ in r.measured])
     rates = np.array([m.rate / result.bare.rate for r in result.runs for m in r.measured])
     shares = np.array([m.share for r in result.runs for m in r.measured])
+    xlabel, rate_label, share_label = _AXES.get(resource, _AXES["cpu"])
     acc.plot([0, 1], [0, 1], color="grey", lw=1, label="expected (cap)")
-    acc.scatter(caps, rates, marker="o", s=22, label="work rate / bare rate")
-    acc.scatter(caps, shares, marker="x", s=22, label="CPU share")
-    acc.set_xlabel("cap (fraction of one CPU)")
-    acc.set_ylabel("achieved (fraction of bare)")
-    acc.set_title(f"accuracy ({result.backend})")
+    acc.scatter(caps, rates, marker="o", s=22, label=rate_label)
+    if resource == "cpu":  # for disk and network, work and share are the same bytes
+        acc.scatter(caps, shares, marker="x", s=22, label=share_label)
+    acc.set_xlabel(xlabel)
+    acc.set_ylabel("achieved (fraction of bare)" if resource == "cpu" else "achieved (fraction of the reference)")
+    acc.set_title(f"accuracy ({result.backend}, {resource}, {len({r.workers for r in result.runs})} "
+                  "concurrency levels)")
+    if resource != "cpu":
+        acc.set_xlim(0, max(caps) * 1.15)
+        acc.set_ylim(0, max(max(caps), float(rates.max())) * 1.15)
     acc.legend(loc="upper left", fontsize=8)
 
     cfg = result.config
     end = result.step_cpu.times[-1]
-    for trace, scale, label in (
-        (result.step_work, result.bare.rate, "work rate / bare"),
-        (result.step_cpu, 1.0, "CPU share"),
-    ):
+    series = [(result.step_work, result.bare.rate, rate_label)]
+    if resource == "cpu":
+        series.append((result.step_cpu, 1.0, share_label))
+    for trace, scale, label in series:
         starts, r = window_rates(trace, trace.times[0], end, cfg.window, cfg.stride)
         resp.plot(starts + cfg.window / 2, r / scale, lw=1, label=label)
     lo, hi = cfg.steps

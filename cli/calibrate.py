@@ -1,4 +1,4 @@
-"""``vcsched calibrate``: how accurately and how fast CPU caps take effect (paper section 7, assumption H5)."""
+"""``vcsched calibrate``: how accurately and how fast CPU, disk and network caps take effect (paper section 7, H5)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,18 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from calibration.cpus import check_cpu, conditions, cpu_busy, least_loaded_cpu
-from calibration.experiment import Config, Result, Subjects, run
+from calibration.experiment import Config, Result, Subjects, measure, run
 from calibration.report import markdown, pct, plot, rate_text, require_matplotlib, result_to_dict, summary_rows
 from cli.app import FiniteFloatRange, console, emit_json, err_console
 from vcsched.errors import InputError
+from vcsched.formats.units import format_size
+
+CPU_CAPS = "0.05,0.1,0.25,0.5,0.75,1.0"
+#: Disk and network caps are fractions of what one guest reaches uncapped: only caps well below it show the cap
+#: (at 1.0 a guest would measure its own speed, not the limit).
+IO_CAPS = "0.02,0.05,0.1,0.2,0.3"
+CPU_STEPS = "0.25,0.75"
+IO_STEPS = "0.1,0.3"
 
 
 class FloatList(click.ParamType):
@@ -68,8 +76,19 @@ def open_subjects(
     domains: tuple[str, ...],
     high_priority: bool,
     cluster: str | None,
+    resource: str = "cpu",
 ) -> Any:
     """The backend's subjects, as a context manager that removes everything it created."""
+    if resource != "cpu":
+        if backend != "libvirt":
+            raise InputError(f"--resource {resource}: only the libvirt backend caps disk and network "
+                             "(--backend libvirt --connect URI)")
+        if not connect:
+            raise InputError("--connect: required with --backend libvirt (e.g. a lab host's URI)")
+        if domains and len(domains) < workers:
+            raise InputError(f"--domain: {workers} worker(s) need {workers} running {resource} guest(s), "
+                             f"got {len(domains)}")
+        return _libvirt_io_subjects(connect, domains[:workers], workers, cluster, resource)
     if backend == "cgroup":
         if connect or domains or cluster:
             raise InputError("--connect/--domain/--cluster: only meaningful with --backend libvirt")
@@ -107,6 +126,66 @@ def _libvirt_subjects(
             with err_console.status(f"booting {workers} CPU-loop guest(s) on {uri} ..."):
                 names = stack.enter_context(loop_guests(uri, workers, image, partition))
         yield stack.enter_context(LibvirtSubjects(uri, names, cpu=cpu))
+
+
+@contextlib.contextmanager
+def _libvirt_io_subjects(uri: str, domains: tuple[str, ...], workers: int, cluster: str | None, resource: str
+                         ) -> Iterator[Subjects]:
+    from hypervisor.caps_probe import LibvirtIoSubjects, io_guests, loop_guest_boot
+
+    with contextlib.ExitStack() as stack:
+        names = list(domains)
+        if not names:
+            from hypervisor.lab import default_cluster_file
+
+            cluster_file = Path(cluster) if cluster else default_cluster_file()
+            if cluster_file is None:
+                raise InputError(
+                    f"--domain: none given, and no running lab whose guest image could boot {resource} guests "
+                    "(give --domain NAME per running guest, or --cluster FILE with a [guest] section)"
+                )
+            image, partition = loop_guest_boot(cluster_file, uri)
+            from hypervisor.lab.image import io_workloads_problem
+
+            problem = io_workloads_problem(image)
+            if problem is not None:
+                raise InputError(f"--resource {resource}: {problem}")
+            with err_console.status(f"booting {workers} {resource} guest(s) on {uri} ..."):
+                names = stack.enter_context(io_guests(uri, workers, image, partition, resource))
+        yield stack.enter_context(LibvirtIoSubjects(uri, names, resource))
+
+
+def measure_reference(subjects: Any, duration: float, settle: float) -> dict[str, Any]:
+    """What the guests reach uncapped, in bytes/s: one alone (the unit caps are fractions of) and all together
+    (the host's capacity as these guests can show it)."""
+    subjects.scale = 1.0
+    for i in range(subjects.count):
+        subjects.set_cap(i, None)
+    with err_console.status(f"measuring the uncapped {subjects.resource} rate ..."):
+        (single,) = measure(subjects, [0], duration, settle=settle)
+        together = measure(subjects, list(range(subjects.count)), duration, settle=settle)
+    return {"single_bps": single.rate, "aggregate_bps": sum(m.rate for m in together),
+            "each_together_bps": [m.rate for m in together], "workers": subjects.count}
+
+
+def cluster_lines(resource: str, reference: dict[str, Any], uri: str, cluster: str | None) -> list[str]:
+    """The cluster-file lines to paste for the measured host: its capacity, rounded down to whole MiB/s."""
+    host = None
+    from hypervisor.lab import default_cluster_file
+
+    path = Path(cluster) if cluster else default_cluster_file()
+    if path is not None and path.is_file():
+        import tomllib
+
+        try:
+            doc = tomllib.loads(path.read_text())
+            host = next((h.get("name") for h in doc.get("hosts", []) if h.get("uri") == uri), None)
+        except (OSError, tomllib.TOMLDecodeError):
+            host = None
+    mib = int(reference["aggregate_bps"]) >> 20
+    where = f'the [[hosts]] table of "{host}"' if host else f"the [[hosts]] table whose uri is {uri}"
+    return [f"# measured: {reference['workers']} guest(s) together, uncapped; paste into {where}:",
+            f'{resource}_bps = "{mib}MiB"' if mib else f"{resource}_bps = {int(reference['aggregate_bps'])}"]
 
 
 def render(result: Result, cond: dict[str, Any]) -> None:
@@ -147,12 +226,20 @@ def render(result: Result, cond: dict[str, Any]) -> None:
 
 @click.command("calibrate")
 @click.option(
+    "--resource",
+    type=click.Choice(["cpu", "disk", "net"]),
+    default="cpu",
+    show_default=True,
+    help="cpu: CPU caps (vcpu_quota, or CFS quotas). disk: guests writing to their disk, capped with "
+    "blkiotune total_bytes_sec. net: guests receiving frames this machine sends into their tap, capped with "
+    "libvirt's interface bandwidth. disk and net need --backend libvirt.",
+)
+@click.option(
     "--backend",
     type=click.Choice(["cgroup", "libvirt"]),
-    default="cgroup",
-    show_default=True,
+    default=None,
     help="cgroup: local DGEMM processes under CFS bandwidth control (needs root). "
-    "libvirt: running CPU-loop guests capped with vcpu_quota/vcpu_period.",
+    "libvirt: running guests capped through libvirt.  Default: cgroup for cpu, libvirt for disk and net.",
 )
 @click.option("--connect", metavar="URI", help="libvirt URI of the host running the guests (libvirt backend).")
 @click.option(
@@ -161,7 +248,8 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     multiple=True,
     metavar="NAME",
     help="A running guest that loops on its CPU (libvirt backend); repeat once per worker. "
-    "Without it, --workers transient CPU-loop guests are booted from the cluster file's [guest] and destroyed after.",
+    "Without it, --workers transient guests (CPU loop, disk writer or network sink, by --resource) are booted "
+    "from the cluster file's [guest] and destroyed after.",
 )
 @click.option(
     "--cluster",
@@ -173,9 +261,9 @@ def render(result: Result, cond: dict[str, Any]) -> None:
 @click.option(
     "--caps",
     type=FloatList(),
-    default="0.05,0.1,0.25,0.5,0.75,1.0",
-    show_default=True,
-    help="Caps to measure, as fractions of one CPU in (0, 1].",
+    default=None,
+    help=f"Caps to measure in (0, 1]: fractions of one CPU (default {CPU_CAPS}), or for disk and net of what "
+    f"one guest reaches uncapped (default {IO_CAPS}).",
 )
 @click.option(
     "--workers",
@@ -201,9 +289,9 @@ def render(result: Result, cond: dict[str, Any]) -> None:
 @click.option(
     "--steps",
     type=FloatList(count=2),
-    default="0.25,0.75",
-    show_default=True,
-    help="LOW,HIGH: the cap is stepped LOW→HIGH→LOW on a running subject to time the response.",
+    default=None,
+    help=f"LOW,HIGH: the cap is stepped LOW→HIGH→LOW on a running subject to time the response "
+    f"(default {CPU_STEPS} for cpu, {IO_STEPS} for disk and net).",
 )
 @click.option(
     "--window",
@@ -244,15 +332,16 @@ def render(result: Result, cond: dict[str, Any]) -> None:
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the summary as Markdown (for docs).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), help="Write a PNG plot here.")
 def calibrate_cmd(
-    backend: str,
+    resource: str,
+    backend: str | None,
     connect: str | None,
     domains: tuple[str, ...],
     cluster: str | None,
-    caps: tuple[float, ...],
+    caps: tuple[float, ...] | None,
     workers: int,
     duration: float,
     tolerance: float,
-    steps: tuple[float, ...],
+    steps: tuple[float, ...] | None,
     window: float | None,
     pairs: int,
     confirm: float,
@@ -262,7 +351,7 @@ def calibrate_cmd(
     as_markdown: bool,
     plot_path: str | None,
 ) -> int:
-    """Measure how precisely and how quickly CPU caps take effect.
+    """Measure how precisely and how quickly CPU, disk and network caps take effect.
 
     Reproduces the paper's section 7 check of assumption H5 ("VM technology
     allows for precise, low-overhead, and quickly adaptable sharing"): on one
@@ -272,17 +361,32 @@ def calibrate_cmd(
     and through cap steps (response time).  Errors are given on work done (the
     paper's metric) and on CPU time received (the cap's own currency).
 
+    With --resource disk or net the same protocol runs on guests that write to
+    their disk (bytes read + written, blockStats) or receive frames this
+    machine sends into their tap (bytes received, interfaceStats): caps are
+    fractions of what one guest reaches uncapped, measured first, and the
+    command ends with the cluster-file line for the host (disk_bps or
+    net_bps: what the guests reached together, uncapped).  A host that cannot
+    cap the resource is refused before anything is measured (exit 2).
+
     \b
     Examples:
       vcsched calibrate                                  # cgroup backend, about 30 s
       vcsched calibrate --workers 4 --duration 3 --plot calib.png
       vcsched calibrate --backend libvirt --connect qemu:///system --domain loop1
       vcsched calibrate --backend libvirt --connect URI_OF_LAB_HOST --workers 2   # boots its own guests
+      vcsched calibrate --resource disk --connect URI_OF_LAB_HOST --workers 2 --plot disk.png
 
     Needs root for the cgroup backend.  Everything it creates (the
     vcsched-calib-<pid> cgroup, worker processes) is removed on exit, Ctrl-C
     or SIGTERM.
     """
+    if backend is None:
+        backend = "cgroup" if resource == "cpu" else "libvirt"
+    if caps is None:
+        caps = FloatList().convert(CPU_CAPS if resource == "cpu" else IO_CAPS, None, None)
+    if steps is None:
+        steps = FloatList(count=2).convert(CPU_STEPS if resource == "cpu" else IO_STEPS, None, None)
     default_window = 0.1 if backend == "cgroup" else 1.0
     cfg = Config(
         caps=caps,
@@ -296,28 +400,55 @@ def calibrate_cmd(
     )
     if plot_path:
         require_matplotlib(plot_path)
-    from calibration.cgroup_backend import quota_for
+    if resource == "cpu":
+        from calibration.cgroup_backend import quota_for
 
-    for c in (*caps, *steps):
-        quota_for(c)  # CFS's 1 ms minimum quota (libvirt's too): fail before creating anything
+        for c in (*caps, *steps):
+            quota_for(c)  # CFS's 1 ms minimum quota (libvirt's too): fail before creating anything
     busy = cpu_busy()
     chosen = check_cpu(cpu) if cpu is not None else least_loaded_cpu(busy)
     cond = conditions(busy, chosen)
+    reference: dict[str, Any] | None = None
     with sigterm_as_interrupt(), open_subjects(
-        backend, workers, chosen, connect, domains, priority == "high", cluster
+        backend, workers, chosen, connect, domains, priority == "high", cluster, resource
     ) as subjects:
+        if resource != "cpu":
+            reference = measure_reference(subjects, duration, cfg.settle)
+            if reference["single_bps"] <= 0:
+                raise InputError(f"--domain: the guests moved no {resource} bytes uncapped (is their workload "
+                                 "running?)")
+            subjects.scale = reference["single_bps"]
+            subjects.unit = f"x {format_size(reference['single_bps'])}/s"
         result = _run_with_progress(subjects, cfg, backend, chosen)
     cond["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
+    if reference is not None:
+        cond["resource"] = resource
+        cond["reference_bps"] = round(reference["single_bps"])
+        cond["aggregate_bps"] = round(reference["aggregate_bps"])
+    lines = cluster_lines(resource, reference, connect or "", cluster) if reference is not None else []
     if plot_path:
         plot(result, plot_path)
     if as_json:
-        emit_json(result_to_dict(result, cond))
+        doc = result_to_dict(result, cond)
+        if reference is not None:
+            doc["reference"] = reference
+            doc["cluster_lines"] = lines
+        emit_json(doc)
     elif as_markdown:
         click.echo(markdown(result, cond), nl=False)
+        if lines:
+            click.echo("\n```toml\n" + "\n".join(lines) + "\n```")
     else:
+        if reference is not None:
+            each = ", ".join(f"{format_size(x)}/s" for x in reference["each_together_bps"])
+            console.print(f"[bold]{resource}[/] reference: one guest uncapped [bold]"
+                          f"{format_size(reference['single_bps'])}/s[/] (caps below are fractions of it); "
+                          f"{reference['workers']} together {format_size(reference['aggregate_bps'])}/s ({each})")
         render(result, cond)
         if plot_path:
             console.print(f"plot written to {plot_path}")
+        if lines:
+            console.print("\n".join(lines), markup=False, highlight=False)
     return 0
 
 

@@ -152,6 +152,12 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
                       f"cores, boot: {step.boot.kind}")
         elif isinstance(step, RemoveStep):
             detail = f"{step.cluster} departs"
+        step_caps = getattr(step, "io_caps", None)
+        if step_caps:
+            shown = {"disk_bytes_sec": "disk {}/s", "disk_iops_sec": "{} IOPS", "net_bytes_sec": "net {}/s"}
+            parts = [shown[k].format(v if k == "disk_iops_sec" else format_size(v))
+                     for k, v in step_caps.given().items()]
+            detail = ", ".join([detail, *parts] if detail else parts)
         table.add_row(str(i + 1), step.op, step.vm, step.host, now, "-" if after is None else f"{after:.3f}", detail)
     console.print(table)
 

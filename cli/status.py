@@ -1,7 +1,8 @@
-"""``vcsched status``: hosts, VMs, caps, predicted yields and measured CPU, live from libvirt."""
+"""``vcsched status``: hosts, VMs, caps, predicted yields and measured CPU, disk and network, live from libvirt."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -9,7 +10,7 @@ from rich.table import Table
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json
 from cli.common import cluster_option, load_cluster, policy_options
-from hypervisor.base import measure_cores
+from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.inventory import Inventory, VmState
 from vcsched.control.sharing import Sharing, sharing_for
@@ -69,17 +70,42 @@ def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing) -> list
     return out
 
 
-def status_dict(inv: Inventory, measured: dict[str, float | None], seconds: float,
-                policy: str | None = None, clusters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _sum(values: list[float | None]) -> float | None:
+    known = [x for x in values if x is not None]
+    return sum(known) if known else None
+
+
+def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: float,
+                io: Mapping[str, Usage] | None = None, policy: str | None = None,
+                clusters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ``--json`` document.  ``measured``: cores each VM used; ``io``: its disk and network use, same window.
+
+    Disk bytes are read + written on all its disks; network bytes are counted
+    from the guest's side (``net_rx``: into the guest, ``net_tx``: out of it).
+    """
+    io = io or {}
+
+    def used(v: VmState, field: str) -> float | None:
+        u = io.get(v.name)
+        return None if u is None else getattr(u, field)
+
     hosts = []
     for h in inv.hosts:
         on = inv.vms_on(h.name)
+        capped = [v for v in on if v.managed and v.active]
         hosts.append({
             "name": h.name, "down": h.down,
             "cores": h.cores, "memory_bytes": h.memory_bytes, "memory_reserved": h.memory_reserved,
             "memory_used_bytes": sum(v.memory_bytes for v in on if v.active),
-            "caps_cores": sum(v.cap_cores or 0.0 for v in on if v.managed and v.active),
+            "caps_cores": sum(v.cap_cores or 0.0 for v in capped),
             "measured_cores": sum(measured.get(v.name) or 0.0 for v in on),
+            "disk_bps": h.disk_bps, "net_bps": h.net_bps,
+            "disk_caps_bps": sum(v.io_caps.disk_bytes_sec or 0 for v in capped),
+            "net_caps_bps": sum(v.io_caps.net_bytes_sec or 0 for v in capped),
+            "measured_disk_bps": _sum([used(v, "disk_bps") for v in on]),
+            "measured_net_rx_bps": _sum([used(v, "net_rx_bps") for v in on]),
+            "measured_net_tx_bps": _sum([used(v, "net_tx_bps") for v in on]),
+            "cannot_cap": dict(h.cannot_cap),
         })
     vms = [{
         "name": v.name, "host": v.host, "managed": v.managed, "cluster": v.cluster, "active": v.active,
@@ -87,6 +113,12 @@ def status_dict(inv: Inventory, measured: dict[str, float | None], seconds: floa
         "cpu_need_cores": v.meta.cpu_need_cores if v.meta else None, "cap_cores": v.cap_cores,
         "predicted_yield": predicted_yield(v), "min_yield": v.meta.min_yield if v.meta else None,
         "measured_cores": measured.get(v.name),
+        "disks": list(v.devices.disks), "interfaces": list(v.devices.nics),
+        "disk_bytes_sec": v.io_caps.disk_bytes_sec, "disk_iops_sec": v.io_caps.disk_iops_sec,
+        "net_bytes_sec": v.io_caps.net_bytes_sec,
+        "measured_disk_bps": used(v, "disk_bps"),
+        "measured_net_rx_bps": used(v, "net_rx_bps"), "measured_net_tx_bps": used(v, "net_tx_bps"),
+        "rules": _vm_rules(v),
     } for v in inv.vms]
     out: dict[str, Any] = {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms}
     if policy is not None:
@@ -95,22 +127,53 @@ def status_dict(inv: Inventory, measured: dict[str, float | None], seconds: floa
     return out
 
 
+def _vm_rules(v: VmState) -> list[str]:
+    """The placement rules recorded in a VM's metadata (docs/rules.md), as short words."""
+    if v.meta is None:
+        return []
+    return ([f"spread{'' if v.meta.spread == 'required' else '?'}"] if v.meta.spread else []) + \
+        ([f"together{'' if v.meta.together == 'required' else '?'}"] if v.meta.together else []) + \
+        (["pinned"] if v.meta.pinned else [])
+
+
 def _num(x: float | None, fmt: str = "{:.3f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{format_size(x)}/s"
+
+
+def _shows_io(doc: dict[str, Any]) -> bool:
+    """Disk and network columns only where there is something to show: a device, a cap or a capacity."""
+    return any(v["disks"] or v["interfaces"] or v["disk_bytes_sec"] or v["net_bytes_sec"] for v in doc["vms"]) or \
+        any(h["disk_bps"] or h["net_bps"] for h in doc["hosts"])
+
+
 def render_status(doc: dict[str, Any]) -> None:
+    io = _shows_io(doc)
+    sampled = bool(doc["sample_seconds"])
     table = Table(title=f"cluster {doc['cluster']}: hosts")
-    for col in ("host", "cores", "caps (cores)", "measured (cores)", "memory used / usable"):
+    cols = ["host", "cores", "caps (cores)", "measured (cores)", "memory used / usable"]
+    if io:
+        cols += ["disk caps / disk_bps", "disk used", "net caps / net_bps", "net in / out"]
+    for col in cols:
         table.add_column(col, justify="left" if col == "host" else "right")
     for h in doc["hosts"]:
         if h["down"] is not None:
-            table.add_row(f"[red]{h['name']} (down)[/]", "?", "?", "?", f"[red]{h['down']}[/]")
+            table.add_row(f"[red]{h['name']} (down)[/]", "?", "?", "?", f"[red]{h['down']}[/]",
+                          *(["?"] * (len(cols) - 5)))
             continue
         usable = h["memory_bytes"] - h["memory_reserved"]
-        table.add_row(h["name"], str(h["cores"]), f"{h['caps_cores']:.3f}",
-                      _num(h["measured_cores"]) if doc["sample_seconds"] else "-",
-                      f"{format_size(h['memory_used_bytes'])} / {format_size(usable)}")
+        name = h["name"] + (" [yellow](maintenance)[/]" if h.get("maintenance") else "")
+        row = [name, str(h["cores"]), f"{h['caps_cores']:.3f}",
+               _num(h["measured_cores"]) if sampled else "-",
+               f"{format_size(h['memory_used_bytes'])} / {format_size(usable)}"]
+        if io:
+            row += [f"{_rate(h['disk_caps_bps'])} / {_rate(h['disk_bps'])}", _rate(h["measured_disk_bps"]),
+                    f"{_rate(h['net_caps_bps'])} / {_rate(h['net_bps'])}",
+                    f"{_rate(h['measured_net_rx_bps'])} / {_rate(h['measured_net_tx_bps'])}"]
+        table.add_row(*row)
     console.print(table)
     down = [h["name"] for h in doc["hosts"] if h["down"] is not None]
     if down:
@@ -120,8 +183,12 @@ def render_status(doc: dict[str, Any]) -> None:
         console.print("no VMs")
         return
     vt = Table(title="VMs (cores: need alone, cap, used over the sample window; yield = cap / need; "
-                     "floor = the min_yield it was admitted with)")
-    for col in ("host", "VM", "cluster", "vCPUs", "memory", "need", "cap", "used", "yield", "floor"):
+                     "floor = the min_yield it was admitted with"
+                     + ("; disk and network: cap and use per second, network from the guest's side)" if io else ")"))
+    cols = ["host", "VM", "cluster", "vCPUs", "memory", "need", "cap", "used", "yield", "floor", "rules"]
+    if io:
+        cols += ["disk cap", "disk used", "net cap", "net in / out"]
+    for col in cols:
         vt.add_column(col, justify="left" if col in ("host", "VM", "cluster") else "right",
                       no_wrap=col in ("VM", "cluster"))
     for v in doc["vms"]:
@@ -129,10 +196,24 @@ def render_status(doc: dict[str, Any]) -> None:
         state = "" if v["active"] else " [dim](off)[/]"
         y, floor = v["predicted_yield"], v["min_yield"]
         shown = _num(y) if y is None or floor is None or y >= floor - 1e-9 else f"[red]{y:.3f}[/]"
-        vt.add_row(v["host"], v["name"] + state, cluster, str(v["vcpus"]), format_size(v["memory_bytes"]),
-                   _num(v["cpu_need_cores"]), _num(v["cap_cores"]), _num(v["measured_cores"]), shown,
-                   _num(floor, "{:g}"))
+        row = [v["host"], v["name"] + state, cluster, str(v["vcpus"]), format_size(v["memory_bytes"]),
+               _num(v["cpu_need_cores"]), _num(v["cap_cores"]), _num(v["measured_cores"]), shown,
+               _num(floor, "{:g}"), " ".join(v.get("rules", [])) or "-"]
+        if io:
+            disk_cap = "no disk" if not v["disks"] else _rate(v["disk_bytes_sec"])
+            if v["disk_iops_sec"]:
+                disk_cap += f", {v['disk_iops_sec']} IOPS"
+            net_cap = "no NIC" if not v["interfaces"] else _rate(v["net_bytes_sec"])
+            row += [disk_cap, _rate(v["measured_disk_bps"]), net_cap,
+                    f"{_rate(v['measured_net_rx_bps'])} / {_rate(v['measured_net_tx_bps'])}"]
+        vt.add_row(*row)
     console.print(vt)
+    if io and any(v["net_bytes_sec"] for v in doc["vms"]):
+        console.print("[dim]net out is what the guest sent: libvirt polices outbound traffic on the host, dropping "
+                      "what exceeds the cap there, so a guest sending faster than its cap shows more than it.[/]")
+    for bad in doc.get("violations", []):
+        console.print(f"[yellow]rule broken:[/] {bad['cluster']}: {bad['rule']}: {bad['problem']} "
+                      "(`vcsched adapt --budget B` repairs it)", highlight=False)
     if "policy" in doc:
         render_virtual_clusters(doc)
 
@@ -158,25 +239,34 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
 @click.command("status")
 @cluster_option()
 @click.option("--sample", "seconds", type=FiniteFloatRange(0, 60), default=2.0, show_default=True, metavar="S",
-              help="Measure each VM's CPU use over S seconds (two CPU-time samples); 0 skips measuring.")
+              help="Measure each VM's CPU, disk and network use over S seconds (two samples); 0 skips measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @policy_options()
 def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: str | None,
                alpha: float | None) -> int:
-    """Show every host and VM of the cluster: caps, predicted yields and measured CPU.
+    """Show every host and VM of the cluster: caps, predicted yields and measured CPU, disk and network.
 
     \b
-    For each host: cores, the sum of caps, the cores its VMs used, memory.
+    For each host: cores, the sum of caps, the cores its VMs used, memory;
+    with disks or interfaces around, also its disk and network caps against
+    the capacity the cluster file declares (disk_bps, net_bps) and what its
+    VMs moved.
     For each VM: its virtual cluster (or "unmanaged": not created by vcsched,
     never touched), vCPUs, memory, CPU need and cap in cores, the cores it used
     over the sample window (libvirt CPU time, vCPUs + emulator) and the yield
-    its cap gives it (cap / need, paper section 2.3).
+    its cap gives it (cap / need, paper section 2.3); its disk cap and the
+    bytes per second read + written (libvirt blockStats), its network cap and
+    the bytes per second received / sent (interfaceStats, the guest's side).
 
     A VM busy at its cap shows measured close to cap; one that idles shows less.
 
     For each virtual cluster: the policy in force (--policy, else the cluster
     file's policy, else yield), its yield, weight, tenant, dominant share and
     dominant resource (under drf-pools: its most loaded host:resource pair).
+
+    Placement rules (docs/rules.md): hosts in maintenance are marked, each
+    VM's rules are shown (spread, together, pinned; "?" = preferred), and
+    every rule the running VMs break is listed (`vcsched adapt` repairs it).
 
     A host that does not answer is shown as down, with libvirt's reason; the
     others are shown as usual.  Exit codes: 0 shown (even with hosts down),
@@ -186,14 +276,20 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
     with LibvirtHypervisor(cluster) as hv:
         inv = hv.inventory()
-        measured: dict[str, float | None] = {}
+        usage: dict[str, Usage] = {}
         if seconds > 0 and inv.vms:
             if as_json:
-                measured = measure_cores(hv, inv.vms, seconds)
+                usage = measure_usage(hv, inv.vms, seconds)
             else:
-                with console.status(f"measuring CPU use over {seconds:g} s ..."):
-                    measured = measure_cores(hv, inv.vms, seconds)
-    doc = status_dict(inv, measured, seconds, sharing.policy, virtual_clusters(cluster, inv, sharing))
+                with console.status(f"measuring CPU, disk and network use over {seconds:g} s ..."):
+                    usage = measure_usage(hv, inv.vms, seconds)
+    doc = status_dict(inv, {name: u.cores for name, u in usage.items()}, seconds, usage, sharing.policy,
+                      virtual_clusters(cluster, inv, sharing))
+    from vcsched.control.live import rule_violations
+
+    for h in doc["hosts"]:
+        h["maintenance"] = h["name"] in cluster.cordoned
+    doc["violations"] = rule_violations(inv.up())
     if as_json:
         emit_json(doc)
     else:

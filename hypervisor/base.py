@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from vcsched.control.inventory import Inventory, VmState
 from vcsched.errors import VcschedError
+from vcsched.iocaps import IoCaps, VmDevices
 from vcsched.plans.steps import CreateStep
 
 
@@ -79,7 +81,83 @@ class Hypervisor(Protocol):
         """Cumulative CPU time of the VM in ns (None where the backend cannot measure)."""
         ...
 
+    # ---- disk and network (vcsched.iocaps) ----
+
+    def set_io_caps(self, host: str, vm: str, caps: IoCaps) -> None:
+        """Cap a running managed VM's disks and/or network: the fields ``caps`` gives, the others unchanged.
+
+        Live, and in its persistent config if it has one.  Refused (nothing
+        changed) when the host's driver cannot cap that resource, the VM has
+        no such device, or the value is below libvirt's minimum.
+        """
+        ...
+
+    def read_io_caps(self, host: str, vm: str) -> IoCaps:
+        """The VM's disk and network caps as the hypervisor reports them (None fields: uncapped)."""
+        ...
+
+    def realised_io_caps(self, host: str, devices: VmDevices, caps: IoCaps) -> IoCaps:
+        """The caps ``host`` holds (and reads back) when asked for ``caps`` on a VM with ``devices``."""
+        ...
+
+    def planned_devices(self, step: CreateStep) -> VmDevices:
+        """The disks and interfaces the VM ``step`` creates will have (from its boot)."""
+        ...
+
+    def io_counters(self, host: str, vm: str) -> IoCounters | None:
+        """Cumulative disk and network bytes of the VM (None where the backend cannot measure)."""
+        ...
+
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class IoCounters:
+    """Cumulative bytes a VM moved: read + written on all its disks (``blockStats``), and received and sent
+    on all its interfaces (``interfaceStats``, the guest's view: rx = into the guest)."""
+
+    disk_bytes: int
+    net_rx_bytes: int
+    net_tx_bytes: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a VM used over one sample window, per second (None: not measurable there)."""
+
+    cores: float | None
+    disk_bps: float | None = None
+    net_rx_bps: float | None = None
+    net_tx_bps: float | None = None
+
+
+def measure_usage(hv: Hypervisor, vms: Iterable[VmState], seconds: float,
+                  sleep: Callable[[float], None] = time.sleep) -> dict[str, Usage]:
+    """CPU cores, disk and network bytes per second each running VM used over ``seconds``: two samples.
+
+    All VMs are sampled together (one window), so the numbers are comparable
+    with each other and with the caps.
+    """
+    running = [v for v in vms if v.active]
+    t0 = time.monotonic()
+    first = {v.name: (hv.cpu_time_ns(v.host, v.name), hv.io_counters(v.host, v.name)) for v in running}
+    sleep(seconds)
+    second = {v.name: (hv.cpu_time_ns(v.host, v.name), hv.io_counters(v.host, v.name)) for v in running}
+    elapsed = time.monotonic() - t0
+    out: dict[str, Usage] = {}
+    for v in running:
+        (c0, io0), (c1, io1) = first[v.name], second[v.name]
+        if elapsed <= 0:
+            out[v.name] = Usage(None)
+            continue
+        cores = None if c0 is None or c1 is None else (c1 - c0) / 1e9 / elapsed
+        if io0 is None or io1 is None:
+            out[v.name] = Usage(cores)
+            continue
+        out[v.name] = Usage(cores, (io1.disk_bytes - io0.disk_bytes) / elapsed,
+                            (io1.net_rx_bytes - io0.net_rx_bytes) / elapsed,
+                            (io1.net_tx_bytes - io0.net_tx_bytes) / elapsed)
+    return out
 
 
 def measure_cores(hv: Hypervisor, vms: Iterable[VmState], seconds: float,
@@ -88,15 +166,6 @@ def measure_cores(hv: Hypervisor, vms: Iterable[VmState], seconds: float,
 
     All VMs are sampled together (one window), so the numbers are comparable
     with each other and with the caps; None where the backend cannot measure.
+    (:func:`measure_usage` samples disk and network in the same window.)
     """
-    running = [v for v in vms if v.active]
-    t0 = time.monotonic()
-    first = {v.name: hv.cpu_time_ns(v.host, v.name) for v in running}
-    sleep(seconds)
-    second = {v.name: hv.cpu_time_ns(v.host, v.name) for v in running}
-    elapsed = time.monotonic() - t0
-    out: dict[str, float | None] = {}
-    for v in running:
-        a, b = first[v.name], second[v.name]
-        out[v.name] = None if a is None or b is None or elapsed <= 0 else (b - a) / 1e9 / elapsed
-    return out
+    return {name: u.cores for name, u in measure_usage(hv, vms, seconds, sleep).items()}

@@ -31,7 +31,7 @@ import shutil
 import tempfile
 import time
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -42,6 +42,7 @@ from hypervisor.lab.guest import GuestError, start_guest, wait_for_boot
 from hypervisor.lab.state import GuestImage
 from vcsched.caps import MIN_QUOTA_US, PERIOD_US, quota_for
 from vcsched.errors import InputError, VcschedError
+from vcsched.iocaps import IoCaps
 
 
 class CapsProbeError(VcschedError):
@@ -225,25 +226,39 @@ def loop_guests(uri: str, count: int, image: GuestImage, partition: str | None) 
     Named ``vcsched-calib-<pid>-<i>``; their serial consoles (how the boot is
     detected) go to a temporary directory removed with them.
     """
+    with _calibration_guests(uri, count, image, partition, "CPU-loop", lambda _name, _work: {}) as names:
+        yield names
+
+
+@contextlib.contextmanager
+def _calibration_guests(uri: str, count: int, image: GuestImage, partition: str | None, kind: str,
+                        extra: Callable[[str, Path], dict[str, Any]]) -> Iterator[list[str]]:
+    """Boot ``count`` transient guests, wait for each one's boot marker, and destroy them all afterwards.
+
+    One place for the start/wait/clean-up sequence, so that a failed start or
+    boot never leaves a calibration guest running (``extra(name, workdir)``:
+    the workload's own arguments to :func:`start_guest`).
+    """
     _quiet_libvirt()
     try:
         conn = libvirt.open(uri)
     except libvirt.libvirtError as exc:
         raise InputError(f"--connect {uri}: cannot connect ({exc.get_error_message()})") from None
-    logs = Path(tempfile.mkdtemp(prefix="vcsched-calib-", dir="/var/tmp"))  # where lab daemons see it too
-    os.chmod(logs, 0o755)  # the daemon's qemu writes the console files here
+    work = Path(tempfile.mkdtemp(prefix="vcsched-calib-", dir="/var/tmp"))  # where lab daemons see it too
+    os.chmod(work, 0o755)  # the daemon's qemu writes the console files here
     names = [f"vcsched-calib-{os.getpid()}-{i}" for i in range(count)]
     started: list[Any] = []
     try:
         for name in names:
             try:
-                started.append(start_guest(conn, name, image, partition=partition, console_log=logs / f"{name}.log"))
+                started.append(start_guest(conn, name, image, partition=partition, console_log=work / f"{name}.log",
+                                           **extra(name, work)))
             except libvirt.libvirtError as exc:
                 msg = exc.get_error_message()
-                raise CapsProbeError(f"host {uri}: cannot start CPU-loop guest {name} ({msg})") from None
+                raise CapsProbeError(f"host {uri}: cannot start {kind} guest {name} ({msg})") from None
         for name in names:
             try:
-                wait_for_boot(logs / f"{name}.log")
+                wait_for_boot(work / f"{name}.log")
             except GuestError as exc:
                 raise CapsProbeError(f"host {uri}: {exc}") from None
         yield names
@@ -253,4 +268,213 @@ def loop_guests(uri: str, count: int, image: GuestImage, partition: str | None) 
                 dom.destroy()
         with contextlib.suppress(libvirt.libvirtError):
             conn.close()
-        shutil.rmtree(logs, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------- disk and network
+
+
+class LibvirtIoSubjects:
+    """Running guests that write to their disk (or receive on their NIC), capped through libvirt.
+
+    The ``calibration.experiment.Subjects`` of ``vcsched calibrate --resource
+    disk|net``.  Caps are fractions of a reference rate (:attr:`scale`, bytes
+    per second: what one guest reaches uncapped, measured by the caller), so
+    the CPU protocol — fractions, n concurrent subjects with n x cap <= 1,
+    cap steps — applies unchanged, and errors are in points of that
+    reference.  Caps are set the way the product sets them
+    (``hypervisor.libvirt_backend.apply_io_caps``: one throttle group for a
+    VM's disks; the same average in and out on each interface), LIVE only,
+    and the guests' original limits are put back by :meth:`close`.
+
+    Observed: disk = bytes read + written (``blockStats``); net = bytes the
+    guest received (``interfaceStats`` rx), with this machine writing frames
+    into each guest's tap while it runs (:mod:`calibration.frames`: inbound,
+    the direction libvirt's counters can show a cap on).
+    """
+
+    nominal_bare: float | None = 1.0
+    default_window = 1.0
+    resource: str
+
+    def __init__(self, uri: str, domains: Sequence[str], resource: str):
+        from hypervisor.libvirt_backend import io_support
+
+        _quiet_libvirt()
+        if resource not in ("disk", "net"):
+            raise InputError(f"--resource: {resource!r} is not disk or net")
+        self.uri = uri
+        self.resource = resource
+        self.count = len(domains)
+        self.scale = 1.0  # bytes/s of one unit; the caller sets the measured reference
+        self.unit = "x reference"
+        self.doms: list[Any] = []
+        self.devices: list[Any] = []
+        self._saved: list[Any] = []
+        self._floods: list[Any] = []
+        try:
+            self.conn = libvirt.open(uri)
+        except libvirt.libvirtError as exc:
+            raise InputError(f"--connect {uri}: cannot connect ({exc.get_error_message()})") from None
+        try:
+            refused = dict(io_support(str(self.conn.getType()).lower(), uri))
+            if resource in refused:
+                raise InputError(f"host {uri}: cannot cap {resource}: {refused[resource]}")
+            self._adopt(domains)
+            self._probe()
+            if resource == "net":
+                self._make_floods()
+            for i in range(self.count):
+                self.pause(i)
+        except BaseException:
+            self.close()
+            raise
+
+    def _adopt(self, names: Sequence[str]) -> None:
+        from hypervisor.libvirt_backend import live_devices
+
+        for name in names:
+            try:
+                dom = self.conn.lookupByName(name)
+            except libvirt.libvirtError:
+                raise InputError(f"--domain {name}: no such domain on {self.uri}") from None
+            if dom.state()[0] != libvirt.VIR_DOMAIN_RUNNING:
+                raise InputError(f"--domain {name}: not running on {self.uri}")
+            devices = live_devices(dom)
+            if not devices.count(self.resource):
+                what = "disk" if self.resource == "disk" else "network interface libvirt can shape"
+                raise InputError(f"--domain {name}: has no {what} on {self.uri}")
+            self.doms.append(dom)
+            self.devices.append(devices)
+            self._saved.append(self._read(dom, devices))
+
+    def _read(self, dom: Any, devices: Any) -> Any:
+        from hypervisor.libvirt_backend import io_caps_of
+
+        live = libvirt.VIR_DOMAIN_AFFECT_LIVE
+        if self.resource == "disk":
+            return io_caps_of([dom.blockIoTune(d, live) for d in devices.disks], [])
+        return io_caps_of([], [dom.interfaceParameters(n, live) for n in devices.nics])
+
+    def _caps(self, value: int | None) -> IoCaps:
+        """``value`` bytes/s on this resource (None: no limit, which libvirt spells 0)."""
+        v = 0 if value is None else int(value)
+        return IoCaps(disk_bytes_sec=v) if self.resource == "disk" else IoCaps(net_bytes_sec=v)
+
+    def _apply(self, index: int, value: int | None) -> None:
+        from hypervisor.base import HypervisorError
+        from hypervisor.libvirt_backend import apply_io_caps
+
+        try:
+            apply_io_caps(self.uri, self.doms[index], self.devices[index], self._caps(value),
+                          libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        except HypervisorError as exc:
+            raise CapsProbeError(str(exc)) from None
+
+    def _probe(self) -> None:
+        """Cap the first guest once (at a rate nothing reaches) and put it back: a host that cannot is refused
+        before anything is measured, naming host, guest and value."""
+        if not self.doms:
+            return
+        probe = 10**12
+        try:
+            self._apply(0, probe)
+        except CapsProbeError as exc:
+            raise InputError(f"--resource {self.resource}: {exc}") from None
+        self._apply(0, self._saved[0].amount(self.resource))
+
+    def _make_floods(self) -> None:
+        import xml.etree.ElementTree as ET
+
+        from calibration.frames import Flood
+
+        for dom, devices in zip(self.doms, self.devices, strict=True):
+            mac = ET.fromstring(dom.XMLDesc(0)).find("devices/interface/mac")
+            if mac is None or not mac.get("address"):
+                raise InputError(f"--domain {dom.name()}: its interface has no MAC address")
+            self._floods.append(Flood(devices.nics[0], str(mac.get("address"))))
+
+    # --- the Subjects protocol -------------------------------------------------
+    def resume(self, index: int) -> None:
+        dom = self.doms[index]
+        if dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
+            dom.resume()
+        if self._floods:
+            self._floods[index].start()
+
+    def pause(self, index: int) -> None:
+        if self._floods:
+            self._floods[index].stop()
+        dom = self.doms[index]
+        if dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING:
+            dom.suspend()
+
+    def set_cap(self, index: int, cap: float | None) -> None:
+        value = None if cap is None else max(1, round(cap * self.scale))
+        self._apply(index, value)
+        got = self._read(self.doms[index], self.devices[index]).amount(self.resource)
+        from vcsched.iocaps import realisable
+
+        want = None if value is None else realisable(self._caps(value), self.devices[index]).amount(self.resource)
+        if got != want:
+            raise CapsProbeError(f"host {self.uri}: {self.doms[index].name()} reads back {self.resource} cap "
+                                 f"{got} after {want}")
+
+    def make_bare(self, index: int) -> None:
+        raise CapsProbeError("a guest's I/O cannot run outside its VM: the reference is measured uncapped")
+
+    def bytes_done(self, index: int) -> int:
+        dom, devices = self.doms[index], self.devices[index]
+        if self.resource == "disk":
+            return sum(max(s[1], 0) + max(s[3], 0) for s in (dom.blockStats(d) for d in devices.disks))
+        return sum(max(dom.interfaceStats(n)[0], 0) for n in devices.nics)
+
+    def poll(self, index: int) -> list[tuple[float, float, float]]:
+        """One point: (time of the reading, bytes / reference, same): work and share are the same here."""
+        before = time.monotonic()
+        done = self.bytes_done(index) / self.scale
+        after = time.monotonic()
+        return [((before + after) / 2, done, done)]
+
+    def close(self) -> list[str]:
+        """Stop the floods, put every guest's limits back, resume it.  Returns problems."""
+        problems: list[str] = []
+        for f in self._floods:
+            f.close()
+        self._floods = []
+        for i, dom in enumerate(self.doms):
+            try:
+                if i < len(self._saved):
+                    self._apply(i, self._saved[i].amount(self.resource))
+                if dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
+                    dom.resume()
+            except (libvirt.libvirtError, CapsProbeError) as exc:
+                problems.append(f"{dom.name()}: {exc}")
+        self.doms = []
+        with contextlib.suppress(libvirt.libvirtError, AttributeError):
+            self.conn.close()
+        return problems
+
+    def __enter__(self) -> LibvirtIoSubjects:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def io_guests(uri: str, count: int, image: GuestImage, partition: str | None, resource: str) -> Iterator[list[str]]:
+    """``count`` transient guests that write to their own disk (``disk``) or receive on a NIC (``net``).
+
+    Named ``vcsched-calib-<pid>-<i>``; their consoles and disk files go to a
+    temporary directory removed with them.
+    """
+    from hypervisor.lab.guest import make_disk
+
+    def extra(name: str, work: Path) -> dict[str, Any]:
+        if resource == "disk":
+            return {"workload": "disk", "disk": make_disk(work / f"{name}.img"), "nic": False}
+        return {"workload": "sink", "disk": None, "nic": True}
+
+    with _calibration_guests(uri, count, image, partition, resource, extra) as names:
+        yield names

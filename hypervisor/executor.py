@@ -8,8 +8,9 @@ admit does not work.  Instead every step is idempotent:
   (the VM exists on its host with the planned cap) the step is *skipped*;
 * **act**: make the change;
 * **post**: read the result back through the hypervisor (the cap exactly the
-  grid point the host realises for the planned one, :mod:`vcsched.caps`) — a
-  step is *done* only when verified.
+  grid point the host realises for the planned one, :mod:`vcsched.caps`;
+  each disk and network cap the step names exactly what the host holds for
+  it, :mod:`vcsched.iocaps`) — a step is *done* only when verified.
 
 Before the first step the whole plan is replayed on the live inventory
 (:mod:`vcsched.plans.check`): a plan that names an unknown or down host, a
@@ -44,6 +45,7 @@ from typing import Any, Protocol
 from hypervisor.base import Hypervisor, HypervisorError
 from vcsched.control.inventory import Inventory, VmState, snapshot_hash
 from vcsched.errors import InputError, VcschedError
+from vcsched.iocaps import IoCaps, VmDevices
 from vcsched.plans.check import batches, check_plan, replay_problems
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
@@ -92,6 +94,29 @@ def _verify_cap(hv: Hypervisor, host: str, vm: str, cap: float) -> None:
         raise StepFailed(f"{vm} on host {host}: cap reads back as {shown} cores, planned {cap:.5f}")
 
 
+def _io_differs(hv: Hypervisor, v: VmState, caps: IoCaps) -> IoCaps:
+    """The fields of ``caps`` the VM does not hold yet (as the host realises them): what is left to set."""
+    if not caps:
+        return IoCaps()
+    want = hv.realised_io_caps(v.host, v.devices, caps).given()
+    now = hv.read_io_caps(v.host, v.name).given()
+    return caps.only({k for k, value in want.items() if now.get(k) != value})
+
+
+def _verify_io(hv: Hypervisor, host: str, vm: str, caps: IoCaps) -> None:
+    if not caps:
+        return
+    v = hv.find_vm(vm)
+    if v is None or v.host != host:
+        raise StepFailed(f"{vm} is not on host {host} after the step")
+    want = hv.realised_io_caps(host, v.devices, caps).given()
+    now = hv.read_io_caps(host, vm).given()
+    for k, value in want.items():
+        if now.get(k) != value:
+            shown = "none (unlimited)" if now.get(k) is None else str(now[k])
+            raise StepFailed(f"{vm} on host {host}: {k} reads back as {shown}, planned {value}")
+
+
 def _where(hv: Hypervisor, vm: str, host: str) -> VmState | None:
     """``vm`` as it runs on ``host``, None if absent; StepFailed if it is elsewhere, stopped or unmanaged."""
     v = hv.find_vm(vm)
@@ -106,33 +131,53 @@ def _where(hv: Hypervisor, vm: str, host: str) -> VmState | None:
     return v
 
 
+def _fix_caps(hv: Hypervisor, v: VmState, cap_cores: float | None, io: IoCaps) -> None:
+    """Set whichever of the step's caps the VM does not hold yet: CPU first, then disk and network."""
+    if cap_cores is not None and not _cap_matches(hv, v, cap_cores):
+        hv.set_cap(v.host, v.name, cap_cores)
+    missing = _io_differs(hv, v, io)
+    if missing:
+        hv.set_io_caps(v.host, v.name, missing)
+
+
 class CreateRunner:
     def already_done(self, hv: Hypervisor, step: CreateStep) -> bool:
         v = _where(hv, step.vm, step.host)
-        return v is not None and _cap_matches(hv, v, step.cap_cores)
+        return v is not None and _cap_matches(hv, v, step.cap_cores) and not _io_differs(hv, v, step.io_caps)
 
     def act(self, hv: Hypervisor, step: CreateStep) -> None:
-        if _where(hv, step.vm, step.host):  # created by an earlier, interrupted run: only the cap is left
-            hv.set_cap(step.host, step.vm, step.cap_cores)
+        v = _where(hv, step.vm, step.host)
+        if v is not None:  # created by an earlier, interrupted run: only its caps are left
+            _fix_caps(hv, v, step.cap_cores, step.io_caps)
         else:
             hv.create_vm(step)
 
     def verify(self, hv: Hypervisor, step: CreateStep) -> None:
         _verify_cap(hv, step.host, step.vm, step.cap_cores)
+        _verify_io(hv, step.host, step.vm, step.io_caps)
 
 
 class SetCapRunner:
-    def already_done(self, hv: Hypervisor, step: SetCapStep) -> bool:
+    """Every resource the step names: CPU (``cap_cores``), disk and network; each is set only if it differs."""
+
+    def _vm(self, hv: Hypervisor, step: SetCapStep) -> VmState:
         v = _where(hv, step.vm, step.host)
         if v is None:
             raise StepFailed(f"{step.vm} is not on host {step.host} (nor anywhere else)")
-        return _cap_matches(hv, v, step.cap_cores)
+        return v
+
+    def already_done(self, hv: Hypervisor, step: SetCapStep) -> bool:
+        v = self._vm(hv, step)
+        cpu_done = step.cap_cores is None or _cap_matches(hv, v, step.cap_cores)
+        return cpu_done and not _io_differs(hv, v, step.io_caps)
 
     def act(self, hv: Hypervisor, step: SetCapStep) -> None:
-        hv.set_cap(step.host, step.vm, step.cap_cores)
+        _fix_caps(hv, self._vm(hv, step), step.cap_cores, step.io_caps)
 
     def verify(self, hv: Hypervisor, step: SetCapStep) -> None:
-        _verify_cap(hv, step.host, step.vm, step.cap_cores)
+        if step.cap_cores is not None:
+            _verify_cap(hv, step.host, step.vm, step.cap_cores)
+        _verify_io(hv, step.host, step.vm, step.io_caps)
 
 
 class RemoveRunner:
@@ -262,14 +307,20 @@ class ApplyReport:
                           for r in self.results]}
 
 
+def created_devices(hv: Hypervisor, steps: Sequence[Step]) -> dict[str, VmDevices]:
+    """The devices of the VMs ``steps`` create with disk or network caps (the plan check needs them)."""
+    return {s.vm: hv.planned_devices(s) for s in steps if isinstance(s, CreateStep) and s.io_caps}
+
+
 def _precondition(hv: Hypervisor, group: Sequence[Step], first: int) -> str | None:
     """The group's steps replayed on the hosts they touch as they are *now*; the first problem, or None."""
     try:
         where = {v.host for v in (hv.find_vm(step.vm) for step in group) if v is not None}
         now = hv.inventory(sorted(where | {h for step in group for h in _hosts_of(step)}))
-    except HypervisorError as exc:
+        created = created_devices(hv, group)
+    except (HypervisorError, InputError) as exc:
         return f"pre-condition: cannot read the hosts it touches: {exc}"
-    problems = replay_problems(group, now, first_index=first)
+    problems = replay_problems(group, now, first_index=first, created=created)
     return None if not problems else f"pre-condition: {problems[0]} (the cluster changed; nothing was done)"
 
 
@@ -322,7 +373,7 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
         again = "place" if plan.kind == "place" else "adapt"
         raise SnapshotMismatch(f"plan.snapshot: cluster {plan.cluster!r} changed since this plan was computed "
                                f"(compute a new one with `vcsched {again}`, or apply anyway with --force)")
-    check_plan(plan.steps, inventory)
+    check_plan(plan.steps, inventory, created=created_devices(hv, plan.steps))
     results: list[StepResult] = []
     failed = False
     stopped: str | None = None

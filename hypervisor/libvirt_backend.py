@@ -17,6 +17,24 @@ Caps (the project's contract, docs/operations.md):
 * the libvirt test driver cannot cap at all: refused naming the host rather
   than pretending (docs/lab.md).
 
+Disk and network caps (:mod:`vcsched.iocaps`):
+
+* disk: ``virDomainSetBlockIoTune`` on every disk of the VM with
+  ``total_bytes_sec`` (and ``total_iops_sec``) and one ``group_name``
+  (:data:`IO_GROUP`), so QEMU throttles the VM's disks *together*; read back
+  with ``blockIoTune``; new VMs carry ``<iotune>`` on each disk;
+* network: ``virDomainSetInterfaceParameters`` on every interface with the
+  same ``inbound.average`` and ``outbound.average`` (the VM's cap split
+  evenly over its interfaces, in libvirt's 1000 B/s units as tc applies them);
+  read back with ``interfaceParameters``; new VMs carry ``<bandwidth>``.
+  libvirt shapes with ``tc`` on the tap (inbound: an HTB class with an SFQ
+  leaf and an ``fw`` filter; outbound: ingress policing, which *drops* what
+  exceeds the cap); a host whose kernel lacks those fails with tc's message,
+  and a failed call leaves half of its tc set-up behind, so the previous
+  parameters are put back before the error is reported;
+* Xen (libxl): neither — see :data:`LIBXL_CANNOT`;
+* the test driver: neither.
+
 VMs are created *transient* (``createXML``): a vcsched VM lives where the
 scheduler put it, and a host restart is an adaptation event for the
 controller, not something the host should replay from a stale config.
@@ -31,22 +49,98 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 from xml.sax.saxutils import escape, quoteattr
 
 import libvirt
 
-from hypervisor.base import HypervisorError
+from hypervisor.base import HypervisorError, IoCounters
+from hypervisor.devices import boot_devices, devices_of, read_template
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, PERIOD_US, cores_from_quota, quota_for, realisable_cap
 from vcsched.control.inventory import METADATA_NS, METADATA_PREFIX, HostState, Inventory, VmMeta, VmState
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster, ClusterHost
 from vcsched.formats.units import format_size
+from vcsched.iocaps import DISK, NET, NET_UNIT, IoCaps, VmDevices, io_problem, net_units, realisable
 from vcsched.plans.steps import CreateStep
 
 #: Where migration streams go (``VIR_MIGRATE_PARAM_URI``): the lab's hosts all live on this machine.
 MIGRATION_URI = "tcp://127.0.0.1"
+
+#: The ``interfaceParameters`` a failed ``setInterfaceParameters`` is undone with (``floor`` is for networks).
+SHAPING_KEYS = ("inbound.average", "inbound.peak", "inbound.burst", "outbound.average", "outbound.peak",
+                "outbound.burst")
+
+#: The QEMU throttle group all disks of one VM share (groups are per QEMU process, i.e. per VM).
+IO_GROUP = "vcsched"
+
+#: What libvirt's libxl driver (Xen) can do with disk and network caps, as of libvirt 9.0: why vcsched
+#: refuses them on a Xen host instead of writing XML that would be ignored.
+LIBXL_CANNOT = {
+    DISK: ("libvirt's libxl driver implements neither virDomainSetBlockIoTune nor virDomainGetBlockIoTune and "
+           "does not translate <iotune> for libxl, so a Xen VM would run with unlimited disk I/O"),
+    NET: ("libvirt's libxl driver has no virDomainSetInterfaceParameters: it applies only <bandwidth><outbound "
+          "average> when a domain starts (as the netback rate, average x 1024 bytes per 50 ms), cannot change or "
+          "read it on a running domain, and never limits inbound traffic"),
+}
+
+
+def io_support(driver: str, uri: str) -> tuple[tuple[str, str], ...]:
+    """``(resource, why not)`` for each of disk and network the driver cannot cap (``HostState.cannot_cap``)."""
+    if driver == "test":
+        return ((DISK, f"the libvirt test driver ({uri}) cannot throttle disks"),
+                (NET, f"the libvirt test driver ({uri}) cannot shape network interfaces"))
+    if driver in ("xen", "libxl"):
+        return tuple(LIBXL_CANNOT.items())
+    return ()
+
+
+def iotune_element(caps: IoCaps) -> ET.Element:
+    """``<iotune>`` for a disk of a VM capped at ``caps`` (its disk fields), in the VM's throttle group."""
+    el = ET.Element("iotune")
+    if caps.disk_bytes_sec is not None:
+        ET.SubElement(el, "total_bytes_sec").text = str(int(caps.disk_bytes_sec))
+    if caps.disk_iops_sec is not None:
+        ET.SubElement(el, "total_iops_sec").text = str(int(caps.disk_iops_sec))
+    ET.SubElement(el, "group_name").text = IO_GROUP
+    return el
+
+
+def bandwidth_element(average: int) -> ET.Element:
+    """``<bandwidth>`` with the same average (libvirt units, :data:`vcsched.iocaps.NET_UNIT`) both ways.
+
+    Peak and burst are left to libvirt: inbound, HTB's ceiling defaults to the
+    rate (no borrowing) and its burst to one packet; outbound, libvirt polices
+    with a burst of ``average`` kilobytes, i.e. one second of traffic.
+    """
+    el = ET.Element("bandwidth")
+    ET.SubElement(el, "inbound", average=str(average))
+    ET.SubElement(el, "outbound", average=str(average))
+    return el
+
+
+def add_io_caps(root: ET.Element, caps: IoCaps) -> None:
+    """Put ``caps`` into a ``<domain>``: ``<iotune>`` on each disk, ``<bandwidth>`` on each shaped interface."""
+    devices = root.find("devices")
+    if devices is None or not caps:
+        return
+    found = devices_of(root)
+    if caps.disk_bytes_sec is not None or caps.disk_iops_sec is not None:
+        for disk in devices.findall("disk"):
+            target = disk.find("target")
+            if target is None or target.get("dev") not in found.disks:
+                continue
+            for old in disk.findall("iotune"):
+                disk.remove(old)
+            disk.append(iotune_element(caps))
+    if caps.net_bytes_sec is not None:
+        average = net_units(caps.net_bytes_sec, len(found.nics))
+        for nic in devices.findall("interface"):
+            if nic.get("type") not in ("network", "bridge", "direct", "ethernet"):
+                continue
+            for old in nic.findall("bandwidth"):
+                nic.remove(old)
+            nic.append(bandwidth_element(average))
 
 
 def _quiet() -> None:
@@ -69,6 +163,14 @@ def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
         extra += f' weight="{meta.weight!r}"'
     if meta.tenant is not None:
         extra += f" tenant={quoteattr(meta.tenant)}"
+    if meta.migrated_at is not None:
+        extra += f' migrated_at="{meta.migrated_at!r}"'
+    # The placement rules (docs/rules.md) only when set, likewise.
+    for k in ("spread", "together"):
+        if getattr(meta, k) is not None:
+            extra += f' {k}="{getattr(meta, k)}"'
+    if meta.pinned:
+        extra += ' pinned="true"'
     return (f'<{tag} cluster={quoteattr(meta.cluster)} cpu_need_cores="{meta.cpu_need_cores!r}" '
             f'memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"{floor}{extra}/>')
 
@@ -86,8 +188,13 @@ def parse_metadata(xml: str) -> VmMeta | None:
         weight = float(el.attrib.get("weight", "1.0"))
         if not (weight > 0 and math.isfinite(weight)) or any(v is not None and v < 0 for v in io.values()):
             return None
+        rules = {k: el.attrib.get(k) for k in ("spread", "together")}
+        if any(v not in (None, "required", "preferred") for v in rules.values()):
+            return None
+        moved = float(el.attrib["migrated_at"]) if "migrated_at" in el.attrib else None
         return VmMeta(el.attrib["cluster"], float(el.attrib["cpu_need_cores"]), int(el.attrib["memory_bytes"]),
-                      int(el.attrib["vcpus"]), floor, io["disk_bps"], io["net_bps"], weight, el.attrib.get("tenant"))
+                      int(el.attrib["vcpus"]), floor, io["disk_bps"], io["net_bps"], weight, el.attrib.get("tenant"),
+                      rules["spread"], rules["together"], el.attrib.get("pinned") == "true", migrated_at=moved)
     except (ET.ParseError, KeyError, ValueError):
         return None
 
@@ -103,6 +210,17 @@ def domain_xml(step: CreateStep, partition: str | None) -> str:
     quota = quota_for(step.cap_cores, step.vcpus)
     if step.boot.kind == "template":
         return _from_template(step, partition, meta, quota)
+    xml = _built(step, partition, meta, quota)
+    if not step.io_caps:
+        return xml
+    root = ET.fromstring(xml)
+    add_io_caps(root, step.io_caps)
+    ET.register_namespace(METADATA_PREFIX, METADATA_NS)
+    return ET.tostring(root, encoding="unicode")
+
+
+def _built(step: CreateStep, partition: str | None, meta: str, quota: int) -> str:
+    """The XML of a kernel or disk-image boot."""
     resource = f"<resource><partition>{escape(partition)}</partition></resource>" if partition else ""
     if step.boot.kind == "kernel":
         os_xml = (f"<type arch='x86_64'>hvm</type><kernel>{escape(step.boot.kernel or '')}</kernel>"
@@ -135,16 +253,8 @@ def domain_xml(step: CreateStep, partition: str | None) -> str:
 
 
 def _from_template(step: CreateStep, partition: str | None, meta: str, quota: int) -> str:
-    """The request's template with name, size, metadata, cap and partition set by vcsched (uuid dropped)."""
-    path = step.boot.path or ""
-    try:
-        root = ET.fromstring(Path(path).read_text())
-    except OSError as exc:
-        raise InputError(f"template {path}: cannot read ({exc.strerror})") from None
-    except ET.ParseError as exc:
-        raise InputError(f"template {path}: malformed XML ({exc})") from None
-    if root.tag != "domain":
-        raise InputError(f"template {path}: root element is <{root.tag}>, expected <domain>")
+    """The request's template with name, size, metadata, caps and partition set by vcsched (uuid dropped)."""
+    root = read_template(step.boot.path or "")
     for tag in ("uuid", "name", "memory", "currentMemory", "vcpu", "metadata", "cputune"):
         for el in root.findall(tag):
             root.remove(el)
@@ -160,6 +270,7 @@ def _from_template(step: CreateStep, partition: str | None, meta: str, quota: in
     if partition and root.find("resource") is None:
         res = ET.SubElement(root, "resource")
         ET.SubElement(res, "partition").text = partition
+    add_io_caps(root, step.io_caps)
     ET.register_namespace(METADATA_PREFIX, METADATA_NS)
     return ET.tostring(root, encoding="unicode")
 
@@ -224,6 +335,22 @@ def _retrying(fn: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
+def stamp_migrated_at(xml: str, when: float) -> str:
+    """The domain XML with ``migrated_at`` set on its vcsched metadata (a domain without it is left as is).
+
+    The VM arrives carrying the time of its move, so whichever controller runs
+    next knows it was just moved (the cool-down of `vcsched run`) without a
+    database of its own.
+    """
+    root = ET.fromstring(xml)
+    el = root.find(f"metadata/{{{METADATA_NS}}}vm")
+    if el is None:
+        return xml
+    el.set("migrated_at", repr(float(when)))
+    ET.register_namespace(METADATA_PREFIX, METADATA_NS)
+    return ET.tostring(root, encoding="unicode")
+
+
 def set_cputune(xml: str, quota_us: int) -> str:
     """The domain XML with its ``<cputune>`` period and quota set (so a migrated VM arrives capped)."""
     root = ET.fromstring(xml)
@@ -237,6 +364,86 @@ def set_cputune(xml: str, quota_us: int) -> str:
         el.text = str(value)
     ET.register_namespace(METADATA_PREFIX, METADATA_NS)
     return ET.tostring(root, encoding="unicode")
+
+
+def apply_io_caps(host: str, dom: Any, devices: VmDevices, caps: IoCaps, flags: int) -> None:
+    """Set ``caps`` on a running domain: every disk (one throttle group), then every interface.
+
+    ``caps`` fields that are None are left as they are; 0 removes a limit
+    (calibration only: plans never uncap).  Errors name the host, the VM and
+    the value.
+    """
+    vm = dom.name()
+    tune: dict[str, Any] = {}
+    if caps.disk_bytes_sec is not None:
+        tune["total_bytes_sec"] = int(caps.disk_bytes_sec)
+    if caps.disk_iops_sec is not None:
+        tune["total_iops_sec"] = int(caps.disk_iops_sec)
+    if tune:
+        if any(tune.values()):
+            tune["group_name"] = IO_GROUP
+        for d in devices.disks:
+            with _as_host_error(host, f"throttle disk {d} of {vm!r} to {tune}"):
+                _retrying(functools.partial(dom.setBlockIoTune, d, tune, flags))
+    if caps.net_bytes_sec is not None:
+        average = net_units(caps.net_bytes_sec, len(devices.nics))
+        for n in devices.nics:
+            shape_interface(host, dom, n, average, flags, caps.net_bytes_sec)
+
+
+def one_line(exc: Exception) -> str:
+    """libvirt's message for ``exc`` on one line (tc's errors, passed through by libvirt, span several)."""
+    said = exc.get_error_message() if isinstance(exc, libvirt.libvirtError) else None
+    return " ".join((said or str(exc)).split())
+
+
+def shape_interface(host: str, dom: Any, nic: str, average: int, flags: int, asked: int) -> None:
+    """One interface to ``average`` units both ways (0: unshaped); on failure its previous parameters are put back.
+
+    Not retried: a tc command that fails (a qdisc or action the host's
+    kernel lacks) fails the same way again.
+    """
+    vm = dom.name()
+    live = libvirt.VIR_DOMAIN_AFFECT_LIVE
+    with _as_host_error(host, f"read the shaping of interface {nic} of {vm!r}"):
+        before = {k: v for k, v in dom.interfaceParameters(nic, live).items() if k in SHAPING_KEYS}
+    try:
+        dom.setInterfaceParameters(nic, {"inbound.average": average, "outbound.average": average}, flags)
+    except libvirt.libvirtError as exc:
+        try:
+            dom.setInterfaceParameters(nic, before, live)
+            restored = "its previous shaping was put back"
+        except libvirt.libvirtError as again:
+            restored = f"putting its previous shaping back failed too ({again.get_error_message()})"
+        said = one_line(exc)
+        raise HypervisorError(f"host {host}: cannot shape interface {nic} of {vm!r} to {asked} B/s "
+                              f"({average} x {NET_UNIT} B/s): {said}; {restored}") from None
+
+
+def live_devices(dom: Any) -> VmDevices:
+    """The disks and shaped interfaces of a domain, from its live XML (interfaces named by their tap)."""
+    return devices_of(ET.fromstring(dom.XMLDesc(0)))
+
+
+def io_caps_of(tunes: list[dict[str, Any]], nets: list[dict[str, Any]]) -> IoCaps:
+    """A VM's caps from ``blockIoTune`` of each disk and ``interfaceParameters`` of each interface.
+
+    Disk: the group's ``total_bytes_sec`` / ``total_iops_sec`` (0 on any disk:
+    uncapped; disks that disagree report the largest).  Network: the sum over
+    interfaces of the larger of inbound and outbound average (0 on any:
+    uncapped), in bytes per second.
+    """
+    def disk(key: str) -> int | None:
+        values = [int(t.get(key, 0) or 0) for t in tunes]
+        return None if not values or min(values) <= 0 else max(values)
+
+    net: int | None = None
+    if nets:
+        per = [max(int(n.get("inbound.average", 0) or 0), int(n.get("outbound.average", 0) or 0)) for n in nets]
+        ins = [int(n.get("inbound.average", 0) or 0) for n in nets]
+        outs = [int(n.get("outbound.average", 0) or 0) for n in nets]
+        net = None if min(ins) <= 0 or min(outs) <= 0 else sum(per) * NET_UNIT
+    return IoCaps(disk("total_bytes_sec"), disk("total_iops_sec"), net)
 
 
 class LibvirtHypervisor:
@@ -286,7 +493,8 @@ class LibvirtHypervisor:
     def host_state(self, h: ClusterHost) -> HostState:
         info = self._conn(h.name).getInfo()  # [model, memory MiB, cpus, mhz, nodes, sockets, cores, threads]
         cores = h.cores if h.cores is not None else int(info[2])
-        return HostState(h.name, cores, int(info[1]) << 20, h.memory_reserved)
+        return HostState(h.name, cores, int(info[1]) << 20, h.memory_reserved, disk_bps=h.disk_bps,
+                         net_bps=h.net_bps, cannot_cap=io_support(self._driver(h.name), h.uri))
 
     def _vm_state(self, host: str, dom: Any) -> VmState:
         _state, max_kib, _cur_kib, vcpus, _cpu = dom.info()
@@ -296,14 +504,17 @@ class LibvirtHypervisor:
         except libvirt.libvirtError:
             meta = None  # no vcsched metadata: unmanaged
         cap = None
+        devices = live_devices(dom)
+        io = IoCaps()
         if active:
             try:
                 cap = self._read_cap(host, dom, int(vcpus))
+                io = self._read_io_caps(host, dom, devices)
             except HypervisorError:
                 if meta is not None:
                     raise
                 # An unmanaged domain whose cap cannot be read is still reported, just without a cap.
-        return VmState(dom.name(), host, int(vcpus), int(max_kib) * 1024, active, meta, cap)
+        return VmState(dom.name(), host, int(vcpus), int(max_kib) * 1024, active, meta, cap, devices, io)
 
     def _host_vms(self, host: str) -> list[VmState]:
         """Every domain of ``host``; one that vanishes while being read (destroyed meanwhile) is skipped."""
@@ -398,6 +609,64 @@ class LibvirtHypervisor:
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"host {host}: cannot read CPU time of {vm!r}: {exc.get_error_message()}") from None
 
+    def _read_io_caps(self, host: str, dom: Any, devices: VmDevices) -> IoCaps:
+        """Disk and network caps of a running domain (see :meth:`read_io_caps`)."""
+        if self._driver(host) in ("test", "xen", "libxl") or not (devices.disks or devices.nics):
+            return IoCaps()  # these drivers have no blockIoTune/interfaceParameters to ask
+        flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+        try:
+            tunes = [dom.blockIoTune(d, flags) for d in devices.disks]
+            nets = [dom.interfaceParameters(n, flags) for n in devices.nics]
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"host {host}: cannot read the disk/network caps of {dom.name()!r}: "
+                                  f"{exc.get_error_message()}") from None
+        return io_caps_of(tunes, nets)
+
+    def read_io_caps(self, host: str, vm: str) -> IoCaps:
+        """The VM's disk and network caps: ``blockIoTune`` of its disks, ``interfaceParameters`` of its interfaces.
+
+        Reported as a cap only if every disk (every interface) has one: a VM
+        with one unthrottled disk can write without limit, so it reads as
+        uncapped on disk.
+        """
+        def read() -> IoCaps:
+            dom = self._domain(host, vm)
+            return self._read_io_caps(host, dom, live_devices(dom))
+
+        with _as_host_error(host, f"read the disk/network caps of {vm!r}"):
+            return _retrying(read)
+
+    def realised_io_caps(self, host: str, devices: VmDevices, caps: IoCaps) -> IoCaps:
+        """Whole bytes (and operations) per second for disks; 1000 B/s units per interface for the network."""
+        return realisable(caps, devices)
+
+    def planned_devices(self, step: CreateStep) -> VmDevices:
+        return boot_devices(step.boot)
+
+    def io_counters(self, host: str, vm: str) -> IoCounters | None:
+        """Bytes read + written on every disk (``blockStats``) and received / sent on every interface
+        (``interfaceStats``, the guest's view) since the domain started."""
+        if self._driver(host) == "test":
+            return None  # the test driver returns made-up constants
+        try:
+            dom = self._domain(host, vm)
+            if not dom.isActive():
+                return None
+            devices = live_devices(dom)
+            disk = 0
+            for d in devices.disks:
+                _rd_req, rd_bytes, _wr_req, wr_bytes, _errs = dom.blockStats(d)
+                disk += max(rd_bytes, 0) + max(wr_bytes, 0)
+            rx = tx = 0
+            for n in devices.nics:
+                stats = dom.interfaceStats(n)
+                rx += max(stats[0], 0)
+                tx += max(stats[4], 0)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"host {host}: cannot read the disk/network counters of {vm!r}: "
+                                  f"{exc.get_error_message()}") from None
+        return IoCounters(disk, rx, tx)
+
     # ----------------------------------------------------------- writing
 
     def _refuse_uncappable(self, host: str) -> None:
@@ -418,7 +687,8 @@ class LibvirtHypervisor:
         try:
             self._conn(step.host).createXML(xml, 0)
         except libvirt.libvirtError as exc:
-            raise HypervisorError(f"host {step.host}: cannot create {step.vm!r}: {exc.get_error_message()}") from None
+            said = one_line(exc)  # e.g. tc's multi-line error for a <bandwidth>
+            raise HypervisorError(f"host {step.host}: cannot create {step.vm!r}: {said}") from None
 
     def set_cap(self, host: str, vm: str, cap_cores: float) -> None:
         self._refuse_uncappable(host)
@@ -442,6 +712,40 @@ class LibvirtHypervisor:
             flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
         with _as_host_error(host, f"cap {vm!r}"):
             _retrying(lambda: dom.setSchedulerParametersFlags(params, flags))
+
+    def _refuse_io(self, host: str, vm: str, caps: IoCaps) -> None:
+        """A driver that cannot cap a resource ``caps`` asks for: refused naming host, VM and value."""
+        driver = self._driver(host)
+        for resource, why in io_support(driver, self.cluster.host(host).uri):
+            wanted = caps.net_bytes_sec if resource == NET else (caps.disk_bytes_sec or caps.disk_iops_sec)
+            if wanted is not None:
+                raise HypervisorError(f"host {host}: cannot cap {resource} of {vm!r} at {wanted}: {why}; "
+                                      "nothing changed")
+
+    def set_io_caps(self, host: str, vm: str, caps: IoCaps) -> None:
+        """Throttle the VM's disks (one group) and shape its interfaces; see the module docstring.
+
+        The disks are all set before the interfaces.  A failure on an
+        interface puts back the parameters that interface had (libvirt leaves
+        half of a failed tc set-up in place) and is reported with libvirt's
+        message; a re-run of the plan sets what is still missing.
+        """
+        if not caps:
+            return
+        self._refuse_io(host, vm, caps)
+        with _as_host_error(host, f"cap the disk/network of {vm!r}"):
+            dom, _meta = self._managed_domain(host, vm, "cap")
+            if not dom.isActive():
+                raise HypervisorError(f"host {host}: domain {vm!r} is not running")
+            devices = live_devices(dom)
+            persistent = bool(dom.isPersistent())
+        problem = io_problem(caps, devices)
+        if problem is not None:
+            raise HypervisorError(f"host {host}: cannot cap {vm!r}: {problem}; nothing changed")
+        flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+        if persistent:
+            flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+        apply_io_caps(host, dom, devices, caps, flags)
 
     def _managed_domain(self, host: str, vm: str, action: str) -> tuple[Any, VmMeta]:
         """The domain and its vcsched metadata; an unmanaged domain is refused, naming ``action``."""
@@ -495,6 +799,7 @@ class LibvirtHypervisor:
             xml = rewrite_partition(xml, src_host.partition, dst_host.partition)
             if self._driver(target) not in ("xen", "libxl"):
                 xml = set_cputune(xml, quota_for(cap_cores, vcpus))
+            xml = stamp_migrated_at(xml, time.time())
             params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_URI: MIGRATION_URI,
                                       libvirt.VIR_MIGRATE_PARAM_DEST_XML: xml}
             flags = libvirt.VIR_MIGRATE_LIVE

@@ -131,6 +131,11 @@ def member_id() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
 
 
+def leader_lock_name(cluster: str) -> str:
+    """The lock whose holder is the active ``vcsched run`` of ``cluster`` (its leader; the others stand by)."""
+    return f"vcsched-leader-{cluster}"
+
+
 @dataclass(frozen=True)
 class Holder:
     member: str
@@ -144,12 +149,15 @@ class Holder:
 class ClusterLock:
     """The lock of one cluster on one coordination backend (see the module docstring)."""
 
-    def __init__(self, url: str, cluster: str, member: str | None = None, ttl: float = DEFAULT_TTL) -> None:
+    def __init__(self, url: str, cluster: str, member: str | None = None, ttl: float = DEFAULT_TTL, *,
+                 name: str | None = None) -> None:
         self.ttl = check_ttl("lock_ttl", ttl)
         self.url = with_ttl(url, self.ttl)
         self.cluster = cluster
         self.member = member or member_id()
-        self.name = f"vcsched-cluster-{cluster}"
+        #: The lock's name on the backend: the cluster lock by default; ``vcsched run``'s leadership is a
+        #: second lock of the same kind (:func:`leader_lock_name`).
+        self.name = name or f"vcsched-cluster-{cluster}"
         self._coordinator: Any = None
         self._lock: Any = None
         self._renewed = 0.0  # time.monotonic() of the last successful renewal
@@ -262,6 +270,19 @@ class ClusterLock:
             raise LockLost(f"cluster {self.cluster!r}: cannot renew the lock's lease at {self.url} for "
                            f"{time.monotonic() - self._renewed:.1f} s (TTL {self.ttl:g} s); no further step "
                            "is started")
+
+    def held(self) -> bool:
+        """Whether the lock is still ours, without asking the backend (never blocks; :meth:`guard` renews).
+
+        On etcd: the last renewal (the heartbeat thread's or a guard's) is younger than the fence
+        (:data:`FENCE_FRACTION` of the TTL) and the lease was not found expired.  A holder that sees False
+        must stop acting: its lease may run out before it could renew again.
+        """
+        if self._lock is None:
+            return False
+        if not _etcd(self.url):
+            return True
+        return not self._expired and time.monotonic() - self._renewed <= FENCE_FRACTION * self.ttl
 
     def release(self) -> None:
         self._stop.set()

@@ -2,7 +2,10 @@
 
 It keeps the same invariants a real host enforces (one VM per name, a VM on
 one host, caps only on running VMs, no cap above the VM's vCPUs, caps held on
-the CFS quota grid like libvirt's) and lets a test inject a failure into any
+the CFS quota grid like libvirt's; disk and network caps only on a VM that
+has such a device, at least libvirt's minimum, held on the same grids as
+libvirt's and refused on a host whose driver cannot cap them — tests set
+``HostState.cannot_cap`` — and carried along by a migration) and lets a test inject a failure into any
 operation on any VM (``fail``), mark a host down (``down``), or run code just
 before an operation (``before``: another operator acting meanwhile), which is
 how the executor's stop-and-report and re-run-converges behaviour is
@@ -11,12 +14,15 @@ specified without a daemon.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from hypervisor.base import HypervisorError
+from hypervisor.base import HypervisorError, IoCounters
+from hypervisor.devices import boot_devices
 from vcsched.caps import CAP_TOLERANCE, min_cap, realisable_cap
 from vcsched.control.inventory import HostState, Inventory, VmMeta, VmState
+from vcsched.iocaps import IO_RESOURCES, IoCaps, VmDevices, io_problem, realisable
 from vcsched.plans.steps import CreateStep
 
 
@@ -34,6 +40,8 @@ class MemoryHypervisor:
         #: host -> reason: the host does not answer (its VMs are unknown, every call on it fails).
         self.down: dict[str, str] = {}
         self.calls: list[tuple[str, str]] = []  # (operation, vm) of every state-changing call
+        #: Wall clock of the hosts: a migrated VM records when it moved (``VmMeta.migrated_at``), as libvirt's do.
+        self.clock: Callable[[], float] = time.time
 
     def _add(self, v: VmState) -> None:
         if v.host not in self.hosts:
@@ -85,9 +93,22 @@ class MemoryHypervisor:
         if step.host in self.down:
             raise HypervisorError(f"host {step.host}: does not answer ({self.down[step.host]})")
         self._check_cap(step.host, step.vm, step.vcpus, step.cap_cores)
+        devices = self.planned_devices(step)
+        self._check_io(step.host, step.vm, devices, step.io_caps)
         meta = step.meta()
         self._add(VmState(step.vm, step.host, step.vcpus, step.memory_bytes, True, meta,
-                          self.realised_cap(step.host, step.vcpus, step.cap_cores)))
+                          self.realised_cap(step.host, step.vcpus, step.cap_cores), devices,
+                          realisable(step.io_caps, devices)))
+
+    def _check_io(self, host: str, vm: str, devices: VmDevices, caps: IoCaps) -> None:
+        for r in IO_RESOURCES:
+            why = self.hosts[host].cap_problem(r)
+            wanted = caps.amount(r) if r == "net" else (caps.disk_bytes_sec or caps.disk_iops_sec)
+            if why is not None and wanted is not None:
+                raise HypervisorError(f"host {host}: cannot cap {r} of {vm!r} ({wanted}): {why}")
+        problem = io_problem(caps, devices)
+        if problem is not None:
+            raise HypervisorError(f"host {host}: {vm!r}: {problem}")
 
     @staticmethod
     def _check_cap(host: str, vm: str, vcpus: int, cap_cores: float) -> None:
@@ -126,7 +147,9 @@ class MemoryHypervisor:
         if target in self.down:
             raise HypervisorError(f"host {target}: does not answer ({self.down[target]})")
         self._check_cap(target, vm, v.vcpus, cap_cores)
-        self.vms[vm] = replace(v, host=target, cap_cores=self.realised_cap(target, v.vcpus, cap_cores))
+        self._check_io(target, vm, v.devices, v.io_caps)  # its <iotune>/<bandwidth> travel in the domain XML
+        meta = None if v.meta is None else replace(v.meta, migrated_at=self.clock())
+        self.vms[vm] = replace(v, host=target, cap_cores=self.realised_cap(target, v.vcpus, cap_cores), meta=meta)
 
     def lists(self, host: str, vm: str) -> bool:
         v = self.vms.get(vm)
@@ -138,6 +161,27 @@ class MemoryHypervisor:
     def cpu_time_ns(self, host: str, vm: str) -> int | None:
         self._vm_on(host, vm)
         return None  # nothing runs here, so there is nothing to measure
+
+    def set_io_caps(self, host: str, vm: str, caps: IoCaps) -> None:
+        self._maybe_fail("set-io-caps", vm)
+        v, _meta = self._managed_on(host, vm, "cap")
+        if not v.active:
+            raise HypervisorError(f"host {host}: domain {vm!r} is not running")
+        self._check_io(host, vm, v.devices, caps)
+        self.vms[vm] = replace(v, io_caps=realisable(caps, v.devices).over(v.io_caps))
+
+    def read_io_caps(self, host: str, vm: str) -> IoCaps:
+        return self._vm_on(host, vm).io_caps
+
+    def realised_io_caps(self, host: str, devices: VmDevices, caps: IoCaps) -> IoCaps:
+        return realisable(caps, devices)  # like libvirt's: whole bytes, net on the 1000 B/s grid per interface
+
+    def planned_devices(self, step: CreateStep) -> VmDevices:
+        return boot_devices(step.boot)
+
+    def io_counters(self, host: str, vm: str) -> IoCounters | None:
+        self._vm_on(host, vm)
+        return None
 
     def close(self) -> None:
         pass

@@ -413,3 +413,15 @@ def test_hdrf_load_of_every_host_and_resource_stays_within_capacity_on_several_h
     r = run(inst, placement, "hdrf")
     assert np.all(loads(inst, placement, r.yields) <= inst.host_capacity + 1e-12)
     assert not_pareto(inst, placement, r.yields) == []
+
+
+def test_yield_phase_two_is_not_undone_by_a_rounding_sized_row() -> None:
+    """Found by the Pareto property: HiGHS met the r2 row exactly and left y2 2.7e-17 above Y, so the
+    rounding repair's ratio on that row (room ~1e-17 / extra ~1e-17) shrank every job's gain to 0.91."""
+    caps = (("r1", 0.1), ("r2", 0.1), ("r3", 0.1))
+    jobs = tuple(Job(n, c, 0.0, 1, needs, 0.5) for n, c, needs in (
+        ("j0", 0.05, ()), ("j1", 0.5, (("r2", 0.15),)), ("j2", 0.05, (("r2", 0.55),)),
+        ("j3", 0.1, ()), ("j4", 0.3, ()), ("j5", 0.05, ())))
+    inst = Instance((Host("h0", 0.55, 1.0, caps),), jobs)
+    r = allocate_policy(inst, np.zeros(6, dtype=np.int64), "yield", options("yield"))
+    assert np.asarray(r.yields) == pytest.approx([1.0, 1 / 7, 1 / 7, 1.0, 0.2714285714285714 / 0.3, 1.0], abs=1e-9)

@@ -453,7 +453,8 @@ def guest_boot_check(timeout_s: float = 120.0) -> str | None:
     except VcschedError as exc:
         return f"no guest image: {exc}"
     qemu = shutil.which("qemu-system-x86_64") or ""
-    key = json.dumps([image.kernel.stat().st_size, image.kernel.stat().st_mtime_ns, initramfs_recipe(),
+    recipe = initramfs_recipe(modules=image.initrd.parent / "modules")
+    key = json.dumps([image.kernel.stat().st_size, image.kernel.stat().st_mtime_ns, recipe,
                       qemu, os.stat(qemu).st_mtime_ns])
     stamp = layout.image_dir / "canary.ok"
     if stamp.is_file() and stamp.read_text() == key:

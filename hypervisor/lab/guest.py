@@ -1,8 +1,17 @@
-"""A minimal CPU-burning TCG guest on a lab host (for tests and calibration).
+"""A minimal TCG guest on a lab host that burns CPU, writes to its disk or sends packets (tests, calibration).
 
 This is the lab's own canary, not the controller's way of creating VMs (that
 is the plan applier in :mod:`hypervisor`): it is what an integration test or
-the calibration needs when it just wants "a guest that uses CPU, here".
+the calibration needs when it just wants "a guest that uses CPU, here" (or
+disk, or network: :data:`hypervisor.lab.image.WORKLOADS`).
+
+An I/O guest gets a raw, file-backed virtio disk (:func:`make_disk`) and a
+virtio NIC of type ``ethernet``: a tap device on the machine with no address,
+no bridge and no route, so its frames reach the machine's kernel and stop
+there (the sender addresses a MAC nobody has, see
+:data:`hypervisor.lab.image.SINK_MAC`).  libvirt names the tap (``vnetN``)
+and finds a free name itself, so several lab daemons on one machine do not
+collide.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from hypervisor.lab.image import BOOT_MARKER
+from hypervisor.lab.image import BOOT_MARKER, NO_DRIVER_MARKER, WORKLOADS
 from hypervisor.lab.state import GuestImage
 from vcsched.errors import VcschedError
 
@@ -22,35 +31,62 @@ class GuestError(VcschedError):
     """The lab guest did not start or boot."""
 
 
+#: Size of a lab guest's scratch disk: the disk writer wraps around at its end.
+DISK_BYTES = 64 << 20
+
+
+def make_disk(path: Path, size: int = DISK_BYTES) -> Path:
+    """A sparse raw disk file for one guest (each guest needs its own: QEMU locks a writable image)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        f.truncate(size)
+    return path
+
+
 def guest_xml(name: str, image: GuestImage, *, partition: str | None = None, memory_mib: int = 128,
-              vcpus: int = 1, console_log: Path | None = None) -> str:
-    """Domain XML of the minimal guest (docs/lab.md): TCG, kernel+initrd boot, no disk, no NIC.
+              vcpus: int = 1, console_log: Path | None = None, workload: str = "cpu", disk: Path | None = None,
+              nic: bool = False, metadata: str = "") -> str:
+    """Domain XML of the minimal guest (docs/lab.md): TCG, kernel+initrd boot; a disk and a NIC if asked for.
 
     No USB controller and no balloon: fewer emulated devices means a faster TCG
-    boot and less emulator-thread CPU on top of the vCPU's.
+    boot and less emulator-thread CPU on top of the vCPU's.  ``workload`` goes
+    on the kernel command line (``vcsched.work=``, read by the guest's /init);
+    ``metadata`` is put in ``<metadata>`` as is (a template for vcsched's own
+    create steps, which replace it).
     """
     if memory_mib < 32:
         raise GuestError(f"memory_mib: {memory_mib} is below the 32 MiB the guest kernel needs")
     if vcpus < 1:
         raise GuestError(f"vcpus: {vcpus} is below 1")
+    if workload not in WORKLOADS:
+        raise GuestError(f"workload: {workload!r} is not one of {', '.join(WORKLOADS)}")
     resource = f"<resource><partition>{escape(partition)}</partition></resource>" if partition else ""
     serial = (f"<serial type='file'><source path={quoteattr(str(console_log))}/><target port='0'/></serial>"
               if console_log else "<serial type='null'/>")
+    cmdline = image.cmdline if workload == "cpu" else f"{image.cmdline} vcsched.work={workload}"
+    # cache='none': the guest's writes reach the file with O_DIRECT, as on a production host; the
+    # limit itself is QEMU's block throttling, which acts before any cache.
+    devices = (f"<disk type='file' device='disk'><driver name='qemu' type='raw' cache='none'/>"
+               f"<source file={quoteattr(str(disk))}/><target dev='vda' bus='virtio'/></disk>" if disk else "")
+    if nic:
+        devices += "<interface type='ethernet'><model type='virtio'/></interface>"
     return f"""<domain type={quoteattr(image.domain_type)}>
   <name>{escape(name)}</name>
   <memory unit='MiB'>{memory_mib}</memory>
   <vcpu>{vcpus}</vcpu>
+  {f"<metadata>{metadata}</metadata>" if metadata else ""}
   {resource}
   <os>
     <type arch='x86_64'>hvm</type>
     <kernel>{escape(str(image.kernel))}</kernel>
     <initrd>{escape(str(image.initrd))}</initrd>
-    <cmdline>{escape(image.cmdline)}</cmdline>
+    <cmdline>{escape(cmdline)}</cmdline>
   </os>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>destroy</on_reboot>
   <on_crash>destroy</on_crash>
   <devices>
+    {devices}
     {serial}
     <controller type='usb' model='none'/>
     <memballoon model='none'/>
@@ -60,9 +96,11 @@ def guest_xml(name: str, image: GuestImage, *, partition: str | None = None, mem
 
 
 def start_guest(conn: Any, name: str, image: GuestImage, *, partition: str | None, console_log: Path | None = None,
-                memory_mib: int = 128, vcpus: int = 1, persistent: bool = False) -> Any:
+                memory_mib: int = 128, vcpus: int = 1, persistent: bool = False, workload: str = "cpu",
+                disk: Path | None = None, nic: bool = False) -> Any:
     """Define (if ``persistent``) and start the minimal guest on ``conn``; returns the ``virDomain``."""
-    xml = guest_xml(name, image, partition=partition, memory_mib=memory_mib, vcpus=vcpus, console_log=console_log)
+    xml = guest_xml(name, image, partition=partition, memory_mib=memory_mib, vcpus=vcpus, console_log=console_log,
+                    workload=workload, disk=disk, nic=nic)
     if persistent:
         dom = conn.defineXML(xml)
         dom.create()
@@ -75,10 +113,14 @@ def wait_for_boot(console_log: Path, timeout_s: float = 120.0) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         try:
-            if BOOT_MARKER in console_log.read_text(errors="replace"):
-                return time.monotonic() - t0
+            text = console_log.read_text(errors="replace")
         except FileNotFoundError:
-            pass
+            text = ""
+        if BOOT_MARKER in text:
+            return time.monotonic() - t0
+        if NO_DRIVER_MARKER in text:
+            line = next(ln for ln in text.splitlines() if NO_DRIVER_MARKER in ln)
+            raise GuestError(f"guest cannot run its workload: {line.split(NO_DRIVER_MARKER, 1)[1].strip()}")
         time.sleep(0.2)
     raise GuestError(f"guest did not print {BOOT_MARKER} on {console_log} within {timeout_s:g} s")
 

@@ -1,17 +1,37 @@
-"""The lab's guest: a stock Debian kernel and a busybox initramfs that burns CPU.
+"""The lab's guest: a stock Debian kernel and a busybox initramfs that burns CPU, writes to disk or sends packets.
 
 The guest does one thing the controller needs to observe: it boots under TCG
 (``type='qemu'``; this machine's ``/dev/kvm`` is a nested scheme a stock kernel
-does not boot on, docs/lab.md), prints a marker on its serial console, and runs
-a busy loop so that libvirt's CPU accounting shows what a cap allows.  It is
-~9 MB of kernel plus ~1 MB of initramfs and boots in about 11 s.
+does not boot on, docs/lab.md), prints a marker on its serial console, and then
+runs its *workload*, chosen on the kernel command line (``vcsched.work=``):
+
+* ``cpu`` (the default, what every CPU test uses): one busy loop per vCPU, so
+  libvirt's CPU accounting shows what a cap allows;
+* ``disk``: ``dd`` of zeros onto ``/dev/vda`` with O_DIRECT, over and over, so
+  ``blockStats`` shows what a ``<iotune>`` limit allows;
+* ``net``: the kernel's packet generator (pktgen) sends 1500-byte frames out of
+  ``eth0`` as fast as it can, to a unicast MAC address nobody has
+  (:data:`SINK_MAC`): the host's tap drops them at layer 2, so nothing is
+  routed anywhere, and ``interfaceStats`` shows what left the guest;
+* ``sink``: ``eth0`` up and nothing else (a receiver for inbound tests).
+
+The I/O workloads need the virtio drivers, which Debian builds as modules:
+they are taken from the same kernel package as ``vmlinuz`` (:data:`MODULES`,
+loaded with ``insmod`` in dependency order) and only for those workloads, so
+the CPU guest boots exactly as before.  It is ~9 MB of kernel plus ~1.3 MB of
+initramfs and boots in about 11 s.
 
 The kernel package is downloaded once (``apt-get download``) and only its
-``vmlinuz`` kept; later labs copy it from any lab's image cache.
+``vmlinuz`` and those modules kept; later labs copy them from any lab's image
+cache.  A cache holding a kernel but not its modules (written by an older
+vcsched) gets the modules of that exact kernel version from apt; if apt does
+not have it any more, the I/O workloads say so on the console
+(:data:`NO_DRIVER_MARKER`) instead of running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -27,20 +47,97 @@ from hypervisor.lab.state import DEFAULT_LAB_DIR, GuestImage
 from vcsched.errors import VcschedError
 
 BOOT_MARKER = "VCSCHED-GUEST-UP"
+#: Printed instead of the boot marker when an I/O workload finds no device or driver to run on.
+NO_DRIVER_MARKER = "VCSCHED-GUEST-NO-DEVICE"
 BUSYBOX = Path("/bin/busybox")
-#: The initramfs' /init.  It mounts what busybox tools expect, announces itself
-#: on the serial console (what a boot check waits for), and then spins one CPU
-#: loop per vCPU so the guest uses all the CPU it is allowed.
+#: Printed on the serial console at the start of each phase of a load pattern: ``VCSCHED-LOAD <percent> <seconds>``.
+LOAD_MARKER = "VCSCHED-LOAD"
+#: A load pattern (kernel command line ``vcsched.load=PHASE,PHASE,...``, repeated forever): each phase is
+#: ``LEVEL:SECONDS`` with LEVEL ``busy`` (100), ``idle`` (0) or a percentage of every vCPU, kept by stopping
+#: and continuing the CPU loops every 100 ms.  E.g. ``vcsched.load=idle:30,busy:30,50:20``.  Without the
+#: option the guest spins flat out, as it always did.
+LOAD_PATTERN = f"""
+load=
+for arg in $(cat /proc/cmdline); do
+  case "$arg" in vcsched.load=*) load="${{arg#vcsched.load=}}" ;; esac
+done
+if [ -n "$load" ]; then
+  n=$(grep -c ^processor /proc/cpuinfo)
+  pids=
+  i=0
+  while [ "$i" -lt "$n" ]; do (while :; do :; done) & pids="$pids $!"; i=$((i + 1)); done
+  kill -STOP $pids
+  while :; do
+    for ph in $(echo "$load" | tr , ' '); do
+      lv="${{ph%%:*}}"; s="${{ph#*:}}"
+      case "$lv" in busy) lv=100 ;; idle) lv=0 ;; esac
+      echo "{LOAD_MARKER} $lv $s" > /dev/console
+      if [ "$lv" -ge 100 ]; then kill -CONT $pids; sleep "$s"; kill -STOP $pids
+      elif [ "$lv" -le 0 ]; then sleep "$s"
+      else
+        k=$((s * 10))
+        while [ "$k" -gt 0 ]; do
+          kill -CONT $pids; usleep $((lv * 1000)); kill -STOP $pids; usleep $(((100 - lv) * 1000)); k=$((k - 1))
+        done
+      fi
+    done
+  done
+fi
+"""
+#: The workloads ``vcsched.work=`` selects (see the module docstring).
+WORKLOADS = ("cpu", "disk", "net", "sink")
+#: Destination of the packet sender: a locally administered unicast address no interface has, so the
+#: host's kernel drops every frame at layer 2 (PACKET_OTHERHOST) and nothing is routed or bridged anywhere.
+SINK_MAC = "02:00:5e:00:53:01"
+#: Kernel modules the I/O workloads load, in dependency order (``depends=`` of each .ko in Debian's 6.1).
+MODULES = ("virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci", "virtio_blk",
+           "failover", "net_failover", "virtio_net", "pktgen")
+#: The initramfs' /init.  It mounts what busybox tools expect, reads its workload from the kernel command
+#: line, announces itself on the serial console (what a boot check waits for), and runs the workload
+#: (``cpu``: one CPU loop per vCPU, or its load pattern).
 INIT_SCRIPT = f"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
-echo {BOOT_MARKER} > /dev/console
-n=$(grep -c ^processor /proc/cpuinfo)
-i=1
-while [ "$i" -lt "$n" ]; do (while :; do :; done) & i=$((i + 1)); done
-while :; do :; done
+work=cpu
+for arg in $(cat /proc/cmdline); do
+  case "$arg" in vcsched.work=*) work="${{arg#vcsched.work=}}" ;; esac
+done
+nodev() {{ echo "{NO_DRIVER_MARKER} $1" > /dev/console; while :; do sleep 3600; done; }}
+if [ "$work" != cpu ]; then
+  for m in {" ".join(MODULES)}; do
+    [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko
+  done
+fi
+case "$work" in
+disk)
+  i=0; while [ ! -b /dev/vda ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+  [ -b /dev/vda ] || nodev "no /dev/vda (no virtio disk, or no virtio_blk module)"
+  echo {BOOT_MARKER} > /dev/console
+  while :; do dd if=/dev/zero of=/dev/vda bs=64k oflag=direct 2>/dev/null; done
+  ;;
+net|sink)
+  i=0; while [ ! -d /sys/class/net/eth0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+  [ -d /sys/class/net/eth0 ] || nodev "no eth0 (no virtio NIC, or no virtio_net module)"
+  echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6
+  ip link set eth0 up
+  if [ "$work" = sink ]; then echo {BOOT_MARKER} > /dev/console; while :; do sleep 3600; done; fi
+  [ -d /proc/net/pktgen ] || nodev "no pktgen module"
+  echo "add_device eth0" > /proc/net/pktgen/kpktgend_0
+  for c in "count 0" "pkt_size 1500" "delay 0" "dst_mac {SINK_MAC}"; do echo "$c" > /proc/net/pktgen/eth0; done
+  echo {BOOT_MARKER} > /dev/console
+  while :; do echo start > /proc/net/pktgen/pgctrl; sleep 1; done
+  ;;
+*)
+  echo {BOOT_MARKER} > /dev/console
+{LOAD_PATTERN}
+  n=$(grep -c ^processor /proc/cpuinfo)
+  i=1
+  while [ "$i" -lt "$n" ]; do (while :; do :; done) & i=$((i + 1)); done
+  while :; do :; done
+  ;;
+esac
 """
 
 _KERNEL_PKG = re.compile(r"^(linux-image-6\.1\.0-(\d+)-amd64) ")
@@ -60,25 +157,34 @@ def kernel_package() -> str:
     return max(found)[1]
 
 
-def build_initramfs(busybox: Path = BUSYBOX) -> bytes:
-    """A gzip'd newc cpio holding busybox and /init (the format the kernel unpacks)."""
+def build_initramfs(busybox: Path = BUSYBOX, modules: Path | None = None) -> bytes:
+    """A gzip'd newc cpio holding busybox, /init and the :data:`MODULES` found in ``modules`` (the format the
+    kernel unpacks)."""
     if not busybox.is_file():
         raise ImageError(f"{busybox} is missing (install busybox-static)")
     with tempfile.TemporaryDirectory(prefix="vcl-initrd-") as tmp:
         root = Path(tmp)
-        for d in ("bin", "dev", "proc", "sys"):
+        for d in ("bin", "dev", "proc", "sys", "lib", "lib/modules"):
             (root / d).mkdir()
         shutil.copy2(busybox, root / "bin" / "busybox")
         (root / "bin" / "sh").symlink_to("busybox")
         init = root / "init"
         init.write_text(INIT_SCRIPT)
         init.chmod(0o755)
+        for ko in _module_files(modules):
+            shutil.copy2(ko, root / "lib" / "modules" / ko.name)
         names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
         cpio = _cpio(busybox, root, names)
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
         gz.write(cpio)
     return buf.getvalue()
+
+
+def _module_files(modules: Path | None) -> list[Path]:
+    if modules is None:
+        return []
+    return [modules / f"{m}.ko" for m in MODULES if (modules / f"{m}.ko").is_file()]
 
 
 def _cpio(busybox: Path, root: Path, names: list[str]) -> bytes:
@@ -89,45 +195,125 @@ def _cpio(busybox: Path, root: Path, names: list[str]) -> bytes:
     return proc.stdout
 
 
+def kernel_version(vmlinuz: Path) -> str | None:
+    """The release a bzImage announces (``6.1.0-56-amd64``), from its x86 boot header; None if not a bzImage.
+
+    The setup header's ``kernel_version`` field (offset 0x20E) points, 0x200
+    bytes further, to the ``uname -r`` string followed by the build banner.
+    """
+    try:
+        with vmlinuz.open("rb") as f:
+            head = f.read(0x10000)
+    except OSError:
+        return None
+    if head[0x202:0x206] != b"HdrS":
+        return None
+    at = int.from_bytes(head[0x20E:0x210], "little") + 0x200
+    words = head[at:at + 256].split(b"\0", 1)[0].decode(errors="replace").split()
+    return words[0] if words else None
+
+
+def _fetch_package(pkg: str, workdir: Path) -> Path:
+    """``apt-get download`` ``pkg`` into ``workdir`` and unpack it; returns the unpacked tree."""
+    proc = subprocess.run(["apt-get", "download", "-q", pkg], cwd=workdir, capture_output=True, text=True,
+                          check=False)
+    debs = list(workdir.glob("*.deb"))
+    if proc.returncode != 0 or not debs:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ImageError(f"apt-get download {pkg} failed: {last}")
+    x = subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(workdir / "x")], capture_output=True, text=True,
+                       check=False)
+    if x.returncode != 0:
+        raise ImageError(f"dpkg-deb -x {debs[0].name} failed: {x.stderr.strip()}")
+    return workdir / "x"
+
+
+def _keep_modules(tree: Path, modules: Path, version: str) -> None:
+    """Copy :data:`MODULES` of kernel ``version`` out of an unpacked kernel package into ``modules``."""
+    found = {ko.name[:-3]: ko for ko in (tree / "lib" / "modules" / version).rglob("*.ko")}
+    modules.mkdir(exist_ok=True)
+    for m in MODULES:
+        if m in found:
+            _install(modules / f"{m}.ko", found[m].read_bytes())
+    _install(modules / "version", version.encode())
+
+
 def download_kernel(dest: Path) -> Path:
-    """Download the kernel package with apt and extract only its vmlinuz to ``dest``."""
+    """Download the newest kernel package with apt; keep its vmlinuz as ``dest`` and :data:`MODULES` beside it."""
     pkg = kernel_package()
     with tempfile.TemporaryDirectory(prefix="vcl-kernel-", dir=dest.parent) as tmp:
-        proc = subprocess.run(["apt-get", "download", "-q", pkg], cwd=tmp, capture_output=True, text=True,
-                              check=False)
-        debs = list(Path(tmp).glob("*.deb"))
-        if proc.returncode != 0 or not debs:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ImageError(f"apt-get download {pkg} failed: {last}")
-        x = subprocess.run(["dpkg-deb", "-x", str(debs[0]), tmp + "/x"], capture_output=True, text=True,
-                           check=False)
-        kernels = sorted(Path(tmp, "x", "boot").glob("vmlinuz-*"))
-        if x.returncode != 0 or not kernels:
-            raise ImageError(f"{debs[0].name} holds no boot/vmlinuz-* ({x.stderr.strip()})")
+        tree = _fetch_package(pkg, Path(tmp))
+        kernels = sorted((tree / "boot").glob("vmlinuz-*"))
+        if not kernels:
+            raise ImageError(f"{pkg} holds no boot/vmlinuz-*")
+        version = kernels[0].name.removeprefix("vmlinuz-")
+        _keep_modules(tree, dest.parent / "modules", version)
         _install(dest, kernels[0].read_bytes())
     return dest
+
+
+def download_modules(image_dir: Path, version: str) -> None:
+    """The :data:`MODULES` of kernel ``version`` (the cached vmlinuz's) from its Debian package."""
+    with tempfile.TemporaryDirectory(prefix="vcl-kernel-", dir=image_dir) as tmp:
+        _keep_modules(_fetch_package(f"linux-image-{version}", Path(tmp)), image_dir / "modules", version)
+
+
+def modules_version(modules: Path) -> str | None:
+    try:
+        return (modules / "version").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def io_workloads_problem(image: GuestImage) -> str | None:
+    """None when the image's disk and network workloads can run (its modules are there), else why not."""
+    modules = image.initrd.parent / "modules"
+    missing = [m for m in MODULES if not (modules / f"{m}.ko").is_file()]
+    if missing:
+        return (f"the guest image in {image.initrd.parent} has no {', '.join(missing)} module(s) "
+                f"(apt could not provide linux-image-{kernel_version(image.kernel)}); rebuild it with "
+                "'vcsched lab down --purge' and 'vcsched lab up'")
+    if modules_version(modules) != kernel_version(image.kernel):
+        return f"the guest image's modules ({modules_version(modules)}) are not its kernel's " \
+               f"({kernel_version(image.kernel)})"
+    return None
 
 
 def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "image",)) -> GuestImage:
     """The lab's guest image in ``image_dir``, built on first use and cached there.
 
-    The kernel is copied from another lab's cache (``sources``) when one has it,
-    else downloaded; the initramfs is rebuilt whenever its content would change.
+    The kernel (and its modules) are copied from another lab's cache (``sources``)
+    when one has them, else downloaded; the initramfs is rebuilt whenever its
+    content would change.  Modules that cannot be had leave a CPU-only image
+    (:func:`io_workloads_problem` says why).
     """
     image_dir.mkdir(parents=True, exist_ok=True)
     kernel = image_dir / "vmlinuz"
     initrd = image_dir / "initrd.gz"
+    modules = image_dir / "modules"
+    others = [src for src in sources if src.resolve() != image_dir.resolve()]
     if not kernel.is_file():
-        for src in sources:
-            if (src / "vmlinuz").is_file() and src.resolve() != image_dir.resolve():
+        for src in others:
+            if (src / "vmlinuz").is_file():
                 _install(kernel, (src / "vmlinuz").read_bytes())
                 break
         else:
             download_kernel(kernel)
+    version = kernel_version(kernel)
+    if version is not None and modules_version(modules) != version:
+        for src in others:
+            if modules_version(src / "modules") == version:
+                modules.mkdir(exist_ok=True)
+                for ko in [*_module_files(src / "modules"), src / "modules" / "version"]:
+                    _install(modules / ko.name, ko.read_bytes())
+                break
+        else:
+            with contextlib.suppress(ImageError):
+                download_modules(image_dir, version)
     stamp = image_dir / "initrd.recipe"
-    recipe = initramfs_recipe()
+    recipe = initramfs_recipe(modules=modules)
     if not initrd.is_file() or not stamp.is_file() or stamp.read_text() != recipe:
-        _install(initrd, build_initramfs())
+        _install(initrd, build_initramfs(modules=modules))
         _install(stamp, recipe.encode())
     return GuestImage(kernel=kernel, initrd=initrd)
 
@@ -150,9 +336,12 @@ def _install(dest: Path, data: bytes) -> None:
         raise
 
 
-def initramfs_recipe(busybox: Path = BUSYBOX) -> str:
+def initramfs_recipe(busybox: Path = BUSYBOX, modules: Path | None = None) -> str:
     """A digest of what goes into the initramfs, so a cached one is rebuilt only when it would differ."""
     h = hashlib.sha256(INIT_SCRIPT.encode())
     if busybox.is_file():
         h.update(busybox.read_bytes())
+    for ko in _module_files(modules):
+        h.update(ko.name.encode())
+        h.update(ko.read_bytes())
     return h.hexdigest()

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from vcsched.iocaps import IoCaps, VmDevices
 
 #: Namespace of vcsched's domain metadata (the contract between the libvirt-side modules).
 METADATA_NS = "https://vcsched.dev/xmlns/vm/1"
@@ -44,6 +46,13 @@ class VmMeta:
     net_bps: int | None = None  # network bytes/s one VM uses alone
     weight: float = 1.0
     tenant: str | None = None  # its leaf of the cluster file's tenant tree
+    # Placement rules of its request (docs/rules.md), absent from older metadata:
+    spread: str | None = None  # "required" / "preferred": no two VMs of its virtual cluster on one host
+    together: str | None = None  # "required" / "preferred": all on one host
+    pinned: bool = False  # never migrated: its host is fixed
+    #: Unix time of the VM's last live migration (None: never migrated).  Written into the domain XML the VM
+    #: arrives with, so `vcsched run` (any leader, after any restart) keeps it put for its cool-down.
+    migrated_at: float | None = None
 
     def io_needs(self) -> dict[str, int]:
         """``{"disk": bytes/s, "net": bytes/s}`` for the extra resources this VM needs."""
@@ -61,6 +70,8 @@ class VmState:
     active: bool
     meta: VmMeta | None = None
     cap_cores: float | None = None  # None: no cap (or not readable, e.g. inactive)
+    devices: VmDevices = field(default_factory=VmDevices)  # the disks and interfaces disk/net caps apply to
+    io_caps: IoCaps = field(default_factory=IoCaps)  # its disk and network caps (not readable when inactive)
 
     @property
     def managed(self) -> bool:
@@ -86,6 +97,19 @@ class HostState:
     memory_bytes: int  # physical memory libvirt reports
     memory_reserved: int = 0
     down: str | None = None
+    #: Declared capacities (cluster file ``disk_bps``/``net_bps``, bytes per second; None: not declared).
+    disk_bps: int | None = None
+    net_bps: int | None = None
+    #: ``(resource, why)`` for each resource its driver cannot cap (e.g. Xen disks, the test driver).
+    cannot_cap: tuple[tuple[str, str], ...] = ()
+
+    def capacity(self, resource: str) -> int | None:
+        """Declared bytes per second of ``disk`` or ``net`` (None: the cluster file does not say)."""
+        return self.disk_bps if resource == "disk" else self.net_bps
+
+    def cap_problem(self, resource: str) -> str | None:
+        """Why this host's driver cannot cap ``resource``, or None."""
+        return next((why for r, why in self.cannot_cap if r == resource), None)
 
     @property
     def usable_memory(self) -> int:

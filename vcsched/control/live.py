@@ -47,12 +47,16 @@ class LiveAdaptation:
     floors_missed: tuple[tuple[str, float, float], ...] = ()
     #: The staying VMs' minimum of cap / need before the plan (needs after the changes): what the plan improves on.
     current_min_yield: float | None = None
+    #: A drain (docs/rules.md): the drained host, and each VM that stays on it with its reason and explanation.
+    drained: str | None = None
+    stays: tuple[tuple[str, str, str], ...] = ()
 
 
 def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, needs: Mapping[str, float] | None = None,
                     depart: Iterable[str] = (), algorithm: str = "heuristic", parallel: int = 1,
                     options: SolveOptions | None = None, cluster: Cluster | None = None,
-                    sharing: Sharing | None = None) -> LiveAdaptation:
+                    sharing: Sharing | None = None, pinned: Iterable[str] = (),
+                    record_needs: bool = True, drain: str | None = None) -> LiveAdaptation:
     """Adapt the running managed VMs of ``inventory``  within ``budget``.
 
     Units as in admission (docs/model.md): hosts in fractions of the reference
@@ -69,7 +73,9 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     rest is planned, ordered and budgeted as if they were already gone) and
     the remaining clusters share what they held.  A need in ``needs`` that
     differs from the VM's metadata gets a ``set-need`` step at the end, so
-    once applied the next adaptation starts from it.
+    once applied the next adaptation starts from it (unless ``record_needs``
+    is False: `vcsched run` plans with measured needs and leaves the recorded
+    ones alone).
 
     ``cluster`` (the cluster file) and ``sharing`` (default: its policy)
     bring in the sharing policies (docs/policies.md): under a policy other
@@ -77,6 +83,16 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     the byte-budgeted search places on CPU and memory as above, and the policy
     then allocates every fluid resource on that placement, so every host's
     declared disk and network capacity holds in the plan's predictions.
+
+    Placement rules (docs/rules.md): hosts in maintenance in ``cluster`` take
+    no VM that does not run there, VMs keep their recorded spread, together
+    and pinned rules, and a rule broken now is repaired within the budget
+    (what is left is in the result's detail).  ``drain`` names a host to
+    empty (:func:`vcsched.adaptation.drain.drain`): in maintenance, its VMs
+    leave within the budget, or the best partial drain with each staying VM's reason.
+
+    ``pinned`` VMs also stay where they are (`vcsched run`'s cool-down after a
+    migration), as if their metadata pinned them.
     """
     full, inventory = inventory, inventory.up()
     if not inventory.hosts:
@@ -115,7 +131,7 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         if not 0 < cores <= v.vcpus:
             raise InputError(f"--set-need {v.name}: {cores:g} cores must be above 0 and at most its {v.vcpus} vCPUs")
         cores_of[v.name] = cores
-        if abs(cores - v.meta.cpu_need_cores) > 1e-9:
+        if record_needs and abs(cores - v.meta.cpu_need_cores) > 1e-9:
             renew[v.name] = cores
     shared = None
     if cluster is not None:
@@ -127,12 +143,21 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     existing = existing_jobs(inventory, managed, needs)
     current_min = min((min(1.0, v.cap_or_vcpus / cores_of[v.name]) for v in managed), default=None)
     vms = list(existing.vms)
-    instance = Instance(model_hosts(inventory), existing.jobs)
+    stay = set(pinned)
+    cordoned = cluster.cordoned if cluster is not None else frozenset()
+    pins = tuple(existing.hosts[t] if (v.meta is not None and v.meta.pinned) or v.name in stay else -1
+                 for t, v in enumerate(vms))
+    instance = Instance(model_hosts(inventory, cordoned=cordoned), existing.jobs,
+                        pinned=pins if any(p >= 0 for p in pins) else ())
     problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
                            np.array([v.memory_bytes for v in vms], dtype=np.int64), budget)
-    adapted = solve_adapt(problem, algorithm, options)
+    stays: tuple[tuple[str, str, str], ...] = ()
+    if drain is not None:
+        problem, adapted, stays = _drain(cluster_name, inventory, full, vms, problem, drain, algorithm, options)
+    else:
+        adapted = solve_adapt(problem, algorithm, options)
     if adapted.result.allocation is None:
-        return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min)
+        return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min, drained=drain, stays=stays)
     if shared is not None:  # the policy allocates every fluid resource on the placement found
         adapted = _reallocated(adapted, *shared)
         instance = shared[0]
@@ -155,6 +180,10 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         changes.append(VmChange(v.name, v.host, target, v.memory_bytes, now, final, vcpus=v.vcpus))
     rooms = [HostRoom(h.name, h.usable_memory, used_mem[h.name], float(h.cores), caps_used[h.name])
              for h in inventory.hosts]
+    moved_pinned = sorted(c.vm for c in changes if c.vm in stay and c.source != c.target)
+    if moved_pinned:  # only possible with an unlimited budget, where no cost exceeds it
+        raise MigrationBlocked(f"{moved_pinned[0]} is pinned (migrated recently) but the best placement moves it; "
+                               "give a finite budget")
     order = order_changes(rooms, changes, parallel=parallel)
     if order.total_bytes > budget:
         raise MigrationBlocked(f"budget: the safe order needs {order.total_bytes} bytes ({order.relays} relays "
@@ -168,9 +197,33 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     plan = Plan("adapt", cluster_name, snapshot_hash(full, gone, moved, renewed),
                 float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps,
                 extra={"budget": budget, "migrated_bytes": order.total_bytes,
-                       **({"policy": shared[1].policy} if shared is not None else {})})
+                       **({"policy": shared[1].policy} if shared is not None else {}),
+                       **({"drain": drain, "stays": [list(s) for s in stays]} if drain is not None else {})})
     missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})
-    return LiveAdaptation(adapted, plan, order, problem, tuple(missed), current_min)
+    return LiveAdaptation(adapted, plan, order, problem, tuple(missed), current_min, drain, stays)
+
+
+def _drain(cluster_name: str, inventory: Inventory, full: Inventory, vms: list[VmState], problem: AdaptProblem,
+           host: str, algorithm: str, options: SolveOptions | None
+           ) -> tuple[AdaptProblem, AdaptResult, tuple[tuple[str, str, str], ...]]:
+    """The drain of ``host``: bad input checked first (unknown or down host, pinned VMs with a budget)."""
+    from vcsched.adaptation.drain import drain
+
+    names = [h.name for h in inventory.hosts]
+    if host not in names:
+        if any(h.name == host for h in full.hosts):
+            raise HostsDown(f"drain {host}: the host does not answer; its VMs are unknown")
+        raise InputError(f"drain: {host!r} is not a host of cluster {cluster_name!r} (hosts: "
+                         f"{', '.join(h.name for h in full.hosts)})")
+    index = names.index(host)
+    pinned = [v.name for v in vms if v.host == host and v.meta is not None and v.meta.pinned]
+    if pinned and problem.budget > 0:
+        raise InputError(f"drain {host}: {', '.join(pinned)} {'is' if len(pinned) == 1 else 'are'} pinned (pinned = "
+                         "true) and can never leave; move it by hand or unpin it first (--budget 0 shows what "
+                         "would stay)")
+    result = drain(problem, index, algorithm, options)
+    stays = tuple((vms[s.task].name, s.reason, s.detail) for s in result.stays)
+    return result.problem, result.adapted, stays
 
 
 def _shared_instance(cluster: Cluster, inventory: Inventory, managed: tuple[VmState, ...], needs: Mapping[str, float],
@@ -200,3 +253,28 @@ def _reallocated(adapted: AdaptResult, instance: Instance, sharing: Sharing) -> 
                                  avg_yield=float(y.mean()) if len(y) else 1.0,
                                  detail={**adapted.result.detail, "policy": sharing.policy})
     return dataclasses.replace(adapted, result=result)
+
+
+def rule_violations(inventory: Inventory) -> list[dict[str, str]]:
+    """Every placement rule the running managed VMs break now (docs/rules.md), one entry per virtual cluster.
+
+    A rule recorded after its VMs were placed (or a preferred one that could not be met) shows here until
+    ``vcsched adapt`` repairs it within a budget.  VMs on a host in maintenance are not a violation: they
+    may stay until the host is drained.
+    """
+    by_vc: defaultdict[str, list[VmState]] = defaultdict(list)
+    for v in inventory.managed():
+        by_vc[str(v.cluster)].append(v)
+    out = []
+    for vc, vms in sorted(by_vc.items()):
+        meta = vms[0].meta
+        assert meta is not None
+        hosts = [v.host for v in vms]
+        if meta.spread and len(set(hosts)) < len(hosts):
+            shared = sorted({h for h in hosts if hosts.count(h) > 1})
+            out.append({"cluster": vc, "rule": f"spread ({meta.spread})",
+                        "problem": f"several VMs on {', '.join(shared)}"})
+        if meta.together and len(set(hosts)) > 1:
+            out.append({"cluster": vc, "rule": f"together ({meta.together})",
+                        "problem": f"VMs on {len(set(hosts))} hosts: {', '.join(sorted(set(hosts)))}"})
+    return out

@@ -19,6 +19,7 @@ Format (TOML, written by ``vcsched lab up`` or by hand; docs/operations.md)::
     partition = "/vcl1h0"        # optional libvirt <resource><partition> for VMs placed here
     disk_bps = "200MiB"          # optional: disk bytes per second the host can give its VMs together
     net_bps = "117MiB"           # optional: network bytes per second, in each direction
+    maintenance = true           # optional: cordoned (`vcsched cordon h0`): no new VM, no migration in
 
 Sharing policies (docs/policies.md), all optional::
 
@@ -76,10 +77,12 @@ class ClusterHost:
     memory_reserved: int = 0
     partition: str | None = None
     #: Bytes per second of disk I/O / network (each direction) the host can give its VMs together; libvirt
-    #: cannot know them.  None: not declared (capacity 0 in the multi-resource model: nothing needing that
-    #: resource is placed there).
+    #: cannot know them (``vcsched calibrate --resource disk|net`` measures them).  None: not declared:
+    #: capacity 0 in the multi-resource model (nothing needing that resource is placed there), and
+    #: vcsched refuses to cap that resource on the host.
     disk_bps: int | None = None
     net_bps: int | None = None
+    maintenance: bool = False  # cordoned: receives no new VM and no migration (docs/rules.md)
 
 
 @dataclass(frozen=True)
@@ -104,10 +107,15 @@ class Cluster:
     def host_names(self) -> tuple[str, ...]:
         return tuple(h.name for h in self.hosts)
 
+    @property
+    def cordoned(self) -> frozenset[str]:
+        """Hosts in maintenance."""
+        return frozenset(h.name for h in self.hosts if h.maintenance)
+
 
 def _host_from_dict(where: str, d: Any) -> ClusterHost:
-    d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition", "disk_bps", "net_bps"},
-                     {"name", "uri"}, kind="table")
+    d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition", "disk_bps", "net_bps",
+                                "maintenance"}, {"name", "uri"}, kind="table")
     name = check_name(f"{where}.name", d["name"])
     uri = check_string(f"{where}.uri", d["uri"])
     scheme = uri_scheme(uri)
@@ -123,7 +131,10 @@ def _host_from_dict(where: str, d: Any) -> ClusterHost:
                                                                                          partition)):
         raise InputError(f"{where}.partition: {partition!r} is not a partition path like \"/machine\"")
     rates = {k: parse_size(f"{where}.{k}", d[k]) if k in d else None for k in ("disk_bps", "net_bps")}
-    return ClusterHost(name, uri, cores, reserved, partition, rates["disk_bps"], rates["net_bps"])
+    maintenance = d.get("maintenance", False)
+    if not isinstance(maintenance, bool):
+        raise InputError(f"{where}.maintenance: expected true or false, got {maintenance!r}")
+    return ClusterHost(name, uri, cores, reserved, partition, rates["disk_bps"], rates["net_bps"], maintenance)
 
 
 def _guest_from_dict(d: Any) -> GuestDefaults:

@@ -21,17 +21,28 @@ where a VM arrives; no VM gets two steps in one wave; and after every step
 (every wave, for migrations that run at once) no host's caps exceed its cores
 because of the plan.  Unmanaged domains count for memory, not for CPU: they
 are never capped, so the model does not plan their CPU.
+
+Disk and network caps (:mod:`vcsched.iocaps`) are checked the same way: the
+host's driver can cap that resource, the host declares its capacity for it
+(``disk_bps``/``net_bps`` in the cluster file), the VM has a disk / an
+interface libvirt can shape, the cap is at least libvirt's minimum and at
+most the host's capacity, and after every step no host's disk or network
+caps sum above its capacity because of the plan.  A VM carries its disk and
+network caps when it migrates, so its destination must be able to hold them
+too.  Each problem names the step, the VM, the host and the value.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from vcsched.caps import CAP_TOLERANCE, min_cap
 from vcsched.control.inventory import HostState, Inventory
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_name
+from vcsched.iocaps import IO_RESOURCES, STEP_FIELDS, IoCaps, VmDevices, io_problem, realisable
+from vcsched.plans.ordering import IO_TOLERANCE
 from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
 
 MAX_SHOWN = 5
@@ -46,6 +57,8 @@ class _Vm:
     active: bool
     cluster: str | None
     cap: float | None  # None: uncapped (counts as all its vCPUs)
+    devices: VmDevices
+    io: IoCaps  # uncapped on a resource: does not count there
 
     @property
     def cores(self) -> float:
@@ -55,15 +68,59 @@ class _Vm:
 class _Replay:
     """The cluster as data, changed step by step as the executor would change it."""
 
-    def __init__(self, inventory: Inventory) -> None:
+    def __init__(self, inventory: Inventory, created: Mapping[str, VmDevices]) -> None:
         self.hosts: dict[str, HostState] = {h.name: h for h in inventory.hosts}
         self.vms: dict[str, _Vm] = {
-            v.name: _Vm(v.host, v.vcpus, v.memory_bytes, v.managed, v.active, v.cluster, v.cap_cores)
+            v.name: _Vm(v.host, v.vcpus, v.memory_bytes, v.managed, v.active, v.cluster, v.cap_cores, v.devices,
+                        v.io_caps)
             for v in inventory.vms}
+        self.created = created
         self.problems: list[str] = []
 
     def caps(self, host: str) -> float:
         return sum(v.cores for v in self.vms.values() if v.host == host and v.managed and v.active)
+
+    def io_total(self, host: str, resource: str) -> float:
+        return float(sum(v.io.amount(resource) or 0 for v in self.vms.values()
+                         if v.host == host and v.managed and v.active))
+
+    def io_ok(self, where: str, vm: str, caps: IoCaps, devices: VmDevices, host: HostState) -> bool:
+        """Disk and network caps ``caps`` (the fields given) for ``vm`` on ``host``: see the module docstring."""
+        if not caps:
+            return True
+        asked = {"disk": caps.disk_bytes_sec or caps.disk_iops_sec, "net": caps.net_bytes_sec}
+        for r in IO_RESOURCES:  # the driver first: nothing else matters on a host that cannot cap at all
+            why = host.cap_problem(r)
+            if asked[r] is not None and why is not None:
+                field = STEP_FIELDS[r] if r == "net" or caps.disk_bytes_sec is not None else "disk_iops_sec"
+                unit = "IOPS" if field == "disk_iops_sec" else "B/s"
+                self.problems.append(f"{where}.{field}: host {host.name} cannot cap {r} of VM {vm!r} "
+                                     f"({asked[r]} {unit}): {why}")
+                return False
+        problem = io_problem(caps, devices)
+        if problem is not None:
+            self.problems.append(f"{where}: VM {vm!r} on host {host.name}: {problem}")
+            return False
+        for r in IO_RESOURCES:
+            amount = caps.amount(r)
+            if amount is None:
+                continue
+            field = STEP_FIELDS[r]
+            capacity = host.capacity(r)
+            if capacity is None:
+                self.problems.append(f"{where}.{field}: host {host.name} declares no {r}_bps in the cluster file, "
+                                     f"so VM {vm!r} cannot be capped at {amount} B/s of {r} there (measure it: "
+                                     f"vcsched calibrate --resource {r})")
+                return False
+            if amount > capacity + IO_TOLERANCE:
+                self.problems.append(f"{where}.{field}: {amount} B/s for VM {vm!r} is more than host "
+                                     f"{host.name}'s {r}_bps of {capacity}")
+                return False
+        return True
+
+    def carried_ok(self, where: str, vm: str, v: _Vm, host: HostState) -> bool:
+        """A VM arriving on ``host`` with the disk and network caps it has: the host must hold them too."""
+        return self.io_ok(where, vm, v.io, v.devices, host)
 
     def memory(self, host: str) -> int:
         return sum(v.memory for v in self.vms.values() if v.host == host and v.active)
@@ -115,8 +172,14 @@ class _Replay:
         elif isinstance(s, SetCapStep):
             h = self.host_ok(where, s.host)
             v = self.managed_vm(where, s.vm, s.host)
-            if h is not None and v is not None and self.cap_ok(where, s.cap_cores, v.vcpus, h):
-                self.vms[s.vm] = replace(v, cap=s.cap_cores)
+            if h is None or v is None:
+                return
+            if s.cap_cores is not None and not self.cap_ok(where, s.cap_cores, v.vcpus, h):
+                return
+            if not self.io_ok(where, s.vm, s.io_caps, v.devices, h):
+                return
+            self.vms[s.vm] = replace(v, cap=v.cap if s.cap_cores is None else s.cap_cores,
+                                     io=realisable(s.io_caps, v.devices).over(v.io))
         elif isinstance(s, MigrateStep):
             self._migrate(where, s)
         elif isinstance(s, RemoveStep):
@@ -148,16 +211,20 @@ class _Replay:
         if h is None or not self.cap_ok(where, s.cap_cores, s.vcpus, h):
             return
         v = self.vms.get(s.vm)
-        if v is not None:  # an interrupted earlier run created it: only its cap is left to set
+        if v is not None:  # an interrupted earlier run created it: only its caps are left to set
             if not v.managed or v.cluster != s.cluster or v.host != s.host or not v.active:
                 self.problems.append(f"{where}: a domain named {s.vm!r} already exists on host {v.host}")
-            else:
-                self.vms[s.vm] = replace(v, cap=s.cap_cores)
+            elif self.io_ok(where, s.vm, s.io_caps, v.devices, h):
+                self.vms[s.vm] = replace(v, cap=s.cap_cores, io=realisable(s.io_caps, v.devices).over(v.io))
+            return
+        devices = self.created.get(s.vm, VmDevices())
+        if not self.io_ok(where, s.vm, s.io_caps, devices, h):
             return
         if s.memory_bytes > h.usable_memory - self.memory(s.host):
             self.problems.append(f"{where}: VM {s.vm!r} needs {s.memory_bytes} bytes, host {s.host} has "
                                  f"{h.usable_memory - self.memory(s.host)} free")
-        self.vms[s.vm] = _Vm(s.host, s.vcpus, s.memory_bytes, True, True, s.cluster, s.cap_cores)
+        self.vms[s.vm] = _Vm(s.host, s.vcpus, s.memory_bytes, True, True, s.cluster, s.cap_cores, devices,
+                             realisable(s.io_caps, devices))
 
     def _migrate(self, where: str, s: MigrateStep) -> None:
         v = self.vms.get(s.vm)
@@ -168,6 +235,8 @@ class _Replay:
         v = self.managed_vm(where, s.vm, s.source)
         h = self.host_ok(where, s.target)
         if v is None or h is None or not self.cap_ok(where, s.cap_cores, v.vcpus, h):
+            return
+        if not self.carried_ok(where, s.vm, v, h):
             return
         if s.bytes < 1:
             self.problems.append(f"{where}.bytes: {s.bytes} (a migration moves at least the VM's memory)")
@@ -191,16 +260,19 @@ def batches(steps: Sequence[Step]) -> list[list[tuple[int, Step]]]:
     return out
 
 
-def replay_problems(steps: Sequence[Step], inventory: Inventory, *, first_index: int = 0) -> list[str]:
+def replay_problems(steps: Sequence[Step], inventory: Inventory, *, first_index: int = 0,
+                    created: Mapping[str, VmDevices] | None = None) -> list[str]:
     """The problems of running ``steps`` in order on the cluster ``inventory`` describes (see the module docstring).
 
     The replay stops after the first step (or wave) with a problem: what
     follows a broken step would only repeat its consequences.
 
     ``first_index`` numbers the steps in messages (``plan.steps[N]``) when
-    ``steps`` is the tail of a plan.
+    ``steps`` is the tail of a plan.  ``created``: the disks and interfaces
+    each VM the plan creates will have (the hypervisor knows from its boot);
+    a created VM not in it has none.
     """
-    r = _Replay(inventory)
+    r = _Replay(inventory, created or {})
     for batch in batches(steps):
         if r.problems:
             break  # the steps after a broken one would only report its consequences
@@ -210,6 +282,7 @@ def replay_problems(steps: Sequence[Step], inventory: Inventory, *, first_index:
                 r.problems.append(f"plan.steps[{first_index + i}]: VM {s.vm!r} has two steps in one wave")
             seen.add(s.vm)
         caps_before = {h: r.caps(h) for h in r.hosts}
+        io_before = {(h, res): r.io_total(h, res) for h in r.hosts for res in IO_RESOURCES}
         mem_before = {h: r.memory(h) for h in r.hosts}
         # While a wave runs, a migrating VM holds memory on both hosts: count arrivals before any departure.
         arriving: dict[str, int] = {}
@@ -227,6 +300,13 @@ def replay_problems(steps: Sequence[Step], inventory: Inventory, *, first_index:
                 first = batch[0][0] + first_index
                 r.problems.append(f"plan.steps[{first}] ({batch[0][1].op} {batch[0][1].vm}): host {h} would have "
                                   f"caps of {caps:.5f} cores on {state.cores} cores")
+            for res in IO_RESOURCES:
+                total, capacity = r.io_total(h, res), state.capacity(res)
+                if capacity is not None and total > io_before[(h, res)] + IO_TOLERANCE \
+                        and total > capacity + IO_TOLERANCE:
+                    first = batch[0][0] + first_index
+                    r.problems.append(f"plan.steps[{first}] ({batch[0][1].op} {batch[0][1].vm}): host {h} would "
+                                      f"have {res} caps of {total:.0f} B/s on its {res}_bps of {capacity}")
             peak = max(r.memory(h), mem_before[h] + arriving.get(h, 0))
             if peak > mem_before[h] and peak > state.usable_memory:
                 first = batch[0][0] + first_index
@@ -235,9 +315,10 @@ def replay_problems(steps: Sequence[Step], inventory: Inventory, *, first_index:
     return r.problems
 
 
-def check_plan(steps: Sequence[Step], inventory: Inventory, *, first_index: int = 0) -> None:
+def check_plan(steps: Sequence[Step], inventory: Inventory, *, first_index: int = 0,
+               created: Mapping[str, VmDevices] | None = None) -> None:
     """Raise :class:`InputError` naming the first problems of :func:`replay_problems`, if any."""
-    problems = replay_problems(steps, inventory, first_index=first_index)
+    problems = replay_problems(steps, inventory, first_index=first_index, created=created)
     if problems:
         more = f" (+{len(problems) - MAX_SHOWN} more)" if len(problems) > MAX_SHOWN else ""
         raise InputError("; ".join(problems[:MAX_SHOWN]) + more)

@@ -2,9 +2,17 @@
 
 Every step names the VM it acts on and the host it acts on, serialises to
 the plan JSON (``to_dict``/``from_dict``, which validates a hand-edited
-plan), and says how it changes the caps on each host (``cap_changes``): that
-is all the ordering (:mod:`vcsched.plans.ordering`) needs to keep every host
-within its cores at every prefix of a plan.  Three class-level flags tell
+plan), and says how it changes the caps on each host: CPU (``cap_changes``)
+and disk and network (``io_changes``, :mod:`vcsched.iocaps`).  That is all
+the ordering (:mod:`vcsched.plans.ordering`) needs to keep every host within
+its cores, and within its declared disk and network capacity, at every
+prefix of a plan.
+
+``set-cap`` and ``create`` steps may carry ``disk_bytes_sec``,
+``disk_iops_sec`` and ``net_bytes_sec`` besides ``cap_cores``; a ``set-cap``
+step sets exactly the resources it names (at least one), so a plan file
+written before disk and network caps existed loads and means what it meant:
+CPU only.  Three class-level flags tell
 the snapshot check (:mod:`vcsched.control.inventory`) what a half-applied
 plan may already have changed: ``moves`` (the VM's host), ``removes`` (the
 VM itself), ``renews`` (the VM's recorded CPU need).
@@ -23,6 +31,7 @@ from vcsched.caps import CAP_TOLERANCE
 from vcsched.control.inventory import VmMeta
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_count, check_fields, check_fraction, check_number, check_string
+from vcsched.iocaps import DISK, NET, IoCaps
 
 
 class Step(Protocol):
@@ -45,6 +54,15 @@ class Step(Protocol):
         """``(host, vm, new cap in cores or None = VM leaves the host)`` for every cap this step changes."""
         ...
 
+    def io_changes(self) -> tuple[tuple[str, str, str, float], ...]:
+        """``(resource, host, vm, new cap in bytes/s)`` for every disk or network cap this step sets.
+
+        A VM's disk and network caps travel with it: a step that places it on
+        a host (``cap_changes``) moves them there, one that takes it off a
+        host drops them.
+        """
+        ...
+
 
 class _Flags:
     """The defaults of the three flags: a step changes none of host, existence or need unless it says so."""
@@ -52,6 +70,35 @@ class _Flags:
     moves: ClassVar[bool] = False
     removes: ClassVar[bool] = False
     renews: ClassVar[bool] = False
+
+    def io_changes(self) -> tuple[tuple[str, str, str, float], ...]:
+        return ()
+
+
+#: The optional disk and network fields of ``set-cap`` and ``create`` steps (whole numbers per second).
+IO_FIELDS = frozenset({"disk_bytes_sec", "disk_iops_sec", "net_bytes_sec"})
+
+
+class _IoFields:
+    """``disk_bytes_sec``, ``disk_iops_sec``, ``net_bytes_sec`` of a step, as :class:`IoCaps`."""
+
+    host: str
+    vm: str
+    disk_bytes_sec: int | None
+    disk_iops_sec: int | None
+    net_bytes_sec: int | None
+
+    @property
+    def io_caps(self) -> IoCaps:
+        return IoCaps(self.disk_bytes_sec, self.disk_iops_sec, self.net_bytes_sec)
+
+    def io_changes(self) -> tuple[tuple[str, str, str, float], ...]:
+        caps = self.io_caps
+        return tuple((r, self.host, self.vm, float(a)) for r in (DISK, NET) if (a := caps.amount(r)) is not None)
+
+
+def _io_from_dict(where: str, d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _int(f"{where}.{k}", d[k]) if k in d else None for k in sorted(IO_FIELDS)}
 
 
 def _fields(where: str, d: Any, required: set[str], optional: frozenset[str] | set[str] = frozenset()
@@ -98,19 +145,35 @@ class Boot:
 
 
 #: A create step's optional multi-resource fields (the request's, recorded in the VM's metadata).
-META_FIELDS = frozenset({"disk_bps", "net_bps", "weight", "tenant"})
+META_FIELDS = frozenset({"disk_bps", "net_bps", "weight", "tenant", "spread", "together", "pinned"})
 
 
 def _meta_from_dict(where: str, d: Mapping[str, Any]) -> dict[str, Any]:
     return {"disk_bps": _int(f"{where}.disk_bps", d["disk_bps"]) if "disk_bps" in d else None,
             "net_bps": _int(f"{where}.net_bps", d["net_bps"]) if "net_bps" in d else None,
             "weight": _num(f"{where}.weight", d["weight"]) if "weight" in d else 1.0,
-            "tenant": _str(f"{where}.tenant", d["tenant"]) if "tenant" in d else None}
+            "tenant": _str(f"{where}.tenant", d["tenant"]) if "tenant" in d else None,
+            "spread": _level(f"{where}.spread", d.get("spread")), "together": _level(f"{where}.together",
+                                                                                     d.get("together")),
+            "pinned": _bool(f"{where}.pinned", d.get("pinned", False))}
+
+
+def _level(where: str, value: Any) -> str | None:
+    if value is None or value in ("required", "preferred"):
+        return value
+    raise InputError(f"{where}: {value!r} is not \"required\" or \"preferred\"")
+
+
+def _bool(where: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{where}: expected true or false, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
-class CreateStep(_Flags):
-    """Create (and start) a managed VM on ``host``, capped from its first instant."""
+class CreateStep(_IoFields, _Flags):
+    """Create (and start) a managed VM on ``host``, capped from its first instant (CPU, and disk and network
+    when given: the domain XML carries ``<iotune>`` and ``<bandwidth>``, so it never runs unlimited on them)."""
 
     op: ClassVar[str] = "create"
     vm: str
@@ -128,6 +191,12 @@ class CreateStep(_Flags):
     net_bps: int | None = None
     weight: float = 1.0
     tenant: str | None = None
+    disk_bytes_sec: int | None = None
+    disk_iops_sec: int | None = None
+    net_bytes_sec: int | None = None
+    spread: str | None = None  # the request's placement rules (docs/rules.md), recorded in the metadata
+    together: str | None = None
+    pinned: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = {"op": self.op, "vm": self.vm, "host": self.host, "cluster": self.cluster, "vcpus": self.vcpus,
@@ -135,17 +204,19 @@ class CreateStep(_Flags):
              "cap_cores": self.cap_cores, "boot": self.boot.to_dict()}
         if self.min_yield is not None:
             d["min_yield"] = self.min_yield
-        for k in ("disk_bps", "net_bps", "tenant"):
+        for k in ("disk_bps", "net_bps", "tenant", "spread", "together"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
+        if self.pinned:
+            d["pinned"] = True
         if self.weight != 1.0:
             d["weight"] = self.weight
-        return d
+        return {**d, **self.io_caps.to_dict()}
 
     def meta(self) -> VmMeta:
         """The metadata the created VM carries."""
         return VmMeta(self.cluster, self.cpu_need_cores, self.memory_bytes, self.vcpus, self.min_yield,
-                      self.disk_bps, self.net_bps, self.weight, self.tenant)
+                      self.disk_bps, self.net_bps, self.weight, self.tenant, self.spread, self.together, self.pinned)
 
     def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
         return ((self.host, self.vm, self.cap_cores),)
@@ -153,38 +224,52 @@ class CreateStep(_Flags):
     @staticmethod
     def from_dict(where: str, d: Mapping[str, Any]) -> CreateStep:
         d = _fields(where, d, {"op", "vm", "host", "cluster", "vcpus", "memory_bytes", "cpu_need_cores",
-                               "cap_cores", "boot"}, {"min_yield", *META_FIELDS})
+                               "cap_cores", "boot"}, {"min_yield", *META_FIELDS, *IO_FIELDS})
         step = CreateStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
                           _str(f"{where}.cluster", d["cluster"]), _int(f"{where}.vcpus", d["vcpus"]),
                           _int(f"{where}.memory_bytes", d["memory_bytes"]),
                           _num(f"{where}.cpu_need_cores", d["cpu_need_cores"]),
                           _num(f"{where}.cap_cores", d["cap_cores"]), Boot.from_dict(f"{where}.boot", d["boot"]),
                           check_fraction(f"{where}.min_yield", d["min_yield"]) if "min_yield" in d else None,
-                          **_meta_from_dict(where, d))
+                          **_meta_from_dict(where, d), **_io_from_dict(where, d))
         _check_cap(where, step.cap_cores, step.vcpus)
         return step
 
 
 @dataclass(frozen=True)
-class SetCapStep(_Flags):
-    """Change the CPU cap of an existing managed VM (live, and in its persistent config if any)."""
+class SetCapStep(_IoFields, _Flags):
+    """Change the caps of an existing managed VM (live, and in its persistent config if any).
+
+    Each resource it names is set (CPU ``cap_cores``; ``disk_bytes_sec``,
+    ``disk_iops_sec``, ``net_bytes_sec``); the others are left as they are.
+    """
 
     op: ClassVar[str] = "set-cap"
     vm: str
     host: str
-    cap_cores: float
+    cap_cores: float | None
+    disk_bytes_sec: int | None = None
+    disk_iops_sec: int | None = None
+    net_bytes_sec: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "vm": self.vm, "host": self.host, "cap_cores": self.cap_cores}
+        d: dict[str, Any] = {"op": self.op, "vm": self.vm, "host": self.host}
+        if self.cap_cores is not None:
+            d["cap_cores"] = self.cap_cores
+        return {**d, **self.io_caps.to_dict()}
 
     def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
-        return ((self.host, self.vm, self.cap_cores),)
+        return () if self.cap_cores is None else ((self.host, self.vm, self.cap_cores),)
 
     @staticmethod
     def from_dict(where: str, d: Mapping[str, Any]) -> SetCapStep:
-        d = _fields(where, d, {"op", "vm", "host", "cap_cores"})
+        d = _fields(where, d, {"op", "vm", "host"}, {"cap_cores", *IO_FIELDS})
+        if "cap_cores" not in d and not IO_FIELDS & set(d):
+            raise InputError(f"{where}: a set-cap step sets at least one of cap_cores, "
+                             f"{', '.join(sorted(IO_FIELDS))}")
         return SetCapStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
-                          _num(f"{where}.cap_cores", d["cap_cores"]))
+                          _num(f"{where}.cap_cores", d["cap_cores"]) if "cap_cores" in d else None,
+                          **_io_from_dict(where, d))
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,9 @@ def yield_policy(instance: Instance, hosts: np.ndarray, options: PolicyOptions) 
             if (over > 0).any():
                 base = caps.load(np.full(instance.n_jobs, y_min))
                 extra = caps.load(y - y_min)
-                ok = extra > 0
+                # Only the rows that overflow: a row HiGHS met with room left may carry a rounding-sized
+                # ``extra`` over a ``base`` already at capacity, and its ratio would shrink everything.
+                ok = (extra > 0) & (over > 0)
                 shrink = float(np.min(np.where(ok, (caps.capacity - base) / np.where(ok, extra, 1.0), 1.0)))
                 y = y_min + (y - y_min) * min(1.0, max(0.0, shrink))
     return PolicyResult(y, {"min_yield": float(y.min()) if len(y) else 1.0,

@@ -1,0 +1,123 @@
+"""``vcsched observe``: sample what the managed VMs use and estimate their needs (docs/operations.md)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console
+from cli.common import cluster_lock, cluster_option, load_cluster, lock_options
+from cli.params import Duration
+
+
+@click.command("observe")
+@cluster_option()
+@click.option("--window", type=Duration(), default="60s", show_default=True,
+              help="How long to sample (30s, 2m, ...).")
+@click.option("--sample", type=Duration(), default=None,
+              help="Time between samples (default: a twelfth of the window, between 0.5 and 5 s).")
+@click.option("--probe", is_flag=True,
+              help="Give each VM that uses its whole cap its host's unused capacity for --probe-seconds, to see "
+                   "whether it uses more; caps are put back afterwards (changes hosts: takes the cluster lock).")
+@click.option("--probe-seconds", type=Duration(), default="5s", show_default=True)
+@click.option("--record", is_flag=True,
+              help="Write the estimates as the VMs' recorded needs (set-need steps, under the cluster lock).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@lock_options()
+def observe_cmd(cluster_file: str | None, window: float, sample: float | None, probe: bool, probe_seconds: float,
+                record: bool, as_json: bool, wait: float, coordination: str | None, lock_ttl: float | None) -> int:
+    """Measure every managed VM's CPU use over a window and estimate what it needs.
+
+    \b
+    A VM using less than its cap shows its need: the 90th percentile of its
+    use plus 10 % and 0.03 core.  One at its cap may need more: its estimate
+    is a lower bound (its cap plus headroom, or its declared need if higher)
+    unless --probe gives it its host's unused capacity for a few seconds and
+    it uses less than that.  Prints the declared (recorded) need, the
+    estimate, a confidence (the share of samples below the cap) and whether
+    the VM is saturated.  Without --probe and --record nothing changes and
+    no lock is taken.
+
+    \b
+    Examples:
+      vcsched observe --window 60s
+      vcsched observe --window 2m --probe --record
+
+    Exit codes: 0 done, 1 every host is down or a step failed, 2 bad input.
+    """
+    from hypervisor.executor import ApplyReport
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from hypervisor.sampling import CpuSampler, probe_and_restore, record_estimates
+    from vcsched.control.admission import HostsDown
+    from vcsched.control.observe import estimate_all
+
+    every = sample if sample is not None else min(5.0, max(0.5, window / 12))
+    cluster = load_cluster(cluster_file)
+    stop = threading.Event()
+    out: dict[str, Any] = {"cluster": cluster.name, "window": window, "sample": every}
+    reports: dict[str, ApplyReport] = {}
+    changing = probe or record
+    with LibvirtHypervisor(cluster) as hv:
+        sampler = CpuSampler(window + every, None)
+        if not as_json:
+            err_console.print(f"sampling CPU use every {every:g} s for {window:g} s ...", highlight=False)
+        inventory = sampler.sample_for(hv, window, every, stop)
+        assert inventory is not None
+        if not inventory.up().hosts:
+            raise HostsDown(f"every host of cluster {cluster.name!r} is down: "
+                            + "; ".join(f"{h.name}: {h.down}" for h in inventory.hosts))
+        estimates = estimate_all(inventory, sampler.samples())
+        with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=changing) as lock:
+            guard = lock.guard if lock is not None else None
+            if probe:
+                def started(caps: Mapping[str, float]) -> None:
+                    if not as_json:
+                        err_console.print(f"probing {', '.join(sorted(caps))} for {probe_seconds:g} s ...",
+                                          highlight=False)
+
+                done, inventory, estimates = probe_and_restore(
+                    hv, sampler, probe_seconds, min(every, max(probe_seconds / 5, 0.2)), stop, guard,
+                    on_start=started)
+                out["probe"] = {"caps": dict(done.caps), "before": dict(done.before), "seconds": probe_seconds}
+                reports.update(done.reports())
+            if record:
+                plan, reports["record"] = record_estimates(hv, estimates, guard)
+                out["record"] = plan.to_dict()
+    out["hosts_down"] = [{"host": h.name, "reason": h.down} for h in inventory.down_hosts()]
+    out["vms"] = [{**e.to_dict(), "vc": inventory.vm(e.vm).cluster if inventory.vm(e.vm) else None}  # type: ignore[union-attr]
+                  for e in sorted(estimates.values(), key=lambda e: (e.host, e.vm))]
+    out["apply"] = {what: r.to_dict() for what, r in reports.items()}
+    ok = all(r.ok for r in reports.values())
+    if as_json:
+        emit_json(out)
+    else:
+        _render(out)
+    return EXIT_OK if ok else EXIT_UNSATISFIED
+
+
+def _render(out: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    for h in out["hosts_down"]:
+        console.print(f"[yellow]host {h['host']} is down[/]: {h['reason']} (its VMs are not observed)")
+    table = Table(title=f"cluster {out['cluster']!r}: needs over {out['window']:g} s "
+                        f"(sample every {out['sample']:g} s), in cores")
+    for col in ("VM", "VC", "host", "cap", "used p90", "declared", "estimated", "confidence", "saturated", "basis"):
+        table.add_column(col, justify="left" if col in ("VM", "VC", "host", "basis") else "right")
+
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    for v in out["vms"]:
+        table.add_row(v["vm"], v["vc"] or "-", v["host"], f(v["cap_cores"]), f(v["used_cores"]),
+                      f(v["declared_need_cores"]), f(v["estimated_need_cores"]), f"{v['confidence']:.2f}",
+                      "yes" if v["saturated"] else "no", v["basis"])
+    console.print(table)
+    for what, r in out["apply"].items():
+        state = "done" if r["ok"] else f"[red]stopped[/]: {r['stopped'] or 'a step failed'}"
+        console.print(f"{what}: {len(r['steps'])} steps, {state}")
+    if "record" in out and not out["record"]["steps"]:
+        console.print("record: every recorded need already matches its estimate")

@@ -1,0 +1,145 @@
+"""``vcsched run``: the controller as a foreground daemon (docs/operations.md, *Running the controller*)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+
+from cli.app import EXIT_OK, FiniteFloatRange
+from cli.common import _check_coordination, cluster_option, load_cluster
+from cli.params import Bytes, Duration
+from vcsched.errors import InputError
+
+
+def open_log(path: str | None) -> TextIO:
+    """The event log: ``path`` opened for appending (line-buffered), or stdout; unwritable is bad input."""
+    if path is None or path == "-":
+        return sys.stdout
+    try:
+        return Path(path).open("a", buffering=1, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"--log {path}: cannot write ({exc.strerror})") from None
+
+
+@click.command("run")
+@cluster_option()
+@click.option("--interval", type=Duration(), default="30s", show_default=True,
+              help="How often to decide and act (30, 30s, 2m, 500ms).")
+@click.option("--budget-per-interval", "budget", type=Bytes(), required=True,
+              help="Most bytes the live migrations of one interval may move (0: caps only; 512MiB, 2GiB).")
+@click.option("--threshold", type=FiniteFloatRange(min=0, max=1), default=0.05, show_default=True,
+              help="Migrate only when the predicted minimum yield beats the caps-only one by this much "
+                   "(min-yield points, 0..1).")
+@click.option("--settle", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Hysteresis: the same gainful migrations must be proposed this many intervals in a row.")
+@click.option("--cooldown", type=Duration(allow_zero=True), default="10m", show_default=True,
+              help="A migrated VM is not migrated again for this long (its libvirt metadata says when it moved).")
+@click.option("--window", type=Duration(), default=None,
+              help="Samples the need estimate uses (default: one interval).")
+@click.option("--sample", type=Duration(), default=None,
+              help="Time between CPU samples (default: a quarter interval, at most 2 s).")
+@click.option("--probe-seconds", type=Duration(allow_zero=True), default=None,
+              help="How long a probe raises a saturated VM's cap into unused capacity (default: a third of an "
+                   "interval, at most 5 s; 0: never probe).")
+@click.option("-a", "--algorithm", type=click.Choice(("heuristic", "milp")), default="heuristic", show_default=True,
+              help="The adaptation solver (section 6.1).")
+@click.option("--parallel", type=click.IntRange(min=1, max=16), default=1, show_default=True,
+              help="Most live migrations at once between one pair of hosts.")
+@click.option("--dry-run", is_flag=True, help="Observe and decide, log the plans, change nothing (no probes).")
+@click.option("--log", "log_file", default=None, metavar="FILE",
+              help="Append the JSON-lines events here (default: stdout).")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None, metavar="PORT",
+              help="Serve Prometheus metrics on this port (0: any free port, logged in the start event).")
+@click.option("--metrics-addr", default="127.0.0.1", show_default=True, metavar="ADDR",
+              help="Address the metrics endpoint binds to.")
+@click.option("--coordination", metavar="URL", default=None, callback=_check_coordination,
+              help="Where the leader and cluster locks live (file:///DIR, etcd3+http://HOST:2379). Default: "
+                   "$VCSCHED_COORDINATION, the cluster file's 'coordination', else a file lock under "
+                   "/var/lib/vcsched; controllers on several machines need etcd.")
+@click.option("--lock-ttl", "lock_ttl", type=FiniteFloatRange(min=1), default=None, metavar="SECONDS",
+              help="etcd: seconds a dead leader keeps leadership (default: the cluster file's lock_ttl, else 10).")
+@click.option("--wait", "lock_wait", type=FiniteFloatRange(min=0), default=None, metavar="SECONDS",
+              help="How long to wait for the cluster lock before skipping an interval's action "
+                   "(default: half an interval, at most 5 s).")
+def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: float, settle: int, cooldown: float,
+            window: float | None, sample: float | None, probe_seconds: float | None, algorithm: str, parallel: int,
+            dry_run: bool, log_file: str | None, metrics_port: int | None, metrics_addr: str,
+            coordination: str | None, lock_ttl: float | None, lock_wait: float | None) -> int:
+    """Run the controller: measure needs, follow them with caps, re-balance within a byte budget per interval.
+
+    \b
+    A foreground daemon (stop it with SIGTERM or Ctrl-C: the running step
+    finishes, no further one starts).  Every --interval, as the leader:
+      1. estimate each managed VM's CPU need from its use over the last
+         --window (probing a VM that uses its whole cap with its host's
+         unused capacity for --probe-seconds),
+      2. re-cap every VM to the measured needs (no migration),
+      3. re-balance with live migrations of at most --budget-per-interval
+         bytes when that raises the minimum yield by --threshold, the same
+         moves were proposed --settle intervals in a row, and no moved VM
+         migrated within --cooldown.
+    Plans go through the executor's checks under the cluster lock.  One
+    controller per cluster acts: the holder of the leader lock (etcd lease,
+    --lock-ttl); the others stand by and take over within a TTL and an
+    interval.  Events are JSON lines (--log); metrics on --metrics-port.
+
+    \b
+    Examples:
+      vcsched run --budget-per-interval 512MiB --interval 30s --metrics-port 9187
+      vcsched run --budget-per-interval 0 --dry-run --log run.jsonl
+
+    Exit codes: 0 stopped, 2 bad input (nothing started).
+    """
+    from hypervisor.controller import Controller, RunOptions
+    from hypervisor.events import EventLog
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from hypervisor.lock import DEFAULT_TTL, ClusterLock, leader_lock_name, member_id, resolve_url
+    from hypervisor.metrics import ControllerMetrics, MetricsServer
+    from hypervisor.sampling import SystemClock
+    from vcsched.control.rebalance import RebalanceOptions
+
+    options = RunOptions(interval, RebalanceOptions(budget, threshold, settle, cooldown, algorithm, parallel),
+                         window=window, sample=sample, probe_seconds=probe_seconds, lock_wait=lock_wait,
+                         dry_run=dry_run)
+    cluster = load_cluster(cluster_file)
+    url = resolve_url(coordination, cluster.coordination)
+    ttl = lock_ttl or cluster.lock_ttl or DEFAULT_TTL
+    member = member_id()
+    metrics = ControllerMetrics(cluster.name)
+    server = MetricsServer(metrics, metrics_port, metrics_addr) if metrics_port is not None else None
+    try:
+        stream = open_log(log_file)
+    except InputError:
+        if server is not None:
+            server.close()
+        raise
+    clock = SystemClock()
+    events = EventLog(stream, member, clock.time)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with LibvirtHypervisor(cluster) as hv:
+            controller = Controller(
+                cluster.name, hv, options,
+                leader_lock=lambda: ClusterLock(url, cluster.name, member, ttl, name=leader_lock_name(cluster.name)),
+                cluster_lock=lambda: ClusterLock(url, cluster.name, member, ttl),
+                events=events, metrics=metrics, clock=clock, stop=stop)
+            metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
+            controller.run(**metrics_at)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if server is not None:
+            server.close()
+        if stream is not sys.stdout:
+            stream.close()
+    return EXIT_OK

@@ -1,0 +1,433 @@
+"""`vcsched run`: the controller that observes, re-caps and re-balances a cluster on its own, one interval at a time.
+
+Per interval, on the leader (see *Leadership* below):
+
+1. read the inventory; note hosts that stopped or started answering (a down
+   host is left out of everything until it answers again);
+2. estimate every managed VM's need from the samples of the last window
+   (:mod:`vcsched.control.observe`);
+3. *probe*: VMs at their cap with their full estimate get their host's unused
+   capacity for ``probe_seconds`` (a set-cap plan through the executor, under
+   the cluster lock), sampled, and estimated again;
+4. decide (:class:`vcsched.control.rebalance.Rebalancer`): re-cap to the
+   measured needs, or re-balance with migrations within the per-interval
+   budget when the gain beats the threshold for long enough and no VM in its
+   cool-down moves;
+5. apply: take the cluster lock, read the inventory again, compute the same
+   kind of plan on it, and apply it through the executor with a guard that
+   stops before the next step if leadership or the cluster lock is lost or
+   the process was asked to stop;
+6. sample CPU use until the next interval.
+
+The first interval of a new leader only samples (it has no window yet):
+caps, needs and cool-downs are all in libvirt (the VMs' caps and metadata),
+so a restarted controller or a new leader continues from there, and the
+estimator's memory rebuilds within one window.
+
+**Faults.**  Any error in an interval (libvirt, the solver, the lock
+service) is logged as an ``error`` event and the next interval starts
+afresh, with new connections.  A step running when SIGTERM arrives finishes;
+no further step starts and :meth:`Controller.run` returns.
+
+**Leadership.**  The leader is whoever holds the cluster's *leader lock*
+(:func:`hypervisor.lock.leader_lock_name`), an ordinary cluster-lock-kind
+tooz lock: on etcd a key on a lease renewed every third of the TTL.  A
+standby tries to take it every interval, so it takes over at most one TTL
+(the dead leader's lease running out) plus one interval after the leader
+dies.  The leader checks its lease (``guard``) at every sampling round and
+before every step: one that cannot renew for 0.6 TTL stops acting before the
+lease could have expired, releases it and becomes a standby.  Acting on
+hosts also takes the ordinary cluster lock, like every command that changes
+hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hypervisor.base import Hypervisor
+from hypervisor.events import EventLog
+from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
+from hypervisor.lock import LockBusy, leader_lock_name
+from hypervisor.metrics import ControllerMetrics, VmMetrics
+from hypervisor.sampling import Clock, CpuSampler, SystemClock
+from vcsched.control.inventory import Inventory
+from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
+from vcsched.control.rebalance import NOTHING, RebalanceOptions, Rebalancer
+from vcsched.errors import InputError, VcschedError
+from vcsched.plans.plan import Plan
+from vcsched.plans.steps import MigrateStep
+
+
+class Stopping(VcschedError):
+    """The controller was asked to stop (SIGTERM): the running step finished, no further step starts."""
+
+    exit_code = 0
+
+
+class Lock(Protocol):
+    """What the controller needs of a :class:`hypervisor.lock.ClusterLock` (tests pass fakes)."""
+
+    member: str
+
+    def acquire(self, wait: float = 0.0) -> None: ...
+
+    def guard(self) -> None: ...
+
+    def held(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    interval: float
+    rebalance: RebalanceOptions
+    window: float | None = None  # seconds of samples the estimate uses (default: one interval)
+    sample: float | None = None  # seconds between sampling rounds (default: min(2, interval / 4))
+    probe_seconds: float | None = None  # default: min(5, interval / 3); 0: never probe
+    lock_wait: float | None = None  # seconds to wait for the cluster lock (default: min(5, interval / 2))
+    dry_run: bool = False
+    params: ObserveParams = DEFAULT_PARAMS
+
+    def __post_init__(self) -> None:
+        if not self.interval > 0:
+            raise InputError(f"--interval: {self.interval!r} must be above 0 seconds")
+        for name in ("window", "sample"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise InputError(f"--{name}: {value!r} must be above 0 seconds")
+        for name in ("probe_seconds", "lock_wait"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise InputError(f"--{name.replace('_', '-')}: {value!r} must be at least 0 seconds")
+
+    @property
+    def window_s(self) -> float:
+        return self.window if self.window is not None else self.interval
+
+    @property
+    def sample_s(self) -> float:
+        return self.sample if self.sample is not None else min(2.0, self.interval / 4)
+
+    @property
+    def probe_s(self) -> float:
+        return self.probe_seconds if self.probe_seconds is not None else min(5.0, self.interval / 3)
+
+    @property
+    def lock_wait_s(self) -> float:
+        return self.lock_wait if self.lock_wait is not None else min(5.0, self.interval / 2)
+
+
+@dataclass
+class _Leadership:
+    lock: Lock | None = None
+    since: float = 0.0  # monotonic time it was taken
+    state: str | None = None  # "leader" / "standby" as last logged
+
+
+@dataclass
+class Controller:
+    """One `vcsched run` process (module docstring).  ``hv`` stays open; errors close its connections."""
+
+    cluster: str
+    hv: Hypervisor
+    options: RunOptions
+    leader_lock: Callable[[], Lock]  # a fresh, unacquired leader lock
+    cluster_lock: Callable[[], Lock]  # a fresh, unacquired cluster lock
+    events: EventLog
+    metrics: ControllerMetrics
+    clock: Clock = field(default_factory=SystemClock)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self._lead = _Leadership()
+        self._fresh_state()
+        self._next_tick: float | None = None
+        self.ticks = 0
+
+    def _fresh_state(self) -> None:
+        """What a new leader knows: nothing but libvirt (module docstring)."""
+        o = self.options
+        self.sampler = CpuSampler(o.window_s, self.clock)
+        self.rebalancer = Rebalancer(o.rebalance)
+        self.estimates: dict[str, Estimate] = {}
+        self.planned: dict[str, float] = {}
+        self.down: dict[str, str] = {}
+
+    @property
+    def leader(self) -> bool:
+        return self._lead.lock is not None
+
+    # ------------------------------------------------------------------ leadership
+
+    def _log_state(self, state: str, **fields: Any) -> None:
+        if self._lead.state != state:
+            self._lead.state = state
+            self.events.emit(state, cluster=self.cluster, **fields)
+        self.metrics.leader = state == "leader"
+
+    def _try_lead(self, renew: bool = True) -> None:
+        """A standby tries to take the leader lock; the leader checks it still holds it (``renew``: asking the
+        backend, which may block for the client's timeout; else only the time of the last renewal)."""
+        lock = self._lead.lock
+        if lock is not None:
+            if not lock.held():
+                self._step_down(f"leader lock {leader_lock_name(self.cluster)}: not renewed for too long; "
+                                "standing down before its lease can expire")
+                return
+            if renew:
+                try:
+                    lock.guard()
+                except VcschedError as exc:
+                    self._step_down(f"leader lock {leader_lock_name(self.cluster)}: {exc}")
+            return
+        lock = self.leader_lock()
+        try:
+            lock.acquire(0.0)
+        except LockBusy as exc:
+            self._log_state("standby", reason=str(exc))
+            return
+        except VcschedError as exc:  # the coordination service is down: nobody can lead; try again later
+            self._log_state("standby", reason=str(exc))
+            return
+        self._lead = _Leadership(lock, self.clock.monotonic(), self._lead.state)
+        self._fresh_state()
+        self._log_state("leader")
+
+    def _step_down(self, reason: str) -> None:
+        lock, self._lead.lock = self._lead.lock, None
+        self.metrics.set_vms(())
+        self._log_state("standby", reason=reason)  # first: releasing may wait on a coordination service that hangs
+        if lock is not None:
+            with contextlib.suppress(Exception):
+                lock.release()
+
+    def _guard(self, cluster_lock: Lock | None) -> Callable[[], None]:
+        """Before every step: not stopping, still the leader, still holding the cluster lock."""
+        def guard() -> None:
+            if self.stop.is_set():
+                raise Stopping("stopping (SIGTERM): the running step finished, no further step is started")
+            if self._lead.lock is None:
+                raise Stopping("no longer the leader")
+            self._lead.lock.guard()
+            if cluster_lock is not None:
+                cluster_lock.guard()
+        return guard
+
+    @contextlib.contextmanager
+    def _acting(self, what: str) -> Iterator[Lock | None]:
+        """The cluster lock while the block changes hosts (a dry run: no lock, None).  Busy: LockBusy."""
+        if self.options.dry_run:
+            yield None
+            return
+        lock = self.cluster_lock()
+        lock.acquire(self.options.lock_wait_s)
+        try:
+            yield lock
+        finally:
+            lock.release()
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, **start: Any) -> None:
+        """Until :attr:`stop` is set: be leader or standby, and act every interval as leader.
+
+        ``start``: more fields for the ``start`` event (where the metrics are served).
+        """
+        o = self.options
+        self.events.emit("start", cluster=self.cluster, interval=o.interval, budget=o.rebalance.budget,
+                         threshold=o.rebalance.threshold, window=o.window_s, sample=o.sample_s,
+                         cooldown=o.rebalance.cooldown, settle=o.rebalance.settle, probe_seconds=o.probe_s,
+                         dry_run=o.dry_run, **start)
+        try:
+            while not self.stop.is_set():
+                self.cycle()
+        finally:
+            was_leader = self.leader
+            if was_leader:
+                self._step_down("stopping")
+            self.events.emit("stop", cluster=self.cluster, was_leader=was_leader)
+
+    def cycle(self) -> None:
+        """One interval: leadership, the interval's work (leader), then sampling (leader) or waiting until the next."""
+        now = self.clock.monotonic()
+        if self._next_tick is None:
+            self._next_tick = now
+        self._try_lead()
+        if self.leader and not self.stop.is_set():
+            self.tick()
+        self._next_tick += self.options.interval
+        now = self.clock.monotonic()
+        if self._next_tick < now:  # the work took longer than an interval: start the next one now
+            self._next_tick = now
+        self._idle_until(self._next_tick)
+
+    def _idle_until(self, deadline: float) -> None:
+        while not self.stop.is_set():
+            left = deadline - self.clock.monotonic()
+            if left <= 1e-9:
+                return
+            if self.leader:
+                if self.clock.wait(min(self.options.sample_s, left), self.stop):
+                    return
+                self._sample()
+                self._try_lead(renew=False)  # the lock's own heartbeat renews; this only looks
+            elif self.clock.wait(left, self.stop):
+                return
+
+    def _sample(self, probe: frozenset[str] = frozenset()) -> Inventory | None:
+        try:
+            return self.sampler.sample(self.hv, probe)
+        except Exception as exc:  # one failed round is a gap in the samples, not a reason to stop
+            self._error("sample", exc)
+            return None
+
+    def _error(self, during: str, exc: BaseException) -> None:
+        self.events.emit("error", during=during, error=str(exc) or type(exc).__name__, type=type(exc).__name__)
+        with contextlib.suppress(Exception):
+            self.hv.close()  # reconnect next time: the daemon may be back
+
+    # ------------------------------------------------------------------ one interval
+
+    def tick(self) -> None:
+        start = self.clock.monotonic()
+        self.ticks += 1
+        try:
+            self._work()
+        except Stopping:
+            pass
+        except Exception as exc:
+            self._error("interval", exc)
+        finally:
+            took = self.clock.monotonic() - start
+            self.metrics.interval_seconds = took
+            self.events.emit("interval", seconds=round(took, 6), tick=self.ticks)
+
+    def _hosts(self, inventory: Inventory) -> None:
+        for h in inventory.hosts:
+            if h.down is not None and h.name not in self.down:
+                self.down[h.name] = h.down
+                self.events.emit("host-down", host=h.name, reason=h.down)
+            elif h.down is None and h.name in self.down:
+                del self.down[h.name]
+                self.events.emit("host-up", host=h.name)
+
+    def _estimate(self, inventory: Inventory) -> dict[str, Estimate]:
+        self.estimates = estimate_all(inventory, self.sampler.samples(), self.planned, self.options.params)
+        return self.estimates
+
+    def _work(self) -> None:
+        o = self.options
+        inventory = self.sampler.sample(self.hv)  # a sampling round too: a new leader's first baseline
+        self._hosts(inventory)
+        estimates = self._estimate(inventory)
+        warming = self.clock.monotonic() - self._lead.since < o.window_s - 1e-9
+        if warming:
+            self._publish(inventory, estimates)
+            self.events.emit("observe", vms=[e.to_dict() for e in estimates.values()])
+            self.events.emit("decision", kind=NOTHING, reason="new leader: sampling its first window")
+            return
+        if o.probe_s > 0 and probe_caps(inventory, estimates, o.params):
+            inventory, estimates = self._probe(inventory, estimates)
+        self.events.emit("observe", vms=[e.to_dict() for e in estimates.values()])
+        needs = {name: e.estimate for name, e in estimates.items()}
+        self.planned = dict(needs)
+        decision = self.rebalancer.decide(inventory, needs, self.clock.time())
+        self.events.emit("decision", **decision.to_dict())
+        self._publish(inventory, estimates)
+        if decision.plan is None or not decision.plan.steps:
+            return
+        self.events.emit("plan", kind=decision.kind, dry_run=o.dry_run, plan=decision.plan.to_dict())
+        if o.dry_run:
+            return
+        try:
+            with self._acting(decision.kind) as lock:
+                fresh = self.hv.inventory()  # planned again on what the hosts hold now, under the lock
+                live = self.rebalancer.plan_for(decision.kind, fresh, needs, decision.pinned)
+                if live.plan is None or not live.plan.steps:
+                    self.events.emit("applied", kind=decision.kind, ok=True, steps=0, migrated_bytes=0,
+                                     reason="nothing left to do on the fresh inventory")
+                    return
+                report = self._apply(live.plan, lock, decision.kind)
+        except LockBusy as exc:
+            self.events.emit("lock-busy", action=decision.kind, reason=str(exc))
+            return
+        if report.results:
+            self.sampler.restart([r.step.vm for r in report.results])
+            self._publish(self.hv.inventory(), self.estimates)
+
+    def _apply(self, plan: Plan, lock: Lock | None, kind: str) -> ApplyReport:
+        start = self.clock.monotonic()
+
+        def on_step(r: StepResult) -> None:
+            self.events.emit("step", kind=kind, outcome=r.outcome, seconds=r.seconds, detail=r.detail,
+                             **r.step.to_dict())
+
+        report = apply_plan(self.hv, plan, guard=self._guard(lock), on_step=on_step)
+        moved = sum(r.step.bytes for r in report.results
+                    if isinstance(r.step, MigrateStep) and r.outcome == DONE)
+        self.metrics.add_plan(report.ok, moved)
+        self.events.emit("applied", kind=kind, ok=report.ok, stopped=report.stopped, steps=len(plan.steps),
+                         migrated_bytes=moved, budget=plan.extra.get("budget"),
+                         seconds=round(self.clock.monotonic() - start, 6))
+        if report.stopped is not None and self._lead.lock is not None:
+            try:
+                self._lead.lock.guard()
+            except VcschedError as exc:
+                self._step_down(str(exc))
+        if self.stop.is_set():
+            raise Stopping("stopping")
+        return report
+
+    def _probe(self, inventory: Inventory, estimates: dict[str, Estimate]) -> tuple[Inventory, dict[str, Estimate]]:
+        """Raise the caps of VMs that want a probe into unused capacity, sample, estimate again (module docstring)."""
+        o = self.options
+        caps = probe_caps(inventory, estimates, o.params)
+        if o.dry_run:
+            self.events.emit("probe", dry_run=True, caps=caps)
+            return inventory, estimates
+        try:
+            with self._acting("probe") as lock:
+                fresh = self.hv.inventory()
+                caps = probe_caps(fresh, self._estimate(fresh), o.params)
+                if not caps:
+                    return fresh, self.estimates
+                before = {name: fresh.vm(name).cap_cores for name in caps}  # type: ignore[union-attr]
+                self.events.emit("probe", dry_run=False, caps=caps, before=before, seconds=o.probe_s)
+                report = self._apply(cap_plan(fresh, caps), lock, "probe")
+        except LockBusy as exc:
+            self.events.emit("lock-busy", action="probe", reason=str(exc))
+            return inventory, estimates
+        raised = frozenset(r.step.vm for r in report.results if r.outcome == DONE)
+        if not raised:
+            return inventory, estimates
+        self.sampler.restart(raised)
+        after = self.sampler.sample_for(self.hv, o.probe_s, min(o.sample_s, max(o.probe_s / 3, 1e-3)), self.stop,
+                                        probe=raised)
+        if self.stop.is_set():
+            raise Stopping("stopping")
+        # The probe's raised caps stay until this interval's plan sets every cap again (it reads them as they are).
+        self.sampler.restart(raised)
+        inventory = after if after is not None else self.hv.inventory()
+        return inventory, self._estimate(inventory)
+
+    # ------------------------------------------------------------------ metrics
+
+    def _publish(self, inventory: Inventory, estimates: dict[str, Estimate]) -> None:
+        samples = self.sampler.samples()
+        rows = []
+        for v in inventory.up().managed():
+            assert v.meta is not None
+            e = estimates.get(v.name)
+            est = e.estimate if e is not None else v.meta.cpu_need_cores
+            last = samples.get(v.name)
+            rows.append(VmMetrics(v.name, v.host, v.meta.cluster, v.meta.cpu_need_cores, est,
+                                  e.confidence if e is not None else 0.0, v.cap_cores,
+                                  last[-1].used_cores if last else None,
+                                  min(1.0, v.cap_or_vcpus / est) if est > 0 else 1.0))
+        self.metrics.set_vms(tuple(rows))

@@ -1,0 +1,145 @@
+"""Prometheus metrics of `vcsched run`, through the standard ``prometheus-client`` library.
+
+The controller keeps its latest view in a :class:`ControllerMetrics`; a
+collector turns it into metric families each time Prometheus scrapes, so a
+VM that left disappears from the next scrape (no stale label sets).
+
+==========================================  =====================================================
+metric                                      meaning
+==========================================  =====================================================
+``vcsched_leader``                          1 on the active controller, 0 on a standby
+``vcsched_vm_need_cores``                   the need recorded in the VM's metadata (declared)
+``vcsched_vm_estimated_need_cores``         the measured need the controller plans with
+``vcsched_vm_estimate_confidence``          0..1 (docs/operations.md, need discovery)
+``vcsched_vm_cap_cores``                    the VM's cap (absent when uncapped)
+``vcsched_vm_used_cores``                   cores used over the latest sample
+``vcsched_vm_yield``                        cap over estimated need, at most 1
+``vcsched_cluster_min_yield``, ``_avg_``    over the managed VMs
+``vcsched_migrated_bytes_total``            bytes of the migrations applied since start
+``vcsched_plans_applied_total{outcome}``    plans applied: ``ok`` or ``failed`` (stopped early)
+``vcsched_interval_duration_seconds``       wall time of the last interval's work
+==========================================  =====================================================
+
+Per-VM metrics carry ``vm``, ``host`` and ``vc`` labels; every metric a
+``cluster`` label.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from vcsched.errors import InputError
+
+
+@dataclass(frozen=True)
+class VmMetrics:
+    vm: str
+    host: str
+    vc: str
+    need: float
+    estimate: float
+    confidence: float
+    cap: float | None
+    used: float | None
+    yield_: float
+
+
+@dataclass
+class ControllerMetrics:
+    cluster: str
+    leader: bool = False
+    vms: tuple[VmMetrics, ...] = ()
+    min_yield: float | None = None
+    avg_yield: float | None = None
+    migrated_bytes: int = 0
+    plans: dict[str, int] = field(default_factory=lambda: {"ok": 0, "failed": 0})
+    interval_seconds: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def set_vms(self, vms: tuple[VmMetrics, ...]) -> None:
+        with self.lock:
+            self.vms = vms
+            ys = [v.yield_ for v in vms]
+            self.min_yield = min(ys) if ys else None
+            self.avg_yield = sum(ys) / len(ys) if ys else None
+
+    def add_plan(self, ok: bool, migrated_bytes: int) -> None:
+        with self.lock:
+            self.plans["ok" if ok else "failed"] += 1
+            self.migrated_bytes += migrated_bytes
+
+
+class _Collector:
+    def __init__(self, metrics: ControllerMetrics) -> None:
+        self.m = metrics
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked collector: families depend on what runs
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        m = self.m
+        with m.lock:
+            c = m.cluster
+            leader = GaugeMetricFamily("vcsched_leader", "1 on the active vcsched run controller, 0 on a standby",
+                                       labels=["cluster"])
+            leader.add_metric([c], 1.0 if m.leader else 0.0)
+            yield leader
+            per_vm = [
+                ("vcsched_vm_need_cores", "CPU need recorded in the VM's metadata (cores)", lambda v: v.need),
+                ("vcsched_vm_estimated_need_cores", "measured CPU need the controller plans with (cores)",
+                 lambda v: v.estimate),
+                ("vcsched_vm_estimate_confidence", "confidence of the estimated need (0..1)", lambda v: v.confidence),
+                ("vcsched_vm_cap_cores", "the VM's CPU cap (cores)", lambda v: v.cap),
+                ("vcsched_vm_used_cores", "cores the VM used over the latest sample", lambda v: v.used),
+                ("vcsched_vm_yield", "cap over estimated need, at most 1", lambda v: v.yield_),
+            ]
+            for name, doc, get in per_vm:
+                fam = GaugeMetricFamily(name, doc, labels=["cluster", "vm", "host", "vc"])
+                for v in m.vms:
+                    value = get(v)
+                    if value is not None:
+                        fam.add_metric([c, v.vm, v.host, v.vc], float(value))
+                yield fam
+            for name, doc, value in (("vcsched_cluster_min_yield", "minimum yield over managed VMs", m.min_yield),
+                                     ("vcsched_cluster_avg_yield", "average yield over managed VMs", m.avg_yield),
+                                     ("vcsched_interval_duration_seconds", "wall time of the last interval's work",
+                                      m.interval_seconds)):
+                fam = GaugeMetricFamily(name, doc, labels=["cluster"])
+                if value is not None:
+                    fam.add_metric([c], float(value))
+                yield fam
+            moved = CounterMetricFamily("vcsched_migrated_bytes", "bytes moved by applied live migrations",
+                                        labels=["cluster"])
+            moved.add_metric([c], float(m.migrated_bytes))
+            yield moved
+            plans = CounterMetricFamily("vcsched_plans_applied", "plans applied, by outcome",
+                                        labels=["cluster", "outcome"])
+            for outcome, n in sorted(m.plans.items()):
+                plans.add_metric([c, outcome], float(n))
+            yield plans
+
+
+class MetricsServer:
+    """The HTTP endpoint Prometheus scrapes (``/metrics``), bound at once so a bad port fails before anything."""
+
+    def __init__(self, metrics: ControllerMetrics, port: int, addr: str = "127.0.0.1") -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(metrics))
+        try:
+            self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise InputError(f"--metrics-port {port}: cannot listen on {addr}:{port} ({exc.strerror or exc})") \
+                from None
+        self.addr, self.port = self._server.server_address[:2]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

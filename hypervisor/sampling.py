@@ -1,0 +1,209 @@
+"""Sampling what VMs use, through the :class:`~hypervisor.base.Hypervisor` protocol, for the need estimate.
+
+Each *round* reads the inventory (hosts, VMs, caps) and every running
+managed VM's cumulative CPU time (libvirt ``getCPUStats``: vCPUs + emulator
+thread); two consecutive rounds give one :class:`~vcsched.control.observe.Sample`
+per VM: cores used in between, with the cap it had.  A pair is dropped, and
+the VM measured afresh from the second reading, when the VM changed host or
+cap in between (a sample must have one cap to be compared with), or when its
+CPU time went backwards (a restarted domain).  Each VM keeps the samples of
+a sliding window of ``window`` seconds.
+
+The estimate itself is pure and lives in :mod:`vcsched.control.observe`.
+Probing (raising caps for a few seconds) changes hosts, so the caller holds
+the cluster lock and goes through the executor (:func:`raise_caps`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from hypervisor.base import Hypervisor, HypervisorError
+from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
+from vcsched.caps import same_cap
+from vcsched.control.inventory import Inventory
+from vcsched.control.observe import (
+    DEFAULT_PARAMS,
+    Estimate,
+    ObserveParams,
+    Sample,
+    cap_plan,
+    estimate_all,
+    probe_caps,
+    record_plan,
+)
+from vcsched.plans.plan import Plan
+
+
+class Clock(Protocol):
+    """Wall time (Unix seconds, for records others read), monotonic time (for durations) and an interruptible wait.
+
+    Tests pass a fake one, so a daemon's hour runs in milliseconds and nothing asserts on real time.
+    """
+
+    def time(self) -> float: ...
+
+    def monotonic(self) -> float: ...
+
+    def wait(self, seconds: float, stop: threading.Event) -> bool:
+        """Sleep up to ``seconds``; True (at once) when ``stop`` is set."""
+        ...
+
+
+class SystemClock:
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wait(self, seconds: float, stop: threading.Event) -> bool:
+        return stop.wait(max(seconds, 0.0))
+
+
+@dataclass(frozen=True)
+class _Reading:
+    at: float  # monotonic
+    cpu_ns: int
+    host: str
+    cap: float | None
+
+
+class CpuSampler:
+    """Sliding windows of CPU samples per managed VM (module docstring)."""
+
+    def __init__(self, window: float, clock: Clock | None = None) -> None:
+        self.window = window
+        self.clock = clock or SystemClock()
+        self._last: dict[str, _Reading] = {}
+        self.windows: dict[str, deque[Sample]] = {}
+        self.errors: list[str] = []  # VMs that could not be read in the last round, with the reason
+
+    def sample(self, hv: Hypervisor, probe: Collection[str] = ()) -> Inventory:
+        """One round; returns the inventory it read.  ``probe``: VMs whose caps a probe has raised."""
+        inventory = hv.inventory()
+        wall = self.clock.time()
+        seen = set()
+        self.errors = []
+        for v in inventory.up().managed():
+            seen.add(v.name)
+            try:
+                ns = hv.cpu_time_ns(v.host, v.name)
+            except HypervisorError as exc:  # gone meanwhile, or its host stopped answering
+                self._last.pop(v.name, None)
+                self.errors.append(str(exc))
+                continue
+            # Each reading has its own time: a slow libvirt call earlier in the round must not stretch or
+            # shrink another VM's interval (a shared round time once made a VM capped at 0.33 "use" 1.12 cores).
+            now = self.clock.monotonic()
+            if ns is None:
+                continue
+            last = self._last.get(v.name)
+            reading = _Reading(now, ns, v.host, v.cap_cores)
+            self._last[v.name] = reading
+            if last is None or now <= last.at or ns < last.cpu_ns or last.host != v.host:
+                continue
+            if (last.cap is None) != (v.cap_cores is None) or (
+                    last.cap is not None and v.cap_cores is not None and not same_cap(last.cap, v.cap_cores, v.vcpus)):
+                continue
+            used = (ns - last.cpu_ns) / 1e9 / (now - last.at)
+            window = self.windows.setdefault(v.name, deque())
+            window.append(Sample(wall, now - last.at, used, v.cap_cores, v.vcpus, v.name in probe))
+        for name in list(self._last):
+            if name not in seen:
+                del self._last[name]
+        for name in list(self.windows):
+            w = self.windows[name]
+            while w and w[0].time - w[0].seconds < wall - self.window - 1e-6:  # only samples wholly inside
+                w.popleft()
+            if name not in seen or not w:
+                del self.windows[name]
+        return inventory
+
+    def restart(self, vms: Collection[str]) -> None:
+        """Measure ``vms`` afresh from the next round (their caps are about to change)."""
+        for name in vms:
+            self._last.pop(name, None)
+
+    def samples(self) -> dict[str, list[Sample]]:
+        return {name: list(w) for name, w in self.windows.items()}
+
+    def sample_for(self, hv: Hypervisor, seconds: float, every: float, stop: threading.Event,
+                   probe: Collection[str] = (),
+                   on_round: Callable[[Inventory], None] | None = None) -> Inventory | None:
+        """Rounds every ``every`` seconds for ``seconds`` (one at the start); the last inventory read (None if
+        stopped first)."""
+        inventory = None
+        end = self.clock.monotonic() + seconds
+        while True:
+            inventory = self.sample(hv, probe)
+            if on_round is not None:
+                on_round(inventory)
+            left = end - self.clock.monotonic()
+            if left <= 1e-9:
+                return inventory
+            if self.clock.wait(min(every, left), stop):
+                return inventory
+
+
+def raise_caps(hv: Hypervisor, inventory: Inventory, caps: Mapping[str, float],
+               guard: Callable[[], None] | None = None,
+               on_step: Callable[[StepResult], None] | None = None) -> ApplyReport:
+    """Set ``caps`` (a probe's raise, or putting caps back) through the executor and its checks."""
+    return apply_plan(hv, cap_plan(inventory, caps), guard=guard, on_step=on_step)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What `vcsched observe --probe` did: the raised caps, the caps before, and the two plans' reports."""
+
+    caps: Mapping[str, float]
+    before: Mapping[str, float | None]
+    raised: ApplyReport | None = None
+    restored: ApplyReport | None = None
+
+    def reports(self) -> dict[str, ApplyReport]:
+        return {k: r for k, r in (("probe", self.raised), ("restore", self.restored)) if r is not None}
+
+
+def probe_and_restore(hv: Hypervisor, sampler: CpuSampler, seconds: float, every: float, stop: threading.Event,
+                      guard: Callable[[], None] | None = None, params: ObserveParams = DEFAULT_PARAMS,
+                      on_start: Callable[[Mapping[str, float]], None] | None = None,
+                      ) -> tuple[ProbeResult, Inventory, dict[str, Estimate]]:
+    """Probe the VMs at their full estimate (:func:`~vcsched.control.observe.probe_caps`) for ``seconds``, then
+    put their caps back; the probe samples stay in ``sampler``.  Returns what was done, the inventory after,
+    and the estimates with the probe.  The caller holds the cluster lock (``guard``: its guard)."""
+    fresh = hv.inventory()
+    caps = probe_caps(fresh, estimate_all(fresh, sampler.samples(), params=params), params)
+    before = {name: v.cap_cores for name in caps if (v := fresh.vm(name)) is not None}
+    if not caps:
+        return ProbeResult(caps, before), fresh, estimate_all(fresh, sampler.samples(), params=params)
+    if on_start is not None:
+        on_start(caps)
+    raised_report = raise_caps(hv, fresh, caps, guard)
+    raised = frozenset(r.step.vm for r in raised_report.results if r.outcome == DONE)
+    restored = None
+    if raised:
+        sampler.restart(raised)
+        sampler.sample_for(hv, seconds, every, stop, probe=raised)
+        now = hv.inventory()
+        back = {name: cap for name, cap in before.items()
+                if name in raised and cap is not None and now.vm(name) is not None}
+        restored = raise_caps(hv, now, back, guard)
+        sampler.restart(raised)
+    after = hv.inventory()
+    return ProbeResult(caps, before, raised_report, restored), after, estimate_all(after, sampler.samples(),
+                                                                                   params=params)
+
+
+def record_estimates(hv: Hypervisor, estimates: Mapping[str, Estimate],
+                     guard: Callable[[], None] | None = None) -> tuple[Plan, ApplyReport]:
+    """Write the estimates as the VMs' recorded needs (set-need steps through the executor, under the lock)."""
+    fresh = hv.inventory()
+    plan = record_plan(fresh, [e for e in estimates.values() if fresh.vm(e.vm) is not None])
+    return plan, apply_plan(hv, plan, guard=guard)

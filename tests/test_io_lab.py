@@ -1,0 +1,359 @@
+"""Disk and network caps on real guests: applied by vcsched's plans through libvirt, measured through libvirt.
+
+One 1-host lab in its own directory for the module (never the default lab),
+guests created by ``create`` plan steps from a template (the lab guest with
+a file-backed virtio disk and a virtio NIC on a tap with no address), caps
+changed by ``set-cap`` plan steps, and what the guests move measured with
+``blockStats`` / ``interfaceStats`` deltas (``Hypervisor.io_counters``, what
+``vcsched status`` shows).  Each guest is short-lived; at most two run at
+once (each TCG guest can take a core, and the machine has two).
+
+Network: libvirt shapes a guest's *inbound* traffic with HTB on the host
+side of its tap, which the guest's receive counter shows; the traffic is
+written into the tap from this process (``calibration.frames``).  Where the
+host's kernel lacks what libvirt's tc commands need, the cap tests skip
+with libvirt's message, and the test of that failure runs instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import pytest
+
+from hypervisor.executor import DONE, FAILED, apply_plan
+from hypervisor.lab import Lab, down, prerequisites_problem, up
+from hypervisor.lab.guest import guest_xml, make_disk, wait_for_boot
+from hypervisor.lab.image import io_workloads_problem
+from hypervisor.lab.state import LabLayout
+from hypervisor.libvirt_backend import LibvirtHypervisor
+from tests.lab_support import destroy_everywhere, lab_leftovers, new_lab_dir
+from vcsched.control.inventory import snapshot_hash
+from vcsched.formats.cluster import Cluster, cluster_from_dict
+from vcsched.iocaps import IoCaps
+from vcsched.plans.plan import Plan
+from vcsched.plans.steps import Boot, CreateStep, SetCapStep, Step
+
+pytestmark = pytest.mark.lab
+
+MiB = 1 << 20
+TOLERANCE = 0.05  # measured within ±5% of the cap
+WINDOW_S = 5.0  # accuracy measurements
+RESPONSE_LIMIT_S = 2.0
+UNCAPPED = IoCaps()
+
+
+@dataclass(frozen=True)
+class IoLab:
+    lab: Lab
+    cluster: Cluster
+
+
+@pytest.fixture(scope="module")
+def iolab() -> Iterator[IoLab]:
+    problem = prerequisites_problem()
+    if problem:
+        pytest.skip(f"lab unavailable: {problem}")
+    d = new_lab_dir()
+    try:
+        lab = up(1, d)
+        problem = io_workloads_problem(lab.guest)
+        if problem:
+            pytest.skip(f"no disk/network workloads in the guest image: {problem}")
+        doc = tomllib.loads(lab.cluster_file.read_text())
+        doc["hosts"][0].update(disk_bps="1GiB", net_bps="1GiB")  # generous: these tests measure caps, not sums
+        yield IoLab(lab, cluster_from_dict(doc))
+    finally:
+        down(d)
+        left = lab_leftovers(d, 1)
+        down(d, purge=True)
+        assert not left, f"lab teardown left: {left}"
+
+
+def apply(io: IoLab, *steps: Step) -> list[tuple[str, str]]:
+    """Apply ``steps`` as a plan through the libvirt backend; (outcome, detail) per step."""
+    with LibvirtHypervisor(io.cluster) as hv:
+        draft = Plan("place", "lab", "", 1.0, 1.0, {}, tuple(steps))
+        plan = replace(draft, snapshot=snapshot_hash(hv.inventory(), draft.created_vms()))
+        report = apply_plan(hv, plan)
+    return [(r.outcome, r.detail) for r in report.results]
+
+
+@contextlib.contextmanager
+def io_guest(io: IoLab, name: str, workload: str, caps: IoCaps = UNCAPPED) -> Iterator[str]:
+    """A managed VM created by a plan step from the lab guest's template (disk + NIC), booted, destroyed after."""
+    layout = LabLayout(io.lab.dir)
+    host_dir = layout.host_dir(0)
+    console = host_dir / "console" / f"{name}.log"
+    template = host_dir / f"{name}.xml"
+    template.write_text(guest_xml(name, io.lab.guest, console_log=console, workload=workload,
+                                  disk=make_disk(host_dir / "disks" / f"{name}.img"), nic=True))
+    step = CreateStep(name, "h0", "io", 1, 128 * MiB, 0.5, 0.5, Boot("template", path=str(template)),
+                      disk_bytes_sec=caps.disk_bytes_sec, net_bytes_sec=caps.net_bytes_sec)
+    try:
+        outcome = apply(io, step)
+        assert outcome == [(DONE, "")], outcome
+        wait_for_boot(console)
+        yield name
+    finally:
+        destroy_everywhere(io.lab, name)
+
+
+def counter(io: IoLab, name: str, field: str) -> int:
+    with LibvirtHypervisor(io.cluster) as hv:
+        c = hv.io_counters("h0", name)
+    assert c is not None
+    return int(getattr(c, field))
+
+
+def rates(io: IoLab, names: list[str], field: str, seconds: float) -> list[float]:
+    """Bytes per second of each VM over one shared window (two counter samples)."""
+    with LibvirtHypervisor(io.cluster) as hv:
+        def sample() -> list[int]:
+            out = []
+            for n in names:
+                c = hv.io_counters("h0", n)
+                assert c is not None
+                out.append(int(getattr(c, field)))
+            return out
+
+        a, t0 = sample(), time.monotonic()
+        time.sleep(seconds)
+        b, t1 = sample(), time.monotonic()
+    return [(y - x) / (t1 - t0) for x, y in zip(a, b, strict=True)]
+
+
+def read_caps(io: IoLab, name: str) -> IoCaps:
+    with LibvirtHypervisor(io.cluster) as hv:
+        return hv.read_io_caps("h0", name)
+
+
+@contextlib.contextmanager
+def suspended(io: IoLab, name: str) -> Iterator[None]:
+    """Keep a guest from competing for the machine while another is measured uncapped."""
+    import libvirt
+
+    conn = libvirt.open(io.lab.hosts[0].uri)
+    dom = conn.lookupByName(name)
+    dom.suspend()
+    try:
+        yield
+    finally:
+        dom.resume()
+        conn.close()
+
+
+def response_time(io: IoLab, name: str, field: str, change: Step, expected: float, hold: float = 4.0) -> float | None:
+    """Seconds from applying ``change`` until the 0.5 s-window rate stays within ±5% of ``expected`` for 1 s."""
+    from calibration.stats import Trace
+    from calibration.stats import response_time as settle
+
+    points: list[tuple[float, float]] = []
+    with LibvirtHypervisor(io.cluster) as hv:
+        def poll() -> None:
+            c = hv.io_counters("h0", name)
+            assert c is not None
+            points.append((time.monotonic(), float(getattr(c, field))))
+
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            poll()
+            time.sleep(0.05)
+        at = time.monotonic()
+        assert apply(io, change) == [(DONE, "")]
+        end = time.monotonic() + hold
+        while time.monotonic() < end:
+            poll()
+            time.sleep(0.05)
+    t0 = points[0][0]
+    trace = Trace.from_points([(t - t0, w) for t, w in points])
+    return settle(trace, at - t0, expected, TOLERANCE, 0.5, 0.05, confirm=1.0)
+
+
+# ------------------------------------------------------------------------------------------------ disk
+
+
+def test_a_disk_cap_well_below_the_uncapped_rate_is_met_within_5_percent(iolab: IoLab) -> None:
+    with io_guest(iolab, "dsk-acc", "disk") as vm:
+        (uncapped,) = rates(iolab, [vm], "disk_bytes", 3.0)
+        cap = 4 * MiB
+        if uncapped < 5 * cap:
+            pytest.skip(f"the guest writes only {uncapped / MiB:.1f} MiB/s uncapped here: a cap of 4 MiB/s would "
+                        "not be well below it")
+        assert apply(iolab, SetCapStep(vm, "h0", None, disk_bytes_sec=cap)) == [(DONE, "")]
+        assert read_caps(iolab, vm).disk_bytes_sec == cap
+        time.sleep(1.0)
+        (got,) = rates(iolab, [vm], "disk_bytes", WINDOW_S)
+    print(f"\ndisk: uncapped {uncapped / MiB:.1f} MiB/s, capped at {cap / MiB:g} MiB/s: {got / MiB:.4f} MiB/s "
+          f"({100 * (got / cap - 1):+.2f}%)")
+    assert got == pytest.approx(cap, rel=TOLERANCE), f"uncapped {uncapped / MiB:.1f} MiB/s, capped {got / MiB:.3f}"
+
+
+def test_a_vm_created_with_a_disk_cap_never_writes_faster_than_it(iolab: IoLab) -> None:
+    cap = 2 * MiB
+    t0 = time.monotonic()
+    with io_guest(iolab, "dsk-new", "disk", IoCaps(disk_bytes_sec=cap)) as vm:
+        assert read_caps(iolab, vm).disk_bytes_sec == cap
+        time.sleep(2.0)
+        done, alive = counter(iolab, vm, "disk_bytes"), time.monotonic() - t0
+        (got,) = rates(iolab, [vm], "disk_bytes", WINDOW_S)
+    print(f"\ndisk, created capped at {cap / MiB:g} MiB/s: {done / MiB:.2f} MiB in its first {alive:.1f} s, then "
+          f"{got / MiB:.4f} MiB/s ({100 * (got / cap - 1):+.2f}%)")
+    # Everything it wrote since it was created fits under the cap (plus QEMU's burst of a tenth of a second).
+    assert done <= cap * (alive + 0.1) and done > 0
+    assert got == pytest.approx(cap, rel=TOLERANCE)
+
+
+def test_a_live_disk_cap_change_takes_effect_within_2_seconds(iolab: IoLab) -> None:
+    low, high = 2 * MiB, 6 * MiB
+    with io_guest(iolab, "dsk-step", "disk", IoCaps(disk_bytes_sec=low)) as vm:
+        time.sleep(1.0)
+        up_s = response_time(iolab, vm, "disk_bytes", SetCapStep(vm, "h0", None, disk_bytes_sec=high), high)
+        down_s = response_time(iolab, vm, "disk_bytes", SetCapStep(vm, "h0", None, disk_bytes_sec=low), low)
+    print(f"\ndisk cap 2 -> 6 MiB/s settled after {up_s} s, 6 -> 2 after {down_s} s (0.5 s windows, ±5%)")
+    assert up_s is not None and up_s <= RESPONSE_LIMIT_S, up_s
+    assert down_s is not None and down_s <= RESPONSE_LIMIT_S, down_s
+
+
+def test_two_vms_with_disk_caps_in_ratio_1_to_3_write_1_to_3(iolab: IoLab) -> None:
+    a, b = MiB, 3 * MiB
+    with io_guest(iolab, "dsk-1", "disk", IoCaps(disk_bytes_sec=a)) as one, \
+            io_guest(iolab, "dsk-3", "disk", IoCaps(disk_bytes_sec=b)) as three:
+        time.sleep(1.0)
+        got_a, got_b = rates(iolab, [one, three], "disk_bytes", WINDOW_S)
+    print(f"\ndisk caps 1 and 3 MiB/s: {got_a / MiB:.4f} and {got_b / MiB:.4f} MiB/s, ratio {got_b / got_a:.4f}")
+    assert got_a == pytest.approx(a, rel=TOLERANCE) and got_b == pytest.approx(b, rel=TOLERANCE)
+    assert got_b / got_a == pytest.approx(3.0, rel=TOLERANCE)
+
+
+# --------------------------------------------------------------------------------------------- network
+
+
+@dataclass
+class Sink:
+    name: str
+    tap: str
+    mac: str
+
+
+@pytest.fixture(scope="module")
+def shaping(iolab: IoLab) -> str | None:
+    """None if libvirt can shape a lab guest's interface on this machine, else libvirt's own reason."""
+    import libvirt
+
+    from hypervisor.libvirt_backend import live_devices, one_line
+
+    with io_guest(iolab, "net-probe", "sink") as vm:
+        conn = libvirt.open(iolab.lab.hosts[0].uri)
+        try:
+            dom = conn.lookupByName(vm)
+            nic = live_devices(dom).nics[0]
+            try:
+                dom.setInterfaceParameters(nic, {"inbound.average": 10**6, "outbound.average": 10**6},
+                                           libvirt.VIR_DOMAIN_AFFECT_LIVE)
+            except libvirt.libvirtError as exc:
+                return one_line(exc)
+            return None
+        finally:
+            conn.close()
+
+
+@contextlib.contextmanager
+def sink(io: IoLab, name: str, caps: IoCaps = UNCAPPED) -> Iterator[Sink]:
+    import xml.etree.ElementTree as ET
+
+    import libvirt
+
+    from hypervisor.libvirt_backend import live_devices
+
+    with io_guest(io, name, "sink", caps) as vm:
+        conn = libvirt.open(io.lab.hosts[0].uri)
+        try:
+            dom = conn.lookupByName(vm)
+            mac = ET.fromstring(dom.XMLDesc(0)).find("devices/interface/mac")
+            assert mac is not None
+            yield Sink(vm, live_devices(dom).nics[0], str(mac.get("address")))
+        finally:
+            conn.close()
+
+
+def needs_shaping(reason: str | None) -> None:
+    if reason is not None:
+        pytest.skip(f"libvirt cannot shape network interfaces on this machine: {reason}")
+
+
+def test_frames_sent_into_a_guests_tap_show_in_its_receive_counter(iolab: IoLab) -> None:
+    """The measurement the network tests rely on, uncapped: it works whether or not this host can shape."""
+    from calibration.frames import FRAME_BYTES, Flood
+
+    with sink(iolab, "net-rx") as s, Flood(s.tap, s.mac, rate=2 * MiB) as flood:
+        time.sleep(0.5)
+        (got,) = rates(iolab, [s.name], "net_rx_bytes", 3.0)
+        sent = flood.sent
+    print(f"\nnet: {flood.sent / MiB:.2f} MiB written into {s.tap} at 2 MiB/s, guest received {got / MiB:.4f} MiB/s")
+    assert sent > 0
+    assert got == pytest.approx(2 * MiB, rel=0.10), f"{got / MiB:.3f} MiB/s of {FRAME_BYTES}-byte frames"
+
+
+def test_a_net_cap_this_host_cannot_apply_fails_its_step_and_leaves_the_interface_as_it_was(
+        iolab: IoLab, shaping: str | None) -> None:
+    if shaping is None:
+        pytest.skip("this host can shape interfaces: the failure path is not reachable here")
+    import subprocess
+
+    with sink(iolab, "net-fail") as s:
+        before = subprocess.run(["tc", "qdisc", "show", "dev", s.tap], capture_output=True, text=True).stdout
+        outcome = apply(iolab, SetCapStep(s.name, "h0", None, net_bytes_sec=1_000_000))
+        after = subprocess.run(["tc", "qdisc", "show", "dev", s.tap], capture_output=True, text=True).stdout
+        caps = read_caps(iolab, s.name)
+        running = counter(iolab, s.name, "net_rx_bytes") >= 0
+    ((status, detail),) = outcome
+    assert status == FAILED and "\n" not in detail
+    assert detail.startswith(f"host h0: cannot shape interface {s.tap} of 'net-fail' to 1000000 B/s (1000 x 1000 "
+                             "B/s): ") and detail.endswith("; its previous shaping was put back")
+    assert caps.net_bytes_sec is None and running
+    assert ("htb" in before) == ("htb" in after) and "ingress" not in after  # libvirt's half set-up was undone
+
+
+def test_an_inbound_net_cap_well_below_the_offered_rate_is_met_within_5_percent(
+        iolab: IoLab, shaping: str | None) -> None:
+    needs_shaping(shaping)
+    from calibration.frames import Flood
+
+    cap = 2_000_000
+    with sink(iolab, "net-acc", IoCaps(net_bytes_sec=cap)) as s, Flood(s.tap, s.mac, rate=4 * cap):
+        assert read_caps(iolab, s.name).net_bytes_sec == cap
+        time.sleep(1.0)
+        (got,) = rates(iolab, [s.name], "net_rx_bytes", WINDOW_S)
+    assert got == pytest.approx(cap, rel=TOLERANCE)
+
+
+def test_a_live_net_cap_change_takes_effect_within_2_seconds(iolab: IoLab, shaping: str | None) -> None:
+    needs_shaping(shaping)
+    from calibration.frames import Flood
+
+    low, high = 1_000_000, 3_000_000
+    with sink(iolab, "net-step", IoCaps(net_bytes_sec=low)) as s, Flood(s.tap, s.mac, rate=2 * high):
+        time.sleep(1.0)
+        up_s = response_time(iolab, s.name, "net_rx_bytes", SetCapStep(s.name, "h0", None, net_bytes_sec=high), high)
+        down_s = response_time(iolab, s.name, "net_rx_bytes", SetCapStep(s.name, "h0", None, net_bytes_sec=low), low)
+    assert up_s is not None and up_s <= RESPONSE_LIMIT_S, up_s
+    assert down_s is not None and down_s <= RESPONSE_LIMIT_S, down_s
+
+
+def test_two_vms_with_net_caps_in_ratio_1_to_3_receive_1_to_3(iolab: IoLab, shaping: str | None) -> None:
+    needs_shaping(shaping)
+    from calibration.frames import Flood
+
+    a, b = 1_000_000, 3_000_000
+    with sink(iolab, "net-1", IoCaps(net_bytes_sec=a)) as one, sink(iolab, "net-3", IoCaps(net_bytes_sec=b)) as three, \
+            Flood(one.tap, one.mac, rate=3 * a), Flood(three.tap, three.mac, rate=3 * b):
+        time.sleep(1.0)
+        got_a, got_b = rates(iolab, [one.name, three.name], "net_rx_bytes", WINDOW_S)
+    assert got_a == pytest.approx(a, rel=TOLERANCE) and got_b == pytest.approx(b, rel=TOLERANCE)
+    assert got_b / got_a == pytest.approx(3.0, rel=TOLERANCE)
+

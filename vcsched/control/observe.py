@@ -1,0 +1,285 @@
+"""Need discovery: what a VM needs, estimated from what it uses under its cap (the paper's section 9).
+
+The paper's model takes every VM's CPU need as known; its section 9 names
+finding it as the open problem and suggests watching what a VM uses and, when
+it uses all it is given, giving it more for a while to see whether it takes it.
+This module is that estimate, as pure functions of samples: the sampling (two
+CPU-time readings through libvirt) and the probe's cap changes are done by
+:mod:`hypervisor.sampling`, which hands the samples here.
+
+**Samples.**  A :class:`Sample` is the cores a VM used over a few seconds
+and the cap it had meanwhile.  It is *saturated* when it used its cap, up to
+a tolerance (``max(0.01 core, 5 %)`` of the cap: the emulator thread adds
+about 0.01 core on top of ``vcpu_quota``, docs/lab.md).  An uncapped VM
+saturates at its vCPUs.  A sample below its cap shows the VM's demand; a
+saturated one only shows that the demand is *at least* the cap.
+
+**The estimate** (:func:`estimate_need`), over the samples of a sliding
+window (`vcsched observe --window`, `vcsched run --window`), from the
+previous estimate (the recorded need when there is none):
+
+1. fewer than ``min_samples`` samples: the previous estimate, confidence 0;
+2. *not saturated* (fewer than half of the most recent half of the window's
+   samples at their cap): the ``percentile``-th percentile (default 90) of
+   the cores used in the whole window, plus ``headroom`` (10 %) and
+   ``margin`` (0.03 core).  The headroom keeps a VM that uses a steady amount
+   below its new cap, so it stays unsaturated and the estimate stays put; the
+   percentile over the whole window makes lowering wait until the window no
+   longer holds the busier past (within one window plus one interval);
+3. *saturated*, and the window holds *probe* samples (taken while its cap
+   was raised into its host's unused capacity, :func:`probe_caps`): if it used
+   less than the probe cap, the probe revealed the demand, estimated as in 2
+   from the probe samples; if it used the probe cap too, the need is at least
+   that cap: the probe cap plus headroom and margin, or the declared need if
+   higher;
+4. *saturated below its estimate* (*squeezed*: its cap is its estimate times
+   a yield below 1, as planned): that is what the allocation gives it, and it
+   says nothing new about the need: the previous estimate;
+5. *saturated at its full estimate* and not probed (its host had no capacity
+   to spare): the need is at least its cap.  The estimate becomes the cap plus
+   headroom and margin (so a VM that keeps using all it is given grows by
+   about 10 % per interval), or its *declared* need (what its request or the
+   operator recorded) if that is higher: when measurement cannot tell, the
+   owner's statement is the best guess there is.
+
+The result is rounded up to 0.01 core, kept between the smallest cap and the
+VM's vCPUs, and changed from the previous estimate only when it moves by
+more than ``max(0.02 core, 5 %)`` (a dead band, so noise does not re-cap).
+
+**Confidence** is the share of the window's samples that show demand (those
+below their cap), scaled down when the window holds fewer than
+``full_samples``: 1 for a VM measured below its cap all along, 0 for one at
+its cap throughout (its estimate is then a lower bound or a carry-over).
+
+**Limits.**  An over-committed host (caps summing to its cores, every VM at
+its cap) leaves nothing to probe with: a squeezed VM whose demand fell, but
+not below its cap, keeps its estimate until it uses less than its cap (or
+moves).  A VM that gets less CPU than its cap because the *machine* is busy
+(other processes, an over-committed physical host) looks unsaturated, so its
+estimate follows what it actually gets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from vcsched.caps import min_cap, realisable_cap
+from vcsched.control.inventory import Inventory, VmState, snapshot_hash
+from vcsched.errors import InputError
+from vcsched.plans.ordering import order_steps
+from vcsched.plans.plan import Plan
+from vcsched.plans.steps import SetCapStep, SetNeedStep
+
+
+@dataclass(frozen=True)
+class ObserveParams:
+    """The estimator's knobs (module docstring); the defaults are what `vcsched observe` and `run` use."""
+
+    percentile: float = 90.0
+    headroom: float = 0.10
+    margin: float = 0.03  # cores
+    saturation_abs: float = 0.01  # cores: the emulator thread runs outside vcpu_quota
+    saturation_rel: float = 0.05
+    min_samples: int = 3
+    full_samples: int = 5
+    deadband_abs: float = 0.02
+    deadband_rel: float = 0.05
+    probe_min_raise: float = 0.05  # cores: a smaller raise is not worth a probe
+
+    def __post_init__(self) -> None:
+        if not 0 < self.percentile <= 100:
+            raise InputError(f"percentile: {self.percentile!r} is not in (0, 100]")
+        for name in ("headroom", "margin", "saturation_abs", "saturation_rel", "deadband_abs", "deadband_rel",
+                     "probe_min_raise"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise InputError(f"{name}: {value!r} is not a finite number >= 0")
+        if self.min_samples < 1 or self.full_samples < 1:
+            raise InputError("min_samples and full_samples must be at least 1")
+
+    def tolerance(self, cap: float) -> float:
+        """How far below its cap a VM still counts as using all of it."""
+        return max(self.saturation_abs, self.saturation_rel * cap)
+
+
+DEFAULT_PARAMS = ObserveParams()
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Cores one VM used over ``seconds`` ending at ``time`` (Unix seconds), and the cap it had meanwhile.
+
+    ``cap_cores`` None: uncapped.  ``probe``: taken while a probe had raised
+    the cap (:func:`probe_caps`).
+    """
+
+    time: float
+    seconds: float
+    used_cores: float
+    cap_cores: float | None
+    vcpus: int = 1
+    probe: bool = False
+
+    @property
+    def limit(self) -> float:
+        """The most it could have used: its cap, or all its vCPUs when uncapped."""
+        return float(self.vcpus) if self.cap_cores is None else self.cap_cores
+
+
+def is_saturated(s: Sample, params: ObserveParams = DEFAULT_PARAMS) -> bool:
+    return s.used_cores >= s.limit - params.tolerance(s.limit)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) by linear interpolation between ranks (numpy's default)."""
+    if not values:
+        raise ValueError("percentile of no values")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+#: How an estimate was reached (module docstring, rules 1-5).
+NO_SAMPLES, MEASURED, PROBED, PROBE_SATURATED, SQUEEZED, SATURATED = (
+    "too few samples", "measured", "probe", "saturated at probe", "squeezed", "saturated")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One VM's estimated CPU need, in cores, and how it was reached."""
+
+    vm: str
+    host: str
+    vcpus: int
+    declared: float  # the need recorded in its metadata
+    previous: float  # the estimate it started from (the declared need the first time)
+    estimate: float  # what to plan with (after the dead band)
+    raw: float  # the rules' answer before the dead band
+    confidence: float  # 0..1
+    saturated: bool
+    basis: str
+    samples: int
+    used_cores: float | None  # the percentile of the cores used over the window
+    cap_cores: float | None  # the cap of the latest regular (non-probe) sample
+
+    @property
+    def wants_probe(self) -> bool:
+        """At its cap with its full estimate: it may need more, and only a probe can tell."""
+        return self.basis in (SATURATED, PROBE_SATURATED)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"vm": self.vm, "host": self.host, "declared_need_cores": self.declared,
+                "estimated_need_cores": self.estimate, "previous_cores": self.previous, "raw_cores": self.raw,
+                "confidence": round(self.confidence, 4), "saturated": self.saturated, "basis": self.basis,
+                "samples": self.samples, "used_cores": self.used_cores, "cap_cores": self.cap_cores}
+
+
+def _demand(values: Sequence[float], params: ObserveParams) -> float:
+    return percentile(values, params.percentile) * (1 + params.headroom) + params.margin
+
+
+def estimate_need(vm: VmState, samples: Sequence[Sample], previous: float | None = None,
+                  params: ObserveParams = DEFAULT_PARAMS) -> Estimate:
+    """The need of managed VM ``vm`` from its window of ``samples`` (oldest first); see the module docstring."""
+    if vm.meta is None:
+        raise InputError(f"{vm.name}: not managed by vcsched (no recorded need to start from)")
+    declared = vm.meta.cpu_need_cores
+    prev = declared if previous is None else previous
+    n = len(samples)
+    regular = [s for s in samples if not s.probe]
+    cap_now = regular[-1].cap_cores if regular else vm.cap_cores
+    used = percentile([s.used_cores for s in samples], params.percentile) if samples else None
+    recent = samples[n // 2:]
+    saturated = bool(recent) and 2 * sum(is_saturated(s, params) for s in recent) >= len(recent)
+    revealing = sum(not is_saturated(s, params) for s in samples)
+    confidence = (revealing / n) * min(1.0, n / params.full_samples) if n else 0.0
+
+    def done(raw: float, basis: str) -> Estimate:
+        raw = min(max(math.ceil(raw * 100 - 1e-9) / 100, min_cap(vm.vcpus)), float(vm.vcpus))
+        moved = abs(raw - prev) > max(params.deadband_abs, params.deadband_rel * prev)
+        return Estimate(vm.name, vm.host, vm.vcpus, declared, prev, raw if moved else prev, raw,
+                        confidence if basis != NO_SAMPLES else 0.0, saturated, basis, n, used, cap_now)
+
+    if n < params.min_samples:
+        return done(prev, NO_SAMPLES)
+    if not saturated:
+        return done(_demand([s.used_cores for s in samples], params), MEASURED)
+    probes = [s for s in samples if s.probe]
+    if probes:
+        if 2 * sum(is_saturated(s, params) for s in probes) < len(probes):
+            return done(_demand([s.used_cores for s in probes], params), PROBED)
+        lower = max(s.limit for s in probes)
+        return done(max(lower * (1 + params.headroom) + params.margin, declared), PROBE_SATURATED)
+    limit = float(vm.vcpus) if cap_now is None else cap_now
+    if limit < prev - params.tolerance(prev):
+        return done(prev, SQUEEZED)
+    return done(max(limit * (1 + params.headroom) + params.margin, declared), SATURATED)
+
+
+def estimate_all(inventory: Inventory, windows: Mapping[str, Sequence[Sample]],
+                 previous: Mapping[str, float] | None = None,
+                 params: ObserveParams = DEFAULT_PARAMS) -> dict[str, Estimate]:
+    """:func:`estimate_need` for every running managed VM of the hosts that answer."""
+    previous = previous or {}
+    return {v.name: estimate_need(v, windows.get(v.name, ()), previous.get(v.name), params)
+            for v in inventory.up().managed()}
+
+
+# ---------------------------------------------------------------------------------------------- the probe
+
+
+def probe_caps(inventory: Inventory, estimates: Mapping[str, Estimate],
+               params: ObserveParams = DEFAULT_PARAMS) -> dict[str, float]:
+    """The raised caps of a probe: VM -> cap, for VMs at their cap with their full estimate (``wants_probe``).
+
+    Cautious: only a host's *unused* capacity is handed out — its cores less
+    every managed VM's cap (uncapped ones count with all their vCPUs) — shared
+    equally among its VMs that want a probe, never above a VM's vCPUs, on the
+    quota grid rounded down.  No other VM's cap changes, so nobody loses CPU
+    it was promised, and the host's caps never sum above its cores.  A raise
+    below ``probe_min_raise`` is not made.
+    """
+    out: dict[str, float] = {}
+    up = inventory.up()
+    for h in up.hosts:
+        on = [v for v in up.vms_on(h.name) if v.managed and v.active]
+        room = h.cores - sum(v.cap_or_vcpus for v in on)
+        wanting = [v for v in on if v.name in estimates and estimates[v.name].wants_probe and v.cap_cores is not None
+                   and v.cap_cores < v.vcpus]
+        if not wanting or room < params.probe_min_raise:
+            continue
+        share = room / len(wanting)
+        for v in sorted(wanting, key=lambda v: v.name):
+            assert v.cap_cores is not None
+            cap = realisable_cap(min(float(v.vcpus), v.cap_cores + share), v.vcpus)
+            if cap - v.cap_cores >= params.probe_min_raise:
+                out[v.name] = cap
+    return out
+
+
+def cap_plan(inventory: Inventory, caps: Mapping[str, float]) -> Plan:
+    """A plan of set-cap steps (a probe's raise, or putting caps back), in a safe order."""
+    steps = []
+    for name, cap in sorted(caps.items()):
+        v = inventory.vm(name)
+        if v is None:
+            raise InputError(f"{name}: not in cluster {inventory.cluster!r}")
+        steps.append(SetCapStep(name, v.host, cap))
+    now = {h.name: {v.name: v.cap_or_vcpus for v in inventory.vms_on(h.name) if v.managed and v.active}
+           for h in inventory.hosts}
+    ordered = order_steps(steps, now, {h.name: float(h.cores) for h in inventory.hosts})
+    return Plan("adapt", inventory.cluster, snapshot_hash(inventory), 0.0, 0.0, {}, ordered,
+                extra={"budget": 0, "migrated_bytes": 0})
+
+
+def record_plan(inventory: Inventory, estimates: Iterable[Estimate]) -> Plan:
+    """`vcsched observe --record`: set-need steps writing each estimate as the VM's recorded need."""
+    steps = tuple(SetNeedStep(e.vm, e.host, e.estimate) for e in sorted(estimates, key=lambda e: e.vm)
+                  if abs(e.estimate - e.declared) > 1e-9)
+    renewing = frozenset(s.vm for s in steps)
+    return Plan("adapt", inventory.cluster, snapshot_hash(inventory, renewing=renewing), 0.0, 0.0, {}, steps,
+                extra={"budget": 0, "migrated_bytes": 0})
