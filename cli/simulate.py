@@ -110,16 +110,18 @@ def render(points: list[Any], label: str, *, tasks: bool,
     if tasks:
         return
     overall = Table(title="overall")
-    for col in ("policy", "load", "utilisation", "Jain's index", "VCs in progress", "given away (altruism)",
-                "events", "time (s)"):
+    for col in ("policy", "load", "utilisation", "mean yield", "Jain's index", "VCs in progress",
+                "given away (altruism)", "migrated", "events", "time (s)"):
         overall.add_column(col, justify="left" if col == "policy" else "right")
     for pt in points:
         s = pt.summary
         util = ", ".join(f"{r} {fmt(e, 2)}" for r, e in s.utilisation.items())
         given = ", ".join(f"{r} {fmt(e, 3)}" for r, e in s.given.items() if e is not None and abs(e.mean) > 0)
-        overall.add_row(pt.policy, "-" if pt.load is None else f"{pt.load:g}", util, fmt(s.jain),
-                        f"{fmt(s.mean_in_progress, 1)} (max {s.max_in_progress})", given or "-", str(s.events),
-                        f"{s.wall_s:.1f}")
+        moved = s.migrated_bytes
+        migrated = "-" if moved is None or moved.mean == 0 else f"{moved.mean / 2**30:.1f} GiB"
+        overall.add_row(pt.policy, "-" if pt.load is None else f"{pt.load:g}", util, fmt(s.mean_yield), fmt(s.jain),
+                        f"{fmt(s.mean_in_progress, 1)} (max {s.max_in_progress})", given or "-", migrated,
+                        str(s.events), f"{s.wall_s:.1f}")
     console.print(overall)
     for pt in points:
         if pt.reference is None or not pt.lateness:
@@ -147,9 +149,9 @@ def csv_text(points: list[Any], label: str) -> str:
         for r, e in pt.summary.utilisation.items():
             if e is not None:
                 w.writerow([label, pt.policy, load, "", f"utilisation_{r}", e.mean, "" if e.ci is None else e.ci, e.n])
-        if pt.summary.jain is not None:
-            e = pt.summary.jain
-            w.writerow([label, pt.policy, load, "", "jain", e.mean, "" if e.ci is None else e.ci, e.n])
+        for metric, est in (("jain", pt.summary.jain), ("mean_yield", pt.summary.mean_yield)):
+            if est is not None:
+                w.writerow([label, pt.policy, load, "", metric, est.mean, "" if est.ci is None else est.ci, est.n])
     return buf.getvalue()
 
 

@@ -58,6 +58,15 @@ def test_two_vcs_on_one_resource_share_it_equally(policy: str) -> None:
     assert done == {0: pytest.approx(2.0), 1: pytest.approx(3.0)}
 
 
+def test_mean_yield_is_the_time_average_over_the_running_vcs() -> None:
+    # both at 1/2 until t = 2, then the second alone at 1 until t = 3: (0.5 * 2 + 1 * 1) / 3
+    w = one_host(cls("a"))
+    r = simulate(w, RunOptions(arrivals=1, warmup=0), [Arrival(0.0, 0, 1.0), Arrival(0.0, 0, 2.0)])
+    assert r.mean_yield == pytest.approx(2 / 3)
+    alone = simulate(w, RunOptions(arrivals=1, warmup=0), [Arrival(0.0, 0, 1.0), Arrival(5.0, 0, 1.0)])
+    assert alone.mean_yield == pytest.approx(1.0)  # idle time between them does not count
+
+
 def test_a_vc_waits_for_memory_and_its_wait_counts_in_its_completion_time() -> None:
     w = one_host(cls("a", cpu=0.5, memory=0.6))
     done = trace_run(w, [Arrival(0.0, 0, 1.0), Arrival(0.5, 0, 1.0)])
