@@ -41,6 +41,9 @@ from vcsched.solvers.registry import algorithms as registered
 
 if TYPE_CHECKING:
     from vcsched.policies.bench import BenchRow as PolicyBenchRow
+    from vcsched.simulate.bench import SimBenchRow
+
+SIMULATE_PREFIX = "simulate"  # vcsched.simulate.bench.SIMULATE_PREFIX, without importing the simulator at start-up
 
 
 def vcsched_command() -> list[str]:
@@ -68,7 +71,7 @@ def time_startup(repeat: int, on_progress: OnProgress | None = None) -> list[Tim
 
 def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: int, info: MachineInfo,
                    time_limit: float = 60.0, startup: Sequence[Timing] = (),
-                   policy_rows: Sequence[PolicyBenchRow] = ()) -> str:
+                   policy_rows: Sequence[PolicyBenchRow] = (), sim_rows: Sequence[SimBenchRow] = ()) -> str:
     lines = [
         "# vcsched bench", "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {info.summary()}.", "",
@@ -110,6 +113,14 @@ def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: 
                   "`sequential` = 10,000 one-VM jobs; `tenants` = 100 jobs of 100 VMs under a 3-level tree. "
                   f"Best of {repeat} run(s): the policy's own time and the whole `allocate_policy` call.", "",
                   policy_markdown(list(policy_rows))]
+    if sim_rows:
+        from vcsched.simulate.bench import markdown as sim_markdown
+
+        lines += ["", "## Simulation", "",
+                  "`vcsched simulate cluster64 -p drf,pf -n 90000 --warmup 10000 -r 1` (docs/simulate.md §8): "
+                  "64 hosts, 100,000 arrivals at the scenario's own rates, one run per policy; target: DRF "
+                  "within 60 s, PF within 3 times DRF's time.", "",
+                  sim_markdown(list(sim_rows))]
     return "\n".join(lines) + "\n"
 
 
@@ -157,6 +168,16 @@ def _within(row: PolicyBenchRow) -> bool | None:
     return within_target(row)
 
 
+def _sim_table(rows: Sequence[SimBenchRow]) -> Table:
+    table = Table(title="simulate: 100,000 arrivals on 64 hosts (cluster64, one run)")
+    for col in ("row", "events", "VCs in progress", "time (s)", "target (s)", "within"):
+        table.add_column(col, justify="left" if col == "row" else "right")
+    for r in rows:
+        table.add_row(r.name, f"{r.events:,}", f"{r.mean_in_progress:.1f}", f"{r.wall_s:.1f}", f"{r.target_s:.3g}",
+                      "yes" if r.within_target else "no")
+    return table
+
+
 def _startup_table(startup: Sequence[Timing]) -> Table:
     table = Table(title="whole-process wall time (s)")
     table.add_column("row")
@@ -171,8 +192,8 @@ def _startup_table(startup: Sequence[Timing]) -> Table:
               help="Runs per algorithm and size; the median is reported.")
 @click.option("-a", "--algorithms", "algorithms_opt", default=None, metavar="A,B,...",
               help="Only these algorithms; 'adapt' for the adaptation heuristic's rows, 'cli' for the "
-                   "whole-process start-up rows, 'policies' for the sharing policies' rows.  "
-                   "[default: all registered, adapt, cli and policies]")
+                   "whole-process start-up rows, 'policies' for the sharing policies' rows, 'simulate' for "
+                   "the simulator's rows.  [default: all registered, adapt, cli, policies and simulate]")
 @click.option("--sizes", default=",".join(c.name for c in DEFAULT_CASES), show_default=True, metavar="HxJ,...",
               help="Instance sizes as HOSTSxTASKS.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="FILE.md",
@@ -193,6 +214,10 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     1,000 hosts x 10,000 VMs x 3 resources (docs/policies.md §7), best of
     REPEAT, against its target (DRF 0.1 s, PF 1 s, H-DRF 0.5 s).
 
+    The 'simulate' rows run `vcsched simulate cluster64` for 100,000
+    arrivals on 64 hosts under DRF and PF, once each (about a minute each),
+    against the target: DRF within 60 s, PF within 3 times DRF's time.
+
     The 'cli' rows time vcsched itself from start to exit, as a user waits
     for it: `vcsched --help`, and `vcsched solve` of the 64x500 instance
     (whatever --sizes says), REPEAT runs each after an untimed one.
@@ -207,14 +232,14 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     """
     cases = parse_cases(sizes)
     known = registered()
-    pseudo = (ADAPT_PREFIX, STARTUP_PREFIX, POLICIES_PREFIX)
+    pseudo = (ADAPT_PREFIX, STARTUP_PREFIX, POLICIES_PREFIX, SIMULATE_PREFIX)
     names = [*sorted(known), *pseudo] if algorithms_opt is None else \
         [n.strip() for n in algorithms_opt.split(",") if n.strip()]
     for n in names:
         if n not in known and n not in pseudo:
             raise InputError(f"--algorithms: unknown algorithm {n!r} (known: {', '.join(sorted(known))}, "
                              f"{', '.join(pseudo)})")
-    do_adapt, do_startup, do_policies = (p in names for p in pseudo)
+    do_adapt, do_startup, do_policies, do_simulate = (p in names for p in pseudo)
     names = [n for n in names if n not in pseudo]
     info = machine_info()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -227,9 +252,15 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             from vcsched.policies.bench import bench as bench_policies
 
             policy_rows = bench_policies(repeat, on_progress)
+        sim_rows: list[SimBenchRow] = []
+        if do_simulate:
+            from vcsched.simulate.bench import bench as bench_simulate
+
+            sim_rows = bench_simulate(on_progress=on_progress)
     if output is not None:
         try:
-            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit, startup, policy_rows))
+            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit, startup, policy_rows,
+                                                      sim_rows))
         except OSError as exc:
             raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
     if as_json:
@@ -239,6 +270,7 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
                          "feasible": t.feasible, "min_yield": t.min_yield, "skipped": t.skipped} for t in timings],
             "startup": [{"row": t.algorithm, "median_s": t.median_s, "runs_s": list(t.runs_s)} for t in startup],
             "policies": [vars(r) | {"within_target": _within(r)} for r in policy_rows],
+            "simulate": [vars(r) | {"within_target": r.within_target} for r in sim_rows],
         }
         emit_json(doc)
     else:
@@ -249,6 +281,8 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             console.print(_startup_table(startup))
         if policy_rows:
             console.print(_policy_table(policy_rows))
+        if sim_rows:
+            console.print(_sim_table(sim_rows))
         if output:
             console.print(f"wrote {output}", highlight=False)
     return EXIT_OK

@@ -87,31 +87,41 @@ def fmt(e: Any, digits: int = 3) -> str:
     return f"{e.mean:.{digits}f}" if e.ci is None else f"{e.mean:.{digits}f} ± {e.ci:.{digits}f}"
 
 
-def render(points: list[Any], label: str, *, tasks: bool) -> None:
+def render(points: list[Any], label: str, *, tasks: bool,
+           exact: dict[tuple[str, float | None], tuple[float | None, ...] | str] | None = None) -> None:
+    exact = exact or {}
     table = Table(title=f"{label}: per class (mean ± 95% CI half-width over replications)")
     permanent = any(m["permanent_yield"] is not None for pt in points for m in pt.summary.classes.values())
-    for col in ("policy", "load", "class", "service rate γ", "mean time", "p95 time", "mean slowdown",
-                *(("permanent VC's yield",) if permanent else ())):
+    for col in ("policy", "load", "class", "service rate γ", *(("exact γ",) if exact else ()), "mean time",
+                "p95 time", "mean slowdown", *(("permanent VC's yield",) if permanent else ())):
         table.add_column(col, justify="left" if col in ("policy", "class") else "right")
     for pt in points:
-        for name, m in pt.summary.classes.items():
-            table.add_row(pt.policy, "-" if pt.load is None else f"{pt.load:g}", name, fmt(m["service_rate"]),
+        chain = exact.get((pt.policy, pt.load))
+        for k, (name, m) in enumerate(pt.summary.classes.items()):
+            value = chain[k] if isinstance(chain, tuple) else None
+            ex = () if not exact else (("-" if value is None else f"{value:.3f}"),)
+            table.add_row(pt.policy, "-" if pt.load is None else f"{pt.load:g}", name, fmt(m["service_rate"]), *ex,
                           fmt(m["mean_time"]), fmt(m["p95_time"]), fmt(m["mean_slowdown"]),
                           *((fmt(m["permanent_yield"]),) if permanent else ()))
     console.print(table)
+    for (policy, load), chain in exact.items():
+        if isinstance(chain, str):
+            console.print(f"  exact γ for {policy} at load {load}: {chain}", highlight=False)
     if tasks:
         return
     overall = Table(title="overall")
-    for col in ("policy", "load", "utilisation", "Jain's index", "VCs in progress", "given away (altruism)",
-                "events", "time (s)"):
+    for col in ("policy", "load", "utilisation", "mean yield", "Jain's index", "VCs in progress",
+                "given away (altruism)", "migrated", "events", "time (s)"):
         overall.add_column(col, justify="left" if col == "policy" else "right")
     for pt in points:
         s = pt.summary
         util = ", ".join(f"{r} {fmt(e, 2)}" for r, e in s.utilisation.items())
         given = ", ".join(f"{r} {fmt(e, 3)}" for r, e in s.given.items() if e is not None and abs(e.mean) > 0)
-        overall.add_row(pt.policy, "-" if pt.load is None else f"{pt.load:g}", util, fmt(s.jain),
-                        f"{fmt(s.mean_in_progress, 1)} (max {s.max_in_progress})", given or "-", str(s.events),
-                        f"{s.wall_s:.1f}")
+        moved = s.migrated_bytes
+        migrated = "-" if moved is None or moved.mean == 0 else f"{moved.mean / 2**30:.1f} GiB"
+        overall.add_row(pt.policy, "-" if pt.load is None else f"{pt.load:g}", util, fmt(s.mean_yield), fmt(s.jain),
+                        f"{fmt(s.mean_in_progress, 1)} (max {s.max_in_progress})", given or "-", migrated,
+                        str(s.events), f"{s.wall_s:.1f}")
     console.print(overall)
     for pt in points:
         if pt.reference is None or not pt.lateness:
@@ -139,10 +149,19 @@ def csv_text(points: list[Any], label: str) -> str:
         for r, e in pt.summary.utilisation.items():
             if e is not None:
                 w.writerow([label, pt.policy, load, "", f"utilisation_{r}", e.mean, "" if e.ci is None else e.ci, e.n])
-        if pt.summary.jain is not None:
-            e = pt.summary.jain
-            w.writerow([label, pt.policy, load, "", "jain", e.mean, "" if e.ci is None else e.ci, e.n])
+        for metric, est in (("jain", pt.summary.jain), ("mean_yield", pt.summary.mean_yield)):
+            if est is not None:
+                w.writerow([label, pt.policy, load, "", metric, est.mean, "" if est.ci is None else est.ci, est.n])
     return buf.getvalue()
+
+
+def check_outputs(csv_file: str | None, plot_file: str | None, load_opt: str | None) -> None:
+    """Refuse an output that cannot be written before a run of minutes, not after it."""
+    for flag, name in (("--csv", csv_file), ("--plot", plot_file)):
+        if name is not None and not Path(name).resolve().parent.is_dir():
+            raise InputError(f"{flag} {name}: cannot write (no directory {str(Path(name).resolve().parent)!r})")
+    if plot_file is not None and load_opt is None:
+        raise InputError("--plot: needs --load with at least one value (service rate against load)")
 
 
 def plot(points: list[Any], label: str, path: str) -> None:
@@ -231,11 +250,14 @@ def plot(points: list[Any], label: str, path: str) -> None:
               help="Write every metric of every point as CSV.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
               help="Plot the service rate of every class against the load (needs --load).")
+@click.option("--exact", is_flag=True,
+              help="Also solve the exact Markov chain (one host, exponential work, no phases, few classes) "
+                   "and show its service rates (a permanent VC: its mean yield) beside the simulated ones.")
 @click.option("--list", "list_scenarios", is_flag=True, help="List the built-in scenarios and exit.")
 def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, alpha: float | None, arrivals: int,
                  warmup: int, replications: int, seed: int, altruism: float, leftover: str, late_tolerance: float,
                  placement: str, migration_budget: str | None, trace_file: str | None, erlang: int,
-                 registry: bool, as_json: bool, csv_file: str | None, plot_file: str | None,
+                 registry: bool, as_json: bool, csv_file: str | None, plot_file: str | None, exact: bool,
                  list_scenarios: bool) -> int:
     """Simulate virtual clusters arriving and leaving over time, under every sharing policy.
 
@@ -274,7 +296,10 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
     start = time.perf_counter()
+    check_outputs(csv_file, plot_file, load_opt)  # before the run, not after it
     tasks = workload in TASK_SCENARIOS
+    if exact and (tasks or trace_file):  # before the run, not after it
+        raise InputError("--exact: the Markov chain is for the fluid model with Poisson arrivals")
     if tasks:
         from vcsched.simulate.study import sweep_tasks
         from vcsched.simulate.tasks import TASK_POLICIES, paper_workload
@@ -316,6 +341,18 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
         with progress_bar(*columns, console=err_console, transient=True) as on_progress:
             points = sweep(w, policies, loads, base, replications, trace, on_progress, tolerance=late_tolerance)
     wall = time.perf_counter() - start
+    chains: dict[tuple[str, float | None], tuple[float | None, ...] | str] = {}
+    if exact:
+        from vcsched.simulate.markov import solve_chain
+        from vcsched.simulate.study import scaled
+
+        for pt in points:
+            try:
+                chain = solve_chain(scaled(w, pt.load), pt.policy, alpha=alpha)
+                chains[(pt.policy, pt.load)] = tuple(g if g is not None else py for g, py in
+                                                     zip(chain.service_rate, chain.permanent_yield, strict=True))
+            except InputError as exc:
+                chains[(pt.policy, pt.load)] = str(exc)
     if csv_file:
         try:
             Path(csv_file).write_text(csv_text(points, label))
@@ -324,9 +361,12 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
     if plot_file:
         plot(points, label, plot_file)
     if as_json:
-        emit_json({"workload": label, "wall_s": wall, "machine": machine_info().summary(),
-                   "points": [json.loads(json.dumps(p.to_dict(), default=float)) for p in points]})
+        docs = [json.loads(json.dumps(p.to_dict(), default=float)) for p in points]
+        for d, p in zip(docs, points, strict=True):
+            if (p.policy, p.load) in chains:
+                d["exact_service_rate"] = chains[(p.policy, p.load)]
+        emit_json({"workload": label, "wall_s": wall, "machine": machine_info().summary(), "points": docs})
     else:
-        render(points, label, tasks=tasks)
+        render(points, label, tasks=tasks, exact=chains)
         console.print(f"{len(points)} points, {replications} replications each, in {wall:.1f} s", highlight=False)
     return EXIT_OK

@@ -190,4 +190,36 @@ def test_cli_bench_times_vcsched_itself_start_to_exit(tmp_path: Path) -> None:
 
 def test_by_default_bench_includes_the_start_up_rows() -> None:
     r = CliRunner().invoke(cli, ["bench", "--help"])
-    assert r.exit_code == 0 and "[default: all registered, adapt, cli and policies]" in " ".join(r.output.split())
+    text = " ".join(r.output.split())
+    assert r.exit_code == 0 and "[default: all registered, adapt, cli, policies and simulate]" in text
+    assert "DRF within 60 s, PF within 3 times DRF's time" in text
+
+
+def test_simulate_rows_time_drf_then_pf_against_the_target() -> None:
+    from vcsched.simulate.bench import PF_FACTOR, bench, markdown
+
+    seen: list[str] = []
+    rows = bench(arrivals=300, warmup=30, on_progress=lambda d, t, desc: seen.append(desc))
+    assert [r.name for r in rows] == ["simulate drf", "simulate pf"]
+    drf, pf = rows
+    assert drf.target_s == 60.0 and pf.target_s == pytest.approx(PF_FACTOR * drf.wall_s)
+    assert all(r.arrivals == 300 and r.events >= 2 * 270 and r.wall_s > 0 and r.mean_in_progress > 0 for r in rows)
+    assert drf.within_target and {"simulate drf", "simulate pf"} <= set(seen)
+    text = markdown(rows)
+    assert "| simulate drf | 300 |" in text and "(3 x DRF)" in text
+    with pytest.raises(ValueError, match="warm-up"):
+        bench(arrivals=10, warmup=10)
+
+
+def test_cli_bench_simulate_rows_in_json_and_markdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import vcsched.simulate.bench as sim_bench
+
+    small = sim_bench.bench
+    monkeypatch.setattr(sim_bench, "bench", lambda on_progress=None: small(200, 20, on_progress))
+    out = tmp_path / "bench.md"
+    r = CliRunner().invoke(cli, ["bench", "-a", "simulate", "--output", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [(s["policy"], s["arrivals"], s["within_target"]) for s in doc["simulate"]] == [
+        ("drf", 200, True), ("pf", 200, doc["simulate"][1]["wall_s"] <= doc["simulate"][1]["target_s"])]
+    assert doc["timings"] == [] and "## Simulation" in out.read_text()

@@ -69,6 +69,24 @@ def test_floors_that_overload_a_pair_fall_back_to_the_fair_yields() -> None:
     assert kept == [[0.25, 0.25]] and given == [0.0, 0.0]
 
 
+def test_a_vc_that_is_not_altruistic_and_already_at_its_top_speed_is_left_alone() -> None:
+    # P(altruism) < 1: this VC keeps its fair 0.5 on both parts; its short part is already past the pace of the
+    # critical one, and the pairs are full: SRTF must raise nothing (it used to raise the critical part to 1
+    # without checking capacity, or divide by zero).
+    vc = two_part_vc([2.0, 0.5], [(0.6, 0.0), (0.0, 0.6)])
+    ys, _ = redistribute([vc], [0.5], [2.0], [False], [0.3, 0.3], 2, "srtf", [1.0, 1.0])
+    assert ys == [[0.5, 0.5]]
+    # with room on cpu only, the critical part rises to what fits (0.45 / 0.6 = 0.75), the other stays
+    ys, _ = redistribute([vc], [0.5], [2.0], [False], [0.45, 0.3], 2, "srtf", [1.0, 1.0])
+    assert ys == [[pytest.approx(0.75), 0.5]]
+
+
+def test_half_altruism_runs_and_gives_something_away() -> None:
+    w = scenario("phased").scaled_to_load(0.7)
+    r = simulate(w, RunOptions(policy="drf", arrivals=300, warmup=30, seed=1, altruism=0.5))
+    assert sum(c.completions for c in r.classes) == 300 and max(r.given.values()) > 0
+
+
 def test_jain_index() -> None:
     assert jain([1, 1, 1]) == 1.0
     assert jain([1, 0, 0, 0]) == pytest.approx(0.25)

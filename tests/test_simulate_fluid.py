@@ -58,6 +58,15 @@ def test_two_vcs_on_one_resource_share_it_equally(policy: str) -> None:
     assert done == {0: pytest.approx(2.0), 1: pytest.approx(3.0)}
 
 
+def test_mean_yield_is_the_time_average_over_the_running_vcs() -> None:
+    # both at 1/2 until t = 2, then the second alone at 1 until t = 3: (0.5 * 2 + 1 * 1) / 3
+    w = one_host(cls("a"))
+    r = simulate(w, RunOptions(arrivals=1, warmup=0), [Arrival(0.0, 0, 1.0), Arrival(0.0, 0, 2.0)])
+    assert r.mean_yield == pytest.approx(2 / 3)
+    alone = simulate(w, RunOptions(arrivals=1, warmup=0), [Arrival(0.0, 0, 1.0), Arrival(5.0, 0, 1.0)])
+    assert alone.mean_yield == pytest.approx(1.0)  # idle time between them does not count
+
+
 def test_a_vc_waits_for_memory_and_its_wait_counts_in_its_completion_time() -> None:
     w = one_host(cls("a", cpu=0.5, memory=0.6))
     done = trace_run(w, [Arrival(0.0, 0, 1.0), Arrival(0.5, 0, 1.0)])
@@ -183,3 +192,13 @@ def test_adaptation_under_a_byte_budget_migrates_within_it() -> None:
     opts = RunOptions(policy="drf", arrivals=40, warmup=0, seed=2, placement="mcb8", migration_budget=1 << 30)
     r = simulate(w, opts)
     assert r.events > 0 and r.migrated_bytes <= r.events * (1 << 30)
+
+
+@pytest.mark.parametrize("beta", [None, 1 / 1.9, 1 / 5.5])
+def test_the_general_chain_with_a_permanent_vc_is_the_birth_death_chain(beta: float | None) -> None:
+    # solve_chain holds a class without arrivals fixed at its permanent VCs: the same γ1 as §3.4's own chain
+    from vcsched.simulate.scenarios import strategy_proofness as lie
+
+    chain = solve_chain(lie(0.1, beta).with_rates([0.0, 0.5]), "pf")
+    assert chain.service_rate[0] is None and chain.permanent_yield[1] is None
+    assert chain.permanent_yield[0] == pytest.approx(strategy_proofness(0.1, beta, 0.5), abs=1e-9)

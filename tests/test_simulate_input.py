@@ -158,3 +158,94 @@ def test_cli_runs_a_trace_and_lists_scenarios(tmp_path: Path) -> None:
     assert classes["class1"]["mean_time"]["n"] == 1
     listed = run_cli("--list")
     assert "br-fig1a" in listed.stdout and "br-tasks" in listed.stdout
+
+
+def test_cli_exact_shows_the_chain_beside_the_simulation() -> None:
+    r = run_cli("br-fig1b", "--load", "0.5", "-n", "200", "--warmup", "20", "-r", "2", "--exact", "--json")
+    assert r.returncode == 0, r.stderr
+    drf, pf = json.loads(r.stdout)["points"]
+    assert drf["exact_service_rate"] == pytest.approx([0.496, 0.620], abs=5e-4)
+    assert pf["exact_service_rate"] == pytest.approx([0.500, 0.792], abs=5e-4)
+    lie = run_cli("br-lie", "--load", "0.5", "-p", "pf", "-n", "100", "--warmup", "10", "-r", "2", "--exact",
+                  "--json")
+    assert lie.returncode == 0, lie.stderr
+    assert json.loads(lie.stdout)["points"][0]["exact_service_rate"][0] == pytest.approx(0.950, abs=5e-4)
+
+
+def test_cli_exact_refuses_what_has_no_chain(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("time,class,work\n0,class1,1\n")
+    for args in (("br-fig1a", "--trace", str(trace), "--exact"), ("br-tasks", "--load", "0.5", "--exact")):
+        r = run_cli(*args, "-n", "50", "--warmup", "0", "-r", "1")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--exact" in r.stderr, r.stderr
+
+
+def _write_doc(path: Path, change: Any) -> None:
+    d = doc()
+    change(d)
+    path.write_text(json.dumps(d))
+
+
+BAD_FILES: list[tuple[Any, str]] = [
+    ("{hosts: [", "malformed JSON at line 1 column 2"),
+    ([1, 2], "workload: expected an object, got list"),
+    (lambda d: d["hosts"][0].update(cpu=-1), "hosts[0].cpu: -1 must be at least 0"),
+    (lambda d: d["hosts"][0].update(count=0), "hosts[0].count: expected a whole number >= 1, got 0"),
+    (lambda d: d.update(colour="red"), "unknown field 'colour'"),
+    (lambda d: d["classes"].append(dict(d["classes"][0])), "classes[1].name: duplicate name 'web'"),
+    (lambda d: d["classes"][0].update(work={"mean": -1}), "classes[0].work.mean: -1 must be above 0"),
+    (lambda d: d["classes"][0].update(weight=0), "classes[0].weight: 0 must be above 0"),
+    (lambda d: d["classes"][0].update(needs={"cpu": 1.5}), "classes[0].needs.cpu"),
+    (lambda d: d.update(classes="web"), "classes: expected a list, got str"),
+]
+
+
+@pytest.mark.parametrize(("content", "message"), BAD_FILES)
+def test_cli_names_the_field_and_value_of_a_bad_workload_file(tmp_path: Path, content: Any, message: str) -> None:
+    f = tmp_path / "w.json"
+    if isinstance(content, str):
+        f.write_text(content)
+    elif isinstance(content, list):
+        f.write_text(json.dumps(content))
+    else:
+        _write_doc(f, content)
+    r = run_cli(str(f))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"vcsched: error: workload {f}: ") and message in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("time,class\n0,db\n", "line 2: unknown class 'db'"),
+    ("time,class\n1,web\n0,web\n", "line 3: time 0 is before the previous arrival (1)"),
+    ("time,class,work\n0,web,-2\n", "line 2: work -2 must be above 0"),
+    (None, "no such file"),
+])
+def test_cli_names_the_line_and_value_of_a_bad_trace(tmp_path: Path, text: str | None, message: str) -> None:
+    good, trace = tmp_path / "g.json", tmp_path / "t.csv"
+    good.write_text(json.dumps(doc()))
+    if text is not None:
+        trace.write_text(text)
+    r = run_cli(str(good), "--trace", str(trace))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"trace {trace}" in r.stderr and message in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("-n", "0"), "'-n' / '--arrivals': 0"),
+    (("--warmup", "-1"), "'--warmup': -1"),
+    (("-r", "0"), "'--replications': 0"),
+    (("--altruism", "1.5"), "'--altruism': 1.5"),
+    (("--leftover", "bogus"), "'--leftover': 'bogus'"),
+    (("--late-tolerance", "-0.1"), "'--late-tolerance': -0.1"),
+    (("--placement", "random"), "'--placement': 'random'"),
+    (("--migration-budget", "lots"), "--migration-budget: 'lots' is not a byte size"),
+    (("--load", "abc"), "--load: 'abc' is not a number"),
+    (("--load", "0"), "--load: 0.0 must be a number above 0"),
+    (("--alpha", "2"), "--alpha: only the alpha-fair policy"),
+    (("--seed", "-1"), "'--seed': -1"),
+    (("--load", "0.5", "--csv", "/nonexistent-dir/x.csv"), "--csv /nonexistent-dir/x.csv: cannot write"),
+    (("--plot", "x.png"), "--plot: needs --load"),
+])
+def test_cli_names_the_flag_and_value_it_refuses(args: tuple[str, ...], message: str) -> None:
+    r = run_cli("br-fig1a", *args)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr

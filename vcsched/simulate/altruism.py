@@ -182,10 +182,13 @@ def _speed_up(vc: VC, ys: list[float], load: dict[int, float], pair_cap: Sequenc
         return all(load.get(p, 0.0) - before.get(p, 0.0) + v <= pair_cap[p] * (1 + EPS) + EPS
                    for p, v in after.items())
 
-    theta0 = max((f * crit / r for f, r in zip(floor, vc.rem, strict=True) if r > 0), default=0.0)
+    # θ0: the largest θ at which every part is still at its floor (at(θ0) == floor, which fits).  An altruistic
+    # VC's floors keep pace (all parts give the same θ); a VC that is not altruistic, or fell back, keeps one
+    # fair yield on every part, and its critical part starts rising first: the smallest θ, not the largest.
+    theta0 = min((f * crit / r for f, r in zip(floor, vc.rem, strict=True) if r > 0 and f < 1.0), default=1.0)
     theta0 = min(theta0, 1.0)
-    points = sorted({min(1.0, x) for f, r in zip(floor, vc.rem, strict=True) if r > 0
-                     for x in (f * crit / r, crit / r) if x > theta0} | {1.0})
+    points = sorted(x for x in {min(1.0, x) for f, r in zip(floor, vc.rem, strict=True) if r > 0
+                                for x in (f * crit / r, crit / r)} | {1.0} if x > theta0)
     lo = theta0
     for hi in points:
         if fits(hi):

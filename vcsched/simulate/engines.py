@@ -26,6 +26,7 @@ tree) do not decompose and always run through the registry.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,8 +66,12 @@ class Cluster:
         return [float(v) for v in self.capacity.ravel()]
 
 
-class Engine:
-    """Fair yields for a list of VCs; ``decomposable``: may be called on one connected component at a time."""
+class Engine(ABC):
+    """Fair yields for a list of VCs; ``decomposable``: may be called on one connected component at a time.
+
+    Abstract: a subclass says how (``allocate``); this base holds what all share, the cache and the problem's
+    grouping.
+    """
 
     name = ""
     decomposable = False
@@ -105,6 +110,7 @@ class Engine:
         if len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
 
+    @abstractmethod
     def allocate(self, vcs: Sequence[VC], memory: Sequence[float], tenants: Sequence[str | None],
                  keys: Sequence[Key] | Groups | None = None) -> list[float]:
         """Fair yields of ``vcs``.
@@ -112,7 +118,6 @@ class Engine:
         ``keys``: their rows restricted to the pairs that can bind (default: all their rows), or the problem
         already built, one group per VC in order.
         """
-        raise NotImplementedError
 
 
 def sig_keys(vcs: Sequence[VC], keys: Sequence[Key] | Groups | None) -> list[Key]:

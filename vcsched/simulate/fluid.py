@@ -602,6 +602,7 @@ class Simulation:
             engine=dict(self.engine.stats), max_in_progress=tally.max_running,
             mean_in_progress=tally.run_area / span if span > 0 else 0.0,
             completion=dict(self.completion),
+            mean_yield=tally.yield_area / tally.busy_time if tally.busy_time > 0 else None,
         )
 
 

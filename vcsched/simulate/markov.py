@@ -40,9 +40,10 @@ class Chain:
     """Exact means of a truncated chain."""
 
     mean_in_system: tuple[float, ...]
-    service_rate: tuple[float, ...]  # γ_k = ρ_k / E[n_k]
+    service_rate: tuple[float | None, ...]  # γ_k = ρ_k / E[n_k]; None for a class without arrivals
     truncated_mass: float  # stationary probability of the states on the truncation boundary
     states: int
+    permanent_yield: tuple[float | None, ...] = ()  # mean yield of a class's permanent VCs (§3.4's γ_1)
 
 
 class PoolYields:
@@ -94,39 +95,44 @@ def solve_chain(workload: Workload, policy: str, *, alpha: float | None = None, 
     for c in workload.classes:
         if c.work.dist != "exp":
             raise InputError(f"markov: class {c.name!r} has {c.work.dist} work; the chain needs exponential work")
-        if c.permanent:
-            raise InputError(f"markov: class {c.name!r} has permanent VCs; see strategy_proofness()")
+        if c.permanent and c.rate > 0:
+            raise InputError(f"markov: class {c.name!r} has permanent VCs and arrivals; the chain takes either")
     yields = PoolYields(workload, policy, alpha)
     lam = np.array([c.rate for c in workload.classes])
     mu = np.array([1.0 / c.work.mean for c in workload.classes])
+    fixed = [c.permanent for c in workload.classes]
     load = float(workload.loads().max())
     bound = start or max(8, math.ceil(math.log(tol) / math.log(max(load, 1e-3))))
+    dims = sum(1 for x in lam if x > 0)
     while True:
-        chain = _solve(yields, lam, mu, bound)
+        if (bound + 1) ** dims > MAX_STATES:
+            raise InputError(f"markov: {(bound + 1) ** dims:.3g} states for {dims} classes at load {load:.3g}, "
+                             f"more than {MAX_STATES:.3g}: use the simulation")
+        chain = _solve(yields, lam, mu, bound, fixed)
         if chain.truncated_mass <= tol:
             return chain
         bound *= 2
-        if (bound + 1) ** len(lam) > MAX_STATES:
-            return chain
 
 
-def _solve(yields: PoolYields, lam: np.ndarray, mu: np.ndarray, bound: int) -> Chain:
+def _solve(yields: PoolYields, lam: np.ndarray, mu: np.ndarray, bound: int, fixed: Sequence[int]) -> Chain:
+    """``fixed[k]``: permanent VCs of a class without arrivals (its count never changes)."""
     k_n = len(lam)
     dims = [bound + 1 if lam[k] > 0 else 1 for k in range(k_n)]
-    states = list(itertools.product(*(range(d) for d in dims)))
+    states = [tuple(x if lam[k] > 0 else fixed[k] for k, x in enumerate(s))
+              for s in itertools.product(*(range(d) for d in dims))]
     index = {s: i for i, s in enumerate(states)}
     rows, cols, vals = [], [], []
     for i, s in enumerate(states):
         y = yields(s)
         out = 0.0
         for k in range(k_n):
-            if s[k] + 1 < dims[k]:
+            if lam[k] > 0 and s[k] + 1 < dims[k]:
                 j = index[(*s[:k], s[k] + 1, *s[k + 1:])]
                 rows.append(i)
                 cols.append(j)
                 vals.append(lam[k])
                 out += lam[k]
-            if s[k] > 0:
+            if lam[k] > 0 and s[k] > 0:
                 rate = s[k] * y[k] * mu[k]
                 if rate > 0:
                     j = index[(*s[:k], s[k] - 1, *s[k + 1:])]
@@ -153,8 +159,10 @@ def _solve(yields: PoolYields, lam: np.ndarray, mu: np.ndarray, bound: int) -> C
         if dims[k] > 1:
             edge |= arr[:, k] == dims[k] - 1
     rho = lam / mu
-    gamma = tuple(float(rho[k] / mean[k]) if mean[k] > 0 else 1.0 for k in range(k_n))
-    return Chain(tuple(float(x) for x in mean), gamma, float(pi[edge].sum()), n)
+    gamma = tuple((float(rho[k] / mean[k]) if mean[k] > 0 else 1.0) if lam[k] > 0 else None for k in range(k_n))
+    ys = np.array([yields(st) for st in states])
+    perm = tuple(float(pi @ ys[:, k]) if fixed[k] and lam[k] == 0 else None for k in range(k_n))
+    return Chain(tuple(float(x) for x in mean), gamma, float(pi[edge].sum()), n, perm)
 
 
 def strategy_proofness(alpha: float, beta: float | None, rho2: float, policy: str = "pf",

@@ -14,7 +14,8 @@
   their service rate (Bonald & Roberts §3.4's ``γ_1 = Σ_n π(n) φ_1(n)``);
 * per fluid resource, the mean **utilisation** (what the VCs get over the
   cluster's capacity); the time-average of **Jain's index** of the running VCs'
-  yields (each VC's yield on its dominant resource); under altruism, how much
+  yields (each VC's yield on its dominant resource) and of their **mean yield**
+  (over the time some VC runs); under altruism, how much
   the altruistic VCs gave away, per resource.
 
 The **warm-up** arrivals are not measured; the time averages run from the
@@ -73,6 +74,7 @@ class RunResult:
     max_in_progress: int = 0
     mean_in_progress: float = 0.0
     completion: dict[int, float] = field(default_factory=dict, compare=False, repr=False)  # VC id -> its time
+    mean_yield: float | None = None  # time average of the running VCs' mean yield (None: task-based mode)
 
     def to_dict(self, *, jobs: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -96,6 +98,8 @@ class Tally:
         self.given_area = [0.0] * n_res
         self.jain_area = 0.0
         self.jain_time = 0.0
+        self.yield_area = 0.0  # ∫ (mean yield of the running VCs) dt, while some run
+        self.busy_time = 0.0  # time with some VC running
         self.sum_y = 0.0
         self.sum_y2 = 0.0
         self.running = 0
@@ -122,6 +126,9 @@ class Tally:
         if self.running and self.sum_y2 > 0:
             self.jain_area += self.sum_y * self.sum_y / (self.running * self.sum_y2) * dt
             self.jain_time += dt
+        if self.running:
+            self.yield_area += self.sum_y / self.running * dt
+            self.busy_time += dt
         self.run_area += self.running * dt
 
 
@@ -191,6 +198,7 @@ class Summary:
     utilisation: dict[str, Estimate | None]
     jain: Estimate | None
     given: dict[str, Estimate | None]
+    mean_yield: Estimate | None
     events: int
     wall_s: float
     migrated_bytes: Estimate | None
@@ -207,6 +215,7 @@ class Summary:
             "classes": {k: {m: est(e) for m, e in v.items()} for k, v in self.classes.items()},
             "utilisation": {r: est(e) for r, e in self.utilisation.items()},
             "jain": est(self.jain), "given": {r: est(e) for r, e in self.given.items()},
+            "mean_yield": est(self.mean_yield),
             "events": self.events, "wall_s": self.wall_s, "migrated_bytes": est(self.migrated_bytes),
             "mean_in_progress": est(self.mean_in_progress), "max_in_progress": self.max_in_progress,
             "engine": self.engine,
@@ -228,6 +237,7 @@ def summarize(runs: Sequence[RunResult]) -> Summary:
         utilisation={res: estimate([r.utilisation[res] for r in runs]) for res in runs[0].utilisation},
         jain=estimate([r.jain for r in runs]),
         given={res: estimate([r.given[res] for r in runs]) for res in runs[0].given},
+        mean_yield=estimate([r.mean_yield for r in runs]),
         events=sum(r.events for r in runs), wall_s=sum(r.wall_s for r in runs),
         migrated_bytes=estimate([float(r.migrated_bytes) for r in runs]),
         mean_in_progress=estimate([r.mean_in_progress for r in runs]),

@@ -40,8 +40,9 @@ def br_pool() -> tuple[HostSpec, ...]:
 
 
 def br(profiles: Sequence[Sequence[float]], mix: Sequence[float]) -> Workload:
+    """Bonald & Roberts' classes with rates in proportion ``mix``, at load 0.5 unless ``--load`` says otherwise."""
     classes = tuple(profile_class(f"class{k + 1}", a, m) for k, (a, m) in enumerate(zip(profiles, mix, strict=True)))
-    return validate(Workload(br_pool(), classes))
+    return validate(Workload(br_pool(), classes)).scaled_to_load(0.5)
 
 
 FIG1 = ((1.0, 0.1), (0.1, 1.0))
@@ -62,7 +63,7 @@ def strategy_proofness(alpha: float = 0.1, beta: float | None = None) -> Workloa
     claim = alpha if beta is None else beta
     return validate(Workload(br_pool(), (
         profile_class("class1", (1.0, claim), 0.0, permanent=1),
-        profile_class("class2", (alpha, 1.0), 1.0),
+        profile_class("class2", (alpha, 1.0), 0.5),  # ρ2 = 0.5 unless --load says otherwise
     )))
 
 
@@ -114,6 +115,9 @@ SCENARIOS: dict[str, tuple[Callable[[], Workload], str]] = {
     "br-fig3b": (lambda: br(FIG3, (3, 3, 1, 1)), "Fig. 3b: four classes, ρ1 = ρ2 = 3ρ3 = 3ρ4"),
     "single": (single_resource, "one resource, two classes of different sizes: processor sharing"),
     "br-lie": (strategy_proofness, "§3.4: a permanent class-1 job (1, 1/10) against class-2 arrivals (1/10, 1)"),
+    "br-lie-n1": (lambda: strategy_proofness(0.1, 1 / 1.9), "§3.4: the same job claiming β = 1/(1 + 0.9 n), n = 1"),
+    "br-lie-n2": (lambda: strategy_proofness(0.1, 1 / 2.8), "§3.4: the same job claiming β optimal for n = 2"),
+    "br-lie-n5": (lambda: strategy_proofness(0.1, 1 / 5.5), "§3.4: the same job claiming β optimal for n = 5"),
     "phased": (phased, "VCs with parallel parts and phases, for altruism (CARBYNE)"),
     "cluster64": (cluster64, "64 hosts (cpu, disk, net), four kinds of multi-VM VCs, weights and tenants"),
 }
