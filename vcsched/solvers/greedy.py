@@ -13,6 +13,12 @@ the division changes nothing; for heterogeneous hosts ``load / C_h`` is what
 the host's yield depends on (``min(1, C_h / load)``, see :mod:`vcsched.yields`),
 so the greedy keeps balancing the quantity the objective cares about.
 
+On the resource vector (extra fluid resources such as disk and network,
+docs/policies.md) every algorithm here is the same with a host's load the
+largest of its relative loads over the fluid resources, and with a host that
+has none of a resource a task needs counted as one the task does not fit
+(like a host without the memory): a task there could only run at yield 0.
+
 GB and SGB run GR's and SG's choices as a depth-first search: when a task
 fits nowhere they go back to the latest task that still has an untried host
 (hosts tried in the greedy's order at that point) and continue from there.
@@ -34,7 +40,9 @@ returns first, only how many attempts it spends.  Because attempts spent on
 duplicates are saved, the pruned search reaches further within the same
 bound than the paper's unpruned one; the ``attempts`` count in the result's
 ``detail`` is the number actually made.  When the search runs out of choices
-before the bound, the instance is proved memory-infeasible (``exhausted``).
+before the bound, the instance is proved infeasible (``exhausted``): no
+placement fits in memory (and, on the resource vector, gives every task a
+host with each fluid resource it needs).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import numpy as np
 
 from vcsched.model import Instance, SolveOptions
 from vcsched.solvers.registry import Placement, Placer, register
-from vcsched.yields import MEMORY_TOLERANCE
+from vcsched.yields import MEMORY_TOLERANCE, blocked_pairs
 
 
 def task_order(instance: Instance, *, sort_by_memory: bool) -> list[int]:
@@ -53,66 +61,74 @@ def task_order(instance: Instance, *, sort_by_memory: bool) -> list[int]:
     return [int(t) for t in np.argsort(-instance.task_mem, kind="stable")]
 
 
+class _HostLoads:
+    """Per-host relative loads over the fluid resources, and which hosts each task may use.
+
+    A host's *load* is the largest of its relative loads ``sum need_r / C_hr``
+    over the fluid resources: its yield is ``min(1, C_hr / L_hr)`` over its
+    resources, so that is the quantity the objective cares about.  With CPU
+    the only fluid resource it is section 3.3's ``load / C_h``, computed with
+    the same floating-point operations as always (the CPU-only results are
+    pinned bit for bit).  A host without a resource the task needs is not one
+    the task fits (:func:`vcsched.yields.blocked_pairs`).  Plain lists, not
+    numpy: the loops below touch one host at a time.
+    """
+
+    def __init__(self, instance: Instance) -> None:
+        self.cap = instance.host_capacity.tolist()
+        self.need = instance.job_need.tolist()
+        self.job = instance.task_job.tolist()
+        self.loads = [[0.0] * len(instance.resources) for _ in range(instance.n_hosts)]
+        self.load = [0.0] * instance.n_hosts
+        every = [True] * instance.n_hosts
+        self.allowed = ([row for row in (~blocked_pairs(instance)).tolist()] if instance.has_extra_resources
+                        else [every] * instance.n_jobs)
+
+    def ok(self, t: int) -> list[bool]:
+        """Hosts task ``t`` may use as far as fluid resources go (memory is the caller's)."""
+        return self.allowed[self.job[t]]
+
+    def add(self, t: int, h: int, sign: float = 1.0) -> None:
+        """Put task ``t`` on host ``h`` (``sign=-1``: take it off again)."""
+        row, cap = self.loads[h], self.cap[h]
+        for r, x in enumerate(self.need[self.job[t]]):
+            if x > 0:
+                if sign > 0:
+                    row[r] += x / cap[r]
+                else:
+                    row[r] -= x / cap[r]
+        self.load[h] = max(row)
+
+    def state(self, h: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """What makes two hosts interchangeable at this point: capacities and loads per resource."""
+        return tuple(self.cap[h]), tuple(self.loads[h])
+
+
 def greedy(instance: Instance, order: list[int]) -> np.ndarray | None:
-    """One greedy pass: each task on the least-loaded host where its memory fits; None if one fits nowhere."""
-    n_hosts = instance.n_hosts
-    cap_cpu = instance.host_cpu.tolist()
-    free_mem = (instance.host_mem + MEMORY_TOLERANCE).tolist()
-    alpha = instance.task_alpha.tolist()
-    mem = instance.task_mem.tolist()
-    load = [0.0] * n_hosts  # CPU need placed, relative to capacity
-    hosts = np.empty(instance.n_tasks, dtype=np.int64)
-    for t in order:
-        m = mem[t]
-        best = -1
-        best_load = 0.0
-        for h in range(n_hosts):
-            if free_mem[h] >= m and (best < 0 or load[h] < best_load):
-                best, best_load = h, load[h]
-        if best < 0:
-            return None
-        hosts[t] = best
-        free_mem[best] -= m
-        load[best] += alpha[t] / cap_cpu[best]
-    return hosts
+    """One greedy pass: each task on the least-loaded host where it fits; None if one fits nowhere.
 
-
-def greedy_vector(instance: Instance, order: list[int]) -> np.ndarray | None:
-    """GR/SG on the resource vector (an instance with extra fluid resources, docs/policies.md).
-
-    The same pass as :func:`greedy`, with a host's load the largest of its
-    relative loads over every fluid resource (``sum need_r / C_hr``; a
-    resource the host has none of, needed by a task already there, makes it
-    infinite): the yield of a host is ``min(1, C_hr / L_hr)`` over its
-    resources, so this is again the quantity the objective cares about.
-    Instances whose only fluid resource is CPU never come here.
+    On an instance with extra fluid resources (disk, net, ...: docs/policies.md)
+    the load is the largest relative load over them (:class:`_HostLoads`).
     """
     n_hosts = instance.n_hosts
-    cap = instance.host_capacity
     free_mem = (instance.host_mem + MEMORY_TOLERANCE).tolist()
     mem = instance.task_mem.tolist()
-    need = instance.job_need[instance.task_job]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # rel[t, h, r] is never built whole: one task's row against every host at a time.
-        inv = np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1.0), np.inf)
-    loads = np.zeros_like(cap)  # hosts x resources, relative
-    load = [0.0] * n_hosts
+    loads = _HostLoads(instance)
+    load = loads.load
     hosts = np.empty(instance.n_tasks, dtype=np.int64)
     for t in order:
         m = mem[t]
+        ok = loads.ok(t)
         best = -1
         best_load = 0.0
         for h in range(n_hosts):
-            if free_mem[h] >= m and (best < 0 or load[h] < best_load):
+            if free_mem[h] >= m and ok[h] and (best < 0 or load[h] < best_load):
                 best, best_load = h, load[h]
         if best < 0:
             return None
         hosts[t] = best
         free_mem[best] -= m
-        with np.errstate(invalid="ignore"):
-            add = np.where(need[t] > 0, need[t] * inv[best], 0.0)
-        loads[best] += add
-        load[best] = float(loads[best].max())
+        loads.add(t, best)
     return hosts
 
 
@@ -120,34 +136,34 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
     """Depth-first search over the greedy's host choices.
 
     Returns ``(hosts or None, attempts made, exhausted)``; ``exhausted`` is True
-    when every choice was tried, i.e. no memory-feasible placement exists.
+    when every choice was tried, i.e. no placement fits (memory, and on the
+    resource vector a host for every task with each fluid resource it needs).
     """
     n_tasks, n_hosts = len(order), instance.n_hosts
     if n_tasks == 0:
         return np.empty(0, dtype=np.int64), 0, True
-    cap_cpu = instance.host_cpu.tolist()
     cap_mem = instance.host_mem.tolist()
     free_mem = (instance.host_mem + MEMORY_TOLERANCE).tolist()
-    alpha = instance.task_alpha.tolist()
     mem = instance.task_mem.tolist()
-    need = [alpha[t] / cap_cpu[h] for t in range(instance.n_tasks) for h in range(n_hosts)]  # t*H + h
-    load = [0.0] * n_hosts
+    loads = _HostLoads(instance)
+    load = loads.load
     host_range = range(n_hosts)
 
-    def candidates(m: float) -> list[int]:
-        """Hosts where memory ``m`` fits, in greedy order, one per class of equivalent hosts."""
-        fit = sorted((load[h], h) for h in host_range if free_mem[h] >= m)
+    def candidates(t: int) -> list[int]:
+        """Hosts where task ``t`` fits, in greedy order, one per class of equivalent hosts."""
+        m, ok = mem[t], loads.ok(t)
+        fit = sorted((load[h], h) for h in host_range if free_mem[h] >= m and ok[h])
         out: list[int] = []
-        seen: set[tuple[float, float, float, float]] = set()
+        seen: set[tuple[object, ...]] = set()
         for _, h in fit:
-            state = (cap_cpu[h], cap_mem[h], load[h], free_mem[h])
+            state = (*loads.state(h), cap_mem[h], free_mem[h])
             if state not in seen:
                 seen.add(state)
                 out.append(h)
         return out
 
     chosen = [0] * n_tasks  # host of the task at each depth
-    cands: list[list[int]] = [candidates(mem[order[0]])]
+    cands: list[list[int]] = [candidates(order[0])]
     pos = [0]
     depth = 0
     attempts = 0
@@ -162,7 +178,7 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
             t = order[depth]
             attempts += 1
             free_mem[h] -= mem[t]
-            load[h] += need[t * n_hosts + h]
+            loads.add(t, h)
             chosen[depth] = h
             depth += 1
             if depth == n_tasks:
@@ -170,10 +186,10 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
                 hosts[order] = chosen
                 return hosts, attempts, False
             if len(cands) > depth:
-                cands[depth] = candidates(mem[order[depth]])
+                cands[depth] = candidates(order[depth])
                 pos[depth] = 0
             else:
-                cands.append(candidates(mem[order[depth]]))
+                cands.append(candidates(order[depth]))
                 pos.append(0)
         else:
             depth -= 1
@@ -182,13 +198,12 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
             h = chosen[depth]
             t = order[depth]
             free_mem[h] += mem[t]
-            load[h] -= need[t * n_hosts + h]
+            loads.add(t, h, -1.0)
 
 
 def _greedy_placer(sort_by_memory: bool) -> Placer:
     def place(instance: Instance, options: SolveOptions) -> Placement:
-        run = greedy_vector if instance.has_extra_resources else greedy
-        hosts = run(instance, task_order(instance, sort_by_memory=sort_by_memory))
+        hosts = greedy(instance, task_order(instance, sort_by_memory=sort_by_memory))
         return Placement(hosts=hosts)
 
     return place

@@ -22,6 +22,15 @@ Rows: ``sum_h e[t, h] = 1``; ``sum_t m_t e[t, h] <= M_h``;
 ``sum_t a_j e[t, h] <= C_h``: ``x`` is non-zero only on the chosen host, where
 it equals ``a_j``); ``alpha_j Y - a[j] <= 0`` (``Y <= a_j / alpha_j``).
 
+The resource vector (extra fluid resources, docs/policies.md): a job at
+yield ``y_j = a_j / alpha_j`` uses ``y_j need_jr`` of every other fluid
+resource ``r``, so each (host, r) gets the linear row
+``sum_t x[t, h] need_jr / alpha_j <= C_hr``, and ``e[t, h]`` is fixed at 0
+where the task needs a resource the host has none of (it would run at yield
+0 there).  The makespan form gets ``sum_t need_tr e[t, h] - C_hr Z <= 0``
+and the same bounds.  Instances whose only fluid resource is CPU get none of
+this: the same model as before.
+
 Symmetry breaking for identical hosts.  Hosts with equal (C_h, M_h) are
 interchangeable, so a placement has up to ``g!`` relabelled copies per group
 of ``g`` identical hosts, and branch-and-bound would otherwise prove the same
@@ -54,7 +63,7 @@ import numpy as np
 from vcsched.model import Instance, SolveOptions
 from vcsched.solvers.lpbound import lp_bound
 from vcsched.solvers.registry import Placement, register
-from vcsched.yields import fits_in_memory, placement_min_yield
+from vcsched.yields import blocked_pairs, fits, placement_min_yield
 
 if TYPE_CHECKING:  # scipy is imported where a model is built or solved: importing it costs ~0.4 s (see registry)
     from scipy.sparse import coo_array, csr_array
@@ -76,19 +85,12 @@ BOUND_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
-class MilpModel:
-    """A MILP ``min c x  s.t.  row_lower <= A x <= row_upper,  lower <= x <= upper``.
+class HighsModel:
+    """A MILP ``min c x  s.t.  row_lower <= A x <= row_upper,  lower <= x <= upper`` over an instance's tasks and hosts.
 
-    Variable layout (``T`` tasks, ``H`` hosts, ``J`` jobs), use the index helpers:
-
-    - ``e[t, h]`` at ``e_index(t, h) = t * H + h`` (binary unless relaxed),
-    - ``x[t, h]`` at ``x_index(t, h) = T * H + t * H + h``,
-    - ``a[j]``    at ``a_index(j) = 2 * T * H + j``,
-    - ``Y``       at ``y_index = 2 * T * H + J``  (the objective is ``-OBJECTIVE_SCALE * Y``).
-
-    To add constraints (e.g. the adaptation's migration budget), build the
-    extra rows as a sparse matrix with ``n_vars`` columns and call
-    :meth:`with_rows`; then :func:`solve_model` and :func:`placement_from`.
+    What :class:`MilpModel` and :class:`MakespanModel` share: the data HiGHS
+    takes, and the task and host counts the ``e`` block is laid out by
+    (``e[t, h]`` at ``t * H + h``).
     """
 
     instance: Instance
@@ -112,6 +114,21 @@ class MilpModel:
     @property
     def n_vars(self) -> int:
         return len(self.c)
+
+
+@dataclass(frozen=True)
+class MilpModel(HighsModel):
+    """The section-2.5 MILP.  Variable layout (``T`` tasks, ``H`` hosts, ``J`` jobs), use the index helpers:
+
+    - ``e[t, h]`` at ``e_index(t, h) = t * H + h`` (binary unless relaxed),
+    - ``x[t, h]`` at ``x_index(t, h) = T * H + t * H + h``,
+    - ``a[j]``    at ``a_index(j) = 2 * T * H + j``,
+    - ``Y``       at ``y_index = 2 * T * H + J``  (the objective is ``-OBJECTIVE_SCALE * Y``).
+
+    To add constraints (e.g. the adaptation's migration budget), build the
+    extra rows as a sparse matrix with ``n_vars`` columns and call
+    :meth:`with_rows`; then :func:`solve_model` and :func:`placement_from`.
+    """
 
     def e_index(self, t: int, h: int) -> int:
         return t * self.n_hosts + h
@@ -146,10 +163,10 @@ class MilpModel:
 
 
 def identical_host_groups(instance: Instance) -> list[list[int]]:
-    """Groups (of size >= 2) of host indices with equal CPU and memory capacity, in index order."""
-    groups: dict[tuple[float, float], list[int]] = {}
+    """Groups (of size >= 2) of host indices with equal capacities (CPU, memory, every other fluid resource)."""
+    groups: dict[tuple[object, ...], list[int]] = {}
     for h, host in enumerate(instance.hosts):
-        groups.setdefault((host.cpu, host.memory), []).append(h)
+        groups.setdefault((host.cpu, host.memory, host.capacity), []).append(h)
     return [g for g in groups.values() if len(g) > 1]
 
 
@@ -223,6 +240,39 @@ def _placement_rows(instance: Instance, rows: _Rows) -> None:
     rows.add(h_of, e_col, instance.task_mem[t_of], n_h, np.full(n_h, -np.inf), instance.host_mem)
 
 
+def _extra_fluid_rows(instance: Instance, rows: _Rows, first_col: int, per_task: np.ndarray,
+                      z_col: int | None = None) -> None:
+    """One row per host and extra fluid resource ``r`` (not CPU, whose rows each form writes its own way).
+
+    ``sum_t per_task[t, r] v[t, h] <= C_hr`` over the ``(t, h)`` block of
+    variables ``v`` starting at ``first_col`` (``t * H + h``), or
+    ``<= C_hr Z`` when ``z_col`` names ``Z`` (the makespan form).
+    """
+    n_t, n_h = instance.n_tasks, instance.n_hosts
+    t_of = np.repeat(np.arange(n_t), n_h)
+    h_of = np.tile(np.arange(n_h), n_t)
+    for r in range(1, len(instance.resources)):
+        w = per_task[t_of, r]
+        nz = np.flatnonzero(w > 0)
+        cap = instance.host_capacity[:, r]
+        if z_col is None:
+            rows.add(h_of[nz], first_col + nz, w[nz], n_h, np.full(n_h, -np.inf), cap)
+        else:
+            rows.add(np.concatenate([h_of[nz], np.arange(n_h)]),
+                     np.concatenate([first_col + nz, np.full(n_h, z_col)]),
+                     np.concatenate([w[nz], -cap]), n_h, np.full(n_h, -np.inf), np.zeros(n_h))
+
+
+def _close_blocked_pairs(instance: Instance, upper: np.ndarray) -> None:
+    """``e[t, h] <= 0`` where task ``t`` needs a fluid resource host ``h`` has none of (yield 0 there).
+
+    Without it the MILP would call a placement with yield 0 feasible; with it,
+    an instance where some task has no such host with memory left is infeasible.
+    """
+    blocked = blocked_pairs(instance)[instance.task_job]  # tasks x hosts
+    upper[: instance.n_tasks * instance.n_hosts][blocked.ravel()] = 0.0
+
+
 def build_model(instance: Instance, *, symmetry_breaking: bool = True) -> MilpModel:
     """The section-2.5 MILP of ``instance`` as a :class:`MilpModel` (see the module docstring)."""
     n_t, n_h, n_j = instance.n_tasks, instance.n_hosts, instance.n_jobs
@@ -273,6 +323,13 @@ def build_model(instance: Instance, *, symmetry_breaking: bool = True) -> MilpMo
 
     lower = np.zeros(n_vars)
     upper = np.concatenate([np.ones(n_th), alpha_t[t_of], instance.job_alpha, [1.0]])
+    if instance.has_extra_resources:
+        # sum_t x[t, h] need_jr / alpha_j <= C_hr: x = y_j alpha_j on the chosen host, so y_j need_jr there.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_cpu = np.where(instance.job_alpha[:, None] > 0,
+                               instance.job_need / instance.job_alpha[:, None], 0.0)[task_job]
+        _extra_fluid_rows(instance, rows, n_th, per_cpu)
+        _close_blocked_pairs(instance, upper)
     symmetry = _break_symmetry(instance, rows, upper) if symmetry_breaking else "none"
     c = np.zeros(n_vars)
     c[y_col] = -OBJECTIVE_SCALE
@@ -399,7 +456,7 @@ def solve_model(model: MilpModel, time_limit: float | None, *, mip_rel_gap: floa
 
 
 @dataclass(frozen=True)
-class MakespanModel:
+class MakespanModel(HighsModel):
     """The minimum-yield MILP in makespan form: ``e[t, h]`` binary at ``t * H + h``, then ``Z`` at :attr:`z_index`.
 
     With the placement fixed, the best common yield is
@@ -418,28 +475,6 @@ class MakespanModel:
     form.  :mod:`vcsched.solvers.anytime` uses it; ``milp`` keeps the
     paper's formulation (its experiments reproduce the paper's).
     """
-
-    instance: Instance
-    c: np.ndarray
-    a: csr_array
-    row_lower: np.ndarray
-    row_upper: np.ndarray
-    lower: np.ndarray
-    upper: np.ndarray
-    integrality: np.ndarray
-    symmetry: str = "none"
-
-    @property
-    def n_tasks(self) -> int:
-        return self.instance.n_tasks
-
-    @property
-    def n_hosts(self) -> int:
-        return self.instance.n_hosts
-
-    @property
-    def n_vars(self) -> int:
-        return len(self.c)
 
     @property
     def z_index(self) -> int:
@@ -463,6 +498,9 @@ def build_makespan_model(instance: Instance, *, z_max: float | None = None,
     lower = np.zeros(n_vars)
     upper = np.ones(n_vars)
     upper[n_th] = np.inf if z_max is None else float(z_max)
+    if instance.has_extra_resources:  # sum_t need_tr e[t, h] - C_hr Z <= 0 for every other fluid resource
+        _extra_fluid_rows(instance, rows, 0, instance.job_need[instance.task_job], z_col=n_th)
+        _close_blocked_pairs(instance, upper)
     symmetry = _break_symmetry(instance, rows, upper) if symmetry_breaking else "none"
     c = np.zeros(n_vars)
     c[n_th] = OBJECTIVE_SCALE  # HiGHS's absolute gap of 1e-6 becomes 1e-9 on Z, as for build_model's Y
@@ -530,7 +568,7 @@ def heuristic_incumbent(instance: Instance, options: SolveOptions) -> tuple[np.n
         if name not in registered:
             continue
         hosts = registered[name].placer(instance, quick).hosts
-        if hosts is None or not fits_in_memory(instance, hosts):
+        if hosts is None or not fits(instance, hosts):
             continue
         y = placement_min_yield(instance, hosts)
         if best is None or y > best[1]:
@@ -578,7 +616,7 @@ def solve_exact(instance: Instance, options: SolveOptions) -> Placement:
     hosts: np.ndarray | None = None
     if sol.x is not None:
         hosts = placement_from(model, sol.x)
-        if not fits_in_memory(instance, hosts):
+        if not fits(instance, hosts):
             # HiGHS accepts integrality and rows to ~1e-6; a rounded solution could
             # then overcommit memory by that much.  Report it rather than hide it.
             detail["rejected"] = "solver solution overcommits memory after rounding (numerical tolerance)"

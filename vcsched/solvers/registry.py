@@ -18,7 +18,7 @@ import numpy as np
 
 from vcsched.errors import AllocationError, InputError
 from vcsched.model import Instance, SolveOptions, SolveResult
-from vcsched.yields import allocate, fits_in_memory
+from vcsched.yields import allocate, fits, fits_in_memory
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,8 @@ def solve(instance: Instance, algorithm: str, options: SolveOptions | None = Non
     hosts = np.asarray(placement.hosts, dtype=np.int64)
     if not fits_in_memory(instance, hosts):
         raise AllocationError([f"{algo.name} returned a placement that overcommits memory"])
+    if not fits(instance, hosts):
+        raise AllocationError([f"{algo.name} put a task on a host without a fluid resource it needs (yield 0)"])
     if instance.has_extra_resources:  # every fluid resource must hold, not CPU alone: the yield policy's phases
         from vcsched.policies.registry import allocate_policy
 

@@ -16,6 +16,10 @@ The placement fails when no host is left.  RRNZ first replaces every zero
 ``e[t, h]`` by ``epsilon = 0.01`` so that every host stays possible, which
 rescues tasks whose LP hosts filled up.
 
+On the resource vector (extra fluid resources, docs/policies.md) the
+relaxation has the MILP's rows for every resource, and a host without a
+resource the task needs is never drawn (the task would run at yield 0 there).
+
 The draws use ``numpy.random.default_rng(options.seed)``: one seed, one
 placement.  ``options.time_limit`` bounds the LP solve.
 """
@@ -27,7 +31,7 @@ import numpy as np
 from vcsched.model import Instance, SolveOptions
 from vcsched.solvers.milp import assignment_matrix, build_model, solve_model
 from vcsched.solvers.registry import Placement, Placer, register
-from vcsched.yields import MEMORY_TOLERANCE
+from vcsched.yields import MEMORY_TOLERANCE, blocked_pairs
 
 EPSILON = 0.01
 # HiGHS returns values like 1e-12 for variables at zero; treat those as zero.
@@ -66,10 +70,13 @@ def round_randomly(
     """
     free = (instance.host_mem + MEMORY_TOLERANCE).copy()
     mem = instance.task_mem
+    blocked = blocked_pairs(instance)[instance.task_job] if instance.has_extra_resources else None
     hosts = np.empty(instance.n_tasks, dtype=np.int64)
     rejected = 0
     for t in range(instance.n_tasks):
         p = e[t].copy()
+        if blocked is not None:  # hosts without a fluid resource the task needs (RRNZ's epsilon included)
+            p[blocked[t]] = 0.0
         while True:
             total = p.sum()
             if total <= 0.0:
