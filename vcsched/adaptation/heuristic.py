@@ -27,6 +27,14 @@ heuristics to future work.  :func:`adapt_heuristic` is ours:
    when its cost fits the budget and it gives a higher yield (or the same
    yield for fewer bytes).
 
+On the resource vector (extra fluid resources such as disk and network,
+docs/policies.md) every step is the same with a host's yield
+``min_r C_hr / L_hr`` over its fluid resources: the residual packing packs
+the vectors (:func:`vcsched.solvers.mcb_vector.pack_vector`), the greedy and
+the improvement moves weigh every resource, and a host without a resource a
+task needs is never a destination for it.  Instances whose only fluid
+resource is CPU take exactly the old paths.
+
 Everything here is pure: problems in, placements and migration lists out.
 """
 
@@ -37,9 +45,10 @@ from scipy.optimize import linear_sum_assignment
 
 from vcsched.adaptation.problem import AdaptProblem, move_cost
 from vcsched.model import Instance
+from vcsched.solvers.lpbound import lp_bound
 from vcsched.solvers.mcb import pack, search
 from vcsched.solvers.yield_search import bisect_yield
-from vcsched.yields import MEMORY_TOLERANCE, placement_min_yield
+from vcsched.yields import MEMORY_TOLERANCE, blocked_pairs, placement_min_yield
 
 _YIELD_EPS = 1e-9
 
@@ -47,10 +56,37 @@ _YIELD_EPS = 1e-9
 # ---------------------------------------------------------------------------------------------- packing
 
 def _yield_of(instance: Instance, cpu_load: np.ndarray) -> float:
+    """The common yield of per-host loads: CPU needs (a vector), or hosts x fluid resources (a matrix)."""
+    cap = instance.host_cpu if cpu_load.ndim == 1 else instance.host_capacity
     used = cpu_load > 0
     if not used.any():
         return 1.0
-    return float(min(1.0, np.min(instance.host_cpu[used] / cpu_load[used])))
+    return float(min(1.0, np.min(cap[used] / cpu_load[used])))
+
+
+def _capacity(instance: Instance) -> np.ndarray:
+    """Fluid capacities, hosts x resources (one column, CPU, on an instance without extra resources)."""
+    return instance.host_capacity
+
+
+def _task_need(instance: Instance) -> np.ndarray:
+    """Fluid needs per task, tasks x resources (column 0 = ``alpha``)."""
+    return instance.job_need[instance.task_job]
+
+
+def _loads(instance: Instance, hosts: np.ndarray, tasks: np.ndarray | None = None) -> np.ndarray:
+    """Fluid needs placed per host, hosts x resources, of ``tasks`` (default all) at ``hosts[tasks]``."""
+    need = _task_need(instance)
+    idx = np.arange(instance.n_tasks) if tasks is None else tasks
+    h = np.asarray(hosts, dtype=np.int64)[idx]
+    return np.stack([np.bincount(h, weights=need[idx, r], minlength=instance.n_hosts)
+                     for r in range(need.shape[1])], axis=1).reshape(instance.n_hosts, need.shape[1])
+
+
+def _ratio(cap: np.ndarray, load: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """``min_r cap_r / load_r`` over the last axis, ``inf`` where a load is at most ``floor`` (nothing there)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.min(np.where(load > floor, cap / load, np.inf), axis=-1)
 
 
 def pack_residual(
@@ -66,6 +102,8 @@ def pack_residual(
     """
     fixed = np.ones(instance.n_tasks, dtype=bool)
     fixed[pool] = False
+    if instance.has_extra_resources:
+        return _pack_residual_vector(instance, hosts, pool, fixed, precision)
     base_h = hosts[fixed]
     cpu_load = np.bincount(base_h, weights=instance.task_alpha[fixed], minlength=instance.n_hosts)
     mem_load = np.bincount(base_h, weights=instance.task_mem[fixed], minlength=instance.n_hosts)
@@ -109,8 +147,64 @@ def pack_residual(
     return max(candidates, key=lambda c: placement_min_yield(instance, c))
 
 
+def _pack_residual_vector(instance: Instance, hosts: np.ndarray, pool: np.ndarray, fixed: np.ndarray,
+                          precision: float) -> np.ndarray | None:
+    """:func:`pack_residual` on the resource vector: the same greedy and MCB8 search over every fluid resource.
+
+    The greedy's yield of a host is ``min_r C_hr / L_hr``; hosts without a
+    resource the task needs are not candidates.  The MCB8 probes pack the
+    pool's vectors ``(y need_j, m_j)`` into what the fixed tasks leave at ``y``
+    (:func:`vcsched.solvers.mcb_vector.pack_vector`).
+    """
+    from vcsched.solvers.mcb_vector import pack_vector, vector_lists
+
+    cap = _capacity(instance)
+    fluid = _loads(instance, hosts, np.flatnonzero(fixed))
+    mem_load = np.bincount(hosts[fixed], weights=instance.task_mem[fixed], minlength=instance.n_hosts)
+    if len(pool) == 0:
+        return hosts.copy()
+    need, mem = _task_need(instance)[pool], instance.task_mem[pool]
+    blocked = blocked_pairs(instance)[instance.task_job[pool]]
+    mem_free = instance.host_mem - mem_load
+    candidates = []
+
+    greedy = hosts.copy()
+    load, mfree = fluid.copy(), mem_free.copy()
+    ok = True
+    for i in np.lexsort((np.arange(len(pool)), -need.max(axis=1))):  # the biggest need first, stable
+        room = (mfree >= mem[i] - MEMORY_TOLERANCE) & ~blocked[i]
+        if not room.any():
+            ok = False
+            break
+        ratio = np.where(room, _ratio(cap, load + need[i]), -np.inf)
+        h = int(np.argmax(ratio))
+        greedy[pool[i]] = h
+        load[h] += need[i]
+        mfree[h] -= mem[i]
+    if ok:
+        candidates.append(greedy)
+
+    def residual_mcb8(y: float) -> np.ndarray | None:
+        free = np.column_stack((np.maximum(cap - y * fluid, 0.0), mem_free))
+        return pack_vector(vector_lists("mcb8", np.column_stack((y * need, mem))), free)
+
+    upper = min(_yield_of(instance, fluid), lp_bound(instance) or 0.0)
+    packed = bisect_yield(residual_mcb8, 0.0, upper, precision, probe_upper=True).found if upper > 0 else None
+    if packed is not None:
+        placed = hosts.copy()
+        placed[pool] = packed
+        candidates.append(placed)
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: placement_min_yield(instance, c))
+
+
 def mcb8_from_scratch(instance: Instance, precision: float = 1e-4) -> np.ndarray | None:
-    """A full MCB8 placement (section 3.4's binary search), ignoring where tasks run now."""
+    """A full MCB8 placement (section 3.4's binary search), ignoring where tasks run now (on every fluid resource)."""
+    if instance.has_extra_resources:
+        from vcsched.solvers.mcb_vector import search_level
+
+        return search_level(instance, "mcb8", None, precision).hosts
     return search(instance, "mcb8", precision).hosts
 
 
@@ -135,13 +229,13 @@ def align_to_current(problem: AdaptProblem, target: np.ndarray) -> np.ndarray:
     inst = problem.instance
     target = np.asarray(target, dtype=np.int64).copy()
     run = problem.running
-    # 1. Host relabelling within classes of equal (cpu, memory).
+    # 1. Host relabelling within classes of equal capacities (cpu, memory, every other fluid resource).
     stay = np.zeros((inst.n_hosts, inst.n_hosts))  # [target host, current host] -> bytes
     np.add.at(stay, (target[run], problem.current[run]), problem.task_bytes[run].astype(float))
     rename = np.arange(inst.n_hosts)
-    classes: dict[tuple[float, float], list[int]] = {}
+    classes: dict[tuple[object, ...], list[int]] = {}
     for h, host in enumerate(inst.hosts):
-        classes.setdefault((host.cpu, host.memory), []).append(h)
+        classes.setdefault((host.cpu, host.memory, host.capacity), []).append(h)
     for members in classes.values():
         if len(members) < 2:
             continue
@@ -215,7 +309,8 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     """
     inst = problem.instance
     hosts = np.asarray(hosts, dtype=np.int64).copy()
-    load = np.bincount(hosts, weights=inst.task_alpha, minlength=inst.n_hosts)
+    cap, need = _capacity(inst), _task_need(inst)
+    load = _loads(inst, hosts)  # hosts x fluid resources
     mem = np.bincount(hosts, weights=inst.task_mem, minlength=inst.n_hosts)
     spent = move_cost(problem, hosts)
     history: list[tuple[int, int, int]] = []  # (task, from, to)
@@ -223,8 +318,7 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     limit = max_moves if max_moves is not None else 4 * inst.n_tasks + 100
     all_hosts = np.arange(inst.n_hosts)
     while len(history) < limit:
-        with np.errstate(divide="ignore"):
-            ratio = np.where(load > 0, inst.host_cpu / load, np.inf)
+        ratio = _ratio(cap, load)
         b = int(np.argmin(ratio))
         if ratio[b] >= 1.0:
             break
@@ -252,8 +346,8 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
             steps = [(t, b, h), (u, h, b)]
         for task, src, dst in steps:
             hosts[task] = dst
-            load[src] -= inst.task_alpha[task]
-            load[dst] += inst.task_alpha[task]
+            load[src] -= need[task]
+            load[dst] += need[task]
             mem[src] -= inst.task_mem[task]
             mem[dst] += inst.task_mem[task]
             history.append((task, src, dst))
@@ -270,17 +364,17 @@ def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int,
                dests: np.ndarray) -> tuple[int, int, int] | None:
     """The move of a task on ``b`` to one of ``dests`` that buys the most yield per byte: (task, host, bytes)."""
     inst = problem.instance
-    y_b = inst.host_cpu[b] / load[b]
-    a = inst.task_alpha[on][:, None]
+    cap = _capacity(inst)
+    y_b = _ratio(cap[b], load[b])
+    a = _task_need(inst)[on][:, None, :]
     m = inst.task_mem[on][:, None]
     tb = problem.task_bytes[on][:, None].astype(float)
     cur = problem.current[on][:, None]
     running = cur >= 0
     dest = dests[None, :]
     dc = np.where(running & (cur != dest), tb, 0.0) - np.where(running & (cur != b), tb, 0.0)
-    with np.errstate(divide="ignore"):
-        after_b = np.where(load[b] - a > 1e-12, inst.host_cpu[b] / (load[b] - a), np.inf)
-    after_h = inst.host_cpu[dests][None, :] / (load[dests][None, :] + a)
+    after_b = _ratio(cap[b], load[b] - a, floor=1e-12)
+    after_h = _ratio(cap[dests][None, :, :], load[dests][None, :, :] + a)  # 0 where a needed resource is absent
     gain = np.minimum(np.minimum(after_b, after_h), 1.0) - y_b
     ok = ((mem[dests][None, :] + m <= inst.host_mem[dests][None, :] + MEMORY_TOLERANCE) & (dest != b)
           & (spent + dc <= problem.budget) & (gain > _YIELD_EPS))
@@ -306,19 +400,19 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     if not len(others) or not len(on):
         return None
     hu = hosts[others][None, :]
-    at, au = inst.task_alpha[on][:, None], inst.task_alpha[others][None, :]
+    cap, need = _capacity(inst), _task_need(inst)
+    at, au = need[on][:, None, :], need[others][None, :, :]
     mt, mu = inst.task_mem[on][:, None], inst.task_mem[others][None, :]
     ct, cu = problem.current[on][:, None], problem.current[others][None, :]
     bt, bu = problem.task_bytes[on][:, None].astype(float), problem.task_bytes[others][None, :].astype(float)
     # Byte cost change: t goes b -> hu, u goes hu -> b (each relative to where it runs now).
     dc = (np.where((ct >= 0) & (ct != hu), bt, 0.0) - np.where((ct >= 0) & (ct != b), bt, 0.0)
           + np.where((cu >= 0) & (cu != b), bu, 0.0) - np.where((cu >= 0) & (cu != hu), bu, 0.0))
-    y_b = inst.host_cpu[b] / load[b]
+    y_b = _ratio(cap[b], load[b])
     new_b = load[b] - at + au
-    new_h = load[hosts[others]][None, :] - au + at
-    with np.errstate(divide="ignore"):
-        gain = np.minimum(np.minimum(inst.host_cpu[b] / new_b, inst.host_cpu[hu] / new_h), 1.0) - y_b
-    ok = ((au < at) & (gain > _YIELD_EPS) & (spent + dc <= problem.budget)
+    new_h = load[hosts[others]][None, :, :] - au + at
+    gain = np.minimum(np.minimum(_ratio(cap[b], new_b), _ratio(cap[hu], new_h)), 1.0) - y_b
+    ok = (np.any(au < at, axis=-1) & (gain > _YIELD_EPS) & (spent + dc <= problem.budget)
           & (mem[b] - mt + mu <= inst.host_mem[b] + MEMORY_TOLERANCE)
           & (mem[hosts[others]][None, :] - mu + mt <= inst.host_mem[hu] + MEMORY_TOLERANCE))
     if not ok.any():

@@ -10,8 +10,9 @@ from vcsched.adaptation.heuristic import adapt_heuristic
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult, migrations, move_cost
 from vcsched.errors import InputError
 from vcsched.model import SolveOptions, SolveResult
+from vcsched.solvers.registry import allocation_of
 from vcsched.validate import check_allocation
-from vcsched.yields import allocate, fits_in_memory
+from vcsched.yields import fits
 
 ALGORITHMS = ("heuristic", "milp")
 
@@ -35,12 +36,13 @@ def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
         runtime = time.perf_counter() - start
         return AdaptResult(SolveResult(algorithm, False, None, None, None, runtime, optimal, detail=detail))
     hosts = np.asarray(hosts, dtype=np.int64)
-    if not fits_in_memory(inst, hosts):
-        raise AssertionError(f"adapt {algorithm} returned a placement that overcommits memory")
+    if not fits(inst, hosts):
+        raise AssertionError(f"adapt {algorithm} returned a placement that overcommits memory "
+                             "or puts a task where a fluid resource it needs has capacity 0")
     cost = move_cost(problem, hosts)
     if cost > problem.budget:
         raise AssertionError(f"adapt {algorithm} spent {cost} bytes, above the budget {problem.budget}")
-    allocation = allocate(inst, hosts)
+    allocation = allocation_of(inst, hosts)  # every fluid resource, not CPU alone
     runtime = time.perf_counter() - start
     min_y, avg_y = allocation.min_yield(inst), allocation.avg_yield(inst)
     check_allocation(inst, allocation, min_yield=min_y, avg_yield=avg_y)
