@@ -56,12 +56,14 @@ def fits(instance: Instance, hosts: np.ndarray) -> bool:
     return not bool(blocked_pairs(instance)[instance.task_job, h].any())
 
 
-def fluid_loads(instance: Instance, hosts: np.ndarray) -> np.ndarray:
-    """``hosts x resources``: the fluid needs placed on every host (column 0 = CPU)."""
+def fluid_loads(instance: Instance, hosts: np.ndarray, tasks: np.ndarray | None = None) -> np.ndarray:
+    """``hosts x resources``: the fluid needs placed on every host (column 0 = CPU), of ``tasks`` (default all)."""
     need = instance.job_need[instance.task_job]
-    h = np.asarray(hosts, dtype=np.int64)
-    return np.stack([np.bincount(h, weights=need[:, r], minlength=instance.n_hosts)
-                     for r in range(need.shape[1])], axis=1).reshape(instance.n_hosts, need.shape[1])
+    idx = np.arange(instance.n_tasks) if tasks is None else np.asarray(tasks, dtype=np.int64)
+    h = np.asarray(hosts, dtype=np.int64)[idx]
+    d = need.shape[1]
+    return np.stack([np.bincount(h, weights=need[idx, r], minlength=instance.n_hosts) for r in range(d)],
+                    axis=1).reshape(instance.n_hosts, d).astype(float)
 
 
 def placement_min_yield(instance: Instance, hosts: np.ndarray) -> float:

@@ -48,7 +48,7 @@ from vcsched.model import Instance
 from vcsched.solvers.lpbound import lp_bound
 from vcsched.solvers.mcb import pack, search
 from vcsched.solvers.yield_search import bisect_yield
-from vcsched.yields import MEMORY_TOLERANCE, blocked_pairs, placement_min_yield
+from vcsched.yields import MEMORY_TOLERANCE, blocked_pairs, fluid_loads, placement_min_yield
 
 _YIELD_EPS = 1e-9
 
@@ -72,15 +72,6 @@ def _capacity(instance: Instance) -> np.ndarray:
 def _task_need(instance: Instance) -> np.ndarray:
     """Fluid needs per task, tasks x resources (column 0 = ``alpha``)."""
     return instance.job_need[instance.task_job]
-
-
-def _loads(instance: Instance, hosts: np.ndarray, tasks: np.ndarray | None = None) -> np.ndarray:
-    """Fluid needs placed per host, hosts x resources, of ``tasks`` (default all) at ``hosts[tasks]``."""
-    need = _task_need(instance)
-    idx = np.arange(instance.n_tasks) if tasks is None else tasks
-    h = np.asarray(hosts, dtype=np.int64)[idx]
-    return np.stack([np.bincount(h, weights=need[idx, r], minlength=instance.n_hosts)
-                     for r in range(need.shape[1])], axis=1).reshape(instance.n_hosts, need.shape[1])
 
 
 def _ratio(cap: np.ndarray, load: np.ndarray, floor: float = 0.0) -> np.ndarray:
@@ -159,7 +150,7 @@ def _pack_residual_vector(instance: Instance, hosts: np.ndarray, pool: np.ndarra
     from vcsched.solvers.mcb_vector import pack_vector, vector_lists
 
     cap = _capacity(instance)
-    fluid = _loads(instance, hosts, np.flatnonzero(fixed))
+    fluid = fluid_loads(instance, hosts, np.flatnonzero(fixed))
     mem_load = np.bincount(hosts[fixed], weights=instance.task_mem[fixed], minlength=instance.n_hosts)
     if len(pool) == 0:
         return hosts.copy()
@@ -271,10 +262,18 @@ def _evict_overfull(problem: AdaptProblem) -> np.ndarray:
     """Running tasks to take off hosts whose memory is over capacity, cheapest bytes per unit of memory first.
 
     This only happens when host capacities shrank since the tasks were placed
-    (a host reserved more memory); the evicted tasks must migrate.
+    (a host reserved more memory); the evicted tasks must migrate.  So must a
+    running task on a host without a fluid resource it needs (it could only run
+    at yield 0 there); those come first.
     """
     inst = problem.instance
     run = problem.running
+    if inst.has_extra_resources:
+        stranded = np.flatnonzero(run & blocked_pairs(inst)[inst.task_job, problem.current.clip(min=0)])
+        if len(stranded):
+            rest = _evict_overfull(AdaptProblem(inst, np.where(np.isin(np.arange(inst.n_tasks), stranded), -1,
+                                                                problem.current), problem.task_bytes, problem.budget))
+            return np.concatenate((stranded, rest)).astype(np.int64)
     mem_load = np.bincount(problem.current[run], weights=inst.task_mem[run], minlength=inst.n_hosts)
     evicted: list[int] = []
     for h in np.flatnonzero(mem_load > inst.host_mem + MEMORY_TOLERANCE):
@@ -310,7 +309,7 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     inst = problem.instance
     hosts = np.asarray(hosts, dtype=np.int64).copy()
     cap, need = _capacity(inst), _task_need(inst)
-    load = _loads(inst, hosts)  # hosts x fluid resources
+    load = fluid_loads(inst, hosts)  # hosts x fluid resources
     mem = np.bincount(hosts, weights=inst.task_mem, minlength=inst.n_hosts)
     spent = move_cost(problem, hosts)
     history: list[tuple[int, int, int]] = []  # (task, from, to)
