@@ -86,69 +86,15 @@ def pack_residual(
     """Place the ``pool`` tasks around the fixed tasks of ``hosts`` (entries of ``pool`` ignored there).
 
     Binary search on the yield ``Y`` (section 3.4, :func:`~vcsched.solvers.yield_search.bisect_yield`,
-    the upper end first): a probe packs the pool with CPU ``Y * alpha`` into
-    what the fixed tasks leave at that ``Y``, with the MCB8 kernel of
-    :func:`vcsched.solvers.mcb.pack`.  The "least relative load" greedy is
-    also tried and the better kept.
+    the upper end first): a probe packs the pool with needs ``Y * need`` into
+    what the fixed tasks leave at that ``Y``, with MCB8 (the 2-D kernel of
+    :func:`vcsched.solvers.mcb.pack` on CPU and memory; on the resource vector
+    :func:`vcsched.solvers.mcb_vector.pack_vector`).  The "least relative
+    load" greedy (a host's yield ``min_r C_hr / L_hr``; hosts without a
+    resource the task needs are not candidates) is also tried and the better kept.
     """
     fixed = np.ones(instance.n_tasks, dtype=bool)
     fixed[pool] = False
-    if instance.has_extra_resources:
-        return _pack_residual_vector(instance, hosts, pool, fixed, precision)
-    base_h = hosts[fixed]
-    cpu_load = np.bincount(base_h, weights=instance.task_alpha[fixed], minlength=instance.n_hosts)
-    mem_load = np.bincount(base_h, weights=instance.task_mem[fixed], minlength=instance.n_hosts)
-    if len(pool) == 0:
-        return hosts.copy()
-    alpha, mem = instance.task_alpha[pool], instance.task_mem[pool]
-    mem_free = instance.host_mem - mem_load
-    candidates = []
-
-    # Least relative load: biggest CPU need first, onto the host where it lowers the yield least.
-    greedy = hosts.copy()
-    load, mfree = cpu_load.copy(), mem_free.copy()
-    ok = True
-    for i in np.argsort(-alpha, kind="stable"):
-        room = mfree >= mem[i] - MEMORY_TOLERANCE
-        if not room.any():
-            ok = False
-            break
-        ratio = np.where(room, instance.host_cpu / (load + alpha[i]), -np.inf)
-        h = int(np.argmax(ratio))
-        greedy[pool[i]] = h
-        load[h] += alpha[i]
-        mfree[h] -= mem[i]
-    if ok:
-        candidates.append(greedy)
-
-    # MCB8 on the residual capacities, binary search on Y.  Upper end, probed first: what the fixed tasks
-    # allow, and the LP bound of section 3.1 for the whole instance.
-    def residual_mcb8(y: float) -> np.ndarray | None:
-        cpu_free = np.maximum(instance.host_cpu - y * cpu_load, 0.0)
-        return pack(y * alpha, mem, cpu_free, mem_free, "mcb8")
-
-    upper = min(_yield_of(instance, cpu_load), float(instance.host_cpu.sum() / instance.task_alpha.sum()))
-    packed = bisect_yield(residual_mcb8, 0.0, upper, precision, probe_upper=True).found
-    if packed is not None:
-        placed = hosts.copy()
-        placed[pool] = packed
-        candidates.append(placed)
-    if not candidates:
-        return None
-    return max(candidates, key=lambda c: placement_min_yield(instance, c))
-
-
-def _pack_residual_vector(instance: Instance, hosts: np.ndarray, pool: np.ndarray, fixed: np.ndarray,
-                          precision: float) -> np.ndarray | None:
-    """:func:`pack_residual` on the resource vector: the same greedy and MCB8 search over every fluid resource.
-
-    The greedy's yield of a host is ``min_r C_hr / L_hr``; hosts without a
-    resource the task needs are not candidates.  The MCB8 probes pack the
-    pool's vectors ``(y need_j, m_j)`` into what the fixed tasks leave at ``y``
-    (:func:`vcsched.solvers.mcb_vector.pack_vector`).
-    """
-    from vcsched.solvers.mcb_vector import pack_vector, vector_lists
-
     cap = _capacity(instance)
     fluid = fluid_loads(instance, hosts, np.flatnonzero(fixed))
     mem_load = np.bincount(hosts[fixed], weights=instance.task_mem[fixed], minlength=instance.n_hosts)
@@ -159,10 +105,11 @@ def _pack_residual_vector(instance: Instance, hosts: np.ndarray, pool: np.ndarra
     mem_free = instance.host_mem - mem_load
     candidates = []
 
+    # Least relative load: biggest need first, onto the host where it lowers the yield least.
     greedy = hosts.copy()
     load, mfree = fluid.copy(), mem_free.copy()
     ok = True
-    for i in np.lexsort((np.arange(len(pool)), -need.max(axis=1))):  # the biggest need first, stable
+    for i in np.argsort(-need.max(axis=1), kind="stable"):
         room = (mfree >= mem[i] - MEMORY_TOLERANCE) & ~blocked[i]
         if not room.any():
             ok = False
@@ -175,16 +122,24 @@ def _pack_residual_vector(instance: Instance, hosts: np.ndarray, pool: np.ndarra
     if ok:
         candidates.append(greedy)
 
+    # MCB8 on the residual capacities, binary search on Y.  Upper end, probed first: what the fixed tasks
+    # allow, and the LP bound of section 3.1 for the whole instance.
     def residual_mcb8(y: float) -> np.ndarray | None:
-        free = np.column_stack((np.maximum(cap - y * fluid, 0.0), mem_free))
-        return pack_vector(vector_lists("mcb8", np.column_stack((y * need, mem))), free)
+        free = np.maximum(cap - y * fluid, 0.0)
+        if not instance.has_extra_resources:
+            return pack(y * need[:, 0], mem, free[:, 0], mem_free, "mcb8")
+        from vcsched.solvers.mcb_vector import pack_vector, vector_lists
 
-    upper = min(_yield_of(instance, fluid), lp_bound(instance) or 0.0)
-    packed = bisect_yield(residual_mcb8, 0.0, upper, precision, probe_upper=True).found if upper > 0 else None
-    if packed is not None:
-        placed = hosts.copy()
-        placed[pool] = packed
-        candidates.append(placed)
+        return pack_vector(vector_lists("mcb8", np.column_stack((y * need, mem))), np.column_stack((free, mem_free)))
+
+    bound = lp_bound(instance)
+    if bound is not None:
+        upper = min(_yield_of(instance, fluid), bound)
+        packed = bisect_yield(residual_mcb8, 0.0, upper, precision, probe_upper=True).found
+        if packed is not None:
+            placed = hosts.copy()
+            placed[pool] = packed
+            candidates.append(placed)
     if not candidates:
         return None
     return max(candidates, key=lambda c: placement_min_yield(instance, c))
