@@ -61,23 +61,29 @@ def relative(load: np.ndarray, cap: np.ndarray) -> np.ndarray:
     ``inf`` once something does (its tasks could only run at yield 0).  With
     CPU the only fluid resource this is ``L / C`` itself, bit for bit.
     """
-    if cap.shape[-1] == 1 or np.all(cap > 0):
+    if np.all(cap > 0):
         return np.max(load / cap, axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.max(np.where(cap > 0, load / cap, np.where(load > 0, np.inf, 0.0)), axis=-1)
 
 
-def fluid_need(instance: Instance) -> np.ndarray:
-    """Tasks x fluid resources (column 0 = ``alpha``)."""
-    return instance.job_need[instance.task_job]
+def fluid_arrays(instance: Instance) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray, np.ndarray], np.ndarray]]:
+    """``(capacity, need per task, relative load)`` with a resource axis only on the resource vector.
+
+    CPU alone keeps the flat arrays ``host_cpu``, ``task_alpha`` and plain
+    division, so its numbers and its speed are what they always were.
+    """
+    if instance.has_extra_resources:
+        return instance.host_capacity, instance.job_need[instance.task_job], relative
+    return instance.host_cpu, instance.task_alpha, np.divide
 
 
 @dataclass
 class LoadState:
     """A placement and its per-host fluid-need and memory sums, kept in step by :meth:`move`.
 
-    ``load`` is hosts x fluid resources (one column, CPU, when the instance has
-    no others): on the resource vector a host's relative load is the largest
+    ``load`` is hosts x fluid resources on the resource vector (the CPU need
+    per host when CPU is the only one, :func:`fluid_arrays`): a host's relative load is the largest
     over its resources (:func:`relative`), and everything below weighs that.
     """
 
@@ -89,7 +95,8 @@ class LoadState:
     @classmethod
     def of(cls, instance: Instance, hosts: np.ndarray) -> LoadState:
         hosts = np.array(hosts, dtype=np.int64)
-        load = fluid_loads(instance, hosts)
+        load = (fluid_loads(instance, hosts) if instance.has_extra_resources
+                else np.bincount(hosts, weights=instance.task_alpha, minlength=instance.n_hosts))
         mem = np.bincount(hosts, weights=instance.task_mem, minlength=instance.n_hosts)
         return cls(instance, hosts, load, mem)
 
@@ -98,7 +105,8 @@ class LoadState:
 
     def ratio(self) -> np.ndarray:
         """Relative load ``max_r L_hr / C_hr`` per host."""
-        return relative(self.load, self.instance.host_capacity)
+        cap, _, rel = fluid_arrays(self.instance)
+        return rel(self.load, cap)
 
     def max_ratio(self) -> float:
         return float(np.max(self.ratio())) if len(self.load) else 0.0
@@ -110,7 +118,9 @@ class LoadState:
 
     def move(self, task: int, dest: int) -> None:
         src = int(self.hosts[task])
-        a, m = self.instance.job_need[self.instance.task_job[task]], self.instance.task_mem[task]
+        inst = self.instance
+        a = inst.job_need[inst.task_job[task]] if inst.has_extra_resources else inst.task_alpha[task]
+        m = inst.task_mem[task]
         self.hosts[task] = dest
         self.load[src] -= a
         self.load[dest] += a
@@ -135,8 +145,8 @@ def best_step(state: LoadState, h1: int, partners: np.ndarray | None = None) -> 
     relative load is below ``h1``'s).
     """
     inst = state.instance
-    cap_c, cap_m = inst.host_capacity, inst.host_mem
-    alpha, tmem = fluid_need(inst), inst.task_mem
+    cap_c, alpha, rel = fluid_arrays(inst)
+    cap_m, tmem = inst.host_mem, inst.task_mem
     on = np.flatnonzero(state.hosts == h1)
     if not len(on):
         return None
@@ -156,8 +166,8 @@ def best_step(state: LoadState, h1: int, partners: np.ndarray | None = None) -> 
     best: Step | None = None
     # Moves: task t (on h1) to host h.
     dests = np.flatnonzero(ok_host)
-    new1 = relative(state.load[h1] - a1, cap_c[h1])
-    new2 = relative(state.load[dests][None, :] + a1[:, None], cap_c[dests][None, :])
+    new1 = rel(state.load[h1] - a1, cap_c[h1])
+    new2 = rel(state.load[dests][None, :] + a1[:, None], cap_c[dests][None, :])
     value = np.maximum(new1[:, None], new2)
     fits = state.mem[dests][None, :] + m1[:, None] <= cap_m[dests][None, :] + MEMORY_SLACK
     value = np.where(fits, value, np.inf)
@@ -174,11 +184,12 @@ def best_step(state: LoadState, h1: int, partners: np.ndarray | None = None) -> 
         m2 = tmem[others]
         d_a = a1[:, None] - a2[None, :]  # fluid needs that leave h1
         d_m = m1[:, None] - m2[None, :]
-        new1 = relative(state.load[h1] - d_a, cap_c[h1])
-        new2 = relative(state.load[h2][None, :] + d_a, cap_c[h2][None, :])
+        new1 = rel(state.load[h1] - d_a, cap_c[h1])
+        new2 = rel(state.load[h2][None, :] + d_a, cap_c[h2][None, :])
         value = np.maximum(new1, new2)
+        helps = (d_a > 0).any(axis=-1) if d_a.ndim == 3 else d_a > 0  # something leaves h1
         fits = ((state.mem[h1] - d_m <= cap_m[h1] + MEMORY_SLACK)
-                & (state.mem[h2][None, :] + d_m <= cap_m[h2][None, :] + MEMORY_SLACK) & np.any(d_a > 0, axis=-1))
+                & (state.mem[h2][None, :] + d_m <= cap_m[h2][None, :] + MEMORY_SLACK) & helps)
         value = np.where(fits, value, np.inf)
         i = int(np.argmin(value))
         v = float(value.flat[i])
