@@ -64,20 +64,26 @@ def _yield_of(instance: Instance, cpu_load: np.ndarray) -> float:
     return float(min(1.0, np.min(cap[used] / cpu_load[used])))
 
 
-def _capacity(instance: Instance) -> np.ndarray:
-    """Fluid capacities, hosts x resources (one column, CPU, on an instance without extra resources)."""
-    return instance.host_capacity
+def _fluid(instance: Instance) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(capacity, need per task, vector)``: hosts x and tasks x fluid resources on the resource vector,
+    else the flat ``host_cpu`` and ``task_alpha`` (the CPU-only arithmetic and speed, unchanged)."""
+    if instance.has_extra_resources:
+        return instance.host_capacity, instance.job_need[instance.task_job], True
+    return instance.host_cpu, instance.task_alpha, False
 
 
-def _task_need(instance: Instance) -> np.ndarray:
-    """Fluid needs per task, tasks x resources (column 0 = ``alpha``)."""
-    return instance.job_need[instance.task_job]
+def _placed(instance: Instance, hosts: np.ndarray) -> np.ndarray:
+    """The fluid loads of a placement in :func:`_fluid`'s layout."""
+    if instance.has_extra_resources:
+        return fluid_loads(instance, hosts)
+    return np.bincount(hosts, weights=instance.task_alpha, minlength=instance.n_hosts)
 
 
-def _ratio(cap: np.ndarray, load: np.ndarray, floor: float = 0.0) -> np.ndarray:
-    """``min_r cap_r / load_r`` over the last axis, ``inf`` where a load is at most ``floor`` (nothing there)."""
+def _ratio(cap: np.ndarray, load: np.ndarray, vector: bool, floor: float = 0.0) -> np.ndarray:
+    """``C / L`` (``min_r C_r / L_r`` over the last axis when ``vector``), ``inf`` where a load is at most ``floor``."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.min(np.where(load > floor, cap / load, np.inf), axis=-1)
+        r = np.where(load > floor, cap / load, np.inf)
+    return np.min(r, axis=-1) if vector else r
 
 
 def pack_residual(
@@ -95,12 +101,12 @@ def pack_residual(
     """
     fixed = np.ones(instance.n_tasks, dtype=bool)
     fixed[pool] = False
-    cap = _capacity(instance)
+    cap = instance.host_capacity
     fluid = fluid_loads(instance, hosts, np.flatnonzero(fixed))
     mem_load = np.bincount(hosts[fixed], weights=instance.task_mem[fixed], minlength=instance.n_hosts)
     if len(pool) == 0:
         return hosts.copy()
-    need, mem = _task_need(instance)[pool], instance.task_mem[pool]
+    need, mem = instance.job_need[instance.task_job[pool]], instance.task_mem[pool]
     blocked = blocked_pairs(instance)[instance.task_job[pool]]
     mem_free = instance.host_mem - mem_load
     candidates = []
@@ -114,7 +120,7 @@ def pack_residual(
         if not room.any():
             ok = False
             break
-        ratio = np.where(room, _ratio(cap, load + need[i]), -np.inf)
+        ratio = np.where(room, _ratio(cap, load + need[i], True), -np.inf)
         h = int(np.argmax(ratio))
         greedy[pool[i]] = h
         load[h] += need[i]
@@ -263,8 +269,8 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     """
     inst = problem.instance
     hosts = np.asarray(hosts, dtype=np.int64).copy()
-    cap, need = _capacity(inst), _task_need(inst)
-    load = fluid_loads(inst, hosts)  # hosts x fluid resources
+    cap, need, vec = _fluid(inst)
+    load = _placed(inst, hosts)
     mem = np.bincount(hosts, weights=inst.task_mem, minlength=inst.n_hosts)
     spent = move_cost(problem, hosts)
     history: list[tuple[int, int, int]] = []  # (task, from, to)
@@ -272,7 +278,7 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     limit = max_moves if max_moves is not None else 4 * inst.n_tasks + 100
     all_hosts = np.arange(inst.n_hosts)
     while len(history) < limit:
-        ratio = _ratio(cap, load)
+        ratio = _ratio(cap, load, vec)
         b = int(np.argmin(ratio))
         if ratio[b] >= 1.0:
             break
@@ -318,17 +324,17 @@ def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int,
                dests: np.ndarray) -> tuple[int, int, int] | None:
     """The move of a task on ``b`` to one of ``dests`` that buys the most yield per byte: (task, host, bytes)."""
     inst = problem.instance
-    cap = _capacity(inst)
-    y_b = _ratio(cap[b], load[b])
-    a = _task_need(inst)[on][:, None, :]
+    cap, need, vec = _fluid(inst)
+    y_b = _ratio(cap[b], load[b], vec)
+    a = need[on][:, None, ...]
     m = inst.task_mem[on][:, None]
     tb = problem.task_bytes[on][:, None].astype(float)
     cur = problem.current[on][:, None]
     running = cur >= 0
     dest = dests[None, :]
     dc = np.where(running & (cur != dest), tb, 0.0) - np.where(running & (cur != b), tb, 0.0)
-    after_b = _ratio(cap[b], load[b] - a, floor=1e-12)
-    after_h = _ratio(cap[dests][None, :, :], load[dests][None, :, :] + a)  # 0 where a needed resource is absent
+    after_b = _ratio(cap[b], load[b] - a, vec, floor=1e-12)
+    after_h = _ratio(cap[dests][None, ...], load[dests][None, ...] + a, vec)  # 0 where a needed resource is absent
     gain = np.minimum(np.minimum(after_b, after_h), 1.0) - y_b
     ok = ((mem[dests][None, :] + m <= inst.host_mem[dests][None, :] + MEMORY_TOLERANCE) & (dest != b)
           & (spent + dc <= problem.budget) & (gain > _YIELD_EPS))
@@ -354,19 +360,21 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     if not len(others) or not len(on):
         return None
     hu = hosts[others][None, :]
-    cap, need = _capacity(inst), _task_need(inst)
-    at, au = need[on][:, None, :], need[others][None, :, :]
+    cap, need, vec = _fluid(inst)
+    at, au = need[on][:, None, ...], need[others][None, ...]
     mt, mu = inst.task_mem[on][:, None], inst.task_mem[others][None, :]
     ct, cu = problem.current[on][:, None], problem.current[others][None, :]
     bt, bu = problem.task_bytes[on][:, None].astype(float), problem.task_bytes[others][None, :].astype(float)
     # Byte cost change: t goes b -> hu, u goes hu -> b (each relative to where it runs now).
     dc = (np.where((ct >= 0) & (ct != hu), bt, 0.0) - np.where((ct >= 0) & (ct != b), bt, 0.0)
           + np.where((cu >= 0) & (cu != b), bu, 0.0) - np.where((cu >= 0) & (cu != hu), bu, 0.0))
-    y_b = _ratio(cap[b], load[b])
+    y_b = _ratio(cap[b], load[b], vec)
     new_b = load[b] - at + au
-    new_h = load[hosts[others]][None, :, :] - au + at
-    gain = np.minimum(np.minimum(_ratio(cap[b], new_b), _ratio(cap[hu], new_h)), 1.0) - y_b
-    ok = (np.any(au < at, axis=-1) & (gain > _YIELD_EPS) & (spent + dc <= problem.budget)
+    new_h = load[hosts[others]][None, ...] - au + at
+    floor = 0.0 if vec else -np.inf  # CPU alone: plain division, as always (0 / 0 only on the vector)
+    gain = np.minimum(np.minimum(_ratio(cap[b], new_b, vec, floor), _ratio(cap[hu], new_h, vec, floor)), 1.0) - y_b
+    smaller = np.any(au < at, axis=-1) if vec else au < at
+    ok = (smaller & (gain > _YIELD_EPS) & (spent + dc <= problem.budget)
           & (mem[b] - mt + mu <= inst.host_mem[b] + MEMORY_TOLERANCE)
           & (mem[hosts[others]][None, :] - mu + mt <= inst.host_mem[hu] + MEMORY_TOLERANCE))
     if not ok.any():
