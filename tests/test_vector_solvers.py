@@ -111,7 +111,9 @@ def test_fits_on_cpu_but_not_on_disk_is_infeasible_for_every_algorithm() -> None
         r = solve(inst, algo, OPTIONS)
         assert not r.feasible, f"{algo} placed a task where it needs disk and there is none"
     exact = solve(inst, "milp")
-    assert exact.optimal  # HiGHS proved it
+    assert exact.optimal and "every resource" in str(exact.detail["infeasible"])  # HiGHS proved it
+    best = solve(inst, "best", SolveOptions(time_limit=2.0))
+    assert best.optimal and "every resource" in str(best.detail["stopped"])
     _, _, exhausted = backtracking(inst, task_order(inst, sort_by_memory=True), 1000)
     assert exhausted  # SGB proved it too
 

@@ -181,7 +181,8 @@ def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, se
         if search.best is None and small and not search.infeasible and search.remaining() >= _milp_min_s():
             optimal = _exact(search, cutoff=False)
         if search.infeasible:
-            optimal, stopped = True, f"{search.infeasible} proved that no placement fits in memory"
+            fit = "on every resource" if instance.has_extra_resources else "in memory"
+            optimal, stopped = True, f"{search.infeasible} proved that no placement fits {fit}"
         elif search.best is None:
             stopped = "no placement found"
         else:

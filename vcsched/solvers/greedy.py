@@ -81,8 +81,8 @@ class _HostLoads:
         self.loads = [[0.0] * len(instance.resources) for _ in range(instance.n_hosts)]
         self.load = [0.0] * instance.n_hosts
         every = [True] * instance.n_hosts
-        self.allowed = ([row for row in (~blocked_pairs(instance)).tolist()] if instance.has_extra_resources
-                        else [every] * instance.n_jobs)
+        self.allowed: list[list[bool]] = ((~blocked_pairs(instance)).tolist() if instance.has_extra_resources
+                                          else [every] * instance.n_jobs)
 
     def ok(self, t: int) -> list[bool]:
         """Hosts task ``t`` may use as far as fluid resources go (memory is the caller's)."""

@@ -627,7 +627,9 @@ def solve_exact(instance: Instance, options: SolveOptions) -> Placement:
             hosts = incumbent[0]  # only within the solver's tolerances; keep the better placement
         return Placement(hosts=hosts, optimal=sol.optimal, detail=detail)
     if sol.infeasible and incumbent is None:
-        detail["infeasible"] = "HiGHS proved that no placement fits in memory"
+        detail["infeasible"] = "HiGHS proved that no placement fits " + (
+            "on every resource (memory, and a host with each fluid resource a task needs)"
+            if instance.has_extra_resources else "in memory")
         return Placement(hosts=None, optimal=True, detail=detail)
     detail["stopped"] = "no placement found within the time limit" if sol.status == 1 else sol.message
     if incumbent is not None:
