@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vcsched.adaptation.problem import AdaptProblem, AdaptResult
+from vcsched.adaptation.problem import AdaptProblem, AdaptResult, task_allowed
 from vcsched.adaptation.solve import solve_adapt
 from vcsched.errors import InputError
 from vcsched.model import REQUIRED, SolveOptions
@@ -117,8 +117,9 @@ def _why(trial: AdaptProblem, t: int, algorithm: str, options: SolveOptions | No
     inst = trial.instance
     run = trial.running
     mem = np.bincount(trial.current[run], weights=inst.task_mem[run], minlength=inst.n_hosts)
-    room = (inst.host_mem - mem >= inst.task_mem[t] - MEMORY_TOLERANCE) & ~inst.host_cordoned
-    room[trial.current[t]] = False
+    # Memory, and where the task may go at all (not in maintenance, not its own host, every fluid resource it needs).
+    room = (inst.host_mem - mem >= inst.task_mem[t] - MEMORY_TOLERANCE) & task_allowed(
+        trial, np.array([t]), np.arange(inst.n_hosts))[0]
     j = int(inst.task_job[t])
     if room.any() and inst.jobs[j].spread == REQUIRED:
         first = int(inst.job_first_task[j])

@@ -27,15 +27,27 @@ heuristics to future work.  :func:`adapt_heuristic` is ours:
    when its cost fits the budget and it gives a higher yield (or the same
    yield for fewer bytes).
 
+On the resource vector (extra fluid resources such as disk and network,
+docs/policies.md) every step is the same with a host's yield
+``min_r C_hr / L_hr`` over its fluid resources: the residual packing packs
+the vectors (:func:`vcsched.solvers.mcb_vector.pack_vector`), the greedy and
+the improvement moves weigh every resource, and a host without a resource a
+task needs is never a destination for it.  Instances whose only fluid
+resource is CPU take exactly the old paths.
+
 Placement rules (docs/rules.md, :mod:`vcsched.adaptation.problem`): step 1
-also evicts the tasks that must ``leave`` their host (a drain) and the extra
-tasks of a spread job sharing a host (a repair); step 2 packs into hosts not
-in maintenance, skipping hosts that hold the spread job already (the MCB
+also evicts the tasks that may not stay where they run (those that must
+``leave`` their host in a drain, and those on a host without a fluid resource
+they need: :func:`~vcsched.adaptation.problem.may_stay`) and the extra tasks
+of a spread job sharing a host (a repair); step 2 packs into hosts not in
+maintenance, skipping hosts that hold the spread job already (the MCB
 kernel's groups); step 3 only moves tasks that are not pinned, to hosts
 :func:`~vcsched.adaptation.problem.task_allowed` allows and that do not hold
 their spread job; step 4 places from scratch with the registry's rule
 handling and relabels only hosts equal in maintenance that hold no pinned
-task.  A candidate that still breaks a rule is dropped.
+task.  A candidate that still breaks a rule is dropped.  Where a task may go
+is one mask for the rules and the resources (:func:`vcsched.rules.allowed_matrix`,
+:func:`~vcsched.adaptation.problem.task_allowed`).
 
 Everything here is pure: problems in, placements and migration lists out.
 """
@@ -45,13 +57,14 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from vcsched.adaptation.problem import AdaptProblem, adapt_rule_problems, move_cost, task_allowed
+from vcsched.adaptation.problem import AdaptProblem, adapt_rule_problems, may_stay, move_cost, task_allowed
 from vcsched.errors import InputError
 from vcsched.model import Instance
-from vcsched.rules import HostGroups, spread_groups
+from vcsched.rules import HostGroups, allowed_matrix, spread_groups
+from vcsched.solvers.lpbound import lp_bound
 from vcsched.solvers.mcb import KernelRules, pack, search
 from vcsched.solvers.yield_search import bisect_yield
-from vcsched.yields import MEMORY_TOLERANCE, placement_min_yield
+from vcsched.yields import MEMORY_TOLERANCE, fluid_loads, placement_min_yield
 
 _YIELD_EPS = 1e-9
 
@@ -59,10 +72,34 @@ _YIELD_EPS = 1e-9
 # ---------------------------------------------------------------------------------------------- packing
 
 def _yield_of(instance: Instance, cpu_load: np.ndarray) -> float:
+    """The common yield of per-host loads: CPU needs (a vector), or hosts x fluid resources (a matrix)."""
+    cap = instance.host_cpu if cpu_load.ndim == 1 else instance.host_capacity
     used = cpu_load > 0
     if not used.any():
         return 1.0
-    return float(min(1.0, np.min(instance.host_cpu[used] / cpu_load[used])))
+    return float(min(1.0, np.min(cap[used] / cpu_load[used])))
+
+
+def _fluid(instance: Instance) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(capacity, need per task, vector)``: hosts x and tasks x fluid resources on the resource vector,
+    else the flat ``host_cpu`` and ``task_alpha`` (the CPU-only arithmetic and speed, unchanged)."""
+    if instance.has_extra_resources:
+        return instance.host_capacity, instance.job_need[instance.task_job], True
+    return instance.host_cpu, instance.task_alpha, False
+
+
+def _placed(instance: Instance, hosts: np.ndarray) -> np.ndarray:
+    """The fluid loads of a placement in :func:`_fluid`'s layout."""
+    if instance.has_extra_resources:
+        return fluid_loads(instance, hosts)
+    return np.bincount(hosts, weights=instance.task_alpha, minlength=instance.n_hosts)
+
+
+def _ratio(cap: np.ndarray, load: np.ndarray, vector: bool, floor: float = 0.0) -> np.ndarray:
+    """``C / L`` (``min_r C_r / L_r`` over the last axis when ``vector``), ``inf`` where a load is at most ``floor``."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(load > floor, cap / load, np.inf)
+    return np.min(r, axis=-1) if vector else r
 
 
 def pack_residual(
@@ -71,22 +108,27 @@ def pack_residual(
     """Place the ``pool`` tasks around the fixed tasks of ``hosts`` (entries of ``pool`` ignored there).
 
     Binary search on the yield ``Y`` (section 3.4, :func:`~vcsched.solvers.yield_search.bisect_yield`,
-    the upper end first): a probe packs the pool with CPU ``Y * alpha`` into
-    what the fixed tasks leave at that ``Y``, with the MCB8 kernel of
-    :func:`vcsched.solvers.mcb.pack`.  The "least relative load" greedy is
-    also tried and the better kept.
+    the upper end first): a probe packs the pool with needs ``Y * need`` into
+    what the fixed tasks leave at that ``Y``, with MCB8 (the 2-D kernel of
+    :func:`vcsched.solvers.mcb.pack` on CPU and memory; on the resource vector
+    :func:`vcsched.solvers.mcb_vector.pack_vector`).  The "least relative
+    load" greedy (a host's yield ``min_r C_hr / L_hr``; hosts without a
+    resource the task needs are not candidates) is also tried and the better kept.
     """
     fixed = np.ones(instance.n_tasks, dtype=bool)
     fixed[pool] = False
     base_h = hosts[fixed]
-    cpu_load = np.bincount(base_h, weights=instance.task_alpha[fixed], minlength=instance.n_hosts)
+    cap = instance.host_capacity
+    fluid = fluid_loads(instance, hosts, np.flatnonzero(fixed))
     mem_load = np.bincount(base_h, weights=instance.task_mem[fixed], minlength=instance.n_hosts)
     if len(pool) == 0:
         return hosts.copy()
-    alpha, mem = instance.task_alpha[pool], instance.task_mem[pool]
+    need, mem = instance.job_need[instance.task_job[pool]], instance.task_mem[pool]
     mem_free = instance.host_mem - mem_load
     candidates = []
     ruled = instance.has_rules
+    # Where each pool task may go: maintenance, pins and the fluid resources it needs, one mask.
+    allowed = allowed_matrix(instance, pool) if ruled or instance.has_extra_resources else None
     groups = spread_groups(instance)
     kernel_rules = KernelRules(groups[pool], HostGroups.of(instance.n_hosts, base_h, groups[fixed])) if ruled else None
     closed = instance.host_cordoned
@@ -96,24 +138,25 @@ def pack_residual(
             if g >= 0:
                 on_host.setdefault(g, set()).add(h)
 
-    # Least relative load: biggest CPU need first, onto the host where it lowers the yield least.
+    # Least relative load: biggest need first, onto the host where it lowers the yield least.
     greedy = hosts.copy()
-    load, mfree = cpu_load.copy(), mem_free.copy()
+    load, mfree = fluid.copy(), mem_free.copy()
     ok = True
-    for i in np.argsort(-alpha, kind="stable"):
+    for i in np.argsort(-need.max(axis=1), kind="stable"):
         room = mfree >= mem[i] - MEMORY_TOLERANCE
+        if allowed is not None:
+            room &= allowed[i]
         if ruled:
-            room &= ~closed
             g = int(groups[pool[i]])
             if g >= 0 and g in on_host:
                 room[list(on_host[g])] = False
         if not room.any():
             ok = False
             break
-        ratio = np.where(room, instance.host_cpu / (load + alpha[i]), -np.inf)
+        ratio = np.where(room, _ratio(cap, load + need[i], True), -np.inf)
         h = int(np.argmax(ratio))
         greedy[pool[i]] = h
-        load[h] += alpha[i]
+        load[h] += need[i]
         mfree[h] -= mem[i]
         if ruled and groups[pool[i]] >= 0:
             on_host.setdefault(int(groups[pool[i]]), set()).add(h)
@@ -121,27 +164,39 @@ def pack_residual(
         candidates.append(greedy)
 
     # MCB8 on the residual capacities, binary search on Y.  Upper end, probed first: what the fixed tasks
-    # allow, and the LP bound of section 3.1 for the whole instance.
+    # allow, and the LP bound of section 3.1 for the whole instance.  Hosts in maintenance get capacity -1
+    # (nothing fits); a host without a resource a task needs has capacity 0 of it (only y = 0 would fit).
     def residual_mcb8(y: float) -> np.ndarray | None:
-        cpu_free = np.maximum(instance.host_cpu - y * cpu_load, 0.0)
+        free = np.maximum(cap - y * fluid, 0.0)
         if ruled:
-            return pack(y * alpha, mem, np.where(closed, -1.0, cpu_free), np.where(closed, -1.0, mem_free), "mcb8",
-                        rules=kernel_rules)
-        return pack(y * alpha, mem, cpu_free, mem_free, "mcb8")
+            free[closed] = -1.0
+        m_free = np.where(closed, -1.0, mem_free) if ruled else mem_free
+        if not instance.has_extra_resources:
+            return pack(y * need[:, 0], mem, free[:, 0], m_free, "mcb8", rules=kernel_rules)
+        from vcsched.solvers.mcb_vector import pack_vector, vector_lists
 
-    upper = min(_yield_of(instance, cpu_load), float(instance.host_cpu.sum() / instance.task_alpha.sum()))
-    packed = bisect_yield(residual_mcb8, 0.0, upper, precision, probe_upper=True).found
-    if packed is not None:
-        placed = hosts.copy()
-        placed[pool] = packed
-        candidates.append(placed)
+        return pack_vector(vector_lists("mcb8", np.column_stack((y * need, mem))), np.column_stack((free, m_free)),
+                           kernel_rules)
+
+    bound = lp_bound(instance)
+    if bound is not None:
+        upper = min(_yield_of(instance, fluid), bound)
+        packed = bisect_yield(residual_mcb8, 0.0, upper, precision, probe_upper=True).found
+        if packed is not None:
+            placed = hosts.copy()
+            placed[pool] = packed
+            candidates.append(placed)
     if not candidates:
         return None
     return max(candidates, key=lambda c: placement_min_yield(instance, c))
 
 
 def mcb8_from_scratch(instance: Instance, precision: float = 1e-4) -> np.ndarray | None:
-    """A full MCB8 placement (section 3.4's binary search), ignoring where tasks run now."""
+    """A full MCB8 placement (section 3.4's binary search), ignoring where tasks run now (on every fluid resource)."""
+    if instance.has_extra_resources:
+        from vcsched.solvers.mcb_vector import search_level
+
+        return search_level(instance, "mcb8", None, precision).hosts
     return search(instance, "mcb8", precision).hosts
 
 
@@ -168,15 +223,15 @@ def align_to_current(problem: AdaptProblem, target: np.ndarray) -> np.ndarray:
     inst = problem.instance
     target = np.asarray(target, dtype=np.int64).copy()
     run = problem.running
-    # 1. Host relabelling within classes of equal (cpu, memory).
+    # 1. Host relabelling within classes of equal capacities (cpu, memory, every other fluid resource).
     stay = np.zeros((inst.n_hosts, inst.n_hosts))  # [target host, current host] -> bytes
     np.add.at(stay, (target[run], problem.current[run]), problem.task_bytes[run].astype(float))
     rename = np.arange(inst.n_hosts)
-    classes: dict[tuple[float, float, bool], list[int]] = {}
+    classes: dict[tuple[object, ...], list[int]] = {}
     fixed = set(inst.task_pinned[inst.task_pinned >= 0].tolist()) | set(problem.current[problem.leaving].tolist())
     for h, host in enumerate(inst.hosts):
         if h not in fixed:  # a host holding a pinned task, or one being drained, keeps its name
-            classes.setdefault((host.cpu, host.memory, host.maintenance), []).append(h)
+            classes.setdefault((host.cpu, host.memory, host.capacity, host.maintenance), []).append(h)
     for members in classes.values():
         if len(members) < 2:
             continue
@@ -213,15 +268,17 @@ def _evict_overfull(problem: AdaptProblem) -> np.ndarray:
 
     This only happens when host capacities shrank since the tasks were placed
     (a host reserved more memory); the evicted tasks must migrate.  So must
-    the tasks that must ``leave`` (a drain) and, for a spread job with several
-    tasks on one host, all but one of them there (a repair).  Pinned tasks are never evicted.
+    the tasks that may not stay where they run (:func:`~vcsched.adaptation.problem.may_stay`:
+    those that must ``leave`` in a drain, and those on a host without a fluid
+    resource they need, where they could only run at yield 0), which come
+    first, and, for a spread job with several tasks on one host, all but one
+    of them there (a repair).  Pinned tasks are never evicted.
     """
     inst = problem.instance
     run = problem.running
-    leaving = problem.leaving
     pinned = inst.task_pinned >= 0
-    evicted: list[int] = [int(t) for t in np.flatnonzero(leaving & run & ~pinned)]
-    stay = run & ~leaving
+    stay = run & may_stay(problem)
+    evicted: list[int] = [int(t) for t in np.flatnonzero(run & ~stay & ~pinned)]
     groups = spread_groups(inst) if inst.has_rules else None
     if groups is not None:
         seen: set[tuple[int, int]] = set()
@@ -264,7 +321,8 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     """
     inst = problem.instance
     hosts = np.asarray(hosts, dtype=np.int64).copy()
-    load = np.bincount(hosts, weights=inst.task_alpha, minlength=inst.n_hosts)
+    cap, need, vec = _fluid(inst)
+    load = _placed(inst, hosts)
     mem = np.bincount(hosts, weights=inst.task_mem, minlength=inst.n_hosts)
     spent = move_cost(problem, hosts)
     history: list[tuple[int, int, int]] = []  # (task, from, to)
@@ -272,8 +330,7 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     limit = max_moves if max_moves is not None else 4 * inst.n_tasks + 100
     all_hosts = np.arange(inst.n_hosts)
     while len(history) < limit:
-        with np.errstate(divide="ignore"):
-            ratio = np.where(load > 0, inst.host_cpu / load, np.inf)
+        ratio = _ratio(cap, load, vec)
         b = int(np.argmin(ratio))
         if ratio[b] >= 1.0:
             break
@@ -307,8 +364,8 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
             steps = [(t, b, h), (u, h, b)]
         for task, src, dst in steps:
             hosts[task] = dst
-            load[src] -= inst.task_alpha[task]
-            load[dst] += inst.task_alpha[task]
+            load[src] -= need[task]
+            load[dst] += need[task]
             mem[src] -= inst.task_mem[task]
             mem[dst] += inst.task_mem[task]
             history.append((task, src, dst))
@@ -343,17 +400,17 @@ def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int,
                dests: np.ndarray, hosts: np.ndarray | None = None) -> tuple[int, int, int] | None:
     """The move of a task on ``b`` to one of ``dests`` that buys the most yield per byte: (task, host, bytes)."""
     inst = problem.instance
-    y_b = inst.host_cpu[b] / load[b]
-    a = inst.task_alpha[on][:, None]
+    cap, need, vec = _fluid(inst)
+    y_b = _ratio(cap[b], load[b], vec)
+    a = need[on][:, None, ...]
     m = inst.task_mem[on][:, None]
     tb = problem.task_bytes[on][:, None].astype(float)
     cur = problem.current[on][:, None]
     running = cur >= 0
     dest = dests[None, :]
     dc = np.where(running & (cur != dest), tb, 0.0) - np.where(running & (cur != b), tb, 0.0)
-    with np.errstate(divide="ignore"):
-        after_b = np.where(load[b] - a > 1e-12, inst.host_cpu[b] / (load[b] - a), np.inf)
-    after_h = inst.host_cpu[dests][None, :] / (load[dests][None, :] + a)
+    after_b = _ratio(cap[b], load[b] - a, vec, floor=1e-12)
+    after_h = _ratio(cap[dests][None, ...], load[dests][None, ...] + a, vec)  # 0 where a needed resource is absent
     gain = np.minimum(np.minimum(after_b, after_h), 1.0) - y_b
     ok = ((mem[dests][None, :] + m <= inst.host_mem[dests][None, :] + MEMORY_TOLERANCE) & (dest != b)
           & (spent + dc <= problem.budget) & (gain > _YIELD_EPS))
@@ -381,19 +438,21 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     if not len(others) or not len(on):
         return None
     hu = hosts[others][None, :]
-    at, au = inst.task_alpha[on][:, None], inst.task_alpha[others][None, :]
+    cap, need, vec = _fluid(inst)
+    at, au = need[on][:, None, ...], need[others][None, ...]
     mt, mu = inst.task_mem[on][:, None], inst.task_mem[others][None, :]
     ct, cu = problem.current[on][:, None], problem.current[others][None, :]
     bt, bu = problem.task_bytes[on][:, None].astype(float), problem.task_bytes[others][None, :].astype(float)
     # Byte cost change: t goes b -> hu, u goes hu -> b (each relative to where it runs now).
     dc = (np.where((ct >= 0) & (ct != hu), bt, 0.0) - np.where((ct >= 0) & (ct != b), bt, 0.0)
           + np.where((cu >= 0) & (cu != b), bu, 0.0) - np.where((cu >= 0) & (cu != hu), bu, 0.0))
-    y_b = inst.host_cpu[b] / load[b]
+    y_b = _ratio(cap[b], load[b], vec)
     new_b = load[b] - at + au
-    new_h = load[hosts[others]][None, :] - au + at
-    with np.errstate(divide="ignore"):
-        gain = np.minimum(np.minimum(inst.host_cpu[b] / new_b, inst.host_cpu[hu] / new_h), 1.0) - y_b
-    ok = ((au < at) & (gain > _YIELD_EPS) & (spent + dc <= problem.budget)
+    new_h = load[hosts[others]][None, ...] - au + at
+    floor = 0.0 if vec else -np.inf  # CPU alone: plain division, as always (0 / 0 only on the vector)
+    gain = np.minimum(np.minimum(_ratio(cap[b], new_b, vec, floor), _ratio(cap[hu], new_h, vec, floor)), 1.0) - y_b
+    smaller = np.any(au < at, axis=-1) if vec else au < at
+    ok = (smaller & (gain > _YIELD_EPS) & (spent + dc <= problem.budget)
           & (mem[b] - mt + mu <= inst.host_mem[b] + MEMORY_TOLERANCE)
           & (mem[hosts[others]][None, :] - mu + mt <= inst.host_mem[hu] + MEMORY_TOLERANCE))
     if inst.has_rules and ok.any():
@@ -440,7 +499,7 @@ def _scratch_instance(problem: AdaptProblem) -> Instance:
         return inst
     import dataclasses
 
-    stay = problem.running & inst.host_cordoned[problem.current.clip(min=0)] & ~problem.leaving
+    stay = problem.running & inst.host_cordoned[problem.current.clip(min=0)] & may_stay(problem)
     if not stay.any():
         return inst
     pins = np.where(stay & (inst.task_pinned < 0), problem.current, inst.task_pinned)
