@@ -54,6 +54,8 @@ Everything here is pure: problems in, placements and migration lists out.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
@@ -304,7 +306,8 @@ def _evict_overfull(problem: AdaptProblem) -> np.ndarray:
 CANDIDATE_HOSTS = 48  # destinations/exchange partners tried first: the hosts with the most CPU to spare
 
 
-def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = None) -> np.ndarray:
+def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = None,
+            deadline: float | None = None) -> np.ndarray:
     """Improvement moves off the bottleneck host, best yield gain per migrated byte first, within the budget.
 
     A move takes task ``t`` from the host ``b`` that sets the minimum yield to
@@ -318,6 +321,11 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     For speed on large clusters, destinations are first sought among the
     :data:`CANDIDATE_HOSTS` hosts with the highest yield (the best gains are
     there) plus the tasks' current hosts (free returns), then among all.
+
+    ``deadline`` (a :func:`time.perf_counter` value): no move starts after it.
+    The moves are an anytime improvement of a valid placement, so stopping
+    early only leaves yield unbought (a drain bounds them this way,
+    :data:`vcsched.adaptation.drain.IMPROVE_S`).
     """
     inst = problem.instance
     hosts = np.asarray(hosts, dtype=np.int64).copy()
@@ -329,7 +337,10 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     best_y, best_len = _yield_of(inst, load), 0
     limit = max_moves if max_moves is not None else 4 * inst.n_tasks + 100
     all_hosts = np.arange(inst.n_hosts)
-    while len(history) < limit:
+    groups = spread_groups(inst) if inst.has_rules else None  # once: the moves below only read it
+    if groups is not None and not (groups >= 0).any():
+        groups = None
+    while len(history) < limit and (deadline is None or time.perf_counter() < deadline):
         ratio = _ratio(cap, load, vec)
         b = int(np.argmin(ratio))
         if ratio[b] >= 1.0:
@@ -343,9 +354,9 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
             candidates = np.unique(np.concatenate((top, homes[homes >= 0])))
         else:
             candidates = all_hosts
-        move = _best_move(problem, load, mem, b, on, spent, candidates, hosts)
+        move = _best_move(problem, load, mem, b, on, spent, candidates, hosts, groups)
         if move is None and len(candidates) < inst.n_hosts:
-            move = _best_move(problem, load, mem, b, on, spent, all_hosts, hosts)
+            move = _best_move(problem, load, mem, b, on, spent, all_hosts, hosts, groups)
         if move is not None:
             t, h, dcost = move
             steps = [(t, b, h)]
@@ -353,11 +364,11 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
             partners = np.flatnonzero(np.isin(hosts, candidates) & (hosts != b))
             if inst.has_rules:
                 partners = partners[inst.task_pinned[partners] < 0]
-            swap = _best_swap(problem, hosts, load, mem, b, on, partners, spent)
+            swap = _best_swap(problem, hosts, load, mem, b, on, partners, spent, groups)
             if swap is None and len(candidates) < inst.n_hosts:
                 rest = np.flatnonzero(hosts != b)
                 swap = _best_swap(problem, hosts, load, mem, b, on,
-                                  rest[inst.task_pinned[rest] < 0] if inst.has_rules else rest, spent)
+                                  rest[inst.task_pinned[rest] < 0] if inst.has_rules else rest, spent, groups)
             if swap is None:
                 break
             t, u, h, dcost = swap
@@ -379,12 +390,13 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
 
 
 def _rule_ok(problem: AdaptProblem, hosts: np.ndarray, tasks: np.ndarray, dests: np.ndarray,
-             leaving_from: np.ndarray | None = None) -> np.ndarray:
-    """``ok[i, k]``: task ``tasks[i]`` may move to ``dests[k]`` (maintenance, pins, drain, and its spread job
-    not there already, not counting the tasks in ``leaving_from[i, k]``: a swap's partner)."""
+             groups: np.ndarray | None) -> np.ndarray:
+    """``ok[i, k]``: task ``tasks[i]`` may move to ``dests[k]`` (maintenance, pins, drain, resources, and its
+    spread job not there already).  ``groups``: :func:`vcsched.rules.spread_groups`, None when no job is spread."""
     inst = problem.instance
     ok = task_allowed(problem, tasks, dests)
-    groups = spread_groups(inst)
+    if groups is None:
+        return ok
     for i, t in enumerate(tasks):
         g = int(groups[t])
         if g < 0:
@@ -397,7 +409,8 @@ def _rule_ok(problem: AdaptProblem, hosts: np.ndarray, tasks: np.ndarray, dests:
 
 
 def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int, on: np.ndarray, spent: int,
-               dests: np.ndarray, hosts: np.ndarray | None = None) -> tuple[int, int, int] | None:
+               dests: np.ndarray, hosts: np.ndarray | None = None,
+               groups: np.ndarray | None = None) -> tuple[int, int, int] | None:
     """The move of a task on ``b`` to one of ``dests`` that buys the most yield per byte: (task, host, bytes)."""
     inst = problem.instance
     cap, need, vec = _fluid(inst)
@@ -415,7 +428,7 @@ def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int,
     ok = ((mem[dests][None, :] + m <= inst.host_mem[dests][None, :] + MEMORY_TOLERANCE) & (dest != b)
           & (spent + dc <= problem.budget) & (gain > _YIELD_EPS))
     if inst.has_rules and hosts is not None and ok.any():
-        ok &= _rule_ok(problem, hosts, on, dests)
+        ok &= _rule_ok(problem, hosts, on, dests, groups)
     if not ok.any():
         return None
     free = ok & (dc <= 0)
@@ -427,7 +440,8 @@ def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int,
 
 
 def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: np.ndarray, b: int,
-               on: np.ndarray, others: np.ndarray, spent: int) -> tuple[int, int, int, int] | None:
+               on: np.ndarray, others: np.ndarray, spent: int,
+               groups: np.ndarray | None = None) -> tuple[int, int, int, int] | None:
     """The exchange of a task ``t`` on the bottleneck ``b`` with a smaller task ``u`` among ``others`` that buys the
     most yield per byte within the budget, as (t, u, u's host, change in bytes); None if none improves.
 
@@ -456,7 +470,7 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
           & (mem[b] - mt + mu <= inst.host_mem[b] + MEMORY_TOLERANCE)
           & (mem[hosts[others]][None, :] - mu + mt <= inst.host_mem[hu] + MEMORY_TOLERANCE))
     if inst.has_rules and ok.any():
-        ok &= _swap_rule_ok(problem, hosts, b, on, others)
+        ok &= _swap_rule_ok(problem, hosts, b, on, others, groups)
     if not ok.any():
         return None
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -468,24 +482,27 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     return int(on[i]), int(others[k]), int(hosts[others[k]]), int(dc[i, k])
 
 
-def _swap_rule_ok(problem: AdaptProblem, hosts: np.ndarray, b: int, on: np.ndarray, others: np.ndarray) -> np.ndarray:
-    """``ok[i, k]``: swapping ``on[i]`` (on ``b``) with ``others[k]`` keeps every rule."""
+def _swap_rule_ok(problem: AdaptProblem, hosts: np.ndarray, b: int, on: np.ndarray, others: np.ndarray,
+                  groups: np.ndarray | None) -> np.ndarray:
+    """``ok[i, k]``: swapping ``on[i]`` (on ``b``) with ``others[k]`` keeps every rule.
+
+    ``groups`` as in :func:`_rule_ok`.
+    """
     inst = problem.instance
-    groups = spread_groups(inst)
-    ok = np.zeros((len(on), len(others)), dtype=bool)
     hu = hosts[others]
     back = task_allowed(problem, others, np.array([b]))[:, 0]  # each partner may come to b
+    ok = task_allowed(problem, on, hu) & back[None, :]
+    if groups is None:
+        return ok
+    gu = groups[others]
     for i, t in enumerate(on):
-        row = task_allowed(problem, np.array([t]), hu)[0] & back
         g = int(groups[t])
         if g >= 0:
             first = int(inst.job_first_task[g])
             mates = np.arange(first, first + inst.jobs[g].tasks)
-            row &= ~np.isin(hu, hosts[mates[mates != t]])
-        gu = groups[others]
+            ok[i] &= ~np.isin(hu, hosts[mates[mates != t]])
         on_b = set(int(x) for x in groups[hosts == b] if x >= 0) - ({g} if g >= 0 else set())
-        row &= ~((gu >= 0) & np.isin(gu, list(on_b)))
-        ok[i] = row
+        ok[i] &= ~((gu >= 0) & np.isin(gu, list(on_b)))
     return ok
 
 
@@ -506,22 +523,27 @@ def _scratch_instance(problem: AdaptProblem) -> Instance:
     return dataclasses.replace(inst, pinned=tuple(int(p) for p in pins))
 
 
-def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4,
-                    scratch: str = "mcb8") -> tuple[np.ndarray | None, dict[str, object]]:
+def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4, scratch: str = "mcb8",
+                    improve_s: float | None = None) -> tuple[np.ndarray | None, dict[str, object]]:
     """Our heuristic for section 6.1 (see the module docstring); returns a placement or None, and details.
 
     ``scratch`` names the registry algorithm of step 4's from-scratch placement (``best`` for the anytime
-    search, at its default budget).
+    search, at its default budget).  ``improve_s``: the most seconds step 3's improvement moves may take
+    (None: until no move helps).
     """
     problem = problem.cordoned()  # a drained host takes nothing new, as in maintenance
     inst = problem.instance
     evicted = _evict_overfull(problem)
     pool = np.concatenate((np.flatnonzero(~problem.running), evicted)).astype(np.int64)
     candidates: list[tuple[str, np.ndarray]] = []
+    cut: str | None = None
     if int(problem.task_bytes[evicted].sum()) <= problem.budget:
         placed = pack_residual(inst, problem.current.clip(min=0), pool, precision)
         if placed is not None and move_cost(problem, placed) <= problem.budget:
-            candidates.append(("incremental", improve(problem, placed)))
+            deadline = None if improve_s is None else time.perf_counter() + improve_s
+            candidates.append(("incremental", improve(problem, placed, deadline=deadline)))
+            if deadline is not None and time.perf_counter() >= deadline:
+                cut = f"improvement moves stopped after {improve_s:g} s"
     try:
         placed_anew = from_scratch(_scratch_instance(problem), precision, scratch)
     except InputError:  # staying put would contradict a rule (two VMs of a spread job on one such host)
@@ -535,5 +557,5 @@ def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4,
     if not candidates:
         return None, {"path": "none"}
     name, best = max(candidates, key=lambda c: (round(placement_min_yield(inst, c[1]), 9), -move_cost(problem, c[1])))
-    return best, {"path": name}
+    return best, {"path": name, **({"improve_stopped": cut} if cut else {})}
 

@@ -30,8 +30,12 @@ ALGORITHMS = ("heuristic", "heuristic-best", "milp")
 
 
 def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
-                options: SolveOptions | None = None) -> AdaptResult:
-    """Solve the adaptation problem with ``heuristic``, ``heuristic-best`` or ``milp``; the allocation is validated."""
+                options: SolveOptions | None = None, *, improve_s: float | None = None) -> AdaptResult:
+    """Solve the adaptation problem with ``heuristic``, ``heuristic-best`` or ``milp``; the allocation is validated.
+
+    ``improve_s`` bounds the heuristics' improvement moves in seconds
+    (:func:`vcsched.adaptation.heuristic.adapt_heuristic`; the MILP ignores it).
+    """
     options = options or SolveOptions()
     if algorithm not in ALGORITHMS:
         raise InputError(f"algorithm: unknown adaptation algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
@@ -39,14 +43,15 @@ def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
     start = time.perf_counter()
     optimal: bool | None = None
     if inst.has_rules:
-        hosts, optimal, detail = _solve_ruled(problem, algorithm, options)
+        hosts, optimal, detail = _solve_ruled(problem, algorithm, options, improve_s)
     elif algorithm == "milp":
         from vcsched.adaptation.milp import adapt_milp
 
         hosts, optimal, detail = adapt_milp(problem, options)
     else:
         hosts, detail = adapt_heuristic(problem, options.precision,
-                                        scratch="best" if algorithm == "heuristic-best" else "mcb8")
+                                        scratch="best" if algorithm == "heuristic-best" else "mcb8",
+                                        improve_s=improve_s)
     if hosts is None:
         runtime = time.perf_counter() - start
         return AdaptResult(SolveResult(algorithm, False, None, None, None, runtime, optimal, detail=detail))
@@ -149,8 +154,8 @@ def _spread_broken_now(problem: AdaptProblem) -> list[str]:
     return out
 
 
-def _solve_ruled(problem: AdaptProblem, algorithm: str,
-                 options: SolveOptions) -> tuple[np.ndarray | None, bool | None, dict[str, object]]:
+def _solve_ruled(problem: AdaptProblem, algorithm: str, options: SolveOptions,
+                 improve_s: float | None = None) -> tuple[np.ndarray | None, bool | None, dict[str, object]]:
     """Either method under the rules (module docstring): preferred first, then required only."""
     from vcsched.rules import check_rules, describe, harden, has_soft, soft_unmet, without_soft
 
@@ -171,7 +176,8 @@ def _solve_ruled(problem: AdaptProblem, algorithm: str,
             hosts, optimal, sub = adapt_milp(contracted, options)
         else:
             hosts, sub = adapt_heuristic(contracted, options.precision,
-                                         scratch="best" if algorithm == "heuristic-best" else "mcb8")
+                                         scratch="best" if algorithm == "heuristic-best" else "mcb8",
+                                         improve_s=improve_s)
         detail.update(sub)
         if hosts is None:
             continue
