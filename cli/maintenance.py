@@ -142,7 +142,8 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     HOST is treated as in maintenance (nothing moves in) and every VM on it
     must leave, to hosts that keep every rule (spread, together, pinned,
     maintenance) and every host's memory, in waves that each fit in memory
-    everywhere; what the budget has left re-balances the rest as `adapt` does.
+    everywhere; what the budget has left re-balances the rest as `adapt` does,
+    for at most 0.5 s of planning (so a 1,000-host drain plans in about 1 s).
     When the host cannot be emptied, the plan is the best partial drain and
     every VM that stays is listed with its reason: pinned, budget, rule or no room.
 

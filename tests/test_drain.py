@@ -102,3 +102,21 @@ def test_cordon_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
     assert set_maintenance(f, "h0", False) is True and f.read_text() == text
     with pytest.raises(InputError, match="'h9': not in cluster"):
         set_maintenance(f, "h9", True)
+
+
+def test_improvement_moves_stop_at_their_deadline() -> None:
+    """The drain bounds the heuristic's improvement moves in time (docs/rules.md): past the deadline none starts."""
+    import time
+
+    from vcsched.adaptation.heuristic import improve
+    from vcsched.adaptation.problem import GIB
+    from vcsched.adaptation.solve import solve_adapt
+
+    inst = Instance((Host("h0"), Host("h1")), (Job("a", 0.8, 0.3), Job("b", 0.8, 0.3), Job("c", 0.2, 0.2)))
+    p = AdaptProblem(inst, np.array([0, 0, 1]), np.full(3, GIB, dtype=np.int64), GIB)
+    start = np.array([0, 0, 1])
+    assert improve(p, start).tolist() != start.tolist()  # one migration rebalances, given time
+    assert improve(p, start, deadline=time.perf_counter() - 1.0).tolist() == start.tolist()
+    detail = solve_adapt(p, improve_s=0.0).detail
+    assert detail.get("improve_stopped") == "improvement moves stopped after 0 s"
+    assert "improve_stopped" not in solve_adapt(p).detail

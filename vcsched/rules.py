@@ -10,6 +10,9 @@ in ``maintenance`` (cordoned), a job that is ``spread`` (anti-affinity) or
   comparison in every kernel;
 * pinned tasks are *fixed*: placers take them off the list and place the
   rest around them (:func:`pinned_split`); a cordoned host takes nothing else;
+* :func:`job_hosts` / :func:`allowed_matrix` — where each task may go: one
+  mask for maintenance, pins and, on the resource vector, the hosts with every
+  fluid resource the task needs, read by every placing algorithm;
 * ``together`` is removed altogether by :func:`contract_together`: a job whose
   ``k`` tasks must share a host is exactly one task with ``k`` times the CPU
   need and memory (the same yield on the same host), so every algorithm
@@ -35,8 +38,7 @@ import numpy as np
 
 from vcsched.errors import InputError
 from vcsched.model import PREFERRED, REQUIRED, Instance, Job
-
-MEMORY_TOLERANCE = 1e-9
+from vcsched.yields import MEMORY_TOLERANCE, blocked_pairs
 
 
 def spread_groups(instance: Instance) -> np.ndarray:
@@ -55,22 +57,38 @@ def has_soft(instance: Instance) -> bool:
     return any(PREFERRED in (j.spread, j.together) for j in instance.jobs)
 
 
-def allowed_row(instance: Instance, t: int) -> np.ndarray:
-    """Hosts task ``t`` may run on: its pinned host alone, else every host not in maintenance."""
-    p = int(instance.task_pinned[t])
-    if p >= 0:
-        row = np.zeros(instance.n_hosts, dtype=bool)
-        row[p] = True
-        return row
-    return ~instance.host_cordoned
+def job_hosts(instance: Instance) -> np.ndarray:
+    """``jobs x hosts``: where an unpinned task of each job may be placed.
+
+    The one eligibility test every placing algorithm shares: a host in
+    maintenance takes no new task (a rule), and a host with none of a fluid
+    resource the job needs (:func:`vcsched.yields.blocked_pairs`, on the
+    resource vector) is one the task does not fit, since it could only run at
+    yield 0 there.  Both close a (job, host) pair the same way.  Read-only (a
+    broadcast view when only maintenance matters); pinned tasks: :func:`allowed_matrix`.
+    """
+    open_hosts = np.broadcast_to(~instance.host_cordoned, (instance.n_jobs, instance.n_hosts))
+    if not instance.has_extra_resources:
+        return open_hosts
+    return open_hosts & ~blocked_pairs(instance)
 
 
-def allowed_matrix(instance: Instance) -> np.ndarray:
-    """``allowed[t, h]`` for every task and host (tasks x hosts; for the small instances the MILP solves)."""
-    allowed = np.broadcast_to(~instance.host_cordoned, (instance.n_tasks, instance.n_hosts)).copy()
-    pinned = np.flatnonzero(instance.task_pinned >= 0)
-    allowed[pinned] = False
-    allowed[pinned, instance.task_pinned[pinned]] = True
+def allowed_matrix(instance: Instance, tasks: np.ndarray | None = None) -> np.ndarray:
+    """``allowed[i, h]`` for ``tasks`` (default every task) and every host: :func:`job_hosts`, but a pinned
+    task's own host alone (in maintenance or not), and there too only with every fluid resource it needs.
+
+    Tasks x hosts: for the small instances the MILP solves, or a pool of tasks.
+    """
+    idx = np.arange(instance.n_tasks) if tasks is None else np.asarray(tasks, dtype=np.int64)
+    allowed = job_hosts(instance)[instance.task_job[idx]]  # fancy indexing: a writable copy
+    pins = instance.task_pinned[idx]
+    p = np.flatnonzero(pins >= 0)
+    if len(p):
+        row = np.zeros((len(p), instance.n_hosts), dtype=bool)
+        row[np.arange(len(p)), pins[p]] = True
+        if instance.has_extra_resources:
+            row &= ~blocked_pairs(instance)[instance.task_job[idx[p]]]
+        allowed[p] = row
     return allowed
 
 

@@ -34,8 +34,51 @@ def fits_in_memory(instance: Instance, hosts: np.ndarray) -> bool:
     return bool(np.all(mem <= instance.host_mem + MEMORY_TOLERANCE))
 
 
+def blocked_pairs(instance: Instance) -> np.ndarray:
+    """``jobs x hosts``: True where the job needs a fluid resource the host has none of.
+
+    A task there could only run at yield 0, so every placing algorithm treats
+    such a host as one the task does not fit, like a host without the memory
+    (an instance whose only fluid resource is CPU has none: hosts have CPU).
+    """
+    need = instance.job_need[:, None, :] > 0
+    empty = instance.host_capacity[None, :, :] <= 0
+    return np.any(need & empty, axis=2)
+
+
+def fits(instance: Instance, hosts: np.ndarray) -> bool:
+    """Memory fits on every host, and no task sits on a host without a fluid resource it needs."""
+    if not fits_in_memory(instance, hosts):
+        return False
+    if not instance.has_extra_resources:
+        return True
+    h = np.asarray(hosts, dtype=np.int64)
+    return not bool(blocked_pairs(instance)[instance.task_job, h].any())
+
+
+def fluid_loads(instance: Instance, hosts: np.ndarray, tasks: np.ndarray | None = None) -> np.ndarray:
+    """``hosts x resources``: the fluid needs placed on every host (column 0 = CPU), of ``tasks`` (default all)."""
+    need = instance.job_need[instance.task_job]
+    idx = np.arange(instance.n_tasks) if tasks is None else np.asarray(tasks, dtype=np.int64)
+    h = np.asarray(hosts, dtype=np.int64)[idx]
+    d = need.shape[1]
+    return np.stack([np.bincount(h, weights=need[idx, r], minlength=instance.n_hosts) for r in range(d)],
+                    axis=1).reshape(instance.n_hosts, d).astype(float)
+
+
 def placement_min_yield(instance: Instance, hosts: np.ndarray) -> float:
-    """The highest common yield a placement allows (memory is not checked here)."""
+    """The highest common yield a placement allows (memory is not checked here).
+
+    With extra fluid resources, the tightest (host, resource) pair sets it:
+    ``min(1, min_hr C_hr / L_hr)``, 0 when a task sits where a resource it
+    needs has capacity 0.
+    """
+    if instance.has_extra_resources:
+        load = fluid_loads(instance, hosts)
+        used = load > 0
+        if not used.any():
+            return 1.0
+        return float(min(1.0, np.min(instance.host_capacity[used] / load[used])))
     cpu, _ = host_loads(instance, hosts)
     used = cpu > 0
     if not used.any():

@@ -23,6 +23,14 @@ and every VM that stays gets its reason:
 
 The same greedy choice of which VMs leave is used with the MILP (each try
 exact), so the two methods are compared on the same question.
+
+Speed.  Emptying the host is the residual packing of the heuristic (step 2),
+fast at any size; the improvement moves after it (step 3) spend what is left
+of the budget on yield elsewhere, and on a large cluster they can make
+hundreds of migrations for seconds.  A drain gives them at most
+:data:`IMPROVE_S` seconds per solve (an anytime phase: stopping only leaves
+yield unbought, ``improve_stopped`` in the detail says so); on small clusters
+they finish long before (docs/rules.md).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vcsched.adaptation.problem import AdaptProblem, AdaptResult
+from vcsched.adaptation.problem import AdaptProblem, AdaptResult, task_allowed
 from vcsched.adaptation.solve import solve_adapt
 from vcsched.errors import InputError
 from vcsched.model import REQUIRED, SolveOptions
@@ -40,6 +48,8 @@ from vcsched.yields import MEMORY_TOLERANCE
 
 PINNED, BUDGET, RULE, NO_ROOM = "pinned", "budget", "rule", "no room"
 UNLIMITED = 1 << 62
+#: Seconds the heuristic's improvement moves may take in each solve of a drain (module docstring).
+IMPROVE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -82,13 +92,13 @@ def drain(problem: AdaptProblem, host: int, algorithm: str = "heuristic",
     movable = on[inst.task_pinned[on] < 0]
     stays = [Stay(int(t), PINNED, f"{_vm(base, int(t))} is pinned to this host") for t in pinned]
     if not len(movable):
-        return DrainResult(base, solve_adapt(base, algorithm, options), tuple(stays), host)
+        return DrainResult(base, solve_adapt(base, algorithm, options, improve_s=IMPROVE_S), tuple(stays), host)
     full = dataclasses.replace(base, leave=tuple(int(t) for t in movable))
-    result = solve_adapt(full, algorithm, options)
+    result = solve_adapt(full, algorithm, options, improve_s=IMPROVE_S)
     if result.result.feasible:
         return DrainResult(full, result, tuple(stays), host)
     chosen: list[int] = []
-    best_problem, best = base, solve_adapt(base, algorithm, options)
+    best_problem, best = base, solve_adapt(base, algorithm, options, improve_s=IMPROVE_S)
     order = movable[np.argsort(base.task_bytes[movable], kind="stable")]
     for t in order.tolist():
         spent = int(base.task_bytes[chosen].sum()) if chosen else 0
@@ -97,7 +107,7 @@ def drain(problem: AdaptProblem, host: int, algorithm: str = "heuristic",
                                          f"{base.budget - spent} of the budget are left"))
             continue
         trial = dataclasses.replace(base, leave=(*chosen, t))
-        r = solve_adapt(trial, algorithm, options)
+        r = solve_adapt(trial, algorithm, options, improve_s=IMPROVE_S)
         if r.result.feasible:
             chosen.append(t)
             best_problem, best = trial, r
@@ -117,14 +127,15 @@ def _why(trial: AdaptProblem, t: int, algorithm: str, options: SolveOptions | No
     inst = trial.instance
     run = trial.running
     mem = np.bincount(trial.current[run], weights=inst.task_mem[run], minlength=inst.n_hosts)
-    room = (inst.host_mem - mem >= inst.task_mem[t] - MEMORY_TOLERANCE) & ~inst.host_cordoned
-    room[trial.current[t]] = False
+    # Memory, and where the task may go at all (not in maintenance, not its own host, every fluid resource it needs).
+    room = (inst.host_mem - mem >= inst.task_mem[t] - MEMORY_TOLERANCE) & task_allowed(
+        trial, np.array([t]), np.arange(inst.n_hosts))[0]
     j = int(inst.task_job[t])
     if room.any() and inst.jobs[j].spread == REQUIRED:
         first = int(inst.job_first_task[j])
         mates = trial.current[first:first + inst.jobs[j].tasks]
         if not (room & ~np.isin(np.arange(inst.n_hosts), mates)).any():
             return Stay(t, RULE, f"{_vm(trial, t)}: every host with room holds a VM of its spread virtual cluster")
-    if solve_adapt(trial.with_budget(UNLIMITED), algorithm, options).result.feasible:
+    if solve_adapt(trial.with_budget(UNLIMITED), algorithm, options, improve_s=IMPROVE_S).result.feasible:
         return Stay(t, BUDGET, f"{_vm(trial, t)} could leave only by moving other VMs too, beyond the budget")
     return Stay(t, NO_ROOM, f"{_vm(trial, t)}: no other host can take it, whatever the budget")

@@ -27,31 +27,46 @@ heuristics to future work.  :func:`adapt_heuristic` is ours:
    when its cost fits the budget and it gives a higher yield (or the same
    yield for fewer bytes).
 
+On the resource vector (extra fluid resources such as disk and network,
+docs/policies.md) every step is the same with a host's yield
+``min_r C_hr / L_hr`` over its fluid resources: the residual packing packs
+the vectors (:func:`vcsched.solvers.mcb_vector.pack_vector`), the greedy and
+the improvement moves weigh every resource, and a host without a resource a
+task needs is never a destination for it.  Instances whose only fluid
+resource is CPU take exactly the old paths.
+
 Placement rules (docs/rules.md, :mod:`vcsched.adaptation.problem`): step 1
-also evicts the tasks that must ``leave`` their host (a drain) and the extra
-tasks of a spread job sharing a host (a repair); step 2 packs into hosts not
-in maintenance, skipping hosts that hold the spread job already (the MCB
+also evicts the tasks that may not stay where they run (those that must
+``leave`` their host in a drain, and those on a host without a fluid resource
+they need: :func:`~vcsched.adaptation.problem.may_stay`) and the extra tasks
+of a spread job sharing a host (a repair); step 2 packs into hosts not in
+maintenance, skipping hosts that hold the spread job already (the MCB
 kernel's groups); step 3 only moves tasks that are not pinned, to hosts
 :func:`~vcsched.adaptation.problem.task_allowed` allows and that do not hold
 their spread job; step 4 places from scratch with the registry's rule
 handling and relabels only hosts equal in maintenance that hold no pinned
-task.  A candidate that still breaks a rule is dropped.
+task.  A candidate that still breaks a rule is dropped.  Where a task may go
+is one mask for the rules and the resources (:func:`vcsched.rules.allowed_matrix`,
+:func:`~vcsched.adaptation.problem.task_allowed`).
 
 Everything here is pure: problems in, placements and migration lists out.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from vcsched.adaptation.problem import AdaptProblem, adapt_rule_problems, move_cost, task_allowed
+from vcsched.adaptation.problem import AdaptProblem, adapt_rule_problems, may_stay, move_cost, task_allowed
 from vcsched.errors import InputError
 from vcsched.model import Instance
-from vcsched.rules import HostGroups, spread_groups
+from vcsched.rules import HostGroups, allowed_matrix, spread_groups
+from vcsched.solvers.lpbound import lp_bound
 from vcsched.solvers.mcb import KernelRules, pack, search
 from vcsched.solvers.yield_search import bisect_yield
-from vcsched.yields import MEMORY_TOLERANCE, placement_min_yield
+from vcsched.yields import MEMORY_TOLERANCE, fluid_loads, placement_min_yield
 
 _YIELD_EPS = 1e-9
 
@@ -59,10 +74,34 @@ _YIELD_EPS = 1e-9
 # ---------------------------------------------------------------------------------------------- packing
 
 def _yield_of(instance: Instance, cpu_load: np.ndarray) -> float:
+    """The common yield of per-host loads: CPU needs (a vector), or hosts x fluid resources (a matrix)."""
+    cap = instance.host_cpu if cpu_load.ndim == 1 else instance.host_capacity
     used = cpu_load > 0
     if not used.any():
         return 1.0
-    return float(min(1.0, np.min(instance.host_cpu[used] / cpu_load[used])))
+    return float(min(1.0, np.min(cap[used] / cpu_load[used])))
+
+
+def _fluid(instance: Instance) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(capacity, need per task, vector)``: hosts x and tasks x fluid resources on the resource vector,
+    else the flat ``host_cpu`` and ``task_alpha`` (the CPU-only arithmetic and speed, unchanged)."""
+    if instance.has_extra_resources:
+        return instance.host_capacity, instance.job_need[instance.task_job], True
+    return instance.host_cpu, instance.task_alpha, False
+
+
+def _placed(instance: Instance, hosts: np.ndarray) -> np.ndarray:
+    """The fluid loads of a placement in :func:`_fluid`'s layout."""
+    if instance.has_extra_resources:
+        return fluid_loads(instance, hosts)
+    return np.bincount(hosts, weights=instance.task_alpha, minlength=instance.n_hosts)
+
+
+def _ratio(cap: np.ndarray, load: np.ndarray, vector: bool, floor: float = 0.0) -> np.ndarray:
+    """``C / L`` (``min_r C_r / L_r`` over the last axis when ``vector``), ``inf`` where a load is at most ``floor``."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(load > floor, cap / load, np.inf)
+    return np.min(r, axis=-1) if vector else r
 
 
 def pack_residual(
@@ -71,22 +110,27 @@ def pack_residual(
     """Place the ``pool`` tasks around the fixed tasks of ``hosts`` (entries of ``pool`` ignored there).
 
     Binary search on the yield ``Y`` (section 3.4, :func:`~vcsched.solvers.yield_search.bisect_yield`,
-    the upper end first): a probe packs the pool with CPU ``Y * alpha`` into
-    what the fixed tasks leave at that ``Y``, with the MCB8 kernel of
-    :func:`vcsched.solvers.mcb.pack`.  The "least relative load" greedy is
-    also tried and the better kept.
+    the upper end first): a probe packs the pool with needs ``Y * need`` into
+    what the fixed tasks leave at that ``Y``, with MCB8 (the 2-D kernel of
+    :func:`vcsched.solvers.mcb.pack` on CPU and memory; on the resource vector
+    :func:`vcsched.solvers.mcb_vector.pack_vector`).  The "least relative
+    load" greedy (a host's yield ``min_r C_hr / L_hr``; hosts without a
+    resource the task needs are not candidates) is also tried and the better kept.
     """
     fixed = np.ones(instance.n_tasks, dtype=bool)
     fixed[pool] = False
     base_h = hosts[fixed]
-    cpu_load = np.bincount(base_h, weights=instance.task_alpha[fixed], minlength=instance.n_hosts)
+    cap = instance.host_capacity
+    fluid = fluid_loads(instance, hosts, np.flatnonzero(fixed))
     mem_load = np.bincount(base_h, weights=instance.task_mem[fixed], minlength=instance.n_hosts)
     if len(pool) == 0:
         return hosts.copy()
-    alpha, mem = instance.task_alpha[pool], instance.task_mem[pool]
+    need, mem = instance.job_need[instance.task_job[pool]], instance.task_mem[pool]
     mem_free = instance.host_mem - mem_load
     candidates = []
     ruled = instance.has_rules
+    # Where each pool task may go: maintenance, pins and the fluid resources it needs, one mask.
+    allowed = allowed_matrix(instance, pool) if ruled or instance.has_extra_resources else None
     groups = spread_groups(instance)
     kernel_rules = KernelRules(groups[pool], HostGroups.of(instance.n_hosts, base_h, groups[fixed])) if ruled else None
     closed = instance.host_cordoned
@@ -96,24 +140,25 @@ def pack_residual(
             if g >= 0:
                 on_host.setdefault(g, set()).add(h)
 
-    # Least relative load: biggest CPU need first, onto the host where it lowers the yield least.
+    # Least relative load: biggest need first, onto the host where it lowers the yield least.
     greedy = hosts.copy()
-    load, mfree = cpu_load.copy(), mem_free.copy()
+    load, mfree = fluid.copy(), mem_free.copy()
     ok = True
-    for i in np.argsort(-alpha, kind="stable"):
+    for i in np.argsort(-need.max(axis=1), kind="stable"):
         room = mfree >= mem[i] - MEMORY_TOLERANCE
+        if allowed is not None:
+            room &= allowed[i]
         if ruled:
-            room &= ~closed
             g = int(groups[pool[i]])
             if g >= 0 and g in on_host:
                 room[list(on_host[g])] = False
         if not room.any():
             ok = False
             break
-        ratio = np.where(room, instance.host_cpu / (load + alpha[i]), -np.inf)
+        ratio = np.where(room, _ratio(cap, load + need[i], True), -np.inf)
         h = int(np.argmax(ratio))
         greedy[pool[i]] = h
-        load[h] += alpha[i]
+        load[h] += need[i]
         mfree[h] -= mem[i]
         if ruled and groups[pool[i]] >= 0:
             on_host.setdefault(int(groups[pool[i]]), set()).add(h)
@@ -121,27 +166,39 @@ def pack_residual(
         candidates.append(greedy)
 
     # MCB8 on the residual capacities, binary search on Y.  Upper end, probed first: what the fixed tasks
-    # allow, and the LP bound of section 3.1 for the whole instance.
+    # allow, and the LP bound of section 3.1 for the whole instance.  Hosts in maintenance get capacity -1
+    # (nothing fits); a host without a resource a task needs has capacity 0 of it (only y = 0 would fit).
     def residual_mcb8(y: float) -> np.ndarray | None:
-        cpu_free = np.maximum(instance.host_cpu - y * cpu_load, 0.0)
+        free = np.maximum(cap - y * fluid, 0.0)
         if ruled:
-            return pack(y * alpha, mem, np.where(closed, -1.0, cpu_free), np.where(closed, -1.0, mem_free), "mcb8",
-                        rules=kernel_rules)
-        return pack(y * alpha, mem, cpu_free, mem_free, "mcb8")
+            free[closed] = -1.0
+        m_free = np.where(closed, -1.0, mem_free) if ruled else mem_free
+        if not instance.has_extra_resources:
+            return pack(y * need[:, 0], mem, free[:, 0], m_free, "mcb8", rules=kernel_rules)
+        from vcsched.solvers.mcb_vector import pack_vector, vector_lists
 
-    upper = min(_yield_of(instance, cpu_load), float(instance.host_cpu.sum() / instance.task_alpha.sum()))
-    packed = bisect_yield(residual_mcb8, 0.0, upper, precision, probe_upper=True).found
-    if packed is not None:
-        placed = hosts.copy()
-        placed[pool] = packed
-        candidates.append(placed)
+        return pack_vector(vector_lists("mcb8", np.column_stack((y * need, mem))), np.column_stack((free, m_free)),
+                           kernel_rules)
+
+    bound = lp_bound(instance)
+    if bound is not None:
+        upper = min(_yield_of(instance, fluid), bound)
+        packed = bisect_yield(residual_mcb8, 0.0, upper, precision, probe_upper=True).found
+        if packed is not None:
+            placed = hosts.copy()
+            placed[pool] = packed
+            candidates.append(placed)
     if not candidates:
         return None
     return max(candidates, key=lambda c: placement_min_yield(instance, c))
 
 
 def mcb8_from_scratch(instance: Instance, precision: float = 1e-4) -> np.ndarray | None:
-    """A full MCB8 placement (section 3.4's binary search), ignoring where tasks run now."""
+    """A full MCB8 placement (section 3.4's binary search), ignoring where tasks run now (on every fluid resource)."""
+    if instance.has_extra_resources:
+        from vcsched.solvers.mcb_vector import search_level
+
+        return search_level(instance, "mcb8", None, precision).hosts
     return search(instance, "mcb8", precision).hosts
 
 
@@ -168,15 +225,15 @@ def align_to_current(problem: AdaptProblem, target: np.ndarray) -> np.ndarray:
     inst = problem.instance
     target = np.asarray(target, dtype=np.int64).copy()
     run = problem.running
-    # 1. Host relabelling within classes of equal (cpu, memory).
+    # 1. Host relabelling within classes of equal capacities (cpu, memory, every other fluid resource).
     stay = np.zeros((inst.n_hosts, inst.n_hosts))  # [target host, current host] -> bytes
     np.add.at(stay, (target[run], problem.current[run]), problem.task_bytes[run].astype(float))
     rename = np.arange(inst.n_hosts)
-    classes: dict[tuple[float, float, bool], list[int]] = {}
+    classes: dict[tuple[object, ...], list[int]] = {}
     fixed = set(inst.task_pinned[inst.task_pinned >= 0].tolist()) | set(problem.current[problem.leaving].tolist())
     for h, host in enumerate(inst.hosts):
         if h not in fixed:  # a host holding a pinned task, or one being drained, keeps its name
-            classes.setdefault((host.cpu, host.memory, host.maintenance), []).append(h)
+            classes.setdefault((host.cpu, host.memory, host.capacity, host.maintenance), []).append(h)
     for members in classes.values():
         if len(members) < 2:
             continue
@@ -213,15 +270,17 @@ def _evict_overfull(problem: AdaptProblem) -> np.ndarray:
 
     This only happens when host capacities shrank since the tasks were placed
     (a host reserved more memory); the evicted tasks must migrate.  So must
-    the tasks that must ``leave`` (a drain) and, for a spread job with several
-    tasks on one host, all but one of them there (a repair).  Pinned tasks are never evicted.
+    the tasks that may not stay where they run (:func:`~vcsched.adaptation.problem.may_stay`:
+    those that must ``leave`` in a drain, and those on a host without a fluid
+    resource they need, where they could only run at yield 0), which come
+    first, and, for a spread job with several tasks on one host, all but one
+    of them there (a repair).  Pinned tasks are never evicted.
     """
     inst = problem.instance
     run = problem.running
-    leaving = problem.leaving
     pinned = inst.task_pinned >= 0
-    evicted: list[int] = [int(t) for t in np.flatnonzero(leaving & run & ~pinned)]
-    stay = run & ~leaving
+    stay = run & may_stay(problem)
+    evicted: list[int] = [int(t) for t in np.flatnonzero(run & ~stay & ~pinned)]
     groups = spread_groups(inst) if inst.has_rules else None
     if groups is not None:
         seen: set[tuple[int, int]] = set()
@@ -247,7 +306,8 @@ def _evict_overfull(problem: AdaptProblem) -> np.ndarray:
 CANDIDATE_HOSTS = 48  # destinations/exchange partners tried first: the hosts with the most CPU to spare
 
 
-def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = None) -> np.ndarray:
+def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = None,
+            deadline: float | None = None) -> np.ndarray:
     """Improvement moves off the bottleneck host, best yield gain per migrated byte first, within the budget.
 
     A move takes task ``t`` from the host ``b`` that sets the minimum yield to
@@ -261,19 +321,27 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     For speed on large clusters, destinations are first sought among the
     :data:`CANDIDATE_HOSTS` hosts with the highest yield (the best gains are
     there) plus the tasks' current hosts (free returns), then among all.
+
+    ``deadline`` (a :func:`time.perf_counter` value): no move starts after it.
+    The moves are an anytime improvement of a valid placement, so stopping
+    early only leaves yield unbought (a drain bounds them this way,
+    :data:`vcsched.adaptation.drain.IMPROVE_S`).
     """
     inst = problem.instance
     hosts = np.asarray(hosts, dtype=np.int64).copy()
-    load = np.bincount(hosts, weights=inst.task_alpha, minlength=inst.n_hosts)
+    cap, need, vec = _fluid(inst)
+    load = _placed(inst, hosts)
     mem = np.bincount(hosts, weights=inst.task_mem, minlength=inst.n_hosts)
     spent = move_cost(problem, hosts)
     history: list[tuple[int, int, int]] = []  # (task, from, to)
     best_y, best_len = _yield_of(inst, load), 0
     limit = max_moves if max_moves is not None else 4 * inst.n_tasks + 100
     all_hosts = np.arange(inst.n_hosts)
-    while len(history) < limit:
-        with np.errstate(divide="ignore"):
-            ratio = np.where(load > 0, inst.host_cpu / load, np.inf)
+    groups = spread_groups(inst) if inst.has_rules else None  # once: the moves below only read it
+    if groups is not None and not (groups >= 0).any():
+        groups = None
+    while len(history) < limit and (deadline is None or time.perf_counter() < deadline):
+        ratio = _ratio(cap, load, vec)
         b = int(np.argmin(ratio))
         if ratio[b] >= 1.0:
             break
@@ -286,9 +354,9 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
             candidates = np.unique(np.concatenate((top, homes[homes >= 0])))
         else:
             candidates = all_hosts
-        move = _best_move(problem, load, mem, b, on, spent, candidates, hosts)
+        move = _best_move(problem, load, mem, b, on, spent, candidates, hosts, groups)
         if move is None and len(candidates) < inst.n_hosts:
-            move = _best_move(problem, load, mem, b, on, spent, all_hosts, hosts)
+            move = _best_move(problem, load, mem, b, on, spent, all_hosts, hosts, groups)
         if move is not None:
             t, h, dcost = move
             steps = [(t, b, h)]
@@ -296,19 +364,19 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
             partners = np.flatnonzero(np.isin(hosts, candidates) & (hosts != b))
             if inst.has_rules:
                 partners = partners[inst.task_pinned[partners] < 0]
-            swap = _best_swap(problem, hosts, load, mem, b, on, partners, spent)
+            swap = _best_swap(problem, hosts, load, mem, b, on, partners, spent, groups)
             if swap is None and len(candidates) < inst.n_hosts:
                 rest = np.flatnonzero(hosts != b)
                 swap = _best_swap(problem, hosts, load, mem, b, on,
-                                  rest[inst.task_pinned[rest] < 0] if inst.has_rules else rest, spent)
+                                  rest[inst.task_pinned[rest] < 0] if inst.has_rules else rest, spent, groups)
             if swap is None:
                 break
             t, u, h, dcost = swap
             steps = [(t, b, h), (u, h, b)]
         for task, src, dst in steps:
             hosts[task] = dst
-            load[src] -= inst.task_alpha[task]
-            load[dst] += inst.task_alpha[task]
+            load[src] -= need[task]
+            load[dst] += need[task]
             mem[src] -= inst.task_mem[task]
             mem[dst] += inst.task_mem[task]
             history.append((task, src, dst))
@@ -322,12 +390,13 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
 
 
 def _rule_ok(problem: AdaptProblem, hosts: np.ndarray, tasks: np.ndarray, dests: np.ndarray,
-             leaving_from: np.ndarray | None = None) -> np.ndarray:
-    """``ok[i, k]``: task ``tasks[i]`` may move to ``dests[k]`` (maintenance, pins, drain, and its spread job
-    not there already, not counting the tasks in ``leaving_from[i, k]``: a swap's partner)."""
+             groups: np.ndarray | None) -> np.ndarray:
+    """``ok[i, k]``: task ``tasks[i]`` may move to ``dests[k]`` (maintenance, pins, drain, resources, and its
+    spread job not there already).  ``groups``: :func:`vcsched.rules.spread_groups`, None when no job is spread."""
     inst = problem.instance
     ok = task_allowed(problem, tasks, dests)
-    groups = spread_groups(inst)
+    if groups is None:
+        return ok
     for i, t in enumerate(tasks):
         g = int(groups[t])
         if g < 0:
@@ -340,25 +409,26 @@ def _rule_ok(problem: AdaptProblem, hosts: np.ndarray, tasks: np.ndarray, dests:
 
 
 def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int, on: np.ndarray, spent: int,
-               dests: np.ndarray, hosts: np.ndarray | None = None) -> tuple[int, int, int] | None:
+               dests: np.ndarray, hosts: np.ndarray | None = None,
+               groups: np.ndarray | None = None) -> tuple[int, int, int] | None:
     """The move of a task on ``b`` to one of ``dests`` that buys the most yield per byte: (task, host, bytes)."""
     inst = problem.instance
-    y_b = inst.host_cpu[b] / load[b]
-    a = inst.task_alpha[on][:, None]
+    cap, need, vec = _fluid(inst)
+    y_b = _ratio(cap[b], load[b], vec)
+    a = need[on][:, None, ...]
     m = inst.task_mem[on][:, None]
     tb = problem.task_bytes[on][:, None].astype(float)
     cur = problem.current[on][:, None]
     running = cur >= 0
     dest = dests[None, :]
     dc = np.where(running & (cur != dest), tb, 0.0) - np.where(running & (cur != b), tb, 0.0)
-    with np.errstate(divide="ignore"):
-        after_b = np.where(load[b] - a > 1e-12, inst.host_cpu[b] / (load[b] - a), np.inf)
-    after_h = inst.host_cpu[dests][None, :] / (load[dests][None, :] + a)
+    after_b = _ratio(cap[b], load[b] - a, vec, floor=1e-12)
+    after_h = _ratio(cap[dests][None, ...], load[dests][None, ...] + a, vec)  # 0 where a needed resource is absent
     gain = np.minimum(np.minimum(after_b, after_h), 1.0) - y_b
     ok = ((mem[dests][None, :] + m <= inst.host_mem[dests][None, :] + MEMORY_TOLERANCE) & (dest != b)
           & (spent + dc <= problem.budget) & (gain > _YIELD_EPS))
     if inst.has_rules and hosts is not None and ok.any():
-        ok &= _rule_ok(problem, hosts, on, dests)
+        ok &= _rule_ok(problem, hosts, on, dests, groups)
     if not ok.any():
         return None
     free = ok & (dc <= 0)
@@ -370,7 +440,8 @@ def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int,
 
 
 def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: np.ndarray, b: int,
-               on: np.ndarray, others: np.ndarray, spent: int) -> tuple[int, int, int, int] | None:
+               on: np.ndarray, others: np.ndarray, spent: int,
+               groups: np.ndarray | None = None) -> tuple[int, int, int, int] | None:
     """The exchange of a task ``t`` on the bottleneck ``b`` with a smaller task ``u`` among ``others`` that buys the
     most yield per byte within the budget, as (t, u, u's host, change in bytes); None if none improves.
 
@@ -381,23 +452,25 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     if not len(others) or not len(on):
         return None
     hu = hosts[others][None, :]
-    at, au = inst.task_alpha[on][:, None], inst.task_alpha[others][None, :]
+    cap, need, vec = _fluid(inst)
+    at, au = need[on][:, None, ...], need[others][None, ...]
     mt, mu = inst.task_mem[on][:, None], inst.task_mem[others][None, :]
     ct, cu = problem.current[on][:, None], problem.current[others][None, :]
     bt, bu = problem.task_bytes[on][:, None].astype(float), problem.task_bytes[others][None, :].astype(float)
     # Byte cost change: t goes b -> hu, u goes hu -> b (each relative to where it runs now).
     dc = (np.where((ct >= 0) & (ct != hu), bt, 0.0) - np.where((ct >= 0) & (ct != b), bt, 0.0)
           + np.where((cu >= 0) & (cu != b), bu, 0.0) - np.where((cu >= 0) & (cu != hu), bu, 0.0))
-    y_b = inst.host_cpu[b] / load[b]
+    y_b = _ratio(cap[b], load[b], vec)
     new_b = load[b] - at + au
-    new_h = load[hosts[others]][None, :] - au + at
-    with np.errstate(divide="ignore"):
-        gain = np.minimum(np.minimum(inst.host_cpu[b] / new_b, inst.host_cpu[hu] / new_h), 1.0) - y_b
-    ok = ((au < at) & (gain > _YIELD_EPS) & (spent + dc <= problem.budget)
+    new_h = load[hosts[others]][None, ...] - au + at
+    floor = 0.0 if vec else -np.inf  # CPU alone: plain division, as always (0 / 0 only on the vector)
+    gain = np.minimum(np.minimum(_ratio(cap[b], new_b, vec, floor), _ratio(cap[hu], new_h, vec, floor)), 1.0) - y_b
+    smaller = np.any(au < at, axis=-1) if vec else au < at
+    ok = (smaller & (gain > _YIELD_EPS) & (spent + dc <= problem.budget)
           & (mem[b] - mt + mu <= inst.host_mem[b] + MEMORY_TOLERANCE)
           & (mem[hosts[others]][None, :] - mu + mt <= inst.host_mem[hu] + MEMORY_TOLERANCE))
     if inst.has_rules and ok.any():
-        ok &= _swap_rule_ok(problem, hosts, b, on, others)
+        ok &= _swap_rule_ok(problem, hosts, b, on, others, groups)
     if not ok.any():
         return None
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -409,24 +482,27 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     return int(on[i]), int(others[k]), int(hosts[others[k]]), int(dc[i, k])
 
 
-def _swap_rule_ok(problem: AdaptProblem, hosts: np.ndarray, b: int, on: np.ndarray, others: np.ndarray) -> np.ndarray:
-    """``ok[i, k]``: swapping ``on[i]`` (on ``b``) with ``others[k]`` keeps every rule."""
+def _swap_rule_ok(problem: AdaptProblem, hosts: np.ndarray, b: int, on: np.ndarray, others: np.ndarray,
+                  groups: np.ndarray | None) -> np.ndarray:
+    """``ok[i, k]``: swapping ``on[i]`` (on ``b``) with ``others[k]`` keeps every rule.
+
+    ``groups`` as in :func:`_rule_ok`.
+    """
     inst = problem.instance
-    groups = spread_groups(inst)
-    ok = np.zeros((len(on), len(others)), dtype=bool)
     hu = hosts[others]
     back = task_allowed(problem, others, np.array([b]))[:, 0]  # each partner may come to b
+    ok = task_allowed(problem, on, hu) & back[None, :]
+    if groups is None:
+        return ok
+    gu = groups[others]
     for i, t in enumerate(on):
-        row = task_allowed(problem, np.array([t]), hu)[0] & back
         g = int(groups[t])
         if g >= 0:
             first = int(inst.job_first_task[g])
             mates = np.arange(first, first + inst.jobs[g].tasks)
-            row &= ~np.isin(hu, hosts[mates[mates != t]])
-        gu = groups[others]
+            ok[i] &= ~np.isin(hu, hosts[mates[mates != t]])
         on_b = set(int(x) for x in groups[hosts == b] if x >= 0) - ({g} if g >= 0 else set())
-        row &= ~((gu >= 0) & np.isin(gu, list(on_b)))
-        ok[i] = row
+        ok[i] &= ~((gu >= 0) & np.isin(gu, list(on_b)))
     return ok
 
 
@@ -440,29 +516,34 @@ def _scratch_instance(problem: AdaptProblem) -> Instance:
         return inst
     import dataclasses
 
-    stay = problem.running & inst.host_cordoned[problem.current.clip(min=0)] & ~problem.leaving
+    stay = problem.running & inst.host_cordoned[problem.current.clip(min=0)] & may_stay(problem)
     if not stay.any():
         return inst
     pins = np.where(stay & (inst.task_pinned < 0), problem.current, inst.task_pinned)
     return dataclasses.replace(inst, pinned=tuple(int(p) for p in pins))
 
 
-def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4,
-                    scratch: str = "mcb8") -> tuple[np.ndarray | None, dict[str, object]]:
+def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4, scratch: str = "mcb8",
+                    improve_s: float | None = None) -> tuple[np.ndarray | None, dict[str, object]]:
     """Our heuristic for section 6.1 (see the module docstring); returns a placement or None, and details.
 
     ``scratch`` names the registry algorithm of step 4's from-scratch placement (``best`` for the anytime
-    search, at its default budget).
+    search, at its default budget).  ``improve_s``: the most seconds step 3's improvement moves may take
+    (None: until no move helps).
     """
     problem = problem.cordoned()  # a drained host takes nothing new, as in maintenance
     inst = problem.instance
     evicted = _evict_overfull(problem)
     pool = np.concatenate((np.flatnonzero(~problem.running), evicted)).astype(np.int64)
     candidates: list[tuple[str, np.ndarray]] = []
+    cut: str | None = None
     if int(problem.task_bytes[evicted].sum()) <= problem.budget:
         placed = pack_residual(inst, problem.current.clip(min=0), pool, precision)
         if placed is not None and move_cost(problem, placed) <= problem.budget:
-            candidates.append(("incremental", improve(problem, placed)))
+            deadline = None if improve_s is None else time.perf_counter() + improve_s
+            candidates.append(("incremental", improve(problem, placed, deadline=deadline)))
+            if deadline is not None and time.perf_counter() >= deadline:
+                cut = f"improvement moves stopped after {improve_s:g} s"
     try:
         placed_anew = from_scratch(_scratch_instance(problem), precision, scratch)
     except InputError:  # staying put would contradict a rule (two VMs of a spread job on one such host)
@@ -476,5 +557,5 @@ def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4,
     if not candidates:
         return None, {"path": "none"}
     name, best = max(candidates, key=lambda c: (round(placement_min_yield(inst, c[1]), 9), -move_cost(problem, c[1])))
-    return best, {"path": name}
+    return best, {"path": name, **({"improve_stopped": cut} if cut else {})}
 

@@ -33,6 +33,7 @@ from vcsched.errors import InputError
 from vcsched.formats.instance import instance_from_dict
 from vcsched.formats.units import parse_size
 from vcsched.model import Instance, SolveResult
+from vcsched.yields import blocked_pairs
 
 GIB = 1 << 30
 DEFAULT_HOST_MEMORY_BYTES = GIB  # bytes of one reference-host memory unit when the instance does not say
@@ -103,16 +104,36 @@ class AdaptProblem:
 
 
 def task_allowed(problem: AdaptProblem, tasks: np.ndarray, dests: np.ndarray) -> np.ndarray:
-    """``allowed[i, k]``: may task ``tasks[i]`` be on host ``dests[k]`` (module docstring)?  Spread is separate."""
+    """``allowed[i, k]``: may task ``tasks[i]`` be on host ``dests[k]`` (module docstring)?  Spread is separate.
+
+    The adaptation's reading of :func:`vcsched.rules.allowed_matrix`: a host in maintenance (or drained)
+    still allows the tasks that run there, unless they must leave; and, as everywhere, a host with none
+    of a fluid resource the task needs allows it nowhere (it would run at yield 0 there), not even
+    where it runs now.
+    """
     inst = problem.instance
     tasks = np.asarray(tasks, dtype=np.int64)
-    d = np.asarray(dests, dtype=np.int64)[None, :]
+    dests = np.asarray(dests, dtype=np.int64)
+    d = dests[None, :]
     cur = problem.current[tasks][:, None]
     pins = inst.task_pinned[tasks][:, None]
     ok = ~problem.closed[d] | (d == cur)
     ok = ok & ((pins < 0) | (d == pins))
     if problem.leave:
         ok = ok & ~(problem.leaving[tasks][:, None] & (d == cur))
+    if inst.has_extra_resources:
+        ok = ok & ~blocked_pairs(inst)[np.ix_(inst.task_job[tasks], dests)]
+    return ok
+
+
+def may_stay(problem: AdaptProblem) -> np.ndarray:
+    """Per task: may it stay on the host it runs on (:func:`task_allowed` there)?  True for new arrivals."""
+    inst = problem.instance
+    pins = inst.task_pinned
+    ok = ~problem.leaving & ((pins < 0) | (pins == problem.current))
+    if inst.has_extra_resources:
+        run = problem.running
+        ok = ok & ~(run & blocked_pairs(inst)[inst.task_job, problem.current.clip(min=0)])
     return ok
 
 

@@ -20,8 +20,9 @@ from vcsched.adaptation.heuristic import adapt_heuristic
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult, adapt_rule_problems, migrations, move_cost
 from vcsched.errors import AllocationError, InputError
 from vcsched.model import REQUIRED, Instance, Job, SolveOptions, SolveResult
+from vcsched.solvers.registry import allocation_of
 from vcsched.validate import check_allocation
-from vcsched.yields import allocate, fits_in_memory
+from vcsched.yields import fits
 
 #: ``heuristic-best``: the heuristic with the anytime search ``best`` (at its default budget) instead of MCB8 for
 #: its from-scratch re-placement candidate.
@@ -29,8 +30,12 @@ ALGORITHMS = ("heuristic", "heuristic-best", "milp")
 
 
 def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
-                options: SolveOptions | None = None) -> AdaptResult:
-    """Solve the adaptation problem with ``heuristic``, ``heuristic-best`` or ``milp``; the allocation is validated."""
+                options: SolveOptions | None = None, *, improve_s: float | None = None) -> AdaptResult:
+    """Solve the adaptation problem with ``heuristic``, ``heuristic-best`` or ``milp``; the allocation is validated.
+
+    ``improve_s`` bounds the heuristics' improvement moves in seconds
+    (:func:`vcsched.adaptation.heuristic.adapt_heuristic`; the MILP ignores it).
+    """
     options = options or SolveOptions()
     if algorithm not in ALGORITHMS:
         raise InputError(f"algorithm: unknown adaptation algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
@@ -38,35 +43,36 @@ def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
     start = time.perf_counter()
     optimal: bool | None = None
     if inst.has_rules:
-        hosts, optimal, detail = _solve_ruled(problem, algorithm, options)
+        hosts, optimal, detail = _solve_ruled(problem, algorithm, options, improve_s)
     elif algorithm == "milp":
         from vcsched.adaptation.milp import adapt_milp
 
         hosts, optimal, detail = adapt_milp(problem, options)
     else:
         hosts, detail = adapt_heuristic(problem, options.precision,
-                                        scratch="best" if algorithm == "heuristic-best" else "mcb8")
+                                        scratch="best" if algorithm == "heuristic-best" else "mcb8",
+                                        improve_s=improve_s)
     if hosts is None:
         runtime = time.perf_counter() - start
         return AdaptResult(SolveResult(algorithm, False, None, None, None, runtime, optimal, detail=detail))
     hosts = np.asarray(hosts, dtype=np.int64)
-    if not fits_in_memory(inst, hosts):
-        raise AssertionError(f"adapt {algorithm} returned a placement that overcommits memory")
+    if not fits(inst, hosts):
+        raise AssertionError(f"adapt {algorithm} returned a placement that overcommits memory "
+                             "or puts a task where a fluid resource it needs has capacity 0")
     cost = move_cost(problem, hosts)
     if cost > problem.budget:
         raise AssertionError(f"adapt {algorithm} spent {cost} bytes, above the budget {problem.budget}")
-    allocation = allocate(inst, hosts)
-    runtime = time.perf_counter() - start
-    min_y, avg_y = allocation.min_yield(inst), allocation.avg_yield(inst)
-    if inst.has_rules:
+    if inst.has_rules:  # the adaptation's reading of the rules (a VM may stay on a host in maintenance)
         broken = adapt_rule_problems(_without_rules_left(problem, detail), hosts)
         if broken:
             raise AllocationError([f"adapt {algorithm}: {p}" for p in broken])
-        inst = _plain(inst)
+        inst = _plain(inst)  # the allocation is then checked for capacities alone
+    allocation = allocation_of(inst, hosts)  # every fluid resource, not CPU alone
+    runtime = time.perf_counter() - start
+    min_y, avg_y = allocation.min_yield(inst), allocation.avg_yield(inst)
     check_allocation(inst, allocation, min_yield=min_y, avg_yield=avg_y)
     result = SolveResult(algorithm, True, allocation, min_y, avg_y, runtime, optimal, detail=detail)
     return AdaptResult(result, tuple(migrations(problem, hosts)), cost, detail)
-
 
 
 def _plain(instance: Instance) -> Instance:
@@ -148,8 +154,8 @@ def _spread_broken_now(problem: AdaptProblem) -> list[str]:
     return out
 
 
-def _solve_ruled(problem: AdaptProblem, algorithm: str,
-                 options: SolveOptions) -> tuple[np.ndarray | None, bool | None, dict[str, object]]:
+def _solve_ruled(problem: AdaptProblem, algorithm: str, options: SolveOptions,
+                 improve_s: float | None = None) -> tuple[np.ndarray | None, bool | None, dict[str, object]]:
     """Either method under the rules (module docstring): preferred first, then required only."""
     from vcsched.rules import check_rules, describe, harden, has_soft, soft_unmet, without_soft
 
@@ -169,7 +175,9 @@ def _solve_ruled(problem: AdaptProblem, algorithm: str,
 
             hosts, optimal, sub = adapt_milp(contracted, options)
         else:
-            hosts, sub = adapt_heuristic(contracted, options.precision)
+            hosts, sub = adapt_heuristic(contracted, options.precision,
+                                         scratch="best" if algorithm == "heuristic-best" else "mcb8",
+                                         improve_s=improve_s)
         detail.update(sub)
         if hosts is None:
             continue

@@ -15,9 +15,9 @@ Two ways, chosen per policy:
 * **max-min** — every other policy (``drf-pools``, whose pool shares depend on
   the placement; ``pf``, ``alpha-fair`` and ``hdrf``, which have no single
   level) and every algorithm that is not an MCB variant: the algorithm places
-  for the max-min yield (MCB on the resource vector, greedy on the largest
-  relative load; the others on CPU and memory) and the policy allocates on
-  that placement.
+  for the max-min yield on the resource vector (every placing algorithm
+  weighs every fluid resource, docs/policies.md §8) and the policy allocates
+  on that placement.
 
 :func:`place_policy` returns the solver's result with the policy's yields and
 the :class:`~vcsched.policies.allocation.PolicyAllocation`.

@@ -57,8 +57,14 @@ large), which makes the search deterministic for a given seed.
 bound, or HiGHS's better bound when it has one), ``gap_percent`` (to it) and
 ``stopped`` (why it stopped).
 
-Instances with fluid resources besides CPU (the multi-resource model's
-``has_extra_resources``) get MCB8's placement unchanged: this search knows CPU and memory only.
+**The resource vector.**  On an instance with fluid resources besides CPU
+(disk, net, ...: docs/policies.md) every phase judges the whole vector: the
+MCB starts pack it (:mod:`vcsched.solvers.mcb_vector`), SG/SGB balance the
+largest relative load, the local search lowers ``max_r L_hr / C_hr`` (a
+host's yield is set by its tightest resource), the makespan MILP has a row
+per (host, resource), and the LP bound is taken over every resource.  A
+placement is valid when memory fits and no task sits on a host without a
+fluid resource it needs; MCB8 still runs first, so ``best`` never ends below it.
 
 Instances with placement rules (docs/rules.md) skip step 2: the moves and
 swaps know nothing of maintenance, pins or spread.  Steps 1 and 3 honour them
@@ -81,7 +87,7 @@ from vcsched.solvers.greedy import backtracking, greedy, task_order
 from vcsched.solvers.local_search import LoadState, descend, perturb
 from vcsched.solvers.lpbound import lp_bound
 from vcsched.solvers.registry import Placement, register
-from vcsched.yields import fits_in_memory, placement_min_yield
+from vcsched.yields import fits, placement_min_yield
 
 DEFAULT_BUDGET_S = 0.1
 #: The MCB variants, in the paper's ranking (section 4.2.1): MCB8 first and always.
@@ -132,7 +138,7 @@ class _Search:
     best_y: float = -1.0
     source: str = ""
     local: _LocalStats | None = None
-    infeasible: str | None = None  # who proved that no memory-feasible placement exists (SGB or HiGHS)
+    infeasible: str | None = None  # who proved that no placement fits (SGB or HiGHS)
     detail: dict[str, object] = field(default_factory=dict)
 
     def elapsed(self) -> float:
@@ -148,7 +154,7 @@ class _Search:
 
     def offer(self, hosts: np.ndarray | None, source: str) -> bool:
         """Keep ``hosts`` when it is a valid placement with a strictly higher minimum yield; True if kept."""
-        if hosts is None or not fits_in_memory(self.instance, hosts):
+        if hosts is None or not fits(self.instance, hosts):
             return False
         if self.instance.has_rules:
             from vcsched.rules import rule_problems
@@ -169,8 +175,6 @@ class _Search:
 def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, seed: int = 0,
                    precision: float = 1e-4, max_kicks: int | None = None) -> Placement:
     """The ``best`` search (module docstring); ``max_kicks`` bounds the iterated local search (reproducible runs)."""
-    if getattr(instance, "has_extra_resources", False):
-        return _mcb8_only(instance, budget_s, precision)
     search = _Search(instance, budget_s, time.perf_counter(), lp_bound(instance))
     detail = search.detail
     detail["budget_s"] = budget_s
@@ -187,7 +191,8 @@ def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, se
         if search.best is None and small and not search.infeasible and search.remaining() >= _milp_min_s():
             optimal = _exact(search, cutoff=False)
         if search.infeasible:
-            optimal, stopped = True, f"{search.infeasible} proved that no placement fits in memory"
+            fit = "on every resource" if instance.has_extra_resources else "in memory"
+            optimal, stopped = True, f"{search.infeasible} proved that no placement fits {fit}"
         elif search.best is None:
             stopped = "no placement found"
         else:
@@ -227,29 +232,18 @@ def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, se
     return Placement(hosts=search.best, optimal=optimal, detail=detail)
 
 
-def _mcb8_only(instance: Instance, budget_s: float, precision: float) -> Placement:
-    """MCB8's own placement, for instances with fluid resources besides CPU (disk, net, ...).
-
-    The multi-resource model (``Instance.has_extra_resources``, docs/policies.md, developed beside this
-    search) places such instances on the resource vector; this search judges placements by CPU and memory
-    alone, so its moves could trade the other resources away and end below MCB8.  Until it learns them,
-    it returns what the registry's ``mcb8`` returns.
-    """
-    from vcsched.solvers.registry import get
-
-    started = time.perf_counter()
-    placed = get("mcb8").placer(instance, SolveOptions(precision=precision))
-    detail: dict[str, object] = {
-        "budget_s": budget_s, "search_s": time.perf_counter() - started, "source": "mcb8",
-        "stopped": "fluid resources besides CPU: the local search knows CPU and memory only, so MCB8's "
-                   "placement is returned",
-    }
-    return Placement(hosts=placed.hosts, optimal=False, detail=detail)
-
-
 def _milp_min_s() -> float:
     """The least budget left worth starting HiGHS with: its set-up, plus scipy's import if not done yet."""
     return MILP_MIN_S if "scipy.optimize" in sys.modules else MILP_IMPORT_S
+
+
+def _mcb(instance: Instance, variant: str, precision: float) -> np.ndarray | None:
+    """One MCB variant's placement: the 2-D search, or the d-dimensional one on the resource vector."""
+    if instance.has_extra_resources:
+        from vcsched.solvers.mcb_vector import search_level
+
+        return search_level(instance, variant, None, precision).hosts
+    return mcb.search(instance, variant, precision).hosts
 
 
 def _start(search: _Search, precision: float) -> float | None:
@@ -262,7 +256,7 @@ def _start(search: _Search, precision: float) -> float | None:
         if variant != "mcb8" and (search.elapsed() + t8 > START_SHARE * search.budget or search.at_bound):
             break
         t = time.perf_counter()
-        hosts = mcb.search(instance, variant, precision).hosts
+        hosts = _mcb(instance, variant, precision)
         ran.append(variant)
         if variant == "mcb8":
             t8 = time.perf_counter() - t

@@ -13,6 +13,12 @@ the division changes nothing; for heterogeneous hosts ``load / C_h`` is what
 the host's yield depends on (``min(1, C_h / load)``, see :mod:`vcsched.yields`),
 so the greedy keeps balancing the quantity the objective cares about.
 
+On the resource vector (extra fluid resources such as disk and network,
+docs/policies.md) every algorithm here is the same with a host's load the
+largest of its relative loads over the fluid resources, and with a host that
+has none of a resource a task needs counted as one the task does not fit
+(like a host without the memory): a task there could only run at yield 0.
+
 GB and SGB run GR's and SG's choices as a depth-first search: when a task
 fits nowhere they go back to the latest task that still has an untried host
 (hosts tried in the greedy's order at that point) and continue from there.
@@ -34,14 +40,17 @@ returns first, only how many attempts it spends.  Because attempts spent on
 duplicates are saved, the pruned search reaches further within the same
 bound than the paper's unpruned one; the ``attempts`` count in the result's
 ``detail`` is the number actually made.  When the search runs out of choices
-before the bound, the instance is proved memory-infeasible (``exhausted``).
+before the bound, the instance is proved infeasible (``exhausted``): no
+placement fits in memory (and, on the resource vector, gives every task a
+host with each fluid resource it needs).
 
 Placement rules (docs/rules.md): pinned tasks are placed first (they load
 their hosts and are not part of the order), a host in maintenance is never a
-candidate, and a host that already holds a task of a spread job is not a
-candidate for another of its tasks.  The pruning of equivalent hosts then
-also compares the spread groups present (two hosts are equivalent only when
-they hold the same ones).
+candidate (it closes the (task, host) pair exactly as a missing fluid
+resource does: :func:`vcsched.rules.job_hosts`), and a host that already
+holds a task of a spread job is not a candidate for another of its tasks.
+The pruning of equivalent hosts then also compares the spread groups present
+(two hosts are equivalent only when they hold the same ones).
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ from __future__ import annotations
 import numpy as np
 
 from vcsched.model import Instance, SolveOptions
-from vcsched.rules import spread_groups
+from vcsched.rules import allowed_matrix, job_hosts, spread_groups
 from vcsched.solvers.registry import Placement, Placer, register
 from vcsched.yields import MEMORY_TOLERANCE
 
@@ -69,20 +78,20 @@ def task_order(instance: Instance, *, sort_by_memory: bool) -> list[int]:
     return order
 
 
-class _Rules:
-    """What the greedy passes need of the rules: allowed hosts, spread groups, and the groups on each host."""
+class _Spread:
+    """The spread groups (required anti-affinity) present on each host while a pass places tasks."""
 
     def __init__(self, instance: Instance) -> None:
         self.active = instance.has_rules
-        self.open = (~instance.host_cordoned).tolist()
-        self.group = spread_groups(instance).tolist()
-        self.on: list[set[int]] = [set() for _ in range(instance.n_hosts)]
+        self.group = spread_groups(instance).tolist() if self.active else []
+        self.on: list[set[int]] = [set() for _ in range(instance.n_hosts)] if self.active else []
 
     def ok(self, t: int, h: int) -> bool:
+        """Host ``h`` holds no task of ``t``'s spread job (True when ``t``'s job is not spread)."""
         if not self.active:
             return True
         g = self.group[t]
-        return self.open[h] and (g < 0 or g not in self.on[h])
+        return g < 0 or g not in self.on[h]
 
     def add(self, t: int, h: int) -> None:
         if self.active and self.group[t] >= 0:
@@ -92,98 +101,107 @@ class _Rules:
         if self.active and self.group[t] >= 0:
             self.on[h].discard(self.group[t])
 
+    def state(self, h: int) -> frozenset[int]:
+        return frozenset(self.on[h]) if self.active else frozenset()
 
-def _pinned_start(instance: Instance, hosts: np.ndarray, free_mem: list[float], rules: _Rules,
-                  load: list[float] | None = None) -> bool:
-    """Place the pinned tasks where they are pinned; False when their memory overflows a host."""
-    if not rules.active:
+
+class _HostLoads:
+    """Per-host relative loads over the fluid resources, and which hosts each task may use.
+
+    A host's *load* is the largest of its relative loads ``sum need_r / C_hr``
+    over the fluid resources: its yield is ``min(1, C_hr / L_hr)`` over its
+    resources, so that is the quantity the objective cares about.  With CPU
+    the only fluid resource it is section 3.3's ``load / C_h``, computed with
+    the same floating-point operations as always (the CPU-only results are
+    pinned bit for bit).  A host without a resource the task needs, or in
+    maintenance, is not one the task fits (:func:`vcsched.rules.job_hosts`).
+    Plain lists, not numpy: the loops below touch one host at a time.
+    """
+
+    def __init__(self, instance: Instance) -> None:
+        self.cap = instance.host_capacity.tolist()
+        self.need = instance.job_need.tolist()
+        self.job = instance.task_job.tolist()
+        self.loads = [[0.0] * len(instance.resources) for _ in range(instance.n_hosts)]
+        self.load = [0.0] * instance.n_hosts
+        allowed = job_hosts(instance)
+        if instance.has_extra_resources:
+            self.allowed: list[list[bool]] = allowed.tolist()
+        else:  # maintenance alone: one row shared by every job
+            self.allowed = [allowed[0].tolist()] * instance.n_jobs if instance.n_jobs else []
+
+    def ok(self, t: int) -> list[bool]:
+        """Hosts task ``t`` may use (maintenance, fluid resources; memory and spread are the caller's)."""
+        return self.allowed[self.job[t]]
+
+    def add(self, t: int, h: int, sign: float = 1.0) -> None:
+        """Put task ``t`` on host ``h`` (``sign=-1``: take it off again)."""
+        row, cap = self.loads[h], self.cap[h]
+        for r, x in enumerate(self.need[self.job[t]]):
+            if x > 0:
+                if sign > 0:
+                    row[r] += x / cap[r]
+                else:
+                    row[r] -= x / cap[r]
+        self.load[h] = max(row)
+
+    def state(self, h: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """What makes two hosts interchangeable at this point: capacities and loads per resource."""
+        return tuple(self.cap[h]), tuple(self.loads[h])
+
+
+def _pinned_start(instance: Instance, hosts: np.ndarray, free_mem: list[float], loads: _HostLoads,
+                  spread: _Spread) -> bool:
+    """Place the pinned tasks where they are pinned; False when their memory overflows a host, or a host
+    lacks a fluid resource a task pinned to it needs."""
+    if not instance.has_rules:
         return True
-    for t in np.flatnonzero(instance.task_pinned >= 0):
+    pinned = np.flatnonzero(instance.task_pinned >= 0)
+    if not len(pinned):
+        return True
+    at_pin = allowed_matrix(instance, pinned)
+    for i, t in enumerate(pinned.tolist()):
         h = int(instance.task_pinned[t])
+        if not at_pin[i, h]:
+            return False
         hosts[t] = h
         free_mem[h] -= float(instance.task_mem[t])
-        if load is not None:
-            load[h] += float(instance.task_alpha[t] / instance.host_cpu[h])
-        rules.add(int(t), h)
+        loads.add(t, h)
+        spread.add(t, h)
         if free_mem[h] < 0:
             return False
     return True
 
 
 def greedy(instance: Instance, order: list[int]) -> np.ndarray | None:
-    """One greedy pass: each task on the least-loaded host where its memory fits; None if one fits nowhere."""
-    n_hosts = instance.n_hosts
-    cap_cpu = instance.host_cpu.tolist()
-    free_mem = (instance.host_mem + MEMORY_TOLERANCE).tolist()
-    alpha = instance.task_alpha.tolist()
-    mem = instance.task_mem.tolist()
-    load = [0.0] * n_hosts  # CPU need placed, relative to capacity
-    hosts = np.empty(instance.n_tasks, dtype=np.int64)
-    rules = _Rules(instance)
-    if not _pinned_start(instance, hosts, free_mem, rules, load):
-        return None
-    for t in order:
-        m = mem[t]
-        best = -1
-        best_load = 0.0
-        for h in range(n_hosts):
-            if free_mem[h] >= m and (best < 0 or load[h] < best_load) and rules.ok(t, h):
-                best, best_load = h, load[h]
-        if best < 0:
-            return None
-        hosts[t] = best
-        free_mem[best] -= m
-        load[best] += alpha[t] / cap_cpu[best]
-        rules.add(t, best)
-    return hosts
+    """One greedy pass: each task on the least-loaded host where it fits; None if one fits nowhere.
 
-
-def greedy_vector(instance: Instance, order: list[int]) -> np.ndarray | None:
-    """GR/SG on the resource vector (an instance with extra fluid resources, docs/policies.md).
-
-    The same pass as :func:`greedy`, with a host's load the largest of its
-    relative loads over every fluid resource (``sum need_r / C_hr``; a
-    resource the host has none of, needed by a task already there, makes it
-    infinite): the yield of a host is ``min(1, C_hr / L_hr)`` over its
-    resources, so this is again the quantity the objective cares about.
-    Instances whose only fluid resource is CPU never come here.
+    On an instance with extra fluid resources (disk, net, ...: docs/policies.md)
+    the load is the largest relative load over them (:class:`_HostLoads`).
     """
     n_hosts = instance.n_hosts
-    cap = instance.host_capacity
     free_mem = (instance.host_mem + MEMORY_TOLERANCE).tolist()
     mem = instance.task_mem.tolist()
-    need = instance.job_need[instance.task_job]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # rel[t, h, r] is never built whole: one task's row against every host at a time.
-        inv = np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1.0), np.inf)
-    loads = np.zeros_like(cap)  # hosts x resources, relative
-    load = [0.0] * n_hosts
+    loads = _HostLoads(instance)
+    load = loads.load
+    spread = _Spread(instance)
     hosts = np.empty(instance.n_tasks, dtype=np.int64)
-    rules = _Rules(instance)
-    if not _pinned_start(instance, hosts, free_mem, rules):
+    if not _pinned_start(instance, hosts, free_mem, loads, spread):
         return None
-
-    def put(t: int, h: int) -> None:
-        with np.errstate(invalid="ignore"):
-            add = np.where(need[t] > 0, need[t] * inv[h], 0.0)
-        loads[h] += add
-        load[h] = float(loads[h].max())
-
-    for p in np.flatnonzero(instance.task_pinned >= 0) if rules.active else ():
-        put(int(p), int(instance.task_pinned[p]))
     for t in order:
         m = mem[t]
+        ok = loads.ok(t)
         best = -1
         best_load = 0.0
         for h in range(n_hosts):
-            if free_mem[h] >= m and (best < 0 or load[h] < best_load) and rules.ok(t, h):
+            if free_mem[h] >= m and ok[h] and (best < 0 or load[h] < best_load) and spread.ok(t, h):
                 best, best_load = h, load[h]
         if best < 0:
             return None
         hosts[t] = best
         free_mem[best] -= m
-        put(t, best)
-        rules.add(t, best)
+        loads.add(t, best)
+        spread.add(t, best)
     return hosts
 
 
@@ -191,33 +209,31 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
     """Depth-first search over the greedy's host choices.
 
     Returns ``(hosts or None, attempts made, exhausted)``; ``exhausted`` is True
-    when every choice was tried, i.e. no memory-feasible placement exists.
+    when every choice was tried, i.e. no placement fits (memory, the rules, and
+    on the resource vector a host for every task with each fluid resource it needs).
     """
     n_tasks, n_hosts = len(order), instance.n_hosts
-    cap_cpu = instance.host_cpu.tolist()
     cap_mem = instance.host_mem.tolist()
     free_mem = (instance.host_mem + MEMORY_TOLERANCE).tolist()
-    alpha = instance.task_alpha.tolist()
     mem = instance.task_mem.tolist()
-    need = [alpha[t] / cap_cpu[h] for t in range(instance.n_tasks) for h in range(n_hosts)]  # t*H + h
-    load = [0.0] * n_hosts
+    loads = _HostLoads(instance)
+    load = loads.load
+    spread = _Spread(instance)
     host_range = range(n_hosts)
-    rules = _Rules(instance)
     start = np.empty(instance.n_tasks, dtype=np.int64)
-    if not _pinned_start(instance, start, free_mem, rules, load):
+    if not _pinned_start(instance, start, free_mem, loads, spread):
         return None, 0, True
     if n_tasks == 0:
         return start, 0, True
 
     def candidates(t: int) -> list[int]:
         """Hosts where task ``t`` fits, in greedy order, one per class of equivalent hosts."""
-        m = mem[t]
-        fit = sorted((load[h], h) for h in host_range if free_mem[h] >= m and rules.ok(t, h))
+        m, ok = mem[t], loads.ok(t)
+        fit = sorted((load[h], h) for h in host_range if free_mem[h] >= m and ok[h] and spread.ok(t, h))
         out: list[int] = []
-        seen: set[tuple[float, float, float, float, frozenset[int]]] = set()
+        seen: set[tuple[object, ...]] = set()
         for _, h in fit:
-            state = (cap_cpu[h], cap_mem[h], load[h], free_mem[h], frozenset(rules.on[h]) if rules.active
-                     else frozenset())
+            state = (*loads.state(h), cap_mem[h], free_mem[h], spread.state(h))
             if state not in seen:
                 seen.add(state)
                 out.append(h)
@@ -239,8 +255,8 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
             t = order[depth]
             attempts += 1
             free_mem[h] -= mem[t]
-            load[h] += need[t * n_hosts + h]
-            rules.add(t, h)
+            loads.add(t, h)
+            spread.add(t, h)
             chosen[depth] = h
             depth += 1
             if depth == n_tasks:
@@ -260,14 +276,13 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
             h = chosen[depth]
             t = order[depth]
             free_mem[h] += mem[t]
-            load[h] -= need[t * n_hosts + h]
-            rules.remove(t, h)
+            loads.add(t, h, -1.0)
+            spread.remove(t, h)
 
 
 def _greedy_placer(sort_by_memory: bool) -> Placer:
     def place(instance: Instance, options: SolveOptions) -> Placement:
-        run = greedy_vector if instance.has_extra_resources else greedy
-        hosts = run(instance, task_order(instance, sort_by_memory=sort_by_memory))
+        hosts = greedy(instance, task_order(instance, sort_by_memory=sort_by_memory))
         return Placement(hosts=hosts)
 
     return place

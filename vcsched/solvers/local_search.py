@@ -27,6 +27,13 @@ kick the best placement found, descend, keep the result when it is better
 Everything works on :class:`LoadState` (the placement and its per-host
 loads), in place; the arrays are numpy, and every step is vectorized over
 the tasks of one host times all tasks (swaps) or all hosts (moves).
+
+On the resource vector (extra fluid resources, docs/policies.md) the minimum
+yield is ``min(1, min_hr C_hr / L_hr)``, so a host's relative load is the
+largest over its fluid resources, ``r_h = max_r L_hr / C_hr``, and everything
+above holds with that ``r_h`` (a host without a resource a task needs gives
+it ``r_h = inf``, so no step puts it there).  CPU alone: the same numbers as
+before, bit for bit.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vcsched.model import Instance
+from vcsched.yields import blocked_pairs, fluid_loads
 
 #: A move must lower the pair's highest relative load by more than this (relative), so that rounding noise is
 #: never taken for progress.
@@ -46,19 +54,49 @@ IMPROVEMENT = 1e-12
 MEMORY_SLACK = 1e-11
 
 
+def relative(load: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """The largest relative load ``max_r L_r / C_r`` over the last axis (the fluid resources).
+
+    A resource of capacity 0 counts 0 while nothing there needs it and
+    ``inf`` once something does (its tasks could only run at yield 0).  With
+    CPU the only fluid resource this is ``L / C`` itself, bit for bit.
+    """
+    if np.all(cap > 0):
+        return np.max(load / cap, axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.max(np.where(cap > 0, load / cap, np.where(load > 0, np.inf, 0.0)), axis=-1)
+
+
+def fluid_arrays(instance: Instance) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray, np.ndarray], np.ndarray]]:
+    """``(capacity, need per task, relative load)`` with a resource axis only on the resource vector.
+
+    CPU alone keeps the flat arrays ``host_cpu``, ``task_alpha`` and plain
+    division, so its numbers and its speed are what they always were.
+    """
+    if instance.has_extra_resources:
+        return instance.host_capacity, instance.job_need[instance.task_job], relative
+    return instance.host_cpu, instance.task_alpha, np.divide
+
+
 @dataclass
 class LoadState:
-    """A placement and its per-host CPU-need and memory sums, kept in step by :meth:`move`."""
+    """A placement and its per-host fluid-need and memory sums, kept in step by :meth:`move`.
+
+    ``load`` is hosts x fluid resources on the resource vector (the CPU need
+    per host when CPU is the only one, :func:`fluid_arrays`): a host's relative load is the largest
+    over its resources (:func:`relative`), and everything below weighs that.
+    """
 
     instance: Instance
     hosts: np.ndarray  # host of every task (int64)
-    load: np.ndarray  # sum of CPU needs per host
+    load: np.ndarray  # sum of fluid needs per host and resource
     mem: np.ndarray  # sum of memory per host
 
     @classmethod
     def of(cls, instance: Instance, hosts: np.ndarray) -> LoadState:
         hosts = np.array(hosts, dtype=np.int64)
-        load = np.bincount(hosts, weights=instance.task_alpha, minlength=instance.n_hosts)
+        load = (fluid_loads(instance, hosts) if instance.has_extra_resources
+                else np.bincount(hosts, weights=instance.task_alpha, minlength=instance.n_hosts))
         mem = np.bincount(hosts, weights=instance.task_mem, minlength=instance.n_hosts)
         return cls(instance, hosts, load, mem)
 
@@ -66,8 +104,9 @@ class LoadState:
         return LoadState(self.instance, self.hosts.copy(), self.load.copy(), self.mem.copy())
 
     def ratio(self) -> np.ndarray:
-        """Relative load ``L_h / C_h`` per host."""
-        return self.load / self.instance.host_cpu
+        """Relative load ``max_r L_hr / C_hr`` per host."""
+        cap, _, rel = fluid_arrays(self.instance)
+        return rel(self.load, cap)
 
     def max_ratio(self) -> float:
         return float(np.max(self.ratio())) if len(self.load) else 0.0
@@ -79,7 +118,9 @@ class LoadState:
 
     def move(self, task: int, dest: int) -> None:
         src = int(self.hosts[task])
-        a, m = self.instance.task_alpha[task], self.instance.task_mem[task]
+        inst = self.instance
+        a = inst.job_need[inst.task_job[task]] if inst.has_extra_resources else inst.task_alpha[task]
+        m = inst.task_mem[task]
         self.hosts[task] = dest
         self.load[src] -= a
         self.load[dest] += a
@@ -104,12 +145,12 @@ def best_step(state: LoadState, h1: int, partners: np.ndarray | None = None) -> 
     relative load is below ``h1``'s).
     """
     inst = state.instance
-    cap_c, cap_m = inst.host_cpu, inst.host_mem
-    alpha, tmem = inst.task_alpha, inst.task_mem
+    cap_c, alpha, rel = fluid_arrays(inst)
+    cap_m, tmem = inst.host_mem, inst.task_mem
     on = np.flatnonzero(state.hosts == h1)
     if not len(on):
         return None
-    ratio = state.load / cap_c
+    ratio = state.ratio()
     r1 = float(ratio[h1])
     level = r1 * (1.0 - IMPROVEMENT)
     ok_host = ratio < level
@@ -125,8 +166,8 @@ def best_step(state: LoadState, h1: int, partners: np.ndarray | None = None) -> 
     best: Step | None = None
     # Moves: task t (on h1) to host h.
     dests = np.flatnonzero(ok_host)
-    new1 = (state.load[h1] - a1) / cap_c[h1]
-    new2 = (state.load[dests][None, :] + a1[:, None]) / cap_c[dests][None, :]
+    new1 = rel(state.load[h1] - a1, cap_c[h1])
+    new2 = rel(state.load[dests][None, :] + a1[:, None], cap_c[dests][None, :])
     value = np.maximum(new1[:, None], new2)
     fits = state.mem[dests][None, :] + m1[:, None] <= cap_m[dests][None, :] + MEMORY_SLACK
     value = np.where(fits, value, np.inf)
@@ -141,13 +182,14 @@ def best_step(state: LoadState, h1: int, partners: np.ndarray | None = None) -> 
         h2 = state.hosts[others]
         a2 = alpha[others]
         m2 = tmem[others]
-        d_a = a1[:, None] - a2[None, :]  # CPU need that leaves h1
+        d_a = a1[:, None] - a2[None, :]  # fluid needs that leave h1
         d_m = m1[:, None] - m2[None, :]
-        new1 = (state.load[h1] - d_a) / cap_c[h1]
-        new2 = (state.load[h2][None, :] + d_a) / cap_c[h2][None, :]
+        new1 = rel(state.load[h1] - d_a, cap_c[h1])
+        new2 = rel(state.load[h2][None, :] + d_a, cap_c[h2][None, :])
         value = np.maximum(new1, new2)
+        helps = (d_a > 0).any(axis=-1) if d_a.ndim == 3 else d_a > 0  # something leaves h1
         fits = ((state.mem[h1] - d_m <= cap_m[h1] + MEMORY_SLACK)
-                & (state.mem[h2][None, :] + d_m <= cap_m[h2][None, :] + MEMORY_SLACK) & (d_a > 0))
+                & (state.mem[h2][None, :] + d_m <= cap_m[h2][None, :] + MEMORY_SLACK) & helps)
         value = np.where(fits, value, np.inf)
         i = int(np.argmin(value))
         v = float(value.flat[i])
@@ -176,11 +218,10 @@ def descend(state: LoadState, out_of_time: Clock, *, max_steps: int | None = Non
     reproducible tests).  Stops early when ``out_of_time()`` says so.
     """
     steps = 0
-    cap_c = state.instance.host_cpu
     while max_steps is None or steps < max_steps:
         if out_of_time():
             break
-        ratio = state.load / cap_c
+        ratio = state.ratio()
         order = np.argsort(-ratio, kind="stable")
         above = int(np.count_nonzero(ratio > 1.0))
         limit = above if scan_hosts is None else min(above, scan_hosts)
@@ -208,12 +249,13 @@ def perturb(state: LoadState, rng: np.random.Generator, kicks: int) -> int:
     n_t, n_h = inst.n_tasks, inst.n_hosts
     if n_t < 2 or n_h < 2:
         return 0
+    blocked = blocked_pairs(inst)[inst.task_job] if inst.has_extra_resources else None
     made = 0
     for _ in range(kicks):
         for _try in range(20):
             t, u = (int(x) for x in rng.integers(0, n_t, size=2))
             ht, hu = int(state.hosts[t]), int(state.hosts[u])
-            if ht == hu:
+            if ht == hu or (blocked is not None and (blocked[t, hu] or blocked[u, ht])):
                 continue
             d_m = inst.task_mem[t] - inst.task_mem[u]
             if (state.mem[hu] + d_m <= inst.host_mem[hu] + MEMORY_SLACK

@@ -4,9 +4,13 @@ With ``e`` relaxed to [0, 1], every job can be spread evenly over all hosts,
 so the only limits are total CPU and total memory:
 ``Y_LP = min(1, sum_h C_h / sum_j k_j alpha_j)`` when memory fits in total.
 It bounds every real placement from above; it is not itself a placement.
+With extra fluid resources (disk, net, ...) every resource bounds it alike:
+``min(1, min_r sum_h C_hr / sum_j k_j need_jr)``.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from vcsched.model import Instance, SolveOptions
 from vcsched.solvers.registry import Placement, register
@@ -18,6 +22,11 @@ def lp_bound(instance: Instance) -> float | None:
         return 1.0
     if float(instance.task_mem.sum()) > float(instance.host_mem.sum()) + 1e-12:
         return None
+    if instance.has_extra_resources:
+        demand = instance.job_tasks @ instance.job_need
+        total = instance.host_capacity.sum(axis=0)
+        need = demand > 0
+        return float(min(1.0, np.min(total[need] / demand[need]))) if need.any() else 1.0
     return float(min(1.0, instance.host_cpu.sum() / instance.task_alpha.sum()))
 
 

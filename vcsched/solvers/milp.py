@@ -22,6 +22,15 @@ Rows: ``sum_h e[t, h] = 1``; ``sum_t m_t e[t, h] <= M_h``;
 ``sum_t a_j e[t, h] <= C_h``: ``x`` is non-zero only on the chosen host, where
 it equals ``a_j``); ``alpha_j Y - a[j] <= 0`` (``Y <= a_j / alpha_j``).
 
+The resource vector (extra fluid resources, docs/policies.md): a job at
+yield ``y_j = a_j / alpha_j`` uses ``y_j need_jr`` of every other fluid
+resource ``r``, so each (host, r) gets the linear row
+``sum_t x[t, h] need_jr / alpha_j <= C_hr``, and ``e[t, h]`` is fixed at 0
+where the task needs a resource the host has none of (it would run at yield
+0 there).  The makespan form gets ``sum_t need_tr e[t, h] - C_hr Z <= 0``
+and the same bounds.  Instances whose only fluid resource is CPU get none of
+this: the same model as before.
+
 Symmetry breaking for identical hosts.  Hosts with equal (C_h, M_h) are
 interchangeable, so a placement has up to ``g!`` relabelled copies per group
 of ``g`` identical hosts, and branch-and-bound would otherwise prove the same
@@ -40,8 +49,10 @@ Formulations where hosts are *not* interchangeable even at equal capacity
 
 Placement rules (docs/rules.md) are variable bounds and rows: ``e[t, h] = 0``
 where the task may not go (a host in maintenance, any host but a pinned
-task's own; ``allowed`` overrides the mask, for the adaptation where a task
-may stay on a cordoned host it runs on), and for a spread job ``j`` one row
+task's own), from the same mask that closes the hosts without a fluid
+resource the task needs (:func:`vcsched.rules.allowed_matrix`; ``allowed``
+overrides it, for the adaptation where a task may stay on a cordoned host it
+runs on), and for a spread job ``j`` one row
 per host, ``sum_{t in j} e[t, h] <= 1``.  Symmetry breaking then only groups
 hosts that are also equal in maintenance and hold no pinned task (relabelling
 them keeps every rule), and spread rows are themselves invariant under it.
@@ -64,7 +75,7 @@ import numpy as np
 from vcsched.model import Instance, SolveOptions
 from vcsched.solvers.lpbound import lp_bound
 from vcsched.solvers.registry import Placement, register
-from vcsched.yields import fits_in_memory, placement_min_yield
+from vcsched.yields import fits, placement_min_yield
 
 if TYPE_CHECKING:  # scipy is imported where a model is built or solved: importing it costs ~0.4 s (see registry)
     from scipy.sparse import coo_array, csr_array
@@ -86,19 +97,12 @@ BOUND_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
-class MilpModel:
-    """A MILP ``min c x  s.t.  row_lower <= A x <= row_upper,  lower <= x <= upper``.
+class HighsModel:
+    """A MILP ``min c x  s.t.  row_lower <= A x <= row_upper,  lower <= x <= upper`` over an instance's tasks and hosts.
 
-    Variable layout (``T`` tasks, ``H`` hosts, ``J`` jobs), use the index helpers:
-
-    - ``e[t, h]`` at ``e_index(t, h) = t * H + h`` (binary unless relaxed),
-    - ``x[t, h]`` at ``x_index(t, h) = T * H + t * H + h``,
-    - ``a[j]``    at ``a_index(j) = 2 * T * H + j``,
-    - ``Y``       at ``y_index = 2 * T * H + J``  (the objective is ``-OBJECTIVE_SCALE * Y``).
-
-    To add constraints (e.g. the adaptation's migration budget), build the
-    extra rows as a sparse matrix with ``n_vars`` columns and call
-    :meth:`with_rows`; then :func:`solve_model` and :func:`placement_from`.
+    What :class:`MilpModel` and :class:`MakespanModel` share: the data HiGHS
+    takes, and the task and host counts the ``e`` block is laid out by
+    (``e[t, h]`` at ``t * H + h``).
     """
 
     instance: Instance
@@ -122,6 +126,21 @@ class MilpModel:
     @property
     def n_vars(self) -> int:
         return len(self.c)
+
+
+@dataclass(frozen=True)
+class MilpModel(HighsModel):
+    """The section-2.5 MILP.  Variable layout (``T`` tasks, ``H`` hosts, ``J`` jobs), use the index helpers:
+
+    - ``e[t, h]`` at ``e_index(t, h) = t * H + h`` (binary unless relaxed),
+    - ``x[t, h]`` at ``x_index(t, h) = T * H + t * H + h``,
+    - ``a[j]``    at ``a_index(j) = 2 * T * H + j``,
+    - ``Y``       at ``y_index = 2 * T * H + J``  (the objective is ``-OBJECTIVE_SCALE * Y``).
+
+    To add constraints (e.g. the adaptation's migration budget), build the
+    extra rows as a sparse matrix with ``n_vars`` columns and call
+    :meth:`with_rows`; then :func:`solve_model` and :func:`placement_from`.
+    """
 
     def e_index(self, t: int, h: int) -> int:
         return t * self.n_hosts + h
@@ -156,28 +175,44 @@ class MilpModel:
 
 
 def identical_host_groups(instance: Instance) -> list[list[int]]:
-    """Groups (of size >= 2) of host indices with equal CPU and memory capacity, in index order.
+    """Groups (of size >= 2) of host indices with equal capacities (CPU, memory, every other fluid resource).
 
     With placement rules, hosts must also be equal in maintenance and hold no pinned task.
     """
-    groups: dict[tuple[float, float, bool], list[int]] = {}
+    groups: dict[tuple[object, ...], list[int]] = {}
     pinned_hosts = set(instance.task_pinned[instance.task_pinned >= 0].tolist()) if instance.has_rules else set()
     for h, host in enumerate(instance.hosts):
         if h in pinned_hosts:
             continue
-        groups.setdefault((host.cpu, host.memory, host.maintenance), []).append(h)
+        groups.setdefault((host.cpu, host.memory, host.capacity, host.maintenance), []).append(h)
     return [g for g in groups.values() if len(g) > 1]
 
 
-def _rule_rows(instance: Instance, rows: _Rows, upper: np.ndarray, allowed: np.ndarray | None) -> None:
-    """Placement rules on the ``e`` block at ``t * H + h`` (module docstring): bounds, and spread rows."""
-    from vcsched.rules import allowed_matrix, spread_groups
+def _close_pairs(instance: Instance, upper: np.ndarray, allowed: np.ndarray | None) -> None:
+    """``e[t, h] <= 0`` (bounds on the ``e`` block at ``t * H + h``) where task ``t`` may not be on host ``h``.
 
-    n_t, n_h = instance.n_tasks, instance.n_hosts
-    if allowed is None and not instance.has_rules:
+    One mask for the rules and the resource vector (:func:`vcsched.rules.allowed_matrix`): a host in
+    maintenance or another host than a pinned task's own, and a host with none of a fluid resource the
+    task needs (it would run at yield 0 there; without the bound the MILP would call such a placement
+    feasible).  ``allowed`` (tasks x hosts) replaces the mask, for the adaptation
+    (:func:`vcsched.adaptation.problem.allowed_matrix`, which closes the same pairs by its own reading
+    of maintenance).
+    """
+    if allowed is None and not (instance.has_rules or instance.has_extra_resources):
         return
+    from vcsched.rules import allowed_matrix
+
     mask = allowed_matrix(instance) if allowed is None else np.asarray(allowed, dtype=bool)
-    upper[: n_t * n_h][~mask.ravel()] = 0.0
+    upper[: instance.n_tasks * instance.n_hosts][~mask.ravel()] = 0.0
+
+
+def _spread_rows(instance: Instance, rows: _Rows) -> None:
+    """For each spread job, one row per host on the ``e`` block: ``sum_{t in j} e[t, h] <= 1``."""
+    if not instance.has_rules:
+        return
+    from vcsched.rules import spread_groups
+
+    n_h = instance.n_hosts
     groups = spread_groups(instance)
     spread_tasks = np.flatnonzero(groups >= 0)
     if not len(spread_tasks):
@@ -260,11 +295,35 @@ def _placement_rows(instance: Instance, rows: _Rows) -> None:
     rows.add(h_of, e_col, instance.task_mem[t_of], n_h, np.full(n_h, -np.inf), instance.host_mem)
 
 
+def _extra_fluid_rows(instance: Instance, rows: _Rows, first_col: int, per_task: np.ndarray,
+                      z_col: int | None = None) -> None:
+    """One row per host and extra fluid resource ``r`` (not CPU, whose rows each form writes its own way).
+
+    ``sum_t per_task[t, r] v[t, h] <= C_hr`` over the ``(t, h)`` block of
+    variables ``v`` starting at ``first_col`` (``t * H + h``), or
+    ``<= C_hr Z`` when ``z_col`` names ``Z`` (the makespan form).
+    """
+    n_t, n_h = instance.n_tasks, instance.n_hosts
+    t_of = np.repeat(np.arange(n_t), n_h)
+    h_of = np.tile(np.arange(n_h), n_t)
+    for r in range(1, len(instance.resources)):
+        w = per_task[t_of, r]
+        nz = np.flatnonzero(w > 0)
+        cap = instance.host_capacity[:, r]
+        if z_col is None:
+            rows.add(h_of[nz], first_col + nz, w[nz], n_h, np.full(n_h, -np.inf), cap)
+        else:
+            rows.add(np.concatenate([h_of[nz], np.arange(n_h)]),
+                     np.concatenate([first_col + nz, np.full(n_h, z_col)]),
+                     np.concatenate([w[nz], -cap]), n_h, np.full(n_h, -np.inf), np.zeros(n_h))
+
+
 def build_model(instance: Instance, *, symmetry_breaking: bool = True,
                 allowed: np.ndarray | None = None) -> MilpModel:
     """The section-2.5 MILP of ``instance`` as a :class:`MilpModel` (see the module docstring).
 
-    ``allowed`` (tasks x hosts): where each task may go, instead of what the instance's rules say.
+    ``allowed`` (tasks x hosts): where each task may go, instead of what the instance's rules and
+    resources say (:func:`_close_pairs`).
     """
     n_t, n_h, n_j = instance.n_tasks, instance.n_hosts, instance.n_jobs
     n_th = n_t * n_h
@@ -314,7 +373,14 @@ def build_model(instance: Instance, *, symmetry_breaking: bool = True,
 
     lower = np.zeros(n_vars)
     upper = np.concatenate([np.ones(n_th), alpha_t[t_of], instance.job_alpha, [1.0]])
-    _rule_rows(instance, rows, upper, allowed)
+    if instance.has_extra_resources:
+        # sum_t x[t, h] need_jr / alpha_j <= C_hr: x = y_j alpha_j on the chosen host, so y_j need_jr there.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_cpu = np.where(instance.job_alpha[:, None] > 0,
+                               instance.job_need / instance.job_alpha[:, None], 0.0)[task_job]
+        _extra_fluid_rows(instance, rows, n_th, per_cpu)
+    _close_pairs(instance, upper, allowed)
+    _spread_rows(instance, rows)
     symmetry = _break_symmetry(instance, rows, upper) if symmetry_breaking else "none"
     c = np.zeros(n_vars)
     c[y_col] = -OBJECTIVE_SCALE
@@ -441,7 +507,7 @@ def solve_model(model: MilpModel, time_limit: float | None, *, mip_rel_gap: floa
 
 
 @dataclass(frozen=True)
-class MakespanModel:
+class MakespanModel(HighsModel):
     """The minimum-yield MILP in makespan form: ``e[t, h]`` binary at ``t * H + h``, then ``Z`` at :attr:`z_index`.
 
     With the placement fixed, the best common yield is
@@ -460,28 +526,6 @@ class MakespanModel:
     form.  :mod:`vcsched.solvers.anytime` uses it; ``milp`` keeps the
     paper's formulation (its experiments reproduce the paper's).
     """
-
-    instance: Instance
-    c: np.ndarray
-    a: csr_array
-    row_lower: np.ndarray
-    row_upper: np.ndarray
-    lower: np.ndarray
-    upper: np.ndarray
-    integrality: np.ndarray
-    symmetry: str = "none"
-
-    @property
-    def n_tasks(self) -> int:
-        return self.instance.n_tasks
-
-    @property
-    def n_hosts(self) -> int:
-        return self.instance.n_hosts
-
-    @property
-    def n_vars(self) -> int:
-        return len(self.c)
 
     @property
     def z_index(self) -> int:
@@ -505,7 +549,10 @@ def build_makespan_model(instance: Instance, *, z_max: float | None = None,
     lower = np.zeros(n_vars)
     upper = np.ones(n_vars)
     upper[n_th] = np.inf if z_max is None else float(z_max)
-    _rule_rows(instance, rows, upper, None)
+    if instance.has_extra_resources:  # sum_t need_tr e[t, h] - C_hr Z <= 0 for every other fluid resource
+        _extra_fluid_rows(instance, rows, 0, instance.job_need[instance.task_job], z_col=n_th)
+    _close_pairs(instance, upper, None)
+    _spread_rows(instance, rows)
     symmetry = _break_symmetry(instance, rows, upper) if symmetry_breaking else "none"
     c = np.zeros(n_vars)
     c[n_th] = OBJECTIVE_SCALE  # HiGHS's absolute gap of 1e-6 becomes 1e-9 on Z, as for build_model's Y
@@ -573,7 +620,7 @@ def heuristic_incumbent(instance: Instance, options: SolveOptions) -> tuple[np.n
         if name not in registered:
             continue
         hosts = registered[name].placer(instance, quick).hosts
-        if hosts is None or not fits_in_memory(instance, hosts):
+        if hosts is None or not fits(instance, hosts):
             continue
         y = placement_min_yield(instance, hosts)
         if best is None or y > best[1]:
@@ -621,7 +668,7 @@ def solve_exact(instance: Instance, options: SolveOptions) -> Placement:
     hosts: np.ndarray | None = None
     if sol.x is not None:
         hosts = placement_from(model, sol.x)
-        if not fits_in_memory(instance, hosts):
+        if not fits(instance, hosts):
             # HiGHS accepts integrality and rows to ~1e-6; a rounded solution could
             # then overcommit memory by that much.  Report it rather than hide it.
             detail["rejected"] = "solver solution overcommits memory after rounding (numerical tolerance)"
@@ -632,7 +679,9 @@ def solve_exact(instance: Instance, options: SolveOptions) -> Placement:
             hosts = incumbent[0]  # only within the solver's tolerances; keep the better placement
         return Placement(hosts=hosts, optimal=sol.optimal, detail=detail)
     if sol.infeasible and incumbent is None:
-        detail["infeasible"] = "HiGHS proved that no placement fits in memory"
+        detail["infeasible"] = "HiGHS proved that no placement fits " + (
+            "on every resource (memory, and a host with each fluid resource a task needs)"
+            if instance.has_extra_resources else "in memory")
         return Placement(hosts=None, optimal=True, detail=detail)
     detail["stopped"] = "no placement found within the time limit" if sol.status == 1 else sol.message
     if incumbent is not None:

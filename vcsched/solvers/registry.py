@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vcsched.errors import AllocationError, InputError
-from vcsched.model import Instance, SolveOptions, SolveResult
-from vcsched.yields import allocate, fits_in_memory
+from vcsched.model import Allocation, Instance, SolveOptions, SolveResult
+from vcsched.yields import allocate, fits, fits_in_memory
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,19 @@ def get(name: str) -> Algorithm:
     return algos[name]
 
 
+def allocation_of(instance: Instance, hosts: np.ndarray) -> Allocation:
+    """The min-yield allocation of a placement, then the average-yield phase (section 3.5), on every fluid resource.
+
+    CPU alone: :func:`vcsched.yields.allocate`.  With extra fluid resources every
+    one of them must hold, not CPU alone: the ``yield`` policy's two phases.
+    """
+    if instance.has_extra_resources:
+        from vcsched.policies.registry import allocate_policy
+
+        return allocate_policy(instance, hosts, "yield").allocation(instance)
+    return allocate(instance, hosts)
+
+
 def solve(instance: Instance, algorithm: str, options: SolveOptions | None = None) -> SolveResult:
     """Run ``algorithm`` on ``instance``; placement rules (docs/rules.md) go through :func:`_solve_with_rules`."""
     algo = get(algorithm)
@@ -116,12 +129,9 @@ def _finish(instance: Instance, algo: Algorithm, placement: Placement, start: fl
     hosts = np.asarray(placement.hosts, dtype=np.int64)
     if not fits_in_memory(instance, hosts):
         raise AllocationError([f"{algo.name} returned a placement that overcommits memory"])
-    if instance.has_extra_resources:  # every fluid resource must hold, not CPU alone: the yield policy's phases
-        from vcsched.policies.registry import allocate_policy
-
-        allocation = allocate_policy(instance, hosts, "yield").allocation(instance)
-    else:
-        allocation = allocate(instance, hosts)
+    if not fits(instance, hosts):
+        raise AllocationError([f"{algo.name} put a task on a host without a fluid resource it needs (yield 0)"])
+    allocation = allocation_of(instance, hosts)
     runtime = time.perf_counter() - start
     return SolveResult(
         algorithm=algo.name,

@@ -16,10 +16,14 @@ The placement fails when no host is left.  RRNZ first replaces every zero
 ``e[t, h]`` by ``epsilon = 0.01`` so that every host stays possible, which
 rescues tasks whose LP hosts filled up.
 
-Placement rules (docs/rules.md): the relaxation already has ``e[t, h] = 0``
-where a rule forbids the host (maintenance, pins), and a draw that would put
-a second task of a spread job on one host is rejected like one without
-memory (RRNZ's epsilon is only added where the rules allow).
+On the resource vector (extra fluid resources, docs/policies.md) the
+relaxation has the MILP's rows for every resource.  Placement rules
+(docs/rules.md): the relaxation has ``e[t, h] = 0`` where a rule forbids the
+host (maintenance, pins).  A host a task may not use, for a rule or for lack
+of a fluid resource it needs (it would run at yield 0 there), is never drawn:
+one mask, :func:`vcsched.rules.allowed_matrix`, RRNZ's epsilon included.  A
+draw that would put a second task of a spread job on one host is rejected
+like one without memory.
 
 The draws use ``numpy.random.default_rng(options.seed)``: one seed, one
 placement.  ``options.time_limit`` bounds the LP solve.
@@ -66,18 +70,21 @@ def relaxation_probabilities(
 def round_randomly(
     instance: Instance, e: np.ndarray, rng: np.random.Generator
 ) -> tuple[np.ndarray | None, int]:
-    """Draw a host for every task from its row of ``e``, skipping hosts without memory.
+    """Draw a host for every task from its row of ``e``, skipping hosts without memory or closed to it.
 
     Returns ``(hosts or None, number of draws rejected for lack of memory)``.
     """
     free = (instance.host_mem + MEMORY_TOLERANCE).copy()
     mem = instance.task_mem
+    closed = ~allowed_matrix(instance) if instance.has_rules or instance.has_extra_resources else None
     hosts = np.empty(instance.n_tasks, dtype=np.int64)
     rejected = 0
     groups = spread_groups(instance)
     on: dict[int, set[int]] = {}
     for t in range(instance.n_tasks):
         p = e[t].copy()
+        if closed is not None:  # rules and fluid resources (RRNZ's epsilon included)
+            p[closed[t]] = 0.0
         if groups[t] >= 0:
             p[list(on.get(int(groups[t]), ()))] = 0.0
         while True:
@@ -108,8 +115,6 @@ def _rounding_placer(epsilon: float | None) -> Placer:
             return Placement(hosts=None, detail=detail)
         if epsilon is not None:
             e = np.where(e > 0.0, e, epsilon)
-            if instance.has_rules:
-                e = np.where(allowed_matrix(instance), e, 0.0)
         hosts, rejected = round_randomly(instance, e, np.random.default_rng(options.seed))
         detail["rejected_draws"] = rejected
         detail["seed"] = options.seed
