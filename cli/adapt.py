@@ -342,8 +342,9 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
 
     Under a sharing policy (--policy, else the cluster file's policy = "...")
     or when VMs need disk or network bandwidth, the byte-budgeted search
-    places on CPU and memory and the policy then allocates every resource on
-    that placement (docs/policies.md).
+    places on every resource (CPU, memory and the hosts' declared disk_bps /
+    net_bps) and the policy then allocates every resource on that placement
+    (docs/policies.md).
 
     Applying is idempotent and stops at the first failure with every VM
     running (a failed migration leaves its VM on the source); run it again to

@@ -161,6 +161,21 @@ def test_adapt_under_a_policy_allocates_every_resource_on_the_placement_found() 
     assert doc["predicted"]["per_vm"]["a-0"]["yield"] == pytest.approx(DISK / (160 * MiB), abs=1e-6)
 
 
+def test_adapt_places_on_the_resource_vector_moving_a_vm_off_a_disk_bound_host() -> None:
+    """CPU alone sees no reason to move (0.6 of h0's core), but h0's disk is asked 160 MiB/s of 100: with a
+    budget the search moves one disk VM to h1, and both then run at full yield on every resource."""
+    cluster = with_disk(cluster_of(2))
+    vms = [disk_vm("a-0", "h0", "a", 0.3, 0.3, 80 * MiB), disk_vm("a-1", "h0", "a", 0.3, 0.3, 80 * MiB),
+           disk_vm("b-0", "h1", "b", 0.3, 0.3, None)]
+    live = adapt_inventory("lab", inventory_of(vms), 1 << 30, cluster=cluster, sharing=drf())
+    assert live.plan is not None
+    doc = live.plan.to_dict()
+    moves = [s for s in doc["steps"] if s["op"] == "migrate"]
+    assert len(moves) == 1 and moves[0]["vm"] in ("a-0", "a-1")
+    assert host_disk_load(doc, "h0") <= DISK and host_disk_load(doc, "h1") <= DISK
+    assert doc["predicted"]["per_vm"]["a-0"]["yield"] == pytest.approx(1.0)
+
+
 def test_adapt_without_the_cluster_file_refuses_vms_needing_disk() -> None:
     vms = [disk_vm("a-0", "h0", "a", 0.3, 0.3, 80 * MiB)]
     with pytest.raises(InputError, match="need disk or network"):

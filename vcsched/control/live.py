@@ -13,7 +13,7 @@ import numpy as np
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult
 from vcsched.adaptation.solve import solve_adapt
 from vcsched.caps import min_cap, realisable_cap, same_cap
-from vcsched.control.admission import HostsDown, existing_jobs, floors_missed, model_hosts
+from vcsched.control.admission import Existing, HostsDown, existing_jobs, floors_missed, model_hosts
 from vcsched.control.inventory import Inventory, VmState, snapshot_hash
 from vcsched.control.sharing import (
     Sharing,
@@ -80,9 +80,9 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     ``cluster`` (the cluster file) and ``sharing`` (default: its policy)
     bring in the sharing policies (docs/policies.md): under a policy other
     than ``yield``, or when VMs need extra fluid resources (disk, network),
-    the byte-budgeted search places on CPU and memory as above, and the policy
-    then allocates every fluid resource on that placement, so every host's
-    declared disk and network capacity holds in the plan's predictions.
+    the byte-budgeted search places on the resource vector (every host's
+    declared disk and network capacity, as the placing algorithms do), and
+    the policy then allocates every fluid resource on that placement.
 
     Placement rules (docs/rules.md): hosts in maintenance in ``cluster`` take
     no VM that does not run there, VMs keep their recorded spread, together
@@ -140,15 +140,19 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         raise InputError("adapt: VMs need disk or network bandwidth; pass the cluster file (its hosts' disk_bps and "
                          "net_bps) to plan them")
     # The same whole-cluster instance as admission's (one job per virtual cluster and size), not pinned.
-    existing = existing_jobs(inventory, managed, needs)
+    existing = shared[2] if shared is not None else existing_jobs(inventory, managed, needs)
     current_min = min((min(1.0, v.cap_or_vcpus / cores_of[v.name]) for v in managed), default=None)
     vms = list(existing.vms)
     stay = set(pinned)
     cordoned = cluster.cordoned if cluster is not None else frozenset()
     pins = tuple(existing.hosts[t] if (v.meta is not None and v.meta.pinned) or v.name in stay else -1
                  for t, v in enumerate(vms))
-    instance = Instance(model_hosts(inventory, cordoned=cordoned), existing.jobs,
-                        pinned=pins if any(p >= 0 for p in pins) else ())
+    pinned_tasks = pins if any(p >= 0 for p in pins) else ()
+    if shared is not None:  # every fluid resource with its capacities, weights and tenants: placed on the vector
+        instance = dataclasses.replace(shared[0], hosts=tuple(dataclasses.replace(h, maintenance=h.name in cordoned)
+                                                              for h in shared[0].hosts), pinned=pinned_tasks)
+    else:
+        instance = Instance(model_hosts(inventory, cordoned=cordoned), existing.jobs, pinned=pinned_tasks)
     problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
                            np.array([v.memory_bytes for v in vms], dtype=np.int64), budget)
     stays: tuple[tuple[str, str, str], ...] = ()
@@ -158,9 +162,8 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         adapted = solve_adapt(problem, algorithm, options)
     if adapted.result.allocation is None:
         return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min, drained=drain, stays=stays)
-    if shared is not None:  # the policy allocates every fluid resource on the placement found
-        adapted = _reallocated(adapted, *shared)
-        instance = shared[0]
+    if shared is not None:  # the policy's yields on the placement found (the search maximised the minimum yield)
+        adapted = _reallocated(adapted, instance, shared[1])
     alloc = adapted.result.allocation
     assert alloc is not None
     yields = alloc.yields(instance)
@@ -227,8 +230,10 @@ def _drain(cluster_name: str, inventory: Inventory, full: Inventory, vms: list[V
 
 
 def _shared_instance(cluster: Cluster, inventory: Inventory, managed: tuple[VmState, ...], needs: Mapping[str, float],
-                     sharing: Sharing) -> tuple[Instance, Sharing] | None:
-    """The whole-cluster instance with extra resources, weights and tenants, when a policy needs it; else None."""
+                     sharing: Sharing) -> tuple[Instance, Sharing, Existing] | None:
+    """The whole-cluster instance with extra resources, weights and tenants, when a policy needs it, and its
+    tasks' VMs (their order is the instance's: a VC's VMs with different extra needs are different jobs); else
+    None."""
     check_vms(cluster, managed)
     needed = needed_resources(v.meta for v in managed if v.meta is not None)
     if sharing.is_default and not needed:
@@ -238,7 +243,7 @@ def _shared_instance(cluster: Cluster, inventory: Inventory, managed: tuple[VmSt
     instance = Instance(model_hosts(inventory, host_capacities(cluster, inventory, refs)), existing.jobs,
                         cluster.tenants)
     check_instance(instance)
-    return instance, sharing
+    return instance, sharing, existing
 
 
 def _reallocated(adapted: AdaptResult, instance: Instance, sharing: Sharing) -> AdaptResult:
