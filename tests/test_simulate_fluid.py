@@ -202,3 +202,21 @@ def test_the_general_chain_with_a_permanent_vc_is_the_birth_death_chain(beta: fl
     chain = solve_chain(lie(0.1, beta).with_rates([0.0, 0.5]), "pf")
     assert chain.service_rate[0] is None and chain.permanent_yield[1] is None
     assert chain.permanent_yield[0] == pytest.approx(strategy_proofness(0.1, beta, 0.5), abs=1e-9)
+
+
+def test_mcb8_placement_of_an_arrival_weighs_every_fluid_resource() -> None:
+    """h0 has CPU room but almost no io; h1 is busy on CPU with io to spare.  On CPU alone an io-heavy arrival
+    would go to h0 (yield 0.2 there on io); on the vector it goes to h1 (yield 1 / 1.3 on CPU)."""
+    import numpy as np
+
+    from vcsched.simulate.placement import Placer
+    from vcsched.simulate.state import VC
+
+    w = validate(Workload((HostSpec("h0", 1.0, 1.0, (("io", 0.1),)), HostSpec("h1", 1.0, 1.0, (("io", 1.0),))),
+                          (cls("busy", cpu=0.8), cls("io", cpu=0.5, io=0.5))))
+    need = np.array([[0.8, 0.0], [0.5, 0.5]])
+    placer = Placer(w, "mcb8", need)
+    running = VC(0, 0, 0.0, 1.0, 1.0, False)
+    running.hosts = {1: 1}
+    placer.add(running)
+    assert placer.place(1, [running]) == {1: 1}

@@ -17,14 +17,15 @@ them.  Strategies:
   (:func:`vcsched.adaptation.heuristic.pack_residual`: MCB8 over the residual
   capacities, binary search on the CPU yield, or the least-relative-load
   greedy if better; Stillwell et al., "Resource Allocation using Virtual
-  Clusters", §3.4, §6.1).  It knows CPU and memory only.
+  Clusters", §3.4, §6.1), on every fluid resource the hosts declare.
 
 With a migration budget, every arrival and departure runs vcsched's
 adaptation (:func:`vcsched.adaptation.solve.solve_adapt`, the heuristic: §6.1's
 problem, at most ``budget`` bytes migrated, a VM costing its memory in bytes
 at :data:`HOST_MEMORY_BYTES` per reference host) on all running VCs, the
 arrival included; migrations are instantaneous in the fluid model, their
-bytes are counted.  Adaptation, like ``mcb8``, maximises the minimum CPU yield.
+bytes are counted.  Adaptation, like ``mcb8``, maximises the minimum yield over every
+fluid resource (the policy then shares the resources on the placement found).
 """
 
 from __future__ import annotations
@@ -134,16 +135,21 @@ class Placer:
             demand[h] += need
         return out
 
+    def _extra_needs(self, cls: int) -> tuple[tuple[str, float], ...]:
+        """A class's needs beyond CPU (disk, net, ...), so that MCB8 and the adaptation place on the vector."""
+        return tuple((r, float(v)) for r, v in zip(self.workload.resources[1:], self.class_need[cls][1:],
+                                                    strict=True) if v > 0)
+
     def _instance(self, running: Sequence[VC], extra: int | None = None) -> tuple[Instance, np.ndarray]:
         jobs, current = [], []
         for vc in running:
             jobs.append(Job(f"vc{vc.id}", float(self.class_need[vc.cls][0]), self.class_mem[vc.cls],
-                            sum(vc.hosts.values())))
+                            sum(vc.hosts.values()), needs=self._extra_needs(vc.cls)))
             for h, c in sorted(vc.hosts.items()):
                 current.extend([h] * c)
         if extra is not None:
             jobs.append(Job("arrival", float(self.class_need[extra][0]), self.class_mem[extra],
-                            self.class_vms[extra]))
+                            self.class_vms[extra], needs=self._extra_needs(extra)))
             current.extend([-1] * self.class_vms[extra])
         return Instance(self.hosts_model, tuple(jobs)), np.array(current, dtype=np.int64)
 
