@@ -69,11 +69,18 @@ def load_cluster(path: str | None) -> Cluster:
                              "`vcsched lab up`, or pass --cluster FILE)")
         path = str(found)
     try:
-        return cluster_from_dict(read_toml_file(path, "cluster file"))
+        cluster = cluster_from_dict(read_toml_file(path, "cluster file"))
+        if cluster.pki is not None:
+            from hypervisor.pki import check_pki
+
+            check_pki("pki", cluster.pki)
     except InputError as exc:
         if str(exc).startswith("cluster file "):
             raise
         raise InputError(f"cluster file {path}: {exc}") from None
+    for warning in cluster.warnings:
+        click.echo(f"warning: cluster file {path}: {warning}", err=True)
+    return cluster
 
 
 def load_request(path: str) -> Request:

@@ -77,7 +77,7 @@ def _sum(values: list[float | None]) -> float | None:
 
 def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: float,
                 io: Mapping[str, Usage] | None = None, policy: str | None = None,
-                clusters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                clusters: list[dict[str, Any]] | None = None, cluster: Cluster | None = None) -> dict[str, Any]:
     """The ``--json`` document.  ``measured``: cores each VM used; ``io``: its disk and network use, same window.
 
     Disk bytes are read + written on all its disks; network bytes are counted
@@ -93,8 +93,11 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
     for h in inv.hosts:
         on = inv.vms_on(h.name)
         capped = [v for v in on if v.managed and v.active]
+        conf = cluster.host(h.name) if cluster is not None and h.name in cluster.host_names else None
         hosts.append({
             "name": h.name, "down": h.down,
+            "uri": conf.uri if conf else None, "address": conf.migration_address if conf else None,
+            "storage": conf.storage_name if conf else None,
             "cores": h.cores, "memory_bytes": h.memory_bytes, "memory_reserved": h.memory_reserved,
             "memory_used_bytes": sum(v.memory_bytes for v in on if v.active),
             "caps_cores": sum(v.cap_cores or 0.0 for v in capped),
@@ -119,7 +122,9 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         "measured_disk_bps": used(v, "disk_bps"),
         "measured_net_rx_bps": used(v, "net_rx_bps"), "measured_net_tx_bps": used(v, "net_tx_bps"),
     } for v in inv.vms]
-    out: dict[str, Any] = {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms}
+    out: dict[str, Any] = {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms,
+                           "in_doubt": [{"vm": d.vm, "uuid": d.uuid, "hosts": list(d.hosts), "states": list(d.states),
+                                         "resolved": d.resolved} for d in inv.in_doubt]}
     if policy is not None:
         out["policy"] = policy
         out["virtual_clusters"] = clusters or []
@@ -168,6 +173,10 @@ def render_status(doc: dict[str, Any]) -> None:
     if down:
         console.print(f"[red]{len(down)} host(s) down[/] ({', '.join(down)}): their VMs are unknown, and nothing "
                       "is planned onto or off them until they answer again.")
+    for d in doc.get("in_doubt", []):
+        where = ", ".join(f"{h} ({st})" for h, st in zip(d["hosts"], d["states"], strict=True))
+        console.print(f"[red]in doubt[/]: {d['vm']} (uuid {d['uuid']}) is active on {where}: no plan touches it "
+                      "until one copy is left (docs/operations.md, \"A VM never runs twice\").")
     if not doc["vms"]:
         console.print("no VMs")
         return
@@ -256,7 +265,7 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     """
     cluster = load_cluster(cluster_file)
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
-    with LibvirtHypervisor(cluster) as hv:
+    with LibvirtHypervisor(cluster, settle=False) as hv:
         inv = hv.inventory()
         usage: dict[str, Usage] = {}
         if seconds > 0 and inv.vms:
@@ -266,7 +275,7 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
                 with console.status(f"measuring CPU, disk and network use over {seconds:g} s ..."):
                     usage = measure_usage(hv, inv.vms, seconds)
     doc = status_dict(inv, {name: u.cores for name, u in usage.items()}, seconds, usage, sharing.policy,
-                      virtual_clusters(cluster, inv, sharing))
+                      virtual_clusters(cluster, inv, sharing), cluster)
     if as_json:
         emit_json(doc)
     else:
