@@ -159,6 +159,12 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
                       f"cores, boot: {step.boot.kind}")
         elif isinstance(step, RemoveStep):
             detail = f"{step.cluster} departs"
+        elif step.op == "migrate":
+            moved = int(getattr(step, "bytes", 0))
+            disk = moved - (vm.memory_bytes if vm is not None else moved)
+            detail = f"{format_size(moved)} moved" + (
+                f" (memory {format_size(vm.memory_bytes)} + disks {format_size(disk)}: other storage)"
+                if vm is not None and disk > 0 else "")
         step_caps = getattr(step, "io_caps", None)
         if step_caps:
             shown = {"disk_bytes_sec": "disk {}/s", "disk_iops_sec": "{} IOPS", "net_bytes_sec": "net {}/s"}

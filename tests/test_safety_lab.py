@@ -143,7 +143,7 @@ def test_a_host_down_is_reported_planned_around_and_repaired_keeping_its_guests(
         assert r.exit_code == 0, r.output
         assert {p["host"] for p in json.loads(r.stdout)["plan"]["predicted"]["per_vm"].values()} <= {"h0", "h1"}
     finally:
-        repaired = up(3, lab3.dir)  # `lab up` on the running lab: repair, not recreate
+        repaired = up(3, lab3.dir, transport=LAB_TRANSPORT)  # `lab up` on the running lab: repair, not recreate
     assert repaired.repaired == ("h2",)
     import libvirt
 

@@ -273,11 +273,12 @@ def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int,
     y_b = inst.host_cpu[b] / load[b]
     a = inst.task_alpha[on][:, None]
     m = inst.task_mem[on][:, None]
-    tb = problem.task_bytes[on][:, None].astype(float)
+    to_dest = problem.move_bytes(on[:, None], dests[None, :])  # what moving there costs, disks included
+    at_b = problem.move_bytes(on, b)[:, None]  # what being on b costs now (refunded by leaving)
     cur = problem.current[on][:, None]
     running = cur >= 0
     dest = dests[None, :]
-    dc = np.where(running & (cur != dest), tb, 0.0) - np.where(running & (cur != b), tb, 0.0)
+    dc = np.where(running & (cur != dest), to_dest, 0.0) - np.where(running & (cur != b), at_b, 0.0)
     with np.errstate(divide="ignore"):
         after_b = np.where(load[b] - a > 1e-12, inst.host_cpu[b] / (load[b] - a), np.inf)
     after_h = inst.host_cpu[dests][None, :] / (load[dests][None, :] + a)
@@ -309,10 +310,11 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     at, au = inst.task_alpha[on][:, None], inst.task_alpha[others][None, :]
     mt, mu = inst.task_mem[on][:, None], inst.task_mem[others][None, :]
     ct, cu = problem.current[on][:, None], problem.current[others][None, :]
-    bt, bu = problem.task_bytes[on][:, None].astype(float), problem.task_bytes[others][None, :].astype(float)
+    t_to_h, t_at_b = problem.move_bytes(on[:, None], hu), problem.move_bytes(on, b)[:, None]
+    u_to_b, u_at_h = problem.move_bytes(others, b)[None, :], problem.move_bytes(others, hosts[others])[None, :]
     # Byte cost change: t goes b -> hu, u goes hu -> b (each relative to where it runs now).
-    dc = (np.where((ct >= 0) & (ct != hu), bt, 0.0) - np.where((ct >= 0) & (ct != b), bt, 0.0)
-          + np.where((cu >= 0) & (cu != b), bu, 0.0) - np.where((cu >= 0) & (cu != hu), bu, 0.0))
+    dc = (np.where((ct >= 0) & (ct != hu), t_to_h, 0.0) - np.where((ct >= 0) & (ct != b), t_at_b, 0.0)
+          + np.where((cu >= 0) & (cu != b), u_to_b, 0.0) - np.where((cu >= 0) & (cu != hu), u_at_h, 0.0))
     y_b = inst.host_cpu[b] / load[b]
     new_b = load[b] - at + au
     new_h = load[hosts[others]][None, :] - au + at

@@ -138,9 +138,10 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     stay = set(pinned)
     # A pinned VM's move costs more than the budget, so no placement within the budget moves it.
     over = min(budget + 1, UNLIMITED)
+    disk_bytes, host_storage = _storage_costs(cluster, inventory, vms)
     problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
                            np.array([over if v.name in stay else v.memory_bytes for v in vms], dtype=np.int64),
-                           budget)
+                           budget, disk_bytes, host_storage)
     adapted = solve_adapt(problem, algorithm, options)
     if adapted.result.allocation is None:
         return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min)
@@ -170,7 +171,14 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     if moved_pinned:  # only possible with an unlimited budget, where no cost exceeds it
         raise MigrationBlocked(f"{moved_pinned[0]} is pinned (migrated recently) but the best placement moves it; "
                                "give a finite budget")
-    order = order_changes(rooms, changes, parallel=parallel)
+    disks = {v.name: v.disk_bytes for v in vms}
+
+    def hop_bytes(c: VmChange, src: str, dst: str) -> int:
+        """Memory, plus the disks when source and destination do not share storage."""
+        assert cluster is not None  # host_storage is only set with the cluster file
+        return c.cost + (0 if cluster.shares_storage(src, dst) else disks.get(c.vm, 0))
+
+    order = order_changes(rooms, changes, parallel=parallel, move_bytes=hop_bytes if host_storage is not None else None)
     if order.total_bytes > budget:
         raise MigrationBlocked(f"budget: the safe order needs {order.total_bytes} bytes ({order.relays} relays "
                                f"through hosts with room), above the budget of {budget}; raise --budget")
@@ -186,6 +194,22 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
                        **({"policy": shared[1].policy} if shared is not None else {})})
     missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})
     return LiveAdaptation(adapted, plan, order, problem, tuple(missed), current_min)
+
+
+def _storage_costs(cluster: Cluster | None, inventory: Inventory,
+                   vms: list[VmState]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Per VM its disks' bytes and per host its storage group, when some move would copy disks; else (None, None).
+
+    Without the cluster file nothing is known about storage: moves cost memory, as before.
+    """
+    if cluster is None or not any(v.disk_bytes for v in vms):
+        return None, None
+    names = [cluster.host(h.name).storage_name if h.name in cluster.host_names else h.name for h in inventory.hosts]
+    groups = {n: i for i, n in enumerate(dict.fromkeys(names))}
+    if len(groups) < 2:
+        return None, None
+    return (np.array([v.disk_bytes for v in vms], dtype=np.int64),
+            np.array([groups[n] for n in names], dtype=np.int64))
 
 
 def _shared_instance(cluster: Cluster, inventory: Inventory, managed: tuple[VmState, ...], needs: Mapping[str, float],
