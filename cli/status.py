@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -13,9 +13,11 @@ from cli.common import cluster_option, load_cluster, policy_options
 from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.inventory import Inventory, VmState
-from vcsched.control.sharing import Sharing, sharing_for
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
+
+if TYPE_CHECKING:
+    from vcsched.control.sharing import Sharing
 
 
 def predicted_yield(vm: VmState) -> float | None:
@@ -263,10 +265,16 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     others are shown as usual.  Exit codes: 0 shown (even with hosts down),
     1 every host is down, 2 bad input.
     """
+    from hypervisor.connections import in_background
+
     cluster = load_cluster(cluster_file)
-    sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
-    with LibvirtHypervisor(cluster, settle=False) as hv:
-        inv = hv.inventory()
+    hv = LibvirtHypervisor(cluster, settle=False)
+    reading = in_background(hv.inventory)  # hosts are read (a hung one waited for) while the policies load
+    from vcsched.control.sharing import sharing_for  # loaded (~0.3 s) while the hosts are read
+
+    sharing = sharing_for(cluster, policy, alpha)  # bad input: exit 2 (reading only, nothing changed)
+    with hv:
+        inv = reading()
         usage: dict[str, Usage] = {}
         if seconds > 0 and inv.vms:
             if as_json:

@@ -25,14 +25,32 @@ import collections
 import contextlib
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import libvirt
 
 from hypervisor.base import HypervisorError
 
+T = TypeVar("T")
+
 _loop_lock = threading.Lock()
 _loop_started = False
+_abandoned = [0]  # threads left blocked on a host that did not answer
+
+
+def note_abandoned(n: int = 1) -> None:
+    """Record ``n`` threads given up on (still blocked on a hung host)."""
+    with _loop_lock:
+        _abandoned[0] += n
+
+
+def abandoned_threads() -> int:
+    """How many threads this process left blocked on hosts that did not answer.
+
+    The CLI then ends with ``os._exit`` once its output is flushed: the
+    interpreter's clean-up would otherwise spend time on (or wait for) them.
+    """
+    return _abandoned[0]
 
 
 def ensure_event_loop() -> None:
@@ -89,6 +107,7 @@ def open_bounded(host: str, uri: str, timeout_s: float) -> Any:
     threading.Thread(target=opener, name=f"open-{host}", daemon=True).start()
     if not done.wait(timeout_s):
         abandoned.set()
+        note_abandoned()
         if "conn" in box:  # it finished between the wait and the flag
             return _with_keepalive(box["conn"], timeout_s)
         raise HypervisorError(f"host {host}: did not answer within {timeout_s:g} s (host_timeout) at {uri}")
@@ -163,3 +182,29 @@ class Counted:
 
 def unwrap(obj: Any) -> Any:
     return obj._obj if isinstance(obj, Counted) else obj
+
+
+def in_background(fn: Callable[[], T]) -> Callable[[], T]:
+    """Start ``fn()`` in a daemon thread now; the returned function waits for it and returns (or raises) its result.
+
+    For a command that can read its hosts while it loads the rest of itself:
+    waiting on a hung host costs no CPU, importing the solvers does.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name="background", daemon=True)
+    t.start()
+
+    def result() -> T:
+        t.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return result

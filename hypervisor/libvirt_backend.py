@@ -55,7 +55,7 @@ from xml.sax.saxutils import escape, quoteattr
 import libvirt
 
 from hypervisor.base import HypervisorError, IoCounters
-from hypervisor.connections import CallCounter, Counted, close_quietly, open_bounded, unwrap
+from hypervisor.connections import CallCounter, Counted, close_quietly, note_abandoned, open_bounded, unwrap
 from hypervisor.devices import boot_devices, devices_of, read_template
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, PERIOD_US, cores_from_quota, quota_for, realisable_cap
 from vcsched.control.inventory import (
@@ -614,6 +614,8 @@ def _run_bounded(tasks: Mapping[str, Callable[[], T]], workers: int, timeout_s: 
                 if pending:
                     spawn()
             abandoned |= late
+            if late:
+                note_abandoned(len(late))
             running = [k for k in started if k not in results and k not in abandoned]
             if not running and (not pending or live[0] <= 0):
                 if pending and live[0] <= 0:
