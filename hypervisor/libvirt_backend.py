@@ -849,13 +849,17 @@ class LibvirtHypervisor:
         copies = {v.host: v for v in vms if v.uuid == doubt.uuid and v.active}
         done = []
         for host, st in zip(doubt.hosts, doubt.states, strict=True):
-            if st != "paused" or copies[host].meta is None:
+            if st == "paused" and copies[host].meta is None:
+                self.notices.append(f"{doubt.vm}: in doubt on {', '.join(doubt.hosts)}: its paused copy on {host} "
+                                    "has no vcsched metadata: left to the operator")
                 return doubt
         for host, st in zip(doubt.hosts, doubt.states, strict=True):
             if st == "paused":
                 try:
                     self._destroy_copy(host, doubt.vm, doubt.uuid)
-                except HypervisorError:
+                except HypervisorError as exc:
+                    self.notices.append(f"{doubt.vm}: in doubt on {', '.join(doubt.hosts)}: removing its paused "
+                                        f"copy failed ({exc}); the next inventory tries again")
                     return doubt
                 done.append(host)
         runs = doubt.hosts[doubt.states.index("running")]
@@ -869,7 +873,7 @@ class LibvirtHypervisor:
             dom = self._conn(host).lookupByUUIDString(uuid)
             persistent = bool(dom.isPersistent())
             if dom.isActive():
-                dom.destroy()
+                _retrying(dom.destroy)  # the destination's own migration job may hold it a moment longer
             if persistent:
                 dom.undefine()
         self._drop(host, vm)
