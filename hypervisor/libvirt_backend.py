@@ -557,13 +557,20 @@ def disk_bytes_of(stats: Mapping[str, Any], disks: Iterable[str]) -> int:
     Per disk the larger of ``allocation`` (QEMU: the highest offset written)
     and ``physical`` (the image's size on the host), so neither an idle
     guest nor a sparse image hides what a copy transfers.  CD-ROMs and
-    floppies (not in ``disks``) are not counted.
+    floppies (not in ``disks``) are not counted.  Only a disk's first entry
+    counts: its top image.  (``backingIndex`` does not tell the layers apart:
+    with -blockdev QEMU numbers the top image too, e.g. ``backingIndex = 1``;
+    backing layers are listed after it, under the same name, only when the
+    caller asks for them.)
     """
     wanted = set(disks)
+    seen: set[str] = set()
     total = 0
     for i in range(int(stats.get("block.count", 0))):
-        if stats.get(f"block.{i}.name") not in wanted or stats.get(f"block.{i}.backingIndex"):
+        name = stats.get(f"block.{i}.name")
+        if name not in wanted or name in seen:
             continue
+        seen.add(str(name))
         total += max(int(stats.get(f"block.{i}.allocation", 0)), int(stats.get(f"block.{i}.physical", 0)))
     return total
 

@@ -14,6 +14,11 @@ cannot run):
   ``place`` plans onto the others, and it is back at the next command;
 * a destination that hangs once the migration job has started: the step
   fails, at no moment do two copies run, and the re-run converges.
+* hosts with local storage: a VM with a disk moves with its disk
+  (VIR_MIGRATE_NON_SHARED_DISK; libvirt creates the destination image in the
+  host's ``default`` pool), the plan's bytes are memory + disk, the disk's
+  hash is the same after the move, and a budget that fits the memory but not
+  memory + disk moves nothing.
 """
 
 from __future__ import annotations
@@ -308,3 +313,77 @@ def test_a_destination_that_hangs_mid_migration_never_leaves_two_running_copies(
     finally:
         src.close()
         destroy_everywhere(tls3, name)
+
+
+# ------------------------------------------------------------------ local storage: disks move with the VM
+
+
+def start_with_disk(lab: Lab, host: int, name: str, vc: str, disk_mib: int) -> tuple[Path, str]:
+    """A managed VM (needs 0.6 cores, capped 0.5) on ``host`` with a raw disk of random bytes in the host's
+    images pool; returns the disk's path inside the namespace and its sha256."""
+    import hashlib
+    import xml.etree.ElementTree as ET
+
+    import libvirt
+
+    from hypervisor.libvirt_backend import domain_xml
+
+    layout = LabLayout(lab.dir)
+    images = (layout.shared_dir if lab.shared_storage else layout.host_dir(host) / "lib" / "images")
+    image = images / f"{name}.img"
+    image.write_bytes(os.urandom(disk_mib * MIB))
+    digest = hashlib.sha256(image.read_bytes()).hexdigest()
+    c = cluster_of(lab.cluster_file)
+    h = c.hosts[host]
+    root = ET.fromstring(domain_xml(CreateStep(name, h.name, vc, 1, 128 * MIB, 0.6, 0.5, boot_of(c)), h.partition))
+    devices = root.find("devices")
+    assert devices is not None
+    devices.insert(0, ET.fromstring(
+        f"<disk type='file' device='disk'><driver name='qemu' type='raw'/>"
+        f"<source file='/var/lib/libvirt/images/{name}.img'/><target dev='vda' bus='virtio'/></disk>"))
+    conn = libvirt.open(layout.uri(host))
+    try:
+        conn.storagePoolLookupByName("default").refresh(0)
+        conn.createXML(ET.tostring(root, encoding="unicode"), 0)
+    finally:
+        conn.close()
+    return image, digest
+
+
+def sha256_of(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_vm_with_a_disk_moves_between_local_storages_with_its_disk_and_the_budget_counts_it(
+        tls3: Lab, tmp_path: Path) -> None:
+    layout = LabLayout(tls3.dir)
+    tag = uuid.uuid4().hex[:6]
+    names = (f"dk{tag}-0", f"dk{tag}-1")
+    disk_mib = 16
+    try:
+        digests = {n: start_with_disk(tls3, 0, n, f"dk{tag}", disk_mib)[1] for n in names}
+        st = run("status", "--cluster", tls3.cluster_file, "--sample", "0", "--json")
+        assert st.exit_code == 0, st.output
+        with LibvirtHypervisor(cluster_of(tls3.cluster_file)) as hv:
+            disk_bytes = {v.name: v.disk_bytes for v in hv.inventory().vms if v.name in names}
+        assert all(b >= disk_mib * MIB for b in disk_bytes.values()), disk_bytes
+        one_move = 128 * MIB + max(disk_bytes.values())
+        # The memory fits the budget, memory + disk does not: no move.
+        refused = run("adapt", "--cluster", tls3.cluster_file, "--budget", str(128 * MIB + disk_mib * MIB // 2),
+                      "--json")
+        assert refused.exit_code in (0, 1), refused.output
+        doc = json.loads(refused.stdout)
+        assert not [s for s in (doc.get("plan") or {}).get("steps", []) if s["op"] == "migrate"], doc
+        done = run("adapt", "--cluster", tls3.cluster_file, "--budget", str(one_move), "--apply", "--json")
+        assert done.exit_code == 0, done.output
+        doc = json.loads(done.stdout)
+        move = next(s for s in doc["plan"]["steps"] if s["op"] == "migrate")
+        assert move["bytes"] == 128 * MIB + disk_bytes[move["vm"]]  # memory + the disk, in the plan
+        assert copies(tls3, move["vm"]) == [(move["to"], "running")]
+        target = layout.host_dir(int(move["to"][1:])) / "lib" / "images" / f"{move['vm']}.img"
+        assert sha256_of(target) == digests[move["vm"]]  # the disk arrived byte for byte
+    finally:
+        for n in names:
+            destroy_everywhere(tls3, n)
