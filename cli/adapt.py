@@ -95,7 +95,8 @@ def render_adapt(problem: AdaptProblem, adapted: AdaptResult) -> None:
 @click.option("--budget", type=ByteSize(), required=True,
               help="Most bytes live migrations may move: 0 (re-cap only), 1073741824, 2GiB, 512MiB, unlimited.")
 @click.option("-a", "--algorithm", type=click.Choice(ALGORITHMS), default="heuristic", show_default=True,
-              help="milp: the paper's section 6.1 MILP (HiGHS; small instances).  heuristic: keep, pack, improve.")
+              help="milp: the paper's section 6.1 MILP (HiGHS; small instances).  heuristic: keep, pack, improve; "
+                   "heuristic-best: the same with the anytime search `best` (0.1 s) for its re-placement.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of tables.")
 @click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="S",
               help="Wall-clock limit in seconds for milp (it then reports optimal=false).")
@@ -301,7 +302,8 @@ def render_moves(live: LiveAdaptation) -> None:
               help='JSON {"set_need": {"VM": cores, ...}, "depart": ["VC", ...]}: the file form of --set-need '
                    "and --depart (for a need, the command line wins).")
 @click.option("-a", "--algorithm", type=click.Choice(ALGORITHMS), default="heuristic", show_default=True,
-              help="heuristic, or milp (section 6.1; small clusters).")
+              help="heuristic; heuristic-best (its re-placement by the anytime search `best`, 0.1 s); "
+                   "or milp (section 6.1; small clusters).")
 @click.option("--parallel", type=click.IntRange(min=1, max=16), default=1, show_default=True,
               help="Most live migrations running at once between one pair of hosts.  The plan groups migrations "
                    "into waves that fit in memory together; apply runs each wave's migrations at once.")

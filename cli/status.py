@@ -123,6 +123,7 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         "net_bytes_sec": v.io_caps.net_bytes_sec,
         "measured_disk_bps": used(v, "disk_bps"),
         "measured_net_rx_bps": used(v, "net_rx_bps"), "measured_net_tx_bps": used(v, "net_tx_bps"),
+        "rules": _vm_rules(v),
     } for v in inv.vms]
     out: dict[str, Any] = {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms,
                            "in_doubt": [{"vm": d.vm, "uuid": d.uuid, "hosts": list(d.hosts), "states": list(d.states),
@@ -131,6 +132,15 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         out["policy"] = policy
         out["virtual_clusters"] = clusters or []
     return out
+
+
+def _vm_rules(v: VmState) -> list[str]:
+    """The placement rules recorded in a VM's metadata (docs/rules.md), as short words."""
+    if v.meta is None:
+        return []
+    return ([f"spread{'' if v.meta.spread == 'required' else '?'}"] if v.meta.spread else []) + \
+        ([f"together{'' if v.meta.together == 'required' else '?'}"] if v.meta.together else []) + \
+        (["pinned"] if v.meta.pinned else [])
 
 
 def _num(x: float | None, fmt: str = "{:.3f}") -> str:
@@ -162,7 +172,8 @@ def render_status(doc: dict[str, Any]) -> None:
                           *(["?"] * (len(cols) - 5)))
             continue
         usable = h["memory_bytes"] - h["memory_reserved"]
-        row = [h["name"], str(h["cores"]), f"{h['caps_cores']:.3f}",
+        name = h["name"] + (" [yellow](maintenance)[/]" if h.get("maintenance") else "")
+        row = [name, str(h["cores"]), f"{h['caps_cores']:.3f}",
                _num(h["measured_cores"]) if sampled else "-",
                f"{format_size(h['memory_used_bytes'])} / {format_size(usable)}"]
         if io:
@@ -185,7 +196,7 @@ def render_status(doc: dict[str, Any]) -> None:
     vt = Table(title="VMs (cores: need alone, cap, used over the sample window; yield = cap / need; "
                      "floor = the min_yield it was admitted with"
                      + ("; disk and network: cap and use per second, network from the guest's side)" if io else ")"))
-    cols = ["host", "VM", "cluster", "vCPUs", "memory", "need", "cap", "used", "yield", "floor"]
+    cols = ["host", "VM", "cluster", "vCPUs", "memory", "need", "cap", "used", "yield", "floor", "rules"]
     if io:
         cols += ["disk cap", "disk used", "net cap", "net in / out"]
     for col in cols:
@@ -198,7 +209,7 @@ def render_status(doc: dict[str, Any]) -> None:
         shown = _num(y) if y is None or floor is None or y >= floor - 1e-9 else f"[red]{y:.3f}[/]"
         row = [v["host"], v["name"] + state, cluster, str(v["vcpus"]), format_size(v["memory_bytes"]),
                _num(v["cpu_need_cores"]), _num(v["cap_cores"]), _num(v["measured_cores"]), shown,
-               _num(floor, "{:g}")]
+               _num(floor, "{:g}"), " ".join(v.get("rules", [])) or "-"]
         if io:
             disk_cap = "no disk" if not v["disks"] else _rate(v["disk_bytes_sec"])
             if v["disk_iops_sec"]:
@@ -211,6 +222,9 @@ def render_status(doc: dict[str, Any]) -> None:
     if io and any(v["net_bytes_sec"] for v in doc["vms"]):
         console.print("[dim]net out is what the guest sent: libvirt polices outbound traffic on the host, dropping "
                       "what exceeds the cap there, so a guest sending faster than its cap shows more than it.[/]")
+    for bad in doc.get("violations", []):
+        console.print(f"[yellow]rule broken:[/] {bad['cluster']}: {bad['rule']}: {bad['problem']} "
+                      "(`vcsched adapt --budget B` repairs it)", highlight=False)
     if "policy" in doc:
         render_virtual_clusters(doc)
 
@@ -261,6 +275,10 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     file's policy, else yield), its yield, weight, tenant, dominant share and
     dominant resource (under drf-pools: its most loaded host:resource pair).
 
+    Placement rules (docs/rules.md): hosts in maintenance are marked, each
+    VM's rules are shown (spread, together, pinned; "?" = preferred), and
+    every rule the running VMs break is listed (`vcsched adapt` repairs it).
+
     A host that does not answer is shown as down, with libvirt's reason; the
     others are shown as usual.  Exit codes: 0 shown (even with hosts down),
     1 every host is down, 2 bad input.
@@ -284,6 +302,11 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
                     usage = measure_usage(hv, inv.vms, seconds)
     doc = status_dict(inv, {name: u.cores for name, u in usage.items()}, seconds, usage, sharing.policy,
                       virtual_clusters(cluster, inv, sharing), cluster)
+    from vcsched.control.live import rule_violations
+
+    for h in doc["hosts"]:
+        h["maintenance"] = h["name"] in cluster.cordoned
+    doc["violations"] = rule_violations(inv.up())
     if as_json:
         emit_json(doc)
     else:

@@ -31,7 +31,7 @@ import shutil
 import tempfile
 import time
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -226,25 +226,39 @@ def loop_guests(uri: str, count: int, image: GuestImage, partition: str | None) 
     Named ``vcsched-calib-<pid>-<i>``; their serial consoles (how the boot is
     detected) go to a temporary directory removed with them.
     """
+    with _calibration_guests(uri, count, image, partition, "CPU-loop", lambda _name, _work: {}) as names:
+        yield names
+
+
+@contextlib.contextmanager
+def _calibration_guests(uri: str, count: int, image: GuestImage, partition: str | None, kind: str,
+                        extra: Callable[[str, Path], dict[str, Any]]) -> Iterator[list[str]]:
+    """Boot ``count`` transient guests, wait for each one's boot marker, and destroy them all afterwards.
+
+    One place for the start/wait/clean-up sequence, so that a failed start or
+    boot never leaves a calibration guest running (``extra(name, workdir)``:
+    the workload's own arguments to :func:`start_guest`).
+    """
     _quiet_libvirt()
     try:
         conn = libvirt.open(uri)
     except libvirt.libvirtError as exc:
         raise InputError(f"--connect {uri}: cannot connect ({exc.get_error_message()})") from None
-    logs = Path(tempfile.mkdtemp(prefix="vcsched-calib-", dir="/var/tmp"))  # where lab daemons see it too
-    os.chmod(logs, 0o755)  # the daemon's qemu writes the console files here
+    work = Path(tempfile.mkdtemp(prefix="vcsched-calib-", dir="/var/tmp"))  # where lab daemons see it too
+    os.chmod(work, 0o755)  # the daemon's qemu writes the console files here
     names = [f"vcsched-calib-{os.getpid()}-{i}" for i in range(count)]
     started: list[Any] = []
     try:
         for name in names:
             try:
-                started.append(start_guest(conn, name, image, partition=partition, console_log=logs / f"{name}.log"))
+                started.append(start_guest(conn, name, image, partition=partition, console_log=work / f"{name}.log",
+                                           **extra(name, work)))
             except libvirt.libvirtError as exc:
                 msg = exc.get_error_message()
-                raise CapsProbeError(f"host {uri}: cannot start CPU-loop guest {name} ({msg})") from None
+                raise CapsProbeError(f"host {uri}: cannot start {kind} guest {name} ({msg})") from None
         for name in names:
             try:
-                wait_for_boot(logs / f"{name}.log")
+                wait_for_boot(work / f"{name}.log")
             except GuestError as exc:
                 raise CapsProbeError(f"host {uri}: {exc}") from None
         yield names
@@ -254,7 +268,7 @@ def loop_guests(uri: str, count: int, image: GuestImage, partition: str | None) 
                 dom.destroy()
         with contextlib.suppress(libvirt.libvirtError):
             conn.close()
-        shutil.rmtree(logs, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------- disk and network
@@ -457,35 +471,10 @@ def io_guests(uri: str, count: int, image: GuestImage, partition: str | None, re
     """
     from hypervisor.lab.guest import make_disk
 
-    _quiet_libvirt()
-    try:
-        conn = libvirt.open(uri)
-    except libvirt.libvirtError as exc:
-        raise InputError(f"--connect {uri}: cannot connect ({exc.get_error_message()})") from None
-    work = Path(tempfile.mkdtemp(prefix="vcsched-calib-", dir="/var/tmp"))  # where lab daemons see it too
-    os.chmod(work, 0o755)
-    names = [f"vcsched-calib-{os.getpid()}-{i}" for i in range(count)]
-    started: list[Any] = []
-    try:
-        for name in names:
-            disk = make_disk(work / f"{name}.img") if resource == "disk" else None
-            try:
-                started.append(start_guest(conn, name, image, partition=partition, console_log=work / f"{name}.log",
-                                           workload="disk" if resource == "disk" else "sink", disk=disk,
-                                           nic=resource == "net"))
-            except libvirt.libvirtError as exc:
-                msg = exc.get_error_message()
-                raise CapsProbeError(f"host {uri}: cannot start {resource} guest {name} ({msg})") from None
-        for name in names:
-            try:
-                wait_for_boot(work / f"{name}.log")
-            except GuestError as exc:
-                raise CapsProbeError(f"host {uri}: {exc}") from None
+    def extra(name: str, work: Path) -> dict[str, Any]:
+        if resource == "disk":
+            return {"workload": "disk", "disk": make_disk(work / f"{name}.img"), "nic": False}
+        return {"workload": "sink", "disk": None, "nic": True}
+
+    with _calibration_guests(uri, count, image, partition, resource, extra) as names:
         yield names
-    finally:
-        for dom in started:
-            with contextlib.suppress(libvirt.libvirtError):
-                dom.destroy()
-        with contextlib.suppress(libvirt.libvirtError):
-            conn.close()
-        shutil.rmtree(work, ignore_errors=True)

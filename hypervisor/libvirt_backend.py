@@ -173,6 +173,12 @@ def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
         extra += f" tenant={quoteattr(meta.tenant)}"
     if meta.migrated_at is not None:
         extra += f' migrated_at="{meta.migrated_at!r}"'
+    # The placement rules (docs/rules.md) only when set, likewise.
+    for k in ("spread", "together"):
+        if getattr(meta, k) is not None:
+            extra += f' {k}="{getattr(meta, k)}"'
+    if meta.pinned:
+        extra += ' pinned="true"'
     return (f'<{tag} cluster={quoteattr(meta.cluster)} cpu_need_cores="{meta.cpu_need_cores!r}" '
             f'memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"{floor}{extra}/>')
 
@@ -203,10 +209,13 @@ def parse_metadata_element(el: ET.Element) -> VmMeta | None:
         weight = float(el.attrib.get("weight", "1.0"))
         if not (weight > 0 and math.isfinite(weight)) or any(v is not None and v < 0 for v in io.values()):
             return None
+        rules = {k: el.attrib.get(k) for k in ("spread", "together")}
+        if any(v not in (None, "required", "preferred") for v in rules.values()):
+            return None
         moved = float(el.attrib["migrated_at"]) if "migrated_at" in el.attrib else None
         return VmMeta(el.attrib["cluster"], float(el.attrib["cpu_need_cores"]), int(el.attrib["memory_bytes"]),
                       int(el.attrib["vcpus"]), floor, io["disk_bps"], io["net_bps"], weight, el.attrib.get("tenant"),
-                      migrated_at=moved)
+                      rules["spread"], rules["together"], el.attrib.get("pinned") == "true", migrated_at=moved)
     except (KeyError, ValueError):
         return None
 

@@ -205,3 +205,20 @@ def test_more_budget_never_lowers_the_minimum_yield_found_from_a_fitting_placeme
 def test_unknown_algorithm_is_an_input_error() -> None:
     with pytest.raises(InputError, match="algorithm: unknown adaptation algorithm 'mcb8'"):
         solve_adapt(problem(LOPSIDED, [0, 0, 1]), "mcb8")
+
+
+def test_heuristic_best_reaches_the_anytime_placement_with_an_unlimited_budget() -> None:
+    """``heuristic-best`` re-places with ``best`` (never below MCB8), so it is never below plain ``heuristic``'s
+    from-scratch candidate either, and it stays within memory and budget (solve_adapt asserts both)."""
+    from vcsched.model import SolveOptions
+    from vcsched.solvers.registry import get
+
+    rng = np.random.default_rng(5)
+    jobs = [(float(rng.uniform(0.1, 1.0)), float(rng.uniform(0.05, 0.25))) for _ in range(24)]
+    p = problem(jobs, [0] * 12 + [1] * 12, n_hosts=6, budget=UNLIMITED)
+    plain, with_best = solve_adapt(p), solve_adapt(p, "heuristic-best")
+    scratch = get("best").placer(p.instance, SolveOptions()).hosts
+    assert scratch is not None and with_best.result.min_yield is not None and plain.result.min_yield is not None
+    assert with_best.result.min_yield >= placement_min_yield(p.instance, scratch) - 1e-9
+    assert with_best.result.min_yield >= placement_min_yield(p.instance, mcb8_from_scratch(p.instance)) - 1e-9
+    assert with_best.result.algorithm == "heuristic-best"

@@ -111,7 +111,7 @@ def test_adapt_rows_time_the_heuristic_at_three_budgets(tmp_path: Path) -> None:
     r = CliRunner().invoke(cli, ["bench", "--repeat", "1", "--sizes", "8x30", "--algorithms", "adapt", "--json"])
     assert r.exit_code == 0, r.output
     rows = {t["algorithm"]: t for t in json.loads(r.stdout)["timings"]}
-    assert sorted(rows) == ["adapt 0 %", "adapt 10 %", "adapt unlimited"]
+    assert sorted(rows) == ["adapt 0 %", "adapt 10 %", "adapt unlimited", "drain 10 %"]
     assert all(t["size"] == "8x30" and len(t["runs_s"]) == 1 and t["runs_s"][0] > 0 for t in rows.values())
     # a larger budget can only help the minimum yield (the heuristic keeps the best candidate it found)
     assert rows["adapt unlimited"]["min_yield"] >= rows["adapt 0 %"]["min_yield"] - 1e-9
@@ -135,11 +135,12 @@ def test_run_bench_times_each_algorithm_then_the_adaptation_rows_reporting_progr
     calls: list[tuple[int, int, str]] = []
     timings = run_bench((BenchCase(3, 6),), ["lpbound", "mcb8"], repeat=2, adapt=True,
                         on_progress=lambda done, total, what: calls.append((done, total, what)))
-    assert [t.algorithm for t in timings] == ["lpbound", "mcb8", "adapt 0 %", "adapt 10 %", "adapt unlimited"]
+    assert [t.algorithm for t in timings] == ["lpbound", "mcb8", "adapt 0 %", "adapt 10 %", "adapt unlimited",
+                                              "drain 10 %"]
     assert all(t.case == "3x6" and len(t.runs_s) == 2 and t.skipped is None for t in timings)
-    assert calls == [(0, 5, "generating instances"), (0, 5, "lpbound on 3x6"), (1, 5, "mcb8 on 3x6"),
-                     (2, 5, "adapt 0 % on 3x6"), (3, 5, "adapt 10 % on 3x6"), (4, 5, "adapt unlimited on 3x6"),
-                     (5, 5, "done")]
+    assert calls == [(0, 6, "generating instances"), (0, 6, "lpbound on 3x6"), (1, 6, "mcb8 on 3x6"),
+                     (2, 6, "adapt 0 % on 3x6"), (3, 6, "adapt 10 % on 3x6"), (4, 6, "adapt unlimited on 3x6"),
+                     (5, 6, "drain 10 % on 3x6"), (6, 6, "done")]
 
 
 def test_run_bench_gives_a_too_slow_algorithm_a_row_with_the_reason_and_no_runs() -> None:

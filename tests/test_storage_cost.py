@@ -19,7 +19,8 @@ from vcsched.adaptation.solve import solve_adapt
 from vcsched.control.live import adapt_inventory
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
-from vcsched.model import Host, Instance, Job
+from vcsched.adaptation.drain import BUDGET, drain
+from vcsched.model import REQUIRED, Host, Instance, Job
 
 MiB = 1 << 20
 
@@ -36,7 +37,8 @@ def storage(c: Cluster, *names: str | None) -> Cluster:
 
 def test_moves_between_storages_cost_memory_plus_disks_and_shared_storage_memory_only() -> None:
     inst = Instance((Host("a", 1, 1), Host("b", 1, 1), Host("c", 1, 1)), (Job("j", 0.5, 0.1, tasks=2),))
-    p = AdaptProblem(inst, np.array([0, 0]), np.array([100, 100]), 1000, np.array([40, 0]), np.array([0, 0, 1]))
+    p = AdaptProblem(inst, np.array([0, 0]), np.array([100, 100]), 1000, disk_bytes=np.array([40, 0]),
+                     host_storage=np.array([0, 0, 1]))
     assert p.copies_disks
     assert p.move_bytes(0, 1) == 100 and p.move_bytes(0, 2) == 140 and p.move_bytes(1, 2) == 100
     assert move_cost(p, np.array([2, 1])) == 240
@@ -44,7 +46,7 @@ def test_moves_between_storages_cost_memory_plus_disks_and_shared_storage_memory
     old = AdaptProblem(inst, np.array([0, 0]), np.array([100, 100]), 1000)
     assert not old.copies_disks and move_cost(old, np.array([2, 1])) == 200
     with pytest.raises(InputError, match="go together"):
-        AdaptProblem(inst, np.array([0, 0]), np.array([100, 100]), 1, np.array([1, 1]))
+        AdaptProblem(inst, np.array([0, 0]), np.array([100, 100]), 1, disk_bytes=np.array([1, 1]))
 
 
 @pytest.mark.parametrize("algorithm", ["heuristic", "milp"])
@@ -78,11 +80,47 @@ def test_solve_adapt_never_overspends_with_destination_dependent_costs() -> None
         inst = Instance(tuple(Host(f"h{i}", 1, 1) for i in range(n_h)),
                         tuple(Job(f"j{t}", float(rng.uniform(0.2, 0.6)), 0.2) for t in range(n_t)))
         cur = rng.integers(0, n_h, n_t)
-        p = AdaptProblem(inst, cur, np.full(n_t, 100), int(rng.integers(0, 600)), rng.integers(0, 300, n_t),
-                         rng.integers(0, 2, n_h))
+        p = AdaptProblem(inst, cur, np.full(n_t, 100), int(rng.integers(0, 600)),
+                         disk_bytes=rng.integers(0, 300, n_t), host_storage=rng.integers(0, 2, n_h))
         for algorithm in ("heuristic", "milp"):
             r = solve_adapt(p, algorithm)
             if r.result.allocation is not None:
                 assert move_cost(p, r.result.allocation.hosts) <= p.budget
                 assert r.migrated_bytes == move_cost(p, r.result.allocation.hosts)
 
+
+
+# ------------------------------------------------------------------ drain and the rules pay for disks too
+
+
+def disk_problem(jobs: tuple[Job, ...], current: list[int], budget: int, disks: list[int],
+                 storage: list[int]) -> AdaptProblem:
+    inst = Instance(tuple(Host(f"h{i}", 1, 1) for i in range(len(storage))), jobs)
+    return AdaptProblem(inst, np.array(current), np.full(inst.n_tasks, 100), budget,
+                        disk_bytes=np.array(disks), host_storage=np.array(storage))
+
+
+@pytest.mark.parametrize("algorithm", ["heuristic", "milp"])
+def test_a_drain_pays_for_the_disks_unless_a_host_shares_the_storage(algorithm: str) -> None:
+    jobs = (Job("a", 0.3, 0.3),)
+    local = disk_problem(jobs, [0], 120, [40], [0, 1, 2])  # memory (100) fits, memory + disk (140) does not
+    r = drain(local, 0, algorithm)
+    assert not r.complete and [(s.reason, "needs 140 bytes" in s.detail) for s in r.stays] == [(BUDGET, True)]
+    done = drain(local.with_budget(140), 0, algorithm)
+    assert done.complete and done.adapted.migrated_bytes == 140
+    # h2 shares h0's storage: leaving there costs the memory only, and the drain takes it.
+    shared = drain(disk_problem(jobs, [0], 120, [40], [0, 1, 0]), 0, algorithm)
+    assert shared.complete and shared.adapted.result.allocation is not None
+    assert int(shared.adapted.result.allocation.hosts[0]) == 2 and shared.adapted.migrated_bytes == 100
+
+
+@pytest.mark.parametrize("algorithm", ["heuristic", "milp"])
+def test_a_together_virtual_cluster_moved_as_one_pays_every_vms_disks(algorithm: str) -> None:
+    # Two VMs that must stay together on h0 (too loaded), h1 with other storage: moving both costs 2 x (100 + 40).
+    jobs = (Job("t", 0.4, 0.2, tasks=2, together=REQUIRED), Job("b", 0.5, 0.2))
+    p = disk_problem(jobs, [0, 0, 0], 279, [40, 40, 0], [0, 1])
+    r = solve_adapt(p, algorithm)
+    assert r.result.allocation is None or list(r.result.allocation.hosts[:2]) == [0, 0]  # 280 > 279: no move
+    moved = solve_adapt(p.with_budget(280), algorithm)
+    assert moved.result.allocation is not None and moved.migrated_bytes <= 280
+    assert move_cost(p, moved.result.allocation.hosts) == moved.migrated_bytes

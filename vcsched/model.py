@@ -13,6 +13,14 @@ of CPU; memory stays rigid.  A resource missing from a host's ``capacity`` has
 capacity 0 there.  ``weight`` and ``tenant`` matter only to the sharing
 policies (weighted DRF, PF, H-DRF over the ``tenants`` tree).  With none of
 these set, everything means exactly what it meant before.
+
+Placement rules (docs/rules.md), all optional: a host in ``maintenance``
+(cordoned) receives no task, except tasks pinned to it; a job may be
+``spread`` (anti-affinity: at most one of its tasks per host) or
+``together`` (affinity: all its tasks on one host), each ``"required"`` or
+``"preferred"`` (honoured when a placement exists with it, reported when
+not); ``Instance.pinned`` fixes tasks to hosts.  :mod:`vcsched.rules`
+derives what the solvers consume from them.
 """
 
 from __future__ import annotations
@@ -24,6 +32,12 @@ from functools import cached_property
 import numpy as np
 
 CPU = "cpu"
+
+REQUIRED = "required"
+"""A hard placement rule: every placement honours it, or there is none."""
+PREFERRED = "preferred"
+"""A soft placement rule: honoured when some placement honours it, reported when not."""
+RULE_LEVELS = (REQUIRED, PREFERRED)
 """The name of the one fluid resource every host and job has."""
 
 Amounts = tuple[tuple[str, float], ...]
@@ -41,6 +55,7 @@ class Host:
     cpu: float = 1.0
     memory: float = 1.0
     capacity: Amounts = ()
+    maintenance: bool = False  # cordoned: receives no task except those pinned to it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "capacity", amounts(self.capacity))
@@ -61,6 +76,8 @@ class Job:
     needs: Amounts = ()
     weight: float = 1.0
     tenant: str | None = None
+    spread: str | None = None  # REQUIRED / PREFERRED: at most one task per host
+    together: str | None = None  # REQUIRED / PREFERRED: all tasks on one host
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "needs", amounts(self.needs))
@@ -96,6 +113,8 @@ class Instance:
     hosts: tuple[Host, ...]
     jobs: tuple[Job, ...]
     tenants: tuple[Tenant, ...] = ()
+    #: Per task, the host index it is pinned to (-1: free); empty: nothing pinned.
+    pinned: tuple[int, ...] = ()
 
     @property
     def n_hosts(self) -> int:
@@ -177,6 +196,23 @@ class Instance:
     @cached_property
     def job_weight(self) -> np.ndarray:
         return np.array([j.weight for j in self.jobs], dtype=float)
+
+    @cached_property
+    def has_rules(self) -> bool:
+        """Any placement rule at all (maintenance, spread, together, pinned)?  False: the paper's problem."""
+        return (any(h.maintenance for h in self.hosts) or any(j.spread or j.together for j in self.jobs)
+                or any(p >= 0 for p in self.pinned))
+
+    @cached_property
+    def task_pinned(self) -> np.ndarray:
+        """Host index each task is pinned to, -1 when free (length ``n_tasks``)."""
+        if not self.pinned:
+            return np.full(self.n_tasks, -1, dtype=np.int64)
+        return np.asarray(self.pinned, dtype=np.int64)
+
+    @cached_property
+    def host_cordoned(self) -> np.ndarray:
+        return np.array([h.maintenance for h in self.hosts], dtype=bool)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ Two views of the same constraints: :func:`allocation_problems` checks an
 return); :func:`yield_problems` checks a placement and one yield per job
 (what the sharing policies return).  Both check every fluid resource of every
 host (CPU and the extra ones, a job at yield ``y`` using ``y * need`` of each)
-and memory.
+and memory, and every required placement rule (:func:`vcsched.rules.rule_problems`:
+maintenance, spread, together, pinned).
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def allocation_problems(
             problems.append(f"host {host.name!r}: memory {mem_load[h]:.6f} exceeds capacity {host.memory}")
     if instance.has_extra_resources:
         problems += _extra_resource_problems(instance, hosts, cpu / instance.job_alpha, tol)
+    if instance.has_rules:
+        from vcsched.rules import rule_problems
+
+        problems += rule_problems(instance, hosts)
     if min_yield is not None and instance.n_jobs:
         actual = allocation.min_yield(instance)
         if abs(actual - min_yield) > tol:
@@ -132,6 +137,10 @@ def yield_problems(instance: Instance, hosts: object, yields: object, *, tol: fl
             problems.append(f"host {host.name!r}: CPU {cpu_load[h]:.6f} exceeds capacity {host.cpu}")
         if mem_load[h] > host.memory + tol:
             problems.append(f"host {host.name!r}: memory {mem_load[h]:.6f} exceeds capacity {host.memory}")
+    if instance.has_rules:
+        from vcsched.rules import rule_problems
+
+        problems += rule_problems(instance, hosts_a)
     return problems + _extra_resource_problems(instance, hosts_a, y, tol)
 
 

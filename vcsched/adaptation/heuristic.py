@@ -27,6 +27,16 @@ heuristics to future work.  :func:`adapt_heuristic` is ours:
    when its cost fits the budget and it gives a higher yield (or the same
    yield for fewer bytes).
 
+Placement rules (docs/rules.md, :mod:`vcsched.adaptation.problem`): step 1
+also evicts the tasks that must ``leave`` their host (a drain) and the extra
+tasks of a spread job sharing a host (a repair); step 2 packs into hosts not
+in maintenance, skipping hosts that hold the spread job already (the MCB
+kernel's groups); step 3 only moves tasks that are not pinned, to hosts
+:func:`~vcsched.adaptation.problem.task_allowed` allows and that do not hold
+their spread job; step 4 places from scratch with the registry's rule
+handling and relabels only hosts equal in maintenance that hold no pinned
+task.  A candidate that still breaks a rule is dropped.
+
 Everything here is pure: problems in, placements and migration lists out.
 """
 
@@ -35,9 +45,11 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from vcsched.adaptation.problem import AdaptProblem, move_cost
+from vcsched.adaptation.problem import AdaptProblem, adapt_rule_problems, move_cost, task_allowed
+from vcsched.errors import InputError
 from vcsched.model import Instance
-from vcsched.solvers.mcb import pack, search
+from vcsched.rules import HostGroups, spread_groups
+from vcsched.solvers.mcb import KernelRules, pack, search
 from vcsched.solvers.yield_search import bisect_yield
 from vcsched.yields import MEMORY_TOLERANCE, placement_min_yield
 
@@ -74,6 +86,15 @@ def pack_residual(
     alpha, mem = instance.task_alpha[pool], instance.task_mem[pool]
     mem_free = instance.host_mem - mem_load
     candidates = []
+    ruled = instance.has_rules
+    groups = spread_groups(instance)
+    kernel_rules = KernelRules(groups[pool], HostGroups.of(instance.n_hosts, base_h, groups[fixed])) if ruled else None
+    closed = instance.host_cordoned
+    on_host: dict[int, set[int]] = {}
+    if ruled:
+        for h, g in zip(base_h.tolist(), groups[fixed].tolist(), strict=True):
+            if g >= 0:
+                on_host.setdefault(g, set()).add(h)
 
     # Least relative load: biggest CPU need first, onto the host where it lowers the yield least.
     greedy = hosts.copy()
@@ -81,6 +102,11 @@ def pack_residual(
     ok = True
     for i in np.argsort(-alpha, kind="stable"):
         room = mfree >= mem[i] - MEMORY_TOLERANCE
+        if ruled:
+            room &= ~closed
+            g = int(groups[pool[i]])
+            if g >= 0 and g in on_host:
+                room[list(on_host[g])] = False
         if not room.any():
             ok = False
             break
@@ -89,6 +115,8 @@ def pack_residual(
         greedy[pool[i]] = h
         load[h] += alpha[i]
         mfree[h] -= mem[i]
+        if ruled and groups[pool[i]] >= 0:
+            on_host.setdefault(int(groups[pool[i]]), set()).add(h)
     if ok:
         candidates.append(greedy)
 
@@ -96,6 +124,9 @@ def pack_residual(
     # allow, and the LP bound of section 3.1 for the whole instance.
     def residual_mcb8(y: float) -> np.ndarray | None:
         cpu_free = np.maximum(instance.host_cpu - y * cpu_load, 0.0)
+        if ruled:
+            return pack(y * alpha, mem, np.where(closed, -1.0, cpu_free), np.where(closed, -1.0, mem_free), "mcb8",
+                        rules=kernel_rules)
         return pack(y * alpha, mem, cpu_free, mem_free, "mcb8")
 
     upper = min(_yield_of(instance, cpu_load), float(instance.host_cpu.sum() / instance.task_alpha.sum()))
@@ -116,11 +147,13 @@ def mcb8_from_scratch(instance: Instance, precision: float = 1e-4) -> np.ndarray
 
 def from_scratch(instance: Instance, precision: float = 1e-4, algorithm: str = "mcb8") -> np.ndarray | None:
     """A full placement by ``algorithm`` (any placing algorithm of the registry, e.g. ``best``; MCB8 by default)."""
+    from vcsched.model import SolveOptions
+    from vcsched.solvers.registry import get, place_with_rules
+
+    if instance.has_rules:  # maintenance, pins, spread (and preferred ones tried first)
+        return place_with_rules(instance, get(algorithm).placer, SolveOptions(precision=precision), algorithm)[0].hosts
     if algorithm == "mcb8":
         return mcb8_from_scratch(instance, precision)
-    from vcsched.model import SolveOptions
-    from vcsched.solvers.registry import get
-
     return get(algorithm).placer(instance, SolveOptions(precision=precision)).hosts
 
 
@@ -138,10 +171,18 @@ def align_to_current(problem: AdaptProblem, target: np.ndarray) -> np.ndarray:
     # 1. Host relabelling within classes of equal (cpu, memory).
     stay = np.zeros((inst.n_hosts, inst.n_hosts))  # [target host, current host] -> bytes
     np.add.at(stay, (target[run], problem.current[run]), problem.task_bytes[run].astype(float))
+    if problem.copies_disks:  # a task kept in its storage group also keeps its disks where they are
+        assert problem.disk_bytes is not None and problem.host_storage is not None
+        groups = problem.host_storage
+        kept = np.zeros((inst.n_hosts, int(groups.max()) + 1))  # [target host, storage group] -> disk bytes
+        np.add.at(kept, (target[run], groups[problem.current[run]]), problem.disk_bytes[run].astype(float))
+        stay += kept[:, groups]
     rename = np.arange(inst.n_hosts)
-    classes: dict[tuple[float, float], list[int]] = {}
+    classes: dict[tuple[float, float, bool], list[int]] = {}
+    fixed = set(inst.task_pinned[inst.task_pinned >= 0].tolist()) | set(problem.current[problem.leaving].tolist())
     for h, host in enumerate(inst.hosts):
-        classes.setdefault((host.cpu, host.memory), []).append(h)
+        if h not in fixed:  # a host holding a pinned task, or one being drained, keeps its name
+            classes.setdefault((host.cpu, host.memory, host.maintenance), []).append(h)
     for members in classes.values():
         if len(members) < 2:
             continue
@@ -177,15 +218,29 @@ def _evict_overfull(problem: AdaptProblem) -> np.ndarray:
     """Running tasks to take off hosts whose memory is over capacity, cheapest bytes per unit of memory first.
 
     This only happens when host capacities shrank since the tasks were placed
-    (a host reserved more memory); the evicted tasks must migrate.
+    (a host reserved more memory); the evicted tasks must migrate.  So must
+    the tasks that must ``leave`` (a drain) and, for a spread job with several
+    tasks on one host, all but one of them there (a repair).  Pinned tasks are never evicted.
     """
     inst = problem.instance
     run = problem.running
-    mem_load = np.bincount(problem.current[run], weights=inst.task_mem[run], minlength=inst.n_hosts)
-    evicted: list[int] = []
+    leaving = problem.leaving
+    pinned = inst.task_pinned >= 0
+    evicted: list[int] = [int(t) for t in np.flatnonzero(leaving & run & ~pinned)]
+    stay = run & ~leaving
+    groups = spread_groups(inst) if inst.has_rules else None
+    if groups is not None:
+        seen: set[tuple[int, int]] = set()
+        for t in np.flatnonzero(stay & (groups >= 0))[np.argsort(pinned[stay & (groups >= 0)] * -1, kind="stable")]:
+            key = (int(groups[t]), int(problem.current[t]))
+            if key in seen and not pinned[t]:
+                evicted.append(int(t))
+                stay[t] = False
+            seen.add(key)
+    mem_load = np.bincount(problem.current[stay], weights=inst.task_mem[stay], minlength=inst.n_hosts)
     for h in np.flatnonzero(mem_load > inst.host_mem + MEMORY_TOLERANCE):
-        on = np.flatnonzero(problem.current == h)
-        order = on[np.argsort(problem.task_bytes[on] / inst.task_mem[on], kind="stable")]
+        on = np.flatnonzero((problem.current == h) & stay & ~pinned)
+        order = on[np.argsort(problem.cheapest_move(on) / inst.task_mem[on], kind="stable")]
         excess = mem_load[h] - inst.host_mem[h]
         for t in order:
             if excess <= MEMORY_TOLERANCE:
@@ -229,23 +284,29 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
         if ratio[b] >= 1.0:
             break
         on = np.flatnonzero(hosts == b)
+        if inst.has_rules:
+            on = on[inst.task_pinned[on] < 0]  # pinned tasks never move
         if inst.n_hosts > CANDIDATE_HOSTS:
             top = np.argpartition(-ratio, CANDIDATE_HOSTS - 1)[:CANDIDATE_HOSTS]
             homes = problem.current[on]
             candidates = np.unique(np.concatenate((top, homes[homes >= 0])))
         else:
             candidates = all_hosts
-        move = _best_move(problem, load, mem, b, on, spent, candidates)
+        move = _best_move(problem, load, mem, b, on, spent, candidates, hosts)
         if move is None and len(candidates) < inst.n_hosts:
-            move = _best_move(problem, load, mem, b, on, spent, all_hosts)
+            move = _best_move(problem, load, mem, b, on, spent, all_hosts, hosts)
         if move is not None:
             t, h, dcost = move
             steps = [(t, b, h)]
         else:
             partners = np.flatnonzero(np.isin(hosts, candidates) & (hosts != b))
+            if inst.has_rules:
+                partners = partners[inst.task_pinned[partners] < 0]
             swap = _best_swap(problem, hosts, load, mem, b, on, partners, spent)
             if swap is None and len(candidates) < inst.n_hosts:
-                swap = _best_swap(problem, hosts, load, mem, b, on, np.flatnonzero(hosts != b), spent)
+                rest = np.flatnonzero(hosts != b)
+                swap = _best_swap(problem, hosts, load, mem, b, on,
+                                  rest[inst.task_pinned[rest] < 0] if inst.has_rules else rest, spent)
             if swap is None:
                 break
             t, u, h, dcost = swap
@@ -266,8 +327,26 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     return hosts
 
 
+def _rule_ok(problem: AdaptProblem, hosts: np.ndarray, tasks: np.ndarray, dests: np.ndarray,
+             leaving_from: np.ndarray | None = None) -> np.ndarray:
+    """``ok[i, k]``: task ``tasks[i]`` may move to ``dests[k]`` (maintenance, pins, drain, and its spread job
+    not there already, not counting the tasks in ``leaving_from[i, k]``: a swap's partner)."""
+    inst = problem.instance
+    ok = task_allowed(problem, tasks, dests)
+    groups = spread_groups(inst)
+    for i, t in enumerate(tasks):
+        g = int(groups[t])
+        if g < 0:
+            continue
+        first = int(inst.job_first_task[g])
+        mates = np.arange(first, first + inst.jobs[g].tasks)
+        mates = mates[mates != t]
+        ok[i] &= ~np.isin(dests, hosts[mates])
+    return ok
+
+
 def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int, on: np.ndarray, spent: int,
-               dests: np.ndarray) -> tuple[int, int, int] | None:
+               dests: np.ndarray, hosts: np.ndarray | None = None) -> tuple[int, int, int] | None:
     """The move of a task on ``b`` to one of ``dests`` that buys the most yield per byte: (task, host, bytes)."""
     inst = problem.instance
     y_b = inst.host_cpu[b] / load[b]
@@ -285,6 +364,8 @@ def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int,
     gain = np.minimum(np.minimum(after_b, after_h), 1.0) - y_b
     ok = ((mem[dests][None, :] + m <= inst.host_mem[dests][None, :] + MEMORY_TOLERANCE) & (dest != b)
           & (spent + dc <= problem.budget) & (gain > _YIELD_EPS))
+    if inst.has_rules and hosts is not None and ok.any():
+        ok &= _rule_ok(problem, hosts, on, dests)
     if not ok.any():
         return None
     free = ok & (dc <= 0)
@@ -323,6 +404,8 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     ok = ((au < at) & (gain > _YIELD_EPS) & (spent + dc <= problem.budget)
           & (mem[b] - mt + mu <= inst.host_mem[b] + MEMORY_TOLERANCE)
           & (mem[hosts[others]][None, :] - mu + mt <= inst.host_mem[hu] + MEMORY_TOLERANCE))
+    if inst.has_rules and ok.any():
+        ok &= _swap_rule_ok(problem, hosts, b, on, others)
     if not ok.any():
         return None
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -334,6 +417,44 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     return int(on[i]), int(others[k]), int(hosts[others[k]]), int(dc[i, k])
 
 
+def _swap_rule_ok(problem: AdaptProblem, hosts: np.ndarray, b: int, on: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """``ok[i, k]``: swapping ``on[i]`` (on ``b``) with ``others[k]`` keeps every rule."""
+    inst = problem.instance
+    groups = spread_groups(inst)
+    ok = np.zeros((len(on), len(others)), dtype=bool)
+    hu = hosts[others]
+    back = task_allowed(problem, others, np.array([b]))[:, 0]  # each partner may come to b
+    for i, t in enumerate(on):
+        row = task_allowed(problem, np.array([t]), hu)[0] & back
+        g = int(groups[t])
+        if g >= 0:
+            first = int(inst.job_first_task[g])
+            mates = np.arange(first, first + inst.jobs[g].tasks)
+            row &= ~np.isin(hu, hosts[mates[mates != t]])
+        gu = groups[others]
+        on_b = set(int(x) for x in groups[hosts == b] if x >= 0) - ({g} if g >= 0 else set())
+        row &= ~((gu >= 0) & np.isin(gu, list(on_b)))
+        ok[i] = row
+    return ok
+
+
+def _scratch_instance(problem: AdaptProblem) -> Instance:
+    """The instance step 4 places from scratch: tasks running on a host in maintenance, not leaving, stay there.
+
+    (From scratch a host in maintenance takes only pinned tasks; in the adaptation its own tasks may stay.)
+    """
+    inst = problem.instance
+    if not inst.host_cordoned.any():
+        return inst
+    import dataclasses
+
+    stay = problem.running & inst.host_cordoned[problem.current.clip(min=0)] & ~problem.leaving
+    if not stay.any():
+        return inst
+    pins = np.where(stay & (inst.task_pinned < 0), problem.current, inst.task_pinned)
+    return dataclasses.replace(inst, pinned=tuple(int(p) for p in pins))
+
+
 def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4,
                     scratch: str = "mcb8") -> tuple[np.ndarray | None, dict[str, object]]:
     """Our heuristic for section 6.1 (see the module docstring); returns a placement or None, and details.
@@ -341,6 +462,7 @@ def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4,
     ``scratch`` names the registry algorithm of step 4's from-scratch placement (``best`` for the anytime
     search, at its default budget).
     """
+    problem = problem.cordoned()  # a drained host takes nothing new, as in maintenance
     inst = problem.instance
     evicted = _evict_overfull(problem)
     pool = np.concatenate((np.flatnonzero(~problem.running), evicted)).astype(np.int64)
@@ -349,11 +471,16 @@ def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4,
         placed = pack_residual(inst, problem.current.clip(min=0), pool, precision)
         if placed is not None and move_cost(problem, placed) <= problem.budget:
             candidates.append(("incremental", improve(problem, placed)))
-    placed_anew = from_scratch(inst, precision, scratch)
+    try:
+        placed_anew = from_scratch(_scratch_instance(problem), precision, scratch)
+    except InputError:  # staying put would contradict a rule (two VMs of a spread job on one such host)
+        placed_anew = from_scratch(inst, precision, scratch)
     if placed_anew is not None:
         aligned = align_to_current(problem, placed_anew)
         if move_cost(problem, aligned) <= problem.budget:
             candidates.append(("scratch", aligned))
+    if inst.has_rules or problem.leave:
+        candidates = [c for c in candidates if not adapt_rule_problems(problem, c[1])]
     if not candidates:
         return None, {"path": "none"}
     name, best = max(candidates, key=lambda c: (round(placement_min_yield(inst, c[1]), 9), -move_cost(problem, c[1])))

@@ -17,6 +17,10 @@ path (which also keeps HiGHS's stray C-level prints off stdout).  A second
 solve keeps the yield at the first one's optimum and minimizes the bytes
 moved, so the MILP does not migrate for nothing (a tiny weight on bytes in
 one objective would fall under HiGHS's absolute gap 1e-6).
+
+Placement rules (docs/rules.md) come with the static model's bounds and
+spread rows, on the adaptation's mask (:func:`vcsched.adaptation.problem.allowed_matrix`:
+a task may stay on a host in maintenance it runs on, unless it must leave).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import replace
 import numpy as np
 from scipy.sparse import coo_array
 
-from vcsched.adaptation.problem import AdaptProblem, move_cost
+from vcsched.adaptation.problem import AdaptProblem, allowed_matrix, move_cost
 from vcsched.model import SolveOptions
 from vcsched.solvers.milp import MilpModel, build_model, placement_from, solve_model
 from vcsched.yields import placement_min_yield
@@ -42,7 +46,8 @@ def adapt_milp(problem: AdaptProblem, options: SolveOptions) -> tuple[np.ndarray
     inst = problem.instance
     if inst.n_tasks == 0:
         return np.zeros(0, dtype=np.int64), True, {}
-    model = build_model(inst, symmetry_breaking=False)
+    allowed = allowed_matrix(problem) if inst.has_rules or problem.leave else None
+    model = build_model(inst, symmetry_breaking=False, allowed=allowed)
     # The static model maximizes OBJECTIVE_SCALE * Y, to prove Y to ~1e-9; the adaptation works to 1e-7
     # (MIP_REL_GAP, Y_SLACK) and maximizes Y itself: the same answers on small problems, ~1.4x faster.
     maximize_y = np.zeros(model.n_vars)

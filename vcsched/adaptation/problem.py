@@ -10,6 +10,14 @@ stay within ``budget`` bytes.  Budget 0 keeps every running task where it is
 and only re-caps CPU; a budget of at least the total running bytes allows a
 free re-placement.
 
+Placement rules (docs/rules.md) carry over with one difference: a host in
+maintenance takes no task that does not run there already (no new VM, no
+migration in), but the tasks running on it may stay, unless they are in
+``leave`` — the tasks that must move off their host (a drain,
+:mod:`vcsched.adaptation.drain`).  Pinned tasks (``Instance.pinned``, their
+current host) never move.  :func:`task_allowed` is that rule for any tasks
+and hosts.
+
 Solved by :mod:`vcsched.adaptation.heuristic` (ours) or
 :mod:`vcsched.adaptation.milp` (the paper's), through
 :func:`vcsched.adaptation.solve.solve_adapt`.
@@ -53,6 +61,8 @@ class AdaptProblem:
     current: np.ndarray
     task_bytes: np.ndarray
     budget: int
+    #: Tasks that must leave the host they run on (a drain); they may go anywhere else the rules allow.
+    leave: tuple[int, ...] = ()
     disk_bytes: np.ndarray | None = None
     host_storage: np.ndarray | None = None
 
@@ -92,13 +102,96 @@ class AdaptProblem:
         other = self.host_storage[np.asarray(dests)] != self.host_storage[np.clip(cur, 0, None)]
         return mem + np.where(other & (cur >= 0), self.disk_bytes[t].astype(float), 0.0)
 
+    def cheapest_move(self, tasks: np.ndarray) -> np.ndarray:
+        """Per task, the fewest bytes moving it off its host can cost: to an open host of its own storage group
+        if there is one, else memory + disks (a drain's lower bound before the destination is known)."""
+        t = np.asarray(tasks, dtype=np.int64)
+        if not self.copies_disks or not len(t):
+            return self.task_bytes[t].astype(float)
+        dests = np.flatnonzero(~self.closed)
+        if not len(dests):
+            return self.move_bytes(t, self.current[t])
+        cost = self.move_bytes(t[:, None], dests[None, :])
+        cost = np.where(dests[None, :] == self.current[t][:, None], np.inf, cost)
+        return np.where(np.isinf(cost.min(axis=1)), self.move_bytes(t, self.current[t]), cost.min(axis=1))
+
     @property
     def running(self) -> np.ndarray:
         """Mask of tasks that run now (moving them costs bytes)."""
         return self.current >= 0
 
     def with_budget(self, budget: int) -> AdaptProblem:
-        return AdaptProblem(self.instance, self.current, self.task_bytes, budget, self.disk_bytes, self.host_storage)
+        import dataclasses
+
+        return dataclasses.replace(self, budget=budget)
+
+    @property
+    def closed(self) -> np.ndarray:
+        """Hosts that take no task not running there: in maintenance, or drained (a ``leave`` task runs there)."""
+        closed = self.instance.host_cordoned.copy()
+        if self.leave:
+            closed[self.current[np.asarray(self.leave, dtype=np.int64)]] = True
+        return closed
+
+    def cordoned(self) -> AdaptProblem:
+        """The same problem with every drained host in maintenance in the instance itself."""
+        import dataclasses
+
+        closed = self.closed
+        if (closed == self.instance.host_cordoned).all():
+            return self
+        hosts = tuple(dataclasses.replace(h, maintenance=True) if closed[i] else h
+                      for i, h in enumerate(self.instance.hosts))
+        return dataclasses.replace(self, instance=dataclasses.replace(self.instance, hosts=hosts))
+
+    @property
+    def leaving(self) -> np.ndarray:
+        """Mask of tasks that must leave their current host."""
+        mask = np.zeros(self.instance.n_tasks, dtype=bool)
+        if self.leave:
+            mask[np.asarray(self.leave, dtype=np.int64)] = True
+        return mask
+
+
+def task_allowed(problem: AdaptProblem, tasks: np.ndarray, dests: np.ndarray) -> np.ndarray:
+    """``allowed[i, k]``: may task ``tasks[i]`` be on host ``dests[k]`` (module docstring)?  Spread is separate."""
+    inst = problem.instance
+    tasks = np.asarray(tasks, dtype=np.int64)
+    d = np.asarray(dests, dtype=np.int64)[None, :]
+    cur = problem.current[tasks][:, None]
+    pins = inst.task_pinned[tasks][:, None]
+    ok = ~problem.closed[d] | (d == cur)
+    ok = ok & ((pins < 0) | (d == pins))
+    if problem.leave:
+        ok = ok & ~(problem.leaving[tasks][:, None] & (d == cur))
+    return ok
+
+
+def allowed_matrix(problem: AdaptProblem) -> np.ndarray:
+    """:func:`task_allowed` for every task and host (for the MILP: small problems)."""
+    inst = problem.instance
+    return task_allowed(problem, np.arange(inst.n_tasks), np.arange(inst.n_hosts))
+
+
+def adapt_rule_problems(problem: AdaptProblem, hosts: np.ndarray) -> list[str]:
+    """Every required rule a placement breaks in the adaptation's reading (module docstring)."""
+    import dataclasses
+
+    from vcsched.rules import rule_problems
+
+    inst = problem.instance
+    hosts = np.asarray(hosts, dtype=np.int64)
+    out = []
+    ok = (~problem.closed[hosts] | (hosts == problem.current)) & ((inst.task_pinned < 0)
+                                                                      | (hosts == inst.task_pinned))
+    ok &= ~(problem.leaving & (hosts == problem.current))
+    for t in np.flatnonzero(~ok)[:5]:
+        j = int(inst.task_job[t])
+        out.append(f"task {int(t - inst.job_first_task[j])} of {inst.jobs[j].name!r} may not be on "
+                   f"{inst.hosts[int(hosts[t])].name!r} (maintenance, pinned or draining)")
+    plain = dataclasses.replace(inst, pinned=(), hosts=tuple(dataclasses.replace(h, maintenance=False)
+                                                            for h in inst.hosts))
+    return out + rule_problems(plain, hosts)
 
 
 def move_cost(problem: AdaptProblem, hosts: np.ndarray) -> int:

@@ -140,16 +140,18 @@ def unmanaged_memory(inventory: Inventory) -> defaultdict[str, int]:
     return out
 
 
-def model_hosts(inventory: Inventory, capacity: Mapping[str, Amounts] | None = None) -> tuple[Host, ...]:
+def model_hosts(inventory: Inventory, capacity: Mapping[str, Amounts] | None = None,
+                cordoned: frozenset[str] = frozenset()) -> tuple[Host, ...]:
     """The hosts in model units (module docstring): cores and usable memory less unmanaged domains' memory.
 
-    ``capacity``: each host's extra fluid capacities (:func:`vcsched.control.sharing.host_capacities`).
+    ``capacity``: each host's extra fluid capacities (:func:`vcsched.control.sharing.host_capacities`);
+    ``cordoned``: the hosts in maintenance (the cluster file's ``maintenance = true``, docs/rules.md).
     """
     n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
     unmanaged_mem = unmanaged_memory(inventory)
     extra = capacity or {}
     return tuple(Host(h.name, h.cores / n_ref, max(h.usable_memory - unmanaged_mem[h.name], 0) / mem_ref,
-                      extra.get(h.name, ()))
+                      extra.get(h.name, ()), h.name in cordoned)
                  for h in inventory.hosts)
 
 
@@ -171,9 +173,13 @@ def existing_jobs(inventory: Inventory, vms: Iterable[VmState] | None = None,
     jobs, vms_out, hosts = [], [], []
     for (cluster, cores, mem), members in sorted(groups.items()):
         label = cluster if sum(1 for k in groups if k[0] == cluster) == 1 else f"{cluster}/{cores:g}/{mem}"
+        first_meta = members[0].meta
+        assert first_meta is not None
+        spread, together = first_meta.spread, first_meta.together  # docs/rules.md
         # A VM recorded as needing more than today's reference host (hosts changed) can use one host at most.
         if refs is None:
-            jobs.append(Job(label, min(cores / n_ref, 1.0), mem / mem_ref, len(members)))
+            jobs.append(Job(label, min(cores / n_ref, 1.0), mem / mem_ref, len(members), spread=spread,
+                            together=together))
         else:
             from vcsched.control.sharing import model_needs
 
@@ -181,7 +187,7 @@ def existing_jobs(inventory: Inventory, vms: Iterable[VmState] | None = None,
             assert meta is not None
             jobs.append(Job(label, min(cores / n_ref, 1.0), mem / mem_ref, len(members),
                             model_needs(meta.io_needs(), refs, f"virtual cluster {cluster!r}"), meta.weight,
-                            meta.tenant))
+                            meta.tenant, spread=spread, together=together))
         for v in sorted(members, key=lambda v: v.name):
             vms_out.append(v)
             hosts.append(index[v.host])
@@ -209,7 +215,8 @@ def _residual_placement(base: Instance, existing: Existing, new: Job, y: float, 
     mem_load = np.bincount(old_hosts, weights=old_mem, minlength=base.n_hosts)
     cpu_left = base.host_cpu - y * cpu_load
     mem_left = base.host_mem - mem_load
-    usable = [h for h in range(base.n_hosts) if cpu_left[h] > _EPS and mem_left[h] >= new.memory - _EPS]
+    usable = [h for h in range(base.n_hosts) if cpu_left[h] > _EPS and mem_left[h] >= new.memory - _EPS
+              and not base.hosts[h].maintenance]
     if not usable:
         return None
     sub = Instance(hosts=tuple(Host(base.hosts[h].name, float(cpu_left[h]), float(mem_left[h])) for h in usable),
@@ -249,11 +256,15 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
         return _admit_shared(cluster, full, inventory, request, algorithm, options, sharing)
     n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
     unmanaged_mem = unmanaged_memory(inventory)
-    hosts = model_hosts(inventory)
+    hosts = model_hosts(inventory, cordoned=cluster.cordoned)
     existing = existing_jobs(inventory)
     cores = request.need_cores(n_ref)
-    new = Job(request.name, cores / n_ref, request.memory_bytes / mem_ref, request.vms)
+    new = Job(request.name, cores / n_ref, request.memory_bytes / mem_ref, request.vms,
+              spread=request.spread, together=request.together)
     instance = Instance(hosts=hosts, jobs=(*existing.jobs, new))
+    refused = _rules_refusal(instance, new)
+    if refused is not None:
+        return Decision(False, refused, None)
 
     total_mem = float(instance.task_mem.sum())
     if total_mem > float(instance.host_mem.sum()) + _EPS:
@@ -269,7 +280,8 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
     search = bisect_yield(residual, SEARCH_FLOOR * upper, upper, upper * 2.0 ** -SEARCH_STEPS,
                           probe_upper=True, probe_lower=True)
     if search.found is None:
-        return Decision(False, _memory_reason(request, inventory, unmanaged_mem), None)
+        return Decision(False, _rules_reason(request, instance) or _memory_reason(request, inventory, unmanaged_mem),
+                        None)
     best = search.found
     task_hosts = np.concatenate((np.asarray(existing.hosts, dtype=np.int64), best))
     allocation = allocate(instance, task_hosts)
@@ -329,7 +341,8 @@ def _decide(cluster: Cluster, full: Inventory, inventory: Inventory, request: Re
             per_vm[name] = VmPrediction(host, request.name, cores, cap, float(yields[j]), shares)
             steps.append(CreateStep(name, host, request.name, request.vcpus, request.memory_bytes, cores, cap, boot,
                                     request.min_yield, request.disk_bps, request.net_bps, request.weight,
-                                    request.tenant, **io_step_fields(CreateStep, shares)))
+                                    request.tenant, spread=request.spread, together=request.together,
+                                    pinned=request.pinned, **io_step_fields(CreateStep, shares)))
     ordered = order_steps(steps, current_caps(inventory), {h.name: float(h.cores) for h in inventory.hosts})
     extra: dict[str, object] = {"request": request.name}
     if policy is not None:
@@ -360,6 +373,7 @@ def _admit_shared(cluster: Cluster, full: Inventory, inventory: Inventory, reque
     metas = [v.meta for v in inventory.managed() if v.meta is not None]
     refs = references(cluster, inventory, needed_resources(metas, request.io_needs()))
     hosts = model_hosts(inventory, host_capacities(cluster, inventory, refs))
+    cordoned = {i for i, h in enumerate(inventory.hosts) if h.name in cluster.cordoned}
     existing = existing_jobs(inventory, refs=refs)
     cores = request.need_cores(n_ref)
     new = Job(request.name, cores / n_ref, request.memory_bytes / mem_ref, request.vms,
@@ -388,13 +402,15 @@ def _admit_shared(cluster: Cluster, full: Inventory, inventory: Inventory, reque
     assert bound is not None  # memory fits in total (checked above)
     upper = highest_level(pinned_fits, bound)  # the pinned VMs may bound the level by themselves (cf. _pinned_bound)
     mem_load = np.bincount(old_hosts, weights=instance.task_mem[:n_old], minlength=instance.n_hosts)
-    plain = Job(new.name, new.cpu_need, new.memory, new.tasks, new.needs)  # the sub-instance has no tenants
+    plain = Job(new.name, new.cpu_need, new.memory, new.tasks, new.needs, spread=request.spread,
+                together=request.together)  # the sub-instance has no tenants
 
     def residual(level: float) -> np.ndarray | None:
         left = cap - pinned_load(level)
         mem_left = instance.host_mem - mem_load
         y_new = float(level_yields(rho, level)[-1])
-        usable = [h for h in range(instance.n_hosts) if left[h, 0] > _EPS and mem_left[h] >= new.memory - _EPS]
+        usable = [h for h in range(instance.n_hosts) if left[h, 0] > _EPS and mem_left[h] >= new.memory - _EPS
+                  and h not in cordoned]
         if not usable:
             return None
         sub_hosts = tuple(Host(instance.hosts[h].name, float(left[h, 0]), float(mem_left[h]),
@@ -418,6 +434,26 @@ def _admit_shared(cluster: Cluster, full: Inventory, inventory: Inventory, reque
     io[instance.n_jobs - 1] = request.io_needs()
     return _decide(cluster, full, inventory, request, instance, existing, palloc.allocation(instance), cores,
                    policy=sharing.policy, io=io)
+
+
+def _rules_refusal(instance: Instance, new: Job) -> str | None:
+    """The request's rule the cluster cannot meet at all (docs/rules.md): a refusal naming it, or None."""
+    from vcsched.rules import unsatisfiable
+
+    if not (new.spread or new.together or instance.host_cordoned.any()):
+        return None
+    return unsatisfiable(Instance(instance.hosts, (new,)))
+
+
+def _rules_reason(request: Request, instance: Instance) -> str | None:
+    """Why a request with placement rules found no room, when its rules are the likely cause."""
+    rules = [f"{k} = {v!r}" for k, v in (("spread", request.spread), ("together", request.together)) if v]
+    cordoned = [h.name for h in instance.hosts if h.maintenance]
+    if not rules and not cordoned:
+        return None
+    where = f" ({len(cordoned)} host(s) in maintenance: {', '.join(cordoned)})" if cordoned else ""
+    return (f"no placement of {request.vms} VMs honours {' and '.join(rules) or 'maintenance'}{where} in the room "
+            "the running VMs leave")
 
 
 def floors_missed(vms: Iterable[VmState], yields: Mapping[str, float]) -> list[tuple[str, float, float]]:

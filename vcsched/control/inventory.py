@@ -46,13 +46,17 @@ class VmMeta:
     net_bps: int | None = None  # network bytes/s one VM uses alone
     weight: float = 1.0
     tenant: str | None = None  # its leaf of the cluster file's tenant tree
+    # Placement rules of its request (docs/rules.md), absent from older metadata:
+    spread: str | None = None  # "required" / "preferred": no two VMs of its virtual cluster on one host
+    together: str | None = None  # "required" / "preferred": all on one host
+    pinned: bool = False  # never migrated: its host is fixed
+    #: Unix time of the VM's last live migration (None: never migrated).  Written into the domain XML the VM
+    #: arrives with, so `vcsched run` (any leader, after any restart) keeps it put for its cool-down.
+    migrated_at: float | None = None
 
     def io_needs(self) -> dict[str, int]:
         """``{"disk": bytes/s, "net": bytes/s}`` for the extra resources this VM needs."""
         return {r: v for r, v in (("disk", self.disk_bps), ("net", self.net_bps)) if v is not None}
-    #: Unix time of the VM's last live migration (None: never migrated).  Written into the domain XML the VM
-    #: arrives with, so `vcsched run` (any leader, after any restart) keeps it put for its cool-down.
-    migrated_at: float | None = None
 
 
 @dataclass(frozen=True)

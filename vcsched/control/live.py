@@ -27,7 +27,6 @@ from vcsched.control.sharing import (
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.instance import check_instance
-from vcsched.formats.units import UNLIMITED
 from vcsched.model import Instance, SolveOptions
 from vcsched.plans.migration import HostRoom, MigrationBlocked, MigrationOrder, VmChange, order_changes, plan_steps
 from vcsched.plans.plan import Plan, VmPrediction
@@ -48,13 +47,16 @@ class LiveAdaptation:
     floors_missed: tuple[tuple[str, float, float], ...] = ()
     #: The staying VMs' minimum of cap / need before the plan (needs after the changes): what the plan improves on.
     current_min_yield: float | None = None
+    #: A drain (docs/rules.md): the drained host, and each VM that stays on it with its reason and explanation.
+    drained: str | None = None
+    stays: tuple[tuple[str, str, str], ...] = ()
 
 
 def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, needs: Mapping[str, float] | None = None,
                     depart: Iterable[str] = (), algorithm: str = "heuristic", parallel: int = 1,
                     options: SolveOptions | None = None, cluster: Cluster | None = None,
                     sharing: Sharing | None = None, pinned: Iterable[str] = (),
-                    record_needs: bool = True) -> LiveAdaptation:
+                    record_needs: bool = True, drain: str | None = None) -> LiveAdaptation:
     """Adapt the running managed VMs of ``inventory``  within ``budget``.
 
     Units as in admission (docs/model.md): hosts in fractions of the reference
@@ -82,8 +84,15 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     then allocates every fluid resource on that placement, so every host's
     declared disk and network capacity holds in the plan's predictions.
 
-    ``pinned`` VMs stay where they are (`vcsched run`'s cool-down after a
-    migration): to the solver, moving one costs more than the whole budget.
+    Placement rules (docs/rules.md): hosts in maintenance in ``cluster`` take
+    no VM that does not run there, VMs keep their recorded spread, together
+    and pinned rules, and a rule broken now is repaired within the budget
+    (what is left is in the result's detail).  ``drain`` names a host to
+    empty (:func:`vcsched.adaptation.drain.drain`): in maintenance, its VMs
+    leave within the budget, or the best partial drain with each staying VM's reason.
+
+    ``pinned`` VMs also stay where they are (`vcsched run`'s cool-down after a
+    migration), as if their metadata pinned them.
     """
     full, inventory = inventory, inventory.up()
     if not inventory.hosts:
@@ -134,17 +143,23 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     existing = existing_jobs(inventory, managed, needs)
     current_min = min((min(1.0, v.cap_or_vcpus / cores_of[v.name]) for v in managed), default=None)
     vms = list(existing.vms)
-    instance = Instance(model_hosts(inventory), existing.jobs)
     stay = set(pinned)
-    # A pinned VM's move costs more than the budget, so no placement within the budget moves it.
-    over = min(budget + 1, UNLIMITED)
+    cordoned = cluster.cordoned if cluster is not None else frozenset()
+    pins = tuple(existing.hosts[t] if (v.meta is not None and v.meta.pinned) or v.name in stay else -1
+                 for t, v in enumerate(vms))
+    instance = Instance(model_hosts(inventory, cordoned=cordoned), existing.jobs,
+                        pinned=pins if any(p >= 0 for p in pins) else ())
     disk_bytes, host_storage = _storage_costs(cluster, inventory, vms)
     problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
-                           np.array([over if v.name in stay else v.memory_bytes for v in vms], dtype=np.int64),
-                           budget, disk_bytes, host_storage)
-    adapted = solve_adapt(problem, algorithm, options)
+                           np.array([v.memory_bytes for v in vms], dtype=np.int64), budget,
+                           disk_bytes=disk_bytes, host_storage=host_storage)
+    stays: tuple[tuple[str, str, str], ...] = ()
+    if drain is not None:
+        problem, adapted, stays = _drain(cluster_name, inventory, full, vms, problem, drain, algorithm, options)
+    else:
+        adapted = solve_adapt(problem, algorithm, options)
     if adapted.result.allocation is None:
-        return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min)
+        return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min, drained=drain, stays=stays)
     if shared is not None:  # the policy allocates every fluid resource on the placement found
         adapted = _reallocated(adapted, *shared)
         instance = shared[0]
@@ -191,9 +206,33 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     plan = Plan("adapt", cluster_name, snapshot_hash(full, gone, moved, renewed),
                 float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps,
                 extra={"budget": budget, "migrated_bytes": order.total_bytes,
-                       **({"policy": shared[1].policy} if shared is not None else {})})
+                       **({"policy": shared[1].policy} if shared is not None else {}),
+                       **({"drain": drain, "stays": [list(s) for s in stays]} if drain is not None else {})})
     missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})
-    return LiveAdaptation(adapted, plan, order, problem, tuple(missed), current_min)
+    return LiveAdaptation(adapted, plan, order, problem, tuple(missed), current_min, drain, stays)
+
+
+def _drain(cluster_name: str, inventory: Inventory, full: Inventory, vms: list[VmState], problem: AdaptProblem,
+           host: str, algorithm: str, options: SolveOptions | None
+           ) -> tuple[AdaptProblem, AdaptResult, tuple[tuple[str, str, str], ...]]:
+    """The drain of ``host``: bad input checked first (unknown or down host, pinned VMs with a budget)."""
+    from vcsched.adaptation.drain import drain
+
+    names = [h.name for h in inventory.hosts]
+    if host not in names:
+        if any(h.name == host for h in full.hosts):
+            raise HostsDown(f"drain {host}: the host does not answer; its VMs are unknown")
+        raise InputError(f"drain: {host!r} is not a host of cluster {cluster_name!r} (hosts: "
+                         f"{', '.join(h.name for h in full.hosts)})")
+    index = names.index(host)
+    pinned = [v.name for v in vms if v.host == host and v.meta is not None and v.meta.pinned]
+    if pinned and problem.budget > 0:
+        raise InputError(f"drain {host}: {', '.join(pinned)} {'is' if len(pinned) == 1 else 'are'} pinned (pinned = "
+                         "true) and can never leave; move it by hand or unpin it first (--budget 0 shows what "
+                         "would stay)")
+    result = drain(problem, index, algorithm, options)
+    stays = tuple((vms[s.task].name, s.reason, s.detail) for s in result.stays)
+    return result.problem, result.adapted, stays
 
 
 def _storage_costs(cluster: Cluster | None, inventory: Inventory,
@@ -239,3 +278,28 @@ def _reallocated(adapted: AdaptResult, instance: Instance, sharing: Sharing) -> 
                                  avg_yield=float(y.mean()) if len(y) else 1.0,
                                  detail={**adapted.result.detail, "policy": sharing.policy})
     return dataclasses.replace(adapted, result=result)
+
+
+def rule_violations(inventory: Inventory) -> list[dict[str, str]]:
+    """Every placement rule the running managed VMs break now (docs/rules.md), one entry per virtual cluster.
+
+    A rule recorded after its VMs were placed (or a preferred one that could not be met) shows here until
+    ``vcsched adapt`` repairs it within a budget.  VMs on a host in maintenance are not a violation: they
+    may stay until the host is drained.
+    """
+    by_vc: defaultdict[str, list[VmState]] = defaultdict(list)
+    for v in inventory.managed():
+        by_vc[str(v.cluster)].append(v)
+    out = []
+    for vc, vms in sorted(by_vc.items()):
+        meta = vms[0].meta
+        assert meta is not None
+        hosts = [v.host for v in vms]
+        if meta.spread and len(set(hosts)) < len(hosts):
+            shared = sorted({h for h in hosts if hosts.count(h) > 1})
+            out.append({"cluster": vc, "rule": f"spread ({meta.spread})",
+                        "problem": f"several VMs on {', '.join(shared)}"})
+        if meta.together and len(set(hosts)) > 1:
+            out.append({"cluster": vc, "rule": f"together ({meta.together})",
+                        "problem": f"VMs on {len(set(hosts))} hosts: {', '.join(sorted(set(hosts)))}"})
+    return out

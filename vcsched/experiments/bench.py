@@ -122,6 +122,8 @@ class Timing:
 #: Budgets the adaptation heuristic is timed at, as fractions of the running VMs' bytes (inf: unlimited).
 ADAPT_BUDGETS = (0.0, 0.1, math.inf)
 ADAPT_PREFIX = "adapt"
+#: The drain row: host 0 emptied within 10 % of the running bytes (timed on each case with ``adapt``).
+DRAIN_ROW = "drain 10 %"
 
 
 def adapt_row_name(budget_fraction: float) -> str:
@@ -165,7 +167,7 @@ def run_bench(cases: Sequence[BenchCase], algorithms: Sequence[str], *, repeat: 
 
     work = [(c, a) for c in cases for a in algorithms]
     adapt_work = [(c, b) for c in cases for b in ADAPT_BUDGETS] if adapt else []
-    total = len(work) + len(adapt_work)
+    total = len(work) + len(adapt_work) + (len(cases) if adapt else 0)
 
     def progress(done: int, description: str) -> None:
         if on_progress is not None:
@@ -201,6 +203,19 @@ def run_bench(cases: Sequence[BenchCase], algorithms: Sequence[str], *, repeat: 
             runs.append(adapted.result.runtime_s)
             feasible, min_yield = adapted.result.feasible, adapted.result.min_yield
         timings.append(Timing(name, case.name, tuple(runs), feasible, min_yield))
+    for case in cases if adapt else ():
+        # Drain planning (docs/rules.md): host 0 in maintenance, its VMs leave within 10 % of the running bytes.
+        from vcsched.adaptation.drain import drain
+
+        progress(len(timings), f"{DRAIN_ROW} on {case.name}")
+        problem = adapt_problem(case, 0.1)
+        runs, feasible, min_yield = [], False, None
+        for _ in range(repeat):
+            started = time.perf_counter()
+            drained = drain(problem, 0)
+            runs.append(time.perf_counter() - started)
+            feasible, min_yield = drained.complete, drained.adapted.result.min_yield
+        timings.append(Timing(DRAIN_ROW, case.name, tuple(runs), feasible, min_yield))
     progress(total, "done")
     return timings
 

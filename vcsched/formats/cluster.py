@@ -21,6 +21,7 @@ Format (TOML, written by ``vcsched lab up`` or by hand; docs/operations.md)::
     net_bps = "117MiB"           # optional: network bytes per second, in each direction
     address = "10.0.0.12"        # optional: where migrations to this host go (default: the URI's host part)
     storage = "rack1-nfs"        # optional: hosts with the same name share storage (default: the host's name)
+    maintenance = true           # optional: cordoned (`vcsched cordon h0`): no new VM, no migration in
 
 Across machines (docs/operations.md, "Running across machines"), all optional::
 
@@ -152,6 +153,7 @@ class ClusterHost:
     #: Hosts with the same storage name share storage; None: the host's own name (nothing shared, the safe
     #: over-estimate of what a move costs).
     storage: str | None = None
+    maintenance: bool = False  # cordoned: receives no new VM and no migration (docs/rules.md)
 
     @property
     def migration_address(self) -> str:
@@ -197,10 +199,15 @@ class Cluster:
     def host_names(self) -> tuple[str, ...]:
         return tuple(h.name for h in self.hosts)
 
+    @property
+    def cordoned(self) -> frozenset[str]:
+        """Hosts in maintenance."""
+        return frozenset(h.name for h in self.hosts if h.maintenance)
+
 
 def _host_from_dict(where: str, d: Any) -> ClusterHost:
     d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition", "disk_bps", "net_bps",
-                                "address", "storage"}, {"name", "uri"}, kind="table")
+                                "address", "storage", "maintenance"}, {"name", "uri"}, kind="table")
     name = check_name(f"{where}.name", d["name"])
     uri = check_string(f"{where}.uri", d["uri"])
     scheme = uri_scheme(uri)
@@ -218,7 +225,11 @@ def _host_from_dict(where: str, d: Any) -> ClusterHost:
     rates = {k: parse_size(f"{where}.{k}", d[k]) if k in d else None for k in ("disk_bps", "net_bps")}
     address = check_address(f"{where}.address", d["address"]) if "address" in d else None
     storage = check_name(f"{where}.storage", d["storage"]) if "storage" in d else None
-    return ClusterHost(name, uri, cores, reserved, partition, rates["disk_bps"], rates["net_bps"], address, storage)
+    maintenance = d.get("maintenance", False)
+    if not isinstance(maintenance, bool):
+        raise InputError(f"{where}.maintenance: expected true or false, got {maintenance!r}")
+    return ClusterHost(name, uri, cores, reserved, partition, rates["disk_bps"], rates["net_bps"], address, storage,
+                       maintenance)
 
 
 def uri_warnings(where: str, host: str, uri: str) -> tuple[str, ...]:

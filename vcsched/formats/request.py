@@ -15,6 +15,9 @@ Format (TOML; examples/web.toml)::
     net_bps = "10MiB"     # optional: network bytes/s a VM uses alone (each direction)
     weight = 2.0          # optional: the virtual cluster's weight (weighted DRF, PF, H-DRF; default 1)
     tenant = "ads"        # optional: its leaf in the cluster file's [[tenants]] tree (hdrf)
+    spread = true         # optional: no two of its VMs on one host (anti-affinity); "preferred": when possible
+    together = true       # optional: all its VMs on one host (affinity); "preferred": when possible
+    pinned = true         # optional: its VMs are never migrated once placed
 
 Validation here is what needs no cluster; the checks against the cluster
 (vCPUs, largest host) are in :mod:`vcsched.control.admission`, where the reference
@@ -30,6 +33,7 @@ from typing import Any
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_fields, check_fraction, check_name, check_number, check_string
 from vcsched.formats.units import parse_size
+from vcsched.model import PREFERRED, REQUIRED
 
 MAX_VMS = 1024
 
@@ -49,6 +53,9 @@ class Request:
     net_bps: int | None = None
     weight: float = 1.0
     tenant: str | None = None
+    spread: str | None = None  # REQUIRED / PREFERRED (docs/rules.md)
+    together: str | None = None
+    pinned: bool = False
 
     def io_needs(self) -> dict[str, int]:
         """``{"disk": bytes/s, "net": bytes/s}`` for the extra resources the request needs."""
@@ -74,7 +81,7 @@ def _count(where: str, value: Any, high: int) -> int:
 def request_from_dict(d: Any) -> Request:
     """Validate a decoded request; every error names the field and the value."""
     allowed = {"name", "vms", "vcpus", "memory", "cpu_need", "cpu_cores", "template", "image", "min_yield",
-               "disk_bps", "net_bps", "weight", "tenant"}
+               "disk_bps", "net_bps", "weight", "tenant", "spread", "together", "pinned"}
     d = check_fields("request", d, allowed, {"name", "vms", "vcpus", "memory"}, kind="table")
     name = check_name("name", d["name"])
     vms = _count("vms", d["vms"], MAX_VMS)
@@ -101,5 +108,23 @@ def request_from_dict(d: Any) -> Request:
     io = {k: parse_size(k, d[k]) if k in d else None for k in ("disk_bps", "net_bps")}
     weight = check_number("weight", d["weight"]) if "weight" in d else 1.0
     tenant = check_name("tenant", d["tenant"]) if "tenant" in d else None
+    spread, together = rule_level("spread", d.get("spread")), rule_level("together", d.get("together"))
+    if spread and together and vms > 1:
+        raise InputError(f"spread/together: virtual cluster {name!r} cannot be both spread ({spread}) and together "
+                         f"({together})")
+    pinned = d.get("pinned", False)
+    if not isinstance(pinned, bool):
+        raise InputError(f"pinned: expected true or false, got {pinned!r}")
     return Request(name, vms, vcpus, memory, cpu_need, cpu_cores, template, image, min_yield,
-                   io["disk_bps"], io["net_bps"], weight, tenant)
+                   io["disk_bps"], io["net_bps"], weight, tenant, spread, together, pinned)
+
+
+def rule_level(where: str, value: Any) -> str | None:
+    """``true`` / ``"required"`` -> required, ``"preferred"`` -> preferred, ``false`` / absent -> no rule."""
+    if value is None or value is False:
+        return None
+    if value is True or value == REQUIRED:
+        return REQUIRED
+    if value == PREFERRED:
+        return PREFERRED
+    raise InputError(f"{where}: {value!r} is not true, false, \"required\" or \"preferred\"")

@@ -145,14 +145,29 @@ class Boot:
 
 
 #: A create step's optional multi-resource fields (the request's, recorded in the VM's metadata).
-META_FIELDS = frozenset({"disk_bps", "net_bps", "weight", "tenant"})
+META_FIELDS = frozenset({"disk_bps", "net_bps", "weight", "tenant", "spread", "together", "pinned"})
 
 
 def _meta_from_dict(where: str, d: Mapping[str, Any]) -> dict[str, Any]:
     return {"disk_bps": _int(f"{where}.disk_bps", d["disk_bps"]) if "disk_bps" in d else None,
             "net_bps": _int(f"{where}.net_bps", d["net_bps"]) if "net_bps" in d else None,
             "weight": _num(f"{where}.weight", d["weight"]) if "weight" in d else 1.0,
-            "tenant": _str(f"{where}.tenant", d["tenant"]) if "tenant" in d else None}
+            "tenant": _str(f"{where}.tenant", d["tenant"]) if "tenant" in d else None,
+            "spread": _level(f"{where}.spread", d.get("spread")), "together": _level(f"{where}.together",
+                                                                                     d.get("together")),
+            "pinned": _bool(f"{where}.pinned", d.get("pinned", False))}
+
+
+def _level(where: str, value: Any) -> str | None:
+    if value is None or value in ("required", "preferred"):
+        return value
+    raise InputError(f"{where}: {value!r} is not \"required\" or \"preferred\"")
+
+
+def _bool(where: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{where}: expected true or false, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -179,6 +194,9 @@ class CreateStep(_IoFields, _Flags):
     disk_bytes_sec: int | None = None
     disk_iops_sec: int | None = None
     net_bytes_sec: int | None = None
+    spread: str | None = None  # the request's placement rules (docs/rules.md), recorded in the metadata
+    together: str | None = None
+    pinned: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = {"op": self.op, "vm": self.vm, "host": self.host, "cluster": self.cluster, "vcpus": self.vcpus,
@@ -186,9 +204,11 @@ class CreateStep(_IoFields, _Flags):
              "cap_cores": self.cap_cores, "boot": self.boot.to_dict()}
         if self.min_yield is not None:
             d["min_yield"] = self.min_yield
-        for k in ("disk_bps", "net_bps", "tenant"):
+        for k in ("disk_bps", "net_bps", "tenant", "spread", "together"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
+        if self.pinned:
+            d["pinned"] = True
         if self.weight != 1.0:
             d["weight"] = self.weight
         return {**d, **self.io_caps.to_dict()}
@@ -196,7 +216,7 @@ class CreateStep(_IoFields, _Flags):
     def meta(self) -> VmMeta:
         """The metadata the created VM carries."""
         return VmMeta(self.cluster, self.cpu_need_cores, self.memory_bytes, self.vcpus, self.min_yield,
-                      self.disk_bps, self.net_bps, self.weight, self.tenant)
+                      self.disk_bps, self.net_bps, self.weight, self.tenant, self.spread, self.together, self.pinned)
 
     def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
         return ((self.host, self.vm, self.cap_cores),)

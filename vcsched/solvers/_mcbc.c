@@ -2,7 +2,7 @@
  * The MCB packing kernel in C (paper section 3.4); the reference is
  * vcsched.solvers.mcb.pack_python and the two must make exactly the same decisions.
  *
- * pack(cpu, mem, cpu_heavy, mem_heavy, host_cpu, host_mem, eps, out) -> bool
+ * pack(cpu, mem, cpu_heavy, mem_heavy, host_cpu, host_mem, eps, out[, group, host_ptr, host_groups]) -> bool
  *
  *   cpu, mem            float64 per task: c = Y * alpha and m for this probe
  *   cpu_heavy,
@@ -10,6 +10,11 @@
  *   host_cpu, host_mem  float64 capacities per host, filled in index order
  *   eps                 fit tolerance: a task fits when c <= free_c + eps and m <= free_m + eps
  *   out                 writable int64 per task: the host of each task (-1 when left over)
+ *   group               optional int64 per task: its spread group (docs/rules.md), -1 for none; a task is
+ *                       skipped on a host that already holds a task of its group
+ *   host_ptr,
+ *   host_groups         optional int64 CSR: the groups already on host h (pinned tasks) are
+ *                       host_groups[host_ptr[h] .. host_ptr[h + 1])
  *
  * Returns True when every task is placed.  Arrays are taken through the
  * buffer protocol (no numpy headers); the Python wrapper guarantees dtypes,
@@ -79,6 +84,21 @@ static Py_ssize_t list_find_from(const List *l, Py_ssize_t node, double limit_c,
     return p >= 0 ? p : list_find_from(l, 2 * node + 1, limit_c, limit_m);
 }
 
+/* Leftmost position > after under node (covering positions [lo, lo + width)) whose task fits, or -1. */
+static Py_ssize_t list_find_after(const List *l, Py_ssize_t node, Py_ssize_t lo, Py_ssize_t width, Py_ssize_t after,
+                                  double limit_c, double limit_m)
+{
+    if (lo + width - 1 <= after)
+        return -1;
+    if (!(l->min_c[node] <= limit_c) || !(l->min_m[node] <= limit_m))
+        return -1;
+    if (node >= l->size)
+        return node - l->size;
+    Py_ssize_t half = width / 2;
+    Py_ssize_t p = list_find_after(l, 2 * node, lo, half, after, limit_c, limit_m);
+    return p >= 0 ? p : list_find_after(l, 2 * node + 1, lo + half, half, after, limit_c, limit_m);
+}
+
 /* The first live task in list order that fits (its position), or -1. */
 static Py_ssize_t list_find(const List *l, double limit_c, double limit_m)
 {
@@ -123,29 +143,71 @@ static int get_buffer(PyObject *obj, Py_buffer *view, int writable, char kind, c
 static PyObject *pack(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *o[6], *o_out;
+    PyObject *o[6], *o_out, *o_rules[3] = {NULL, NULL, NULL};
     double eps;
-    if (!PyArg_ParseTuple(args, "OOOOOOdO:pack", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &eps, &o_out))
+    if (!PyArg_ParseTuple(args, "OOOOOOdO|OOO:pack", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &eps, &o_out,
+                          &o_rules[0], &o_rules[1], &o_rules[2]))
         return NULL;
     static const char *names[6] = {"cpu", "mem", "cpu_heavy", "mem_heavy", "host_cpu", "host_mem"};
+    static const char *rule_names[3] = {"group", "host_ptr", "host_groups"};
     static const char kinds[6] = {'d', 'd', 'i', 'i', 'd', 'd'};
-    Py_buffer v[7];
-    Py_ssize_t n[7];
+    Py_buffer v[10];
+    Py_ssize_t n[10];
     int got = 0;
+    int has_rules = o_rules[0] != NULL;
+    int64_t *mark = NULL;
+    Py_ssize_t n_groups = 0;
     PyObject *result = NULL;
     List lists[2] = {{NULL, 0, NULL, NULL}, {NULL, 0, NULL, NULL}};
 
+    if (has_rules && (o_rules[1] == NULL || o_rules[2] == NULL)) {
+        PyErr_SetString(PyExc_TypeError, "pack: group, host_ptr and host_groups go together");
+        return NULL;
+    }
     for (; got < 6; got++)
         if (get_buffer(o[got], &v[got], 0, kinds[got], names[got], &n[got]) < 0)
             goto done;
     if (get_buffer(o_out, &v[6], 1, 'i', "out", &n[6]) < 0)
         goto done;
     got = 7;
+    if (has_rules) {
+        for (; got < 10; got++)
+            if (get_buffer(o_rules[got - 7], &v[got], 0, 'i', rule_names[got - 7], &n[got]) < 0)
+                goto done;
+    }
 
     Py_ssize_t n_tasks = n[0], n_hosts = n[4];
     if (n[1] != n_tasks || n[6] != n_tasks || n[2] + n[3] != n_tasks || n[5] != n_hosts) {
         PyErr_SetString(PyExc_ValueError, "pack: inconsistent array lengths");
         goto done;
+    }
+    const int64_t *group = NULL, *host_ptr = NULL, *host_groups = NULL;
+    if (has_rules) {
+        group = (const int64_t *)v[7].buf;
+        host_ptr = (const int64_t *)v[8].buf;
+        host_groups = (const int64_t *)v[9].buf;
+        if (n[7] != n_tasks || n[8] != n_hosts + 1) {
+            PyErr_SetString(PyExc_ValueError, "pack: group needs one entry per task, host_ptr n_hosts + 1");
+            goto done;
+        }
+        for (Py_ssize_t t = 0; t < n_tasks; t++)
+            if (group[t] + 1 > n_groups)
+                n_groups = group[t] + 1;
+        for (Py_ssize_t i = 0; i < n[9]; i++)
+            if (host_groups[i] + 1 > n_groups)
+                n_groups = host_groups[i] + 1;
+        for (Py_ssize_t h = 0; h <= n_hosts; h++)
+            if (host_ptr[h] < 0 || host_ptr[h] > n[9] || (h > 0 && host_ptr[h] < host_ptr[h - 1])) {
+                PyErr_SetString(PyExc_ValueError, "pack: host_ptr is not a CSR index into host_groups");
+                goto done;
+            }
+        mark = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n_groups > 0 ? n_groups : 1));
+        if (mark == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t g = 0; g < n_groups; g++)
+            mark[g] = -1;
     }
     const double *cpu = (const double *)v[0].buf, *mem = (const double *)v[1].buf;
     const double *hcpu = (const double *)v[4].buf, *hmem = (const double *)v[5].buf;
@@ -175,20 +237,31 @@ static PyObject *pack(PyObject *self, PyObject *args)
     for (Py_ssize_t h = 0; h < n_hosts && left > 0; h++) {
         double free_c = hcpu[h], free_m = hmem[h];
         int first = 1;
+        if (has_rules)
+            for (int64_t i = host_ptr[h]; i < host_ptr[h + 1]; i++)
+                if (host_groups[i] >= 0)
+                    mark[host_groups[i]] = (int64_t)h;
         while (left > 0) {
             /* First task: CPU-heavy list, then memory-heavy.  Then against the imbalance. */
             int li = (first || free_c > free_m) ? 0 : 1;
             double limit_c = fit_limit(free_c + eps), limit_m = fit_limit(free_m + eps);
-            Py_ssize_t p = list_find(&lists[li], limit_c, limit_m);
-            if (p < 0) {
-                li = 1 - li;
+            Py_ssize_t p = -1;
+            for (int k = 0; k < 2 && p < 0; k++, li = 1 - li) {
                 p = list_find(&lists[li], limit_c, limit_m);
+                /* A task whose spread group is already on this host is skipped: the next fitting one. */
+                while (has_rules && p >= 0 && group[lists[li].task[p]] >= 0 &&
+                       mark[group[lists[li].task[p]]] == (int64_t)h)
+                    p = list_find_after(&lists[li], 1, 0, lists[li].size, p, limit_c, limit_m);
+                if (p >= 0)
+                    break;
             }
             if (p < 0)
                 break; /* nothing fits: next host */
             int64_t t = lists[li].task[p];
             list_take(&lists[li], p);
             out[t] = (int64_t)h;
+            if (has_rules && group[t] >= 0)
+                mark[group[t]] = (int64_t)h;
             free_c -= cpu[t];
             free_m -= mem[t];
             left--;
@@ -198,6 +271,7 @@ static PyObject *pack(PyObject *self, PyObject *args)
     result = PyBool_FromLong(left == 0);
 
 done:
+    free(mark);
     for (int li = 0; li < 2; li++) {
         free(lists[li].min_c);
         free(lists[li].min_m);

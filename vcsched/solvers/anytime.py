@@ -59,6 +59,11 @@ bound, or HiGHS's better bound when it has one), ``gap_percent`` (to it) and
 
 Instances with fluid resources besides CPU (the multi-resource model's
 ``has_extra_resources``) get MCB8's placement unchanged: this search knows CPU and memory only.
+
+Instances with placement rules (docs/rules.md) skip step 2: the moves and
+swaps know nothing of maintenance, pins or spread.  Steps 1 and 3 honour them
+(every MCB variant, SG, SGB and the MILP do), and a placement that breaks
+one is never kept.
 """
 
 from __future__ import annotations
@@ -145,6 +150,11 @@ class _Search:
         """Keep ``hosts`` when it is a valid placement with a strictly higher minimum yield; True if kept."""
         if hosts is None or not fits_in_memory(self.instance, hosts):
             return False
+        if self.instance.has_rules:
+            from vcsched.rules import rule_problems
+
+            if rule_problems(self.instance, hosts):
+                return False
         y = placement_min_yield(self.instance, hosts)
         if self.best is not None and y <= self.best_y * (1.0 + TOLERANCE):
             return False
@@ -272,6 +282,8 @@ def _start(search: _Search, precision: float) -> float | None:
 def _local_search(search: _Search, until: float, seed: int, max_kicks: int | None, stall: int | None) -> None:
     """Step 2: descent, then iterated local search, until ``until`` seconds of the budget (or a stall)."""
     assert search.best is not None
+    if search.instance.has_rules:  # the moves know no rules (module docstring)
+        return
     out_of_time = search.clock(until)
     if search.local is None:
         search.local = _LocalStats()

@@ -35,6 +35,13 @@ duplicates are saved, the pruned search reaches further within the same
 bound than the paper's unpruned one; the ``attempts`` count in the result's
 ``detail`` is the number actually made.  When the search runs out of choices
 before the bound, the instance is proved memory-infeasible (``exhausted``).
+
+Placement rules (docs/rules.md): pinned tasks are placed first (they load
+their hosts and are not part of the order), a host in maintenance is never a
+candidate, and a host that already holds a task of a spread job is not a
+candidate for another of its tasks.  The pruning of equivalent hosts then
+also compares the spread groups present (two hosts are equivalent only when
+they hold the same ones).
 """
 
 from __future__ import annotations
@@ -42,15 +49,65 @@ from __future__ import annotations
 import numpy as np
 
 from vcsched.model import Instance, SolveOptions
+from vcsched.rules import spread_groups
 from vcsched.solvers.registry import Placement, Placer, register
 from vcsched.yields import MEMORY_TOLERANCE
 
 
 def task_order(instance: Instance, *, sort_by_memory: bool) -> list[int]:
-    """GR's order (as given) or SG's (memory descending, stable so equal memory keeps the given order)."""
+    """GR's order (as given) or SG's (memory descending, stable so equal memory keeps the given order).
+
+    Pinned tasks are left out: they are placed where they are pinned before the others (:func:`_pinned_start`).
+    """
     if not sort_by_memory:
-        return list(range(instance.n_tasks))
-    return [int(t) for t in np.argsort(-instance.task_mem, kind="stable")]
+        order = list(range(instance.n_tasks))
+    else:
+        order = [int(t) for t in np.argsort(-instance.task_mem, kind="stable")]
+    if instance.has_rules:
+        pins = instance.task_pinned
+        order = [t for t in order if pins[t] < 0]
+    return order
+
+
+class _Rules:
+    """What the greedy passes need of the rules: allowed hosts, spread groups, and the groups on each host."""
+
+    def __init__(self, instance: Instance) -> None:
+        self.active = instance.has_rules
+        self.open = (~instance.host_cordoned).tolist()
+        self.group = spread_groups(instance).tolist()
+        self.on: list[set[int]] = [set() for _ in range(instance.n_hosts)]
+
+    def ok(self, t: int, h: int) -> bool:
+        if not self.active:
+            return True
+        g = self.group[t]
+        return self.open[h] and (g < 0 or g not in self.on[h])
+
+    def add(self, t: int, h: int) -> None:
+        if self.active and self.group[t] >= 0:
+            self.on[h].add(self.group[t])
+
+    def remove(self, t: int, h: int) -> None:
+        if self.active and self.group[t] >= 0:
+            self.on[h].discard(self.group[t])
+
+
+def _pinned_start(instance: Instance, hosts: np.ndarray, free_mem: list[float], rules: _Rules,
+                  load: list[float] | None = None) -> bool:
+    """Place the pinned tasks where they are pinned; False when their memory overflows a host."""
+    if not rules.active:
+        return True
+    for t in np.flatnonzero(instance.task_pinned >= 0):
+        h = int(instance.task_pinned[t])
+        hosts[t] = h
+        free_mem[h] -= float(instance.task_mem[t])
+        if load is not None:
+            load[h] += float(instance.task_alpha[t] / instance.host_cpu[h])
+        rules.add(int(t), h)
+        if free_mem[h] < 0:
+            return False
+    return True
 
 
 def greedy(instance: Instance, order: list[int]) -> np.ndarray | None:
@@ -62,18 +119,22 @@ def greedy(instance: Instance, order: list[int]) -> np.ndarray | None:
     mem = instance.task_mem.tolist()
     load = [0.0] * n_hosts  # CPU need placed, relative to capacity
     hosts = np.empty(instance.n_tasks, dtype=np.int64)
+    rules = _Rules(instance)
+    if not _pinned_start(instance, hosts, free_mem, rules, load):
+        return None
     for t in order:
         m = mem[t]
         best = -1
         best_load = 0.0
         for h in range(n_hosts):
-            if free_mem[h] >= m and (best < 0 or load[h] < best_load):
+            if free_mem[h] >= m and (best < 0 or load[h] < best_load) and rules.ok(t, h):
                 best, best_load = h, load[h]
         if best < 0:
             return None
         hosts[t] = best
         free_mem[best] -= m
         load[best] += alpha[t] / cap_cpu[best]
+        rules.add(t, best)
     return hosts
 
 
@@ -98,21 +159,31 @@ def greedy_vector(instance: Instance, order: list[int]) -> np.ndarray | None:
     loads = np.zeros_like(cap)  # hosts x resources, relative
     load = [0.0] * n_hosts
     hosts = np.empty(instance.n_tasks, dtype=np.int64)
+    rules = _Rules(instance)
+    if not _pinned_start(instance, hosts, free_mem, rules):
+        return None
+
+    def put(t: int, h: int) -> None:
+        with np.errstate(invalid="ignore"):
+            add = np.where(need[t] > 0, need[t] * inv[h], 0.0)
+        loads[h] += add
+        load[h] = float(loads[h].max())
+
+    for p in np.flatnonzero(instance.task_pinned >= 0) if rules.active else ():
+        put(int(p), int(instance.task_pinned[p]))
     for t in order:
         m = mem[t]
         best = -1
         best_load = 0.0
         for h in range(n_hosts):
-            if free_mem[h] >= m and (best < 0 or load[h] < best_load):
+            if free_mem[h] >= m and (best < 0 or load[h] < best_load) and rules.ok(t, h):
                 best, best_load = h, load[h]
         if best < 0:
             return None
         hosts[t] = best
         free_mem[best] -= m
-        with np.errstate(invalid="ignore"):
-            add = np.where(need[t] > 0, need[t] * inv[best], 0.0)
-        loads[best] += add
-        load[best] = float(loads[best].max())
+        put(t, best)
+        rules.add(t, best)
     return hosts
 
 
@@ -123,8 +194,6 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
     when every choice was tried, i.e. no memory-feasible placement exists.
     """
     n_tasks, n_hosts = len(order), instance.n_hosts
-    if n_tasks == 0:
-        return np.empty(0, dtype=np.int64), 0, True
     cap_cpu = instance.host_cpu.tolist()
     cap_mem = instance.host_mem.tolist()
     free_mem = (instance.host_mem + MEMORY_TOLERANCE).tolist()
@@ -133,21 +202,29 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
     need = [alpha[t] / cap_cpu[h] for t in range(instance.n_tasks) for h in range(n_hosts)]  # t*H + h
     load = [0.0] * n_hosts
     host_range = range(n_hosts)
+    rules = _Rules(instance)
+    start = np.empty(instance.n_tasks, dtype=np.int64)
+    if not _pinned_start(instance, start, free_mem, rules, load):
+        return None, 0, True
+    if n_tasks == 0:
+        return start, 0, True
 
-    def candidates(m: float) -> list[int]:
-        """Hosts where memory ``m`` fits, in greedy order, one per class of equivalent hosts."""
-        fit = sorted((load[h], h) for h in host_range if free_mem[h] >= m)
+    def candidates(t: int) -> list[int]:
+        """Hosts where task ``t`` fits, in greedy order, one per class of equivalent hosts."""
+        m = mem[t]
+        fit = sorted((load[h], h) for h in host_range if free_mem[h] >= m and rules.ok(t, h))
         out: list[int] = []
-        seen: set[tuple[float, float, float, float]] = set()
+        seen: set[tuple[float, float, float, float, frozenset[int]]] = set()
         for _, h in fit:
-            state = (cap_cpu[h], cap_mem[h], load[h], free_mem[h])
+            state = (cap_cpu[h], cap_mem[h], load[h], free_mem[h], frozenset(rules.on[h]) if rules.active
+                     else frozenset())
             if state not in seen:
                 seen.add(state)
                 out.append(h)
         return out
 
     chosen = [0] * n_tasks  # host of the task at each depth
-    cands: list[list[int]] = [candidates(mem[order[0]])]
+    cands: list[list[int]] = [candidates(order[0])]
     pos = [0]
     depth = 0
     attempts = 0
@@ -163,17 +240,18 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
             attempts += 1
             free_mem[h] -= mem[t]
             load[h] += need[t * n_hosts + h]
+            rules.add(t, h)
             chosen[depth] = h
             depth += 1
             if depth == n_tasks:
-                hosts = np.empty(instance.n_tasks, dtype=np.int64)
+                hosts = start.copy()
                 hosts[order] = chosen
                 return hosts, attempts, False
             if len(cands) > depth:
-                cands[depth] = candidates(mem[order[depth]])
+                cands[depth] = candidates(order[depth])
                 pos[depth] = 0
             else:
-                cands.append(candidates(mem[order[depth]]))
+                cands.append(candidates(order[depth]))
                 pos.append(0)
         else:
             depth -= 1
@@ -183,6 +261,7 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
             t = order[depth]
             free_mem[h] += mem[t]
             load[h] -= need[t * n_hosts + h]
+            rules.remove(t, h)
 
 
 def _greedy_placer(sort_by_memory: bool) -> Placer:

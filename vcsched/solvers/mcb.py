@@ -30,6 +30,14 @@ with any list"):
 * a task fits when ``c <= free_cpu + EPS`` and ``m <= free_mem + EPS``
   (``EPS = 1e-12``), and free capacities are updated by subtraction in task
   order — both kernels do exactly the same floating-point operations.
+
+Placement rules (docs/rules.md; :mod:`vcsched.rules`): pinned tasks are
+placed before the kernel runs (at probe ``Y`` they take ``Y * alpha`` CPU and
+their memory off their host), a host in maintenance gets capacity -1 (nothing
+fits), and a spread job's tasks carry a *group*: the kernel skips a task
+whose group is already on the host it fills (both kernels: the first fitting
+task in list order whose group is not there yet).  Hosts are filled one after
+another, so "already there" is one mark per group, set to the host index.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import numpy as np
 
 from vcsched.errors import InputError
 from vcsched.model import Instance, SolveOptions
+from vcsched.rules import HostGroups, combine, pinned_split, spread_groups
 from vcsched.solvers.lpbound import lp_bound
 from vcsched.solvers.registry import Placement, register
 from vcsched.solvers.yield_search import bisect_yield
@@ -141,7 +150,16 @@ def sorted_lists(variant: Variant, cpu: np.ndarray, mem: np.ndarray) -> ProbeLis
     return ProbeLists(c, m, cpu_order.astype(np.int64), mem_order.astype(np.int64))
 
 
-def pack_python(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray) -> np.ndarray | None:
+@dataclass(frozen=True)
+class KernelRules:
+    """Spread groups for a kernel: ``group`` per item (-1: none); ``present`` the groups each host already holds."""
+
+    group: np.ndarray  # int64 per item
+    present: HostGroups
+
+
+def pack_python(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray,
+                rules: KernelRules | None = None) -> np.ndarray | None:
     """The reference kernel: fill hosts in index order from the two lists; None if a task is left over.
 
     A literal transcription of section 3.4: every search scans its list from
@@ -155,16 +173,27 @@ def pack_python(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray) -
     need_c = (lists.cpu[order[0]], lists.cpu[order[1]])
     need_m = (lists.mem[order[0]], lists.mem[order[1]])
     alive = (np.ones(len(order[0]), dtype=bool), np.ones(len(order[1]), dtype=bool))
+    group = (rules.group[order[0]], rules.group[order[1]]) if rules is not None else None
+    mark = None
+    if rules is not None:
+        mark = np.full(max(int(rules.group.max(initial=-1)), int(rules.present.groups.max(initial=-1))) + 2, -1,
+                       dtype=np.int64)
     left = n
     for h in range(len(host_cpu)):
         if left == 0:
             break
+        if rules is not None and mark is not None:
+            present = rules.present.groups[rules.present.ptr[h]:rules.present.ptr[h + 1]]
+            mark[present[present >= 0]] = h
         free_c, free_m = float(host_cpu[h]), float(host_mem[h])
         first = True
         while left:
             scan = (0, 1) if first or free_c > free_m else (1, 0)
             for li in scan:
                 ok = alive[li] & (need_c[li] <= free_c + EPS) & (need_m[li] <= free_m + EPS)
+                if group is not None and mark is not None and len(ok):
+                    g = group[li]
+                    ok &= ~((g >= 0) & (mark[np.maximum(g, 0)] == h))
                 pos = int(np.argmax(ok)) if len(ok) else 0
                 if len(ok) and ok[pos]:
                     break
@@ -172,6 +201,8 @@ def pack_python(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray) -
                 break  # nothing fits on this host: next host
             alive[li][pos] = False
             hosts[order[li][pos]] = h
+            if group is not None and mark is not None and group[li][pos] >= 0:
+                mark[group[li][pos]] = h
             free_c -= float(need_c[li][pos])
             free_m -= float(need_m[li][pos])
             left -= 1
@@ -179,20 +210,26 @@ def pack_python(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray) -
     return hosts if left == 0 else None
 
 
-def pack_c(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray) -> np.ndarray | None:
+def pack_c(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray,
+           rules: KernelRules | None = None) -> np.ndarray | None:
     """The C kernel (``vcsched.solvers._mcbc.pack``), same contract as :func:`pack_python`."""
     if _mcbc is None:
         raise RuntimeError("the C kernel vcsched.solvers._mcbc is not built (pip install -e . builds it)")
     hosts = np.empty(len(lists.cpu), dtype=np.int64)
-    ok = _mcbc.pack(
+    args = [
         lists.cpu, lists.mem, lists.cpu_heavy, lists.mem_heavy,
         np.ascontiguousarray(host_cpu, dtype=np.float64), np.ascontiguousarray(host_mem, dtype=np.float64),
         EPS, hosts,
-    )
+    ]
+    if rules is not None:
+        args += [np.ascontiguousarray(rules.group, dtype=np.int64),
+                 np.ascontiguousarray(rules.present.ptr, dtype=np.int64),
+                 np.ascontiguousarray(rules.present.groups, dtype=np.int64)]
+    ok = _mcbc.pack(*args)
     return hosts if ok else None
 
 
-Kernel = Callable[[ProbeLists, np.ndarray, np.ndarray], "np.ndarray | None"]
+Kernel = Callable[..., "np.ndarray | None"]  # (lists, host_cpu, host_mem, rules=None)
 KERNELS: dict[str, Kernel] = {"python": pack_python}
 if _mcbc is not None:
     KERNELS["c"] = pack_c
@@ -206,14 +243,17 @@ def pack(
     host_mem: np.ndarray,
     variant: str = "mcb8",
     backend: str | None = None,
+    *,
+    rules: KernelRules | None = None,
 ) -> np.ndarray | None:
     """One MCB packing of items with fixed needs into given capacities (no search): a host per item, or None.
 
     For callers that already know each item's CPU need, e.g. packing new
     tasks into the capacity left free by running ones (section 6.1).
+    ``rules``: spread groups per item and those already on each host.
     """
     kernel = KERNELS[_backend(backend)]
-    return kernel(sorted_lists(_variant(variant), cpu, mem), np.asarray(host_cpu), np.asarray(host_mem))
+    return kernel(sorted_lists(_variant(variant), cpu, mem), np.asarray(host_cpu), np.asarray(host_mem), rules)
 
 
 def _variant(name: str) -> Variant:
@@ -253,14 +293,39 @@ def search(instance: Instance, variant: str, precision: float = 1e-4, backend: s
     if y_lp is None:  # memory does not fit even fractionally: no probe can succeed
         return SearchResult(None, None, None, 0, 0.0, backend)
     host_cpu, host_mem = instance.host_cpu, instance.host_mem
-
-    def probe(y: float) -> np.ndarray | None:
-        return kernel(probe_lists(instance, var, y), host_cpu, host_mem)
+    if instance.has_rules:
+        probe = _ruled_probe(instance, var, kernel)
+    else:
+        def probe(y: float) -> np.ndarray | None:
+            return kernel(probe_lists(instance, var, y), host_cpu, host_mem, None)
 
     # Over (0, Y_LP], first probe Y_LP / 2; at least one probe, even when Y_LP itself is below the precision
     # (a huge, CPU-starved instance), which otherwise would be declared infeasible without a single try.
     s = bisect_yield(probe, 0.0, y_lp, precision)
     return SearchResult(s.found, s.y, y_lp, s.probes, s.gap, backend)
+
+
+def _ruled_probe(instance: Instance, var: Variant, kernel: Kernel) -> Callable[[float], np.ndarray | None]:
+    """A probe that honours maintenance, pins and spread (module docstring): pinned tasks first, then the kernel."""
+    split = pinned_split(instance)
+    groups = spread_groups(instance)
+    pinned_cpu, pinned_mem = split.cpu_load(instance), split.mem_load(instance)
+    cordoned = instance.host_cordoned
+    mem_left = np.where(cordoned, -1.0, instance.host_mem - pinned_mem)
+    rules = KernelRules(groups[split.free], HostGroups.of(instance.n_hosts, split.fixed_hosts, groups[split.fixed]))
+    free = split.free
+    if (instance.host_mem - pinned_mem < -EPS).any():
+        return lambda y: None
+    alpha, mem = instance.task_alpha[free], instance.task_mem[free]
+
+    def probe(y: float) -> np.ndarray | None:
+        cpu_left = instance.host_cpu - y * pinned_cpu
+        if (cpu_left < -EPS).any():  # the pinned tasks alone miss Y
+            return None
+        placed = kernel(sorted_lists(var, y * alpha, mem), np.where(cordoned, -1.0, cpu_left), mem_left, rules)
+        return None if placed is None else combine(free, placed, split, instance.n_tasks)
+
+    return probe
 
 
 def _placer(variant: str) -> Callable[[Instance, SolveOptions], Placement]:

@@ -45,12 +45,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from vcsched.errors import InputError
 from vcsched.model import Instance
+from vcsched.rules import HostGroups, combine, pinned_split, spread_groups
 from vcsched.solvers.yield_search import bisect_yield
+
+if TYPE_CHECKING:
+    from vcsched.solvers.mcb import KernelRules
 
 EPS = 1e-12  # fit tolerance, as in the 2-D kernels
 _PEEK = 16  # candidates looked at before filtering a whole list
@@ -110,10 +115,10 @@ def vector_lists(variant: str, need: np.ndarray) -> VectorLists:
     return VectorLists(v, tuple(lists))
 
 
-def pack_vector(items: VectorLists, capacity: np.ndarray) -> np.ndarray | None:
+def pack_vector(items: VectorLists, capacity: np.ndarray, rules: KernelRules | None = None) -> np.ndarray | None:
     """Fill hosts in index order from the ``d`` lists (module docstring); a host per task, or None.
 
-    ``capacity`` is hosts x d, the same dimensions as ``items.need``.
+    ``capacity`` is hosts x d, the same dimensions as ``items.need``; ``rules``: spread groups (module docstring).
     """
     need = items.need
     n, d = need.shape
@@ -122,14 +127,29 @@ def pack_vector(items: VectorLists, capacity: np.ndarray) -> np.ndarray | None:
     alive = np.ones(n, dtype=bool)
     lists = [lst.copy() for lst in items.lists]
     left = n
+    grp = rules.group if rules is not None else None
+    mark = None
+    if rules is not None:
+        mark = np.full(max(int(rules.group.max(initial=-1)), int(rules.present.groups.max(initial=-1))) + 2, -1,
+                       dtype=np.int64)
+
+    def allowed(idx: np.ndarray, h: int) -> np.ndarray:
+        if grp is None or mark is None:
+            return np.ones(len(idx), dtype=bool)
+        g = grp[idx]
+        return ~((g >= 0) & (mark[np.maximum(g, 0)] == h))
+
     for h in range(len(cap)):
         if left == 0:
             break
+        if rules is not None and mark is not None:
+            present = rules.present.groups[rules.present.ptr[h]:rules.present.ptr[h + 1]]
+            mark[present[present >= 0]] = h
         # Drop the tasks placed on earlier hosts, then keep only the tasks that fit this empty host.
         lists = [lst[alive[lst]] for lst in lists]
         free = cap[h].copy()
         with np.errstate(invalid="ignore"):  # a NaN capacity fits nothing
-            cand = [lst[np.all(need[lst] <= free + EPS, axis=1)] for lst in lists]
+            cand = [lst[np.all(need[lst] <= free + EPS, axis=1) & allowed(lst, h)] for lst in lists]
         first = True
         while left:
             if first:
@@ -142,12 +162,12 @@ def pack_vector(items: VectorLists, capacity: np.ndarray) -> np.ndarray | None:
                 if not len(c):
                     continue
                 with np.errstate(invalid="ignore"):
-                    head = np.all(need[c[:_PEEK]] <= free + EPS, axis=1)
+                    head = np.all(need[c[:_PEEK]] <= free + EPS, axis=1) & allowed(c[:_PEEK], h)
                 if head.any():
                     pos = int(np.argmax(head))
                 else:
                     with np.errstate(invalid="ignore"):
-                        ok = np.all(need[c] <= free + EPS, axis=1)
+                        ok = np.all(need[c] <= free + EPS, axis=1) & allowed(c, h)
                     c = cand[li] = c[ok]  # the rest never fits this host again
                     if not len(c):
                         continue
@@ -159,6 +179,8 @@ def pack_vector(items: VectorLists, capacity: np.ndarray) -> np.ndarray | None:
                 break  # nothing fits on this host: next host
             hosts[chosen] = h
             alive[chosen] = False
+            if grp is not None and mark is not None and grp[chosen] >= 0:
+                mark[grp[chosen]] = h
             for k in range(d):
                 free[k] -= need[chosen, k]
             left -= 1
@@ -255,9 +277,35 @@ def search_level(instance: Instance, variant: str, rates: np.ndarray | None = No
     if bound is None:
         return LevelSearch(None, None, None, 0, 0.0)
     capacity = vector_capacity(instance)
-
-    def probe(level: float) -> np.ndarray | None:
-        return pack_vector(vector_lists(variant, vector_need(instance, level_yields(rho, level))), capacity)
+    if instance.has_rules:
+        probe = _ruled_probe(instance, variant, rho, capacity)
+    else:
+        def probe(level: float) -> np.ndarray | None:
+            return pack_vector(vector_lists(variant, vector_need(instance, level_yields(rho, level))), capacity)
 
     s = bisect_yield(probe, 0.0, bound, precision)
     return LevelSearch(s.found, s.y, bound, s.probes, s.gap)
+
+
+def _ruled_probe(instance: Instance, variant: str, rho: np.ndarray,
+                 capacity: np.ndarray) -> Callable[[float], np.ndarray | None]:
+    """A probe honouring maintenance, pins and spread (module docstring): pinned needs first, then the kernel."""
+    from vcsched.solvers.mcb import KernelRules
+
+    split = pinned_split(instance)
+    groups = spread_groups(instance)
+    rules = KernelRules(groups[split.free], HostGroups.of(instance.n_hosts, split.fixed_hosts, groups[split.fixed]))
+    cordoned = instance.host_cordoned
+
+    def probe(level: float) -> np.ndarray | None:
+        need = vector_need(instance, level_yields(rho, level))
+        used = np.zeros_like(capacity)
+        np.add.at(used, split.fixed_hosts, need[split.fixed])
+        left = capacity - used
+        if (left < -EPS).any():  # the pinned tasks alone do not fit at this level
+            return None
+        left[cordoned] = -1.0
+        placed = pack_vector(vector_lists(variant, need[split.free]), left, rules)
+        return None if placed is None else combine(split.free, placed, split, instance.n_tasks)
+
+    return probe

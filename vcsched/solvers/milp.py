@@ -37,6 +37,16 @@ Formulations where hosts are *not* interchangeable even at equal capacity
 (the adaptation MILP: tasks already run on particular hosts) must build with
 ``symmetry_breaking=False``; so must the LP relaxation behind RRND, whose
 ``e`` values are read as probabilities and would be skewed to low indices.
+
+Placement rules (docs/rules.md) are variable bounds and rows: ``e[t, h] = 0``
+where the task may not go (a host in maintenance, any host but a pinned
+task's own; ``allowed`` overrides the mask, for the adaptation where a task
+may stay on a cordoned host it runs on), and for a spread job ``j`` one row
+per host, ``sum_{t in j} e[t, h] <= 1``.  Symmetry breaking then only groups
+hosts that are also equal in maintenance and hold no pinned task (relabelling
+them keeps every rule), and spread rows are themselves invariant under it.
+(Required ``together`` jobs never get here: the registry contracts them to
+one task, :func:`vcsched.rules.contract_together`.)
 """
 
 from __future__ import annotations
@@ -146,11 +156,38 @@ class MilpModel:
 
 
 def identical_host_groups(instance: Instance) -> list[list[int]]:
-    """Groups (of size >= 2) of host indices with equal CPU and memory capacity, in index order."""
-    groups: dict[tuple[float, float], list[int]] = {}
+    """Groups (of size >= 2) of host indices with equal CPU and memory capacity, in index order.
+
+    With placement rules, hosts must also be equal in maintenance and hold no pinned task.
+    """
+    groups: dict[tuple[float, float, bool], list[int]] = {}
+    pinned_hosts = set(instance.task_pinned[instance.task_pinned >= 0].tolist()) if instance.has_rules else set()
     for h, host in enumerate(instance.hosts):
-        groups.setdefault((host.cpu, host.memory), []).append(h)
+        if h in pinned_hosts:
+            continue
+        groups.setdefault((host.cpu, host.memory, host.maintenance), []).append(h)
     return [g for g in groups.values() if len(g) > 1]
+
+
+def _rule_rows(instance: Instance, rows: _Rows, upper: np.ndarray, allowed: np.ndarray | None) -> None:
+    """Placement rules on the ``e`` block at ``t * H + h`` (module docstring): bounds, and spread rows."""
+    from vcsched.rules import allowed_matrix, spread_groups
+
+    n_t, n_h = instance.n_tasks, instance.n_hosts
+    if allowed is None and not instance.has_rules:
+        return
+    mask = allowed_matrix(instance) if allowed is None else np.asarray(allowed, dtype=bool)
+    upper[: n_t * n_h][~mask.ravel()] = 0.0
+    groups = spread_groups(instance)
+    spread_tasks = np.flatnonzero(groups >= 0)
+    if not len(spread_tasks):
+        return
+    ids = {g: i for i, g in enumerate(sorted(set(groups[spread_tasks].tolist())))}
+    gi = np.array([ids[int(groups[t])] for t in spread_tasks], dtype=np.int64)
+    r = np.repeat(gi * n_h, n_h) + np.tile(np.arange(n_h), len(spread_tasks))
+    c = np.repeat(spread_tasks * n_h, n_h) + np.tile(np.arange(n_h), len(spread_tasks))
+    n = len(ids) * n_h
+    rows.add(r, c, np.ones(len(c)), n, np.full(n, -np.inf), np.ones(n))
 
 
 class _Rows:
@@ -223,8 +260,12 @@ def _placement_rows(instance: Instance, rows: _Rows) -> None:
     rows.add(h_of, e_col, instance.task_mem[t_of], n_h, np.full(n_h, -np.inf), instance.host_mem)
 
 
-def build_model(instance: Instance, *, symmetry_breaking: bool = True) -> MilpModel:
-    """The section-2.5 MILP of ``instance`` as a :class:`MilpModel` (see the module docstring)."""
+def build_model(instance: Instance, *, symmetry_breaking: bool = True,
+                allowed: np.ndarray | None = None) -> MilpModel:
+    """The section-2.5 MILP of ``instance`` as a :class:`MilpModel` (see the module docstring).
+
+    ``allowed`` (tasks x hosts): where each task may go, instead of what the instance's rules say.
+    """
     n_t, n_h, n_j = instance.n_tasks, instance.n_hosts, instance.n_jobs
     n_th = n_t * n_h
     n_vars = 2 * n_th + n_j + 1
@@ -273,6 +314,7 @@ def build_model(instance: Instance, *, symmetry_breaking: bool = True) -> MilpMo
 
     lower = np.zeros(n_vars)
     upper = np.concatenate([np.ones(n_th), alpha_t[t_of], instance.job_alpha, [1.0]])
+    _rule_rows(instance, rows, upper, allowed)
     symmetry = _break_symmetry(instance, rows, upper) if symmetry_breaking else "none"
     c = np.zeros(n_vars)
     c[y_col] = -OBJECTIVE_SCALE
@@ -463,6 +505,7 @@ def build_makespan_model(instance: Instance, *, z_max: float | None = None,
     lower = np.zeros(n_vars)
     upper = np.ones(n_vars)
     upper[n_th] = np.inf if z_max is None else float(z_max)
+    _rule_rows(instance, rows, upper, None)
     symmetry = _break_symmetry(instance, rows, upper) if symmetry_breaking else "none"
     c = np.zeros(n_vars)
     c[n_th] = OBJECTIVE_SCALE  # HiGHS's absolute gap of 1e-6 becomes 1e-9 on Z, as for build_model's Y

@@ -85,8 +85,11 @@ def get(name: str) -> Algorithm:
 
 
 def solve(instance: Instance, algorithm: str, options: SolveOptions | None = None) -> SolveResult:
+    """Run ``algorithm`` on ``instance``; placement rules (docs/rules.md) go through :func:`_solve_with_rules`."""
     algo = get(algorithm)
     options = options or SolveOptions()
+    if instance.has_rules and not algo.bound_only:
+        return _solve_with_rules(instance, algo, options)
     start = time.perf_counter()
     placement = algo.placer(instance, options)
     if algo.bound_only:
@@ -102,6 +105,11 @@ def solve(instance: Instance, algorithm: str, options: SolveOptions | None = Non
             bound=placement.bound,
             detail=placement.detail,
         )
+    return _finish(instance, algo, placement, start)
+
+
+def _finish(instance: Instance, algo: Algorithm, placement: Placement, start: float) -> SolveResult:
+    """The CPU fractions (min-yield, then average-yield phase) of a placement, timed from ``start``."""
     if placement.hosts is None:
         runtime = time.perf_counter() - start
         return SolveResult(algo.name, False, None, None, None, runtime, placement.optimal, detail=placement.detail)
@@ -125,3 +133,64 @@ def solve(instance: Instance, algorithm: str, options: SolveOptions | None = Non
         optimal=placement.optimal,
         detail=placement.detail,
     )
+
+
+def place_with_rules(instance: Instance, placer: Placer, options: SolveOptions,
+                     name: str = "placer") -> tuple[Placement, dict[str, object]]:
+    """Run ``placer`` so that it honours the rules of ``instance`` (docs/rules.md), and say how it went.
+
+    Contradictions are bad input (:func:`vcsched.rules.check_rules`).  Preferred
+    rules are tried as required first; when that finds no placement they are
+    dropped, and the ones the placement misses are reported.  Required
+    ``together`` jobs are contracted to one task each (:func:`vcsched.rules.contract_together`),
+    so the placer only ever sees maintenance, pins and spread, which every
+    placer honours.  A placement that breaks a required rule is a bug
+    (:class:`AllocationError`).  Returns the placement (hosts of the original
+    tasks, or None) and the ``rules`` report.
+    """
+    from vcsched.rules import (
+        check_rules,
+        contract_together,
+        describe,
+        harden,
+        has_soft,
+        rule_problems,
+        soft_unmet,
+        unsatisfiable,
+        without_soft,
+    )
+
+    check_rules(instance)
+    report: dict[str, object] = {"rules": describe(instance)}
+    tries = [harden(instance), without_soft(instance)] if has_soft(instance) else [instance]
+    placement = Placement(hosts=None)
+    reasons = []
+    for i, attempt in enumerate(tries):
+        reason = unsatisfiable(attempt)
+        if reason is not None:
+            reasons.append(reason)
+            continue
+        contraction = contract_together(attempt)
+        placement = placer(contraction.instance, options)
+        if placement.hosts is not None:
+            hosts = contraction.expand(placement.hosts)
+            problems = rule_problems(attempt, hosts)
+            if problems:
+                raise AllocationError([f"{name} broke a rule: {p}" for p in problems])
+            placement = Placement(hosts, placement.optimal, placement.bound, placement.detail)
+            if i > 0:
+                report["preferred_dropped"] = True
+            unmet = soft_unmet(instance, hosts)
+            if unmet:
+                report["unmet_preferred"] = unmet
+            return placement, report
+        reasons.append(f"{name} found no placement that honours the rules ({describe(attempt)})")
+    report["infeasible"] = reasons[-1] if reasons else "no placement"
+    return placement, report
+
+
+def _solve_with_rules(instance: Instance, algo: Algorithm, options: SolveOptions) -> SolveResult:
+    start = time.perf_counter()
+    placement, report = place_with_rules(instance, algo.placer, options, algo.name)
+    placement = Placement(placement.hosts, placement.optimal, placement.bound, {**placement.detail, **report})
+    return _finish(instance, algo, placement, start)

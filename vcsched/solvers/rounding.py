@@ -16,6 +16,11 @@ The placement fails when no host is left.  RRNZ first replaces every zero
 ``e[t, h]`` by ``epsilon = 0.01`` so that every host stays possible, which
 rescues tasks whose LP hosts filled up.
 
+Placement rules (docs/rules.md): the relaxation already has ``e[t, h] = 0``
+where a rule forbids the host (maintenance, pins), and a draw that would put
+a second task of a spread job on one host is rejected like one without
+memory (RRNZ's epsilon is only added where the rules allow).
+
 The draws use ``numpy.random.default_rng(options.seed)``: one seed, one
 placement.  ``options.time_limit`` bounds the LP solve.
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from vcsched.model import Instance, SolveOptions
+from vcsched.rules import allowed_matrix, spread_groups
 from vcsched.solvers.milp import assignment_matrix, build_model, solve_model
 from vcsched.solvers.registry import Placement, Placer, register
 from vcsched.yields import MEMORY_TOLERANCE
@@ -68,8 +74,12 @@ def round_randomly(
     mem = instance.task_mem
     hosts = np.empty(instance.n_tasks, dtype=np.int64)
     rejected = 0
+    groups = spread_groups(instance)
+    on: dict[int, set[int]] = {}
     for t in range(instance.n_tasks):
         p = e[t].copy()
+        if groups[t] >= 0:
+            p[list(on.get(int(groups[t]), ()))] = 0.0
         while True:
             total = p.sum()
             if total <= 0.0:
@@ -84,6 +94,8 @@ def round_randomly(
             p[h] = 0.0
         hosts[t] = h
         free[h] -= mem[t]
+        if groups[t] >= 0:
+            on.setdefault(int(groups[t]), set()).add(h)
     return hosts, rejected
 
 
@@ -96,6 +108,8 @@ def _rounding_placer(epsilon: float | None) -> Placer:
             return Placement(hosts=None, detail=detail)
         if epsilon is not None:
             e = np.where(e > 0.0, e, epsilon)
+            if instance.has_rules:
+                e = np.where(allowed_matrix(instance), e, 0.0)
         hosts, rejected = round_randomly(instance, e, np.random.default_rng(options.seed))
         detail["rejected_draws"] = rejected
         detail["seed"] = options.seed
