@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.app import FiniteFloatRange, console, read_text_file
+from cli.app import FiniteFloatRange, console, err_console, read_text_file
 from vcsched.errors import InputError
 
 if TYPE_CHECKING:
@@ -341,3 +341,9 @@ def progress_bar(*columns: ProgressColumn, console: Console, transient: bool) ->
             progress.update(task, completed=done, total=total, description=description)
 
         yield on_progress
+
+
+def notice(line: str) -> None:
+    """What an inventory settled on its own (an in-doubt VM's paused copy removed, a paused arrival resumed):
+    one line on stderr, so ``--json`` output stays one document."""
+    err_console.print(f"[yellow]note:[/] {line}", highlight=False)

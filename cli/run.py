@@ -11,7 +11,7 @@ from typing import Any, TextIO
 import click
 
 from cli.app import EXIT_OK, FiniteFloatRange
-from cli.common import _check_coordination, cluster_option, load_cluster
+from cli.common import _check_coordination, cluster_option, load_cluster, notice
 from cli.params import Bytes, Duration
 from vcsched.errors import InputError
 
@@ -127,7 +127,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with LibvirtHypervisor(cluster) as hv:
+        with LibvirtHypervisor(cluster, on_notice=notice) as hv:
             controller = Controller(
                 cluster.name, hv, options,
                 leader_lock=lambda: ClusterLock(url, cluster.name, member, ttl, name=leader_lock_name(cluster.name)),

@@ -59,9 +59,12 @@ def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing) -> list
     else:
         per_unit, where = dominant_shares(instance)
         pools = [instance.resources[int(r)] for r in where]
+    of_job: list[list[VmState]] = [[] for _ in instance.jobs]
+    for t, v in enumerate(existing.vms):
+        of_job[int(instance.task_job[t])].append(v)
     out = []
     for j, job in enumerate(instance.jobs):
-        vms = [v for t, v in enumerate(existing.vms) if int(instance.task_job[t]) == j]
+        vms = of_job[j]
         y = min(predicted_yield(v) or 0.0 for v in vms)
         meta = vms[0].meta
         assert meta is not None
@@ -92,10 +95,11 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         return None if u is None else getattr(u, field)
 
     hosts = []
+    names = set(cluster.host_names) if cluster is not None else set()
     for h in inv.hosts:
         on = inv.vms_on(h.name)
         capped = [v for v in on if v.managed and v.active]
-        conf = cluster.host(h.name) if cluster is not None and h.name in cluster.host_names else None
+        conf = cluster.host(h.name) if cluster is not None and h.name in names else None
         hosts.append({
             "name": h.name, "down": h.down,
             "uri": conf.uri if conf else None, "address": conf.migration_address if conf else None,

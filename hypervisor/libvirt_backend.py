@@ -552,7 +552,8 @@ def vm_from_xml(host: str, xml: str, active: bool, paused: bool, *, driver: str)
     devices = devices_of(root)
     cap = None
     io = IoCaps()
-    if active and driver not in ("test", "xen", "libxl"):
+    if active and driver not in ("xen", "libxl"):  # Xen: the credit scheduler's cap, read apart
+        # (libvirt's test driver keeps the <cputune> its domain file gives: the scale benchmark's caps.)
         cap = cap_from_xml(root, vcpus)
         io = io_caps_from_xml(root, devices)
     return VmState(root.findtext("name") or "", host, vcpus, _size_bytes(root.find("memory")), active, meta, cap,
@@ -651,7 +652,8 @@ class LibvirtHypervisor:
     next :meth:`inventory` asks it again.
     """
 
-    def __init__(self, cluster: Cluster, *, settle: bool = True) -> None:
+    def __init__(self, cluster: Cluster, *, settle: bool = True,
+                 on_notice: Callable[[str], None] | None = None) -> None:
         _quiet()
         self.cluster = cluster
         self._conns: dict[str, Any] = {}
@@ -662,8 +664,15 @@ class LibvirtHypervisor:
         self.calls = CallCounter()
         #: Whether :meth:`inventory` removes paused copies of VMs whose other copy runs (False: only report).
         self.settle = settle
-        #: What inventories settled on their own (one line each), for the CLI to show.
+        #: What inventories settled on their own (one line each), for the CLI to show; ``on_notice`` hears each
+        #: as it happens.
         self.notices: list[str] = []
+        self._on_notice = on_notice
+
+    def _notice(self, line: str) -> None:
+        self._notice(line)
+        if self._on_notice is not None:
+            self._on_notice(line)
 
     def __enter__(self) -> LibvirtHypervisor:
         return self
@@ -844,9 +853,9 @@ class LibvirtHypervisor:
                 try:
                     self._resume_marked(v.host, v.name, v.uuid)
                 except HypervisorError as exc:
-                    self.notices.append(f"{v.name}: paused arrival on {v.host} could not be resumed ({exc})")
+                    self._notice(f"{v.name}: paused arrival on {v.host} could not be resumed ({exc})")
                 else:
-                    self.notices.append(f"{v.name}: resumed on {v.host}: its migration from {v.arriving_from} had "
+                    self._notice(f"{v.name}: resumed on {v.host}: its migration from {v.arriving_from} had "
                                         "completed but it was left paused (the source copy is gone)")
                     v = replace(v, paused=False, arriving_from=None)
             out.append(v)
@@ -866,7 +875,7 @@ class LibvirtHypervisor:
         done = []
         for host, st in zip(doubt.hosts, doubt.states, strict=True):
             if st == "paused" and copies[host].meta is None:
-                self.notices.append(f"{doubt.vm}: in doubt on {', '.join(doubt.hosts)}: its paused copy on {host} "
+                self._notice(f"{doubt.vm}: in doubt on {', '.join(doubt.hosts)}: its paused copy on {host} "
                                     "has no vcsched metadata: left to the operator")
                 return doubt
         for host, st in zip(doubt.hosts, doubt.states, strict=True):
@@ -874,13 +883,13 @@ class LibvirtHypervisor:
                 try:
                     self._destroy_copy(host, doubt.vm, doubt.uuid)
                 except HypervisorError as exc:
-                    self.notices.append(f"{doubt.vm}: in doubt on {', '.join(doubt.hosts)}: removing its paused "
+                    self._notice(f"{doubt.vm}: in doubt on {', '.join(doubt.hosts)}: removing its paused "
                                         f"copy failed ({exc}); the next inventory tries again")
                     return doubt
                 done.append(host)
         runs = doubt.hosts[doubt.states.index("running")]
         settled = replace_doubt(doubt, f"removed the paused copy on {', '.join(done)}; it runs on {runs}")
-        self.notices.append(f"{doubt.vm}: in doubt on {', '.join(doubt.hosts)}: {settled.resolved}")
+        self._notice(f"{doubt.vm}: in doubt on {', '.join(doubt.hosts)}: {settled.resolved}")
         return settled
 
     def _destroy_copy(self, host: str, vm: str, uuid: str) -> None:

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from tests.builders import cluster_of, inventory_of, managed
+from vcsched.adaptation.drain import BUDGET, drain
 from vcsched.adaptation.problem import AdaptProblem, migrations, move_cost
 from vcsched.adaptation.solve import solve_adapt
 from vcsched.control.live import adapt_inventory
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
-from vcsched.adaptation.drain import BUDGET, drain
 from vcsched.model import REQUIRED, Host, Instance, Job
 
 MiB = 1 << 20

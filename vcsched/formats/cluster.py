@@ -48,6 +48,7 @@ the CLI's job) and raises :class:`InputError` naming the field and the value.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 import re
@@ -189,10 +190,14 @@ class Cluster:
         """Whether a VM's disks on host ``a`` are also reachable on host ``b`` (same ``storage`` name)."""
         return self.host(a).storage_name == self.host(b).storage_name
 
+    @functools.cached_property
+    def _by_name(self) -> dict[str, ClusterHost]:
+        return {h.name: h for h in self.hosts}
+
     def host(self, name: str) -> ClusterHost:
-        for h in self.hosts:
-            if h.name == name:
-                return h
+        h = self._by_name.get(name)
+        if h is not None:
+            return h
         raise InputError(f"host {name!r}: not in cluster {self.name!r} (hosts: {', '.join(self.host_names)})")
 
     @property
