@@ -40,7 +40,10 @@ from vcsched.formats.instance import instance_to_dict
 from vcsched.solvers.registry import algorithms as registered
 
 if TYPE_CHECKING:
+    from cli.bench_hosts import ScaleRow
     from vcsched.policies.bench import BenchRow as PolicyBenchRow
+
+HOSTS_PREFIX = "hosts"  # the scale rows (cli/bench_hosts.py)
 
 
 def vcsched_command() -> list[str]:
@@ -68,7 +71,7 @@ def time_startup(repeat: int, on_progress: OnProgress | None = None) -> list[Tim
 
 def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: int, info: MachineInfo,
                    time_limit: float = 60.0, startup: Sequence[Timing] = (),
-                   policy_rows: Sequence[PolicyBenchRow] = ()) -> str:
+                   policy_rows: Sequence[PolicyBenchRow] = (), scale_rows: Sequence[ScaleRow] = ()) -> str:
     lines = [
         "# vcsched bench", "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {info.summary()}.", "",
@@ -110,6 +113,10 @@ def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: 
                   "`sequential` = 10,000 one-VM jobs; `tenants` = 100 jobs of 100 VMs under a 3-level tree. "
                   f"Best of {repeat} run(s): the policy's own time and the whole `allocate_policy` call.", "",
                   policy_markdown(list(policy_rows))]
+    if scale_rows:
+        from cli.bench_hosts import scale_markdown
+
+        lines += scale_markdown(scale_rows, repeat)
     return "\n".join(lines) + "\n"
 
 
@@ -157,6 +164,16 @@ def _within(row: PolicyBenchRow) -> bool | None:
     return within_target(row)
 
 
+def _scale_table(rows: Sequence[ScaleRow]) -> Table:
+    table = Table(title="1,000 test-driver hosts: whole process (median s)")
+    for col in ("command", "hosts", "VMs", "wall", "CPU", "libvirt calls/host"):
+        table.add_column(col, justify="left" if col == "command" else "right")
+    for r in rows:
+        table.add_row(r.command, str(r.hosts), str(r.vms), f"{r.wall_median:.3g}", f"{r.cpu_median:.3g}",
+                      "–".join(dict.fromkeys(str(c) for c in r.calls_per_host)))
+    return table
+
+
 def _startup_table(startup: Sequence[Timing]) -> Table:
     table = Table(title="whole-process wall time (s)")
     table.add_column("row")
@@ -171,8 +188,9 @@ def _startup_table(startup: Sequence[Timing]) -> Table:
               help="Runs per algorithm and size; the median is reported.")
 @click.option("-a", "--algorithms", "algorithms_opt", default=None, metavar="A,B,...",
               help="Only these algorithms; 'adapt' for the adaptation heuristic's rows, 'cli' for the "
-                   "whole-process start-up rows, 'policies' for the sharing policies' rows.  "
-                   "[default: all registered, adapt, cli and policies]")
+                   "whole-process start-up rows, 'policies' for the sharing policies' rows, 'hosts' for status "
+                   "and place on 1,000 test-driver hosts.  [default: all registered, adapt, cli, policies and "
+                   "hosts]")
 @click.option("--sizes", default=",".join(c.name for c in DEFAULT_CASES), show_default=True, metavar="HxJ,...",
               help="Instance sizes as HOSTSxTASKS.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="FILE.md",
@@ -197,6 +215,11 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     for it: `vcsched --help`, and `vcsched solve` of the 64x500 instance
     (whatever --sizes says), REPEAT runs each after an untimed one.
 
+    The 'hosts' rows run `vcsched status --sample 0` and `vcsched place`
+    (dry run) on 1,000 fake hosts of libvirt's test driver with 10,000
+    VMs, whole processes (wall and CPU time, target 1 s each), and count
+    the libvirt calls each command makes per host.
+
     \b
     Example:
       nice vcsched bench --repeat 5 --output docs/benchmarks.md
@@ -207,14 +230,14 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     """
     cases = parse_cases(sizes)
     known = registered()
-    pseudo = (ADAPT_PREFIX, STARTUP_PREFIX, POLICIES_PREFIX)
+    pseudo = (ADAPT_PREFIX, STARTUP_PREFIX, POLICIES_PREFIX, HOSTS_PREFIX)
     names = [*sorted(known), *pseudo] if algorithms_opt is None else \
         [n.strip() for n in algorithms_opt.split(",") if n.strip()]
     for n in names:
         if n not in known and n not in pseudo:
             raise InputError(f"--algorithms: unknown algorithm {n!r} (known: {', '.join(sorted(known))}, "
                              f"{', '.join(pseudo)})")
-    do_adapt, do_startup, do_policies = (p in names for p in pseudo)
+    do_adapt, do_startup, do_policies, do_hosts = (p in names for p in pseudo)
     names = [n for n in names if n not in pseudo]
     info = machine_info()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -227,9 +250,15 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             from vcsched.policies.bench import bench as bench_policies
 
             policy_rows = bench_policies(repeat, on_progress)
+        scale_rows: list[ScaleRow] = []
+        if do_hosts:
+            from cli.bench_hosts import time_scale
+
+            scale_rows = time_scale(vcsched_command(), repeat, on_progress)
     if output is not None:
         try:
-            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit, startup, policy_rows))
+            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit, startup, policy_rows,
+                                                   scale_rows))
         except OSError as exc:
             raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
     if as_json:
@@ -239,6 +268,9 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
                          "feasible": t.feasible, "min_yield": t.min_yield, "skipped": t.skipped} for t in timings],
             "startup": [{"row": t.algorithm, "median_s": t.median_s, "runs_s": list(t.runs_s)} for t in startup],
             "policies": [vars(r) | {"within_target": _within(r)} for r in policy_rows],
+            "hosts": [{"command": r.command, "hosts": r.hosts, "vms": r.vms, "wall_median_s": r.wall_median,
+                       "cpu_median_s": r.cpu_median, "wall_s": list(r.wall_s), "cpu_s": list(r.cpu_s),
+                       "calls_per_host": list(r.calls_per_host)} for r in scale_rows],
         }
         emit_json(doc)
     else:
@@ -249,6 +281,8 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             console.print(_startup_table(startup))
         if policy_rows:
             console.print(_policy_table(policy_rows))
+        if scale_rows:
+            console.print(_scale_table(scale_rows))
         if output:
             console.print(f"wrote {output}", highlight=False)
     return EXIT_OK

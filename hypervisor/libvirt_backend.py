@@ -55,7 +55,15 @@ from xml.sax.saxutils import escape, quoteattr
 import libvirt
 
 from hypervisor.base import HypervisorError, IoCounters
-from hypervisor.connections import CallCounter, Counted, close_quietly, note_abandoned, open_bounded, unwrap
+from hypervisor.connections import (
+    CallCounter,
+    Counted,
+    close_quietly,
+    mark_bounded,
+    note_abandoned,
+    open_bounded,
+    unwrap,
+)
 from hypervisor.devices import boot_devices, devices_of, read_template
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, PERIOD_US, cores_from_quota, quota_for, realisable_cap
 from vcsched.control.inventory import (
@@ -599,6 +607,7 @@ def _run_bounded(tasks: Mapping[str, Callable[[], T]], workers: int, timeout_s: 
     live = [0]
 
     def worker() -> None:
+        mark_bounded()
         while True:
             with cond:
                 if not pending:
@@ -697,6 +706,7 @@ class LibvirtHypervisor:
                 close_quietly(conn)
             else:
                 self._conns[host] = Counted(conn, host, self.calls)
+                self.calls.add(host)  # the open itself
             return self._conns[host]
 
     def _driver(self, host: str) -> str:
