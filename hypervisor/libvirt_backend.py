@@ -679,7 +679,7 @@ class LibvirtHypervisor:
         self._on_notice = on_notice
 
     def _notice(self, line: str) -> None:
-        self._notice(line)
+        self.notices.append(line)
         if self._on_notice is not None:
             self._on_notice(line)
 

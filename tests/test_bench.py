@@ -190,7 +190,8 @@ def test_cli_bench_times_vcsched_itself_start_to_exit(tmp_path: Path) -> None:
 
 def test_by_default_bench_includes_the_start_up_rows() -> None:
     r = CliRunner().invoke(cli, ["bench", "--help"])
-    assert r.exit_code == 0 and "[default: all registered, adapt, cli, policies and hosts]" in " ".join(r.output.split())
+    said = " ".join(r.output.split())
+    assert r.exit_code == 0 and "[default: all registered, adapt, cli, policies and hosts]" in said
 
 
 def test_the_hosts_rows_time_status_and_place_and_count_libvirt_calls_per_host() -> None:

@@ -258,3 +258,27 @@ def test_a_host_down_for_the_command_fails_every_later_call_at_once(tmp_path: Pa
             hv.find_vm("x") or hv._conn("far")
         assert time.monotonic() - t0 < 0.5
         assert hv.calls.by_host["h0"] >= 2
+
+
+def test_an_inventory_reports_a_vm_on_two_hosts_and_removes_its_paused_copy_saying_so(tmp_path: Path) -> None:
+    """The same UUID running on h0 and paused on h1 (a migration that failed late): the paused copy goes, the
+    notice reaches the caller, and the VM is managed again (libvirt's test driver: no lab needed)."""
+    from hypervisor.testhosts import node_xml
+
+    for h in ("h0", "h1"):
+        (tmp_path / f"{h}.xml").write_text(node_xml(0, 1))  # vm0, same UUID, on both hosts
+    c = cluster_from_dict({"name": "t", "hosts": [{"name": h, "uri": f"test://{tmp_path}/{h}.xml"}
+                                                  for h in ("h0", "h1")]})
+    heard: list[str] = []
+    with LibvirtHypervisor(c, on_notice=heard.append) as hv:
+        hv._conn("h1").lookupByName("vm0").suspend()
+        reported = LibvirtHypervisor(c, settle=False)
+        reported._conns = hv._conns  # the same (in-memory) hosts, read without settling
+        doubt = reported.inventory()
+        assert [(d.vm, d.hosts, d.states, d.resolved) for d in doubt.in_doubt] == \
+            [("vm0", ("h0", "h1"), ("running", "paused"), None)]
+        assert not any(v.managed for v in doubt.vms)  # no plan may act on it
+        inv = hv.inventory()
+        assert [v.host for v in inv.vms] == ["h0"] and inv.vms[0].managed
+        assert heard == hv.notices and len(heard) == 1
+        assert "removed the paused copy on h1; it runs on h0" in heard[0]
