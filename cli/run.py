@@ -103,10 +103,11 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     from hypervisor.sampling import SystemClock
     from vcsched.control.rebalance import RebalanceOptions
 
-    options = RunOptions(interval, RebalanceOptions(budget, threshold, settle, cooldown, algorithm, parallel),
+    cluster = load_cluster(cluster_file)
+    options = RunOptions(interval, RebalanceOptions(budget, threshold, settle, cooldown, algorithm, parallel,
+                                                    storage=cluster),
                          window=window, sample=sample, probe_seconds=probe_seconds, lock_wait=lock_wait,
                          dry_run=dry_run)
-    cluster = load_cluster(cluster_file)
     url = resolve_url(coordination, cluster.coordination)
     ttl = lock_ttl or cluster.lock_ttl or DEFAULT_TTL
     member = member_id()

@@ -124,3 +124,18 @@ def test_a_together_virtual_cluster_moved_as_one_pays_every_vms_disks(algorithm:
     moved = solve_adapt(p.with_budget(280), algorithm)
     assert moved.result.allocation is not None and moved.migrated_bytes <= 280
     assert move_cost(p, moved.result.allocation.hosts) == moved.migrated_bytes
+
+
+def test_the_controller_counts_the_disks_when_given_the_cluster_file() -> None:
+    from vcsched.control.rebalance import REBALANCE, RebalanceOptions, Rebalancer
+
+    inv = two_on_h0(disk=64 * MiB)
+    needs = {v.name: 0.6 for v in inv.vms}
+
+    def moves(storage: Cluster | None) -> list[int]:
+        live = Rebalancer(RebalanceOptions(128 * MiB, storage=storage)).plan_for(REBALANCE, inv, needs)
+        return [s.to_dict()["bytes"] for s in live.plan.steps if s.moves] if live.plan is not None else []
+
+    assert moves(None) == [128 * MiB]  # without the file: memory only, as before
+    assert moves(storage(cluster_of(2), None, None)) == []  # local storage: memory + disk exceeds the budget
+    assert moves(storage(cluster_of(2), "s", "s")) == [128 * MiB]

@@ -56,7 +56,8 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
                     depart: Iterable[str] = (), algorithm: str = "heuristic", parallel: int = 1,
                     options: SolveOptions | None = None, cluster: Cluster | None = None,
                     sharing: Sharing | None = None, pinned: Iterable[str] = (),
-                    record_needs: bool = True, drain: str | None = None) -> LiveAdaptation:
+                    record_needs: bool = True, drain: str | None = None,
+                    storage: Cluster | None = None) -> LiveAdaptation:
     """Adapt the running managed VMs of ``inventory``  within ``budget``.
 
     Units as in admission (docs/model.md): hosts in fractions of the reference
@@ -83,6 +84,11 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     the byte-budgeted search places on CPU and memory as above, and the policy
     then allocates every fluid resource on that placement, so every host's
     declared disk and network capacity holds in the plan's predictions.
+
+    What a move costs (docs/operations.md, "Running across machines"): its
+    memory, plus its disks when source and target do not share ``storage``
+    in the cluster file (``cluster``, or ``storage`` alone for a caller that
+    wants only that from the file, like the controller).
 
     Placement rules (docs/rules.md): hosts in maintenance in ``cluster`` take
     no VM that does not run there, VMs keep their recorded spread, together
@@ -149,7 +155,8 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
                  for t, v in enumerate(vms))
     instance = Instance(model_hosts(inventory, cordoned=cordoned), existing.jobs,
                         pinned=pins if any(p >= 0 for p in pins) else ())
-    disk_bytes, host_storage = _storage_costs(cluster, inventory, vms)
+    layout = cluster if cluster is not None else storage  # which hosts share storage (the cluster file)
+    disk_bytes, host_storage = _storage_costs(layout, inventory, vms)
     problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
                            np.array([v.memory_bytes for v in vms], dtype=np.int64), budget,
                            disk_bytes=disk_bytes, host_storage=host_storage)
@@ -190,8 +197,8 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
 
     def hop_bytes(c: VmChange, src: str, dst: str) -> int:
         """Memory, plus the disks when source and destination do not share storage."""
-        assert cluster is not None  # host_storage is only set with the cluster file
-        return c.cost + (0 if cluster.shares_storage(src, dst) else disks.get(c.vm, 0))
+        assert layout is not None  # host_storage is only set with the cluster file
+        return c.cost + (0 if layout.shares_storage(src, dst) else disks.get(c.vm, 0))
 
     order = order_changes(rooms, changes, parallel=parallel, move_bytes=hop_bytes if host_storage is not None else None)
     if order.total_bytes > budget:
