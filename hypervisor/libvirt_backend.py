@@ -929,10 +929,21 @@ class LibvirtHypervisor:
             if h.name in self._down:
                 continue
             dom = self._lookup(h.name, name)
-            if dom is not None:
+            if dom is None:
+                continue
+            try:
                 with _as_host_error(h.name, f"read {name!r}"):
                     return self._vm_state(h.name, dom)
+            except HypervisorError:
+                if not self._gone(h.name, name):
+                    raise
         return None
+
+    def _gone(self, host: str, vm: str) -> bool:
+        """After a failed read of a domain from the host's list: True (and forgotten) if it no longer exists there
+        (destroyed since the list was read), so a stale entry reads as absent, not as an error."""
+        self._drop(host, vm)
+        return self._lookup(host, vm) is None
 
     def _read_cap(self, host: str, dom: Any, vcpus: int) -> float | None:
         driver = self._driver(host)
@@ -1147,6 +1158,7 @@ class LibvirtHypervisor:
                 dom.destroy()
             if persistent:
                 dom.undefine()
+        self._drop(host, vm)
 
     def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float) -> None:
         """Live-migrate ``vm`` so that it never runs on two hosts at once (docs/operations.md).

@@ -282,3 +282,19 @@ def test_an_inventory_reports_a_vm_on_two_hosts_and_removes_its_paused_copy_sayi
         assert [v.host for v in inv.vms] == ["h0"] and inv.vms[0].managed
         assert heard == hv.notices and len(heard) == 1
         assert "removed the paused copy on h1; it runs on h0" in heard[0]
+
+
+def test_a_removed_vm_is_gone_from_the_hosts_list_read_at_the_inventory(tmp_path: Path) -> None:
+    """A step's check after a removal must not read the domain the inventory listed (it no longer exists)."""
+    from hypervisor.testhosts import node_xml
+
+    (tmp_path / "h0.xml").write_text(node_xml(0, 2))
+    c = cluster_from_dict({"name": "t", "hosts": [{"name": "h0", "uri": f"test://{tmp_path}/h0.xml"}]})
+    with LibvirtHypervisor(c) as hv:
+        assert [v.name for v in hv.inventory().vms] == ["vm0", "vm1"]
+        hv.remove_vm("h0", "vm0")
+        assert hv.find_vm("vm0") is None and not hv.lists("h0", "vm0")
+        vm1 = hv._conn("h0").lookupByName("vm1")  # removed behind vcsched's back, after the inventory
+        vm1.destroy()
+        vm1.undefine()
+        assert hv.find_vm("vm1") is None
