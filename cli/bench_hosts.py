@@ -26,6 +26,8 @@ from pathlib import Path
 from vcsched.errors import VcschedError
 from vcsched.experiments import OnProgress
 
+#: The row of the test driver's own cost: every host opened and closed, in-process, without vcsched.
+OPENS_ROW = "test driver alone: open + close"
 #: The issue's scale: 1,000 hosts, 10,000 VMs; each command's target (seconds).
 SCALE_HOSTS, SCALE_VMS_PER_HOST, TARGET_S = 1000, 10, 1.0
 
@@ -84,6 +86,22 @@ def _calls(args: Sequence[str], hosts: int) -> tuple[int, int]:
     return min(per), max(per)
 
 
+def time_opens(cluster_file: Path, hosts: int, repeat: int) -> tuple[float, ...]:
+    """Seconds to open (and close) every host's ``test:///`` connection, one after the other, in this process
+    and without vcsched: what libvirt's test driver itself costs (it parses the file and starts each domain on
+    every open), apart from anything vcsched does."""
+    import libvirt
+
+    uris = [f"test://{cluster_file.parent / f'h{h}.xml'}" for h in range(hosts)]
+    runs = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for uri in uris:
+            libvirt.open(uri).close()
+        runs.append(time.perf_counter() - start)
+    return tuple(runs)
+
+
 def time_scale(vcsched: Sequence[str], repeat: int, on_progress: OnProgress | None = None, *,
                hosts: int = SCALE_HOSTS, vms_per_host: int = SCALE_VMS_PER_HOST) -> list[ScaleRow]:
     """``status --sample 0 --json`` and ``place REQUEST --json`` (a dry run) on ``hosts`` test-driver hosts."""
@@ -100,6 +118,8 @@ def time_scale(vcsched: Sequence[str], repeat: int, on_progress: OnProgress | No
                 on_progress(k, len(commands), f"{name} on {hosts} hosts")
             walls, cpus = _whole([*vcsched, *args], repeat)
             rows.append(ScaleRow(name, hosts, scale.vms, walls, cpus, _calls(args, hosts)))
+        opens = time_opens(scale.cluster_file, hosts, repeat)
+        rows.append(ScaleRow(OPENS_ROW, hosts, scale.vms, opens, opens, (2, 2)))
     if on_progress is not None:
         on_progress(len(commands), len(commands), "done")
     return rows
@@ -113,13 +133,17 @@ def scale_markdown(rows: Sequence[ScaleRow], repeat: int) -> list[str]:
              "an independent host with 8 cores, 32 GiB and running, capped, managed VMs), whole processes: median "
              f"of {repeat} run(s) after one untimed run, wall time and the CPU time (user + system) the process "
              "used; libvirt calls per host (the open included) counted on one run in-process.  Target: "
-             f"{TARGET_S:g} s each.", "",
+             f"{TARGET_S:g} s each.  The last row is libvirt's test driver alone, without vcsched: opening "
+             "and closing every host's connection one after the other, in-process (its CPU column repeats the "
+             "wall time); the test driver parses the host's file and starts every domain on each open, which a "
+             "real host does not, so that row is the harness's cost inside the commands' times.", "",
              "| command | hosts | VMs | wall (s) | CPU (s) | libvirt calls per host | target |",
              "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         calls = str(r.calls_per_host[0]) if r.calls_per_host[0] == r.calls_per_host[1] else \
             f"{r.calls_per_host[0]}–{r.calls_per_host[1]}"
-        met = "met" if r.wall_median <= TARGET_S else "missed"
+        met = "" if r.command == OPENS_ROW else "met" if r.wall_median <= TARGET_S else "missed"
+        met += f" (<= {TARGET_S:g} s)" if met else ""
         lines.append(f"| {r.command} | {r.hosts} | {r.vms} | {r.wall_median:.3g} | {r.cpu_median:.3g} | {calls} | "
-                     f"{met} (<= {TARGET_S:g} s) |")
+                     f"{met} |")
     return lines

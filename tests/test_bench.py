@@ -201,7 +201,8 @@ def test_the_hosts_rows_time_status_and_place_and_count_libvirt_calls_per_host()
     rows = {n: time_scale(vcsched_command(), 1, hosts=3, vms_per_host=n) for n in (2, 4)}
     for n, got in rows.items():
         assert [(r.command, r.hosts, r.vms) for r in got] == [("status --sample 0", 3, 3 * n),
-                                                              ("place (dry run)", 3, 3 * n)]
+                                                              ("place (dry run)", 3, 3 * n),
+                                                              ("test driver alone: open + close", 3, 3 * n)]
         assert all(r.wall_median > 0 and r.cpu_median > 0 for r in got)
     # Per host: the open and the close, the host's type and info, one getAllDomainStats, and one XML read per VM
     # (libvirt has no bulk call for a domain's XML, where vcsched's metadata lives): two more VMs, two more calls.
