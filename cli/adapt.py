@@ -354,7 +354,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     Exit codes: 0 planned (and applied), 1 nothing within the budget / no
     safe order / a step failed, 2 bad input.
     """
-    from cli.common import apply_exit_code, cluster_lock, load_cluster, render_plan, render_report, run_apply
+    from cli.common import apply_exit_code, cluster_lock, load_cluster, notice, render_plan, render_report, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.plans.migration import MigrationBlocked
 
@@ -370,7 +370,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
     locked = cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply)
-    with locked as lock, LibvirtHypervisor(cluster) as hv:
+    with locked as lock, LibvirtHypervisor(cluster, on_notice=notice) as hv:
         inventory = hv.inventory()
         try:
             live = adapt_inventory(cluster.name, inventory, budget, needs=needs, depart=departing, algorithm=algorithm,

@@ -11,6 +11,7 @@ from cli.common import (
     cluster_option,
     load_cluster,
     lock_options,
+    notice,
     render_plan,
     render_report,
     run_apply,
@@ -56,7 +57,8 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bo
     """
     plan = plan_from_dict(read_json_file(plan_file, "plan"))
     cluster = load_cluster(cluster_file)
-    with cluster_lock(cluster, coordination, wait, ttl=lock_ttl) as lock, LibvirtHypervisor(cluster) as hv:
+    with cluster_lock(cluster, coordination, wait, ttl=lock_ttl) as lock, \
+            LibvirtHypervisor(cluster, on_notice=notice) as hv:
         if not as_json:
             console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {len(plan.steps)} steps)")
             render_plan(plan, hv.inventory())

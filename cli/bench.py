@@ -40,10 +40,13 @@ from vcsched.formats.instance import instance_to_dict
 from vcsched.solvers.registry import algorithms as registered
 
 if TYPE_CHECKING:
+    from cli.bench_hosts import ScaleRow
     from vcsched.policies.bench import BenchRow as PolicyBenchRow
     from vcsched.simulate.bench import SimBenchRow
 
 SIMULATE_PREFIX = "simulate"  # vcsched.simulate.bench.SIMULATE_PREFIX, without importing the simulator at start-up
+
+HOSTS_PREFIX = "hosts"  # the scale rows (cli/bench_hosts.py)
 
 
 def vcsched_command() -> list[str]:
@@ -71,7 +74,8 @@ def time_startup(repeat: int, on_progress: OnProgress | None = None) -> list[Tim
 
 def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: int, info: MachineInfo,
                    time_limit: float = 60.0, startup: Sequence[Timing] = (),
-                   policy_rows: Sequence[PolicyBenchRow] = (), sim_rows: Sequence[SimBenchRow] = ()) -> str:
+                   policy_rows: Sequence[PolicyBenchRow] = (), sim_rows: Sequence[SimBenchRow] = (),
+                   scale_rows: Sequence[ScaleRow] = ()) -> str:
     lines = [
         "# vcsched bench", "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {info.summary()}.", "",
@@ -121,6 +125,10 @@ def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: 
                   "64 hosts, 100,000 arrivals at the scenario's own rates, one run per policy; target: DRF "
                   "within 60 s, PF within 3 times DRF's time.", "",
                   sim_markdown(list(sim_rows))]
+    if scale_rows:
+        from cli.bench_hosts import scale_markdown
+
+        lines += scale_markdown(scale_rows, repeat)
     return "\n".join(lines) + "\n"
 
 
@@ -178,6 +186,16 @@ def _sim_table(rows: Sequence[SimBenchRow]) -> Table:
     return table
 
 
+def _scale_table(rows: Sequence[ScaleRow]) -> Table:
+    table = Table(title="1,000 test-driver hosts: whole process (median s)")
+    for col in ("command", "hosts", "VMs", "wall", "CPU", "libvirt calls/host"):
+        table.add_column(col, justify="left" if col == "command" else "right")
+    for r in rows:
+        table.add_row(r.command, str(r.hosts), str(r.vms), f"{r.wall_median:.3g}", f"{r.cpu_median:.3g}",
+                      "–".join(dict.fromkeys(str(c) for c in r.calls_per_host)))
+    return table
+
+
 def _startup_table(startup: Sequence[Timing]) -> Table:
     table = Table(title="whole-process wall time (s)")
     table.add_column("row")
@@ -193,7 +211,8 @@ def _startup_table(startup: Sequence[Timing]) -> Table:
 @click.option("-a", "--algorithms", "algorithms_opt", default=None, metavar="A,B,...",
               help="Only these algorithms; 'adapt' for the adaptation heuristic's rows, 'cli' for the "
                    "whole-process start-up rows, 'policies' for the sharing policies' rows, 'simulate' for "
-                   "the simulator's rows.  [default: all registered, adapt, cli, policies and simulate]")
+                   "the simulator's rows, 'hosts' for status and place on 1,000 test-driver hosts.  "
+                   "[default: all registered, adapt, cli, policies, simulate and hosts]")
 @click.option("--sizes", default=",".join(c.name for c in DEFAULT_CASES), show_default=True, metavar="HxJ,...",
               help="Instance sizes as HOSTSxTASKS.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="FILE.md",
@@ -222,6 +241,11 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     for it: `vcsched --help`, and `vcsched solve` of the 64x500 instance
     (whatever --sizes says), REPEAT runs each after an untimed one.
 
+    The 'hosts' rows run `vcsched status --sample 0` and `vcsched place`
+    (dry run) on 1,000 fake hosts of libvirt's test driver with 10,000
+    VMs, whole processes (wall and CPU time, target 1 s each), and count
+    the libvirt calls each command makes per host.
+
     \b
     Example:
       nice vcsched bench --repeat 5 --output docs/benchmarks.md
@@ -232,14 +256,14 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     """
     cases = parse_cases(sizes)
     known = registered()
-    pseudo = (ADAPT_PREFIX, STARTUP_PREFIX, POLICIES_PREFIX, SIMULATE_PREFIX)
+    pseudo = (ADAPT_PREFIX, STARTUP_PREFIX, POLICIES_PREFIX, SIMULATE_PREFIX, HOSTS_PREFIX)
     names = [*sorted(known), *pseudo] if algorithms_opt is None else \
         [n.strip() for n in algorithms_opt.split(",") if n.strip()]
     for n in names:
         if n not in known and n not in pseudo:
             raise InputError(f"--algorithms: unknown algorithm {n!r} (known: {', '.join(sorted(known))}, "
                              f"{', '.join(pseudo)})")
-    do_adapt, do_startup, do_policies, do_simulate = (p in names for p in pseudo)
+    do_adapt, do_startup, do_policies, do_simulate, do_hosts = (p in names for p in pseudo)
     names = [n for n in names if n not in pseudo]
     info = machine_info()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -257,10 +281,15 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             from vcsched.simulate.bench import bench as bench_simulate
 
             sim_rows = bench_simulate(on_progress=on_progress)
+        scale_rows: list[ScaleRow] = []
+        if do_hosts:
+            from cli.bench_hosts import time_scale
+
+            scale_rows = time_scale(vcsched_command(), repeat, on_progress)
     if output is not None:
         try:
             Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit, startup, policy_rows,
-                                                      sim_rows))
+                                                   sim_rows, scale_rows))
         except OSError as exc:
             raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
     if as_json:
@@ -271,6 +300,9 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             "startup": [{"row": t.algorithm, "median_s": t.median_s, "runs_s": list(t.runs_s)} for t in startup],
             "policies": [vars(r) | {"within_target": _within(r)} for r in policy_rows],
             "simulate": [vars(r) | {"within_target": r.within_target} for r in sim_rows],
+            "hosts": [{"command": r.command, "hosts": r.hosts, "vms": r.vms, "wall_median_s": r.wall_median,
+                       "cpu_median_s": r.cpu_median, "wall_s": list(r.wall_s), "cpu_s": list(r.cpu_s),
+                       "calls_per_host": list(r.calls_per_host)} for r in scale_rows],
         }
         emit_json(doc)
     else:
@@ -283,6 +315,8 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
             console.print(_policy_table(policy_rows))
         if sim_rows:
             console.print(_sim_table(sim_rows))
+        if scale_rows:
+            console.print(_scale_table(scale_rows))
         if output:
             console.print(f"wrote {output}", highlight=False)
     return EXIT_OK

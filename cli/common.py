@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.app import FiniteFloatRange, console, read_text_file
+from cli.app import FiniteFloatRange, console, err_console, read_text_file
 from vcsched.errors import InputError
 
 if TYPE_CHECKING:
@@ -69,11 +69,18 @@ def load_cluster(path: str | None) -> Cluster:
                              "`vcsched lab up`, or pass --cluster FILE)")
         path = str(found)
     try:
-        return cluster_from_dict(read_toml_file(path, "cluster file"))
+        cluster = cluster_from_dict(read_toml_file(path, "cluster file"))
+        if cluster.pki is not None:
+            from hypervisor.pki import check_pki
+
+            check_pki("pki", cluster.pki)
     except InputError as exc:
         if str(exc).startswith("cluster file "):
             raise
         raise InputError(f"cluster file {path}: {exc}") from None
+    for warning in cluster.warnings:
+        click.echo(f"warning: cluster file {path}: {warning}", err=True)
+    return cluster
 
 
 def load_request(path: str) -> Request:
@@ -152,6 +159,12 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
                       f"cores, boot: {step.boot.kind}")
         elif isinstance(step, RemoveStep):
             detail = f"{step.cluster} departs"
+        elif step.op == "migrate":
+            moved = int(getattr(step, "bytes", 0))
+            disk = moved - (vm.memory_bytes if vm is not None else moved)
+            detail = f"{format_size(moved)} moved" + (
+                f" (memory {format_size(vm.memory_bytes)} + disks {format_size(disk)}: other storage)"
+                if vm is not None and disk > 0 else "")
         step_caps = getattr(step, "io_caps", None)
         if step_caps:
             shown = {"disk_bytes_sec": "disk {}/s", "disk_iops_sec": "{} IOPS", "net_bytes_sec": "net {}/s"}
@@ -328,3 +341,9 @@ def progress_bar(*columns: ProgressColumn, console: Console, transient: bool) ->
             progress.update(task, completed=done, total=total, description=description)
 
         yield on_progress
+
+
+def notice(line: str) -> None:
+    """What an inventory settled on its own (an in-doubt VM's paused copy removed, a paused arrival resumed):
+    one line on stderr, so ``--json`` output stays one document."""
+    err_console.print(f"[yellow]note:[/] {line}", highlight=False)

@@ -54,9 +54,16 @@ def lab_cmd() -> None:
               help="Memory each host declares, e.g. 2GiB (default: an equal share of this machine's).")
 @click.option("--recreate", is_flag=True,
               help="Replace a lab that already runs here: destroys its guests (without it, `up` repairs it).")
+@click.option("--transport", type=click.Choice(labmod.TRANSPORTS), default="unix", show_default=True,
+              help="How vcsched reaches the hosts: unix sockets, or tls: each host listens for TLS on its own "
+                   "loopback address (127.0.K.2 upward) with certificates the lab makes, like separate machines.")
+@click.option("--shared-storage", is_flag=True,
+              help="All hosts share one images directory (cluster file: the same storage name). Default: each "
+                   "host keeps its disks in its own /var/lib/libvirt/images, so moves copy the disks.")
 @_dir_option()
 @click.option("--json", "as_json", is_flag=True, help="Print the lab (hosts, URIs, cluster file) as JSON.")
-def up_cmd(n_hosts: int, cores: int, memory: str | None, recreate: bool, dir_: Path | None, as_json: bool) -> None:
+def up_cmd(n_hosts: int, cores: int, memory: str | None, recreate: bool, transport: str, shared_storage: bool,
+           dir_: Path | None, as_json: bool) -> None:
     """Start a lab of N hosts, or repair the one that runs here.
 
     Builds (once, then cached in <dir>/image) the guest kernel + initramfs, starts
@@ -83,7 +90,8 @@ def up_cmd(n_hosts: int, cores: int, memory: str | None, recreate: bool, dir_: P
             progress.update(task, description=message, completed=next(done, steps - 1))
 
         memory_mib = None if memory is None else parse_size("--memory", memory) >> 20
-        lab = labmod.up(n_hosts, dir_, progress=step, cores=cores, memory_mib=memory_mib, recreate=recreate)
+        lab = labmod.up(n_hosts, dir_, progress=step, cores=cores, memory_mib=memory_mib, recreate=recreate,
+                        transport=transport, shared_storage=shared_storage)
         progress.update(task, completed=steps)
     if as_json:
         emit_json(_plain(asdict(lab)))

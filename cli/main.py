@@ -51,7 +51,29 @@ for _name, (_where, _summary) in COMMANDS.items():
 
 
 def main() -> None:
-    cli(prog_name="vcsched")
+    try:
+        cli(prog_name="vcsched")
+    except SystemExit as exc:
+        _exit_past_hung_hosts(exc.code)
+        raise
+
+
+def _exit_past_hung_hosts(code: object) -> None:
+    """End at once (output flushed) when threads are still blocked on hosts that did not answer.
+
+    A command must return within the cluster's host_timeout of a hung host;
+    the interpreter's clean-up would spend time on those threads.
+    """
+    import sys
+
+    conns = sys.modules.get("hypervisor.connections")
+    if conns is None or not conns.abandoned_threads() or not (code is None or isinstance(code, int)):
+        return
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":

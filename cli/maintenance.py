@@ -161,7 +161,7 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     emptied (partial plan shown; with --apply, nothing applied) / no safe
     order / a step failed / the cluster is locked, 2 bad input.
     """
-    from cli.common import apply_exit_code, load_cluster, render_plan, render_report, run_apply
+    from cli.common import apply_exit_code, load_cluster, notice, render_plan, render_report, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.live import adapt_inventory
     from vcsched.model import SolveOptions
@@ -171,7 +171,7 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     cluster = load_cluster(str(path))
     cluster.host(host)
     with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply) as lock, \
-            LibvirtHypervisor(cluster) as hv:
+            LibvirtHypervisor(cluster, on_notice=notice) as hv:
         inventory = hv.inventory()
         try:
             live = adapt_inventory(cluster.name, inventory, budget, algorithm=algorithm, parallel=parallel,

@@ -14,6 +14,7 @@ from cli.common import (
     load_cluster,
     load_request,
     lock_options,
+    notice,
     policy_options,
     render_plan,
     render_report,
@@ -98,7 +99,7 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
     locked = cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply)
-    with locked as lock, LibvirtHypervisor(cluster) as hv:
+    with locked as lock, LibvirtHypervisor(cluster, on_notice=notice) as hv:
         inventory = hv.inventory()
         decision = admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing)
         report = None

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 import click
 
 from cli.app import EXIT_OK, FiniteFloatRange
-from cli.common import _check_coordination, cluster_option, load_cluster
+from cli.common import _check_coordination, cluster_option, load_cluster, notice
 from cli.params import Bytes, Duration
 from vcsched.errors import InputError
 
@@ -103,10 +103,11 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     from hypervisor.sampling import SystemClock
     from vcsched.control.rebalance import RebalanceOptions
 
-    options = RunOptions(interval, RebalanceOptions(budget, threshold, settle, cooldown, algorithm, parallel),
+    cluster = load_cluster(cluster_file)
+    options = RunOptions(interval, RebalanceOptions(budget, threshold, settle, cooldown, algorithm, parallel,
+                                                    storage=cluster),
                          window=window, sample=sample, probe_seconds=probe_seconds, lock_wait=lock_wait,
                          dry_run=dry_run)
-    cluster = load_cluster(cluster_file)
     url = resolve_url(coordination, cluster.coordination)
     ttl = lock_ttl or cluster.lock_ttl or DEFAULT_TTL
     member = member_id()
@@ -127,7 +128,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with LibvirtHypervisor(cluster) as hv:
+        with LibvirtHypervisor(cluster, on_notice=notice) as hv:
             controller = Controller(
                 cluster.name, hv, options,
                 leader_lock=lambda: ClusterLock(url, cluster.name, member, ttl, name=leader_lock_name(cluster.name)),

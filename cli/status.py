@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -13,9 +13,11 @@ from cli.common import cluster_option, load_cluster, policy_options
 from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.inventory import Inventory, VmState
-from vcsched.control.sharing import Sharing, sharing_for
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
+
+if TYPE_CHECKING:
+    from vcsched.control.sharing import Sharing
 
 
 def predicted_yield(vm: VmState) -> float | None:
@@ -57,9 +59,12 @@ def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing) -> list
     else:
         per_unit, where = dominant_shares(instance)
         pools = [instance.resources[int(r)] for r in where]
+    of_job: list[list[VmState]] = [[] for _ in instance.jobs]
+    for t, v in enumerate(existing.vms):
+        of_job[int(instance.task_job[t])].append(v)
     out = []
     for j, job in enumerate(instance.jobs):
-        vms = [v for t, v in enumerate(existing.vms) if int(instance.task_job[t]) == j]
+        vms = of_job[j]
         y = min(predicted_yield(v) or 0.0 for v in vms)
         meta = vms[0].meta
         assert meta is not None
@@ -77,7 +82,7 @@ def _sum(values: list[float | None]) -> float | None:
 
 def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: float,
                 io: Mapping[str, Usage] | None = None, policy: str | None = None,
-                clusters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                clusters: list[dict[str, Any]] | None = None, cluster: Cluster | None = None) -> dict[str, Any]:
     """The ``--json`` document.  ``measured``: cores each VM used; ``io``: its disk and network use, same window.
 
     Disk bytes are read + written on all its disks; network bytes are counted
@@ -90,11 +95,15 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         return None if u is None else getattr(u, field)
 
     hosts = []
+    names = set(cluster.host_names) if cluster is not None else set()
     for h in inv.hosts:
         on = inv.vms_on(h.name)
         capped = [v for v in on if v.managed and v.active]
+        conf = cluster.host(h.name) if cluster is not None and h.name in names else None
         hosts.append({
             "name": h.name, "down": h.down,
+            "uri": conf.uri if conf else None, "address": conf.migration_address if conf else None,
+            "storage": conf.storage_name if conf else None,
             "cores": h.cores, "memory_bytes": h.memory_bytes, "memory_reserved": h.memory_reserved,
             "memory_used_bytes": sum(v.memory_bytes for v in on if v.active),
             "caps_cores": sum(v.cap_cores or 0.0 for v in capped),
@@ -120,7 +129,9 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         "measured_net_rx_bps": used(v, "net_rx_bps"), "measured_net_tx_bps": used(v, "net_tx_bps"),
         "rules": _vm_rules(v),
     } for v in inv.vms]
-    out: dict[str, Any] = {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms}
+    out: dict[str, Any] = {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms,
+                           "in_doubt": [{"vm": d.vm, "uuid": d.uuid, "hosts": list(d.hosts), "states": list(d.states),
+                                         "resolved": d.resolved} for d in inv.in_doubt]}
     if policy is not None:
         out["policy"] = policy
         out["virtual_clusters"] = clusters or []
@@ -179,6 +190,10 @@ def render_status(doc: dict[str, Any]) -> None:
     if down:
         console.print(f"[red]{len(down)} host(s) down[/] ({', '.join(down)}): their VMs are unknown, and nothing "
                       "is planned onto or off them until they answer again.")
+    for d in doc.get("in_doubt", []):
+        where = ", ".join(f"{h} ({st})" for h, st in zip(d["hosts"], d["states"], strict=True))
+        console.print(f"[red]in doubt[/]: {d['vm']} (uuid {d['uuid']}) is active on {where}: no plan touches it "
+                      "until one copy is left (docs/operations.md, \"A VM never runs twice\").")
     if not doc["vms"]:
         console.print("no VMs")
         return
@@ -272,10 +287,16 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     others are shown as usual.  Exit codes: 0 shown (even with hosts down),
     1 every host is down, 2 bad input.
     """
+    from hypervisor.connections import in_background
+
     cluster = load_cluster(cluster_file)
-    sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
-    with LibvirtHypervisor(cluster) as hv:
-        inv = hv.inventory()
+    hv = LibvirtHypervisor(cluster, settle=False)
+    reading = in_background(hv.inventory)  # hosts are read (a hung one waited for) while the policies load
+    from vcsched.control.sharing import sharing_for  # loaded (~0.3 s) while the hosts are read
+
+    sharing = sharing_for(cluster, policy, alpha)  # bad input: exit 2 (reading only, nothing changed)
+    with hv:
+        inv = reading()
         usage: dict[str, Usage] = {}
         if seconds > 0 and inv.vms:
             if as_json:
@@ -284,7 +305,7 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
                 with console.status(f"measuring CPU, disk and network use over {seconds:g} s ..."):
                     usage = measure_usage(hv, inv.vms, seconds)
     doc = status_dict(inv, {name: u.cores for name, u in usage.items()}, seconds, usage, sharing.policy,
-                      virtual_clusters(cluster, inv, sharing))
+                      virtual_clusters(cluster, inv, sharing), cluster)
     from vcsched.control.live import rule_violations
 
     for h in doc["hosts"]:

@@ -48,24 +48,40 @@ import math
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 from xml.sax.saxutils import escape, quoteattr
 
 import libvirt
 
 from hypervisor.base import HypervisorError, IoCounters
+from hypervisor.connections import (
+    CallCounter,
+    Counted,
+    close_quietly,
+    mark_bounded,
+    note_abandoned,
+    open_bounded,
+    unwrap,
+)
 from hypervisor.devices import boot_devices, devices_of, read_template
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, PERIOD_US, cores_from_quota, quota_for, realisable_cap
-from vcsched.control.inventory import METADATA_NS, METADATA_PREFIX, HostState, Inventory, VmMeta, VmState
+from vcsched.control.inventory import (
+    METADATA_NS,
+    METADATA_PREFIX,
+    HostState,
+    InDoubt,
+    Inventory,
+    VmMeta,
+    VmState,
+    find_in_doubt,
+    mark_in_doubt,
+)
 from vcsched.errors import InputError
-from vcsched.formats.cluster import Cluster, ClusterHost
+from vcsched.formats.cluster import Cluster, ClusterHost, migration_uri
 from vcsched.formats.units import format_size
 from vcsched.iocaps import DISK, NET, NET_UNIT, IoCaps, VmDevices, io_problem, net_units, realisable
 from vcsched.plans.steps import CreateStep
-
-#: Where migration streams go (``VIR_MIGRATE_PARAM_URI``): the lab's hosts all live on this machine.
-MIGRATION_URI = "tcp://127.0.0.1"
 
 #: The ``interfaceParameters`` a failed ``setInterfaceParameters`` is undone with (``floor`` is for networks).
 SHAPING_KEYS = ("inbound.average", "inbound.peak", "inbound.burst", "outbound.average", "outbound.peak",
@@ -182,7 +198,20 @@ def parse_metadata(xml: str) -> VmMeta | None:
     it is the safe reading of "we cannot tell what it needs".
     """
     try:
-        el = ET.fromstring(xml)
+        return parse_metadata_element(ET.fromstring(xml))
+    except ET.ParseError:
+        return None
+
+
+def replace_doubt(doubt: InDoubt, resolved: str) -> InDoubt:
+    from dataclasses import replace
+
+    return replace(doubt, resolved=resolved)
+
+
+def parse_metadata_element(el: ET.Element) -> VmMeta | None:
+    """:func:`parse_metadata` of an element already parsed (from a whole domain XML)."""
+    try:
         floor = float(el.attrib["min_yield"]) if "min_yield" in el.attrib else None
         io = {k: int(el.attrib[k]) if k in el.attrib else None for k in ("disk_bps", "net_bps")}
         weight = float(el.attrib.get("weight", "1.0"))
@@ -195,7 +224,7 @@ def parse_metadata(xml: str) -> VmMeta | None:
         return VmMeta(el.attrib["cluster"], float(el.attrib["cpu_need_cores"]), int(el.attrib["memory_bytes"]),
                       int(el.attrib["vcpus"]), floor, io["disk_bps"], io["net_bps"], weight, el.attrib.get("tenant"),
                       rules["spread"], rules["together"], el.attrib.get("pinned") == "true", migrated_at=moved)
-    except (ET.ParseError, KeyError, ValueError):
+    except (KeyError, ValueError):
         return None
 
 
@@ -335,7 +364,17 @@ def _retrying(fn: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def stamp_migrated_at(xml: str, when: float) -> str:
+def migration_flags(cluster: Cluster, source: str, target: str) -> int:
+    """LIVE | PAUSED always (the destination is resumed by vcsched); TLS and NON_SHARED_DISK as the cluster says."""
+    flags = libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PAUSED
+    if cluster.migration_tls:
+        flags |= libvirt.VIR_MIGRATE_TLS
+    if not cluster.shares_storage(source, target):
+        flags |= libvirt.VIR_MIGRATE_NON_SHARED_DISK
+    return flags
+
+
+def stamp_migrated_at(xml: str, when: float, arriving_from: str | None = None) -> str:
     """The domain XML with ``migrated_at`` set on its vcsched metadata (a domain without it is left as is).
 
     The VM arrives carrying the time of its move, so whichever controller runs
@@ -347,6 +386,8 @@ def stamp_migrated_at(xml: str, when: float) -> str:
     if el is None:
         return xml
     el.set("migrated_at", repr(float(when)))
+    if arriving_from is not None:  # paused on arrival until vcsched resumes it (and drops this mark)
+        el.set("arriving_from", arriving_from)
     ET.register_namespace(METADATA_PREFIX, METADATA_NS)
     return ET.tostring(root, encoding="unicode")
 
@@ -446,14 +487,201 @@ def io_caps_of(tunes: list[dict[str, Any]], nets: list[dict[str, Any]]) -> IoCap
     return IoCaps(disk("total_bytes_sec"), disk("total_iops_sec"), net)
 
 
-class LibvirtHypervisor:
-    """All hosts of one cluster file; connections open on first use and are closed by :meth:`close`."""
+#: Inventory threads reading hosts at once (each mostly waits on its host's answer).
+INVENTORY_WORKERS = 32
 
-    def __init__(self, cluster: Cluster) -> None:
+#: libvirt domain states that count as running a copy of the VM (paused = a copy that is not executing).
+_PAUSED_STATES = frozenset(getattr(libvirt, n) for n in ("VIR_DOMAIN_PAUSED", "VIR_DOMAIN_PMSUSPENDED")
+                           if hasattr(libvirt, n))
+_INACTIVE_STATES = frozenset((libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_NOSTATE))
+
+
+def _size_bytes(el: ET.Element | None) -> int:
+    """A libvirt ``<memory unit='KiB'>N</memory>``-style element in bytes (0 when absent)."""
+    if el is None or not (el.text or "").strip():
+        return 0
+    units = {"b": 1, "bytes": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+             "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+    return int(el.text or 0) * units.get(el.get("unit", "KiB").lower(), 1024)
+
+
+def cap_from_xml(root: ET.Element, vcpus: int) -> float | None:
+    """The CFS cap a live domain XML carries (``<cputune><quota>``, per vCPU), like :meth:`_read_cap`."""
+    tune = root.find("cputune")
+    if tune is None:
+        return None
+    quota_el, period_el = tune.find("quota"), tune.find("period")
+    try:
+        quota = int(quota_el.text or 0) if quota_el is not None else 0
+        period = int(period_el.text or 0) if period_el is not None else PERIOD_US
+    except ValueError:
+        return None
+    if quota <= 0 or not period or quota > period:
+        return None
+    return cores_from_quota(quota, period, vcpus)
+
+
+def io_caps_from_xml(root: ET.Element, devices: VmDevices) -> IoCaps:
+    """A live domain's disk and network caps from its ``<iotune>`` and ``<bandwidth>`` (as libvirt applied them)."""
+    tunes, nets = [], []
+    for disk in root.findall("devices/disk"):
+        target = disk.find("target")
+        if target is None or target.get("dev") not in devices.disks:
+            continue
+        tune = disk.find("iotune")
+        tunes.append({k: int(tune.findtext(k) or "0") for k in ("total_bytes_sec", "total_iops_sec")}
+                     if tune is not None else {})
+    for nic in root.findall("devices/interface"):
+        target = nic.find("target")
+        if nic.get("type") not in ("network", "bridge", "direct", "ethernet"):
+            continue
+        bw = nic.find("bandwidth")
+        entry = {}
+        for way in ("inbound", "outbound"):
+            el = bw.find(way) if bw is not None else None
+            entry[f"{way}.average"] = int(el.get("average", "0")) if el is not None else 0
+        if target is not None or bw is not None:
+            nets.append(entry)
+    return io_caps_of(tunes, nets[:len(devices.nics)])
+
+
+def vm_from_xml(host: str, xml: str, active: bool, paused: bool, *, driver: str) -> VmState:
+    """One domain as the inventory reports it, from its live XML (one libvirt call per VM).
+
+    The live XML carries everything the per-VM calls used to ask one by one:
+    vCPUs, memory, vcsched metadata, the CFS quota libvirt applied, disks,
+    interfaces and their ``<iotune>``/``<bandwidth>``.
+    """
+    root = ET.fromstring(xml)
+    vcpu_el = root.find("vcpu")
+    vcpus = int(vcpu_el.get("current") or vcpu_el.text or 1) if vcpu_el is not None else 1
+    meta_el = root.find(f"metadata/{{{METADATA_NS}}}vm")
+    meta = parse_metadata_element(meta_el) if meta_el is not None else None
+    devices = devices_of(root)
+    cap = None
+    io = IoCaps()
+    if active and driver not in ("xen", "libxl"):  # Xen: the credit scheduler's cap, read apart
+        # (libvirt's test driver keeps the <cputune> its domain file gives: the scale benchmark's caps.)
+        cap = cap_from_xml(root, vcpus)
+        io = io_caps_from_xml(root, devices)
+    return VmState(root.findtext("name") or "", host, vcpus, _size_bytes(root.find("memory")), active, meta, cap,
+                   devices, io, uuid=root.findtext("uuid"), paused=paused,
+                   arriving_from=meta_el.get("arriving_from") if meta_el is not None else None)
+
+
+def disk_bytes_of(stats: Mapping[str, Any], disks: Iterable[str]) -> int:
+    """Bytes a VM's disks occupy, from ``getAllDomainStats`` BLOCK fields: what copying them moves.
+
+    Per disk the larger of ``allocation`` (QEMU: the highest offset written)
+    and ``physical`` (the image's size on the host), so neither an idle
+    guest nor a sparse image hides what a copy transfers.  CD-ROMs and
+    floppies (not in ``disks``) are not counted.  Only a disk's first entry
+    counts: its top image.  (``backingIndex`` does not tell the layers apart:
+    with -blockdev QEMU numbers the top image too, e.g. ``backingIndex = 1``;
+    backing layers are listed after it, under the same name, only when the
+    caller asks for them.)
+    """
+    wanted = set(disks)
+    seen: set[str] = set()
+    total = 0
+    for i in range(int(stats.get("block.count", 0))):
+        name = stats.get(f"block.{i}.name")
+        if name not in wanted or name in seen:
+            continue
+        seen.add(str(name))
+        total += max(int(stats.get(f"block.{i}.allocation", 0)), int(stats.get(f"block.{i}.physical", 0)))
+    return total
+
+
+def _run_bounded(tasks: Mapping[str, Callable[[], T]], workers: int, timeout_s: float) -> dict[str, T | Exception]:
+    """Run ``tasks`` on at most ``workers`` daemon threads; a task running longer than ``timeout_s`` is abandoned.
+
+    The answer has an entry for each task that finished (its value or its
+    exception); an abandoned task's thread is replaced, so hung hosts cannot
+    starve the others, and being a daemon it cannot hold the process at exit.
+    """
+    pending = list(tasks.items())
+    results: dict[str, T | Exception] = {}
+    started: dict[str, float] = {}
+    cond = threading.Condition()
+    live = [0]
+
+    def worker() -> None:
+        mark_bounded()
+        while True:
+            with cond:
+                if not pending:
+                    live[0] -= 1
+                    cond.notify_all()
+                    return
+                key, fn = pending.pop(0)
+                started[key] = time.monotonic()
+            try:
+                value: T | Exception = fn()
+            except Exception as exc:
+                value = exc
+            with cond:
+                results[key] = value
+                cond.notify_all()
+
+    def spawn() -> None:
+        live[0] += 1
+        threading.Thread(target=worker, name="inventory", daemon=True).start()
+
+    with cond:
+        for _ in range(min(workers, len(pending))):
+            spawn()
+        abandoned: set[str] = set()
+        while True:
+            now = time.monotonic()
+            late = {k for k, t in started.items() if k not in results and now - t > timeout_s} - abandoned
+            for _ in late:  # each late task holds a thread: give the queue a fresh one
+                live[0] -= 1
+                if pending:
+                    spawn()
+            abandoned |= late
+            if late:
+                note_abandoned(len(late))
+            running = [k for k in started if k not in results and k not in abandoned]
+            if not running and (not pending or live[0] <= 0):
+                if pending and live[0] <= 0:
+                    spawn()
+                    continue
+                return results
+            waits = [started[k] + timeout_s - now for k in running]
+            cond.wait(max(min(waits, default=0.05), 0.005) if waits else 0.05)
+
+
+class LibvirtHypervisor:
+    """All hosts of one cluster file; connections open on first use and are closed by :meth:`close`.
+
+    A host that does not answer within the cluster's ``host_timeout``
+    (or refuses us, e.g. our certificate) is *down* for the rest of the
+    command: every later call on it fails at once, naming the reason.  The
+    next :meth:`inventory` asks it again.
+    """
+
+    def __init__(self, cluster: Cluster, *, settle: bool = True,
+                 on_notice: Callable[[str], None] | None = None) -> None:
         _quiet()
         self.cluster = cluster
         self._conns: dict[str, Any] = {}
+        self._down: dict[str, str] = {}  # host -> why it is down for this command
+        self._doms: dict[str, dict[str, Any]] = {}  # host -> domain name -> virDomain, listed once per inventory
+        self._drivers: dict[str, str] = {}
         self._lock = threading.Lock()  # a plan's wave of migrations uses the connections from several threads
+        self.calls = CallCounter()
+        #: Whether :meth:`inventory` removes paused copies of VMs whose other copy runs (False: only report).
+        self.settle = settle
+        #: What inventories settled on their own (one line each), for the CLI to show; ``on_notice`` hears each
+        #: as it happens.
+        self.notices: list[str] = []
+        self._on_notice = on_notice
+
+    def _notice(self, line: str) -> None:
+        self.notices.append(line)
+        if self._on_notice is not None:
+            self._on_notice(line)
 
     def __enter__(self) -> LibvirtHypervisor:
         return self
@@ -463,24 +691,51 @@ class LibvirtHypervisor:
 
     def _conn(self, host: str) -> Any:
         with self._lock:
-            if host not in self._conns:
-                h = self.cluster.host(host)
-                try:
-                    self._conns[host] = libvirt.open(h.uri)
-                except libvirt.libvirtError as exc:
-                    raise HypervisorError(f"host {host}: cannot connect to {h.uri}: "
-                                          f"{exc.get_error_message()}") from None
+            if host in self._down:
+                raise HypervisorError(self._down[host])
+            if host in self._conns:
+                return self._conns[host]
+        try:
+            conn = open_bounded(host, self.cluster.connect_uri(host), self.cluster.host_timeout)
+        except HypervisorError as exc:
+            with self._lock:
+                self._down[host] = str(exc)
+            raise
+        with self._lock:
+            if host in self._conns:  # another thread opened it meanwhile
+                close_quietly(conn)
+            else:
+                self._conns[host] = Counted(conn, host, self.calls)
+                self.calls.add(host)  # the open itself
             return self._conns[host]
 
     def _driver(self, host: str) -> str:
-        with _as_host_error(host, "ask the driver type"):
-            return str(self._conn(host).getType()).lower()  # "qemu", "xen", "test", ...
+        if host not in self._drivers:
+            with _as_host_error(host, "ask the driver type"):
+                self._drivers[host] = str(self._conn(host).getType()).lower()  # "qemu", "xen", "test", ...
+        return self._drivers[host]
 
     def _lookup(self, host: str, vm: str) -> Any | None:
-        # Listing instead of lookupByName: a miss is normal here and not an error.
+        """The domain named ``vm`` on ``host``, from the host's list read once per inventory (a miss asks by name)."""
+        cached = self._doms.get(host)
+        if cached is not None and vm in cached:
+            return cached[vm]
         with _as_host_error(host, "list domains"):
-            doms = self._conn(host).listAllDomains(0)
-        return next((dom for dom in doms if dom.name() == vm), None)
+            conn = self._conn(host)
+            if cached is None and not hasattr(conn, "lookupByName"):  # test fakes only list
+                return next((d for d in conn.listAllDomains(0) if d.name() == vm), None)
+            try:
+                dom = conn.lookupByName(vm)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    return None
+                raise
+        self._doms.setdefault(host, {})[vm] = dom
+        return dom
+
+    def _drop(self, host: str, vm: str) -> None:
+        """Forget a cached domain that was removed or moved away."""
+        self._doms.get(host, {}).pop(vm, None)
 
     def _domain(self, host: str, vm: str) -> Any:
         dom = self._lookup(host, vm)
@@ -497,74 +752,198 @@ class LibvirtHypervisor:
                          net_bps=h.net_bps, cannot_cap=io_support(self._driver(h.name), h.uri))
 
     def _vm_state(self, host: str, dom: Any) -> VmState:
-        _state, max_kib, _cur_kib, vcpus, _cpu = dom.info()
-        active = bool(dom.isActive())
-        try:
-            meta = parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0))
-        except libvirt.libvirtError:
-            meta = None  # no vcsched metadata: unmanaged
-        cap = None
-        devices = live_devices(dom)
-        io = IoCaps()
-        if active:
-            try:
-                cap = self._read_cap(host, dom, int(vcpus))
-                io = self._read_io_caps(host, dom, devices)
-            except HypervisorError:
-                if meta is not None:
-                    raise
-                # An unmanaged domain whose cap cannot be read is still reported, just without a cap.
-        return VmState(dom.name(), host, int(vcpus), int(max_kib) * 1024, active, meta, cap, devices, io)
+        """One domain read on its own (a step's check): its live XML and its state."""
+        state = int(dom.state(0)[0]) if hasattr(dom, "state") else (
+            libvirt.VIR_DOMAIN_RUNNING if dom.isActive() else libvirt.VIR_DOMAIN_SHUTOFF)
+        active = state not in _INACTIVE_STATES
+        driver = self._driver(host)
+        vm = vm_from_xml(host, dom.XMLDesc(0), active, state in _PAUSED_STATES, driver=driver)
+        if active and driver in ("xen", "libxl"):
+            from dataclasses import replace
+
+            vm = replace(vm, cap_cores=self._read_cap(host, dom, vm.vcpus))
+        return vm
 
     def _host_vms(self, host: str) -> list[VmState]:
-        """Every domain of ``host``; one that vanishes while being read (destroyed meanwhile) is skipped."""
-        out = []
+        """Every domain of ``host`` with its state, in one bulk call (``getAllDomainStats``) + its XML per domain.
+
+        A domain that vanishes while being read (destroyed meanwhile) is skipped.
+        """
+        conn = self._conn(host)
+        driver = self._driver(host)
         try:
-            doms = _retrying(lambda: self._conn(host).listAllDomains(0))
+            found = _retrying(lambda: conn.getAllDomainStats(libvirt.VIR_DOMAIN_STATS_STATE
+                                                             | libvirt.VIR_DOMAIN_STATS_BLOCK))
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"host {host}: cannot list domains: {exc.get_error_message()}") from None
-        for dom in doms:
+        out, doms = [], {}
+        for dom, stats in found:
+            state = int(stats.get("state.state", libvirt.VIR_DOMAIN_NOSTATE))
             try:
-                out.append(_retrying(functools.partial(self._vm_state, host, dom)))
+                xml = _retrying(functools.partial(dom.XMLDesc, 0))
             except libvirt.libvirtError as exc:
                 if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
                     continue
                 raise HypervisorError(f"host {host}: cannot read domain: {exc.get_error_message()}") from None
+            active = state not in _INACTIVE_STATES
+            vm = vm_from_xml(host, xml, active, state in _PAUSED_STATES, driver=driver)
+            if active and driver in ("xen", "libxl"):
+                from dataclasses import replace
+
+                vm = replace(vm, cap_cores=self._read_cap(host, dom, vm.vcpus))
+            if vm.devices.disks:
+                from dataclasses import replace
+
+                vm = replace(vm, disk_bytes=disk_bytes_of(stats, vm.devices.disks))
+            doms[vm.name] = dom
+            out.append(vm)
+        self._doms[host] = doms
         return out
 
+    def _read_host(self, h: ClusterHost) -> tuple[HostState, list[VmState]]:
+        state = _retrying(functools.partial(self.host_state, h))
+        return state, self._host_vms(h.name)
+
     def inventory(self, hosts: Iterable[str] | None = None) -> Inventory:
+        """Every wanted host read at once (a bounded pool); a host that fails or takes longer than
+        ``host_timeout`` is down for this command.  VMs active on two hosts are reported (and settled when safe)."""
         wanted = self.cluster.hosts if hosts is None else tuple(self.cluster.host(h) for h in hosts)
+        with self._lock:
+            for h in wanted:
+                self._down.pop(h.name, None)
+                self._doms.pop(h.name, None)
+        timeout = self.cluster.host_timeout
+        tasks = {h.name: functools.partial(self._read_host, h) for h in wanted}
+        results = _run_bounded(tasks, INVENTORY_WORKERS, timeout)
         states, vms = [], []
         for h in wanted:
-            try:
-                state = _retrying(functools.partial(self.host_state, h))
-                found = self._host_vms(h.name)
-            except (libvirt.libvirtError, HypervisorError) as exc:
-                reason = exc.get_error_message() if isinstance(exc, libvirt.libvirtError) else str(exc)
+            got = results.get(h.name)
+            if got is None or isinstance(got, Exception):
+                if got is None:
+                    reason = f"host {h.name}: did not answer within {timeout:g} s (host_timeout)"
+                elif isinstance(got, libvirt.libvirtError):
+                    reason = f"host {h.name}: {one_line(got)}"
+                else:
+                    reason = str(got)
+                if isinstance(got, InputError):
+                    raise got
+                with self._lock:
+                    self._down[h.name] = reason
                 states.append(HostState(h.name, h.cores or 0, 0, h.memory_reserved, down=reason))
                 self._forget(h.name)
                 continue
+            state, found = got
             if state.memory_reserved >= state.memory_bytes:
                 raise InputError(f"cluster file: host {h.name}: memory_reserved {format_size(h.memory_reserved)} "
                                  f"is not below the host's {format_size(state.memory_bytes)} of memory")
             states.append(state)
             vms += found
-        return Inventory(self.cluster.name, tuple(states), tuple(sorted(vms, key=lambda v: (v.host, v.name))))
+        all_vms = tuple(sorted(vms, key=lambda v: (v.host, v.name)))
+        doubts = find_in_doubt(all_vms)
+        if doubts and self.settle:
+            doubts = tuple(self._settle(d, all_vms) for d in doubts)
+            removed = {(h, d.vm) for d in doubts if d.resolved for h, st in zip(d.hosts, d.states, strict=True)
+                       if st == "paused"}
+            all_vms = tuple(v for v in all_vms if (v.host, v.name) not in removed)
+        if self.settle and not any(st.down for st in states):
+            all_vms = self._settle_arrivals(all_vms, {d.uuid for d in doubts})
+        return Inventory(self.cluster.name, tuple(states), mark_in_doubt(all_vms, doubts), doubts)
+
+    def _settle_arrivals(self, vms: tuple[VmState, ...], doubtful: set[str]) -> tuple[VmState, ...]:
+        """Resume paused arrivals whose migration was interrupted after it completed (e.g. vcsched crashed).
+
+        Only when every host answered and no other copy exists anywhere: the
+        source copy is then verified gone.
+        """
+        from dataclasses import replace
+
+        out = []
+        for v in vms:
+            if v.arriving_from is not None and v.paused and v.uuid is not None and v.uuid not in doubtful:
+                try:
+                    self._resume_marked(v.host, v.name, v.uuid)
+                except HypervisorError as exc:
+                    self._notice(f"{v.name}: paused arrival on {v.host} could not be resumed ({exc})")
+                else:
+                    self._notice(f"{v.name}: resumed on {v.host}: its migration from {v.arriving_from} had "
+                                        "completed but it was left paused (the source copy is gone)")
+                    v = replace(v, paused=False, arriving_from=None)
+            out.append(v)
+        return tuple(out)
+
+    def _settle(self, doubt: InDoubt, vms: tuple[VmState, ...]) -> InDoubt:
+        """Remove the paused copies of a VM that runs on exactly one host (vcsched's own VMs only).
+
+        Safe by construction: the running copy was just seen running, and a
+        paused copy of the same UUID never executed since the migration began
+        (vcsched resumes a destination only after its source is gone).  Two
+        running copies are left to the operator.
+        """
+        if doubt.states.count("running") != 1:
+            return doubt
+        copies = {v.host: v for v in vms if v.uuid == doubt.uuid and v.active}
+        done = []
+        for host, st in zip(doubt.hosts, doubt.states, strict=True):
+            if st == "paused" and copies[host].meta is None:
+                self._notice(f"{doubt.vm}: in doubt on {', '.join(doubt.hosts)}: its paused copy on {host} "
+                                    "has no vcsched metadata: left to the operator")
+                return doubt
+        for host, st in zip(doubt.hosts, doubt.states, strict=True):
+            if st == "paused":
+                try:
+                    self._destroy_copy(host, doubt.vm, doubt.uuid)
+                except HypervisorError as exc:
+                    self._notice(f"{doubt.vm}: in doubt on {', '.join(doubt.hosts)}: removing its paused "
+                                        f"copy failed ({exc}); the next inventory tries again")
+                    return doubt
+                done.append(host)
+        runs = doubt.hosts[doubt.states.index("running")]
+        settled = replace_doubt(doubt, f"removed the paused copy on {', '.join(done)}; it runs on {runs}")
+        self._notice(f"{doubt.vm}: in doubt on {', '.join(doubt.hosts)}: {settled.resolved}")
+        return settled
+
+    def _destroy_copy(self, host: str, vm: str, uuid: str) -> None:
+        """Destroy the copy of ``vm`` with ``uuid`` on ``host`` (and undefine it if persistent)."""
+        with _as_host_error(host, f"remove the paused copy of {vm!r}"):
+            dom = self._conn(host).lookupByUUIDString(uuid)
+            persistent = bool(dom.isPersistent())
+            if dom.isActive():
+                _retrying(dom.destroy)  # the destination's own migration job may hold it a moment longer
+            if persistent:
+                dom.undefine()
+        self._drop(host, vm)
 
     def _forget(self, host: str) -> None:
-        """Drop a host's connection after a failure, so the next call reconnects (the daemon may be back)."""
+        """Drop a host's connection after a failure, so the next call reconnects (the daemon may be back).
+
+        Closed in the background: closing a connection to a hung host blocks.
+        """
         with self._lock:
             conn = self._conns.pop(host, None)
+            self._doms.pop(host, None)
         if conn is not None:
-            with contextlib.suppress(libvirt.libvirtError):
-                conn.close()
+            close_quietly(unwrap(conn))
 
     def find_vm(self, name: str) -> VmState | None:
         for h in self.cluster.hosts:
-            for v in self._host_vms(h.name):
-                if v.name == name:
-                    return v
+            if h.name in self._down:
+                continue
+            dom = self._lookup(h.name, name)
+            if dom is None:
+                continue
+            try:
+                with _as_host_error(h.name, f"read {name!r}"):
+                    return self._vm_state(h.name, dom)
+            except HypervisorError:
+                if not self._gone(h.name, name):
+                    raise
         return None
+
+    def _gone(self, host: str, vm: str) -> bool:
+        """After a failed read of a domain from the host's list: True (and forgotten) if it no longer exists there
+        (destroyed since the list was read), so a stale entry reads as absent, not as an error."""
+        self._drop(host, vm)
+        return self._lookup(host, vm) is None
 
     def _read_cap(self, host: str, dom: Any, vcpus: int) -> float | None:
         driver = self._driver(host)
@@ -750,7 +1129,10 @@ class LibvirtHypervisor:
     def _managed_domain(self, host: str, vm: str, action: str) -> tuple[Any, VmMeta]:
         """The domain and its vcsched metadata; an unmanaged domain is refused, naming ``action``."""
         dom = self._domain(host, vm)
-        meta = self._vm_state(host, dom).meta
+        try:
+            meta = parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0))
+        except libvirt.libvirtError:
+            meta = None  # no vcsched metadata: unmanaged
         if meta is None:
             raise HypervisorError(f"host {host}: refusing to {action} unmanaged domain {vm!r}")
         return dom, meta
@@ -776,21 +1158,33 @@ class LibvirtHypervisor:
                 dom.destroy()
             if persistent:
                 dom.undefine()
+        self._drop(host, vm)
 
     def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float) -> None:
-        """Live-migrate ``vm`` (docs/lab.md's recipe): ``migrate3`` from the source connection, LIVE.
+        """Live-migrate ``vm`` so that it never runs on two hosts at once (docs/operations.md).
+
+        ``migrate3`` from the source connection, LIVE | PAUSED, to the
+        destination's ``address`` (``tcp://ADDRESS``; ``migration_tls`` adds
+        VIR_MIGRATE_TLS; hosts with different ``storage`` add
+        VIR_MIGRATE_NON_SHARED_DISK, which copies the disks).  The destination
+        copy arrives *paused*, marked ``arriving_from`` in its metadata; it is
+        resumed only once the source copy is verified gone.  After a failure
+        the source copy is checked, and a paused destination copy is removed
+        once the source is verified running.  Anything that cannot be verified
+        (a host that does not answer) is reported, left alone, and settled by a
+        later inventory (:meth:`_settle`, :meth:`_settle_arrival`).
 
         The destination XML (``VIR_MIGRATE_PARAM_DEST_XML``) carries the
-        destination's cgroup partition and the VM's cap there (``<cputune>``),
-        so it never runs on the destination with its source cap.  vcsched creates its VMs transient; a
-        persistent one also gets ``PERSIST_DEST | UNDEFINE_SOURCE`` with the
-        same XML.  libvirt undefines the source only once the VM runs on the
-        destination, and a failed migration leaves it running on its source.
+        destination's cgroup partition and the VM's cap there (``<cputune>``).
+        vcsched creates its VMs transient; a persistent one also gets
+        ``PERSIST_DEST | UNDEFINE_SOURCE`` with the same XML.
         """
         src_host, dst_host = self.cluster.host(source), self.cluster.host(target)
         dom = self._domain(source, vm)
         dst = self._conn(target)
+        uuid = ""
         try:
+            uuid = str(dom.UUIDString())
             vcpus = int(dom.info()[3])
             if cap_cores > vcpus + CAP_TOLERANCE or quota_for(cap_cores, vcpus) < MIN_QUOTA_US:
                 raise HypervisorError(f"host {target}: arrival cap {cap_cores:g} cores for {vm!r} is outside "
@@ -799,17 +1193,90 @@ class LibvirtHypervisor:
             xml = rewrite_partition(xml, src_host.partition, dst_host.partition)
             if self._driver(target) not in ("xen", "libxl"):
                 xml = set_cputune(xml, quota_for(cap_cores, vcpus))
-            xml = stamp_migrated_at(xml, time.time())
-            params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_URI: MIGRATION_URI,
+            xml = stamp_migrated_at(xml, time.time(), arriving_from=source)
+            params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_URI: migration_uri(dst_host.migration_address),
                                       libvirt.VIR_MIGRATE_PARAM_DEST_XML: xml}
-            flags = libvirt.VIR_MIGRATE_LIVE
+            flags = migration_flags(self.cluster, source, target)
             if dom.isPersistent():
                 params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = xml
                 flags |= libvirt.VIR_MIGRATE_PERSIST_DEST | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
             dom.migrate3(dst, params, flags)
         except libvirt.libvirtError as exc:
-            raise HypervisorError(f"host {source}: cannot migrate {vm!r} to {target}: {exc.get_error_message()} "
-                                  f"(it keeps running on {source})") from None
+            after = self._after_failed_migration(vm, uuid, source, target) if uuid else f"it keeps running on {source}"
+            raise HypervisorError(f"host {source}: cannot migrate {vm!r} to {target}: {one_line(exc)} ({after})") \
+                from None
+        self._drop(source, vm)
+        self._resume_arrival(vm, uuid, source, target)
+
+    def _copy_state(self, host: str, uuid: str) -> str:
+        """``"gone"``, ``"running"``, ``"paused"`` or ``"stopped"`` for the copy with ``uuid`` on ``host``.
+
+        Raises HypervisorError when the host cannot tell (down, hung): the caller must not assume either way.
+        """
+        with _as_host_error(host, "check a copy of a migrating VM"):
+            try:
+                dom = self._conn(host).lookupByUUIDString(uuid)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    return "gone"
+                raise
+            state = int(dom.state(0)[0])
+        if state in _INACTIVE_STATES:
+            return "stopped"
+        return "paused" if state in _PAUSED_STATES else "running"
+
+    def _resume_arrival(self, vm: str, uuid: str, source: str, target: str) -> None:
+        """Resume the paused destination copy once the source copy is verified gone, and clear its mark."""
+        try:
+            left = self._copy_state(source, uuid)
+        except HypervisorError as exc:
+            raise HypervisorError(f"host {target}: {vm!r} arrived but stays paused: cannot verify that its copy on "
+                                  f"{source} is gone ({exc}); the next inventory that sees only this copy resumes "
+                                  "it") from None
+        if left in ("running", "paused"):
+            raise HypervisorError(f"host {target}: {vm!r} arrived but stays paused: its copy on {source} is still "
+                                  f"{left} (in doubt: reported until resolved)")
+        self._resume_marked(target, vm, uuid)
+
+    def _resume_marked(self, host: str, vm: str, uuid: str) -> None:
+        """Resume a paused arrival on ``host`` and drop its ``arriving_from`` mark."""
+        with _as_host_error(host, f"resume {vm!r} after its migration"):
+            dom = self._conn(host).lookupByUUIDString(uuid)
+            if int(dom.state(0)[0]) in _PAUSED_STATES:
+                dom.resume()
+            raw = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0)
+            meta = parse_metadata(raw)
+            if meta is not None and "arriving_from" in raw:
+                flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+                if dom.isPersistent():
+                    flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+                dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata_xml(meta, bare=True), METADATA_PREFIX,
+                                METADATA_NS, flags)
+
+    def _after_failed_migration(self, vm: str, uuid: str, source: str, target: str) -> str:
+        """After a failed ``migrate3``: make sure at most one copy runs, and say what was found and done."""
+        try:
+            here = self._copy_state(source, uuid)
+        except HypervisorError as exc:
+            return (f"in doubt: its copy on {source} cannot be checked ({exc}); nothing is removed, and "
+                    "inventories report it until one copy is left")
+        if here != "running":
+            return f"in doubt: its copy on {source} is {here}; nothing is removed"
+        try:
+            there = self._copy_state(target, uuid)
+        except HypervisorError:
+            self._forget(target)
+            return (f"it keeps running on {source}; {target} did not answer, so a paused copy may be left "
+                    "there: the next inventory removes it")
+        if there == "gone":
+            return f"it keeps running on {source}"
+        if there in ("paused", "stopped"):
+            try:
+                self._destroy_copy(target, vm, uuid)
+            except HypervisorError as exc:
+                return f"it keeps running on {source}; removing its {there} copy on {target} failed ({exc})"
+            return f"it keeps running on {source}; its {there} copy on {target} was removed"
+        return f"in doubt: it runs on both {source} and {target}; nothing is removed (reported until resolved)"
 
     def lists(self, host: str, vm: str) -> bool:
         return self._lookup(host, vm) is not None

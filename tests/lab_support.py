@@ -16,6 +16,7 @@ the lab cannot run (not root, packages missing, cgroups read-only, no TCG boot).
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -48,9 +49,14 @@ def lab_leftovers(lab_dir: Path, n_hosts: int) -> list[str]:
     return problems
 
 
-def new_lab_dir() -> Path:
+#: How the session's lab fixtures reach their hosts: ``VCSCHED_LAB_TRANSPORT=tls`` runs every lab test over TLS
+#: (each host on its own loopback address), as scripts/test does in a second pass.
+LAB_TRANSPORT = os.environ.get("VCSCHED_LAB_TRANSPORT", "unix")
+
+
+def new_lab_dir(transport: str = "unix") -> Path:
     """A fresh, short state directory (unix socket paths must stay under 108 bytes)."""
-    return Path(tempfile.mkdtemp(prefix="vcl-", dir="/var/tmp"))
+    return Path(tempfile.mkdtemp(prefix="vcl-tls-" if transport == "tls" else "vcl-", dir="/var/tmp"))
 
 
 def skip_unless_lab_possible() -> None:
@@ -63,9 +69,9 @@ def skip_unless_lab_possible() -> None:
 def lab2() -> Iterator[Lab]:
     """A running 2-host lab (hosts h0, h1; cores = 1 each), shared by the whole test session."""
     skip_unless_lab_possible()
-    d = new_lab_dir()
+    d = new_lab_dir(LAB_TRANSPORT)
     try:
-        lab = up(2, d)
+        lab = up(2, d, transport=LAB_TRANSPORT)
         yield lab
     finally:
         down(d)
@@ -87,7 +93,7 @@ def start_lab_guest(lab: Lab, host: int = 0, name: str | None = None, *, vcpus: 
     h = lab.hosts[host]
     name = name or f"t-{uuid.uuid4().hex[:8]}"
     console = LabLayout(lab.dir).host_dir(host) / "console" / f"{name}.log"
-    conn = libvirt.open(h.uri)
+    conn = libvirt.open(h.connect_uri)
     dom = start_guest(conn, name, lab.guest, partition=h.partition, console_log=console, vcpus=vcpus,
                       memory_mib=memory_mib)
     if wait:
@@ -100,7 +106,7 @@ def destroy_everywhere(lab: Lab, name: str) -> None:
     import libvirt
 
     for h in lab.hosts:
-        conn = libvirt.open(h.uri)
+        conn = libvirt.open(h.connect_uri)
         try:
             # Listing instead of lookupByName: a miss is normal here and libvirt would print it.
             for dom in conn.listAllDomains(0):

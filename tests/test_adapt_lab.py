@@ -60,7 +60,7 @@ def where(lab: Lab, name: str) -> list[tuple[str, bool]]:
 
     out = []
     for h in lab.hosts:
-        conn = libvirt.open(h.uri)
+        conn = libvirt.open(h.connect_uri)
         try:
             out += [(h.name, bool(d.isActive())) for d in conn.listAllDomains(0) if d.name() == name]
         finally:

@@ -191,7 +191,7 @@ def test_cli_bench_times_vcsched_itself_start_to_exit(tmp_path: Path) -> None:
 def test_by_default_bench_includes_the_start_up_rows() -> None:
     r = CliRunner().invoke(cli, ["bench", "--help"])
     text = " ".join(r.output.split())
-    assert r.exit_code == 0 and "[default: all registered, adapt, cli, policies and simulate]" in text
+    assert r.exit_code == 0 and "[default: all registered, adapt, cli, policies, simulate and hosts]" in text
     assert "DRF within 60 s, PF within 3 times DRF's time" in text
 
 
@@ -223,3 +223,20 @@ def test_cli_bench_simulate_rows_in_json_and_markdown(tmp_path: Path, monkeypatc
     assert [(s["policy"], s["arrivals"], s["within_target"]) for s in doc["simulate"]] == [
         ("drf", 200, True), ("pf", 200, doc["simulate"][1]["wall_s"] <= doc["simulate"][1]["target_s"])]
     assert doc["timings"] == [] and "## Simulation" in out.read_text()
+
+
+def test_the_hosts_rows_time_status_and_place_and_count_libvirt_calls_per_host() -> None:
+    from cli.bench import vcsched_command
+    from cli.bench_hosts import scale_markdown, time_scale
+
+    rows = {n: time_scale(vcsched_command(), 1, hosts=3, vms_per_host=n) for n in (2, 4)}
+    for n, got in rows.items():
+        assert [(r.command, r.hosts, r.vms) for r in got] == [("status --sample 0", 3, 3 * n),
+                                                              ("place (dry run)", 3, 3 * n),
+                                                              ("test driver alone: open + close", 3, 3 * n)]
+        assert all(r.wall_median > 0 and r.cpu_median > 0 for r in got)
+    # Per host: the open and the close, the host's type and info, one getAllDomainStats, and one XML read per VM
+    # (libvirt has no bulk call for a domain's XML, where vcsched's metadata lives): two more VMs, two more calls.
+    status = {n: rows[n][0].calls_per_host for n in rows}
+    assert status[2] == (7, 7) and status[4] == (9, 9)
+    assert "| status --sample 0 | 3 | 6 |" in "\n".join(scale_markdown(rows[2], 1))

@@ -67,7 +67,7 @@ def test_cli_needs_one_guest_per_worker() -> None:
 def guest(lab2: Any) -> Iterator[tuple[str, Any]]:
     """(host URI, domain) of one booted CPU-loop guest on the lab's first host."""
     with lab_guest(lab2, host=0) as dom:
-        yield lab2.hosts[0].uri, dom
+        yield lab2.hosts[0].connect_uri, dom
 
 
 @pytest.mark.lab
@@ -110,7 +110,7 @@ def test_calibrate_command_on_a_lab_guest(guest: tuple[str, Any]) -> None:
 
 @pytest.mark.lab
 def test_calibrate_boots_its_own_guests_from_the_cluster_file_and_removes_them(lab2: Any) -> None:
-    uri = lab2.hosts[0].uri
+    uri = lab2.hosts[0].connect_uri
     r = CliRunner().invoke(
         cli,
         ["calibrate", "--backend", "libvirt", "--connect", uri, "--cluster", str(lab2.cluster_file),

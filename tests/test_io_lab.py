@@ -137,7 +137,7 @@ def suspended(io: IoLab, name: str) -> Iterator[None]:
     """Keep a guest from competing for the machine while another is measured uncapped."""
     import libvirt
 
-    conn = libvirt.open(io.lab.hosts[0].uri)
+    conn = libvirt.open(io.lab.hosts[0].connect_uri)
     dom = conn.lookupByName(name)
     dom.suspend()
     try:
@@ -248,7 +248,7 @@ def shaping(iolab: IoLab) -> str | None:
     from hypervisor.libvirt_backend import live_devices, one_line
 
     with io_guest(iolab, "net-probe", "sink") as vm:
-        conn = libvirt.open(iolab.lab.hosts[0].uri)
+        conn = libvirt.open(iolab.lab.hosts[0].connect_uri)
         try:
             dom = conn.lookupByName(vm)
             nic = live_devices(dom).nics[0]
@@ -271,7 +271,7 @@ def sink(io: IoLab, name: str, caps: IoCaps = UNCAPPED) -> Iterator[Sink]:
     from hypervisor.libvirt_backend import live_devices
 
     with io_guest(io, name, "sink", caps) as vm:
-        conn = libvirt.open(io.lab.hosts[0].uri)
+        conn = libvirt.open(io.lab.hosts[0].connect_uri)
         try:
             dom = conn.lookupByName(vm)
             mac = ET.fromstring(dom.XMLDesc(0)).find("devices/interface/mac")

@@ -287,7 +287,7 @@ def test_lab_hosts_each_answer_get_info(lab2: Lab) -> None:
     import libvirt
 
     for h in lab2.hosts:
-        conn = libvirt.open(h.uri)
+        conn = libvirt.open(h.connect_uri)
         try:
             assert conn.getInfo()[2] >= 1  # CPUs
             assert conn.getHostname() == f"vcl{lab2.id}{h.name}"
@@ -342,7 +342,7 @@ def test_lab_hosts_are_distinct_libvirt_hosts(lab2: Lab) -> None:
 
     uuids = set()
     for h in lab2.hosts:
-        conn = libvirt.open(h.uri)
+        conn = libvirt.open(h.connect_uri)
         try:
             uuids.add(ET.fromstring(conn.getCapabilities()).findtext("host/uuid"))
         finally:
@@ -400,7 +400,7 @@ def test_lab_live_migration_moves_a_running_guest_between_hosts(lab2: Lab) -> No
 
     src_host, dst_host = lab2.hosts
     with lab_guest(lab2, host=0) as dom:
-        dst = libvirt.open(dst_host.uri)
+        dst = libvirt.open(dst_host.connect_uri)
         try:
             xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE).replace(
                 f"<partition>{src_host.partition}</partition>", f"<partition>{dst_host.partition}</partition>")

@@ -91,7 +91,7 @@ def test_caps_read_back_through_libvirt_are_the_planned_ones(placed: Placed) -> 
     import libvirt
 
     for step in placed.plan["steps"]:
-        uri = next(h.uri for h in placed.lab.hosts if h.name == step["host"])
+        uri = next(h.connect_uri for h in placed.lab.hosts if h.name == step["host"])
         conn = libvirt.open(uri)
         try:
             dom = conn.lookupByName(step["vm"])

@@ -6,7 +6,8 @@ on a third or the same; ``vcsched cordon`` keeps new VMs off a host;
 migration, to the one host that keeps the rule, and the pinned VM never
 moves; draining the pinned VM's host with a budget is bad input (exit 2).
 Checked through libvirt.  Its own lab directory under /var/tmp, taken down
-at the end; skipped with the reason where a TCG guest cannot boot.
+at the end (over TLS with ``VCSCHED_LAB_TRANSPORT=tls``, as scripts/test's
+second pass runs it); skipped with the reason where a TCG guest cannot boot.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from hypervisor.lab import Lab, down, up
-from tests.lab_support import lab_leftovers, new_lab_dir, skip_unless_lab_possible
+from tests.lab_support import LAB_TRANSPORT, lab_leftovers, new_lab_dir, skip_unless_lab_possible
 
 pytestmark = pytest.mark.lab
 
@@ -33,9 +34,9 @@ def run(*args: Any) -> Any:
 @pytest.fixture(scope="module")
 def lab3() -> Iterator[Lab]:
     skip_unless_lab_possible()
-    d = new_lab_dir()
+    d = new_lab_dir(LAB_TRANSPORT)
     try:
-        yield up(3, d)
+        yield up(3, d, transport=LAB_TRANSPORT)
     finally:
         down(d)
         left = lab_leftovers(d, 3)
@@ -49,7 +50,7 @@ def where(lab: Lab) -> dict[str, str]:
 
     out: dict[str, str] = {}
     for h in lab.hosts:
-        conn = libvirt.open(h.uri)
+        conn = libvirt.open(h.connect_uri)
         try:
             out.update({d.name(): h.name for d in conn.listAllDomains(0) if d.isActive()})
         finally:

@@ -28,7 +28,7 @@ from hypervisor.lab import Lab, down, up
 from hypervisor.lab.daemons import daemon_pid
 from hypervisor.lab.state import LabLayout
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from tests.lab_support import destroy_everywhere, lab_leftovers, new_lab_dir, skip_unless_lab_possible
+from tests.lab_support import LAB_TRANSPORT, destroy_everywhere, lab_leftovers, new_lab_dir, skip_unless_lab_possible
 from vcsched.formats.cluster import Cluster, cluster_from_dict
 
 pytestmark = pytest.mark.lab
@@ -115,9 +115,9 @@ def test_a_migrated_vm_arrives_with_its_destination_cap(lab2: Lab) -> None:
 @pytest.fixture(scope="module")
 def lab3() -> Iterator[Lab]:
     skip_unless_lab_possible()
-    d = new_lab_dir()
+    d = new_lab_dir(LAB_TRANSPORT)
     try:
-        yield up(3, d)
+        yield up(3, d, transport=LAB_TRANSPORT)
     finally:
         down(d)
         left = lab_leftovers(d, 3)
@@ -143,11 +143,11 @@ def test_a_host_down_is_reported_planned_around_and_repaired_keeping_its_guests(
         assert r.exit_code == 0, r.output
         assert {p["host"] for p in json.loads(r.stdout)["plan"]["predicted"]["per_vm"].values()} <= {"h0", "h1"}
     finally:
-        repaired = up(3, lab3.dir)  # `lab up` on the running lab: repair, not recreate
+        repaired = up(3, lab3.dir, transport=LAB_TRANSPORT)  # `lab up` on the running lab: repair, not recreate
     assert repaired.repaired == ("h2",)
     import libvirt
 
-    conn = libvirt.open(lab3.hosts[2].uri)
+    conn = libvirt.open(lab3.hosts[2].connect_uri)
     try:
         assert conn.lookupByName(guest).isActive()  # the guest outlived its libvirtd and was taken over
     finally:

@@ -53,6 +53,9 @@ __all__ = [
 ]
 
 MAX_HOSTS = 8
+TRANSPORTS = ("unix", "tls")
+#: The storage name every host of a ``--shared-storage`` lab declares.
+SHARED_STORAGE = "lab-shared"
 REQUIRED_PROGRAMS = ("libvirtd", "virtlogd", "qemu-system-x86_64", "unshare", "nsenter", "mount", "apt-get",
                      "dpkg-deb")
 
@@ -82,6 +85,8 @@ class Lab:
     #: The machine memory libvirt reported when the hosts' memory was split (it drifts later: libvirt reads
     #: what the machine reports now, which moved by hundreds of MiB within minutes on a shared machine).
     machine_memory_mib: int = 0
+    transport: str = "unix"  # how the cluster file reaches the hosts: "unix" sockets or "tls" on loopback addresses
+    shared_storage: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,8 +147,15 @@ def _noop(_: str) -> None:
 
 
 def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop, *, cores: int = 1,
-       memory_mib: int | None = None, recreate: bool = False) -> Lab:
+       memory_mib: int | None = None, recreate: bool = False, transport: str = "unix",
+       shared_storage: bool = False) -> Lab:
     """Bring up an ``n_hosts`` lab in ``dir`` (default: the default lab dir).
+
+    ``transport="tls"``: every host also listens for TLS on its own loopback
+    address (:meth:`LabLayout.address`) with certificates the lab makes, and
+    the cluster file uses ``qemu+tls://ADDRESS/system`` URIs and the lab's
+    ``pki``.  Hosts keep their disks in their own ``/var/lib/libvirt/images``
+    unless ``shared_storage``, which binds one directory there on every host.
 
     Each host declares ``cores`` cores and ``memory_mib`` MiB (default: an
     equal share of the machine's memory).  If a lab already runs there with
@@ -156,6 +168,8 @@ def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop, *, cor
         raise InputError(f"--cores: {cores} must be at least 1")
     if memory_mib is not None and memory_mib < 64:
         raise InputError(f"--memory: {memory_mib} MiB is less than the 64 MiB a lab host needs")
+    if transport not in TRANSPORTS:
+        raise InputError(f"--transport: {transport!r} is not one of {', '.join(TRANSPORTS)}")
     layout = _layout(dir)
     layout.check_paths(n_hosts)
     problem = prerequisites_problem()
@@ -165,8 +179,17 @@ def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop, *, cor
     with _exclusive(layout):
         existing = _recorded(layout)
         if existing is not None and not recreate:
-            return _repair(layout, existing, n_hosts, cores, memory_mib, progress)
-        return _up(layout, n_hosts, cores, memory_mib, progress)
+            return _repair(layout, existing, n_hosts, cores, memory_mib, progress, transport, shared_storage)
+        return _up(layout, n_hosts, cores, memory_mib, progress, transport, shared_storage)
+
+
+def _recorded_shape(layout: LabLayout) -> tuple[str, bool]:
+    """The transport and shared-storage choice recorded in lab.json (a lab from before them: unix, local)."""
+    try:
+        doc = json.loads(layout.state_file.read_text())
+        return str(doc.get("transport", "unix")), bool(doc.get("shared_storage", False))
+    except (OSError, ValueError, AttributeError):
+        return "unix", False
 
 
 def _recorded(layout: LabLayout) -> tuple[list[LabHost], GuestImage, int] | None:
@@ -201,54 +224,67 @@ def _reserved(machine_mib: int, n_hosts: int, memory_mib: int | None) -> str:
 
 
 def _repair(layout: LabLayout, existing: tuple[list[LabHost], GuestImage, int], n_hosts: int, cores: int,
-            memory_mib: int | None, progress: Progress) -> Lab:
+            memory_mib: int | None, progress: Progress, transport: str, shared: bool) -> Lab:
     hosts, guest, split_mib = existing
-    if len(hosts) != n_hosts or any(h.cores != cores for h in hosts):
-        raise LabError(f"a lab of {len(hosts)} host(s) with {hosts[0].cores} core(s) each already runs in "
+    was = _recorded_shape(layout)
+    if len(hosts) != n_hosts or any(h.cores != cores for h in hosts) or was != (transport, shared):
+        raise LabError(f"a lab of {len(hosts)} host(s) with {hosts[0].cores} core(s) each (transport {was[0]}"
+                       f"{', shared storage' if was[1] else ''}) already runs in "
                        f"{layout.root}; 'vcsched lab up --recreate' replaces it (destroying its guests), "
                        "'vcsched lab down' removes it")
+    tls = transport == "tls"
     repaired = []
     for i, h in enumerate(hosts):
         progress(f"checking host {h.name}")
         cgroups.create_partition(layout.partition(i))  # idempotent: a reboot may have removed it
-        if daemons.repair_host(layout, i):
+        if daemons.repair_host(layout, i, tls=tls, shared=shared):
             repaired.append(h.name)
     machine_mib = split_mib or daemons.memory_mib(layout.uri(0))
     if memory_mib is not None:
         hosts = [dataclasses.replace(h, memory_reserved=_reserved(machine_mib, n_hosts, memory_mib)) for h in hosts]
-        _write_state(layout, hosts, guest, machine_mib)
-    layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest))
+        _write_state(layout, hosts, guest, machine_mib, transport, shared)
+    layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
+                                                     migration_tls=tls))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file, tuple(repaired),
-               _shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_mib)
+               _shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_mib, transport, shared)
 
 
-def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, progress: Progress) -> Lab:
+def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, progress: Progress,
+        transport: str = "unix", shared: bool = False) -> Lab:
     progress("cleaning up a previous lab in this directory")
     _down(layout)
     progress("preparing the guest image")
     guest = ensure_image(layout.image_dir)
     hosts: list[LabHost] = []
     machine_mib = 0
+    tls = transport == "tls"
     try:
         for i in range(n_hosts):
-            progress(f"starting host {layout.host_name(i)}")
+            progress(f"starting host {layout.host_name(i)}" + (f" on {layout.address(i)}" if tls else ""))
             cgroups.create_partition(layout.partition(i))
-            daemons.start_host(layout, i)
+            daemons.start_host(layout, i, tls=tls, shared=shared)
             machine_mib = machine_mib or daemons.memory_mib(layout.uri(i))  # one split for every host
-            hosts.append(LabHost(layout.host_name(i), layout.uri(i), layout.partition(i), cores=cores,
-                                 memory_reserved=_reserved(machine_mib, n_hosts, memory_mib)))
-            _write_state(layout, hosts, guest, machine_mib)
+            hosts.append(LabHost(layout.host_name(i), layout.tls_uri(i) if tls else layout.uri(i), layout.partition(i),
+                                 cores=cores, memory_reserved=_reserved(machine_mib, n_hosts, memory_mib),
+                                 storage=SHARED_STORAGE if shared else None,
+                                 pki=str(layout.pki_dir) if tls else None))
+            _write_state(layout, hosts, guest, machine_mib, transport, shared)
     except BaseException:
         _down(layout)  # the half-started host's directory is enough for down to find it
         raise
-    layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest))
+    layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
+                                                     migration_tls=tls))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file,
-               warnings=_shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_memory_mib=machine_mib)
+               warnings=_shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_memory_mib=machine_mib,
+               transport=transport, shared_storage=shared)
 
 
-def _write_state(layout: LabLayout, hosts: list[LabHost], guest: GuestImage, machine_mib: int) -> None:
+def _write_state(layout: LabLayout, hosts: list[LabHost], guest: GuestImage, machine_mib: int,
+                 transport: str = "unix", shared: bool = False) -> None:
     doc = {
         "id": layout.id,
+        "transport": transport,
+        "shared_storage": shared,
         "n_hosts": len(hosts),
         "machine_memory_mib": machine_mib,
         "hosts": [asdict(h) for h in hosts],
@@ -339,6 +375,8 @@ def _down(layout: LabLayout) -> DownReport:
     # The image cache (<dir>/image) is kept on purpose: a later `up` reuses it.
     layout.cluster_file.unlink(missing_ok=True)
     layout.state_file.unlink(missing_ok=True)
+    shutil.rmtree(layout.pki_dir, ignore_errors=True)
+    shutil.rmtree(layout.shared_dir, ignore_errors=True)
     return DownReport(tuple(stopped), tuple(guests), tuple(killed), tuple(removed))
 
 

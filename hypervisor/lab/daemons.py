@@ -32,35 +32,73 @@ class DaemonError(VcschedError):
     """A lab daemon did not start or answer."""
 
 
-def qemu_conf() -> str:
+#: Where a TLS lab host's certificates are, inside its namespace (``<host>/etc/pki`` bound under /etc/libvirt).
+PKI_IN_NS = "/etc/libvirt/pki"
+
+
+def qemu_conf(address: str | None = None) -> str:
     """Guests run as root without a security driver: there is no AppArmor/SELinux
-    set-up for the lab's directories, and the guest files live in /var/tmp."""
-    return 'user = "root"\ngroup = "root"\nsecurity_driver = "none"\n'
+    set-up for the lab's directories, and the guest files live in /var/tmp.
+
+    A TLS host (``address``) also receives migrations only on its own address
+    (``migration_address``: without it QEMU listens on every address, and a
+    wrong address in the cluster file would still work on one machine) and
+    has the certificates QEMU uses for VIR_MIGRATE_TLS.
+    """
+    text = 'user = "root"\ngroup = "root"\nsecurity_driver = "none"\n'
+    if address is not None:
+        text += (f'migration_address = "{address}"\n'
+                 f'default_tls_x509_cert_dir = "{PKI_IN_NS}/qemu"\n'
+                 'default_tls_x509_verify = 1\n')
+    return text
 
 
-def libvirtd_conf(uuid: str) -> str:
-    """Local unix socket only (no TCP listener to collide on); a distinct host UUID."""
-    return (
+def libvirtd_conf(uuid: str, address: str | None = None) -> str:
+    """A distinct host UUID; the unix socket always (the lab manages its hosts through it), and with
+    ``address`` a TLS listener on that loopback address only (never TCP, never any other address)."""
+    text = (
         f'host_uuid = "{uuid}"\n'
         'unix_sock_rw_perms = "0700"\n'
         'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"\n'
     )
+    if address is not None:
+        if not address.startswith("127."):
+            raise DaemonError(f"lab address {address} is not a loopback address: refused")
+        text += (
+            "listen_tls = 1\nlisten_tcp = 0\n"
+            f'listen_addr = "{address}"\n'
+            f'ca_file = "{PKI_IN_NS}/cacert.pem"\n'
+            f'cert_file = "{PKI_IN_NS}/servercert.pem"\n'
+            f'key_file = "{PKI_IN_NS}/serverkey.pem"\n'
+            "tls_no_verify_certificate = 0\n"
+        )
+    return text
 
 
-def prepare_host(layout: LabLayout, index: int) -> None:
-    """Create the host's directories and configuration (idempotent)."""
+def prepare_host(layout: LabLayout, index: int, *, tls: bool = False) -> None:
+    """Create the host's directories and configuration (idempotent); a TLS host gets its certificates."""
     hd = layout.host_dir(index)
     for sub, _target in HOST_MOUNTS:
         (hd / sub).mkdir(parents=True, exist_ok=True)
     (hd / "console").mkdir(exist_ok=True)
+    (hd / "lib" / "images").mkdir(exist_ok=True)
     etc = hd / "etc"
     (etc / "qemu").mkdir(exist_ok=True)
-    (etc / "libvirtd.conf").write_text(libvirtd_conf(host_uuid(layout.id, index)))
-    (etc / "qemu.conf").write_text(qemu_conf())
+    address = layout.address(index) if tls else None
+    if address is not None:
+        from hypervisor.lab import certs
+
+        certs.make_ca(layout.pki_dir, layout.id)
+        certs.make_client(layout.pki_dir, layout.id)
+        if not (etc / "pki" / "servercert.pem").is_file():
+            certs.make_host(layout.pki_dir, etc, address, layout.id)
+    (etc / "libvirtd.conf").write_text(libvirtd_conf(host_uuid(layout.id, index), address))
+    (etc / "qemu.conf").write_text(qemu_conf(address))
     (etc / "virtlogd.conf").write_text("")
 
 
-def start_script(layout: LabLayout, index: int, *, mounts: bool = True, virtlogd: bool = True) -> str:
+def start_script(layout: LabLayout, index: int, *, mounts: bool = True, virtlogd: bool = True, tls: bool = False,
+                 shared: bool = False) -> str:
     """The shell run inside the host's namespace: bind mounts and host name (a new namespace), then the daemons.
 
     ``mounts=False`` runs in the host's existing namespace (a repair, entered
@@ -75,29 +113,83 @@ def start_script(layout: LabLayout, index: int, *, mounts: bool = True, virtlogd
             # a running system libvirtd); an empty directory is all that is created.
             lines.append(f"mkdir -p {q(target)}")
             lines.append(f"mount --bind {q(str(hd / sub))} {q(target)}")
+        if shared:  # one images directory for every host: what "shared storage" means in the lab
+            lines.append(f"mkdir -p /var/lib/libvirt/images {q(str(layout.shared_dir))}")
+            lines.append(f"mount --bind {q(str(layout.shared_dir))} /var/lib/libvirt/images")
         lines.append(f"hostname {q(layout.hostname(index))}")
     if virtlogd:
         lines.append(f"virtlogd -d -p {q(str(layout.pid_file(index, 'virtlogd')))}")
     # libvirtd connects to virtlogd's socket when it starts a guest; wait for it.
     lines.append("i=0; while [ ! -S /run/libvirt/virtlogd-sock ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done")
-    lines.append(f"libvirtd -d -p {q(str(layout.pid_file(index, 'libvirtd')))}")
+    listen = "--listen " if tls else ""
+    lines.append(f"libvirtd -d {listen}-p {q(str(layout.pid_file(index, 'libvirtd')))}")
     return "\n".join(lines) + "\n"
 
 
-def start_host(layout: LabLayout, index: int, timeout_s: float = 60.0) -> None:
-    """Start the host's daemons and wait until its socket accepts a libvirt connection."""
-    prepare_host(layout, index)
+def start_host(layout: LabLayout, index: int, timeout_s: float = 60.0, *, tls: bool = False,
+               shared: bool = False) -> None:
+    """Start the host's daemons and wait until its socket (and TLS listener) accepts a libvirt connection."""
+    prepare_host(layout, index, tls=tls)
+    if tls:
+        port_free(layout.address(index), TLS_PORT, f"host h{index}")
     log = layout.host_dir(index) / "start.log"
     with log.open("wb") as out:
         proc = subprocess.run(["unshare", "-m", "-u", "--propagation", "private", "sh", "-c",
-                               start_script(layout, index)], stdout=out, stderr=subprocess.STDOUT, check=False)
+                               start_script(layout, index, tls=tls, shared=shared)], stdout=out,
+                              stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
         raise DaemonError(f"host h{index}: starting its daemons failed (exit {proc.returncode}): "
                           f"{_tail(log)}")
     wait_answers(layout.uri(index), timeout_s, f"host h{index}")
+    ensure_pool(layout.uri(index))
+    if tls:
+        wait_answers(f"{layout.tls_uri(index)}?pkipath={layout.pki_dir}", timeout_s, f"host h{index} over TLS")
 
 
-def repair_host(layout: LabLayout, index: int, timeout_s: float = 60.0) -> bool:
+TLS_PORT = 16514
+
+
+def port_free(address: str, port: int, what: str) -> None:
+    """Refuse to start a listener on ``address:port`` that something else already holds."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address, port))
+        except OSError as exc:
+            raise DaemonError(f"{what}: {address}:{port} is taken ({exc.strerror}); another lab or libvirtd "
+                              "listens there") from None
+
+
+POOL_XML = ("<pool type='dir'><name>default</name><target><path>/var/lib/libvirt/images</path></target></pool>")
+
+
+def ensure_pool(uri: str) -> None:
+    """A ``default`` directory pool on ``/var/lib/libvirt/images`` (running, autostarted).
+
+    libvirt pre-creates a migrating VM's disk on the destination
+    (VIR_MIGRATE_NON_SHARED_DISK) only for a path inside a storage pool; the
+    lab's guests keep their disks there.
+    """
+    import libvirt
+
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    conn = libvirt.open(uri)
+    try:
+        try:
+            pool = conn.storagePoolLookupByName("default")
+        except libvirt.libvirtError:
+            pool = conn.storagePoolDefineXML(POOL_XML, 0)
+        if not pool.isActive():
+            pool.create(0)
+        pool.setAutostart(1)
+    finally:
+        conn.close()
+
+
+def repair_host(layout: LabLayout, index: int, timeout_s: float = 60.0, *, tls: bool = False,
+                shared: bool = False) -> bool:
     """Bring a lab host whose libvirtd died (or hangs) back, keeping its running guests; True if it needed it.
 
     The guests' QEMU processes outlive libvirtd and keep the host's mount
@@ -115,13 +207,13 @@ def repair_host(layout: LabLayout, index: int, timeout_s: float = 60.0) -> bool:
     holders = [p for p in namespace_holders(layout, index) if not pid_gone(p)]
     if not holders:
         stop_host(layout, index)
-        start_host(layout, index, timeout_s)
+        start_host(layout, index, timeout_s, tls=tls, shared=shared)
         return True
     virtlogd = daemon_pid(layout, index, "virtlogd") is None
     log = layout.host_dir(index) / "repair.log"
     with log.open("wb") as out:
         proc = subprocess.run(["nsenter", "-t", str(holders[0]), "-m", "-u", "sh", "-c",
-                               start_script(layout, index, mounts=False, virtlogd=virtlogd)],
+                               start_script(layout, index, mounts=False, virtlogd=virtlogd, tls=tls)],
                               stdout=out, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
         raise DaemonError(f"host h{index}: restarting its libvirtd failed (exit {proc.returncode}): {_tail(log)}")

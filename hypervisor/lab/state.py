@@ -84,6 +84,13 @@ def partition_dir_name(partition: str) -> str:
     return partition[1:] + ".partition"
 
 
+def loopback_address(lid: str, index: int) -> str:
+    """``127.0.K.(2 + index)`` with K in [1, 250] from the lab id (see :meth:`LabLayout.address`)."""
+    if not 0 <= index < 250:
+        raise InputError(f"host index: {index} is outside [0, 250)")
+    return f"127.0.{1 + int(lid, 16) % 250}.{2 + index}"
+
+
 def host_uuid(lid: str, index: int) -> str:
     """The stable, per-lab-host libvirt ``host_uuid``."""
     return str(uuid.uuid5(_HOST_UUID_NS, f"{lid}/h{index}"))
@@ -134,6 +141,28 @@ class LabLayout:
     def partition(self, index: int) -> str:
         return partition_name(self.id, index)
 
+    @property
+    def pki_dir(self) -> Path:
+        """The client certificates of a TLS lab (the cluster file's ``pki``)."""
+        return self.root / "pki"
+
+    @property
+    def shared_dir(self) -> Path:
+        """The directory ``--shared-storage`` binds over every host's ``/var/lib/libvirt/images``."""
+        return self.root / "shared"
+
+    def address(self, index: int) -> str:
+        """Host ``index``'s own loopback address: ``127.0.K.(2 + index)``, K from the lab id.
+
+        Loopback by construction (all of 127.0.0.0/8 is this machine, nothing is
+        routed elsewhere); K differs between lab directories so two TLS labs on
+        one machine do not fight over port 16514 of one address.
+        """
+        return loopback_address(self.id, index)
+
+    def tls_uri(self, index: int) -> str:
+        return f"qemu+tls://{self.address(index)}/system"
+
     def check_paths(self, n_hosts: int) -> None:
         """Refuse a state directory whose sockets would not fit in a unix socket address."""
         if not self.root.is_absolute():
@@ -152,6 +181,13 @@ class LabHost:
     partition: str
     cores: int = 1
     memory_reserved: str = "64MiB"
+    storage: str | None = None  # the cluster file's storage name (None: the host's own)
+    pki: str | None = None  # a TLS lab's client certificate directory
+
+    @property
+    def connect_uri(self) -> str:
+        """The URI to open this host with: ``uri``, plus ``pkipath`` on a TLS lab (the cluster file says ``pki``)."""
+        return f"{self.uri}?pkipath={self.pki}" if self.pki and self.uri.startswith("qemu+tls") else self.uri
 
 
 @dataclass(frozen=True)
@@ -190,7 +226,8 @@ def toml_string(value: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def render_cluster_toml(name: str, hosts: Iterable[LabHost], guest: GuestImage | None, min_yield: float = 0.0) -> str:
+def render_cluster_toml(name: str, hosts: Iterable[LabHost], guest: GuestImage | None, min_yield: float = 0.0,
+                        pki: Path | None = None, migration_tls: bool = False) -> str:
     """The cluster file in the format the libvirt-side developers agreed on (docs/lab.md)."""
     hosts = list(hosts)
     if not hosts:
@@ -202,6 +239,10 @@ def render_cluster_toml(name: str, hosts: Iterable[LabHost], guest: GuestImage |
         f"name = {toml_string(name)}",
         f"min_yield = {min_yield!r}",
     ]
+    if pki is not None:
+        lines.append(f"pki = {toml_string(str(pki))}")
+    if migration_tls:
+        lines.append("migration_tls = true")
     if guest is not None:
         lines += [
             "",
@@ -221,6 +262,8 @@ def render_cluster_toml(name: str, hosts: Iterable[LabHost], guest: GuestImage |
             f"memory_reserved = {toml_string(h.memory_reserved)}",
             f"partition = {toml_string(h.partition)}",
         ]
+        if h.storage is not None:
+            lines.append(f"storage = {toml_string(h.storage)}")
     return "\n".join(lines) + "\n"
 
 

@@ -99,11 +99,14 @@ def drain(problem: AdaptProblem, host: int, algorithm: str = "heuristic",
         return DrainResult(full, result, tuple(stays), host)
     chosen: list[int] = []
     best_problem, best = base, solve_adapt(base, algorithm, options, improve_s=IMPROVE_S)
-    order = movable[np.argsort(base.task_bytes[movable], kind="stable")]
-    for t in order.tolist():
-        spent = int(base.task_bytes[chosen].sum()) if chosen else 0
-        if spent + int(base.task_bytes[t]) > base.budget:
-            stays.append(Stay(t, BUDGET, f"{_vm(base, t)} needs {int(base.task_bytes[t])} bytes; "
+    # What leaving costs at least (memory, plus the disks when no open host shares the drained host's storage):
+    # a lower bound, so the check below never refuses a VM the solve could move; the solve counts exactly.
+    least = dict(zip(movable.tolist(), base.cheapest_move(movable).astype(np.int64).tolist(), strict=True))
+    order = sorted(movable.tolist(), key=lambda t: least[t])
+    for t in order:
+        spent = sum(least[c] for c in chosen)
+        if spent + least[t] > base.budget:
+            stays.append(Stay(t, BUDGET, f"{_vm(base, t)} needs {least[t]} bytes; "
                                          f"{base.budget - spent} of the budget are left"))
             continue
         trial = dataclasses.replace(base, leave=(*chosen, t))

@@ -228,6 +228,12 @@ def align_to_current(problem: AdaptProblem, target: np.ndarray) -> np.ndarray:
     # 1. Host relabelling within classes of equal capacities (cpu, memory, every other fluid resource).
     stay = np.zeros((inst.n_hosts, inst.n_hosts))  # [target host, current host] -> bytes
     np.add.at(stay, (target[run], problem.current[run]), problem.task_bytes[run].astype(float))
+    if problem.copies_disks:  # a task kept in its storage group also keeps its disks where they are
+        assert problem.disk_bytes is not None and problem.host_storage is not None
+        groups = problem.host_storage
+        kept = np.zeros((inst.n_hosts, int(groups.max()) + 1))  # [target host, storage group] -> disk bytes
+        np.add.at(kept, (target[run], groups[problem.current[run]]), problem.disk_bytes[run].astype(float))
+        stay += kept[:, groups]
     rename = np.arange(inst.n_hosts)
     classes: dict[tuple[object, ...], list[int]] = {}
     fixed = set(inst.task_pinned[inst.task_pinned >= 0].tolist()) | set(problem.current[problem.leaving].tolist())
@@ -293,7 +299,7 @@ def _evict_overfull(problem: AdaptProblem) -> np.ndarray:
     mem_load = np.bincount(problem.current[stay], weights=inst.task_mem[stay], minlength=inst.n_hosts)
     for h in np.flatnonzero(mem_load > inst.host_mem + MEMORY_TOLERANCE):
         on = np.flatnonzero((problem.current == h) & stay & ~pinned)
-        order = on[np.argsort(problem.task_bytes[on] / inst.task_mem[on], kind="stable")]
+        order = on[np.argsort(problem.cheapest_move(on) / inst.task_mem[on], kind="stable")]
         excess = mem_load[h] - inst.host_mem[h]
         for t in order:
             if excess <= MEMORY_TOLERANCE:
@@ -417,11 +423,12 @@ def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int,
     y_b = _ratio(cap[b], load[b], vec)
     a = need[on][:, None, ...]
     m = inst.task_mem[on][:, None]
-    tb = problem.task_bytes[on][:, None].astype(float)
+    to_dest = problem.move_bytes(on[:, None], dests[None, :])  # what moving there costs, disks included
+    at_b = problem.move_bytes(on, b)[:, None]  # what being on b costs now (refunded by leaving)
     cur = problem.current[on][:, None]
     running = cur >= 0
     dest = dests[None, :]
-    dc = np.where(running & (cur != dest), tb, 0.0) - np.where(running & (cur != b), tb, 0.0)
+    dc = np.where(running & (cur != dest), to_dest, 0.0) - np.where(running & (cur != b), at_b, 0.0)
     after_b = _ratio(cap[b], load[b] - a, vec, floor=1e-12)
     after_h = _ratio(cap[dests][None, ...], load[dests][None, ...] + a, vec)  # 0 where a needed resource is absent
     gain = np.minimum(np.minimum(after_b, after_h), 1.0) - y_b
@@ -456,10 +463,11 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     at, au = need[on][:, None, ...], need[others][None, ...]
     mt, mu = inst.task_mem[on][:, None], inst.task_mem[others][None, :]
     ct, cu = problem.current[on][:, None], problem.current[others][None, :]
-    bt, bu = problem.task_bytes[on][:, None].astype(float), problem.task_bytes[others][None, :].astype(float)
+    t_to_h, t_at_b = problem.move_bytes(on[:, None], hu), problem.move_bytes(on, b)[:, None]
+    u_to_b, u_at_h = problem.move_bytes(others, b)[None, :], problem.move_bytes(others, hosts[others])[None, :]
     # Byte cost change: t goes b -> hu, u goes hu -> b (each relative to where it runs now).
-    dc = (np.where((ct >= 0) & (ct != hu), bt, 0.0) - np.where((ct >= 0) & (ct != b), bt, 0.0)
-          + np.where((cu >= 0) & (cu != b), bu, 0.0) - np.where((cu >= 0) & (cu != hu), bu, 0.0))
+    dc = (np.where((ct >= 0) & (ct != hu), t_to_h, 0.0) - np.where((ct >= 0) & (ct != b), t_at_b, 0.0)
+          + np.where((cu >= 0) & (cu != b), u_to_b, 0.0) - np.where((cu >= 0) & (cu != hu), u_at_h, 0.0))
     y_b = _ratio(cap[b], load[b], vec)
     new_b = load[b] - at + au
     new_h = load[hosts[others]][None, ...] - au + at

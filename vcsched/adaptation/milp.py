@@ -59,7 +59,21 @@ def adapt_milp(problem: AdaptProblem, options: SolveOptions) -> tuple[np.ndarray
     scale = float(problem.task_bytes[run].max()) if len(run) else 1.0
     stay_w = np.zeros(model.n_vars)
     budget_row: int | None = None
-    if len(run):
+    if len(run) and problem.copies_disks:
+        # A move's bytes depend on its destination (disks copied between storage groups): the budget row sums
+        # C[t, h] * e[t, h] over every host but the current one, and the second solve minimizes the same sum.
+        hosts_all = np.arange(inst.n_hosts)
+        cost = problem.move_bytes(run[:, None], hosts_all[None, :])
+        cost[np.arange(len(run)), problem.current[run]] = 0.0
+        scale = float(cost.max()) or 1.0
+        cols = (run[:, None] * inst.n_hosts + hosts_all[None, :]).ravel()
+        stay_w[cols] = -cost.ravel() / scale  # "kept" weight: minus what is moved, so -stay_w is the cost
+        if problem.budget < float(cost.max(axis=1).sum()):
+            row = coo_array((cost.ravel() / scale, (np.zeros(len(cols), dtype=np.int64), cols)),
+                            shape=(1, model.n_vars))
+            model = model.with_rows(row, np.array([-np.inf]), np.array([problem.budget / scale]))
+            budget_row = model.a.shape[0] - 1
+    elif len(run):
         stay_cols = run * inst.n_hosts + problem.current[run]  # model.e_index(t, current[t])
         w = problem.task_bytes[run] / scale
         stay_w[stay_cols] = w
@@ -90,7 +104,8 @@ def adapt_milp(problem: AdaptProblem, options: SolveOptions) -> tuple[np.ndarray
             y_first = min(y_star, placement_min_yield(inst, placement_from(model, x)))
             lower = model.lower.copy()
             lower[model.y_index] = max(y_first - Y_SLACK, 0.0)
-            x2, _ = solve(replace(model, c=-stay_w / stay_w.sum(), lower=lower))
+            weight = abs(stay_w.sum()) or 1.0
+            x2, _ = solve(replace(model, c=-stay_w / weight, lower=lower))
             if x2 is not None:
                 x = x2
         hosts = placement_from(model, x)

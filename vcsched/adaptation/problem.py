@@ -2,8 +2,10 @@
 
 Some tasks already run: ``current[t]`` is the host task ``t`` runs on, or -1
 for a new arrival (departed jobs are simply absent).  Moving a running task
-costs its memory size in bytes (a live migration copies at least that much);
-placing a new arrival costs nothing.  The total cost of the new placement must
+costs its memory size in bytes (a live migration copies at least that much),
+plus its disks' bytes when it moves to a host with other storage
+(``disk_bytes`` and ``host_storage``; without them, as in the paper, memory
+only); placing a new arrival costs nothing.  The total cost of the new placement must
 stay within ``budget`` bytes.  Budget 0 keeps every running task where it is
 and only re-caps CPU; a budget of at least the total running bytes allows a
 free re-placement.
@@ -49,7 +51,11 @@ class AdaptProblem:
     """The section 6.1 problem: an instance, where its tasks run now, what moving each costs, the budget.
 
     ``current[t]`` is a host index or -1 (new arrival); ``task_bytes[t]`` the
-    bytes moving task ``t`` costs (all tasks of a job are equal).
+    bytes moving task ``t`` costs (all tasks of a job are equal).  Optional,
+    for clusters whose hosts do not all share storage: ``disk_bytes[t]`` the
+    bytes of task ``t``'s disks and ``host_storage[h]`` a storage group per
+    host; a move between groups also copies the disks, so it costs
+    ``task_bytes[t] + disk_bytes[t]`` (:meth:`move_bytes`).
     """
 
     instance: Instance
@@ -58,6 +64,8 @@ class AdaptProblem:
     budget: int
     #: Tasks that must leave the host they run on (a drain); they may go anywhere else the rules allow.
     leave: tuple[int, ...] = ()
+    disk_bytes: np.ndarray | None = None
+    host_storage: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = self.instance.n_tasks
@@ -66,6 +74,47 @@ class AdaptProblem:
                              f"and {self.task_bytes.shape} byte sizes")
         if self.budget < 0:
             raise InputError(f"budget: {self.budget} bytes is negative")
+        if (self.disk_bytes is None) != (self.host_storage is None):
+            raise InputError("adaptation problem: disk_bytes and host_storage go together")
+        if self.disk_bytes is not None and self.host_storage is not None and (
+                self.disk_bytes.shape != (n,) or self.host_storage.shape != (self.instance.n_hosts,)):
+            raise InputError(f"adaptation problem: {n} tasks and {self.instance.n_hosts} hosts but "
+                             f"{self.disk_bytes.shape} disk sizes and {self.host_storage.shape} storage groups")
+
+    @property
+    def copies_disks(self) -> bool:
+        """Whether some move costs more than memory (a task with disks, hosts with other storage)."""
+        return (self.disk_bytes is not None and self.host_storage is not None and bool(self.disk_bytes.any())
+                and len(np.unique(self.host_storage)) > 1)
+
+    def move_bytes(self, tasks: np.ndarray | int, dests: np.ndarray | int) -> np.ndarray:
+        """Bytes of moving each of ``tasks`` from where it runs now to ``dests`` (broadcast together).
+
+        Memory, plus the disks when the destination's storage group differs
+        from the current host's.  (Whether the task moves at all is the
+        caller's business: this is the price *if* it does.)
+        """
+        t = np.asarray(tasks)
+        mem = self.task_bytes[t].astype(float)
+        if not self.copies_disks:
+            return np.broadcast_to(mem, np.broadcast(t, np.asarray(dests)).shape).astype(float)
+        assert self.disk_bytes is not None and self.host_storage is not None
+        cur = self.current[t]
+        other = self.host_storage[np.asarray(dests)] != self.host_storage[np.clip(cur, 0, None)]
+        return mem + np.where(other & (cur >= 0), self.disk_bytes[t].astype(float), 0.0)
+
+    def cheapest_move(self, tasks: np.ndarray) -> np.ndarray:
+        """Per task, the fewest bytes moving it off its host can cost: to an open host of its own storage group
+        if there is one, else memory + disks (a drain's lower bound before the destination is known)."""
+        t = np.asarray(tasks, dtype=np.int64)
+        if not self.copies_disks or not len(t):
+            return self.task_bytes[t].astype(float)
+        dests = np.flatnonzero(~self.closed)
+        if not len(dests):
+            return self.move_bytes(t, self.current[t])
+        cost = self.move_bytes(t[:, None], dests[None, :])
+        cost = np.where(dests[None, :] == self.current[t][:, None], np.inf, cost)
+        return np.where(np.isinf(cost.min(axis=1)), self.move_bytes(t, self.current[t]), cost.min(axis=1))
 
     @property
     def running(self) -> np.ndarray:
@@ -73,7 +122,9 @@ class AdaptProblem:
         return self.current >= 0
 
     def with_budget(self, budget: int) -> AdaptProblem:
-        return AdaptProblem(self.instance, self.current, self.task_bytes, budget, self.leave)
+        import dataclasses
+
+        return dataclasses.replace(self, budget=budget)
 
     @property
     def closed(self) -> np.ndarray:
@@ -166,8 +217,12 @@ def adapt_rule_problems(problem: AdaptProblem, hosts: np.ndarray) -> list[str]:
 
 def move_cost(problem: AdaptProblem, hosts: np.ndarray) -> int:
     """Bytes migrated to go from ``problem.current`` to ``hosts``: running tasks that change host."""
-    moved = problem.running & (np.asarray(hosts) != problem.current)
-    return int(problem.task_bytes[moved].sum())
+    hosts = np.asarray(hosts)
+    moved = problem.running & (hosts != problem.current)
+    if not problem.copies_disks:
+        return int(problem.task_bytes[moved].sum())
+    t = np.flatnonzero(moved)
+    return int(problem.move_bytes(t, hosts[t]).sum())
 
 
 @dataclass(frozen=True)
@@ -189,7 +244,7 @@ def migrations(problem: AdaptProblem, hosts: np.ndarray) -> list[Migration]:
     for t in np.flatnonzero(problem.running & (np.asarray(hosts) != problem.current)):
         j = int(inst.task_job[t])
         out.append(Migration(inst.jobs[j].name, int(t - inst.job_first_task[j]), int(problem.current[t]),
-                             int(hosts[t]), int(problem.task_bytes[t])))
+                             int(hosts[t]), int(problem.move_bytes(int(t), int(hosts[t])))))
     return out
 
 

@@ -103,6 +103,8 @@ def _contract(problem: AdaptProblem) -> tuple[AdaptProblem, np.ndarray, list[str
     jobs: list[Job] = []
     task_of = np.empty(inst.n_tasks, dtype=np.int64)
     current, task_bytes, pinned, leave = [], [], [], []
+    disks = problem.disk_bytes
+    disk_bytes: list[int] = []
     split: list[str] = []
     leaving = problem.leaving
     new_t = 0
@@ -118,6 +120,8 @@ def _contract(problem: AdaptProblem) -> tuple[AdaptProblem, np.ndarray, list[str
             task_of[sl] = new_t
             current.append(int(cur[0]))
             task_bytes.append(int(problem.task_bytes[sl].sum()))
+            if disks is not None:
+                disk_bytes.append(int(disks[sl].sum()))
             pinned.append(int(inst.task_pinned[sl].max()))
             if leaving[sl].any():
                 leave.append(new_t)
@@ -130,13 +134,17 @@ def _contract(problem: AdaptProblem) -> tuple[AdaptProblem, np.ndarray, list[str
         task_of[sl] = np.arange(new_t, new_t + job.tasks)
         current.extend(int(c) for c in cur)
         task_bytes.extend(int(b) for b in problem.task_bytes[sl])
+        if disks is not None:
+            disk_bytes.extend(int(b) for b in disks[sl])
         pinned.extend(int(p) for p in inst.task_pinned[sl])
         leave.extend(new_t + i for i in range(job.tasks) if leaving[first + i])
         new_t += job.tasks
     contracted = dataclasses.replace(inst, jobs=tuple(jobs), pinned=tuple(pinned) if any(p >= 0 for p in pinned)
                                      else ())
     return (AdaptProblem(contracted, np.array(current, dtype=np.int64), np.array(task_bytes, dtype=np.int64),
-                         problem.budget, tuple(leave)), task_of, split)
+                         problem.budget, tuple(leave),
+                         None if disks is None else np.array(disk_bytes, dtype=np.int64), problem.host_storage),
+            task_of, split)
 
 
 def _spread_broken_now(problem: AdaptProblem) -> list[str]:

@@ -20,6 +20,7 @@ virtual cluster and CPU need.  It deliberately leaves out
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -72,10 +73,18 @@ class VmState:
     cap_cores: float | None = None  # None: no cap (or not readable, e.g. inactive)
     devices: VmDevices = field(default_factory=VmDevices)  # the disks and interfaces disk/net caps apply to
     io_caps: IoCaps = field(default_factory=IoCaps)  # its disk and network caps (not readable when inactive)
+    uuid: str | None = None  # libvirt's UUID: the same VM on two hosts has the same one
+    paused: bool = False  # active but not running (e.g. the destination copy of a migration not yet resumed)
+    #: A copy of a VM (same UUID) also present on another host: reported, never acted on until resolved.
+    in_doubt: bool = False
+    #: Bytes its disks occupy on the host (allocation): what a move to a host with other storage copies.
+    disk_bytes: int = 0
+    #: Set on the paused destination copy of a migration until vcsched resumes it (the source host's name).
+    arriving_from: str | None = None
 
     @property
     def managed(self) -> bool:
-        return self.meta is not None
+        return self.meta is not None and not self.in_doubt
 
     @property
     def cluster(self) -> str | None:
@@ -117,10 +126,48 @@ class HostState:
 
 
 @dataclass(frozen=True)
+class InDoubt:
+    """One VM (by UUID) found active on more than one host: after an interrupted migration.
+
+    ``resolved``: what vcsched did about it (e.g. removed a paused copy), None
+    while it still needs an operator (two running copies: vcsched cannot tell
+    which one holds the newer state).
+    """
+
+    vm: str
+    uuid: str
+    hosts: tuple[str, ...]
+    states: tuple[str, ...]  # "running" / "paused", per host
+    resolved: str | None = None
+
+
+def find_in_doubt(vms: tuple[VmState, ...]) -> tuple[InDoubt, ...]:
+    """Every UUID active on two or more hosts, in name order."""
+    by_uuid: dict[str, list[VmState]] = {}
+    for v in vms:
+        if v.uuid is not None and v.active:
+            by_uuid.setdefault(v.uuid, []).append(v)
+    out = [InDoubt(copies[0].name, u, tuple(c.host for c in copies),
+                   tuple("paused" if c.paused else "running" for c in copies))
+           for u, copies in by_uuid.items() if len({c.host for c in copies}) > 1]
+    return tuple(sorted(out, key=lambda d: (d.vm, d.uuid)))
+
+
+def mark_in_doubt(vms: tuple[VmState, ...], doubts: tuple[InDoubt, ...]) -> tuple[VmState, ...]:
+    """``vms`` with every copy of a doubtful VM marked ``in_doubt`` (so :attr:`VmState.managed` is False)."""
+    from dataclasses import replace
+
+    bad = {d.uuid for d in doubts if d.resolved is None}
+    return tuple(replace(v, in_doubt=True) if v.uuid in bad and v.active else v for v in vms)
+
+
+@dataclass(frozen=True)
 class Inventory:
     cluster: str
     hosts: tuple[HostState, ...]
     vms: tuple[VmState, ...]
+    #: VMs found on two hosts at once (see :class:`InDoubt`); their copies are marked ``in_doubt``.
+    in_doubt: tuple[InDoubt, ...] = ()
 
     def host(self, name: str) -> HostState:
         for h in self.hosts:
@@ -134,8 +181,16 @@ class Inventory:
                 return v
         return None
 
+    @functools.cached_property
+    def _by_host(self) -> dict[str, tuple[VmState, ...]]:
+        """VMs grouped by host once (1,000 hosts x 10,000 VMs: a scan per host cost seconds)."""
+        out: dict[str, list[VmState]] = {}
+        for v in self.vms:
+            out.setdefault(v.host, []).append(v)
+        return {h: tuple(vs) for h, vs in out.items()}
+
     def vms_on(self, host: str) -> tuple[VmState, ...]:
-        return tuple(v for v in self.vms if v.host == host)
+        return self._by_host.get(host, ())
 
     def managed(self) -> tuple[VmState, ...]:
         return tuple(v for v in self.vms if v.managed and v.active)
@@ -146,7 +201,7 @@ class Inventory:
             return self
         hosts = tuple(h for h in self.hosts if h.down is None)
         names = {h.name for h in hosts}
-        return Inventory(self.cluster, hosts, tuple(v for v in self.vms if v.host in names))
+        return Inventory(self.cluster, hosts, tuple(v for v in self.vms if v.host in names), self.in_doubt)
 
     def down_hosts(self) -> tuple[HostState, ...]:
         return tuple(h for h in self.hosts if h.down is not None)

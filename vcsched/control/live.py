@@ -56,7 +56,8 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
                     depart: Iterable[str] = (), algorithm: str = "heuristic", parallel: int = 1,
                     options: SolveOptions | None = None, cluster: Cluster | None = None,
                     sharing: Sharing | None = None, pinned: Iterable[str] = (),
-                    record_needs: bool = True, drain: str | None = None) -> LiveAdaptation:
+                    record_needs: bool = True, drain: str | None = None,
+                    storage: Cluster | None = None) -> LiveAdaptation:
     """Adapt the running managed VMs of ``inventory``  within ``budget``.
 
     Units as in admission (docs/model.md): hosts in fractions of the reference
@@ -83,6 +84,11 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     the byte-budgeted search places on the resource vector (every host's
     declared disk and network capacity, as the placing algorithms do), and
     the policy then allocates every fluid resource on that placement.
+
+    What a move costs (docs/operations.md, "Running across machines"): its
+    memory, plus its disks when source and target do not share ``storage``
+    in the cluster file (``cluster``, or ``storage`` alone for a caller that
+    wants only that from the file, like the controller).
 
     Placement rules (docs/rules.md): hosts in maintenance in ``cluster`` take
     no VM that does not run there, VMs keep their recorded spread, together
@@ -153,8 +159,11 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
                                                               for h in shared[0].hosts), pinned=pinned_tasks)
     else:
         instance = Instance(model_hosts(inventory, cordoned=cordoned), existing.jobs, pinned=pinned_tasks)
+    layout = cluster if cluster is not None else storage  # which hosts share storage (the cluster file)
+    disk_bytes, host_storage = _storage_costs(layout, inventory, vms)
     problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
-                           np.array([v.memory_bytes for v in vms], dtype=np.int64), budget)
+                           np.array([v.memory_bytes for v in vms], dtype=np.int64), budget,
+                           disk_bytes=disk_bytes, host_storage=host_storage)
     stays: tuple[tuple[str, str, str], ...] = ()
     if drain is not None:
         problem, adapted, stays = _drain(cluster_name, inventory, full, vms, problem, drain, algorithm, options)
@@ -187,7 +196,14 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     if moved_pinned:  # only possible with an unlimited budget, where no cost exceeds it
         raise MigrationBlocked(f"{moved_pinned[0]} is pinned (migrated recently) but the best placement moves it; "
                                "give a finite budget")
-    order = order_changes(rooms, changes, parallel=parallel)
+    disks = {v.name: v.disk_bytes for v in vms}
+
+    def hop_bytes(c: VmChange, src: str, dst: str) -> int:
+        """Memory, plus the disks when source and destination do not share storage."""
+        assert layout is not None  # host_storage is only set with the cluster file
+        return c.cost + (0 if layout.shares_storage(src, dst) else disks.get(c.vm, 0))
+
+    order = order_changes(rooms, changes, parallel=parallel, move_bytes=hop_bytes if host_storage is not None else None)
     if order.total_bytes > budget:
         raise MigrationBlocked(f"budget: the safe order needs {order.total_bytes} bytes ({order.relays} relays "
                                f"through hosts with room), above the budget of {budget}; raise --budget")
@@ -227,6 +243,22 @@ def _drain(cluster_name: str, inventory: Inventory, full: Inventory, vms: list[V
     result = drain(problem, index, algorithm, options)
     stays = tuple((vms[s.task].name, s.reason, s.detail) for s in result.stays)
     return result.problem, result.adapted, stays
+
+
+def _storage_costs(cluster: Cluster | None, inventory: Inventory,
+                   vms: list[VmState]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Per VM its disks' bytes and per host its storage group, when some move would copy disks; else (None, None).
+
+    Without the cluster file nothing is known about storage: moves cost memory, as before.
+    """
+    if cluster is None or not any(v.disk_bytes for v in vms):
+        return None, None
+    names = [cluster.host(h.name).storage_name if h.name in cluster.host_names else h.name for h in inventory.hosts]
+    groups = {n: i for i, n in enumerate(dict.fromkeys(names))}
+    if len(groups) < 2:
+        return None, None
+    return (np.array([v.disk_bytes for v in vms], dtype=np.int64),
+            np.array([groups[n] for n in names], dtype=np.int64))
 
 
 def _shared_instance(cluster: Cluster, inventory: Inventory, managed: tuple[VmState, ...], needs: Mapping[str, float],

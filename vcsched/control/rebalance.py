@@ -43,6 +43,7 @@ from typing import Any
 from vcsched.control.inventory import Inventory
 from vcsched.control.live import LiveAdaptation, adapt_inventory
 from vcsched.errors import InputError
+from vcsched.formats.cluster import Cluster
 from vcsched.plans.migration import MigrationBlocked
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import MigrateStep
@@ -59,6 +60,8 @@ class RebalanceOptions:
     cooldown: float = 600.0  # seconds a migrated VM stays put
     algorithm: str = "heuristic"
     parallel: int = 1
+    #: The cluster file, for what a move costs (memory + disks between hosts of different storage); None: memory.
+    storage: Cluster | None = None
 
     def __post_init__(self) -> None:
         if self.budget < 0:
@@ -135,7 +138,7 @@ class Rebalancer:
         o = self.options
         budget = o.budget if kind == REBALANCE else 0
         return adapt_inventory(inventory.cluster, inventory, budget, needs=needs, algorithm=o.algorithm,
-                               parallel=o.parallel, pinned=tuple(pinned), record_needs=False)
+                               parallel=o.parallel, pinned=tuple(pinned), record_needs=False, storage=o.storage)
 
     def decide(self, inventory: Inventory, needs: Mapping[str, float], now: float) -> Decision:
         o = self.options

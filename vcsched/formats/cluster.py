@@ -19,7 +19,16 @@ Format (TOML, written by ``vcsched lab up`` or by hand; docs/operations.md)::
     partition = "/vcl1h0"        # optional libvirt <resource><partition> for VMs placed here
     disk_bps = "200MiB"          # optional: disk bytes per second the host can give its VMs together
     net_bps = "117MiB"           # optional: network bytes per second, in each direction
+    address = "10.0.0.12"        # optional: where migrations to this host go (default: the URI's host part)
+    storage = "rack1-nfs"        # optional: hosts with the same name share storage (default: the host's name)
     maintenance = true           # optional: cordoned (`vcsched cordon h0`): no new VM, no migration in
+
+Across machines (docs/operations.md, "Running across machines"), all optional::
+
+    pki = "/etc/vcsched/pki"     # client certificates (cacert.pem, clientcert.pem, clientkey.pem), added to
+                                 # every qemu+tls URI as pkipath
+    migration_tls = true         # encrypt migration streams (VIR_MIGRATE_TLS); default false
+    host_timeout = 10            # seconds a host may take to answer before it counts as down for the command
 
 Sharing policies (docs/policies.md), all optional::
 
@@ -39,9 +48,13 @@ the CLI's job) and raises :class:`InputError` naming the field and the value.
 
 from __future__ import annotations
 
+import functools
+import ipaddress
+import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_fields, check_fraction, check_name, check_number, check_string
@@ -54,9 +67,63 @@ if TYPE_CHECKING:
 KNOWN_URI_SCHEMES = ("qemu", "xen", "libxl", "test")
 DOMAIN_TYPES = ("qemu", "kvm", "xen")
 
+#: Seconds a host may take to answer (open + the inventory's reads) before it counts as down for one command.
+DEFAULT_HOST_TIMEOUT_S = 15.0
+
+#: Where migration streams go when the host's URI names no machine (``qemu:///system``, a unix socket):
+#: this machine, as before the ``address`` field existed.
+LOCAL_ADDRESS = "127.0.0.1"
+
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+
+
 def uri_scheme(uri: str) -> str:
     """The driver part of a libvirt URI: ``qemu+unix:///system`` -> ``qemu``."""
     return uri.split(":", 1)[0].split("+", 1)[0] if ":" in uri else ""
+
+
+def uri_transport(uri: str) -> str:
+    """The transport part of a libvirt URI: ``qemu+tls://h/system`` -> ``tls``; none given -> ``""``."""
+    head = uri.split(":", 1)[0] if ":" in uri else ""
+    return head.split("+", 1)[1] if "+" in head else ""
+
+
+def uri_host(uri: str) -> str | None:
+    """The machine a libvirt URI names (``qemu+tls://10.0.0.2/system`` -> ``10.0.0.2``); None for a local URI."""
+    try:
+        host = urlsplit(uri).hostname
+    except ValueError:
+        return None
+    return host or None
+
+
+def check_address(where: str, value: Any) -> str:
+    """An IP address (v4 or v6) or a DNS host name: where migration streams to a host are sent."""
+    if isinstance(value, str):
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            if _HOSTNAME.fullmatch(value) and not re.fullmatch(r"[0-9.]+", value):
+                return value
+    raise InputError(f"{where}: {value!r} is not an IP address or host name")
+
+
+def with_pkipath(uri: str, pki: str | None) -> str:
+    """``uri`` with ``pkipath=pki`` added when it is a ``+tls`` URI that does not name its own."""
+    if pki is None or uri_transport(uri) != "tls" or "pkipath" in parse_qs(urlsplit(uri).query):
+        return uri
+    return f"{uri}{'&' if '?' in uri else '?'}pkipath={pki}"
+
+
+def migration_uri(address: str) -> str:
+    """``VIR_MIGRATE_PARAM_URI`` for a destination address (IPv6 in brackets)."""
+    try:
+        if ipaddress.ip_address(address).version == 6:
+            return f"tcp://[{address}]"
+    except ValueError:
+        pass
+    return f"tcp://{address}"
 
 
 @dataclass(frozen=True)
@@ -82,7 +149,20 @@ class ClusterHost:
     #: vcsched refuses to cap that resource on the host.
     disk_bps: int | None = None
     net_bps: int | None = None
+    #: Where migrations to this host go (None: the host part of its URI, else this machine).
+    address: str | None = None
+    #: Hosts with the same storage name share storage; None: the host's own name (nothing shared, the safe
+    #: over-estimate of what a move costs).
+    storage: str | None = None
     maintenance: bool = False  # cordoned: receives no new VM and no migration (docs/rules.md)
+
+    @property
+    def migration_address(self) -> str:
+        return self.address or uri_host(self.uri) or LOCAL_ADDRESS
+
+    @property
+    def storage_name(self) -> str:
+        return self.storage or self.name
 
 
 @dataclass(frozen=True)
@@ -96,11 +176,28 @@ class Cluster:
     alpha: float | None = None  # alpha-fair's exponent
     tenants: tuple[Tenant, ...] = ()  # the tenant tree (hdrf); requests name a leaf with tenant = "..."
     lock_ttl: float | None = None  # seconds; None: the default
+    pki: str | None = None  # client certificate directory, added to qemu+tls URIs as pkipath
+    migration_tls: bool = False  # VIR_MIGRATE_TLS on every migration
+    host_timeout: float = DEFAULT_HOST_TIMEOUT_S
+    #: What the operator must know about the file (an unverified or unauthenticated URI), one line each.
+    warnings: tuple[str, ...] = ()
+
+    def connect_uri(self, host: str) -> str:
+        """The URI vcsched opens for ``host``: its URI, with the cluster's ``pki`` for TLS."""
+        return with_pkipath(self.host(host).uri, self.pki)
+
+    def shares_storage(self, a: str, b: str) -> bool:
+        """Whether a VM's disks on host ``a`` are also reachable on host ``b`` (same ``storage`` name)."""
+        return self.host(a).storage_name == self.host(b).storage_name
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, ClusterHost]:
+        return {h.name: h for h in self.hosts}
 
     def host(self, name: str) -> ClusterHost:
-        for h in self.hosts:
-            if h.name == name:
-                return h
+        h = self._by_name.get(name)
+        if h is not None:
+            return h
         raise InputError(f"host {name!r}: not in cluster {self.name!r} (hosts: {', '.join(self.host_names)})")
 
     @property
@@ -115,7 +212,7 @@ class Cluster:
 
 def _host_from_dict(where: str, d: Any) -> ClusterHost:
     d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition", "disk_bps", "net_bps",
-                                "maintenance"}, {"name", "uri"}, kind="table")
+                                "address", "storage", "maintenance"}, {"name", "uri"}, kind="table")
     name = check_name(f"{where}.name", d["name"])
     uri = check_string(f"{where}.uri", d["uri"])
     scheme = uri_scheme(uri)
@@ -131,10 +228,27 @@ def _host_from_dict(where: str, d: Any) -> ClusterHost:
                                                                                          partition)):
         raise InputError(f"{where}.partition: {partition!r} is not a partition path like \"/machine\"")
     rates = {k: parse_size(f"{where}.{k}", d[k]) if k in d else None for k in ("disk_bps", "net_bps")}
+    address = check_address(f"{where}.address", d["address"]) if "address" in d else None
+    storage = check_name(f"{where}.storage", d["storage"]) if "storage" in d else None
     maintenance = d.get("maintenance", False)
     if not isinstance(maintenance, bool):
         raise InputError(f"{where}.maintenance: expected true or false, got {maintenance!r}")
-    return ClusterHost(name, uri, cores, reserved, partition, rates["disk_bps"], rates["net_bps"], maintenance)
+    return ClusterHost(name, uri, cores, reserved, partition, rates["disk_bps"], rates["net_bps"], address, storage,
+                       maintenance)
+
+
+def uri_warnings(where: str, host: str, uri: str) -> tuple[str, ...]:
+    """What is unsafe about a host's URI: certificate checks switched off, or no authentication at all.
+
+    Accepted (the operator may have reasons, e.g. a private management
+    network) but never silently: each names the host.
+    """
+    out = []
+    if "1" in parse_qs(urlsplit(uri).query).get("no_verify", []):
+        out.append(f"{where}.uri: host {host}: no_verify=1 switches off the check of its TLS certificate")
+    if uri_transport(uri) == "tcp":
+        out.append(f"{where}.uri: host {host}: qemu+tcp is neither encrypted nor authenticated by certificate")
+    return tuple(out)
 
 
 def _guest_from_dict(d: Any) -> GuestDefaults:
@@ -152,7 +266,8 @@ def _guest_from_dict(d: Any) -> GuestDefaults:
 def cluster_from_dict(d: Any) -> Cluster:
     """Validate a decoded cluster file; every error names the field and the value."""
     d = check_fields("cluster", d, {"name", "min_yield", "guest", "hosts", "coordination", "lock_ttl", "policy",
-                                    "alpha", "tenants"}, {"name", "hosts"}, kind="table")
+                                    "alpha", "tenants", "pki", "migration_tls", "host_timeout"}, {"name", "hosts"},
+                     kind="table")
     name = check_name("name", d["name"])
     hosts_raw = d["hosts"]
     if not isinstance(hosts_raw, list) or not hosts_raw:
@@ -173,7 +288,21 @@ def cluster_from_dict(d: Any) -> Cluster:
     policy, alpha = _policy_from_dict(d)
     tenants = _tenants_from_dict(d["tenants"]) if "tenants" in d else ()
     lock_ttl = check_number("lock_ttl", d["lock_ttl"], low=1.0, low_open=False) if "lock_ttl" in d else None
-    return Cluster(name, hosts, min_yield, guest, coordination, policy, alpha, tenants, lock_ttl)
+    pki = check_string("pki", d["pki"]) if "pki" in d else None
+    if pki is not None and (not pki.startswith("/") or any(c in pki for c in "&?#\n")):
+        raise InputError(f"pki: {pki!r} is not an absolute directory path (without '&', '?', '#')")
+    migration_tls = d.get("migration_tls", False)
+    if not isinstance(migration_tls, bool):
+        raise InputError(f"migration_tls: {migration_tls!r} is not true or false")
+    host_timeout = DEFAULT_HOST_TIMEOUT_S
+    if "host_timeout" in d:
+        raw = d["host_timeout"]
+        if isinstance(raw, float) and math.isnan(raw):
+            raise InputError(f"host_timeout: {raw!r} is not a number of seconds above 0")
+        host_timeout = check_number("host_timeout", raw, low=0.0)
+    warnings = tuple(w for i, h in enumerate(hosts) for w in uri_warnings(f"hosts[{i}]", h.name, h.uri))
+    return Cluster(name, hosts, min_yield, guest, coordination, policy, alpha, tenants, lock_ttl, pki,
+                   migration_tls, host_timeout, warnings)
 
 
 def _policy_from_dict(d: Any) -> tuple[str | None, float | None]:

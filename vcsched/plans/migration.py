@@ -35,7 +35,7 @@ done.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vcsched.caps import min_cap, realisable_cap
@@ -119,8 +119,13 @@ class MigrationOrder:
         return tuple(s for s in self.steps if isinstance(s, Move))
 
 
-def order_changes(hosts: Iterable[HostRoom], changes: Iterable[VmChange], *, parallel: int = 1) -> MigrationOrder:
+def order_changes(hosts: Iterable[HostRoom], changes: Iterable[VmChange], *, parallel: int = 1,
+                  move_bytes: Callable[[VmChange, str, str], int] | None = None) -> MigrationOrder:
     """Order the cap changes and migrations of ``changes`` safely (see the module docstring).
+
+    ``move_bytes(change, source, target)``: what one hop costs when that
+    depends on the hosts (disks copied between storage groups); default the
+    change's :attr:`VmChange.cost` for every hop.
 
     ``hosts`` must account for everything on them now in ``memory_used``
     (unmanaged VMs too) and ``caps_used`` (the managed VMs' caps).  Raises
@@ -195,8 +200,9 @@ def order_changes(hosts: Iterable[HostRoom], changes: Iterable[VmChange], *, par
             leaving.append((src, cap_of[c.vm]))
             caps[dst] += arrival
             cap_of[c.vm] = arrival
-            steps.append(Move(c.vm, src, dst, c.cost, arrival, wave, relay, squeezed))
-            total += c.cost
+            hop_cost = c.cost if move_bytes is None else move_bytes(c, src, dst)
+            steps.append(Move(c.vm, src, dst, hop_cost, arrival, wave, relay, squeezed))
+            total += hop_cost
         for c, src, _, _ in started:  # the sources are freed once the VMs run on their destinations
             mem[src] -= c.memory_bytes
         for src, cap in leaving:
