@@ -878,9 +878,27 @@ class LibvirtHypervisor:
         paused copy of the same UUID never executed since the migration began
         (vcsched resumes a destination only after its source is gone).  Two
         running copies are left to the operator.
+
+        The inventory's states are a snapshot, and a migration that was in
+        progress when it was read may have completed since: its source gone
+        and its destination resumed (seen: another process's inventory during
+        `vcsched run`'s migration destroyed the only copy left).  So right
+        before anything is removed, every copy is read again and must still be
+        in the same state with no libvirt job (a migration holds one on both
+        sides until its source is confirmed gone): paused copies first, then
+        the running one.  A running copy with no job cannot start losing its
+        source role while its paused twin exists (a new migration to that host
+        would collide with the twin's UUID), so the removal is then safe.
         """
         if doubt.states.count("running") != 1:
             return doubt
+        runs = doubt.hosts[doubt.states.index("running")]
+        ordered = [(h, st) for h, st in zip(doubt.hosts, doubt.states, strict=True) if st == "paused"]
+        for host, st in [*ordered, (runs, "running")]:
+            if not self._still(host, doubt.uuid, st):
+                self._notice(f"{doubt.vm}: on {', '.join(doubt.hosts)}: its copy on {host} is no longer {st} "
+                             "without a job (a migration in progress or just completed): left alone")
+                return doubt
         copies = {v.host: v for v in vms if v.uuid == doubt.uuid and v.active}
         done = []
         for host, st in zip(doubt.hosts, doubt.states, strict=True):
@@ -897,10 +915,25 @@ class LibvirtHypervisor:
                                         f"copy failed ({exc}); the next inventory tries again")
                     return doubt
                 done.append(host)
-        runs = doubt.hosts[doubt.states.index("running")]
         settled = replace_doubt(doubt, f"removed the paused copy on {', '.join(done)}; it runs on {runs}")
         self._notice(f"{doubt.vm}: in doubt on {', '.join(doubt.hosts)}: {settled.resolved}")
         return settled
+
+    def _still(self, host: str, uuid: str, state: str) -> bool:
+        """Whether the copy with ``uuid`` on ``host`` is in ``state`` now and has no libvirt job (False if unsure)."""
+        try:
+            if self._copy_state(host, uuid) != state:
+                return False
+            with _as_host_error(host, "read a migrating VM's job"):
+                try:
+                    job = int(self._conn(host).lookupByUUIDString(uuid).jobInfo()[0])
+                except libvirt.libvirtError as exc:
+                    if exc.get_error_code() == libvirt.VIR_ERR_NO_SUPPORT:
+                        return True  # a driver without jobs (libvirt's test driver) has none running
+                    raise
+        except HypervisorError:
+            return False
+        return job == libvirt.VIR_DOMAIN_JOB_NONE
 
     def _destroy_copy(self, host: str, vm: str, uuid: str) -> None:
         """Destroy the copy of ``vm`` with ``uuid`` on ``host`` (and undefine it if persistent)."""

@@ -109,6 +109,49 @@ def test_a_migrated_vm_arrives_with_its_destination_cap(lab2: Lab) -> None:
         assert hv.read_cap("h1", dom.name()) == pytest.approx(0.2, abs=1e-9)  # no set_cap after the move
 
 
+def test_an_inventory_read_by_another_process_during_a_migration_never_removes_a_copy(lab2: Lab) -> None:
+    """Another vcsched (an operator's `status`, the controller's sampler) reads the inventory every 0.1 s while
+    a VM migrates back and forth three times.  Its snapshot can show the source running and the arriving copy
+    paused, which is what a stale copy left by a failed migration also looks like; before the copies were
+    re-read right before removal, such a reader destroyed the arrival after the source had gone (3 of 3 VMs
+    lost here), so the VM must still run, once, after every move."""
+    import threading
+
+    from tests.lab_support import lab_guest
+    from vcsched.control.inventory import VmMeta
+
+    cluster = cluster_of(lab2)
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def reader() -> None:
+        with LibvirtHypervisor(cluster) as other:
+            while not stop.wait(0.1):
+                try:
+                    other.inventory()
+                except Exception as exc:  # a read racing the migration may fail; it must never remove anything
+                    errors.append(str(exc))
+
+    with lab_guest(lab2, host=0) as dom, LibvirtHypervisor(cluster) as hv:
+        import libvirt
+
+        from hypervisor.libvirt_backend import METADATA_NS, METADATA_PREFIX, metadata_xml
+
+        name = dom.name()
+        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata_xml(VmMeta("race", 0.3, 128 << 20, 1), bare=True),
+                        METADATA_PREFIX, METADATA_NS, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        thread = threading.Thread(target=reader, daemon=True)
+        thread.start()
+        try:
+            for src, dst in (("h0", "h1"), ("h1", "h0"), ("h0", "h1")):
+                hv.migrate_vm(name, src, dst, 0.3)
+                copies = [(v.host, v.active) for v in hv.inventory().vms if v.name == name]
+                assert copies == [(dst, True)], (src, dst, copies)
+        finally:
+            stop.set()
+            thread.join()
+
+
 # ---------------------------------------------------------------------------------------- own 3-host lab
 
 
