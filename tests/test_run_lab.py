@@ -60,6 +60,7 @@ INTERVAL = 8.0
 BUDGET = 128 * MIB
 IDLE, BUSY = 40, 40  # seconds (guest clock) of the wave's first two phases
 BOOT_TIMEOUT = 150.0
+IDLE_CAP, BUSY_CAP = 0.3, 0.6  # wave-0's cap while idle stays below the first, once busy rises to the second
 
 
 @pytest.fixture(scope="module")
@@ -260,13 +261,14 @@ def test_caps_follow_load_and_an_overloaded_host_sheds_a_vm_within_budget(lab: L
                 + "\n".join(rows) + "\n" + "\n".join(obs))
 
     assert busy_at is not None and idle_at is not None, report()
-    # Idle before the busy phase: lowered from 0.5 well below it.
-    assert cap_at(timeline, start_caps, "wave-0", busy_at) < 0.2, report()
+    # Idle before the busy phase: lowered from 0.5 well below it.  (An idle TCG guest itself uses 0.07-0.17 of
+    # a core here, more when the machine is loaded, and the estimate adds headroom: 0.22 was seen.)
+    assert cap_at(timeline, start_caps, "wave-0", busy_at) < IDLE_CAP, report()
     # Busy: raised within two intervals.
     raised = cap_at(timeline, start_caps, "wave-0", busy_at + follow)
-    assert raised >= 0.3, report()
+    assert raised >= BUSY_CAP, report()
     # Idle again: lowered within two intervals.
-    assert cap_at(timeline, start_caps, "wave-0", idle_at + follow) < 0.2, report()
+    assert cap_at(timeline, start_caps, "wave-0", idle_at + follow) < IDLE_CAP, report()
     # Overloaded h0 (wave needs ~1, calm ~0.47): one VM moved to h1 while wave was busy, within the budget.
     moves = [e for e in events if e["event"] == "step" and e["op"] == "migrate" and e["outcome"] == "done"]
     assert moves and all(m["to"] == "h1" for m in moves), report()
@@ -290,7 +292,7 @@ def test_caps_follow_load_and_an_overloaded_host_sheds_a_vm_within_budget(lab: L
             assert sum(c for vm, c in caps.items() if hosts[vm] == h) <= 1.0 + 1e-6
     assert capwatch.reads > 10 and not capwatch.over, capwatch.over
     took = [(e["time"] - busy_at) for e in events if e["event"] == "step" and e["vm"] == "wave-0"
-            and e["outcome"] == "done" and e.get("cap_cores", 0) >= 0.3 and e["time"] > busy_at]
+            and e["outcome"] == "done" and e.get("cap_cores", 0) >= BUSY_CAP and e["time"] > busy_at]
     print(f"\nwave-0 busy -> first raised cap after {took[0]:.1f} s; migrated {moved} "
           f"{moves[0]['time'] - busy_at:.1f} s after the busy phase began; {len(errors)} error events")
     print(report())
