@@ -211,21 +211,27 @@ def replace_doubt(doubt: InDoubt, resolved: str) -> InDoubt:
     return replace(doubt, resolved=resolved)
 
 
+_RULE_VALUES = (None, "required", "preferred")
+
+
 def parse_metadata_element(el: ET.Element) -> VmMeta | None:
     """:func:`parse_metadata` of an element already parsed (from a whole domain XML)."""
+    a = el.attrib
     try:
-        floor = float(el.attrib["min_yield"]) if "min_yield" in el.attrib else None
-        io = {k: int(el.attrib[k]) if k in el.attrib else None for k in ("disk_bps", "net_bps")}
-        weight = float(el.attrib.get("weight", "1.0"))
-        if not (weight > 0 and math.isfinite(weight)) or any(v is not None and v < 0 for v in io.values()):
+        floor = float(a["min_yield"]) if "min_yield" in a else None
+        disk = int(a["disk_bps"]) if "disk_bps" in a else None
+        net = int(a["net_bps"]) if "net_bps" in a else None
+        weight = float(a.get("weight", "1.0"))
+        if not (weight > 0 and math.isfinite(weight)) or (disk is not None and disk < 0) \
+                or (net is not None and net < 0):
             return None
-        rules = {k: el.attrib.get(k) for k in ("spread", "together")}
-        if any(v not in (None, "required", "preferred") for v in rules.values()):
+        spread, together = a.get("spread"), a.get("together")
+        if spread not in _RULE_VALUES or together not in _RULE_VALUES:
             return None
-        moved = float(el.attrib["migrated_at"]) if "migrated_at" in el.attrib else None
-        return VmMeta(el.attrib["cluster"], float(el.attrib["cpu_need_cores"]), int(el.attrib["memory_bytes"]),
-                      int(el.attrib["vcpus"]), floor, io["disk_bps"], io["net_bps"], weight, el.attrib.get("tenant"),
-                      rules["spread"], rules["together"], el.attrib.get("pinned") == "true", migrated_at=moved)
+        moved = float(a["migrated_at"]) if "migrated_at" in a else None
+        return VmMeta(a["cluster"], float(a["cpu_need_cores"]), int(a["memory_bytes"]), int(a["vcpus"]), floor,
+                      disk, net, weight, a.get("tenant"), spread, together, a.get("pinned") == "true",
+                      migrated_at=moved)
     except (KeyError, ValueError):
         return None
 
@@ -579,7 +585,11 @@ def vm_from_xml(host: str, xml: str, active: bool, paused: bool, *, driver: str)
     device walk is skipped when ``<devices>`` has no disk and no interface:
     at 10,000 VMs every path lookup per VM costs about 0.1 s.
     """
-    root = ET.fromstring(xml)
+    return vm_from_element(host, ET.fromstring(xml), active, paused, driver=driver)
+
+
+def vm_from_element(host: str, root: ET.Element, active: bool, paused: bool, *, driver: str) -> VmState:
+    """:func:`vm_from_xml` of a ``<domain>`` already parsed (:func:`parse_domains`)."""
     first: dict[str, ET.Element] = {}
     for child in root:
         first.setdefault(child.tag, child)
@@ -602,6 +612,20 @@ def vm_from_xml(host: str, xml: str, active: bool, paused: bool, *, driver: str)
     return VmState(name_el.text or "" if name_el is not None else "", host, vcpus, _size_bytes(first.get("memory")),
                    active, meta, cap, devices, io, uuid=uuid_el.text or "" if uuid_el is not None else None,
                    paused=paused, arriving_from=meta_el.get("arriving_from") if meta_el is not None else None)
+
+
+def parse_domains(xmls: list[str]) -> list[ET.Element]:
+    """The ``<domain>`` elements of a host's domain XMLs, parsed in one go (one parser, not one per domain:
+    ~6 us less per VM); one by one when that fails, so a broken XML fails as it would alone."""
+    if len(xmls) > 1:
+        try:
+            together = list(ET.fromstring("<domains>" + "".join(xmls) + "</domains>"))
+        except ET.ParseError:
+            pass
+        else:
+            if len(together) == len(xmls) and all(d.tag == "domain" for d in together):
+                return together
+    return [ET.fromstring(x) for x in xmls]
 
 
 def disk_bytes_of(stats: Mapping[str, Any], disks: Iterable[str]) -> int:
@@ -812,17 +836,20 @@ class LibvirtHypervisor:
                                                              | libvirt.VIR_DOMAIN_STATS_BLOCK))
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"host {host}: cannot list domains: {exc.get_error_message()}") from None
-        out, doms = [], {}
+        read, xmls = [], []
         for dom, stats in found:
-            state = int(stats.get("state.state", libvirt.VIR_DOMAIN_NOSTATE))
             try:
-                xml = _retrying(functools.partial(dom.XMLDesc, 0))
+                xmls.append(_retrying(functools.partial(dom.XMLDesc, 0)))
             except libvirt.libvirtError as exc:
                 if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
                     continue
                 raise HypervisorError(f"host {host}: cannot read domain: {exc.get_error_message()}") from None
+            read.append((dom, stats))
+        out, doms = [], {}
+        for (dom, stats), root in zip(read, parse_domains(xmls), strict=True):
+            state = int(stats.get("state.state", libvirt.VIR_DOMAIN_NOSTATE))
             active = state not in _INACTIVE_STATES
-            vm = vm_from_xml(host, xml, active, state in _PAUSED_STATES, driver=driver)
+            vm = vm_from_element(host, root, active, state in _PAUSED_STATES, driver=driver)
             if active and driver in ("xen", "libxl"):
                 from dataclasses import replace
 
