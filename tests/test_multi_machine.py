@@ -23,6 +23,8 @@ from hypervisor.libvirt_backend import (
     disk_bytes_of,
     metadata_xml,
     migration_flags,
+    parse_domains,
+    vm_from_element,
     vm_from_xml,
 )
 from hypervisor.pki import check_pki
@@ -217,6 +219,30 @@ def test_live_xml_gives_the_inventory_cap_metadata_and_state_in_one_read() -> No
     # read from its scheduler apart, never from the XML.
     assert vm_from_xml("h0", xml, True, False, driver="test").cap_cores == pytest.approx(0.5)
     assert vm_from_xml("h0", xml, True, False, driver="xen").cap_cores is None
+
+
+def test_a_hosts_domains_parsed_together_read_as_each_alone() -> None:
+    import xml.etree.ElementTree as ET
+
+    meta = VmMeta("c", 0.5, 128 * MiB, 2, 0.4, 1000, 2000, 2.0, "t", "required", None, True, migrated_at=5.0)
+    full = (f"<domain type='kvm'><name>v</name><uuid>u-1</uuid><memory unit='MiB'>128</memory>"
+            f"<vcpu placement='static' current='1'>2</vcpu><metadata>{metadata_xml(meta)}</metadata>"
+            "<cputune><period>100000</period><quota>25000</quota></cputune><devices>"
+            "<disk type='file' device='disk'><target dev='vda'/><iotune><total_bytes_sec>500</total_bytes_sec>"
+            "</iotune></disk><disk type='file' device='cdrom'><target dev='hdc'/></disk>"
+            "<interface type='network'><target dev='vnet0'/><bandwidth><inbound average='8'/>"
+            "<outbound average='8'/></bandwidth></interface></devices></domain>")
+    bare = "<domain type='test'><name>w</name><metadata><other xmlns='urn:x'/></metadata></domain>"
+    alone = [vm_from_xml("h0", x, True, False, driver="qemu") for x in (full, bare)]
+    together = [vm_from_element("h0", root, True, False, driver="qemu") for root in parse_domains([full, bare])]
+    assert together == alone
+    assert alone[0].meta == meta and alone[0].vcpus == 1 and alone[0].memory_bytes == 128 * MiB
+    assert alone[0].devices.disks == ("vda",) and alone[0].devices.nics == ("vnet0",)
+    assert alone[0].io_caps.disk_bytes_sec == 500 and alone[0].io_caps.net_bytes_sec == 8000  # libvirt kB/s
+    assert alone[0].cap_cores == pytest.approx(0.25)
+    assert (alone[1].name, alone[1].meta, alone[1].uuid, alone[1].vcpus) == ("w", None, None, 1)
+    with pytest.raises(ET.ParseError):  # a broken one fails as it would alone
+        parse_domains([full, "<domain><name>x</domain>"])
 
 
 # ------------------------------------------------------------------ bounded

@@ -57,7 +57,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from vcsched.adaptation.problem import AdaptProblem, adapt_rule_problems, may_stay, move_cost, task_allowed
 from vcsched.errors import InputError
@@ -234,6 +233,8 @@ def align_to_current(problem: AdaptProblem, target: np.ndarray) -> np.ndarray:
         kept = np.zeros((inst.n_hosts, int(groups.max()) + 1))  # [target host, storage group] -> disk bytes
         np.add.at(kept, (target[run], groups[problem.current[run]]), problem.disk_bytes[run].astype(float))
         stay += kept[:, groups]
+    from scipy.optimize import linear_sum_assignment  # here: `status` imports this module and never renames
+
     rename = np.arange(inst.n_hosts)
     classes: dict[tuple[object, ...], list[int]] = {}
     fixed = set(inst.task_pinned[inst.task_pinned >= 0].tolist()) | set(problem.current[problem.leaving].tolist())

@@ -204,9 +204,9 @@ class Cluster:
     def host_names(self) -> tuple[str, ...]:
         return tuple(h.name for h in self.hosts)
 
-    @property
+    @functools.cached_property
     def cordoned(self) -> frozenset[str]:
-        """Hosts in maintenance."""
+        """Hosts in maintenance (computed once: `status` asks for every host)."""
         return frozenset(h.name for h in self.hosts if h.maintenance)
 
 

@@ -15,11 +15,14 @@ but that a VM needs is a row too, and it pins those jobs to yield 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.sparse import coo_matrix, csr_matrix
 
 from vcsched.model import Instance
+
+if TYPE_CHECKING:  # scipy is imported where a matrix is built: loading it costs ~0.4 s, and `yield` needs none
+    from scipy.sparse import csr_matrix
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class Capacities:
 
 def vms_per_host(instance: Instance, hosts: np.ndarray) -> csr_matrix:
     """``n_jh`` as a sparse (job x host) matrix of VM counts."""
+    from scipy.sparse import csr_matrix
+
     return csr_matrix(
         (np.ones(instance.n_tasks), (instance.task_job, hosts)), shape=(instance.n_jobs, instance.n_hosts)
     )
@@ -63,6 +68,8 @@ def vms_per_host(instance: Instance, hosts: np.ndarray) -> csr_matrix:
 
 def capacities(instance: Instance, hosts: np.ndarray) -> Capacities:
     """The rows of a placement (task -> host index), vectorised over every (job, host, resource)."""
+    from scipy.sparse import coo_matrix
+
     hosts = np.asarray(hosts, dtype=np.int64)
     counts = vms_per_host(instance, hosts).tocoo()  # duplicates summed: one entry per (job, host)
     n_res = len(instance.resources)

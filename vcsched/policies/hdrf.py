@@ -41,15 +41,18 @@ show that.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.sparse import csr_matrix
 
 from vcsched.model import Instance
 from vcsched.policies.allocation import PolicyOptions
 from vcsched.policies.constraints import Capacities, capacities
 from vcsched.policies.registry import PolicyResult, register
 from vcsched.policies.shares import cluster_shares
+
+if TYPE_CHECKING:
+    from scipy.sparse import csr_matrix
 
 BATCH = 512  # steps between two capacity checks
 SATURATED_RTOL = 1e-9  # a pair within this fraction of its capacity counts as saturated
@@ -113,6 +116,8 @@ def collapsed_weights(instance: Instance) -> np.ndarray:
 
 def _membership(tree: Tree, n_jobs: int) -> csr_matrix:
     """(nodes x jobs): 1 where the job's leaf lies in the node's subtree."""
+    from scipy.sparse import csr_matrix
+
     rows, cols = [], []
     for j, leaf in enumerate(tree.leaf_node):
         for a in tree.ancestors(leaf):

@@ -12,7 +12,6 @@ the lexicographic max-min that ``drf`` computes (docs/policies.md §3).
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import linprog
 
 from vcsched.model import Instance
 from vcsched.policies.allocation import PolicyOptions
@@ -33,6 +32,8 @@ def yield_policy(instance: Instance, hosts: np.ndarray, options: PolicyOptions) 
     y_min = float(min(1.0, np.min(caps.capacity[used] / full[used]))) if used.any() else 1.0
     y = np.full(instance.n_jobs, y_min)
     if y_min < 1.0 and instance.n_jobs:
+        from scipy.optimize import linprog  # here: `yield` on CPU alone never needs scipy (~0.4 s to load)
+
         res = linprog(c=-np.ones(instance.n_jobs), A_ub=caps.matrix, b_ub=caps.capacity,
                       bounds=np.column_stack((y, np.ones(instance.n_jobs))), method="highs")
         if res.status == 0:
