@@ -238,6 +238,10 @@ def plot(points: list[Any], label: str, path: str) -> None:
 @click.option("--migration-budget", default=None, metavar="BYTES",
               help="Adapt the placement at every arrival and departure, migrating at most this many bytes "
                    "(vcsched's adaptation; e.g. 2GiB).  [default: no adaptation]")
+@click.option("--adapt-algorithm", type=click.Choice(("heuristic", "heuristic-best")), default="heuristic",
+              show_default=True,
+              help="With --migration-budget: the adaptation's re-placement from scratch, MCB8 (heuristic) or the "
+                   "anytime search best (heuristic-best: better placements, its time limit spent at every event).")
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False), default=None, metavar="FILE.csv",
               help="Arrivals from a trace (CSV: time,class[,work]) instead of Poisson processes.")
 @click.option("--erlang", type=click.IntRange(min=1), default=1, show_default=True,
@@ -256,7 +260,8 @@ def plot(points: list[Any], label: str, path: str) -> None:
 @click.option("--list", "list_scenarios", is_flag=True, help="List the built-in scenarios and exit.")
 def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, alpha: float | None, arrivals: int,
                  warmup: int, replications: int, seed: int, altruism: float, leftover: str, late_tolerance: float,
-                 placement: str, migration_budget: str | None, trace_file: str | None, erlang: int,
+                 placement: str, migration_budget: str | None, adapt_algorithm: str, trace_file: str | None,
+                 erlang: int,
                  registry: bool, as_json: bool, csv_file: str | None, plot_file: str | None, exact: bool,
                  list_scenarios: bool) -> int:
     """Simulate virtual clusters arriving and leaving over time, under every sharing policy.
@@ -332,7 +337,8 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
         if trace is not None and load_opt is not None:
             raise InputError("--load: a trace fixes the arrival times; scaling rates does not apply")
         base = RunOptions(alpha=alpha, arrivals=arrivals, warmup=warmup, seed=seed, altruism=altruism,
-                          leftover=leftover, placement=placement, migration_budget=budget, fast=not registry)
+                          leftover=leftover, placement=placement, migration_budget=budget,
+                          adapt_algorithm=adapt_algorithm, fast=not registry)
         base.check()
         from vcsched.simulate.study import scaled
 

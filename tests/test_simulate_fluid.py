@@ -220,3 +220,19 @@ def test_mcb8_placement_of_an_arrival_weighs_every_fluid_resource() -> None:
     running.hosts = {1: 1}
     placer.add(running)
     assert placer.place(1, [running]) == {1: 1}
+
+
+def test_the_adaptation_at_every_event_can_use_the_anytime_search() -> None:
+    """--adapt-algorithm heuristic-best: the adaptation re-places with `best`; it runs within the budget per event,
+    and without a migration budget it is refused as bad input."""
+    from vcsched.errors import InputError
+
+    w = cluster64().scaled_to_load(0.5)
+    opts = RunOptions(policy="drf", arrivals=6, warmup=0, seed=2, placement="mcb8", migration_budget=1 << 30,
+                      adapt_algorithm="heuristic-best")
+    r = simulate(w, opts)
+    assert sum(c.completions for c in r.classes) == 6 and r.migrated_bytes <= r.events * (1 << 30)
+    with pytest.raises(InputError, match="needs a migration budget"):
+        simulate(w, dataclasses.replace(opts, migration_budget=None))
+    with pytest.raises(InputError, match="adapt algorithm: 'milp'"):
+        simulate(w, dataclasses.replace(opts, adapt_algorithm="milp"))

@@ -39,7 +39,7 @@ from vcsched.policies import PolicyOptions
 from vcsched.simulate.altruism import LEFTOVER_MODES, redistribute
 from vcsched.simulate.engines import Cluster, engine_for
 from vcsched.simulate.metrics import RunResult, Tally, class_result
-from vcsched.simulate.placement import PLACEMENTS, Placer
+from vcsched.simulate.placement import ADAPT_ALGORITHMS, PLACEMENTS, Placer
 from vcsched.simulate.rows import Groups, Key
 from vcsched.simulate.state import VC
 from vcsched.simulate.workload import Workload, validate
@@ -73,6 +73,7 @@ class RunOptions:
     leftover: str = "srtf"
     placement: str = "pack"
     migration_budget: int | None = None  # bytes per event; None: no adaptation
+    adapt_algorithm: str = "heuristic"  # with a migration budget: the adaptation (vcsched.adaptation.solve)
     fast: bool = True  # the fast exact engines where they exist (False: always the registry)
     record: bool = False  # keep every measured VC's completion time (for paired comparisons)
 
@@ -89,6 +90,11 @@ class RunOptions:
             raise InputError(f"placement: {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
         if self.migration_budget is not None and self.migration_budget < 0:
             raise InputError(f"migration budget: {self.migration_budget} bytes is negative")
+        if self.adapt_algorithm not in ADAPT_ALGORITHMS:
+            raise InputError(f"adapt algorithm: {self.adapt_algorithm!r} is not one of {', '.join(ADAPT_ALGORITHMS)}")
+        if self.adapt_algorithm != "heuristic" and self.migration_budget is None:
+            raise InputError(f"adapt algorithm: {self.adapt_algorithm!r} needs a migration budget (the adaptation "
+                             "runs only with one)")
 
     def policy_options(self) -> PolicyOptions:
         return PolicyOptions(alpha=self.alpha if self.policy == "alpha-fair" else None)
@@ -434,7 +440,8 @@ class Simulation:
         """vcsched's adaptation within the budget (arrival included); False if the arrival does not fit."""
         running = sorted(self.running.values(), key=lambda v: v.id)
         assert self.o.migration_budget is not None
-        out = self.placer.adapt(running, self.o.migration_budget, None if arrival is None else arrival.cls)
+        out = self.placer.adapt(running, self.o.migration_budget, None if arrival is None else arrival.cls,
+                                self.o.adapt_algorithm)
         if out is None:
             return False, set()
         new_hosts, arrival_hosts, moved = out

@@ -42,6 +42,9 @@ from vcsched.simulate.state import VC
 from vcsched.simulate.workload import MEMORY_TOLERANCE, Workload
 
 PLACEMENTS = ("pack", "spread", "mcb8")
+#: The adaptation at every event: the heuristic (MCB8 from scratch as its re-placement), or with the anytime
+#: search ``best`` (docs/results.md) as its re-placement, at best's default time limit per event.
+ADAPT_ALGORITHMS = ("heuristic", "heuristic-best")
 HOST_MEMORY_BYTES = 16 * GIB
 
 
@@ -176,13 +179,13 @@ class Placer:
             self.mem_free[h] += c * self.class_mem[vc.cls]
             self.demand[h] -= c * self.class_need[vc.cls]
 
-    def adapt(self, running: Sequence[VC], budget: int, arrival: int | None = None
+    def adapt(self, running: Sequence[VC], budget: int, arrival: int | None = None, algorithm: str = "heuristic"
               ) -> tuple[list[dict[int, int]], dict[int, int] | None, int] | None:
         """vcsched's adaptation within ``budget`` bytes: new hosts for every running VC (same order), for the
         arrival of class ``arrival`` if any, and the bytes migrated; None if it finds no placement."""
         inst, current = self._instance(running, arrival)
         task_bytes = np.round(inst.task_mem * HOST_MEMORY_BYTES).astype(np.int64)
-        result = solve_adapt(AdaptProblem(inst, current, task_bytes, budget), "heuristic")
+        result = solve_adapt(AdaptProblem(inst, current, task_bytes, budget), algorithm)
         if result.result.allocation is None:
             return None
         hosts = np.asarray(result.result.allocation.hosts)
