@@ -269,10 +269,14 @@ def test_caps_follow_load_and_an_overloaded_host_sheds_a_vm_within_budget(lab: L
     assert raised >= BUSY_CAP, report()
     # Idle again: lowered within two intervals.
     assert cap_at(timeline, start_caps, "wave-0", idle_at + follow) < IDLE_CAP, report()
-    # Overloaded h0 (wave needs ~1, calm ~0.47): one VM moved to h1 while wave was busy, within the budget.
+    # Overloaded h0: one VM moved to h1, within the budget, once the estimates on h0 summed above its core.  That
+    # is usually wave's busy phase (wave ~1 + calm ~0.47), but a TCG guest's "40 %" loop has been measured at
+    # 0.83 core for a window, which overloads h0 earlier and is as good a reason to move.
     moves = [e for e in events if e["event"] == "step" and e["op"] == "migrate" and e["outcome"] == "done"]
     assert moves and all(m["to"] == "h1" for m in moves), report()
-    assert busy_at < moves[0]["time"] < idle_at + follow, report()
+    assert moves[0]["time"] < idle_at + follow, report()
+    observed = [e for e in events if e["event"] == "observe" and e["time"] < moves[0]["time"]]
+    assert sum(v["estimated_need_cores"] for v in observed[-1]["vms"] if v["host"] == "h0") > 1.0, report()
     per_tick: dict[int, int] = {}
     tick = 0
     for e in events:
