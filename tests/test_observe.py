@@ -64,15 +64,16 @@ def test_a_saturated_vm_beyond_its_declared_need_grows_by_the_headroom() -> None
     assert e.estimate == pytest.approx(0.58)
 
 
-def test_an_idle_vm_touching_its_cap_once_in_the_recent_half_is_not_saturated() -> None:
-    """An idle TCG guest (0.07-0.17 core) capped at its estimate 0.21 bursts to the cap now and then; with one of
-    the two recent samples at the cap, "half" used to call it saturated and jump to its declared core (the
-    controller's lab test saw the cap go 0.21 -> 1.0 -> 0.16 -> 1.0 on an idle guest).  Both at the cap: it is."""
+def test_an_idle_vm_that_touched_its_cap_before_its_latest_sample_is_not_saturated() -> None:
+    """An idle TCG guest (0.07-0.17 core) capped at its estimate 0.21 bursts to the cap now and then; a burst in
+    the recent half used to count as saturated and flip its estimate to its declared core (the controller's lab
+    test saw 0.21 -> 1.0 -> 0.16 -> 1.0 on an idle guest).  Now the latest sample must be at the cap too, as it is
+    for a guest that became busy (whose sample before may straddle a re-cap and show less)."""
     vm = managed("a", "h0", "a", 1.0, 0.21)
-    e = estimate_need(vm, window([0.15, 0.16, 0.14, 0.21], 0.21), previous=0.21)
+    e = estimate_need(vm, window([0.15, 0.16, 0.21, 0.14], 0.21), previous=0.21)
     assert e.basis == MEASURED and not e.saturated
     assert e.estimate < 0.3
-    e = estimate_need(vm, window([0.15, 0.16, 0.21, 0.21], 0.21), previous=0.21)
+    e = estimate_need(vm, window([0.15, 0.16, 0.15, 0.21], 0.21), previous=0.21)
     assert e.basis == SATURATED and e.estimate == 1.0
 
 

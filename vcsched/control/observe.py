@@ -19,8 +19,9 @@ window (`vcsched observe --window`, `vcsched run --window`), from the
 previous estimate (the recorded need when there is none):
 
 1. fewer than ``min_samples`` samples: the previous estimate, confidence 0;
-2. *not saturated* (at most half of the most recent half of the window's
-   samples at their cap, probe samples aside): the ``percentile``-th percentile (default 90) of
+2. *not saturated* (fewer than half of the most recent half of the window's
+   samples at their cap, or the latest one below it; probe samples aside):
+   the ``percentile``-th percentile (default 90) of
    the cores used in the whole window, plus ``headroom`` (10 %) and
    ``margin`` (0.03 core).  The headroom keeps a VM that uses a steady amount
    below its new cap, so it stays unsaturated and the estimate stays put; the
@@ -193,12 +194,15 @@ def estimate_need(vm: VmState, samples: Sequence[Sample], previous: float | None
     regular = [s for s in samples if not s.probe]
     cap_now = regular[-1].cap_cores if regular else vm.cap_cores
     used = percentile([s.used_cores for s in samples], params.percentile) if samples else None
-    # Saturated: more than half of the recent half of the window's samples at their cap, probe samples (taken at
-    # a raised cap, rule 3) aside.  Strictly more than half: an idle guest's bursts clipped by a cap set at its
-    # own estimate touch that cap now and then (a TCG guest at 0.07-0.17 core capped at 0.21: one of two recent
-    # samples), and "half" then flipped its estimate to the declared need every other interval.
+    # Saturated: at least half of the recent half of the window's samples at their cap, the latest one among them,
+    # probe samples (taken at a raised cap, rule 3) aside.  The latest one must be: an idle guest's bursts,
+    # clipped by a cap set at its own estimate, touch that cap now and then (a TCG guest at 0.07-0.17 core capped
+    # at 0.21), and one burst among two samples flipped its estimate to the declared need every other interval;
+    # while a guest that became busy is at its cap in its latest sample (the sample before may straddle a re-cap
+    # and show less, so "more than half" would see it an interval late).
     recent = [s for s in samples[n // 2:] if not s.probe] or list(samples[n // 2:])
-    saturated = bool(recent) and 2 * sum(is_saturated(s, params) for s in recent) > len(recent)
+    saturated = (bool(recent) and is_saturated(recent[-1], params)
+                 and 2 * sum(is_saturated(s, params) for s in recent) >= len(recent))
     revealing = sum(not is_saturated(s, params) for s in samples)
     confidence = (revealing / n) * min(1.0, n / params.full_samples) if n else 0.0
 
