@@ -65,19 +65,29 @@ def skip_unless_lab_possible() -> None:
         pytest.skip(f"lab unavailable: {reason}")
 
 
+@contextlib.contextmanager
+def running_lab(n_hosts: int, transport: str = "unix", **options: Any) -> Iterator[Lab]:
+    """An ``n_hosts`` lab in a fresh directory of its own for the ``with`` block, then down and purged.
+
+    Teardown fails the fixture if any daemon, guest process or cgroup partition outlived ``lab down``.
+    ``options`` go to :func:`hypervisor.lab.up` (``cores``, ``shared_storage``, ...).
+    """
+    d = new_lab_dir(transport)
+    try:
+        yield up(n_hosts, d, transport=transport, **options)
+    finally:
+        down(d)
+        left = lab_leftovers(d, n_hosts)
+        down(d, purge=True)
+        assert not left, f"lab teardown left: {left}"
+
+
 @pytest.fixture(scope="session")
 def lab2() -> Iterator[Lab]:
     """A running 2-host lab (hosts h0, h1; cores = 1 each), shared by the whole test session."""
     skip_unless_lab_possible()
-    d = new_lab_dir(LAB_TRANSPORT)
-    try:
-        lab = up(2, d, transport=LAB_TRANSPORT)
+    with running_lab(2, LAB_TRANSPORT) as lab:
         yield lab
-    finally:
-        down(d)
-        left = lab_leftovers(d, 2)
-        down(d, purge=True)
-        assert not left, f"lab teardown left: {left}"
 
 
 def start_lab_guest(lab: Lab, host: int = 0, name: str | None = None, *, vcpus: int = 1, memory_mib: int = 128,

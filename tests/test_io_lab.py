@@ -26,12 +26,12 @@ from dataclasses import dataclass, replace
 import pytest
 
 from hypervisor.executor import DONE, FAILED, apply_plan
-from hypervisor.lab import Lab, down, prerequisites_problem, up
+from hypervisor.lab import Lab, prerequisites_problem
 from hypervisor.lab.guest import guest_xml, make_disk, wait_for_boot
 from hypervisor.lab.image import io_workloads_problem
 from hypervisor.lab.state import LabLayout
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from tests.lab_support import destroy_everywhere, lab_leftovers, new_lab_dir
+from tests.lab_support import destroy_everywhere, running_lab
 from vcsched.control.inventory import snapshot_hash
 from vcsched.formats.cluster import Cluster, cluster_from_dict
 from vcsched.iocaps import IoCaps
@@ -58,20 +58,13 @@ def iolab() -> Iterator[IoLab]:
     problem = prerequisites_problem()
     if problem:
         pytest.skip(f"lab unavailable: {problem}")
-    d = new_lab_dir()
-    try:
-        lab = up(1, d)
+    with running_lab(1) as lab:
         problem = io_workloads_problem(lab.guest)
         if problem:
             pytest.skip(f"no disk/network workloads in the guest image: {problem}")
         doc = tomllib.loads(lab.cluster_file.read_text())
         doc["hosts"][0].update(disk_bps="1GiB", net_bps="1GiB")  # generous: these tests measure caps, not sums
         yield IoLab(lab, cluster_from_dict(doc))
-    finally:
-        down(d)
-        left = lab_leftovers(d, 1)
-        down(d, purge=True)
-        assert not left, f"lab teardown left: {left}"
 
 
 def apply(io: IoLab, *steps: Step) -> list[tuple[str, str]]:

@@ -21,8 +21,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab, down, up
-from tests.lab_support import LAB_TRANSPORT, lab_leftovers, new_lab_dir, skip_unless_lab_possible
+from hypervisor.lab import Lab
+from tests.lab_support import LAB_TRANSPORT, running_lab, skip_unless_lab_possible
 
 pytestmark = pytest.mark.lab
 
@@ -34,14 +34,8 @@ def run(*args: Any) -> Any:
 @pytest.fixture(scope="module")
 def lab3() -> Iterator[Lab]:
     skip_unless_lab_possible()
-    d = new_lab_dir(LAB_TRANSPORT)
-    try:
-        yield up(3, d, transport=LAB_TRANSPORT)
-    finally:
-        down(d)
-        left = lab_leftovers(d, 3)
-        down(d, purge=True)
-        assert not left, f"lab teardown left: {left}"
+    with running_lab(3, LAB_TRANSPORT) as lab:
+        yield lab
 
 
 def where(lab: Lab) -> dict[str, str]:

@@ -45,10 +45,10 @@ from typing import Any
 
 import pytest
 
-from hypervisor.lab import Lab, down, prerequisites_problem, up
+from hypervisor.lab import Lab, prerequisites_problem
 from hypervisor.lab.image import LOAD_MARKER
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from tests.lab_support import destroy_everywhere, lab_leftovers, new_lab_dir
+from tests.lab_support import destroy_everywhere, running_lab
 from vcsched.formats.cluster import cluster_from_dict
 from vcsched.plans.steps import Boot, CreateStep
 
@@ -68,14 +68,8 @@ def lab() -> Iterator[Lab]:
     problem = prerequisites_problem()
     if problem:
         pytest.skip(f"lab unavailable: {problem}")
-    d = new_lab_dir()
-    try:
-        yield up(2, d, cores=1)
-    finally:
-        down(d)
-        left = lab_leftovers(d, 2)
-        down(d, purge=True)
-        assert not left, f"lab teardown left: {left}"
+    with running_lab(2, cores=1) as lab:
+        yield lab
 
 
 def template(lab: Lab, name: str, load: str, console: Path) -> Path:

@@ -24,11 +24,16 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab, down, up
+from hypervisor.lab import Lab, up
 from hypervisor.lab.daemons import daemon_pid
 from hypervisor.lab.state import LabLayout
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from tests.lab_support import LAB_TRANSPORT, destroy_everywhere, lab_leftovers, new_lab_dir, skip_unless_lab_possible
+from tests.lab_support import (
+    LAB_TRANSPORT,
+    destroy_everywhere,
+    running_lab,
+    skip_unless_lab_possible,
+)
 from vcsched.formats.cluster import Cluster, cluster_from_dict
 
 pytestmark = pytest.mark.lab
@@ -158,14 +163,8 @@ def test_an_inventory_read_by_another_process_during_a_migration_never_removes_a
 @pytest.fixture(scope="module")
 def lab3() -> Iterator[Lab]:
     skip_unless_lab_possible()
-    d = new_lab_dir(LAB_TRANSPORT)
-    try:
-        yield up(3, d, transport=LAB_TRANSPORT)
-    finally:
-        down(d)
-        left = lab_leftovers(d, 3)
-        down(d, purge=True)
-        assert not left, f"lab teardown left: {left}"
+    with running_lab(3, LAB_TRANSPORT) as lab:
+        yield lab
 
 
 def test_a_host_down_is_reported_planned_around_and_repaired_keeping_its_guests(lab3: Lab, tmp_path: Path) -> None:

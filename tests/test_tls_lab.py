@@ -41,12 +41,12 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab, down, up
+from hypervisor.lab import Lab
 from hypervisor.lab.certs import make_foreign_client
 from hypervisor.lab.daemons import daemon_pid
 from hypervisor.lab.state import LabLayout
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from tests.lab_support import destroy_everywhere, lab_leftovers, new_lab_dir, skip_unless_lab_possible
+from tests.lab_support import destroy_everywhere, running_lab, skip_unless_lab_possible
 from vcsched.formats.cluster import Cluster, cluster_from_dict
 from vcsched.plans.steps import Boot, CreateStep
 
@@ -63,14 +63,8 @@ def run(*args: Any) -> Any:
 def tls3() -> Iterator[Lab]:
     """A 3-host TLS lab (local storage) in /var/tmp/vcl-tls-*, for this module."""
     skip_unless_lab_possible()
-    d = new_lab_dir("tls")
-    try:
-        yield up(3, d, transport="tls")
-    finally:
-        down(d)
-        left = lab_leftovers(d, 3)
-        down(d, purge=True)
-        assert not left, f"lab teardown left: {left}"
+    with running_lab(3, "tls") as lab:
+        yield lab
 
 
 def cluster_of(path: Path) -> Cluster:
