@@ -19,9 +19,10 @@ window (`vcsched observe --window`, `vcsched run --window`), from the
 previous estimate (the recorded need when there is none):
 
 1. fewer than ``min_samples`` samples: the previous estimate, confidence 0;
-2. *not saturated* (fewer than half of the most recent half of the window's
-   samples at their cap, or the latest one below it; probe samples aside):
-   the ``percentile``-th percentile (default 90) of
+2. *not saturated* (the latest sample below its cap, or fewer than
+   ``saturated_share`` (half) of the *recent* samples at their cap: the most
+   recent half of the window's, and at least ``min_samples`` of them; probe
+   samples aside): the ``percentile``-th percentile (default 90) of
    the cores used in the whole window, plus ``headroom`` (10 %) and
    ``margin`` (0.03 core).  The headroom keeps a VM that uses a steady amount
    below its new cap, so it stays unsaturated and the estimate stays put; the
@@ -51,6 +52,19 @@ more than ``max(0.02 core, 5 %)`` (a dead band, so noise does not re-cap).
 below their cap), scaled down when the window holds fewer than
 ``full_samples``: 1 for a VM measured below its cap all along, 0 for one at
 its cap throughout (its estimate is then a lower bound or a carry-over).
+
+**Why half of at least three samples, the latest among them.**  A VM whose
+demand is above its cap uses its cap in nearly every sample, give or take a
+sample in which the machine itself was busy; one whose demand is below it
+fills a sample only when a burst happens to.  Deciding on the latest sample
+alone (or one of two) let a single burst raise a VM to its declared need;
+requiring every recent sample at the cap let one slow sample hide a busy VM
+(on the lab a busy guest capped at 0.32 was then raised by the headroom,
+interval after interval, instead of to its need).  Two of three tolerates one
+of each.  A VM that became busy too recently to fill them is measured
+instead (rule 2: its percentile is its cap, so its cap rises by the
+headroom), and the next interval sees it saturated: within two intervals
+either way.
 
 **Limits.**  An over-committed host (caps summing to its cores, every VM at
 its cap) leaves nothing to probe with: a squeezed VM whose demand fell, but
@@ -83,6 +97,7 @@ class ObserveParams:
     margin: float = 0.03  # cores
     saturation_abs: float = 0.01  # cores: the emulator thread runs outside vcpu_quota
     saturation_rel: float = 0.05
+    saturated_share: float = 0.5  # of the recent samples at their cap, for a VM to count as saturated
     min_samples: int = 3
     full_samples: int = 5
     deadband_abs: float = 0.02
@@ -97,6 +112,8 @@ class ObserveParams:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise InputError(f"{name}: {value!r} is not a finite number >= 0")
+        if not 0 < self.saturated_share <= 1:
+            raise InputError(f"saturated_share: {self.saturated_share!r} is not in (0, 1]")
         if self.min_samples < 1 or self.full_samples < 1:
             raise InputError("min_samples and full_samples must be at least 1")
 
@@ -194,15 +211,12 @@ def estimate_need(vm: VmState, samples: Sequence[Sample], previous: float | None
     regular = [s for s in samples if not s.probe]
     cap_now = regular[-1].cap_cores if regular else vm.cap_cores
     used = percentile([s.used_cores for s in samples], params.percentile) if samples else None
-    # Saturated: at least half of the recent half of the window's samples at their cap, the latest one among them,
-    # probe samples (taken at a raised cap, rule 3) aside.  The latest one must be: an idle guest's bursts,
-    # clipped by a cap set at its own estimate, touch that cap now and then (a TCG guest at 0.07-0.17 core capped
-    # at 0.21), and one burst among two samples flipped its estimate to the declared need every other interval;
-    # while a guest that became busy is at its cap in its latest sample (the sample before may straddle a re-cap
-    # and show less, so "more than half" would see it an interval late).
-    recent = [s for s in samples[n // 2:] if not s.probe] or list(samples[n // 2:])
+    # Saturated: the latest regular sample at its cap, and saturated_share of the recent ones (the window's most
+    # recent half, at least min_samples of them; probe samples, taken at a raised cap, aside): module docstring.
+    regular_or_all = regular or list(samples)
+    recent = regular_or_all[-max(params.min_samples, (len(regular_or_all) + 1) // 2):]
     saturated = (bool(recent) and is_saturated(recent[-1], params)
-                 and 2 * sum(is_saturated(s, params) for s in recent) >= len(recent))
+                 and sum(is_saturated(s, params) for s in recent) >= params.saturated_share * len(recent) - 1e-9)
     revealing = sum(not is_saturated(s, params) for s in samples)
     confidence = (revealing / n) * min(1.0, n / params.full_samples) if n else 0.0
 
