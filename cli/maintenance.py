@@ -76,12 +76,21 @@ def _cordon(host: str, cluster_file: str | None, on: bool, as_json: bool, wait: 
     return EXIT_OK
 
 
+def _maintenance_options(command: Any) -> Any:
+    """HOST, --cluster, --json and the lock options: what cordon and uncordon both take."""
+    for option in reversed((click.argument("host"),
+                            click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False, exists=True),
+                                         default=None, metavar="FILE",
+                                         help="Cluster file (TOML) to edit.  Default: the running lab's "
+                                         "(`vcsched lab up`)."),
+                            click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
+                            lock_options())):
+        command = option(command)
+    return command
+
+
 @click.command("cordon")
-@click.argument("host")
-@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False, exists=True), default=None, metavar="FILE",
-              help="Cluster file (TOML) to edit.  Default: the running lab's (`vcsched lab up`).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@lock_options()
+@_maintenance_options
 def cordon_cmd(host: str, cluster_file: str | None, as_json: bool, wait: float, coordination: str | None,
                lock_ttl: float | None) -> int:
     """Put HOST in maintenance: no new VM and no migration lands on it (its VMs keep running).
@@ -99,11 +108,7 @@ def cordon_cmd(host: str, cluster_file: str | None, as_json: bool, wait: float, 
 
 
 @click.command("uncordon")
-@click.argument("host")
-@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False, exists=True), default=None, metavar="FILE",
-              help="Cluster file (TOML) to edit.  Default: the running lab's (`vcsched lab up`).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@lock_options()
+@_maintenance_options
 def uncordon_cmd(host: str, cluster_file: str | None, as_json: bool, wait: float, coordination: str | None,
                  lock_ttl: float | None) -> int:
     """Take HOST out of maintenance: it receives VMs again (`vcsched adapt` can move some back).

@@ -105,6 +105,20 @@ class Engine(ABC):
             return group(ks, self.pair_cap, signature=True)
         return singles(ks, self.pair_cap), list(range(len(ks))), None
 
+    def lookup(self, vcs: Sequence[VC], keys: Sequence[Key] | Groups | None
+               ) -> tuple[Groups, list[int], frozenset[tuple[Key, int]] | None, list[float] | None]:
+        """One call of a grouped engine: :meth:`problem`, and the yields in VC order if it was solved before."""
+        self.stats["calls"] += 1
+        groups, of, sig = self.problem(vcs, keys)
+        hit = self.cached(sig) if sig is not None else None
+        return groups, of, sig, None if hit is None else [hit[k] for k in sig_keys(vcs, keys)]
+
+    def remember(self, sig: object, vcs: Sequence[VC], keys: Sequence[Key] | Groups | None, of: Sequence[int],
+                 y: Sequence[float]) -> None:
+        """Cache a grouped engine's per-group yields ``y`` by key (nothing when not caching: ``sig`` None)."""
+        if sig is not None:
+            self.store(sig, {k: y[g] for k, g in zip(sig_keys(vcs, keys), of, strict=True)})
+
     def store(self, sig: object, y: Any) -> None:
         self.cache[sig] = y
         if len(self.cache) > CACHE_SIZE:
@@ -199,20 +213,16 @@ class MaxMinEngine(Engine):
 
     def allocate(self, vcs: Sequence[VC], memory: Sequence[float], tenants: Sequence[str | None],
                  keys: Sequence[Key] | Groups | None = None) -> list[float]:
-        self.stats["calls"] += 1
-        groups, of, sig = self.problem(vcs, keys)
-        if sig is not None:
-            hit = self.cached(sig)
-            if hit is not None:
-                return [hit[k] for k in sig_keys(vcs, keys)]
+        groups, of, sig, hit = self.lookup(vcs, keys)
+        if hit is not None:
+            return hit
         rates = [0.0] * groups.n
         for vc, g in zip(vcs, of, strict=True):
             if vc.rate < 0:
                 vc.rate = self.rate(vc)
             rates[g] = vc.rate
         y = maxmin.waterfill(groups, rates)
-        if sig is not None:
-            self.store(sig, {k: y[g] for k, g in zip(sig_keys(vcs, keys), of, strict=True)})
+        self.remember(sig, vcs, keys, of, y)
         return [y[g] for g in of]
 
 
@@ -229,19 +239,15 @@ class UtilityEngine(Engine):
 
     def allocate(self, vcs: Sequence[VC], memory: Sequence[float], tenants: Sequence[str | None],
                  keys: Sequence[Key] | Groups | None = None) -> list[float]:
-        self.stats["calls"] += 1
-        groups, of, sig = self.problem(vcs, keys)
-        if sig is not None:
-            hit = self.cached(sig)
-            if hit is not None:
-                return [hit[k] for k in sig_keys(vcs, keys)]
+        groups, of, sig, hit = self.lookup(vcs, keys)
+        if hit is not None:
+            return hit
         solved = dualpf.solve(groups, self.alpha, self.prices, self.stats)
         if solved is None:
             self.stats["fallbacks"] += 1
             return self.fallback.solve(vcs, memory, tenants)
         y, prices = solved
-        if sig is not None:
-            self.store(sig, {k: y[g] for k, g in zip(sig_keys(vcs, keys), of, strict=True)})
+        self.remember(sig, vcs, keys, of, y)
         for p in groups.pairs:
             self.prices.pop(p, None)
         self.prices.update(prices)
