@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -49,6 +51,65 @@ def test_the_vector_kernel_in_two_dimensions_makes_the_2d_kernels_decisions(seed
     assert (expected is None) == (got is None)
     if expected is not None:
         assert got is not None and got.tolist() == expected.tolist()
+
+
+# As in tests/test_mcb.py: VCSCHED_REQUIRE_C=1 (.ci/run) turns a missing C kernel from a skip into failures.
+needs_c_kernel = pytest.mark.skipif(
+    mcb._mcbc is None and os.environ.get("VCSCHED_REQUIRE_C") != "1",
+    reason="the C kernel vcsched.solvers._mcbc is not built (run: .venv/bin/pip install -e . --no-deps)")
+
+
+@needs_c_kernel
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from(sorted(mv.VECTOR_KEYS)), st.integers(1, 4), st.booleans())
+def test_the_c_vector_kernel_makes_the_numpy_references_decisions(seed: int, variant: str, d: int,
+                                                                   ruled: bool) -> None:
+    """Random instances in 1-4 dimensions, with ties (needs on a coarse grid), spread groups with groups already
+    on hosts, and now and then an infinite or NaN capacity: the same host for every task, or None from both."""
+    from vcsched.rules import HostGroups
+    from vcsched.solvers.mcb import KernelRules
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 60))
+    h = int(rng.integers(max(1, n // 4), n // 2 + 3))  # from too few hosts to enough: both outcomes
+    need = np.round(rng.uniform(0.0, 0.6, (n, d)), int(rng.integers(1, 3)))
+    cap = rng.uniform(0.2, 1.5, (h, d))
+    odd = rng.random((h, d))
+    cap[odd < 0.05] = np.inf
+    cap[(odd >= 0.05) & (odd < 0.08)] = np.nan
+    rules = None
+    if ruled:
+        groups = rng.integers(-1, max(1, n // 3), n)
+        on = rng.integers(0, h, 5)
+        rules = KernelRules(groups.astype(np.int64), HostGroups.of(h, on, rng.integers(-1, 4, 5)))
+    items = mv.vector_lists(variant, need)
+    expected = mv.pack_vector_python(items, cap, rules)
+    got = mv.pack_vector_c(items, cap, rules)
+    assert (expected is None) == (got is None)
+    if expected is not None:
+        assert got is not None and got.tolist() == expected.tolist()
+
+
+@needs_c_kernel
+def test_the_c_vector_kernel_refuses_inconsistent_arrays() -> None:
+    from vcsched.solvers.mcb import _mcbc
+
+    assert _mcbc is not None
+    need = np.ones((3, 2))
+    out = np.empty(3, dtype=np.int64)
+    cap = np.ones((2, 2))
+    with pytest.raises(ValueError, match="inconsistent array lengths"):
+        _mcbc.pack_vector(need, 2, np.array([0, 1], dtype=np.int64), np.array([0, 1, 2], dtype=np.int64), cap,
+                          1e-12, out)
+    with pytest.raises(ValueError, match="out of range or repeated"):
+        _mcbc.pack_vector(need, 2, np.array([0, 1, 1], dtype=np.int64), np.array([0, 1, 3], dtype=np.int64), cap,
+                          1e-12, out)
+    with pytest.raises(ValueError, match="list_ptr"):
+        _mcbc.pack_vector(need, 2, np.array([0, 1, 2], dtype=np.int64), np.array([0, 2, 1], dtype=np.int64), cap,
+                          1e-12, out)
+    with pytest.raises(TypeError, match="float64"):
+        _mcbc.pack_vector(need.astype(np.float32), 2, np.array([0, 1, 2], dtype=np.int64),
+                          np.array([0, 1, 3], dtype=np.int64), cap, 1e-12, out)
 
 
 def test_a_task_goes_into_the_list_of_its_largest_dimension_ties_to_the_later_one() -> None:

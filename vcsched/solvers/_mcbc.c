@@ -281,10 +281,258 @@ done:
     return result;
 }
 
+/*
+ * The same packing on resource vectors of any dimension d (the reference is
+ * vcsched.solvers.mcb_vector.pack_vector_python; the two must make exactly the same decisions).
+ *
+ * pack_vector(need, d, order, list_ptr, capacity, eps, out[, group, host_ptr, host_groups]) -> bool
+ *
+ *   need        float64 n x d (row-major): each task's need on each dimension for this probe
+ *   order       int64 n: the d lists one after another, each in scan order
+ *   list_ptr    int64 d + 1: list k is order[list_ptr[k] .. list_ptr[k + 1])
+ *   capacity    float64 hosts x d, filled in index order
+ *   eps, out, group, host_ptr, host_groups: as for pack
+ *
+ * A host's first task comes from list 0, then 1, ...; each later one from the list of the dimension with the
+ * most free capacity first (ties: the later dimension), then the next most free, and so on.
+ */
+typedef struct {
+    const int64_t *task;
+    Py_ssize_t size;
+    int d;
+    double *mins; /* 2 * size nodes x d minima */
+} VList;
+
+static int vlist_init(VList *l, const int64_t *task, Py_ssize_t n, const double *need, int d)
+{
+    l->task = task;
+    l->d = d;
+    l->size = 1;
+    while (l->size < n)
+        l->size *= 2;
+    l->mins = (double *)malloc(sizeof(double) * 2 * (size_t)l->size * (size_t)d);
+    if (l->mins == NULL)
+        return -1;
+    for (Py_ssize_t p = 0; p < l->size; p++)
+        for (int k = 0; k < d; k++)
+            l->mins[(l->size + p) * d + k] = p < n ? need[task[p] * d + k] : HUGE_VAL;
+    for (Py_ssize_t i = l->size - 1; i >= 1; i--)
+        for (int k = 0; k < d; k++)
+            l->mins[i * d + k] = dmin(l->mins[2 * i * d + k], l->mins[(2 * i + 1) * d + k]);
+    return 0;
+}
+
+static inline int vnode_may_fit(const VList *l, Py_ssize_t node, const double *limit)
+{
+    const double *m = l->mins + node * l->d;
+    for (int k = 0; k < l->d; k++)
+        if (!(m[k] <= limit[k])) /* also when a limit is NaN */
+            return 0;
+    return 1;
+}
+
+/* Leftmost position > after under node (covering [lo, lo + width)) whose task fits, or -1. */
+static Py_ssize_t vlist_find_after(const VList *l, Py_ssize_t node, Py_ssize_t lo, Py_ssize_t width,
+                                   Py_ssize_t after, const double *limit)
+{
+    if (lo + width - 1 <= after || !vnode_may_fit(l, node, limit))
+        return -1;
+    if (node >= l->size)
+        return node - l->size;
+    Py_ssize_t half = width / 2;
+    Py_ssize_t p = vlist_find_after(l, 2 * node, lo, half, after, limit);
+    return p >= 0 ? p : vlist_find_after(l, 2 * node + 1, lo + half, half, after, limit);
+}
+
+static void vlist_take(VList *l, Py_ssize_t p)
+{
+    int d = l->d;
+    Py_ssize_t i = l->size + p;
+    for (int k = 0; k < d; k++)
+        l->mins[i * d + k] = HUGE_VAL;
+    for (i /= 2; i >= 1; i /= 2)
+        for (int k = 0; k < d; k++)
+            l->mins[i * d + k] = dmin(l->mins[2 * i * d + k], l->mins[(2 * i + 1) * d + k]);
+}
+
+static PyObject *pack_vector(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_need, *o_order, *o_ptr, *o_cap, *o_out, *o_rules[3] = {NULL, NULL, NULL};
+    int d;
+    double eps;
+    if (!PyArg_ParseTuple(args, "OiOOOdO|OOO:pack_vector", &o_need, &d, &o_order, &o_ptr, &o_cap, &eps, &o_out,
+                          &o_rules[0], &o_rules[1], &o_rules[2]))
+        return NULL;
+    PyObject *objs[8] = {o_need, o_order, o_ptr, o_cap, o_out, o_rules[0], o_rules[1], o_rules[2]};
+    static const char *names[8] = {"need", "order", "list_ptr", "capacity", "out", "group", "host_ptr",
+                                   "host_groups"};
+    static const char kinds[8] = {'d', 'i', 'i', 'd', 'i', 'i', 'i', 'i'};
+    Py_buffer v[8];
+    Py_ssize_t n[8];
+    int got = 0;
+    int has_rules = o_rules[0] != NULL;
+    int64_t *mark = NULL;
+    Py_ssize_t n_groups = 0;
+    PyObject *result = NULL;
+    VList *lists = NULL;
+    double *free_ = NULL, *limit = NULL;
+    int *scan = NULL;
+
+    if (d < 1) {
+        PyErr_SetString(PyExc_ValueError, "pack_vector: d must be at least 1");
+        return NULL;
+    }
+    if (has_rules && (o_rules[1] == NULL || o_rules[2] == NULL)) {
+        PyErr_SetString(PyExc_TypeError, "pack_vector: group, host_ptr and host_groups go together");
+        return NULL;
+    }
+    int want = has_rules ? 8 : 5;
+    for (; got < want; got++)
+        if (get_buffer(objs[got], &v[got], got == 4, kinds[got], names[got], &n[got]) < 0)
+            goto done;
+
+    Py_ssize_t n_tasks = n[1], n_hosts = n[3] / d;
+    if (n[0] != n_tasks * d || n[3] != n_hosts * d || n[4] != n_tasks || n[2] != d + 1) {
+        PyErr_SetString(PyExc_ValueError, "pack_vector: inconsistent array lengths");
+        goto done;
+    }
+    const double *need = (const double *)v[0].buf, *capacity = (const double *)v[3].buf;
+    const int64_t *order = (const int64_t *)v[1].buf, *list_ptr = (const int64_t *)v[2].buf;
+    int64_t *out = (int64_t *)v[4].buf;
+    if (list_ptr[0] != 0 || list_ptr[d] != n_tasks) {
+        PyErr_SetString(PyExc_ValueError, "pack_vector: list_ptr must run from 0 to the number of tasks");
+        goto done;
+    }
+    for (int k = 0; k < d; k++)
+        if (list_ptr[k + 1] < list_ptr[k]) {
+            PyErr_SetString(PyExc_ValueError, "pack_vector: list_ptr is not increasing");
+            goto done;
+        }
+    const int64_t *group = NULL, *host_ptr = NULL, *host_groups = NULL;
+    if (has_rules) {
+        group = (const int64_t *)v[5].buf;
+        host_ptr = (const int64_t *)v[6].buf;
+        host_groups = (const int64_t *)v[7].buf;
+        if (n[5] != n_tasks || n[6] != n_hosts + 1) {
+            PyErr_SetString(PyExc_ValueError, "pack_vector: group needs one entry per task, host_ptr n_hosts + 1");
+            goto done;
+        }
+        for (Py_ssize_t t = 0; t < n_tasks; t++)
+            if (group[t] + 1 > n_groups)
+                n_groups = group[t] + 1;
+        for (Py_ssize_t i = 0; i < n[7]; i++)
+            if (host_groups[i] + 1 > n_groups)
+                n_groups = host_groups[i] + 1;
+        for (Py_ssize_t h = 0; h <= n_hosts; h++)
+            if (host_ptr[h] < 0 || host_ptr[h] > n[7] || (h > 0 && host_ptr[h] < host_ptr[h - 1])) {
+                PyErr_SetString(PyExc_ValueError, "pack_vector: host_ptr is not a CSR index into host_groups");
+                goto done;
+            }
+        mark = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n_groups > 0 ? n_groups : 1));
+        if (mark == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t g = 0; g < n_groups; g++)
+            mark[g] = -1;
+    }
+    for (Py_ssize_t t = 0; t < n_tasks; t++)
+        out[t] = -1;
+    for (Py_ssize_t i = 0; i < n_tasks; i++) {
+        if (order[i] < 0 || order[i] >= n_tasks || out[order[i]] != -1) {
+            PyErr_Format(PyExc_ValueError, "pack_vector: order[%zd] = %lld is out of range or repeated", i,
+                         (long long)order[i]);
+            goto done;
+        }
+        out[order[i]] = -2; /* the lists must partition the tasks */
+    }
+    for (Py_ssize_t t = 0; t < n_tasks; t++)
+        out[t] = -1;
+    lists = (VList *)calloc((size_t)d, sizeof(VList));
+    free_ = (double *)malloc(sizeof(double) * (size_t)d);
+    limit = (double *)malloc(sizeof(double) * (size_t)d);
+    scan = (int *)malloc(sizeof(int) * (size_t)d);
+    if (lists == NULL || free_ == NULL || limit == NULL || scan == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int k = 0; k < d; k++)
+        if (vlist_init(&lists[k], order + list_ptr[k], list_ptr[k + 1] - list_ptr[k], need, d) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+
+    Py_ssize_t left = n_tasks;
+    for (Py_ssize_t h = 0; h < n_hosts && left > 0; h++) {
+        for (int k = 0; k < d; k++)
+            free_[k] = capacity[h * d + k];
+        int first = 1;
+        if (has_rules)
+            for (int64_t i = host_ptr[h]; i < host_ptr[h + 1]; i++)
+                if (host_groups[i] >= 0)
+                    mark[host_groups[i]] = (int64_t)h;
+        while (left > 0) {
+            for (int k = 0; k < d; k++) {
+                limit[k] = fit_limit(free_[k] + eps);
+                scan[k] = k;
+            }
+            if (!first) /* most free dimension first, ties to the later one: insertion sort, d is small */
+                for (int i = 1; i < d; i++)
+                    for (int j = i; j > 0; j--) {
+                        int a = scan[j - 1], b = scan[j];
+                        /* b goes before a when it has more free capacity, or as much and is later */
+                        if (free_[b] > free_[a] || (free_[b] == free_[a] && b > a)) {
+                            scan[j - 1] = b;
+                            scan[j] = a;
+                        } else
+                            break;
+                    }
+            Py_ssize_t p = -1;
+            int li = 0;
+            for (int s = 0; s < d && p < 0; s++) {
+                li = scan[s];
+                VList *l = &lists[li];
+                p = vlist_find_after(l, 1, 0, l->size, -1, limit);
+                while (has_rules && p >= 0 && group[l->task[p]] >= 0 && mark[group[l->task[p]]] == (int64_t)h)
+                    p = vlist_find_after(l, 1, 0, l->size, p, limit);
+            }
+            if (p < 0)
+                break; /* nothing fits: next host */
+            int64_t t = lists[li].task[p];
+            vlist_take(&lists[li], p);
+            out[t] = (int64_t)h;
+            if (has_rules && group[t] >= 0)
+                mark[group[t]] = (int64_t)h;
+            for (int k = 0; k < d; k++)
+                free_[k] -= need[t * d + k];
+            left--;
+            first = 0;
+        }
+    }
+    result = PyBool_FromLong(left == 0);
+
+done:
+    free(mark);
+    if (lists != NULL)
+        for (int k = 0; k < d; k++)
+            free(lists[k].mins);
+    free(lists);
+    free(free_);
+    free(limit);
+    free(scan);
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(&v[i]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"pack", pack, METH_VARARGS,
      "pack(cpu, mem, cpu_heavy, mem_heavy, host_cpu, host_mem, eps, out) -> bool\n\n"
      "Fill hosts in order from the two sorted task lists (MCB, paper section 3.4); see vcsched/solvers/mcb.py."},
+    {"pack_vector", pack_vector, METH_VARARGS,
+     "pack_vector(need, d, order, list_ptr, capacity, eps, out[, group, host_ptr, host_groups]) -> bool\n\n"
+     "The same packing on d-dimensional resource vectors; see vcsched/solvers/mcb_vector.py."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,10 +24,17 @@ The generalisation keeps every convention of the 2-D kernel, so that with
   and free capacities are updated by subtraction in placement order.
 
 The 2-D C kernel is left as it is: instances whose only fluid resource is CPU
-never come here.  This kernel is numpy: per host it keeps, per list, the
-positions of the tasks that still fit that host (a host's free capacity only
-shrinks, so a task that does not fit now never will), and looks at the first
-few candidates before filtering the rest.
+never come here.  This one has two implementations that make the same
+decisions (a test checks them on random instances, with rules, NaN and
+infinite capacities): the C kernel ``vcsched.solvers._mcbc.pack_vector``
+(the default when built), which keeps each list as a min-tree of the
+needs, dimension by dimension, so a search skips whole runs of placed or
+too-large tasks; and the numpy reference :func:`pack_vector_python`, which
+keeps per host and per list the positions of the tasks that still fit that
+host (a host's free capacity only shrinks, so a task that does not fit now
+never will) and looks at the first few candidates before filtering the rest.
+The adaptation heuristic and the simulator call this kernel once per probe
+of their searches, many times per event, which is why it is in C.
 
 **The search is on a fill level.**  A sharing policy with a single fill level
 (docs/policies.md §5.3) gives job ``j`` the yield ``y_j(L) = min(1, rho_j L)``
@@ -115,7 +122,8 @@ def vector_lists(variant: str, need: np.ndarray) -> VectorLists:
     return VectorLists(v, tuple(lists))
 
 
-def pack_vector(items: VectorLists, capacity: np.ndarray, rules: KernelRules | None = None) -> np.ndarray | None:
+def pack_vector_python(items: VectorLists, capacity: np.ndarray,
+                       rules: KernelRules | None = None) -> np.ndarray | None:
     """Fill hosts in index order from the ``d`` lists (module docstring); a host per task, or None.
 
     ``capacity`` is hosts x d, the same dimensions as ``items.need``; ``rules``: spread groups (module docstring).
@@ -186,6 +194,36 @@ def pack_vector(items: VectorLists, capacity: np.ndarray, rules: KernelRules | N
             left -= 1
             first = False
     return hosts if left == 0 else None
+
+
+def pack_vector_c(items: VectorLists, capacity: np.ndarray, rules: KernelRules | None = None) -> np.ndarray | None:
+    """The C kernel (``vcsched.solvers._mcbc.pack_vector``), same contract as :func:`pack_vector_python`."""
+    from vcsched.solvers.mcb import _mcbc
+
+    if _mcbc is None:
+        raise RuntimeError("the C kernel vcsched.solvers._mcbc is not built (pip install -e . builds it)")
+    need = items.need
+    n, d = need.shape
+    hosts = np.empty(n, dtype=np.int64)
+    order = np.ascontiguousarray(np.concatenate(items.lists) if items.lists else np.zeros(0), dtype=np.int64)
+    ptr = np.zeros(d + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(lst) for lst in items.lists])
+    cap = np.ascontiguousarray(np.asarray(capacity, dtype=np.float64).reshape(-1, d))
+    args: list[object] = [np.ascontiguousarray(need, dtype=np.float64), d, order, ptr, cap, EPS, hosts]
+    if rules is not None:
+        args += [np.ascontiguousarray(rules.group, dtype=np.int64),
+                 np.ascontiguousarray(rules.present.ptr, dtype=np.int64),
+                 np.ascontiguousarray(rules.present.groups, dtype=np.int64)]
+    return hosts if _mcbc.pack_vector(*args) else None
+
+
+def pack_vector(items: VectorLists, capacity: np.ndarray, rules: KernelRules | None = None) -> np.ndarray | None:
+    """Fill hosts in index order from the ``d`` lists (module docstring): the C kernel when it is built."""
+    from vcsched.solvers.mcb import _mcbc
+
+    if _mcbc is not None and hasattr(_mcbc, "pack_vector"):
+        return pack_vector_c(items, capacity, rules)
+    return pack_vector_python(items, capacity, rules)
 
 
 # --- the search on a fill level -----------------------------------------------------------------
