@@ -20,7 +20,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/vcsched bench --output docs/benchmarks.md
 
-$(STAMP): pyproject.toml setup.py scripts/install-system-deps
+$(STAMP): pyproject.toml setup.py vcsched/solvers/_mcbc.c scripts/install-system-deps
 	scripts/install-system-deps
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
