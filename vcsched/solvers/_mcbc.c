@@ -140,6 +140,41 @@ static int get_buffer(PyObject *obj, Py_buffer *view, int writable, char kind, c
     return 0;
 }
 
+/*
+ * The spread-group marks of a kernel call: checks group (one per task) and the CSR host_ptr / host_groups
+ * (host_ptr: n_hosts + 1 entries), then returns mark[g] = -1 for every group g (g's last host, as the
+ * packing goes), or NULL with a Python exception set.  fn names the caller in the messages.
+ */
+static int64_t *spread_marks(const char *fn, const int64_t *group, Py_ssize_t n_group, Py_ssize_t n_tasks,
+                             const int64_t *host_ptr, Py_ssize_t n_ptr, Py_ssize_t n_hosts,
+                             const int64_t *host_groups, Py_ssize_t n_host_groups)
+{
+    if (n_group != n_tasks || n_ptr != n_hosts + 1) {
+        PyErr_Format(PyExc_ValueError, "%s: group needs one entry per task, host_ptr n_hosts + 1", fn);
+        return NULL;
+    }
+    Py_ssize_t n_groups = 0;
+    for (Py_ssize_t t = 0; t < n_tasks; t++)
+        if (group[t] + 1 > n_groups)
+            n_groups = group[t] + 1;
+    for (Py_ssize_t i = 0; i < n_host_groups; i++)
+        if (host_groups[i] + 1 > n_groups)
+            n_groups = host_groups[i] + 1;
+    for (Py_ssize_t h = 0; h <= n_hosts; h++)
+        if (host_ptr[h] < 0 || host_ptr[h] > n_host_groups || (h > 0 && host_ptr[h] < host_ptr[h - 1])) {
+            PyErr_Format(PyExc_ValueError, "%s: host_ptr is not a CSR index into host_groups", fn);
+            return NULL;
+        }
+    int64_t *mark = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n_groups > 0 ? n_groups : 1));
+    if (mark == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t g = 0; g < n_groups; g++)
+        mark[g] = -1;
+    return mark;
+}
+
 static PyObject *pack(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -156,7 +191,6 @@ static PyObject *pack(PyObject *self, PyObject *args)
     int got = 0;
     int has_rules = o_rules[0] != NULL;
     int64_t *mark = NULL;
-    Py_ssize_t n_groups = 0;
     PyObject *result = NULL;
     List lists[2] = {{NULL, 0, NULL, NULL}, {NULL, 0, NULL, NULL}};
 
@@ -186,28 +220,9 @@ static PyObject *pack(PyObject *self, PyObject *args)
         group = (const int64_t *)v[7].buf;
         host_ptr = (const int64_t *)v[8].buf;
         host_groups = (const int64_t *)v[9].buf;
-        if (n[7] != n_tasks || n[8] != n_hosts + 1) {
-            PyErr_SetString(PyExc_ValueError, "pack: group needs one entry per task, host_ptr n_hosts + 1");
+        mark = spread_marks("pack", group, n[7], n_tasks, host_ptr, n[8], n_hosts, host_groups, n[9]);
+        if (mark == NULL)
             goto done;
-        }
-        for (Py_ssize_t t = 0; t < n_tasks; t++)
-            if (group[t] + 1 > n_groups)
-                n_groups = group[t] + 1;
-        for (Py_ssize_t i = 0; i < n[9]; i++)
-            if (host_groups[i] + 1 > n_groups)
-                n_groups = host_groups[i] + 1;
-        for (Py_ssize_t h = 0; h <= n_hosts; h++)
-            if (host_ptr[h] < 0 || host_ptr[h] > n[9] || (h > 0 && host_ptr[h] < host_ptr[h - 1])) {
-                PyErr_SetString(PyExc_ValueError, "pack: host_ptr is not a CSR index into host_groups");
-                goto done;
-            }
-        mark = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n_groups > 0 ? n_groups : 1));
-        if (mark == NULL) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        for (Py_ssize_t g = 0; g < n_groups; g++)
-            mark[g] = -1;
     }
     const double *cpu = (const double *)v[0].buf, *mem = (const double *)v[1].buf;
     const double *hcpu = (const double *)v[4].buf, *hmem = (const double *)v[5].buf;
@@ -373,7 +388,6 @@ static PyObject *pack_vector(PyObject *self, PyObject *args)
     int got = 0;
     int has_rules = o_rules[0] != NULL;
     int64_t *mark = NULL;
-    Py_ssize_t n_groups = 0;
     PyObject *result = NULL;
     VList *lists = NULL;
     double *free_ = NULL, *limit = NULL;
@@ -414,28 +428,9 @@ static PyObject *pack_vector(PyObject *self, PyObject *args)
         group = (const int64_t *)v[5].buf;
         host_ptr = (const int64_t *)v[6].buf;
         host_groups = (const int64_t *)v[7].buf;
-        if (n[5] != n_tasks || n[6] != n_hosts + 1) {
-            PyErr_SetString(PyExc_ValueError, "pack_vector: group needs one entry per task, host_ptr n_hosts + 1");
+        mark = spread_marks("pack_vector", group, n[5], n_tasks, host_ptr, n[6], n_hosts, host_groups, n[7]);
+        if (mark == NULL)
             goto done;
-        }
-        for (Py_ssize_t t = 0; t < n_tasks; t++)
-            if (group[t] + 1 > n_groups)
-                n_groups = group[t] + 1;
-        for (Py_ssize_t i = 0; i < n[7]; i++)
-            if (host_groups[i] + 1 > n_groups)
-                n_groups = host_groups[i] + 1;
-        for (Py_ssize_t h = 0; h <= n_hosts; h++)
-            if (host_ptr[h] < 0 || host_ptr[h] > n[7] || (h > 0 && host_ptr[h] < host_ptr[h - 1])) {
-                PyErr_SetString(PyExc_ValueError, "pack_vector: host_ptr is not a CSR index into host_groups");
-                goto done;
-            }
-        mark = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n_groups > 0 ? n_groups : 1));
-        if (mark == NULL) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        for (Py_ssize_t g = 0; g < n_groups; g++)
-            mark[g] = -1;
     }
     for (Py_ssize_t t = 0; t < n_tasks; t++)
         out[t] = -1;
