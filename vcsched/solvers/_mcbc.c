@@ -23,6 +23,10 @@
  * Why it is fast: the reference scans a list from its start on every
  * search, O(n) each.  Here each list is a min-tree (below), so a search skips
  * whole runs of placed or too-large tasks and costs about O(log n).
+ *
+ * pack_vector (below) is the same packing on resource vectors of any
+ * dimension; pack is its two-dimensional case, and both run one core
+ * (pack_lists), so the two cannot drift apart.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,95 +34,26 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /*
- * One list as a min-tree over its positions: leaf p holds the CPU and memory
- * need of the task at position p (+inf once placed); an inner node holds the
- * minima of its subtree.  The first live task in list order that fits is the
- * leftmost leaf with c <= limit_c and m <= limit_m; a subtree whose smallest
- * CPU or memory need is not <= the limit holds no such task and is skipped.
+ * One list as a min-tree over its positions: leaf p holds the need of the task
+ * at position p on each dimension (+inf once placed); an inner node holds the
+ * minima of its subtree, dimension by dimension.  The first live task in list
+ * order that fits is the leftmost leaf whose every need is <= its limit; a
+ * subtree whose smallest need on some dimension is not <= the limit holds no
+ * such task and is skipped.
  * The leaf test is the reference's comparison, so the choice is the same.
  * "not <=" rather than ">": a comparison with NaN is false, so a NaN limit
  * (a NaN capacity) fits nothing, as in the reference.  A limit is never +inf
- * (pack clamps it to DBL_MAX: fit_limit), so a placed task's +inf never fits;
+ * (clamped to DBL_MAX: fit_limit), so a placed task's +inf never fits;
  * needs are finite.
  */
 static inline double dmin(double a, double b) { return a < b ? a : b; }
 
-typedef struct {
-    const int64_t *task; /* task index at each list position */
-    Py_ssize_t size;     /* number of leaves: a power of two >= the list length */
-    double *min_c;       /* 2 * size nodes, root at 1, leaves at size + p */
-    double *min_m;
-} List;
-
-static int list_init(List *l, const int64_t *task, Py_ssize_t n, const double *cpu, const double *mem)
-{
-    l->task = task;
-    l->size = 1;
-    while (l->size < n)
-        l->size *= 2;
-    l->min_c = (double *)malloc(sizeof(double) * 2 * (size_t)l->size);
-    l->min_m = (double *)malloc(sizeof(double) * 2 * (size_t)l->size);
-    if (l->min_c == NULL || l->min_m == NULL)
-        return -1;
-    for (Py_ssize_t p = 0; p < l->size; p++) {
-        l->min_c[l->size + p] = p < n ? cpu[task[p]] : HUGE_VAL;
-        l->min_m[l->size + p] = p < n ? mem[task[p]] : HUGE_VAL;
-    }
-    for (Py_ssize_t i = l->size - 1; i >= 1; i--) {
-        l->min_c[i] = dmin(l->min_c[2 * i], l->min_c[2 * i + 1]);
-        l->min_m[i] = dmin(l->min_m[2 * i], l->min_m[2 * i + 1]);
-    }
-    return 0;
-}
-
-/* Leftmost position under node whose task fits, or -1. */
-static Py_ssize_t list_find_from(const List *l, Py_ssize_t node, double limit_c, double limit_m)
-{
-    if (!(l->min_c[node] <= limit_c) || !(l->min_m[node] <= limit_m)) /* also when a limit is NaN */
-        return -1;
-    if (node >= l->size)
-        return node - l->size;
-    Py_ssize_t p = list_find_from(l, 2 * node, limit_c, limit_m);
-    return p >= 0 ? p : list_find_from(l, 2 * node + 1, limit_c, limit_m);
-}
-
-/* Leftmost position > after under node (covering positions [lo, lo + width)) whose task fits, or -1. */
-static Py_ssize_t list_find_after(const List *l, Py_ssize_t node, Py_ssize_t lo, Py_ssize_t width, Py_ssize_t after,
-                                  double limit_c, double limit_m)
-{
-    if (lo + width - 1 <= after)
-        return -1;
-    if (!(l->min_c[node] <= limit_c) || !(l->min_m[node] <= limit_m))
-        return -1;
-    if (node >= l->size)
-        return node - l->size;
-    Py_ssize_t half = width / 2;
-    Py_ssize_t p = list_find_after(l, 2 * node, lo, half, after, limit_c, limit_m);
-    return p >= 0 ? p : list_find_after(l, 2 * node + 1, lo + half, half, after, limit_c, limit_m);
-}
-
-/* The first live task in list order that fits (its position), or -1. */
-static Py_ssize_t list_find(const List *l, double limit_c, double limit_m)
-{
-    return list_find_from(l, 1, limit_c, limit_m);
-}
-
 /* The limit a need is compared with: free + eps, an infinite one clamped to DBL_MAX (any finite need
  * fits, a placed task's +inf does not), NaN kept (nothing fits). */
 static inline double fit_limit(double x) { return x > DBL_MAX ? DBL_MAX : x; }
-
-/* Mark the task at position p placed. */
-static void list_take(List *l, Py_ssize_t p)
-{
-    Py_ssize_t i = l->size + p;
-    l->min_c[i] = l->min_m[i] = HUGE_VAL;
-    for (i /= 2; i >= 1; i /= 2) {
-        l->min_c[i] = dmin(l->min_c[2 * i], l->min_c[2 * i + 1]);
-        l->min_m[i] = dmin(l->min_m[2 * i], l->min_m[2 * i + 1]);
-    }
-}
 
 /* A C-contiguous buffer of 8-byte items of the given kind: 'd' float64, 'i' int64. */
 static int get_buffer(PyObject *obj, Py_buffer *view, int writable, char kind, const char *name, Py_ssize_t *count)
@@ -175,125 +110,72 @@ static int64_t *spread_marks(const char *fn, const int64_t *group, Py_ssize_t n_
     return mark;
 }
 
-static PyObject *pack(PyObject *self, PyObject *args)
+typedef struct {
+    const int64_t *task;
+    Py_ssize_t size;
+    double *mins; /* 2 * size nodes x d minima (d is passed along: a constant 2 from pack, which the compiler
+                     then specialises) */
+} VList;
+
+static int vlist_init(VList *l, const int64_t *task, Py_ssize_t n, const double *need, int d)
 {
-    (void)self;
-    PyObject *o[6], *o_out, *o_rules[3] = {NULL, NULL, NULL};
-    double eps;
-    if (!PyArg_ParseTuple(args, "OOOOOOdO|OOO:pack", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &eps, &o_out,
-                          &o_rules[0], &o_rules[1], &o_rules[2]))
-        return NULL;
-    static const char *names[6] = {"cpu", "mem", "cpu_heavy", "mem_heavy", "host_cpu", "host_mem"};
-    static const char *rule_names[3] = {"group", "host_ptr", "host_groups"};
-    static const char kinds[6] = {'d', 'd', 'i', 'i', 'd', 'd'};
-    Py_buffer v[10];
-    Py_ssize_t n[10];
-    int got = 0;
-    int has_rules = o_rules[0] != NULL;
-    int64_t *mark = NULL;
-    PyObject *result = NULL;
-    List lists[2] = {{NULL, 0, NULL, NULL}, {NULL, 0, NULL, NULL}};
+    l->task = task;
+    l->size = 1;
+    while (l->size < n)
+        l->size *= 2;
+    l->mins = (double *)malloc(sizeof(double) * 2 * (size_t)l->size * (size_t)d);
+    if (l->mins == NULL)
+        return -1;
+    for (Py_ssize_t p = 0; p < l->size; p++)
+        for (int k = 0; k < d; k++)
+            l->mins[(l->size + p) * d + k] = p < n ? need[task[p] * d + k] : HUGE_VAL;
+    for (Py_ssize_t i = l->size - 1; i >= 1; i--)
+        for (int k = 0; k < d; k++)
+            l->mins[i * d + k] = dmin(l->mins[2 * i * d + k], l->mins[(2 * i + 1) * d + k]);
+    return 0;
+}
 
-    if (has_rules && (o_rules[1] == NULL || o_rules[2] == NULL)) {
-        PyErr_SetString(PyExc_TypeError, "pack: group, host_ptr and host_groups go together");
-        return NULL;
-    }
-    for (; got < 6; got++)
-        if (get_buffer(o[got], &v[got], 0, kinds[got], names[got], &n[got]) < 0)
-            goto done;
-    if (get_buffer(o_out, &v[6], 1, 'i', "out", &n[6]) < 0)
-        goto done;
-    got = 7;
-    if (has_rules) {
-        for (; got < 10; got++)
-            if (get_buffer(o_rules[got - 7], &v[got], 0, 'i', rule_names[got - 7], &n[got]) < 0)
-                goto done;
-    }
+static inline int vnode_may_fit(const VList *l, int d, Py_ssize_t node, const double *limit)
+{
+    const double *m = l->mins + node * d;
+    for (int k = 0; k < d; k++)
+        if (!(m[k] <= limit[k])) /* also when a limit is NaN */
+            return 0;
+    return 1;
+}
 
-    Py_ssize_t n_tasks = n[0], n_hosts = n[4];
-    if (n[1] != n_tasks || n[6] != n_tasks || n[2] + n[3] != n_tasks || n[5] != n_hosts) {
-        PyErr_SetString(PyExc_ValueError, "pack: inconsistent array lengths");
-        goto done;
-    }
-    const int64_t *group = NULL, *host_ptr = NULL, *host_groups = NULL;
-    if (has_rules) {
-        group = (const int64_t *)v[7].buf;
-        host_ptr = (const int64_t *)v[8].buf;
-        host_groups = (const int64_t *)v[9].buf;
-        mark = spread_marks("pack", group, n[7], n_tasks, host_ptr, n[8], n_hosts, host_groups, n[9]);
-        if (mark == NULL)
-            goto done;
-    }
-    const double *cpu = (const double *)v[0].buf, *mem = (const double *)v[1].buf;
-    const double *hcpu = (const double *)v[4].buf, *hmem = (const double *)v[5].buf;
-    int64_t *out = (int64_t *)v[6].buf;
-    for (Py_ssize_t t = 0; t < n_tasks; t++)
-        out[t] = -1;
-    for (int li = 0; li < 2; li++) {
-        const int64_t *idx = (const int64_t *)v[2 + li].buf;
-        for (Py_ssize_t i = 0; i < n[2 + li]; i++) {
-            if (idx[i] < 0 || idx[i] >= n_tasks || out[idx[i]] != -1) {
-                PyErr_Format(PyExc_ValueError, "pack: %s[%zd] = %lld is out of range or repeated", names[2 + li],
-                             i, (long long)idx[i]);
-                goto done;
-            }
-            out[idx[i]] = -2; /* mark seen: the two lists must partition the tasks */
-        }
-    }
-    for (Py_ssize_t t = 0; t < n_tasks; t++)
-        out[t] = -1;
-    if (list_init(&lists[0], (const int64_t *)v[2].buf, n[2], cpu, mem) < 0 ||
-        list_init(&lists[1], (const int64_t *)v[3].buf, n[3], cpu, mem) < 0) {
-        PyErr_NoMemory();
-        goto done;
-    }
+/* Leftmost position under node whose task fits, or -1 (the search of every pick; the one above skips a task). */
+static Py_ssize_t vlist_find(const VList *l, int d, Py_ssize_t node, const double *limit)
+{
+    if (!vnode_may_fit(l, d, node, limit))
+        return -1;
+    if (node >= l->size)
+        return node - l->size;
+    Py_ssize_t p = vlist_find(l, d, 2 * node, limit);
+    return p >= 0 ? p : vlist_find(l, d, 2 * node + 1, limit);
+}
 
-    Py_ssize_t left = n_tasks;
-    for (Py_ssize_t h = 0; h < n_hosts && left > 0; h++) {
-        double free_c = hcpu[h], free_m = hmem[h];
-        int first = 1;
-        if (has_rules)
-            for (int64_t i = host_ptr[h]; i < host_ptr[h + 1]; i++)
-                if (host_groups[i] >= 0)
-                    mark[host_groups[i]] = (int64_t)h;
-        while (left > 0) {
-            /* First task: CPU-heavy list, then memory-heavy.  Then against the imbalance. */
-            int li = (first || free_c > free_m) ? 0 : 1;
-            double limit_c = fit_limit(free_c + eps), limit_m = fit_limit(free_m + eps);
-            Py_ssize_t p = -1;
-            for (int k = 0; k < 2 && p < 0; k++, li = 1 - li) {
-                p = list_find(&lists[li], limit_c, limit_m);
-                /* A task whose spread group is already on this host is skipped: the next fitting one. */
-                while (has_rules && p >= 0 && group[lists[li].task[p]] >= 0 &&
-                       mark[group[lists[li].task[p]]] == (int64_t)h)
-                    p = list_find_after(&lists[li], 1, 0, lists[li].size, p, limit_c, limit_m);
-                if (p >= 0)
-                    break;
-            }
-            if (p < 0)
-                break; /* nothing fits: next host */
-            int64_t t = lists[li].task[p];
-            list_take(&lists[li], p);
-            out[t] = (int64_t)h;
-            if (has_rules && group[t] >= 0)
-                mark[group[t]] = (int64_t)h;
-            free_c -= cpu[t];
-            free_m -= mem[t];
-            left--;
-            first = 0;
-        }
-    }
-    result = PyBool_FromLong(left == 0);
+/* Leftmost position > after under node (covering [lo, lo + width)) whose task fits, or -1. */
+static Py_ssize_t vlist_find_after(const VList *l, int d, Py_ssize_t node, Py_ssize_t lo, Py_ssize_t width,
+                                   Py_ssize_t after, const double *limit)
+{
+    if (lo + width - 1 <= after || !vnode_may_fit(l, d, node, limit))
+        return -1;
+    if (node >= l->size)
+        return node - l->size;
+    Py_ssize_t half = width / 2;
+    Py_ssize_t p = vlist_find_after(l, d, 2 * node, lo, half, after, limit);
+    return p >= 0 ? p : vlist_find_after(l, d, 2 * node + 1, lo + half, half, after, limit);
+}
 
-done:
-    free(mark);
-    for (int li = 0; li < 2; li++) {
-        free(lists[li].min_c);
-        free(lists[li].min_m);
-    }
-    for (int i = 0; i < got; i++)
-        PyBuffer_Release(&v[i]);
-    return result;
+static void vlist_take(VList *l, int d, Py_ssize_t p)
+{
+    Py_ssize_t i = l->size + p;
+    for (int k = 0; k < d; k++)
+        l->mins[i * d + k] = HUGE_VAL;
+    for (i /= 2; i >= 1; i /= 2)
+        for (int k = 0; k < d; k++)
+            l->mins[i * d + k] = dmin(l->mins[2 * i * d + k], l->mins[(2 * i + 1) * d + k]);
 }
 
 /*
@@ -311,133 +193,27 @@ done:
  * A host's first task comes from list 0, then 1, ...; each later one from the list of the dimension with the
  * most free capacity first (ties: the later dimension), then the next most free, and so on.
  */
-typedef struct {
-    const int64_t *task;
-    Py_ssize_t size;
-    int d;
-    double *mins; /* 2 * size nodes x d minima */
-} VList;
-
-static int vlist_init(VList *l, const int64_t *task, Py_ssize_t n, const double *need, int d)
+/*
+ * The packing itself, for pack and pack_vector: hosts filled in index order from the d lists (order,
+ * list_ptr) of the tasks' needs (n x d) within the hosts' capacities (hosts x d); out[t] = the host of task t.
+ * mark: spread-group marks from spread_marks, or NULL without rules.  Returns 1 when every task is placed,
+ * 0 when some is left over, -1 with a Python exception set (bad order, no memory).
+ */
+static int pack_lists(const double *need, int d, const int64_t *order, const int64_t *list_ptr, Py_ssize_t n_tasks,
+                      const double *capacity, Py_ssize_t n_hosts, double eps, int64_t *out, const int64_t *group,
+                      const int64_t *host_ptr, const int64_t *host_groups, int64_t *mark, const char *fn)
 {
-    l->task = task;
-    l->d = d;
-    l->size = 1;
-    while (l->size < n)
-        l->size *= 2;
-    l->mins = (double *)malloc(sizeof(double) * 2 * (size_t)l->size * (size_t)d);
-    if (l->mins == NULL)
-        return -1;
-    for (Py_ssize_t p = 0; p < l->size; p++)
-        for (int k = 0; k < d; k++)
-            l->mins[(l->size + p) * d + k] = p < n ? need[task[p] * d + k] : HUGE_VAL;
-    for (Py_ssize_t i = l->size - 1; i >= 1; i--)
-        for (int k = 0; k < d; k++)
-            l->mins[i * d + k] = dmin(l->mins[2 * i * d + k], l->mins[(2 * i + 1) * d + k]);
-    return 0;
-}
-
-static inline int vnode_may_fit(const VList *l, Py_ssize_t node, const double *limit)
-{
-    const double *m = l->mins + node * l->d;
-    for (int k = 0; k < l->d; k++)
-        if (!(m[k] <= limit[k])) /* also when a limit is NaN */
-            return 0;
-    return 1;
-}
-
-/* Leftmost position > after under node (covering [lo, lo + width)) whose task fits, or -1. */
-static Py_ssize_t vlist_find_after(const VList *l, Py_ssize_t node, Py_ssize_t lo, Py_ssize_t width,
-                                   Py_ssize_t after, const double *limit)
-{
-    if (lo + width - 1 <= after || !vnode_may_fit(l, node, limit))
-        return -1;
-    if (node >= l->size)
-        return node - l->size;
-    Py_ssize_t half = width / 2;
-    Py_ssize_t p = vlist_find_after(l, 2 * node, lo, half, after, limit);
-    return p >= 0 ? p : vlist_find_after(l, 2 * node + 1, lo + half, half, after, limit);
-}
-
-static void vlist_take(VList *l, Py_ssize_t p)
-{
-    int d = l->d;
-    Py_ssize_t i = l->size + p;
-    for (int k = 0; k < d; k++)
-        l->mins[i * d + k] = HUGE_VAL;
-    for (i /= 2; i >= 1; i /= 2)
-        for (int k = 0; k < d; k++)
-            l->mins[i * d + k] = dmin(l->mins[2 * i * d + k], l->mins[(2 * i + 1) * d + k]);
-}
-
-static PyObject *pack_vector(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *o_need, *o_order, *o_ptr, *o_cap, *o_out, *o_rules[3] = {NULL, NULL, NULL};
-    int d;
-    double eps;
-    if (!PyArg_ParseTuple(args, "OiOOOdO|OOO:pack_vector", &o_need, &d, &o_order, &o_ptr, &o_cap, &eps, &o_out,
-                          &o_rules[0], &o_rules[1], &o_rules[2]))
-        return NULL;
-    PyObject *objs[8] = {o_need, o_order, o_ptr, o_cap, o_out, o_rules[0], o_rules[1], o_rules[2]};
-    static const char *names[8] = {"need", "order", "list_ptr", "capacity", "out", "group", "host_ptr",
-                                   "host_groups"};
-    static const char kinds[8] = {'d', 'i', 'i', 'd', 'i', 'i', 'i', 'i'};
-    Py_buffer v[8];
-    Py_ssize_t n[8];
-    int got = 0;
-    int has_rules = o_rules[0] != NULL;
-    int64_t *mark = NULL;
-    PyObject *result = NULL;
+    int status = -1;
     VList *lists = NULL;
     double *free_ = NULL, *limit = NULL;
     int *scan = NULL;
 
-    if (d < 1) {
-        PyErr_SetString(PyExc_ValueError, "pack_vector: d must be at least 1");
-        return NULL;
-    }
-    if (has_rules && (o_rules[1] == NULL || o_rules[2] == NULL)) {
-        PyErr_SetString(PyExc_TypeError, "pack_vector: group, host_ptr and host_groups go together");
-        return NULL;
-    }
-    int want = has_rules ? 8 : 5;
-    for (; got < want; got++)
-        if (get_buffer(objs[got], &v[got], got == 4, kinds[got], names[got], &n[got]) < 0)
-            goto done;
-
-    Py_ssize_t n_tasks = n[1], n_hosts = n[3] / d;
-    if (n[0] != n_tasks * d || n[3] != n_hosts * d || n[4] != n_tasks || n[2] != d + 1) {
-        PyErr_SetString(PyExc_ValueError, "pack_vector: inconsistent array lengths");
-        goto done;
-    }
-    const double *need = (const double *)v[0].buf, *capacity = (const double *)v[3].buf;
-    const int64_t *order = (const int64_t *)v[1].buf, *list_ptr = (const int64_t *)v[2].buf;
-    int64_t *out = (int64_t *)v[4].buf;
-    if (list_ptr[0] != 0 || list_ptr[d] != n_tasks) {
-        PyErr_SetString(PyExc_ValueError, "pack_vector: list_ptr must run from 0 to the number of tasks");
-        goto done;
-    }
-    for (int k = 0; k < d; k++)
-        if (list_ptr[k + 1] < list_ptr[k]) {
-            PyErr_SetString(PyExc_ValueError, "pack_vector: list_ptr is not increasing");
-            goto done;
-        }
-    const int64_t *group = NULL, *host_ptr = NULL, *host_groups = NULL;
-    if (has_rules) {
-        group = (const int64_t *)v[5].buf;
-        host_ptr = (const int64_t *)v[6].buf;
-        host_groups = (const int64_t *)v[7].buf;
-        mark = spread_marks("pack_vector", group, n[5], n_tasks, host_ptr, n[6], n_hosts, host_groups, n[7]);
-        if (mark == NULL)
-            goto done;
-    }
     for (Py_ssize_t t = 0; t < n_tasks; t++)
         out[t] = -1;
     for (Py_ssize_t i = 0; i < n_tasks; i++) {
         if (order[i] < 0 || order[i] >= n_tasks || out[order[i]] != -1) {
-            PyErr_Format(PyExc_ValueError, "pack_vector: order[%zd] = %lld is out of range or repeated", i,
-                         (long long)order[i]);
+            PyErr_Format(PyExc_ValueError, "%s: task index %lld (at %zd of the lists) is out of range or repeated",
+                         fn, (long long)order[i], i);
             goto done;
         }
         out[order[i]] = -2; /* the lists must partition the tasks */
@@ -463,7 +239,7 @@ static PyObject *pack_vector(PyObject *self, PyObject *args)
         for (int k = 0; k < d; k++)
             free_[k] = capacity[h * d + k];
         int first = 1;
-        if (has_rules)
+        if (mark != NULL)
             for (int64_t i = host_ptr[h]; i < host_ptr[h + 1]; i++)
                 if (host_groups[i] >= 0)
                     mark[host_groups[i]] = (int64_t)h;
@@ -488,16 +264,17 @@ static PyObject *pack_vector(PyObject *self, PyObject *args)
             for (int s = 0; s < d && p < 0; s++) {
                 li = scan[s];
                 VList *l = &lists[li];
-                p = vlist_find_after(l, 1, 0, l->size, -1, limit);
-                while (has_rules && p >= 0 && group[l->task[p]] >= 0 && mark[group[l->task[p]]] == (int64_t)h)
-                    p = vlist_find_after(l, 1, 0, l->size, p, limit);
+                p = vlist_find(l, d, 1, limit);
+                /* A task whose spread group is already on this host is skipped: the next fitting one. */
+                while (mark != NULL && p >= 0 && group[l->task[p]] >= 0 && mark[group[l->task[p]]] == (int64_t)h)
+                    p = vlist_find_after(l, d, 1, 0, l->size, p, limit);
             }
             if (p < 0)
                 break; /* nothing fits: next host */
             int64_t t = lists[li].task[p];
-            vlist_take(&lists[li], p);
+            vlist_take(&lists[li], d, p);
             out[t] = (int64_t)h;
-            if (has_rules && group[t] >= 0)
+            if (mark != NULL && group[t] >= 0)
                 mark[group[t]] = (int64_t)h;
             for (int k = 0; k < d; k++)
                 free_[k] -= need[t * d + k];
@@ -505,10 +282,9 @@ static PyObject *pack_vector(PyObject *self, PyObject *args)
             first = 0;
         }
     }
-    result = PyBool_FromLong(left == 0);
+    status = left == 0;
 
 done:
-    free(mark);
     if (lists != NULL)
         for (int k = 0; k < d; k++)
             free(lists[k].mins);
@@ -516,6 +292,152 @@ done:
     free(free_);
     free(limit);
     free(scan);
+    return status;
+}
+
+/* The optional rules arguments of both kernels: group, host_ptr, host_groups (all three or none). */
+static int rules_given(PyObject *const o_rules[3], const char *fn)
+{
+    if (o_rules[0] != NULL && (o_rules[1] == NULL || o_rules[2] == NULL)) {
+        PyErr_Format(PyExc_TypeError, "%s: group, host_ptr and host_groups go together", fn);
+        return -1;
+    }
+    return o_rules[0] != NULL;
+}
+
+static PyObject *pack(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o[6], *o_out, *o_rules[3] = {NULL, NULL, NULL};
+    double eps;
+    if (!PyArg_ParseTuple(args, "OOOOOOdO|OOO:pack", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &eps, &o_out,
+                          &o_rules[0], &o_rules[1], &o_rules[2]))
+        return NULL;
+    static const char *names[10] = {"cpu",      "mem", "cpu_heavy", "mem_heavy", "host_cpu", "host_mem", "out",
+                                    "group", "host_ptr", "host_groups"};
+    static const char kinds[10] = {'d', 'd', 'i', 'i', 'd', 'd', 'i', 'i', 'i', 'i'};
+    PyObject *objs[10] = {o[0], o[1], o[2], o[3], o[4], o[5], o_out, o_rules[0], o_rules[1], o_rules[2]};
+    Py_buffer v[10];
+    Py_ssize_t n[10];
+    int got = 0;
+    int64_t *mark = NULL, *order = NULL;
+    double *need = NULL, *capacity = NULL;
+    PyObject *result = NULL;
+    int has_rules = rules_given(o_rules, "pack");
+    if (has_rules < 0)
+        return NULL;
+    for (int want = has_rules ? 10 : 7; got < want; got++)
+        if (get_buffer(objs[got], &v[got], got == 6, kinds[got], names[got], &n[got]) < 0)
+            goto done;
+
+    Py_ssize_t n_tasks = n[0], n_hosts = n[4];
+    if (n[1] != n_tasks || n[6] != n_tasks || n[2] + n[3] != n_tasks || n[5] != n_hosts) {
+        PyErr_SetString(PyExc_ValueError, "pack: inconsistent array lengths");
+        goto done;
+    }
+    if (has_rules) {
+        mark = spread_marks("pack", (const int64_t *)v[7].buf, n[7], n_tasks, (const int64_t *)v[8].buf, n[8], n_hosts,
+                            (const int64_t *)v[9].buf, n[9]);
+        if (mark == NULL)
+            goto done;
+    }
+    /* The two-dimensional case of pack_lists: (cpu, mem) pairs, the CPU-heavy list then the memory-heavy one. */
+    need = (double *)malloc(sizeof(double) * 2 * (size_t)(n_tasks > 0 ? n_tasks : 1));
+    capacity = (double *)malloc(sizeof(double) * 2 * (size_t)(n_hosts > 0 ? n_hosts : 1));
+    order = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n_tasks > 0 ? n_tasks : 1));
+    if (need == NULL || capacity == NULL || order == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const double *cpu = (const double *)v[0].buf, *mem = (const double *)v[1].buf;
+    const double *hcpu = (const double *)v[4].buf, *hmem = (const double *)v[5].buf;
+    for (Py_ssize_t t = 0; t < n_tasks; t++) {
+        need[2 * t] = cpu[t];
+        need[2 * t + 1] = mem[t];
+    }
+    for (Py_ssize_t h = 0; h < n_hosts; h++) {
+        capacity[2 * h] = hcpu[h];
+        capacity[2 * h + 1] = hmem[h];
+    }
+    memcpy(order, v[2].buf, sizeof(int64_t) * (size_t)n[2]);
+    memcpy(order + n[2], v[3].buf, sizeof(int64_t) * (size_t)n[3]);
+    int64_t list_ptr[3] = {0, n[2], n_tasks};
+    int status = pack_lists(need, 2, order, list_ptr, n_tasks, capacity, n_hosts, eps, (int64_t *)v[6].buf,
+                            has_rules ? (const int64_t *)v[7].buf : NULL, has_rules ? (const int64_t *)v[8].buf : NULL,
+                            has_rules ? (const int64_t *)v[9].buf : NULL, mark, "pack");
+    if (status >= 0)
+        result = PyBool_FromLong(status);
+
+done:
+    free(mark);
+    free(need);
+    free(capacity);
+    free(order);
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(&v[i]);
+    return result;
+}
+
+static PyObject *pack_vector(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_need, *o_order, *o_ptr, *o_cap, *o_out, *o_rules[3] = {NULL, NULL, NULL};
+    int d;
+    double eps;
+    if (!PyArg_ParseTuple(args, "OiOOOdO|OOO:pack_vector", &o_need, &d, &o_order, &o_ptr, &o_cap, &eps, &o_out,
+                          &o_rules[0], &o_rules[1], &o_rules[2]))
+        return NULL;
+    PyObject *objs[8] = {o_need, o_order, o_ptr, o_cap, o_out, o_rules[0], o_rules[1], o_rules[2]};
+    static const char *names[8] = {"need", "order", "list_ptr", "capacity", "out", "group", "host_ptr",
+                                   "host_groups"};
+    static const char kinds[8] = {'d', 'i', 'i', 'd', 'i', 'i', 'i', 'i'};
+    Py_buffer v[8];
+    Py_ssize_t n[8];
+    int got = 0;
+    int64_t *mark = NULL;
+    PyObject *result = NULL;
+
+    if (d < 1) {
+        PyErr_SetString(PyExc_ValueError, "pack_vector: d must be at least 1");
+        return NULL;
+    }
+    int has_rules = rules_given(o_rules, "pack_vector");
+    if (has_rules < 0)
+        return NULL;
+    for (int want = has_rules ? 8 : 5; got < want; got++)
+        if (get_buffer(objs[got], &v[got], got == 4, kinds[got], names[got], &n[got]) < 0)
+            goto done;
+
+    Py_ssize_t n_tasks = n[1], n_hosts = n[3] / d;
+    if (n[0] != n_tasks * d || n[3] != n_hosts * d || n[4] != n_tasks || n[2] != d + 1) {
+        PyErr_SetString(PyExc_ValueError, "pack_vector: inconsistent array lengths");
+        goto done;
+    }
+    const int64_t *list_ptr = (const int64_t *)v[2].buf;
+    if (list_ptr[0] != 0 || list_ptr[d] != n_tasks) {
+        PyErr_SetString(PyExc_ValueError, "pack_vector: list_ptr must run from 0 to the number of tasks");
+        goto done;
+    }
+    for (int k = 0; k < d; k++)
+        if (list_ptr[k + 1] < list_ptr[k]) {
+            PyErr_SetString(PyExc_ValueError, "pack_vector: list_ptr is not increasing");
+            goto done;
+        }
+    if (has_rules) {
+        mark = spread_marks("pack_vector", (const int64_t *)v[5].buf, n[5], n_tasks, (const int64_t *)v[6].buf, n[6],
+                            n_hosts, (const int64_t *)v[7].buf, n[7]);
+        if (mark == NULL)
+            goto done;
+    }
+    int status = pack_lists((const double *)v[0].buf, d, (const int64_t *)v[1].buf, list_ptr, n_tasks,
+                            (const double *)v[3].buf, n_hosts, eps, (int64_t *)v[4].buf,
+                            has_rules ? (const int64_t *)v[5].buf : NULL, has_rules ? (const int64_t *)v[6].buf : NULL,
+                            has_rules ? (const int64_t *)v[7].buf : NULL, mark, "pack_vector");
+    if (status >= 0)
+        result = PyBool_FromLong(status);
+
+done:
+    free(mark);
     for (int i = 0; i < got; i++)
         PyBuffer_Release(&v[i]);
     return result;
