@@ -153,7 +153,7 @@ class Controller:
     def _fresh_state(self) -> None:
         """What a new leader knows: nothing but libvirt (module docstring)."""
         o = self.options
-        self.sampler = CpuSampler(o.window_s, self.clock)
+        self.sampler = CpuSampler(o.window_s, self.clock, min_seconds=o.sample_s / 2)
         self.rebalancer = Rebalancer(o.rebalance)
         self.estimates: dict[str, Estimate] = {}
         self.planned: dict[str, float] = {}

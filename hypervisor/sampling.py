@@ -9,6 +9,16 @@ cap in between (a sample must have one cap to be compared with), or when its
 CPU time went backwards (a restarted domain).  Each VM keeps the samples of
 a sliding window of ``window`` seconds.
 
+A reading less than ``min_seconds`` after the VM's last one makes no sample
+and leaves that last reading as the baseline, so the next sample spans the
+whole gap.  A capped vCPU runs in bursts (its quota at the start of each
+100 ms period, then nothing), so the CPU time over a few milliseconds says
+nothing about its rate: such a "sample" reads 0 or a whole core at random.
+On the lab the controller's interval began with a round a few milliseconds
+after the previous one, and that sample, the latest of the window, decided
+whether a VM was at its cap: a busy guest then counted as below its cap
+interval after interval, and an idle one as at its cap now and then.
+
 The estimate itself is pure and lives in :mod:`vcsched.control.observe`.
 Probing (raising caps for a few seconds) changes hosts, so the caller holds
 the cluster lock and goes through the executor (:func:`raise_caps`).
@@ -77,15 +87,18 @@ class _Reading:
 class CpuSampler:
     """Sliding windows of CPU samples per managed VM (module docstring)."""
 
-    def __init__(self, window: float, clock: Clock | None = None) -> None:
+    def __init__(self, window: float, clock: Clock | None = None, min_seconds: float = 0.0) -> None:
         self.window = window
         self.clock = clock or SystemClock()
+        self.min_seconds = min_seconds  # shorter pairs make no sample (module docstring)
         self._last: dict[str, _Reading] = {}
         self.windows: dict[str, deque[Sample]] = {}
         self.errors: list[str] = []  # VMs that could not be read in the last round, with the reason
 
-    def sample(self, hv: Hypervisor, probe: Collection[str] = ()) -> Inventory:
-        """One round; returns the inventory it read.  ``probe``: VMs whose caps a probe has raised."""
+    def sample(self, hv: Hypervisor, probe: Collection[str] = (), min_seconds: float | None = None) -> Inventory:
+        """One round; returns the inventory it read.  ``probe``: VMs whose caps a probe has raised;
+        ``min_seconds``: this round's shortest sample (default: the sampler's)."""
+        shortest = self.min_seconds if min_seconds is None else min_seconds
         inventory = hv.inventory()
         wall = self.clock.time()
         seen = set()
@@ -104,12 +117,13 @@ class CpuSampler:
             if ns is None:
                 continue
             last = self._last.get(v.name)
-            reading = _Reading(now, ns, v.host, v.cap_cores)
-            self._last[v.name] = reading
-            if last is None or now <= last.at or ns < last.cpu_ns or last.host != v.host:
-                continue
-            if (last.cap is None) != (v.cap_cores is None) or (
-                    last.cap is not None and v.cap_cores is not None and not same_cap(last.cap, v.cap_cores, v.vcpus)):
+            same = (last is not None and ns >= last.cpu_ns and last.host == v.host
+                    and (last.cap is None) == (v.cap_cores is None)
+                    and (last.cap is None or v.cap_cores is None or same_cap(last.cap, v.cap_cores, v.vcpus)))
+            if same and last is not None and now - last.at < shortest:
+                continue  # too short to measure a capped vCPU: the earlier reading stays the baseline
+            self._last[v.name] = _Reading(now, ns, v.host, v.cap_cores)
+            if not same or last is None or now <= last.at:
                 continue
             used = (ns - last.cpu_ns) / 1e9 / (now - last.at)
             window = self.windows.setdefault(v.name, deque())
@@ -137,11 +151,12 @@ class CpuSampler:
                    probe: Collection[str] = (),
                    on_round: Callable[[Inventory], None] | None = None) -> Inventory | None:
         """Rounds every ``every`` seconds for ``seconds`` (one at the start); the last inventory read (None if
-        stopped first)."""
+        stopped first).  A round less than half of ``every`` after the last (the end of ``seconds``) makes no
+        sample."""
         inventory = None
         end = self.clock.monotonic() + seconds
         while True:
-            inventory = self.sample(hv, probe)
+            inventory = self.sample(hv, probe, every / 2)
             if on_round is not None:
                 on_round(inventory)
             left = end - self.clock.monotonic()

@@ -196,7 +196,7 @@ def test_recording_writes_the_estimates_as_needs_with_set_need_steps() -> None:
     inv = inventory_of([managed("a", "h0", "a", 1.0, 0.8), managed("b", "h1", "b", 0.5, 0.5)])
     hv = memory_hypervisor(inv)
     ests = [estimate_need(inv.vm("a"), window([0.3] * 5, 0.8)),  # type: ignore[arg-type]
-            estimate_need(inv.vm("b"), window([0.1, 0.1], 0.5))]  # type: ignore[arg-type]  (too few: unchanged)
+            estimate_need(inv.vm("b"), window([0.1, 0.1], 0.5))]  # type: ignore[arg-type]  # too few: unchanged
     plan = record_plan(inv, ests)
     assert [(s.op, s.vm) for s in plan.steps] == [("set-need", "a")]
     assert apply_plan(hv, plan).ok
@@ -263,3 +263,34 @@ def test_observe_samples_probes_puts_caps_back_and_records_on_a_loaded_cluster()
     assert hv.vms["light"].meta.cpu_need_cores == pytest.approx(0.14)  # type: ignore[union-attr]
     assert hv.vms["hungry"].cap_cores == pytest.approx(0.2)  # recording changes no cap
     assert inventory.vm("hungry") is not None
+
+
+def test_a_round_moments_after_the_last_makes_no_sample_and_the_next_spans_the_whole_gap() -> None:
+    """A vCPU that runs in bursts reads 0 or a whole core over a few milliseconds (hypervisor/sampling.py):
+    the controller's tick, a round just after the last idle round, once made such a sample the window's latest."""
+    from dataclasses import replace
+
+    from hypervisor.sampling import CpuSampler
+    from tests.fake_load import FakeClock, LoadedHypervisor
+
+    clock = FakeClock()
+    inv = inventory_of([managed("bursty", "h0", "a", 1.0, None), managed("moved", "h1", "b", 0.5, 0.5)])
+    burst = lambda t: 1.0 if round(t * 1000) % 100 < 50 else 0.0  # noqa: E731 - the first half of each 100 ms
+    hv = LoadedHypervisor("lab", inv.hosts, inv.vms, clock, {"bursty": burst, "moved": burst})
+
+    def rounds(sampler: CpuSampler, gaps: list[float]) -> list[tuple[float, float]]:
+        sampler.sample(hv)
+        for gap in gaps:
+            clock.advance(gap)
+            if gap == 0.01:
+                hv.vms["moved"] = replace(hv.vms["moved"], cap_cores=0.4)
+            sampler.sample(hv)
+        return [(round(s.seconds, 3), round(s.used_cores, 3)) for s in sampler.samples()["bursty"]]
+
+    naive = CpuSampler(60, clock)
+    assert rounds(naive, [2.0, 0.01, 1.99]) == [(2.0, 0.5), (0.01, 1.0), (1.99, 0.503)]  # the tiny one: a whole core
+    hv.vms["moved"] = replace(hv.vms["moved"], cap_cores=0.5)
+    sampler = CpuSampler(60, clock, min_seconds=1.0)
+    assert rounds(sampler, [2.0, 0.01, 1.99]) == [(2.0, 0.5), (2.0, pytest.approx(0.5, abs=0.01))]
+    # A cap changed in the short gap still starts the VM afresh: no sample mixes two caps.
+    assert [(s.cap_cores, round(s.seconds, 3)) for s in sampler.samples()["moved"]] == [(0.5, 2.0), (0.4, 1.99)]
