@@ -199,11 +199,6 @@ def cap_at(timeline: list[tuple[float, dict[str, float], dict[str, str]]], start
     return cap
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known open defect (issue 15, docs/operations.md): passed 6 of the last 8 lab runs on 2026-11-23; in the two "
-    "failures (idle machine) the busy guest's recent samples were not counted at its cap, so its cap rose by the "
-    "10 % headroom each interval (0.25 -> 0.32 -> 0.40 -> ...) instead of to its declared need, and once an idle "
-    "guest's bursts filled two of three samples and raised it to its declared need"))
 def test_caps_follow_load_and_an_overloaded_host_sheds_a_vm_within_budget(lab: Lab, tmp_path: Path) -> None:
     import tomllib
 

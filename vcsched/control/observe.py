@@ -57,14 +57,15 @@ its cap throughout (its estimate is then a lower bound or a carry-over).
 demand is above its cap uses its cap in nearly every sample, give or take a
 sample in which the machine itself was busy; one whose demand is below it
 fills a sample only when a burst happens to.  Deciding on the latest sample
-alone (or one of two) let a single burst raise a VM to its declared need;
-requiring every recent sample at the cap let one slow sample hide a busy VM
-(on the lab a busy guest capped at 0.32 was then raised by the headroom,
-interval after interval, instead of to its need).  Two of three tolerates one
-of each.  A VM that became busy too recently to fill them is measured
-instead (rule 2: its percentile is its cap, so its cap rises by the
+alone lets a single burst raise a VM to its declared need; requiring every
+recent sample at the cap lets one slow sample hide a busy VM.  Two of three
+tolerates one of each.  A VM that became busy too recently to fill them is
+measured instead (rule 2: its percentile is its cap, so its cap rises by the
 headroom), and the next interval sees it saturated: within two intervals
-either way.
+either way.  The samples must each span a sampling period: one over a few
+milliseconds reads a capped vCPU's bursts (0 or a whole core), and on the
+lab such a sample, taken as an interval began, was the window's latest and
+decided at random (:mod:`hypervisor.sampling` no longer takes them).
 
 **Limits.**  An over-committed host (caps summing to its cores, every VM at
 its cap) leaves nothing to probe with: a squeezed VM whose demand fell, but
