@@ -51,6 +51,9 @@ def open_log(path: str | None) -> TextIO:
 @click.option("--parallel", type=click.IntRange(min=1, max=16), default=1, show_default=True,
               help="Most live migrations at once between one pair of hosts.")
 @click.option("--dry-run", is_flag=True, help="Observe and decide, log the plans, change nothing (no probes).")
+@click.option("--duration", type=Duration(), default=None,
+              help="Stop on its own after this long, as on SIGTERM (a trial: --dry-run --duration 1h, then read "
+                   "the log).  Default: run until stopped.")
 @click.option("--log", "log_file", default=None, metavar="FILE",
               help="Append the JSON-lines events here (default: stdout).")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None, metavar="PORT",
@@ -68,7 +71,7 @@ def open_log(path: str | None) -> TextIO:
                    "(default: half an interval, at most 5 s).")
 def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: float, settle: int, cooldown: float,
             window: float | None, sample: float | None, probe_seconds: float | None, algorithm: str, parallel: int,
-            dry_run: bool, log_file: str | None, metrics_port: int | None, metrics_addr: str,
+            dry_run: bool, duration: float | None, log_file: str | None, metrics_port: int | None, metrics_addr: str,
             coordination: str | None, lock_ttl: float | None, lock_wait: float | None) -> int:
     """Run the controller: measure needs, follow them with caps, re-balance within a byte budget per interval.
 
@@ -91,7 +94,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     \b
     Examples:
       vcsched run --budget-per-interval 512MiB --interval 30s --metrics-port 9187
-      vcsched run --budget-per-interval 0 --dry-run --log run.jsonl
+      vcsched run --budget-per-interval 0 --dry-run --duration 1h --log run.jsonl
 
     Exit codes: 0 stopped, 2 bad input (nothing started).
     """
@@ -127,7 +130,11 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    timer = threading.Timer(duration, stop.set) if duration is not None else None
     try:
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
         with LibvirtHypervisor(cluster, on_notice=notice) as hv:
             controller = Controller(
                 cluster.name, hv, options,
@@ -137,6 +144,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
             metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
             controller.run(**metrics_at)
     finally:
+        if timer is not None:
+            timer.cancel()
         for s, handler in previous.items():
             signal.signal(s, handler)
         if server is not None:

@@ -53,6 +53,8 @@ def one_line(result: Any) -> str:
     (["--metrics-port", "-1"], "--metrics-port"),
     (["--settle", "0"], "--settle"),
     (["--coordination", "gopher://x"], "--coordination"),
+    (["--duration", "0"], "--duration"),
+    (["--duration", "forever"], "--duration"),
 ])
 def test_bad_options_are_one_line_and_start_nothing(tmp_path: Path, args: list[str], names: str) -> None:
     base = ["run", "--cluster", cluster_file(tmp_path), "--budget-per-interval", "0"]
@@ -133,3 +135,15 @@ def test_a_running_controller_leads_alone_and_stops_on_sigterm(tmp_path: Path) -
     metrics = events[0]["metrics"]
     assert metrics["addr"] == "127.0.0.1" and metrics["port"] > 0
     assert all(isinstance(e["time"], float | int) and e["member"].endswith(f":{p.pid}") for e in events)
+
+
+def test_a_controller_with_a_duration_stops_on_its_own(tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    r = invoke("run", "--cluster", cluster_file(tmp_path), "--budget-per-interval", "0", "--interval", "0.2s",
+               "--dry-run", "--duration", "1s", "--log", log, env={"VCSCHED_STATE_DIR": str(tmp_path / "state")})
+    assert r.exit_code == 0, (r.output, r.stderr)
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert events[0]["event"] == "start" and events[-1]["event"] == "stop"
+    ticks = [e for e in events if e["event"] == "interval"]
+    assert 2 <= len(ticks) <= 8, len(ticks)  # about 1 s of 0.2 s intervals
+    assert events[-1]["time"] - events[0]["time"] < 10
