@@ -44,6 +44,7 @@ hosts.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -153,7 +154,9 @@ class Controller:
     def _fresh_state(self) -> None:
         """What a new leader knows: nothing but libvirt (module docstring)."""
         o = self.options
-        self.sampler = CpuSampler(o.window_s, self.clock, min_seconds=o.sample_s / 2)
+        # One sampling period more than the window: the oldest sample of a window begins where the window does,
+        # give or take the period, and one that began a moment before must not be dropped (as `observe` does).
+        self.sampler = CpuSampler(o.window_s + o.sample_s, self.clock, min_seconds=o.sample_s / 2)
         self.rebalancer = Rebalancer(o.rebalance)
         self.estimates: dict[str, Estimate] = {}
         self.planned: dict[str, float] = {}
@@ -268,12 +271,15 @@ class Controller:
         self._idle_until(self._next_tick)
 
     def _idle_until(self, deadline: float) -> None:
+        """Wait for ``deadline``; the leader samples meanwhile, in equal periods of at most ``--sample`` that end
+        on it (a short last period would make no sample: :mod:`hypervisor.sampling`)."""
         while not self.stop.is_set():
             left = deadline - self.clock.monotonic()
             if left <= 1e-9:
                 return
             if self.leader:
-                if self.clock.wait(min(self.options.sample_s, left), self.stop):
+                rounds = max(1, math.ceil(left / self.options.sample_s - 1e-9))
+                if self.clock.wait(left / rounds, self.stop):
                     return
                 self._sample()
                 self._try_lead(renew=False)  # the lock's own heartbeat renews; this only looks
@@ -326,7 +332,7 @@ class Controller:
         inventory = self.sampler.sample(self.hv)  # a sampling round too: a new leader's first baseline
         self._hosts(inventory)
         estimates = self._estimate(inventory)
-        warming = self.clock.monotonic() - self._lead.since < o.window_s - 1e-9
+        warming = self.clock.monotonic() - self._lead.since < o.window_s - o.sample_s / 2  # half a period late: on time
         if warming:
             self._publish(inventory, estimates)
             self.events.emit("observe", vms=[e.to_dict() for e in estimates.values()])

@@ -167,7 +167,8 @@ class Rebalancer:
             return replace(base, reason=f"no safe migration order: {exc}")
         if moved.plan is None or not moves_of(moved.plan):
             self._reset()
-            return replace(base, reason="no migration improves the minimum yield within the budget",
+            cooling_note = f" (in their cool-down, not moved: {', '.join(sorted(pinned))})" if pinned else ""
+            return replace(base, reason="no migration improves the minimum yield within the budget" + cooling_note,
                            rebalance_min_yield=None if moved.plan is None else moved.plan.min_yield)
         gain = moved.plan.min_yield - recap.plan.min_yield
         moves = moves_of(moved.plan)
