@@ -21,7 +21,7 @@ from cli.main import cli
 from hypervisor.lab import Lab, daemons, default_cluster_file, down, status, up
 from hypervisor.lab import cgroups as lab_cgroups
 from hypervisor.lab.guest import guest_xml
-from hypervisor.lab.image import BOOT_MARKER, BUSYBOX, build_initramfs, ensure_image
+from hypervisor.lab.image import BOOT_MARKER, BUSYBOX, build_initramfs, ensure_image, has_pvh_entry
 from hypervisor.lab.state import (
     GuestImage,
     LabHost,
@@ -418,7 +418,10 @@ def test_lab_live_migration_moves_a_running_guest_between_hosts(lab2: Lab) -> No
 def test_guest_image_is_built_from_the_debian_kernel_package_when_no_cache_has_it(tmp_path: Path) -> None:
     skip_unless_lab_possible()
     image = ensure_image(tmp_path / "image", sources=())  # forces `apt-get download`
-    assert image.kernel.read_bytes()[0x202:0x206] == b"HdrS"  # the x86 boot protocol signature of a bzImage
+    bz = (image.kernel.parent / "vmlinuz").read_bytes()
+    assert bz[0x202:0x206] == b"HdrS"  # the x86 boot protocol signature of a bzImage
+    # Debian's kernel has a PVH entry: the guests boot its unpacked ELF image (hypervisor/lab/image.py).
+    assert image.kernel.name == "vmlinux" and has_pvh_entry(image.kernel.read_bytes())
     assert image.initrd.is_file()
     assert not [p.name for p in image.kernel.parent.iterdir() if p.name.startswith(".")]  # no temporaries left
 

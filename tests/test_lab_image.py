@@ -1,0 +1,68 @@
+"""The lab guest's kernel boots uncompressed by its PVH entry (hypervisor/lab/image.py): unpacking and checking it."""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+from pathlib import Path
+
+import pytest
+
+from hypervisor.lab.image import PVH_NOTE, _ensure_vmlinux, extract_vmlinux, has_pvh_entry
+
+
+def elf(note_kind: int | None) -> bytes:
+    """A minimal 64-bit ELF: one PT_NOTE program header over one note owned by "Xen" (or none)."""
+    notes = b""
+    if note_kind is not None:
+        notes = (4).to_bytes(4, "little") + (4).to_bytes(4, "little") + note_kind.to_bytes(4, "little") \
+            + b"Xen\0" + (0x1000000).to_bytes(4, "little")
+    head = bytearray(64)
+    head[:6] = b"\x7fELF\x02\x01"
+    head[0x20:0x28] = (64).to_bytes(8, "little")  # e_phoff
+    head[0x36:0x38] = (56).to_bytes(2, "little")  # e_phentsize
+    head[0x38:0x3A] = (1).to_bytes(2, "little")  # e_phnum
+    ph = bytearray(56)
+    ph[0:4] = (4).to_bytes(4, "little")  # PT_NOTE
+    ph[8:16] = (64 + 56).to_bytes(8, "little")  # p_offset
+    ph[0x20:0x28] = len(notes).to_bytes(8, "little")  # p_filesz
+    return bytes(head) + bytes(ph) + notes + b"\0" * 64
+
+
+def bzimage(payload: bytes) -> bytes:
+    """A bzImage-shaped file: a setup header (protocol 2.15, 3 setup sectors) and ``payload`` where it points."""
+    setup = bytearray(4 * 512)
+    setup[0x1F1] = 3
+    setup[0x202:0x206] = b"HdrS"
+    setup[0x206:0x208] = (0x20F).to_bytes(2, "little")
+    setup[0x248:0x24C] = (0x40).to_bytes(4, "little")  # payload_offset, from the protected-mode code
+    setup[0x24C:0x250] = len(payload).to_bytes(4, "little")
+    return bytes(setup) + b"\0" * 0x40 + payload + b"\0" * 16
+
+
+@pytest.mark.parametrize("pack", [gzip.compress, lambda b: lzma.compress(b, lzma.FORMAT_XZ)], ids=["gzip", "xz"])
+def test_the_elf_kernel_is_unpacked_from_a_bzimage_and_its_pvh_entry_found(pack: object) -> None:
+    kernel = elf(PVH_NOTE)
+    out = extract_vmlinux(bzimage(pack(kernel)))  # type: ignore[operator]
+    assert out == kernel and has_pvh_entry(out)
+
+
+def test_a_kernel_without_a_pvh_note_or_an_unknown_payload_is_not_booted_that_way() -> None:
+    assert not has_pvh_entry(elf(None)) and not has_pvh_entry(elf(PVH_NOTE + 1))
+    assert extract_vmlinux(bzimage(b"\x28\xb5\x2f\xfd" + b"zstd frame")) is None  # zstd: not in the standard library
+    assert extract_vmlinux(bzimage(gzip.compress(b"not an ELF"))) is None
+    assert extract_vmlinux(b"MZ" + b"\0" * 1000) is None
+
+
+def test_the_cache_unpacks_once_links_from_another_cache_and_follows_a_new_kernel(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "vmlinuz").write_bytes(bzimage(gzip.compress(elf(PVH_NOTE))))
+    made = _ensure_vmlinux(a, ())
+    assert made == a / "vmlinux" and made.read_bytes() == elf(PVH_NOTE)
+    linked = _ensure_vmlinux(b, (a,))
+    assert linked == b / "vmlinux" and linked.stat().st_ino == made.stat().st_ino  # one copy on disk
+    (a / "vmlinuz").write_bytes(bzimage(gzip.compress(elf(None))))  # a new kernel, with no PVH entry
+    assert _ensure_vmlinux(a, ()) is None and not (a / "vmlinux").exists()
+    assert (b / "vmlinux").read_bytes() == elf(PVH_NOTE)  # the other cache's kernel is untouched
