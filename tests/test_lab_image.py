@@ -54,7 +54,8 @@ def test_a_kernel_without_a_pvh_note_or_an_unknown_payload_is_not_booted_that_wa
     assert extract_vmlinux(b"MZ" + b"\0" * 1000) is None
 
 
-def test_the_cache_unpacks_once_links_from_another_cache_and_follows_a_new_kernel(tmp_path: Path) -> None:
+def test_the_cache_unpacks_once_links_from_another_cache_and_follows_a_new_kernel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
         d.mkdir()
@@ -65,4 +66,8 @@ def test_the_cache_unpacks_once_links_from_another_cache_and_follows_a_new_kerne
     assert linked == b / "vmlinux" and linked.stat().st_ino == made.stat().st_ino  # one copy on disk
     (a / "vmlinuz").write_bytes(bzimage(gzip.compress(elf(None))))  # a new kernel, with no PVH entry
     assert _ensure_vmlinux(a, ()) is None and not (a / "vmlinux").exists()
+    # That answer is kept: the next call does not unpack the kernel again.
+    unpacked: list[bytes] = []
+    monkeypatch.setattr("hypervisor.lab.image.extract_vmlinux", unpacked.append)
+    assert _ensure_vmlinux(a, ()) is None and not unpacked
     assert (b / "vmlinux").read_bytes() == elf(PVH_NOTE)  # the other cache's kernel is untouched

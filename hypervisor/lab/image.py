@@ -267,8 +267,8 @@ def has_pvh_entry(elf: bytes) -> bool:
         ph = elf[phoff + i * phentsize:phoff + (i + 1) * phentsize]
         if len(ph) < 0x30 or int.from_bytes(ph[0:4], "little") != 4:  # PT_NOTE
             continue
-        at, end = int.from_bytes(ph[8:16], "little"), int.from_bytes(ph[8:16], "little") + int.from_bytes(
-            ph[0x20:0x28], "little")
+        at = int.from_bytes(ph[8:16], "little")  # p_offset
+        end = at + int.from_bytes(ph[0x20:0x28], "little")  # + p_filesz
         while at + 12 <= end:
             namesz, descsz, kind = (int.from_bytes(elf[at + k:at + k + 4], "little") for k in (0, 4, 8))
             name = elf[at + 12:at + 12 + namesz].rstrip(b"\0")
@@ -280,19 +280,24 @@ def has_pvh_entry(elf: bytes) -> bool:
 
 def _ensure_vmlinux(image_dir: Path, others: Iterable[Path]) -> Path | None:
     """``image_dir/vmlinux``, the cached vmlinuz's ELF kernel with a PVH entry, made (or hard-linked from another
-    cache holding the same one) if missing or stale; None if this kernel cannot boot that way (module docstring)."""
+    cache holding the same one) if missing or stale; None if this kernel cannot boot that way (module docstring).
+
+    ``vmlinux.from`` holds the sha256 of the vmlinuz it was made from; with no ``vmlinux`` beside it, that this
+    vmlinuz has none, so a kernel that cannot boot by PVH is not unpacked again at every ``lab up``.
+    """
     vmlinuz, vmlinux, stamp = image_dir / "vmlinuz", image_dir / "vmlinux", image_dir / "vmlinux.from"
-    key = hashlib.sha256(vmlinuz.read_bytes()).hexdigest()
+    bzimage = vmlinuz.read_bytes()
+    key = hashlib.sha256(bzimage).hexdigest()
 
     def made_from_this(d: Path) -> bool:
         with contextlib.suppress(OSError):
-            return (d / "vmlinux").is_file() and (d / "vmlinux.from").read_text() == key
+            return (d / "vmlinux.from").read_text() == key
         return False
 
     if made_from_this(image_dir):
-        return vmlinux
+        return vmlinux if vmlinux.is_file() else None
     for src in others:
-        if made_from_this(src):
+        if made_from_this(src) and (src / "vmlinux").is_file():
             with contextlib.suppress(OSError):  # another file system: unpack it here instead
                 tmp = image_dir / f".vmlinux.{os.getpid()}"
                 tmp.unlink(missing_ok=True)
@@ -300,9 +305,10 @@ def _ensure_vmlinux(image_dir: Path, others: Iterable[Path]) -> Path | None:
                 os.replace(tmp, vmlinux)
                 _install(stamp, key.encode())
                 return vmlinux
-    elf = extract_vmlinux(vmlinuz.read_bytes())
+    elf = extract_vmlinux(bzimage)
     if elf is None or not has_pvh_entry(elf):
         vmlinux.unlink(missing_ok=True)
+        _install(stamp, key.encode())
         return None
     _install(vmlinux, elf)
     _install(stamp, key.encode())
