@@ -16,6 +16,7 @@ collide.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -36,10 +37,23 @@ DISK_BYTES = 64 << 20
 
 
 def make_disk(path: Path, size: int = DISK_BYTES) -> Path:
-    """A sparse raw disk file for one guest (each guest needs its own: QEMU locks a writable image)."""
+    """A raw disk file for one guest, every block written (each guest needs its own: QEMU locks a writable image).
+
+    Written, not sparse: the guest writes with O_DIRECT, and on ext4 a direct
+    write into a hole (or a fallocated, still unwritten extent) must commit a
+    journal transaction first.  While the host does other I/O those commits
+    stall a write for hundreds of milliseconds, so the measured rate dropped
+    below a disk cap for seconds: the lab measured the host's file system,
+    not the cap.  Overwriting written blocks is data I/O only.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
+    chunk = bytes(1 << 20)
     with path.open("wb") as f:
-        f.truncate(size)
+        for _ in range(size // len(chunk)):
+            f.write(chunk)
+        f.write(bytes(size % len(chunk)))
+        f.flush()
+        os.fsync(f.fileno())
     return path
 
 
