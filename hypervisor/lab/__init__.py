@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hypervisor.lab import cgroups, daemons
+from hypervisor.lab import cgroups, daemons, qemucaps
 from hypervisor.lab.guest import boot_directly
 from hypervisor.lab.image import BUSYBOX, ensure_image, initramfs_recipe
 from hypervisor.lab.state import (
@@ -258,11 +258,16 @@ def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, pro
     hosts: list[LabHost] = []
     machine_mib = 0
     tls = transport == "tls"
+    caps_sources = list(dict.fromkeys([layout.image_dir, default_lab_dir() / "image"]))
     try:
         for i in range(n_hosts):
             progress(f"starting host {layout.host_name(i)}" + (f" on {layout.address(i)}" if tls else ""))
             cgroups.create_partition(layout.partition(i))
+            qemucaps.seed(layout.host_dir(i), caps_sources)
             daemons.start_host(layout, i, tls=tls, shared=shared)
+            if i == 0:  # probe QEMU once (or check the seeded copy) and let the other hosts start from it
+                qemucaps.warm(layout.uri(0))
+                qemucaps.keep(layout.host_dir(0), caps_sources)
             machine_mib = machine_mib or daemons.memory_mib(layout.uri(i))  # one split for every host
             hosts.append(LabHost(layout.host_name(i), layout.tls_uri(i) if tls else layout.uri(i), layout.partition(i),
                                  cores=cores, memory_reserved=_reserved(machine_mib, n_hosts, memory_mib),

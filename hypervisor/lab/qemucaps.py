@@ -1,0 +1,89 @@
+"""libvirt's QEMU capabilities cache, shared between lab hosts so each does not probe QEMU again.
+
+The first time a libvirtd needs QEMU (the first guest it starts, or a
+``getDomainCapabilities``) it runs the QEMU binary and asks it, over QMP,
+everything it can do; on this machine kind that takes 3.9 s, under TCG.  The
+answer is cached in ``/var/cache/libvirt/qemu/capabilities/<hash>.xml``, and
+every lab host has its own empty ``/var/cache/libvirt``: without sharing,
+every host of every ``lab up`` paid those seconds at its first guest (the
+tests bring up a dozen labs).
+
+libvirt checks a cached file before using it (the QEMU binary's ctime,
+libvirt's own version, the kernel, KVM, the CPU microcode) and probes again
+if any changed, so a copy made by another host of this machine is either
+right or replaced.  The copies kept between labs live beside the guest image
+(``<lab>/image/qemu-capabilities``), and in the default lab's image cache,
+which every lab already reads its kernel from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+#: Where a lab host's libvirtd keeps the cache, relative to its host dir (``cache`` is bound over /var/cache/libvirt).
+HOST_CACHE = Path("cache") / "qemu" / "capabilities"
+#: Where copies are kept between labs, relative to an image cache.
+KEPT = "qemu-capabilities"
+
+
+def _entries(d: Path) -> list[Path]:
+    with contextlib.suppress(OSError):
+        return sorted(p for p in d.iterdir() if p.suffix == ".xml" and p.is_file())
+    return []
+
+
+def seed(host_dir: Path, sources: Iterable[Path]) -> int:
+    """Copy the cache files kept in the first of ``sources`` (image caches) that has any into a host; how many."""
+    dest = host_dir / HOST_CACHE
+    for src in sources:
+        files = _entries(src / KEPT)
+        if files:
+            dest.mkdir(parents=True, exist_ok=True)
+            for f in files:
+                if not (dest / f.name).exists():
+                    _copy(f, dest / f.name)
+            return len(files)
+    return 0
+
+
+def warm(uri: str) -> None:
+    """Make the host's libvirtd fill its cache now (free when a seeded file is still valid)."""
+    import libvirt
+
+    conn = libvirt.open(uri)
+    try:
+        conn.getDomainCapabilities(None, None, None, None, 0)
+    finally:
+        conn.close()
+
+
+def keep(host_dir: Path, image_dirs: Iterable[Path]) -> None:
+    """Keep a host's cache files in each image cache that exists and can be written (others skipped)."""
+    files = _entries(host_dir / HOST_CACHE)
+    if not files:
+        return
+    for image_dir in image_dirs:
+        if not image_dir.is_dir():
+            continue
+        kept = image_dir / KEPT
+        with contextlib.suppress(OSError):
+            kept.mkdir(exist_ok=True)
+            for f in files:  # named by the QEMU binary: a newer probe replaces the file it supersedes
+                _copy(f, kept / f.name)
+
+
+def _copy(src: Path, dest: Path) -> None:
+    """Copy atomically: another lab's ``up`` may be reading ``dest`` at the same moment."""
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
