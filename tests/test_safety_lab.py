@@ -200,12 +200,12 @@ def test_a_host_down_is_reported_planned_around_and_repaired_keeping_its_guests(
 @pytest.mark.parametrize("backend", ["file", "etcd"])
 def test_two_operators_placing_at_once_never_over_commit_a_host(lab3: Lab, tmp_path: Path, backend: str,
                                                                 request: pytest.FixtureRequest) -> None:
-    """20 trials of two `place --apply` started together: each request alone would take a whole 1-core host
+    """10 trials of two `place --apply` started together: each request alone would take a whole 1-core host
     at 0.6 cores, so without the lock both land on the same empty host (1.2 cores of caps).  Each command
     is its own process, so each has its own member id (user@host:pid)."""
     url = request.getfixturevalue("etcd").url if backend == "etcd" else f"file://{tmp_path / 'locks'}"
     env = {**os.environ, "VCSCHED_COORDINATION": url}
-    for trial in range(20):
+    for trial in range(10):
         names = [f"r{trial}x{uuid.uuid4().hex[:4]}" for _ in range(2)]
         procs = [subprocess.Popen([sys.executable, "-m", "cli.main", "place", str(request_file(tmp_path, n, 1, 0.6)),
                                    "--cluster", str(lab3.cluster_file), "--apply", "--wait", "120"],
