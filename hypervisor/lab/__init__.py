@@ -266,6 +266,7 @@ def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, pro
             qemucaps.seed(layout.host_dir(i), caps_sources)
             daemons.start_host(layout, i, tls=tls, shared=shared)
             if i == 0:  # probe QEMU once (or check the seeded copy) and let the other hosts start from it
+                progress("reading what QEMU can do (a few seconds the first time on a machine)")
                 qemucaps.warm(layout.uri(0))
                 qemucaps.keep(layout.host_dir(0), caps_sources)
             machine_mib = machine_mib or daemons.memory_mib(layout.uri(i))  # one split for every host
