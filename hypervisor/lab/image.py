@@ -303,15 +303,15 @@ def _ensure_vmlinux(image_dir: Path, others: Iterable[Path]) -> Path | None:
                 tmp.unlink(missing_ok=True)
                 os.link(src / "vmlinux", tmp)
                 os.replace(tmp, vmlinux)
-                _install(stamp, key.encode())
+                write_atomically(stamp, key.encode())
                 return vmlinux
     elf = extract_vmlinux(bzimage)
     if elf is None or not has_pvh_entry(elf):
         vmlinux.unlink(missing_ok=True)
-        _install(stamp, key.encode())
+        write_atomically(stamp, key.encode())
         return None
-    _install(vmlinux, elf)
-    _install(stamp, key.encode())
+    write_atomically(vmlinux, elf)
+    write_atomically(stamp, key.encode())
     return vmlinux
 
 
@@ -336,8 +336,8 @@ def _keep_modules(tree: Path, modules: Path, version: str) -> None:
     modules.mkdir(exist_ok=True)
     for m in MODULES:
         if m in found:
-            _install(modules / f"{m}.ko", found[m].read_bytes())
-    _install(modules / "version", version.encode())
+            write_atomically(modules / f"{m}.ko", found[m].read_bytes())
+    write_atomically(modules / "version", version.encode())
 
 
 def download_kernel(dest: Path) -> Path:
@@ -350,7 +350,7 @@ def download_kernel(dest: Path) -> Path:
             raise ImageError(f"{pkg} holds no boot/vmlinuz-*")
         version = kernels[0].name.removeprefix("vmlinuz-")
         _keep_modules(tree, dest.parent / "modules", version)
-        _install(dest, kernels[0].read_bytes())
+        write_atomically(dest, kernels[0].read_bytes())
     return dest
 
 
@@ -397,7 +397,7 @@ def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "
     if not kernel.is_file():
         for src in others:
             if (src / "vmlinuz").is_file():
-                _install(kernel, (src / "vmlinuz").read_bytes())
+                write_atomically(kernel, (src / "vmlinuz").read_bytes())
                 break
         else:
             download_kernel(kernel)
@@ -407,7 +407,7 @@ def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "
             if modules_version(src / "modules") == version:
                 modules.mkdir(exist_ok=True)
                 for ko in [*_module_files(src / "modules"), src / "modules" / "version"]:
-                    _install(modules / ko.name, ko.read_bytes())
+                    write_atomically(modules / ko.name, ko.read_bytes())
                 break
         else:
             with contextlib.suppress(ImageError):
@@ -415,12 +415,12 @@ def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "
     stamp = image_dir / "initrd.recipe"
     recipe = initramfs_recipe(modules=modules)
     if not initrd.is_file() or not stamp.is_file() or stamp.read_text() != recipe:
-        _install(initrd, build_initramfs(modules=modules))
-        _install(stamp, recipe.encode())
+        write_atomically(initrd, build_initramfs(modules=modules))
+        write_atomically(stamp, recipe.encode())
     return GuestImage(kernel=_ensure_vmlinux(image_dir, others) or kernel, initrd=initrd)
 
 
-def _install(dest: Path, data: bytes) -> None:
+def write_atomically(dest: Path, data: bytes) -> None:
     """Write ``dest`` atomically through a uniquely named temporary file.
 
     Several test sessions may build the same cache at once (each guest_boot_check

@@ -19,11 +19,10 @@ which every lab already reads its kernel from.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+
+from hypervisor.lab.image import write_atomically
 
 #: Where a lab host's libvirtd keeps the cache, relative to its host dir (``cache`` is bound over /var/cache/libvirt).
 HOST_CACHE = Path("cache") / "qemu" / "capabilities"
@@ -78,12 +77,5 @@ def keep(host_dir: Path, image_dirs: Iterable[Path]) -> None:
 
 
 def _copy(src: Path, dest: Path) -> None:
-    """Copy atomically: another lab's ``up`` may be reading ``dest`` at the same moment."""
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Atomically: another lab's ``up`` may be reading ``dest`` at the same moment."""
+    write_atomically(dest, src.read_bytes())
