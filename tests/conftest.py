@@ -19,3 +19,48 @@ def make_instance(jobs: list[tuple[float, float] | tuple[float, float, int]], n_
 @pytest.fixture
 def two_host_instance() -> Instance:
     return make_instance([(0.8, 0.3), (0.9, 0.5, 2)], n_hosts=2)
+
+
+# ---- VCSCHED_REQUIRE_LAB=1 (.ci/run): a skip is a failure unless tests/skip_policy.py allows it ----------------
+
+
+def _skip_reason(longrepr: object) -> str:
+    """The reason pytest recorded for a skip (a ``(path, line, "Skipped: reason")`` tuple)."""
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _refuse_skip(report: pytest.TestReport | pytest.CollectReport, nodeid: str) -> None:
+    """Turn a skip report into a failure naming the reason, unless the allow-list accepts it now."""
+    from tests.skip_policy import REQUIRE_LAB_ENV, allowed
+
+    reason = _skip_reason(report.longrepr)
+    condition = allowed(nodeid, reason)
+    if condition is not None:
+        report.longrepr = (*report.longrepr[:2], f"Skipped: {reason} [allowed: {condition}]") \
+            if isinstance(report.longrepr, tuple) else report.longrepr
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"{nodeid} was skipped, and {REQUIRE_LAB_ENV}=1 allows no skip that is not in "
+                       f"tests/skip_policy.py ALLOWED_SKIPS: {reason}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    from tests.skip_policy import require_lab
+
+    if report.skipped and require_lab() and not hasattr(report, "wasxfail"):
+        _refuse_skip(report, item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    from tests.skip_policy import require_lab
+
+    if report.skipped and require_lab():
+        _refuse_skip(report, collector.nodeid)
