@@ -118,3 +118,12 @@ def test_modules_that_cannot_be_downloaded_fail_the_image_with_apts_reason(tmp_p
     with pytest.raises(image.ImageError, match=r"apt-get download linux-image-6.1.0-99-amd64 failed: .*network "
                                                r"unreachable.*remove .*image to fetch the current one"):
         image.ensure_image(cache, sources=())
+
+
+def test_guests_keep_time_by_the_hosts_tsc_only_where_it_is_constant_and_non_stop() -> None:
+    from hypervisor.lab.state import clock_options
+
+    good = "processor\t: 0\ncpu MHz\t\t: 2445.402\nflags\t\t: fpu tsc constant_tsc nonstop_tsc\n"
+    assert clock_options(good) == "tsc_early_khz=2445402 tsc=reliable clocksource=tsc"
+    assert clock_options(good.replace(" nonstop_tsc", "")) == ""  # a TSC that stops in deep sleep: no promise
+    assert clock_options(good.replace("cpu MHz\t\t: 2445.402\n", "")) == ""

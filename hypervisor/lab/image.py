@@ -56,7 +56,7 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from hypervisor.lab.state import DEFAULT_LAB_DIR, GuestImage
+from hypervisor.lab.state import DEFAULT_LAB_DIR, GuestImage, guest_cmdline
 from vcsched.errors import VcschedError
 
 BOOT_MARKER = "VCSCHED-GUEST-UP"
@@ -428,7 +428,7 @@ def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "
     if not initrd.is_file() or not stamp.is_file() or stamp.read_text() != recipe:
         write_atomically(initrd, build_initramfs(modules=modules))
         write_atomically(stamp, recipe.encode())
-    return GuestImage(kernel=_ensure_vmlinux(image_dir, others) or kernel, initrd=initrd)
+    return GuestImage(kernel=_ensure_vmlinux(image_dir, others) or kernel, initrd=initrd, cmdline=guest_cmdline())
 
 
 def write_atomically(dest: Path, data: bytes) -> None:
