@@ -54,6 +54,9 @@ def cgroup_unusable_reason() -> str | None:
     return None
 
 
+#: These tests measure how much CPU capped processes get: other tests running beside them would take it.
+pytestmark = pytest.mark.exclusive
+
 needs_cgroup = pytest.mark.skipif(
     (reason := cgroup_unusable_reason()) is not None, reason=f"cpu cgroup not writable: {reason}"
 )
