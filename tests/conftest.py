@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment (xdist 3.8), which a serial run
+# does not have; the CLI sizes its tables by COLUMNS (cli/app.py), so under a worker every CLI test would render
+# for an 80-column terminal instead of as piped output.  Drop them before anything imports the CLI.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("COLUMNS") == "80":
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 from tests.etcd_support import etcd  # noqa: F401  (a real etcd on loopback, see tests/etcd_support.py)
 from tests.lab_support import lab2  # noqa: F401  (the real-libvirt lab fixture, see tests/lab_support.py)
