@@ -39,7 +39,7 @@ from typing import Any
 import libvirt
 
 from hypervisor.lab.guest import GuestError, start_guest, wait_for_boot
-from hypervisor.lab.state import GuestImage
+from hypervisor.lab.state import GUEST_CMDLINE, GuestImage
 from vcsched.caps import MIN_QUOTA_US, PERIOD_US, quota_for
 from vcsched.errors import InputError, VcschedError
 from vcsched.iocaps import IoCaps
@@ -219,7 +219,7 @@ def loop_guest_boot(cluster_file: Path, uri: str) -> tuple[GuestImage, str | Non
     image = GuestImage(
         kernel=Path(guest["kernel"]),
         initrd=Path(guest["initrd"]),
-        cmdline=str(guest.get("cmdline", "console=ttyS0 panic=-1 quiet")),
+        cmdline=str(guest.get("cmdline", GUEST_CMDLINE)),
         domain_type=str(guest.get("domain_type", "qemu")),
     )
     partition = next((h.get("partition") for h in doc.get("hosts", []) if h.get("uri") == uri), None)

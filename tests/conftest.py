@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment (xdist 3.8), which a serial run
+# does not have; the CLI sizes its tables by COLUMNS (cli/app.py), so under a worker every CLI test would render
+# for an 80-column terminal instead of as piped output.  Drop them before anything imports the CLI.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("COLUMNS") == "80":
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 from tests.etcd_support import etcd  # noqa: F401  (a real etcd on loopback, see tests/etcd_support.py)
 from tests.lab_support import lab2  # noqa: F401  (the real-libvirt lab fixture, see tests/lab_support.py)
@@ -19,3 +28,60 @@ def make_instance(jobs: list[tuple[float, float] | tuple[float, float, int]], n_
 @pytest.fixture
 def two_host_instance() -> Instance:
     return make_instance([(0.8, 0.3), (0.9, 0.5, 2)], n_hosts=2)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``network`` (they download from Debian's mirrors: they test the machine's network, not vcsched)
+    run only when asked for by name in ``-m`` (``pytest -m network``); otherwise they are deselected, not
+    skipped, so they neither cost CI time nor count as skips."""
+    if "network" in (config.getoption("markexpr") or ""):
+        return
+    keep = [item for item in items if item.get_closest_marker("network") is None]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("network")])
+        items[:] = keep
+
+
+# ---- VCSCHED_REQUIRE_LAB=1 (.ci/run): a skip is a failure unless tests/skip_policy.py allows it ----------------
+
+
+def _skip_reason(longrepr: object) -> str:
+    """The reason pytest recorded for a skip (a ``(path, line, "Skipped: reason")`` tuple)."""
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _refuse_skip(report: pytest.TestReport | pytest.CollectReport, nodeid: str) -> None:
+    """Turn a skip report into a failure naming the reason, unless the allow-list accepts it now."""
+    from tests.skip_policy import REQUIRE_LAB_ENV, allowed
+
+    reason = _skip_reason(report.longrepr)
+    condition = allowed(nodeid, reason)
+    if condition is not None:
+        report.longrepr = (*report.longrepr[:2], f"Skipped: {reason} [allowed: {condition}]") \
+            if isinstance(report.longrepr, tuple) else report.longrepr
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"{nodeid} was skipped, and {REQUIRE_LAB_ENV}=1 allows no skip that is not in "
+                       f"tests/skip_policy.py ALLOWED_SKIPS: {reason}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    from tests.skip_policy import require_lab
+
+    if report.skipped and require_lab() and not hasattr(report, "wasxfail"):
+        _refuse_skip(report, item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    from tests.skip_policy import require_lab
+
+    if report.skipped and require_lab():
+        _refuse_skip(report, collector.nodeid)

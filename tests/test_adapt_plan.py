@@ -98,17 +98,17 @@ def test_unknown_vm_in_new_needs_is_an_input_error() -> None:
 
 
 def test_a_plan_needing_relays_beyond_the_budget_is_refused() -> None:
-    # Two full hosts that must swap their VMs and a third with room: the swap needs a relay,
-    # which moves one VM twice: 3 GiB for a 2 GiB budget.
-    hosts = [HostState("h0", 1, 2 * GIB), HostState("h1", 1, 2 * GIB), HostState("h2", 1, 1 * GIB)]
+    # h0 runs two 1-core VMs on its one core; the best placement swaps one of them with a small VM of h1, and
+    # both hosts are full in memory, so the swap is relayed through h2 (full in CPU, so it is no target itself):
+    # one VM moves twice, 3 GiB, which a 2 GiB budget refuses and a 3 GiB budget allows.
+    hosts = [HostState("h0", 1, 2 * GIB), HostState("h1", 1, 2 * GIB), HostState("h2", 1, 2 * GIB)]
     hv = MemoryHypervisor("lab", hosts, [vm("a", "h0", 1.0, 0.5, mem=GIB), vm("b", "h0", 1.0, 0.5, mem=GIB),
-                                         vm("c", "h1", 0.1, 0.5, mem=GIB), vm("d", "h1", 0.1, 0.5, mem=GIB)])
-    try:
-        live = adapt_inventory("lab", hv.inventory(), 2 * GIB)
-    except MigrationBlocked as exc:
-        assert "raise --budget" in str(exc)
-        return
-    assert live.order is not None and live.order.total_bytes <= 2 * GIB
+                                         vm("c", "h1", 0.1, 0.5, mem=GIB), vm("d", "h1", 0.1, 0.5, mem=GIB),
+                                         vm("e", "h2", 1.0, 1.0, mem=GIB)])
+    with pytest.raises(MigrationBlocked, match=r"needs 3221225472 bytes \(1 relays.*raise --budget"):
+        adapt_inventory("lab", hv.inventory(), 2 * GIB)
+    live = adapt_inventory("lab", hv.inventory(), 3 * GIB)
+    assert live.order is not None and live.order.total_bytes == 3 * GIB and live.order.relays == 1
 
 
 def test_partition_is_rewritten_for_the_destination() -> None:

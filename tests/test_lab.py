@@ -415,6 +415,7 @@ def test_lab_live_migration_moves_a_running_guest_between_hosts(lab2: Lab) -> No
 
 
 @pytest.mark.lab
+@pytest.mark.network
 def test_guest_image_is_built_from_the_debian_kernel_package_when_no_cache_has_it(tmp_path: Path) -> None:
     skip_unless_lab_possible()
     image = ensure_image(tmp_path / "image", sources=())  # forces `apt-get download`

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hypervisor.lab import image
 from hypervisor.lab.image import PVH_NOTE, _ensure_vmlinux, extract_vmlinux, has_pvh_entry
 
 
@@ -71,3 +72,58 @@ def test_the_cache_unpacks_once_links_from_another_cache_and_follows_a_new_kerne
     monkeypatch.setattr("hypervisor.lab.image.extract_vmlinux", unpacked.append)
     assert _ensure_vmlinux(a, ()) is None and not unpacked
     assert (b / "vmlinux").read_bytes() == elf(PVH_NOTE)  # the other cache's kernel is untouched
+
+
+# ---- a kernel or its modules that cannot be had is an error, never a silently CPU-only image --------------------
+
+
+def fake_kernel_tree(root: Path, version: str, modules: list[str], builtin: tuple[str, ...] = ()) -> Path:
+    """An unpacked kernel package as apt would leave it: lib/modules/VERSION/.../*.ko (+ modules.builtin)."""
+    d = root / "lib" / "modules" / version / "kernel" / "drivers"
+    d.mkdir(parents=True)
+    for m in modules:
+        (d / f"{m}.ko").write_bytes(b"\x7fELF" + m.encode())
+    (root / "lib" / "modules" / version / "modules.builtin").write_text(
+        "".join(f"kernel/drivers/{m}.ko\n" for m in builtin))
+    return root
+
+
+def test_a_kernel_package_without_a_needed_module_is_an_error_naming_it(tmp_path: Path) -> None:
+    present = [m for m in image.MODULES if m != "virtio_net"]
+    tree = fake_kernel_tree(tmp_path / "x", "6.1.0-99-amd64", present)
+    with pytest.raises(image.ImageError, match=r"kernel 6\.1\.0-99-amd64 has no virtio_net module"):
+        image._keep_modules(tree, tmp_path / "modules", "6.1.0-99-amd64")
+
+
+def test_a_module_built_into_the_kernel_is_not_missing(tmp_path: Path) -> None:
+    present = [m for m in image.MODULES if m != "virtio_net"]
+    tree = fake_kernel_tree(tmp_path / "x", "6.1.0-99-amd64", present, builtin=("virtio_net",))
+    image._keep_modules(tree, tmp_path / "modules", "6.1.0-99-amd64")
+    assert (tmp_path / "modules" / "version").read_text() == "6.1.0-99-amd64"
+
+
+def test_modules_that_cannot_be_downloaded_fail_the_image_with_apts_reason(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the failure was swallowed and the lab came up without the virtio drivers, so every disk and network
+    lab test skipped ("no disk/network workloads in the guest image") and the run stayed green."""
+    cache = tmp_path / "image"
+    cache.mkdir()
+    (cache / "vmlinuz").write_bytes(b"not a real kernel")
+    monkeypatch.setattr(image, "kernel_version", lambda _k: "6.1.0-99-amd64")
+
+    def no_network(pkg: str, _workdir: Path) -> Path:
+        raise image.ImageError(f"apt-get download {pkg} failed: E: Failed to fetch (network unreachable)")
+
+    monkeypatch.setattr(image, "_fetch_package", no_network)
+    with pytest.raises(image.ImageError, match=r"apt-get download linux-image-6.1.0-99-amd64 failed: .*network "
+                                               r"unreachable.*remove .*image to fetch the current one"):
+        image.ensure_image(cache, sources=())
+
+
+def test_guests_keep_time_by_the_hosts_tsc_only_where_it_is_constant_and_non_stop() -> None:
+    from hypervisor.lab.state import clock_options
+
+    good = "processor\t: 0\ncpu MHz\t\t: 2445.402\nflags\t\t: fpu tsc constant_tsc nonstop_tsc\n"
+    assert clock_options(good) == "tsc_early_khz=2445402 tsc=reliable clocksource=tsc"
+    assert clock_options(good.replace(" nonstop_tsc", "")) == ""  # a TSC that stops in deep sleep: no promise
+    assert clock_options(good.replace("cpu MHz\t\t: 2445.402\n", "")) == ""

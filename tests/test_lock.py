@@ -66,9 +66,18 @@ def test_waiting_gets_the_lock_once_it_is_released(tmp_path: Path) -> None:
 
 
 def test_two_clusters_have_two_locks(tmp_path: Path) -> None:
+    """While another process holds cluster 'lab', cluster 'other' can be locked and 'lab' cannot (fcntl locks are
+    per process, so the holder must be another process for the refusal to mean anything)."""
     url = f"file://{tmp_path}"
-    with holding(url, "a"), holding(url, "b"):
-        pass
+    p = holder(url)
+    try:
+        with holding(url, "other") as lock:
+            assert lock.holder() is not None and lock.holder().member == lock.member  # type: ignore[union-attr]
+        with pytest.raises(LockBusy, match="cluster 'lab' is locked by holder@test:1"):
+            ClusterLock(url, "lab").acquire()
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_only_one_of_many_contenders_holds_the_lock_at_a_time(tmp_path: Path) -> None:

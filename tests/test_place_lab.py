@@ -26,6 +26,7 @@ from click.testing import CliRunner
 from cli.main import cli
 from hypervisor.lab import Lab
 from tests.lab_support import destroy_everywhere
+from tests.skip_policy import patience, skip_or_fail
 
 pytestmark = pytest.mark.lab
 
@@ -127,10 +128,11 @@ def test_each_vm_uses_its_cap_within_five_hundredths_of_a_core(placed: Placed) -
     with LibvirtHypervisor(cluster) as hv:
         time.sleep(WARMUP_S)  # let the guests get past their first instants
         ours = [v for v in hv.inventory().vms if v.name in placed.vms]
-        # Up to three windows: the cap must hold in every one, while reaching the cap needs only one window
-        # in which nothing else took the VM's core (each lab host is one core of this 2-core machine, and a
-        # burst of other work on that core is not visible in a machine-wide busy figure).
-        for _ in range(3):
+        # Up to three windows (nine where a skip is not allowed: CI): the cap must hold in every one, while
+        # reaching the cap needs only one window in which nothing else took the VM's core (each lab host is one
+        # core of this 2-core machine, and a burst of other work on that core is not visible in a machine-wide
+        # busy figure).
+        for _ in range(round(3 * patience())):
             busy0, t0 = _busy_cpu_seconds(), time.monotonic()
             used = measure_cores(hv, ours, WINDOW_S)
             busy = (_busy_cpu_seconds() - busy0) / (time.monotonic() - t0)
@@ -145,9 +147,11 @@ def test_each_vm_uses_its_cap_within_five_hundredths_of_a_core(placed: Placed) -
     best = {vm: max(used[vm] or 0.0 for used, _ in windows) for vm in placed.vms}
     others = min(max(busy - sum(u or 0.0 for u in used.values()), 0.0) for used, busy in windows)
     free_for_us = psutil.cpu_count() - others
-    if free_for_us < len(placed.vms) * CAP_CORES + 0.1:
-        pytest.skip(f"machine too busy to check the lower bound: other processes used {others:.2f} of "
-                    f"{psutil.cpu_count()} cores (ours at best: {', '.join(f'{v}={best[v]:.3f}' for v in placed.vms)})")
+    reached = all(best[vm] >= CAP_CORES - TOLERANCE_CORES for vm in placed.vms)
+    if not reached and free_for_us < len(placed.vms) * CAP_CORES + 0.1:
+        skip_or_fail(f"machine too busy to check the lower bound: other processes used {others:.2f} of "
+                     f"{psutil.cpu_count()} cores (ours at best: "
+                     f"{', '.join(f'{v}={best[v]:.3f}' for v in placed.vms)})")
     for vm in placed.vms:
         assert best[vm] >= CAP_CORES - TOLERANCE_CORES, \
             f"{vm} used at most {best[vm]:.3f} cores in {len(windows)} windows of {WINDOW_S} s, cap {CAP_CORES}"

@@ -105,11 +105,15 @@ def test_rrnz_rescues_a_task_whose_lp_hosts_are_full() -> None:
 
 @pytest.mark.parametrize("name", ["rrnd", "rrnz"])
 def test_rounding_results_are_valid_allocations(name: str) -> None:
+    placed = 0
     for seed in range(5):
         inst = random_instance(10 + seed)
         result = solve(inst, name, SolveOptions(seed=seed))
         if result.allocation is not None:
+            placed += 1
             check_allocation(inst, result.allocation, min_yield=result.min_yield, avg_yield=result.avg_yield)
+    # Rounding may fail on an instance (RRND did on one of these five), but a run that places none checks nothing.
+    assert placed >= 4, f"{name} placed only {placed} of 5 instances"
 
 
 def test_rounding_places_parallel_tasks_individually() -> None:

@@ -197,24 +197,80 @@ def test_a_host_down_is_reported_planned_around_and_repaired_keeping_its_guests(
     destroy_everywhere(lab3, guest)
 
 
+#: Runs ``vcsched ARGS`` with a barrier right before the cluster lock is taken: each process touches a file in
+#: DIR and waits until N files are there, so two commands reach the lock within milliseconds of each other and
+#: every trial is a real race (without it, interpreter start-up alone spread them by up to a second, and 20 trials
+#: were needed to hope for a few close calls).  ``nolock`` makes the lock a no-op: the control run.
+RACE = r"""
+import os, sys, time
+from pathlib import Path
+from hypervisor import lock
+
+barrier, n, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+real = lock.ClusterLock.acquire
+
+def at_the_barrier(self, wait=0.0):
+    (barrier / str(os.getpid())).touch()
+    deadline = time.monotonic() + 120
+    while len(list(barrier.iterdir())) < n and time.monotonic() < deadline:
+        time.sleep(0.002)
+    if mode != "nolock":
+        real(self, wait)
+
+lock.ClusterLock.acquire = at_the_barrier
+if mode == "nolock":
+    lock.ClusterLock.release = lambda self: None
+    lock.ClusterLock.guard = lambda self: None
+sys.argv = ["vcsched", *sys.argv[4:]]
+from cli.main import main
+main()
+"""
+
+
+def place_at_once(lab: Lab, tmp_path: Path, env: dict[str, str], names: list[str],
+                  mode: str = "lock") -> list[tuple[int, str, str]]:
+    """``place --apply`` of one 0.6-core VM per name, all released together at the lock; (rc, out, err) each."""
+    barrier = tmp_path / f"barrier-{uuid.uuid4().hex[:6]}"
+    barrier.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", RACE, str(barrier), str(len(names)), mode, "place",
+                               str(request_file(tmp_path, n, 1, 0.6)), "--cluster", str(lab.cluster_file),
+                               "--apply", "--wait", "120"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in names]
+    outs = [p.communicate(timeout=300) for p in procs]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+
+
+def test_without_the_lock_two_operators_placing_at_once_collide(lab3: Lab, tmp_path: Path) -> None:
+    """The control: with the lock made a no-op, the same race makes both place onto the same empty host, so at
+    least one command fails its step or a host is over-committed.  It shows that the trials below are races
+    the lock has to win, not runs that never overlapped."""
+    names = [f"nl{uuid.uuid4().hex[:4]}" for _ in range(2)]
+    env = {**os.environ, "VCSCHED_COORDINATION": f"file://{tmp_path / 'locks'}"}
+    try:
+        outs = place_at_once(lab3, tmp_path, env, names, mode="nolock")
+        problems = over_committed(lab3)
+        failed = [rc for rc, _out, _err in outs if rc != 0]
+        assert failed or problems, outs
+    finally:
+        for n in names:
+            destroy_everywhere(lab3, f"{n}-0")
+
+
 @pytest.mark.parametrize("backend", ["file", "etcd"])
 def test_two_operators_placing_at_once_never_over_commit_a_host(lab3: Lab, tmp_path: Path, backend: str,
                                                                 request: pytest.FixtureRequest) -> None:
-    """10 trials of two `place --apply` started together: each request alone would take a whole 1-core host
-    at 0.6 cores, so without the lock both land on the same empty host (1.2 cores of caps).  Each command
-    is its own process, so each has its own member id (user@host:pid)."""
+    """Three trials of two `place --apply` released together at the lock: each request alone would take a whole
+    1-core host at 0.6 cores, so without the lock both land on the same empty host (the control above).  Each
+    command is its own process, so each has its own member id (user@host:pid)."""
     url = request.getfixturevalue("etcd").url if backend == "etcd" else f"file://{tmp_path / 'locks'}"
     env = {**os.environ, "VCSCHED_COORDINATION": url}
-    for trial in range(10):
+    for trial in range(3):
         names = [f"r{trial}x{uuid.uuid4().hex[:4]}" for _ in range(2)]
-        procs = [subprocess.Popen([sys.executable, "-m", "cli.main", "place", str(request_file(tmp_path, n, 1, 0.6)),
-                                   "--cluster", str(lab3.cluster_file), "--apply", "--wait", "120"],
-                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for n in names]
-        outs = [p.communicate(timeout=300) for p in procs]
         try:
-            for p, (out, err) in zip(procs, outs, strict=True):
-                assert p.returncode == 0, (trial, out, err)
+            outs = place_at_once(lab3, tmp_path, env, names)
+            for rc, out, err in outs:
+                assert rc == 0, (trial, out, err)
             problems = over_committed(lab3)
             assert problems == [], (trial, problems)
         finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 
@@ -12,8 +11,6 @@ from vcsched.simulate.markov import solve_chain, strategy_proofness
 from vcsched.simulate.scenarios import cluster64, scenario
 from vcsched.simulate.study import sweep
 from vcsched.simulate.workload import HostSpec, Part, Phase, VCClass, Workload, validate
-
-SLOW = pytest.mark.skipif(not os.environ.get("VCSCHED_SLOW"), reason="long statistical check: set VCSCHED_SLOW=1")
 
 # policies.md §2.5, [D]: exact CTMC values of γ1 / γ2 (three decimals)
 REFERENCE = {
@@ -115,23 +112,19 @@ def test_one_resource_is_processor_sharing_service_rate_one_minus_load(policy: s
         assert est is not None and est.contains(0.5, slack=0.02), (name, est)
 
 
-@pytest.mark.parametrize(("name", "load"), [("br-fig1a", 0.2), ("br-fig1b", 0.5), ("br-fig2a", 0.2),
-                                            ("br-fig2b", 0.5)])
+#: The chains at load 0.8 take 20 s each to solve (they are truncated far out): they are checked by the
+#: documented command of docs/simulate.md §5.1 (`vcsched simulate ... --load 0.2,0.5,0.8 --exact`), whose output
+#: is the table there, not by the suite.
+CHEAP_REFERENCE = sorted(key for key in REFERENCE if key[1] < 0.8)
+
+
+@pytest.mark.parametrize(("name", "load"), CHEAP_REFERENCE)
 def test_markov_chain_reproduces_the_reference_values(name: str, load: float) -> None:
     w = scenario(name).scaled_to_load(load)
     for policy, expected in REFERENCE[(name, load)].items():
         chain = solve_chain(w, policy)
         assert chain.truncated_mass < 1e-9
         assert chain.service_rate == pytest.approx(expected, abs=5e-4)
-
-
-@pytest.mark.slow
-@SLOW
-@pytest.mark.parametrize("key", sorted(REFERENCE))
-def test_markov_chain_reproduces_every_reference_value(key: tuple[str, float]) -> None:
-    w = scenario(key[0]).scaled_to_load(key[1])
-    for policy, expected in REFERENCE[key].items():
-        assert solve_chain(w, policy).service_rate == pytest.approx(expected, abs=5e-4)
 
 
 def test_simulation_agrees_with_the_exact_chain_within_its_confidence_interval() -> None:

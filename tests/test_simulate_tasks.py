@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from vcsched.errors import InputError
@@ -39,12 +37,3 @@ def test_only_drf_and_pf_serve_the_most_deprived_job() -> None:
 def test_a_load_outside_the_capacity_region_is_refused() -> None:
     with pytest.raises(InputError, match="capacity region"):
         paper_workload().scaled_to_load(1.0)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("VCSCHED_SLOW"), reason="long statistical check: set VCSCHED_SLOW=1")
-def test_pf_keeps_its_advantage_for_the_less_loaded_class_with_whole_tasks() -> None:
-    w = paper_workload().scaled_to_load(0.6)
-    drf = simulate_tasks(w, "drf", arrivals=1500, warmup=150, seed=2)
-    pf = simulate_tasks(w, "pf", arrivals=1500, warmup=150, seed=2)
-    assert pf.classes[1].service_rate > drf.classes[1].service_rate + 0.05  # type: ignore[operator]

@@ -6,6 +6,8 @@ cannot run):
 * a VM moved by ``adapt --apply`` arrives on its destination through the
   destination's ``address`` (each host's QEMU accepts migrations only on its
   own address, ``migration_address``), resumed after its source copy is gone;
+* a host drains over TLS and its VMs come back when the host they went to
+  drains in turn (maintenance both ways);
 * a wrong ``address`` fails the step and the VM keeps running on its source
   (exit 1), with no copy left anywhere else;
 * a client certificate from another CA is refused: every host is shown down
@@ -47,6 +49,7 @@ from hypervisor.lab.daemons import daemon_pid
 from hypervisor.lab.state import LabLayout
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from tests.lab_support import destroy_everywhere, running_lab, skip_unless_lab_possible
+from tests.skip_policy import skip_or_fail
 from vcsched.formats.cluster import Cluster, cluster_from_dict
 from vcsched.plans.steps import Boot, CreateStep
 
@@ -169,6 +172,22 @@ def test_a_move_arrives_through_the_destinations_address_and_runs_there(tls3: La
     assert copies(tls3, stay) == [("h0", "running")]
 
 
+def test_a_host_drains_over_tls_and_its_vms_come_back_when_the_other_host_drains(
+        tls3: Lab, two_on_h0: tuple[str, str], tmp_path: Path) -> None:
+    """Maintenance over TLS, both ways: with h2 cordoned, draining h0 sends both VMs to h1 through h1's address,
+    and once h0 is back in service, draining h1 sends them back to h0 through h0's address."""
+    cf = tmp_path / "cluster.toml"
+    cf.write_text(tls3.cluster_file.read_text())  # cordons are written into the file: a copy of this test's own
+    assert run("cordon", "h2", "--cluster", cf).exit_code == 0
+    for source, target in (("h0", "h1"), ("h1", "h0")):
+        r = run("drain", source, "--cluster", cf, "--budget", "unlimited", "--parallel", "2", "--apply", "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["complete"]
+        for n in two_on_h0:
+            assert copies(tls3, n) == [(target, "running")], (source, n)
+        assert run("uncordon", source, "--cluster", cf).exit_code == 0
+
+
 def test_a_wrong_address_fails_the_step_and_the_vm_keeps_running_on_its_source(
         tls3: Lab, two_on_h0: tuple[str, str], tmp_path: Path) -> None:
     layout = LabLayout(tls3.dir)
@@ -277,7 +296,7 @@ def test_a_destination_that_hangs_mid_migration_never_leaves_two_running_copies(
         while time.monotonic() < deadline and not late_enough(dom, phase) and t.is_alive():
             time.sleep(0.01)
         if not t.is_alive():
-            pytest.skip(f"the migration finished before it reached phase {phase!r}: nothing to interrupt")
+            skip_or_fail(f"the migration finished before it reached phase {phase!r}: nothing to interrupt")
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
         try:

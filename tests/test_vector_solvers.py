@@ -145,10 +145,14 @@ def test_best_never_below_mcb8_on_the_vector(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("algo", ["heuristic", "milp"])
 def test_the_adaptation_is_valid_on_every_resource(seed: int, algo: str) -> None:
-    inst = vector_instance(300 + seed, hosts=3, tasks=6)
-    start = solve(inst, "sg")
-    if start.allocation is None:
-        pytest.skip("no placement to adapt from")
+    # Draw instances from the seed's sequence until SG places one: an instance with no placement has nothing to
+    # adapt from, and skipping it would leave that seed untested.
+    for attempt in range(50):
+        inst = vector_instance(300 + seed + 1000 * attempt, hosts=3, tasks=6)
+        start = solve(inst, "sg")
+        if start.allocation is not None:
+            break
+    assert start.allocation is not None, f"seed {seed}: 50 instances without a placement"
     current = np.roll(np.array(start.allocation.hosts, dtype=np.int64), 1)  # somewhere else than SG's choice
     current[-1] = -1  # a new arrival
     task_bytes = np.round(inst.task_mem * (1 << 30)).astype(np.int64)

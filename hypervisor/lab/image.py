@@ -56,7 +56,7 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from hypervisor.lab.state import DEFAULT_LAB_DIR, GuestImage
+from hypervisor.lab.state import DEFAULT_LAB_DIR, GuestImage, guest_cmdline
 from vcsched.errors import VcschedError
 
 BOOT_MARKER = "VCSCHED-GUEST-UP"
@@ -333,6 +333,12 @@ def _fetch_package(pkg: str, workdir: Path) -> Path:
 def _keep_modules(tree: Path, modules: Path, version: str) -> None:
     """Copy :data:`MODULES` of kernel ``version`` out of an unpacked kernel package into ``modules``."""
     found = {ko.name[:-3]: ko for ko in (tree / "lib" / "modules" / version).rglob("*.ko")}
+    builtin = tree / "lib" / "modules" / version / "modules.builtin"
+    inside = {Path(line).stem for line in builtin.read_text().split()} if builtin.is_file() else set()
+    missing = [m for m in MODULES if m not in found and m not in inside]
+    if missing:
+        raise ImageError(f"kernel {version} has no {', '.join(missing)} module (needed by the guests' disk and "
+                         "network workloads)")
     modules.mkdir(exist_ok=True)
     for m in MODULES:
         if m in found:
@@ -386,8 +392,10 @@ def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "
 
     The kernel (and its modules) are copied from another lab's cache (``sources``)
     when one has them, else downloaded; the initramfs is rebuilt whenever its
-    content would change.  Modules that cannot be had leave a CPU-only image
-    (:func:`io_workloads_problem` says why).
+    content would change.  A kernel or modules that cannot be had is an
+    :class:`ImageError` with the reason (apt's message): a lab whose guests
+    lack the virtio drivers would pass for one that can test disk and network
+    caps, and its tests would skip instead of running.
     """
     image_dir.mkdir(parents=True, exist_ok=True)
     kernel = image_dir / "vmlinuz"
@@ -410,14 +418,17 @@ def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "
                     write_atomically(modules / ko.name, ko.read_bytes())
                 break
         else:
-            with contextlib.suppress(ImageError):
+            try:
                 download_modules(image_dir, version)
+            except ImageError as exc:
+                raise ImageError(f"{exc}; the cached kernel {kernel} is {version}: remove {image_dir} to fetch "
+                                 "the current one") from None
     stamp = image_dir / "initrd.recipe"
     recipe = initramfs_recipe(modules=modules)
     if not initrd.is_file() or not stamp.is_file() or stamp.read_text() != recipe:
         write_atomically(initrd, build_initramfs(modules=modules))
         write_atomically(stamp, recipe.encode())
-    return GuestImage(kernel=_ensure_vmlinux(image_dir, others) or kernel, initrd=initrd)
+    return GuestImage(kernel=_ensure_vmlinux(image_dir, others) or kernel, initrd=initrd, cmdline=guest_cmdline())
 
 
 def write_atomically(dest: Path, data: bytes) -> None:
