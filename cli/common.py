@@ -107,6 +107,24 @@ def load_request(path: str) -> Request:
                                image=resolved("image", request.image))
 
 
+def check_request_boot(cluster: Cluster, request: Request, path: str) -> None:
+    """What the request's VMs would boot, checked before any host is read (hypervisor/bootcheck.py): its template
+    is domain XML; its template, image or the cluster's ``[guest]`` files exist, are readable and fit its memory
+    when every host is on this machine (the lab).  Plans are checked again, on each target host, before their
+    first step."""
+    from hypervisor.bootcheck import boot_problems, files_local
+    from vcsched.control.admission import boot_for
+
+    if request.template is None and request.image is None and cluster.guest is None:
+        return  # admission names what is missing
+    fields = {"path": "template" if request.template is not None else "image",
+              "kernel": "guest.kernel (cluster file)", "initrd": "guest.initrd (cluster file)"}
+    local = all(files_local(h.uri) for h in cluster.hosts)
+    problems = boot_problems("request", boot_for(cluster, request), request.memory_bytes, local=local, fields=fields)
+    if problems:
+        raise InputError(f"request {path}: " + "; ".join(problems[:3]))
+
+
 def policy_options() -> Callable[[Any], Any]:
     """``--policy`` and ``--alpha``: the sharing policy that overrides the cluster file's ``policy``."""
     def deco(f: Any) -> Any:

@@ -9,6 +9,7 @@ import click
 from cli.app import EXIT_UNSATISFIED, console, emit_json
 from cli.common import (
     apply_exit_code,
+    check_request_boot,
     cluster_lock,
     cluster_option,
     hosts_down,
@@ -97,6 +98,7 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                                  param_hint="'--algorithm'")
     cluster = load_cluster(cluster_file)
     request = load_request(request_file)
+    check_request_boot(cluster, request, request_file)
     from vcsched.control.sharing import sharing_for
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read

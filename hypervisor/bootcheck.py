@@ -22,8 +22,11 @@ segment, a bzImage from its preferred load address up to its ``init_size``
 (the memory it needs to decompress and run, boot protocol 2.10+), anything
 else its file size — plus the initrd's size, plus, for a gzip initramfs, its
 unpacked size (the kernel unpacks it while the packed copy is still in
-memory), must not exceed the VM's memory.  (The lab's kernel needs 74 MiB: a
-64 MiB VM with it never boots.)
+memory), plus :data:`RUNNING_MARGIN` for the kernel to run at all, must not
+exceed the VM's memory.  That is a floor, not a promise that the guest boots:
+measured with the lab's kernel (74 MiB) and initramfs (3.6 MiB packed and
+unpacked), a 64 MiB VM printed nothing, 78-82 MiB ones panicked out of
+memory, 84 MiB and up booted; vcsched refuses below 81.6 MiB.
 
 Boot files live on the host that starts the VM.  They are checked here only
 for hosts on this machine (a URI without a host name, or a loopback address,
@@ -40,6 +43,7 @@ import os
 import stat
 import struct
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 
 from hypervisor.devices import read_template
 from vcsched.errors import InputError
@@ -113,22 +117,24 @@ def initrd_footprint(path: str) -> int:
     return size
 
 
+#: What a booting kernel needs beyond its image and its initrd (page tables, per-CPU areas, its first allocations):
+#: a floor, not a guarantee.  The lab's kernel (77.6 MiB with its initramfs) panicked at 79-82 MiB, booted at 84.
+RUNNING_MARGIN = 4 << 20
+
+
 def fit_problem(where: str, kernel: str, initrd: str | None, memory_bytes: int) -> str | None:
     """Why a kernel (+ initrd) does not fit ``memory_bytes`` of guest memory, or None."""
-    need = kernel_footprint(kernel)
-    parts = [f"the kernel {format_size(need)}"]
+    need = kernel_footprint(kernel) + RUNNING_MARGIN
+    parts = [f"the kernel {format_size(need - RUNNING_MARGIN)}"]
     if initrd is not None:
         extra = initrd_footprint(initrd)
         need += extra
         parts.append(f"the initrd {format_size(extra)} (packed and unpacked)")
+    parts.append(f"{format_size(RUNNING_MARGIN)} to run")
     if need > memory_bytes:
         return (f"{where}: {' + '.join(parts)} need {format_size(need)} of guest memory, the VM has "
                 f"{format_size(memory_bytes)} (memory_bytes {memory_bytes})")
     return None
-
-
-def _files(where: str, pairs: list[tuple[str, str | None]]) -> list[str]:
-    return [p for field, path in pairs if (p := file_problem(f"{where}.{field}", path)) is not None]
 
 
 def _template_files(root: ET.Element) -> tuple[str | None, str | None, list[str]]:
@@ -144,25 +150,32 @@ def _template_files(root: ET.Element) -> tuple[str | None, str | None, list[str]
     return kernel or None, initrd or None, disks
 
 
-def boot_problems(where: str, boot: Boot, memory_bytes: int, *, local: bool = True) -> list[str]:
+def boot_problems(where: str, boot: Boot, memory_bytes: int, *, local: bool = True,
+                  fields: Mapping[str, str] | None = None) -> list[str]:
     """Every problem of ``boot`` for a VM of ``memory_bytes`` (module docstring); ``where`` names the step
-    (``plan.steps[3]``).  ``local``: the boot files are on this machine (else only the template is read)."""
-    w = f"{where}.boot"
+    (``plan.steps[3]``), and each problem the boot's field (``plan.steps[3].boot.kernel``) — or, for a request,
+    ``fields`` maps ``path``, ``kernel``, ``initrd`` to the names the operator wrote (``template``,
+    ``guest.kernel``).  ``local``: the boot files are on this machine (else only the template is read)."""
+    name = {k: f"{where}.boot.{k}" for k in ("path", "kernel", "initrd")} | dict(fields or {})
+
+    def missing(pairs: list[tuple[str, str | None]]) -> list[str]:
+        return [p for field, path in pairs if (p := file_problem(field, path)) is not None]
+
     if boot.kind == "template":
-        problem = file_problem(f"{w}.path", boot.path)
+        problem = file_problem(name["path"], boot.path)
         if problem is not None:
             return [problem]
         try:
             root = read_template(boot.path or "")
         except InputError as exc:
-            return [f"{w}.path: {exc}"]
+            return [f"{name['path']}: {exc}"]
         kernel, initrd, disks = _template_files(root)
         if not local:
             return []
-        named = f"{w}.path (template {boot.path})"
-        files = [(field, path) for field, path in (("<os><kernel>", kernel), ("<os><initrd>", initrd)) if path]
-        out = [p for field, path in [*files, *(("<disk><source>", d) for d in disks)]
-               if (p := file_problem(f"{named} {field}", path)) is not None]
+        named = f"{name['path']} (template {boot.path})"
+        files = [(f"{named} {tag}", path) for tag, path in (("<os><kernel>", kernel), ("<os><initrd>", initrd))
+                 if path]
+        out = missing([*files, *((f"{named} <disk><source>", d) for d in disks)])
         if kernel is not None and not out:
             fit = fit_problem(named, kernel, initrd, memory_bytes)
             out += [fit] if fit else []
@@ -170,12 +183,20 @@ def boot_problems(where: str, boot: Boot, memory_bytes: int, *, local: bool = Tr
     if not local:
         return []
     if boot.kind == "image":
-        return _files(w, [("path", boot.path)])
-    out = _files(w, [("kernel", boot.kernel), ("initrd", boot.initrd)])
+        return missing([(name["path"], boot.path)])
+    out = missing([(name["kernel"], boot.kernel), (name["initrd"], boot.initrd)])
     if not out and boot.kernel is not None:
-        fit = fit_problem(f"{w}.kernel", boot.kernel, boot.initrd, memory_bytes)
+        fit = fit_problem(name["kernel"], boot.kernel, boot.initrd, memory_bytes)
         out += [fit] if fit else []
     return out
+
+
+def files_local(uri: str) -> bool:
+    """Whether the boot files of a VM on the host of ``uri`` are this machine's: a host of this machine (no host
+    name, or a loopback address) whose driver boots something (libvirt's test driver reads no file)."""
+    from vcsched.formats.cluster import uri_host, uri_scheme
+
+    return uri_scheme(uri) != "test" and is_local(uri_host(uri))
 
 
 def is_local(uri_host: str | None) -> bool:

@@ -57,7 +57,7 @@ from xml.sax.saxutils import escape, quoteattr
 import libvirt
 
 from hypervisor.base import HypervisorError, IoCounters
-from hypervisor.bootcheck import boot_problems, is_local, validation_xml
+from hypervisor.bootcheck import boot_problems, files_local, validation_xml
 from hypervisor.connections import (
     CallCounter,
     Counted,
@@ -82,7 +82,7 @@ from vcsched.control.inventory import (
     mark_in_doubt,
 )
 from vcsched.errors import InputError
-from vcsched.formats.cluster import Cluster, ClusterHost, migration_uri, uri_host
+from vcsched.formats.cluster import Cluster, ClusterHost, migration_uri
 from vcsched.formats.units import format_size
 from vcsched.iocaps import DISK, NET, NET_UNIT, IoCaps, VmDevices, io_problem, net_units, realisable
 from vcsched.plans.steps import CreateStep
@@ -1202,7 +1202,7 @@ class LibvirtHypervisor:
         libvirt's own define-time validation on the target host's driver sees it.  That validation defines the
         XML under a throw-away name (:func:`hypervisor.bootcheck.validation_xml`) and undefines it at once."""
         h = self.cluster.host(step.host)
-        problems = boot_problems(where, step.boot, step.memory_bytes, local=is_local(uri_host(h.uri)))
+        problems = boot_problems(where, step.boot, step.memory_bytes, local=files_local(h.uri))
         if problems:
             return problems
         try:

@@ -150,9 +150,10 @@ def test_a_kernel_and_initrd_larger_than_the_vm_are_refused_naming_sizes(tmp_pat
     i.write_bytes(b"x" * MiB)
     boot = Boot("kernel", kernel=str(k), initrd=str(i))
     assert boot_problems("plan.steps[1]", boot, 128 * MiB) == []
-    assert boot_problems("plan.steps[1]", boot, 64 * MiB) == [
-        "plan.steps[1].boot.kernel: the kernel 74 MiB + the initrd 1 MiB (packed and unpacked) need 75 MiB of guest "
-        "memory, the VM has 64 MiB (memory_bytes 67108864)"]
+    assert boot_problems("plan.steps[1]", boot, 79 * MiB) == []
+    assert boot_problems("plan.steps[1]", boot, 78 * MiB) == [
+        "plan.steps[1].boot.kernel: the kernel 74 MiB + the initrd 1 MiB (packed and unpacked) + 4 MiB to run need "
+        "79 MiB of guest memory, the VM has 78 MiB (memory_bytes 81788928)"]
 
 
 def test_missing_unreadable_and_non_file_boot_files_are_named(tmp_path: Path) -> None:
@@ -196,6 +197,24 @@ def test_a_plan_whose_vm_cannot_boot_is_refused_before_any_cap_is_lowered(tmp_pa
     with pytest.raises(InputError, match=r"plan\.steps\[\d\]\.boot\.kernel: '.*/k' does not exist"):
         apply_plan(hv, plan)
     assert hv.calls == [] and hv.vms["old-0"].cap_cores == 1.0
+
+
+def test_place_refuses_a_request_that_cannot_boot_before_reading_any_host(tmp_path: Path) -> None:
+    cf = tmp_path / "cluster.toml"
+    cf.write_text(f'name = "t"\n[guest]\nkernel = "{tmp_path}/vmlinux"\ninitrd = "{tmp_path}/initrd"\n'
+                  f'[[hosts]]\nname = "h0"\nuri = "qemu+unix:///system?socket={tmp_path}/nowhere"\n')
+    elf_kernel(tmp_path / "vmlinux", [(16 * MiB, 58 * MiB)])
+    (tmp_path / "initrd").write_bytes(b"x" * MiB)
+    req = tmp_path / "web.toml"
+    for extra, message in [('template = "/etc/passwd"', "template: template /etc/passwd: malformed XML"),
+                           ('memory = "64MiB"', "guest.kernel (cluster file): the kernel 74 MiB + the initrd 1 MiB "
+                                                "(packed and unpacked) + 4 MiB to run need 79 MiB of guest memory, "
+                                                "the VM has 64 MiB")]:
+        memory = "" if "memory" in extra else 'memory = "128MiB"\n'
+        req.write_text(f'name = "web"\nvms = 1\nvcpus = 1\n{memory}cpu_cores = 0.5\n{extra}\n')
+        result = run("place", req, "--cluster", cf)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith(f"vcsched: error: request {req}: {message}")  # before the host is read
 
 
 # ---------------------------------------------------------------------------------------------- a failed step
@@ -310,6 +329,21 @@ def _held_briefly(url: str, name: str, key: str) -> None:
     lock = ClusterLock(url, name, key=key)
     lock.acquire()
     lock.release()
+
+
+def test_a_changing_command_cannot_name_the_lock_of_a_down_host_whose_uuid_is_not_declared(tmp_path: Path) -> None:
+    cf = tmp_path / "cluster.toml"
+    hosts = (f'[[hosts]]\nname = "far"\nuri = "qemu+unix:///system?socket={tmp_path}/nope"\n{{uuid}}'
+             '[[hosts]]\nname = "near"\nuri = "test:///default"\n')
+    cf.write_text('name = "t"\n' + hosts.format(uuid=""))
+    result = run("cordon", "near", "--cluster", cf)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("vcsched: error: cannot name the lock of cluster 't': host far does not answer "
+                                    "(host far: cannot connect")
+    assert "maintenance" not in cf.read_text()
+    cf.write_text('name = "t"\n' + hosts.format(uuid=f'uuid = "{U0}"\n'))  # declared: the lock has a name
+    assert run("cordon", "near", "--cluster", cf).exit_code == 0
+    assert "maintenance = true" in cf.read_text()
 
 
 # ---------------------------------------------------------------------------------------------- down hosts

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from cli.main import cli
@@ -322,7 +322,9 @@ def test_any_edit_of_a_real_plans_numbers_is_refused_whole_or_applied_exactly(
         if result.exit_code != 0:
             one_line_error(result)
             assert held(lab2) == was, f"{path}: refused (exit {result.exit_code}) after changing a host"
+            event(f"refused, exit {result.exit_code}")
             return
+        event("applied as claimed")
         with LibvirtHypervisor(cluster) as hv:
             wrong = claims_hold(changed, before, hv.inventory())
         assert wrong == [], f"{path}: applied, not as claimed: {wrong}"
