@@ -402,3 +402,14 @@ def test_the_lab_cluster_file_declares_each_hosts_uuid() -> None:
     text = render_cluster_toml("lab", [LabHost("h0", "qemu:///system", "/p", uuid=U0)], GuestImage(Path("k"),
                                                                                                   Path("i")))
     assert cluster_from_dict(__import__("tomllib").loads(text)).hosts[0].uuid == U0
+
+
+def test_reading_hosts_and_applying_plans_import_no_numpy() -> None:
+    """The VM-size rule lives in light modules: `status` and `apply` start without numpy (a hung host's `status` must
+    end within host_timeout + 1 s, start-up included; numpy through the plan steps cost 0.3 s of it, measured)."""
+    import subprocess
+    import sys
+
+    code = "import sys, cli.status, cli.apply, hypervisor.executor; print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -347,6 +347,8 @@ def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, pro
                 progress("reading what QEMU can do (a few seconds the first time on a machine)")
                 qemucaps.warm(layout.uri(0))
                 qemucaps.keep(layout.host_dir(0), caps_sources)
+            else:  # its seeded copy checked now, not by the first command (every command reads capabilities)
+                qemucaps.warm(layout.uri(i))
             machine_mib = machine_mib or daemons.memory_mib(layout.uri(i))  # one split for every host
             hosts.append(LabHost(layout.host_name(i), layout.tls_uri(i) if tls else layout.uri(i), layout.partition(i),
                                  cores=cores, memory_reserved=_reserved(machine_mib, n_hosts, memory_mib),

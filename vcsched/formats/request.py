@@ -31,13 +31,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from vcsched.errors import InputError
-from vcsched.formats.fields import check_fields, check_fraction, check_name, check_number, check_string
+from vcsched.formats.fields import MAX_VCPUS, check_fields, check_fraction, check_name, check_number, check_string
 from vcsched.formats.units import parse_memory, parse_size
 from vcsched.model import PREFERRED, REQUIRED
 
 MAX_VMS = 1024
-#: The most vCPUs a VM may have (requests and plans alike).
-MAX_VCPUS = 256
 
 
 @dataclass(frozen=True)

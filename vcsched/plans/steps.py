@@ -30,8 +30,7 @@ from typing import Any, ClassVar, Protocol
 from vcsched.caps import CAP_TOLERANCE
 from vcsched.control.inventory import VmMeta
 from vcsched.errors import InputError
-from vcsched.formats.fields import check_count, check_fields, check_fraction, check_number, check_string
-from vcsched.formats.request import MAX_VCPUS
+from vcsched.formats.fields import MAX_VCPUS, check_count, check_fields, check_fraction, check_number, check_string
 from vcsched.formats.units import check_vm_memory
 from vcsched.iocaps import DISK, NET, IoCaps
 
