@@ -359,6 +359,7 @@ def _cpu_seconds(dom: object, window_s: float) -> float:
 
 
 @pytest.mark.lab
+@pytest.mark.exclusive
 def test_lab_guest_boots_and_burns_cpu(lab2: Lab) -> None:
     with lab_guest(lab2, host=0) as dom:
         assert dom.isActive()
@@ -367,6 +368,7 @@ def test_lab_guest_boots_and_burns_cpu(lab2: Lab) -> None:
 
 
 @pytest.mark.lab
+@pytest.mark.exclusive
 def test_lab_vcpu_quota_caps_the_guests_cpu(lab2: Lab) -> None:
     """Caps work on lab hosts (what the plan applier and calibration rely on): 25% of a vCPU."""
     import libvirt
