@@ -411,7 +411,9 @@ def test_lab_live_migration_moves_a_running_guest_between_hosts(lab2: Lab) -> No
             assert moved.isActive()
             assert ET.fromstring(moved.XMLDesc(0)).findtext("resource/partition") == dst_host.partition
             assert dom.name() not in [d.name() for d in dom.connect().listAllDomains(0)]
-            assert _cpu_seconds(moved, 1.0) > 0.3  # still running its loop after the move
+            # Still running its loop after the move.  Executing at all is the point: this test shares the machine
+            # with others (scripts/test, pass 1), so how much CPU the loop gets is not.
+            assert _cpu_seconds(moved, 1.0) > 0.05
         finally:
             dst.close()
 
