@@ -13,6 +13,17 @@ if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("COLUMNS") == "80":
     os.environ.pop("COLUMNS", None)
     os.environ.pop("LINES", None)
 
+# vcsched's state (the file lock under it) is the test run's own, one per xdist worker: the machine's
+# /var/lib/vcsched is left alone, and two workers' labs never wait on each other's lock (every lab is named "lab").
+# (The xdist controller's choice reaches its workers through the environment: a worker replaces it with its own,
+# but keeps a directory the person running the tests chose.)
+if "VCSCHED_STATE_DIR" not in os.environ or os.environ.get("VCSCHED_TEST_STATE_DIR_CHOSEN") == "conftest":
+    import tempfile
+
+    os.environ["VCSCHED_STATE_DIR"] = tempfile.mkdtemp(
+        prefix=f"vcsched-test-state-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+    os.environ["VCSCHED_TEST_STATE_DIR_CHOSEN"] = "conftest"
+
 from tests.etcd_support import etcd  # noqa: F401  (a real etcd on loopback, see tests/etcd_support.py)
 from tests.lab_support import lab2  # noqa: F401  (the real-libvirt lab fixture, see tests/lab_support.py)
 from vcsched.model import Host, Instance, Job
@@ -31,15 +42,28 @@ def two_host_instance() -> Instance:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``network`` (they download from Debian's mirrors: they test the machine's network, not vcsched)
+    """Lab tests of one module run on one xdist worker (``--dist loadgroup``), so the module's lab comes up once.
+
+    Tests marked ``network`` (they download from Debian's mirrors: they test the machine's network, not vcsched)
     run only when asked for by name in ``-m`` (``pytest -m network``); otherwise they are deselected, not
     skipped, so they neither cost CI time nor count as skips."""
+    for item in items:
+        if item.get_closest_marker("lab") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else "lab"))
     if "network" in (config.getoption("markexpr") or ""):
         return
     keep = [item for item in items if item.get_closest_marker("network") is None]
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("network")])
         items[:] = keep
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the state directory this run made for itself (see the top of this file)."""
+    if os.environ.get("VCSCHED_TEST_STATE_DIR_CHOSEN") == "conftest":
+        import shutil
+
+        shutil.rmtree(os.environ["VCSCHED_STATE_DIR"], ignore_errors=True)
 
 
 # ---- VCSCHED_REQUIRE_LAB=1 (.ci/run): a skip is a failure unless tests/skip_policy.py allows it ----------------

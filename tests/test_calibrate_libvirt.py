@@ -71,6 +71,7 @@ def guest(lab2: Any) -> Iterator[tuple[str, Any]]:
 
 
 @pytest.mark.lab
+@pytest.mark.exclusive
 def test_a_quarter_cap_gives_the_guest_about_a_quarter_cpu(guest: tuple[str, Any]) -> None:
     uri, dom = guest
     with LibvirtSubjects(uri, [dom.name()]) as s:
@@ -80,6 +81,7 @@ def test_a_quarter_cap_gives_the_guest_about_a_quarter_cpu(guest: tuple[str, Any
 
 
 @pytest.mark.lab
+@pytest.mark.exclusive
 def test_closing_restores_the_guest_as_found(guest: tuple[str, Any]) -> None:
     uri, dom = guest
     flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
@@ -93,6 +95,7 @@ def test_closing_restores_the_guest_as_found(guest: tuple[str, Any]) -> None:
 
 
 @pytest.mark.lab
+@pytest.mark.exclusive
 def test_calibrate_command_on_a_lab_guest(guest: tuple[str, Any]) -> None:
     uri, dom = guest
     r = CliRunner().invoke(
@@ -109,6 +112,7 @@ def test_calibrate_command_on_a_lab_guest(guest: tuple[str, Any]) -> None:
 
 
 @pytest.mark.lab
+@pytest.mark.exclusive
 def test_calibrate_boots_its_own_guests_from_the_cluster_file_and_removes_them(lab2: Any) -> None:
     uri = lab2.hosts[0].connect_uri
     r = CliRunner().invoke(

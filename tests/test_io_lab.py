@@ -43,7 +43,8 @@ from vcsched.iocaps import IoCaps
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import Boot, CreateStep, SetCapStep, Step
 
-pytestmark = pytest.mark.lab
+#: Disk and network rates are measured against their caps: the machine to itself (scripts/test, pass 2).
+pytestmark = [pytest.mark.lab, pytest.mark.exclusive]
 
 MiB = 1 << 20
 TOLERANCE = 0.05  # measured within ±5% of the cap

@@ -359,6 +359,7 @@ def _cpu_seconds(dom: object, window_s: float) -> float:
 
 
 @pytest.mark.lab
+@pytest.mark.exclusive
 def test_lab_guest_boots_and_burns_cpu(lab2: Lab) -> None:
     with lab_guest(lab2, host=0) as dom:
         assert dom.isActive()
@@ -367,6 +368,7 @@ def test_lab_guest_boots_and_burns_cpu(lab2: Lab) -> None:
 
 
 @pytest.mark.lab
+@pytest.mark.exclusive
 def test_lab_vcpu_quota_caps_the_guests_cpu(lab2: Lab) -> None:
     """Caps work on lab hosts (what the plan applier and calibration rely on): 25% of a vCPU."""
     import libvirt
@@ -409,7 +411,9 @@ def test_lab_live_migration_moves_a_running_guest_between_hosts(lab2: Lab) -> No
             assert moved.isActive()
             assert ET.fromstring(moved.XMLDesc(0)).findtext("resource/partition") == dst_host.partition
             assert dom.name() not in [d.name() for d in dom.connect().listAllDomains(0)]
-            assert _cpu_seconds(moved, 1.0) > 0.3  # still running its loop after the move
+            # Still running its loop after the move.  Executing at all is the point: this test shares the machine
+            # with others (scripts/test, pass 1), so how much CPU the loop gets is not.
+            assert _cpu_seconds(moved, 1.0) > 0.05
         finally:
             dst.close()
 

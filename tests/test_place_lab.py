@@ -117,6 +117,7 @@ def _busy_cpu_seconds() -> float:
                  - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0))  # guest time is inside user/nice
 
 
+@pytest.mark.exclusive
 def test_each_vm_uses_its_cap_within_five_hundredths_of_a_core(placed: Placed) -> None:
     from cli.common import read_toml_file
     from hypervisor.base import measure_cores

@@ -55,7 +55,8 @@ from tests.skip_policy import patience, skip_or_fail
 from vcsched.formats.cluster import Cluster, cluster_from_dict
 from vcsched.plans.steps import Boot, CreateStep
 
-pytestmark = pytest.mark.lab
+#: The controller follows measured CPU needs: the machine to itself (scripts/test, pass 2).
+pytestmark = [pytest.mark.lab, pytest.mark.exclusive]
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20

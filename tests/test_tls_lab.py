@@ -222,17 +222,24 @@ def test_a_hung_host_is_down_within_host_timeout_and_place_plans_onto_the_others
     request.write_text('name = "hung"\nvms = 2\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = 0.2\n')
     pid = daemon_pid(layout, 2, "libvirtd")
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
-    try:
+
+    def status() -> tuple[subprocess.CompletedProcess[str], float]:
         t0 = time.monotonic()
         proc = subprocess.run([VCSCHED, "status", "--cluster", str(p), "--sample", "0", "--json"],
                               capture_output=True, text=True, timeout=60, check=False)
-        took = time.monotonic() - t0
+        return proc, time.monotonic() - t0
+
+    # The same command with every host answering, just before: what starting Python and reading the hosts cost
+    # on this machine now (it is loaded by other tests), so the bound below is on what the hung host adds.
+    _, usual = status()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        proc, took = status()
         assert proc.returncode == 0, proc.stderr
         hosts = {h["name"]: h for h in json.loads(proc.stdout)["hosts"]}
         assert "did not answer within 3 s" in hosts["h2"]["down"]
         assert hosts["h0"]["down"] is None and hosts["h1"]["down"] is None
-        assert took <= 3 + 1, f"status took {took:.2f} s with host_timeout 3"
+        assert took <= usual + 3 + 1, f"status took {took:.2f} s with host_timeout 3 ({usual:.2f} s with none hung)"
         r = run("place", request, "--cluster", p, "--json")
         assert r.exit_code == 0, r.output
         assert {v["host"] for v in json.loads(r.stdout)["plan"]["predicted"]["per_vm"].values()} <= {"h0", "h1"}
