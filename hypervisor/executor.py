@@ -18,14 +18,20 @@ cap beyond a VM or a host, or that would over-commit any host at any point,
 is refused whole and nothing changes.  Right before each step (each wave of
 migrations) the hosts it touches are read again and the same replay is its
 pre-condition, so a change someone else made meanwhile stops the plan
-instead of over-committing a host.
+instead of over-committing a host.  Then the plan's claims are recomputed
+(:mod:`vcsched.plans.claims`: bytes per migration, caps on the quota grid,
+waves, predictions; a false one is refused, exit 1), and every VM it creates
+is checked to be creatable (:meth:`hypervisor.base.Hypervisor.create_problems`:
+boot files, domain XML validated by libvirt).
 
 The migrations of one wave run at once (threads; libvirt connections are
 thread-safe), everything else one step at a time.  The first failure stops
-the plan (after the rest of its wave); nothing is undone and no VM is stopped (a
-running VM with its old cap is always a safe state, because the plan is
-ordered so that caps never overrun a host at any prefix, see
-:mod:`vcsched.plans.ordering`).  Re-running the same plan skips what is done and
+the plan (after the rest of its wave); no VM is stopped (a running VM with
+its old cap is always a safe state, because the plan is ordered so that caps
+never overrun a host at any prefix, see :mod:`vcsched.plans.ordering`), and
+the one thing undone is what a stopped plan's creates leave pointless: the
+caps it lowered to make room for VMs it did not create
+(:func:`restore_lowered`).  Re-running the same plan skips what is done and
 continues where it stopped, so it converges.
 
 Each step kind has a :class:`StepRunner` in :data:`RUNNERS`, a literal

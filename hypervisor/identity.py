@@ -19,7 +19,11 @@ that; libvirt can: every host has a UUID, in its capabilities
 * the cluster lock is named after the set of the hosts' identities
   (:func:`lock_key`), so two files for the same hosts share one lock whatever
   they are called, and unrelated clusters — every lab is named "lab" — never
-  do (docs/operations.md, "What is locked").
+  do (docs/operations.md, "What is locked").  A host that does not answer
+  when the lock is taken is named by the ``uuid`` the cluster file declares,
+  else by the one a changing command on this machine last read for its URI
+  (:data:`KNOWN_HOSTS`, like ssh's known_hosts); with neither, the command
+  refuses rather than take a lock another command could not find.
 
 libvirt's test driver reports no host UUID (its capabilities have no
 ``<uuid>``); a test-driver host is identified by its URI, the only name it
@@ -31,10 +35,14 @@ what this module replaces.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import os
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from vcsched.errors import InputError, VcschedError
 from vcsched.formats.cluster import Cluster
@@ -85,6 +93,34 @@ def check_distinct(cluster: Cluster, uuids: Mapping[str, str | None]) -> None:
                              f"({cluster.host(a).uri}) reach the same host, libvirt host UUID {got}: list each host "
                              "once")
         seen[got] = name
+
+
+#: Where the UUIDs a changing command has read are remembered, by URI, in vcsched's state directory: like ssh's
+#: known_hosts, so that a host that later stops answering still names the lock it shares with the others.
+KNOWN_HOSTS = "known-hosts.json"
+
+
+def remembered(state: Path) -> dict[str, str]:
+    """URI -> host UUID, as changing commands on this machine last read them ({} if none or unreadable)."""
+    try:
+        doc = json.loads((state / KNOWN_HOSTS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else {}
+
+
+def remember(state: Path, uuids: Mapping[str, str]) -> None:
+    """Add ``uuids`` (URI -> host UUID) to what is remembered (written atomically; a failure to write is not fatal:
+    the file only spares a later command a refusal)."""
+    known = remembered(state)
+    if all(known.get(uri) == u for uri, u in uuids.items()):
+        return
+    known.update(uuids)
+    with contextlib.suppress(OSError):
+        state.mkdir(parents=True, exist_ok=True)
+        tmp = state / f"{KNOWN_HOSTS}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+        tmp.replace(state / KNOWN_HOSTS)
 
 
 def lock_key(identities: Iterable[str]) -> str:

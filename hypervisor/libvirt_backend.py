@@ -68,7 +68,7 @@ from hypervisor.connections import (
     unwrap,
 )
 from hypervisor.devices import boot_devices, devices_of, read_template
-from hypervisor.identity import LockUnnamed, check_distinct, identity, uuid_from_capabilities
+from hypervisor.identity import LockUnnamed, check_distinct, identity, remember, remembered, uuid_from_capabilities
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, PERIOD_US, cores_from_quota, quota_for, realisable_cap
 from vcsched.control.inventory import (
     METADATA_NS,
@@ -835,25 +835,34 @@ class LibvirtHypervisor:
         Raises :class:`hypervisor.identity.LockUnnamed` for a host that neither answers nor has a declared UUID,
         and :class:`InputError` for two entries that are one host.
         """
+        from hypervisor.lock import state_dir
+
         hosts = self.cluster.hosts
         asked = {h.name: functools.partial(self.host_uuid, h.name) for h in hosts if h.uuid is None}
         got = _run_bounded(asked, inventory_workers(h.uri for h in hosts), self.cluster.host_timeout)
+        known = remembered(state_dir())
         uuids: dict[str, str | None] = {}
         out: dict[str, str] = {}
         for h in hosts:
+            uri = self.cluster.connect_uri(h.name)
             if h.uuid is not None:
-                out[h.name] = identity(h.uuid, h.uri)
+                out[h.name] = identity(h.uuid, uri)
                 continue
             answer = got.get(h.name)
             if h.name not in got or isinstance(answer, Exception):
+                if uri in known:  # down now; its UUID as a changing command here last read it
+                    out[h.name] = identity(known[uri], uri)
+                    continue
                 why = one_line(answer) if isinstance(answer, Exception) else "it did not answer in time"
                 raise LockUnnamed(f"cannot name the lock of cluster {self.cluster.name!r}: host {h.name} does not "
-                                  f"answer ({why}) and the cluster file declares no uuid for it; nothing changed "
-                                  "(declare its libvirt host UUID as `uuid = \"...\"` in its [[hosts]] table "
-                                  "— `vcsched status --json` shows it while the host answers — or retry)")
+                                  f"answer ({why}), the cluster file declares no uuid for it and no command here "
+                                  "has read it; nothing changed (declare its libvirt host UUID as `uuid = \"...\"` "
+                                  "in its [[hosts]] table — `vcsched status --json` shows it while the host "
+                                  "answers — or retry)")
             uuids[h.name] = answer
-            out[h.name] = identity(answer, self.cluster.connect_uri(h.name))
+            out[h.name] = identity(answer, uri)
         check_distinct(self.cluster, uuids)
+        remember(state_dir(), {self.cluster.connect_uri(n): u for n, u in uuids.items() if u is not None})
         return out
 
     def _vm_state(self, host: str, dom: Any) -> VmState:

@@ -346,6 +346,21 @@ def test_a_changing_command_cannot_name_the_lock_of_a_down_host_whose_uuid_is_no
     assert "maintenance = true" in cf.read_text()
 
 
+def test_a_down_host_whose_uuid_a_command_here_has_read_still_names_the_lock(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from hypervisor.identity import remember, remembered
+
+    monkeypatch.setenv("VCSCHED_STATE_DIR", str(tmp_path / "state"))
+    far = f"qemu+unix:///system?socket={tmp_path}/nope"
+    cf = tmp_path / "cluster.toml"
+    cf.write_text(f'name = "t"\n[[hosts]]\nname = "far"\nuri = "{far}"\n'
+                  '[[hosts]]\nname = "near"\nuri = "test:///default"\n')
+    remember(tmp_path / "state", {far: U0})  # as a command did while far answered
+    assert remembered(tmp_path / "state") == {far: U0}
+    result = run("uncordon", "near", "--cluster", cf)
+    assert result.exit_code == 0, result.output
+
+
 # ---------------------------------------------------------------------------------------------- down hosts
 
 

@@ -203,6 +203,8 @@ def test_one_host_listed_twice_under_other_spellings_is_refused_naming_both_and_
         pytest.skip("the spellings are of a unix socket")
     text = lab2.cluster_file.read_text()
     uuid0 = host_uuid(lab2.hosts[0].connect_uri)
+    shown = json.loads(run("status", "--cluster", lab2.cluster_file, "--sample", "0", "--json").stdout)
+    assert shown["hosts"][0]["uuid"] == uuid0  # what an operator writes into a hand-made cluster file
     before = held(lab2)
     for other in spellings(lab2):
         doc = tomllib.loads(text)
