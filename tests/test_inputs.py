@@ -372,7 +372,7 @@ def test_place_and_adapt_name_a_down_host_and_what_it_means(tmp_path: Path) -> N
     req = tmp_path / "web.toml"
     req.write_text('name = "web"\nvms = 1\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = 0.5\n')
     consequence = "its VMs were not counted and nothing was planned onto it or off it"
-    for args in (("place", req), ("adapt", "--budget", "0")):
+    for args in (("place", req), ("adapt", "--budget", "0"), ("drain", "near", "--budget", "0")):
         result = run(*args, "--cluster", cf, "--json")
         down = json.loads(result.stdout)["hosts_down"]
         assert [(d["host"], d["consequence"]) for d in down] == [("far", consequence)], result.output
