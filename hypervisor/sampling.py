@@ -87,10 +87,13 @@ class _Reading:
 class CpuSampler:
     """Sliding windows of CPU samples per managed VM (module docstring)."""
 
-    def __init__(self, window: float, clock: Clock | None = None, min_seconds: float = 0.0) -> None:
+    def __init__(self, window: float, clock: Clock | None = None, min_seconds: float = 0.0,
+                 every_vm: bool = False) -> None:
         self.window = window
         self.clock = clock or SystemClock()
         self.min_seconds = min_seconds  # shorter pairs make no sample (module docstring)
+        #: Sample unmanaged VMs too (`vcsched top` shows what every VM uses; the estimate covers managed ones).
+        self.every_vm = every_vm
         self._last: dict[str, _Reading] = {}
         self.windows: dict[str, deque[Sample]] = {}
         self.errors: list[str] = []  # VMs that could not be read in the last round, with the reason
@@ -103,7 +106,9 @@ class CpuSampler:
         wall = self.clock.time()
         seen = set()
         self.errors = []
-        for v in inventory.up().managed():
+        up = inventory.up()
+        vms = [v for v in up.vms if v.active and not v.in_doubt] if self.every_vm else up.managed()
+        for v in vms:
             seen.add(v.name)
             try:
                 ns = hv.cpu_time_ns(v.host, v.name)
