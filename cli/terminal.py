@@ -45,6 +45,23 @@ def read_key(fd: int, timeout: float) -> str | None:
     return data.decode("utf-8", "replace")
 
 
+def keys_in(data: str) -> list[str]:
+    """The keys in what one read returned (several when typed fast, or sent together by tmux), each escape
+    sequence (an arrow, a function key: ESC [ ... letter) as one key."""
+    keys, i = [], 0
+    while i < len(data):
+        if data[i] == "\x1b" and i + 1 < len(data) and data[i + 1] in "[O":
+            j = i + 2
+            while j < len(data) and not data[j].isalpha() and data[j] != "~":
+                j += 1
+            keys.append(data[i:j + 1])
+            i = j + 1
+        else:
+            keys.append(data[i])
+            i += 1
+    return keys
+
+
 @contextlib.contextmanager
 def signals_exit() -> Iterator[None]:
     """SIGTERM and SIGHUP raise ``SystemExit(128 + signal)`` in the main thread during the block."""

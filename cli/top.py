@@ -12,6 +12,7 @@ long the reading has taken.  The screen itself is :mod:`cli.top_view`.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -140,7 +141,7 @@ def _screen(refresher: Refresher, sort: Sort, interval: float, events: str | Non
 def _interactive(refresher: Refresher, sort: Sort, interval: float, events: str | None) -> int:
     from rich.live import Live
 
-    from cli.terminal import cbreak, read_key, signals_exit
+    from cli.terminal import cbreak, keys_in, read_key, signals_exit
 
     fd = sys.stdin.fileno() if sys.stdin.isatty() else None
     with signals_exit(), (cbreak(fd) if fd is not None else contextlib.nullcontext()), \
@@ -155,13 +156,16 @@ def _interactive(refresher: Refresher, sort: Sort, interval: float, events: str 
                 else:  # no keyboard (stdin is not a terminal): until Ctrl-C or SIGTERM
                     time.sleep(0.2)
                     key = None
-                if key is not None:
-                    new = on_key(sort, key)
+                for k in keys_in(key or ""):
+                    new = on_key(sort, k)
                     if new is None:
                         return EXIT_OK
                     sort = new
                 if key is not None or refresher.changed.is_set() or time.monotonic() - drawn >= 1.0:
                     refresher.changed.clear()
+                    # The terminal's own size, read at every redraw (it may have been resized); rich would
+                    # prefer $COLUMNS/$LINES, which describe some other terminal when inherited.
+                    console.size = os.get_terminal_size(console.file.fileno())
                     live.update(_screen(refresher, sort, interval, events, console.width, console.height),
                                 refresh=True)
                     drawn = time.monotonic()

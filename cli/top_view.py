@@ -163,7 +163,7 @@ VM_COLUMNS: tuple[Column, ...] = (
     Column("FLOOR", 6, True, lambda v: "-" if v.floor is None else f"{v.floor:g}"),
     Column("VCPUS", 7, True, lambda v: str(v.vcpus)),
     Column("BASIS", 8, False, lambda v: v.basis or "-", lambda _v: "dim"),
-    Column("STATE", 2, False, vm_marks, lambda v: "red" if v.in_doubt else "yellow"),
+    Column("STATE", 0, False, vm_marks, lambda v: "red" if v.in_doubt else "yellow"),
 )
 
 
@@ -280,7 +280,8 @@ def summary(view: TopView) -> list[Segment]:
         worst = min(view.virtual_clusters, key=lambda vc: vc[1])[0]
         parts.append((f"min yield {view.min_yield:.3f} ({worst})", "bold red" if view.below_floor else "bold"))
         parts.append((f"mean yield {view.mean_yield:.3f}", ""))
-        parts.append((f"{len(view.virtual_clusters)} virtual clusters", ""))
+        n = len(view.virtual_clusters)
+        parts.append((f"{n} virtual cluster{'s' if n > 1 else ''}", ""))
     else:
         parts.append(("no virtual cluster runs", "dim"))
     if view.below_floor:
