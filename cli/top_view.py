@@ -288,7 +288,8 @@ def summary(view: TopView) -> list[Segment]:
         parts.append((f"below floor: {', '.join(view.below_floor)}", "bold red"))
     down = sum(1 for h in view.hosts if h.down is not None)
     parts.append((f"{len(view.hosts)} hosts" + (f", {down} down" if down else ""), "red" if down else ""))
-    parts.append((f"{sum(1 for v in view.vms if v.active)} VMs", ""))
+    running = sum(1 for v in view.vms if v.active)
+    parts.append((f"{running} VM{'' if running == 1 else 's'}", ""))
     return parts
 
 
@@ -331,8 +332,9 @@ def frame(view: TopView, sort: Sort, width: int, height: int | None, refresh: Re
     head += table(HOST_COLUMNS, view.hosts, width)
     for h in view.hosts:
         for why in (h.down, h.failed):
-            if why:
-                head.append(((cut(f"  {h.name}: {why}", width), "red"),))
+            if why:  # libvirt's reasons name the host already ("host h1: did not answer ...")
+                text = why if why.startswith(f"host {h.name}:") else f"host {h.name}: {why}"
+                head.append(((cut(f"  {text}", width), "red"),))
     for d in view.in_doubt:
         where = ", ".join(f"{h} ({st})" for h, st in zip(d.hosts, d.states, strict=True))
         text = f"IN DOUBT: {d.vm} is active on {where}" + (f"; {d.resolved}" if d.resolved else
