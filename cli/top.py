@@ -12,6 +12,7 @@ long the reading has taken.  The screen itself is :mod:`cli.top_view`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
@@ -29,6 +30,7 @@ from cli.top_view import Line, Refresh, Sort, frame, on_key
 from hypervisor.base import Hypervisor
 from hypervisor.events import EventTail
 from hypervisor.sampling import CpuSampler
+from vcsched.control.inventory import HostState, Inventory
 from vcsched.control.observe import estimate_all
 from vcsched.control.sharing import Sharing
 from vcsched.control.status import virtual_clusters
@@ -39,19 +41,71 @@ from vcsched.formats.cluster import Cluster
 
 class Reader:
     """One reading per call (module docstring), remembering what the next one builds on: the CPU-time readings
-    and samples of the window, the last estimates (the estimator's dead band), since when each host is down."""
+    and samples of the window, the last estimates (the estimator's dead band), since when each host is down.
+
+    **A host that hangs** costs one reading ``host_timeout`` (nothing tells it apart from a slow one before
+    then).  After that it is *suspect*: readings leave it out, so the others keep refreshing every interval,
+    and it is shown down with its reason while a second connection asks it again in the background, one try
+    at a time; once it answers, the next reading takes it back.
+    """
 
     def __init__(self, cluster: Cluster, hv: Hypervisor, sharing: Sharing, interval: float, window: float,
-                 events: Path | None) -> None:
+                 events: Path | None, prober: Hypervisor | None = None) -> None:
         self.cluster, self.hv, self.sharing = cluster, hv, sharing
         # A sample needs at least half an interval, as the controller's (hypervisor/sampling.py says why).
         self.sampler = CpuSampler(window + interval, min_seconds=interval / 2, every_vm=True)
         self.previous: dict[str, float] = {}
         self.down_since: dict[str, float] = {}
         self.tail = EventTail(events) if events is not None else None
+        self.prober = prober
+        self.suspect: dict[str, HostState] = {}  # host -> its down row, while it is retried in the background
+        self._probing: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _hosts(self) -> Inventory:
+        with self._lock:
+            suspect = dict(self.suspect) if self.prober is not None else {}
+        asked = [h.name for h in self.cluster.hosts if h.name not in suspect] or None  # all suspect: ask all
+        inventory = self.sampler.sample(self.hv, hosts=asked)
+        if self.prober is not None:
+            with self._lock:
+                self.suspect.update({h.name: h for h in inventory.down_hosts()})
+            self._retry()
+        if not suspect:
+            return inventory
+        read = {h.name: h for h in inventory.hosts}
+        return dataclasses.replace(inventory, hosts=tuple(read.get(h.name) or suspect[h.name]
+                                                          for h in self.cluster.hosts))
+
+    def _retry(self) -> None:
+        """Ask the suspect hosts again in the background (one try at a time); those that answer come back."""
+        if self.prober is None or not self.suspect or self.retrying():
+            return
+        prober = self.prober
+
+        def retry() -> None:
+            with self._lock:
+                names = list(self.suspect)
+            try:
+                got = prober.inventory(names)
+            except Exception:  # tried again after the next reading
+                return
+            with self._lock:
+                for h in got.hosts:
+                    if h.down is None:
+                        self.suspect.pop(h.name, None)
+                    elif h.name in self.suspect:
+                        self.suspect[h.name] = h
+
+        self._probing = threading.Thread(target=retry, name="top-retry", daemon=True)
+        self._probing.start()
+
+    def retrying(self) -> bool:
+        """A background try is still waiting on a host."""
+        return self._probing is not None and self._probing.is_alive()
 
     def read(self) -> TopView:
-        inventory = self.sampler.sample(self.hv)
+        inventory = self._hosts()
         now = time.time()
         for h in inventory.hosts:
             if h.down is None:
@@ -236,15 +290,19 @@ def top_cmd(cluster_file: str | None, interval: float, window: float, events_fil
                               Refresh(time.time(), interval, events_file=events_file), time.time())):
             console.print(t)
         return EXIT_UNSATISFIED if all(h.down is not None for h in view.hosts) else EXIT_OK
+    # Interactive: a second connection retries hung hosts in the background (Reader's docstring).
+    prober = LibvirtHypervisor(cluster, settle=False)
+    reader.prober = prober
     refresher = Refresher(reader, interval)
     try:
         return _interactive(refresher, sort, interval, events_file)
     finally:
         refresher.stop.set()
         refresher.join(timeout=0.5)
-        if refresher.is_alive():  # blocked on a host that does not answer: the CLI exits past it
+        if refresher.is_alive() or reader.retrying():  # blocked on a host that does not answer: exit past it
             from hypervisor.connections import note_abandoned
 
             note_abandoned()
         else:
             hv.close()
+            prober.close()

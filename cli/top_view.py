@@ -30,6 +30,7 @@ Segment = tuple[str, str]
 Line = tuple[Segment, ...]
 
 GAP = 2  # spaces between columns
+MIN_EVENTS, MAX_EVENTS = 3, 20  # the controller's last events shown: at least (when there are), at most
 
 
 @dataclass(frozen=True)
@@ -342,8 +343,9 @@ def frame(view: TopView, sort: Sort, width: int, height: int | None, refresh: Re
         head.append(((cut(text, width), "bold red"),))
     head.append(())
 
-    tail: list[Line] = []
     ctl = view.controller
+    recent = list(ctl.recent) if ctl is not None else []
+    tail: list[Line] = []
     if refresh.events_file is not None:
         tail.append(())
         if ctl is None or ctl.last_event_at is None:
@@ -355,22 +357,25 @@ def frame(view: TopView, sort: Sort, width: int, height: int | None, refresh: Re
             if ctl.decision is not None:
                 said.append((f"last decision: {ctl.decision.get('kind')}", ""))
             tail.append(joined(said, width))
-            shown = 8 if height is None else max(0, min(8, (height - len(head) - 6) // 3))
-            for e in list(ctl.recent)[-shown:] if shown else []:
-                tail.append(((clock(float(e.get("time", 0))) + " ", "dim"), (cut(event_text(e), width - 9),
-                                                                            _event_style(e))))
-    tail.append(footer(sort, width))
+    footer_line = footer(sort, width)
 
+    # The VMs first (at least MIN_EVENTS events stay in view), then the controller's events fill the rest.
     vms = sort_vms(view.vms, sort)
-    room = None if height is None else max(0, height - len(head) - len(tail) - 1)  # -1: the VM table's header
+    events_min = min(len(recent), MIN_EVENTS)
+    room = None if height is None else max(0, height - len(head) - len(tail) - events_min - 2)  # VM header, footer
     shown_vms = vms if room is None or len(vms) <= room else vms[:max(room - 1, 0)]
     body = table(VM_COLUMNS, shown_vms, width) if view.vms else [(("no VMs", "dim"),)]
     if len(shown_vms) < len(vms):
         body.append(((f"… {len(vms) - len(shown_vms)} more VMs (a taller terminal shows them)", "dim"),))
+    if tail and recent:
+        free = MAX_EVENTS if height is None else height - len(head) - len(body) - len(tail) - 1
+        for e in recent[-max(0, min(free, MAX_EVENTS)):] if free > 0 else []:
+            tail.append(((clock(float(e.get("time", 0))) + " ", "dim"), (cut(event_text(e), width - 9),
+                                                                        _event_style(e))))
     lines = head + body
     if height is not None:
-        lines += [()] * max(0, height - len(lines) - len(tail))
-    return lines + tail
+        lines += [()] * max(0, height - len(lines) - len(tail) - 1)
+    return [*lines, *tail, footer_line]
 
 
 def plain(lines: Sequence[Line]) -> str:

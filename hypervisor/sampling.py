@@ -98,11 +98,13 @@ class CpuSampler:
         self.windows: dict[str, deque[Sample]] = {}
         self.errors: list[str] = []  # VMs that could not be read in the last round, with the reason
 
-    def sample(self, hv: Hypervisor, probe: Collection[str] = (), min_seconds: float | None = None) -> Inventory:
+    def sample(self, hv: Hypervisor, probe: Collection[str] = (), min_seconds: float | None = None,
+               hosts: Collection[str] | None = None) -> Inventory:
         """One round; returns the inventory it read.  ``probe``: VMs whose caps a probe has raised;
-        ``min_seconds``: this round's shortest sample (default: the sampler's)."""
+        ``min_seconds``: this round's shortest sample (default: the sampler's); ``hosts``: read only these
+        (default: all; VMs of the others leave the windows, as VMs of a down host do)."""
         shortest = self.min_seconds if min_seconds is None else min_seconds
-        inventory = hv.inventory()
+        inventory = hv.inventory(hosts)
         wall = self.clock.time()
         seen = set()
         self.errors = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -340,3 +341,59 @@ def test_keys_typed_together_are_read_one_by_one_and_an_arrow_as_one() -> None:
 
     assert keys_in("hr") == ["h", "r"]
     assert keys_in("\x1b[Ay\x1b[15~q") == ["\x1b[A", "y", "\x1b[15~", "q"]
+
+
+def test_the_controllers_events_keep_three_lines_among_many_vms_and_fill_the_room_left() -> None:
+    log = [ev("leader", 0)] + [ev("decision", i, kind="re-cap", reason=f"r{i}") for i in range(1, 40)]
+    crowded = dataclasses.replace(view_of(), vms=tuple(rows(80)), controller=controller_state(log))
+    stamp = re.compile(r"^\d\d:\d\d:\d\d decision")
+    lines = plain(frame(crowded, Sort(), 100, 30, Refresh(T0, 2.0, events_file="run.jsonl"), T0)).splitlines()
+    assert len(lines) == 30 and sum(1 for line in lines if stamp.match(line)) == 3
+    assert lines[-2].endswith("decision re-cap: r39")  # the latest, just above the footer
+    roomy = dataclasses.replace(crowded, vms=tuple(rows(2)))
+    lines = plain(frame(roomy, Sort(), 100, 50, Refresh(T0, 2.0, events_file="run.jsonl"), T0)).splitlines()
+    assert len(lines) == 50 and sum(1 for line in lines if stamp.match(line)) == 20
+
+
+class Asked:
+    """A hypervisor that records which hosts each inventory asked for."""
+
+    def __init__(self, hv: Any) -> None:
+        self.hv = hv
+        self.asked: list[list[str] | None] = []
+
+    def inventory(self, hosts: Any = None) -> Inventory:
+        self.asked.append(None if hosts is None else sorted(hosts))
+        got: Inventory = self.hv.inventory(hosts)
+        return got
+
+    def cpu_time_ns(self, host: str, vm: str) -> int | None:
+        return None
+
+
+def test_a_down_host_is_retried_in_the_background_and_the_others_keep_refreshing() -> None:
+    from cli.top import Reader
+    from tests.builders import cluster_of
+    from vcsched.control.sharing import sharing_for
+
+    inv = inventory_of([managed("a-0", "h0", "a", 0.5, 0.5), managed("b-0", "h1", "b", 0.5, 0.5)])
+    mem = memory_hypervisor(inv)
+    hv, prober = Asked(mem), Asked(mem)
+    cluster = cluster_of(2)
+    reader = Reader(cluster, hv, sharing_for(cluster), 1.0, 30.0, None, prober=prober)
+    assert [h.down for h in reader.read().hosts] == [None, None] and hv.asked == [["h0", "h1"]]
+    mem.down["h1"] = "host h1: did not answer within 2 s (host_timeout)"
+    view = reader.read()  # found down: from now on the readings leave it out, a retry asks it alone
+    assert view.hosts[1].down is not None and [v.name for v in view.vms] == ["a-0"]
+    view = reader.read()
+    assert hv.asked[-1] == ["h0"] and view.hosts[1].down is not None and view.hosts[1].name == "h1"
+    assert reader._probing is not None
+    reader._probing.join(5)
+    assert prober.asked and all(a == ["h1"] for a in prober.asked)
+    del mem.down["h1"]
+    reader.read()  # starts a retry, which finds h1 back
+    assert reader._probing is not None
+    reader._probing.join(5)
+    view = reader.read()
+    assert hv.asked[-1] == ["h0", "h1"] and [h.down for h in view.hosts] == [None, None]
+    assert {v.name for v in view.vms} == {"a-0", "b-0"}
