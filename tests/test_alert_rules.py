@@ -4,13 +4,10 @@ that a running `vcsched run` exports; each with a summary and a runbook section 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -18,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_run_cli import cluster_file
+from tests.test_run_cli import running_controller
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "vcsched.rules.yml"
@@ -107,30 +104,14 @@ def test_the_unit_in_the_docs_is_the_shipped_one() -> None:
 def scrape_running_controller(tmp_path: Path) -> str:
     """/metrics of a real `vcsched run --dry-run` leading a one-host cluster (libvirt's test driver), after two
     intervals of work."""
-    log = tmp_path / "run.jsonl"
-    env = {**os.environ, "VCSCHED_STATE_DIR": str(tmp_path / "state")}
-    p = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--cluster", str(cluster_file(tmp_path)),
-                          "--budget-per-interval", "0", "--interval", "0.5s", "--dry-run", "--log", str(log),
-                          "--metrics-port", "0"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            text = log.read_text() if log.exists() else ""
-            if text.count('"event":"interval"') >= 2:
-                break
-            assert p.poll() is None, p.communicate()
-            time.sleep(0.1)
-        start = json.loads(text.splitlines()[0])
+    with running_controller(tmp_path) as (p, log):
+        start = json.loads(log.read_text().splitlines()[0])
         assert start["event"] == "start"
         url = f"http://127.0.0.1:{start['metrics']['port']}/metrics"
         body = urllib.request.urlopen(url, timeout=10).read().decode()
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 0, p.communicate()
-        return str(body)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    return str(body)
 
 
 def test_every_metric_a_rule_uses_is_one_vcsched_run_exports(tmp_path: Path) -> None:

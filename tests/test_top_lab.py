@@ -2,7 +2,7 @@
 use, follows `vcsched adapt --apply` within two refreshes, and keeps refreshing with a host's libvirtd stopped.
 
 Two managed guests needing 0.6 cores each run on h0 (1 core), capped at 0.5
-(as in tests/test_adapt_lab.py); `top --interval 1` watches.  `adapt --apply`
+(tests/test_adapt_lab.py's fixture); `top --interval 1` watches.  `adapt --apply`
 moves one to h1 and raises both caps to 0.6: the screen must show it within
 two refreshes of adapt's end.  Then h1's libvirtd is stopped (SIGSTOP; SIGCONT
 in a finally): h1 must show DOWN within the cluster's host_timeout (2 s here)
@@ -18,9 +18,6 @@ import re
 import signal
 import sys
 import time
-import tomllib
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,35 +27,15 @@ from cli.main import cli
 from hypervisor.lab import Lab
 from hypervisor.lab.daemons import daemon_pid
 from hypervisor.lab.state import LabLayout
-from hypervisor.libvirt_backend import LibvirtHypervisor
-from tests.lab_support import destroy_everywhere
+from tests import test_adapt_lab
 from tests.tmux_support import Pane, restored
-from vcsched.formats.cluster import cluster_from_dict
-from vcsched.plans.steps import Boot, CreateStep
 
 pytestmark = pytest.mark.lab
 
-MIB = 1 << 20
 INTERVAL = 1.0
+#: Two managed guests needing 0.6 cores each on h0, capped at 0.5: test_adapt_lab's fixture, under this name here.
+guests_on_h0 = test_adapt_lab.two_on_h0
 HOST_TIMEOUT = 2
-
-
-@pytest.fixture
-def two_on_h0(lab2: Lab) -> Iterator[tuple[str, str]]:
-    cluster = cluster_from_dict(tomllib.loads(lab2.cluster_file.read_text()))
-    g = cluster.guest
-    assert g is not None
-    boot = Boot("kernel", kernel=g.kernel, initrd=g.initrd, cmdline=g.cmdline, domain_type=g.domain_type)
-    tag = uuid.uuid4().hex[:6]
-    names = (f"tp{tag}-0", f"tp{tag}-1")
-    try:
-        with LibvirtHypervisor(cluster) as hv:
-            for n in names:
-                hv.create_vm(CreateStep(n, "h0", f"tp{tag}", 1, 128 * MIB, 0.6, 0.5, boot))
-        yield names
-    finally:
-        for n in names:
-            destroy_everywhere(lab2, n)
 
 
 def quick_cluster_file(lab: Lab, tmp: Path) -> Path:
@@ -91,7 +68,8 @@ def vm_cells(screen: str, vms: tuple[str, ...]) -> dict[str, tuple[str, float, f
 
 
 def test_top_shows_the_lab_follows_adapt_and_keeps_refreshing_with_a_host_stopped(
-        lab2: Lab, two_on_h0: tuple[str, str], tmp_path: Path) -> None:
+        lab2: Lab, guests_on_h0: tuple[str, str], tmp_path: Path) -> None:
+    two_on_h0 = guests_on_h0
     p = quick_cluster_file(lab2, tmp_path)
     pane = Pane([sys.executable, "-m", "cli.main", "top", "--cluster", str(p), "--interval", f"{INTERVAL:g}"],
                 width=150, height=40, env={"VCSCHED_STATE_DIR": os.environ["VCSCHED_STATE_DIR"]})
