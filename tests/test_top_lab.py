@@ -85,7 +85,10 @@ def test_top_shows_the_lab_follows_adapt_and_keeps_refreshing_with_a_host_stoppe
             assert used is not None and used <= cap + 0.05  # never above its cap (+ the emulator thread)
 
         # adapt --apply moves one guest to h1 and raises both caps to 0.6: on the screen within two refreshes.
-        done = CliRunner().invoke(cli, ["adapt", "--cluster", str(p), "--budget", "128MiB", "--apply", "--json"])
+        # (with the lab's own host_timeout: 2 s is for top; a migration's checks over TLS on a loaded machine
+        # can take longer, and a keepalive that short closed the connection mid-move)
+        done = CliRunner().invoke(cli, ["adapt", "--cluster", str(lab2.cluster_file), "--budget", "128MiB",
+                                        "--apply", "--json"])
         applied = time.monotonic()
         assert done.exit_code == 0, done.output
         moved = next(s["vm"] for s in json.loads(done.stdout)["plan"]["steps"] if s["op"] == "migrate")
