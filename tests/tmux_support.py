@@ -40,6 +40,7 @@ class Pane:
         script = (f"cd {shlex.quote(str(cwd))}; unset COLUMNS LINES; {'export ' + exports + '; ' if exports else ''}"
                   f"{shlex.join(command)}; echo EXIT=$?; stty -a; sleep 600")
         self._run("new-session", "-d", "-x", str(width), "-y", str(height), "bash", "--norc", "-c", script)
+        self.socket_path = Path(self._run("display-message", "-p", "#{socket_path}").strip())
 
     def _run(self, *args: str) -> str:
         r = subprocess.run([self.tmux, "-L", self.socket, *args], capture_output=True, text=True, timeout=30)
@@ -85,6 +86,7 @@ class Pane:
 
     def close(self) -> None:
         subprocess.run([self.tmux, "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+        self.socket_path.unlink(missing_ok=True)  # the server leaves its socket file behind
 
 
 def restored(stty: str) -> bool:
