@@ -46,6 +46,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "Measure every managed VM's CPU use over a window and estimate what it needs."),
     "run": ("cli.run:run_cmd",
             "Run the controller: measure needs, follow them with caps, re-balance within a byte budget per interval."),
+    "top": ("cli.top:top_cmd",
+            "Watch the cluster live: hosts, VMs, caps, use, needs and yields, refreshed every --interval."),
 }
 
 for _name, (_where, _summary) in COMMANDS.items():

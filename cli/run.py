@@ -115,7 +115,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     url = resolve_url(coordination, cluster.coordination)
     ttl = lock_ttl or cluster.lock_ttl or DEFAULT_TTL
     member = member_id()
-    metrics = ControllerMetrics(cluster.name)
+    metrics = ControllerMetrics(cluster.name, cluster.min_yield)
     server = MetricsServer(metrics, metrics_port, metrics_addr) if metrics_port is not None else None
     try:
         stream = open_log(log_file)

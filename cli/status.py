@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 from rich.table import Table
@@ -13,66 +13,9 @@ from cli.common import cluster_option, load_cluster, policy_options
 from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.inventory import Inventory, VmState
+from vcsched.control.status import below_floor, host_load, predicted_yield, virtual_clusters
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
-
-if TYPE_CHECKING:
-    from vcsched.control.sharing import Sharing
-
-
-def predicted_yield(vm: VmState) -> float | None:
-    """The yield a managed VM's cap gives it (section 2.3: y = a / alpha, both in cores here)."""
-    if vm.meta is None or not vm.active:
-        return None
-    if vm.cap_cores is None:
-        return 1.0  # uncapped: nothing holds it below its need
-    return min(1.0, vm.cap_cores / vm.meta.cpu_need_cores)
-
-
-def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing) -> list[dict[str, Any]]:
-    """Each running virtual cluster's yield (its VMs' lowest cap / need), weight, tenant and dominant share.
-
-    The dominant share is the yield times the job's share per unit of yield
-    (docs/policies.md §2): on cluster totals, its dominant resource; under
-    ``drf-pools``, on its most loaded (host, resource) pair.
-    """
-    import numpy as np
-
-    from vcsched.control.admission import existing_jobs, model_hosts
-    from vcsched.control.sharing import check_vms, host_capacities, needed_resources, references
-    from vcsched.model import Instance
-    from vcsched.policies.constraints import capacities
-    from vcsched.policies.shares import dominant_shares, pool_shares
-
-    up = inv.up()
-    managed = up.managed()
-    if not managed:
-        return []
-    check_vms(cluster, managed)
-    refs = references(cluster, up, needed_resources(v.meta for v in managed if v.meta is not None))
-    existing = existing_jobs(up, managed, refs=refs)
-    instance = Instance(model_hosts(up, host_capacities(cluster, up, refs)), existing.jobs)
-    if sharing.policy == "drf-pools":
-        caps = capacities(instance, np.asarray(existing.hosts, dtype=np.int64))
-        per_unit, where = pool_shares(caps, instance.n_jobs)
-        pools = [caps.pair_name(instance, int(p)) if p >= 0 else "-" for p in where]
-    else:
-        per_unit, where = dominant_shares(instance)
-        pools = [instance.resources[int(r)] for r in where]
-    of_job: list[list[VmState]] = [[] for _ in instance.jobs]
-    for t, v in enumerate(existing.vms):
-        of_job[int(instance.task_job[t])].append(v)
-    out = []
-    for j, job in enumerate(instance.jobs):
-        vms = of_job[j]
-        y = min(predicted_yield(v) or 0.0 for v in vms)
-        meta = vms[0].meta
-        assert meta is not None
-        share = float(y * per_unit[j]) if np.isfinite(per_unit[j]) else 0.0
-        out.append({"name": job.name, "vms": len(vms), "weight": job.weight, "tenant": job.tenant,
-                    "yield": y, "dominant_share": share, "dominant_pool": pools[j], "min_yield": meta.min_yield,
-                    **{k: v for k, v in (("disk_bps", meta.disk_bps), ("net_bps", meta.net_bps)) if v is not None}})
-    return out
 
 
 def _sum(values: list[float | None]) -> float | None:
@@ -99,15 +42,16 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
     for h in inv.hosts:
         on = inv.vms_on(h.name)
         capped = [v for v in on if v.managed and v.active]
+        load = host_load(inv, h.name, measured)
         conf = cluster.host(h.name) if cluster is not None and h.name in names else None
         hosts.append({
             "name": h.name, "down": h.down, "uuid": h.uuid,
             "uri": conf.uri if conf else None, "address": conf.migration_address if conf else None,
             "storage": conf.storage_name if conf else None,
             "cores": h.cores, "memory_bytes": h.memory_bytes, "memory_reserved": h.memory_reserved,
-            "memory_used_bytes": sum(v.memory_bytes for v in on if v.active),
-            "caps_cores": sum(v.cap_cores or 0.0 for v in capped),
-            "measured_cores": sum(measured.get(v.name) or 0.0 for v in on),
+            "memory_used_bytes": load.memory_used_bytes,
+            "caps_cores": load.caps_cores,
+            "measured_cores": load.measured_cores if load.measured_cores is not None else 0.0,
             "disk_bps": h.disk_bps, "net_bps": h.net_bps,
             "disk_caps_bps": sum(v.io_caps.disk_bytes_sec or 0 for v in capped),
             "net_caps_bps": sum(v.io_caps.net_bytes_sec or 0 for v in capped),
@@ -210,7 +154,7 @@ def render_status(doc: dict[str, Any]) -> None:
         cluster = v["cluster"] or "[dim]unmanaged[/]"
         state = "" if v["active"] else " [dim](off)[/]"
         y, floor = v["predicted_yield"], v["min_yield"]
-        shown = _num(y) if y is None or floor is None or y >= floor - 1e-9 else f"[red]{y:.3f}[/]"
+        shown = f"[red]{y:.3f}[/]" if below_floor(y, floor) else _num(y)
         row = [v["host"], v["name"] + state, cluster, str(v["vcpus"]), format_size(v["memory_bytes"]),
                _num(v["cpu_need_cores"]), _num(v["cap_cores"]), _num(v["measured_cores"]), shown,
                _num(floor, "{:g}"), " ".join(v.get("rules", [])) or "-"]
@@ -245,7 +189,7 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col in ("virtual cluster", "tenant", pools) else "right")
     for vc in vcs:
         y, floor = vc["yield"], vc["min_yield"]
-        shown = f"{y:.3f}" if floor is None or y >= floor - 1e-9 else f"[red]{y:.3f}[/]"
+        shown = f"[red]{y:.3f}[/]" if below_floor(y, floor) else f"{y:.3f}"
         table.add_row(vc["name"], str(vc["vms"]), f"{vc['weight']:g}", vc["tenant"] or "-", shown,
                       f"{vc['dominant_share']:.4f}", vc["dominant_pool"], _num(floor, "{:g}"))
     console.print(table)

@@ -54,7 +54,7 @@ from hypervisor.base import Hypervisor
 from hypervisor.events import EventLog
 from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
 from hypervisor.lock import LockBusy
-from hypervisor.metrics import ControllerMetrics, VmMetrics
+from hypervisor.metrics import ControllerMetrics, HostMetrics, VmMetrics
 from hypervisor.sampling import Clock, CpuSampler, SystemClock
 from vcsched.control.inventory import Inventory
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
@@ -161,6 +161,7 @@ class Controller:
         self.estimates: dict[str, Estimate] = {}
         self.planned: dict[str, float] = {}
         self.down: dict[str, str] = {}
+        self.down_intervals: dict[str, int] = {}  # host -> intervals in a row it was found down (the metric)
 
     @property
     def leader(self) -> bool:
@@ -205,6 +206,7 @@ class Controller:
     def _step_down(self, reason: str) -> None:
         lock, self._lead.lock = self._lead.lock, None
         self.metrics.set_vms(())
+        self.metrics.set_hosts((), None)  # a standby reads no host: the leader's series are the ones to alert on
         self._log_state("standby", reason=reason)  # first: releasing may wait on a coordination service that hangs
         if lock is not None:
             with contextlib.suppress(Exception):
@@ -315,6 +317,7 @@ class Controller:
             self.events.emit("interval", seconds=round(took, 6), tick=self.ticks)
 
     def _hosts(self, inventory: Inventory) -> None:
+        """Once per interval: log hosts that went down or came back, and count the intervals each stays down."""
         for h in inventory.hosts:
             if h.down is not None and h.name not in self.down:
                 self.down[h.name] = h.down
@@ -322,6 +325,7 @@ class Controller:
             elif h.down is None and h.name in self.down:
                 del self.down[h.name]
                 self.events.emit("host-up", host=h.name)
+            self.down_intervals[h.name] = self.down_intervals.get(h.name, 0) + 1 if h.down is not None else 0
 
     def _estimate(self, inventory: Inventory) -> dict[str, Estimate]:
         self.estimates = estimate_all(inventory, self.sampler.samples(), self.planned, self.options.params)
@@ -371,6 +375,7 @@ class Controller:
         start = self.clock.monotonic()
 
         def on_step(r: StepResult) -> None:
+            self.metrics.add_step(r.step.op, r.outcome)
             self.events.emit("step", kind=kind, outcome=r.outcome, seconds=r.seconds, detail=r.detail,
                              **r.step.to_dict())
 
@@ -435,5 +440,8 @@ class Controller:
             rows.append(VmMetrics(v.name, v.host, v.meta.cluster, v.meta.cpu_need_cores, est,
                                   e.confidence if e is not None else 0.0, v.cap_cores,
                                   last[-1].used_cores if last else None,
-                                  min(1.0, v.cap_or_vcpus / est) if est > 0 else 1.0))
+                                  min(1.0, v.cap_or_vcpus / est) if est > 0 else 1.0, v.meta.min_yield))
         self.metrics.set_vms(tuple(rows))
+        self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0))
+                                     for h in inventory.hosts),
+                               sum(1 for d in inventory.in_doubt if d.resolved is None))

@@ -14,14 +14,25 @@ metric                                      meaning
 ``vcsched_vm_cap_cores``                    the VM's cap (absent when uncapped)
 ``vcsched_vm_used_cores``                   cores used over the latest sample
 ``vcsched_vm_yield``                        cap over estimated need, at most 1
+``vcsched_vm_min_yield``                    the floor its virtual cluster was admitted with (if any)
 ``vcsched_cluster_min_yield``, ``_avg_``    over the managed VMs
+``vcsched_cluster_min_yield_floor``         the cluster file's ``min_yield`` (0 when it has none)
+``vcsched_host_up``                         1 while the host answers, 0 while it is down
+``vcsched_host_down_intervals``             intervals in a row the host has been down (0 when up)
+``vcsched_vms_in_doubt``                    VMs found running on two hosts at once, not yet resolved
 ``vcsched_migrated_bytes_total``            bytes of the migrations applied since start
 ``vcsched_plans_applied_total{outcome}``    plans applied: ``ok`` or ``failed`` (stopped early)
+``vcsched_steps_total{op,outcome}``         plan steps carried out, by kind and outcome
 ``vcsched_interval_duration_seconds``       wall time of the last interval's work
 ==========================================  =====================================================
 
-Per-VM metrics carry ``vm``, ``host`` and ``vc`` labels; every metric a
-``cluster`` label.
+Per-VM metrics carry ``vm``, ``host`` and ``vc`` labels, per-host ones a
+``host`` label; every metric a ``cluster`` label.  Only the leader reads the
+hosts: a standby exports ``vcsched_leader`` 0 and no VM, host or in-doubt
+series, so alerts on those follow whichever controller leads.
+
+The alert rules shipped in ``deploy/vcsched.rules.yml`` use these names (a
+test scrapes a running ``vcsched run`` and checks every name they use).
 """
 
 from __future__ import annotations
@@ -32,6 +43,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vcsched.errors import InputError
+
+#: The steps' kinds and the outcomes counted in ``vcsched_steps_total``: every pair is exported from the start
+#: (at 0), so that ``increase()`` over a range sees the first failure (a series born at 1 shows no increase).
+STEP_OPS = ("create", "set-cap", "set-need", "migrate", "remove")
+STEP_OUTCOMES = ("done", "failed")
+
+
+@dataclass(frozen=True)
+class HostMetrics:
+    host: str
+    up: bool
+    down_intervals: int = 0
 
 
 @dataclass(frozen=True)
@@ -45,19 +68,34 @@ class VmMetrics:
     cap: float | None
     used: float | None
     yield_: float
+    floor: float | None = None  # the min_yield recorded in its metadata
 
 
 @dataclass
 class ControllerMetrics:
     cluster: str
+    min_yield_floor: float = 0.0  # the cluster file's min_yield
     leader: bool = False
     vms: tuple[VmMetrics, ...] = ()
+    hosts: tuple[HostMetrics, ...] = ()
+    in_doubt: int | None = None  # None: not read (a standby)
     min_yield: float | None = None
     avg_yield: float | None = None
     migrated_bytes: int = 0
     plans: dict[str, int] = field(default_factory=lambda: {"ok": 0, "failed": 0})
+    steps: dict[tuple[str, str], int] = field(
+        default_factory=lambda: {(op, outcome): 0 for op in STEP_OPS for outcome in STEP_OUTCOMES})
     interval_seconds: float | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def set_hosts(self, hosts: tuple[HostMetrics, ...], in_doubt: int | None) -> None:
+        with self.lock:
+            self.hosts = hosts
+            self.in_doubt = in_doubt
+
+    def add_step(self, op: str, outcome: str) -> None:
+        with self.lock:
+            self.steps[op, outcome] = self.steps.get((op, outcome), 0) + 1
 
     def set_vms(self, vms: tuple[VmMetrics, ...]) -> None:
         with self.lock:
@@ -97,6 +135,8 @@ class _Collector:
                 ("vcsched_vm_cap_cores", "the VM's CPU cap (cores)", lambda v: v.cap),
                 ("vcsched_vm_used_cores", "cores the VM used over the latest sample", lambda v: v.used),
                 ("vcsched_vm_yield", "cap over estimated need, at most 1", lambda v: v.yield_),
+                ("vcsched_vm_min_yield", "the floor (min_yield) the VM's virtual cluster was admitted with",
+                 lambda v: v.floor),
             ]
             for name, doc, get in per_vm:
                 fam = GaugeMetricFamily(name, doc, labels=["cluster", "vm", "host", "vc"])
@@ -107,12 +147,25 @@ class _Collector:
                 yield fam
             for name, doc, value in (("vcsched_cluster_min_yield", "minimum yield over managed VMs", m.min_yield),
                                      ("vcsched_cluster_avg_yield", "average yield over managed VMs", m.avg_yield),
+                                     ("vcsched_cluster_min_yield_floor", "the cluster file's min_yield (0: none)",
+                                      m.min_yield_floor),
+                                     ("vcsched_vms_in_doubt", "VMs running on two hosts at once, not resolved",
+                                      m.in_doubt),
                                      ("vcsched_interval_duration_seconds", "wall time of the last interval's work",
                                       m.interval_seconds)):
                 fam = GaugeMetricFamily(name, doc, labels=["cluster"])
                 if value is not None:
                     fam.add_metric([c], float(value))
                 yield fam
+            up = GaugeMetricFamily("vcsched_host_up", "1 while the host answers libvirt, 0 while it is down",
+                                   labels=["cluster", "host"])
+            down = GaugeMetricFamily("vcsched_host_down_intervals", "intervals in a row the host has been down",
+                                     labels=["cluster", "host"])
+            for h in m.hosts:
+                up.add_metric([c, h.host], 1.0 if h.up else 0.0)
+                down.add_metric([c, h.host], float(h.down_intervals))
+            yield up
+            yield down
             moved = CounterMetricFamily("vcsched_migrated_bytes", "bytes moved by applied live migrations",
                                         labels=["cluster"])
             moved.add_metric([c], float(m.migrated_bytes))
@@ -122,6 +175,11 @@ class _Collector:
             for outcome, n in sorted(m.plans.items()):
                 plans.add_metric([c, outcome], float(n))
             yield plans
+            steps = CounterMetricFamily("vcsched_steps", "plan steps carried out, by kind and outcome",
+                                        labels=["cluster", "op", "outcome"])
+            for (op, outcome), n in sorted(m.steps.items()):
+                steps.add_metric([c, op, outcome], float(n))
+            yield steps
 
 
 class MetricsServer:

@@ -87,23 +87,30 @@ class _Reading:
 class CpuSampler:
     """Sliding windows of CPU samples per managed VM (module docstring)."""
 
-    def __init__(self, window: float, clock: Clock | None = None, min_seconds: float = 0.0) -> None:
+    def __init__(self, window: float, clock: Clock | None = None, min_seconds: float = 0.0,
+                 every_vm: bool = False) -> None:
         self.window = window
         self.clock = clock or SystemClock()
         self.min_seconds = min_seconds  # shorter pairs make no sample (module docstring)
+        #: Sample unmanaged VMs too (`vcsched top` shows what every VM uses; the estimate covers managed ones).
+        self.every_vm = every_vm
         self._last: dict[str, _Reading] = {}
         self.windows: dict[str, deque[Sample]] = {}
         self.errors: list[str] = []  # VMs that could not be read in the last round, with the reason
 
-    def sample(self, hv: Hypervisor, probe: Collection[str] = (), min_seconds: float | None = None) -> Inventory:
+    def sample(self, hv: Hypervisor, probe: Collection[str] = (), min_seconds: float | None = None,
+               hosts: Collection[str] | None = None) -> Inventory:
         """One round; returns the inventory it read.  ``probe``: VMs whose caps a probe has raised;
-        ``min_seconds``: this round's shortest sample (default: the sampler's)."""
+        ``min_seconds``: this round's shortest sample (default: the sampler's); ``hosts``: read only these
+        (default: all; VMs of the others leave the windows, as VMs of a down host do)."""
         shortest = self.min_seconds if min_seconds is None else min_seconds
-        inventory = hv.inventory()
+        inventory = hv.inventory(hosts)
         wall = self.clock.time()
         seen = set()
         self.errors = []
-        for v in inventory.up().managed():
+        up = inventory.up()
+        vms = [v for v in up.vms if v.active and not v.in_doubt] if self.every_vm else up.managed()
+        for v in vms:
             seen.add(v.name)
             try:
                 ns = hv.cpu_time_ns(v.host, v.name)

@@ -7,6 +7,7 @@ events, the hypervisor's state), never on how long it took.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
@@ -36,6 +37,7 @@ class Run:
 
     def __init__(self, hv: MemoryHypervisor, clock: FakeClock, locks: FakeLocks, member: str = "m1",
                  **options: Any) -> None:
+        floor = options.pop("min_yield_floor", 0.0)
         rebalance = RebalanceOptions(options.pop("budget", BUDGET), options.pop("threshold", 0.05),
                                      options.pop("settle", 2), options.pop("cooldown", 600.0))
         opts = RunOptions(options.pop("interval", INTERVAL), rebalance, sample=options.pop("sample", 2.5),
@@ -46,7 +48,7 @@ class Run:
         self.controller = Controller("lab", hv, opts, leader_lock=lambda: locks.lock("leader", member),
                                      cluster_lock=lambda: locks.lock("cluster", member),
                                      events=EventLog(self.stream, member, clock.time),
-                                     metrics=ControllerMetrics("lab"), clock=clock)
+                                     metrics=ControllerMetrics("lab", floor), clock=clock)
 
     def cycles(self, n: int) -> None:
         for _ in range(n):
@@ -347,6 +349,80 @@ def test_metrics_show_needs_caps_use_and_yields_of_the_leader() -> None:
         assert f'{name}{{cluster="lab"' in body, name
     assert 'vcsched_migrated_bytes_total{cluster="lab"} 1.34217728e+08' in body
     assert 'vcsched_plans_applied_total{cluster="lab",outcome="ok"}' in body
+
+
+def scrape(metrics: ControllerMetrics) -> str:
+    server = MetricsServer(metrics, 0)
+    try:
+        return str(urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read().decode())
+    finally:
+        server.close()
+
+
+def test_metrics_count_the_intervals_a_host_stays_down_and_reset_when_it_answers() -> None:
+    hv, clock = crowded_h0()
+    clock.at.append((25.0, lambda: hv.down.__setitem__("h1", "connection refused")))
+    clock.at.append((65.0, lambda: hv.down.pop("h1")))
+    run = Run(hv, clock, FakeLocks(), budget=0)
+    seen = []
+    for _ in range(9):  # ticks at 0, 10, ..., 80: h1 is found down by the ticks at 30, 40, 50, 60
+        run.controller.cycle()
+        seen.append({h.host: (h.up, h.down_intervals) for h in run.controller.metrics.hosts}["h1"])
+    assert seen == [(True, 0)] * 3 + [(False, 1), (False, 2), (False, 3), (False, 4), (True, 0), (True, 0)], seen
+    clock.at.append((95.0, lambda: hv.down.__setitem__("h1", "connection refused")))
+    run.cycles(2)  # ticks at 90 (up) and 100 (down)
+    body = scrape(run.controller.metrics)
+    assert 'vcsched_host_up{cluster="lab",host="h1"} 0.0' in body
+    assert 'vcsched_host_down_intervals{cluster="lab",host="h1"} 1.0' in body  # counted afresh, not 5
+    assert 'vcsched_host_up{cluster="lab",host="h0"} 1.0' in body
+
+
+def test_metrics_count_steps_by_kind_and_outcome_from_zero() -> None:
+    hv, clock = crowded_h0()
+    run = Run(hv, clock, FakeLocks(), settle=1)
+    body = scrape(run.controller.metrics)  # before anything ran: every pair at 0, so increase() sees the first
+    assert 'vcsched_steps_total{cluster="lab",op="migrate",outcome="failed"} 0.0' in body
+    hv.fail[("migrate", "a-0")] = "host h0: cannot migrate 'a-0': operation failed"
+    hv.fail[("migrate", "b-0")] = "host h0: cannot migrate 'b-0': operation failed"
+    run.cycles(6)
+    steps = run.events("step")
+    failed = [s for s in steps if s["op"] == "migrate" and s["outcome"] == "failed"]
+    assert failed, [(s["op"], s["outcome"]) for s in steps]
+    body = scrape(run.controller.metrics)
+    assert f'vcsched_steps_total{{cluster="lab",op="migrate",outcome="failed"}} {float(len(failed))}' in body
+    done = sum(1 for s in steps if s["op"] == "set-cap" and s["outcome"] == "done")
+    assert done and f'vcsched_steps_total{{cluster="lab",op="set-cap",outcome="done"}} {float(done)}' in body
+
+
+def test_metrics_show_vms_in_doubt_and_floors_and_a_standby_shows_neither() -> None:
+    from vcsched.control.inventory import InDoubt
+
+    hv, clock = crowded_h0()
+    a = hv.vms["a-0"]
+    assert a.meta is not None
+    hv.vms["a-0"] = dataclasses.replace(a, meta=dataclasses.replace(a.meta, min_yield=0.4))
+    real = hv.inventory
+
+    def with_a_doubt(hosts: Any = None) -> Any:
+        inv = real(hosts)
+        return dataclasses.replace(inv, in_doubt=(InDoubt("x", "u-1", ("h0", "h1"), ("running", "running")),
+                                                  InDoubt("y", "u-2", ("h0", "h1"), ("running", "paused"),
+                                                          resolved="removed the paused copy on h1")))
+
+    hv.inventory = with_a_doubt  # type: ignore[method-assign]
+    locks = FakeLocks()
+    run = Run(hv, clock, locks, min_yield_floor=0.25)
+    run.cycles(2)
+    body = scrape(run.controller.metrics)
+    assert 'vcsched_vms_in_doubt{cluster="lab"} 1.0' in body  # the resolved one is not counted
+    assert 'vcsched_vm_min_yield{cluster="lab",host="h0",vc="a",vm="a-0"} 0.4' in body
+    assert 'vcsched_vm_min_yield{cluster="lab",host="h0",vc="b"' not in body  # no floor recorded: no series
+    assert 'vcsched_cluster_min_yield_floor{cluster="lab"} 0.25' in body
+    run.controller._step_down("test: lease lost")
+    body = scrape(run.controller.metrics)
+    assert 'vcsched_leader{cluster="lab"} 0.0' in body
+    assert "vcsched_vms_in_doubt{" not in body and "vcsched_host_up{" not in body
+    assert "vcsched_vm_min_yield{" not in body
 
 
 def test_every_event_has_its_name_a_unix_time_and_the_member() -> None:

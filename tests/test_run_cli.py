@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +110,10 @@ def test_observe_reports_every_managed_vm_and_none_here(tmp_path: Path) -> None:
     assert doc["cluster"] == "t" and doc["vms"] == [] and doc["hosts_down"] == []
 
 
-def test_a_running_controller_leads_alone_and_stops_on_sigterm(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def running_controller(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A real `vcsched run --dry-run` (interval 0.5 s, metrics on a free port, events in ``run.jsonl``) on the
+    test-driver cluster, once it has logged two intervals; killed at the end if still running."""
     log = tmp_path / "run.jsonl"
     env = {**os.environ, "VCSCHED_STATE_DIR": str(tmp_path / "state")}
     p = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--cluster", str(cluster_file(tmp_path)),
@@ -122,12 +127,17 @@ def test_a_running_controller_leads_alone_and_stops_on_sigterm(tmp_path: Path) -
                 break
             assert p.poll() is None, p.communicate()
             time.sleep(0.1)
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=30) == 0, p.communicate()
+        yield p, log
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_a_running_controller_leads_alone_and_stops_on_sigterm(tmp_path: Path) -> None:
+    with running_controller(tmp_path) as (p, log):
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0, p.communicate()
     events = [json.loads(line) for line in log.read_text().splitlines()]
     kinds = [e["event"] for e in events]
     assert kinds[0] == "start" and "leader" in kinds and kinds[-1] == "stop"

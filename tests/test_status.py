@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from cli.app import console
-from cli.status import predicted_yield, render_status, status_dict
+from cli.status import render_status, status_dict
 from vcsched.control.inventory import HostState, Inventory, VmMeta, VmState
+from vcsched.control.status import predicted_yield
 
 MiB = 1 << 20
 

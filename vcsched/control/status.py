@@ -1,0 +1,104 @@
+"""What ``vcsched status`` and ``vcsched top`` report of a live cluster beyond its raw inventory.
+
+The CLI reads the hosts and renders; the numbers are computed here, from
+the same model as admission and adaptation (:func:`vcsched.control.admission.existing_jobs`,
+:func:`vcsched.control.admission.model_hosts`), so that ``status`` and ``top``
+say what the deciding commands would see:
+
+* a managed VM's *predicted yield* is what its cap gives it, ``cap / need``
+  (paper section 2.3), 1 when uncapped;
+* a virtual cluster's yield is its VMs' lowest; its dominant share is that
+  yield times its share of the cluster per unit of yield (docs/policies.md
+  §2), on cluster totals (its dominant resource), or under ``drf-pools`` on
+  its most loaded (host, resource) pair;
+* a yield is below its floor when it misses the ``min_yield`` it was
+  admitted with by more than :data:`YIELD_TOLERANCE`;
+* a host's load is the sum of its managed running VMs' caps, the cores all
+  its VMs were measured using, and the memory of its running VMs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vcsched.control.admission import existing_jobs, model_hosts
+from vcsched.control.inventory import Inventory, VmState
+from vcsched.control.sharing import Sharing, check_vms, host_capacities, needed_resources, references
+from vcsched.formats.cluster import Cluster
+from vcsched.model import Instance
+from vcsched.policies.constraints import capacities
+from vcsched.policies.shares import dominant_shares, pool_shares
+
+#: How far below its floor a yield may read and still count as meeting it (float noise, not a policy).
+YIELD_TOLERANCE = 1e-9
+
+
+def predicted_yield(vm: VmState) -> float | None:
+    """The yield a managed VM's cap gives it (section 2.3: y = a / alpha, both in cores here)."""
+    if vm.meta is None or not vm.active:
+        return None
+    if vm.cap_cores is None:
+        return 1.0  # uncapped: nothing holds it below its need
+    return min(1.0, vm.cap_cores / vm.meta.cpu_need_cores)
+
+
+def below_floor(y: float | None, floor: float | None) -> bool:
+    """Whether a yield misses the floor (``min_yield``) it was admitted with."""
+    return y is not None and floor is not None and y < floor - YIELD_TOLERANCE
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """What one host carries: the sum of its managed running VMs' caps (cores), the cores its VMs used
+    (None: none of them measured), and the memory of its running VMs (bytes)."""
+
+    caps_cores: float
+    measured_cores: float | None
+    memory_used_bytes: int
+
+
+def host_load(inv: Inventory, host: str, measured: Mapping[str, float | None]) -> HostLoad:
+    """:class:`HostLoad` of ``host``; ``measured``: cores each VM used over the same window."""
+    on = inv.vms_on(host)
+    used = [x for v in on if (x := measured.get(v.name)) is not None]
+    return HostLoad(sum(v.cap_cores or 0.0 for v in on if v.managed and v.active),
+                    sum(used) if used else None,
+                    sum(v.memory_bytes for v in on if v.active))
+
+
+def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing) -> list[dict[str, Any]]:
+    """Each running virtual cluster's yield (its VMs' lowest cap / need), weight, tenant and dominant share
+    (module docstring), one dict each, in the order of :func:`vcsched.control.admission.existing_jobs`."""
+    up = inv.up()
+    managed = up.managed()
+    if not managed:
+        return []
+    check_vms(cluster, managed)
+    refs = references(cluster, up, needed_resources(v.meta for v in managed if v.meta is not None))
+    existing = existing_jobs(up, managed, refs=refs)
+    instance = Instance(model_hosts(up, host_capacities(cluster, up, refs)), existing.jobs)
+    if sharing.policy == "drf-pools":
+        caps = capacities(instance, np.asarray(existing.hosts, dtype=np.int64))
+        per_unit, where = pool_shares(caps, instance.n_jobs)
+        pools = [caps.pair_name(instance, int(p)) if p >= 0 else "-" for p in where]
+    else:
+        per_unit, where = dominant_shares(instance)
+        pools = [instance.resources[int(r)] for r in where]
+    of_job: list[list[VmState]] = [[] for _ in instance.jobs]
+    for t, v in enumerate(existing.vms):
+        of_job[int(instance.task_job[t])].append(v)
+    out = []
+    for j, job in enumerate(instance.jobs):
+        vms = of_job[j]
+        y = min(predicted_yield(v) or 0.0 for v in vms)
+        meta = vms[0].meta
+        assert meta is not None
+        share = float(y * per_unit[j]) if np.isfinite(per_unit[j]) else 0.0
+        out.append({"name": job.name, "vms": len(vms), "weight": job.weight, "tenant": job.tenant,
+                    "yield": y, "dominant_share": share, "dominant_pool": pools[j], "min_yield": meta.min_yield,
+                    **{k: v for k, v in (("disk_bps", meta.disk_bps), ("net_bps", meta.net_bps)) if v is not None}})
+    return out
