@@ -420,11 +420,12 @@ def test_the_lab_cluster_file_declares_each_hosts_uuid() -> None:
 
 
 def test_reading_hosts_and_applying_plans_import_no_numpy() -> None:
-    """The VM-size rule lives in light modules: `status` and `apply` start without numpy (a hung host's `status` must
-    end within host_timeout + 1 s, start-up included; numpy through the plan steps cost 0.3 s of it, measured)."""
+    """The VM-size rule lives in light modules: the libvirt backend and `apply` start without numpy (a command on a
+    hung host must end within host_timeout + 1 s, start-up included; numpy through the plan steps cost 0.2-0.3 s
+    of it, measured)."""
     import subprocess
     import sys
 
-    code = "import sys, cli.status, cli.apply, hypervisor.executor; print('numpy' in sys.modules)"
+    code = "import sys, cli.apply, hypervisor.executor, hypervisor.libvirt_backend; print('numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
