@@ -354,7 +354,17 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     Exit codes: 0 planned (and applied), 1 nothing within the budget / no
     safe order / a step failed, 2 bad input.
     """
-    from cli.common import apply_exit_code, cluster_lock, load_cluster, notice, render_plan, render_report, run_apply
+    from cli.common import (
+        apply_exit_code,
+        cluster_lock,
+        hosts_down,
+        load_cluster,
+        notice,
+        render_hosts_down,
+        render_plan,
+        render_report,
+        run_apply,
+    )
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.plans.migration import MigrationBlocked
 
@@ -369,21 +379,25 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     from vcsched.control.sharing import sharing_for
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
-    locked = cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply)
-    with locked as lock, LibvirtHypervisor(cluster, on_notice=notice) as hv:
+    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
+            cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
         inventory = hv.inventory()
+        down = hosts_down(inventory)
+        if not as_json:
+            render_hosts_down(inventory)
         try:
             live = adapt_inventory(cluster.name, inventory, budget, needs=needs, depart=departing, algorithm=algorithm,
                                    parallel=parallel, options=SolveOptions(time_limit=time_limit), cluster=cluster,
                                    sharing=sharing)
         except MigrationBlocked as exc:
             if as_json:
-                emit_json({"feasible": False, "reason": str(exc)})
+                emit_json({"feasible": False, "reason": str(exc), "hosts_down": down})
             else:
                 console.print(f"[red]no safe plan[/]: {exc}")
             return EXIT_UNSATISFIED
         out: dict[str, Any] = adapt_result_to_dict(live.problem, live.adapted)
         out["policy"] = sharing.policy
+        out["hosts_down"] = down
         if live.plan is None:
             if as_json:
                 emit_json(out)

@@ -12,6 +12,7 @@ from cli.common import (
     load_cluster,
     lock_options,
     notice,
+    render_hosts_down,
     render_plan,
     render_report,
     run_apply,
@@ -57,11 +58,13 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bo
     """
     plan = plan_from_dict(read_json_file(plan_file, "plan"))
     cluster = load_cluster(cluster_file)
-    with cluster_lock(cluster, coordination, wait, ttl=lock_ttl) as lock, \
-            LibvirtHypervisor(cluster, on_notice=notice) as hv:
+    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
+            cluster_lock(cluster, coordination, wait, ttl=lock_ttl, hv=hv) as lock:
         if not as_json:
             console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {len(plan.steps)} steps)")
-            render_plan(plan, hv.inventory())
+            inventory = hv.inventory()
+            render_hosts_down(inventory)
+            render_plan(plan, inventory)
         report = run_apply(hv, plan, force=force, quiet=as_json, lock=lock)
     if as_json:
         emit_json(report.to_dict())

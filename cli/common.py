@@ -107,6 +107,24 @@ def load_request(path: str) -> Request:
                                image=resolved("image", request.image))
 
 
+def check_request_boot(cluster: Cluster, request: Request, path: str) -> None:
+    """What the request's VMs would boot, checked before any host is read (hypervisor/bootcheck.py): its template
+    is domain XML; its template, image or the cluster's ``[guest]`` files exist, are readable and fit its memory
+    when every host is on this machine (the lab).  Plans are checked again, on each target host, before their
+    first step."""
+    from hypervisor.bootcheck import boot_problems, files_local
+    from vcsched.control.admission import boot_for
+
+    if request.template is None and request.image is None and cluster.guest is None:
+        return  # admission names what is missing
+    fields = {"path": "template" if request.template is not None else "image",
+              "kernel": "guest.kernel (cluster file)", "initrd": "guest.initrd (cluster file)"}
+    local = all(files_local(h.uri) for h in cluster.hosts)
+    problems = boot_problems("request", boot_for(cluster, request), request.memory_bytes, local=local, fields=fields)
+    if problems:
+        raise InputError(f"request {path}: " + "; ".join(problems[:3]))
+
+
 def policy_options() -> Callable[[Any], Any]:
     """``--policy`` and ``--alpha``: the sharing policy that overrides the cluster file's ``policy``."""
     def deco(f: Any) -> Any:
@@ -124,6 +142,23 @@ def cluster_option() -> Callable[[Any], Any]:
 
 
 # ---------------------------------------------------------------------------------------------- plans
+
+
+#: What a down host means for a plan, said wherever one is named (text and --json alike).
+DOWN_CONSEQUENCE = "its VMs were not counted and nothing was planned onto it or off it"
+
+
+def hosts_down(inventory: Inventory) -> list[dict[str, str]]:
+    """``[{"host", "reason", "consequence"}]`` for every host that did not answer: the ``hosts_down`` of the
+    deciding commands' ``--json`` (place, adapt, drain, apply)."""
+    return [{"host": h.name, "reason": str(h.down), "consequence": DOWN_CONSEQUENCE}
+            for h in inventory.down_hosts()]
+
+
+def render_hosts_down(inventory: Inventory) -> None:
+    """One line per down host, before the decision: the plan below was made without it."""
+    for h in inventory.down_hosts():
+        console.print(f"[yellow]host {h.name} is down[/] ({h.down}): {DOWN_CONSEQUENCE}", highlight=False)
 
 
 def render_plan(plan: Plan, inventory: Inventory) -> None:
@@ -201,16 +236,33 @@ def lock_options() -> Callable[[Any], Any]:
 
 @contextmanager
 def cluster_lock(cluster: Cluster, coordination: str | None, wait: float, *, ttl: float | None = None,
-                 needed: bool = True) -> Iterator[ClusterLock | None]:
-    """The cluster's lock while the block runs (``needed=False``: a dry run, no lock); see hypervisor.lock."""
+                 needed: bool = True, hv: LibvirtHypervisor | None = None) -> Iterator[ClusterLock | None]:
+    """The cluster's lock while the block runs (``needed=False``: a dry run, no lock); see hypervisor.lock.
+
+    The lock is named after the cluster's hosts — their libvirt identities, read through ``hv`` (else through
+    connections opened for the purpose) — not after the file's ``name`` (hypervisor/identity.py).
+    """
     if not needed:
         yield None
         return
+    from hypervisor.identity import lock_key
     from hypervisor.lock import DEFAULT_TTL, holding, resolve_url
 
     url = resolve_url(coordination, cluster.coordination)
-    with holding(url, cluster.name, wait, ttl or cluster.lock_ttl or DEFAULT_TTL) as lock:
+    key = lock_key(host_identities(cluster, hv).values())
+    with holding(url, cluster.name, wait, ttl or cluster.lock_ttl or DEFAULT_TTL, key=key) as lock:
         yield lock
+
+
+def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> dict[str, str]:
+    """Each host's identity (:meth:`hypervisor.libvirt_backend.LibvirtHypervisor.identities`), through ``hv`` or
+    connections of its own."""
+    if hv is not None:
+        return hv.identities()
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+
+    with LibvirtHypervisor(cluster, on_notice=notice) as own:
+        return own.identities()
 
 
 def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
@@ -253,6 +305,10 @@ def render_report(report: ApplyReport) -> None:
         took = "-" if r.seconds is None else f"{r.seconds:.2f} s"
         table.add_row(str(i + 1), r.step.op, r.step.vm, r.step.host, f"[{c}]{r.outcome}[/]", took, r.detail)
     console.print(table)
+    for r in report.restored:
+        state = "put back" if r.outcome == DONE else f"[red]not put back[/] ({r.detail})"
+        console.print(f"  cap of {r.step.vm} on {r.step.host} {state} to {r.step.to_dict().get('cap_cores', 0):.3f} "
+                      "cores: the plan had lowered it for a VM it did not create", highlight=False)
     if not report.snapshot_matched:
         console.print("[yellow]note:[/] applied with --force to a cluster that changed since the plan was made")
     if not report.ok:
@@ -260,12 +316,27 @@ def render_report(report: ApplyReport) -> None:
 
 
 def apply_exit_code(report: ApplyReport | None) -> int:
-    """0 applied (or nothing applied), 130 interrupted by Ctrl-C, 1 a step failed or the plan stopped."""
+    """0 applied (or nothing applied), 130 interrupted by Ctrl-C, 1 a step failed or the plan stopped.
+
+    A plan that did not finish also says so in one line on stderr (the step, its host and what went wrong),
+    whatever went to stdout (the report table, or ``--json``): a script or an operator watching stderr sees
+    the failure without parsing the report.
+    """
     from cli.app import EXIT_OK, EXIT_UNSATISFIED
     from hypervisor.executor import CTRL_C
 
     if report is None or report.ok:
         return EXIT_OK
+    bad = report.failed()
+    if bad is not None:
+        index = report.results.index(bad) + 1
+        why = f" at step {index} ({bad.step.op} {bad.step.vm} on {bad.step.host}), {bad.outcome}: {bad.detail}"
+    else:
+        why = f": {report.stopped}"
+    restored = sum(1 for r in report.restored if r.outcome == "done")
+    back = f"; {restored} lowered cap(s) put back" if restored else ""
+    click.echo(f"vcsched: error: the plan stopped{why}{back}; every VM is left running (re-run the plan to "
+               "continue)", err=True)
     return EXIT_INTERRUPTED if report.stopped == CTRL_C else EXIT_UNSATISFIED
 
 

@@ -45,25 +45,32 @@ def lab_cmd() -> None:
 
 
 @lab_cmd.command("up")
-@click.option("--hosts", "n_hosts", type=click.IntRange(1, labmod.MAX_HOSTS), default=2, show_default=True,
-              help="How many hosts to start. Each lab host is declared with cores = 1, so 2 hosts on a "
-                   "2-core machine never oversubscribe it.")
-@click.option("--cores", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Cores each host declares (its 'cores' in the cluster file).")
+@click.option("--hosts", "n_hosts", type=click.IntRange(1, labmod.MAX_HOSTS), default=None,
+              help="How many hosts to start (default: the running lab's, else 2). Each lab host is declared "
+                   "with cores = 1, so 2 hosts on a 2-core machine never oversubscribe it.")
+@click.option("--cores", type=click.IntRange(min=1), default=None,
+              help="Cores each host declares (its 'cores' in the cluster file; default: the running lab's, "
+                   "else 1).")
 @click.option("--memory", "memory", default=None, metavar="SIZE",
-              help="Memory each host declares, e.g. 2GiB (default: an equal share of this machine's).")
+              help="Memory each host declares, e.g. 2GiB (default: the running lab's, else an equal share of "
+                   "this machine's).")
 @click.option("--recreate", is_flag=True,
               help="Replace a lab that already runs here: destroys its guests (without it, `up` repairs it).")
-@click.option("--transport", type=click.Choice(labmod.TRANSPORTS), default="unix", show_default=True,
+@click.option("--resize", is_flag=True,
+              help="With --memory on a running lab: change what each host declares, guests kept, if every "
+                   "host's running guests still fit in it.")
+@click.option("--transport", type=click.Choice(labmod.TRANSPORTS), default=None,
               help="How vcsched reaches the hosts: unix sockets, or tls: each host listens for TLS on its own "
-                   "loopback address (127.0.K.2 upward) with certificates the lab makes, like separate machines.")
-@click.option("--shared-storage", is_flag=True,
-              help="All hosts share one images directory (cluster file: the same storage name). Default: each "
-                   "host keeps its disks in its own /var/lib/libvirt/images, so moves copy the disks.")
+                   "loopback address (127.0.K.2 upward) with certificates the lab makes, like separate machines "
+                   "(default: the running lab's, else unix).")
+@click.option("--shared-storage/--local-storage", "shared_storage", default=None,
+              help="All hosts share one images directory (cluster file: the same storage name), or each host "
+                   "keeps its disks in its own /var/lib/libvirt/images, so moves copy the disks (default: the "
+                   "running lab's, else local).")
 @_dir_option()
 @click.option("--json", "as_json", is_flag=True, help="Print the lab (hosts, URIs, cluster file) as JSON.")
-def up_cmd(n_hosts: int, cores: int, memory: str | None, recreate: bool, transport: str, shared_storage: bool,
-           dir_: Path | None, as_json: bool) -> None:
+def up_cmd(n_hosts: int | None, cores: int | None, memory: str | None, recreate: bool, resize: bool,
+           transport: str | None, shared_storage: bool | None, dir_: Path | None, as_json: bool) -> None:
     """Start a lab of N hosts, or repair the one that runs here.
 
     Builds (once, then cached in <dir>/image) the guest kernel + initramfs, starts
@@ -74,12 +81,25 @@ def up_cmd(n_hosts: int, cores: int, memory: str | None, recreate: bool, transpo
     On a lab that already runs, `up` repairs it: a host whose libvirtd died or
     hangs gets its daemons restarted inside its namespace, and its guests keep
     running (the new libvirtd takes them over). Guests are destroyed only with
-    --recreate. A lab whose hosts declare more cores or memory than this
-    machine has is started with a warning.
+    --recreate. A flag that differs from the running lab (--hosts, --cores,
+    --memory, --transport, storage) is refused, naming both shapes: --recreate
+    replaces the lab, and --memory SIZE --resize changes only the memory when
+    every host's guests still fit. A lab whose hosts declare more cores or
+    memory than this machine has is started with a warning.
     """
     problem = labmod.prerequisites_problem()
     if problem:
         fail(problem)
+    if resize and memory is None:
+        raise click.BadParameter("--resize changes the memory each host declares: give --memory SIZE",
+                                 param_hint="'--resize'")
+    running = None if recreate else labmod.recorded_shape(dir_)
+    if resize and running is None:
+        raise click.BadParameter("no lab runs here to resize (start one without --resize)", param_hint="'--resize'")
+    n_hosts = n_hosts if n_hosts is not None else running.hosts if running else 2
+    cores = cores if cores is not None else running.cores if running else 1
+    transport = transport if transport is not None else running.transport if running else "unix"
+    shared_storage = shared_storage if shared_storage is not None else running.shared_storage if running else False
     steps = n_hosts + 2  # clean up, guest image, one per host
     with Progress(SpinnerColumn(), TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True, disable=as_json) as progress:
@@ -91,7 +111,7 @@ def up_cmd(n_hosts: int, cores: int, memory: str | None, recreate: bool, transpo
 
         memory_mib = None if memory is None else parse_size("--memory", memory) >> 20
         lab = labmod.up(n_hosts, dir_, progress=step, cores=cores, memory_mib=memory_mib, recreate=recreate,
-                        transport=transport, shared_storage=shared_storage)
+                        transport=transport, shared_storage=shared_storage, resize=resize)
         progress.update(task, completed=steps)
     if as_json:
         emit_json(_plain(asdict(lab)))

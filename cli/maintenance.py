@@ -166,7 +166,16 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     emptied (partial plan shown; with --apply, nothing applied) / no safe
     order / a step failed / the cluster is locked, 2 bad input.
     """
-    from cli.common import apply_exit_code, load_cluster, notice, render_plan, render_report, run_apply
+    from cli.common import (
+        apply_exit_code,
+        hosts_down,
+        load_cluster,
+        notice,
+        render_hosts_down,
+        render_plan,
+        render_report,
+        run_apply,
+    )
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.live import adapt_inventory
     from vcsched.model import SolveOptions
@@ -175,22 +184,25 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     path = cluster_path(cluster_file)
     cluster = load_cluster(str(path))
     cluster.host(host)
-    with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply) as lock, \
-            LibvirtHypervisor(cluster, on_notice=notice) as hv:
+    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
+            cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
         inventory = hv.inventory()
+        down = hosts_down(inventory)
+        if not as_json:
+            render_hosts_down(inventory)
         try:
             live = adapt_inventory(cluster.name, inventory, budget, algorithm=algorithm, parallel=parallel,
                                    options=SolveOptions(time_limit=time_limit), cluster=cluster, drain=host)
         except MigrationBlocked as exc:
             if as_json:
-                emit_json({"host": host, "drained": False, "reason": str(exc)})
+                emit_json({"host": host, "drained": False, "reason": str(exc), "hosts_down": down})
             else:
                 console.print(f"[red]no safe plan[/]: {exc}")
             return EXIT_UNSATISFIED
         on_host = [v.name for v in inventory.vms_on(host) if v.managed and v.active]
         stays = [{"vm": vm, "reason": reason, "detail": detail} for vm, reason, detail in live.stays]
         out: dict[str, Any] = {"host": host, "budget": budget, "vms_on_host": on_host, "stays": stays,
-                               "complete": live.plan is not None and not stays}
+                               "complete": live.plan is not None and not stays, "hosts_down": down}
         if live.plan is None:
             out["reason"] = str(live.adapted.result.detail.get("infeasible", "no placement within the budget"))
             if as_json:

@@ -70,7 +70,7 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
             raise HostsDown(f"every host of cluster {cluster.name!r} is down: "
                             + "; ".join(f"{h.name}: {h.down}" for h in inventory.hosts))
         estimates = estimate_all(inventory, sampler.samples())
-        with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=changing) as lock:
+        with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=changing, hv=hv) as lock:
             guard = lock.guard if lock is not None else None
             if probe:
                 def started(caps: Mapping[str, float]) -> None:

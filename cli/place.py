@@ -9,13 +9,16 @@ import click
 from cli.app import EXIT_UNSATISFIED, console, emit_json
 from cli.common import (
     apply_exit_code,
+    check_request_boot,
     cluster_lock,
     cluster_option,
+    hosts_down,
     load_cluster,
     load_request,
     lock_options,
     notice,
     policy_options,
+    render_hosts_down,
     render_plan,
     render_report,
     run_apply,
@@ -95,12 +98,15 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                                  param_hint="'--algorithm'")
     cluster = load_cluster(cluster_file)
     request = load_request(request_file)
+    check_request_boot(cluster, request, request_file)
     from vcsched.control.sharing import sharing_for
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
-    locked = cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply)
-    with locked as lock, LibvirtHypervisor(cluster, on_notice=notice) as hv:
+    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
+            cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
         inventory = hv.inventory()
+        if not as_json:
+            render_hosts_down(inventory)
         decision = admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing)
         report = None
         if decision.plan is not None:
@@ -117,6 +123,7 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
         emit_json({"admitted": decision.admitted, "reason": decision.reason, "policy": sharing.policy,
                    "min_yield": decision.min_yield,
                    "avg_yield": decision.avg_yield,
+                   "hosts_down": hosts_down(inventory),
                    "plan": decision.plan.to_dict() if decision.plan else None,
                    "applied": report.to_dict() if report else None})
     else:

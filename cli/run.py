@@ -100,6 +100,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     """
     from hypervisor.controller import Controller, RunOptions
     from hypervisor.events import EventLog
+    from hypervisor.identity import lock_key
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from hypervisor.lock import DEFAULT_TTL, ClusterLock, leader_lock_name, member_id, resolve_url
     from hypervisor.metrics import ControllerMetrics, MetricsServer
@@ -136,10 +137,11 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
             timer.daemon = True
             timer.start()
         with LibvirtHypervisor(cluster, on_notice=notice) as hv:
+            key = lock_key(hv.identities().values())  # the locks are the hosts', not the file name's
             controller = Controller(
                 cluster.name, hv, options,
-                leader_lock=lambda: ClusterLock(url, cluster.name, member, ttl, name=leader_lock_name(cluster.name)),
-                cluster_lock=lambda: ClusterLock(url, cluster.name, member, ttl),
+                leader_lock=lambda: ClusterLock(url, cluster.name, member, ttl, name=leader_lock_name(key)),
+                cluster_lock=lambda: ClusterLock(url, cluster.name, member, ttl, key=key),
                 events=events, metrics=metrics, clock=clock, stop=stop)
             metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
             controller.run(**metrics_at)

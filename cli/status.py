@@ -45,7 +45,7 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         load = host_load(inv, h.name, measured)
         conf = cluster.host(h.name) if cluster is not None and h.name in names else None
         hosts.append({
-            "name": h.name, "down": h.down,
+            "name": h.name, "down": h.down, "uuid": h.uuid,
             "uri": conf.uri if conf else None, "address": conf.migration_address if conf else None,
             "storage": conf.storage_name if conf else None,
             "cores": h.cores, "memory_bytes": h.memory_bytes, "memory_reserved": h.memory_reserved,

@@ -42,6 +42,11 @@ class Hypervisor(Protocol):
         """The domain ``name`` wherever it is now, or None."""
         ...
 
+    def create_problems(self, step: CreateStep, where: str) -> list[str]:
+        """Why ``step`` could not create its VM, found before a plan's first step (its boot files, its domain
+        XML as the target host's driver validates it); each problem names ``where`` (``plan.steps[3]``)."""
+        ...
+
     def create_vm(self, step: CreateStep) -> None:
         """Create and start a managed VM on ``step.host`` with its metadata and cap from the first instant."""
         ...

@@ -53,7 +53,7 @@ from typing import Any, Protocol
 from hypervisor.base import Hypervisor
 from hypervisor.events import EventLog
 from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
-from hypervisor.lock import LockBusy, leader_lock_name
+from hypervisor.lock import LockBusy
 from hypervisor.metrics import ControllerMetrics, HostMetrics, VmMetrics
 from hypervisor.sampling import Clock, CpuSampler, SystemClock
 from vcsched.control.inventory import Inventory
@@ -181,14 +181,14 @@ class Controller:
         lock = self._lead.lock
         if lock is not None:
             if not lock.held():
-                self._step_down(f"leader lock {leader_lock_name(self.cluster)}: not renewed for too long; "
+                self._step_down("the leader lock: not renewed for too long; "
                                 "standing down before its lease can expire")
                 return
             if renew:
                 try:
                     lock.guard()
                 except VcschedError as exc:
-                    self._step_down(f"leader lock {leader_lock_name(self.cluster)}: {exc}")
+                    self._step_down(f"the leader lock: {exc}")
             return
         lock = self.leader_lock()
         try:

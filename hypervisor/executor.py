@@ -18,14 +18,20 @@ cap beyond a VM or a host, or that would over-commit any host at any point,
 is refused whole and nothing changes.  Right before each step (each wave of
 migrations) the hosts it touches are read again and the same replay is its
 pre-condition, so a change someone else made meanwhile stops the plan
-instead of over-committing a host.
+instead of over-committing a host.  Then the plan's claims are recomputed
+(:mod:`vcsched.plans.claims`: bytes per migration, caps on the quota grid,
+waves, predictions; a false one is refused, exit 1), and every VM it creates
+is checked to be creatable (:meth:`hypervisor.base.Hypervisor.create_problems`:
+boot files, domain XML validated by libvirt).
 
 The migrations of one wave run at once (threads; libvirt connections are
 thread-safe), everything else one step at a time.  The first failure stops
-the plan (after the rest of its wave); nothing is undone and no VM is stopped (a
-running VM with its old cap is always a safe state, because the plan is
-ordered so that caps never overrun a host at any prefix, see
-:mod:`vcsched.plans.ordering`).  Re-running the same plan skips what is done and
+the plan (after the rest of its wave); no VM is stopped (a running VM with
+its old cap is always a safe state, because the plan is ordered so that caps
+never overrun a host at any prefix, see :mod:`vcsched.plans.ordering`), and
+the one thing undone is what a stopped plan's creates leave pointless: the
+caps it lowered to make room for VMs it did not create
+(:func:`restore_lowered`).  Re-running the same plan skips what is done and
 continues where it stopped, so it converges.
 
 Each step kind has a :class:`StepRunner` in :data:`RUNNERS`, a literal
@@ -43,10 +49,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hypervisor.base import Hypervisor, HypervisorError
+from vcsched.caps import CAP_TOLERANCE
 from vcsched.control.inventory import Inventory, VmState, snapshot_hash
 from vcsched.errors import InputError, VcschedError
 from vcsched.iocaps import IoCaps, VmDevices
 from vcsched.plans.check import batches, check_plan, replay_problems
+from vcsched.plans.claims import check_claims
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
 
@@ -296,20 +304,42 @@ class ApplyReport:
     results: tuple[StepResult, ...]
     snapshot_matched: bool
     stopped: str | None = None  # why the plan stopped before its end without a failed step (Ctrl-C, lock lost)
+    #: After a failed step of a plan whose VMs were not all created: the caps the plan had lowered (to make room
+    #: for them) put back, one set-cap result each (:func:`restore_lowered`).
+    restored: tuple[StepResult, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.stopped is None and all(r.outcome in (DONE, SKIPPED) for r in self.results)
 
+    def failed(self) -> StepResult | None:
+        """The first step that failed or was interrupted, if any."""
+        return next((r for r in self.results if r.outcome in (FAILED, INTERRUPTED)), None)
+
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "snapshot_matched": self.snapshot_matched, "stopped": self.stopped,
-                "steps": [{**r.step.to_dict(), "outcome": r.outcome, "detail": r.detail, "seconds": r.seconds}
-                          for r in self.results]}
+                "steps": [_result_dict(r) for r in self.results],
+                "restored": [_result_dict(r) for r in self.restored]}
+
+
+def _result_dict(r: StepResult) -> dict[str, Any]:
+    return {**r.step.to_dict(), "outcome": r.outcome, "detail": r.detail, "seconds": r.seconds}
 
 
 def created_devices(hv: Hypervisor, steps: Sequence[Step]) -> dict[str, VmDevices]:
     """The devices of the VMs ``steps`` create with disk or network caps (the plan check needs them)."""
     return {s.vm: hv.planned_devices(s) for s in steps if isinstance(s, CreateStep) and s.io_caps}
+
+
+def check_creates(hv: Hypervisor, steps: Sequence[Step], inventory: Inventory) -> None:
+    """Raise :class:`InputError` when a VM the plan creates could not be (its boot files, its domain XML:
+    :meth:`hypervisor.base.Hypervisor.create_problems`), before anything changes.  A VM that exists already (an
+    earlier run created it) is not checked again."""
+    problems = [p for i, s in enumerate(steps) if isinstance(s, CreateStep) and inventory.vm(s.vm) is None
+                for p in hv.create_problems(s, f"plan.steps[{i}]")]
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise InputError("; ".join(problems[:3]) + more)
 
 
 def _precondition(hv: Hypervisor, group: Sequence[Step], first: int) -> str | None:
@@ -374,6 +404,8 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
         raise SnapshotMismatch(f"plan.snapshot: cluster {plan.cluster!r} changed since this plan was computed "
                                f"(compute a new one with `vcsched {again}`, or apply anyway with --force)")
     check_plan(plan.steps, inventory, created=created_devices(hv, plan.steps))
+    check_claims(plan, inventory)
+    check_creates(hv, plan.steps, inventory)
     results: list[StepResult] = []
     failed = False
     stopped: str | None = None
@@ -400,7 +432,54 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
             failed = failed or result.outcome in (FAILED, INTERRUPTED)
             if on_step is not None:
                 on_step(result)
-    return ApplyReport(tuple(results), matched, stopped)
+    restored: tuple[StepResult, ...] = ()
+    if failed and stopped is None and not any(r.outcome == INTERRUPTED for r in results):
+        try:
+            if guard is not None:
+                guard()  # only while the lock is still ours
+            restored = restore_lowered(hv, inventory, results)
+        except VcschedError as exc:
+            stopped = f"the caps lowered for the VMs not created were not put back: {exc}"
+    return ApplyReport(tuple(results), matched, stopped, restored)
+
+
+def restore_lowered(hv: Hypervisor, before: Inventory, results: Sequence[StepResult]) -> tuple[StepResult, ...]:
+    """Put back the caps a stopped plan lowered to make room for VMs it did not create.
+
+    A ``place`` plan lowers running VMs' caps first, then creates the new
+    VMs in the room made.  When a create fails (a host died, libvirt refused
+    what it could not be asked in advance), the room it was made for stays
+    empty, and the lowered VMs would keep their lower caps for a VM that
+    never came.  So, for a plan with ``create`` steps that did not all
+    happen: every VM a ``set-cap`` step lowered gets its cap from before the
+    plan back — host by host, only where the host's caps, as read now, stay
+    within its cores with all of them restored (a create that did happen
+    there keeps its room).  Each restore is a verified ``set-cap`` like any
+    step; a host where they do not fit is left as the plan left it.
+    """
+    if not any(isinstance(r.step, CreateStep) and r.outcome not in (DONE, SKIPPED) for r in results):
+        return ()
+    lowered: dict[str, tuple[str, float]] = {}  # vm -> (host, cap before the plan)
+    for r in results:
+        if isinstance(r.step, SetCapStep) and r.step.cap_cores is not None and r.outcome == DONE:
+            v = before.vm(r.step.vm)
+            if v is not None and v.host == r.step.host and r.step.cap_cores < v.cap_or_vcpus - CAP_READBACK_TOLERANCE:
+                lowered.setdefault(r.step.vm, (r.step.host, v.cap_or_vcpus))
+    if not lowered:
+        return ()
+    hosts = sorted({host for host, _ in lowered.values()})
+    now = hv.inventory(hosts)
+    out: list[StepResult] = []
+    for h in now.hosts:
+        if h.down is not None:
+            continue
+        on = [v for v in now.vms_on(h.name) if v.managed and v.active]
+        back = {v.name: lowered[v.name][1] for v in on if v.name in lowered and v.cap_or_vcpus < lowered[v.name][1]}
+        total = sum(back.get(v.name, v.cap_or_vcpus) for v in on)
+        if not back or total > h.cores + CAP_TOLERANCE:
+            continue
+        out += [_run_step(hv, SetCapStep(vm, h.name, cap)) for vm, cap in sorted(back.items())]
+    return tuple(out)
 
 
 def _run_group(hv: Hypervisor, group: list[Step], first: int) -> list[StepResult]:

@@ -57,6 +57,7 @@ from xml.sax.saxutils import escape, quoteattr
 import libvirt
 
 from hypervisor.base import HypervisorError, IoCounters
+from hypervisor.bootcheck import boot_problems, files_local, validation_xml
 from hypervisor.connections import (
     CallCounter,
     Counted,
@@ -67,6 +68,7 @@ from hypervisor.connections import (
     unwrap,
 )
 from hypervisor.devices import boot_devices, devices_of, read_template
+from hypervisor.identity import LockUnnamed, check_distinct, identity, remember, remembered, uuid_from_capabilities
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, PERIOD_US, cores_from_quota, quota_for, realisable_cap
 from vcsched.control.inventory import (
     METADATA_NS,
@@ -104,9 +106,11 @@ LIBXL_CANNOT = {
 
 
 def io_support(driver: str, uri: str) -> tuple[tuple[str, str], ...]:
-    """``(resource, why not)`` for each of disk and network the driver cannot cap (``HostState.cannot_cap``)."""
+    """``(resource, why not)`` for each of CPU, disk and network the driver cannot cap (``HostState.cannot_cap``):
+    a plan capping it there is refused before its first step (:mod:`vcsched.plans.check`)."""
     if driver == "test":
-        return ((DISK, f"the libvirt test driver ({uri}) cannot throttle disks"),
+        return (("cpu", f"the libvirt test driver ({uri}) cannot set CPU caps"),
+                (DISK, f"the libvirt test driver ({uri}) cannot throttle disks"),
                 (NET, f"the libvirt test driver ({uri}) cannot shape network interfaces"))
     if driver in ("xen", "libxl"):
         return tuple(LIBXL_CANNOT.items())
@@ -729,6 +733,7 @@ class LibvirtHypervisor:
         self._down: dict[str, str] = {}  # host -> why it is down for this command
         self._doms: dict[str, dict[str, Any]] = {}  # host -> domain name -> virDomain, listed once per inventory
         self._drivers: dict[str, str] = {}
+        self._uuids: dict[str, str | None] = {}  # host -> its libvirt UUID, as first read in this command
         self._lock = threading.Lock()  # a plan's wave of migrations uses the connections from several threads
         self.calls = CallCounter()
         #: Whether :meth:`inventory` removes paused copies of VMs whose other copy runs (False: only report).
@@ -809,7 +814,56 @@ class LibvirtHypervisor:
         info = self._conn(h.name).getInfo()  # [model, memory MiB, cpus, mhz, nodes, sockets, cores, threads]
         cores = h.cores if h.cores is not None else int(info[2])
         return HostState(h.name, cores, int(info[1]) << 20, h.memory_reserved, disk_bps=h.disk_bps,
-                         net_bps=h.net_bps, cannot_cap=io_support(self._driver(h.name), h.uri))
+                         net_bps=h.net_bps, cannot_cap=io_support(self._driver(h.name), h.uri),
+                         storage=h.storage_name, uuid=self.host_uuid(h.name))
+
+    def host_uuid(self, host: str) -> str | None:
+        """The host's libvirt UUID (capabilities ``<host><uuid>``; None: its driver reports none), read once per
+        command and host (one libvirt call)."""
+        with self._lock:
+            if host in self._uuids:
+                return self._uuids[host]
+        with _as_host_error(host, "read its capabilities"):
+            got = uuid_from_capabilities(self._conn(host).getCapabilities())
+        with self._lock:
+            return self._uuids.setdefault(host, got)
+
+    def identities(self) -> dict[str, str]:
+        """Every host's identity for the cluster lock (:mod:`hypervisor.identity`): its UUID as the cluster file
+        declares it, else as the host answers (all asked at once, within ``host_timeout``).
+
+        Raises :class:`hypervisor.identity.LockUnnamed` for a host that neither answers nor has a declared UUID,
+        and :class:`InputError` for two entries that are one host.
+        """
+        from hypervisor.lock import state_dir
+
+        hosts = self.cluster.hosts
+        asked = {h.name: functools.partial(self.host_uuid, h.name) for h in hosts if h.uuid is None}
+        got = _run_bounded(asked, inventory_workers(h.uri for h in hosts), self.cluster.host_timeout)
+        known = remembered(state_dir())
+        uuids: dict[str, str | None] = {}
+        out: dict[str, str] = {}
+        for h in hosts:
+            uri = self.cluster.connect_uri(h.name)
+            if h.uuid is not None:
+                out[h.name] = identity(h.uuid, uri)
+                continue
+            answer = got.get(h.name)
+            if h.name not in got or isinstance(answer, Exception):
+                if uri in known:  # down now; its UUID as a changing command here last read it
+                    out[h.name] = identity(known[uri], uri)
+                    continue
+                why = one_line(answer) if isinstance(answer, Exception) else "it did not answer in time"
+                raise LockUnnamed(f"cannot name the lock of cluster {self.cluster.name!r}: host {h.name} does not "
+                                  f"answer ({why}), the cluster file declares no uuid for it and no command here "
+                                  "has read it; nothing changed (declare its libvirt host UUID as `uuid = \"...\"` "
+                                  "in its [[hosts]] table — `vcsched status --json` shows it while the host "
+                                  "answers — or retry)")
+            uuids[h.name] = answer
+            out[h.name] = identity(answer, uri)
+        check_distinct(self.cluster, uuids)
+        remember(state_dir(), {self.cluster.connect_uri(n): u for n, u in uuids.items() if u is not None})
+        return out
 
     def _vm_state(self, host: str, dom: Any) -> VmState:
         """One domain read on its own (a step's check): its live XML and its state."""
@@ -901,6 +955,8 @@ class LibvirtHypervisor:
                                  f"is not below the host's {format_size(state.memory_bytes)} of memory")
             states.append(state)
             vms += found
+        # Before anything is made of the VMs: two entries reaching one host would show its VMs on "two hosts".
+        check_distinct(self.cluster, {st.name: st.uuid for st in states if st.down is None})
         all_vms = tuple(sorted(vms, key=lambda v: (v.host, v.name)))
         doubts = find_in_doubt(all_vms)
         if doubts and self.settle:
@@ -1149,6 +1205,31 @@ class LibvirtHypervisor:
             raise HypervisorError(f"host {host}: the libvirt test driver ({self.cluster.host(host).uri}) "
                                   "cannot set CPU caps")
 
+    def create_problems(self, step: CreateStep, where: str) -> list[str]:
+        """What would stop ``step`` from creating its VM, checked before a plan's first step
+        (:mod:`hypervisor.bootcheck`): its boot files (on a host of this machine), then its domain XML as
+        libvirt's own define-time validation on the target host's driver sees it.  That validation defines the
+        XML under a throw-away name (:func:`hypervisor.bootcheck.validation_xml`) and undefines it at once."""
+        h = self.cluster.host(step.host)
+        problems = boot_problems(where, step.boot, step.memory_bytes, local=files_local(h.uri))
+        if problems:
+            return problems
+        try:
+            xml = validation_xml(domain_xml(step, h.partition), os.urandom(6).hex())
+        except (InputError, ET.ParseError) as exc:
+            return [f"{where}.boot: {exc}"]
+        try:
+            dom = self._conn(step.host).defineXMLFlags(xml, libvirt.VIR_DOMAIN_DEFINE_VALIDATE)
+        except libvirt.libvirtError as exc:
+            return [f"{where}.boot: host {step.host} (libvirt {self._driver(step.host)} driver) refuses the "
+                    f"domain XML of {step.vm!r}: {one_line(exc)}"]
+        try:
+            dom.undefine()
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"host {step.host}: cannot undefine the checked domain {dom.name()!r}: "
+                                  f"{one_line(exc)} (undefine it with virsh)") from None
+        return []
+
     def create_vm(self, step: CreateStep) -> None:
         self._refuse_uncappable(step.host)
         quota = quota_for(step.cap_cores, step.vcpus)
@@ -1192,6 +1273,8 @@ class LibvirtHypervisor:
         """A driver that cannot cap a resource ``caps`` asks for: refused naming host, VM and value."""
         driver = self._driver(host)
         for resource, why in io_support(driver, self.cluster.host(host).uri):
+            if resource not in (DISK, NET):
+                continue
             wanted = caps.net_bytes_sec if resource == NET else (caps.disk_bytes_sec or caps.disk_iops_sec)
             if wanted is not None:
                 raise HypervisorError(f"host {host}: cannot cap {resource} of {vm!r} at {wanted}: {why}; "

@@ -131,9 +131,15 @@ def member_id() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}:{os.getpid()}"
 
 
-def leader_lock_name(cluster: str) -> str:
-    """The lock whose holder is the active ``vcsched run`` of ``cluster`` (its leader; the others stand by)."""
-    return f"vcsched-leader-{cluster}"
+def leader_lock_name(key: str) -> str:
+    """The lock whose holder is the active ``vcsched run`` of the cluster of lock key ``key`` (its leader; the
+    others stand by)."""
+    return f"vcsched-leader-{key}"
+
+
+def cluster_lock_name(key: str) -> str:
+    """The cluster lock of the cluster whose hosts have lock key ``key`` (:func:`hypervisor.identity.lock_key`)."""
+    return f"vcsched-cluster-{key}"
 
 
 @dataclass(frozen=True)
@@ -150,14 +156,15 @@ class ClusterLock:
     """The lock of one cluster on one coordination backend (see the module docstring)."""
 
     def __init__(self, url: str, cluster: str, member: str | None = None, ttl: float = DEFAULT_TTL, *,
-                 name: str | None = None) -> None:
+                 name: str | None = None, key: str | None = None) -> None:
         self.ttl = check_ttl("lock_ttl", ttl)
         self.url = with_ttl(url, self.ttl)
         self.cluster = cluster
         self.member = member or member_id()
-        #: The lock's name on the backend: the cluster lock by default; ``vcsched run``'s leadership is a
-        #: second lock of the same kind (:func:`leader_lock_name`).
-        self.name = name or f"vcsched-cluster-{cluster}"
+        #: The lock's name on the backend: the cluster lock of the hosts' ``key`` (their identities,
+        #: hypervisor/identity.py; a bare cluster name only in tests of the lock itself); ``vcsched run``'s
+        #: leadership is a second lock of the same kind (:func:`leader_lock_name`).
+        self.name = name or cluster_lock_name(key or cluster)
         self._coordinator: Any = None
         self._lock: Any = None
         self._renewed = 0.0  # time.monotonic() of the last successful renewal
@@ -302,9 +309,10 @@ class ClusterLock:
 
 
 @contextlib.contextmanager
-def holding(url: str, cluster: str, wait: float = 0.0, ttl: float = DEFAULT_TTL) -> Iterator[ClusterLock]:
-    """The cluster's lock for the duration of a ``with`` block."""
-    lock = ClusterLock(url, cluster, ttl=ttl)
+def holding(url: str, cluster: str, wait: float = 0.0, ttl: float = DEFAULT_TTL, *,
+            key: str | None = None) -> Iterator[ClusterLock]:
+    """The cluster's lock (of its hosts' ``key``) for the duration of a ``with`` block."""
+    lock = ClusterLock(url, cluster, ttl=ttl, key=key)
     lock.acquire(wait)
     try:
         yield lock

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from hypervisor.base import HypervisorError, IoCounters
+from hypervisor.bootcheck import boot_problems
 from hypervisor.devices import boot_devices
 from vcsched.caps import CAP_TOLERANCE, min_cap, realisable_cap
 from vcsched.control.inventory import HostState, Inventory, VmMeta, VmState
@@ -42,6 +43,8 @@ class MemoryHypervisor:
         self.calls: list[tuple[str, str]] = []  # (operation, vm) of every state-changing call
         #: Wall clock of the hosts: a migrated VM records when it moved (``VmMeta.migrated_at``), as libvirt's do.
         self.clock: Callable[[], float] = time.time
+        #: Whether the hosts' files are this machine's: boot files are then checked before a plan's first step.
+        self.boot_files = False
 
     def _add(self, v: VmState) -> None:
         if v.host not in self.hosts:
@@ -87,6 +90,12 @@ class MemoryHypervisor:
     def find_vm(self, name: str) -> VmState | None:
         v = self.vms.get(name)
         return None if v is None or v.host in self.down else v
+
+    def create_problems(self, step: CreateStep, where: str) -> list[str]:
+        """The boot's template is read (vcsched reads it, wherever the host is); its other files only with
+        :attr:`boot_files` (the in-memory hosts have no files of their own unless a test says they are this
+        machine's)."""
+        return boot_problems(where, step.boot, step.memory_bytes, local=self.boot_files)
 
     def create_vm(self, step: CreateStep) -> None:
         self._maybe_fail("create", step.vm)

@@ -235,8 +235,9 @@ def test_the_hosts_rows_time_status_and_place_and_count_libvirt_calls_per_host()
                                                               ("place (dry run)", 3, 3 * n),
                                                               ("test driver alone: open + close", 3, 3 * n)]
         assert all(r.wall_median > 0 and r.cpu_median > 0 for r in got)
-    # Per host: the open and the close, the host's type and info, one getAllDomainStats, and one XML read per VM
-    # (libvirt has no bulk call for a domain's XML, where vcsched's metadata lives): two more VMs, two more calls.
+    # Per host: the open and the close, the host's type, info and capabilities (its UUID: who it is), one
+    # getAllDomainStats, and one XML read per VM (libvirt has no bulk call for a domain's XML, where vcsched's
+    # metadata lives): two more VMs, two more calls.
     status = {n: rows[n][0].calls_per_host for n in rows}
-    assert status[2] == (7, 7) and status[4] == (9, 9)
+    assert status[2] == (8, 8) and status[4] == (10, 10)
     assert "| status --sample 0 | 3 | 6 |" in "\n".join(scale_markdown(rows[2], 1))

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from hypervisor.base import HypervisorError
-from hypervisor.executor import FAILED, apply_plan
+from hypervisor.executor import apply_plan
 from hypervisor.libvirt_backend import (
     LibvirtHypervisor,
     domain_xml,
@@ -27,6 +27,7 @@ from hypervisor.libvirt_backend import (
 )
 from vcsched.control.admission import admit
 from vcsched.control.inventory import METADATA_NS, VmMeta
+from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster, ClusterHost, GuestDefaults
 from vcsched.formats.request import Request
 from vcsched.plans.steps import Boot, CreateStep
@@ -107,13 +108,14 @@ def test_creating_a_capped_vm_on_the_test_driver_fails_before_creating(two_hosts
         assert hv.find_vm("web-0") is None
 
 
-def test_applying_on_the_test_driver_stops_at_the_first_step_and_leaves_domains_alone(two_hosts: Cluster) -> None:
+def test_a_plan_capping_on_the_test_driver_is_refused_before_its_first_step(two_hosts: Cluster) -> None:
     with LibvirtHypervisor(two_hosts) as hv:
         inv = hv.inventory()
         d = admit(two_hosts, inv, Request("web", 1, 1, 64 * MiB, cpu_cores=0.5))
         assert d.plan is not None
-        report = apply_plan(hv, d.plan)
-        assert report.results[0].outcome == FAILED and "cannot set CPU caps" in report.results[0].detail
+        with pytest.raises(InputError, match=r"plan\.steps\[0\]\.cap_cores: host h\d cannot cap CPU: the libvirt test "
+                                             r"driver .* cannot set CPU caps"):
+            apply_plan(hv, d.plan)
         assert {v.name for v in hv.inventory().vms} == {v.name for v in inv.vms}
 
 
@@ -252,11 +254,11 @@ def test_cpu_beyond_vcpus_is_one_line_naming_both_numbers(tmp_path: Path, lab_cl
     assert "cpu_cores: 2 cores is more than the 1 vCPUs" in line
 
 
-def test_place_apply_on_the_test_driver_fails_the_step_with_exit_1(tmp_path: Path, lab_cluster: Path) -> None:
+def test_place_apply_on_the_test_driver_is_refused_before_any_step_with_exit_2(tmp_path: Path,
+                                                                                  lab_cluster: Path) -> None:
     result = run("place", write_request(tmp_path, WEB), "--cluster", lab_cluster, "--apply", "--json")
-    assert result.exit_code == 1
-    doc = json.loads(result.stdout)
-    assert [s["outcome"] for s in doc["applied"]["steps"]] == ["failed", "not run"]
+    assert result.exit_code == 2
+    assert "cannot set CPU caps" in one_line_error(result)
 
 
 def test_status_json_lists_unmanaged_domains(lab_cluster: Path) -> None:

@@ -177,14 +177,19 @@ def test_status_shows_the_vms_with_their_caps(placed: Placed) -> None:
 def test_a_failed_step_stops_the_plan_and_a_fixed_rerun_converges(lab2: Lab, tmp_path: Path) -> None:
     name = f"f{uuid.uuid4().hex[:6]}"
     req = tmp_path / "req.toml"
-    req.write_text(f'name = "{name}"\nvms = 2\nvcpus = 1\nmemory = "64MiB"\ncpu_cores = 0.2\n')
+    req.write_text(f'name = "{name}"\nvms = 2\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = 0.2\n')
     plan_file = tmp_path / "plan.json"
     vms = (f"{name}-0", f"{name}-1")
     try:
         assert run("place", req, "--cluster", lab2.cluster_file, "-o", plan_file).exit_code == 0
         good = json.loads(plan_file.read_text())
         broken = json.loads(json.dumps(good))
-        broken["steps"][1]["boot"]["kernel"] = str(tmp_path / "no-such-kernel")
+        # A kernel that is none passes every check made before the first step (it exists, is readable, fits, and
+        # libvirt validates the XML); QEMU refuses it when the VM starts ("linux kernel too old to load a ram
+        # disk").  A missing kernel is refused before any step (tests/test_inputs_lab.py).
+        garbage = tmp_path / "not-a-kernel"
+        garbage.write_bytes(bytes(range(256)) * 16)
+        broken["steps"][1]["boot"]["kernel"] = str(garbage)
         plan_file.write_text(json.dumps(broken))
 
         result = run("apply", plan_file, "--cluster", lab2.cluster_file, "--json")
@@ -192,6 +197,8 @@ def test_a_failed_step_stops_the_plan_and_a_fixed_rerun_converges(lab2: Lab, tmp
         steps = json.loads(result.stdout)["steps"]
         assert [s["outcome"] for s in steps] == ["done", "failed"]
         assert steps[1]["detail"].startswith(f"host {steps[1]['host']}: cannot create '{vms[1]}'")
+        assert result.stderr.startswith(f"vcsched: error: the plan stopped at step 2 (create {vms[1]} on "), \
+            result.stderr
         status = json.loads(run("status", "--cluster", lab2.cluster_file, "--json", "--sample", "0").stdout)
         running = {v["name"] for v in status["vms"] if v["active"]}
         assert vms[0] in running and vms[1] not in running

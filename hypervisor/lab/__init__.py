@@ -33,6 +33,7 @@ from hypervisor.lab.state import (
     LabHost,
     LabLayout,
     default_lab_dir,
+    host_uuid,
     memory_reserved_for,
     render_cluster_toml,
 )
@@ -42,11 +43,13 @@ __all__ = [
     "DownReport",
     "Lab",
     "LabError",
+    "LabShape",
     "LabStatus",
     "default_cluster_file",
     "down",
     "guest_boot_check",
     "prerequisites_problem",
+    "recorded_shape",
     "root_problem",
     "status",
     "up",
@@ -148,7 +151,7 @@ def _noop(_: str) -> None:
 
 def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop, *, cores: int = 1,
        memory_mib: int | None = None, recreate: bool = False, transport: str = "unix",
-       shared_storage: bool = False) -> Lab:
+       shared_storage: bool = False, resize: bool = False) -> Lab:
     """Bring up an ``n_hosts`` lab in ``dir`` (default: the default lab dir).
 
     ``transport="tls"``: every host also listens for TLS on its own loopback
@@ -159,8 +162,12 @@ def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop, *, cor
 
     Each host declares ``cores`` cores and ``memory_mib`` MiB (default: an
     equal share of the machine's memory).  If a lab already runs there with
-    the same shape it is repaired, guests kept; a different shape is refused
-    unless ``recreate``, which replaces the lab and destroys its guests.
+    the same shape it is repaired, guests kept; a different shape — host
+    count, cores, memory, transport, storage — is refused unless
+    ``recreate``, which replaces the lab and destroys its guests, or, for the
+    memory alone, ``resize``: the hosts then declare ``memory_mib`` if every
+    host's guests still fit in it (:func:`_resized`).  ``up`` never changes
+    a running lab's shape silently.
     """
     if not 1 <= n_hosts <= MAX_HOSTS:
         raise InputError(f"--hosts: {n_hosts} is not in [1, {MAX_HOSTS}]")
@@ -179,7 +186,8 @@ def up(n_hosts: int, dir: Path | None = None, progress: Progress = _noop, *, cor
     with _exclusive(layout):
         existing = _recorded(layout)
         if existing is not None and not recreate:
-            return _repair(layout, existing, n_hosts, cores, memory_mib, progress, transport, shared_storage)
+            return _repair(layout, existing, n_hosts, cores, memory_mib, progress, transport, shared_storage,
+                           resize)
         return _up(layout, n_hosts, cores, memory_mib, progress, transport, shared_storage)
 
 
@@ -223,30 +231,100 @@ def _reserved(machine_mib: int, n_hosts: int, memory_mib: int | None) -> str:
     return f"{max(machine_mib - memory_mib, 0)}MiB"
 
 
+def recorded_shape(dir: Path | None = None) -> LabShape | None:
+    """The shape of the lab recorded in ``dir`` (default: the default lab dir), None when none is: what a plain
+    ``vcsched lab up`` repairs, and what its flags default to."""
+    layout = _layout(dir)
+    existing = _recorded(layout)
+    if existing is None:
+        return None
+    hosts, _guest, machine_mib = existing
+    transport, shared = _recorded_shape(layout)
+    return LabShape(len(hosts), hosts[0].cores, _declared_mib(hosts[0], machine_mib), transport, shared)
+
+
+@dataclass(frozen=True)
+class LabShape:
+    """What ``lab up`` was asked for: hosts, cores and memory (MiB) each host declares, transport, storage."""
+
+    hosts: int
+    cores: int
+    memory_mib: int | None
+    transport: str
+    shared_storage: bool
+
+    def describe(self) -> str:
+        memory = f", {self.memory_mib} MiB" if self.memory_mib is not None else ""
+        return (f"{self.hosts} host(s) of {self.cores} core(s){memory} each (transport {self.transport}"
+                f"{', shared storage' if self.shared_storage else ''})")
+
+
+def _declared_mib(host: LabHost, machine_mib: int) -> int | None:
+    """The memory a lab host declares: the machine's at the split, less its ``memory_reserved``."""
+    from vcsched.formats.units import parse_size
+
+    if not machine_mib:
+        return None
+    return machine_mib - (parse_size("memory_reserved", host.memory_reserved, allow_zero=True) >> 20)
+
+
 def _repair(layout: LabLayout, existing: tuple[list[LabHost], GuestImage, int], n_hosts: int, cores: int,
-            memory_mib: int | None, progress: Progress, transport: str, shared: bool) -> Lab:
+            memory_mib: int | None, progress: Progress, transport: str, shared: bool, resize: bool = False) -> Lab:
     hosts, guest, split_mib = existing
     was = _recorded_shape(layout)
-    if len(hosts) != n_hosts or any(h.cores != cores for h in hosts) or was != (transport, shared):
-        raise LabError(f"a lab of {len(hosts)} host(s) with {hosts[0].cores} core(s) each (transport {was[0]}"
-                       f"{', shared storage' if was[1] else ''}) already runs in "
-                       f"{layout.root}; 'vcsched lab up --recreate' replaces it (destroying its guests), "
-                       "'vcsched lab down' removes it")
+    have = LabShape(len(hosts), hosts[0].cores, _declared_mib(hosts[0], split_mib), *was)
+    machine_mib = split_mib or daemons.memory_mib(layout.uri(0))
+    new_reserved = None if memory_mib is None else _reserved(machine_mib, n_hosts, memory_mib)
+    memory_differs = new_reserved is not None and any(h.memory_reserved != new_reserved for h in hosts)
+    if len(hosts) != n_hosts or any(h.cores != cores for h in hosts) or was != (transport, shared) or (
+            memory_differs and not resize):
+        asked = LabShape(n_hosts, cores, memory_mib if memory_mib is not None else have.memory_mib, transport, shared)
+        only_memory = (len(hosts), hosts[0].cores, was) == (n_hosts, cores, (transport, shared))
+        resize_hint = (f"; 'vcsched lab up --memory {memory_mib}MiB --resize' changes only the memory, if every "
+                       "host's guests still fit") if only_memory else ""
+        raise LabError(f"a lab of {have.describe()} already runs in {layout.root}, this asks for "
+                       f"{asked.describe()}: nothing changed; 'vcsched lab up --recreate' replaces it (destroying "
+                       f"its guests){resize_hint}; 'vcsched lab down' removes it")
     tls = transport == "tls"
+    if memory_differs:
+        assert memory_mib is not None
+        _check_guests_fit(layout, hosts, memory_mib)
     repaired = []
     for i, h in enumerate(hosts):
         progress(f"checking host {h.name}")
         cgroups.create_partition(layout.partition(i))  # idempotent: a reboot may have removed it
         if daemons.repair_host(layout, i, tls=tls, shared=shared):
             repaired.append(h.name)
-    machine_mib = split_mib or daemons.memory_mib(layout.uri(0))
-    if memory_mib is not None:
-        hosts = [dataclasses.replace(h, memory_reserved=_reserved(machine_mib, n_hosts, memory_mib)) for h in hosts]
-        _write_state(layout, hosts, guest, machine_mib, transport, shared)
+    # A lab from before host UUIDs were declared gets them now (its daemons have had them all along).
+    hosts = [dataclasses.replace(h, uuid=h.uuid or host_uuid(layout.id, i)) for i, h in enumerate(hosts)]
+    if memory_differs:
+        assert new_reserved is not None
+        hosts = [dataclasses.replace(h, memory_reserved=new_reserved) for h in hosts]
+    _write_state(layout, hosts, guest, machine_mib, transport, shared)
     layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
                                                      migration_tls=tls))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file, tuple(repaired),
                _shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_mib, transport, shared)
+
+
+def _check_guests_fit(layout: LabLayout, hosts: list[LabHost], memory_mib: int) -> None:
+    """Refuse a resize to ``memory_mib`` per host when some host's guests together need more."""
+    import libvirt
+
+    for i, h in enumerate(hosts):
+        try:
+            conn = libvirt.open(layout.uri(i))
+        except libvirt.libvirtError as exc:
+            raise LabError(f"--resize: host {h.name} does not answer ({exc.get_error_message()}); nothing "
+                           "changed (run 'vcsched lab up' to repair it first)") from None
+        try:
+            used = sum(int(d.maxMemory()) for d in conn.listAllDomains(0) if d.isActive()) >> 10  # KiB -> MiB
+            names = sorted(d.name() for d in conn.listAllDomains(0) if d.isActive())
+        finally:
+            conn.close()
+        if used > memory_mib:
+            raise LabError(f"--resize: host {h.name}'s guests ({', '.join(names)}) use {used} MiB, more than "
+                           f"--memory {memory_mib} MiB; nothing changed (stop some, or choose more memory)")
 
 
 def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, progress: Progress,
@@ -269,11 +347,13 @@ def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, pro
                 progress("reading what QEMU can do (a few seconds the first time on a machine)")
                 qemucaps.warm(layout.uri(0))
                 qemucaps.keep(layout.host_dir(0), caps_sources)
+            else:  # its seeded copy checked now, not by the first command (every command reads capabilities)
+                qemucaps.warm(layout.uri(i))
             machine_mib = machine_mib or daemons.memory_mib(layout.uri(i))  # one split for every host
             hosts.append(LabHost(layout.host_name(i), layout.tls_uri(i) if tls else layout.uri(i), layout.partition(i),
                                  cores=cores, memory_reserved=_reserved(machine_mib, n_hosts, memory_mib),
                                  storage=SHARED_STORAGE if shared else None,
-                                 pki=str(layout.pki_dir) if tls else None))
+                                 pki=str(layout.pki_dir) if tls else None, uuid=host_uuid(layout.id, i)))
             _write_state(layout, hosts, guest, machine_mib, transport, shared)
     except BaseException:
         _down(layout)  # the half-started host's directory is enough for down to find it

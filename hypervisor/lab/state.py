@@ -224,6 +224,7 @@ class LabHost:
     memory_reserved: str = "64MiB"
     storage: str | None = None  # the cluster file's storage name (None: the host's own)
     pki: str | None = None  # a TLS lab's client certificate directory
+    uuid: str | None = None  # its libvirt host_uuid, declared in the cluster file (a lab from before: None)
 
     @property
     def connect_uri(self) -> str:
@@ -305,6 +306,8 @@ def render_cluster_toml(name: str, hosts: Iterable[LabHost], guest: GuestImage |
         ]
         if h.storage is not None:
             lines.append(f"storage = {toml_string(h.storage)}")
+        if h.uuid is not None:
+            lines.append(f"uuid = {toml_string(h.uuid)}")
     return "\n".join(lines) + "\n"
 
 

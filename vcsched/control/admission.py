@@ -93,10 +93,21 @@ def check_request(cluster: Cluster, inventory: Inventory, request: Request) -> N
         raise InputError(f"name: virtual cluster {request.name!r} already exists in cluster {cluster.name!r}")
     if request.name in cluster.host_names:
         raise InputError(f"name: {request.name!r} is also a host name in cluster {cluster.name!r}")
-    taken = {v.name for v in inventory.vms}
+    taken = {v.name: v for v in inventory.vms}
     for vm in request.vm_names():
         if vm in taken:
             raise InputError(f"name: VM {vm!r} already exists in cluster {cluster.name!r}")
+    # Virtual clusters and VMs share one namespace (`--depart NAME`, `status`, the plan's steps name either).
+    clash = taken.get(request.name)
+    if clash is not None:
+        owner = f"of virtual cluster {clash.cluster!r}" if clash.cluster else "unmanaged"
+        raise InputError(f"name: {request.name!r} is already a VM's name in cluster {cluster.name!r} (on host "
+                         f"{clash.host}, {owner}); virtual cluster and VM names must differ")
+    known = set(inventory.clusters())
+    for vm in request.vm_names():
+        if vm in known:
+            raise InputError(f"name: the request's VM {vm!r} would carry the name of virtual cluster {vm!r}; "
+                             "virtual cluster and VM names must differ")
     n_ref = inventory.reference_cores
     cores = request.need_cores(n_ref)
     if cores > request.vcpus + _EPS:

@@ -109,8 +109,15 @@ class HostState:
     #: Declared capacities (cluster file ``disk_bps``/``net_bps``, bytes per second; None: not declared).
     disk_bps: int | None = None
     net_bps: int | None = None
-    #: ``(resource, why)`` for each resource its driver cannot cap (e.g. Xen disks, the test driver).
+    #: ``(resource, why)`` for each resource (``cpu``, ``disk``, ``net``) its driver cannot cap (e.g. Xen disks; the
+    #: test driver caps nothing).
     cannot_cap: tuple[tuple[str, str], ...] = ()
+    #: Its storage group (the cluster file's ``storage``, by default the host's own name): a VM moving between
+    #: hosts of different groups copies its disks too.  None: not known (moves cost memory only).
+    storage: str | None = None
+    #: libvirt's UUID of the host (capabilities ``<host><uuid>``): who the host *is*, however its URI is spelled.
+    #: None: not read, or its driver reports none (libvirt's test driver).
+    uuid: str | None = None
 
     def capacity(self, resource: str) -> int | None:
         """Declared bytes per second of ``disk`` or ``net`` (None: the cluster file does not say)."""

@@ -29,7 +29,7 @@ from vcsched.formats.cluster import Cluster
 from vcsched.formats.instance import check_instance
 from vcsched.model import Instance, SolveOptions
 from vcsched.plans.migration import HostRoom, MigrationBlocked, MigrationOrder, VmChange, order_changes, plan_steps
-from vcsched.plans.plan import Plan, VmPrediction
+from vcsched.plans.plan import MEASURED, Plan, VmPrediction
 from vcsched.plans.steps import RemoveStep, SetNeedStep
 
 
@@ -160,7 +160,8 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     else:
         instance = Instance(model_hosts(inventory, cordoned=cordoned), existing.jobs, pinned=pinned_tasks)
     layout = cluster if cluster is not None else storage  # which hosts share storage (the cluster file)
-    disk_bytes, host_storage = _storage_costs(layout, inventory, vms)
+    groups = storage_groups(layout, inventory)
+    disk_bytes, host_storage = _storage_costs(groups, inventory, vms)
     problem = AdaptProblem(instance, np.array(existing.hosts, dtype=np.int64),
                            np.array([v.memory_bytes for v in vms], dtype=np.int64), budget,
                            disk_bytes=disk_bytes, host_storage=host_storage)
@@ -200,8 +201,7 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
 
     def hop_bytes(c: VmChange, src: str, dst: str) -> int:
         """Memory, plus the disks when source and destination do not share storage."""
-        assert layout is not None  # host_storage is only set with the cluster file
-        return c.cost + (0 if layout.shares_storage(src, dst) else disks.get(c.vm, 0))
+        return c.cost + (0 if groups[src] == groups[dst] else disks.get(c.vm, 0))
 
     order = order_changes(rooms, changes, parallel=parallel, move_bytes=hop_bytes if host_storage is not None else None)
     if order.total_bytes > budget:
@@ -216,6 +216,9 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     plan = Plan("adapt", cluster_name, snapshot_hash(full, gone, moved, renewed),
                 float(adapted.result.min_yield or 0), float(adapted.result.avg_yield or 0), per_vm, steps,
                 extra={"budget": budget, "migrated_bytes": order.total_bytes,
+                       # Planned on needs it does not record (`vcsched run`'s measured ones): the predictions' needs
+                       # are those, not the VMs' recorded ones (vcsched.plans.claims).
+                       **({"needs": MEASURED} if needs and not record_needs else {}),
                        **({"policy": shared[1].policy} if shared is not None else {}),
                        **({"drain": drain, "stays": [list(s) for s in stays]} if drain is not None else {})})
     missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})
@@ -245,20 +248,27 @@ def _drain(cluster_name: str, inventory: Inventory, full: Inventory, vms: list[V
     return result.problem, result.adapted, stays
 
 
-def _storage_costs(cluster: Cluster | None, inventory: Inventory,
-                   vms: list[VmState]) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Per VM its disks' bytes and per host its storage group, when some move would copy disks; else (None, None).
+def storage_groups(cluster: Cluster | None, inventory: Inventory) -> dict[str, str]:
+    """Each host's storage group: the cluster file's ``storage`` (default the host's own name), else what the
+    inventory says (``HostState.storage``, which the hypervisor reads from the same file), else one group for
+    every host: nothing known, moves cost memory, as before (:func:`vcsched.plans.claims.move_bytes` the same)."""
+    if cluster is not None:
+        return {h.name: cluster.host(h.name).storage_name if h.name in cluster.host_names else h.name
+                for h in inventory.hosts}
+    return {h.name: h.storage or "" for h in inventory.hosts}
 
-    Without the cluster file nothing is known about storage: moves cost memory, as before.
-    """
-    if cluster is None or not any(v.disk_bytes for v in vms):
+
+def _storage_costs(groups: Mapping[str, str], inventory: Inventory,
+                   vms: list[VmState]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Per VM its disks' bytes and per host its storage group, when some move would copy disks; else (None, None)."""
+    if not any(v.disk_bytes for v in vms):
         return None, None
-    names = [cluster.host(h.name).storage_name if h.name in cluster.host_names else h.name for h in inventory.hosts]
-    groups = {n: i for i, n in enumerate(dict.fromkeys(names))}
-    if len(groups) < 2:
+    names = [groups[h.name] for h in inventory.hosts]
+    index = {n: i for i, n in enumerate(dict.fromkeys(names))}
+    if len(index) < 2:
         return None, None
     return (np.array([v.disk_bytes for v in vms], dtype=np.int64),
-            np.array([groups[n] for n in names], dtype=np.int64))
+            np.array([index[n] for n in names], dtype=np.int64))
 
 
 def _shared_instance(cluster: Cluster, inventory: Inventory, managed: tuple[VmState, ...], needs: Mapping[str, float],

@@ -22,6 +22,8 @@ Format (TOML, written by ``vcsched lab up`` or by hand; docs/operations.md)::
     address = "10.0.0.12"        # optional: where migrations to this host go (default: the URI's host part)
     storage = "rack1-nfs"        # optional: hosts with the same name share storage (default: the host's name)
     maintenance = true           # optional: cordoned (`vcsched cordon h0`): no new VM, no migration in
+    uuid = "6f0c...-..."         # optional: the host's libvirt host UUID (`lab up` writes it): checked at every
+                                 # inventory, and what names the cluster lock while the host is down
 
 Across machines (docs/operations.md, "Running across machines"), all optional::
 
@@ -155,6 +157,9 @@ class ClusterHost:
     #: over-estimate of what a move costs).
     storage: str | None = None
     maintenance: bool = False  # cordoned: receives no new VM and no migration (docs/rules.md)
+    #: The host's libvirt host UUID as the file declares it (None: not declared): the host must answer with it,
+    #: and it names the cluster's lock while the host is down (hypervisor/identity.py).
+    uuid: str | None = None
 
     @property
     def migration_address(self) -> str:
@@ -212,7 +217,7 @@ class Cluster:
 
 def _host_from_dict(where: str, d: Any) -> ClusterHost:
     d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition", "disk_bps", "net_bps",
-                                "address", "storage", "maintenance"}, {"name", "uri"}, kind="table")
+                                "address", "storage", "maintenance", "uuid"}, {"name", "uri"}, kind="table")
     name = check_name(f"{where}.name", d["name"])
     uri = check_string(f"{where}.uri", d["uri"])
     scheme = uri_scheme(uri)
@@ -233,8 +238,19 @@ def _host_from_dict(where: str, d: Any) -> ClusterHost:
     maintenance = d.get("maintenance", False)
     if not isinstance(maintenance, bool):
         raise InputError(f"{where}.maintenance: expected true or false, got {maintenance!r}")
+    host_uuid = check_uuid(f"{where}.uuid", d["uuid"]) if "uuid" in d else None
     return ClusterHost(name, uri, cores, reserved, partition, rates["disk_bps"], rates["net_bps"], address, storage,
-                       maintenance)
+                       maintenance, host_uuid)
+
+
+def check_uuid(where: str, value: Any) -> str:
+    """A UUID (any of the spellings Python's :class:`uuid.UUID` reads), in its canonical lower-case form."""
+    import uuid
+
+    try:
+        return str(uuid.UUID(check_string(where, value)))
+    except ValueError:
+        raise InputError(f"{where}: {value!r} is not a UUID (e.g. 6d1b8a52-3f0e-4c59-9a52-8c0f1e0b7a11)") from None
 
 
 def uri_warnings(where: str, host: str, uri: str) -> tuple[str, ...]:
@@ -275,13 +291,20 @@ def cluster_from_dict(d: Any) -> Cluster:
     hosts = tuple(_host_from_dict(f"hosts[{i}]", h) for i, h in enumerate(hosts_raw))
     seen: dict[str, int] = {}
     uris: dict[str, int] = {}
+    uuids: dict[str, int] = {}
     for i, h in enumerate(hosts):
         if h.name in seen:
             raise InputError(f"hosts[{i}].name: duplicate host name {h.name!r} (also hosts[{seen[h.name]}])")
-        if h.uri in uris:  # one hypervisor listed twice: every VM on it would be counted (and capped) twice
+        # One hypervisor listed twice: every VM on it would be counted (and capped) twice.  The same URI is caught
+        # here; other spellings of one host, by its UUID at every inventory (hypervisor/identity.py).
+        if h.uri in uris:
             raise InputError(f"hosts[{i}].uri: {h.uri!r} is also hosts[{uris[h.uri]}]'s URI")
+        if h.uuid is not None and h.uuid in uuids:
+            raise InputError(f"hosts[{i}].uuid: {h.uuid} is also hosts[{uuids[h.uuid]}]'s: list each host once")
         seen[h.name] = i
         uris[h.uri] = i
+        if h.uuid is not None:
+            uuids[h.uuid] = i
     min_yield = check_fraction("min_yield", d.get("min_yield", 0.0))
     guest = _guest_from_dict(d["guest"]) if "guest" in d else None
     coordination = check_coordination_url("coordination", d["coordination"]) if "coordination" in d else None

@@ -16,6 +16,9 @@ from typing import Any
 
 from vcsched.errors import InputError
 
+#: The most vCPUs a VM may have: requests and plans' create steps alike.
+MAX_VCPUS = 256
+
 
 def check_fields(where: str, value: Any, allowed: Set[str], required: Set[str], *,
                  kind: str = "object") -> Mapping[str, Any]:

@@ -5,7 +5,7 @@ Format (TOML; examples/web.toml)::
     name = "web"          # virtual cluster name; its VMs are web-0, web-1, ...
     vms = 2               # number of VMs (tasks of the job)
     vcpus = 1             # per VM
-    memory = "128MiB"     # per VM: bytes or a binary size string
+    memory = "128MiB"     # per VM: a whole number of MiB, at least 16 MiB (vcsched/formats/units.py)
     cpu_need = 0.5        # CPU a VM uses when alone, as a fraction of the reference host ...
     # cpu_cores = 0.5     # ... or in cores (exactly one of the two)
     template = "vm.xml"   # optional domain XML template (else the cluster's [guest] boot) ...
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vcsched.errors import InputError
-from vcsched.formats.fields import check_fields, check_fraction, check_name, check_number, check_string
-from vcsched.formats.units import parse_size
+from vcsched.formats.fields import MAX_VCPUS, check_fields, check_fraction, check_name, check_number, check_string
+from vcsched.formats.units import parse_memory, parse_size
 from vcsched.model import PREFERRED, REQUIRED
 
 MAX_VMS = 1024
@@ -85,8 +85,8 @@ def request_from_dict(d: Any) -> Request:
     d = check_fields("request", d, allowed, {"name", "vms", "vcpus", "memory"}, kind="table")
     name = check_name("name", d["name"])
     vms = _count("vms", d["vms"], MAX_VMS)
-    vcpus = _count("vcpus", d["vcpus"], 256)
-    memory = parse_size("memory", d["memory"])
+    vcpus = _count("vcpus", d["vcpus"], MAX_VCPUS)
+    memory = parse_memory("memory", d["memory"])
     if ("cpu_need" in d) == ("cpu_cores" in d):
         raise InputError("cpu_need/cpu_cores: give exactly one (cpu_need as a fraction of the reference host, "
                          "cpu_cores in cores)")

@@ -152,14 +152,18 @@ class _Replay:
         return v
 
     def cap_ok(self, where: str, cap: float, vcpus: int, host: HostState) -> bool:
+        why = host.cap_problem("cpu")
+        if why is not None:
+            self.problems.append(f"{where}.cap_cores: host {host.name} cannot cap CPU: {why}")
+            return False
         if cap > vcpus + CAP_TOLERANCE:
-            self.problems.append(f"{where}.cap_cores: {cap:g} cores is more than the VM's {vcpus} vCPUs can use")
+            self.problems.append(f"{where}.cap_cores: {cap:.10g} cores is more than the VM's {vcpus} vCPUs can use")
             return False
         if cap > host.cores + CAP_TOLERANCE:
-            self.problems.append(f"{where}.cap_cores: {cap:g} cores is more than host {host.name}'s {host.cores}")
+            self.problems.append(f"{where}.cap_cores: {cap:.10g} cores is more than host {host.name}'s {host.cores}")
             return False
         if cap < min_cap(vcpus) - CAP_TOLERANCE:
-            self.problems.append(f"{where}.cap_cores: {cap:g} cores is below the smallest cap of a {vcpus}-vCPU "
+            self.problems.append(f"{where}.cap_cores: {cap:.10g} cores is below the smallest cap of a {vcpus}-vCPU "
                                  f"VM ({min_cap(vcpus):g}: the minimum CPU quota)")
             return False
         return True
@@ -209,6 +213,13 @@ class _Replay:
             return
         h = self.host_ok(where, s.host)
         if h is None or not self.cap_ok(where, s.cap_cores, s.vcpus, h):
+            return
+        clash = self.vms.get(s.cluster)
+        if clash is not None:  # virtual cluster and VM names share one namespace (`--depart NAME`, `status`)
+            self.problems.append(f"{where}.cluster: {s.cluster!r} is already the name of a VM on host {clash.host}")
+            return
+        if any(v.cluster == s.vm for v in self.vms.values()):
+            self.problems.append(f"{where}.vm: {s.vm!r} is already the name of a virtual cluster")
             return
         v = self.vms.get(s.vm)
         if v is not None:  # an interrupted earlier run created it: only its caps are left to set

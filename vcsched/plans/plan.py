@@ -40,6 +40,10 @@ def _fields(where: str, d: Any, required: set[str], optional: frozenset[str] | s
     return check_fields(where, d, optional, required)
 
 
+#: ``"needs": "measured"``: the plan was computed on needs it does not record (the controller's measurements), so
+#: its predictions' ``cpu_need_cores`` are those rather than the VMs' recorded needs.
+MEASURED = "measured"
+
 #: Optional per-VM predictions of the extra fluid resources, bytes per second.
 IO_PREDICTIONS = frozenset({"disk_bytes_sec", "net_bytes_sec"})
 
@@ -105,8 +109,8 @@ class Plan:
 def plan_from_dict(d: Any) -> Plan:
     """Validate a decoded plan document (a saved plan may have been edited by hand)."""
     d = _fields("plan", d, {"version", "kind", "cluster", "snapshot", "predicted", "steps"},
-                {"request", "budget", "migrated_bytes", "policy"})
-    if d["version"] != PLAN_VERSION:
+                {"request", "budget", "migrated_bytes", "policy", "needs"})
+    if isinstance(d["version"], bool) or not isinstance(d["version"], int) or d["version"] != PLAN_VERSION:
         raise InputError(f"plan.version: {d['version']!r} is not supported (this vcsched reads {PLAN_VERSION})")
     if d["kind"] not in PLAN_KINDS:
         raise InputError(f"plan.kind: {d['kind']!r} is not one of {', '.join(PLAN_KINDS)}")
@@ -134,6 +138,10 @@ def plan_from_dict(d: Any) -> Plan:
     extra: dict[str, Any] = {"request": _str("plan.request", d["request"])} if "request" in d else {}
     if "policy" in d:
         extra["policy"] = _str("plan.policy", d["policy"])
+    if "needs" in d:
+        if d["needs"] != MEASURED:
+            raise InputError(f"plan.needs: {d['needs']!r} is not {MEASURED!r}")
+        extra["needs"] = MEASURED
     if "budget" in d or "migrated_bytes" in d:
         extra.update(_budget(d, steps))
     return Plan(d["kind"], _str("plan.cluster", d["cluster"]), snapshot,

@@ -30,7 +30,8 @@ from typing import Any, ClassVar, Protocol
 from vcsched.caps import CAP_TOLERANCE
 from vcsched.control.inventory import VmMeta
 from vcsched.errors import InputError
-from vcsched.formats.fields import check_count, check_fields, check_fraction, check_number, check_string
+from vcsched.formats.fields import MAX_VCPUS, check_count, check_fields, check_fraction, check_number, check_string
+from vcsched.formats.units import check_vm_memory
 from vcsched.iocaps import DISK, NET, IoCaps
 
 
@@ -232,6 +233,9 @@ class CreateStep(_IoFields, _Flags):
                           _num(f"{where}.cap_cores", d["cap_cores"]), Boot.from_dict(f"{where}.boot", d["boot"]),
                           check_fraction(f"{where}.min_yield", d["min_yield"]) if "min_yield" in d else None,
                           **_meta_from_dict(where, d), **_io_from_dict(where, d))
+        if step.vcpus > MAX_VCPUS:
+            raise InputError(f"{where}.vcpus: {step.vcpus} is more than {MAX_VCPUS}")
+        check_vm_memory(f"{where}.memory_bytes", step.memory_bytes)
         _check_cap(where, step.cap_cores, step.vcpus)
         return step
 
@@ -389,7 +393,7 @@ class MigrateStep(_Flags):
 
 def _check_cap(where: str, cap: float, vcpus: int) -> None:
     if cap > vcpus + CAP_TOLERANCE:
-        raise InputError(f"{where}.cap_cores: {cap:g} cores is more than the VM's {vcpus} vCPUs can use")
+        raise InputError(f"{where}.cap_cores: {cap:.10g} cores is more than the VM's {vcpus} vCPUs can use")
 
 
 
