@@ -10,7 +10,9 @@ import signal
 import time
 import tomllib
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -358,29 +360,38 @@ def _cpu_seconds(dom: object, window_s: float) -> float:
     return (t1 - t0) / 1e9 / window_s
 
 
-@pytest.mark.lab
-@pytest.mark.exclusive
-def test_lab_guest_boots_and_burns_cpu(lab2: Lab) -> None:
+@pytest.fixture(scope="module")
+def loop_guest(lab2: Lab) -> Iterator[Any]:
+    """One booted CPU-loop guest on h0 for the measuring tests below (one boot instead of one per test)."""
     with lab_guest(lab2, host=0) as dom:
-        assert dom.isActive()
-        # A busy loop under TCG uses most of a core; 0.3 leaves room for a loaded machine.
-        assert _cpu_seconds(dom, 1.0) > 0.3
+        yield dom
 
 
 @pytest.mark.lab
 @pytest.mark.exclusive
-def test_lab_vcpu_quota_caps_the_guests_cpu(lab2: Lab) -> None:
+def test_lab_guest_boots_and_burns_cpu(loop_guest: Any) -> None:
+    assert loop_guest.isActive()
+    # A busy loop under TCG uses most of a core; 0.3 leaves room for a loaded machine.
+    assert _cpu_seconds(loop_guest, 1.0) > 0.3
+
+
+@pytest.mark.lab
+@pytest.mark.exclusive
+def test_lab_vcpu_quota_caps_the_guests_cpu(loop_guest: Any) -> None:
     """Caps work on lab hosts (what the plan applier and calibration rely on): 25% of a vCPU."""
     import libvirt
 
-    with lab_guest(lab2, host=0) as dom:
-        dom.setSchedulerParametersFlags({"vcpu_period": 100000, "vcpu_quota": 25000},
-                                        libvirt.VIR_DOMAIN_AFFECT_LIVE)
-        params = dom.schedulerParametersFlags(libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    dom = loop_guest
+    flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+    dom.setSchedulerParametersFlags({"vcpu_period": 100000, "vcpu_quota": 25000}, flags)
+    try:
+        params = dom.schedulerParametersFlags(flags)
         assert (params["vcpu_period"], params["vcpu_quota"]) == (100000, 25000)
         time.sleep(0.3)  # let the running CFS period end
         # The cap bounds it from above whatever else runs; the emulator thread adds ~1%.
         assert 0.0 < _cpu_seconds(dom, 2.0) < 0.4
+    finally:
+        dom.setSchedulerParametersFlags({"vcpu_quota": -1}, flags)  # uncapped again, as the fixture made it
 
 
 @pytest.mark.lab
