@@ -6,11 +6,13 @@ Exit codes: 0 success, 1 a well-formed request that cannot be satisfied
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -34,6 +36,41 @@ def _console(stderr: bool = False) -> Console:
 
 console = _console()
 err_console = _console(stderr=True)
+
+
+@contextlib.contextmanager
+def stdout_for_vcsched_only() -> Iterator[None]:
+    """While a command runs, only vcsched writes to stdout: its tables and ``--json`` documents, which scripts parse.
+
+    Python's ``sys.stdout`` writes to a private copy of the real stdout, and file descriptor 1, where native
+    libraries print, points at stderr: HiGHS (scipy's MILP solver) ``printf()``s a debug line at times
+    (``HighsMipSolverData::transformNewIntegerFeasibleSolution ...``), which would corrupt ``vcsched solve
+    --json``; on stderr it is a diagnostic.  The process owns its descriptors, so this is the CLI's business,
+    not the solver's.  Nothing changes when stdout cannot be duplicated (no stdout at all).
+    """
+    try:
+        sys.stdout.flush()
+        real = os.dup(1)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    before = sys.stdout
+    try:
+        ours = os.fdopen(real, "w", buffering=1 if before.isatty() else -1, encoding=before.encoding,
+                         errors=before.errors, closefd=False)
+        os.dup2(2, 1)
+    except (OSError, ValueError):
+        os.close(real)
+        yield
+        return
+    sys.stdout = ours
+    try:
+        yield
+    finally:
+        ours.flush()
+        sys.stdout = before
+        os.dup2(real, 1)
+        os.close(real)
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:

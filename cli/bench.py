@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,7 +20,7 @@ from rich.table import Table
 
 from cli.app import EXIT_OK, FiniteFloatRange, console, emit_json, err_console
 from cli.common import MachineInfo, machine_info, progress_bar
-from vcsched.errors import InputError
+from vcsched.errors import InputError, VcschedError
 from vcsched.experiments import OnProgress
 from vcsched.experiments.bench import (
     ADAPT_PREFIX,
@@ -29,11 +31,11 @@ from vcsched.experiments.bench import (
     POLICIES_PREFIX,
     STARTUP_CASE,
     STARTUP_PREFIX,
+    WHOLE_PROCESS,
     BenchCase,
     Timing,
     parse_cases,
     run_bench,
-    time_commands,
 )
 from vcsched.experiments.generate import generate
 from vcsched.formats.instance import instance_to_dict
@@ -41,7 +43,7 @@ from vcsched.solvers.registry import algorithms as registered
 
 if TYPE_CHECKING:
     from cli.bench_hosts import ScaleRow
-    from vcsched.policies.bench import BenchRow as PolicyBenchRow
+    from vcsched.experiments.policy_bench import BenchRow as PolicyBenchRow
     from vcsched.simulate.bench import SimBenchRow
 
 SIMULATE_PREFIX = "simulate"  # vcsched.simulate.bench.SIMULATE_PREFIX, without importing the simulator at start-up
@@ -61,6 +63,42 @@ def startup_commands(vcsched: Sequence[str], instance_file: str) -> list[tuple[s
     """The start-up rows: ``vcsched --help``, and ``vcsched solve`` (mcb8) of the STARTUP_CASE instance."""
     return [(f"{STARTUP_PREFIX} --help", [*vcsched, "--help"]),
             (f"{STARTUP_PREFIX} solve {STARTUP_CASE.name}", [*vcsched, "solve", instance_file])]
+
+
+def time_commands(commands: Sequence[tuple[str, Sequence[str]]], *, repeat: int = 5,
+                  on_progress: OnProgress | None = None) -> list[Timing]:
+    """Wall-clock time of whole processes, start to exit: ``(row name, command line)`` each run ``repeat`` times.
+
+    This is what a user waits for (interpreter start-up, imports, reading the
+    input, the work, the output), where :func:`run_bench` times the solver
+    alone.  Each command first runs once untimed, so that every timed run
+    finds the files it reads in the page cache.  Output is discarded; a
+    command that exits with a status other than 0 is an error (a row that
+    timed a failure would read as a result).
+    """
+    total = len(commands)
+
+    def progress(done: int, description: str) -> None:
+        if on_progress is not None:
+            on_progress(done, total, description)
+
+    timings: list[Timing] = []
+    for name, argv in commands:
+        progress(len(timings), name)
+        runs = []
+        for i in range(repeat + 1):
+            start = time.perf_counter()
+            done = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, check=False)
+            took = time.perf_counter() - start
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+                raise VcschedError(f"{name}: {' '.join(argv)} exited with status {done.returncode}: {last}")
+            if i:  # run 0 warms the caches
+                runs.append(took)
+        timings.append(Timing(name, WHOLE_PROCESS, tuple(runs), True, None))
+    progress(total, "done")
+    return timings
 
 
 def time_startup(repeat: int, on_progress: OnProgress | None = None) -> list[Timing]:
@@ -109,7 +147,7 @@ def bench_markdown(timings: list[Timing], cases: tuple[BenchCase, ...], repeat: 
                   "| row | median |", "| --- | --- |"]
         lines += [f"| {t.algorithm} | {_cell(t, {})} |" for t in startup]
     if policy_rows:
-        from vcsched.policies.bench import markdown as policy_markdown
+        from vcsched.experiments.policy_bench import markdown as policy_markdown
 
         lines += ["", "## Sharing policies", "",
                   "Each policy on a fixed placement (docs/policies.md §7): `cluster` = the protocol's parallel jobs "
@@ -159,7 +197,7 @@ def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> Table:
 
 
 def _policy_table(rows: Sequence[PolicyBenchRow]) -> Table:
-    from vcsched.policies.bench import target_text
+    from vcsched.experiments.policy_bench import target_text
 
     table = Table(title="sharing policies on a fixed placement (best time, s)")
     for col in ("case", "policy", "policy", "allocate_policy", "target", "min yield", "mean yield"):
@@ -171,7 +209,7 @@ def _policy_table(rows: Sequence[PolicyBenchRow]) -> Table:
 
 
 def _within(row: PolicyBenchRow) -> bool | None:
-    from vcsched.policies.bench import within_target
+    from vcsched.experiments.policy_bench import within_target
 
     return within_target(row)
 
@@ -273,7 +311,7 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
         startup = time_startup(repeat, on_progress) if do_startup else []
         policy_rows: list[PolicyBenchRow] = []
         if do_policies:
-            from vcsched.policies.bench import bench as bench_policies
+            from vcsched.experiments.policy_bench import bench as bench_policies
 
             policy_rows = bench_policies(repeat, on_progress)
         sim_rows: list[SimBenchRow] = []

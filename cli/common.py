@@ -30,10 +30,10 @@ if TYPE_CHECKING:
     from hypervisor.executor import ApplyReport
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from hypervisor.lock import ClusterLock
-    from vcsched.control.inventory import Inventory
     from vcsched.experiments import OnProgress
     from vcsched.formats.cluster import Cluster
     from vcsched.formats.request import Request
+    from vcsched.inventory import Inventory
     from vcsched.plans.plan import Plan
 
 EXIT_INTERRUPTED = 130

@@ -27,6 +27,7 @@ from vcsched.experiments.paper import (
     in_run_order,
     mean_by,
     missing_items,
+    parse_label,
     report_markdown,
     resumable_records,
     run_items,
@@ -37,14 +38,19 @@ from vcsched.solvers.registry import algorithms as registered
 
 
 def parse_names(value: str | None, what: str) -> list[str] | None:
-    """A comma-separated list of registered algorithm names (None when not given)."""
+    """A comma-separated list of registered algorithm names, each optionally with its own time limit
+    (``best@0.1``: :func:`vcsched.experiments.paper.parse_label`); None when not given."""
     if value is None:
         return None
     names = [n.strip() for n in value.split(",") if n.strip()]
     known = registered()
     for n in names:
-        if n not in known:
-            raise InputError(f"{what}: unknown algorithm {n!r} (known: {', '.join(sorted(known))})")
+        try:
+            name, _ = parse_label(n)
+        except InputError as exc:
+            raise InputError(f"{what}: {exc}") from None
+        if name not in known:
+            raise InputError(f"{what}: unknown algorithm {name!r} (known: {', '.join(sorted(known))})")
     return names
 
 
@@ -139,7 +145,8 @@ def _task_counts(tasks_opt: str | None) -> list[int] | None:
 @click.option("-n", "--instances", type=click.IntRange(min=1), default=None,
               help="Instances per family (paper: 10 for small, 100 for large and parallel).  [default: the paper's]")
 @click.option("-a", "--algorithms", "algorithms_opt", default=None, metavar="A,B,...",
-              help="Algorithms to run (comma-separated).  [default: all registered; milp only on small]")
+              help="Algorithms to run (comma-separated); NAME@S runs NAME with a time limit of S seconds, e.g. "
+                   "best@0.1,best@1.  [default: all registered; milp only on small]")
 @click.option("-x", "--exclude", default=None, metavar="A,B,...",
               help="Algorithms to leave out of the default list, e.g. rrnd,rrnz,gb,sgb at large scale.")
 @click.option("--tasks", "tasks_opt", default=None, metavar="J,J,...",
@@ -182,9 +189,11 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
     bound gaps, side by side with the paper's numbers.
 
     \b
-    Example (a quick look, then the paper's small set):
+    Example (a quick look, then the paper's small set, then `best` at three budgets
+    beside MCB8, the MILP and the LP bound, docs/results.md):
       vcsched experiment small -n 1 -a mcb8,sg -o /tmp/quick
       nice vcsched experiment small -o results/small
+      nice vcsched experiment small -a milp,mcb8,best@0.01,best@0.1,best@1,lpbound -o results/best-small
 
     Cost: rrnd/rrnz solve an LP per instance and gb/sgb backtrack; at 500
     tasks they dominate the run, so leave them out with -x when in a hurry.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 
-from cli.app import cli
+from cli.app import cli, stdout_for_vcsched_only
 
 #: name -> (where the click command lives, its one-line summary: the first paragraph of its docstring)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -63,11 +63,12 @@ GC_THRESHOLDS = (50_000, 10, 10)
 
 def main() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        cli(prog_name="vcsched")
-    except SystemExit as exc:
-        _exit_past_hung_hosts(exc.code)
-        raise
+    with stdout_for_vcsched_only():
+        try:
+            cli(prog_name="vcsched")
+        except SystemExit as exc:
+            _exit_past_hung_hosts(exc.code)
+            raise
 
 
 def _exit_past_hung_hosts(code: object) -> None:

@@ -202,9 +202,9 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
         on_host = [v.name for v in inventory.vms_on(host) if v.managed and v.active]
         stays = [{"vm": vm, "reason": reason, "detail": detail} for vm, reason, detail in live.stays]
         out: dict[str, Any] = {"host": host, "budget": budget, "vms_on_host": on_host, "stays": stays,
-                               "complete": live.plan is not None and not stays, "hosts_down": down}
+                               "complete": live.drain_complete, "hosts_down": down}
         if live.plan is None:
-            out["reason"] = str(live.adapted.result.detail.get("infeasible", "no placement within the budget"))
+            out["reason"] = live.infeasible
             if as_json:
                 emit_json(out)
             else:
@@ -232,18 +232,12 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
                               f"min_yield {floor:g} it was admitted with", highlight=False)
         report = None
         if do_apply:
-            if stays:
+            blocked = live.drain_blocked(allow_below_floor=allow_below_floor)
+            if blocked is not None:
                 if not as_json:
-                    console.print(f"[red]not applied[/]: {host} cannot be emptied within these rules and budget")
+                    console.print(f"[red]not applied[/]: {blocked}")
                 else:
-                    emit_json(out)
-                return EXIT_UNSATISFIED
-            if live.floors_missed and not allow_below_floor:
-                msg = "a virtual cluster would end below its min_yield (--allow-below-floor to apply anyway)"
-                if as_json:
-                    emit_json(out | {"applied": None, "refused": msg})
-                else:
-                    console.print(f"[red]not applied[/]: {msg}")
+                    emit_json(out if stays else out | {"applied": None, "refused": blocked})
                 return EXIT_UNSATISFIED
             set_maintenance(path, host, True)  # nothing new lands there from now on
             report = run_apply(hv, live.plan, force=False, quiet=as_json, lock=lock)

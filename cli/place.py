@@ -25,10 +25,10 @@ from cli.common import (
 )
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.admission import Decision, admit
-from vcsched.control.inventory import Inventory
 from vcsched.errors import InputError
 from vcsched.formats.request import Request
 from vcsched.formats.units import format_size
+from vcsched.inventory import Inventory
 from vcsched.model import SolveOptions
 from vcsched.plans.plan import Plan
 from vcsched.solvers.registry import algorithms
@@ -41,6 +41,10 @@ def render_decision(request: Request, decision: Decision, inventory: Inventory) 
     assert decision.plan is not None
     console.print(f"[green]admitted[/] {request.name}: {request.vms} VMs of {request.vcpus} vCPU, "
                   f"{format_size(request.memory_bytes)}")
+    for unmet in decision.detail.get("unmet_preferred", []):  # type: ignore[attr-defined]
+        console.print(f"[yellow]note[/]: preferred rule not honoured: {unmet}", highlight=False)
+    for note in decision.detail.get("fallback", []):  # type: ignore[attr-defined]
+        console.print(f"[yellow]note[/]: {note}", highlight=False)
     render_plan(decision.plan, inventory)
 
 
@@ -121,7 +125,7 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                 report = run_apply(hv, decision.plan, force=False, quiet=as_json, lock=lock)
     if as_json:
         emit_json({"admitted": decision.admitted, "reason": decision.reason, "policy": sharing.policy,
-                   "min_yield": decision.min_yield,
+                   "detail": decision.detail, "min_yield": decision.min_yield,
                    "avg_yield": decision.avg_yield,
                    "hosts_down": hosts_down(inventory),
                    "plan": decision.plan.to_dict() if decision.plan else None,

@@ -62,6 +62,8 @@ def render_result(instance: Instance, result: SolveResult) -> None:
                       f"[bold]{result.avg_yield:.4f}[/]   solver time {result.runtime_s * 1e3:.2f} ms")
     if result.optimal is not None:
         console.print(f"  proved optimal: {'yes' if result.optimal else 'no (time limit)'}")
+    for note in result.detail.get("fallback", []):  # type: ignore[attr-defined]
+        console.print(f"  [yellow]note[/]: {note}", highlight=False)
     if result.allocation is None:
         return
     hosts = np.asarray(result.allocation.hosts)
@@ -103,6 +105,8 @@ def render_policy(instance: Instance, palloc: PolicyAllocation) -> None:
     for j, job in enumerate(instance.jobs):
         table.add_row(job.name, f"{palloc.yields[j]:.4f}", f"{palloc.dominant_share[j]:.4f}", palloc.dominant_pool[j])
     console.print(table)
+    if palloc.detail.get("fallback"):
+        console.print(f"  [yellow]note[/]: {palloc.detail['fallback']}", highlight=False)
     kkt = palloc.detail.get("kkt")
     if isinstance(kkt, dict):
         console.print("  KKT residuals: " + ", ".join(f"{k} {v:.1e}" for k, v in kkt.items()))

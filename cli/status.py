@@ -12,10 +12,10 @@ from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_j
 from cli.common import cluster_option, load_cluster, policy_options
 from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from vcsched.control.inventory import Inventory, VmState
 from vcsched.control.status import below_floor, host_load, predicted_yield, virtual_clusters
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
+from vcsched.inventory import Inventory, VmState
 
 
 def _sum(values: list[float | None]) -> float | None:
@@ -31,6 +31,7 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
     Disk bytes are read + written on all its disks; network bytes are counted
     from the guest's side (``net_rx``: into the guest, ``net_tx``: out of it).
     """
+
     io = io or {}
 
     def used(v: VmState, field: str) -> float | None:
@@ -106,6 +107,7 @@ def _shows_io(doc: dict[str, Any]) -> bool:
 
 
 def render_status(doc: dict[str, Any]) -> None:
+
     io = _shows_io(doc)
     sampled = bool(doc["sample_seconds"])
     table = Table(title=f"cluster {doc['cluster']}: hosts")
@@ -178,6 +180,7 @@ def render_status(doc: dict[str, Any]) -> None:
 
 
 def render_virtual_clusters(doc: dict[str, Any]) -> None:
+
     vcs = doc["virtual_clusters"]
     if not vcs:
         console.print(f"policy in force: [bold]{doc['policy']}[/]; no virtual cluster runs")

@@ -30,13 +30,13 @@ from cli.top_view import Line, Refresh, Sort, frame, on_key
 from hypervisor.base import Hypervisor
 from hypervisor.events import EventTail
 from hypervisor.sampling import CpuSampler
-from vcsched.control.inventory import HostState, Inventory
 from vcsched.control.observe import estimate_all
 from vcsched.control.sharing import Sharing
 from vcsched.control.status import virtual_clusters
 from vcsched.control.top import TopView, controller_state, top_view
 from vcsched.errors import VcschedError
 from vcsched.formats.cluster import Cluster
+from vcsched.inventory import HostState, Inventory
 
 
 class Reader:

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from vcsched.control.inventory import Inventory, VmState
 from vcsched.errors import VcschedError
+from vcsched.inventory import Inventory, VmState
 from vcsched.iocaps import IoCaps, VmDevices
 from vcsched.plans.steps import CreateStep
 

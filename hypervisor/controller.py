@@ -56,10 +56,10 @@ from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
 from hypervisor.lock import LockBusy
 from hypervisor.metrics import ControllerMetrics, HostMetrics, VmMetrics
 from hypervisor.sampling import Clock, CpuSampler, SystemClock
-from vcsched.control.inventory import Inventory
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, RebalanceOptions, Rebalancer
 from vcsched.errors import InputError, VcschedError
+from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import MigrateStep
 

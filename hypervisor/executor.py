@@ -49,14 +49,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hypervisor.base import Hypervisor, HypervisorError
-from vcsched.caps import CAP_TOLERANCE
-from vcsched.control.inventory import Inventory, VmState, snapshot_hash
 from vcsched.errors import InputError, VcschedError
+from vcsched.inventory import Inventory, VmState, snapshot_hash
 from vcsched.iocaps import IoCaps, VmDevices
 from vcsched.plans.check import batches, check_plan, replay_problems
 from vcsched.plans.claims import check_claims
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
+from vcsched.units import CAP_TOLERANCE
 
 #: A read-back cap equals the grid point the host realises, up to float noise.
 CAP_READBACK_TOLERANCE = 1e-9
@@ -369,7 +369,7 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
     """Does the live cluster still match the inventory the plan was computed from?
 
     The VMs the plan creates, and the hosts of the VMs it moves, are left out
-    of the comparison (see :mod:`vcsched.control.inventory`), so a half-applied plan
+    of the comparison (see :mod:`vcsched.inventory`), so a half-applied plan
     still matches.  Whoever computes a plan that moves VMs must hash with the
     same ``moving`` set: ``snapshot_hash(inventory, moving=plan.moved_vms())``;
     the VMs it removes are left out like the ones it creates, and the needs it

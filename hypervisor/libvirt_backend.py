@@ -70,7 +70,10 @@ from hypervisor.connections import (
 from hypervisor.devices import boot_devices, devices_of, read_template
 from hypervisor.identity import LockUnnamed, check_distinct, identity, remember, remembered, uuid_from_capabilities
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, PERIOD_US, cores_from_quota, quota_for, realisable_cap
-from vcsched.control.inventory import (
+from vcsched.errors import InputError
+from vcsched.formats.cluster import Cluster, ClusterHost, migration_uri
+from vcsched.formats.units import format_size
+from vcsched.inventory import (
     METADATA_NS,
     METADATA_PREFIX,
     HostState,
@@ -81,9 +84,6 @@ from vcsched.control.inventory import (
     find_in_doubt,
     mark_in_doubt,
 )
-from vcsched.errors import InputError
-from vcsched.formats.cluster import Cluster, ClusterHost, migration_uri
-from vcsched.formats.units import format_size
 from vcsched.iocaps import DISK, NET, NET_UNIT, IoCaps, VmDevices, io_problem, net_units, realisable
 from vcsched.plans.steps import CreateStep
 

@@ -22,7 +22,7 @@ from hypervisor.base import HypervisorError, IoCounters
 from hypervisor.bootcheck import boot_problems
 from hypervisor.devices import boot_devices
 from vcsched.caps import CAP_TOLERANCE, min_cap, realisable_cap
-from vcsched.control.inventory import HostState, Inventory, VmMeta, VmState
+from vcsched.inventory import HostState, Inventory, VmMeta, VmState
 from vcsched.iocaps import IO_RESOURCES, IoCaps, VmDevices, io_problem, realisable
 from vcsched.plans.steps import CreateStep
 

@@ -36,7 +36,6 @@ from typing import Protocol
 from hypervisor.base import Hypervisor, HypervisorError
 from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
 from vcsched.caps import same_cap
-from vcsched.control.inventory import Inventory
 from vcsched.control.observe import (
     DEFAULT_PARAMS,
     Estimate,
@@ -47,6 +46,7 @@ from vcsched.control.observe import (
     probe_caps,
     record_plan,
 )
+from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypervisor.libvirt_backend import metadata_xml
-from vcsched.control.inventory import VmMeta
+from vcsched.inventory import VmMeta
 
 MIB = 1 << 20
 VMS_PER_CLUSTER = 8

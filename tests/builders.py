@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from hypervisor.memory import MemoryHypervisor
-from vcsched.control.inventory import HostState, Inventory, VmMeta, VmState
 from vcsched.formats.cluster import Cluster, ClusterHost, GuestDefaults
 from vcsched.formats.request import Request
+from vcsched.inventory import HostState, Inventory, VmMeta, VmState
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from hypervisor.lock import LockBusy, LockLost
 from hypervisor.memory import MemoryHypervisor
-from vcsched.control.inventory import HostState, VmState
+from vcsched.inventory import HostState, VmState
 
 Demand = Callable[[float], float]
 STEP = 0.05  # seconds: the accounting's integration step

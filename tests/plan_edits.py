@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from vcsched.caps import CAP_TOLERANCE, realisable_cap
-from vcsched.control.inventory import Inventory
+from vcsched.inventory import Inventory
 
 Path = tuple[str | int, ...]
 

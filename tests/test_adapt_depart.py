@@ -10,9 +10,9 @@ from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan, chec
 from hypervisor.memory import MemoryHypervisor
 from tests.builders import vm
 from vcsched.adaptation.problem import GIB
-from vcsched.control.inventory import HostState, VmState
 from vcsched.control.live import adapt_inventory
 from vcsched.errors import InputError
+from vcsched.inventory import HostState, VmState
 from vcsched.plans.ordering import cap_overruns
 from vcsched.plans.plan import plan_from_dict
 from vcsched.plans.steps import MigrateStep, RemoveStep, SetCapStep

@@ -100,28 +100,6 @@ def test_parallel_job_tasks_share_one_fraction_in_the_milp() -> None:
     assert out.result.min_yield == pytest.approx(1 / 1.2)
 
 
-def test_highs_prints_during_the_adaptation_milp_do_not_reach_stdout(monkeypatch: pytest.MonkeyPatch,
-                                                                     capfd: pytest.CaptureFixture[str]) -> None:
-    # HiGHS sometimes printf()s a debug line, which would corrupt `vcsched solve-adapt --json`; the adaptation
-    # MILP must solve through the static MILP's guarded path.  A stand-in solver prints on file descriptor 1.
-    import os
-
-    import vcsched.solvers.milp as static_milp
-
-    real = static_milp.scipy_milp
-    calls = []
-
-    def noisy(*args: object, **kwargs: object) -> object:
-        calls.append(1)
-        os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();\n")
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(static_milp, "scipy_milp", noisy)
-    out = solve_adapt(LOPSIDED.with_budget(5 * GIB), "milp")
-    assert out.result.min_yield == pytest.approx(1.0)
-    assert calls and capfd.readouterr().out == ""
-
-
 def test_the_milp_does_not_migrate_when_its_yield_overshoots_within_highs_tolerance() -> None:
     # Nothing needs to move: b's new task goes to the 1-core host, and b's running task on a half-core host
     # sets Y = 0.5 / 0.97...  HiGHS reports that Y about 1e-6 too high (within its feasibility tolerance);

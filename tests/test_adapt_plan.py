@@ -12,9 +12,9 @@ from hypervisor.libvirt_backend import rewrite_partition
 from hypervisor.memory import MemoryHypervisor
 from tests.builders import vm
 from vcsched.adaptation.problem import GIB
-from vcsched.control.inventory import HostState
 from vcsched.control.live import adapt_inventory
 from vcsched.errors import InputError
+from vcsched.inventory import HostState
 from vcsched.plans.migration import MigrationBlocked
 from vcsched.plans.plan import plan_from_dict
 from vcsched.plans.steps import MigrateStep, SetNeedStep

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from tests.builders import MiB, cluster_of, inventory_of, managed, request
 from vcsched.control.admission import admit, current_caps
-from vcsched.control.inventory import VmMeta, VmState, snapshot_hash
 from vcsched.errors import InputError
+from vcsched.inventory import VmMeta, VmState, snapshot_hash
 from vcsched.plans.ordering import cap_overruns
 from vcsched.plans.steps import CreateStep, SetCapStep
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli.bench import bench_markdown
+from cli.bench import bench_markdown, time_commands
 from cli.common import machine_info
 from cli.main import cli
 from vcsched.errors import InputError, VcschedError
@@ -22,7 +22,6 @@ from vcsched.experiments.bench import (
     row_time_limit,
     run_bench,
     skip_reason,
-    time_commands,
 )
 
 

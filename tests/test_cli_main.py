@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import pkgutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import click
 import pytest
 
 import cli as cli_package
+from cli.app import stdout_for_vcsched_only
 from cli.main import COMMANDS, cli
 
 VCSCHED = [sys.executable, "-m", "cli.main"]
@@ -81,3 +83,39 @@ def test_solve_imports_neither_the_hypervisor_adapter_nor_the_adaptation_nor_the
     assert "vcsched.solvers.registry" in loaded
     assert _under(loaded, "hypervisor", "libvirt", "vcsched.adaptation", "vcsched.control", "vcsched.experiments",
                   "cli.bench", "cli.adapt", "cli.place", "cli.common") == []
+
+
+def test_a_native_print_during_a_command_goes_to_stderr_not_into_its_output(capfd: pytest.CaptureFixture[str]) -> None:
+    with stdout_for_vcsched_only():
+        os.write(1, b"native line\n")  # what a C library's printf() does
+        print("mine")
+    os.write(1, b"after\n")
+    out = capfd.readouterr()
+    assert out.out == "mine\nafter\n"
+    assert "native line" in out.err
+
+
+def test_highs_printing_during_solve_json_leaves_stdout_one_json_document(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    # HiGHS sometimes printf()s a debug line; a stand-in solver prints it on file descriptor 1 every time.
+    import vcsched.solvers.milp as milp
+    from cli.main import main
+
+    real = milp.scipy_milp
+
+    def noisy(*args: object, **kwargs: object) -> object:
+        os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();\n")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    inst = tmp_path / "inst.json"
+    inst.write_text(json.dumps({"hosts": [{"name": "h0", "cpu": 1.0, "memory": 1.0},
+                                          {"name": "h1", "cpu": 1.0, "memory": 1.0}],
+                                "jobs": [{"name": f"j{i}", "cpu_need": 0.6, "memory": 0.3} for i in range(3)]}))
+    monkeypatch.setattr(milp, "scipy_milp", noisy)
+    monkeypatch.setattr(sys, "argv", ["vcsched", "solve", str(inst), "-a", "milp", "--json"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code in (0, None)
+    out = capfd.readouterr()
+    assert json.loads(out.out)["feasible"] is True
+    assert "transformNewIntegerFeasibleSolution" in out.err

@@ -25,8 +25,8 @@ from hypervisor.memory import MemoryHypervisor
 from hypervisor.metrics import ControllerMetrics, MetricsServer
 from tests.builders import MiB, inventory_of, managed
 from tests.fake_load import Demand, FakeClock, FakeLocks, LoadedHypervisor, busy, phases
-from vcsched.control.inventory import VmState
 from vcsched.control.rebalance import RebalanceOptions
+from vcsched.inventory import VmState
 
 INTERVAL = 10.0
 BUDGET = 256 * MiB
@@ -395,7 +395,7 @@ def test_metrics_count_steps_by_kind_and_outcome_from_zero() -> None:
 
 
 def test_metrics_show_vms_in_doubt_and_floors_and_a_standby_shows_neither() -> None:
-    from vcsched.control.inventory import InDoubt
+    from vcsched.inventory import InDoubt
 
     hv, clock = crowded_h0()
     a = hv.vms["a-0"]

@@ -12,10 +12,10 @@ from cli.maintenance import set_maintenance
 from hypervisor.libvirt_backend import metadata_xml, parse_metadata
 from vcsched.adaptation.drain import BUDGET, NO_ROOM, PINNED, RULE, drain
 from vcsched.adaptation.problem import AdaptProblem, adapt_rule_problems
-from vcsched.control.inventory import VmMeta
 from vcsched.errors import InputError
 from vcsched.formats.cluster import cluster_from_dict
 from vcsched.formats.request import request_from_dict
+from vcsched.inventory import VmMeta
 from vcsched.model import REQUIRED, Host, Instance, Job
 
 GIB = 1 << 30

@@ -8,8 +8,8 @@ from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, SnapshotMismatch
 from hypervisor.memory import MemoryHypervisor
 from tests.builders import MiB, cluster_of, inventory_of, managed, memory_hypervisor, request
 from vcsched.control.admission import admit
-from vcsched.control.inventory import VmState
 from vcsched.errors import InputError
+from vcsched.inventory import VmState
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import SetCapStep
 
@@ -156,7 +156,7 @@ MIGRATE_PLAN_SCRIPT = r"""
 import sys
 from hypervisor.executor import apply_plan
 from hypervisor.memory import MemoryHypervisor
-from vcsched.control.inventory import HostState, VmMeta, VmState, snapshot_hash
+from vcsched.inventory import HostState, VmMeta, VmState, snapshot_hash
 from vcsched.plans.plan import plan_from_dict
 
 hosts = (HostState("h0", 1, 1 << 30), HostState("h1", 1, 1 << 30))

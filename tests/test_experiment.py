@@ -204,12 +204,11 @@ def _overcommit(instance: Instance, options: SolveOptions) -> registry.Placement
 @pytest.fixture
 def toy_algorithms() -> Iterator[None]:
     """Register two test placers for the duration of one test (the registry is global)."""
-    registry.algorithms()
-    registry.register("test-ff", "first fit (test only)")(_first_fit)
-    registry.register("test-bad", "overcommits memory (test only)")(_overcommit)
+    registry.ALGORITHMS["test-ff"] = registry.Algorithm("test-ff", _first_fit, "first fit (test only)")
+    registry.ALGORITHMS["test-bad"] = registry.Algorithm("test-bad", _overcommit, "overcommits memory (test only)")
     yield
     for name in ("test-ff", "test-bad"):
-        registry._REGISTRY.pop(name, None)
+        registry.ALGORITHMS.pop(name, None)
 
 
 def test_run_item_records_every_algorithm_on_the_instance(toy_algorithms: None) -> None:
@@ -440,12 +439,12 @@ def test_a_budgeted_label_runs_its_algorithm_with_its_own_time_limit(toy_algorit
         seen.append(options.time_limit)
         return _first_fit(instance, options)
 
-    registry.register("test-spy", "records its time limit (test only)")(spy)
+    registry.ALGORITHMS["test-spy"] = registry.Algorithm("test-spy", spy, "records its time limit (test only)")
     try:
         item = work_items("small", 1, ["test-spy@0.25", "test-spy"], time_limit=60.0, tasks=[6])[32]
         records = run_item(item)
     finally:
-        registry._REGISTRY.pop("test-spy", None)
+        registry.ALGORITHMS.pop("test-spy", None)
     assert seen == [0.25, 60.0]
     assert [r.algorithm for r in records] == ["test-spy@0.25", "test-spy"]
 

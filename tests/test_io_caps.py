@@ -30,9 +30,9 @@ from hypervisor.libvirt_backend import (
 )
 from hypervisor.memory import MemoryHypervisor
 from tests.test_admission import MiB, managed
-from vcsched.control.inventory import HostState, Inventory, VmMeta, VmState, snapshot_hash
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster, ClusterHost, cluster_from_dict
+from vcsched.inventory import HostState, Inventory, VmMeta, VmState, snapshot_hash
 from vcsched.iocaps import (
     NET_UNIT,
     IoCaps,

@@ -37,8 +37,8 @@ from hypervisor.lab.state import LabLayout
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from tests.lab_support import destroy_everywhere, running_lab
 from tests.skip_policy import kernel_lacks_sfq, skip_or_fail
-from vcsched.control.inventory import snapshot_hash
 from vcsched.formats.cluster import Cluster, cluster_from_dict
+from vcsched.inventory import snapshot_hash
 from vcsched.iocaps import IoCaps
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import Boot, CreateStep, SetCapStep, Step

@@ -26,10 +26,10 @@ from hypervisor.libvirt_backend import (
     quota_for,
 )
 from vcsched.control.admission import admit
-from vcsched.control.inventory import METADATA_NS, VmMeta
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster, ClusterHost, GuestDefaults
 from vcsched.formats.request import Request
+from vcsched.inventory import METADATA_NS, VmMeta
 from vcsched.plans.steps import Boot, CreateStep
 
 MiB = 1 << 20

@@ -19,6 +19,8 @@ from vcsched.model import Host, Instance, Job, SolveOptions
 from vcsched.solvers import mcb
 from vcsched.solvers.lpbound import lp_bound
 from vcsched.solvers.registry import algorithms, solve
+from vcsched.solvers.search import search
+from vcsched.units import FIT_TOLERANCE
 from vcsched.validate import check_allocation
 
 # VCSCHED_REQUIRE_C=1 (set by .ci/run) turns a missing C kernel from a skip into failures: CI must not
@@ -116,7 +118,7 @@ def test_a_task_fits_within_the_tolerance_of_the_free_capacity(backend: str) -> 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_task_exactly_at_the_tolerance_fits_and_one_just_above_does_not(backend: str) -> None:
-    at = 0.5 + mcb.EPS  # after task 0 the free CPU is exactly .5, so this is the limit itself
+    at = 0.5 + FIT_TOLERANCE  # after task 0 the free CPU is exactly .5, so this is the limit itself
     probe = lists([0.5, at], [0.1, 0.1], cpu_heavy=[0, 1], mem_heavy=[])
     hosts = mcb.KERNELS[backend](probe, *unit_hosts(1))
     assert hosts is not None and hosts.tolist() == [0, 0]
@@ -285,14 +287,14 @@ def test_different_keys_give_different_placements() -> None:
 
 def test_no_tasks_is_trivially_feasible() -> None:
     inst = Instance((Host("h0"),), ())
-    r = mcb.search(inst, "mcb8")
+    r = search(inst, "mcb8")
     assert r.hosts is not None and len(r.hosts) == 0
 
 
 def test_the_search_stops_once_the_interval_is_below_the_precision() -> None:
     inst = make_instance([(0.9, 0.3), (0.7, 0.2), (0.4, 0.5), (0.6, 0.1), (0.5, 0.4)], n_hosts=2)
-    fine = mcb.search(inst, "mcb8", 1e-4)
-    coarse = mcb.search(inst, "mcb8", 1e-2)
+    fine = search(inst, "mcb8", precision=1e-4)
+    coarse = search(inst, "mcb8", precision=1e-2)
     assert 0 < fine.gap < 1e-4
     assert 0 < coarse.gap < 1e-2
     assert coarse.probes < fine.probes
@@ -308,26 +310,26 @@ def test_the_precision_option_reaches_the_search() -> None:
 def test_the_first_probe_is_half_the_lp_bound() -> None:
     # Y_LP = 2/3; with precision .5 the search stops after one probe, which succeeds.
     inst = make_instance([(1.0, 0.1)] * 3, n_hosts=2)
-    r = mcb.search(inst, "mcb8", 0.5)
+    r = search(inst, "mcb8", precision=0.5)
     assert r.probes == 1
-    assert r.lp_bound == pytest.approx(2 / 3)
-    assert r.probe_yield == pytest.approx(1 / 3)
+    assert r.bound == pytest.approx(2 / 3)
+    assert r.level == pytest.approx(1 / 3)
 
 
 def test_there_is_always_at_least_one_probe() -> None:
     # Y_LP = 2/3 is below a (silly) precision of 0.9: the search still probes Y_LP / 2 once.
     inst = make_instance([(1.0, 0.1)] * 3, n_hosts=2)
-    r = mcb.search(inst, "mcb8", 0.9)
+    r = search(inst, "mcb8", precision=0.9)
     assert r.probes == 1 and r.hosts is not None
-    assert r.probe_yield == pytest.approx(1 / 3)
+    assert r.level == pytest.approx(1 / 3)
 
 
 def test_unknown_variant_and_bad_precision_are_input_errors() -> None:
     inst = make_instance([(0.5, 0.5)], n_hosts=1)
     with pytest.raises(InputError, match="variant"):
-        mcb.search(inst, "mcb9")
+        search(inst, "mcb9")
     with pytest.raises(InputError, match="precision"):
-        mcb.search(inst, "mcb8", 0.0)
+        search(inst, "mcb8", precision=0.0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -344,7 +346,7 @@ def test_pack_returns_none_when_an_item_does_not_fit_anywhere() -> None:
 
 def test_an_unavailable_backend_is_an_input_error() -> None:
     with pytest.raises(InputError, match="backend"):
-        mcb.search(make_instance([(0.5, 0.5)], n_hosts=1), "mcb8", backend="fortran")
+        search(make_instance([(0.5, 0.5)], n_hosts=1), "mcb8", backend="fortran")
 
 
 # --- invariants (hypothesis) -------------------------------------------------------------------
@@ -412,8 +414,8 @@ def test_the_c_and_python_searches_agree_on_generated_instances(seed: int, varia
                          slack=float(rng.choice([0.1, 0.3, 0.5])), cv_mem=0.75, cv_cpu=0.75,
                          parallel=bool(rng.integers(2)))
     inst = generate(spec, rng)
-    a, b = mcb.search(inst, variant, backend="c"), mcb.search(inst, variant, backend="python")
-    assert (a.probes, a.probe_yield) == (b.probes, b.probe_yield)
+    a, b = search(inst, variant, backend="c"), search(inst, variant, backend="python")
+    assert (a.probes, a.level) == (b.probes, b.level)
     assert (a.hosts is None and b.hosts is None) or (
         a.hosts is not None and b.hosts is not None and a.hosts.tolist() == b.hosts.tolist()
     )
@@ -428,8 +430,8 @@ def test_the_c_and_python_searches_agree_on_paper_sized_instances(seed: int) -> 
     inst = generate(GeneratorSpec(hosts=32, tasks=250, slack=(0.1, 0.3, 0.6)[seed % 3], cv_mem=0.75, cv_cpu=0.75,
                                   parallel=seed % 2 == 1), seed)
     for variant in ("mcb8", "mcb5", "mcb2"):
-        a, b = mcb.search(inst, variant, backend="c"), mcb.search(inst, variant, backend="python")
-        assert (a.probes, a.probe_yield) == (b.probes, b.probe_yield)
+        a, b = search(inst, variant, backend="c"), search(inst, variant, backend="python")
+        assert (a.probes, a.level) == (b.probes, b.level)
         assert (a.hosts is None) == (b.hosts is None)
         if a.hosts is not None and b.hosts is not None:
             assert a.hosts.tolist() == b.hosts.tolist()

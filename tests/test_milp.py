@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ from scipy.sparse import csr_array
 from tests.conftest import make_instance
 from vcsched.model import Host, Instance, Job, SolveOptions
 from vcsched.solvers.milp import (
-    _native_stdout_discarded,
     build_model,
     identical_host_groups,
     placement_from,
@@ -180,11 +178,3 @@ def test_model_variable_layout_matches_its_index_helpers() -> None:
     assert not model.relaxed().integrality.any()
 
 
-def test_native_solver_output_is_discarded_and_stdout_restored(capfd: pytest.CaptureFixture[str]) -> None:
-    # HiGHS sometimes printf()s a debug line; it must not corrupt `solve --json` on stdout.
-    with _native_stdout_discarded():
-        os.write(1, b"native line\n")
-    os.write(1, b"after\n")
-    captured = capfd.readouterr()
-    assert "native line" not in captured.out + captured.err
-    assert captured.out == "after\n"

@@ -28,9 +28,9 @@ from hypervisor.libvirt_backend import (
     vm_from_xml,
 )
 from hypervisor.pki import check_pki
-from vcsched.control.inventory import VmMeta, VmState, find_in_doubt, mark_in_doubt
 from vcsched.errors import InputError
 from vcsched.formats.cluster import cluster_from_dict, migration_uri, uri_host, with_pkipath
+from vcsched.inventory import VmMeta, VmState, find_in_doubt, mark_in_doubt
 
 MiB = 1 << 20
 

@@ -7,7 +7,6 @@ import pytest
 from hypervisor.executor import apply_plan
 from hypervisor.libvirt_backend import metadata_xml, parse_metadata, stamp_migrated_at
 from tests.builders import inventory_of, managed, memory_hypervisor
-from vcsched.control.inventory import VmMeta
 from vcsched.control.observe import (
     MEASURED,
     NO_SAMPLES,
@@ -25,6 +24,7 @@ from vcsched.control.observe import (
     record_plan,
 )
 from vcsched.errors import InputError
+from vcsched.inventory import VmMeta
 
 
 def window(used: list[float], cap: float | None, probe: bool = False, start: float = 0.0) -> list[Sample]:
@@ -149,7 +149,7 @@ def test_a_mixed_window_lowers_only_once_the_busy_past_has_left_it() -> None:
 
 
 def test_unmanaged_vms_have_no_estimate() -> None:
-    from vcsched.control.inventory import VmState
+    from vcsched.inventory import VmState
 
     with pytest.raises(InputError, match="not managed"):
         estimate_need(VmState("x", "h0", 1, 1 << 27, True), [])
@@ -219,7 +219,7 @@ def test_a_migrating_domain_xml_is_stamped_with_the_time_of_its_move() -> None:
     stamped = stamp_migrated_at(xml, 1234.5)
     import xml.etree.ElementTree as ET
 
-    from vcsched.control.inventory import METADATA_NS
+    from vcsched.inventory import METADATA_NS
 
     el = ET.fromstring(stamped).find(f"metadata/{{{METADATA_NS}}}vm")
     assert el is not None and el.get("migrated_at") == "1234.5"

@@ -109,7 +109,7 @@ def test_the_snapshot_ignores_the_host_of_a_vm_the_plan_moves() -> None:
     from dataclasses import replace
 
     from tests.builders import inventory_of, managed
-    from vcsched.control.inventory import snapshot_hash
+    from vcsched.inventory import snapshot_hash
 
     before = inventory_of([managed("a-0", "h0", "a", 0.5), managed("b-0", "h1", "b", 0.5)])
     moved = replace(before, vms=(replace(before.vms[0], host="h1"), before.vms[1]))

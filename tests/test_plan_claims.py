@@ -22,9 +22,9 @@ from hypervisor.memory import MemoryHypervisor
 from tests.builders import GiB, MiB, cluster_of, managed, request
 from tests.plan_edits import claims_hold, edited, get, new_values, number_paths, same_bytes
 from vcsched.control.admission import admit
-from vcsched.control.inventory import HostState, VmState
 from vcsched.control.live import adapt_inventory
 from vcsched.errors import InputError, VcschedError
+from vcsched.inventory import HostState, VmState
 from vcsched.plans.claims import PlanMismatch, claim_problems
 from vcsched.plans.plan import Plan, plan_from_dict
 from vcsched.plans.steps import MigrateStep

@@ -13,10 +13,10 @@ from hypervisor.memory import MemoryHypervisor
 from tests.builders import cluster_of, inventory_of, managed, request
 from vcsched.caps import PERIOD_US, min_cap, quota_for, realisable_cap, same_cap
 from vcsched.control.admission import admit
-from vcsched.control.inventory import HostState, Inventory
 from vcsched.control.live import adapt_inventory
 from vcsched.errors import InputError
 from vcsched.formats.cluster import cluster_from_dict
+from vcsched.inventory import HostState, Inventory
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import Boot, CreateStep, MigrateStep, SetCapStep, Step
 
@@ -85,7 +85,7 @@ def two_full_hosts() -> MemoryHypervisor:
 
 
 def hand_edited(hv: MemoryHypervisor, *steps: Step) -> Plan:
-    from vcsched.control.inventory import snapshot_hash
+    from vcsched.inventory import snapshot_hash
 
     return Plan("place", "lab", snapshot_hash(hv.inventory()), 1.0, 1.0, {}, tuple(steps))
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from vcsched.errors import InputError
+from vcsched.experiments.policy_bench import BenchRow, cluster_case, markdown, tenants_case
 from vcsched.model import Host, Instance, Job, Tenant
 from vcsched.policies import PolicyOptions, allocate_policy, policies
-from vcsched.policies.bench import BenchRow, cluster_case, markdown, tenants_case
 from vcsched.policies.hdrf import collapsed_weights, tenant_tree
 
 

@@ -11,10 +11,10 @@ from click.testing import CliRunner
 
 from vcsched.experiments import policies as P
 from vcsched.experiments.generate import GeneratorSpec
-from vcsched.formats.instance import check_instance
 from vcsched.policies.allocation import PolicyOptions
 from vcsched.policies.registry import allocate_policy
 from vcsched.solvers.registry import solve
+from vcsched.validate import check_instance
 
 SMALL = GeneratorSpec(hosts=8, tasks=30, slack=0.5, cv_mem=0.25, cv_cpu=0.75, parallel=True)
 
@@ -102,7 +102,7 @@ def test_the_cli_writes_the_report_records_and_plots(tmp_path: Path, monkeypatch
 
 
 def test_bench_rows_say_whether_each_target_is_met() -> None:
-    from vcsched.policies.bench import BenchRow, target_text, within_target
+    from vcsched.experiments.policy_bench import BenchRow, target_text, within_target
 
     assert within_target(BenchRow("cluster", "pf", 0.9, 1.0, 0, 0, "")) is True
     assert within_target(BenchRow("tenants", "hdrf", 0.6, 0.7, 0, 0, "")) is False
@@ -111,7 +111,7 @@ def test_bench_rows_say_whether_each_target_is_met() -> None:
 
 
 def test_vcsched_bench_times_the_policies(monkeypatch: pytest.MonkeyPatch) -> None:
-    import vcsched.policies.bench as B
+    import vcsched.experiments.policy_bench as B
     from cli.main import cli
 
     monkeypatch.setattr(B, "CASES", {"cluster": lambda: B.cluster_case(hosts=8, vms=40, parallel=False),

@@ -12,11 +12,11 @@ from hypervisor.libvirt_backend import metadata_xml, parse_metadata
 from tests.builders import MiB, cluster_of, inventory_of, request
 from tests.test_libvirt_backend import domain_of, node_xml, one_line_error, run, write_request
 from vcsched.control.admission import admit
-from vcsched.control.inventory import VmMeta, VmState
 from vcsched.control.live import adapt_inventory
 from vcsched.control.sharing import Sharing, sharing_for
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
+from vcsched.inventory import VmMeta, VmState
 from vcsched.model import Tenant
 from vcsched.plans.plan import plan_from_dict
 from vcsched.plans.steps import Boot, CreateStep, step_from_dict

@@ -16,6 +16,7 @@ from vcsched.policies.placement import LEVEL_POLICIES, level_rates, place_policy
 from vcsched.policies.registry import allocate_policy
 from vcsched.solvers import mcb
 from vcsched.solvers import mcb_vector as mv
+from vcsched.solvers import search as levels
 from vcsched.solvers.registry import solve
 from vcsched.validate import check_yields
 
@@ -156,19 +157,19 @@ def test_the_level_bound_is_the_lp_bound_with_one_resource_and_unit_rates() -> N
     from vcsched.solvers.lpbound import lp_bound
 
     inst = generated(5)
-    assert mv.level_bound(inst, np.ones(inst.n_jobs)) == pytest.approx(lp_bound(inst), rel=1e-12)
+    assert levels.level_bound(inst, np.ones(inst.n_jobs)) == pytest.approx(lp_bound(inst), rel=1e-12)
 
 
 def test_the_level_bound_stops_where_every_job_is_at_yield_one() -> None:
     inst = Instance((Host("h0", 4.0, 4.0),), (Job("a", 0.5, 0.1), Job("b", 0.5, 0.1)))
-    assert mv.level_bound(inst, np.array([1.0, 0.25])) == pytest.approx(4.0)
+    assert levels.level_bound(inst, np.array([1.0, 0.25])) == pytest.approx(4.0)
 
 
 def test_rates_must_be_positive_and_finite() -> None:
     with pytest.raises(InputError, match="rates"):
-        mv.normalised_rates(np.array([1.0, 0.0]))
+        levels.normalised_rates(np.array([1.0, 0.0]))
     with pytest.raises(InputError, match="rates"):
-        mv.normalised_rates(np.array([1.0, np.nan]))
+        levels.normalised_rates(np.array([1.0, np.nan]))
 
 
 def test_the_greedy_balances_the_largest_relative_load() -> None:
@@ -212,7 +213,7 @@ def test_the_policy_reaches_at_least_the_level_its_placement_was_searched_at(pol
     assert isinstance(level, float)
     rates = level_rates(inst, policy)
     assert rates is not None
-    floor = mv.level_yields(mv.normalised_rates(rates), level)
+    floor = levels.level_yields(levels.normalised_rates(rates), level)
     assert np.all(np.asarray(placed.allocation.yields) >= floor - 1e-9)
 
 
@@ -246,3 +247,49 @@ def test_memory_that_does_not_fit_places_nothing() -> None:
     inst = Instance((Host("h0", 1.0, 0.5, (("disk", 1.0),)),), (Job("a", 0.5, 0.4, 2, (("disk", 0.1),)),))
     placed = place_policy(inst, "drf")
     assert not placed.result.feasible and placed.allocation is None
+
+
+# --- placement rules under the level placement -------------------------------------------------------------
+
+
+def ruled(extra: bool, spread: str | None = None, together: str | None = None, tasks: int = 3,
+          maintenance: tuple[int, ...] = (), pinned: tuple[int, ...] = ()) -> Instance:
+    """Three hosts, a small job ``a`` with the rule, a heavier job ``b``; ``extra``: every host and job has disk."""
+    cap = (("disk", 1.0),) if extra else ()
+    hosts = tuple(Host(f"h{i}", 1.0, 1.0, cap, maintenance=i in maintenance) for i in range(3))
+    need = (("disk", 0.1),) if extra else ()
+    jobs = (Job("a", 0.2, 0.1, tasks, need, weight=2.0, spread=spread, together=together),
+            Job("b", 0.5, 0.3, 1, need))
+    return Instance(hosts, jobs, pinned=pinned)
+
+
+@pytest.mark.parametrize("extra", [False, True], ids=["cpu", "vector"])
+@pytest.mark.parametrize("policy", ["drf", "asset"])
+def test_the_level_placement_honours_required_spread_together_maintenance_and_pins(policy: str, extra: bool) -> None:
+    spread = place_policy(ruled(extra, spread="required"), policy)
+    assert spread.result.detail["placement"] == "level" and spread.allocation is not None
+    assert sorted(spread.allocation.hosts[:3]) == [0, 1, 2]
+    together = place_policy(ruled(extra, together="required"), policy)
+    assert together.allocation is not None and len(set(together.allocation.hosts[:3])) == 1
+    cordoned = place_policy(ruled(extra, maintenance=(0, 1)), policy)
+    assert cordoned.allocation is not None and set(cordoned.allocation.hosts) == {2}
+    pinned = place_policy(ruled(extra, maintenance=(0,), pinned=(0, -1, -1, -1)), policy)
+    assert pinned.allocation is not None and pinned.allocation.hosts[0] == 0 and 0 not in pinned.allocation.hosts[1:]
+
+
+@pytest.mark.parametrize("extra", [False, True], ids=["cpu", "vector"])
+@pytest.mark.parametrize("policy", ["drf", "asset"])
+def test_the_level_placement_reports_preferred_rules_it_cannot_honour(policy: str, extra: bool) -> None:
+    kept = place_policy(ruled(extra, spread="preferred"), policy)
+    assert kept.allocation is not None and sorted(kept.allocation.hosts[:3]) == [0, 1, 2]
+    assert "unmet_preferred" not in kept.result.detail
+    dropped = place_policy(ruled(extra, spread="preferred", tasks=4), policy)
+    assert dropped.result.feasible and dropped.result.detail["preferred_dropped"] is True
+    assert any("spread" in u for u in dropped.result.detail["unmet_preferred"])  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("policy", ["drf", "asset"])
+def test_the_level_placement_refuses_an_impossible_required_rule_naming_it(policy: str) -> None:
+    placed = place_policy(ruled(False, spread="required", tasks=4), policy)
+    assert not placed.result.feasible
+    assert str(placed.result.detail["infeasible"]).startswith("spread: virtual cluster 'a' has 4 VMs")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.builders import MiB, inventory_of, managed
-from vcsched.control.inventory import VmMeta, VmState
 from vcsched.control.rebalance import NOTHING, REBALANCE, RECAP, RebalanceOptions, Rebalancer, cooling
 from vcsched.errors import InputError
+from vcsched.inventory import VmMeta, VmState
 from vcsched.plans.steps import MigrateStep
 
 NOW = 1_700_000_000.0

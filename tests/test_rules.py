@@ -12,6 +12,7 @@ from vcsched.model import PREFERRED, REQUIRED, Host, Instance, Job
 from vcsched.rules import check_rules, contract_together, rule_problems, unsatisfiable
 from vcsched.solvers import mcb
 from vcsched.solvers.registry import solve
+from vcsched.solvers.search import residual_probe
 from vcsched.validate import allocation_problems
 
 ALGORITHMS = ["mcb1", "mcb3", "mcb5", "mcb8", "gr", "sg", "gb", "sgb", "rrnd", "rrnz", "milp", "best"]
@@ -78,8 +79,8 @@ def test_c_and_python_kernels_agree_with_spread_and_pins() -> None:
             continue
         inst = contract_together(inst).instance
         for y in (0.3, 0.6, 0.9):
-            a = mcb._ruled_probe(inst, mcb.VARIANTS["mcb8"], mcb.KERNELS["python"])(y)
-            b = mcb._ruled_probe(inst, mcb.VARIANTS["mcb8"], mcb.KERNELS["c"])(y)
+            a = residual_probe(inst, None, "mcb8", backend="python")(y)
+            b = residual_probe(inst, None, "mcb8", backend="c")(y)
             assert (a is None) == (b is None)
             if a is not None and b is not None:
                 assert (a == b).all()

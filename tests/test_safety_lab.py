@@ -97,8 +97,8 @@ def test_admission_after_adapt_places_onto_a_full_host(lab2: Lab, tmp_path: Path
 
 def test_a_migrated_vm_arrives_with_its_destination_cap(lab2: Lab) -> None:
     from tests.lab_support import lab_guest
-    from vcsched.control.inventory import VmMeta
     from vcsched.formats.cluster import ClusterHost  # noqa: F401  (the cluster file describes both hosts)
+    from vcsched.inventory import VmMeta
 
     cluster = cluster_of(lab2)
     with lab_guest(lab2, host=0) as dom, LibvirtHypervisor(cluster) as hv:
@@ -123,7 +123,7 @@ def test_an_inventory_read_by_another_process_during_a_migration_never_removes_a
     import threading
 
     from tests.lab_support import lab_guest
-    from vcsched.control.inventory import VmMeta
+    from vcsched.inventory import VmMeta
 
     cluster = cluster_of(lab2)
     stop = threading.Event()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vcsched.constraints import capacities
 from vcsched.model import Host, Instance, Job
 from vcsched.policies import PolicyOptions, allocate_policy
-from vcsched.policies.constraints import capacities
 from vcsched.policies.shares import asset_shares, dominant_shares, pool_shares
 from vcsched.simulate import dualpf, maxmin
 from vcsched.simulate.engines import Cluster, MaxMinEngine, RegistryEngine, UtilityEngine

@@ -8,8 +8,8 @@ import pytest
 
 from cli.app import console
 from cli.status import render_status, status_dict
-from vcsched.control.inventory import HostState, Inventory, VmMeta, VmState
 from vcsched.control.status import predicted_yield
+from vcsched.inventory import HostState, Inventory, VmMeta, VmState
 
 MiB = 1 << 20
 

@@ -31,9 +31,9 @@ from hypervisor.events import EventTail
 from hypervisor.sampling import CpuSampler
 from tests.builders import inventory_of, managed, memory_hypervisor
 from tests.fake_load import FakeClock, LoadedHypervisor, busy
-from vcsched.control.inventory import HostState, InDoubt, Inventory, VmMeta, VmState
 from vcsched.control.observe import Sample, estimate_all
 from vcsched.control.top import TopView, VmRow, controller_state, top_view
+from vcsched.inventory import HostState, InDoubt, Inventory, VmMeta, VmState
 
 MiB = 1 << 20
 T0 = 1_700_000_000.0

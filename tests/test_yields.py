@@ -67,3 +67,59 @@ def test_average_phase_is_valid_and_keeps_min_yield(jobs, n_hosts, data) -> None
     assert problems == []
     assert alloc.min_yield(inst) >= base - 1e-9
     assert alloc.avg_yield(inst) >= base - 1e-9
+
+
+# --- the average-yield LP: one repair, and no silent fallback ------------------------------------------------
+
+
+def _parallel() -> tuple[object, np.ndarray]:
+    """Two parallel jobs over two hosts: the min yield binds on h0, the LP has room to give on h1."""
+    inst = make_instance([(0.8, 0.1, 2), (0.4, 0.1, 1), (0.3, 0.1, 1)], n_hosts=2)
+    return inst, np.array([0, 1, 0, 1])
+
+
+def _fake_linprog(x_of: object) -> object:
+    import scipy.optimize
+
+    real = scipy.optimize.linprog
+
+    def fake(*args: object, **kwargs: object) -> object:
+        res = real(*args, **kwargs)
+        return x_of(res) if callable(x_of) else x_of
+
+    return fake
+
+
+def test_a_failed_average_yield_lp_keeps_the_min_yield_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    import scipy.optimize
+
+    from vcsched.solvers.registry import finish
+
+    class Failed:
+        status, message, x = 2, "The problem is infeasible. (HiGHS Status 8: model_status is Infeasible)", None
+
+    monkeypatch.setattr(scipy.optimize, "linprog", _fake_linprog(Failed()))
+    inst, hosts = _parallel()
+    alloc = allocate(inst, hosts)  # type: ignore[arg-type]
+    y_min = placement_min_yield(inst, hosts)  # type: ignore[arg-type]
+    assert np.allclose(alloc.yields(inst), y_min)  # type: ignore[arg-type]
+    assert len(alloc.notes) == 1 and alloc.notes[0].startswith("average-yield phase skipped: its LP failed")
+    from vcsched.solvers.algorithm import Placement
+
+    result = finish(inst, "test", Placement(hosts), 0.0)  # type: ignore[arg-type]
+    assert result.detail["fallback"] == list(alloc.notes)
+
+
+def test_an_lp_answer_over_capacity_is_scaled_back_until_every_host_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # HiGHS meets rows to about 1e-9; a stand-in answer 1e-5 over is scaled back exactly (the old CPU-only
+    # repair multiplied the part above Y by 0.999999, which does not bring 1e-5 back under).
+    def over(res: object) -> object:
+        res.x = np.minimum(res.x * (1 + 1e-5), 1.0)  # type: ignore[attr-defined]
+        return res
+
+    monkeypatch.setattr(__import__("scipy.optimize").optimize, "linprog", _fake_linprog(over))
+    inst, hosts = _parallel()
+    alloc = allocate(inst, hosts)  # type: ignore[arg-type]
+    load = np.bincount(hosts, weights=np.asarray(alloc.cpu)[inst.task_job], minlength=inst.n_hosts)  # type: ignore
+    assert np.all(load <= inst.host_cpu)  # type: ignore[attr-defined]
+    assert alloc.notes == ()

@@ -80,7 +80,8 @@ class Pane:
 
     def exit_code(self, timeout: float = 30) -> tuple[int, str]:
         """The command's exit code once it ended, and ``stty -a`` after it."""
-        text = self.wait_for(lambda s: "EXIT=" in s, timeout)
+        # stty prints a moment after the exit code: wait for both, or a slow machine reads a half-drawn screen
+        text = self.wait_for(lambda s: "EXIT=" in s and "icanon" in s[s.index("EXIT="):], timeout)
         tail = text[text.index("EXIT="):]
         return int(tail.split("=", 1)[1].split()[0]), tail
 

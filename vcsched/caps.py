@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 
+from vcsched.units import CAP_TOLERANCE as CAP_TOLERANCE  # re-exported: the hypervisor reads it here
+
 PERIOD_US = 100_000  # libvirt's default vcpu_period: 100 ms
 MIN_QUOTA_US = 1_000  # libvirt/CFS refuse quotas below 1 ms per period
 #: The smallest cap one vCPU can be given: one minimum quota per period.
 MIN_CAP_CORES = MIN_QUOTA_US / PERIOD_US
-#: Sums of grid caps against host cores: floating-point noise only (a grid step is 1e-5 cores per vCPU).
-CAP_TOLERANCE = 1e-9
 _QUOTA_EPS = 1e-6  # µs: absorbs float error when a grid cap is divided back into a quota
 
 

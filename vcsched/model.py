@@ -31,14 +31,14 @@ from functools import cached_property
 
 import numpy as np
 
-CPU = "cpu"
+from vcsched.units import CPU as CPU  # re-exported: the model names its resources
+from vcsched.units import SEARCH_PRECISION
 
 REQUIRED = "required"
 """A hard placement rule: every placement honours it, or there is none."""
 PREFERRED = "preferred"
 """A soft placement rule: honoured when some placement honours it, reported when not."""
 RULE_LEVELS = (REQUIRED, PREFERRED)
-"""The name of the one fluid resource every host and job has."""
 
 Amounts = tuple[tuple[str, float], ...]
 """Extra fluid resources as ``(name, amount)`` pairs sorted by name: hashable, unlike a dict."""
@@ -227,6 +227,8 @@ class Allocation:
 
     hosts: tuple[int, ...]
     cpu: tuple[float, ...]
+    #: What the computation fell back on, said to the user (e.g. the average-yield phase skipped).
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     def yields(self, instance: Instance) -> np.ndarray:
         return np.asarray(self.cpu, dtype=float) / instance.job_alpha
@@ -246,7 +248,7 @@ class SolveOptions:
     seed: int = 0
     time_limit: float | None = None
     max_attempts: int = 500_000
-    precision: float = 1e-4
+    precision: float = SEARCH_PRECISION
 
 
 @dataclass(frozen=True)

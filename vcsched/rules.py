@@ -32,13 +32,15 @@ a together job larger than every host, pinned tasks that overflow their host).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from vcsched.errors import InputError
 from vcsched.model import PREFERRED, REQUIRED, Instance, Job
-from vcsched.yields import MEMORY_TOLERANCE, blocked_pairs
+from vcsched.units import MEMORY_TOLERANCE
+from vcsched.yields import blocked_pairs
 
 
 def spread_groups(instance: Instance) -> np.ndarray:
@@ -122,6 +124,56 @@ def without_soft(instance: Instance) -> Instance:
     return _with_jobs(instance, tuple(dataclasses.replace(
         j, spread=j.spread if j.spread == REQUIRED else None,
         together=j.together if j.together == REQUIRED else None) for j in instance.jobs))
+
+
+def preferred_first(instance: Instance) -> list[Instance]:
+    """The tries of a placement: its preferred rules as required, then without them; the instance alone when it
+    has no preferred rule."""
+    return [harden(instance), without_soft(instance)] if has_soft(instance) else [instance]
+
+
+@dataclass(frozen=True)
+class RuledPlacement:
+    """What :func:`place_preferred_first` found: hosts of the original tasks (None: nothing), the try, the report."""
+
+    hosts: np.ndarray | None
+    attempt: int | None  # index of the try that placed (None: none did)
+    report: dict[str, object]
+
+
+def place_preferred_first(instance: Instance, place: Callable[[Instance], np.ndarray | None],
+                          refusal: Callable[[Instance], str], *, tries: Sequence[Instance] | None = None,
+                          screen: bool = True) -> RuledPlacement:
+    """The one rule-retry loop: each try in turn (default :func:`preferred_first`) until ``place`` finds hosts.
+
+    Every placement under rules goes through here — a solve (:func:`vcsched.solvers.registry.place_with_rules`),
+    a placement under a sharing policy, an admission and an adaptation — so preferred rules mean one thing
+    everywhere: honoured when some placement honours them, else dropped and the ones missed reported
+    (``preferred_dropped``, ``unmet_preferred``).  Contradictions are bad input (:func:`check_rules`).
+    ``screen``: a try whose required rules no placement can meet (:func:`unsatisfiable`) is not run and its
+    reason is kept (the adaptation does not screen: there a VM may stay on a host in maintenance).  When no
+    try places, ``infeasible`` holds the last try's reason: the screen's, else ``refusal(try)``.
+    """
+    check_rules(instance)
+    report: dict[str, object] = {"rules": describe(instance)}
+    reasons: list[str] = []
+    for i, attempt in enumerate(preferred_first(instance) if tries is None else tries):
+        reason = unsatisfiable(attempt) if screen else None
+        if reason is not None:
+            reasons.append(reason)
+            continue
+        hosts = place(attempt)
+        if hosts is None:
+            reasons.append(refusal(attempt))
+            continue
+        if i > 0 and has_soft(instance):
+            report["preferred_dropped"] = True
+        unmet = soft_unmet(instance, hosts)
+        if unmet:
+            report["unmet_preferred"] = unmet
+        return RuledPlacement(hosts, i, report)
+    report["infeasible"] = reasons[-1] if reasons else "no placement"
+    return RuledPlacement(None, None, report)
 
 
 @dataclass(frozen=True)
@@ -240,6 +292,8 @@ def check_rules(instance: Instance) -> None:
         if job.spread and job.together and job.tasks > 1:
             raise InputError(f"{where}: both spread ({job.spread}) and together ({job.together}); a virtual cluster "
                              "cannot be on one host and on different hosts at once")
+        if not (job.spread or job.together):  # pins alone contradict nothing
+            continue
         first = int(instance.job_first_task[j])
         jp = pins[first:first + job.tasks]
         jp = jp[jp >= 0]
@@ -266,15 +320,17 @@ def unsatisfiable(instance: Instance) -> str | None:
         return (f"pinned: the VMs pinned to {instance.hosts[h].name!r} need {mem_pinned[h]:.4g} memory, above its "
                 f"{instance.host_mem[h]:.4g}")
     for j, job in enumerate(instance.jobs):
+        if job.tasks < 2 or REQUIRED not in (job.spread, job.together):
+            continue
         first = int(instance.job_first_task[j])
         jp = pins[first:first + job.tasks]
-        if job.spread == REQUIRED and job.tasks > 1:
+        if job.spread == REQUIRED:
             usable = open_hosts.copy()
             usable[jp[jp >= 0]] = True
             if job.tasks > int(usable.sum()):
                 return (f"spread: virtual cluster {job.name!r} has {job.tasks} VMs but only {int(usable.sum())} "
                         f"hosts can take one ({int(instance.host_cordoned.sum())} in maintenance)")
-        if job.together == REQUIRED and job.tasks > 1:
+        if job.together == REQUIRED:
             need = job.tasks * job.memory
             homes = np.flatnonzero(open_hosts) if not (jp >= 0).any() else jp[jp >= 0][:1]
             if not len(homes) or need > float(instance.host_mem[homes].max()) + MEMORY_TOLERANCE:
@@ -301,7 +357,7 @@ def rule_problems(instance: Instance, hosts: np.ndarray, *, levels: tuple[str, .
             problems.append(f"maintenance: a task of {instance.jobs[j].name!r} is on "
                             f"{instance.hosts[int(hosts[t])].name!r}, which is in maintenance")
     for j, job in enumerate(instance.jobs):
-        if job.tasks < 2:
+        if job.tasks < 2 or (job.spread not in levels and job.together not in levels):
             continue
         first = int(instance.job_first_task[j])
         on = hosts[first:first + job.tasks]
@@ -314,6 +370,8 @@ def rule_problems(instance: Instance, hosts: np.ndarray, *, levels: tuple[str, .
 
 def soft_unmet(instance: Instance, hosts: np.ndarray) -> list[str]:
     """The preferred rules the placement does not honour (reported, not refused)."""
+    if not has_soft(instance):
+        return []
     soft_only = dataclasses.replace(instance, pinned=(), hosts=tuple(
         dataclasses.replace(h, maintenance=False) for h in instance.hosts))
     return rule_problems(soft_only, hosts, levels=(PREFERRED,))

@@ -11,15 +11,25 @@ the mean per-job yield.  For sequential jobs the per-host greedy "smallest
 CPU need first" is optimal by an exchange argument (section 3.5); parallel
 jobs couple hosts through the equal-fraction constraint, so they get a small
 LP (section 5).
+
+With extra fluid resources (disk, network: docs/policies.md) the same two
+phases run on every (host, resource) row (:mod:`vcsched.constraints`):
+``Y = min(1, min_p C_p / L_p)``, then the same LP.  That is the ``yield``
+sharing policy, and what every placing algorithm's result is allocated with.
+
+The LP is solved by HiGHS, which meets rows to about 1e-9: on the rows it
+overflows, the part of the yields above ``Y`` is scaled back until every row
+holds exactly (one repair, :func:`_average_phase`).  Should the LP fail, the phase is skipped and the
+allocation says so (``Allocation.notes``): every job keeps the minimum yield.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from vcsched.constraints import capacities
 from vcsched.model import Allocation, Instance
-
-MEMORY_TOLERANCE = 1e-9
+from vcsched.units import MEMORY_TOLERANCE
 
 
 def host_loads(instance: Instance, hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -66,6 +76,19 @@ def fluid_loads(instance: Instance, hosts: np.ndarray, tasks: np.ndarray | None 
                     axis=1).reshape(instance.n_hosts, d).astype(float)
 
 
+def common_yield(capacity: np.ndarray, load: np.ndarray) -> float:
+    """``min(1, min C / L)`` over the entries with a load: the highest yield every loaded entry allows.
+
+    The one formula behind every "best common yield": a placement's (per host, or per (host, resource)
+    row), the bound of section 3.1 (totals), the level running VMs allow by themselves.  1 when nothing is
+    loaded; 0 where a load meets capacity 0.
+    """
+    used = load > 0
+    if not used.any():
+        return 1.0
+    return float(min(1.0, np.min(capacity[used] / load[used])))
+
+
 def placement_min_yield(instance: Instance, hosts: np.ndarray) -> float:
     """The highest common yield a placement allows (memory is not checked here).
 
@@ -74,16 +97,9 @@ def placement_min_yield(instance: Instance, hosts: np.ndarray) -> float:
     needs has capacity 0.
     """
     if instance.has_extra_resources:
-        load = fluid_loads(instance, hosts)
-        used = load > 0
-        if not used.any():
-            return 1.0
-        return float(min(1.0, np.min(instance.host_capacity[used] / load[used])))
+        return common_yield(instance.host_capacity, fluid_loads(instance, hosts))
     cpu, _ = host_loads(instance, hosts)
-    used = cpu > 0
-    if not used.any():
-        return 1.0
-    return float(min(1.0, np.min(instance.host_cpu[used] / cpu[used])))
+    return common_yield(instance.host_cpu, cpu)
 
 
 def _sequential_phase(instance: Instance, hosts: np.ndarray, min_yield: float) -> np.ndarray:
@@ -103,45 +119,83 @@ def _sequential_phase(instance: Instance, hosts: np.ndarray, min_yield: float) -
     return np.minimum(task_cpu, alpha)  # one task per job: task order == job order
 
 
-def _parallel_phase(instance: Instance, hosts: np.ndarray, min_yield: float) -> np.ndarray:
-    """LP: maximize sum_j y_j, Y <= y_j <= 1, sum_j n_jh alpha_j y_j <= C_h."""
-    # Imported here, not at the top: scipy.optimize costs ~0.4 s to import, more than a whole
-    # sequential-job ``vcsched solve`` at 64 x 500 takes; only parallel jobs need the LP.
-    from scipy.optimize import linprog
-    from scipy.sparse import csr_matrix
+def _average_phase(matrix: object, capacity: np.ndarray, min_yield: float, n_jobs: int
+                   ) -> tuple[np.ndarray, str | None]:
+    """The LP of the average-yield phase (section 5): maximize sum_j y_j, Y <= y_j <= 1, ``matrix @ y <= capacity``.
 
-    n_jobs, n_hosts = instance.n_jobs, instance.n_hosts
+    Returns the yields and, when the LP fails (it cannot for a ``Y`` the placement admits), a note saying
+    the phase was skipped: every job then keeps ``Y``, which is safe.  HiGHS meets rows to about 1e-9, so on
+    a row it overflows the part of each job's yield above ``Y`` is scaled back by the largest factor that
+    makes the row fit exactly, each job taking the least factor of the rows it is on; a job on no
+    overflowing row keeps its part (one global factor would take it from every job whenever a bottleneck
+    row, already full at ``Y``, carries a rounding-sized extra).
+    """
+    # Imported here, not at the top: scipy.optimize costs ~0.4 s to import, more than a whole
+    # sequential-job ``vcsched solve`` at 64 x 500 takes; only parallel jobs and extra resources need the LP.
+    from scipy.optimize import linprog
+
+    floor = np.full(n_jobs, min_yield)
+    res = linprog(c=-np.ones(n_jobs), A_ub=matrix, b_ub=capacity,
+                  bounds=np.column_stack((floor, np.ones(n_jobs))), method="highs")
+    if res.status != 0:
+        return floor, (f"average-yield phase skipped: its LP failed ({res.message}); every job keeps the "
+                       f"minimum yield {min_yield:.6g}")
+    y = np.clip(res.x, min_yield, 1.0)
+    over = np.asarray(matrix @ y, dtype=float) - capacity
+    if (over > 0).any():
+        from scipy.sparse import coo_matrix  # lazy: scipy costs ~0.4 s to import
+
+        base = np.asarray(matrix @ floor, dtype=float)
+        extra = np.asarray(matrix @ (y - min_yield), dtype=float)
+        bad = np.flatnonzero((over > 0) & (extra > 0))
+        # Each overflowing row allows its jobs this fraction of their part above Y; a job keeps the least
+        # fraction over the rows it is on, so every row fits and a job on none of them keeps all of its part.
+        allowed = np.clip((capacity[bad] - base[bad]) / extra[bad], 0.0, 1.0)
+        entries = coo_matrix(matrix).tocsr()[bad].tocoo()
+        factor = np.ones(n_jobs)
+        np.minimum.at(factor, entries.col, allowed[entries.row])
+        y = min_yield + (y - min_yield) * factor
+    return y, None
+
+
+def _parallel_phase(instance: Instance, hosts: np.ndarray, min_yield: float) -> tuple[np.ndarray, str | None]:
+    """LP: maximize sum_j y_j, Y <= y_j <= 1, sum_j n_jh alpha_j y_j <= C_h (CPU fractions, and the note)."""
+    from scipy.sparse import csr_matrix  # with the LP (see _average_phase)
+
     # n_jh * alpha_j as a sparse (host x job) matrix, summing duplicate entries.
-    a = csr_matrix(
-        (instance.task_alpha, (hosts, instance.task_job)), shape=(n_hosts, n_jobs)
-    )
-    res = linprog(
-        c=-np.ones(n_jobs),
-        A_ub=a,
-        b_ub=instance.host_cpu,
-        bounds=np.column_stack((np.full(n_jobs, min_yield), np.ones(n_jobs))),
-        method="highs",
-    )
-    if res.status != 0:  # cannot happen for a Y the placement admits; keep the safe answer
-        y = np.full(n_jobs, min_yield)
-    else:
-        y = np.clip(res.x, min_yield, 1.0)
-        # HiGHS satisfies rows to ~1e-9; shave any excess so capacity holds exactly.
-        load = a @ y
-        over = load > instance.host_cpu
-        if over.any():
-            y = np.full(n_jobs, min_yield) + (y - min_yield) * 0.999999
-    return y * instance.job_alpha
+    a = csr_matrix((instance.task_alpha, (hosts, instance.task_job)), shape=(instance.n_hosts, instance.n_jobs))
+    y, note = _average_phase(a, instance.host_cpu, min_yield, instance.n_jobs)
+    return y * instance.job_alpha, note
+
+
+def fluid_yields(instance: Instance, hosts: np.ndarray, *, average_phase: bool = True
+                 ) -> tuple[np.ndarray, str | None]:
+    """Per job, the yields of both phases on every (host, fluid resource) row, and the LP's note if any."""
+    caps = capacities(instance, hosts)
+    y_min = common_yield(caps.capacity, caps.load(np.ones(instance.n_jobs)))
+    if not average_phase or y_min >= 1.0 or instance.n_jobs == 0:
+        return np.full(instance.n_jobs, y_min), None
+    return _average_phase(caps.matrix, caps.capacity, y_min, instance.n_jobs)
 
 
 def allocate(instance: Instance, hosts: np.ndarray, *, average_phase: bool = True) -> Allocation:
-    """The allocation of a placement: min-yield CPU fractions, then the average-yield phase."""
+    """The allocation of a placement: min-yield CPU fractions, then the average-yield phase.
+
+    On every fluid resource when the instance has extra ones (:func:`fluid_yields`).  A skipped phase is
+    in ``notes``.
+    """
     hosts = np.asarray(hosts, dtype=np.int64)
-    y = placement_min_yield(instance, hosts)
-    if not average_phase or y >= 1.0 or instance.n_jobs == 0:
+    note: str | None = None
+    if instance.has_extra_resources:
+        y, note = fluid_yields(instance, hosts, average_phase=average_phase)
         cpu = y * instance.job_alpha
-    elif instance.has_parallel_jobs:
-        cpu = _parallel_phase(instance, hosts, y)
     else:
-        cpu = _sequential_phase(instance, hosts, y)
-    return Allocation(hosts=tuple(int(h) for h in hosts), cpu=tuple(float(c) for c in cpu))
+        y_min = placement_min_yield(instance, hosts)
+        if not average_phase or y_min >= 1.0 or instance.n_jobs == 0:
+            cpu = y_min * instance.job_alpha
+        elif instance.has_parallel_jobs:
+            cpu, note = _parallel_phase(instance, hosts, y_min)
+        else:
+            cpu = _sequential_phase(instance, hosts, y_min)
+    return Allocation(hosts=tuple(int(h) for h in hosts), cpu=tuple(float(c) for c in cpu),
+                      notes=() if note is None else (note,))

@@ -44,10 +44,9 @@ from vcsched.adaptation.problem import AdaptProblem, AdaptResult, task_allowed
 from vcsched.adaptation.solve import solve_adapt
 from vcsched.errors import InputError
 from vcsched.model import REQUIRED, SolveOptions
-from vcsched.yields import MEMORY_TOLERANCE
+from vcsched.units import MEMORY_TOLERANCE, UNLIMITED
 
 PINNED, BUDGET, RULE, NO_ROOM = "pinned", "budget", "rule", "no room"
-UNLIMITED = 1 << 62
 #: Seconds the heuristic's improvement moves may take in each solve of a drain (module docstring).
 IMPROVE_S = 0.5
 

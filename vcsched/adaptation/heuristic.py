@@ -54,31 +54,26 @@ Everything here is pure: problems in, placements and migration lists out.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
 
 from vcsched.adaptation.problem import AdaptProblem, adapt_rule_problems, may_stay, move_cost, task_allowed
 from vcsched.errors import InputError
-from vcsched.model import Instance
-from vcsched.rules import HostGroups, allowed_matrix, spread_groups
-from vcsched.solvers.lpbound import lp_bound
-from vcsched.solvers.mcb import KernelRules, pack, search
+from vcsched.model import Instance, SolveOptions
+from vcsched.rules import allowed_matrix, spread_groups
+from vcsched.solvers.registry import get, place_with_rules
+from vcsched.solvers.search import ResidualRoom, search
 from vcsched.solvers.yield_search import bisect_yield
-from vcsched.yields import MEMORY_TOLERANCE, fluid_loads, placement_min_yield
-
-_YIELD_EPS = 1e-9
-
+from vcsched.units import MEMORY_TOLERANCE, SEARCH_PRECISION, YIELD_TOLERANCE
+from vcsched.yields import common_yield, fluid_loads, placement_min_yield
 
 # ---------------------------------------------------------------------------------------------- packing
 
 def _yield_of(instance: Instance, cpu_load: np.ndarray) -> float:
     """The common yield of per-host loads: CPU needs (a vector), or hosts x fluid resources (a matrix)."""
-    cap = instance.host_cpu if cpu_load.ndim == 1 else instance.host_capacity
-    used = cpu_load > 0
-    if not used.any():
-        return 1.0
-    return float(min(1.0, np.min(cap[used] / cpu_load[used])))
+    return common_yield(instance.host_cpu if cpu_load.ndim == 1 else instance.host_capacity, cpu_load)
 
 
 def _fluid(instance: Instance) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -104,26 +99,26 @@ def _ratio(cap: np.ndarray, load: np.ndarray, vector: bool, floor: float = 0.0) 
 
 
 def pack_residual(
-    instance: Instance, hosts: np.ndarray, pool: np.ndarray, precision: float = 1e-4
+    instance: Instance, hosts: np.ndarray, pool: np.ndarray, precision: float = SEARCH_PRECISION
 ) -> np.ndarray | None:
     """Place the ``pool`` tasks around the fixed tasks of ``hosts`` (entries of ``pool`` ignored there).
 
     Binary search on the yield ``Y`` (section 3.4, :func:`~vcsched.solvers.yield_search.bisect_yield`,
-    the upper end first): a probe packs the pool with needs ``Y * need`` into
-    what the fixed tasks leave at that ``Y``, with MCB8 (the 2-D kernel of
-    :func:`vcsched.solvers.mcb.pack` on CPU and memory; on the resource vector
-    :func:`vcsched.solvers.mcb_vector.pack_vector`).  The "least relative
-    load" greedy (a host's yield ``min_r C_hr / L_hr``; hosts without a
-    resource the task needs are not candidates) is also tried and the better kept.
+    the upper end first: what the fixed tasks allow, and the LP bound of section 3.1) with the one probe
+    (:class:`vcsched.solvers.search.ResidualRoom`): the pool packed by MCB8 with needs ``Y * need`` into
+    what the fixed tasks leave at that ``Y``, on CPU and memory or on the resource vector.  A pool task
+    pinned to a host is placed there.  The "least relative load" greedy (a host's yield
+    ``min_r C_hr / L_hr``; hosts without a resource the task needs are not candidates) is also tried and
+    the better kept.
     """
+    if len(pool) == 0:
+        return hosts.copy()
     fixed = np.ones(instance.n_tasks, dtype=bool)
     fixed[pool] = False
     base_h = hosts[fixed]
     cap = instance.host_capacity
     fluid = fluid_loads(instance, hosts, np.flatnonzero(fixed))
     mem_load = np.bincount(base_h, weights=instance.task_mem[fixed], minlength=instance.n_hosts)
-    if len(pool) == 0:
-        return hosts.copy()
     need, mem = instance.job_need[instance.task_job[pool]], instance.task_mem[pool]
     mem_free = instance.host_mem - mem_load
     candidates = []
@@ -131,8 +126,6 @@ def pack_residual(
     # Where each pool task may go: maintenance, pins and the fluid resources it needs, one mask.
     allowed = allowed_matrix(instance, pool) if ruled or instance.has_extra_resources else None
     groups = spread_groups(instance)
-    kernel_rules = KernelRules(groups[pool], HostGroups.of(instance.n_hosts, base_h, groups[fixed])) if ruled else None
-    closed = instance.host_cordoned
     on_host: dict[int, set[int]] = {}
     if ruled:
         for h, g in zip(base_h.tolist(), groups[fixed].tolist(), strict=True):
@@ -164,48 +157,27 @@ def pack_residual(
     if ok:
         candidates.append(greedy)
 
-    # MCB8 on the residual capacities, binary search on Y.  Upper end, probed first: what the fixed tasks
-    # allow, and the LP bound of section 3.1 for the whole instance.  Hosts in maintenance get capacity -1
-    # (nothing fits); a host without a resource a task needs has capacity 0 of it (only y = 0 would fit).
-    def residual_mcb8(y: float) -> np.ndarray | None:
-        free = np.maximum(cap - y * fluid, 0.0)
-        if ruled:
-            free[closed] = -1.0
-        m_free = np.where(closed, -1.0, mem_free) if ruled else mem_free
-        if not instance.has_extra_resources:
-            return pack(y * need[:, 0], mem, free[:, 0], m_free, "mcb8", rules=kernel_rules)
-        from vcsched.solvers.mcb_vector import pack_vector, vector_lists
-
-        return pack_vector(vector_lists("mcb8", np.column_stack((y * need, mem))), np.column_stack((free, m_free)),
-                           kernel_rules)
-
-    bound = lp_bound(instance)
-    if bound is not None:
-        upper = min(_yield_of(instance, fluid), bound)
-        packed = bisect_yield(residual_mcb8, 0.0, upper, precision, probe_upper=True).found
+    # MCB8 around the fixed tasks (and the pool's pinned ones), binary search on Y from the upper end.
+    fixed_hosts = np.asarray(hosts, dtype=np.int64).copy()
+    fixed_hosts[pool] = instance.task_pinned[pool]
+    residual = ResidualRoom(instance, fixed_hosts)
+    upper = residual.ceiling()
+    if upper is not None:
+        packed = bisect_yield(residual.probe("mcb8"), 0.0, upper, precision, probe_upper=True).found
         if packed is not None:
-            placed = hosts.copy()
-            placed[pool] = packed
-            candidates.append(placed)
+            candidates.append(packed)
     if not candidates:
         return None
     return max(candidates, key=lambda c: placement_min_yield(instance, c))
 
 
-def mcb8_from_scratch(instance: Instance, precision: float = 1e-4) -> np.ndarray | None:
+def mcb8_from_scratch(instance: Instance, precision: float = SEARCH_PRECISION) -> np.ndarray | None:
     """A full MCB8 placement (section 3.4's binary search), ignoring where tasks run now (on every fluid resource)."""
-    if instance.has_extra_resources:
-        from vcsched.solvers.mcb_vector import search_level
-
-        return search_level(instance, "mcb8", None, precision).hosts
-    return search(instance, "mcb8", precision).hosts
+    return search(instance, "mcb8", None, precision).hosts
 
 
-def from_scratch(instance: Instance, precision: float = 1e-4, algorithm: str = "mcb8") -> np.ndarray | None:
+def from_scratch(instance: Instance, precision: float = SEARCH_PRECISION, algorithm: str = "mcb8") -> np.ndarray | None:
     """A full placement by ``algorithm`` (any placing algorithm of the registry, e.g. ``best``; MCB8 by default)."""
-    from vcsched.model import SolveOptions
-    from vcsched.solvers.registry import get, place_with_rules
-
     if instance.has_rules:  # maintenance, pins, spread (and preferred ones tried first)
         return place_with_rules(instance, get(algorithm).placer, SolveOptions(precision=precision), algorithm)[0].hosts
     if algorithm == "mcb8":
@@ -389,7 +361,7 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
             history.append((task, src, dst))
         spent += dcost
         y = _yield_of(inst, load)
-        if y > best_y + _YIELD_EPS:
+        if y > best_y + YIELD_TOLERANCE:
             best_y, best_len = y, len(history)
     for t, src, _ in reversed(history[best_len:]):
         hosts[t] = src
@@ -434,7 +406,7 @@ def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int,
     after_h = _ratio(cap[dests][None, ...], load[dests][None, ...] + a, vec)  # 0 where a needed resource is absent
     gain = np.minimum(np.minimum(after_b, after_h), 1.0) - y_b
     ok = ((mem[dests][None, :] + m <= inst.host_mem[dests][None, :] + MEMORY_TOLERANCE) & (dest != b)
-          & (spent + dc <= problem.budget) & (gain > _YIELD_EPS))
+          & (spent + dc <= problem.budget) & (gain > YIELD_TOLERANCE))
     if inst.has_rules and hosts is not None and ok.any():
         ok &= _rule_ok(problem, hosts, on, dests, groups)
     if not ok.any():
@@ -475,7 +447,7 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     floor = 0.0 if vec else -np.inf  # CPU alone: plain division, as always (0 / 0 only on the vector)
     gain = np.minimum(np.minimum(_ratio(cap[b], new_b, vec, floor), _ratio(cap[hu], new_h, vec, floor)), 1.0) - y_b
     smaller = np.any(au < at, axis=-1) if vec else au < at
-    ok = (smaller & (gain > _YIELD_EPS) & (spent + dc <= problem.budget)
+    ok = (smaller & (gain > YIELD_TOLERANCE) & (spent + dc <= problem.budget)
           & (mem[b] - mt + mu <= inst.host_mem[b] + MEMORY_TOLERANCE)
           & (mem[hosts[others]][None, :] - mu + mt <= inst.host_mem[hu] + MEMORY_TOLERANCE))
     if inst.has_rules and ok.any():
@@ -523,8 +495,6 @@ def _scratch_instance(problem: AdaptProblem) -> Instance:
     inst = problem.instance
     if not inst.host_cordoned.any():
         return inst
-    import dataclasses
-
     stay = problem.running & inst.host_cordoned[problem.current.clip(min=0)] & may_stay(problem)
     if not stay.any():
         return inst
@@ -532,7 +502,7 @@ def _scratch_instance(problem: AdaptProblem) -> Instance:
     return dataclasses.replace(inst, pinned=tuple(int(p) for p in pins))
 
 
-def adapt_heuristic(problem: AdaptProblem, precision: float = 1e-4, scratch: str = "mcb8",
+def adapt_heuristic(problem: AdaptProblem, precision: float = SEARCH_PRECISION, scratch: str = "mcb8",
                     improve_s: float | None = None) -> tuple[np.ndarray | None, dict[str, object]]:
     """Our heuristic for section 6.1 (see the module docstring); returns a placement or None, and details.
 

@@ -29,27 +29,28 @@ import time
 from dataclasses import replace
 
 import numpy as np
-from scipy.sparse import coo_array
 
 from vcsched.adaptation.problem import AdaptProblem, allowed_matrix, move_cost
 from vcsched.model import SolveOptions
 from vcsched.solvers.milp import MilpModel, build_model, placement_from, solve_model
+from vcsched.units import SOLVER_TOLERANCE
 from vcsched.yields import placement_min_yield
 
 MIP_REL_GAP = 1e-7
-Y_SLACK = 1e-7  # the second solve keeps the yield within this of the first's optimum
 MAX_BUDGET_RETRIES = 3
 
 
 def adapt_milp(problem: AdaptProblem, options: SolveOptions) -> tuple[np.ndarray | None, bool, dict[str, object]]:
     """Solve section 6.1 exactly: (task->host or None, proved optimal, details)."""
+    from scipy.sparse import coo_array  # lazy: scipy costs ~0.4 s to import; `place` and `status` never solve this
+
     inst = problem.instance
     if inst.n_tasks == 0:
         return np.zeros(0, dtype=np.int64), True, {}
     allowed = allowed_matrix(problem) if inst.has_rules or problem.leave else None
     model = build_model(inst, symmetry_breaking=False, allowed=allowed)
     # The static model maximizes OBJECTIVE_SCALE * Y, to prove Y to ~1e-9; the adaptation works to 1e-7
-    # (MIP_REL_GAP, Y_SLACK) and maximizes Y itself: the same answers on small problems, ~1.4x faster.
+    # (MIP_REL_GAP, SOLVER_TOLERANCE) and maximizes Y itself: the same answers on small problems, ~1.4x faster.
     maximize_y = np.zeros(model.n_vars)
     maximize_y[model.y_index] = -1.0
     model = replace(model, c=maximize_y)
@@ -91,7 +92,7 @@ def adapt_milp(problem: AdaptProblem, options: SolveOptions) -> tuple[np.ndarray
         return sol.x, sol.optimal
 
     for _ in range(MAX_BUDGET_RETRIES):
-        # Solve 1: the best yield.  Solve 2: among placements within Y_SLACK of it, the fewest bytes.
+        # Solve 1: the best yield.  Solve 2: among placements within SOLVER_TOLERANCE of it, the fewest bytes.
         x, optimal = solve(model)
         if x is None:
             return None, optimal, detail
@@ -99,11 +100,11 @@ def adapt_milp(problem: AdaptProblem, options: SolveOptions) -> tuple[np.ndarray
         detail["milp_min_yield"] = y_star
         if len(run) and optimal and (deadline is None or time.perf_counter() < deadline):
             # HiGHS's Y can exceed what its placement really allows by its feasibility tolerance (~1e-6 here,
-            # more than Y_SLACK); keep the second solve's floor at or below the placement's own yield, or the
+            # more than SOLVER_TOLERANCE); keep the second solve's floor at or below the placement's own yield, or the
             # first placement itself would be cut off and the second solve turn infeasible.
             y_first = min(y_star, placement_min_yield(inst, placement_from(model, x)))
             lower = model.lower.copy()
-            lower[model.y_index] = max(y_first - Y_SLACK, 0.0)
+            lower[model.y_index] = max(y_first - SOLVER_TOLERANCE, 0.0)
             weight = abs(stay_w.sum()) or 1.0
             x2, _ = solve(replace(model, c=-stay_w / weight, lower=lower))
             if x2 is not None:

@@ -25,6 +25,7 @@ Solved by :mod:`vcsched.adaptation.heuristic` (ours) or
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,9 +36,10 @@ from vcsched.errors import InputError
 from vcsched.formats.instance import instance_from_dict
 from vcsched.formats.units import parse_size
 from vcsched.model import Instance, SolveResult
+from vcsched.rules import rule_problems
+from vcsched.units import GIB
 from vcsched.yields import blocked_pairs
 
-GIB = 1 << 30
 DEFAULT_HOST_MEMORY_BYTES = GIB  # bytes of one reference-host memory unit when the instance does not say
 
 
@@ -122,8 +124,6 @@ class AdaptProblem:
         return self.current >= 0
 
     def with_budget(self, budget: int) -> AdaptProblem:
-        import dataclasses
-
         return dataclasses.replace(self, budget=budget)
 
     @property
@@ -136,8 +136,6 @@ class AdaptProblem:
 
     def cordoned(self) -> AdaptProblem:
         """The same problem with every drained host in maintenance in the instance itself."""
-        import dataclasses
-
         closed = self.closed
         if (closed == self.instance.host_cordoned).all():
             return self
@@ -196,10 +194,6 @@ def allowed_matrix(problem: AdaptProblem) -> np.ndarray:
 
 def adapt_rule_problems(problem: AdaptProblem, hosts: np.ndarray) -> list[str]:
     """Every required rule a placement breaks in the adaptation's reading (module docstring)."""
-    import dataclasses
-
-    from vcsched.rules import rule_problems
-
     inst = problem.instance
     hosts = np.asarray(hosts, dtype=np.int64)
     out = []

@@ -17,9 +17,11 @@ import time
 import numpy as np
 
 from vcsched.adaptation.heuristic import adapt_heuristic
+from vcsched.adaptation.milp import adapt_milp
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult, adapt_rule_problems, migrations, move_cost
 from vcsched.errors import AllocationError, InputError
 from vcsched.model import REQUIRED, Instance, Job, SolveOptions, SolveResult
+from vcsched.rules import check_rules, describe, place_preferred_first, preferred_first
 from vcsched.solvers.registry import allocation_of
 from vcsched.validate import check_allocation
 from vcsched.yields import fits
@@ -45,8 +47,6 @@ def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
     if inst.has_rules:
         hosts, optimal, detail = _solve_ruled(problem, algorithm, options, improve_s)
     elif algorithm == "milp":
-        from vcsched.adaptation.milp import adapt_milp
-
         hosts, optimal, detail = adapt_milp(problem, options)
     else:
         hosts, detail = adapt_heuristic(problem, options.precision,
@@ -71,6 +71,8 @@ def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
     runtime = time.perf_counter() - start
     min_y, avg_y = allocation.min_yield(inst), allocation.avg_yield(inst)
     check_allocation(inst, allocation, min_yield=min_y, avg_yield=avg_y)
+    if allocation.notes:  # what the allocation fell back on (the average-yield LP failed), said
+        detail = {**detail, "fallback": list(allocation.notes)}
     result = SolveResult(algorithm, True, allocation, min_y, avg_y, runtime, optimal, detail=detail)
     return AdaptResult(result, tuple(migrations(problem, hosts)), cost, detail)
 
@@ -164,45 +166,43 @@ def _spread_broken_now(problem: AdaptProblem) -> list[str]:
 
 def _solve_ruled(problem: AdaptProblem, algorithm: str, options: SolveOptions,
                  improve_s: float | None = None) -> tuple[np.ndarray | None, bool | None, dict[str, object]]:
-    """Either method under the rules (module docstring): preferred first, then required only."""
-    from vcsched.rules import check_rules, describe, harden, has_soft, soft_unmet, without_soft
-
+    """Either method under the rules (module docstring), through the one rule loop
+    (:func:`vcsched.rules.place_preferred_first`): preferred first, then required only, then — when a spread
+    rule is broken now and the budget may not allow its repair — with those rules left as they are."""
     inst = problem.instance
     check_rules(inst)
-    tries = [harden(inst), without_soft(inst)] if has_soft(inst) else [inst]
+    tries = preferred_first(inst)
     broken = _spread_broken_now(problem)
     if broken:  # a repair the budget may not allow: last try, with those rules left as they are
         tries.append(dataclasses.replace(tries[-1], jobs=tuple(
             dataclasses.replace(j, spread=None) if j.name in broken else j for j in tries[-1].jobs)))
-    detail: dict[str, object] = {"rules": describe(inst)}
-    optimal: bool | None = None
-    for i, attempt in enumerate(tries):
-        contracted, task_of, split = _contract(dataclasses.replace(problem, instance=attempt))
-        if algorithm == "milp":
-            from vcsched.adaptation.milp import adapt_milp
+    detail: dict[str, object] = {}
+    optimal: list[bool | None] = [None]
+    split: list[str] = []
 
-            hosts, optimal, sub = adapt_milp(contracted, options)
+    def place(attempt: Instance) -> np.ndarray | None:
+        contracted, task_of, split[:] = _contract(dataclasses.replace(problem, instance=attempt))
+        if algorithm == "milp":
+            hosts, optimal[0], sub = adapt_milp(contracted, options)
         else:
             hosts, sub = adapt_heuristic(contracted, options.precision,
                                          scratch="best" if algorithm == "heuristic-best" else "mcb8",
                                          improve_s=improve_s)
         detail.update(sub)
-        if hosts is None:
-            continue
-        full = np.asarray(hosts, dtype=np.int64)[task_of]
-        if i > 0:
-            detail["preferred_dropped"] = True
-        unmet = soft_unmet(inst, full)
-        if unmet:
-            detail["unmet_preferred"] = unmet
-        if broken and attempt is tries[-1]:
-            split = split + broken
-            detail["spread_left"] = [f"spread: {name!r} keeps several VMs on one host (the budget does not "
-                                     "allow the repair)" for name in broken]
-        if split:
-            detail["rules_left_as_is"] = split
-            detail["together_split"] = [f"together: {name!r} already runs on several hosts; left as it is"
-                                        for name in split]
-        return full, optimal, detail
-    detail["infeasible"] = f"no placement within the budget honours the rules ({describe(tries[-1])})"
-    return None, optimal, detail
+        return None if hosts is None else np.asarray(hosts, dtype=np.int64)[task_of]
+
+    ruled = place_preferred_first(
+        inst, place, lambda attempt: f"no placement within the budget honours the rules ({describe(attempt)})",
+        tries=tries, screen=False)
+    detail.update(ruled.report)
+    if ruled.hosts is None:
+        return None, optimal[0], detail
+    if broken and ruled.attempt == len(tries) - 1:
+        split = split + broken
+        detail["spread_left"] = [f"spread: {name!r} keeps several VMs on one host (the budget does not "
+                                 "allow the repair)" for name in broken]
+    if split:
+        detail["rules_left_as_is"] = split
+        detail["together_split"] = [f"together: {name!r} already runs on several hosts; left as it is"
+                                    for name in split]
+    return ruled.hosts, optimal[0], detail

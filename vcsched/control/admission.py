@@ -42,26 +42,46 @@ everything, which is exactly what the adaptation's budgeted MILP is for.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from vcsched.caps import min_cap, realisable_cap, same_cap
-from vcsched.control.inventory import Inventory, VmState, snapshot_hash
-from vcsched.control.sharing import Sharing, io_amounts, io_step_fields
+from vcsched.control.sharing import (
+    Sharing,
+    check_tenant,
+    check_vms,
+    host_capacities,
+    io_amounts,
+    io_step_fields,
+    model_needs,
+    needed_resources,
+    references,
+    sharing_for,
+)
 from vcsched.errors import InputError, VcschedError
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.request import Request
 from vcsched.formats.units import format_size
+from vcsched.inventory import Inventory, VmState, snapshot_hash
 from vcsched.model import Allocation, Amounts, Host, Instance, Job, SolveOptions
 from vcsched.plans.ordering import order_steps
 from vcsched.plans.plan import Plan, VmPrediction
 from vcsched.plans.steps import Boot, CreateStep, SetCapStep, Step
-from vcsched.solvers.registry import get, solve
+from vcsched.policies.placement import level_rates
+from vcsched.policies.registry import allocate_policy
+from vcsched.rules import describe, unsatisfiable, without_soft
+from vcsched.solvers.algorithm import Placement, Placer
+from vcsched.solvers.mcb import KERNELS, VARIANTS, kernel_backend, sorted_lists
+from vcsched.solvers.registry import get, place_with_rules, solve
+from vcsched.solvers.search import Probe, ResidualRoom, normalised_rates
 from vcsched.solvers.yield_search import bisect_yield
+from vcsched.units import CAP_TOLERANCE, FIT_TOLERANCE, MEMORY_TOLERANCE, SOLVER_TOLERANCE, YIELD_TOLERANCE
+from vcsched.validate import check_instance
 from vcsched.yields import allocate
 
 #: The residual placement's search (:func:`~vcsched.solvers.yield_search.bisect_yield`): a request that
@@ -69,7 +89,6 @@ from vcsched.yields import allocate
 #: ``upper * 2**-SEARCH_STEPS`` (SEARCH_STEPS halvings).
 SEARCH_STEPS = 24
 SEARCH_FLOOR = 1e-4
-_EPS = 1e-9
 
 
 class HostsDown(VcschedError):
@@ -85,6 +104,10 @@ class Decision:
     plan: Plan | None
     min_yield: float | None = None
     avg_yield: float | None = None
+    #: The placement rules' report (:func:`vcsched.rules.place_preferred_first`): ``rules``, and
+    #: ``unmet_preferred`` / ``preferred_dropped`` when a preferred rule is not honoured (empty without rules);
+    #: ``fallback``: what the allocation fell back on, if anything (the average-yield LP failed).
+    detail: dict[str, object] = field(default_factory=dict)
 
 
 def check_request(cluster: Cluster, inventory: Inventory, request: Request) -> None:
@@ -110,9 +133,9 @@ def check_request(cluster: Cluster, inventory: Inventory, request: Request) -> N
                              "virtual cluster and VM names must differ")
     n_ref = inventory.reference_cores
     cores = request.need_cores(n_ref)
-    if cores > request.vcpus + _EPS:
+    if cores > request.vcpus + CAP_TOLERANCE:
         raise InputError(f"cpu_need: {cores:g} cores per VM is more than its {request.vcpus} vCPUs can use")
-    if cores > n_ref + _EPS:
+    if cores > n_ref + CAP_TOLERANCE:
         raise InputError(f"cpu_cores: {cores:g} cores per VM is more than the largest host has ({n_ref})")
     if request.memory_bytes > inventory.reference_memory:
         raise InputError(f"memory: {format_size(request.memory_bytes)} per VM is larger than the largest host "
@@ -193,8 +216,6 @@ def existing_jobs(inventory: Inventory, vms: Iterable[VmState] | None = None,
             jobs.append(Job(label, min(cores / n_ref, 1.0), mem / mem_ref, len(members), spread=spread,
                             together=together))
         else:
-            from vcsched.control.sharing import model_needs
-
             meta = members[0].meta
             assert meta is not None
             jobs.append(Job(label, min(cores / n_ref, 1.0), mem / mem_ref, len(members),
@@ -206,39 +227,6 @@ def existing_jobs(inventory: Inventory, vms: Iterable[VmState] | None = None,
     return Existing(tuple(jobs), tuple(vms_out), tuple(hosts))
 
 
-def _pinned_bound(instance: Instance, existing: Existing) -> float:
-    n_old = len(existing.hosts)
-    if n_old == 0:
-        return 1.0
-    load = np.bincount(np.asarray(existing.hosts, dtype=np.int64), weights=instance.task_alpha[:n_old],
-                       minlength=instance.n_hosts)
-    used = load > 0
-    return float(min(1.0, np.min(instance.host_cpu[used] / load[used])))
-
-
-def _residual_placement(base: Instance, existing: Existing, new: Job, y: float, algorithm: str,
-                        options: SolveOptions) -> np.ndarray | None:
-    """Hosts for the new job's tasks if ``algorithm`` reaches yield ``y`` in the capacity left at ``y``."""
-    n_old = len(existing.hosts)
-    old_hosts = np.asarray(existing.hosts, dtype=np.int64)
-    old_alpha = base.task_alpha[:n_old]
-    old_mem = base.task_mem[:n_old]
-    cpu_load = np.bincount(old_hosts, weights=old_alpha, minlength=base.n_hosts)
-    mem_load = np.bincount(old_hosts, weights=old_mem, minlength=base.n_hosts)
-    cpu_left = base.host_cpu - y * cpu_load
-    mem_left = base.host_mem - mem_load
-    usable = [h for h in range(base.n_hosts) if cpu_left[h] > _EPS and mem_left[h] >= new.memory - _EPS
-              and not base.hosts[h].maintenance]
-    if not usable:
-        return None
-    sub = Instance(hosts=tuple(Host(base.hosts[h].name, float(cpu_left[h]), float(mem_left[h])) for h in usable),
-                   jobs=(new,))
-    result = solve(sub, algorithm, options)
-    if not result.feasible or result.allocation is None or (result.min_yield or 0.0) < y - 1e-7:
-        return None
-    return np.asarray([usable[h] for h in result.allocation.hosts], dtype=np.int64)
-
-
 def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: str = "mcb8",
           options: SolveOptions | None = None, sharing: Sharing | None = None) -> Decision:
     """Decide whether ``request`` fits, and if so the plan (see the module docstring).
@@ -247,8 +235,10 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
     it is refused once they answer again (their VMs were not planned around).
 
     ``sharing``: the policy in force (default: the cluster file's, else
-    ``yield``).  Under ``yield`` with no extra resource needed by anyone this
-    is exactly the admission above; otherwise :func:`_admit_shared`.
+    ``yield``).  Under ``yield`` with no extra resource needed by anyone the
+    instance has CPU and memory alone and the yields are
+    :func:`vcsched.yields.allocate`'s; otherwise every needed fluid resource
+    is in it, with weights and tenants, and the policy allocates.
     """
     full, inventory = inventory, inventory.up()
     if not inventory.hosts:
@@ -258,46 +248,124 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
         raise InputError(f"algorithm: {algorithm!r} computes a bound, not a placement")
     check_request(cluster, inventory, request)
     options = options or SolveOptions()
-    from vcsched.control.sharing import check_tenant, check_vms, needed_resources, sharing_for
-
     sharing = sharing or sharing_for(cluster)
     check_tenant(cluster, request.tenant, f"request {request.name!r}")
     check_vms(cluster, inventory.managed())
     metas = [v.meta for v in inventory.managed() if v.meta is not None]
-    if not sharing.is_default or needed_resources(metas, request.io_needs()):
-        return _admit_shared(cluster, full, inventory, request, algorithm, options, sharing)
+    needed = needed_resources(metas, request.io_needs())
+    plain = sharing.is_default and not needed  # CPU and memory alone, vcsched's own objective
     n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
-    unmanaged_mem = unmanaged_memory(inventory)
-    hosts = model_hosts(inventory, cordoned=cluster.cordoned)
-    existing = existing_jobs(inventory)
     cores = request.need_cores(n_ref)
-    new = Job(request.name, cores / n_ref, request.memory_bytes / mem_ref, request.vms,
-              spread=request.spread, together=request.together)
-    instance = Instance(hosts=hosts, jobs=(*existing.jobs, new))
-    refused = _rules_refusal(instance, new)
-    if refused is not None:
-        return Decision(False, refused, None)
+    if plain:
+        hosts = model_hosts(inventory, cordoned=cluster.cordoned)
+        existing = existing_jobs(inventory)
+        new = Job(request.name, cores / n_ref, request.memory_bytes / mem_ref, request.vms,
+                  spread=request.spread, together=request.together)
+        instance = Instance(hosts=hosts, jobs=(*existing.jobs, new))
+    else:
+        refs = references(cluster, inventory, needed)
+        hosts = model_hosts(inventory, host_capacities(cluster, inventory, refs), cordoned=cluster.cordoned)
+        existing = existing_jobs(inventory, refs=refs)
+        new = Job(request.name, cores / n_ref, request.memory_bytes / mem_ref, request.vms,
+                  model_needs(request.io_needs(), refs, f"request {request.name!r}"), request.weight,
+                  request.tenant, spread=request.spread, together=request.together)
+        instance = Instance(hosts=hosts, jobs=(*existing.jobs, new), tenants=cluster.tenants)
+        check_instance(instance)
+    rates = level_rates(instance, sharing.policy)
+    rho = None if rates is None else normalised_rates(rates)
+    placing = _pinned(instance, existing)
+    placement, report = place_with_rules(placing, _admission_placer(rho, algorithm, options), options,
+                                         "admission")
+    report["rules"] = describe(dataclasses.replace(placing, pinned=()))  # the request's (running VMs: placed)
+    if placement.hosts is None:
+        refused = _refusal(placing, rho, algorithm, options, request, inventory, report)
+        return Decision(False, refused, None, detail=report if placing.has_rules else {})
+    task_hosts = np.asarray(placement.hosts, dtype=np.int64)
+    fallback: list[str] = []  # what the allocation fell back on (the average-yield LP failed), said
+    if plain:
+        allocation = allocate(instance, task_hosts)
+        fallback = list(allocation.notes)
+        decision = _decide(cluster, full, inventory, request, instance, existing, allocation, cores)
+    else:
+        palloc = allocate_policy(instance, task_hosts, sharing.policy, sharing.options)
+        if isinstance(palloc.detail.get("fallback"), str):
+            fallback = [str(palloc.detail["fallback"])]
+        io: dict[int, Mapping[str, int]] = {}
+        for t, v in enumerate(existing.vms):
+            if v.meta is not None and v.meta.io_needs():
+                io[int(instance.task_job[t])] = v.meta.io_needs()
+        io[instance.n_jobs - 1] = request.io_needs()
+        decision = _decide(cluster, full, inventory, request, instance, existing, palloc.allocation(instance),
+                           cores, policy=sharing.policy, io=io)
+    detail = {**(report if placing.has_rules else {}), **({"fallback": fallback} if fallback else {})}
+    return dataclasses.replace(decision, detail=detail) if detail else decision
 
-    total_mem = float(instance.task_mem.sum())
-    if total_mem > float(instance.host_mem.sum()) + _EPS:
-        return Decision(False, _memory_reason(request, inventory, unmanaged_mem), None)
-    # Pinned VMs bound Y by themselves (min_h C_h / L_h over their hosts); searching above that
-    # bound would let a host whose pinned load alone misses Y look merely "full".
-    upper = min(1.0, float(instance.host_cpu.sum() / instance.task_alpha.sum()), _pinned_bound(instance, existing))
 
-    def residual(y: float) -> np.ndarray | None:
-        return _residual_placement(instance, existing, new, y, algorithm, options)
+def _pinned(instance: Instance, existing: Existing) -> Instance:
+    """The instance the request is placed in: the running VMs pinned to their hosts, their own rules left out
+    (none of their VMs is placed), and a host whose running VMs already exceed its memory (it shrank) taken
+    as exactly full rather than below 0."""
+    n_old = len(existing.hosts)
+    old = np.asarray(existing.hosts, dtype=np.int64)
+    used = np.bincount(old, weights=instance.task_mem[:n_old], minlength=instance.n_hosts)
+    hosts = tuple(dataclasses.replace(h, memory=float(used[i])) if used[i] > h.memory else h
+                  for i, h in enumerate(instance.hosts))
+    jobs = tuple(dataclasses.replace(j, spread=None, together=None) if j.spread or j.together else j
+                 for j in instance.jobs[:-1])
+    pins = (*existing.hosts, *([-1] * instance.jobs[-1].tasks))
+    return dataclasses.replace(instance, hosts=hosts, jobs=(*jobs, instance.jobs[-1]),
+                               pinned=pins if n_old else ())
 
-    # Upper end first (often nothing binds); then the floor, where a failure refuses the request at once.
-    search = bisect_yield(residual, SEARCH_FLOOR * upper, upper, upper * 2.0 ** -SEARCH_STEPS,
-                          probe_upper=True, probe_lower=True)
-    if search.found is None:
-        return Decision(False, _rules_reason(request, instance) or _memory_reason(request, inventory, unmanaged_mem),
-                        None)
-    best = search.found
-    task_hosts = np.concatenate((np.asarray(existing.hosts, dtype=np.int64), best))
-    allocation = allocate(instance, task_hosts)
-    return _decide(cluster, full, inventory, request, instance, existing, allocation, cores)
+
+def _admission_placer(rho: np.ndarray | None, algorithm: str, options: SolveOptions) -> Placer:
+    """The request's VMs placed around the pinned running ones (module docstring): a placer for the rule loop."""
+
+    def place(attempt: Instance, _: SolveOptions) -> Placement:
+        room = ResidualRoom(attempt, None, rho)
+        upper = room.ceiling()
+        if upper is None:  # memory does not fit even fractionally
+            return Placement(hosts=None)
+        probe = room.probe(algorithm) if algorithm in VARIANTS else _solve_probe(room, algorithm, options)
+        # Upper end first (often nothing binds); then the floor, where a failure refuses the request at once.
+        search = bisect_yield(probe, SEARCH_FLOOR * upper, upper, upper * 2.0 ** -SEARCH_STEPS,
+                              probe_upper=True, probe_lower=True)
+        return Placement(hosts=search.found)
+
+    return place
+
+
+def _solve_probe(room: ResidualRoom, algorithm: str, options: SolveOptions) -> Probe:
+    """The probe for an algorithm that is not an MCB variant: at a level, ``algorithm`` places the pool's jobs
+    on the room the fixed VMs leave (hosts in maintenance or without room left out), and the level holds when
+    every pool job gets at least its yield there."""
+    inst = room.instance
+    jobs = np.unique(inst.task_job[room.pool])
+    assert int(inst.job_tasks[jobs].sum()) == len(room.pool), "a job with both fixed and pool tasks"
+    pool_jobs = tuple(inst.jobs[j] for j in jobs)
+    smallest = float(room.pool_mem.min()) if len(room.pool) else 0.0
+    extra = inst.resources[1:]
+
+    def probe(level: float) -> np.ndarray | None:
+        r = room.at(level)
+        if r is None:
+            return None
+        cpu = r.fluid[:, 0] if room.vector else r.fluid
+        usable = np.flatnonzero((cpu > FIT_TOLERANCE) & (r.memory >= smallest - MEMORY_TOLERANCE))
+        if not len(usable):
+            return None
+        sub = Instance(tuple(Host(inst.hosts[h].name, float(cpu[h]), float(r.memory[h]),
+                                  tuple((extra[k], max(float(r.fluid[h, k + 1]), 0.0)) for k in range(len(extra))))
+                             for h in usable), pool_jobs)
+        result = solve(sub, algorithm, options)
+        if not result.feasible or result.allocation is None:
+            return None
+        y = room.yields(level)
+        want = np.full(len(jobs), y) if isinstance(y, float) else y[jobs]
+        if np.any(result.allocation.yields(sub) < want - SOLVER_TOLERANCE):
+            return None
+        return room.hosts(usable[np.asarray(result.allocation.hosts, dtype=np.int64)])
+
+    return probe
 
 
 def _decide(cluster: Cluster, full: Inventory, inventory: Inventory, request: Request, instance: Instance,
@@ -317,7 +385,7 @@ def _decide(cluster: Cluster, full: Inventory, inventory: Inventory, request: Re
     floor, who = cluster.min_yield, f"cluster {cluster.name!r} min_yield"
     if request.min_yield is not None and request.min_yield > floor:
         floor, who = request.min_yield, f"request {request.name!r} min_yield"
-    if min_y < floor - 1e-9:
+    if min_y < floor - YIELD_TOLERANCE:
         return Decision(False, f"the minimum yield would be {min_y:.4f}, below {who} {floor:g}", None,
                         min_y, avg_y)
     yields = allocation.yields(instance)
@@ -363,98 +431,64 @@ def _decide(cluster: Cluster, full: Inventory, inventory: Inventory, request: Re
     return Decision(True, None, plan, min_y, avg_y)
 
 
-def _admit_shared(cluster: Cluster, full: Inventory, inventory: Inventory, request: Request, algorithm: str,
-                  options: SolveOptions, sharing: Sharing) -> Decision:
-    """Admission under a sharing policy, with extra fluid resources, weights and tenants (docs/policies.md).
+def _refusal(placing: Instance, rho: np.ndarray | None, algorithm: str, options: SolveOptions, request: Request,
+             inventory: Inventory, report: Mapping[str, object]) -> str:
+    """Why no placement was found, naming its real cause, checked in this order:
 
-    The same pinning as :func:`admit`, on every fluid resource: for a fill
-    level ``L`` (the policy's own for ``yield``, ``drf`` and ``asset``; the
-    max-min yield for the others, docs/policies.md §8) the running virtual
-    clusters at ``y_j(L)`` leave a residual capacity per (host, resource),
-    the algorithm packs the request there, and the level is bisected.  The
-    policy then allocates the whole cluster on the placement found.
+    1. a required rule no placement can meet (:func:`vcsched.rules.unsatisfiable`: a spread request with
+       more VMs than hosts that may take one, a together request larger than every host, every host in
+       maintenance);
+    2. memory: the request's VMs, rules aside, do not fit in the memory the running VMs leave;
+    3. a fluid resource (disk, network): they fit in memory only on hosts without it;
+    4. the rules: without its spread and together rules and with every host in service, the request fits;
+    5. CPU: what is left (the running VMs leave too little CPU at any yield the search probed).
     """
-    from vcsched.control.sharing import host_capacities, model_needs, needed_resources, references
-    from vcsched.formats.instance import check_instance
-    from vcsched.policies.placement import level_rates
-    from vcsched.policies.registry import allocate_policy
-    from vcsched.solvers.mcb_vector import highest_level, level_bound, level_yields, normalised_rates
-
-    n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
-    unmanaged_mem = unmanaged_memory(inventory)
-    metas = [v.meta for v in inventory.managed() if v.meta is not None]
-    refs = references(cluster, inventory, needed_resources(metas, request.io_needs()))
-    hosts = model_hosts(inventory, host_capacities(cluster, inventory, refs))
-    cordoned = {i for i, h in enumerate(inventory.hosts) if h.name in cluster.cordoned}
-    existing = existing_jobs(inventory, refs=refs)
-    cores = request.need_cores(n_ref)
-    new = Job(request.name, cores / n_ref, request.memory_bytes / mem_ref, request.vms,
-              model_needs(request.io_needs(), refs, f"request {request.name!r}"), request.weight, request.tenant)
-    instance = Instance(hosts=hosts, jobs=(*existing.jobs, new), tenants=cluster.tenants)
-    check_instance(instance)
-    if float(instance.task_mem.sum()) > float(instance.host_mem.sum()) + _EPS:
-        return Decision(False, _memory_reason(request, inventory, unmanaged_mem), None)
-    rates = level_rates(instance, sharing.policy)
-    rho = normalised_rates(np.ones(instance.n_jobs) if rates is None else rates)
-    n_old = len(existing.hosts)
-    old_hosts = np.asarray(existing.hosts, dtype=np.int64)
-    cap = instance.host_capacity
-    res = instance.resources
-
-    def pinned_load(level: float) -> np.ndarray:
-        y = level_yields(rho, level)[instance.task_job[:n_old]]
-        need = instance.job_need[instance.task_job[:n_old]] * y[:, None]
-        return np.stack([np.bincount(old_hosts, weights=need[:, r], minlength=instance.n_hosts)
-                         for r in range(len(res))], axis=1) if n_old else np.zeros_like(cap)
-
-    def pinned_fits(level: float) -> bool:
-        return bool(np.all(pinned_load(level) <= cap + 1e-9))
-
-    bound = level_bound(instance, rho)
-    assert bound is not None  # memory fits in total (checked above)
-    upper = highest_level(pinned_fits, bound)  # the pinned VMs may bound the level by themselves (cf. _pinned_bound)
-    mem_load = np.bincount(old_hosts, weights=instance.task_mem[:n_old], minlength=instance.n_hosts)
-    plain = Job(new.name, new.cpu_need, new.memory, new.tasks, new.needs, spread=request.spread,
-                together=request.together)  # the sub-instance has no tenants
-
-    def residual(level: float) -> np.ndarray | None:
-        left = cap - pinned_load(level)
-        mem_left = instance.host_mem - mem_load
-        y_new = float(level_yields(rho, level)[-1])
-        usable = [h for h in range(instance.n_hosts) if left[h, 0] > _EPS and mem_left[h] >= new.memory - _EPS
-                  and h not in cordoned]
-        if not usable:
-            return None
-        sub_hosts = tuple(Host(instance.hosts[h].name, float(left[h, 0]), float(mem_left[h]),
-                               tuple((res[r], max(float(left[h, r]), 0.0)) for r in range(1, len(res))))
-                          for h in usable)
-        result = solve(Instance(sub_hosts, (plain,)), algorithm, options)
-        if not result.feasible or result.allocation is None or (result.min_yield or 0.0) < y_new - 1e-7:
-            return None
-        return np.asarray([usable[h] for h in result.allocation.hosts], dtype=np.int64)
-
-    search = bisect_yield(residual, SEARCH_FLOOR * upper, upper, upper * 2.0 ** -SEARCH_STEPS,
-                          probe_upper=True, probe_lower=True)
-    if search.found is None:
-        return Decision(False, _memory_reason(request, inventory, unmanaged_mem), None)
-    task_hosts = np.concatenate((old_hosts, search.found))
-    palloc = allocate_policy(instance, task_hosts, sharing.policy, sharing.options)
-    io: dict[int, Mapping[str, int]] = {}
-    for t, v in enumerate(existing.vms):
-        if v.meta is not None and v.meta.io_needs():
-            io[int(instance.task_job[t])] = v.meta.io_needs()
-    io[instance.n_jobs - 1] = request.io_needs()
-    return _decide(cluster, full, inventory, request, instance, existing, palloc.allocation(instance), cores,
-                   policy=sharing.policy, io=io)
+    required = without_soft(placing)
+    screened = unsatisfiable(required)
+    if screened is not None:
+        return screened
+    room = ResidualRoom(_unruled(placing), None, rho)
+    pool_mem = room.pool_mem
+    memory_left = placing.host_mem - np.bincount(room.fixed_at[room.fixed], weights=placing.task_mem[room.fixed],
+                                                 minlength=placing.n_hosts)
+    if not _memory_fits(pool_mem, memory_left):
+        return _memory_reason(request, inventory)
+    new = placing.jobs[-1]
+    lacking = [r for r, need in new.needs if need > 0]
+    with_all = np.ones(placing.n_hosts, dtype=bool)
+    for r in lacking:
+        with_all &= placing.host_capacity[:, placing.resources.index(r)] > 0
+    if lacking and not _memory_fits(pool_mem, np.where(with_all, memory_left, -1.0)):
+        names = " and ".join(RESOURCE_NAMES.get(r, r) for r in lacking)
+        having = [h.name for h, ok in zip(placing.hosts, with_all, strict=True) if ok]
+        where = f"only {', '.join(having)} can give, without" if having else "no host can give, with"
+        return (f"{names}: {request.vms} VMs of {format_size(request.memory_bytes)} need {names}, which {where} "
+                f"the memory for them (free memory: {_free_memory(inventory)})")
+    if placing.has_rules:
+        unruled = _admission_placer(rho, algorithm, options)(_unruled(placing), options)
+        if unruled.hosts is not None:
+            return _rules_reason(request, placing) or str(report.get("infeasible", "the placement rules"))
+    return (f"cpu: no placement of {request.vms} VMs of {request.need_cores(inventory.reference_cores):g} cores "
+            f"reaches a yield of {SEARCH_FLOOR:g} of the bound in the CPU the running VMs leave")
 
 
-def _rules_refusal(instance: Instance, new: Job) -> str | None:
-    """The request's rule the cluster cannot meet at all (docs/rules.md): a refusal naming it, or None."""
-    from vcsched.rules import unsatisfiable
+#: What a refusal calls each extra fluid resource.
+RESOURCE_NAMES = {"disk": "disk", "net": "network"}
 
-    if not (new.spread or new.together or instance.host_cordoned.any()):
-        return None
-    return unsatisfiable(Instance(instance.hosts, (new,)))
+
+def _unruled(placing: Instance) -> Instance:
+    """``placing`` without the request's rules and with every host in service (the running VMs stay pinned)."""
+    new = dataclasses.replace(placing.jobs[-1], spread=None, together=None)
+    return dataclasses.replace(placing, jobs=(*placing.jobs[:-1], new),
+                               hosts=tuple(dataclasses.replace(h, maintenance=False) for h in placing.hosts))
+
+
+def _memory_fits(memory: np.ndarray, memory_left: np.ndarray) -> bool:
+    """Whether VMs of these memory sizes pack into what each host has left (MCB8's kernel on memory alone)."""
+    kernel = KERNELS[kernel_backend(None)]
+    zero = np.zeros(len(memory))
+    return kernel(sorted_lists(VARIANTS["mcb8"], zero, memory), np.full(len(memory_left), np.inf),
+                  np.asarray(memory_left, dtype=float), None) is not None
 
 
 def _rules_reason(request: Request, instance: Instance) -> str | None:
@@ -480,7 +514,7 @@ def floors_missed(vms: Iterable[VmState], yields: Mapping[str, float]) -> list[t
             continue
         got = min(yields[v.name], worst.get(v.meta.cluster, (math.inf, 0.0))[0])
         worst[v.meta.cluster] = (got, v.meta.min_yield)
-    return [(vc, got, floor) for vc, (got, floor) in sorted(worst.items()) if got < floor - 1e-9]
+    return [(vc, got, floor) for vc, (got, floor) in sorted(worst.items()) if got < floor - YIELD_TOLERANCE]
 
 
 def current_caps(inventory: Inventory) -> dict[str, dict[str, float]]:
@@ -491,10 +525,15 @@ def current_caps(inventory: Inventory) -> dict[str, dict[str, float]]:
     return caps
 
 
-def _memory_reason(request: Request, inventory: Inventory, unmanaged: dict[str, int]) -> str:
+def _free_memory(inventory: Inventory) -> str:
+    """Each host's memory left for new VMs, e.g. ``h0 896 MiB, h1 1 GiB``."""
+    unmanaged = unmanaged_memory(inventory)
     free = {h.name: h.usable_memory - unmanaged[h.name] - sum(v.memory_bytes for v in inventory.vms_on(h.name)
                                                                if v.active and v.managed)
             for h in inventory.hosts}
-    shown = ", ".join(f"{h} {format_size(max(f, 0))}" for h, f in free.items())
+    return ", ".join(f"{h} {format_size(max(f, 0))}" for h, f in free.items())
+
+
+def _memory_reason(request: Request, inventory: Inventory) -> str:
     return (f"memory: {request.vms} VMs of {format_size(request.memory_bytes)} do not fit in the free memory "
-            f"({shown})")
+            f"({_free_memory(inventory)})")

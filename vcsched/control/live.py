@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vcsched.adaptation.drain import drain
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult
 from vcsched.adaptation.solve import solve_adapt
 from vcsched.caps import min_cap, realisable_cap, same_cap
 from vcsched.control.admission import Existing, HostsDown, existing_jobs, floors_missed, model_hosts
-from vcsched.control.inventory import Inventory, VmState, snapshot_hash
 from vcsched.control.sharing import (
     Sharing,
     check_vms,
@@ -26,11 +26,14 @@ from vcsched.control.sharing import (
 )
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
-from vcsched.formats.instance import check_instance
+from vcsched.inventory import Inventory, VmState, snapshot_hash
 from vcsched.model import Instance, SolveOptions
 from vcsched.plans.migration import HostRoom, MigrationBlocked, MigrationOrder, VmChange, order_changes, plan_steps
 from vcsched.plans.plan import MEASURED, Plan, VmPrediction
 from vcsched.plans.steps import RemoveStep, SetNeedStep
+from vcsched.policies.registry import allocate_policy
+from vcsched.units import CAP_TOLERANCE
+from vcsched.validate import check_instance
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,29 @@ class LiveAdaptation:
     #: A drain (docs/rules.md): the drained host, and each VM that stays on it with its reason and explanation.
     drained: str | None = None
     stays: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def drain_complete(self) -> bool:
+        """A drain whose plan empties the host: a plan, and no VM stays."""
+        return self.plan is not None and not self.stays
+
+    @property
+    def infeasible(self) -> str:
+        """Why no plan was found within the budget (the solver's own words when it has them)."""
+        return str(self.adapted.result.detail.get("infeasible", "no placement within the budget"))
+
+    def drain_blocked(self, *, allow_below_floor: bool = False) -> str | None:
+        """Why this drain's plan may not be applied, or None when it may (docs/rules.md):
+
+        a plan that leaves VMs on the host is never applied (the host would go into maintenance with them
+        still there), and one that leaves a virtual cluster below the min_yield it was admitted with only
+        when the operator allows it.
+        """
+        if self.stays:
+            return f"{self.drained} cannot be emptied within these rules and budget"
+        if self.floors_missed and not allow_below_floor:
+            return "a virtual cluster would end below its min_yield (--allow-below-floor to apply anyway)"
+        return None
 
 
 def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, needs: Mapping[str, float] | None = None,
@@ -137,7 +163,7 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         if not 0 < cores <= v.vcpus:
             raise InputError(f"--set-need {v.name}: {cores:g} cores must be above 0 and at most its {v.vcpus} vCPUs")
         cores_of[v.name] = cores
-        if record_needs and abs(cores - v.meta.cpu_need_cores) > 1e-9:
+        if record_needs and abs(cores - v.meta.cpu_need_cores) > CAP_TOLERANCE:
             renew[v.name] = cores
     shared = None
     if cluster is not None:
@@ -229,8 +255,6 @@ def _drain(cluster_name: str, inventory: Inventory, full: Inventory, vms: list[V
            host: str, algorithm: str, options: SolveOptions | None
            ) -> tuple[AdaptProblem, AdaptResult, tuple[tuple[str, str, str], ...]]:
     """The drain of ``host``: bad input checked first (unknown or down host, pinned VMs with a budget)."""
-    from vcsched.adaptation.drain import drain
-
     names = [h.name for h in inventory.hosts]
     if host not in names:
         if any(h.name == host for h in full.hosts):
@@ -290,8 +314,6 @@ def _shared_instance(cluster: Cluster, inventory: Inventory, managed: tuple[VmSt
 
 def _reallocated(adapted: AdaptResult, instance: Instance, sharing: Sharing) -> AdaptResult:
     """The adaptation's placement with the policy's yields on every fluid resource."""
-    from vcsched.policies.registry import allocate_policy
-
     assert adapted.result.allocation is not None
     palloc = allocate_policy(instance, adapted.result.allocation.hosts, sharing.policy, sharing.options)
     y = np.asarray(palloc.yields)

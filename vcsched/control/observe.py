@@ -82,11 +82,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vcsched.caps import min_cap, realisable_cap
-from vcsched.control.inventory import Inventory, VmState, snapshot_hash
 from vcsched.errors import InputError
+from vcsched.inventory import Inventory, VmState, snapshot_hash
 from vcsched.plans.ordering import order_steps
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import SetCapStep, SetNeedStep
+from vcsched.units import CAP_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -302,7 +303,7 @@ def cap_plan(inventory: Inventory, caps: Mapping[str, float]) -> Plan:
 def record_plan(inventory: Inventory, estimates: Iterable[Estimate]) -> Plan:
     """`vcsched observe --record`: set-need steps writing each estimate as the VM's recorded need."""
     steps = tuple(SetNeedStep(e.vm, e.host, e.estimate) for e in sorted(estimates, key=lambda e: e.vm)
-                  if abs(e.estimate - e.declared) > 1e-9)
+                  if abs(e.estimate - e.declared) > CAP_TOLERANCE)
     renewing = frozenset(s.vm for s in steps)
     return Plan("adapt", inventory.cluster, snapshot_hash(inventory, renewing=renewing), 0.0, 0.0, {}, steps,
                 extra={"budget": 0, "migrated_bytes": 0})

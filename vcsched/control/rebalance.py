@@ -40,16 +40,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vcsched.control.inventory import Inventory
 from vcsched.control.live import LiveAdaptation, adapt_inventory
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
+from vcsched.inventory import Inventory
 from vcsched.plans.migration import MigrationBlocked
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import MigrateStep
+from vcsched.units import YIELD_TOLERANCE
 
 RECAP, REBALANCE, NOTHING = "re-cap", "re-balance", "nothing"
-_EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class Rebalancer:
         gain = moved.plan.min_yield - recap.plan.min_yield
         moves = moves_of(moved.plan)
         base = replace(base, rebalance_min_yield=moved.plan.min_yield, gain=gain, moves=moves)
-        if gain <= _EPS or gain < o.threshold - _EPS:
+        if gain <= YIELD_TOLERANCE or gain < o.threshold - YIELD_TOLERANCE:
             self._reset()
             return replace(base, reason=f"gain {gain:.4f} below the threshold {o.threshold:g}")
         self._streak = self._streak + 1 if moves == self._moves else 1

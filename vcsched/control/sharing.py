@@ -26,11 +26,12 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from vcsched.control.inventory import Inventory, VmMeta, VmState
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
+from vcsched.inventory import Inventory, VmMeta, VmState
 from vcsched.model import Amounts
 from vcsched.policies.allocation import PolicyOptions
+from vcsched.policies.registry import check_options, get
 
 #: The extra fluid resources a live cluster knows, and the cluster-file / request / metadata field of each.
 IO_FIELDS = {"disk": "disk_bps", "net": "net_bps"}
@@ -51,8 +52,6 @@ class Sharing:
 
 def sharing_for(cluster: Cluster, policy: str | None = None, alpha: float | None = None) -> Sharing:
     """The policy in force (module docstring); an unknown policy or a misplaced alpha is bad input (exit 2)."""
-    from vcsched.policies.registry import check_options, get
-
     name = policy if policy is not None else (cluster.policy or "yield")
     if alpha is None and policy is None:
         alpha = cluster.alpha

@@ -12,7 +12,7 @@ say what the deciding commands would see:
   §2), on cluster totals (its dominant resource), or under ``drf-pools`` on
   its most loaded (host, resource) pair;
 * a yield is below its floor when it misses the ``min_yield`` it was
-  admitted with by more than :data:`YIELD_TOLERANCE`;
+  admitted with by more than :data:`vcsched.units.YIELD_TOLERANCE`;
 * a host's load is the sum of its managed running VMs' caps, the cores all
   its VMs were measured using, and the memory of its running VMs.
 """
@@ -25,16 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from vcsched.constraints import capacities
 from vcsched.control.admission import existing_jobs, model_hosts
-from vcsched.control.inventory import Inventory, VmState
 from vcsched.control.sharing import Sharing, check_vms, host_capacities, needed_resources, references
 from vcsched.formats.cluster import Cluster
+from vcsched.inventory import Inventory, VmState
 from vcsched.model import Instance
-from vcsched.policies.constraints import capacities
 from vcsched.policies.shares import dominant_shares, pool_shares
-
-#: How far below its floor a yield may read and still count as meeting it (float noise, not a policy).
-YIELD_TOLERANCE = 1e-9
+from vcsched.units import YIELD_TOLERANCE
 
 
 def predicted_yield(vm: VmState) -> float | None:

@@ -28,9 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vcsched.control.inventory import InDoubt, Inventory
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, Sample, is_saturated
 from vcsched.control.status import below_floor, host_load, predicted_yield
+from vcsched.inventory import InDoubt, Inventory
 
 #: Controller events that say what happened (the others, ``interval`` and ``observe``, come every interval).
 NOTABLE_EVENTS = frozenset({"start", "stop", "leader", "standby", "decision", "probe", "plan", "step", "applied",

@@ -28,6 +28,7 @@ out.  The CLI (``vcsched experiment adapt``) saves the records and report.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -165,8 +166,6 @@ class StepRecord:
 
 
 def _scratch(problem: AdaptProblem) -> MethodResult:
-    import time
-
     start = time.perf_counter()
     hosts = mcb8_from_scratch(problem.instance)
     if hosts is None:

@@ -8,8 +8,8 @@ that silently drops a solver would read as if it had run.
 :func:`run_bench` does the timing and reports how far it got through an
 ``on_progress(done, total, description)`` callback; it prints nothing, so the
 CLI draws the progress bar and the tables, and Python callers get the values.
-:func:`time_commands` times whole processes (the start-up rows: what a user
-waits for, imports included), on command lines the caller gives.
+The CLI times whole processes (the start-up rows, ``cli/bench.py``); this
+module runs no process.
 """
 
 from __future__ import annotations
@@ -17,22 +17,21 @@ from __future__ import annotations
 import math
 import re
 import statistics
-import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from vcsched.errors import InputError, VcschedError
+from vcsched.adaptation.drain import drain
+from vcsched.adaptation.problem import AdaptProblem
+from vcsched.adaptation.solve import solve_adapt
+from vcsched.errors import InputError
 from vcsched.experiments import OnProgress
+from vcsched.experiments.adaptation import TraceSpec, apply_change, initial_state, problem_for, random_change
 from vcsched.experiments.generate import GeneratorSpec, generate
 from vcsched.experiments.paper import parse_label
 from vcsched.model import SolveOptions
 from vcsched.solvers.registry import solve
 from vcsched.validate import check_allocation
-
-if TYPE_CHECKING:
-    from vcsched.adaptation.problem import AdaptProblem
 
 BENCH_SEED = 20080101
 BENCH_SLACK = 0.3
@@ -137,8 +136,6 @@ def adapt_problem(case: BenchCase, budget_fraction: float) -> AdaptProblem:
     the jobs leave, 10 % arrive and 10 % get a new CPU need; moving a task
     costs its memory fraction of a 1 GiB host.
     """
-    from vcsched.experiments.adaptation import TraceSpec, apply_change, initial_state, problem_for, random_change
-
     spec = TraceSpec(case.hosts, case.tasks, BENCH_SLACK, cv_mem=BENCH_CV, cv_cpu=BENCH_CV)
     instance, hosts, rng = initial_state(spec, BENCH_SEED)
     changed, current = apply_change(instance, hosts, random_change(spec, instance, 1, rng))
@@ -163,8 +160,6 @@ def run_bench(cases: Sequence[BenchCase], algorithms: Sequence[str], *, repeat: 
     order given, the adaptation rows last.  ``on_progress`` is told before each row is timed
     (and once when all are).
     """
-    from vcsched.adaptation.solve import solve_adapt
-
     work = [(c, a) for c in cases for a in algorithms]
     adapt_work = [(c, b) for c in cases for b in ADAPT_BUDGETS] if adapt else []
     total = len(work) + len(adapt_work) + (len(cases) if adapt else 0)
@@ -205,8 +200,6 @@ def run_bench(cases: Sequence[BenchCase], algorithms: Sequence[str], *, repeat: 
         timings.append(Timing(name, case.name, tuple(runs), feasible, min_yield))
     for case in cases if adapt else ():
         # Drain planning (docs/rules.md): host 0 in maintenance, its VMs leave within 10 % of the running bytes.
-        from vcsched.adaptation.drain import drain
-
         progress(len(timings), f"{DRAIN_ROW} on {case.name}")
         problem = adapt_problem(case, 0.1)
         runs, feasible, min_yield = [], False, None
@@ -225,42 +218,6 @@ def run_bench(cases: Sequence[BenchCase], algorithms: Sequence[str], *, repeat: 
 #: The size of the instance whose ``vcsched solve``, start to exit, ``vcsched bench`` times (the paper's large set).
 STARTUP_CASE = BenchCase(64, 500)
 STARTUP_PREFIX = "cli"
-POLICIES_PREFIX = "policies"  # the sharing policies' rows (vcsched.policies.bench), timed by the CLI
+POLICIES_PREFIX = "policies"  # the sharing policies' rows (vcsched.experiments.policy_bench), timed by the CLI
 #: ``Timing.case`` of a whole-process row.
 WHOLE_PROCESS = "whole process"
-
-
-def time_commands(commands: Sequence[tuple[str, Sequence[str]]], *, repeat: int = 5,
-                  on_progress: OnProgress | None = None) -> list[Timing]:
-    """Wall-clock time of whole processes, start to exit: ``(row name, command line)`` each run ``repeat`` times.
-
-    This is what a user waits for (interpreter start-up, imports, reading the
-    input, the work, the output), where :func:`run_bench` times the solver
-    alone.  Each command first runs once untimed, so that every timed run
-    finds the files it reads in the page cache.  Output is discarded; a
-    command that exits with a status other than 0 is an error (a row that
-    timed a failure would read as a result).
-    """
-    total = len(commands)
-
-    def progress(done: int, description: str) -> None:
-        if on_progress is not None:
-            on_progress(done, total, description)
-
-    timings: list[Timing] = []
-    for name, argv in commands:
-        progress(len(timings), name)
-        runs = []
-        for i in range(repeat + 1):
-            start = time.perf_counter()
-            done = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True, check=False)
-            took = time.perf_counter() - start
-            if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-                raise VcschedError(f"{name}: {' '.join(argv)} exited with status {done.returncode}: {last}")
-            if i:  # run 0 warms the caches
-                runs.append(took)
-        timings.append(Timing(name, WHOLE_PROCESS, tuple(runs), True, None))
-    progress(total, "done")
-    return timings

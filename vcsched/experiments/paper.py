@@ -36,6 +36,7 @@ from vcsched.experiments.generate import GeneratorSpec, generate
 from vcsched.experiments.workers import map_items
 from vcsched.model import SolveOptions
 from vcsched.solvers.registry import solve
+from vcsched.units import YIELD_TOLERANCE
 from vcsched.validate import allocation_problems
 
 SETS = ("small", "large", "parallel")
@@ -539,9 +540,9 @@ def anytime_summary(records: Iterable[Record], algorithm: str, reference: str = 
             continue
         assert mine.min_yield is not None and ref is not None and ref.min_yield is not None
         gains.append(100.0 * (mine.min_yield - ref.min_yield) / ref.min_yield)
-        if mine.min_yield < ref.min_yield * (1 - 1e-9):
+        if mine.min_yield < ref.min_yield * (1 - YIELD_TOLERANCE):
             worse += 1
-        elif mine.min_yield > ref.min_yield * (1 + 1e-9):
+        elif mine.min_yield > ref.min_yield * (1 + YIELD_TOLERANCE):
             better += 1
         if b is not None and b.feasible and b.min_yield is not None:
             g_mine, g_ref = percent_gap(mine.min_yield, b.min_yield), percent_gap(ref.min_yield, b.min_yield)

@@ -48,6 +48,11 @@ from vcsched.experiments import OnProgress
 from vcsched.experiments.generate import GeneratorSpec, generate, truncated_normal
 from vcsched.experiments.workers import map_items
 from vcsched.model import Host, Instance, Job, SolveOptions, Tenant
+from vcsched.policies.allocation import PolicyOptions
+from vcsched.policies.placement import place_policy
+from vcsched.policies.registry import allocate_policy
+from vcsched.policies.shares import cluster_totals, dominant_shares
+from vcsched.solvers.registry import solve
 
 #: The extra fluid resources: (mean, coefficient of variation) of a job's per-VM need; host capacity 1.
 EXTRA = {"disk": (0.4, 0.75), "net": (0.25, 0.75)}
@@ -158,8 +163,6 @@ def jain(y: np.ndarray) -> float:
 
 
 def metrics(instance: Instance, hosts: Sequence[int], yields: Sequence[float]) -> dict[str, Any]:
-    from vcsched.policies.shares import cluster_totals, dominant_shares
-
     y = np.asarray(yields, dtype=float)
     used = (y * instance.job_tasks) @ instance.job_need  # per resource
     totals = cluster_totals(instance)
@@ -175,11 +178,6 @@ def metrics(instance: Instance, hosts: Sequence[int], yields: Sequence[float]) -
 
 def run_item(item: PolicyItem) -> list[PolicyRecord]:
     """Every policy, each on its own placement and on the two reference placements (module docstring)."""
-    from vcsched.policies.allocation import PolicyOptions
-    from vcsched.policies.placement import place_policy
-    from vcsched.policies.registry import allocate_policy
-    from vcsched.solvers.registry import solve
-
     full = policy_instance(item.spec, item.seed)
     plain = unweighted(full)
     blank = PolicyRecord(item.family, item.instance, item.seed, item.spec.hosts, item.spec.tasks, full.n_jobs,

@@ -26,8 +26,7 @@ from vcsched.adaptation.problem import AdaptProblem
 from vcsched.experiments.generate import GeneratorSpec, generate
 from vcsched.model import REQUIRED, Instance, SolveOptions
 from vcsched.solvers.registry import solve
-
-GIB = 1 << 30
+from vcsched.units import GIB
 
 
 def with_rules(instance: Instance, rng: np.random.Generator, spread: float = 0.3, pinned: float = 0.1) -> Instance:

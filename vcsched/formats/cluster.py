@@ -54,6 +54,7 @@ import functools
 import ipaddress
 import math
 import re
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -245,8 +246,6 @@ def _host_from_dict(where: str, d: Any) -> ClusterHost:
 
 def check_uuid(where: str, value: Any) -> str:
     """A UUID (any of the spellings Python's :class:`uuid.UUID` reads), in its canonical lower-case form."""
-    import uuid
-
     try:
         return str(uuid.UUID(check_string(where, value)))
     except ValueError:
@@ -334,8 +333,10 @@ def _policy_from_dict(d: Any) -> tuple[str | None, float | None]:
         if "alpha" in d:
             raise InputError(f"alpha: {d['alpha']!r} given without policy = \"alpha-fair\"")
         return None, None
+    # Lazy, like the tenants below: every command reads the cluster file, and the policies (numpy) are needed only
+    # when it names one; apply, repair, cordon and lab start 0.2-0.3 s faster without them (tests/test_inputs.py).
     from vcsched.policies.allocation import PolicyOptions
-    from vcsched.policies.registry import check_options, get
+    from vcsched.policies.registry import check_options, get  # lazy: numpy
 
     policy = get(check_string("policy", d["policy"])).name
     alpha = d.get("alpha")
@@ -345,11 +346,13 @@ def _policy_from_dict(d: Any) -> tuple[str | None, float | None]:
 
 def _tenants_from_dict(raw: Any) -> tuple[Tenant, ...]:
     """``[[tenants]]``: unique names, weights above 0, parents that exist, no cycle (one line each)."""
-    from vcsched.formats.instance import check_instance, parse_tenant
-    from vcsched.model import Instance
-
     if not isinstance(raw, list):
         raise InputError(f"tenants: expected a list of [[tenants]] tables, got {type(raw).__name__}")
+    # Lazy: the tenant tree's model and checks bring numpy (see _policy_from_dict).
+    from vcsched.formats.instance import parse_tenant
+    from vcsched.model import Instance  # lazy: numpy
+    from vcsched.validate import check_instance  # lazy: numpy
+
     tenants = tuple(parse_tenant(f"tenants[{i}]", t) for i, t in enumerate(raw))
     for i, t in enumerate(tenants):
         check_name(f"tenants[{i}].name", t.name)

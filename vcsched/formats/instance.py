@@ -36,15 +36,7 @@ from vcsched.formats.fields import (
     check_string,
 )
 from vcsched.model import CPU, Amounts, Host, Instance, Job, Tenant
-
-
-def _unique(kind: str, names: list[str]) -> None:
-    seen: set[str] = set()
-    for i, n in enumerate(names):
-        if n in seen:
-            raise InputError(f"{kind}[{i}].name: duplicate name {n!r}")
-        seen.add(n)
-
+from vcsched.validate import check_instance
 
 HOST_FIELDS = {"name", "cpu", "memory", "capacity"}
 JOB_FIELDS = {"name", "cpu_need", "memory", "tasks", "needs", "weight", "tenant"}
@@ -105,55 +97,6 @@ def parse_tenant(where: str, raw: Any) -> Tenant:
         weight=check_number(f"{where}.weight", obj.get("weight", 1.0), low=0.0),
         parent=None if parent is None else check_string(f"{where}.parent", parent),
     )
-
-
-def check_instance(instance: Instance) -> None:
-    """The checks that span fields: names, weights, the tenant tree, resources no host has.
-
-    The parser runs it on every document; the sharing policies run it on
-    instances built in Python, so both meet the same one-line errors.
-    """
-    _unique("hosts", [h.name for h in instance.hosts])
-    _unique("jobs", [j.name for j in instance.jobs])
-    _unique("tenants", [t.name for t in instance.tenants])
-    for i, h in enumerate(instance.hosts):
-        for name, value in h.capacity:
-            if not (value >= 0 and value < float("inf")):  # also false for NaN
-                raise InputError(f"hosts[{i}].capacity.{name}: {value!r} must be a finite number at least 0")
-    for i, t in enumerate(instance.tenants):
-        if not (t.weight > 0 and t.weight < float("inf")):
-            raise InputError(f"tenants[{i}].weight: {t.weight!r} must be a finite number above 0")
-    for i, j in enumerate(instance.jobs):
-        if not (j.weight > 0 and j.weight < float("inf")):
-            raise InputError(f"jobs[{i}].weight: {j.weight!r} must be a finite number above 0")
-        for name, value in j.needs:
-            if not (0 <= value <= 1):
-                raise InputError(f"jobs[{i}].needs.{name}: {value!r} is not in [0, 1]")
-    _check_tenant_tree(instance)
-    total = dict(zip(instance.resources, instance.host_capacity.sum(axis=0), strict=True))
-    for i, j in enumerate(instance.jobs):
-        for name, value in j.needs:
-            if value > 0 and total[name] <= 0:
-                raise InputError(f"jobs[{i}].needs.{name}: no host has capacity for {name!r}")
-
-
-def _check_tenant_tree(instance: Instance) -> None:
-    index = {t.name: i for i, t in enumerate(instance.tenants)}
-    for i, t in enumerate(instance.tenants):
-        if t.parent is not None and t.parent not in index:
-            raise InputError(f"tenants[{i}].parent: unknown tenant {t.parent!r}")
-    for i, t in enumerate(instance.tenants):
-        path, node = [t.name], t.parent
-        while node is not None:
-            path.append(node)
-            if node == t.name:
-                raise InputError(f"tenants[{i}].parent: cycle {' -> '.join(path)}")
-            node = instance.tenants[index[node]].parent
-            if len(path) > len(instance.tenants) + 1:  # a cycle above t, reported at its own members
-                break
-    for i, j in enumerate(instance.jobs):
-        if j.tenant is not None and j.tenant not in index:
-            raise InputError(f"jobs[{i}].tenant: unknown tenant {j.tenant!r}")
 
 
 def instance_from_dict(

@@ -26,11 +26,10 @@ import re
 from typing import Any
 
 from vcsched.errors import InputError
+from vcsched.units import GIB, KIB, MIB, TIB
+from vcsched.units import UNLIMITED as UNLIMITED  # re-exported: the size parser reads "unlimited" as it
 
-UNLIMITED = (1 << 63) - 1  # a byte budget no cluster reaches: free re-placement
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40,
+_UNITS = {"": 1, "b": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB, "t": TIB, "tib": TIB,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]*)?)\s*([a-z]*)")
 _EXAMPLES = "e.g. 1073741824, 2GiB, 512MiB"

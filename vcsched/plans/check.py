@@ -38,9 +38,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from vcsched.caps import CAP_TOLERANCE, min_cap
-from vcsched.control.inventory import HostState, Inventory
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_name
+from vcsched.inventory import HostState, Inventory
 from vcsched.iocaps import IO_RESOURCES, STEP_FIELDS, IoCaps, VmDevices, io_problem, realisable
 from vcsched.plans.ordering import IO_TOLERANCE
 from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step

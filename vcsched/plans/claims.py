@@ -49,9 +49,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vcsched.caps import CAP_TOLERANCE, grid_step, realisable_cap, same_cap
-from vcsched.control.inventory import HostState, Inventory, VmState
 from vcsched.errors import VcschedError
 from vcsched.formats.units import format_size
+from vcsched.inventory import HostState, Inventory, VmState
 from vcsched.plans.plan import MEASURED, Plan
 from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep
 

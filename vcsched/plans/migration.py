@@ -41,8 +41,7 @@ from dataclasses import dataclass
 from vcsched.caps import min_cap, realisable_cap
 from vcsched.errors import VcschedError
 from vcsched.plans.steps import MigrateStep, SetCapStep
-
-CAP_TOLERANCE = 1e-9
+from vcsched.units import CAP_TOLERANCE
 
 
 class MigrationBlocked(VcschedError):

@@ -20,10 +20,10 @@ import heapq
 import math
 from collections.abc import Iterable, Mapping
 
-from vcsched.caps import CAP_TOLERANCE
 from vcsched.errors import VcschedError
 from vcsched.iocaps import IO_RESOURCES
 from vcsched.plans.steps import Step
+from vcsched.units import CAP_TOLERANCE, CPU, IO_TOLERANCE
 
 
 class PlanError(VcschedError):
@@ -31,9 +31,6 @@ class PlanError(VcschedError):
 
 
 HostCaps = Mapping[str, Mapping[str, float]]  # host -> vm -> cap in cores (or bytes/s for disk and net)
-CPU = "cpu"
-#: Disk and network caps are whole bytes per second: sums compare within float noise of that.
-IO_TOLERANCE = 1e-6
 
 State = dict[str, dict[str, dict[str, float]]]  # resource -> host -> vm -> cap
 

@@ -13,7 +13,7 @@ prefix of a plan.
 step sets exactly the resources it names (at least one), so a plan file
 written before disk and network caps existed loads and means what it meant:
 CPU only.  Three class-level flags tell
-the snapshot check (:mod:`vcsched.control.inventory`) what a half-applied
+the snapshot check (:mod:`vcsched.inventory`) what a half-applied
 plan may already have changed: ``moves`` (the VM's host), ``removes`` (the
 VM itself), ``renews`` (the VM's recorded CPU need).
 
@@ -27,12 +27,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from vcsched.caps import CAP_TOLERANCE
-from vcsched.control.inventory import VmMeta
 from vcsched.errors import InputError
 from vcsched.formats.fields import MAX_VCPUS, check_count, check_fields, check_fraction, check_number, check_string
 from vcsched.formats.units import check_vm_memory
+from vcsched.inventory import VmMeta
 from vcsched.iocaps import DISK, NET, IoCaps
+from vcsched.units import CAP_TOLERANCE
 
 
 class Step(Protocol):

@@ -1,7 +1,8 @@
-"""What a sharing policy returns, and the knobs it reads."""
+"""What a sharing policy is, what it returns, and the knobs it reads."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,3 +57,25 @@ class PolicyAllocation:
         """The CPU view (:class:`Allocation`) that the placement solvers' code paths read."""
         return Allocation(hosts=self.hosts,
                           cpu=tuple(float(y) * j.cpu_need for y, j in zip(self.yields, instance.jobs, strict=True)))
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """What a policy function returns: yields, and optionally its own dominant shares and details."""
+
+    yields: np.ndarray
+    detail: dict[str, object] = field(default_factory=dict)
+    pool_shares: bool = False  # True: report per-(host, resource) dominant shares (drf-pools)
+
+
+PolicyFn = Callable[[Instance, np.ndarray, PolicyOptions], PolicyResult]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A registry entry (:mod:`vcsched.policies.registry`): a name, the function, one line, whether it takes alpha."""
+
+    name: str
+    fn: PolicyFn
+    summary: str
+    uses_alpha: bool = False

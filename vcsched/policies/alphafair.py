@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vcsched.constraints import capacities
 from vcsched.errors import VcschedError
 from vcsched.model import Instance
-from vcsched.policies.allocation import PolicyOptions
-from vcsched.policies.constraints import capacities
-from vcsched.policies.registry import PolicyResult, register
+from vcsched.policies.allocation import PolicyOptions, PolicyResult
+from vcsched.units import FIT_TOLERANCE, SATURATION_TOLERANCE
 
 if TYPE_CHECKING:  # scipy is loaded by the code that runs it: registering the policy must not cost ~0.4 s
     from scipy.sparse import csr_matrix
@@ -128,8 +128,8 @@ def polish(rows: csr_matrix, w: np.ndarray, alpha: float, scale: float,
     must hold, and stationarity must be ~1e-12; otherwise None.
     Works in units of ``scale`` (``y / scale``) for conditioning at large alpha.
     """
-    from scipy.sparse import diags
-    from scipy.sparse.linalg import spsolve
+    from scipy.sparse import diags  # lazy: scipy costs ~0.4 s to import
+    from scipy.sparse.linalg import spsolve  # lazy: scipy costs ~0.4 s to import
 
     load = np.asarray(rows @ y0).ravel()
     active = np.flatnonzero(load >= 1 - ACTIVE_TOL)
@@ -178,7 +178,7 @@ def polish(rows: csr_matrix, w: np.ndarray, alpha: float, scale: float,
     factor = scale ** (alpha - 1)
     nu_full = np.zeros(rows.shape[0])
     nu_full[active] = nu / factor
-    if not (np.all(np.asarray(rows @ y).ravel() <= 1 + 1e-12) and np.all((y > 0) & (y <= 1 + 1e-12))):
+    if not (np.all(np.asarray(rows @ y).ravel() <= 1 + FIT_TOLERANCE) and np.all((y > 0) & (y <= 1 + FIT_TOLERANCE))):
         return None
     y = np.minimum(y, 1.0)
     eta = np.zeros(len(y))
@@ -203,10 +203,10 @@ def _prices_by_lp(rows: csr_matrix, w: np.ndarray, alpha: float, y: np.ndarray,
     """KKT prices for known optimal yields: nu >= 0 on the binding rows with ``rows^T nu = w U'(y)`` for the
     jobs below their cap and ``<=`` for the capped ones (their eta takes the rest).  An LP (HiGHS), then
     a least-squares solve on the rows it priced, to bring the equalities to machine precision."""
-    from scipy.optimize import linprog
-    from scipy.sparse.linalg import lsqr
+    from scipy.optimize import linprog  # lazy: scipy costs ~0.4 s to import
+    from scipy.sparse.linalg import lsqr  # lazy: scipy costs ~0.4 s to import
 
-    tight = np.flatnonzero(np.asarray(rows @ y).ravel() >= 1 - 1e-9)
+    tight = np.flatnonzero(np.asarray(rows @ y).ravel() >= 1 - SATURATION_TOLERANCE)
     free = np.flatnonzero(~capped)
     grad = w * marginal(y, alpha)
     top = float(grad.max())
@@ -232,7 +232,7 @@ def _prices_by_lp(rows: csr_matrix, w: np.ndarray, alpha: float, y: np.ndarray,
 
 def utility_allocation(instance: Instance, hosts: np.ndarray, alpha: float) -> PolicyResult:
     import cvxpy as cp  # heavy; only when a conic policy runs
-    from scipy.sparse import diags
+    from scipy.sparse import diags  # lazy: scipy costs ~0.4 s to import
 
     caps = capacities(instance, hosts)
     n = instance.n_jobs
@@ -330,13 +330,10 @@ def unique_rows(rows: csr_matrix) -> np.ndarray:
     return out
 
 
-@register("pf", "proportional fairness: max sum w_j log y_j (= CEEI with equal weights), cvxpy + Clarabel")
 def pf(instance: Instance, hosts: np.ndarray, options: PolicyOptions) -> PolicyResult:
     return utility_allocation(instance, hosts, 1.0)
 
 
-@register("alpha-fair", "alpha-fair: max sum w_j y_j^(1-a)/(1-a); a -> 1 is PF, a -> inf max-min (needs --alpha)",
-          uses_alpha=True)
 def alpha_fair(instance: Instance, hosts: np.ndarray, options: PolicyOptions) -> PolicyResult:
     assert options.alpha is not None  # the registry checked it
     return utility_allocation(instance, hosts, float(options.alpha))

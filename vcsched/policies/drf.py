@@ -32,10 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from vcsched.constraints import Capacities, capacities
 from vcsched.model import Instance
-from vcsched.policies.allocation import PolicyOptions
-from vcsched.policies.constraints import Capacities, capacities
-from vcsched.policies.registry import PolicyResult, register
+from vcsched.policies.allocation import PolicyOptions, PolicyResult
 from vcsched.policies.shares import asset_shares, dominant_shares, pool_shares
 from vcsched.policies.waterfill import waterfill
 
@@ -56,12 +55,10 @@ def drf_rates(instance: Instance) -> np.ndarray:
     return instance.job_weight / per_unit
 
 
-@register("drf", "weighted Dominant Resource Fairness: lexicographic max-min of y_j D_j / w_j, cluster-total shares")
 def drf(instance: Instance, hosts: np.ndarray, options: PolicyOptions) -> PolicyResult:
     return maxmin(instance, capacities(instance, hosts), drf_rates(instance))
 
 
-@register("drf-pools", "DRF with every (host, resource) pair its own pool (Bonald & Roberts' model)")
 def drf_pools(instance: Instance, hosts: np.ndarray, options: PolicyOptions) -> PolicyResult:
     caps = capacities(instance, hosts)
     per_unit, _ = pool_shares(caps, instance.n_jobs)
@@ -71,6 +68,5 @@ def drf_pools(instance: Instance, hosts: np.ndarray, options: PolicyOptions) -> 
     return PolicyResult(result.yields, result.detail, pool_shares=True)
 
 
-@register("asset", "asset fairness: lexicographic max-min of y_j A_j / w_j, A_j the sum of cluster shares")
 def asset(instance: Instance, hosts: np.ndarray, options: PolicyOptions) -> PolicyResult:
     return maxmin(instance, capacities(instance, hosts), instance.job_weight / asset_shares(instance))

@@ -45,17 +45,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from vcsched.constraints import Capacities, capacities
 from vcsched.model import Instance
-from vcsched.policies.allocation import PolicyOptions
-from vcsched.policies.constraints import Capacities, capacities
-from vcsched.policies.registry import PolicyResult, register
+from vcsched.policies.allocation import PolicyOptions, PolicyResult
 from vcsched.policies.shares import cluster_shares
+from vcsched.units import FIT_TOLERANCE, SATURATION_TOLERANCE
 
 if TYPE_CHECKING:
     from scipy.sparse import csr_matrix
 
 BATCH = 512  # steps between two capacity checks
-SATURATED_RTOL = 1e-9  # a pair within this fraction of its capacity counts as saturated
 
 
 @dataclass(frozen=True)
@@ -116,7 +115,7 @@ def collapsed_weights(instance: Instance) -> np.ndarray:
 
 def _membership(tree: Tree, n_jobs: int) -> csr_matrix:
     """(nodes x jobs): 1 where the job's leaf lies in the node's subtree."""
-    from scipy.sparse import csr_matrix
+    from scipy.sparse import csr_matrix  # lazy: scipy costs ~0.4 s to import
 
     rows, cols = [], []
     for j, leaf in enumerate(tree.leaf_node):
@@ -132,7 +131,7 @@ def _first_overflow(caps: Capacities, y0: np.ndarray, leaves: np.ndarray, steps:
 
     def overflows(m: int) -> bool:
         y = y0 + np.bincount(leaves[:m], weights=steps[:m], minlength=n)
-        return bool(np.any(caps.load(y) > caps.capacity * (1 + 1e-12) + 1e-15))
+        return bool(np.any(caps.load(y) > caps.capacity * (1 + FIT_TOLERANCE) + 1e-15))
 
     lo, hi = 0, len(leaves)  # overflows(lo) is False, overflows(hi) is True
     while hi - lo > 1:
@@ -162,7 +161,7 @@ def hdrf_fill(instance: Instance, caps: Capacities, tree: Tree, epsilon: float) 
     def is_blocked(y: np.ndarray) -> np.ndarray:
         """Leaves at yield 1 or needing a saturated pair (a pair of capacity 0 is saturated from the start)."""
         out = y >= 1.0
-        full = caps.saturated(y, rtol=SATURATED_RTOL)
+        full = caps.saturated(y, rtol=SATURATION_TOLERANCE)
         if full.any():
             out[caps.matrix[full].indices] = True
         return out
@@ -224,7 +223,7 @@ def hdrf_fill(instance: Instance, caps: Capacities, tree: Tree, epsilon: float) 
                     a = parent[a]
         kept = len(traj_leaf)
         y = np.asarray(yl)
-        if np.any(caps.load(y) > caps.capacity * (1 + 1e-12) + 1e-15):
+        if np.any(caps.load(y) > caps.capacity * (1 + FIT_TOLERANCE) + 1e-15):
             rollbacks += 1
             leaves, dys = np.asarray(traj_leaf), np.asarray(traj_dy)
             m = _first_overflow(caps, y_start, leaves, dys)
@@ -249,7 +248,6 @@ def hdrf_fill(instance: Instance, caps: Capacities, tree: Tree, epsilon: float) 
     return y, detail
 
 
-@register("hdrf", "static hierarchical DRF over the tenant tree (H-DRF Algorithm 1, epsilon-filling)")
 def hdrf(instance: Instance, hosts: np.ndarray, options: PolicyOptions) -> PolicyResult:
     caps = capacities(instance, hosts)
     y, detail = hdrf_fill(instance, caps, tenant_tree(instance), options.epsilon)

@@ -7,9 +7,9 @@ Two ways, chosen per policy:
   (weighted: ``rho_j = w_j / D_j``, cluster shares) and ``asset``
   (``rho_j = w_j / A_j``).  Cluster shares do not depend on the placement,
   so the rates are known before placing, and MCB's binary search bisects on
-  that level (:func:`vcsched.solvers.mcb_vector.search_level`; on an
-  instance whose only fluid resource is CPU, the 2-D kernel with each job's
-  CPU need ``y_j(L) alpha_j``).  The policy then allocates on the placement
+  that level (:func:`vcsched.solvers.search.search`: the vector kernel, or on an
+  instance whose only fluid resource is CPU the 2-D kernel with each job's
+  CPU need ``y_j(L) alpha_j``), under the rules like every placer.  The policy then allocates on the placement
   found: at least that level for every job, since the water-filling's first
   level is the highest common one.
 * **max-min** — every other policy (``drf-pools``, whose pool shares depend on
@@ -20,7 +20,9 @@ Two ways, chosen per policy:
   on that placement.
 
 :func:`place_policy` returns the solver's result with the policy's yields and
-the :class:`~vcsched.policies.allocation.PolicyAllocation`.
+the :class:`~vcsched.policies.allocation.PolicyAllocation`.  Both ways go
+through the one rule loop (:func:`vcsched.solvers.registry.place_with_rules`):
+every rule holds under every policy, and unmet preferred ones are reported.
 """
 
 from __future__ import annotations
@@ -32,11 +34,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from vcsched.errors import InputError
-from vcsched.formats.instance import check_instance
 from vcsched.model import Instance, SolveOptions, SolveResult
 from vcsched.policies.allocation import PolicyAllocation, PolicyOptions
+from vcsched.policies.placed import reallocate
 from vcsched.policies.registry import allocate_policy, check_options, get
 from vcsched.policies.shares import asset_shares, dominant_shares
+from vcsched.solvers.algorithm import Placement, Placer
+from vcsched.solvers.mcb import VARIANTS
+from vcsched.solvers.registry import get as get_algorithm
+from vcsched.solvers.registry import place_with_rules, solve
+from vcsched.solvers.search import search
+from vcsched.validate import check_instance
 
 #: Policies whose allocation is a single fill level, placed by bisecting on it.
 LEVEL_POLICIES = ("yield", "drf", "asset")
@@ -56,8 +64,6 @@ def level_rates(instance: Instance, policy: str) -> np.ndarray | None:
 
 def placement_method(policy: str, algorithm: str) -> str:
     """``level`` or ``max-min``: how :func:`place_policy` places for ``policy`` with ``algorithm``."""
-    from vcsched.solvers.mcb import VARIANTS
-
     return "level" if policy in LEVEL_POLICIES and algorithm in VARIANTS else "max-min"
 
 
@@ -68,31 +74,20 @@ class PolicyPlacement:
     method: str  # "level" or "max-min"
 
 
-def _level_placer(instance: Instance, variant: str, rates: np.ndarray, precision: float) -> tuple[
-        np.ndarray | None, dict[str, object]]:
-    from vcsched.solvers import mcb
-    from vcsched.solvers.mcb_vector import level_bound, level_yields, normalised_rates, search_level
-    from vcsched.solvers.yield_search import bisect_yield
+def level_placer(variant: str, rates: np.ndarray) -> Placer:
+    """MCB ``variant``'s search on the fill level of ``rates`` (one per job) as a placer.
 
-    if instance.has_extra_resources:
-        s = search_level(instance, variant, rates, precision)
-        return s.hosts, {"backend": "vector", "probes": s.probes, "probe_level": s.level, "search_gap": s.gap,
-                         "level_bound": s.bound}
-    # CPU and memory only: the 2-D kernels (C when built) with each job's CPU need at the level.
-    rho = normalised_rates(rates)
-    bound = level_bound(instance, rho)
-    if bound is None:
-        return None, {"backend": mcb.DEFAULT_BACKEND, "probes": 0, "level_bound": None}
-    kernel = mcb.KERNELS[mcb.DEFAULT_BACKEND]
-    var = mcb.VARIANTS[variant]
+    The search's probe (:func:`vcsched.solvers.search.residual_probe`) honours maintenance, pins and spread;
+    :func:`vcsched.solvers.registry.place_with_rules` adds ``together`` and the preferred rules, as for every
+    placer.  ``rates`` stay the original jobs': the rule loop keeps one job per job.
+    """
 
-    def probe(level: float) -> np.ndarray | None:
-        cpu = level_yields(rho, level)[instance.task_job] * instance.task_alpha
-        return kernel(mcb.sorted_lists(var, cpu, instance.task_mem), instance.host_cpu, instance.host_mem)
+    def place(instance: Instance, options: SolveOptions) -> Placement:
+        s = search(instance, variant, rates, options.precision)
+        return Placement(s.hosts, detail={"backend": s.backend, "probes": s.probes, "probe_level": s.level,
+                                          "search_gap": s.gap, "level_bound": s.bound})
 
-    s2 = bisect_yield(probe, 0.0, bound, precision)
-    return s2.found, {"backend": mcb.DEFAULT_BACKEND, "probes": s2.probes, "probe_level": s2.y,
-                      "search_gap": s2.gap, "level_bound": bound}
+    return place
 
 
 def place_policy(instance: Instance, policy: str = "yield", algorithm: str = "mcb8",
@@ -101,11 +96,9 @@ def place_policy(instance: Instance, policy: str = "yield", algorithm: str = "mc
     """Place ``instance`` for ``policy`` with ``algorithm`` and allocate with the policy (module docstring).
 
     ``yield`` on an instance whose only fluid resource is CPU is exactly
-    :func:`vcsched.solvers.registry.solve`, bit for bit.
+    :func:`vcsched.solvers.registry.solve`, bit for bit.  Placement rules hold on both ways, with the same
+    report (``unmet_preferred``, ``preferred_dropped``, ``infeasible``).
     """
-    from vcsched.solvers.registry import get as get_algorithm
-    from vcsched.solvers.registry import solve
-
     pol = get(policy)
     policy_options = policy_options or PolicyOptions()
     check_options(pol, policy_options)
@@ -121,12 +114,18 @@ def place_policy(instance: Instance, policy: str = "yield", algorithm: str = "mc
         rates = level_rates(instance, policy)
         assert rates is not None
         start = time.perf_counter()
-        hosts, detail = _level_placer(instance, algorithm, rates, options.precision)
+        placer = level_placer(algorithm, rates)
+        if instance.has_rules:
+            placement, report = place_with_rules(instance, placer, options, algorithm)
+            detail = {**placement.detail, **report}
+        else:
+            placement = placer(instance, options)
+            detail = dict(placement.detail)
         runtime = time.perf_counter() - start
-        if hosts is None:
+        if placement.hosts is None:
             return PolicyPlacement(SolveResult(algorithm, False, None, None, None, runtime, detail=detail), None,
                                    method)
-        level_alloc = allocate_policy(instance, hosts, policy, policy_options)
+        level_alloc = allocate_policy(instance, placement.hosts, policy, policy_options)
         y = np.asarray(level_alloc.yields)
         result = SolveResult(algorithm, True, level_alloc.allocation(instance),
                              float(y.min()) if len(y) else 1.0, float(y.mean()) if len(y) else 1.0,
@@ -134,8 +133,6 @@ def place_policy(instance: Instance, policy: str = "yield", algorithm: str = "mc
         return PolicyPlacement(result, level_alloc, method)
     if base.allocation is None:
         return PolicyPlacement(base, None, method)
-    from vcsched.policies.placed import reallocate
-
     result, palloc = reallocate(instance, base, policy, policy_options)
     if policy == "yield" and not instance.has_extra_resources:
         return PolicyPlacement(result, palloc, method)  # today's solve, untouched

@@ -9,72 +9,40 @@ dominant shares, and runs the one validator on the result.
 
 from __future__ import annotations
 
-import importlib
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from vcsched.constraints import capacities
 from vcsched.errors import InputError
-from vcsched.formats.instance import check_instance
 from vcsched.model import Instance
-from vcsched.policies.allocation import PolicyAllocation, PolicyOptions
-from vcsched.policies.constraints import capacities
+from vcsched.policies.allocation import Policy, PolicyAllocation, PolicyOptions
+from vcsched.policies.alphafair import alpha_fair, pf
+from vcsched.policies.drf import asset, drf, drf_pools
+from vcsched.policies.hdrf import hdrf
+from vcsched.policies.minyield import yield_policy
 from vcsched.policies.shares import dominant_shares, pool_shares
-from vcsched.validate import check_yields
-
-
-@dataclass(frozen=True)
-class PolicyResult:
-    """What a policy function returns: yields, and optionally its own dominant shares and details."""
-
-    yields: np.ndarray
-    detail: dict[str, object] = field(default_factory=dict)
-    pool_shares: bool = False  # True: report per-(host, resource) dominant shares (drf-pools)
-
-
-PolicyFn = Callable[[Instance, np.ndarray, PolicyOptions], PolicyResult]
-
-
-@dataclass(frozen=True)
-class Policy:
-    name: str
-    fn: PolicyFn
-    summary: str
-    uses_alpha: bool = False
-
+from vcsched.validate import check_instance, check_yields
 
 MAX_ALPHA = 100.0  # y^(1-alpha) over [1e-3, 1] spans 300 decades at alpha = 100: the conic solver's limit
 
-_REGISTRY: dict[str, Policy] = {}
-# Modules whose import registers policies, loaded on first use; the conic ones
-# import cvxpy only when they run.
-_MODULES = ("vcsched.policies.minyield", "vcsched.policies.drf", "vcsched.policies.alphafair",
-            "vcsched.policies.hdrf")
-_loaded = False
-
-
-def register(name: str, summary: str, *, uses_alpha: bool = False) -> Callable[[PolicyFn], PolicyFn]:
-    def deco(fn: PolicyFn) -> PolicyFn:
-        _REGISTRY[name] = Policy(name, fn, summary, uses_alpha=uses_alpha)
-        return fn
-
-    return deco
-
-
-def _load() -> None:
-    global _loaded
-    if not _loaded:
-        for mod in _MODULES:
-            importlib.import_module(mod)
-        _loaded = True
+#: Every sharing policy, by name: the one list (a policy module that fails to import fails here, loudly).
+POLICIES: dict[str, Policy] = {p.name: p for p in (
+    Policy("yield", yield_policy, "vcsched's objective: max-min yield, then max mean yield (Stillwell et al.)"),
+    Policy("drf", drf, "weighted Dominant Resource Fairness: lexicographic max-min of y_j D_j / w_j, "
+                       "cluster-total shares"),
+    Policy("drf-pools", drf_pools, "DRF with every (host, resource) pair its own pool (Bonald & Roberts' model)"),
+    Policy("asset", asset, "asset fairness: lexicographic max-min of y_j A_j / w_j, A_j the sum of cluster shares"),
+    Policy("pf", pf, "proportional fairness: max sum w_j log y_j (= CEEI with equal weights), cvxpy + Clarabel"),
+    Policy("alpha-fair", alpha_fair, "alpha-fair: max sum w_j y_j^(1-a)/(1-a); a -> 1 is PF, a -> inf max-min "
+                                     "(needs --alpha)", uses_alpha=True),
+    Policy("hdrf", hdrf, "static hierarchical DRF over the tenant tree (H-DRF Algorithm 1, epsilon-filling)"),
+)}
 
 
 def policies() -> dict[str, Policy]:
-    _load()
-    return dict(_REGISTRY)
+    return dict(POLICIES)
 
 
 def get(name: str) -> Policy:

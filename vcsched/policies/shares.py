@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from vcsched.constraints import Capacities
 from vcsched.model import Instance
-from vcsched.policies.constraints import Capacities
 
 
 def cluster_totals(instance: Instance) -> np.ndarray:

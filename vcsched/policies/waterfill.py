@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vcsched.policies.constraints import Capacities
+from vcsched.constraints import Capacities
 
 
 @dataclass(frozen=True)

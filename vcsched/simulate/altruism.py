@@ -42,9 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from vcsched.simulate.state import VC
+from vcsched.units import FIT_TOLERANCE
 
 LEFTOVER_MODES = ("srtf", "pack")
-EPS = 1e-12
 
 
 @dataclass
@@ -85,7 +85,7 @@ def fair_span(vc: VC, y: float, inv_total: Sequence[float]) -> float:
         yb = min(1.0, share / d) if d > 0 else 1.0
         step = min(rem.values()) / yb
         span += step
-        rem = {b: r - yb * step for b, r in rem.items() if r - yb * step > EPS * max(1.0, r)}
+        rem = {b: r - yb * step for b, r in rem.items() if r - yb * step > FIT_TOLERANCE * max(1.0, r)}
     return span
 
 
@@ -179,7 +179,7 @@ def _speed_up(vc: VC, ys: list[float], load: dict[int, float], pair_cap: Sequenc
 
     def fits(theta: float) -> bool:
         after = _rows_of(vc, at(theta), n_res)
-        return all(load.get(p, 0.0) - before.get(p, 0.0) + v <= pair_cap[p] * (1 + EPS) + EPS
+        return all(load.get(p, 0.0) - before.get(p, 0.0) + v <= pair_cap[p] * (1 + FIT_TOLERANCE) + FIT_TOLERANCE
                    for p, v in after.items())
 
     # θ0: the largest θ at which every part is still at its floor (at(θ0) == floor, which fits).  An altruistic
@@ -238,7 +238,7 @@ def _pack(vcs: Sequence[VC], ys: list[list[float]], load: dict[int, float], pair
                 if need[k] > 0:
                     p = h * n_res + k
                     room = min(room, max(0.0, pair_cap[p] - load.get(p, 0.0)) / (c * need[k]))
-        if room > EPS:
+        if room > FIT_TOLERANCE:
             ys[i][b] += room
             for h, c in vc.hosts.items():
                 for k in range(n_res):
@@ -288,12 +288,12 @@ def leftover_accounting(jobs: Sequence[TaskJob], capacity: float = 1.0) -> list[
     started: set[tuple[str, str]] = set()
     for j in sorted(jobs, key=lambda j: j.remaining):
         for t in j.tasks:
-            if not t.must_start and t.shortens and t.demand <= leftover + EPS:
+            if not t.must_start and t.shortens and t.demand <= leftover + FIT_TOLERANCE:
                 leftover -= t.demand
                 started.add((j.name, t.name))
                 steps.append(("srtf", f"{j.name}.{t.name}", max(0.0, leftover)))
     for j, t in sorted(pending, key=lambda jt: -jt[1].demand):
-        if (j.name, t.name) not in started and t.demand <= leftover + EPS:
+        if (j.name, t.name) not in started and t.demand <= leftover + FIT_TOLERANCE:
             leftover -= t.demand
             started.add((j.name, t.name))
             steps.append(("pack", f"{j.name}.{t.name}", max(0.0, leftover)))

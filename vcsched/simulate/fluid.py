@@ -43,6 +43,7 @@ from vcsched.simulate.placement import ADAPT_ALGORITHMS, PLACEMENTS, Placer
 from vcsched.simulate.rows import Groups, Key
 from vcsched.simulate.state import VC
 from vcsched.simulate.workload import Workload, validate
+from vcsched.units import FIT_TOLERANCE
 
 MAX_IN_SYSTEM = 200_000
 DONE_RTOL = 1e-9  # a part whose predicted end is this close (relative) to now has ended
@@ -240,7 +241,7 @@ class Simulation:
             for p, coef in vc.rows:
                 demand[p] += coef
                 was = bind[p]
-                bind[p] = demand[p] > cap[p] * (1 + 1e-12)
+                bind[p] = demand[p] > cap[p] * (1 + FIT_TOLERANCE)
                 if was != bind[p]:
                     self.flipped.add(p)
                 self.on_pair[p].add(vc.id)
@@ -256,7 +257,7 @@ class Simulation:
         for p, c in vc.rows:
             demand[p] -= c
             was = bind[p]
-            bind[p] = demand[p] > cap[p] * (1 + 1e-12)
+            bind[p] = demand[p] > cap[p] * (1 + FIT_TOLERANCE)
             if was != bind[p]:
                 self.flipped.add(p)
             self.on_pair[p].discard(vc.id)
@@ -264,7 +265,7 @@ class Simulation:
 
     def binding(self, p: int) -> bool:
         """Can pair ``p`` saturate?  Not if its VCs all fit at full speed: its demand is within capacity."""
-        return self.demand[p] > self.cap[p] * (1 + 1e-12)
+        return self.demand[p] > self.cap[p] * (1 + FIT_TOLERANCE)
 
     def remaining(self, vc: VC) -> float:
         """Time at full speed until the VC's end: its longest running part, then its later phases."""

@@ -27,7 +27,9 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.linalg import spsolve
 
 from vcsched.errors import InputError
+from vcsched.model import Host
 from vcsched.policies import PolicyOptions
+from vcsched.simulate import scenarios
 from vcsched.simulate.engines import Cluster, engine_for
 from vcsched.simulate.state import VC
 from vcsched.simulate.workload import Workload
@@ -52,8 +54,6 @@ class PoolYields:
     def __init__(self, workload: Workload, policy: str, alpha: float | None = None) -> None:
         if workload.n_hosts != 1:
             raise InputError("markov: the exact chain is for one host (one pool)")
-        from vcsched.model import Host
-
         h = workload.host_list[0]
         self.res = workload.resources
         cluster = Cluster(self.res, (Host(h.name, h.cpu, h.memory, h.capacity),), workload.capacity_matrix(),
@@ -174,9 +174,7 @@ def strategy_proofness(alpha: float, beta: float | None, rho2: float, policy: st
     bottleneck and its claimed CPU need is the true one.  Class-2 jobs form a
     birth–death chain: births ``ρ_2`` (``μ_2 = 1``), deaths ``n y_2(n)``.
     """
-    from vcsched.simulate.scenarios import strategy_proofness as scenario
-
-    w = scenario(alpha, beta)
+    w = scenarios.strategy_proofness(alpha, beta)
     yields = PoolYields(w, policy)
     pis = [1.0]
     y1 = [yields((1, 0))[0]]

@@ -35,11 +35,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from vcsched.adaptation.heuristic import pack_residual
-from vcsched.adaptation.problem import GIB, AdaptProblem
+from vcsched.adaptation.problem import AdaptProblem
 from vcsched.adaptation.solve import solve_adapt
 from vcsched.model import Host, Instance, Job
 from vcsched.simulate.state import VC
-from vcsched.simulate.workload import MEMORY_TOLERANCE, Workload
+from vcsched.simulate.workload import Workload
+from vcsched.units import GIB, MEMORY_TOLERANCE
 
 PLACEMENTS = ("pack", "spread", "mcb8")
 #: The adaptation at every event: the heuristic (MCB8 from scratch as its re-placement), or with the anytime

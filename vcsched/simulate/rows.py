@@ -8,7 +8,7 @@ alike), so they are solved once, as a **group** of multiplicity ``m``.  On
 one host, where Bonald & Roberts' configurations live, a component of
 hundreds of VCs is then a handful of groups: one per class.
 
-Rows are (host, resource) pairs, as in :mod:`vcsched.policies.constraints`:
+Rows are (host, resource) pairs, as in :mod:`vcsched.constraints`:
 ``Σ_g m_g coef_gp y_g ≤ C_p``, ``0 ≤ y_g ≤ 1``.
 """
 

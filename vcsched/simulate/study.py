@@ -57,6 +57,29 @@ def scaled(workload: Workload, load: float | None, *, trace: bool = False) -> Wo
     return w
 
 
+class _Progress:
+    """A sweep's progress over its runs: each run reports within its own slice of the total."""
+
+    def __init__(self, total: int, on_progress: OnProgress | None) -> None:
+        self.total, self.on_progress, self.done = total, on_progress, 0
+        if on_progress:
+            on_progress(0, total, "starting")
+
+    def run(self, label: str, length: int) -> OnProgress:
+        """The callback of the next run (``length`` steps), reporting as ``label``."""
+        offset, self.done = self.done, self.done + length
+
+        def inner(d: int, _t: int, _desc: str) -> None:
+            if self.on_progress:
+                self.on_progress(offset + d, self.total, label)
+
+        return inner
+
+    def finish(self) -> None:
+        if self.on_progress:
+            self.on_progress(self.total, self.total, "done")
+
+
 def sweep(workload: Workload, policies: Sequence[str], loads: Sequence[float | None], base: RunOptions,
           replications: int = 1, trace: Sequence[Arrival] | None = None,
           on_progress: OnProgress | None = None, tolerance: float = 0.05) -> list[Point]:
@@ -70,10 +93,7 @@ def sweep(workload: Workload, policies: Sequence[str], loads: Sequence[float | N
         raise InputError(f"trace: {len(trace)} arrivals, not more than the {base.warmup} of the warm-up")
     per_run = len(trace) if trace is not None else base.warmup + base.arrivals
     paired = base.altruism > 0
-    total = len(loads) * len(policies) * replications * per_run * (2 if paired else 1)
-    done = 0
-    if on_progress:
-        on_progress(0, total, "starting")
+    progress = _Progress(len(loads) * len(policies) * replications * per_run * (2 if paired else 1), on_progress)
     points = []
     for load, w in zip(loads, workloads, strict=True):
         for policy in policies:
@@ -86,20 +106,14 @@ def sweep(workload: Workload, policies: Sequence[str], loads: Sequence[float | N
                     variants.append((dataclasses.replace(opts, altruism=0.0), label + " (no altruism)"))
                 out = []
                 for o, lab in variants:
-                    def inner(d: int, _t: int, _desc: str, offset: int = done, lab: str = lab) -> None:
-                        if on_progress:
-                            on_progress(offset + d, total, lab)
-
-                    out.append(simulate(w, o, trace, inner))
-                    done += per_run
+                    out.append(simulate(w, o, trace, progress.run(lab, per_run)))
                 runs.append(out[0])
                 if paired:
                     refs.append(out[1])
                     late.append(lateness(out[0], out[1], tolerance))
             points.append(Point(policy, load, summarize(runs), tuple(runs),
                                 summarize(refs) if paired else None, tuple(late)))
-    if on_progress:
-        on_progress(total, total, "done")
+    progress.finish()
     return points
 
 
@@ -109,27 +123,17 @@ def sweep_tasks(workload: TaskWorkload, policies: Sequence[str], loads: Sequence
     """The task-based mode (Bonald & Roberts §4) at every load, ``replications`` times each."""
     workloads = [workload.scaled_to_load(load) for load in loads]
     per_run = warmup + arrivals
-    total = len(loads) * len(policies) * replications * per_run
-    done = 0
-    if on_progress:
-        on_progress(0, total, "starting")
+    progress = _Progress(len(loads) * len(policies) * replications * per_run, on_progress)
     points = []
     for load, w in zip(loads, workloads, strict=True):
         for policy in policies:
             runs = []
             for r in range(replications):
                 label = f"{policy} load {load:g} rep {r + 1}/{replications}"
-
-                def inner(d: int, _t: int, _desc: str, offset: int = done, label: str = label) -> None:
-                    if on_progress:
-                        on_progress(offset + d, total, label)
-
                 runs.append(simulate_tasks(w, policy, arrivals=arrivals, warmup=warmup, seed=seed, replication=r,
-                                           on_progress=inner))
-                done += per_run
+                                           on_progress=progress.run(label, per_run)))
             points.append(Point(policy, load, summarize(runs), tuple(runs)))
-    if on_progress:
-        on_progress(total, total, "done")
+    progress.finish()
     return points
 
 

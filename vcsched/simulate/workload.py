@@ -40,9 +40,10 @@ import numpy as np
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_count, check_fields, check_list, check_name, check_number, check_string
 from vcsched.model import CPU, Tenant
+from vcsched.units import MEMORY_TOLERANCE
+from vcsched.validate import check_unique
 
 WORK_DISTRIBUTIONS = ("exp", "det", "erlang")
-MEMORY_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -207,8 +208,8 @@ def validate(workload: Workload) -> Workload:
         raise InputError("hosts: at least one host is needed")
     if not workload.classes:
         raise InputError("classes: at least one class of virtual clusters is needed")
-    _unique("hosts", [h.name for h in workload.hosts])
-    _unique("classes", [c.name for c in workload.classes])
+    check_unique("hosts", [h.name for h in workload.hosts])
+    check_unique("classes", [c.name for c in workload.classes])
     tenants = {t.name for t in workload.tenants}
     totals = dict(zip(workload.resources, workload.totals(), strict=True))
     max_mem = max(h.memory for h in workload.hosts)
@@ -243,14 +244,6 @@ def validate(workload: Workload) -> Workload:
     if sum(c.rate for c in workload.classes) <= 0 and sum(c.permanent for c in workload.classes) == 0:
         raise InputError("classes: every rate is 0 and no VC is permanent: nothing would ever run")
     return workload
-
-
-def _unique(kind: str, names: list[str]) -> None:
-    seen: set[str] = set()
-    for i, n in enumerate(names):
-        if n in seen:
-            raise InputError(f"{kind}[{i}].name: duplicate name {n!r}")
-        seen.add(n)
 
 
 # ---------------------------------------------------------------------------------------------- the file format

@@ -82,11 +82,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vcsched.model import Instance, SolveOptions
-from vcsched.solvers import mcb
+from vcsched.rules import rule_problems
+from vcsched.solvers.algorithm import Placement
 from vcsched.solvers.greedy import backtracking, greedy, task_order
 from vcsched.solvers.local_search import LoadState, descend, perturb
 from vcsched.solvers.lpbound import lp_bound
-from vcsched.solvers.registry import Placement, register
+from vcsched.solvers.milp import build_makespan_model, placement_from, solve_makespan
+from vcsched.solvers.search import search as mcb_search
+from vcsched.units import SEARCH_PRECISION, SOLVER_TOLERANCE, YIELD_TOLERANCE
 from vcsched.yields import fits, placement_min_yield
 
 DEFAULT_BUDGET_S = 0.1
@@ -113,10 +116,10 @@ MILP_IMPORT_S = 0.5
 #: this many kicks without improvement.
 MAX_KICK = 3
 RESTART_AFTER = 50
-#: Relative tolerance for "reaches the LP bound" and for "strictly better".
-TOLERANCE = 1e-9
-#: The MILP cutoff keeps the best placement itself feasible (HiGHS's tolerances are ~1e-6 absolute).
-CUTOFF_SLACK = 1e-7
+
+
+#: HiGHS proves its optimum to this relative gap (its MIP tolerances): ours is optimal when within it.
+HIGHS_OPTIMALITY = 1e-6
 
 
 @dataclass
@@ -156,24 +159,21 @@ class _Search:
         """Keep ``hosts`` when it is a valid placement with a strictly higher minimum yield; True if kept."""
         if hosts is None or not fits(self.instance, hosts):
             return False
-        if self.instance.has_rules:
-            from vcsched.rules import rule_problems
-
-            if rule_problems(self.instance, hosts):
-                return False
+        if self.instance.has_rules and rule_problems(self.instance, hosts):
+            return False
         y = placement_min_yield(self.instance, hosts)
-        if self.best is not None and y <= self.best_y * (1.0 + TOLERANCE):
+        if self.best is not None and y <= self.best_y * (1.0 + YIELD_TOLERANCE):
             return False
         self.best, self.best_y, self.source = np.array(hosts, dtype=np.int64), y, source
         return True
 
     @property
     def at_bound(self) -> bool:
-        return self.bound is not None and self.best is not None and self.best_y >= self.bound * (1.0 - TOLERANCE)
+        return self.bound is not None and self.best is not None and self.best_y >= self.bound * (1.0 - YIELD_TOLERANCE)
 
 
 def best_placement(instance: Instance, *, budget_s: float = DEFAULT_BUDGET_S, seed: int = 0,
-                   precision: float = 1e-4, max_kicks: int | None = None) -> Placement:
+                   precision: float = SEARCH_PRECISION, max_kicks: int | None = None) -> Placement:
     """The ``best`` search (module docstring); ``max_kicks`` bounds the iterated local search (reproducible runs)."""
     search = _Search(instance, budget_s, time.perf_counter(), lp_bound(instance))
     detail = search.detail
@@ -239,11 +239,7 @@ def _milp_min_s() -> float:
 
 def _mcb(instance: Instance, variant: str, precision: float) -> np.ndarray | None:
     """One MCB variant's placement: the 2-D search, or the d-dimensional one on the resource vector."""
-    if instance.has_extra_resources:
-        from vcsched.solvers.mcb_vector import search_level
-
-        return search_level(instance, variant, None, precision).hosts
-    return mcb.search(instance, variant, precision).hosts
+    return mcb_search(instance, variant, None, precision).hosts
 
 
 def _start(search: _Search, precision: float) -> float | None:
@@ -303,7 +299,7 @@ def _local_search(search: _Search, until: float, seed: int, max_kicks: int | Non
             stats.improvements += 1
             since = 0
         # Walk on: keep the kicked placement when it is as good as the best (a plateau), else go back.
-        if trial.min_yield() >= search.best_y * (1.0 - TOLERANCE):
+        if trial.min_yield() >= search.best_y * (1.0 - YIELD_TOLERANCE):
             current = trial
         elif since % RESTART_AFTER == 0:
             current = LoadState.of(search.instance, search.best)
@@ -311,12 +307,10 @@ def _local_search(search: _Search, until: float, seed: int, max_kicks: int | Non
 
 def _exact(search: _Search, *, cutoff: bool) -> bool:
     """Step 3: HiGHS on the makespan form for the rest of the budget; True when it proves the best optimal."""
-    from vcsched.solvers.milp import build_makespan_model, placement_from, solve_makespan
-
     instance = search.instance
     z_max = None
     if cutoff and search.best is not None:
-        z_max = (1.0 / search.best_y if search.best_y < 1.0 else 1.0) * (1.0 + CUTOFF_SLACK)
+        z_max = (1.0 / search.best_y if search.best_y < 1.0 else 1.0) * (1.0 + SOLVER_TOLERANCE)
     t = time.perf_counter()
     model = build_makespan_model(instance, z_max=z_max)
     sol = solve_makespan(model, max(search.remaining(), 0.0))
@@ -336,11 +330,10 @@ def _exact(search: _Search, *, cutoff: bool) -> bool:
     if not sol.optimal or search.best is None or sol.objective is None:
         return False
     # HiGHS's optimum (to its tolerances): ours is optimal when it is at least as good.
-    return search.best_y >= sol.objective * (1.0 - 1e-6)
+    return search.best_y >= sol.objective * (1.0 - HIGHS_OPTIMALITY)
 
 
-@register("best", "anytime: best of MCB1-8, local search on the bottleneck, exact MILP on small instances; "
-                  f"--time-limit is its budget (default {DEFAULT_BUDGET_S:g} s)")
-def _best(instance: Instance, options: SolveOptions) -> Placement:
+def best(instance: Instance, options: SolveOptions) -> Placement:
+    """``best`` as a registry placer: :func:`best_placement` within ``--time-limit`` (its budget)."""
     budget = DEFAULT_BUDGET_S if options.time_limit is None else options.time_limit
     return best_placement(instance, budget_s=budget, seed=options.seed, precision=options.precision)

@@ -59,8 +59,8 @@ import numpy as np
 
 from vcsched.model import Instance, SolveOptions
 from vcsched.rules import allowed_matrix, job_hosts, spread_groups
-from vcsched.solvers.registry import Placement, Placer, register
-from vcsched.yields import MEMORY_TOLERANCE
+from vcsched.solvers.algorithm import Placement, Placer
+from vcsched.units import MEMORY_TOLERANCE
 
 
 def task_order(instance: Instance, *, sort_by_memory: bool) -> list[int]:
@@ -280,7 +280,8 @@ def backtracking(instance: Instance, order: list[int], max_attempts: int) -> tup
             spread.remove(t, h)
 
 
-def _greedy_placer(sort_by_memory: bool) -> Placer:
+def greedy_placer(sort_by_memory: bool) -> Placer:
+    """GR (``sort_by_memory`` False) or SG as a registry placer."""
     def place(instance: Instance, options: SolveOptions) -> Placement:
         hosts = greedy(instance, task_order(instance, sort_by_memory=sort_by_memory))
         return Placement(hosts=hosts)
@@ -288,7 +289,8 @@ def _greedy_placer(sort_by_memory: bool) -> Placer:
     return place
 
 
-def _backtracking_placer(sort_by_memory: bool) -> Placer:
+def backtracking_placer(sort_by_memory: bool) -> Placer:
+    """GB (``sort_by_memory`` False) or SGB as a registry placer, bounded by ``max_attempts``."""
     def place(instance: Instance, options: SolveOptions) -> Placement:
         order = task_order(instance, sort_by_memory=sort_by_memory)
         hosts, attempts, exhausted = backtracking(instance, order, options.max_attempts)
@@ -299,14 +301,3 @@ def _backtracking_placer(sort_by_memory: bool) -> Placer:
 
     return place
 
-
-register("gr", "greedy: tasks in given order, each on the least CPU-loaded host where memory fits (sec. 3.3)")(
-    _greedy_placer(False)
-)
-register("sg", "sorted greedy: GR after sorting tasks by memory, largest first (sec. 3.3)")(_greedy_placer(True))
-register("gb", "greedy with depth-first backtracking, bounded by --max-attempts (sec. 3.3)")(
-    _backtracking_placer(False)
-)
-register("sgb", "sorted greedy with depth-first backtracking, bounded by --max-attempts (sec. 3.3)")(
-    _backtracking_placer(True)
-)

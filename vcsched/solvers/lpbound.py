@@ -13,23 +13,22 @@ from __future__ import annotations
 import numpy as np
 
 from vcsched.model import Instance, SolveOptions
-from vcsched.solvers.registry import Placement, register
+from vcsched.solvers.algorithm import Placement
+from vcsched.units import FIT_TOLERANCE
+from vcsched.yields import common_yield
 
 
 def lp_bound(instance: Instance) -> float | None:
     """Upper bound on the minimum yield, or None when memory does not fit even fractionally."""
     if instance.n_tasks == 0:
         return 1.0
-    if float(instance.task_mem.sum()) > float(instance.host_mem.sum()) + 1e-12:
+    if float(instance.task_mem.sum()) > float(instance.host_mem.sum()) + FIT_TOLERANCE:
         return None
-    if instance.has_extra_resources:
-        demand = instance.job_tasks @ instance.job_need
-        total = instance.host_capacity.sum(axis=0)
-        need = demand > 0
-        return float(min(1.0, np.min(total[need] / demand[need]))) if need.any() else 1.0
-    return float(min(1.0, instance.host_cpu.sum() / instance.task_alpha.sum()))
+    if instance.has_extra_resources:  # per fluid resource: its total capacity over its total need at yield 1
+        return common_yield(instance.host_capacity.sum(axis=0), instance.job_tasks @ instance.job_need)
+    return common_yield(np.array([instance.host_cpu.sum()]), np.array([instance.task_alpha.sum()]))
 
 
-@register("lpbound", "closed-form optimum of the LP relaxation: an upper bound, not a placement", bound_only=True)
-def _lpbound(instance: Instance, options: SolveOptions) -> Placement:
+def lpbound(instance: Instance, options: SolveOptions) -> Placement:
+    """``lpbound`` as a registry entry: the bound, no placement."""
     return Placement(hosts=None, bound=lp_bound(instance))

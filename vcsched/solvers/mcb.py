@@ -1,4 +1,4 @@
-"""MCB1-MCB8: multi-capacity bin packing under a binary search on the yield (paper section 3.4).
+"""MCB1-MCB8's packing: multi-capacity bin packing of tasks with fixed needs (paper section 3.4).
 
 For a fixed yield ``Y`` every task has a fixed CPU need ``c = Y * alpha`` and
 memory ``m``, so Leinberger et al.'s two-list multi-capacity bin packing
@@ -8,9 +8,10 @@ differ only in the key that orders the two lists.
 
 The work splits in three, each in exactly one place:
 
-* :func:`search` — the binary search (first probe ``Y_LP / 2``, stop when
-  ``hi - lo < precision``, keep the placement of the highest successful
-  probe), run by :func:`vcsched.solvers.yield_search.bisect_yield`;
+* :func:`vcsched.solvers.search.search` — the binary search (first probe
+  ``Y_LP / 2``, stop when ``hi - lo < precision``, keep the placement of the
+  highest successful probe), whose probe (:func:`vcsched.solvers.search.residual_probe`)
+  every search of vcsched shares;
 * :func:`probe_lists` — for one ``Y``: the CPU needs, the split into the
   CPU-heavy list (``c > m``) and the memory-heavy list, and each list sorted
   by the variant's key, ties broken by task index so results are
@@ -28,11 +29,11 @@ with any list"):
   CPU-heavy list first; otherwise (including a tie) the memory-heavy list
   first;
 * a task fits when ``c <= free_cpu + EPS`` and ``m <= free_mem + EPS``
-  (``EPS = 1e-12``), and free capacities are updated by subtraction in task
+  (``EPS`` = :data:`vcsched.units.FIT_TOLERANCE`), and free capacities are updated by subtraction in task
   order — both kernels do exactly the same floating-point operations.
 
-Placement rules (docs/rules.md; :mod:`vcsched.rules`): pinned tasks are
-placed before the kernel runs (at probe ``Y`` they take ``Y * alpha`` CPU and
+Placement rules (docs/rules.md; :mod:`vcsched.rules`): the probe places
+pinned tasks before the kernel runs (at probe ``Y`` they take ``Y * alpha`` CPU and
 their memory off their host), a host in maintenance gets capacity -1 (nothing
 fits), and a spread job's tasks carry a *group*: the kernel skips a task
 whose group is already on the host it fills (both kernels: the first fitting
@@ -50,18 +51,20 @@ from types import ModuleType
 import numpy as np
 
 from vcsched.errors import InputError
-from vcsched.model import Instance, SolveOptions
-from vcsched.rules import HostGroups, combine, pinned_split, spread_groups
-from vcsched.solvers.lpbound import lp_bound
-from vcsched.solvers.registry import Placement, register
-from vcsched.solvers.yield_search import bisect_yield
+from vcsched.model import Instance
+from vcsched.rules import HostGroups
+from vcsched.units import FIT_TOLERANCE
 
 try:  # the optional C kernel (setup.py builds it when a compiler is available)
     _mcbc: ModuleType | None = importlib.import_module("vcsched.solvers._mcbc")
 except ImportError:  # pragma: no cover - depends on the build
     _mcbc = None
 
-EPS = 1e-12  # fit tolerance, identical in the C kernel (_mcbc.c)
+
+
+def c_kernels() -> ModuleType | None:
+    """The C extension ``vcsched.solvers._mcbc`` (the 2-D and the vector kernel), None when it is not built."""
+    return _mcbc
 
 
 # --- sort keys (section 3.4) --------------------------------------------------------------------
@@ -157,6 +160,16 @@ class KernelRules:
     group: np.ndarray  # int64 per item
     present: HostGroups
 
+    def marks(self) -> np.ndarray:
+        """One mark per group, the host that holds it (-1: none yet), for the Python kernels to fill host by host."""
+        top = max(int(self.group.max(initial=-1)), int(self.present.groups.max(initial=-1)))
+        return np.full(top + 2, -1, dtype=np.int64)
+
+    def mark_present(self, mark: np.ndarray, h: int) -> None:
+        """Mark on ``h`` the groups it already holds, as the kernel starts filling it."""
+        present = self.present.groups[self.present.ptr[h]:self.present.ptr[h + 1]]
+        mark[present[present >= 0]] = h
+
 
 def pack_python(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray,
                 rules: KernelRules | None = None) -> np.ndarray | None:
@@ -174,23 +187,19 @@ def pack_python(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray,
     need_m = (lists.mem[order[0]], lists.mem[order[1]])
     alive = (np.ones(len(order[0]), dtype=bool), np.ones(len(order[1]), dtype=bool))
     group = (rules.group[order[0]], rules.group[order[1]]) if rules is not None else None
-    mark = None
-    if rules is not None:
-        mark = np.full(max(int(rules.group.max(initial=-1)), int(rules.present.groups.max(initial=-1))) + 2, -1,
-                       dtype=np.int64)
+    mark = None if rules is None else rules.marks()
     left = n
     for h in range(len(host_cpu)):
         if left == 0:
             break
         if rules is not None and mark is not None:
-            present = rules.present.groups[rules.present.ptr[h]:rules.present.ptr[h + 1]]
-            mark[present[present >= 0]] = h
+            rules.mark_present(mark, h)
         free_c, free_m = float(host_cpu[h]), float(host_mem[h])
         first = True
         while left:
             scan = (0, 1) if first or free_c > free_m else (1, 0)
             for li in scan:
-                ok = alive[li] & (need_c[li] <= free_c + EPS) & (need_m[li] <= free_m + EPS)
+                ok = alive[li] & (need_c[li] <= free_c + FIT_TOLERANCE) & (need_m[li] <= free_m + FIT_TOLERANCE)
                 if group is not None and mark is not None and len(ok):
                     g = group[li]
                     ok &= ~((g >= 0) & (mark[np.maximum(g, 0)] == h))
@@ -219,7 +228,7 @@ def pack_c(lists: ProbeLists, host_cpu: np.ndarray, host_mem: np.ndarray,
     args = [
         lists.cpu, lists.mem, lists.cpu_heavy, lists.mem_heavy,
         np.ascontiguousarray(host_cpu, dtype=np.float64), np.ascontiguousarray(host_mem, dtype=np.float64),
-        EPS, hosts,
+        FIT_TOLERANCE, hosts,
     ]
     if rules is not None:
         args += [np.ascontiguousarray(rules.group, dtype=np.int64),
@@ -252,7 +261,7 @@ def pack(
     tasks into the capacity left free by running ones (section 6.1).
     ``rules``: spread groups per item and those already on each host.
     """
-    kernel = KERNELS[_backend(backend)]
+    kernel = KERNELS[kernel_backend(backend)]
     return kernel(sorted_lists(_variant(variant), cpu, mem), np.asarray(host_cpu), np.asarray(host_mem), rules)
 
 
@@ -262,100 +271,9 @@ def _variant(name: str) -> Variant:
     return VARIANTS[name]
 
 
-def _backend(name: str | None) -> str:
+def kernel_backend(name: str | None) -> str:
+    """The 2-D kernel to use: ``name``, else the C one when built."""
     name = name or DEFAULT_BACKEND
     if name not in KERNELS:
         raise InputError(f"backend: {name!r} is not available (available: {', '.join(KERNELS)})")
     return name
-
-
-# --- the binary search ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    hosts: np.ndarray | None  # placement of the highest successful probe, or None
-    probe_yield: float | None  # that probe's Y (the placement's true min yield can be higher)
-    lp_bound: float | None
-    probes: int
-    gap: float  # hi - lo when the search stopped (< precision unless the bound was None)
-    backend: str
-
-
-def search(instance: Instance, variant: str, precision: float = 1e-4, backend: str | None = None) -> SearchResult:
-    """Binary search on ``Y`` in ``(0, Y_LP]`` (section 3.4), first probe ``Y_LP / 2``."""
-    var = _variant(variant)
-    if not precision > 0.0:
-        raise InputError(f"precision: {precision!r} must be above 0")
-    backend = _backend(backend)
-    kernel = KERNELS[backend]
-    y_lp = lp_bound(instance)
-    if y_lp is None:  # memory does not fit even fractionally: no probe can succeed
-        return SearchResult(None, None, None, 0, 0.0, backend)
-    host_cpu, host_mem = instance.host_cpu, instance.host_mem
-    if instance.has_rules:
-        probe = _ruled_probe(instance, var, kernel)
-    else:
-        def probe(y: float) -> np.ndarray | None:
-            return kernel(probe_lists(instance, var, y), host_cpu, host_mem, None)
-
-    # Over (0, Y_LP], first probe Y_LP / 2; at least one probe, even when Y_LP itself is below the precision
-    # (a huge, CPU-starved instance), which otherwise would be declared infeasible without a single try.
-    s = bisect_yield(probe, 0.0, y_lp, precision)
-    return SearchResult(s.found, s.y, y_lp, s.probes, s.gap, backend)
-
-
-def _ruled_probe(instance: Instance, var: Variant, kernel: Kernel) -> Callable[[float], np.ndarray | None]:
-    """A probe that honours maintenance, pins and spread (module docstring): pinned tasks first, then the kernel."""
-    split = pinned_split(instance)
-    groups = spread_groups(instance)
-    pinned_cpu, pinned_mem = split.cpu_load(instance), split.mem_load(instance)
-    cordoned = instance.host_cordoned
-    mem_left = np.where(cordoned, -1.0, instance.host_mem - pinned_mem)
-    rules = KernelRules(groups[split.free], HostGroups.of(instance.n_hosts, split.fixed_hosts, groups[split.fixed]))
-    free = split.free
-    if (instance.host_mem - pinned_mem < -EPS).any():
-        return lambda y: None
-    alpha, mem = instance.task_alpha[free], instance.task_mem[free]
-
-    def probe(y: float) -> np.ndarray | None:
-        cpu_left = instance.host_cpu - y * pinned_cpu
-        if (cpu_left < -EPS).any():  # the pinned tasks alone miss Y
-            return None
-        placed = kernel(sorted_lists(var, y * alpha, mem), np.where(cordoned, -1.0, cpu_left), mem_left, rules)
-        return None if placed is None else combine(free, placed, split, instance.n_tasks)
-
-    return probe
-
-
-def _placer(variant: str) -> Callable[[Instance, SolveOptions], Placement]:
-    def place(instance: Instance, options: SolveOptions) -> Placement:
-        if instance.has_extra_resources:  # the resource vector (disk, net, ...): the d-dimensional path
-            return _place_vector(instance, variant, options)
-        r = search(instance, variant, options.precision)
-        detail: dict[str, object] = {
-            "backend": r.backend,
-            "probes": r.probes,
-            "probe_yield": r.probe_yield,
-            "search_gap": r.gap,
-            "lp_bound": r.lp_bound,
-        }
-        return Placement(hosts=r.hosts, detail=detail)
-
-    place.__name__ = place.__qualname__ = f"place_{variant}"
-    place.__doc__ = f"{variant.upper()} (section 3.4): lists sorted by {VARIANTS[variant].summary}."
-    return place
-
-
-def _place_vector(instance: Instance, variant: str, options: SolveOptions) -> Placement:
-    """MCB on every fluid resource and memory (:mod:`vcsched.solvers.mcb_vector`), max-min yield."""
-    from vcsched.solvers.mcb_vector import search_level
-
-    r = search_level(instance, variant, None, options.precision)
-    detail: dict[str, object] = {"backend": "vector", "probes": r.probes, "probe_yield": r.level,
-                                 "search_gap": r.gap, "lp_bound": r.bound}
-    return Placement(hosts=r.hosts, detail=detail)
-
-
-for _name, _v in VARIANTS.items():
-    register(_name, f"multi-capacity bin packing, lists sorted by {_v.summary} (section 3.4)")(_placer(_name))

@@ -20,7 +20,7 @@ The generalisation keeps every convention of the 2-D kernel, so that with
   decreasing order of its free capacity per dimension, ties to the later
   dimension ("look first in the list that goes against the host's
   imbalance");
-* a task fits when every need is at most the free capacity plus ``EPS``,
+* a task fits when every need is at most the free capacity plus ``FIT_TOLERANCE``,
   and free capacities are updated by subtraction in placement order.
 
 The 2-D C kernel is left as it is: instances whose only fluid resource is CPU
@@ -36,35 +36,21 @@ never will) and looks at the first few candidates before filtering the rest.
 The adaptation heuristic and the simulator call this kernel once per probe
 of their searches, many times per event, which is why it is in C.
 
-**The search is on a fill level.**  A sharing policy with a single fill level
-(docs/policies.md §5.3) gives job ``j`` the yield ``y_j(L) = min(1, rho_j L)``
-at level ``L``: ``rho_j = 1`` for ``yield`` (max-min), ``w_j / D_j`` for
-(weighted) DRF, ``w_j / A_j`` for asset fairness.  The binary search
-(:func:`vcsched.solvers.yield_search.bisect_yield`) probes levels in
-``(0, L_LP]``, where ``L_LP`` is the level at which the fluid relaxation (every
-job spread over the whole cluster) fills some resource in total: section 3.1's
-bound with several resources and rates.  Rates are scaled so that the
-largest is 1, so the level reads as the yield of the fastest-filling job and
-the precision means what it means for the 2-D search.
+The search that calls it, on a fill level, is :func:`vcsched.solvers.search.search`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from vcsched.errors import InputError
 from vcsched.model import Instance
-from vcsched.rules import HostGroups, combine, pinned_split, spread_groups
-from vcsched.solvers.yield_search import bisect_yield
+from vcsched.solvers.mcb import KernelRules, c_kernels
+from vcsched.units import FIT_TOLERANCE
 
-if TYPE_CHECKING:
-    from vcsched.solvers.mcb import KernelRules
-
-EPS = 1e-12  # fit tolerance, as in the 2-D kernels
 _PEEK = 16  # candidates looked at before filtering a whole list
 
 VectorKey = Callable[[np.ndarray], np.ndarray]
@@ -136,10 +122,7 @@ def pack_vector_python(items: VectorLists, capacity: np.ndarray,
     lists = [lst.copy() for lst in items.lists]
     left = n
     grp = rules.group if rules is not None else None
-    mark = None
-    if rules is not None:
-        mark = np.full(max(int(rules.group.max(initial=-1)), int(rules.present.groups.max(initial=-1))) + 2, -1,
-                       dtype=np.int64)
+    mark = None if rules is None else rules.marks()
 
     def allowed(idx: np.ndarray, h: int) -> np.ndarray:
         if grp is None or mark is None:
@@ -151,13 +134,12 @@ def pack_vector_python(items: VectorLists, capacity: np.ndarray,
         if left == 0:
             break
         if rules is not None and mark is not None:
-            present = rules.present.groups[rules.present.ptr[h]:rules.present.ptr[h + 1]]
-            mark[present[present >= 0]] = h
+            rules.mark_present(mark, h)
         # Drop the tasks placed on earlier hosts, then keep only the tasks that fit this empty host.
         lists = [lst[alive[lst]] for lst in lists]
         free = cap[h].copy()
         with np.errstate(invalid="ignore"):  # a NaN capacity fits nothing
-            cand = [lst[np.all(need[lst] <= free + EPS, axis=1) & allowed(lst, h)] for lst in lists]
+            cand = [lst[np.all(need[lst] <= free + FIT_TOLERANCE, axis=1) & allowed(lst, h)] for lst in lists]
         first = True
         while left:
             if first:
@@ -170,12 +152,12 @@ def pack_vector_python(items: VectorLists, capacity: np.ndarray,
                 if not len(c):
                     continue
                 with np.errstate(invalid="ignore"):
-                    head = np.all(need[c[:_PEEK]] <= free + EPS, axis=1) & allowed(c[:_PEEK], h)
+                    head = np.all(need[c[:_PEEK]] <= free + FIT_TOLERANCE, axis=1) & allowed(c[:_PEEK], h)
                 if head.any():
                     pos = int(np.argmax(head))
                 else:
                     with np.errstate(invalid="ignore"):
-                        ok = np.all(need[c] <= free + EPS, axis=1) & allowed(c, h)
+                        ok = np.all(need[c] <= free + FIT_TOLERANCE, axis=1) & allowed(c, h)
                     c = cand[li] = c[ok]  # the rest never fits this host again
                     if not len(c):
                         continue
@@ -198,8 +180,7 @@ def pack_vector_python(items: VectorLists, capacity: np.ndarray,
 
 def pack_vector_c(items: VectorLists, capacity: np.ndarray, rules: KernelRules | None = None) -> np.ndarray | None:
     """The C kernel (``vcsched.solvers._mcbc.pack_vector``), same contract as :func:`pack_vector_python`."""
-    from vcsched.solvers.mcb import _mcbc
-
+    _mcbc = c_kernels()
     if _mcbc is None:
         raise RuntimeError("the C kernel vcsched.solvers._mcbc is not built (pip install -e . builds it)")
     need = items.need
@@ -209,7 +190,7 @@ def pack_vector_c(items: VectorLists, capacity: np.ndarray, rules: KernelRules |
     ptr = np.zeros(d + 1, dtype=np.int64)
     ptr[1:] = np.cumsum([len(lst) for lst in items.lists])
     cap = np.ascontiguousarray(np.asarray(capacity, dtype=np.float64).reshape(-1, d))
-    args: list[object] = [np.ascontiguousarray(need, dtype=np.float64), d, order, ptr, cap, EPS, hosts]
+    args: list[object] = [np.ascontiguousarray(need, dtype=np.float64), d, order, ptr, cap, FIT_TOLERANCE, hosts]
     if rules is not None:
         args += [np.ascontiguousarray(rules.group, dtype=np.int64),
                  np.ascontiguousarray(rules.present.ptr, dtype=np.int64),
@@ -219,64 +200,10 @@ def pack_vector_c(items: VectorLists, capacity: np.ndarray, rules: KernelRules |
 
 def pack_vector(items: VectorLists, capacity: np.ndarray, rules: KernelRules | None = None) -> np.ndarray | None:
     """Fill hosts in index order from the ``d`` lists (module docstring): the C kernel when it is built."""
-    from vcsched.solvers.mcb import _mcbc
-
+    _mcbc = c_kernels()
     if _mcbc is not None and hasattr(_mcbc, "pack_vector"):
         return pack_vector_c(items, capacity, rules)
     return pack_vector_python(items, capacity, rules)
-
-
-# --- the search on a fill level -----------------------------------------------------------------
-
-
-def normalised_rates(rates: np.ndarray) -> np.ndarray:
-    """Rates scaled so the largest is 1 (the level is then the fastest job's uncapped yield)."""
-    r = np.asarray(rates, dtype=float)
-    if not len(r):
-        return r
-    top = float(r.max())
-    if not (top > 0 and np.isfinite(top)) or (r <= 0).any() or not np.isfinite(r).all():
-        raise InputError(f"rates: every fill rate must be a finite number above 0 (got {r.min()!r}..{top!r})")
-    return r / top
-
-
-def level_yields(rates: np.ndarray, level: float) -> np.ndarray:
-    """``y_j(L) = min(1, rho_j L)``."""
-    return np.minimum(1.0, rates * level)
-
-
-def level_bound(instance: Instance, rates: np.ndarray) -> float | None:
-    """``L_LP``: the highest level at which every fluid resource fits in total, or None if memory does not.
-
-    Section 3.1's bound ``min(1, sum C / sum k alpha)`` with one row per fluid
-    resource and a rate per job; above ``max_j 1 / rho_j`` every job is at
-    yield 1 and nothing grows, so the level stops there.
-    """
-    if instance.n_tasks == 0:
-        return 1.0
-    if float(instance.task_mem.sum()) > float(instance.host_mem.sum()) + 1e-12:
-        return None
-    top = float(np.max(1.0 / rates))
-    demand = instance.job_need * instance.job_tasks[:, None]  # jobs x resources, per unit of yield
-    total = instance.host_capacity.sum(axis=0)
-
-    def fits(level: float) -> bool:
-        return bool(np.all(level_yields(rates, level) @ demand <= total * (1 + 1e-12)))
-
-    return highest_level(fits, top)
-
-
-def highest_level(fits: Callable[[float], bool], top: float) -> float:
-    """The highest level in ``[0, top]`` at which the monotone ``fits`` holds, to machine precision."""
-    if fits(top):
-        return top
-    lo, hi = 0.0, top
-    for _ in range(100):  # loads are piecewise linear in the level: bisect until the interval stops shrinking
-        mid = (lo + hi) / 2.0
-        if mid in (lo, hi):
-            break
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
 
 
 def vector_capacity(instance: Instance) -> np.ndarray:
@@ -288,62 +215,3 @@ def vector_need(instance: Instance, yields: np.ndarray) -> np.ndarray:
     """Tasks x (fluid resources + memory) for jobs at ``yields``: ``y_j * need_jr``, then ``m_j``."""
     fluid = (np.asarray(yields, dtype=float)[:, None] * instance.job_need)[instance.task_job]
     return np.column_stack((fluid, instance.task_mem))
-
-
-@dataclass(frozen=True)
-class LevelSearch:
-    hosts: np.ndarray | None  # placement of the highest successful probe, or None
-    level: float | None  # that probe's level (normalised rates)
-    bound: float | None  # L_LP
-    probes: int
-    gap: float
-
-
-def search_level(instance: Instance, variant: str, rates: np.ndarray | None = None,
-                 precision: float = 1e-4) -> LevelSearch:
-    """Binary search on the fill level in ``(0, L_LP]``, first probe ``L_LP / 2`` (section 3.4 with rates).
-
-    ``rates`` (one per job, default all 1 = max-min yield) are normalised so
-    the largest is 1.
-    """
-    if not precision > 0.0:
-        raise InputError(f"precision: {precision!r} must be above 0")
-    if variant not in VECTOR_KEYS:
-        raise InputError(f"variant: unknown MCB variant {variant!r} (known: {', '.join(VECTOR_KEYS)})")
-    rho = normalised_rates(np.ones(instance.n_jobs) if rates is None else rates)
-    bound = level_bound(instance, rho)
-    if bound is None:
-        return LevelSearch(None, None, None, 0, 0.0)
-    capacity = vector_capacity(instance)
-    if instance.has_rules:
-        probe = _ruled_probe(instance, variant, rho, capacity)
-    else:
-        def probe(level: float) -> np.ndarray | None:
-            return pack_vector(vector_lists(variant, vector_need(instance, level_yields(rho, level))), capacity)
-
-    s = bisect_yield(probe, 0.0, bound, precision)
-    return LevelSearch(s.found, s.y, bound, s.probes, s.gap)
-
-
-def _ruled_probe(instance: Instance, variant: str, rho: np.ndarray,
-                 capacity: np.ndarray) -> Callable[[float], np.ndarray | None]:
-    """A probe honouring maintenance, pins and spread (module docstring): pinned needs first, then the kernel."""
-    from vcsched.solvers.mcb import KernelRules
-
-    split = pinned_split(instance)
-    groups = spread_groups(instance)
-    rules = KernelRules(groups[split.free], HostGroups.of(instance.n_hosts, split.fixed_hosts, groups[split.fixed]))
-    cordoned = instance.host_cordoned
-
-    def probe(level: float) -> np.ndarray | None:
-        need = vector_need(instance, level_yields(rho, level))
-        used = np.zeros_like(capacity)
-        np.add.at(used, split.fixed_hosts, need[split.fixed])
-        left = capacity - used
-        if (left < -EPS).any():  # the pinned tasks alone do not fit at this level
-            return None
-        left[cordoned] = -1.0
-        placed = pack_vector(vector_lists(variant, need[split.free]), left, rules)
-        return None if placed is None else combine(split.free, placed, split, instance.n_tasks)
-
-    return probe

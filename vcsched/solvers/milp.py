@@ -62,19 +62,19 @@ one task, :func:`vcsched.rules.contract_together`.)
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from vcsched.model import Instance, SolveOptions
+from vcsched.rules import allowed_matrix, spread_groups
+from vcsched.solvers.algorithm import Placement, Placer
+from vcsched.solvers.greedy import backtracking_placer
 from vcsched.solvers.lpbound import lp_bound
-from vcsched.solvers.registry import Placement, register
+from vcsched.solvers.search import mcb_placer
+from vcsched.units import SOLVER_TOLERANCE, YIELD_TOLERANCE
 from vcsched.yields import fits, placement_min_yield
 
 if TYPE_CHECKING:  # scipy is imported where a model is built or solved: importing it costs ~0.4 s (see registry)
@@ -88,12 +88,7 @@ SYMMETRY_NONZERO_LIMIT = 200_000
 # (maximize 1000 Y) turns that into 1e-9 on Y.
 MIP_REL_GAP = 1e-9
 OBJECTIVE_SCALE = 1e3
-# Heuristic incumbents are turned into the bound Y >= y_heuristic - CUTOFF_SLACK
-# (see solve_exact); the slack keeps HiGHS's tolerances from cutting off the
-# heuristic's own placement.
-CUTOFF_SLACK = 1e-7
 INCUMBENT_ATTEMPTS = 10_000
-BOUND_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -157,7 +152,7 @@ class MilpModel(HighsModel):
 
     def with_rows(self, rows: csr_array | coo_array, lower: np.ndarray, upper: np.ndarray) -> MilpModel:
         """A copy with ``lower <= rows @ vars <= upper`` appended (use ``-inf``/``inf`` for one-sided rows)."""
-        from scipy.sparse import csr_array, vstack
+        from scipy.sparse import csr_array, vstack  # lazy: scipy costs ~0.4 s to import
 
         rows = csr_array(rows)
         if rows.shape[1] != self.n_vars:
@@ -200,8 +195,6 @@ def _close_pairs(instance: Instance, upper: np.ndarray, allowed: np.ndarray | No
     """
     if allowed is None and not (instance.has_rules or instance.has_extra_resources):
         return
-    from vcsched.rules import allowed_matrix
-
     mask = allowed_matrix(instance) if allowed is None else np.asarray(allowed, dtype=bool)
     upper[: instance.n_tasks * instance.n_hosts][~mask.ravel()] = 0.0
 
@@ -210,8 +203,6 @@ def _spread_rows(instance: Instance, rows: _Rows) -> None:
     """For each spread job, one row per host on the ``e`` block: ``sum_{t in j} e[t, h] <= 1``."""
     if not instance.has_rules:
         return
-    from vcsched.rules import spread_groups
-
     n_h = instance.n_hosts
     groups = spread_groups(instance)
     spread_tasks = np.flatnonzero(groups >= 0)
@@ -246,7 +237,7 @@ class _Rows:
         self.n += n
 
     def matrix(self, n_vars: int) -> csr_array:
-        from scipy.sparse import coo_array, csr_array
+        from scipy.sparse import coo_array, csr_array  # lazy: scipy costs ~0.4 s to import
 
         data = (np.concatenate(self.vals), (np.concatenate(self.rows), np.concatenate(self.cols)))
         return csr_array(coo_array(data, shape=(self.n, n_vars)))
@@ -417,37 +408,9 @@ class MilpSolution:
     detail: dict[str, object] = field(default_factory=dict)
 
 
-@contextlib.contextmanager
-def _native_stdout_discarded() -> Iterator[None]:
-    """Point file descriptor 1 at /dev/null while HiGHS runs.
-
-    HiGHS (scipy 1.17) occasionally prints a debug line
-    (``HighsMipSolverData::transformNewIntegerFeasibleSolution ...``) with C
-    ``printf``, which Python cannot intercept and which would corrupt
-    ``vcsched solve --json`` on stdout (and, on stderr, tear through the
-    experiment's progress bar).  It says nothing a user can act on; the
-    solve's status is reported from its result.  If the descriptors cannot be
-    duplicated (no stdout), the solve runs unprotected.
-    """
-    try:
-        sys.stdout.flush()
-        saved = os.dup(1)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-    except (OSError, ValueError):
-        yield
-        return
-    try:
-        os.dup2(devnull, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
-
-
 def scipy_milp(**kwargs: Any) -> Any:
     """``scipy.optimize.milp`` (HiGHS), imported on first use; a function of its own so that tests can stand in."""
-    from scipy.optimize import milp
+    from scipy.optimize import milp  # lazy: scipy costs ~0.4 s to import
 
     return milp(**kwargs)
 
@@ -455,20 +418,23 @@ def scipy_milp(**kwargs: Any) -> Any:
 def _solve_highs(c: np.ndarray, a: csr_array, row_lower: np.ndarray, row_upper: np.ndarray, lower: np.ndarray,
                  upper: np.ndarray, integrality: np.ndarray, time_limit: float | None,
                  mip_rel_gap: float) -> tuple[Any, dict[str, object]]:
-    """One HiGHS run with its stray prints kept off stdout: scipy's result, and the detail every caller reports."""
-    from scipy.optimize import Bounds, LinearConstraint
+    """One HiGHS run: scipy's result, and the detail every caller reports.
+
+    HiGHS may ``printf()`` a debug line on the process's stdout; the CLI, which owns the process's
+    descriptors, keeps such lines off its own output (:func:`cli.app.stdout_for_vcsched_only`).
+    """
+    from scipy.optimize import Bounds, LinearConstraint  # lazy: scipy costs ~0.4 s to import
 
     opts: dict[str, object] = {"mip_rel_gap": mip_rel_gap}
     if time_limit is not None:
         opts["time_limit"] = float(time_limit)
-    with _native_stdout_discarded():
-        res = scipy_milp(
-            c=c,
-            constraints=LinearConstraint(a, row_lower, row_upper),
-            bounds=Bounds(lower, upper),
-            integrality=integrality,
-            options=opts,
-        )
+    res = scipy_milp(
+        c=c,
+        constraints=LinearConstraint(a, row_lower, row_upper),
+        bounds=Bounds(lower, upper),
+        integrality=integrality,
+        options=opts,
+    )
     detail: dict[str, object] = {"status": res.message, "variables": len(c), "constraints": int(a.shape[0])}
     mip_gap = getattr(res, "mip_gap", None)
     if mip_gap is not None and np.isfinite(mip_gap):
@@ -482,8 +448,7 @@ def _solve_highs(c: np.ndarray, a: csr_array, row_lower: np.ndarray, row_upper: 
 def solve_model(model: MilpModel, time_limit: float | None, *, mip_rel_gap: float = MIP_REL_GAP) -> MilpSolution:
     """Solve with HiGHS (``scipy.optimize.milp``); ``time_limit`` in seconds, None for no limit.
 
-    The static MILP, its LP relaxation (RRND/RRNZ) and the adaptation MILP all solve here, so HiGHS's
-    stray prints never reach stdout.
+    The static MILP, its LP relaxation (RRND/RRNZ) and the adaptation MILP all solve here.
     """
     res, detail = _solve_highs(model.c, model.a, model.row_lower, model.row_upper, model.lower, model.upper,
                                model.integrality, time_limit, mip_rel_gap)
@@ -601,25 +566,22 @@ def placement_from(model: MilpModel | MakespanModel, x: np.ndarray) -> np.ndarra
     return np.argmax(assignment_matrix(model, x), axis=1).astype(np.int64)
 
 
-INCUMBENT_SOURCES = ("mcb8", "sgb", "gb")
+#: The heuristics whose best placement is the MILP's incumbent.
+INCUMBENT_SOURCES: dict[str, Placer] = {"mcb8": mcb_placer("mcb8"), "sgb": backtracking_placer(True),
+                                        "gb": backtracking_placer(False)}
 
 
 def heuristic_incumbent(instance: Instance, options: SolveOptions) -> tuple[np.ndarray, float, str] | None:
     """The best placement of a few fast heuristics: ``(hosts, its min yield, algorithm)``, or None.
 
-    MCB8 (section 3.2; used when registered) and the backtracking greedies
+    MCB8 (section 3.2) and the backtracking greedies
     with a small attempt bound take milliseconds on the instances the MILP
     can solve, and their yield prunes much of the branch-and-bound tree.
     """
-    from vcsched.solvers.registry import algorithms  # the registry is loaded by the time a placer runs
-
-    registered = algorithms()
     quick = replace(options, max_attempts=min(options.max_attempts, INCUMBENT_ATTEMPTS))
     best: tuple[np.ndarray, float, str] | None = None
-    for name in INCUMBENT_SOURCES:
-        if name not in registered:
-            continue
-        hosts = registered[name].placer(instance, quick).hosts
+    for name, placer in INCUMBENT_SOURCES.items():
+        hosts = placer(instance, quick).hosts
         if hosts is None or not fits(instance, hosts):
             continue
         y = placement_min_yield(instance, hosts)
@@ -632,7 +594,8 @@ def solve_exact(instance: Instance, options: SolveOptions) -> Placement:
     """Optimal placement by the MILP, with a heuristic incumbent as a cutoff.
 
     HiGHS through scipy takes no starting solution, so the incumbent enters
-    as the bound ``Y >= y_heuristic - CUTOFF_SLACK``: it removes every part of
+    as the bound ``Y >= y_heuristic - SOLVER_TOLERANCE`` (the slack keeps HiGHS's tolerances from cutting
+    off the heuristic's own placement): it removes every part of
     the tree that cannot beat the heuristic, and since the heuristic's own
     placement satisfies it, the MILP's optimum is unchanged (measured: about
     half the CPU time at 4 hosts x 12 tasks).  If HiGHS stops without a
@@ -647,7 +610,7 @@ def solve_exact(instance: Instance, options: SolveOptions) -> Placement:
     started = time.perf_counter()
     incumbent = heuristic_incumbent(instance, options)
     bound = lp_bound(instance)
-    if incumbent is not None and bound is not None and incumbent[1] >= bound - BOUND_TOLERANCE:
+    if incumbent is not None and bound is not None and incumbent[1] >= bound - YIELD_TOLERANCE:
         # The heuristic reaches the LP relaxation's bound (section 3.1): nothing can beat it.
         detail: dict[str, object] = {
             "incumbent": {"algorithm": incumbent[2], "min_yield": incumbent[1]},
@@ -657,7 +620,7 @@ def solve_exact(instance: Instance, options: SolveOptions) -> Placement:
     model = build_model(instance)
     if incumbent is not None:
         lower = model.lower.copy()
-        lower[model.y_index] = max(0.0, incumbent[1] - CUTOFF_SLACK)
+        lower[model.y_index] = max(0.0, incumbent[1] - SOLVER_TOLERANCE)
         model = replace(model, lower=lower)
     # The limit covers the whole call: what the heuristics used is taken off HiGHS's share.
     remaining = None if options.time_limit is None else max(0.0, options.time_limit - (time.perf_counter() - started))
@@ -689,7 +652,3 @@ def solve_exact(instance: Instance, options: SolveOptions) -> Placement:
         return Placement(hosts=incumbent[0], optimal=False, detail=detail)
     return Placement(hosts=None, optimal=False, detail=detail)
 
-
-register("milp", "exact MILP (sec. 2.5, 5) solved with HiGHS; --time-limit makes it return its incumbent", exact=True)(
-    solve_exact
-)

@@ -35,9 +35,9 @@ import numpy as np
 
 from vcsched.model import Instance, SolveOptions
 from vcsched.rules import allowed_matrix, spread_groups
+from vcsched.solvers.algorithm import Placement, Placer
 from vcsched.solvers.milp import assignment_matrix, build_model, solve_model
-from vcsched.solvers.registry import Placement, Placer, register
-from vcsched.yields import MEMORY_TOLERANCE
+from vcsched.units import MEMORY_TOLERANCE
 
 EPSILON = 0.01
 # HiGHS returns values like 1e-12 for variables at zero; treat those as zero.
@@ -106,7 +106,8 @@ def round_randomly(
     return hosts, rejected
 
 
-def _rounding_placer(epsilon: float | None) -> Placer:
+def rounding_placer(epsilon: float | None) -> Placer:
+    """RRND (``epsilon`` None) or RRNZ (zero LP values raised to ``epsilon``) as a registry placer."""
     def place(instance: Instance, options: SolveOptions) -> Placement:
         if instance.n_tasks == 0:
             return Placement(hosts=np.empty(0, dtype=np.int64))
@@ -124,10 +125,3 @@ def _rounding_placer(epsilon: float | None) -> Placer:
 
     return place
 
-
-register("rrnd", "randomized rounding of the MILP's LP relaxation (HiGHS), seeded by --seed (sec. 3.2)")(
-    _rounding_placer(None)
-)
-register("rrnz", "RRND with zero LP values raised to 0.01 so every host stays possible (sec. 3.2)")(
-    _rounding_placer(EPSILON)
-)

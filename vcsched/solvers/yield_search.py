@@ -1,12 +1,12 @@
 """The binary search on the minimum yield ``Y`` (paper section 3.4), written once.
 
 Every placement that works by "fix ``Y``, then try to place" searches ``Y``
-the same way: MCB's search over ``(0, Y_LP]`` (:func:`vcsched.solvers.mcb.search`),
+the same way: MCB's search over ``(0, Y_LP]`` or a fill level (:func:`vcsched.solvers.search.search`),
 the adaptation heuristic's packing into residual capacity
 (:func:`vcsched.adaptation.heuristic.pack_residual`) and admission's placement of
 a request around pinned VMs (:func:`vcsched.control.admission.admit`).  They
-differ only in the predicate, the ends (and whether they are probed) and the
-precision.
+share one predicate (:func:`vcsched.solvers.search.residual_probe`) and differ
+only in the ends (and whether they are probed) and the precision.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from vcsched.experiments.generate import GeneratorSpec, generate, truncated_norm
 from vcsched.model import Host, Instance, Job, SolveOptions, Tenant
 from vcsched.policies.allocation import PolicyOptions
 from vcsched.policies.registry import allocate_policy
+from vcsched.solvers.registry import solve
 
 BENCH_SEED = 20080101
 EXTRA = ("disk", "net")
@@ -57,8 +58,6 @@ def _with_extra_resources(instance: Instance, rng: np.random.Generator) -> Insta
 
 
 def _place(instance: Instance) -> np.ndarray:
-    from vcsched.solvers.registry import solve  # the placement is setup, not what is timed
-
     result = solve(instance, "mcb8", SolveOptions())
     if result.allocation is None:
         raise RuntimeError("bench: MCB8 found no placement for the bench instance")

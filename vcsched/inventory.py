@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vcsched.iocaps import IoCaps, VmDevices
@@ -162,8 +162,6 @@ def find_in_doubt(vms: tuple[VmState, ...]) -> tuple[InDoubt, ...]:
 
 def mark_in_doubt(vms: tuple[VmState, ...], doubts: tuple[InDoubt, ...]) -> tuple[VmState, ...]:
     """``vms`` with every copy of a doubtful VM marked ``in_doubt`` (so :attr:`VmState.managed` is False)."""
-    from dataclasses import replace
-
     bad = {d.uuid for d in doubts if d.resolved is None}
     return tuple(replace(v, in_doubt=True) if v.uuid in bad and v.active else v for v in vms)
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from vcsched.model import Instance
+from vcsched.units import SATURATION_TOLERANCE
 
 if TYPE_CHECKING:  # scipy is imported where a matrix is built: loading it costs ~0.4 s, and `yield` needs none
     from scipy.sparse import csr_matrix
@@ -44,7 +45,7 @@ class Capacities:
     def load(self, yields: np.ndarray) -> np.ndarray:
         return np.asarray(self.matrix @ yields, dtype=float)
 
-    def saturated(self, yields: np.ndarray, *, rtol: float = 1e-9) -> np.ndarray:
+    def saturated(self, yields: np.ndarray, *, rtol: float = SATURATION_TOLERANCE) -> np.ndarray:
         """Pairs whose load is within ``rtol`` (relative to capacity, absolute for capacity 0) of capacity."""
         return self.load(yields) >= self.capacity - rtol * np.maximum(self.capacity, 1.0)
 
@@ -59,7 +60,7 @@ class Capacities:
 
 def vms_per_host(instance: Instance, hosts: np.ndarray) -> csr_matrix:
     """``n_jh`` as a sparse (job x host) matrix of VM counts."""
-    from scipy.sparse import csr_matrix
+    from scipy.sparse import csr_matrix  # lazy: scipy costs ~0.4 s to import
 
     return csr_matrix(
         (np.ones(instance.n_tasks), (instance.task_job, hosts)), shape=(instance.n_jobs, instance.n_hosts)
@@ -68,7 +69,7 @@ def vms_per_host(instance: Instance, hosts: np.ndarray) -> csr_matrix:
 
 def capacities(instance: Instance, hosts: np.ndarray) -> Capacities:
     """The rows of a placement (task -> host index), vectorised over every (job, host, resource)."""
-    from scipy.sparse import coo_matrix
+    from scipy.sparse import coo_matrix  # lazy: scipy costs ~0.4 s to import
 
     hosts = np.asarray(hosts, dtype=np.int64)
     counts = vms_per_host(instance, hosts).tocoo()  # duplicates summed: one entry per (job, host)
