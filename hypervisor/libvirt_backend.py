@@ -58,7 +58,7 @@ from typing import Any, TypeVar
 
 import libvirt
 
-from hypervisor.base import HostReadBug, HypervisorError, IoCounters
+from hypervisor.base import HostReadBug, HypervisorError, IoCounters, VmInDoubt
 from hypervisor.bootcheck import boot_problems, files_local, validation_xml
 from hypervisor.connections import CallCounter, Counted, close_quietly, open_bounded, unwrap
 from hypervisor.devices import boot_devices
@@ -92,11 +92,6 @@ T = TypeVar("T")
 
 #: ``connect(uri) -> connection``: how the backend reaches a host (module docstring).
 Connect = Callable[[str], Any]
-
-
-class VmInDoubt(HypervisorError):
-    """A step was asked to act on a VM that is in doubt (copies on several hosts, or a paused arrival): refused,
-    naming its copies; ``vcsched repair`` settles it (docs/operations.md)."""
 
 
 def _copy_kind(v: VmState) -> str:
