@@ -390,7 +390,7 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
 
 def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
                on_step: Callable[[StepResult], None] | None = None,
-               guard: Callable[[], None] | None = None) -> ApplyReport:
+               guard: Callable[[], None] | None = None, threads: bool = True) -> ApplyReport:
     """Run ``plan`` on ``hv``; returns what happened to every step (see the module docstring).
 
     Raises (nothing changed): :class:`SnapshotMismatch` when the cluster
@@ -403,6 +403,9 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
     and the report says why.  Ctrl-C (KeyboardInterrupt) stops the plan the
     same way: the report lists what was done, and the step that was running
     is marked interrupted.
+
+    ``threads=False`` runs a wave's migrations one after the other, in plan order, in the caller's thread (a
+    deterministic simulation); by default they run at once.
     """
     for i, step in enumerate(plan.steps):
         if step.op not in RUNNERS:
@@ -427,7 +430,7 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
         try:
             if guard is not None:
                 guard()
-            done = _run_group(hv, group, batch[0][0])
+            done = _run_group(hv, group, batch[0][0], threads)
         except HostReadBug:
             raise  # a bug in vcsched's reading code: reported as such (exit 70), not as a stopped plan
         except VcschedError as exc:
@@ -494,13 +497,13 @@ def restore_lowered(hv: Hypervisor, before: Inventory, results: Sequence[StepRes
     return tuple(out)
 
 
-def _run_group(hv: Hypervisor, group: list[Step], first: int) -> list[StepResult]:
+def _run_group(hv: Hypervisor, group: list[Step], first: int, threads: bool = True) -> list[StepResult]:
     """One step, or one wave of migrations at once, after its pre-condition on the hosts as they are now."""
     problem = _precondition(hv, group, first)
     if problem is not None:
         return [StepResult(step, FAILED, problem, 0.0) for step in group]
-    if len(group) == 1:
-        return [_run_step(hv, group[0])]
+    if len(group) == 1 or not threads:
+        return [_run_step(hv, step) for step in group]
     with ThreadPoolExecutor(max_workers=len(group), thread_name_prefix="vcsched-wave") as pool:
         return list(pool.map(lambda step: _run_step(hv, step), group))
 

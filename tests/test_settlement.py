@@ -293,3 +293,23 @@ def test_a_parse_error_while_reading_a_host_is_a_bug_not_a_down_host() -> None:
             pytest.raises(HostReadBug, match=r"host h0: vcsched could not read .* bug in vcsched") as caught:
         hv.inventory()
     assert caught.value.exit_code == 70
+
+
+def test_the_cli_reports_a_parse_bug_with_exit_70_not_a_down_host(tmp_path: Path, monkeypatch: Any) -> None:
+    """`vcsched status` on a host whose answer vcsched's own code cannot read: exit 70, asking for a report."""
+    from click.testing import CliRunner
+
+    import hypervisor.live_state
+    from cli.main import cli
+
+    c = tmp_path / "cluster.toml"
+    (tmp_path / "h0.xml").write_text(node(domain("v")))
+    c.write_text(f'name = "t"\n[[hosts]]\nname = "h0"\nuri = "test://{tmp_path}/h0.xml"\n')
+
+    def broken(*_args: Any, **_kwargs: Any) -> VmState:
+        raise KeyError("cluster")  # a bug in vcsched's reading of the domain's XML
+
+    monkeypatch.setattr(hypervisor.live_state, "vm_from_element", broken)
+    r = CliRunner().invoke(cli, ["status", "--cluster", str(c), "--sample", "0"])
+    assert r.exit_code == 70, r.output
+    assert "bug in vcsched" in r.stderr and "report" in r.stderr and "down" not in r.stdout
