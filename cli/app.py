@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import math
 import os
 import sys
 from collections.abc import Iterator
@@ -71,6 +70,13 @@ def stdout_for_vcsched_only() -> Iterator[None]:
         sys.stdout = before
         os.dup2(real, 1)
         os.close(real)
+
+
+def refuse(reason: str) -> int:
+    """A well-formed request that cannot be satisfied: its reason as one line on stderr, whatever went to stdout
+    (the table or the ``--json`` document, which says it too); returns exit code 1 for the command to return."""
+    click.echo(f"vcsched: refused: {reason}", err=True)
+    return EXIT_UNSATISFIED
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
@@ -145,18 +151,6 @@ class VcschedGroup(LazyGroup):
             fail(str(exc), getattr(exc, "exit_code", EXIT_BAD_INPUT))
         if isinstance(rv, int):
             sys.exit(rv)
-        return rv
-
-
-class FiniteFloatRange(click.FloatRange):
-    """click's FloatRange, refusing NaN and infinities (they pass its comparisons: ``nan < 0`` is False)."""
-
-    name = "float"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        rv = super().convert(value, param, ctx)
-        if isinstance(rv, float) and not math.isfinite(rv):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
         return rv
 
 

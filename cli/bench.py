@@ -18,8 +18,10 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.app import EXIT_OK, FiniteFloatRange, console, emit_json, err_console
+from cli.app import EXIT_OK, console, emit_json, err_console
 from cli.common import MachineInfo, machine_info, progress_bar
+from cli.params import FiniteFloatRange
+from hypervisor.files import write_output
 from vcsched.errors import InputError, VcschedError
 from vcsched.experiments import OnProgress
 from vcsched.experiments.bench import (
@@ -325,11 +327,8 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
 
             scale_rows = time_scale(vcsched_command(), repeat, on_progress)
     if output is not None:
-        try:
-            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit, startup, policy_rows,
-                                                   sim_rows, scale_rows))
-        except OSError as exc:
-            raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
+        write_output("--output", output, bench_markdown(timings, cases, repeat, info, time_limit, startup,
+                                                        policy_rows, sim_rows, scale_rows))
     if as_json:
         doc: dict[str, Any] = {
             "machine": vars(info) | {"load_avg": list(info.load_avg)}, "repeat": repeat, "time_limit": time_limit,

@@ -17,7 +17,8 @@ from rich.table import Table
 from calibration.cpus import check_cpu, conditions, cpu_busy, least_loaded_cpu
 from calibration.experiment import Config, Result, Subjects, measure, run
 from calibration.report import markdown, pct, plot, rate_text, require_matplotlib, result_to_dict, summary_rows
-from cli.app import FiniteFloatRange, console, emit_json, err_console
+from cli.app import console, emit_json, err_console
+from cli.params import FiniteFloatRange
 from vcsched.errors import InputError
 from vcsched.formats.units import format_size
 

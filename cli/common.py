@@ -12,7 +12,7 @@ import dataclasses
 import os
 import platform
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.app import FiniteFloatRange, console, err_console, read_text_file
+from cli.app import console, err_console, read_text_file
+from cli.params import (  # noqa: F401  (re-exported: commands written before cli/params.py import them here)
+    cluster_option,
+    lock_options,
+    policy_options,
+)
 from vcsched.errors import InputError
 
 if TYPE_CHECKING:
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
     from hypervisor.executor import ApplyReport
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from hypervisor.lock import ClusterLock
+    from vcsched.control.live import LiveAdaptation
     from vcsched.experiments import OnProgress
     from vcsched.formats.cluster import Cluster
     from vcsched.formats.request import Request
@@ -37,10 +43,6 @@ if TYPE_CHECKING:
     from vcsched.plans.plan import Plan
 
 EXIT_INTERRUPTED = 130
-
-CLUSTER_HELP = ("Cluster file (TOML: hosts and their libvirt URIs; see docs/operations.md). "
-                "Default: the running lab's (`vcsched lab up`).")
-
 
 # ---------------------------------------------------------------------------------------------- input files
 
@@ -56,18 +58,24 @@ def read_toml_file(path: str | Path, what: str) -> dict[str, Any]:
         raise InputError(f"{what} {path}: nested too deeply to be a {what}") from None
 
 
+def cluster_path(path: str | None) -> Path:
+    """The cluster file of ``--cluster``, else the running default lab's."""
+    if path is not None:
+        return Path(path)
+    from hypervisor.lab import default_cluster_file
+
+    found = default_cluster_file()
+    if found is None:
+        raise InputError("--cluster: no cluster file given and no lab is running (start one with "
+                         "`vcsched lab up`, or pass --cluster FILE)")
+    return found
+
+
 def load_cluster(path: str | None) -> Cluster:
     """The cluster of ``--cluster``, else the running default lab's."""
     from vcsched.formats.cluster import cluster_from_dict
 
-    if path is None:
-        from hypervisor.lab import default_cluster_file
-
-        found = default_cluster_file()
-        if found is None:
-            raise InputError("--cluster: no cluster file given and no lab is running (start one with "
-                             "`vcsched lab up`, or pass --cluster FILE)")
-        path = str(found)
+    path = str(cluster_path(path))
     try:
         cluster = cluster_from_dict(read_toml_file(path, "cluster file"))
         if cluster.pki is not None:
@@ -124,21 +132,6 @@ def check_request_boot(cluster: Cluster, request: Request, path: str) -> None:
     if problems:
         raise InputError(f"request {path}: " + "; ".join(problems[:3]))
 
-
-def policy_options() -> Callable[[Any], Any]:
-    """``--policy`` and ``--alpha``: the sharing policy that overrides the cluster file's ``policy``."""
-    def deco(f: Any) -> Any:
-        f = click.option("--alpha", type=float, default=None, metavar="A",
-                         help="The exponent of policy alpha-fair, in (0, 100] (1 is pf).")(f)
-        return click.option("--policy", default=None, metavar="NAME",
-                            help="Sharing policy: yield, drf, drf-pools, asset, pf, alpha-fair, hdrf "
-                                 "(docs/policies.md).  Default: the cluster file's policy, else yield.")(f)
-    return deco
-
-
-def cluster_option() -> Callable[[Any], Any]:
-    return click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), default=None,
-                        metavar="FILE", help=CLUSTER_HELP)
 
 
 # ---------------------------------------------------------------------------------------------- plans
@@ -210,28 +203,30 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
     console.print(table)
 
 
-def _check_coordination(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    """Checked when parsed, dry run or not: bad input is refused before anything else happens."""
-    from vcsched.formats.cluster import check_coordination_url
+def save_plan(plan: Plan, output: str) -> None:
+    """``-o PLAN.json`` of place, adapt and drain: the one way a plan is saved (atomically) for `vcsched apply`."""
+    import json
 
-    return None if value is None else check_coordination_url("--coordination", value)
+    from hypervisor.files import write_output
+
+    write_output("--output", output, json.dumps(plan.to_dict(), indent=1) + "\n")
 
 
-def lock_options() -> Callable[[Any], Any]:
-    """``--wait`` and ``--coordination``, for every command that changes hosts (it holds the cluster lock)."""
-    def deco(f: Any) -> Any:
-        f = click.option("--coordination", metavar="URL", default=None, callback=_check_coordination,
-                         help="Where the cluster lock lives (tooz URL: file:///DIR, etcd3+http://HOST:2379). "
-                              "Default: $VCSCHED_COORDINATION, the cluster file's 'coordination', else a "
-                              "file lock under /var/lib/vcsched (docs/operations.md).")(f)
-        f = click.option("--lock-ttl", "lock_ttl", type=FiniteFloatRange(min=1), default=None, metavar="SECONDS",
-                         help="etcd: seconds the lock outlives a holder that died (default: the cluster file's "
-                              "lock_ttl, else 10).")(f)
-        return click.option("--wait", "wait", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
-                            metavar="SECONDS",
-                            help="If another command holds the cluster lock, wait up to this long for it "
-                                 "(default: fail at once, naming the holder).")(f)
-    return deco
+def render_moves(live: LiveAdaptation) -> None:
+    """The live migrations of an adapt or drain plan, wave by wave."""
+    from rich.table import Table
+
+    from vcsched.formats.units import format_size
+
+    if live.order is None or not live.order.moves:
+        return
+    table = Table(title=f"live migrations ({live.order.waves} waves, {live.order.relays} relays)")
+    for col in ("wave", "VM", "from", "to", "bytes", "cap on arrival"):
+        table.add_column(col, justify="right" if col in ("wave", "bytes", "cap on arrival") else "left")
+    for m in live.order.moves:
+        table.add_row(str(m.wave), m.vm + (" (relay)" if m.relay else ""), m.source, m.target, format_size(m.bytes),
+                      f"{m.cap_cores:.3f}")
+    console.print(table)
 
 
 @contextmanager

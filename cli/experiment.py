@@ -13,8 +13,10 @@ from typing import Any
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json, err_console, fail, read_json_file
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail, read_json_file
 from cli.common import machine_info, progress_bar
+from cli.params import FiniteFloatRange
+from hypervisor.files import write_output
 from vcsched.errors import InputError
 from vcsched.experiments.paper import (
     BOUND,
@@ -77,9 +79,7 @@ def code_version() -> str:
 
 def save_records(path: Path, meta: dict[str, Any], records: list[Record]) -> None:
     """Write records.json atomically (a reader or a crash never sees half a file)."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"meta": meta, "records": [r.to_dict() for r in records]}, indent=0))
-    tmp.replace(path)
+    write_output("--output", path, json.dumps({"meta": meta, "records": [r.to_dict() for r in records]}, indent=0))
 
 
 def load_previous(path: Path, meta: dict[str, Any]) -> list[Record]:
@@ -199,7 +199,7 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
     tasks they dominate the run, so leave them out with -x when in a hurry.
     """
     if set_name == "adapt":  # its own machinery, in cli/adapt.py
-        from cli.adapt import adapt_experiment
+        from cli.experiment_adapt import adapt_experiment
 
         return adapt_experiment(instances, output, time_limit, seed, jobs, as_json)
     if set_name == "policies":  # its own machinery, in cli/policy_experiment.py
@@ -251,7 +251,7 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
     plots = write_plots(records, names, out_dir)
     if plots:
         report += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
-    (out_dir / "report.md").write_text(report)
+    write_output("--output", out_dir / "report.md", report)
 
     table = degradation(records)
     errors = sum(1 for r in records if r.error)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import click
 
-from cli.app import EXIT_OK, FiniteFloatRange, console
-from vcsched.errors import InputError
+from cli.app import EXIT_OK, console
+from cli.params import FiniteFloatRange
+from hypervisor.files import write_output
 from vcsched.experiments.generate import GeneratorSpec, generate
 from vcsched.formats.instance import instance_to_dict
 
@@ -64,10 +64,7 @@ def generate_cmd(hosts: int, tasks: int, slack: float, cv_mem: float, cv_cpu: fl
     if output is None:
         click.echo(text, nl=False)
         return EXIT_OK
-    try:
-        Path(output).write_text(text)
-    except OSError as exc:
-        raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
+    write_output("--output", output, text)
     console.print(f"wrote {output}: {instance.n_hosts} hosts, {instance.n_jobs} jobs, {instance.n_tasks} tasks",
                   highlight=False)
     return EXIT_OK

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail
 from cli.common import machine_info, progress_bar
+from hypervisor.files import write_output
 from vcsched.errors import InputError
 from vcsched.experiments.policies import (
     EXTRA,
@@ -119,13 +120,13 @@ def policies_experiment(instances: int | None, output: str | None, seed: int, jo
         "extra": {r: {"mean": m, "cv": cv, "host_capacity": 1.0} for r, (m, cv) in EXTRA.items()},
         "seed": seed, "jobs": jobs, "wall_s": wall, "machine": machine_info().summary(),
     }
-    (out_dir / "records.json").write_text(json.dumps({"meta": meta, "records": [r.to_dict() for r in records]},
-                                                     indent=0))
+    write_output("--output", out_dir / "records.json",
+                 json.dumps({"meta": meta, "records": [r.to_dict() for r in records]}, indent=0))
     report = report_markdown(records, meta)
     plots = write_plots(records, out_dir)
     if plots:
         report += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
-    (out_dir / "report.md").write_text(report)
+    write_output("--output", out_dir / "report.md", report)
     rows = summarise(records)
     errors = sum(1 for r in records if r.error)
     if as_json:

@@ -18,8 +18,10 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from cli.app import EXIT_OK, FiniteFloatRange, console, emit_json, err_console, read_json_file, read_text_file
+from cli.app import EXIT_OK, console, emit_json, err_console, read_json_file, read_text_file
 from cli.common import machine_info, progress_bar
+from cli.params import FiniteFloatRange
+from hypervisor.files import write_output
 from vcsched.errors import InputError
 
 TASK_SCENARIOS = {"br-tasks": "Bonald & Roberts §4: 500 tasks per job, capacity 100, serve the most deprived job"}
@@ -360,10 +362,7 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
             except InputError as exc:
                 chains[(pt.policy, pt.load)] = str(exc)
     if csv_file:
-        try:
-            Path(csv_file).write_text(csv_text(points, label))
-        except OSError as exc:
-            raise InputError(f"--csv {csv_file}: cannot write ({exc.strerror})") from None
+        write_output("--csv", csv_file, csv_text(points, label))
     if plot_file:
         plot(points, label, plot_file)
     if as_json:

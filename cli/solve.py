@@ -8,7 +8,8 @@ import click
 import numpy as np
 from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json, read_json_file
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_json_file
+from cli.params import FiniteFloatRange
 from vcsched.formats.instance import instance_from_dict
 from vcsched.model import Instance, SolveOptions, SolveResult
 from vcsched.solvers.registry import algorithms, solve

@@ -8,8 +8,9 @@ from typing import Any
 import click
 from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
 from cli.common import cluster_option, load_cluster, policy_options
+from cli.params import FiniteFloatRange
 from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.status import below_floor, host_load, predicted_yield, virtual_clusters

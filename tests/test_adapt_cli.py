@@ -91,7 +91,7 @@ def test_bad_current_host_exits_two_naming_the_field(tmp_path: Path) -> None:
 
 
 def test_experiment_adapt_writes_report_records_and_json(tmp_path: Path) -> None:
-    from cli.adapt import adapt_experiment
+    from cli.experiment_adapt import adapt_experiment
     from vcsched.experiments.adaptation import TraceSpec
 
     tiny = (("tiny", TraceSpec(hosts=3, tasks=6, slack=0.5, steps=2), ("none", "heuristic", "milp", "scratch")),)
