@@ -90,7 +90,7 @@ def _changes_file(path: str | None) -> Changes:
                    "into waves that fit in memory together; apply runs each wave's migrations at once.")
 @output_option("Save the plan for `vcsched apply`.", "PLAN.json")
 @click.option("--apply", "do_apply", is_flag=True, help="Carry the plan out now (default: dry run, print it).")
-@json_option("one JSON object (result, plan, apply report)")
+@json_option("Print one JSON object (result, plan, apply report).")
 @time_limit_option()
 @policy_options()
 @lock_options()

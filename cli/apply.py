@@ -8,15 +8,14 @@ from cli.app import console, emit_json, read_json_file
 from cli.common import (
     apply_exit_code,
     cluster_lock,
-    cluster_option,
     load_cluster,
-    lock_options,
     notice,
     render_hosts_down,
     render_plan,
     render_report,
     run_apply,
 )
+from cli.params import cluster_option, json_option, lock_options
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.plans.plan import plan_from_dict
 
@@ -26,7 +25,7 @@ from vcsched.plans.plan import plan_from_dict
 @cluster_option()
 @click.option("--force", is_flag=True,
               help="Apply even if the cluster changed since the plan was computed (its snapshot differs).")
-@click.option("--json", "as_json", is_flag=True, help="Print the apply report as one JSON object.")
+@json_option("Print the apply report as one JSON object.")
 @lock_options()
 def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bool, wait: float,
               coordination: str | None, lock_ttl: float | None) -> int:

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from cli.app import EXIT_OK, console, emit_json, err_console
 from cli.common import MachineInfo, machine_info, progress_bar
-from cli.params import FiniteFloatRange
+from cli.params import json_option, output_option, time_limit_option
 from hypervisor.files import write_output
 from vcsched.errors import InputError, VcschedError
 from vcsched.experiments import OnProgress
@@ -255,11 +255,9 @@ def _startup_table(startup: Sequence[Timing]) -> Table:
                    "[default: all registered, adapt, cli, policies, simulate and hosts]")
 @click.option("--sizes", default=",".join(c.name for c in DEFAULT_CASES), show_default=True, metavar="HxJ,...",
               help="Instance sizes as HOSTSxTASKS.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="FILE.md",
-              help="Also write the results as Markdown (with the machine description) to FILE.md.")
-@click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              metavar="S", help="Per-run limit in seconds for milp/rrnd/rrnz.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
+@output_option("Also write the results as Markdown (with the machine description) to FILE.md.", "FILE.md")
+@time_limit_option("Per-run limit in seconds for milp/rrnd/rrnz.", default=60.0)
+@json_option("Print one JSON object on stdout instead of the table.")
 def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str | None, time_limit: float,
               as_json: bool) -> int:
     """Time each solver on fixed, seeded instances of the paper's protocol.

@@ -18,7 +18,7 @@ from calibration.cpus import check_cpu, conditions, cpu_busy, least_loaded_cpu
 from calibration.experiment import Config, Result, Subjects, measure, run
 from calibration.report import markdown, pct, plot, rate_text, require_matplotlib, result_to_dict, summary_rows
 from cli.app import console, emit_json, err_console
-from cli.params import FiniteFloatRange
+from cli.params import FiniteFloatRange, cluster_option, json_option
 from vcsched.errors import InputError
 from vcsched.formats.units import format_size
 
@@ -252,12 +252,9 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     "Without it, --workers transient guests (CPU loop, disk writer or network sink, by --resource) are booted "
     "from the cluster file's [guest] and destroyed after.",
 )
-@click.option(
-    "--cluster",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Cluster file whose [guest] boots the CPU-loop guests (libvirt backend without --domain). "
-    "Default: the running lab's.",
+@cluster_option(
+    "Cluster file whose [guest] boots the CPU-loop guests (libvirt backend without --domain). "
+    "Default: the running lab's."
 )
 @click.option(
     "--caps",
@@ -329,7 +326,7 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     help="cgroup backend: run workers (bare and capped alike) at nice -20 weight, so other processes on a "
     "shared machine disturb the measurement less; caps are quotas and hold either way.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print every measurement as one JSON object.")
+@json_option("Print every measurement as one JSON object.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the summary as Markdown (for docs).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), help="Write a PNG plot here.")
 def calibrate_cmd(
@@ -337,7 +334,7 @@ def calibrate_cmd(
     backend: str | None,
     connect: str | None,
     domains: tuple[str, ...],
-    cluster: str | None,
+    cluster_file: str | None,
     caps: tuple[float, ...] | None,
     workers: int,
     duration: float,
@@ -411,7 +408,7 @@ def calibrate_cmd(
     cond = conditions(busy, chosen)
     reference: dict[str, Any] | None = None
     with sigterm_as_interrupt(), open_subjects(
-        backend, workers, chosen, connect, domains, priority == "high", cluster, resource
+        backend, workers, chosen, connect, domains, priority == "high", cluster_file, resource
     ) as subjects:
         if resource != "cpu":
             reference = measure_reference(subjects, duration, cfg.settle)
@@ -426,7 +423,7 @@ def calibrate_cmd(
         cond["resource"] = resource
         cond["reference_bps"] = round(reference["single_bps"])
         cond["aggregate_bps"] = round(reference["aggregate_bps"])
-    lines = cluster_lines(resource, reference, connect or "", cluster) if reference is not None else []
+    lines = cluster_lines(resource, reference, connect or "", cluster_file) if reference is not None else []
     if plot_path:
         plot(result, plot_path)
     if as_json:

@@ -43,7 +43,7 @@ from vcsched.plans.migration import MigrationBlocked
 @output_option("Save the plan for `vcsched apply`.", "PLAN.json")
 @click.option("--apply", "do_apply", is_flag=True,
               help="Cordon HOST in the cluster file and carry the plan out now (default: dry run).")
-@json_option("one JSON object (plan, VMs that stay, apply report)")
+@json_option("Print one JSON object (plan, VMs that stay, apply report).")
 @time_limit_option()
 @lock_options()
 def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, parallel: int,

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail, read_json_file
 from cli.common import machine_info, progress_bar
-from cli.params import FiniteFloatRange
+from cli.params import json_option, output_option, time_limit_option
 from hypervisor.files import write_output
 from vcsched.errors import InputError
 from vcsched.experiments.paper import (
@@ -153,17 +153,16 @@ def _task_counts(tasks_opt: str | None) -> list[int] | None:
               help="Only these task counts of the set (e.g. 100,250 for a reduced large set).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1, max=256), default=None,
               help="Worker processes.  [default: os.cpu_count()]")
-@click.option("-o", "--output", type=click.Path(file_okay=False), default=None, metavar="DIR",
-              help="Where report.md, records.json (and PNG plots with matplotlib) go.  [default: results/SET]")
-@click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              metavar="S", help="Per-run limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false).")
+@output_option("Where report.md, records.json (and PNG plots with matplotlib) go.  [default: results/SET]", "DIR",
+               directory=True)
+@time_limit_option("Per-run limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false).", default=60.0)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Run seed; every instance gets its own seed derived from it.")
 @click.option("--resume", is_flag=True,
               help="Keep the instances already in DIR/records.json (same set, seed, algorithms, time limit) and "
                    "run only the rest: resumes an interrupted run (results are saved every minute) or extends "
                    "one with more instances per family or more task counts.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (degradation table) on stdout.")
+@json_option("Print a JSON summary (degradation table) on stdout.")
 def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | None, exclude: str | None,
                    tasks_opt: str | None, jobs: int | None, output: str | None, time_limit: float, seed: int,
                    resume: bool, as_json: bool) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from cli.app import EXIT_OK, console
-from cli.params import FiniteFloatRange
+from cli.params import FiniteFloatRange, output_option
 from hypervisor.files import write_output
 from vcsched.experiments.generate import GeneratorSpec, generate
 from vcsched.formats.instance import instance_to_dict
@@ -38,8 +38,7 @@ def _one_entry_per_line(doc: dict[str, Any]) -> str:
               help="Parallel jobs: tasks per job from the Lublin-Feitelson model (1..64, biased to powers of two).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Random seed; the same seed gives the same instance.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None, metavar="FILE",
-              help="Write the instance here instead of stdout.")
+@output_option("Write the instance here instead of stdout.")
 def generate_cmd(hosts: int, tasks: int, slack: float, cv_mem: float, cv_cpu: float, parallel: bool,
                  seed: int, output: str | None) -> int:
     """Generate a random instance as in the paper's experiments (section 4.1).

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from cli.app import console, emit_json, err_console, fail
+from cli.params import json_option
 from hypervisor import lab as labmod
 from hypervisor.lab.state import DEFAULT_LAB_DIR, LAB_DIR_ENV
 from vcsched.formats.units import parse_size
@@ -68,7 +69,7 @@ def lab_cmd() -> None:
                    "keeps its disks in its own /var/lib/libvirt/images, so moves copy the disks (default: the "
                    "running lab's, else local).")
 @_dir_option()
-@click.option("--json", "as_json", is_flag=True, help="Print the lab (hosts, URIs, cluster file) as JSON.")
+@json_option("Print the lab (hosts, URIs, cluster file) as JSON.")
 def up_cmd(n_hosts: int | None, cores: int | None, memory: str | None, recreate: bool, resize: bool,
            transport: str | None, shared_storage: bool | None, dir_: Path | None, as_json: bool) -> None:
     """Start a lab of N hosts, or repair the one that runs here.
@@ -127,7 +128,7 @@ def up_cmd(n_hosts: int | None, cores: int | None, memory: str | None, recreate:
 @lab_cmd.command("down")
 @_dir_option()
 @click.option("--purge", is_flag=True, help="Also delete the state directory with its guest image cache.")
-@click.option("--json", "as_json", is_flag=True, help="Print what was stopped as JSON.")
+@json_option("Print what was stopped as JSON.")
 def down_cmd(dir_: Path | None, purge: bool, as_json: bool) -> None:
     """Destroy the lab's guests, stop its daemons, remove its cgroup partitions and state.
 
@@ -149,7 +150,7 @@ def down_cmd(dir_: Path | None, purge: bool, as_json: bool) -> None:
 
 @lab_cmd.command("status")
 @_dir_option()
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@json_option("Print the status as JSON.")
 def status_cmd(dir_: Path | None, as_json: bool) -> None:
     """Show the lab's hosts: daemon pids, whether each answers, its CPUs, memory and guests."""
     st = labmod.status(dir_)

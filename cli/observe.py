@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console
-from cli.common import cluster_lock, cluster_option, load_cluster, lock_options
-from cli.params import Duration
+from cli.common import cluster_lock, load_cluster
+from cli.params import Duration, cluster_option, json_option, lock_options
 
 
 @click.command("observe")
@@ -25,7 +25,7 @@ from cli.params import Duration
 @click.option("--probe-seconds", type=Duration(), default="5s", show_default=True)
 @click.option("--record", is_flag=True,
               help="Write the estimates as the VMs' recorded needs (set-need steps, under the cluster lock).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option("Print one JSON object.")
 @lock_options()
 def observe_cmd(cluster_file: str | None, window: float, sample: float | None, probe: bool, probe_seconds: float,
                 record: bool, as_json: bool, wait: float, coordination: str | None, lock_ttl: float | None) -> int:

@@ -97,9 +97,9 @@ def cluster_option(help: str = CLUSTER_HELP) -> Decorator:
                         metavar="FILE", help=help)
 
 
-def json_option(what: str = "one JSON object") -> Decorator:
-    """``--json`` (parameter ``as_json``): ``what`` goes to stdout as one JSON document instead of tables."""
-    return click.option("--json", "as_json", is_flag=True, help=f"Print {what} on stdout instead of tables.")
+def json_option(help: str = "Print one JSON object on stdout instead of tables.") -> Decorator:
+    """``--json`` (parameter ``as_json``): the result as one JSON document on stdout (docs/cli.md, *--json*)."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
 
 
 def output_option(help: str, metavar: str = "FILE", *, directory: bool = False) -> Decorator:

@@ -11,18 +11,16 @@ from cli.common import (
     apply_exit_code,
     check_request_boot,
     cluster_lock,
-    cluster_option,
     hosts_down,
     load_cluster,
     load_request,
-    lock_options,
     notice,
-    policy_options,
     render_hosts_down,
     render_plan,
     render_report,
     run_apply,
 )
+from cli.params import cluster_option, json_option, lock_options, output_option, policy_options
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.admission import Decision, admit
 from vcsched.errors import InputError
@@ -53,10 +51,9 @@ def render_decision(request: Request, decision: Decision, inventory: Inventory) 
 @cluster_option()
 @click.option("-a", "--algorithm", default="mcb8", show_default=True, metavar="NAME",
               help="Placement algorithm from the registry (mcb1..mcb8, gr, sg, gb, sgb, milp, ...).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None, metavar="PLAN.json",
-              help="Save the plan for `vcsched apply` (written only when the request is admitted).")
+@output_option("Save the plan for `vcsched apply` (written only when the request is admitted).", "PLAN.json")
 @click.option("--apply", "do_apply", is_flag=True, help="Carry the plan out now: create the VMs, set the caps.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (decision, plan, apply report).")
+@json_option("Print one JSON object (decision, plan, apply report).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed for randomized algorithms.")
 @policy_options()

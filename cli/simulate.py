@@ -20,7 +20,7 @@ from rich.table import Table
 
 from cli.app import EXIT_OK, console, emit_json, err_console, read_json_file, read_text_file
 from cli.common import machine_info, progress_bar
-from cli.params import FiniteFloatRange
+from cli.params import FiniteFloatRange, json_option
 from hypervisor.files import write_output
 from vcsched.errors import InputError
 
@@ -251,7 +251,7 @@ def plot(points: list[Any], label: str, path: str) -> None:
 @click.option("--registry", is_flag=True,
               help="Evaluate every policy through the policy registry, never the simulator's fast engines "
                    "(slow; for checking them).")
-@click.option("--json", "as_json", is_flag=True, help="Print every point as JSON on stdout.")
+@json_option("Print every point as JSON on stdout.")
 @click.option("--csv", "csv_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Write every metric of every point as CSV.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",

@@ -9,7 +9,7 @@ import numpy as np
 from rich.table import Table
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_json_file
-from cli.params import FiniteFloatRange
+from cli.params import FiniteFloatRange, json_option, time_limit_option
 from vcsched.formats.instance import instance_from_dict
 from vcsched.model import Instance, SolveOptions, SolveResult
 from vcsched.solvers.registry import algorithms, solve
@@ -117,11 +117,10 @@ def render_policy(instance: Instance, palloc: PolicyAllocation) -> None:
 @click.argument("instance_file", metavar="INSTANCE.json", type=click.Path(dir_okay=False))
 @click.option("-a", "--algorithm", default="mcb8", show_default=True, metavar="NAME",
               help="Algorithm from the registry: mcb1..mcb8, gr, sg, gb, sgb, rrnd, rrnz, milp, lpbound, best.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of tables.")
+@json_option("Print one JSON object on stdout instead of tables.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed for randomized algorithms (rrnd, rrnz).")
-@click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="S",
-              help="Wall-clock limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false); "
+@time_limit_option("Wall-clock limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false); "
                    "the search budget of best (default 0.1).")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=500_000, show_default=True,
               help="Placement attempts before gb/sgb give up backtracking (paper: 500,000).")

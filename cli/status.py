@@ -9,8 +9,8 @@ import click
 from rich.table import Table
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
-from cli.common import cluster_option, load_cluster, policy_options
-from cli.params import FiniteFloatRange
+from cli.common import load_cluster
+from cli.params import FiniteFloatRange, cluster_option, json_option, policy_options
 from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.status import below_floor, host_load, predicted_yield, virtual_clusters
@@ -203,7 +203,7 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
 @cluster_option()
 @click.option("--sample", "seconds", type=FiniteFloatRange(0, 60), default=2.0, show_default=True, metavar="S",
               help="Measure each VM's CPU, disk and network use over S seconds (two samples); 0 skips measuring.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@json_option("Print one JSON object instead of tables.")
 @policy_options()
 def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: str | None,
                alpha: float | None) -> int:
