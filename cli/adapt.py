@@ -181,7 +181,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
         out["hosts_down"] = down
         if live.plan is None:
             if as_json:
-                emit_json(out)
+                emit_json(out | {"ok": False})
             else:
                 console.print(f"[red]no placement within the budget[/] of {format_budget(budget)}")
             return refuse(f"no placement within the budget of {format_budget(budget)}: {live.infeasible}")

@@ -145,9 +145,7 @@ class VcschedGroup(LazyGroup):
             if ctx is not None:
                 hint = f" (see '{ctx.command_path} --help')"
             fail(f"{exc.format_message()}{hint}", EXIT_BAD_INPUT)
-        except InputError as exc:
-            fail(str(exc), EXIT_BAD_INPUT)
-        except VcschedError as exc:
+        except VcschedError as exc:  # InputError: 2; a refusal says its own code (PlanRefused, LockBusy: 1)
             fail(str(exc), getattr(exc, "exit_code", EXIT_BAD_INPUT))
         if isinstance(rv, int):
             sys.exit(rv)

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console
-from cli.common import cluster_lock, load_cluster
+from cli.app import EXIT_OK, console, emit_json, err_console
+from cli.common import apply_exit_code, cluster_lock, load_cluster
 from cli.params import Duration, cluster_option, json_option, lock_options
 
 
@@ -90,12 +90,12 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     out["vms"] = [{**e.to_dict(), "vc": inventory.vm(e.vm).cluster if inventory.vm(e.vm) else None}  # type: ignore[union-attr]
                   for e in sorted(estimates.values(), key=lambda e: (e.host, e.vm))]
     out["apply"] = {what: r.to_dict() for what, r in reports.items()}
-    ok = all(r.ok for r in reports.values())
+    out["ok"] = all(r.ok for r in reports.values())
     if as_json:
         emit_json(out)
     else:
         _render(out)
-    return EXIT_OK if ok else EXIT_UNSATISFIED
+    return max((apply_exit_code(r) for r in reports.values()), default=EXIT_OK)
 
 
 def _render(out: dict[str, Any]) -> None:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from cli.app import EXIT_UNSATISFIED, console, emit_json
+from cli.app import console, emit_json, refuse
 from cli.common import (
     apply_exit_code,
     check_request_boot,
@@ -19,16 +17,15 @@ from cli.common import (
     render_plan,
     render_report,
     run_apply,
+    save_plan,
 )
 from cli.params import cluster_option, json_option, lock_options, output_option, policy_options
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.admission import Decision, admit
-from vcsched.errors import InputError
 from vcsched.formats.request import Request
 from vcsched.formats.units import format_size
 from vcsched.inventory import Inventory
 from vcsched.model import SolveOptions
-from vcsched.plans.plan import Plan
 from vcsched.solvers.registry import algorithms
 
 
@@ -112,16 +109,14 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
         report = None
         if decision.plan is not None:
             if output:
-                try:
-                    Path(output).write_text(_plan_json(decision.plan))
-                except OSError as exc:
-                    raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
+                save_plan(decision.plan, output)
             if do_apply:
                 if not as_json:
                     render_decision(request, decision, inventory)
                 report = run_apply(hv, decision.plan, force=False, quiet=as_json, lock=lock)
     if as_json:
-        emit_json({"admitted": decision.admitted, "reason": decision.reason, "policy": sharing.policy,
+        emit_json({"ok": decision.admitted and (report is None or report.ok), "admitted": decision.admitted,
+                   "reason": decision.reason, "policy": sharing.policy,
                    "detail": decision.detail, "min_yield": decision.min_yield,
                    "avg_yield": decision.avg_yield,
                    "hosts_down": hosts_down(inventory),
@@ -135,12 +130,4 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                               "(--apply to carry it out)")
         else:
             render_report(report)
-    if not decision.admitted:
-        return EXIT_UNSATISFIED
-    return apply_exit_code(report)
-
-
-def _plan_json(plan: Plan) -> str:
-    import json
-
-    return json.dumps(plan.to_dict(), indent=2) + "\n"
+    return apply_exit_code(report) if decision.admitted else refuse(f"{request.name}: {decision.reason}")

@@ -8,7 +8,7 @@ import click
 import numpy as np
 from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_json_file
+from cli.app import EXIT_OK, console, emit_json, read_json_file, refuse
 from cli.params import FiniteFloatRange, json_option, time_limit_option
 from vcsched.formats.instance import instance_from_dict
 from vcsched.model import Instance, SolveOptions, SolveResult
@@ -37,6 +37,7 @@ def result_to_dict(instance: Instance, result: SolveResult) -> dict[str, Any]:
     elif not result.feasible or result.bound is None:
         placement = []
     out: dict[str, Any] = {
+        "ok": result.feasible,  # the verdict of every deciding command (docs/cli.md); "feasible" is deprecated
         "algorithm": result.algorithm,
         "feasible": result.feasible,
         "min_yield": result.min_yield,
@@ -188,4 +189,4 @@ def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
         render_result(instance, result)
         if palloc is not None:
             render_policy(instance, palloc)
-    return EXIT_OK if result.feasible else EXIT_UNSATISFIED
+    return EXIT_OK if result.feasible else refuse(f"{algorithm}: no feasible placement found")

@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, read_json_file
+from cli.app import EXIT_OK, console, emit_json, read_json_file, refuse
 from cli.params import budget_option, json_option, time_limit_option
 from cli.solve import render_result, result_to_dict
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult, problem_from_dict
@@ -82,4 +82,5 @@ def solve_adapt_cmd(instance_file: str, budget: int, algorithm: str, as_json: bo
         emit_json(adapt_result_to_dict(problem, adapted))
     else:
         render_adapt(problem, adapted)
-    return EXIT_OK if adapted.result.feasible else EXIT_UNSATISFIED
+    return EXIT_OK if adapted.result.feasible else refuse(f"{algorithm}: no placement within the budget of "
+                                                          f"{format_budget(budget)}")

@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
+from cli.app import EXIT_OK, console, emit_json, refuse
 from cli.common import load_cluster
 from cli.params import FiniteFloatRange, cluster_option, json_option, policy_options
 from hypervisor.base import Usage, measure_usage
@@ -259,8 +259,9 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     for h in doc["hosts"]:
         h["maintenance"] = h["name"] in cluster.cordoned
     doc["violations"] = rule_violations(inv.up())
+    doc["ok"] = len(inv.down_hosts()) < len(inv.hosts)
     if as_json:
         emit_json(doc)
     else:
         render_status(doc)
-    return EXIT_UNSATISFIED if len(inv.down_hosts()) == len(inv.hosts) else EXIT_OK
+    return EXIT_OK if doc["ok"] else refuse(f"every host of cluster {cluster.name!r} is down")

@@ -67,7 +67,9 @@ def test_no_placement_within_the_budget_exits_one(tmp_path: Path) -> None:
                     {"name": "b", "cpu_need": 0.3, "memory": 0.4, "current": [0]}]}
     r = run(tmp_path, doc, "--budget", "0", "--json")
     assert r.exit_code == 1, r.output
-    assert json.loads(r.output)["feasible"] is False
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["feasible"] is False
+    assert r.stderr.startswith("vcsched: refused: heuristic: no placement within the budget of 0 B")
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -43,8 +43,8 @@ def without_runtime(out: dict[str, Any]) -> dict[str, Any]:
 
 def test_without_policy_an_old_instance_prints_exactly_todays_document(tmp_path: Path) -> None:
     out = json.loads(solve(tmp_path, OLD).output)
-    assert set(out) == {"algorithm", "feasible", "min_yield", "avg_yield", "runtime_s", "optimal", "placement",
-                        "detail"}
+    assert set(out) == {"ok", "algorithm", "feasible", "min_yield", "avg_yield", "runtime_s", "optimal", "placement",
+                        "detail"}  # "ok": every deciding command's verdict (docs/cli.md)
     assert all(set(row) == {"job", "task", "host", "cpu"} for row in out["placement"])
 
 
