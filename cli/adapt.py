@@ -131,7 +131,8 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     the hosts to the last step (--wait to wait for another holder).
 
     Exit codes: 0 planned (and applied), 1 nothing within the budget / no
-    safe order / a step failed, 2 bad input.
+    safe order / a step failed / the cluster is locked, 2 bad input, 130
+    --apply interrupted by Ctrl-C (after the running step).
     """
     from cli.common import (
         apply_exit_code,

@@ -1,7 +1,8 @@
 """The click group and the one place that turns errors into one line and an exit code.
 
-Exit codes: 0 success, 1 a well-formed request that cannot be satisfied
-(no feasible placement, admission refused), 2 bad input (nothing was changed).
+Exit codes (docs/cli.md): 0 success, 1 a well-formed request that cannot be satisfied (no feasible placement,
+admission refused, a stale plan, the lock held) or a step that failed, 2 bad input (nothing was changed), 70 an
+internal error (a bug), 130 interrupted by Ctrl-C.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib
 import json
 import os
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -20,7 +22,7 @@ from rich.console import Console
 
 from vcsched.errors import InputError, VcschedError
 
-EXIT_OK, EXIT_UNSATISFIED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_UNSATISFIED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
 #: Piped output (a file, grep, CI logs) is not cut at rich's default 80 columns, which hid values behind "…":
 #: without a terminal, tables get room to show every column in full ($COLUMNS still wins).
@@ -138,7 +140,7 @@ class VcschedGroup(LazyGroup):
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
         except click.Abort:
-            fail("aborted", 130)
+            fail("aborted", EXIT_INTERRUPTED)
         except click.ClickException as exc:
             hint = ""
             ctx = getattr(exc, "ctx", None)
@@ -147,6 +149,10 @@ class VcschedGroup(LazyGroup):
             fail(f"{exc.format_message()}{hint}", EXIT_BAD_INPUT)
         except VcschedError as exc:  # InputError: 2; a refusal says its own code (PlanRefused, LockBusy: 1)
             fail(str(exc), getattr(exc, "exit_code", EXIT_BAD_INPUT))
+        except Exception as exc:  # a bug: where it happened for the report, then the one line and exit 70
+            traceback.print_exc()
+            fail(f"internal error: {type(exc).__name__}: {exc} (a bug in vcsched; the traceback above says where)",
+                 EXIT_INTERNAL)
         if isinstance(rv, int):
             sys.exit(rv)
         return rv
@@ -210,5 +216,8 @@ def cli() -> None:
       vcsched calibrate                    measure how precisely CPU caps take effect
       vcsched lab down                     remove the lab and everything it made
 
-    Exit codes: 0 done, 1 no feasible placement / request refused, 2 bad input.
+    Exit codes: 0 done, 1 refused (no feasible placement, does not fit, a
+    stale plan, the lock held) or failed, 2 bad input (nothing changed), 70
+    internal error (a bug in vcsched), 130 interrupted by Ctrl-C.  Results
+    go to stdout, errors and progress to stderr; docs/cli.md is the contract.
     """

@@ -53,6 +53,12 @@ SIMULATE_PREFIX = "simulate"  # vcsched.simulate.bench.SIMULATE_PREFIX, without 
 HOSTS_PREFIX = "hosts"  # the scale rows (cli/bench_hosts.py)
 
 
+class CommandFailed(VcschedError):
+    """A command the bench times did not succeed: the row cannot be measured (exit 1, not bad input)."""
+
+    exit_code = 1
+
+
 def vcsched_command() -> list[str]:
     """How a user starts this vcsched: the console script beside the interpreter, else ``python -m cli.main``."""
     script = Path(sys.executable).with_name("vcsched")
@@ -95,7 +101,7 @@ def time_commands(commands: Sequence[tuple[str, Sequence[str]]], *, repeat: int 
             took = time.perf_counter() - start
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-                raise VcschedError(f"{name}: {' '.join(argv)} exited with status {done.returncode}: {last}")
+                raise CommandFailed(f"{name}: {' '.join(argv)} exited with status {done.returncode}: {last}")
             if i:  # run 0 warms the caches
                 runs.append(took)
         timings.append(Timing(name, WHOLE_PROCESS, tuple(runs), True, None))
@@ -291,6 +297,9 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     The machine is described in the output (CPU, cores, Python, numpy,
     scipy, whether the MCB C kernel is in use, load average): timings from a
     shared machine are noisy, and the load average says how shared it was.
+
+    Exit codes: 0 timed, 1 a timed command failed (its last line is said), 2
+    bad input.
     """
     cases = parse_cases(sizes)
     known = registered()

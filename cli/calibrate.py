@@ -378,6 +378,9 @@ def calibrate_cmd(
     Needs root for the cgroup backend.  Everything it creates (the
     vcsched-calib-<pid> cgroup, worker processes) is removed on exit, Ctrl-C
     or SIGTERM.
+
+    Exit codes: 0 measured, 2 bad input or a host that cannot cap the
+    resource (nothing measured), 130 interrupted by Ctrl-C or SIGTERM.
     """
     if backend is None:
         backend = "cgroup" if resource == "cpu" else "libvirt"

@@ -42,8 +42,6 @@ if TYPE_CHECKING:
     from vcsched.inventory import Inventory
     from vcsched.plans.plan import Plan
 
-EXIT_INTERRUPTED = 130
-
 # ---------------------------------------------------------------------------------------------- input files
 
 
@@ -317,7 +315,7 @@ def apply_exit_code(report: ApplyReport | None) -> int:
     whatever went to stdout (the report table, or ``--json``): a script or an operator watching stderr sees
     the failure without parsing the report.
     """
-    from cli.app import EXIT_OK, EXIT_UNSATISFIED
+    from cli.app import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNSATISFIED
     from hypervisor.executor import CTRL_C
 
     if report is None or report.ok:

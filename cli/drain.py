@@ -72,7 +72,8 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
 
     Exit codes: 0 host emptied (plan made, or applied), 1 the host cannot be
     emptied (partial plan shown; with --apply, nothing applied) / no safe
-    order / a step failed / the cluster is locked, 2 bad input.
+    order / a step failed / the cluster is locked, 2 bad input, 130 --apply
+    interrupted by Ctrl-C (after the running step).
     """
     path = cluster_path(cluster_file)
     cluster = load_cluster(str(path))

@@ -196,6 +196,9 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
 
     Cost: rrnd/rrnz solve an LP per instance and gb/sgb backtrack; at 500
     tasks they dominate the run, so leave them out with -x when in a hurry.
+
+    Exit codes: 0 done, 1 some runs failed (the report says which), 2 bad
+    input.
     """
     if set_name == "adapt":  # its own machinery, in cli/adapt.py
         from cli.experiment_adapt import adapt_experiment

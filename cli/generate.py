@@ -56,6 +56,8 @@ def generate_cmd(hosts: int, tasks: int, slack: float, cv_mem: float, cv_cpu: fl
       vcsched solve inst.json --algorithm mcb8
 
     The output is the instance JSON that `vcsched solve` reads.
+
+    Exit codes: 0 written, 2 bad input.
     """
     spec = GeneratorSpec(hosts=hosts, tasks=tasks, slack=slack, cv_mem=cv_mem, cv_cpu=cv_cpu, parallel=parallel)
     instance = generate(spec, seed)

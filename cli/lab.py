@@ -42,6 +42,9 @@ def lab_cmd() -> None:
       vcsched lab down              stop everything it started (idempotent)
 
     Needs root and the packages of scripts/install-system-deps ('make test' installs them).
+
+    Exit codes (every lab command): 0 done, 2 bad input or a prerequisite
+    missing (one line on stderr, nothing started).
     """
 
 
@@ -87,6 +90,9 @@ def up_cmd(n_hosts: int | None, cores: int | None, memory: str | None, recreate:
     replaces the lab, and --memory SIZE --resize changes only the memory when
     every host's guests still fit. A lab whose hosts declare more cores or
     memory than this machine has is started with a warning.
+
+    Exit codes: 0 up (started or repaired), 2 bad input, a refused reshape
+    or a prerequisite missing (nothing started).
     """
     problem = labmod.prerequisites_problem()
     if problem:
@@ -135,6 +141,8 @@ def down_cmd(dir_: Path | None, purge: bool, as_json: bool) -> None:
     Only what this lab directory started is touched (found by its pid files,
     partition names and namespaces); the guest image cache is kept unless
     --purge. Running it twice is harmless.
+
+    Exit codes: 0 done (or nothing to stop), 2 not root.
     """
     problem = labmod.root_problem()
     if problem:
@@ -152,7 +160,10 @@ def down_cmd(dir_: Path | None, purge: bool, as_json: bool) -> None:
 @_dir_option()
 @json_option("Print the status as JSON.")
 def status_cmd(dir_: Path | None, as_json: bool) -> None:
-    """Show the lab's hosts: daemon pids, whether each answers, its CPUs, memory and guests."""
+    """Show the lab's hosts: daemon pids, whether each answers, its CPUs, memory and guests.
+
+    Exit codes: 0 shown (also when no lab runs), 2 bad input.
+    """
     st = labmod.status(dir_)
     if as_json:
         emit_json(_plain(asdict(st)))

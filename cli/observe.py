@@ -46,7 +46,8 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
       vcsched observe --window 60s
       vcsched observe --window 2m --probe --record
 
-    Exit codes: 0 done, 1 every host is down or a step failed, 2 bad input.
+    Exit codes: 0 done, 1 every host is down, a step failed or the cluster
+    is locked, 2 bad input, 130 --probe or --record interrupted by Ctrl-C.
     """
     from hypervisor.executor import ApplyReport
     from hypervisor.libvirt_backend import LibvirtHypervisor

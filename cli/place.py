@@ -89,7 +89,8 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     each step again right before it acts (docs/operations.md).
 
     Exit codes: 0 admitted (and applied), 1 refused, a step failed or the
-    cluster is locked, 2 bad input (nothing changed).
+    cluster is locked, 2 bad input (nothing changed), 130 --apply
+    interrupted by Ctrl-C (after the running step).
     """
     if algorithm not in algorithms():
         raise click.BadParameter(f"unknown algorithm {algorithm!r} (known: {', '.join(sorted(algorithms()))})",

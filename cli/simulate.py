@@ -285,6 +285,9 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
 
     Loads outside the capacity region (some resource at load 1 or more) are
     refused: the number of VCs would grow without bound.
+
+    Exit codes: 0 done, 2 bad input (an unknown policy or scenario, a load
+    outside the capacity region, a malformed workload file).
     """
     from vcsched.simulate.scenarios import SCENARIOS
 
