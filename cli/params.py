@@ -122,14 +122,17 @@ def budget_option(help: str = "Most bytes the live migrations may move in all: 0
     return click.option("--budget", type=Bytes(unlimited=True), required=True, help=help)
 
 
-def policy_options() -> Decorator:
-    """``--policy`` and ``--alpha``: the sharing policy that overrides the cluster file's ``policy``."""
+POLICY_HELP = ("Sharing policy: yield, drf, drf-pools, asset, pf, alpha-fair, hdrf (docs/policies.md).  "
+               "Default: the cluster file's policy, else yield.")
+
+
+def policy_options(policy_help: str = POLICY_HELP) -> Decorator:
+    """``--policy`` and ``--alpha``: the sharing policy that overrides the cluster file's ``policy``; alpha is a
+    finite number in (0, 100] (whether the policy takes one is the core's check, vcsched.policies)."""
     def deco(f: Any) -> Any:
-        f = click.option("--alpha", type=float, default=None, metavar="A",
+        f = click.option("--alpha", type=FiniteFloatRange(min=0, min_open=True, max=100), default=None, metavar="A",
                          help="The exponent of policy alpha-fair, in (0, 100] (1 is pf).")(f)
-        return click.option("--policy", default=None, metavar="NAME",
-                            help="Sharing policy: yield, drf, drf-pools, asset, pf, alpha-fair, hdrf "
-                                 "(docs/policies.md).  Default: the cluster file's policy, else yield.")(f)
+        return click.option("--policy", default=None, metavar="NAME", help=policy_help)(f)
     return deco
 
 

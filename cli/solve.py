@@ -9,7 +9,7 @@ import numpy as np
 from rich.table import Table
 
 from cli.app import EXIT_OK, console, emit_json, read_json_file, refuse
-from cli.params import FiniteFloatRange, json_option, time_limit_option
+from cli.params import FiniteFloatRange, json_option, policy_options, time_limit_option
 from vcsched.formats.instance import instance_from_dict
 from vcsched.model import Instance, SolveOptions, SolveResult
 from vcsched.solvers.registry import algorithms, solve
@@ -127,11 +127,8 @@ def render_policy(instance: Instance, palloc: PolicyAllocation) -> None:
               help="Placement attempts before gb/sgb give up backtracking (paper: 500,000).")
 @click.option("--precision", type=FiniteFloatRange(min=1e-9, max=0.1), default=1e-4, show_default=True,
               help="MCB binary search stops when the yield interval is narrower than this.")
-@click.option("--policy", default=None, metavar="NAME",
-              help="Sharing policy for the yields once placed: yield (default), drf, drf-pools, asset, pf, "
-                   "alpha-fair, hdrf (docs/policies.md).  Adds 'policy' and 'yields' to --json.")
-@click.option("--alpha", type=float, default=None, metavar="A",
-              help="The exponent of --policy alpha-fair, in (0, 100] (1 is pf).")
+@policy_options("Sharing policy for the yields once placed: yield (default), drf, drf-pools, asset, pf, "
+                "alpha-fair, hdrf (docs/policies.md).  Adds 'policy' and 'yields' to --json.")
 def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
               time_limit: float | None, max_attempts: int, precision: float,
               policy: str | None, alpha: float | None) -> int:

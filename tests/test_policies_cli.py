@@ -102,8 +102,10 @@ def test_an_instance_with_extra_resources_gets_them_honoured_without_a_policy(tm
 @pytest.mark.parametrize(("args", "message"), [
     (["--policy", "fairest"], "vcsched: error: policy: unknown policy 'fairest' (known: alpha-fair, asset, drf"),
     (["--policy", "alpha-fair"], "vcsched: error: alpha: policy 'alpha-fair' needs an alpha"),
-    (["--policy", "alpha-fair", "--alpha", "0"], "vcsched: error: alpha: 0.0 must be a number in (0, 100]"),
-    (["--policy", "alpha-fair", "--alpha", "nan"], "vcsched: error: alpha: nan must be a number in (0, 100]"),
+    (["--policy", "alpha-fair", "--alpha", "0"], "vcsched: error: Invalid value for '--alpha': 0.0 is not in the "
+                                                 "range 0<x<=100."),
+    (["--policy", "alpha-fair", "--alpha", "nan"], "vcsched: error: Invalid value for '--alpha': 'nan' is not a "
+                                                   "finite number."),
     (["--policy", "alpha-fair", "--alpha", "two"], "vcsched: error: Invalid value for '--alpha'"),
     (["--policy", "drf", "--alpha", "2"], "vcsched: error: alpha: only the alpha-fair policy takes an alpha"),
     (["--alpha", "2"], "vcsched: error: alpha: only the alpha-fair policy takes an alpha, not 'yield'"),
