@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from cli.app import EXIT_OK, console, emit_json, err_console
 from cli.common import MachineInfo, machine_info, progress_bar
 from cli.params import json_option, output_option, time_limit_option
+from cli.tables import FitTable
 from hypervisor.files import write_output
 from vcsched.errors import InputError, VcschedError
 from vcsched.experiments import OnProgress
@@ -189,8 +189,8 @@ def _cell(t: Timing | None, notes: dict[str, str]) -> str:
     return text if t.feasible else f"{text} (none)"
 
 
-def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> Table:
-    table = Table(title="median solver time (s)")
+def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> FitTable:
+    table = FitTable(title="median solver time (s)")
     table.add_column("algorithm")
     for c in cases:
         table.add_column(c.name, justify="right")
@@ -204,10 +204,10 @@ def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> Table:
     return table
 
 
-def _policy_table(rows: Sequence[PolicyBenchRow]) -> Table:
+def _policy_table(rows: Sequence[PolicyBenchRow]) -> FitTable:
     from vcsched.experiments.policy_bench import target_text
 
-    table = Table(title="sharing policies on a fixed placement (best time, s)")
+    table = FitTable(title="sharing policies on a fixed placement (best time, s)")
     for col in ("case", "policy", "policy", "allocate_policy", "target", "min yield", "mean yield"):
         table.add_column(col, justify="left" if col in ("case", "target") or col == "policy" else "right")
     for r in rows:
@@ -222,8 +222,8 @@ def _within(row: PolicyBenchRow) -> bool | None:
     return within_target(row)
 
 
-def _sim_table(rows: Sequence[SimBenchRow]) -> Table:
-    table = Table(title="simulate: 100,000 arrivals on 64 hosts (cluster64, one run)")
+def _sim_table(rows: Sequence[SimBenchRow]) -> FitTable:
+    table = FitTable(title="simulate: 100,000 arrivals on 64 hosts (cluster64, one run)")
     for col in ("row", "events", "VCs in progress", "time (s)", "target (s)", "within"):
         table.add_column(col, justify="left" if col == "row" else "right")
     for r in rows:
@@ -232,8 +232,8 @@ def _sim_table(rows: Sequence[SimBenchRow]) -> Table:
     return table
 
 
-def _scale_table(rows: Sequence[ScaleRow]) -> Table:
-    table = Table(title="1,000 test-driver hosts: whole process (median s)")
+def _scale_table(rows: Sequence[ScaleRow]) -> FitTable:
+    table = FitTable(title="1,000 test-driver hosts: whole process (median s)")
     for col in ("command", "hosts", "VMs", "wall", "CPU", "libvirt calls/host"):
         table.add_column(col, justify="left" if col == "command" else "right")
     for r in rows:
@@ -242,8 +242,8 @@ def _scale_table(rows: Sequence[ScaleRow]) -> Table:
     return table
 
 
-def _startup_table(startup: Sequence[Timing]) -> Table:
-    table = Table(title="whole-process wall time (s)")
+def _startup_table(startup: Sequence[Timing]) -> FitTable:
+    table = FitTable(title="whole-process wall time (s)")
     table.add_column("row")
     table.add_column("median", justify="right")
     for t in startup:

@@ -12,13 +12,13 @@ from typing import Any
 
 import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from calibration.cpus import check_cpu, conditions, cpu_busy, least_loaded_cpu
 from calibration.experiment import Config, Result, Subjects, measure, run
 from calibration.report import markdown, pct, plot, rate_text, require_matplotlib, result_to_dict, summary_rows
 from cli.app import console, emit_json, err_console
 from cli.params import FiniteFloatRange, cluster_option, json_option
+from cli.tables import FitTable
 from vcsched.errors import InputError
 from vcsched.formats.units import format_size
 
@@ -196,7 +196,7 @@ def render(result: Result, cond: dict[str, Any]) -> None:
         + (f" (start→end drift {100 * result.bare_drift:+.2f}%)" if result.bare_drift is not None else " (nominal)")
         + f"; load average {cond.get('loadavg_1m')} at start, {cond.get('loadavg_1m_end')} at the end"
     )
-    per_cap = Table(title="accuracy: measured vs expected (errors in points of the bare value)")
+    per_cap = FitTable(title="accuracy: measured vs expected (errors in points of the bare value)")
     for col in ("workers", "cap", "expected", "measured", "error", "CPU share", "share error"):
         per_cap.add_column(col, justify="right")
     for r in result.runs:
@@ -210,7 +210,7 @@ def render(result: Result, cond: dict[str, Any]) -> None:
             pct(max(r.share_errors)),
         )
     console.print(per_cap)
-    summary = Table(title="summary, beside the paper's Xen 3.1 numbers (section 7)")
+    summary = FitTable(title="summary, beside the paper's Xen 3.1 numbers (section 7)")
     for col in ("quantity", "work rate", "CPU share", "Xen 3.1"):
         summary.add_column(col, justify="left" if col == "quantity" else "right")
     for row in summary_rows(result):

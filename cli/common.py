@@ -153,8 +153,7 @@ def render_hosts_down(inventory: Inventory) -> None:
 
 
 def render_plan(plan: Plan, inventory: Inventory) -> None:
-    from rich.table import Table
-
+    from cli.tables import FitTable
     from vcsched.formats.units import format_size
     from vcsched.plans.steps import CreateStep, RemoveStep
 
@@ -172,9 +171,10 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
     if not plan.steps:
         console.print("  nothing to do: every VM already has its cap")
         return
-    table = Table(title=f"plan ({len(plan.steps)} steps, in this order)")
+    table = FitTable(title=f"plan ({len(plan.steps)} steps, in this order)")
     for col in ("#", "step", "VM", "host", "cap now", "cap after", "detail"):
-        table.add_column(col, justify="right" if col in ("#", "cap now", "cap after") else "left")
+        table.add_column(col, justify="right" if col in ("#", "cap now", "cap after") else "left",
+                         key=col in ("#", "VM"))
     for i, step in enumerate(plan.steps):
         vm = inventory.vm(step.vm)
         now = "-" if vm is None or vm.cap_cores is None else f"{vm.cap_cores:.3f}"
@@ -212,15 +212,15 @@ def save_plan(plan: Plan, output: str) -> None:
 
 def render_moves(live: LiveAdaptation) -> None:
     """The live migrations of an adapt or drain plan, wave by wave."""
-    from rich.table import Table
-
+    from cli.tables import FitTable
     from vcsched.formats.units import format_size
 
     if live.order is None or not live.order.moves:
         return
-    table = Table(title=f"live migrations ({live.order.waves} waves, {live.order.relays} relays)")
+    table = FitTable(title=f"live migrations ({live.order.waves} waves, {live.order.relays} relays)")
     for col in ("wave", "VM", "from", "to", "bytes", "cap on arrival"):
-        table.add_column(col, justify="right" if col in ("wave", "bytes", "cap on arrival") else "left")
+        table.add_column(col, justify="right" if col in ("wave", "bytes", "cap on arrival") else "left",
+                         key=col in ("wave", "VM"))
     for m in live.order.moves:
         table.add_row(str(m.wave), m.vm + (" (relay)" if m.relay else ""), m.source, m.target, format_size(m.bytes),
                       f"{m.cap_cores:.3f}")
@@ -279,8 +279,7 @@ def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
 
 
 def render_report(report: ApplyReport) -> None:
-    from rich.table import Table
-
+    from cli.tables import FitTable
     from hypervisor.executor import DONE, FAILED, SKIPPED
 
     colour = {DONE: "green", SKIPPED: "dim", FAILED: "red"}
@@ -290,9 +289,9 @@ def render_report(report: ApplyReport) -> None:
         title = f"[red]stopped: {report.stopped}[/] (every VM left running)"
     else:
         title = "[red]stopped at a failed step[/] (every VM left running)"
-    table = Table(title=title)
+    table = FitTable(title=title)
     for col in ("#", "step", "VM", "host", "outcome", "time", "detail"):
-        table.add_column(col, justify="right" if col in ("#", "time") else "left")
+        table.add_column(col, justify="right" if col in ("#", "time") else "left", key=col in ("#", "VM"))
     for i, r in enumerate(report.results):
         c = colour.get(r.outcome, "yellow")
         took = "-" if r.seconds is None else f"{r.seconds:.2f} s"

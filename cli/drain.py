@@ -149,9 +149,9 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
 def _render_stays(stays: list[dict[str, str]]) -> None:
     if not stays:
         return
-    from rich.table import Table
+    from cli.tables import FitTable
 
-    table = Table(title="VMs that stay on the host")
+    table = FitTable(title="VMs that stay on the host")
     for col in ("VM", "reason", "why"):
         table.add_column(col)
     for s in stays:

@@ -9,10 +9,10 @@ from typing import Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from cli.app import console, emit_json, err_console, fail
 from cli.params import json_option
+from cli.tables import FitTable
 from hypervisor import lab as labmod
 from hypervisor.lab.state import DEFAULT_LAB_DIR, LAB_DIR_ENV
 from vcsched.formats.units import parse_size
@@ -188,7 +188,7 @@ def _render_status(st: labmod.LabStatus) -> None:
                       + (f" (leftover partitions: {', '.join(st.partitions)}; run 'vcsched lab down')"
                          if st.partitions else ""))
         return
-    table = Table(title=f"lab {st.id} in {st.dir}" + ("" if st.running else " [red](not all hosts answer)[/]"))
+    table = FitTable(title=f"lab {st.id} in {st.dir}" + ("" if st.running else " [red](not all hosts answer)[/]"))
     for col in ("host", "answers", "libvirtd/virtlogd", "CPUs", "memory", "partition", "guests"):
         table.add_column(col, no_wrap=col == "partition", overflow="fold")
     for h in st.hosts:

@@ -100,14 +100,14 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
 
 
 def _render(out: dict[str, Any]) -> None:
-    from rich.table import Table
+    from cli.tables import FitTable
 
     for h in out["hosts_down"]:
         console.print(f"[yellow]host {h['host']} is down[/]: {h['reason']} (its VMs are not observed)")
-    table = Table(title=f"cluster {out['cluster']!r}: needs over {out['window']:g} s "
+    table = FitTable(title=f"cluster {out['cluster']!r}: needs over {out['window']:g} s "
                         f"(sample every {out['sample']:g} s), in cores")
     for col in ("VM", "VC", "host", "cap", "used p90", "declared", "estimated", "confidence", "saturated", "basis"):
-        table.add_column(col, justify="left" if col in ("VM", "VC", "host", "basis") else "right")
+        table.add_column(col, justify="left" if col in ("VM", "VC", "host", "basis") else "right", key=col == "VM")
 
     def f(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"

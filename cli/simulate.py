@@ -16,11 +16,11 @@ from typing import Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
 
 from cli.app import EXIT_OK, console, emit_json, err_console, read_json_file, read_text_file
 from cli.common import machine_info, progress_bar
 from cli.params import FiniteFloatRange, json_option
+from cli.tables import FitTable
 from hypervisor.files import write_output
 from vcsched.errors import InputError
 
@@ -92,7 +92,7 @@ def fmt(e: Any, digits: int = 3) -> str:
 def render(points: list[Any], label: str, *, tasks: bool,
            exact: dict[tuple[str, float | None], tuple[float | None, ...] | str] | None = None) -> None:
     exact = exact or {}
-    table = Table(title=f"{label}: per class (mean ± 95% CI half-width over replications)")
+    table = FitTable(title=f"{label}: per class (mean ± 95% CI half-width over replications)")
     permanent = any(m["permanent_yield"] is not None for pt in points for m in pt.summary.classes.values())
     for col in ("policy", "load", "class", "service rate γ", *(("exact γ",) if exact else ()), "mean time",
                 "p95 time", "mean slowdown", *(("permanent VC's yield",) if permanent else ())):
@@ -111,7 +111,7 @@ def render(points: list[Any], label: str, *, tasks: bool,
             console.print(f"  exact γ for {policy} at load {load}: {chain}", highlight=False)
     if tasks:
         return
-    overall = Table(title="overall")
+    overall = FitTable(title="overall")
     for col in ("policy", "load", "utilisation", "mean yield", "Jain's index", "VCs in progress",
                 "given away (altruism)", "migrated", "events", "time (s)"):
         overall.add_column(col, justify="left" if col == "policy" else "right")

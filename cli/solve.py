@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
-from rich.table import Table
 
 from cli.app import EXIT_OK, console, emit_json, read_json_file, refuse
 from cli.params import FiniteFloatRange, json_option, policy_options, time_limit_option
+from cli.tables import FitTable
 from vcsched.formats.instance import instance_from_dict
 from vcsched.model import Instance, SolveOptions, SolveResult
 from vcsched.solvers.registry import algorithms, solve
@@ -70,7 +70,7 @@ def render_result(instance: Instance, result: SolveResult) -> None:
         return
     hosts = np.asarray(result.allocation.hosts)
     task_cpu = np.asarray(result.allocation.cpu)[instance.task_job]
-    table = Table(title="per-host load", show_lines=False)
+    table = FitTable(title="per-host load")
     for col in ("host", "tasks", "CPU need", "CPU given", "CPU cap.", "memory", "mem. cap."):
         table.add_column(col, justify="right" if col != "host" else "left")
     for h, host in enumerate(instance.hosts):
@@ -101,7 +101,7 @@ def add_policy_fields(out: dict[str, Any], instance: Instance, policy: str, pall
 
 
 def render_policy(instance: Instance, palloc: PolicyAllocation) -> None:
-    table = Table(title=f"policy {palloc.policy}: yields and dominant shares", show_lines=False)
+    table = FitTable(title=f"policy {palloc.policy}: yields and dominant shares")
     for col in ("job", "yield", "dominant share", "dominant resource"):
         table.add_column(col, justify="left" if col in ("job", "dominant resource") else "right")
     for j, job in enumerate(instance.jobs):

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.table import Table
 
 from cli.app import EXIT_OK, console, emit_json, read_json_file, refuse
 from cli.params import budget_option, json_option, time_limit_option
 from cli.solve import render_result, result_to_dict
+from cli.tables import FitTable
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult, problem_from_dict
 from vcsched.adaptation.solve import ALGORITHMS, solve_adapt
 from vcsched.formats.units import format_budget
@@ -35,7 +35,7 @@ def render_adapt(problem: AdaptProblem, adapted: AdaptResult) -> None:
     if not adapted.migrations:
         return
     inst = problem.instance
-    table = Table(title="live migrations")
+    table = FitTable(title="live migrations")
     for col in ("job", "task", "from", "to", "bytes"):
         table.add_column(col, justify="left" if col in ("job", "from", "to") else "right")
     for m in adapted.migrations:

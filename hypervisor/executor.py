@@ -415,7 +415,7 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
     try:
         check_plan(plan.steps, inventory, created=created_devices(hv, plan.steps))
     except InputError as exc:
-        raise PlanRefused(f"the plan no longer fits the live cluster: {exc}") from None
+        raise PlanRefused(str(exc)) from None  # the message names the step and the field, as bad input does
     check_claims(plan, inventory)
     check_creates(hv, plan.steps, inventory)
     results: list[StepResult] = []
