@@ -7,6 +7,7 @@ cluster run on libvirt's test driver (hypervisor/testhosts.py): hosts in files, 
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -242,3 +243,59 @@ def test_cordon_and_uncordon_import_no_numpy(command: str, hosts: ScaleCluster) 
     heavy = [m for m in loaded if m.split(".")[0] in ("numpy", "scipy") or m.startswith(("vcsched.solvers",
                                                                                             "vcsched.adaptation"))]
     assert heavy == []
+
+
+# ---------------------------------------------------------------------------------------------- 80 columns
+
+
+@pytest.fixture
+def narrow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An 80-column terminal for the command's tables (cli.app's console, as $COLUMNS=80 makes it)."""
+    from cli.app import console
+
+    monkeypatch.setattr(console, "width", 80)
+
+
+def _fits_80(result: Any) -> str:
+    assert result.exit_code in (0, 1), (result.stdout, result.stderr)
+    out: str = result.stdout
+    too_wide = [line for line in out.splitlines() if len(line) > 80]
+    assert too_wide == [], "\n".join(too_wide)
+    assert "…" not in out, out  # rich cuts a cell or a header it squeezes with "…"
+    return out
+
+
+def test_every_table_of_the_cluster_commands_fits_80_columns_without_cutting_a_value(
+        narrow: None, hosts: ScaleCluster, tmp_path: Path) -> None:
+    c = hosts.cluster_file
+    inst, running = tmp_path / "inst.json", tmp_path / "running.json"
+    machines = [{"name": f"h{i}", "cpu": 1.0, "memory": 1.0} for i in range(2)]
+    jobs = [{"name": f"job-{j}", "cpu_need": 0.6, "memory": 0.3} for j in range(3)]
+    inst.write_text(json.dumps({"hosts": machines, "jobs": jobs}))
+    running.write_text(json.dumps({"hosts": machines, "jobs": [j | {"current": [0]} for j in jobs]}))
+    status = _fits_80(run("status", "--sample", "0", "--cluster", c))
+    assert "0.500" in status and all(h in status for h in ("vCPUs", "floor", "rules", "weight", "tenant"))
+    for args in (["place", hosts.request_file, "--cluster", c], ["adapt", "--budget", "unlimited", "--cluster", c],
+                 ["drain", "h0", "--budget", "unlimited", "--cluster", c],
+                 ["drain", "h0", "--budget", "0", "--cluster", c],
+                 ["observe", "--window", "1s", "--cluster", c], ["solve", inst], ["solve", inst, "--policy", "drf"],
+                 ["solve-adapt", running, "--budget", "unlimited"]):
+        _fits_80(run(*args))
+
+
+def test_a_table_too_wide_moves_its_last_columns_to_a_second_table_keyed_by_its_first() -> None:
+    from rich.console import Console
+
+    from cli.tables import FitTable
+
+    table = FitTable(title="VMs")
+    for col in ("VM", "need", "cap", "a long column name", "another long column", "the last one"):
+        table.add_column(col, justify="right", key=col == "VM")
+    table.add_row("web-0", "0.123456", "0.654321", "x" * 20, "y" * 20, "z" * 20)
+    console = Console(width=60, record=True, file=io.StringIO())
+    console.print(table)
+    text = console.export_text()
+    assert "…" not in text and all(len(line) <= 60 for line in text.splitlines())
+    assert "0.123456" in text and "0.654321" in text and "VMs (continued)" in text
+    assert text.count("web-0") == 2  # the key names the row in both tables
+    assert all(name in text for name in ("a long column name", "another long column"))
