@@ -218,5 +218,5 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
             console.print("dry run: nothing changed (use --apply, or -o PLAN.json and `vcsched apply`)")
     code = apply_exit_code(report)
     if as_json:
-        emit_json({"ok": code == EXIT_OK} | out)
+        emit_json(out | {"ok": code == EXIT_OK})
     return code

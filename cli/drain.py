@@ -142,7 +142,7 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     if stays and code == EXIT_OK:
         code = refuse(f"{host} cannot be emptied: {len(stays)} VM(s) stay ({', '.join(s['vm'] for s in stays)})")
     if as_json:
-        emit_json({"ok": code == EXIT_OK} | out)
+        emit_json(out | {"ok": code == EXIT_OK})
     return code
 
 

@@ -299,3 +299,40 @@ def test_a_table_too_wide_moves_its_last_columns_to_a_second_table_keyed_by_its_
     assert "0.123456" in text and "0.654321" in text and "VMs (continued)" in text
     assert text.count("web-0") == 2  # the key names the row in both tables
     assert all(name in text for name in ("a long column name", "another long column"))
+
+
+# ---------------------------------------------------------------------------------------------- a failed step
+
+
+@pytest.mark.parametrize("command", ["place", "apply", "adapt", "drain"])
+def test_a_failed_steps_reason_goes_to_stderr_as_well_as_into_the_table(
+        command: str, hosts: ScaleCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The test driver cannot run a step (it caps nothing), so the executor is replaced by one whose first step
+    # fails: what the command makes of a failed step is what is checked.
+    import cli.apply
+    import cli.common
+    import cli.drain
+    import cli.place
+    from hypervisor.executor import FAILED, NOT_RUN, ApplyReport, StepResult
+
+    def failing(_hv: Any, plan: Any, **_: Any) -> ApplyReport:
+        return ApplyReport((StepResult(plan.steps[0], FAILED, "the host said no"),
+                            *(StepResult(s, NOT_RUN) for s in plan.steps[1:])), True)
+
+    for module in (cli.common, cli.place, cli.apply, cli.drain):
+        monkeypatch.setattr(module, "run_apply", failing)
+    c, lock = hosts.cluster_file, f"file://{tmp_path}/lock"
+    plan = tmp_path / "plan.json"
+    assert run("place", hosts.request_file, "--cluster", c, "-o", plan).exit_code == 0
+    argv = {"place": ["place", hosts.request_file, "--apply"], "apply": ["apply", plan],
+            "adapt": ["adapt", "--budget", "0", "--set-need", "vm0=0.3", "--apply"],
+            "drain": ["drain", "h0", "--budget", "unlimited", "--apply"]}[command]
+    if command == "drain":
+        monkeypatch.setattr(cli.drain, "set_maintenance", lambda *_: True)  # the cluster file stays as it is
+    result = run(*argv, "--cluster", c, "--coordination", lock)
+    assert result.exit_code == 1, (result.stdout, result.stderr)
+    assert "the host said no" in result.stdout  # the report's table
+    line = result.stderr.strip().splitlines()[-1]
+    assert re.match(r"vcsched: error: the plan stopped at step 1 \(\S+ \S+ on h\d\), failed: the host said no", line)
+    doc = _json(run(*argv, "--cluster", c, "--coordination", lock, "--json"), 1)
+    assert doc["ok"] is False
