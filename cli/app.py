@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -170,15 +170,27 @@ def read_text_file(path: str | Path, what: str) -> str:
         raise InputError(f"{what} {path}: cannot read ({exc.strerror})") from None
 
 
-def read_json_file(path: str, what: str) -> Any:
-    """Read and decode a JSON file, turning every failure into an InputError naming the file."""
+def read_document(path: str | Path, what: str, loads: Callable[[str], Any],
+                  malformed: Callable[[Exception], str | None]) -> Any:
+    """A file read and decoded by ``loads``; every failure is an InputError naming the file (``what``: "plan",
+    "cluster file"...): unreadable, not UTF-8, nested too deeply, or what ``malformed`` says of the decoder's
+    error (None: not a decoding error, re-raised)."""
     text = read_text_file(path, what)
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{what} {path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        return loads(text)
     except RecursionError:
         raise InputError(f"{what} {path}: nested too deeply to be a {what}") from None
+    except ValueError as exc:  # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
+        why = malformed(exc)
+        if why is None:
+            raise
+        raise InputError(f"{what} {path}: {why}") from None
+
+
+def read_json_file(path: str, what: str) -> Any:
+    """Read and decode a JSON file, turning every failure into an InputError naming the file."""
+    return read_document(path, what, json.loads, lambda e: f"malformed JSON at line {e.lineno} column {e.colno}: "
+                         f"{e.msg}" if isinstance(e, json.JSONDecodeError) else None)
 
 
 def emit_json(value: Any) -> None:

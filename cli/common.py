@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.app import console, err_console, read_text_file
+from cli.app import console, err_console, read_document
 from cli.params import (  # noqa: F401  (re-exported: commands written before cli/params.py import them here)
     cluster_option,
     lock_options,
@@ -47,13 +47,9 @@ if TYPE_CHECKING:
 
 def read_toml_file(path: str | Path, what: str) -> dict[str, Any]:
     """Read and decode a TOML file, turning every failure into an InputError naming the file."""
-    text = read_text_file(path, what)
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{what} {path}: malformed TOML: {exc}") from None
-    except RecursionError:
-        raise InputError(f"{what} {path}: nested too deeply to be a {what}") from None
+    doc: dict[str, Any] = read_document(path, what, tomllib.loads, lambda e: f"malformed TOML: {e}"
+                                        if isinstance(e, tomllib.TOMLDecodeError) else None)
+    return doc
 
 
 def cluster_path(path: str | None) -> Path:
@@ -199,6 +195,15 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
             detail = ", ".join([detail, *parts] if detail else parts)
         table.add_row(str(i + 1), step.op, step.vm, step.host, now, "-" if after is None else f"{after:.3f}", detail)
     console.print(table)
+
+
+def write_report(out_dir: Path, report: str, plots: list[Path]) -> None:
+    """An experiment's ``report.md`` in ``out_dir`` (``--output``), its plots (written already) linked at the end."""
+    from hypervisor.files import write_output
+
+    if plots:
+        report += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
+    write_output("--output", out_dir / "report.md", report)
 
 
 def save_plan(plan: Plan, output: str) -> None:

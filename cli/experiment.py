@@ -14,9 +14,9 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail, read_json_file
-from cli.common import machine_info, progress_bar
+from cli.common import machine_info, progress_bar, write_report
 from cli.params import json_option, output_option, time_limit_option
-from hypervisor.files import write_output
+from hypervisor.files import write_figure, write_output
 from vcsched.errors import InputError
 from vcsched.experiments.paper import (
     BOUND,
@@ -122,8 +122,7 @@ def write_plots(records: list[Record], names: list[str], out_dir: Path) -> list[
         ax.grid(alpha=0.3)
         path = out_dir / f"{attr}_vs_{group}.png"
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        write_figure("--output", path, fig)
         written.append(path)
     return written
 
@@ -250,10 +249,7 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
     meta["complete"] = True
     save_records(records_path, meta, records)
     report = report_markdown(records, meta)
-    plots = write_plots(records, names, out_dir)
-    if plots:
-        report += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
-    write_output("--output", out_dir / "report.md", report)
+    write_report(out_dir, report, write_plots(records, names, out_dir))
 
     table = degradation(records)
     errors = sum(1 for r in records if r.error)

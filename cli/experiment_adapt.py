@@ -13,8 +13,8 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from cli.app import EXIT_OK, console, emit_json, err_console
-from cli.common import machine_info, progress_bar
-from hypervisor.files import write_output
+from cli.common import machine_info, progress_bar, write_report
+from hypervisor.files import write_figure, write_output
 from vcsched.errors import InputError
 from vcsched.experiments.adaptation import (
     SETS,
@@ -58,8 +58,7 @@ def _adapt_plots(points_by_set: dict[str, list[CurvePoint]], out_dir: Path) -> l
         fig.suptitle(f"adaptation, {name} traces")
         fig.tight_layout()
         path = out_dir / f"adapt_{name}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        write_figure("--output", path, fig)
         written.append(path)
     return written
 
@@ -100,10 +99,7 @@ def adapt_experiment(traces: int | None, output: str | None, time_limit: float, 
         write_output("--output", out_dir / f"records_{name}.json",
                      json.dumps({"meta": meta, "records": [r.to_dict() for r in recs]}, indent=0))
     report = "\n\n".join(reports)
-    plots = _adapt_plots(points_by_set, out_dir)
-    if plots:
-        report += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
-    write_output("--output", out_dir / "report.md", report)
+    write_report(out_dir, report, _adapt_plots(points_by_set, out_dir))
     if as_json:
         emit_json(summary)
     else:

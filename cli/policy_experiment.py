@@ -12,8 +12,8 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail
-from cli.common import machine_info, progress_bar
-from hypervisor.files import write_output
+from cli.common import machine_info, progress_bar, write_report
+from hypervisor.files import write_figure, write_output
 from vcsched.errors import InputError
 from vcsched.experiments.policies import (
     EXTRA,
@@ -66,8 +66,7 @@ def write_plots(records: list[PolicyRecord], out_dir: Path) -> list[Path]:
         ax.legend(fontsize="small")
     fig.tight_layout()
     first = out_dir / "policies.png"
-    fig.savefig(first, dpi=100)
-    plt.close(fig)
+    write_figure("--output", first, fig)
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     by: dict[str, list[PolicySummary]] = {p: summarise(records, p) for p in PLACEMENTS}
@@ -86,8 +85,7 @@ def write_plots(records: list[PolicyRecord], out_dir: Path) -> list[Path]:
         ax.legend(fontsize="small")
     fig.tight_layout()
     second = out_dir / "policies_placement.png"
-    fig.savefig(second, dpi=100)
-    plt.close(fig)
+    write_figure("--output", second, fig)
     return [first, second]
 
 
@@ -123,10 +121,7 @@ def policies_experiment(instances: int | None, output: str | None, seed: int, jo
     write_output("--output", out_dir / "records.json",
                  json.dumps({"meta": meta, "records": [r.to_dict() for r in records]}, indent=0))
     report = report_markdown(records, meta)
-    plots = write_plots(records, out_dir)
-    if plots:
-        report += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
-    write_output("--output", out_dir / "report.md", report)
+    write_report(out_dir, report, write_plots(records, out_dir))
     rows = summarise(records)
     errors = sum(1 for r in records if r.error)
     if as_json:

@@ -21,7 +21,7 @@ from cli.app import EXIT_OK, console, emit_json, err_console, read_json_file, re
 from cli.common import machine_info, progress_bar
 from cli.params import FiniteFloatRange, json_option
 from cli.tables import FitTable
-from hypervisor.files import write_output
+from hypervisor.files import write_figure, write_output
 from vcsched.errors import InputError
 
 TASK_SCENARIOS = {"br-tasks": "Bonald & Roberts §4: 500 tasks per job, capacity 100, serve the most deprived job"}
@@ -200,12 +200,7 @@ def plot(points: list[Any], label: str, path: str) -> None:
     ax.legend(fontsize="small")
     ax.set_title(label)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100)
-    except OSError as exc:
-        raise InputError(f"--plot {path}: cannot write ({exc.strerror})") from None
-    finally:
-        plt.close(fig)
+    write_figure("--plot", path, fig)
 
 
 # ---------------------------------------------------------------------------------------------- the command

@@ -21,6 +21,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from vcsched.errors import InputError
 
@@ -65,3 +66,18 @@ def write_output(where: str, path: str | Path, data: str | bytes) -> None:
         write_atomic(path, data)
     except OSError as exc:
         raise InputError(f"{where} {path}: cannot write ({exc.strerror or exc})") from None
+
+
+def write_figure(where: str, path: str | Path, fig: Any, dpi: int = 100) -> None:
+    """A matplotlib figure written like every other file (:func:`write_output`: atomically, a failure naming
+    ``where``), in the format of ``path``'s suffix (PNG without one); the figure is closed either way."""
+    import io
+
+    import matplotlib.pyplot as plt  # lazy: only the commands that plot need matplotlib
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    write_output(where, path, buf.getvalue())
