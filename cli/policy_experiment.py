@@ -60,13 +60,7 @@ def write_plots(records: list[PolicyRecord], out_dir: Path) -> list[Path]:
     for k, res in enumerate(resources):
         ax3.bar(x - 0.4 + width * (k + 0.5), [r.utilisation[res] for r in rows], width, label=res)
     ax3.set_title("utilisation (used / cluster total)")
-    for ax in (ax1, ax2, ax3):
-        ax.set_xticks(x, labels, rotation=40, ha="right")
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    first = out_dir / "policies.png"
-    write_figure("--output", first, fig)
+    first = _bars_per_policy(fig, (ax1, ax2, ax3), x, labels, out_dir / "policies.png")
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     by: dict[str, list[PolicySummary]] = {p: summarise(records, p) for p in PLACEMENTS}
@@ -79,14 +73,18 @@ def write_plots(records: list[PolicyRecord], out_dir: Path) -> list[Path]:
                 width, label=f"placed: {p}")
     ax1.set_title("min yield by placement")
     ax2.set_title("avg yield by placement")
-    for ax in (ax1, ax2):
+    return [first, _bars_per_policy(fig, (ax1, ax2), x, labels, out_dir / "policies_placement.png")]
+
+
+def _bars_per_policy(fig: Any, axes: tuple[Any, ...], x: Any, labels: list[str], path: Path) -> Path:
+    """The policies along each bar chart's x axis, a grid and a legend; the figure written to ``path``."""
+    for ax in axes:
         ax.set_xticks(x, labels, rotation=40, ha="right")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize="small")
     fig.tight_layout()
-    second = out_dir / "policies_placement.png"
-    write_figure("--output", second, fig)
-    return [first, second]
+    write_figure("--output", path, fig)
+    return path
 
 
 def policies_experiment(instances: int | None, output: str | None, seed: int, jobs: int | None,
