@@ -150,7 +150,7 @@ def test_deciding_commands_say_ok_true_when_they_exit_0(hosts: ScaleCluster, tmp
                  ["place", hosts.request_file, "--cluster", c], ["adapt", "--budget", "0", "--cluster", c],
                  ["drain", "h0", "--budget", "unlimited", "--cluster", c], ["status", "--sample", "0", "--cluster", c],
                  ["cordon", "h1", "--cluster", c], ["uncordon", "h1", "--cluster", c],
-                 ["observe", "--window", "1s", "--cluster", c]):
+                 ["observe", "--window", "1s", "--cluster", c], ["repair", "--cluster", c]):
         doc = _json(run(*args, "--json"), 0)
         assert doc["ok"] is True, args
 
@@ -199,7 +199,7 @@ def _cluster_commands() -> list[list[str]]:
     needs: dict[tuple[str, ...], list[str]] = {
         ("place",): ["REQUEST"], ("apply",): ["PLAN"], ("drain",): ["h0", "--budget", "0"], ("cordon",): ["h0"],
         ("uncordon",): ["h0"], ("adapt",): ["--budget", "0"], ("run",): ["--budget-per-interval", "0"],
-        ("status",): ["--sample", "0"], ("top",): ["--once"], ("observe",): ["--window", "1s"]}
+        ("status",): ["--sample", "0"], ("top",): ["--once"], ("observe",): ["--window", "1s"], ("repair",): []}
     exempt = {("calibrate",)}  # reads --cluster only to boot guests, after connecting to --connect (lab tests)
     out = []
     for path, cmd in COMMANDS.items():
