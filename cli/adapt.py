@@ -136,19 +136,15 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     """
     from cli.common import (
         apply_exit_code,
-        cluster_lock,
+        deciding_on,
         hosts_down,
         load_cluster,
-        note_in_doubt,
-        notice,
-        render_hosts_down,
         render_moves,
         render_plan,
         render_report,
         run_apply,
         save_plan,
     )
-    from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.plans.migration import MigrationBlocked
 
     changes = _changes_file(changes_file)
@@ -162,14 +158,9 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     from vcsched.control.sharing import sharing_for
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
-    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
-            cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
-        inventory = hv.inventory()
-        if lock is None:  # a dry run reads only: in-doubt VMs are reported, never settled
-            note_in_doubt(inventory)
+    with deciding_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
+                     quiet=as_json) as (hv, lock, inventory):
         down = hosts_down(inventory)
-        if not as_json:
-            render_hosts_down(inventory)
         try:
             live = adapt_inventory(cluster.name, inventory, budget, needs=needs, depart=departing, algorithm=algorithm,
                                    parallel=parallel, options=SolveOptions(time_limit=time_limit), cluster=cluster,

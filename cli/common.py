@@ -289,6 +289,25 @@ def settle_first(hv: LibvirtHypervisor, guard: Callable[[], None]) -> None:
                "settles them once every host answers")
 
 
+@contextmanager
+def deciding_on(cluster: Cluster, *, apply: bool, coordination: str | None, wait: float, ttl: float | None,
+                quiet: bool) -> Iterator[tuple[LibvirtHypervisor, ClusterLock | None, Inventory]]:
+    """The hosts of a command that decides and, with --apply, acts (place, adapt, drain): connections to them,
+    the cluster lock when it applies (a dry run takes none), and the inventory read under it.  A dry run reads
+    only: its in-doubt VMs are noted, never settled.  The hosts that are down are said first (unless ``quiet``:
+    --json says them in its document)."""
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+
+    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
+            cluster_lock(cluster, coordination, wait, ttl=ttl, needed=apply, hv=hv) as lock:
+        inventory = hv.inventory()
+        if lock is None:
+            note_in_doubt(inventory)
+        if not quiet:
+            render_hosts_down(inventory)
+        yield hv, lock, inventory
+
+
 def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> dict[str, str]:
     """Each host's identity (:meth:`hypervisor.libvirt_backend.LibvirtHypervisor.identities`), through ``hv`` or
     connections of its own."""

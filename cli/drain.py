@@ -9,21 +9,18 @@ import click
 from cli.app import EXIT_OK, console, emit_json, refuse
 from cli.common import (
     apply_exit_code,
-    cluster_lock,
+    cluster_path,
+    deciding_on,
     hosts_down,
     load_cluster,
-    note_in_doubt,
-    notice,
-    render_hosts_down,
     render_moves,
     render_plan,
     render_report,
     run_apply,
     save_plan,
 )
-from cli.maintenance import cluster_path, set_maintenance
+from cli.maintenance import set_maintenance
 from cli.params import budget_option, cluster_option, json_option, lock_options, output_option, time_limit_option
-from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.adaptation.solve import ALGORITHMS
 from vcsched.control.live import adapt_inventory
 from vcsched.formats.units import format_budget
@@ -79,14 +76,9 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     path = cluster_path(cluster_file)
     cluster = load_cluster(str(path))
     cluster.host(host)
-    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
-            cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
-        inventory = hv.inventory()
-        if lock is None:  # a dry run reads only: in-doubt VMs are reported, never settled
-            note_in_doubt(inventory)
+    with deciding_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
+                     quiet=as_json) as (hv, lock, inventory):
         down = hosts_down(inventory)
-        if not as_json:
-            render_hosts_down(inventory)
         try:
             live = adapt_inventory(cluster.name, inventory, budget, algorithm=algorithm, parallel=parallel,
                                    options=SolveOptions(time_limit=time_limit), cluster=cluster, drain=host)

@@ -8,20 +8,16 @@ from cli.app import console, emit_json, refuse
 from cli.common import (
     apply_exit_code,
     check_request_boot,
-    cluster_lock,
+    deciding_on,
     hosts_down,
     load_cluster,
     load_request,
-    note_in_doubt,
-    notice,
-    render_hosts_down,
     render_plan,
     render_report,
     run_apply,
     save_plan,
 )
 from cli.params import cluster_option, json_option, lock_options, output_option, policy_options
-from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.admission import Decision, admit
 from vcsched.formats.request import Request
 from vcsched.formats.units import format_size
@@ -102,13 +98,8 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     from vcsched.control.sharing import sharing_for
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
-    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
-            cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
-        inventory = hv.inventory()
-        if lock is None:  # a dry run reads only: in-doubt VMs are reported, never settled
-            note_in_doubt(inventory)
-        if not as_json:
-            render_hosts_down(inventory)
+    with deciding_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
+                     quiet=as_json) as (hv, lock, inventory):
         decision = admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing)
         report = None
         if decision.plan is not None:
