@@ -149,6 +149,8 @@ class VcschedGroup(LazyGroup):
             fail(f"{exc.format_message()}{hint}", EXIT_BAD_INPUT)
         except VcschedError as exc:  # InputError: 2; a refusal says its own code (PlanRefused, LockBusy: 1)
             fail(str(exc), getattr(exc, "exit_code", EXIT_BAD_INPUT))
+        except BrokenPipeError:  # the reader of stdout went away (`vcsched status | head`): not a bug of ours
+            raise
         except Exception as exc:  # a bug: where it happened for the report, then the one line and exit 70
             traceback.print_exc()
             fail(f"internal error: {type(exc).__name__}: {exc} (a bug in vcsched; the traceback above says where)",

@@ -336,3 +336,21 @@ def test_a_failed_steps_reason_goes_to_stderr_as_well_as_into_the_table(
     assert re.match(r"vcsched: error: the plan stopped at step 1 \(\S+ \S+ on h\d\), failed: the host said no", line)
     doc = _json(run(*argv, "--cluster", c, "--coordination", lock, "--json"), 1)
     assert doc["ok"] is False
+
+
+def test_a_bug_exits_70_with_its_traceback_and_one_line_naming_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import cli.solve
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise ZeroDivisionError("a slip")
+
+    monkeypatch.setattr(cli.solve, "solve", broken)
+    inst = tmp_path / "inst.json"
+    inst.write_text(json.dumps({"hosts": [{"name": "h0", "cpu": 1.0, "memory": 1.0}],
+                                "jobs": [{"name": "j0", "cpu_need": 0.5, "memory": 0.5}]}))
+    result = run("solve", inst)
+    assert result.exit_code == 70
+    assert "Traceback" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "vcsched: error: internal error: ZeroDivisionError: a slip (a bug in vcsched")
