@@ -96,7 +96,8 @@ def render(points: list[Any], label: str, *, tasks: bool,
     permanent = any(m["permanent_yield"] is not None for pt in points for m in pt.summary.classes.values())
     for col in ("policy", "load", "class", "service rate γ", *(("exact γ",) if exact else ()), "mean time",
                 "p95 time", "mean slowdown", *(("permanent VC's yield",) if permanent else ())):
-        table.add_column(col, justify="left" if col in ("policy", "class") else "right")
+        table.add_column(col, justify="left" if col in ("policy", "class") else "right",
+                         key=col in ("policy", "load", "class"))
     for pt in points:
         chain = exact.get((pt.policy, pt.load))
         for k, (name, m) in enumerate(pt.summary.classes.items()):
@@ -114,7 +115,7 @@ def render(points: list[Any], label: str, *, tasks: bool,
     overall = FitTable(title="overall")
     for col in ("policy", "load", "utilisation", "mean yield", "Jain's index", "VCs in progress",
                 "given away (altruism)", "migrated", "events", "time (s)"):
-        overall.add_column(col, justify="left" if col == "policy" else "right")
+        overall.add_column(col, justify="left" if col == "policy" else "right", key=col in ("policy", "load"))
     for pt in points:
         s = pt.summary
         util = ", ".join(f"{r} {fmt(e, 2)}" for r, e in s.utilisation.items())

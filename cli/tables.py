@@ -7,9 +7,10 @@ table is wider than the space it is printed in, the column with the highest
 priority number (the rightmost among equals) leaves, and again, until the
 rest fits; :func:`keep_by_priority` is that rule, and ``vcsched top``'s screen
 (cli/top_view.py) uses it too.  What left goes to a second table beside the
-*key* columns (the ones that name a row: host, VM), fitted the same way; a
-column that fits nowhere is named in a last line, so that nothing disappears
-unsaid.  ``--json`` has every field.
+*key* columns (the ones that name a row: host, VM), fitted the same way, and
+what still does not fit to a third, and so on; a column too wide to stand
+beside the keys is named in a last line, so that nothing disappears unsaid.
+``--json`` has every field.
 
 :class:`FitTable` is a drop-in for :class:`rich.table.Table` (``add_column``,
 ``add_row``, ``console.print(table)``) with ``priority`` and ``key`` on its
@@ -93,32 +94,33 @@ class FitTable:
             table.add_row(*(row[i] for i in indexes))
         return table
 
-    def split(self, room: int) -> tuple[list[int], list[int], list[int]]:
-        """The columns of the first table, of the second (keys first) and those that fit in neither."""
-        widths = self._widths()
+    def split(self, room: int) -> tuple[list[list[int]], list[int]]:
+        """The columns of each table (the first, then each continuation: the keys, then what did not fit before)
+        and those that fit in none (a column wider than the room beside the keys)."""
+        widths = [w + _PER_COLUMN for w in self._widths()]
         room -= _EDGE
         priorities = [0 if c.key else c.priority for c in self.columns]
-        first = keep_by_priority(priorities, [w + _PER_COLUMN for w in widths], room, 0)
-        moved = [i for i in range(len(self.columns)) if i not in first]
-        if not moved:
-            return first, [], []
+        tables = [keep_by_priority(priorities, widths, room, 0)]
         keys = [i for i, c in enumerate(self.columns) if c.key] or [0]
-        candidates = [*keys, *moved]
-        # In the second table the keys stay (priority 0) and the moved columns keep their order of importance.
-        second = [candidates[i] for i in keep_by_priority(
-            [0 if i < len(keys) else max(priorities[j], 1) for i, j in enumerate(candidates)],
-            [widths[j] + _PER_COLUMN for j in candidates], room, 0)]
-        left_out = [i for i in moved if i not in second]
-        if len(second) == len(keys):
-            second = []
-        return first, second, left_out
+        moved = [i for i in range(len(self.columns)) if i not in tables[0]]
+        while moved:
+            # In a continuation the keys stay (priority 0) and the moved columns keep their order of importance.
+            candidates = [*keys, *moved]
+            kept = [candidates[i] for i in keep_by_priority(
+                [0 if i < len(keys) else max(priorities[j], 1) for i, j in enumerate(candidates)],
+                [widths[j] for j in candidates], room, 0)]
+            if len(kept) == len(keys):
+                break
+            tables.append(kept)
+            moved = [i for i in moved if i not in kept]
+        return tables, moved
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        first, second, left_out = self.split(options.max_width)
-        yield self._table(self.title, first, None if second or left_out else self.caption)
-        if second:
-            title = self.overflow_title or (f"{self.title.split(' (')[0]} (continued)" if self.title else None)
-            yield self._table(title, second, None if left_out else self.caption)
+        tables, left_out = self.split(options.max_width)
+        more = self.overflow_title or (f"{self.title.split(' (')[0]} (continued)" if self.title else None)
+        for n, indexes in enumerate(tables):
+            last = n == len(tables) - 1 and not left_out
+            yield self._table(self.title if n == 0 else more, indexes, self.caption if last else None)
         if left_out:
             names = ", ".join(self.columns[i].header for i in left_out)
             yield Text(f"(not shown at {options.max_width} columns: {names}; a wider terminal or --json shows them)",
