@@ -173,7 +173,7 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
       large     64 hosts, 100/250/500 tasks               108 families x 100 instances
       parallel  as large, jobs of 1..64 tasks (Lublin-Feitelson)
       adapt     yield vs migration budget over arrival/departure traces
-                (section 6.1; -n traces per budget, default 5; see cli/adapt.py)
+                (section 6.1; -n traces per budget, default 5; see cli/experiment_adapt.py)
       policies  every sharing policy (docs/policies.md) on the same instances:
                 64 hosts, --tasks 100,250 VMs in parallel jobs, plus disk and
                 net; -n instances per family, default 3
@@ -199,7 +199,7 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
     Exit codes: 0 done, 1 some runs failed (the report says which), 2 bad
     input.
     """
-    if set_name == "adapt":  # its own machinery, in cli/adapt.py
+    if set_name == "adapt":  # its own machinery, in cli/experiment_adapt.py
         from cli.experiment_adapt import adapt_experiment
 
         return adapt_experiment(instances, output, time_limit, seed, jobs, as_json)
