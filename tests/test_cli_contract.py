@@ -306,7 +306,7 @@ def test_a_table_too_wide_moves_its_last_columns_to_a_second_table_keyed_by_its_
 
 @pytest.mark.parametrize("command", ["place", "apply", "adapt", "drain"])
 def test_a_failed_steps_reason_goes_to_stderr_as_well_as_into_the_table(
-        command: str, hosts: ScaleCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        command: str, hosts: ScaleCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, narrow: None) -> None:
     # The test driver cannot run a step (it caps nothing), so the executor is replaced by one whose first step
     # fails: what the command makes of a failed step is what is checked.
     import cli.apply
@@ -331,7 +331,7 @@ def test_a_failed_steps_reason_goes_to_stderr_as_well_as_into_the_table(
         monkeypatch.setattr(cli.drain, "set_maintenance", lambda *_: True)  # the cluster file stays as it is
     result = run(*argv, "--cluster", c, "--coordination", lock)
     assert result.exit_code == 1, (result.stdout, result.stderr)
-    assert "the host said no" in result.stdout  # the report's table
+    assert "the host said no" in _fits_80(result)  # the report's table, at 80 columns
     line = result.stderr.strip().splitlines()[-1]
     assert re.match(r"vcsched: error: the plan stopped at step 1 \(\S+ \S+ on h\d\), failed: the host said no", line)
     doc = _json(run(*argv, "--cluster", c, "--coordination", lock, "--json"), 1)
