@@ -72,7 +72,7 @@ def vcpu_quota_for(cap: float | None, vcpus: int) -> int:
 def check_managed(dom: Any, uri: str, force: bool) -> None:
     """A domain vcsched does not manage (no vcsched metadata) is refused unless ``force``: vcsched touches only
     what it manages, and a calibration pins, pauses and re-caps its domains."""
-    from hypervisor.libvirt_backend import METADATA_NS, parse_metadata
+    from hypervisor.domain_xml import METADATA_NS, parse_metadata
 
     if force:
         return
@@ -124,7 +124,7 @@ def put_back(dom: Any, entry: CalibrationEntry) -> tuple[list[str], list[str]]:
 
 
 def _put_io_back(dom: Any, uri: str, resource: str, amount: int | None) -> None:
-    from hypervisor.libvirt_backend import apply_io_caps, live_devices
+    from hypervisor.throttle import apply_io_caps, live_devices
 
     v = 0 if amount is None else int(amount)
     caps = IoCaps(disk_bytes_sec=v) if resource == "disk" else IoCaps(net_bytes_sec=v)
@@ -410,7 +410,7 @@ class LibvirtIoSubjects:
 
     def __init__(self, uri: str, domains: Sequence[str], resource: str, *, force: bool = False,
                  journal: Journal | None = None):
-        from hypervisor.libvirt_backend import io_support
+        from hypervisor.drivers import io_support
 
         _quiet_libvirt()
         if resource not in ("disk", "net"):
@@ -448,7 +448,7 @@ class LibvirtIoSubjects:
             raise
 
     def _adopt(self, names: Sequence[str], force: bool) -> None:
-        from hypervisor.libvirt_backend import live_devices
+        from hypervisor.throttle import live_devices
 
         for name in names:
             dom = running_domain(self.conn, self.uri, name)
@@ -464,7 +464,7 @@ class LibvirtIoSubjects:
                 "resource": self.resource, "amount": self._saved[-1].amount(self.resource)}))
 
     def _read(self, dom: Any, devices: Any) -> Any:
-        from hypervisor.libvirt_backend import io_caps_of
+        from hypervisor.throttle import io_caps_of
 
         live = libvirt.VIR_DOMAIN_AFFECT_LIVE
         if self.resource == "disk":
@@ -478,7 +478,7 @@ class LibvirtIoSubjects:
 
     def _apply(self, index: int, value: int | None) -> None:
         from hypervisor.base import HypervisorError
-        from hypervisor.libvirt_backend import apply_io_caps
+        from hypervisor.throttle import apply_io_caps
 
         try:
             apply_io_caps(self.uri, self.doms[index], self.devices[index], self._caps(value),
