@@ -232,6 +232,23 @@ def _journals(directory: Path, kind: str | None, own: bool) -> tuple[list[_Found
     return found, left
 
 
+def describe_journal(directory: Path | None = None) -> list[str]:
+    """What :func:`restore_journal` would put back (one line per journal of a gone process), changing nothing."""
+    found, _left = _journals(directory or journal_dir(), None, own=False)
+    out = []
+    for f in found:
+        if f.doc["kind"] == PROBE:
+            vms = ", ".join(f"{e.get('vm')} on {e.get('host')} to {e.get('before')} if still at {e.get('raised')}"
+                            for e in f.doc.get("vms", []))
+            out.append(f"journal {f.path}: a killed probe (pid {f.doc.get('pid')}, cluster "
+                       f"{f.doc.get('cluster')!r}) left caps raised: {vms or 'none'}")
+        else:
+            doms = ", ".join(f"{e.get('domain')} on {e.get('uri')}" for e in f.doc.get("domains", []))
+            out.append(f"journal {f.path}: a killed calibration (pid {f.doc.get('pid')}) changed {doms or 'none'} "
+                       "(pinning, running state, caps): each is put back")
+    return out
+
+
 def restore_journal(hv: Any = None, *, kinds: Sequence[str] = KINDS, directory: Path | None = None,
                     guard: Callable[[], None] | None = None, own: bool = False) -> JournalReport:
     """Put back what the journals of gone processes recorded (module docstring); returns what it did.

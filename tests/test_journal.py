@@ -275,3 +275,30 @@ def test_calibration_journals_need_no_hypervisor_and_a_gone_domain_is_moot(tmp_p
     pytest.importorskip("libvirt", reason="libvirt-python is not installed")
     report = restore_journal(kinds=(CALIBRATION,), directory=tmp_path)
     assert report.restored == ("gone on test:///default: gone; nothing to put back",) and not path.exists()
+
+
+# ---------------------------------------------------------------------------------------------- vcsched repair
+
+
+def test_repair_lists_then_puts_back_what_killed_processes_journaled(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vcsched repair` (dry run) names each journal of a gone process; `--apply` puts it back and removes it.
+
+    Test-driver hosts: the calibrated domain is gone, which is the one outcome the test driver can show."""
+    pytest.importorskip("libvirt", reason="libvirt-python is not installed")
+    from click.testing import CliRunner
+
+    from cli.main import cli
+    from hypervisor.testhosts import write_scale_cluster
+
+    monkeypatch.setenv("VCSCHED_STATE_DIR", str(tmp_path / "state"))
+    cluster = write_scale_cluster(tmp_path / "hosts", 2, 1).cluster_file
+    path = dead_journal(tmp_path / "state" / "journal", CALIBRATION, domains=[
+        {"uri": "test:///default", "domain": "gone", "uuid": "00000000-0000-0000-0000-0000000000aa"}])
+    r = CliRunner().invoke(cli, ["repair", "--cluster", str(cluster)])
+    assert r.exit_code == 0, r.output
+    assert "a killed calibration" in r.stdout and "gone on test:///default" in r.stdout and path.exists()
+    r = CliRunner().invoke(cli, ["repair", "--cluster", str(cluster), "--apply", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["journal"]["restored"] == ["gone on test:///default: gone; nothing to put back"]
+    assert not path.exists()
