@@ -131,6 +131,20 @@ def _put_io_back(dom: Any, uri: str, resource: str, amount: int | None) -> None:
     apply_io_caps(uri, dom, live_devices(dom), caps, libvirt.VIR_DOMAIN_AFFECT_LIVE)
 
 
+def _put_all_back(subjects: Any) -> list[str]:
+    """A subjects object's :meth:`close`: every adopted domain put back (:func:`put_back`), the connection closed,
+    the journal cleared when everything went back.  Returns what could not be put back."""
+    problems: list[str] = []
+    for dom, entry in zip(subjects.doms, subjects.entries, strict=False):
+        problems += put_back(dom, entry)[1]
+    subjects.doms = []
+    with contextlib.suppress(libvirt.libvirtError, AttributeError):
+        subjects.conn.close()
+    if subjects.journal is not None and not problems:
+        subjects.journal.clear()
+    return problems
+
+
 def restore_domain(entry: CalibrationEntry) -> tuple[list[str], list[str]]:
     """:func:`put_back` on the domain of ``entry`` (by UUID, on its URI) after its calibration was killed; a
     domain that is gone has nothing to put back."""
@@ -291,16 +305,8 @@ class LibvirtSubjects:
         SIGTERM and SIGINT held meanwhile; clears the journal when all went back.  Returns (and keeps in
         :attr:`problems`) what could not be put back."""
         with signals_held():
-            problems: list[str] = []
-            for dom, entry in zip(self.doms, self.entries, strict=False):
-                problems += put_back(dom, entry)[1]
-            self.doms = []
-            with contextlib.suppress(libvirt.libvirtError, AttributeError):
-                self.conn.close()
-            if self.journal is not None and not problems:
-                self.journal.clear()
-            self.problems = problems
-        return problems
+            self.problems = _put_all_back(self)
+        return self.problems
 
     def __enter__(self) -> LibvirtSubjects:
         return self
@@ -555,19 +561,11 @@ class LibvirtIoSubjects:
         """Stop the floods, put every guest's limits back, resume it (:func:`put_back`, signals held meanwhile).
         Returns (and keeps in :attr:`problems`) what could not be put back."""
         with signals_held():
-            problems: list[str] = []
             for f in self._floods:
                 f.close()
             self._floods = []
-            for dom, entry in zip(self.doms, self.entries, strict=False):
-                problems += put_back(dom, entry)[1]
-            self.doms = []
-            with contextlib.suppress(libvirt.libvirtError, AttributeError):
-                self.conn.close()
-            if self.journal is not None and not problems:
-                self.journal.clear()
-            self.problems = problems
-        return problems
+            self.problems = _put_all_back(self)
+        return self.problems
 
     def __enter__(self) -> LibvirtIoSubjects:
         return self

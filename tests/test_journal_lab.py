@@ -156,29 +156,15 @@ def observe_probing(lab: Lab, state: Path, dom: Any) -> subprocess.Popen[str]:
 # ---------------------------------------------------------------------------------------------- hazard 3: probes
 
 
-def test_sigterm_while_observe_probes_puts_the_cap_back_and_exits_143(lab: Lab, guest: Any, state: Path) -> None:
+@pytest.mark.parametrize(("sig", "exit_code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["TERM", "INT"])
+def test_a_signal_while_observe_probes_puts_the_cap_back_then_exits(lab: Lab, guest: Any, state: Path,
+                                                                    sig: signal.Signals, exit_code: int) -> None:
     proc = observe_probing(lab, state, guest)
-    try:
-        proc.send_signal(signal.SIGTERM)
-        code, _out, err = ended(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc.send_signal(sig)
+    code, _out, err = ended(proc)
     assert quota(guest) == CAP_QUOTA, err
-    assert code == 143, err
-    assert "interrupted by SIGTERM: probe caps put back" in err
-
-
-def test_sigint_while_observe_probes_puts_the_cap_back_and_exits_130(lab: Lab, guest: Any, state: Path) -> None:
-    proc = observe_probing(lab, state, guest)
-    try:
-        proc.send_signal(signal.SIGINT)
-        code, _out, err = ended(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert quota(guest) == CAP_QUOTA, err
-    assert code == 130, err
+    assert code == exit_code, err
+    assert f"interrupted by {sig.name}: probe caps put back" in err
 
 
 def test_sigterm_while_run_probes_puts_the_cap_back_before_a_clean_exit(lab: Lab, guest: Any, state: Path,
