@@ -40,7 +40,7 @@ from typing import Any
 
 import libvirt
 
-from hypervisor.journal import CalibrationEntry, Journal, signals_held
+from hypervisor.journal import GUESTS, CalibrationEntry, Journal, signals_held
 from hypervisor.lab.guest import GuestError, start_guest, wait_for_boot
 from hypervisor.lab.state import GUEST_CMDLINE, GuestImage
 from vcsched.caps import MIN_QUOTA_US, PERIOD_US, quota_for
@@ -365,6 +365,9 @@ def _calibration_guests(uri: str, count: int, image: GuestImage, partition: str 
     os.chmod(work, 0o755)  # the daemon's qemu writes the console files here
     names = [f"vcsched-calib-{os.getpid()}-{i}" for i in range(count)]
     started: list[Any] = []
+    # Journaled as each starts (by UUID), so that a calibration killed by SIGKILL leaves nothing running for long:
+    # the next calibration or `vcsched repair --apply` destroys them (hypervisor.journal).
+    journal = Journal(GUESTS)
     try:
         for name in names:
             try:
@@ -373,6 +376,8 @@ def _calibration_guests(uri: str, count: int, image: GuestImage, partition: str 
             except libvirt.libvirtError as exc:
                 msg = exc.get_error_message()
                 raise CapsProbeError(f"host {uri}: cannot start {kind} guest {name} ({msg})") from None
+            journal.write(guests=[{"uri": uri, "domain": d.name(), "uuid": d.UUIDString()} for d in started],
+                          workdir=str(work))
         for name in names:
             try:
                 wait_for_boot(work / f"{name}.log")
@@ -380,12 +385,51 @@ def _calibration_guests(uri: str, count: int, image: GuestImage, partition: str 
                 raise CapsProbeError(f"host {uri}: {exc}") from None
         yield names
     finally:
+        gone = True
         for dom in started:
-            with contextlib.suppress(libvirt.libvirtError):
+            try:
                 dom.destroy()
+            except libvirt.libvirtError:
+                gone = gone and not _still_there(conn, dom)
+        if gone:
+            journal.clear()
         with contextlib.suppress(libvirt.libvirtError):
             conn.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _still_there(conn: Any, dom: Any) -> bool:
+    try:
+        conn.lookupByUUIDString(dom.UUIDString())
+    except libvirt.libvirtError:
+        return False
+    return True
+
+
+def destroy_guest(uri: str, name: str, uuid: str) -> tuple[list[str], list[str]]:
+    """Destroy the transient calibration guest ``uuid`` a killed calibration booted on ``uri`` (hypervisor.journal);
+    one that is gone, or is not a calibration guest by its name, is left.  Returns (done, problems)."""
+    _quiet_libvirt()
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        return [], [f"calibration guest {name} on {uri}: cannot connect ({exc.get_error_message()})"]
+    try:
+        try:
+            dom = conn.lookupByUUIDString(uuid)
+        except libvirt.libvirtError:
+            return [f"calibration guest {name} on {uri}: gone already"], []
+        if dom.name() != name or not name.startswith("vcsched-calib-") or dom.isPersistent():
+            return [], [f"calibration guest {name} on {uri}: its UUID is now {dom.name()!r}, not a transient "
+                        "calibration guest; left alone"]
+        try:
+            dom.destroy()
+        except libvirt.libvirtError as exc:
+            return [], [f"calibration guest {name} on {uri}: not destroyed ({exc.get_error_message()})"]
+        return [f"calibration guest {name} on {uri}: destroyed"], []
+    finally:
+        with contextlib.suppress(libvirt.libvirtError):
+            conn.close()
 
 
 # --------------------------------------------------------------------------------------------- disk and network

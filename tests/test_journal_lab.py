@@ -272,3 +272,35 @@ def test_sigterm_during_calibration_leaves_the_domain_running_as_found(lab: Lab,
     assert settings(guest) == before, err
     assert code == 130, err
     assert not list((state / "journal").glob("*.json"))  # everything went back: nothing left to repair
+
+
+def test_guests_a_killed_calibration_booted_are_destroyed_by_repair(lab: Lab, state: Path) -> None:
+    """Without --domain, calibrate boots its own transient guests; SIGKILL while the first boots, then
+    `vcsched repair --apply`: none is left running."""
+    conn = libvirt.open(lab.hosts[0].connect_uri)
+
+    def calib_guests() -> list[str]:
+        return [d.name() for d in conn.listAllDomains(0) if d.name().startswith("vcsched-calib-")]
+
+    try:
+        proc = vcsched(state, "calibrate", "--backend", "libvirt", "--connect", lab.hosts[0].connect_uri,
+                       "--cluster", lab.cluster_file, "--caps", "0.25", "--duration", "1.2", "--pairs", "1",
+                       "--window", "0.5", "--cpu", "0")
+
+        def booting() -> bool:  # its console has output: started well before now (and journaled as it started)
+            return any(p.stat().st_size > 0 for p in Path("/var/tmp").glob(f"vcsched-calib-*/vcsched-calib-"
+                                                                             f"{proc.pid}-0.log"))
+
+        wait_for("the calibration's own guest booting", booting, proc)
+        proc.kill()
+        proc.wait()
+        assert calib_guests() == [f"vcsched-calib-{proc.pid}-0"]  # what SIGKILL left
+        code, out, err = ended(vcsched(state, "repair", "--cluster", lab.cluster_file, "--apply"))
+        assert code == 0, out + err
+        assert f"calibration guest vcsched-calib-{proc.pid}-0 on {lab.hosts[0].connect_uri}: destroyed" in out
+        assert calib_guests() == []
+        assert not list(Path("/var/tmp").glob(f"vcsched-calib-*/vcsched-calib-{proc.pid}-0.log"))  # its console too
+    finally:
+        for name in calib_guests():
+            destroy_everywhere(lab, name)
+        conn.close()
