@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings as _hypothesis_settings
 
 # pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment (xdist 3.8), which a serial run
 # does not have; the CLI sizes its tables by COLUMNS (cli/app.py), so under a worker every CLI test would render
@@ -27,6 +28,13 @@ if "VCSCHED_STATE_DIR" not in os.environ or os.environ.get("VCSCHED_TEST_STATE_D
 from tests.etcd_support import etcd  # noqa: F401  (a real etcd on loopback, see tests/etcd_support.py)
 from tests.lab_support import lab2  # noqa: F401  (the real-libvirt lab fixture, see tests/lab_support.py)
 from vcsched.model import Host, Instance, Job
+
+# Hypothesis fails an example slower than 200 ms by default; on a loaded 2-core machine (CI beside the lab's TCG
+# guests) a 40 ms example took 290 ms and failed a property that has nothing to do with time.  Speed lives in the
+# benchmarks, not in the tests: no deadline, for every property test.
+_hypothesis_settings.register_profile("vcsched", deadline=None)
+_hypothesis_settings.load_profile("vcsched")
+
 
 
 def make_instance(jobs: list[tuple[float, float] | tuple[float, float, int]], n_hosts: int = 2) -> Instance:
