@@ -117,3 +117,23 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
 
     if report.skipped and require_lab():
         _refuse_skip(report, collector.nodeid)
+
+
+# Where a run's time goes, by module (setup, call and teardown summed; on the xdist controller too): CI's budget
+# (docs/testing.md) is kept module by module, and --durations alone names tests, not the labs they share.
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") or not _MODULE_SECONDS or config.option.collectonly:
+        return
+    slowest = sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])[:15]
+    terminalreporter.write_sep("=", f"slowest modules (of {len(_MODULE_SECONDS)}, "
+                                    f"{sum(_MODULE_SECONDS.values()):.0f} s summed over workers)")
+    for module, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {module}")
