@@ -96,8 +96,8 @@ def test_apply_takes_each_written_plan_to_the_hosts(hosts: Path, plans: dict[str
     path.write_text(json.dumps(doc))
     r = vcsched("apply", path, "--cluster", hosts, "--json")
     if any(s["op"] in ("create", "set-cap", "migrate") for s in doc["steps"]):
-        # Read, matched and replayed on the live hosts; refused only by the host that cannot cap.
-        assert r.exit_code == 2 and HOST_CANNOT_CAP.search(r.stderr), r.output
+        # Read, matched and replayed on the live hosts; refused (exit 1) only by the host that cannot cap.
+        assert r.exit_code == 1 and HOST_CANNOT_CAP.search(r.stderr), r.output
         assert "plan:" not in r.stderr and "unknown field" not in r.stderr
     else:
         assert r.exit_code == 0, r.output
@@ -109,7 +109,7 @@ def test_a_refused_drain_plan_leaves_the_cluster_file_alone(hosts: Path, plans: 
     before = hosts.read_text()
     (tmp_path / "drain.json").write_text(json.dumps(plans["drain -o"]))
     r = vcsched("apply", tmp_path / "drain.json", "--cluster", hosts)
-    assert r.exit_code == 2 and HOST_CANNOT_CAP.search(r.stderr), r.output
+    assert r.exit_code == 1 and HOST_CANNOT_CAP.search(r.stderr), r.output
     assert hosts.read_text() == before  # refused before its first step: h1 not put in maintenance
 
 

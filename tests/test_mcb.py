@@ -499,4 +499,4 @@ def test_solve_with_mcb8_exits_1_when_nothing_fits(tmp_path: Path) -> None:
     path.write_text(json.dumps(doc))
     result = CliRunner().invoke(cli, ["solve", str(path), "--algorithm", "mcb8", "--json"])
     assert result.exit_code == 1
-    assert json.loads(result.output)["feasible"] is False
+    assert json.loads(result.stdout)["feasible"] is False
