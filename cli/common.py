@@ -74,6 +74,10 @@ def load_cluster(path: str | None) -> Cluster:
             from hypervisor.pki import check_pki
 
             check_pki("pki", cluster.pki)
+        if any(h.fence is not None for h in cluster.hosts):
+            from hypervisor.fence import check_agents
+
+            check_agents(cluster)
     except InputError as exc:
         if str(exc).startswith("cluster file "):
             raise

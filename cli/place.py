@@ -25,6 +25,7 @@ from cli.common import (
 )
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.admission import Decision, admit
+from vcsched.control.failover import keep_failover_room
 from vcsched.errors import InputError
 from vcsched.formats.request import Request
 from vcsched.formats.units import format_size
@@ -111,7 +112,8 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
         inventory = hv.inventory()
         if not as_json:
             render_hosts_down(inventory)
-        decision = admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing)
+        decision = keep_failover_room(cluster, inventory,
+                                      admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing))
         report = None
         if decision.plan is not None:
             if output:

@@ -1,0 +1,92 @@
+"""Room for host failures (vcsched/control/failover.py): would a host's VMs fit on the survivors (N+1)?
+
+Memory is rigid; CPU is needed only at each virtual cluster's floor (its admitted min_yield, or the cluster's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tests.builders import MiB, cluster_of, inventory_of, managed, request
+from vcsched.control.admission import admit
+from vcsched.control.failover import NO_ROOM, failover_refusal, headroom, host_failover, keep_failover_room
+from vcsched.inventory import VmState
+
+
+def floored(v: VmState, floor: float) -> VmState:
+    assert v.meta is not None
+    return dataclasses.replace(v, meta=dataclasses.replace(v.meta, min_yield=floor))
+
+
+def test_a_hosts_vms_fit_on_the_others_when_their_memory_does() -> None:
+    inv = inventory_of([managed("a", "h0", "a", 1.0, mem=400 * MiB), managed("b", "h1", "b", 1.0, mem=400 * MiB)],
+                       n_hosts=3)
+    f = host_failover(cluster_of(3), inv, "h0")
+    assert f.fits and f.placed == (("a", "h2"),)  # h2 is empty: MCB puts it where the room is
+    assert f.min_yield is not None and f.min_yield > 0
+
+
+def test_memory_is_rigid() -> None:
+    inv = inventory_of([managed("a", "h0", "a", 0.1, mem=700 * MiB), managed("b", "h1", "b", 0.1, mem=700 * MiB)])
+    f = host_failover(cluster_of(2), inv, "h0")
+    assert not f.fits and f.stranded == (("a", NO_ROOM),) and f.min_yield is not None
+
+
+def test_without_floors_cpu_does_not_count_but_a_floor_does() -> None:
+    vms = [managed("a", "h0", "a", 1.0), managed("b", "h1", "b", 1.0)]
+    assert host_failover(cluster_of(2), inventory_of(vms), "h0").fits  # two full-core VMs on one core: yield 0.5
+    strict = [floored(v, 0.6) for v in vms]  # 0.6 + 0.6 cores on one core: no
+    assert not host_failover(cluster_of(2), inventory_of(strict), "h0").fits
+    assert not host_failover(cluster_of(2, min_yield=0.6), inventory_of(vms), "h0").fits
+
+
+def test_the_min_yield_after_the_loss_is_reported() -> None:
+    inv = inventory_of([managed("a", "h0", "a", 1.0), managed("b", "h1", "b", 1.0)])
+    f = host_failover(cluster_of(2), inv, "h0")
+    assert f.min_yield is not None and abs(f.min_yield - 0.5) < 1e-6
+
+
+def test_spread_vms_do_not_join_their_siblings_on_a_survivor() -> None:
+    vms = [dataclasses.replace(v, meta=dataclasses.replace(v.meta, spread="required"))  # type: ignore[arg-type]
+           for v in (managed("w-0", "h0", "w", 0.1), managed("w-1", "h1", "w", 0.1))]
+    f = host_failover(cluster_of(3), inventory_of(vms, n_hosts=3), "h0")
+    assert f.fits and f.placed == (("w-0", "h2"),)
+    assert not host_failover(cluster_of(2), inventory_of(vms, n_hosts=2), "h0").fits
+
+
+def test_hosts_in_maintenance_take_nothing() -> None:
+    c = cluster_of(3)
+    c = dataclasses.replace(c, hosts=(c.hosts[0], c.hosts[1], dataclasses.replace(c.hosts[2], maintenance=True)))
+    inv = inventory_of([managed("a", "h0", "a", 0.1, mem=700 * MiB), managed("b", "h1", "b", 0.1, mem=700 * MiB)],
+                       n_hosts=3)
+    assert not host_failover(c, inv, "h0").fits
+
+
+def test_the_least_important_vms_are_stranded_first() -> None:
+    big = [managed(n, "h0", n, 0.1, mem=400 * MiB) for n in ("a", "b")]
+    prio = [dataclasses.replace(v, meta=dataclasses.replace(v.meta, priority=p))  # type: ignore[arg-type]
+            for v, p in zip(big, (1, 5), strict=True)]
+    inv = inventory_of([*prio, managed("c", "h1", "c", 0.1, mem=500 * MiB)])
+    f = host_failover(cluster_of(2), inv, "h0")
+    assert f.placed == (("b", "h1"),) and f.stranded == (("a", NO_ROOM),)
+
+
+def test_headroom_has_one_answer_per_host_that_answers() -> None:
+    inv = inventory_of([managed("a", "h0", "a", 0.5, mem=700 * MiB)], n_hosts=2)
+    rows = {f.host: f for f in headroom(cluster_of(2), inv)}
+    assert set(rows) == {"h0", "h1"} and rows["h0"].fits and rows["h1"].fits and rows["h1"].vms == ()
+
+
+def test_failures_tolerated_refuses_naming_the_host_whose_loss_could_not_be_absorbed() -> None:
+    c = dataclasses.replace(cluster_of(3), failures_tolerated=1)
+    inv = inventory_of([managed(f"x{i}", f"h{i}", f"x{i}", 0.1, mem=500 * MiB) for i in range(2)], n_hosts=3)
+    assert failover_refusal(c, inv) is None  # h0's or h1's 500 MiB fits on h2
+    decision = admit(c, inv, request("big", vms=1, mem=600 * MiB))
+    assert decision.admitted and decision.plan is not None  # only h2 has 600 MiB free
+    refused = keep_failover_room(c, inv, decision)
+    assert not refused.admitted and refused.plan is None
+    assert refused.reason == ("failover: if host h2 failed, 1 of its 1 VMs (big-0; 600 MiB) would find no room "
+                              "on the survivors (memory, and CPU at the virtual clusters' floors) "
+                              "(failures_tolerated = 1)")
+    unasked = keep_failover_room(cluster_of(3), inv, decision)
+    assert unasked is decision
