@@ -175,8 +175,23 @@ def render_status(doc: dict[str, Any]) -> None:
     for bad in doc.get("violations", []):
         console.print(f"[yellow]rule broken:[/] {bad['cluster']}: {bad['rule']}: {bad['problem']} "
                       "(`vcsched adapt --budget B` repairs it)", highlight=False)
+    if doc.get("headroom"):
+        render_headroom(doc)
     if "policy" in doc:
         render_virtual_clusters(doc)
+
+
+def render_headroom(doc: dict[str, Any]) -> None:
+    """For each host: would its managed VMs fit on the others if it failed, and the min yield after."""
+    table = Table(title="failover headroom (if the host failed: do its VMs fit on the others, memory and CPU at "
+                        f"their floors; failures_tolerated = {doc.get('failures_tolerated', 0)})")
+    for col in ("host", "its VMs", "would fit", "min yield after", "stranded"):
+        table.add_column(col, justify="left" if col in ("host", "stranded") else "right")
+    for f in doc["headroom"]:
+        fits = "yes" if f["fits"] else "[red]no[/]"
+        stranded = ", ".join(sorted(f["stranded"])) or "-"
+        table.add_row(f["host"], str(len(f["vms"])), fits, _num(f["min_yield_after"]), stranded)
+    console.print(table)
 
 
 def render_virtual_clusters(doc: dict[str, Any]) -> None:
@@ -258,6 +273,10 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     for h in doc["hosts"]:
         h["maintenance"] = h["name"] in cluster.cordoned
     doc["violations"] = rule_violations(inv.up())
+    from vcsched.control.failover import headroom
+
+    doc["failures_tolerated"] = cluster.failures_tolerated
+    doc["headroom"] = [f.to_dict() for f in headroom(cluster, inv)] if inv.up().managed() else []
     if as_json:
         emit_json(doc)
     else:

@@ -6,7 +6,13 @@ Memory is rigid; CPU is needed only at each virtual cluster's floor (its admitte
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
+from click.testing import CliRunner
+
+from cli.main import cli
+from hypervisor.testhosts import write_scale_cluster
 from tests.builders import MiB, cluster_of, inventory_of, managed, request
 from vcsched.control.admission import admit
 from vcsched.control.failover import NO_ROOM, failover_refusal, headroom, host_failover, keep_failover_room
@@ -90,3 +96,47 @@ def test_failures_tolerated_refuses_naming_the_host_whose_loss_could_not_be_abso
                               "(failures_tolerated = 1)")
     unasked = keep_failover_room(cluster_of(3), inv, decision)
     assert unasked is decision
+
+
+# --- the CLI on libvirt's test driver ------------------------------------------------------------
+
+
+def full_cluster(tmp_path: Path, tolerated: int) -> tuple[Path, Path]:
+    """3 test-driver hosts of 32 GiB with 40 VMs of 512 MiB each (12 GiB free each), and a request of one 6 GiB
+    VM: after it, no host's VMs fit on the other two (20 GiB into 6 + 12 GiB)."""
+    sc = write_scale_cluster(tmp_path, 3, 40)
+    text = sc.cluster_file.read_text().replace('name = "scale"', f'name = "scale"\nfailures_tolerated = {tolerated}')
+    sc.cluster_file.write_text(text)
+    req = tmp_path / "big.toml"
+    req.write_text('name = "big"\nvms = 1\nvcpus = 1\nmemory = "6GiB"\ncpu_cores = 0.5\n')
+    return sc.cluster_file, req
+
+
+def test_place_refuses_what_would_leave_no_failover_room_naming_the_host(tmp_path: Path) -> None:
+    cluster, req = full_cluster(tmp_path, 1)
+    r = CliRunner().invoke(cli, ["place", str(req), "--cluster", str(cluster), "--json"])
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    assert not doc["admitted"] and doc["reason"].startswith("failover: if host h0 failed, ")
+    assert "failures_tolerated = 1" in doc["reason"]
+    text = CliRunner().invoke(cli, ["place", str(req), "--cluster", str(cluster)])
+    assert text.exit_code == 1 and "failover: if host h0 failed" in text.output
+
+
+def test_without_failures_tolerated_the_same_request_is_admitted(tmp_path: Path) -> None:
+    cluster, req = full_cluster(tmp_path, 0)
+    r = CliRunner().invoke(cli, ["place", str(req), "--cluster", str(cluster), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["admitted"]
+
+
+def test_status_shows_each_hosts_headroom_in_text_and_json(tmp_path: Path) -> None:
+    sc = write_scale_cluster(tmp_path, 3, 40)
+    r = CliRunner().invoke(cli, ["status", "--cluster", str(sc.cluster_file), "--sample", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {f["host"]: f for f in json.loads(r.stdout)["headroom"]}
+    assert set(rows) == {"h0", "h1", "h2"}
+    assert all(f["fits"] and len(f["vms"]) == 40 for f in rows.values())  # 20 GiB into 12 + 12 GiB
+    assert 0 < rows["h0"]["min_yield_after"] <= 1
+    text = CliRunner().invoke(cli, ["status", "--cluster", str(sc.cluster_file), "--sample", "0"])
+    assert text.exit_code == 0 and "failover headroom" in text.stdout and "min yield after" in text.stdout
