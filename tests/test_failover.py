@@ -12,11 +12,22 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from cli.main import cli
+from hypervisor.executor import apply_plan
+from hypervisor.memory import MemoryHypervisor
 from hypervisor.testhosts import write_scale_cluster
-from tests.builders import MiB, cluster_of, inventory_of, managed, request
+from tests.builders import MiB, cluster_of, inventory_of, managed, memory_hypervisor, request
 from vcsched.control.admission import admit
-from vcsched.control.failover import NO_ROOM, failover_refusal, headroom, host_failover, keep_failover_room
+from vcsched.control.failover import (
+    NO_ROOM,
+    failover_refusal,
+    headroom,
+    host_failover,
+    keep_failover_room,
+    plan_recovery,
+)
+from vcsched.formats.cluster import Cluster, FenceConfig
 from vcsched.inventory import VmState
+from vcsched.plans.steps import Boot, CreateStep
 
 
 def floored(v: VmState, floor: float) -> VmState:
@@ -140,3 +151,63 @@ def test_status_shows_each_hosts_headroom_in_text_and_json(tmp_path: Path) -> No
     assert 0 < rows["h0"]["min_yield_after"] <= 1
     text = CliRunner().invoke(cli, ["status", "--cluster", str(sc.cluster_file), "--sample", "0"])
     assert text.exit_code == 0 and "failover headroom" in text.stdout and "min yield after" in text.stdout
+
+
+# --- recovery of a failed host ----------------------------------------------------------------------
+
+
+def fenced(cluster: Cluster, *hosts: str) -> Cluster:
+    return dataclasses.replace(cluster, hosts=tuple(
+        dataclasses.replace(h, fence=FenceConfig("/bin/true")) if h.name in hosts else h for h in cluster.hosts))
+
+
+def record(vm: str, cluster: str = "web", mem: int = 128 * MiB, need: float = 0.5, priority: int = 0,
+           boot: Boot | None = None, floor: float | None = None) -> CreateStep:
+    return CreateStep(vm, "h1", cluster, 1, mem, need, need, boot or Boot("kernel", "/k", "/i", "quiet"), floor,
+                      priority=priority)
+
+
+def down_h1(vms: list[VmState], n_hosts: int = 3) -> MemoryHypervisor:
+    hv = memory_hypervisor(inventory_of(vms, n_hosts=n_hosts))
+    hv.down["h1"] = "host h1: did not answer within 15 s (host_timeout)"
+    return hv
+
+
+def test_a_fenced_hosts_vms_are_created_on_the_survivors_and_the_plan_applies() -> None:
+    hv = down_h1([managed("old-0", "h0", "old", 1.0, cap=1.0)])
+    rec = plan_recovery(fenced(cluster_of(3), "h1"), hv.inventory(), "h1", [record("web-0"), record("web-1")])
+    assert rec.fence and not rec.stranded and rec.plan is not None
+    assert {vm for vm, _ in rec.restarts} == {"web-0", "web-1"} and all(h != "h1" for _, h in rec.restarts)
+    report = apply_plan(hv, rec.plan)
+    assert report.ok, report.to_dict()
+    assert {v.name: v.host for v in hv.inventory().vms} == {"old-0": "h0", **dict(rec.restarts)}
+
+
+def test_without_a_fence_agent_nothing_is_restarted_and_every_vm_is_stranded_saying_why() -> None:
+    hv = down_h1([])
+    rec = plan_recovery(cluster_of(3), hv.inventory(), "h1", [record("web-0")])
+    assert rec.plan is None and not rec.fence
+    (vm, why), = rec.stranded
+    assert vm == "web-0" and "host h1 has no fence agent" in why
+
+
+def test_most_important_first_and_the_rest_stranded_for_lack_of_room() -> None:
+    hv = down_h1([managed("big", "h0", "big", 0.1, mem=900 * MiB)], n_hosts=2)
+    recs = [record("low", "a", mem=100 * MiB, priority=0), record("high", "b", mem=100 * MiB, priority=9)]
+    rec = plan_recovery(fenced(cluster_of(2), "h1"), hv.inventory(), "h1", recs)
+    assert rec.restarts == (("high", "h0"),) and rec.stranded == (("low", NO_ROOM),)
+
+
+def test_a_vm_with_a_disk_on_unshared_storage_is_stranded() -> None:
+    hv = down_h1([])
+    image = record("db-0", boot=Boot("image", path="/img/db.qcow2"))
+    rec = plan_recovery(fenced(cluster_of(3), "h1"), hv.inventory(), "h1", [image, record("web-0")])
+    assert [vm for vm, _ in rec.restarts] == ["web-0"]
+    (vm, why), = rec.stranded
+    assert vm == "db-0" and why.startswith("local disk: it boots from a image on h1's storage")
+
+
+def test_vms_already_running_elsewhere_are_not_created_again() -> None:
+    hv = down_h1([managed("web-0", "h2", "web", 0.5, cap=0.5)])
+    rec = plan_recovery(fenced(cluster_of(3), "h1"), hv.inventory(), "h1", [record("web-0"), record("web-1")])
+    assert rec.running == (("web-0", "h2"),) and [vm for vm, _ in rec.restarts] == ["web-1"]

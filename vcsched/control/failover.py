@@ -40,18 +40,20 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from vcsched.control.admission import Decision, existing_jobs, model_hosts
+from vcsched.caps import realisable_cap, same_cap
+from vcsched.control.admission import Decision, current_caps, existing_jobs, model_hosts
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
-from vcsched.inventory import Inventory, VmMeta, VmState
+from vcsched.inventory import Inventory, VmMeta, VmState, snapshot_hash
 from vcsched.model import Instance, SolveOptions
-from vcsched.plans.plan import Plan
-from vcsched.plans.steps import CreateStep
+from vcsched.plans.ordering import order_steps
+from vcsched.plans.plan import Plan, VmPrediction
+from vcsched.plans.steps import CreateStep, SetCapStep, Step
 from vcsched.solvers.algorithm import Placement
 from vcsched.solvers.registry import place_with_rules
 from vcsched.solvers.search import ResidualRoom
@@ -223,3 +225,99 @@ def keep_failover_room(cluster: Cluster, inventory: Inventory, decision: Decisio
         return decision
     return dataclasses.replace(decision, admitted=False, reason=refused, plan=None,
                                detail={**decision.detail, "failover": refused})
+
+
+# --- recovery of a failed host ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What recovering failed host ``host`` takes: fence it (``fence``: it has an agent), then ``plan``
+    (creates of its VMs on the survivors, most important first, and the survivors' caps re-set so that
+    floors hold where they can).  ``stranded``: ``(vm, why)`` for the VMs that are not restarted;
+    ``running``: ``(vm, host)`` for VMs recorded on ``host`` that already run elsewhere (restarted before)."""
+
+    host: str
+    fence: bool
+    restarts: tuple[tuple[str, str], ...]
+    stranded: tuple[tuple[str, str], ...]
+    running: tuple[tuple[str, str], ...]
+    plan: Plan | None
+    min_yield: float | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"host": self.host, "fence": self.fence, "restarts": [{"vm": vm, "host": h} for vm, h in self.restarts],
+                "stranded": [{"vm": vm, "reason": why} for vm, why in self.stranded],
+                "running": [{"vm": vm, "host": h} for vm, h in self.running],
+                "min_yield_after": self.min_yield}
+
+
+def has_disk(step: CreateStep) -> bool:
+    """Whether a VM boots from a disk (an image, or a template that may name disks) rather than a kernel alone."""
+    return step.boot.kind != "kernel"
+
+
+def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Sequence[CreateStep]) -> Recovery:
+    """The recovery of ``host`` (down in ``inventory``) from the definition ``records`` of its VMs.
+
+    A VM is stranded when the host has no fence agent (it may still run there: restarting it would make two
+    writers), when it has a disk that the survivors do not share (the host's ``storage``), or when the
+    survivors have no room for it at the floors (:func:`failover`, least important first).
+    """
+    survivors = without_hosts(inventory, [host]).up()
+    elsewhere = {v.name: v.host for v in survivors.vms if v.active}
+    running = tuple((r.vm, elsewhere[r.vm]) for r in records if r.vm in elsewhere)
+    pending = sorted((r for r in records if r.vm not in elsewhere), key=lambda r: (-r.priority, r.vm))
+    fence = cluster.host(host).fence is not None
+    if not fence:
+        why = (f"host {host} has no fence agent (cluster file: fence = {{agent = ...}}): it may still run there, "
+               "so it is not started elsewhere")
+        return Recovery(host, False, (), tuple((r.vm, why) for r in pending), running, None, None)
+    stranded: list[tuple[str, str]] = []
+    unshared = [h.name for h in survivors.hosts if not cluster.shares_storage(host, h.name)]
+    candidates = []
+    for r in pending:
+        if has_disk(r) and unshared:
+            stranded.append((r.vm, f"local disk: it boots from a {r.boot.kind} on {host}'s storage "
+                                   f"({cluster.host(host).storage_name!r}), which {', '.join(unshared)} do not share"))
+        else:
+            candidates.append(r)
+    displaced = [VmState(r.vm, host, r.vcpus, r.memory_bytes, True, r.meta(), r.cap_cores) for r in candidates]
+    f = failover(cluster, survivors, host, displaced)
+    stranded += f.stranded
+    if not f.placed:
+        return Recovery(host, True, (), tuple(stranded), running, None, None)
+    by_name = {r.vm: r for r in candidates}
+    where = dict(f.placed)
+    restarted = tuple(VmState(vm, where[vm], by_name[vm].vcpus, by_name[vm].memory_bytes, True, by_name[vm].meta())
+                      for vm, _ in f.placed)
+    plan = _recovery_plan(cluster, inventory, survivors, restarted, by_name, host)
+    return Recovery(host, True, f.placed, tuple(stranded), running, plan, plan.min_yield)
+
+
+def _recovery_plan(cluster: Cluster, full: Inventory, survivors: Inventory, restarted: Sequence[VmState],
+                   records: Mapping[str, CreateStep], host: str) -> Plan:
+    """Creates of ``restarted`` where they are, and set-cap steps for the survivors' VMs whose caps change: the
+    allocation (min yield, then average yield) of the cluster with them, as admission's plans."""
+    after = Inventory(survivors.cluster, survivors.hosts, (*survivors.vms, *restarted), survivors.in_doubt)
+    existing = existing_jobs(after)
+    instance = Instance(model_hosts(after, cordoned=cluster.cordoned), existing.jobs)
+    allocation = allocate(instance, np.asarray(existing.hosts, dtype=np.int64))
+    yields = allocation.yields(instance)
+    n_ref = after.reference_cores
+    new = {v.name for v in restarted}
+    per_vm: dict[str, VmPrediction] = {}
+    steps: list[Step] = []
+    for t, v in enumerate(existing.vms):
+        j = int(instance.task_job[t])
+        where = after.hosts[existing.hosts[t]].name
+        assert v.meta is not None
+        cap = realisable_cap(float(allocation.cpu[j]) * n_ref, v.vcpus)
+        per_vm[v.name] = VmPrediction(where, v.meta.cluster, v.meta.cpu_need_cores, cap, float(yields[j]))
+        if v.name in new:
+            steps.append(dataclasses.replace(records[v.name], host=where, cap_cores=cap))
+        elif v.cap_cores is None or not same_cap(v.cap_cores, cap, v.vcpus):
+            steps.append(SetCapStep(v.name, where, cap))
+    ordered = order_steps(steps, current_caps(survivors), {h.name: float(h.cores) for h in survivors.hosts})
+    return Plan("recover", cluster.name, snapshot_hash(full), allocation.min_yield(instance),
+                allocation.avg_yield(instance), per_vm, ordered, extra={"recover": host})
