@@ -10,11 +10,13 @@ the other VMs changed host.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,7 +31,7 @@ from hypervisor.lab import Lab
 from hypervisor.lab.daemons import kill_namespace
 from hypervisor.lab.state import LabLayout
 from tests.lab_support import running_lab, skip_unless_lab_possible
-from tests.test_recover_lab import qemu_copies
+from tests.test_recover_lab import qemu_copies, qemu_hosts
 
 pytestmark = pytest.mark.lab
 
@@ -38,8 +40,9 @@ FAILURE_TIMEOUT = 6.0
 BOUND = FAILURE_TIMEOUT + 15.0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def lab3() -> Iterator[Lab]:
+    """A lab of each test's own (a few seconds to bring up): each test kills hosts."""
     skip_unless_lab_possible()
     with running_lab(3) as lab:
         yield lab
@@ -52,8 +55,10 @@ def events(log: Path, kind: str | None = None) -> list[dict[str, Any]]:
     return [d for d in docs if kind is None or d["event"] == kind]
 
 
-def test_a_host_that_loses_its_power_has_its_vms_restarted_once_on_the_survivors(lab3: Lab, tmp_path: Path) -> None:
-    text = lab3.cluster_file.read_text()
+def setup(lab: Lab, tmp_path: Path) -> tuple[Path, dict[str, str], dict[str, str]]:
+    """The lab's cluster file with short timeouts, its environment, and two virtual clusters of 3 VMs placed by
+    ``place --apply`` (spread preferred: one VM of each per host): VM -> host."""
+    text = lab.cluster_file.read_text()
     cluster = tmp_path / "cluster.toml"
     cluster.write_text(text.replace('name = "lab"\n', f'name = "lab"\nhost_timeout = 3\nfailure_timeout = '
                                                       f'{FAILURE_TIMEOUT:g}\n', 1))
@@ -67,9 +72,13 @@ def test_a_host_that_loses_its_power_has_its_vms_restarted_once_on_the_survivors
         r = CliRunner(env=env).invoke(cli, ["place", str(req), "--cluster", str(cluster), "--apply", "--json"])
         assert r.exit_code == 0, r.output
         placed |= {s["vm"]: s["host"] for s in json.loads(r.stdout)["plan"]["steps"] if s["op"] == "create"}
-    lost = sorted(vm for vm, h in placed.items() if h == "h1")
-    assert len(lost) == 2 and sorted(placed.values()).count("h1") == 2, placed
-    log = tmp_path / "run.jsonl"
+    assert sorted(placed.values()) == ["h0", "h0", "h1", "h1", "h2", "h2"], placed
+    return cluster, env, placed
+
+
+@contextlib.contextmanager
+def daemon(cluster: Path, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``vcsched run`` (interval 2 s, caps only) until the block ends, then SIGTERM: it must exit 0."""
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--cluster", str(cluster), "--interval", "2",
                              "--budget-per-interval", "0", "--probe-seconds", "0", "--log", str(log)],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -78,17 +87,29 @@ def test_a_host_that_loses_its_power_has_its_vms_restarted_once_on_the_survivors
         while not events(log, "interval"):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
             time.sleep(0.2)
-        killed_at = time.time()
-        kill_namespace(LabLayout(lab3.dir), 1)  # power loss
-        while len(events(log, "vm_restarted")) < len(lost) and time.time() < killed_at + BOUND + 10:
-            assert proc.poll() is None
-            time.sleep(0.5)
+        yield proc
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def wait_restarted(proc: subprocess.Popen[bytes], log: Path, n: int, until: float) -> None:
+    while len(events(log, "vm_restarted")) < n and time.time() < until:
+        assert proc.poll() is None
+        time.sleep(0.5)
+
+
+def test_a_host_that_loses_its_power_has_its_vms_restarted_once_on_the_survivors(lab3: Lab, tmp_path: Path) -> None:
+    cluster, env, placed = setup(lab3, tmp_path)
+    lost = sorted(vm for vm, h in placed.items() if h == "h1")
+    log = tmp_path / "run.jsonl"
+    with daemon(cluster, env, log) as proc:
+        killed_at = time.time()
+        kill_namespace(LabLayout(lab3.dir), 1)  # power loss
+        wait_restarted(proc, log, len(lost), killed_at + BOUND + 10)
     failed, fenced, restarted = events(log, "host_failed"), events(log, "host_fenced"), events(log, "vm_restarted")
     report = "\n".join(json.dumps(e) for e in events(log) if e["event"] not in ("observe", "interval"))
     assert [e["host"] for e in failed] == ["h1"], report
@@ -104,3 +125,46 @@ def test_a_host_that_loses_its_power_has_its_vms_restarted_once_on_the_survivors
     for vm, h in placed.items():
         if vm not in lost:
             assert qemu_copies(lab3, vm) == [h], "the others did not change host"
+
+
+def test_a_partitioned_host_is_fenced_before_its_vms_restart_and_no_vm_ever_runs_twice(lab3: Lab,
+                                                                                       tmp_path: Path) -> None:
+    """h1's libvirtd only is SIGSTOPped: its guests keep running (a hung daemon, a cut management network).  The
+    daemon must fence h1 (its QEMU processes gone) before creating its VMs elsewhere: every 0.1 s, from /proc, no
+    VM has QEMU processes on two hosts."""
+    from hypervisor.lab.daemons import daemon_pid
+
+    cluster, env, placed = setup(lab3, tmp_path)
+    lost = sorted(vm for vm, h in placed.items() if h == "h1")
+    twice: list[tuple[float, str, list[str]]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            for vm, copies in qemu_hosts(lab3).items():
+                if len(copies) > 1:
+                    twice.append((time.time(), vm, copies))
+            stop.wait(0.1)
+
+    log = tmp_path / "run.jsonl"
+    watcher = threading.Thread(target=watch, daemon=True)
+    with daemon(cluster, env, log) as proc:
+        watcher.start()
+        libvirtd = daemon_pid(LabLayout(lab3.dir), 1, "libvirtd")
+        assert libvirtd is not None
+        stopped_at = time.time()
+        os.kill(libvirtd, signal.SIGSTOP)  # partition: the guests run on
+        assert all(qemu_copies(lab3, vm) == ["h1"] for vm in lost)
+        wait_restarted(proc, log, len(lost), stopped_at + BOUND + 10)
+        time.sleep(2)
+    stop.set()
+    watcher.join(timeout=30)
+    report = "\n".join(json.dumps(e) for e in events(log) if e["event"] not in ("observe", "interval"))
+    assert not twice, (twice, report)
+    fenced, restarted = events(log, "host_fenced"), events(log, "vm_restarted")
+    assert fenced and fenced[0]["fenced"] and sorted(e["vm"] for e in restarted) == lost, report
+    assert fenced[0]["time"] < min(e["time"] for e in restarted)
+    print(f"partition to running again: {[round(e['time'] - stopped_at, 1) for e in restarted]} s")
+    for vm in lost:
+        copies = qemu_copies(lab3, vm)
+        assert len(copies) == 1 and copies[0] != "h1", (vm, copies)

@@ -46,20 +46,27 @@ def run(*args: object) -> object:
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
-def qemu_copies(lab: Lab, vm: str) -> list[str]:
-    """The lab hosts whose namespace runs a QEMU process of ``vm`` (from /proc: not from libvirt)."""
+def qemu_hosts(lab: Lab) -> dict[str, list[str]]:
+    """For every QEMU process in a lab host's namespace (read from /proc, not from libvirt): VM -> its hosts."""
     layout = LabLayout(lab.dir)
-    found = []
+    found: dict[str, list[str]] = {}
     for i, h in enumerate(lab.hosts):
         for pid in namespace_holders(layout, i):
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if any(c.startswith(b"qemu-system") or c.endswith(b"/qemu-system-x86_64") for c in cmd[:1]) and \
-                    f"guest={vm},".encode() in b" ".join(cmd):
-                found.append(h.name)
+            if not cmd[0].endswith(b"qemu-system-x86_64"):
+                continue
+            for arg in cmd:
+                if arg.startswith(b"guest="):
+                    found.setdefault(arg[len(b"guest="):].split(b",")[0].decode(), []).append(h.name)
     return found
+
+
+def qemu_copies(lab: Lab, vm: str) -> list[str]:
+    """The lab hosts whose namespace runs a QEMU process of ``vm``."""
+    return qemu_hosts(lab).get(vm, [])
 
 
 def test_after_power_loss_recover_runs_the_hosts_vms_once_on_the_survivors(lab3: Lab, tmp_path: Path) -> None:
