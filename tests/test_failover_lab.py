@@ -168,3 +168,31 @@ def test_a_partitioned_host_is_fenced_before_its_vms_restart_and_no_vm_ever_runs
     for vm in lost:
         copies = qemu_copies(lab3, vm)
         assert len(copies) == 1 and copies[0] != "h1", (vm, copies)
+
+
+def test_on_a_full_lab_a_request_without_failover_room_is_refused_naming_the_host(lab3: Lab, tmp_path: Path) -> None:
+    """failures_tolerated = 1 on a lab whose h0 and h1 each run a VM of half their usable memory: a third such
+    VM fits (on h2) but then no host's loss could be absorbed; without failures_tolerated it is admitted."""
+    env = {**os.environ, "VCSCHED_STATE_DIR": str(tmp_path / "state")}
+    status = json.loads(CliRunner(env=env).invoke(cli, ["status", "--cluster", str(lab3.cluster_file), "--sample",
+                                                        "0", "--json"]).stdout)
+    usable_mib = min(h["memory_bytes"] - h["memory_reserved"] for h in status["hosts"]) >> 20
+    half = usable_mib * 6 // 10  # two do not fit on one host; one leaves too little for another
+    tag = uuid.uuid4().hex[:4]
+    big = tmp_path / "big.toml"
+    big.write_text(f'name = "big{tag}"\nvms = 2\nvcpus = 1\nmemory = "{half}MiB"\ncpu_cores = 0.05\n'
+                   'spread = true\n')
+    r = CliRunner(env=env).invoke(cli, ["place", str(big), "--cluster", str(lab3.cluster_file), "--apply", "--json"])
+    assert r.exit_code == 0, r.output
+    hosts = sorted(s["host"] for s in json.loads(r.stdout)["plan"]["steps"] if s["op"] == "create")
+    more = tmp_path / "more.toml"
+    more.write_text(f'name = "more{tag}"\nvms = 1\nvcpus = 1\nmemory = "{half}MiB"\ncpu_cores = 0.05\n')
+    text = lab3.cluster_file.read_text()
+    for tolerated, admitted in ((1, False), (0, True)):
+        c = tmp_path / f"cluster{tolerated}.toml"
+        c.write_text(text.replace('name = "lab"\n', f'name = "lab"\nfailures_tolerated = {tolerated}\n', 1))
+        r = CliRunner(env=env).invoke(cli, ["place", str(more), "--cluster", str(c), "--json"])
+        doc = json.loads(r.stdout)
+        assert doc["admitted"] is admitted and r.exit_code == (0 if admitted else 1), r.output
+        if not admitted:
+            assert doc["reason"].startswith(f"failover: if host {hosts[0]} failed, 1 of its 1 VMs"), doc["reason"]
