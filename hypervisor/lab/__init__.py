@@ -59,8 +59,8 @@ MAX_HOSTS = 8
 TRANSPORTS = ("unix", "tls")
 #: The storage name every host of a ``--shared-storage`` lab declares.
 SHARED_STORAGE = "lab-shared"
-REQUIRED_PROGRAMS = ("libvirtd", "virtlogd", "qemu-system-x86_64", "unshare", "nsenter", "mount", "apt-get",
-                     "dpkg-deb")
+REQUIRED_PROGRAMS = ("libvirtd", "virtlogd", "virtlockd", "qemu-system-x86_64", "unshare", "nsenter", "mount",
+                     "apt-get", "dpkg-deb")
 
 Progress = Callable[[str], None]
 
@@ -466,6 +466,7 @@ def _down(layout: LabLayout) -> DownReport:
     (layout.root / fence_agent.AGENT_NAME).unlink(missing_ok=True)
     shutil.rmtree(layout.pki_dir, ignore_errors=True)
     shutil.rmtree(layout.shared_dir, ignore_errors=True)
+    shutil.rmtree(layout.lockspace_dir, ignore_errors=True)
     return DownReport(tuple(stopped), tuple(guests), tuple(killed), tuple(removed))
 
 

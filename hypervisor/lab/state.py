@@ -188,6 +188,11 @@ class LabLayout:
         return self.root / "pki"
 
     @property
+    def lockspace_dir(self) -> Path:
+        """virtlockd's lockspace, the same directory for every host (hypervisor/lab/daemons.py, lockd_conf)."""
+        return self.root / "lockspace"
+
+    @property
     def shared_dir(self) -> Path:
         """The directory ``--shared-storage`` binds over every host's ``/var/lib/libvirt/images``."""
         return self.root / "shared"
