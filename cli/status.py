@@ -187,6 +187,8 @@ def render_status(doc: dict[str, Any]) -> None:
                       "(`vcsched adapt --budget B` repairs it)", highlight=False)
     if doc.get("headroom"):
         render_headroom(doc)
+    elif doc.get("headroom_skipped"):
+        console.print(f"[dim]failover headroom not computed: {doc['headroom_skipped']}[/]", highlight=False)
     if "policy" in doc:
         render_virtual_clusters(doc)
 
@@ -228,8 +230,10 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
 @click.option("--sample", "seconds", type=FiniteFloatRange(0, 60), default=2.0, show_default=True, metavar="S",
               help="Measure each VM's CPU, disk and network use over S seconds (two samples); 0 skips measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--headroom", "show_headroom", is_flag=True,
+              help="Compute each host's failover headroom even on a cluster of more than 100 hosts.")
 @policy_options()
-def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: str | None,
+def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_headroom: bool, policy: str | None,
                alpha: float | None) -> int:
     """Show every host and VM of the cluster: caps, predicted yields and measured CPU, disk and network.
 
@@ -254,6 +258,11 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     Placement rules (docs/rules.md): hosts in maintenance are marked, each
     VM's rules are shown (spread, together, pinned; "?" = preferred), and
     every rule the running VMs break is listed (`vcsched adapt` repairs it).
+
+    Failover headroom (docs/operations.md, "When a host dies"): for each host,
+    whether its VMs would fit on the others if it failed (memory, and CPU at
+    the virtual clusters' floors) and the minimum yield after; computed up to
+    100 hosts (above, with --headroom: each host is one placement).
 
     A host that does not answer is shown as down, with libvirt's reason; the
     others are shown as usual.  Exit codes: 0 shown (even with hosts down),
@@ -283,10 +292,18 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     for h in doc["hosts"]:
         h["maintenance"] = h["name"] in cluster.cordoned
     doc["violations"] = rule_violations(inv.up())
-    from vcsched.control.failover import headroom
+    from vcsched.control.failover import HEADROOM_MAX_HOSTS, headroom
 
     doc["failures_tolerated"] = cluster.failures_tolerated
-    doc["headroom"] = [f.to_dict() for f in headroom(cluster, inv)] if inv.up().managed() else []
+    up = inv.up()
+    if not up.managed():
+        doc["headroom"] = []
+    elif len(up.hosts) > HEADROOM_MAX_HOSTS and not show_headroom:
+        doc["headroom"] = None
+        doc["headroom_skipped"] = (f"{len(up.hosts)} hosts answer, more than {HEADROOM_MAX_HOSTS}: each host's "
+                                   "headroom is one placement of the cluster (--headroom computes it)")
+    else:
+        doc["headroom"] = [f.to_dict() for f in headroom(cluster, inv)]
     if as_json:
         emit_json(doc)
     else:

@@ -211,3 +211,13 @@ def test_vms_already_running_elsewhere_are_not_created_again() -> None:
     hv = down_h1([managed("web-0", "h2", "web", 0.5, cap=0.5)])
     rec = plan_recovery(fenced(cluster_of(3), "h1"), hv.inventory(), "h1", [record("web-0"), record("web-1")])
     assert rec.running == (("web-0", "h2"),) and [vm for vm, _ in rec.restarts] == ["web-1"]
+
+
+def test_status_leaves_headroom_out_above_100_hosts_unless_asked(tmp_path: Path) -> None:
+    sc = write_scale_cluster(tmp_path, 101, 1)
+    r = CliRunner().invoke(cli, ["status", "--cluster", str(sc.cluster_file), "--sample", "0", "--json"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["headroom"] is None and "more than 100" in doc["headroom_skipped"]
+    asked = CliRunner().invoke(cli, ["status", "--cluster", str(sc.cluster_file), "--sample", "0", "--json",
+                                     "--headroom"])
+    assert len(json.loads(asked.stdout)["headroom"]) == 101
