@@ -49,7 +49,15 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
     stranded / HOST answers / fencing failed / a step failed / the cluster is
     locked, 2 bad input.
     """
-    from cli.common import apply_exit_code, load_cluster, notice, render_plan, render_report, run_apply
+    from cli.common import (
+        apply_exit_code,
+        load_cluster,
+        note_in_doubt,
+        notice,
+        render_plan,
+        render_report,
+        run_apply,
+    )
     from hypervisor.definitions import DefinitionStore
     from hypervisor.fence import fence_host
     from hypervisor.libvirt_backend import LibvirtHypervisor
@@ -63,6 +71,8 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
     with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
             cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
         inventory = hv.inventory()
+        if lock is None:  # a dry run reads only: in-doubt VMs are reported, never settled
+            note_in_doubt(inventory)
         state = inventory.host(host)
         if state.down is None:
             reason = f"host {host} answers: it has not failed; nothing changed (`vcsched drain {host}` moves its VMs)"

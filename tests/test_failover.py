@@ -221,3 +221,11 @@ def test_status_leaves_headroom_out_above_100_hosts_unless_asked(tmp_path: Path)
     asked = CliRunner().invoke(cli, ["status", "--cluster", str(sc.cluster_file), "--sample", "0", "--json",
                                      "--headroom"])
     assert len(json.loads(asked.stdout)["headroom"]) == 101
+
+
+def test_a_refusal_says_when_the_cluster_lacked_failover_room_already() -> None:
+    c = dataclasses.replace(cluster_of(2), failures_tolerated=1)
+    inv = inventory_of([managed("x", "h0", "x", 0.1, mem=700 * MiB), managed("y", "h1", "y", 0.1, mem=700 * MiB)])
+    decision = admit(c, inv, request("tiny", vms=1, mem=64 * MiB))
+    refused = keep_failover_room(c, inv, decision)
+    assert refused.reason is not None and refused.reason.endswith("already before this request (make room first)")

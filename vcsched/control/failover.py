@@ -303,6 +303,8 @@ def keep_failover_room(cluster: Cluster, inventory: Inventory, decision: Decisio
     refused = failover_refusal(cluster, after_plan(inventory, decision.plan))
     if refused is None:
         return decision
+    if failover_refusal(cluster, inventory) is not None:
+        refused += "; the cluster lacked failover room already before this request (make room first)"
     return dataclasses.replace(decision, admitted=False, reason=refused, plan=None,
                                detail={**decision.detail, "failover": refused})
 
