@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
 from cli.common import CLUSTER_HELP, cluster_lock, lock_options
+
+if TYPE_CHECKING:
+    from vcsched.control.failover import Recovery
 
 
 @click.command("recover")
@@ -118,7 +121,7 @@ def _refused(out: dict[str, Any], reason: str, as_json: bool) -> int:
     return EXIT_UNSATISFIED
 
 
-def _render(host: str, down: str, recovery: Any, recorded: int) -> None:
+def _render(host: str, down: str, recovery: Recovery, recorded: int) -> None:
     console.print(f"host {host} is down ({down}); {recorded} VM(s) recorded on it", highlight=False)
     if recovery.fence and recovery.restarts:
         console.print(f"1. fence {host} (its fence agent: off, then status must say off)", highlight=False)
