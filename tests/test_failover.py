@@ -229,3 +229,12 @@ def test_a_refusal_says_when_the_cluster_lacked_failover_room_already() -> None:
     decision = admit(c, inv, request("tiny", vms=1, mem=64 * MiB))
     refused = keep_failover_room(c, inv, decision)
     assert refused.reason is not None and refused.reason.endswith("already before this request (make room first)")
+
+
+def test_priority_round_trips_through_libvirt_metadata_and_is_left_out_when_0() -> None:
+    from hypervisor.domain_xml import metadata_xml, parse_metadata
+    from vcsched.inventory import VmMeta
+
+    meta = VmMeta("web", 0.5, 128 * MiB, 1, priority=7)
+    assert parse_metadata(metadata_xml(meta)) == meta
+    assert "priority" not in metadata_xml(dataclasses.replace(meta, priority=0))
