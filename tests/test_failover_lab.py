@@ -196,3 +196,46 @@ def test_on_a_full_lab_a_request_without_failover_room_is_refused_naming_the_hos
         assert doc["admitted"] is admitted and r.exit_code == (0 if admitted else 1), r.output
         if not admitted:
             assert doc["reason"].startswith(f"failover: if host {hosts[0]} failed, 1 of its 1 VMs"), doc["reason"]
+
+
+def test_without_a_working_fence_nothing_is_restarted_until_fencing_works(lab3: Lab, tmp_path: Path) -> None:
+    """h1 loses its power.  A daemon whose cluster file gives h1 no fence agent reports its VMs stranded and
+    creates nothing; one whose agent answers "on" after off fences again every interval and creates nothing; one
+    with the lab's agent restarts them."""
+    cluster, env, placed = setup(lab3, tmp_path)
+    lost = sorted(vm for vm, h in placed.items() if h == "h1")
+    kill_namespace(LabLayout(lab3.dir), 1)  # power loss
+    text = cluster.read_text()
+    h1_fence = next(line for line in text.splitlines() if "plug = \"h1\"" in line)
+    liar = tmp_path / "fence_liar"
+    liar.write_text("#!/bin/sh\ncase \"$(cat)\" in *action=status*) echo 'Status: ON'; exit 0;; esac\nexit 0\n")
+    liar.chmod(0o755)
+    variants = {"none": text.replace(h1_fence + "\n", ""),
+                "liar": text.replace(h1_fence, f'fence = {{agent = "{liar}"}}')}
+    for name, body in variants.items():
+        c = tmp_path / f"cluster-{name}.toml"
+        c.write_text(body)
+        log = tmp_path / f"run-{name}.jsonl"
+        with daemon(c, env, log) as proc:
+            deadline = time.time() + FAILURE_TIMEOUT + 30
+            while time.time() < deadline:
+                assert proc.poll() is None
+                if name == "none" and len(events(log, "vm_stranded")) >= len(lost):
+                    break
+                if name == "liar" and len(events(log, "host_fenced")) >= 2:
+                    break
+                time.sleep(0.5)
+        report = "\n".join(json.dumps(e) for e in events(log) if e["event"] not in ("observe", "interval"))
+        assert not events(log, "vm_restarted") and all(qemu_copies(lab3, vm) == [] for vm in lost), report
+        if name == "none":
+            stranded = events(log, "vm_stranded")
+            assert sorted(e["vm"] for e in stranded) == lost and all("no fence agent" in e["reason"]
+                                                                     for e in stranded), report
+        else:
+            fenced = events(log, "host_fenced")
+            assert len(fenced) >= 2 and not any(e["fenced"] for e in fenced), report
+            assert "still on" in fenced[0]["detail"], report
+    log = tmp_path / "run-lab.jsonl"
+    with daemon(cluster, env, log) as proc:
+        wait_restarted(proc, log, len(lost), time.time() + FAILURE_TIMEOUT + 30)
+    assert sorted(e["vm"] for e in events(log, "vm_restarted")) == lost
