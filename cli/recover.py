@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
-from cli.common import CLUSTER_HELP, cluster_lock, lock_options
+from cli.app import EXIT_OK, console, emit_json, refuse
+from cli.common import cluster_lock
+from cli.params import cluster_option, json_option, lock_options
 
 if TYPE_CHECKING:
     from vcsched.control.failover import Recovery
@@ -15,11 +16,10 @@ if TYPE_CHECKING:
 
 @click.command("recover")
 @click.argument("host")
-@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False, exists=True), default=None,
-              metavar="FILE", help=CLUSTER_HELP)
+@cluster_option()
 @click.option("--apply", "do_apply", is_flag=True,
               help="Fence HOST, then create its VMs on the survivors (default: dry run, print the plan).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the recovery, fencing, apply report).")
+@json_option("Print one JSON object: ok, the recovery, fencing, the apply report.")
 @lock_options()
 def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bool, wait: float,
                 coordination: str | None, lock_ttl: float | None) -> int:
@@ -50,7 +50,7 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
 
     Exit codes: 0 every VM of HOST runs (or will, dry run), 1 a VM is
     stranded / HOST answers / fencing failed / a step failed / the cluster is
-    locked, 2 bad input.
+    locked, 2 bad input, 130 interrupted (a running step finishes first).
     """
     from cli.common import (
         apply_exit_code,
@@ -105,20 +105,22 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
                 render_report(report)
         elif not as_json and recovery.plan is not None:
             console.print("dry run: nothing changed (use --apply to fence and create)")
+    code = apply_exit_code(report) if report is not None else EXIT_OK
     if as_json:
-        emit_json(out)
+        emit_json({"ok": code == EXIT_OK and not recovery.stranded, **out})
     if recovery.stranded:
-        return EXIT_UNSATISFIED
-    return apply_exit_code(report) if report is not None else EXIT_OK
+        return refuse(f"{len(recovery.stranded)} VM(s) of {host} stranded: "
+                      + "; ".join(f"{vm}: {why}" for vm, why in recovery.stranded[:3]))
+    return code
 
 
 def _refused(out: dict[str, Any], reason: str, as_json: bool) -> int:
     out["refused"] = reason
     if as_json:
-        emit_json(out)
+        emit_json({"ok": False, **out})
     else:
         console.print(f"[red]not recovered[/]: {reason}", highlight=False)
-    return EXIT_UNSATISFIED
+    return refuse(reason)
 
 
 def _render(host: str, down: str, recovery: Recovery, recorded: int) -> None:

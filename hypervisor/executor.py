@@ -70,8 +70,17 @@ DONE, SKIPPED, FAILED, NOT_RUN, INTERRUPTED = "done", "skipped", "failed", "not 
 CTRL_C = "interrupted (Ctrl-C)"  # ApplyReport.stopped when the operator interrupted the run
 
 
-class SnapshotMismatch(InputError):
-    """The cluster changed since the plan was computed (exit 2; ``--force`` applies anyway)."""
+class PlanRefused(InputError):
+    """A well-formed plan that does not hold on the live cluster as it is now: it no longer fits (a host would be
+    over-committed, a VM is gone or is not vcsched's, ...), or the cluster changed since it was computed.  A
+    refusal, not bad input: exit 1, nothing changed (docs/cli.md).  An :class:`InputError` still, for callers
+    that refuse every plan problem alike."""
+
+    exit_code = 1
+
+
+class SnapshotMismatch(PlanRefused):
+    """The cluster changed since the plan was computed (exit 1; ``--force`` applies anyway)."""
 
 
 class StepFailed(VcschedError):
@@ -390,19 +399,22 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
 
 def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
                on_step: Callable[[StepResult], None] | None = None,
-               guard: Callable[[], None] | None = None) -> ApplyReport:
+               guard: Callable[[], None] | None = None, threads: bool = True) -> ApplyReport:
     """Run ``plan`` on ``hv``; returns what happened to every step (see the module docstring).
 
     Raises (nothing changed): :class:`SnapshotMismatch` when the cluster
     changed since the plan was computed (unless ``force``), and
-    :class:`vcsched.errors.InputError` when the plan does not hold on the
-    live cluster as a whole (even with ``force``: that would over-commit).
+    :class:`PlanRefused` when the plan does not hold on the live cluster as a
+    whole (even with ``force``: that would over-commit); both exit 1.
 
     ``guard`` is called before every step (every wave); if it raises a
     :class:`VcschedError` (the cluster lock was lost) no further step starts
     and the report says why.  Ctrl-C (KeyboardInterrupt) stops the plan the
     same way: the report lists what was done, and the step that was running
     is marked interrupted.
+
+    ``threads=False`` runs a wave's migrations one after the other, in plan order, in the caller's thread (a
+    deterministic simulation); by default they run at once.
     """
     for i, step in enumerate(plan.steps):
         if step.op not in RUNNERS:
@@ -413,7 +425,10 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
         again = "place" if plan.kind == "place" else "adapt"
         raise SnapshotMismatch(f"plan.snapshot: cluster {plan.cluster!r} changed since this plan was computed "
                                f"(compute a new one with `vcsched {again}`, or apply anyway with --force)")
-    check_plan(plan.steps, inventory, created=created_devices(hv, plan.steps))
+    try:
+        check_plan(plan.steps, inventory, created=created_devices(hv, plan.steps))
+    except InputError as exc:
+        raise PlanRefused(str(exc)) from None  # the message names the step and the field, as bad input does
     check_claims(plan, inventory)
     check_creates(hv, plan.steps, inventory)
     results: list[StepResult] = []
@@ -427,7 +442,7 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
         try:
             if guard is not None:
                 guard()
-            done = _run_group(hv, group, batch[0][0])
+            done = _run_group(hv, group, batch[0][0], threads)
         except HostReadBug:
             raise  # a bug in vcsched's reading code: reported as such (exit 70), not as a stopped plan
         except VcschedError as exc:
@@ -494,13 +509,13 @@ def restore_lowered(hv: Hypervisor, before: Inventory, results: Sequence[StepRes
     return tuple(out)
 
 
-def _run_group(hv: Hypervisor, group: list[Step], first: int) -> list[StepResult]:
+def _run_group(hv: Hypervisor, group: list[Step], first: int, threads: bool = True) -> list[StepResult]:
     """One step, or one wave of migrations at once, after its pre-condition on the hosts as they are now."""
     problem = _precondition(hv, group, first)
     if problem is not None:
         return [StepResult(step, FAILED, problem, 0.0) for step in group]
-    if len(group) == 1:
-        return [_run_step(hv, group[0])]
+    if len(group) == 1 or not threads:
+        return [_run_step(hv, step) for step in group]
     with ThreadPoolExecutor(max_workers=len(group), thread_name_prefix="vcsched-wave") as pool:
         return list(pool.map(lambda step: _run_step(hv, step), group))
 

@@ -40,7 +40,8 @@ controller, not something the host should replay from a stale config.
 ``libvirt.libvirtError`` or :class:`HypervisorError` when the host cannot be reached).  The default opens a
 real connection (``libvirt.open`` in a thread bounded by ``host_timeout``, with keepalive:
 :func:`hypervisor.connections.open_bounded`).  Tests and the fault simulation pass their own, with
-``workers=1`` (hosts read inline, in cluster order), ``clock`` (wall time stamped on migrations) and
+``workers=1`` (everything in the caller's thread: hosts read inline, in cluster order, connections closed
+inline), ``clock`` (wall time stamped on migrations) and
 ``sleep`` (pauses between retries) so that a run is deterministic.
 """
 
@@ -230,7 +231,12 @@ class LibvirtHypervisor:
         with self._lock:
             conn = self._conns.pop(host, None)
             self._doms.pop(host, None)
-        if conn is not None:
+        if conn is None:
+            return
+        if self._workers == 1:  # deterministic mode: nothing leaves the caller's thread
+            with contextlib.suppress(libvirt.libvirtError):
+                unwrap(conn).close()
+        else:
             close_quietly(unwrap(conn))
 
     # ----------------------------------------------------------- reading
@@ -535,7 +541,7 @@ class LibvirtHypervisor:
                                       "nothing changed")
 
     def set_io_caps(self, host: str, vm: str, caps: IoCaps) -> None:
-        """Throttle the VM's disks (one group) and shape its interfaces; see the module docstring.
+        """Throttle the VM's disks (one group) and shape its interfaces (:mod:`hypervisor.throttle`).
 
         The disks are all set before the interfaces.  A failure on an
         interface puts back the parameters that interface had (libvirt leaves

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hypervisor.files import write_atomic
 from hypervisor.lab import cgroups, daemons, fence_agent, qemucaps
 from hypervisor.lab.guest import boot_directly
 from hypervisor.lab.image import BUSYBOX, ensure_image, initramfs_recipe
@@ -301,7 +302,7 @@ def _repair(layout: LabLayout, existing: tuple[list[LabHost], GuestImage, int], 
         assert new_reserved is not None
         hosts = [dataclasses.replace(h, memory_reserved=new_reserved) for h in hosts]
     _write_state(layout, hosts, guest, machine_mib, transport, shared)
-    layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
+    write_atomic(layout.cluster_file, render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
                                                      migration_tls=tls, fence_agent=fence_agent.install(layout.root),
                                                      lab_dir=layout.root))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file, tuple(repaired),
@@ -359,7 +360,7 @@ def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, pro
     except BaseException:
         _down(layout)  # the half-started host's directory is enough for down to find it
         raise
-    layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
+    write_atomic(layout.cluster_file, render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
                                                      migration_tls=tls, fence_agent=fence_agent.install(layout.root),
                                                      lab_dir=layout.root))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file,
@@ -379,7 +380,7 @@ def _write_state(layout: LabLayout, hosts: list[LabHost], guest: GuestImage, mac
         "guest": {k: str(v) for k, v in asdict(guest).items()},
         "started": time.time(),
     }
-    layout.state_file.write_text(json.dumps(doc, indent=1) + "\n")
+    write_atomic(layout.state_file, json.dumps(doc, indent=1) + "\n")
 
 
 def _host_indexes(layout: LabLayout) -> list[int]:
@@ -591,5 +592,5 @@ def guest_boot_check(timeout_s: float = 120.0) -> str | None:
         boot_directly(image, timeout_s)
     except (VcschedError, OSError) as exc:
         return f"a TCG guest does not boot here: {exc}"
-    stamp.write_text(key)
+    write_atomic(stamp, key)
     return None
