@@ -76,6 +76,10 @@ def load_cluster(path: str | None) -> Cluster:
             from hypervisor.pki import check_pki
 
             check_pki("pki", cluster.pki)
+        if any(h.fence is not None for h in cluster.hosts):
+            from hypervisor.fence import check_agents
+
+            check_agents(cluster)
     except InputError as exc:
         if str(exc).startswith("cluster file "):
             raise
@@ -321,14 +325,20 @@ def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> di
 
 def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
               lock: ClusterLock | None = None) -> ApplyReport:
-    """Apply with a progress bar (unless ``quiet``), one line per step as it finishes; under ``lock``."""
+    """Apply with a progress bar (unless ``quiet``), one line per step as it finishes; under ``lock``.
+
+    Every step that takes effect is recorded in the definitions store of the lock's coordination backend
+    (hypervisor/definitions.py), so that the VMs it creates or moves can be restarted if their host fails.
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from hypervisor.definitions import DefinitionStore, recorder
     from hypervisor.executor import StepResult, apply_plan
 
     guard = lock.guard if lock is not None else None
+    store = DefinitionStore.for_url(lock.url, hv.cluster.name) if lock is not None else None
     if quiet or not plan.steps:
-        return apply_plan(hv, plan, force=force, guard=guard)
+        return apply_plan(hv, plan, force=force, guard=guard, on_step=recorder(store, notice))
     with Progress(TextColumn("applying"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   console=console, transient=True) as progress:
         task = progress.add_task("", total=len(plan.steps))
@@ -336,7 +346,7 @@ def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
         def on_step(r: StepResult) -> None:
             progress.update(task, advance=1, description=f"{r.step.op} {r.step.vm}: {r.outcome}")
 
-        return apply_plan(hv, plan, force=force, on_step=on_step, guard=guard)
+        return apply_plan(hv, plan, force=force, on_step=recorder(store, notice, on_step), guard=guard)
 
 
 def render_report(report: ApplyReport) -> None:

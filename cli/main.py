@@ -41,6 +41,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "Take HOST out of maintenance: it receives VMs again (`vcsched adapt` can move some back)."),
     "drain": ("cli.drain:drain_cmd",
               "Empty HOST by live migration within --budget bytes, for maintenance; --apply carries it out."),
+    "recover": ("cli.recover:recover_cmd",
+                "Run a failed host's VMs again on the survivors: fence it, then create them, most important first."),
     "simulate": ("cli.simulate:simulate_cmd",
                  "Simulate virtual clusters arriving and leaving over time, under every sharing policy."),
     "observe": ("cli.observe:observe_cmd",

@@ -19,6 +19,7 @@ from cli.common import (
 )
 from cli.params import cluster_option, json_option, lock_options, output_option, policy_options
 from vcsched.control.admission import Decision, admit
+from vcsched.control.failover import keep_failover_room
 from vcsched.formats.request import Request
 from vcsched.formats.units import format_size
 from vcsched.inventory import Inventory
@@ -100,7 +101,8 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
     with deciding_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
                      quiet=as_json) as (hv, lock, inventory):
-        decision = admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing)
+        decision = keep_failover_room(cluster, inventory,
+                                      admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing))
         report = None
         if decision.plan is not None:
             if output:

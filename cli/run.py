@@ -100,7 +100,9 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     Exit codes: 0 stopped, 2 bad input (nothing started).
     """
     from hypervisor.controller import Controller, RunOptions
+    from hypervisor.definitions import DefinitionStore
     from hypervisor.events import EventLog
+    from hypervisor.failure import Failover
     from hypervisor.identity import lock_key
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from hypervisor.lock import DEFAULT_TTL, ClusterLock, leader_lock_name, member_id, resolve_url
@@ -138,7 +140,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
                 cluster.name, hv, options,
                 leader_lock=lambda: ClusterLock(url, cluster.name, member, ttl, name=leader_lock_name(key)),
                 cluster_lock=lambda: ClusterLock(url, cluster.name, member, ttl, key=key),
-                events=events, metrics=metrics, clock=clock, stop=stop)
+                events=events, metrics=metrics, clock=clock, stop=stop,
+                failover=Failover(cluster, DefinitionStore.for_url(url, cluster.name)))
             metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
             controller.run(**metrics_at)
     finally:

@@ -188,8 +188,26 @@ def render_status(doc: dict[str, Any]) -> None:
     for bad in doc.get("violations", []):
         console.print(f"[yellow]rule broken:[/] {bad['cluster']}: {bad['rule']}: {bad['problem']} "
                       "(`vcsched adapt --budget B` repairs it)", highlight=False)
+    if doc.get("headroom"):
+        render_headroom(doc)
+    elif doc.get("headroom_skipped"):
+        console.print(f"[dim]failover headroom not computed: {doc['headroom_skipped']}[/]", highlight=False)
     if "policy" in doc:
         render_virtual_clusters(doc)
+
+
+def render_headroom(doc: dict[str, Any]) -> None:
+    """For each host: would its managed VMs fit on the others if it failed, and the min yield after."""
+    table = FitTable(title="failover headroom (if the host failed: do its VMs fit on the others, memory and CPU at "
+                           f"their floors; failures_tolerated = {doc.get('failures_tolerated', 0)})")
+    for col, priority in (("host", 0), ("its VMs", 2), ("would fit", 1), ("min yield after", 1), ("stranded", 3)):
+        table.add_column(col, justify="left" if col in ("host", "stranded") else "right", priority=priority,
+                         key=col == "host")
+    for f in doc["headroom"]:
+        fits = "yes" if f["fits"] else "[red]no[/]"
+        stranded = ", ".join(sorted(f["stranded"])) or "-"
+        table.add_row(f["host"], str(len(f["vms"])), fits, _num(f["min_yield_after"]), stranded)
+    console.print(table)
 
 
 def render_virtual_clusters(doc: dict[str, Any]) -> None:
@@ -218,8 +236,10 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
 @click.option("--sample", "seconds", type=FiniteFloatRange(0, 60), default=2.0, show_default=True, metavar="S",
               help="Measure each VM's CPU, disk and network use over S seconds (two samples); 0 skips measuring.")
 @json_option("Print one JSON object instead of tables.")
+@click.option("--headroom", "show_headroom", is_flag=True,
+              help="Compute each host's failover headroom even on a cluster of more than 100 hosts.")
 @policy_options()
-def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: str | None,
+def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_headroom: bool, policy: str | None,
                alpha: float | None) -> int:
     """Show every host and VM of the cluster: caps, predicted yields and measured CPU, disk and network.
 
@@ -244,6 +264,11 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     Placement rules (docs/rules.md): hosts in maintenance are marked, each
     VM's rules are shown (spread, together, pinned; "?" = preferred), and
     every rule the running VMs break is listed (`vcsched adapt` repairs it).
+
+    Failover headroom (docs/operations.md, "When a host dies"): for each host,
+    whether its VMs would fit on the others if it failed (memory, and CPU at
+    the virtual clusters' floors) and the minimum yield after; computed up to
+    100 hosts (above, with --headroom: each host is one placement).
 
     A host that does not answer is shown as down, with libvirt's reason; the
     others are shown as usual.  Exit codes: 0 shown (even with hosts down),
@@ -273,6 +298,18 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     for h in doc["hosts"]:
         h["maintenance"] = h["name"] in cluster.cordoned
     doc["violations"] = rule_violations(inv.up())
+    from vcsched.control.failover import HEADROOM_MAX_HOSTS, headroom
+
+    doc["failures_tolerated"] = cluster.failures_tolerated
+    up = inv.up()
+    if not up.managed():
+        doc["headroom"] = []
+    elif len(up.hosts) > HEADROOM_MAX_HOSTS and not show_headroom:
+        doc["headroom"] = None
+        doc["headroom_skipped"] = (f"{len(up.hosts)} hosts answer, more than {HEADROOM_MAX_HOSTS}: each host's "
+                                   "headroom is one placement of the cluster (--headroom computes it)")
+    else:
+        doc["headroom"] = [f.to_dict() for f in headroom(cluster, inv)]
     doc["ok"] = len(inv.down_hosts()) < len(inv.hosts)
     if as_json:
         emit_json(doc)

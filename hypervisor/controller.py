@@ -65,18 +65,21 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hypervisor.base import Hypervisor
+from hypervisor.definitions import StoreError, recorder
 from hypervisor.events import EventLog
 from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
+from hypervisor.failure import Failover, FailureState
 from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries, restore_journal
 from hypervisor.lock import LockBusy
 from hypervisor.metrics import ControllerMetrics, HostMetrics, VmMetrics
 from hypervisor.sampling import Clock, CpuSampler, SystemClock
+from vcsched.control.failover import plan_recovery
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, RebalanceOptions, Rebalancer
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
-from vcsched.plans.steps import MigrateStep
+from vcsched.plans.steps import CreateStep, MigrateStep
 
 
 class Stopping(VcschedError):
@@ -161,6 +164,9 @@ class Controller:
     stop: threading.Event = field(default_factory=threading.Event)
     #: Where probe journals live (default: ``<state dir>/journal``, hypervisor.journal).
     journals: Path | None = None
+    #: Failed hosts: detected, fenced, their VMs restarted (hypervisor/failure.py); None: hosts down are only
+    #: reported, as before.
+    failover: Failover | None = None
 
     def __post_init__(self) -> None:
         self._lead = _Leadership()
@@ -182,6 +188,7 @@ class Controller:
         self.planned: dict[str, float] = {}
         self.down: dict[str, str] = {}
         self.down_intervals: dict[str, int] = {}  # host -> intervals in a row it was found down (the metric)
+        self.failures = FailureState()
 
     @property
     def leader(self) -> bool:
@@ -355,7 +362,9 @@ class Controller:
                 self.events.emit("host-down", host=h.name, reason=h.down)
             elif h.down is None and h.name in self.down:
                 del self.down[h.name]
-                self.events.emit("host-up", host=h.name)
+                self.events.emit("host-up", host=h.name, was_failed=self.failures.up(h.name))
+            if h.down is not None:
+                self.failures.down_since.setdefault(h.name, self.clock.monotonic())
             self.down_intervals[h.name] = self.down_intervals.get(h.name, 0) + 1 if h.down is not None else 0
 
     def _estimate(self, inventory: Inventory) -> dict[str, Estimate]:
@@ -366,6 +375,8 @@ class Controller:
         o = self.options
         inventory = self.sampler.sample(self.hv)  # a sampling round too: a new leader's first baseline
         self._hosts(inventory)
+        if self.failover is not None and inventory.down_hosts():
+            self._failures(inventory)
         estimates = self._estimate(inventory)
         warming = self.clock.monotonic() - self._lead.since < o.window_s - o.sample_s / 2  # half a period late: on time
         if warming:
@@ -416,7 +427,11 @@ class Controller:
             self.events.emit("step", kind=kind, outcome=r.outcome, seconds=r.seconds, detail=r.detail,
                              **r.step.to_dict())
 
-        report = apply_plan(self.hv, plan, guard=self._guard(lock), on_step=on_step)
+        def warn(line: str) -> None:
+            self.events.emit("error", during="definitions", error=line, type="StoreError")
+
+        store = self.failover.store if self.failover is not None else None
+        report = apply_plan(self.hv, plan, guard=self._guard(lock), on_step=recorder(store, warn, on_step))
         moved = sum(r.step.bytes for r in report.results
                     if isinstance(r.step, MigrateStep) and r.outcome == DONE)
         self.metrics.add_plan(report.ok, moved)
@@ -433,6 +448,73 @@ class Controller:
         if self.stop.is_set():
             raise Stopping("stopping")
         return report
+
+    # ------------------------------------------------------------------ failed hosts
+
+    def _failures(self, inventory: Inventory) -> None:
+        """Declare hosts down for ``failure_timeout`` failed, then fence and restart (hypervisor/failure.py)."""
+        assert self.failover is not None
+        cluster, now = self.failover.cluster, self.clock.monotonic()
+        for h in inventory.down_hosts():
+            since = self.failures.down_since.get(h.name, now)
+            if now - since < cluster.failure_timeout:
+                continue
+            if h.name not in self.failures.failed_at:
+                self.failures.failed_at[h.name] = now
+                self.metrics.add_failure("hosts_failed")
+                self.events.emit("host_failed", host=h.name, down_seconds=round(now - since, 3), reason=h.down,
+                                 failure_timeout=cluster.failure_timeout)
+            try:
+                self._recover(inventory, h.name)
+            except LockBusy as exc:
+                self.events.emit("lock-busy", action="recover", reason=str(exc))
+            except StoreError as exc:
+                self._error("recover", exc)
+
+    def _stranded(self, host: str, stranded: tuple[tuple[str, str], ...]) -> None:
+        for vm, why in stranded:
+            if (host, vm) not in self.failures.said_stranded:
+                self.failures.said_stranded.add((host, vm))
+                self.metrics.add_failure("vms_stranded")
+                self.events.emit("vm_stranded", vm=vm, host=host, reason=why)
+
+    def _recover(self, inventory: Inventory, host: str) -> None:
+        """Plan the recovery of failed ``host``; fence it and create its VMs (not in a dry run)."""
+        assert self.failover is not None
+        cluster, store = self.failover.cluster, self.failover.store
+        recovery = plan_recovery(cluster, inventory, host, [d.step for d in store.on(host)])
+        self._stranded(host, recovery.stranded)
+        if recovery.plan is None:
+            return
+        self.events.emit("plan", kind="recover", dry_run=self.options.dry_run, plan=recovery.plan.to_dict())
+        if self.options.dry_run:
+            return
+        with self._acting("recover") as lock:
+            fresh = self.hv.inventory()
+            if fresh.host(host).down is None:
+                self.events.emit("decision", kind="recover", reason=f"host {host} answers again: nothing restarted")
+                return
+            recovery = plan_recovery(cluster, fresh, host, [d.step for d in store.on(host)])
+            self._stranded(host, recovery.stranded)
+            if recovery.plan is None:
+                return
+            if host not in self.failures.fenced:
+                assert lock is not None
+                lock.guard()
+                result = self.failover.fence(cluster.host(host))
+                self.metrics.add_failure("fence_ok" if result.fenced else "fence_failed")
+                self.events.emit("host_fenced", **result.to_dict())
+                if not result.fenced:
+                    return  # its VMs may still run there: nothing is created; tried again next interval
+                self.failures.fenced.add(host)
+            report = self._apply(recovery.plan, lock, "recover")
+        detected = self.failures.failed_at.get(host, self.clock.monotonic())
+        for r in report.results:
+            if isinstance(r.step, CreateStep) and r.outcome == DONE:
+                seconds = self.clock.monotonic() - detected
+                self.metrics.add_restart(seconds)
+                self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, failed_host=host,
+                                 seconds_since_failed=round(seconds, 3))
 
     def _probe(self, inventory: Inventory, estimates: dict[str, Estimate]) -> tuple[Inventory, dict[str, Estimate]]:
         """Raise the caps of VMs that want a probe into unused capacity, sample, estimate again (module docstring)."""

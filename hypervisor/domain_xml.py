@@ -92,6 +92,8 @@ def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
             extra += f' {k}="{getattr(meta, k)}"'
     if meta.pinned:
         extra += ' pinned="true"'
+    if meta.priority:  # restart order after a host failure (docs/operations.md, "When a host dies")
+        extra += f' priority="{meta.priority}"'
     return (f'<{tag} cluster={quoteattr(meta.cluster)} cpu_need_cores="{meta.cpu_need_cores!r}" '
             f'memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"{floor}{extra}/>')
 
@@ -128,7 +130,7 @@ def parse_metadata_element(el: ET.Element) -> VmMeta | None:
         moved = float(a["migrated_at"]) if "migrated_at" in a else None
         return VmMeta(a["cluster"], float(a["cpu_need_cores"]), int(a["memory_bytes"]), int(a["vcpus"]), floor,
                       disk, net, weight, a.get("tenant"), spread, together, a.get("pinned") == "true",
-                      migrated_at=moved)
+                      migrated_at=moved, priority=int(a.get("priority", "0")))
     except (KeyError, ValueError):
         return None
 

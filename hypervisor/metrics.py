@@ -24,6 +24,11 @@ metric                                      meaning
 ``vcsched_plans_applied_total{outcome}``    plans applied: ``ok`` or ``failed`` (stopped early)
 ``vcsched_steps_total{op,outcome}``         plan steps carried out, by kind and outcome
 ``vcsched_interval_duration_seconds``       wall time of the last interval's work
+``vcsched_hosts_failed_total``              hosts declared failed (down for ``failure_timeout``)
+``vcsched_fences_total{outcome}``           fence attempts: ``ok`` (off, and status off) or ``failed``
+``vcsched_vms_restarted_total``             VMs of failed hosts created again on the survivors
+``vcsched_vms_stranded_total``              VMs of failed hosts that could not be restarted (said once each)
+``vcsched_restart_seconds``                 summary: from a host declared failed to each of its VMs running
 ==========================================  =====================================================
 
 Per-VM metrics carry ``vm``, ``host`` and ``vc`` labels, per-host ones a
@@ -48,6 +53,7 @@ from vcsched.errors import InputError
 #: (at 0), so that ``increase()`` over a range sees the first failure (a series born at 1 shows no increase).
 STEP_OPS = ("create", "set-cap", "set-need", "migrate", "remove")
 STEP_OUTCOMES = ("done", "failed")
+FAILURE_COUNTERS = ("hosts_failed", "fence_ok", "fence_failed", "vms_restarted", "vms_stranded")
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,9 @@ class ControllerMetrics:
     steps: dict[tuple[str, str], int] = field(
         default_factory=lambda: {(op, outcome): 0 for op in STEP_OPS for outcome in STEP_OUTCOMES})
     interval_seconds: float | None = None
+    #: Failed hosts (hypervisor/failure.py): counters, and the seconds from failure to each restart (sum, count).
+    failures: dict[str, int] = field(default_factory=lambda: {k: 0 for k in FAILURE_COUNTERS})
+    restart_seconds: tuple[float, int] = (0.0, 0)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def set_hosts(self, hosts: tuple[HostMetrics, ...], in_doubt: int | None) -> None:
@@ -104,6 +113,16 @@ class ControllerMetrics:
             self.min_yield = min(ys) if ys else None
             self.avg_yield = sum(ys) / len(ys) if ys else None
 
+    def add_failure(self, what: str) -> None:
+        with self.lock:
+            self.failures[what] = self.failures.get(what, 0) + 1
+
+    def add_restart(self, seconds: float) -> None:
+        with self.lock:
+            self.failures["vms_restarted"] += 1
+            total, n = self.restart_seconds
+            self.restart_seconds = (total + seconds, n + 1)
+
     def add_plan(self, ok: bool, migrated_bytes: int) -> None:
         with self.lock:
             self.plans["ok" if ok else "failed"] += 1
@@ -118,7 +137,7 @@ class _Collector:
         return []  # unchecked collector: families depend on what runs
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
         m = self.m
         with m.lock:
@@ -180,6 +199,22 @@ class _Collector:
             for (op, outcome), n in sorted(m.steps.items()):
                 steps.add_metric([c, op, outcome], float(n))
             yield steps
+            f = m.failures
+            for name, doc, key in (("vcsched_hosts_failed", "hosts declared failed", "hosts_failed"),
+                                   ("vcsched_vms_restarted", "VMs of failed hosts created again", "vms_restarted"),
+                                   ("vcsched_vms_stranded", "VMs of failed hosts not restarted", "vms_stranded")):
+                counter = CounterMetricFamily(name, doc, labels=["cluster"])
+                counter.add_metric([c], float(f.get(key, 0)))
+                yield counter
+            fences = CounterMetricFamily("vcsched_fences", "fence attempts, by outcome", labels=["cluster", "outcome"])
+            fences.add_metric([c, "ok"], float(f.get("fence_ok", 0)))
+            fences.add_metric([c, "failed"], float(f.get("fence_failed", 0)))
+            yield fences
+            total, n = m.restart_seconds
+            restart = SummaryMetricFamily("vcsched_restart_seconds", "seconds from a host declared failed to each "
+                                          "of its VMs running again", labels=["cluster"])
+            restart.add_metric([c], count_value=n, sum_value=total)
+            yield restart
 
 
 class MetricsServer:

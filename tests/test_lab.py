@@ -454,7 +454,7 @@ def test_lab_cli_up_then_down_round_trip() -> None:
         assert tomllib.loads(Path(doc["cluster_file"]).read_text())["hosts"][0]["uri"] == doc["hosts"][0]["uri"]
         r = CliRunner().invoke(cli, ["lab", "down", "--dir", str(d), "--json"])
         assert r.exit_code == 0, r.output
-        assert len(json.loads(r.output)["daemons"]) == 2  # libvirtd + virtlogd
+        assert len(json.loads(r.output)["daemons"]) == 3  # libvirtd, virtlogd, virtlockd
         assert lab_leftovers(d, 1) == []
         assert (d / "image").is_dir()
         assert CliRunner().invoke(cli, ["lab", "down", "--dir", str(d), "--purge"]).exit_code == 0

@@ -54,6 +54,8 @@ class VmMeta:
     #: Unix time of the VM's last live migration (None: never migrated).  Written into the domain XML the VM
     #: arrives with, so `vcsched run` (any leader, after any restart) keeps it put for its cool-down.
     migrated_at: float | None = None
+    #: Restart order after a host failure (higher first), from its request; kept in the definitions store.
+    priority: int = 0
 
     def io_needs(self) -> dict[str, int]:
         """``{"disk": bytes/s, "net": bytes/s}`` for the extra resources this VM needs."""
@@ -204,6 +206,10 @@ class Inventory:
 
     def managed(self) -> tuple[VmState, ...]:
         return tuple(v for v in self.vms if v.managed and v.active)
+
+    def managed_on(self, host: str) -> tuple[VmState, ...]:
+        """The running managed VMs of one host (what its failure would displace)."""
+        return tuple(v for v in self.vms_on(host) if v.managed and v.active)
 
     def up(self) -> Inventory:
         """The hosts that answered, and their VMs: what planning may use (a down host gets nothing)."""

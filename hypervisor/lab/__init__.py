@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hypervisor.files import write_atomic
-from hypervisor.lab import cgroups, daemons, qemucaps
+from hypervisor.lab import cgroups, daemons, fence_agent, qemucaps
 from hypervisor.lab.guest import boot_directly
 from hypervisor.lab.image import BUSYBOX, ensure_image, initramfs_recipe
 from hypervisor.lab.state import (
@@ -60,8 +60,8 @@ MAX_HOSTS = 8
 TRANSPORTS = ("unix", "tls")
 #: The storage name every host of a ``--shared-storage`` lab declares.
 SHARED_STORAGE = "lab-shared"
-REQUIRED_PROGRAMS = ("libvirtd", "virtlogd", "qemu-system-x86_64", "unshare", "nsenter", "mount", "apt-get",
-                     "dpkg-deb")
+REQUIRED_PROGRAMS = ("libvirtd", "virtlogd", "virtlockd", "qemu-system-x86_64", "unshare", "nsenter", "mount",
+                     "apt-get", "dpkg-deb")
 
 Progress = Callable[[str], None]
 
@@ -303,7 +303,8 @@ def _repair(layout: LabLayout, existing: tuple[list[LabHost], GuestImage, int], 
         hosts = [dataclasses.replace(h, memory_reserved=new_reserved) for h in hosts]
     _write_state(layout, hosts, guest, machine_mib, transport, shared)
     write_atomic(layout.cluster_file, render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
-                                                     migration_tls=tls))
+                                                     migration_tls=tls, fence_agent=fence_agent.install(layout.root),
+                                                     lab_dir=layout.root))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file, tuple(repaired),
                _shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_mib, transport, shared)
 
@@ -360,7 +361,8 @@ def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, pro
         _down(layout)  # the half-started host's directory is enough for down to find it
         raise
     write_atomic(layout.cluster_file, render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
-                                                     migration_tls=tls))
+                                                     migration_tls=tls, fence_agent=fence_agent.install(layout.root),
+                                                     lab_dir=layout.root))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file,
                warnings=_shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_memory_mib=machine_mib,
                transport=transport, shared_storage=shared)
@@ -462,8 +464,10 @@ def _down(layout: LabLayout) -> DownReport:
     # The image cache (<dir>/image) is kept on purpose: a later `up` reuses it.
     layout.cluster_file.unlink(missing_ok=True)
     layout.state_file.unlink(missing_ok=True)
+    (layout.root / fence_agent.AGENT_NAME).unlink(missing_ok=True)
     shutil.rmtree(layout.pki_dir, ignore_errors=True)
     shutil.rmtree(layout.shared_dir, ignore_errors=True)
+    shutil.rmtree(layout.lockspace_dir, ignore_errors=True)
     return DownReport(tuple(stopped), tuple(guests), tuple(killed), tuple(removed))
 
 

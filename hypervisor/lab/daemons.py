@@ -26,7 +26,8 @@ from hypervisor.files import write_atomic
 from hypervisor.lab.state import HOST_MOUNTS, LabLayout, host_uuid, pid_gone, pid_matches, read_pid_file
 from vcsched.errors import VcschedError
 
-DAEMONS = ("libvirtd", "virtlogd")
+#: Stopped in this order (libvirtd first: it holds connections to the other two).
+DAEMONS = ("libvirtd", "virtlogd", "virtlockd")
 
 
 class DaemonError(VcschedError):
@@ -41,17 +42,29 @@ def qemu_conf(address: str | None = None) -> str:
     """Guests run as root without a security driver: there is no AppArmor/SELinux
     set-up for the lab's directories, and the guest files live in /var/tmp.
 
+    Every host runs ``virtlockd`` (``lock_manager = "lockd"``): QEMU starts a
+    guest only once virtlockd holds a lease on each of its disks, in a lockspace
+    directory all lab hosts share (:func:`lockd_conf`), so a second copy of a
+    VM whose disk another host still leases is refused by libvirt itself — the
+    second line of defence beside fencing (docs/operations.md).
+
     A TLS host (``address``) also receives migrations only on its own address
     (``migration_address``: without it QEMU listens on every address, and a
     wrong address in the cluster file would still work on one machine) and
     has the certificates QEMU uses for VIR_MIGRATE_TLS.
     """
-    text = 'user = "root"\ngroup = "root"\nsecurity_driver = "none"\n'
+    text = 'user = "root"\ngroup = "root"\nsecurity_driver = "none"\nlock_manager = "lockd"\n'
     if address is not None:
         text += (f'migration_address = "{address}"\n'
                  f'default_tls_x509_cert_dir = "{PKI_IN_NS}/qemu"\n'
                  'default_tls_x509_verify = 1\n')
     return text
+
+
+def lockd_conf(lockspace: Path) -> str:
+    """``qemu-lockd.conf``: a lease per disk (by its path's hash) in the lockspace every host shares, and none
+    without (a guest without disks holds no lease)."""
+    return f'auto_disk_leases = 1\nrequire_lease_for_disks = 1\nfile_lockspace_dir = "{lockspace}"\n'
 
 
 def libvirtd_conf(uuid: str, address: str | None = None) -> str:
@@ -95,15 +108,18 @@ def prepare_host(layout: LabLayout, index: int, *, tls: bool = False) -> None:
             certs.make_host(layout.pki_dir, etc, address, layout.id)
     write_atomic(etc / "libvirtd.conf", libvirtd_conf(host_uuid(layout.id, index), address))
     write_atomic(etc / "qemu.conf", qemu_conf(address))
+    layout.lockspace_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(etc / "qemu-lockd.conf", lockd_conf(layout.lockspace_dir))
     write_atomic(etc / "virtlogd.conf", "")
+    write_atomic(etc / "virtlockd.conf", "")
 
 
 def start_script(layout: LabLayout, index: int, *, mounts: bool = True, virtlogd: bool = True, tls: bool = False,
-                 shared: bool = False) -> str:
+                 shared: bool = False, virtlockd: bool = True) -> str:
     """The shell run inside the host's namespace: bind mounts and host name (a new namespace), then the daemons.
 
     ``mounts=False`` runs in the host's existing namespace (a repair, entered
-    with ``nsenter``); ``virtlogd=False`` leaves a running virtlogd alone.
+    with ``nsenter``); ``virtlogd=False`` (``virtlockd=False``) leaves a running virtlogd (virtlockd) alone.
     """
     hd = layout.host_dir(index)
     q = shlex.quote
@@ -120,8 +136,11 @@ def start_script(layout: LabLayout, index: int, *, mounts: bool = True, virtlogd
         lines.append(f"hostname {q(layout.hostname(index))}")
     if virtlogd:
         lines.append(f"virtlogd -d -p {q(str(layout.pid_file(index, 'virtlogd')))}")
-    # libvirtd connects to virtlogd's socket when it starts a guest; wait for it.
-    lines.append("i=0; while [ ! -S /run/libvirt/virtlogd-sock ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done")
+    if virtlockd:
+        lines.append(f"virtlockd -d -p {q(str(layout.pid_file(index, 'virtlockd')))}")
+    # libvirtd connects to virtlogd's and virtlockd's sockets when it starts a guest; wait for them.
+    for sock in ("virtlogd-sock", "virtlockd-sock"):
+        lines.append(f"i=0; while [ ! -S /run/libvirt/{sock} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done")
     listen = "--listen " if tls else ""
     lines.append(f"libvirtd -d {listen}-p {q(str(layout.pid_file(index, 'libvirtd')))}")
     return "\n".join(lines) + "\n"
@@ -211,10 +230,12 @@ def repair_host(layout: LabLayout, index: int, timeout_s: float = 60.0, *, tls: 
         start_host(layout, index, timeout_s, tls=tls, shared=shared)
         return True
     virtlogd = daemon_pid(layout, index, "virtlogd") is None
+    virtlockd = daemon_pid(layout, index, "virtlockd") is None
     log = layout.host_dir(index) / "repair.log"
     with log.open("wb") as out:
         proc = subprocess.run(["nsenter", "-t", str(holders[0]), "-m", "-u", "sh", "-c",
-                               start_script(layout, index, mounts=False, virtlogd=virtlogd, tls=tls)],
+                               start_script(layout, index, mounts=False, virtlogd=virtlogd, tls=tls,
+                                            virtlockd=virtlockd)],
                               stdout=out, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
         raise DaemonError(f"host h{index}: restarting its libvirtd failed (exit {proc.returncode}): {_tail(log)}")

@@ -188,6 +188,11 @@ class LabLayout:
         return self.root / "pki"
 
     @property
+    def lockspace_dir(self) -> Path:
+        """virtlockd's lockspace, the same directory for every host (hypervisor/lab/daemons.py, lockd_conf)."""
+        return self.root / "lockspace"
+
+    @property
     def shared_dir(self) -> Path:
         """The directory ``--shared-storage`` binds over every host's ``/var/lib/libvirt/images``."""
         return self.root / "shared"
@@ -269,8 +274,13 @@ def toml_string(value: str) -> str:
 
 
 def render_cluster_toml(name: str, hosts: Iterable[LabHost], guest: GuestImage | None, min_yield: float = 0.0,
-                        pki: Path | None = None, migration_tls: bool = False) -> str:
-    """The cluster file in the format the libvirt-side developers agreed on (docs/lab.md)."""
+                        pki: Path | None = None, migration_tls: bool = False, fence_agent: Path | None = None,
+                        lab_dir: Path | None = None) -> str:
+    """The cluster file in the format the libvirt-side developers agreed on (docs/lab.md).
+
+    ``fence_agent`` (with ``lab_dir``): the lab's fence agent (:mod:`hypervisor.lab.fence_agent`), named in
+    every host's ``fence`` table with the host as its ``plug``.
+    """
     hosts = list(hosts)
     if not hosts:
         raise InputError("hosts: a cluster needs at least one host")
@@ -308,6 +318,9 @@ def render_cluster_toml(name: str, hosts: Iterable[LabHost], guest: GuestImage |
             lines.append(f"storage = {toml_string(h.storage)}")
         if h.uuid is not None:
             lines.append(f"uuid = {toml_string(h.uuid)}")
+        if fence_agent is not None and lab_dir is not None:
+            lines.append(f"fence = {{agent = {toml_string(str(fence_agent))}, lab_dir = {toml_string(str(lab_dir))}, "
+                         f"plug = {toml_string(h.name)}}}")
     return "\n".join(lines) + "\n"
 
 

@@ -422,7 +422,8 @@ def _decide(cluster: Cluster, full: Inventory, inventory: Inventory, request: Re
             steps.append(CreateStep(name, host, request.name, request.vcpus, request.memory_bytes, cores, cap, boot,
                                     request.min_yield, request.disk_bps, request.net_bps, request.weight,
                                     request.tenant, spread=request.spread, together=request.together,
-                                    pinned=request.pinned, **io_step_fields(CreateStep, shares)))
+                                    pinned=request.pinned, priority=request.priority,
+                                    **io_step_fields(CreateStep, shares)))
     ordered = order_steps(steps, current_caps(inventory), {h.name: float(h.cores) for h in inventory.hosts})
     extra: dict[str, object] = {"request": request.name}
     if policy is not None:

@@ -24,6 +24,15 @@ Format (TOML, written by ``vcsched lab up`` or by hand; docs/operations.md)::
     maintenance = true           # optional: cordoned (`vcsched cordon h0`): no new VM, no migration in
     uuid = "6f0c...-..."         # optional: the host's libvirt host UUID (`lab up` writes it): checked at every
                                  # inventory, and what names the cluster lock while the host is down
+    fence = {agent = "fence_ipmilan", ip = "10.0.0.112", username = "admin", password = "...", lanplus = 1}
+                                 # optional: how to power the host off when it fails (a ClusterLabs fence agent,
+                                 # by name on PATH or absolute path; the other keys go to it as options on stdin)
+
+When a host dies (docs/operations.md, "When a host dies"), all optional::
+
+    failure_timeout = 90         # seconds a host must stay down before it counts as failed (default: 90 s, three
+                                 # default controller intervals, and never below host_timeout)
+    failures_tolerated = 0       # admission keeps room for this many host failures (0 or 1 ... below the hosts)
 
 Across machines (docs/operations.md, "Running across machines"), all optional::
 
@@ -72,6 +81,15 @@ DOMAIN_TYPES = ("qemu", "kvm", "xen")
 
 #: Seconds a host may take to answer (open + the inventory's reads) before it counts as down for one command.
 DEFAULT_HOST_TIMEOUT_S = 15.0
+
+#: Seconds a host must stay down before the controller counts it failed, when the file does not say: three of
+#: ``vcsched run``'s default 30 s intervals, so that one missed reading (or two) is never a failure.
+DEFAULT_FAILURE_TIMEOUT_S = 90.0
+
+#: Fence-agent option names (fence-agents' ``--long-option`` spellings, ``_`` for ``-``) and what vcsched sets
+#: itself: the action is vcsched's to choose (off, then status), never the file's.
+_FENCE_OPTION = re.compile(r"[a-z][a-z0-9_]{0,63}")
+FENCE_RESERVED = frozenset({"action", "agent"})
 
 #: Where migration streams go when the host's URI names no machine (``qemu:///system``, a unix socket):
 #: this machine, as before the ``address`` field existed.
@@ -140,6 +158,23 @@ class GuestDefaults:
 
 
 @dataclass(frozen=True)
+class FenceConfig:
+    """How to power a failed host off: a ClusterLabs fence agent and the options it reads on stdin.
+
+    ``agent`` is a name looked up on ``PATH`` or an absolute path (checked to be executable when the cluster
+    file is loaded, :func:`hypervisor.fence.check_agents`); ``options`` are ``key=value`` lines for it
+    (``ip``, ``username``, ``password``, ``plug``, ...), values as text.  ``action`` is vcsched's own.
+    """
+
+    agent: str
+    options: tuple[tuple[str, str], ...] = ()
+
+    def redacted(self) -> dict[str, str]:
+        """The options as a dict with secrets hidden: what a report or an error may show."""
+        return {k: ("***" if "pass" in k or "secret" in k or "key" in k else v) for k, v in self.options}
+
+
+@dataclass(frozen=True)
 class ClusterHost:
     name: str
     uri: str
@@ -161,6 +196,8 @@ class ClusterHost:
     #: The host's libvirt host UUID as the file declares it (None: not declared): the host must answer with it,
     #: and it names the cluster's lock while the host is down (hypervisor/identity.py).
     uuid: str | None = None
+    #: The fence agent that powers it off when it fails (None: never restarted elsewhere automatically).
+    fence: FenceConfig | None = None
 
     @property
     def migration_address(self) -> str:
@@ -185,6 +222,10 @@ class Cluster:
     pki: str | None = None  # client certificate directory, added to qemu+tls URIs as pkipath
     migration_tls: bool = False  # VIR_MIGRATE_TLS on every migration
     host_timeout: float = DEFAULT_HOST_TIMEOUT_S
+    #: Seconds a host must stay down before the controller counts it failed (never below ``host_timeout``).
+    failure_timeout: float = DEFAULT_FAILURE_TIMEOUT_S
+    #: Host failures admission keeps room for (N+1 with 1): below the number of hosts.
+    failures_tolerated: int = 0
     #: What the operator must know about the file (an unverified or unauthenticated URI), one line each.
     warnings: tuple[str, ...] = ()
 
@@ -218,7 +259,7 @@ class Cluster:
 
 def _host_from_dict(where: str, d: Any) -> ClusterHost:
     d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition", "disk_bps", "net_bps",
-                                "address", "storage", "maintenance", "uuid"}, {"name", "uri"}, kind="table")
+                                "address", "storage", "maintenance", "uuid", "fence"}, {"name", "uri"}, kind="table")
     name = check_name(f"{where}.name", d["name"])
     uri = check_string(f"{where}.uri", d["uri"])
     scheme = uri_scheme(uri)
@@ -240,8 +281,43 @@ def _host_from_dict(where: str, d: Any) -> ClusterHost:
     if not isinstance(maintenance, bool):
         raise InputError(f"{where}.maintenance: expected true or false, got {maintenance!r}")
     host_uuid = check_uuid(f"{where}.uuid", d["uuid"]) if "uuid" in d else None
+    fence = _fence_from_dict(f"{where}.fence", d["fence"]) if "fence" in d else None
     return ClusterHost(name, uri, cores, reserved, partition, rates["disk_bps"], rates["net_bps"], address, storage,
-                       maintenance, host_uuid)
+                       maintenance, host_uuid, fence)
+
+
+def _fence_from_dict(where: str, d: Any) -> FenceConfig:
+    """``fence = {agent = ..., key = value, ...}``: an agent name or absolute path, and scalar options.
+
+    Only the shape is checked here (parsing is pure); that the agent exists and is executable is checked
+    when the file is loaded (:func:`hypervisor.fence.check_agents`).
+    """
+    if not isinstance(d, dict):
+        raise InputError(f"{where}: expected a table like {{agent = \"fence_ipmilan\", ip = \"...\"}}, "
+                         f"got {d!r}")
+    if "agent" not in d:
+        raise InputError(f"{where}: missing field 'agent' (a fence agent, e.g. \"fence_ipmilan\")")
+    agent = check_string(f"{where}.agent", d["agent"])
+    if "\n" in agent or "\0" in agent or ("/" in agent and not agent.startswith("/")):
+        raise InputError(f"{where}.agent: {agent!r} is neither a command name nor an absolute path")
+    options = []
+    for key, value in d.items():
+        if key == "agent":
+            continue
+        if key in FENCE_RESERVED:
+            raise InputError(f"{where}.{key}: {value!r}: vcsched sets the fence action itself (off, then status)")
+        if not _FENCE_OPTION.fullmatch(key):
+            raise InputError(f"{where}: option {key!r} is not a fence-agent option name (lower case, digits, '_')")
+        if isinstance(value, bool):
+            text = "1" if value else "0"
+        elif isinstance(value, int | float | str):
+            text = str(value)
+        else:
+            raise InputError(f"{where}.{key}: {value!r} is not a string, number or true/false")
+        if "\n" in text or "\r" in text or "\0" in text:
+            raise InputError(f"{where}.{key}: a fence option cannot span lines")
+        options.append((key, text))
+    return FenceConfig(agent, tuple(options))
 
 
 def check_uuid(where: str, value: Any) -> str:
@@ -281,7 +357,8 @@ def _guest_from_dict(d: Any) -> GuestDefaults:
 def cluster_from_dict(d: Any) -> Cluster:
     """Validate a decoded cluster file; every error names the field and the value."""
     d = check_fields("cluster", d, {"name", "min_yield", "guest", "hosts", "coordination", "lock_ttl", "policy",
-                                    "alpha", "tenants", "pki", "migration_tls", "host_timeout"}, {"name", "hosts"},
+                                    "alpha", "tenants", "pki", "migration_tls", "host_timeout", "failure_timeout",
+                                    "failures_tolerated"}, {"name", "hosts"},
                      kind="table")
     name = check_name("name", d["name"])
     hosts_raw = d["hosts"]
@@ -322,9 +399,21 @@ def cluster_from_dict(d: Any) -> Cluster:
         if isinstance(raw, float) and math.isnan(raw):
             raise InputError(f"host_timeout: {raw!r} is not a number of seconds above 0")
         host_timeout = check_number("host_timeout", raw, low=0.0)
+    failure_timeout = max(DEFAULT_FAILURE_TIMEOUT_S, host_timeout)
+    if "failure_timeout" in d:
+        failure_timeout = check_number("failure_timeout", d["failure_timeout"], low=0.0)
+        if failure_timeout < host_timeout:
+            raise InputError(f"failure_timeout: {d['failure_timeout']!r} is below host_timeout ({host_timeout:g} s): "
+                             "a host must have missed at least one whole reading before it counts as failed")
+    failures_tolerated = d.get("failures_tolerated", 0)
+    if isinstance(failures_tolerated, bool) or not isinstance(failures_tolerated, int) or failures_tolerated < 0:
+        raise InputError(f"failures_tolerated: {failures_tolerated!r} is not a whole number >= 0")
+    if failures_tolerated >= len(hosts):
+        raise InputError(f"failures_tolerated: {failures_tolerated!r} is not below the number of hosts "
+                         f"({len(hosts)}): some host must survive to take the VMs")
     warnings = tuple(w for i, h in enumerate(hosts) for w in uri_warnings(f"hosts[{i}]", h.name, h.uri))
     return Cluster(name, hosts, min_yield, guest, coordination, policy, alpha, tenants, lock_ttl, pki,
-                   migration_tls, host_timeout, warnings)
+                   migration_tls, host_timeout, failure_timeout, failures_tolerated, warnings)
 
 
 def _policy_from_dict(d: Any) -> tuple[str | None, float | None]:

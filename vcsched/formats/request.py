@@ -18,6 +18,7 @@ Format (TOML; examples/web.toml)::
     spread = true         # optional: no two of its VMs on one host (anti-affinity); "preferred": when possible
     together = true       # optional: all its VMs on one host (affinity); "preferred": when possible
     pinned = true         # optional: its VMs are never migrated once placed
+    priority = 10         # optional: after a host failure, higher priorities restart first (default 0)
 
 Validation here is what needs no cluster; the checks against the cluster
 (vCPUs, largest host) are in :mod:`vcsched.control.admission`, where the reference
@@ -56,6 +57,8 @@ class Request:
     spread: str | None = None  # REQUIRED / PREFERRED (docs/rules.md)
     together: str | None = None
     pinned: bool = False
+    #: Restart order after a host failure (docs/operations.md, "When a host dies"): higher first.
+    priority: int = 0
 
     def io_needs(self) -> dict[str, int]:
         """``{"disk": bytes/s, "net": bytes/s}`` for the extra resources the request needs."""
@@ -81,7 +84,7 @@ def _count(where: str, value: Any, high: int) -> int:
 def request_from_dict(d: Any) -> Request:
     """Validate a decoded request; every error names the field and the value."""
     allowed = {"name", "vms", "vcpus", "memory", "cpu_need", "cpu_cores", "template", "image", "min_yield",
-               "disk_bps", "net_bps", "weight", "tenant", "spread", "together", "pinned"}
+               "disk_bps", "net_bps", "weight", "tenant", "spread", "together", "pinned", "priority"}
     d = check_fields("request", d, allowed, {"name", "vms", "vcpus", "memory"}, kind="table")
     name = check_name("name", d["name"])
     vms = _count("vms", d["vms"], MAX_VMS)
@@ -115,8 +118,11 @@ def request_from_dict(d: Any) -> Request:
     pinned = d.get("pinned", False)
     if not isinstance(pinned, bool):
         raise InputError(f"pinned: expected true or false, got {pinned!r}")
+    priority = d.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -1000 <= priority <= 1000:
+        raise InputError(f"priority: {priority!r} is not a whole number in [-1000, 1000]")
     return Request(name, vms, vcpus, memory, cpu_need, cpu_cores, template, image, min_yield,
-                   io["disk_bps"], io["net_bps"], weight, tenant, spread, together, pinned)
+                   io["disk_bps"], io["net_bps"], weight, tenant, spread, together, pinned, priority)
 
 
 def rule_level(where: str, value: Any) -> str | None:

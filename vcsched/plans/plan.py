@@ -4,7 +4,7 @@ A plan is computed by the pure core (:mod:`vcsched.control.admission`,
 :mod:`vcsched.control.live`) and applied by :mod:`hypervisor.executor`.  JSON format
 (version 1, the contract between the libvirt-side modules)::
 
-    {"version": 1, "kind": "place" | "adapt", "cluster": NAME,
+    {"version": 1, "kind": "place" | "adapt" | "recover", "cluster": NAME,
      "snapshot": "<sha256 of the canonical inventory it was computed from>",
      "predicted": {"min_yield": .., "avg_yield": .., "per_vm": {VM: {...}}},
      "steps": [{"op": "create", "vm": .., "host": .., ...},
@@ -37,7 +37,7 @@ from vcsched.formats.fields import check_fields, check_number, check_string
 from vcsched.plans.steps import MigrateStep, Step, step_from_dict
 
 PLAN_VERSION = 1
-PLAN_KINDS = ("place", "adapt")
+PLAN_KINDS = ("place", "adapt", "recover")
 
 _str = check_string
 _num = check_number

@@ -146,7 +146,7 @@ class Boot:
 
 
 #: A create step's optional multi-resource fields (the request's, recorded in the VM's metadata).
-META_FIELDS = frozenset({"disk_bps", "net_bps", "weight", "tenant", "spread", "together", "pinned"})
+META_FIELDS = frozenset({"disk_bps", "net_bps", "weight", "tenant", "spread", "together", "pinned", "priority"})
 
 
 def _meta_from_dict(where: str, d: Mapping[str, Any]) -> dict[str, Any]:
@@ -156,7 +156,14 @@ def _meta_from_dict(where: str, d: Mapping[str, Any]) -> dict[str, Any]:
             "tenant": _str(f"{where}.tenant", d["tenant"]) if "tenant" in d else None,
             "spread": _level(f"{where}.spread", d.get("spread")), "together": _level(f"{where}.together",
                                                                                      d.get("together")),
-            "pinned": _bool(f"{where}.pinned", d.get("pinned", False))}
+            "pinned": _bool(f"{where}.pinned", d.get("pinned", False)),
+            "priority": _priority(f"{where}.priority", d.get("priority", 0))}
+
+
+def _priority(where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{where}: expected a whole number, got {value!r}")
+    return value
 
 
 def _level(where: str, value: Any) -> str | None:
@@ -198,6 +205,7 @@ class CreateStep(_IoFields, _Flags):
     spread: str | None = None  # the request's placement rules (docs/rules.md), recorded in the metadata
     together: str | None = None
     pinned: bool = False
+    priority: int = 0  # restart order after a host failure (kept in the definitions store, not in libvirt)
 
     def to_dict(self) -> dict[str, Any]:
         d = {"op": self.op, "vm": self.vm, "host": self.host, "cluster": self.cluster, "vcpus": self.vcpus,
@@ -210,6 +218,8 @@ class CreateStep(_IoFields, _Flags):
                 d[k] = getattr(self, k)
         if self.pinned:
             d["pinned"] = True
+        if self.priority:
+            d["priority"] = self.priority
         if self.weight != 1.0:
             d["weight"] = self.weight
         return {**d, **self.io_caps.to_dict()}
@@ -217,7 +227,8 @@ class CreateStep(_IoFields, _Flags):
     def meta(self) -> VmMeta:
         """The metadata the created VM carries."""
         return VmMeta(self.cluster, self.cpu_need_cores, self.memory_bytes, self.vcpus, self.min_yield,
-                      self.disk_bps, self.net_bps, self.weight, self.tenant, self.spread, self.together, self.pinned)
+                      self.disk_bps, self.net_bps, self.weight, self.tenant, self.spread, self.together, self.pinned,
+                      priority=self.priority)
 
     def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
         return ((self.host, self.vm, self.cap_cores),)

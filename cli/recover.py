@@ -1,0 +1,137 @@
+"""``vcsched recover HOST``: a failed host's VMs run again on the survivors, after the host is fenced."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from cli.app import EXIT_OK, console, emit_json, refuse
+from cli.common import cluster_lock
+from cli.params import cluster_option, json_option, lock_options
+
+if TYPE_CHECKING:
+    from vcsched.control.failover import Recovery
+
+
+@click.command("recover")
+@click.argument("host")
+@cluster_option()
+@click.option("--apply", "do_apply", is_flag=True,
+              help="Fence HOST, then create its VMs on the survivors (default: dry run, print the plan).")
+@json_option("Print one JSON object: ok, the recovery, fencing, the apply report.")
+@lock_options()
+def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bool, wait: float,
+                coordination: str | None, lock_ttl: float | None) -> int:
+    """Run a failed host's VMs again on the survivors: fence it, then create them, most important first.
+
+    \b
+    The plan, in this order:
+      1. fence HOST with its fence agent (cluster file: fence = {agent = ...}):
+         action=off, then action=status must say off;
+      2. create each of its managed VMs on the hosts that answer, from the
+         definitions store (what `place` and every migration recorded), placed
+         by vcsched's admission and placement (memory, CPU at least at the
+         virtual clusters' floors, rules, maintenance), highest `priority`
+         first, and the survivors' caps re-set around them.
+    A VM is stranded (not restarted, said why) when HOST has no fence agent,
+    when it boots from a disk the survivors do not share (`storage`), or
+    when the survivors have no room for it.
+
+    \b
+    Examples:
+      vcsched recover h1              dry run: the fencing and the creates
+      vcsched recover h1 --apply      under the cluster lock: fence, then create
+
+    --apply refuses to create anything when fencing fails or the agent does
+    not report the host off: its VMs may still run there.  A HOST that
+    answers is not recovered (use `vcsched drain`).  Re-running converges:
+    VMs already running elsewhere are left alone.
+
+    Exit codes: 0 every VM of HOST runs (or will, dry run), 1 a VM is
+    stranded / HOST answers / fencing failed / a step failed / the cluster is
+    locked, 2 bad input, 130 interrupted (a running step finishes first).
+    """
+    from cli.common import (
+        apply_exit_code,
+        load_cluster,
+        note_in_doubt,
+        notice,
+        render_plan,
+        render_report,
+        run_apply,
+    )
+    from hypervisor.definitions import DefinitionStore
+    from hypervisor.fence import fence_host
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from hypervisor.lock import resolve_url
+    from vcsched.control.failover import plan_recovery
+
+    cluster = load_cluster(cluster_file)
+    cluster.host(host)
+    store = DefinitionStore.for_url(resolve_url(coordination, cluster.coordination), cluster.name)
+    out: dict[str, Any] = {"host": host}
+    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
+            cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
+        inventory = hv.inventory()
+        if lock is None:  # a dry run reads only: in-doubt VMs are reported, never settled
+            note_in_doubt(inventory)
+        state = inventory.host(host)
+        if state.down is None:
+            reason = f"host {host} answers: it has not failed; nothing changed (`vcsched drain {host}` moves its VMs)"
+            return _refused(out, reason, as_json)
+        out["down"] = state.down
+        records = [d.step for d in store.on(host)]
+        recovery = plan_recovery(cluster, inventory, host, records)
+        out["recovery"] = recovery.to_dict()
+        out["plan"] = None if recovery.plan is None else recovery.plan.to_dict()
+        if not as_json:
+            _render(host, state.down, recovery, len(records))
+            if recovery.plan is not None:
+                render_plan(recovery.plan, inventory)
+        report = None
+        if do_apply and recovery.plan is not None:
+            assert lock is not None
+            lock.guard()
+            fenced = fence_host(cluster.host(host))
+            out["fence"] = fenced.to_dict()
+            if not fenced.fenced:
+                return _refused(out, f"{fenced.detail}: nothing restarted", as_json)
+            if not as_json:
+                console.print(f"[green]fenced[/]: {fenced.detail} ({fenced.seconds:.1f} s)", highlight=False)
+            report = run_apply(hv, recovery.plan, force=False, quiet=as_json, lock=lock)
+            out["apply"] = report.to_dict()
+            if not as_json:
+                render_report(report)
+        elif not as_json and recovery.plan is not None:
+            console.print("dry run: nothing changed (use --apply to fence and create)")
+    code = apply_exit_code(report) if report is not None else EXIT_OK
+    if as_json:
+        emit_json({"ok": code == EXIT_OK and not recovery.stranded, **out})
+    if recovery.stranded:
+        return refuse(f"{len(recovery.stranded)} VM(s) of {host} stranded: "
+                      + "; ".join(f"{vm}: {why}" for vm, why in recovery.stranded[:3]))
+    return code
+
+
+def _refused(out: dict[str, Any], reason: str, as_json: bool) -> int:
+    out["refused"] = reason
+    if as_json:
+        emit_json({"ok": False, **out})
+    else:
+        console.print(f"[red]not recovered[/]: {reason}", highlight=False)
+    return refuse(reason)
+
+
+def _render(host: str, down: str, recovery: Recovery, recorded: int) -> None:
+    console.print(f"host {host} is down ({down}); {recorded} VM(s) recorded on it", highlight=False)
+    if recovery.fence and recovery.restarts:
+        console.print(f"1. fence {host} (its fence agent: off, then status must say off)", highlight=False)
+        for i, (vm, target) in enumerate(recovery.restarts, start=2):
+            console.print(f"{i}. create {vm} on {target}", highlight=False)
+    for vm, where in recovery.running:
+        console.print(f"{vm}: already runs on {where}", highlight=False)
+    for vm, why in recovery.stranded:
+        console.print(f"[yellow]stranded[/]: {vm}: {why}", highlight=False)
+    if recovery.min_yield is not None:
+        console.print(f"min yield after: {recovery.min_yield:.4f}", highlight=False)

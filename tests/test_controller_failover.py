@@ -1,0 +1,113 @@
+"""`vcsched run` and failed hosts (hypervisor/failure.py), on the in-memory hypervisor with a fake clock.
+
+A host down for ``failure_timeout`` is failed, fenced through its agent, and its recorded VMs are created on the
+survivors; without an agent or when fencing fails nothing is created.  The fence agent is a function here (the
+agent interface itself is tested in tests/test_fence.py, and the whole path on the lab in
+tests/test_recover_lab.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from hypervisor.definitions import DefinitionStore
+from hypervisor.failure import Failover
+from hypervisor.fence import FenceResult
+from tests.builders import cluster_of, managed
+from tests.fake_load import FakeLocks, busy
+from tests.test_controller import Run, loaded
+from vcsched.formats.cluster import Cluster, ClusterHost, FenceConfig
+from vcsched.plans.steps import Boot, CreateStep
+
+FAILURE_TIMEOUT = 30.0  # three intervals of tests/test_controller.py's 10 s
+
+
+def cluster(fence: bool = True) -> Cluster:
+    c = cluster_of(3)
+    hosts = tuple(dataclasses.replace(h, fence=FenceConfig("/bin/true")) if fence else h for h in c.hosts)
+    return dataclasses.replace(c, hosts=hosts, failure_timeout=FAILURE_TIMEOUT, host_timeout=5.0)
+
+
+class Fences:
+    """A fence agent as a function: what it was asked, and whether it reports the host off."""
+
+    def __init__(self, works: bool = True) -> None:
+        self.works = works
+        self.calls: list[str] = []
+
+    def __call__(self, host: ClusterHost) -> FenceResult:
+        self.calls.append(host.name)
+        return FenceResult(host.name, "fake", self.works, "off" if self.works else "still on", 0.01)
+
+
+def setup(tmp_path: Path, fences: Fences, fence: bool = True) -> tuple[Run, Any]:
+    hv, clock = loaded([managed("a-0", "h0", "a", 0.3, 0.3), managed("b-0", "h1", "b", 0.3, 0.3),
+                        managed("c-0", "h2", "c", 0.3, 0.3)],
+                       {"a-0": busy(0.3), "b-0": busy(0.3), "c-0": busy(0.3)}, n_hosts=3)
+    store = DefinitionStore.for_url(f"file://{tmp_path}/coordination", "lab")
+    store.put(CreateStep("b-0", "h1", "b", 1, 128 << 20, 0.3, 0.3, Boot("kernel", "/k", "/i", "quiet")))
+    run = Run(hv, clock, FakeLocks(), probe_seconds=0.0)
+    run.controller.failover = Failover(cluster(fence), store, fences)
+    return run, hv
+
+
+def power_loss(hv: Any, host: str) -> None:
+    hv.down[host] = f"host {host}: did not answer within 5 s (host_timeout)"
+    for name in [v.name for v in hv.vms.values() if v.host == host]:
+        del hv.vms[name]  # gone with the power
+
+
+def test_a_host_down_for_failure_timeout_is_fenced_and_its_vms_run_on_the_survivors(tmp_path: Path) -> None:
+    fences = Fences()
+    run, hv = setup(tmp_path, fences)
+    run.cycles(3)
+    power_loss(hv, "h1")
+    run.cycles(6)
+    failed, fenced, restarted = run.events("host_failed"), run.events("host_fenced"), run.events("vm_restarted")
+    assert len(failed) == 1 and failed[0]["host"] == "h1" and failed[0]["down_seconds"] >= FAILURE_TIMEOUT
+    assert fences.calls == ["h1"] and fenced[0]["fenced"]
+    assert [(r["vm"], r["failed_host"]) for r in restarted] == [("b-0", "h1")]
+    assert hv.vms["b-0"].host in ("h0", "h2") and hv.vms["b-0"].active
+    assert run.at(failed[0]) <= run.at(fenced[0]) <= run.at(restarted[0])
+    assert {hv.vms["a-0"].host, hv.vms["c-0"].host} == {"h0", "h2"}, "the others did not move"
+    stored = run.controller.failover.store.get("b-0")  # type: ignore[union-attr]
+    assert stored is not None and stored.host == hv.vms["b-0"].host, "the record moved with the VM"
+    m = run.controller.metrics
+    assert m.failures["hosts_failed"] == 1 and m.failures["vms_restarted"] == 1 and m.restart_seconds[1] == 1
+
+
+def test_one_missed_reading_is_not_a_failure(tmp_path: Path) -> None:
+    fences = Fences()
+    run, hv = setup(tmp_path, fences)
+    run.cycles(2)
+    hv.down["h1"] = "host h1: did not answer within 5 s (host_timeout)"
+    run.cycles(2)
+    del hv.down["h1"]
+    run.cycles(3)
+    assert not run.events("host_failed") and not fences.calls and hv.vms["b-0"].host == "h1"
+
+
+def test_without_a_fence_agent_nothing_is_restarted_and_its_vms_are_stranded_once(tmp_path: Path) -> None:
+    fences = Fences()
+    run, hv = setup(tmp_path, fences, fence=False)
+    run.cycles(2)
+    power_loss(hv, "h1")
+    run.cycles(8)
+    stranded = run.events("vm_stranded")
+    assert [(s["vm"], s["host"]) for s in stranded] == [("b-0", "h1")] and "no fence agent" in stranded[0]["reason"]
+    assert not fences.calls and "b-0" not in hv.vms and not run.events("vm_restarted")
+
+
+def test_a_fence_that_fails_restarts_nothing_and_is_tried_again(tmp_path: Path) -> None:
+    fences = Fences(works=False)
+    run, hv = setup(tmp_path, fences)
+    run.cycles(2)
+    power_loss(hv, "h1")
+    run.cycles(7)
+    assert len(fences.calls) >= 2 and all(not f["fenced"] for f in run.events("host_fenced"))
+    assert "b-0" not in hv.vms and not run.events("vm_restarted")
+    fences.works = True
+    run.cycles(1)
+    assert [r["vm"] for r in run.events("vm_restarted")] == ["b-0"]
