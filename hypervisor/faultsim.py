@@ -1,0 +1,632 @@
+"""A deterministic fault simulation of vcsched's acting layer (docs/faultsim.md).
+
+The code under test is vcsched's own: :class:`hypervisor.libvirt_backend.LibvirtHypervisor` (inventory,
+migration, in-doubt settlement / repair) and :func:`hypervisor.executor.apply_plan`, driven by plans that
+vcsched's own planners compute (``place``: creations and cap changes; ``drain`` and ``adapt``:
+migrations and cap changes).  What is simulated: libvirt (:mod:`hypervisor.simlibvirt`), the clock, the
+bounded pool and a migration wave's threads (run inline, in order), the cluster lock (:class:`SimLock`:
+the etcd lease semantics of :class:`hypervisor.lock.ClusterLock` — held until released, lost when its
+lease is, ``guard`` raising :class:`hypervisor.lock.LockLost` — without tooz), and the vcsched processes.
+
+One seeded :class:`random.Random` per schedule decides everything: the starting cluster, the command,
+and at every simulated libvirt call whether to inject one fault of :data:`KINDS`:
+
+* ``error``: the call fails with a libvirt error (some transient: the backend retries those);
+* ``hang``: the call does not answer within ``host_timeout`` (the clock jumps; keepalive closes the
+  connection);
+* ``host_down`` / ``host_up``: a host's daemon stops answering (its guests keep running) or answers again;
+* ``kill``: the vcsched process dies at this call (SIGKILL): its objects are dropped, its connections close
+  (libvirt cancels its incoming migrations), its lock is freed; a new process starts from the hosts' state
+  only, repairs, and re-runs the command;
+* ``reader``: a second vcsched reads every host at this point (``status``, a dry run, ``observe``);
+* ``actor``: a second vcsched tries to act at this point (takes the lock if free, repairs);
+* ``lease_lost``: the running process's lock lease runs out (another process may then take the lock).
+
+After every call that changed a host, and after every repair, the invariants are checked
+(:meth:`Schedule.check`); at the end all hosts answer again and a fresh process repairs and re-runs the
+command, which must converge: the plan's goal reached, or a reported refusal.  A schedule is named by
+``(seed, index)`` and replays exactly; its trace lists every call and every fault.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import libvirt
+
+from hypervisor import hazards
+from hypervisor.base import HypervisorError
+from hypervisor.simlibvirt import (
+    PAUSED,
+    RUNNING,
+    Call,
+    ProcessKilled,
+    SimConnection,
+    SimDomain,
+    SimWorld,
+    sim_error,
+)
+from vcsched.errors import VcschedError
+from vcsched.inventory import METADATA_NS, VmMeta
+
+KINDS = ("error", "hang", "host_down", "host_up", "kill", "reader", "actor", "lease_lost")
+#: Relative weights of the fault kinds (per injected fault).
+WEIGHTS = (4, 2, 2, 2, 3, 2, 1, 1)
+MIB = 1 << 20
+HOSTS = 3
+HOST_CORES = 4
+HOST_MEMORY = 4096 * MIB
+HOST_TIMEOUT_S = 5.0
+LEASE_TTL_S = 10.0
+#: Distinct starting clusters (and their plans, computed once each): the schedules differ in their faults.
+SCENARIOS = 48
+#: Processes a schedule may start before its final, fault-free one.
+MAX_PROCESSES = 4
+CAP_TOL = 1e-6
+
+
+class Violation(Exception):
+    """An invariant does not hold (the message says which, where)."""
+
+
+# ------------------------------------------------------------------------------------------ the lock
+
+
+class SimLockService:
+    """The coordination service: one holder at a time, per lease (etcd semantics, simulated time)."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self.world = world
+        self.holder: int | None = None
+        self.expires = 0.0
+
+    def free(self) -> bool:
+        return self.holder is None or self.world.now >= self.expires
+
+
+@dataclass
+class SimLock:
+    """:class:`hypervisor.lock.ClusterLock`'s contract on :class:`SimLockService` (the controller's ``Lock``)."""
+
+    service: SimLockService
+    pid: int
+    ttl: float = LEASE_TTL_S
+    member: str = ""
+    _held: bool = False
+
+    def acquire(self, wait: float = 0.0) -> None:
+        from hypervisor.lock import LockBusy
+
+        if not self.service.free():
+            raise LockBusy(f"cluster 'sim' is locked by process {self.service.holder}; nothing changed")
+        self.service.holder, self.service.expires = self.pid, self.service.world.now + self.ttl
+        self._held = True
+
+    def held(self) -> bool:
+        return self._held and self.service.holder == self.pid and self.service.world.now < self.service.expires
+
+    def guard(self) -> None:
+        from hypervisor.lock import LockLost
+
+        if not self.held():
+            raise LockLost("cluster 'sim': the lock's lease was lost; no further step is started")
+        self.service.expires = self.service.world.now + self.ttl  # renewed
+
+    def release(self) -> None:
+        if self.service.holder == self.pid:
+            self.service.holder = None
+        self._held = False
+
+
+# ------------------------------------------------------------------------------------------ patching
+
+
+class _SimTime:
+    """The ``time`` module as the backend sees it under simulation: the world's clock."""
+
+    def __init__(self, world: Callable[[], SimWorld]) -> None:
+        self._world = world
+
+    def time(self) -> float:
+        return 1_800_000_000.0 + self._world().now
+
+    def monotonic(self) -> float:
+        return self._world().now
+
+    def sleep(self, s: float) -> None:
+        self._world().now += s
+
+
+class _InlinePool:
+    """``ThreadPoolExecutor`` for a migration wave under simulation: the steps one after the other, in order."""
+
+    def __init__(self, *_a: Any, **_k: Any) -> None:
+        pass
+
+    def __enter__(self) -> _InlinePool:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        pass
+
+    def map(self, fn: Callable[[Any], Any], items: Any) -> Iterator[Any]:
+        return iter([fn(i) for i in items])
+
+
+class Runtime:
+    """The process-wide switches that route the real code to the simulation (entered once per batch)."""
+
+    def __init__(self) -> None:
+        self.world: SimWorld | None = None
+        self.pid = 0
+
+    def current(self) -> SimWorld:
+        assert self.world is not None
+        return self.world
+
+    def open(self, host: str, uri: str, timeout_s: float) -> SimConnection:
+        try:
+            return self.current().open(self.pid, uri)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"host {host}: cannot connect to {uri}: {exc.get_error_message()}") from None
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Runtime]:
+        from hypervisor import executor, libvirt_backend
+
+        def run_inline(tasks: Any, workers: int, timeout_s: float) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for key, fn in tasks.items():
+                try:
+                    out[key] = fn()
+                except Exception as exc:
+                    out[key] = exc
+            return out
+
+        def close_now(conn: Any) -> None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+        saved = {(libvirt_backend, "open_bounded"): libvirt_backend.open_bounded,
+                 (libvirt_backend, "time"): libvirt_backend.time,
+                 (libvirt_backend, "close_quietly"): libvirt_backend.close_quietly,
+                 (libvirt_backend, "_run_bounded"): libvirt_backend._run_bounded,
+                 (executor, "ThreadPoolExecutor"): executor.ThreadPoolExecutor,
+                 (executor, "time"): executor.time}
+        sim_time = _SimTime(self.current)
+        libvirt_backend.open_bounded = self.open  # type: ignore[assignment]
+        libvirt_backend.time = sim_time  # type: ignore[assignment]
+        libvirt_backend.close_quietly = close_now
+        libvirt_backend._run_bounded = run_inline
+        executor.ThreadPoolExecutor = _InlinePool  # type: ignore[misc,assignment]
+        executor.time = sim_time  # type: ignore[assignment]
+        try:
+            yield self
+        finally:
+            for (mod, name), value in saved.items():
+                setattr(mod, name, value)
+
+
+# ------------------------------------------------------------------------------------------ scenarios
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A starting cluster and the command run on it."""
+
+    index: int
+    command: str  # "place", "drain" or "adapt"
+    vms: tuple[tuple[str, str, int, int, float, float, str], ...]  # name, host, vcpus, MiB, need, cap, cluster
+    drain: str = ""
+
+
+def scenario(index: int) -> Scenario:
+    rng = random.Random(f"scenario/{index}")
+    command = ("place", "drain", "adapt")[index % 3]
+    vms = []
+    used = collections.Counter[str]()
+    for c in range(rng.randint(1, 3)):
+        need = rng.choice((0.5, 1.0, 1.5))
+        for k in range(rng.randint(1, 3)):
+            host = f"h{rng.randrange(HOSTS)}"
+            cap = min(need, 1.0)
+            if used[host] + cap > HOST_CORES - 1:
+                continue
+            used[host] += cap
+            vms.append((f"vc{c}-{k}", host, 2 if need > 1 else 1, rng.choice((256, 512, 1024)), need, cap, f"vc{c}"))
+    drain = max((f"h{i}" for i in range(HOSTS)), key=lambda h: (used[h], h))
+    return Scenario(index, command, tuple(vms), drain)
+
+
+def build_world(sc: Scenario) -> SimWorld:
+    from hypervisor.libvirt_backend import metadata_xml
+
+    world = SimWorld(host_timeout=HOST_TIMEOUT_S)
+    for i in range(HOSTS):
+        world.add_host(f"h{i}", HOST_CORES, HOST_MEMORY)
+    import xml.etree.ElementTree as ET
+
+    for name, host, vcpus, mib, need, cap, vc in sc.vms:
+        meta = dict(ET.fromstring(metadata_xml(VmMeta(vc, need, mib * MIB, vcpus), bare=True)).attrib)
+        world.add_domain(host, SimDomain(name, world.new_uuid(), vcpus, mib * MIB, RUNNING, False,
+                                         round(cap / vcpus * 100000), 100000, meta))
+    # One domain vcsched does not manage: nothing may change it.
+    world.add_domain("h0", SimDomain("stranger", world.new_uuid(), 1, 256 * MIB, RUNNING, True, 50000, 100000))
+    return world
+
+
+def cluster_for(sc: Scenario) -> Any:
+    from vcsched.formats.cluster import Cluster, ClusterHost, GuestDefaults
+
+    hosts = tuple(ClusterHost(f"h{i}", f"sim://h{i}") for i in range(HOSTS))
+    return Cluster("sim", hosts, 0.0, GuestDefaults("/sim/vmlinuz", "/sim/initrd"), host_timeout=HOST_TIMEOUT_S)
+
+
+def plan_for(sc: Scenario, rt: Runtime) -> Any:
+    """The plan vcsched's own planner makes for the scenario (on a fault-free read of its starting cluster)."""
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from vcsched.control.admission import admit
+    from vcsched.control.live import adapt_inventory
+    from vcsched.formats.request import Request
+    from vcsched.model import SolveOptions
+
+    world = build_world(sc)
+    rt.world, rt.pid = world, 0
+    cluster = cluster_for(sc)
+    with LibvirtHypervisor(cluster) as hv:
+        inv = hv.inventory()
+    if sc.command == "place":
+        req = Request("new", 1 + sc.index % 3, 1, 512 * MIB, cpu_cores=1.0)
+        return admit(cluster, inv, req, "mcb8", SolveOptions(seed=0)).plan
+    if sc.command == "drain":
+        return adapt_inventory(cluster.name, inv, 1 << 40, cluster=cluster, drain=sc.drain).plan
+    needs = {v.name: min(float(v.vcpus), v.meta.cpu_need_cores * 1.5) for v in inv.vms if v.managed}
+    return adapt_inventory(cluster.name, inv, 1 << 40, cluster=cluster, needs=needs).plan
+
+
+# ------------------------------------------------------------------------------------------ a schedule
+
+
+@dataclass
+class Outcome:
+    seed: int
+    index: int
+    faults: collections.Counter[str] = field(default_factory=collections.Counter)
+    violations: list[str] = field(default_factory=list)
+    trace: list[str] = field(default_factory=list)
+    calls: int = 0
+    result: str = ""
+
+
+class Schedule:
+    """One seeded run: a scenario, its command under faults, then a fault-free repair and re-run."""
+
+    def __init__(self, rt: Runtime, seed: int, index: int, plans: dict[int, Any], *, rate: float = 0.02,
+                 keep_trace: bool = False) -> None:
+        self.rt = rt
+        self.rng = random.Random(f"{seed}/{index}")
+        self.sc = scenario(self.rng.randrange(SCENARIOS))
+        if self.sc.index not in plans:
+            plans[self.sc.index] = plan_for(self.sc, rt)
+        self.plan = plans[self.sc.index]
+        self.world = build_world(self.sc)
+        self.cluster = cluster_for(self.sc)
+        self.lock = SimLockService(self.world)
+        self.out = Outcome(seed, index)
+        self.rate = rate
+        self.keep_trace = keep_trace
+        self.injecting = True
+        self.depth = 0
+        self.next_pid = 1
+        self.live_lock: SimLock | None = None
+        self.tracked = {d.uuid: d.name for h in self.world.hosts.values() for d in h.domains.values()
+                        if d.meta is not None}
+        stranger = next(d for d in self.world.hosts["h0"].domains.values() if d.name == "stranger")
+        self.stranger = ("h0", stranger.uuid, self._look(stranger))
+
+    # -------------------------------------------------------------- tracing
+
+    def note(self, line: str) -> None:
+        if self.keep_trace:
+            self.out.trace.append(f"t={self.world.now:8.3f} {line}")
+
+    @staticmethod
+    def _look(d: SimDomain) -> tuple[Any, ...]:
+        return (d.name, d.state, d.quota, d.period, d.vcpus, d.memory_bytes, d.meta, d.persistent)
+
+    # -------------------------------------------------------------- invariants
+
+    def check(self, where: str, *, quiescent: bool = False) -> None:
+        w = self.world
+        for h in w.hosts.values():
+            for d in h.domains.values():
+                if d.meta is not None and d.uuid not in self.tracked:
+                    self.tracked[d.uuid] = d.name
+        for uuid, name in self.tracked.items():
+            copies = w.copies(uuid)
+            running = [h for h, d in copies if d.state == RUNNING]
+            if len(running) > 1:
+                self.violate(f"{name} runs on {' and '.join(running)} ({where})")
+            if not copies:
+                self.violate(f"{name} is lost: no copy on any host ({where})")
+            if quiescent:
+                if len(copies) != 1 or not running:
+                    self.violate(f"{name} not settled after repair: "
+                                 f"{[(h, _STATE.get(d.state, d.state)) for h, d in copies]} ({where})")
+        for h in w.hosts.values():
+            # Unmanaged domains count for memory, not for CPU (vcsched never caps them: vcsched/plans/check.py).
+            cap = sum(d.cap_cores() for d in h.domains.values() if d.state == RUNNING and d.meta is not None)
+            if cap > h.cores + CAP_TOL:
+                self.violate(f"host {h.name}: caps of running managed domains {cap:.3f} > {h.cores} cores ({where})")
+            mem = sum(d.memory_bytes for d in h.domains.values() if d.active)
+            if mem > h.memory_bytes:
+                self.violate(f"host {h.name}: memory {mem >> 20} MiB > {h.memory_bytes >> 20} MiB ({where})")
+        host, uuid, look = self.stranger
+        d = w.hosts[host].domains.get(uuid)
+        if d is None or self._look(d) != look or any(uuid in h.domains for h in w.hosts.values() if h.name != host):
+            self.violate(f"the unmanaged domain 'stranger' was changed ({where})")
+
+    def violate(self, what: str) -> None:
+        if what not in self.out.violations:
+            self.out.violations.append(what)
+            self.note(f"VIOLATION {what}")
+            raise Violation(what)
+
+    # -------------------------------------------------------------- the fault hook
+
+    def hook(self, c: Call) -> None:
+        if self.keep_trace:
+            self.note(f"p{c.process} {c.host}.{c.method}({c.vm or ''})")
+        if not self.injecting or self.depth:
+            return
+        roll = self.rng.random()
+        if roll >= self.rate:
+            # A host that stopped answering comes back after a while (about 50 calls).
+            if roll < self.rate + 0.02 and any(not h.up for h in self.world.hosts.values()):
+                self._host_up()
+            return
+        kind = self.rng.choices(KINDS, WEIGHTS)[0]
+        host = self.world.hosts[c.host]
+        if kind == "host_up":
+            self._host_up()
+            return
+        if kind == "host_down":
+            name = c.host if self.rng.random() < 0.5 else self.rng.choice(sorted(self.world.hosts))
+            if not self.world.hosts[name].up:
+                return
+            self.fault(kind, f"{name} stops answering")
+            self.world.set_up(name, False)
+            return
+        if kind == "error":
+            code = self.rng.choice((libvirt.VIR_ERR_OPERATION_FAILED, libvirt.VIR_ERR_INTERNAL_ERROR,
+                                    libvirt.VIR_ERR_RPC, libvirt.VIR_ERR_OPERATION_INVALID))
+            self.fault(kind, f"{c.host}.{c.method} fails with code {code}")
+            raise sim_error(code, f"injected failure of {c.method} on {c.host}")
+        if kind == "hang":
+            self.fault(kind, f"{c.host}.{c.method} hangs past host_timeout")
+            self.world.now += self.world.host_timeout
+            for conn in self.world.open_conns.get(c.process, []):
+                if conn.host is host:
+                    conn.closed = True
+            raise sim_error(libvirt.VIR_ERR_INTERNAL_ERROR, "internal error: connection closed due to keepalive "
+                            "timeout")
+        if kind == "kill":
+            self.fault(kind, f"process {c.process} killed at {c.host}.{c.method}")
+            raise ProcessKilled(c.process)
+        if kind == "lease_lost":
+            if self.lock.holder != c.process:
+                return
+            self.fault(kind, f"process {c.process}'s lease runs out")
+            self.world.now = max(self.world.now, self.lock.expires)
+            self.lock.holder = None
+            if self.rng.random() < 0.7:
+                self.second(act=True)
+            return
+        self.fault(kind, "")
+        self.second(act=kind == "actor")
+
+    def _host_up(self) -> None:
+        down = sorted(n for n, h in self.world.hosts.items() if not h.up)
+        if not down:
+            return
+        name = self.rng.choice(down)
+        self.fault("host_up", f"{name} answers again")
+        self.world.set_up(name, True)
+        self.check(f"after {name} came back")
+
+    def fault(self, kind: str, what: str) -> None:
+        self.out.faults[kind] += 1
+        self.note(f"FAULT {kind} {what}")
+
+    def second(self, *, act: bool) -> None:
+        """Another vcsched process at this point: it reads every host, or takes the lock and repairs."""
+        outer = self.rt.pid
+        pid = self.new_pid()
+        self.depth += 1
+        self.note(f"p{pid} starts ({'acting' if act else 'reading'}) inside p{outer}")
+        try:
+            if act:
+                self.command(pid, repair_only=True)
+            else:
+                self.read(pid)
+        except ProcessKilled:  # pragma: no cover - no faults are injected into a second process
+            raise
+        finally:
+            self.world.process_died(pid)
+            self.depth -= 1
+            self.rt.pid = outer
+
+    def new_pid(self) -> int:
+        pid = self.next_pid
+        self.next_pid += 1
+        self.rt.pid = pid
+        return pid
+
+    # -------------------------------------------------------------- processes
+
+    def hypervisor(self) -> Any:
+        from hypervisor.libvirt_backend import LibvirtHypervisor
+
+        return LibvirtHypervisor(self.cluster)
+
+    def read(self, pid: int) -> None:
+        """``status`` / a dry run / ``observe``: an inventory, no lock (as the CLI constructs it)."""
+        hv = self.hypervisor()
+        with contextlib.suppress(VcschedError):
+            hv.inventory()
+        hv.close()
+
+    def repair(self, hv: Any, lock: SimLock) -> None:
+        """The explicit repair every changing command starts with (main's code: an inventory that settles)."""
+        fn = getattr(hv, "repair", None)
+        if fn is not None:
+            fn(guard=lock.guard)
+        else:
+            hv.inventory()
+        self.check("after repair")
+
+    def command(self, pid: int, *, repair_only: bool = False, final: bool = False) -> str:
+        """A command that changes hosts: the lock, a repair, then the plan through the real executor."""
+        from hypervisor.executor import apply_plan
+
+        lock = SimLock(self.lock, pid)
+        try:
+            lock.acquire()
+        except VcschedError as exc:
+            self.note(f"p{pid} refused: {exc}")
+            return "locked"
+        hv = self.hypervisor()
+        try:
+            self.repair(hv, lock)
+            if final:
+                self.check("after the final repair", quiescent=True)
+            if repair_only:
+                return "repaired"
+            if self.plan is None:
+                return "no plan"
+            report = apply_plan(hv, self.plan, guard=lock.guard)
+            if report.ok:
+                return "ok"
+            failed = report.failed()
+            return f"stopped: {report.stopped or (failed.detail if failed else '?')}"
+        except VcschedError as exc:
+            return f"refused: {type(exc).__name__}: {exc}"
+        finally:
+            hv.close()
+            lock.release()
+
+    def goal(self) -> None:
+        """The plan's goal: each VM it predicts on its host, running once, with its cap."""
+        if self.plan is None:
+            return
+        from vcsched.caps import realisable_cap
+
+        for name, p in self.plan.per_vm.items():
+            found = [(h.name, d) for h in self.world.hosts.values() for d in h.domains.values() if d.name == name]
+            if len(found) != 1 or found[0][0] != p.host or found[0][1].state != RUNNING:
+                self.violate(f"did not converge: {name} is {[(h, _STATE.get(d.state)) for h, d in found]}, "
+                             f"the plan puts it on {p.host}")
+            d = found[0][1]
+            want = realisable_cap(p.cap_cores, d.vcpus)
+            if abs(d.cap_cores() - want) > CAP_TOL:
+                self.violate(f"did not converge: {name} capped at {d.cap_cores():.4f}, the plan says {want:.4f}")
+
+    def run(self) -> Outcome:
+        w = self.world
+        self.rt.world = w
+        w.hook = self.hook
+        w.after = lambda c: self.check(f"after p{c.process} {c.host}.{c.method}({c.vm or ''})")
+        self.note(f"scenario {self.sc.index}: {self.sc.command}"
+                  f"{' ' + self.sc.drain if self.sc.command == 'drain' else ''}, vms {[v[:2] for v in self.sc.vms]}")
+        try:
+            result = ""
+            for _ in range(MAX_PROCESSES):
+                pid = self.new_pid()
+                try:
+                    result = self.command(pid)
+                    self.note(f"p{pid} ends: {result}")
+                    break
+                except ProcessKilled:
+                    self.note(f"p{pid} killed")
+                    w.process_died(pid)
+                    self.lock.holder = None if self.lock.holder == pid else self.lock.holder
+                    self.check(f"after p{pid} was killed")
+            # The end: faults stop, every host answers, a fresh process repairs and re-runs the command.
+            self.injecting = False
+            for name in sorted(w.hosts):
+                w.set_up(name, True)
+            self.check("after every host answers again")
+            self.lock.holder = None
+            pid = self.new_pid()
+            result = self.command(pid, final=True)
+            self.note(f"p{pid} (final) ends: {result}")
+            self.out.result = result
+            if result in ("ok", "no plan"):
+                self.goal()
+            elif not result.startswith("refused"):
+                self.violate(f"did not converge: the final re-run {result}")
+        except Violation:
+            pass
+        except Exception as exc:  # a bug of the code under test or of the simulation: reported as a violation
+            import traceback
+
+            self.out.violations.append(f"crash: {type(exc).__name__}: {exc}")
+            self.note("CRASH " + "".join(traceback.format_exception(exc))[-2000:])
+        finally:
+            w.hook = w.after = None
+            self.out.calls = w.calls
+        return self.out
+
+
+_STATE = {RUNNING: "running", PAUSED: "paused", libvirt.VIR_DOMAIN_SHUTOFF: "shut off"}
+
+
+@dataclass
+class Summary:
+    schedules: int
+    faults: collections.Counter[str]
+    violations: list[dict[str, Any]]
+    calls: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schedules": self.schedules, "faults": dict(sorted(self.faults.items())),
+                "violations": self.violations, "calls": self.calls}
+
+
+def run_schedules(n: int, seed: int, *, rate: float = 0.02, first: int = 0,
+                  on_violation: Callable[[Outcome], None] | None = None, stop_at_first: bool = False) -> Summary:
+    """Schedules ``first`` .. ``first + n - 1`` of ``seed``; each violation with its seed and index."""
+    rt = Runtime()
+    plans: dict[int, Any] = {}
+    faults: collections.Counter[str] = collections.Counter()
+    violations: list[dict[str, Any]] = []
+    calls = 0
+    with rt.installed():
+        for i in range(first, first + n):
+            out = Schedule(rt, seed, i, plans, rate=rate).run()
+            faults.update(out.faults)
+            calls += out.calls
+            if out.violations:
+                violations.append({"seed": seed, "schedule": i, "violations": out.violations})
+                if on_violation is not None:
+                    on_violation(out)
+                if stop_at_first:
+                    return Summary(i - first + 1, faults, violations, calls)
+    return Summary(n, faults, violations, calls)
+
+
+def replay(seed: int, index: int, *, rate: float = 0.02) -> Outcome:
+    """Schedule ``index`` of ``seed`` again, with its trace."""
+    rt = Runtime()
+    with rt.installed():
+        return Schedule(rt, seed, index, {}, rate=rate, keep_trace=True).run()
+
+
+__all__ = ["KINDS", "Outcome", "Schedule", "Summary", "hazards", "replay", "run_schedules"]
+_ = (functools, METADATA_NS)
