@@ -87,7 +87,10 @@ class SimLockService:
         self.expires = 0.0
 
     def free(self) -> bool:
-        return self.holder is None or self.world.now >= self.expires
+        """Whether a new holder may take the lock.  A holder's heartbeat renews its lease in the background
+        (:meth:`hypervisor.lock.ClusterLock._beat`), so a lease ends only when released, when its process dies
+        (the kernel's file lock; etcd after the TTL) or when a ``lease_lost`` fault says so."""
+        return self.holder is None
 
 
 @dataclass
@@ -109,7 +112,7 @@ class SimLock:
         self._held = True
 
     def held(self) -> bool:
-        return self._held and self.service.holder == self.pid and self.service.world.now < self.service.expires
+        return self._held and self.service.holder == self.pid
 
     def guard(self) -> None:
         from hypervisor.lock import LockLost
@@ -268,26 +271,40 @@ def cluster_for(sc: Scenario) -> Any:
     return Cluster("sim", hosts, 0.0, GuestDefaults("/sim/vmlinuz", "/sim/initrd"), host_timeout=HOST_TIMEOUT_S)
 
 
-def plan_for(sc: Scenario, rt: Runtime) -> Any:
-    """The plan vcsched's own planner makes for the scenario (on a fault-free read of its starting cluster)."""
-    from hypervisor.libvirt_backend import LibvirtHypervisor
+_PLANS: dict[tuple[int, Any], Any] = {}
+
+
+def plan_on(sc: Scenario, cluster: Any, inv: Any) -> Any:
+    """:func:`plan_for` remembered by scenario and inventory (the planners are pure: the same inventory gives
+    the same plan, and re-planning the same few states costs most of a schedule's time)."""
+    key = (sc.index, inv)
+    if key not in _PLANS:
+        if len(_PLANS) > 20000:
+            _PLANS.clear()
+        _PLANS[key] = plan_for(sc, cluster, inv)
+    return _PLANS[key]
+
+
+def plan_for(sc: Scenario, cluster: Any, inv: Any) -> Any:
+    """The plan vcsched's own planner makes for the scenario's command on ``inv`` (None: nothing to do / refused):
+    ``place`` admits a request of one to three VMs, ``drain`` empties a host, ``adapt`` re-balances for needs
+    half as large again."""
     from vcsched.control.admission import admit
     from vcsched.control.live import adapt_inventory
     from vcsched.formats.request import Request
     from vcsched.model import SolveOptions
+    from vcsched.plans.migration import MigrationBlocked
 
-    world = build_world(sc)
-    rt.world, rt.pid = world, 0
-    cluster = cluster_for(sc)
-    with LibvirtHypervisor(cluster) as hv:
-        inv = hv.inventory()
     if sc.command == "place":
         req = Request("new", 1 + sc.index % 3, 1, 512 * MIB, cpu_cores=1.0)
         return admit(cluster, inv, req, "mcb8", SolveOptions(seed=0)).plan
-    if sc.command == "drain":
-        return adapt_inventory(cluster.name, inv, 1 << 40, cluster=cluster, drain=sc.drain).plan
-    needs = {v.name: min(float(v.vcpus), v.meta.cpu_need_cores * 1.5) for v in inv.vms if v.managed}
-    return adapt_inventory(cluster.name, inv, 1 << 40, cluster=cluster, needs=needs).plan
+    try:
+        if sc.command == "drain":
+            return adapt_inventory(cluster.name, inv, 1 << 40, cluster=cluster, drain=sc.drain).plan
+        needs = {v.name: min(float(v.vcpus), v.meta.cpu_need_cores * 1.5) for v in inv.vms if v.managed}
+        return adapt_inventory(cluster.name, inv, 1 << 40, cluster=cluster, needs=needs).plan
+    except MigrationBlocked:
+        return None
 
 
 # ------------------------------------------------------------------------------------------ a schedule
@@ -307,14 +324,14 @@ class Outcome:
 class Schedule:
     """One seeded run: a scenario, its command under faults, then a fault-free repair and re-run."""
 
-    def __init__(self, rt: Runtime, seed: int, index: int, plans: dict[int, Any], *, rate: float = 0.02,
+    def __init__(self, rt: Runtime, seed: int, index: int, *, rate: float = 0.02,
                  keep_trace: bool = False) -> None:
         self.rt = rt
         self.rng = random.Random(f"{seed}/{index}")
         self.sc = scenario(self.rng.randrange(SCENARIOS))
-        if self.sc.index not in plans:
-            plans[self.sc.index] = plan_for(self.sc, rt)
-        self.plan = plans[self.sc.index]
+        #: The plan the command works on: ``place`` saves the plan it computed and later processes apply it
+        #: (``vcsched apply``); ``drain`` and ``adapt`` plan again in every process, on what they read.
+        self.plan: Any = None
         self.world = build_world(self.sc)
         self.cluster = cluster_for(self.sc)
         self.lock = SimLockService(self.world)
@@ -508,8 +525,10 @@ class Schedule:
                 self.check("after the final repair", quiescent=True)
             if repair_only:
                 return "repaired"
-            if self.plan is None:
-                return "no plan"
+            if self.plan is None or self.sc.command != "place":
+                self.plan = plan_on(self.sc, self.cluster, hv.inventory())
+                if self.plan is None:
+                    return "no plan"
             report = apply_plan(hv, self.plan, guard=lock.guard)
             if report.ok:
                 return "ok"
@@ -551,12 +570,16 @@ class Schedule:
                 try:
                     result = self.command(pid)
                     self.note(f"p{pid} ends: {result}")
-                    break
                 except ProcessKilled:
                     self.note(f"p{pid} killed")
                     w.process_died(pid)
                     self.lock.holder = None if self.lock.holder == pid else self.lock.holder
                     self.check(f"after p{pid} was killed")
+                if result == "ok":
+                    break
+                # The operator (or systemd) runs the command again, perhaps once a host answers again.
+                if self.rng.random() < 0.7:
+                    self._host_up()
             # The end: faults stop, every host answers, a fresh process repairs and re-runs the command.
             self.injecting = False
             for name in sorted(w.hosts):
@@ -603,13 +626,12 @@ def run_schedules(n: int, seed: int, *, rate: float = 0.02, first: int = 0,
                   on_violation: Callable[[Outcome], None] | None = None, stop_at_first: bool = False) -> Summary:
     """Schedules ``first`` .. ``first + n - 1`` of ``seed``; each violation with its seed and index."""
     rt = Runtime()
-    plans: dict[int, Any] = {}
     faults: collections.Counter[str] = collections.Counter()
     violations: list[dict[str, Any]] = []
     calls = 0
     with rt.installed():
         for i in range(first, first + n):
-            out = Schedule(rt, seed, i, plans, rate=rate).run()
+            out = Schedule(rt, seed, i, rate=rate).run()
             faults.update(out.faults)
             calls += out.calls
             if out.violations:
@@ -625,7 +647,7 @@ def replay(seed: int, index: int, *, rate: float = 0.02) -> Outcome:
     """Schedule ``index`` of ``seed`` again, with its trace."""
     rt = Runtime()
     with rt.installed():
-        return Schedule(rt, seed, index, {}, rate=rate, keep_trace=True).run()
+        return Schedule(rt, seed, index, rate=rate, keep_trace=True).run()
 
 
 __all__ = ["KINDS", "Outcome", "Schedule", "Summary", "hazards", "replay", "run_schedules"]
