@@ -237,7 +237,7 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     from hypervisor.connections import in_background
 
     cluster = load_cluster(cluster_file)
-    hv = LibvirtHypervisor(cluster, settle=False)
+    hv = LibvirtHypervisor(cluster)
     reading = in_background(hv.inventory)  # hosts are read (a hung one waited for) while the policies load
     from vcsched.control.sharing import sharing_for  # loaded (~0.3 s) while the hosts are read
 

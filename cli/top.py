@@ -279,7 +279,7 @@ def top_cmd(cluster_file: str | None, interval: float, window: float, events_fil
     cluster = load_cluster(cluster_file)
     sharing = sharing_for(cluster, policy, alpha)  # bad input: exit 2 before anything is read
     sort = Sort(sort_key)
-    hv = LibvirtHypervisor(cluster, settle=False)  # reading only: never settles (removes) anything
+    hv = LibvirtHypervisor(cluster)  # reading only (reads never act)
     reader = Reader(cluster, hv, sharing, interval, window, Path(events_file) if events_file else None)
     if once or not console.is_terminal:
         with hv:
@@ -291,7 +291,7 @@ def top_cmd(cluster_file: str | None, interval: float, window: float, events_fil
             console.print(t)
         return EXIT_UNSATISFIED if all(h.down is not None for h in view.hosts) else EXIT_OK
     # Interactive: a second connection retries hung hosts in the background (Reader's docstring).
-    prober = LibvirtHypervisor(cluster, settle=False)
+    prober = LibvirtHypervisor(cluster)
     reader.prober = prober
     refresher = Refresher(reader, interval)
     try:

@@ -28,6 +28,17 @@ class HypervisorError(VcschedError):
     exit_code = 1
 
 
+class HostReadBug(VcschedError):
+    """vcsched could not make sense of what a host answered (its own parsing failed: ``ET.ParseError``,
+    ``KeyError``, ``ValueError`` ...): a bug in vcsched, not a down host.
+
+    Reported as such (exit 70, asking for a report) instead of marking the host down, which would make its VMs
+    vanish from the inventory and let a plan treat the host as empty.
+    """
+
+    exit_code = 70
+
+
 class Hypervisor(Protocol):
     def inventory(self, hosts: Iterable[str] | None = None) -> Inventory:
         """Every host's capacity and every domain on it, managed or not; only ``hosts`` when given.

@@ -305,7 +305,7 @@ class LibvirtIoSubjects:
     resource: str
 
     def __init__(self, uri: str, domains: Sequence[str], resource: str):
-        from hypervisor.libvirt_backend import io_support
+        from hypervisor.drivers import io_support
 
         _quiet_libvirt()
         if resource not in ("disk", "net"):
@@ -338,7 +338,7 @@ class LibvirtIoSubjects:
             raise
 
     def _adopt(self, names: Sequence[str]) -> None:
-        from hypervisor.libvirt_backend import live_devices
+        from hypervisor.throttle import live_devices
 
         for name in names:
             dom = running_domain(self.conn, self.uri, name)
@@ -351,7 +351,7 @@ class LibvirtIoSubjects:
             self._saved.append(self._read(dom, devices))
 
     def _read(self, dom: Any, devices: Any) -> Any:
-        from hypervisor.libvirt_backend import io_caps_of
+        from hypervisor.throttle import io_caps_of
 
         live = libvirt.VIR_DOMAIN_AFFECT_LIVE
         if self.resource == "disk":
@@ -365,7 +365,7 @@ class LibvirtIoSubjects:
 
     def _apply(self, index: int, value: int | None) -> None:
         from hypervisor.base import HypervisorError
-        from hypervisor.libvirt_backend import apply_io_caps
+        from hypervisor.throttle import apply_io_caps
 
         try:
             apply_io_caps(self.uri, self.doms[index], self.devices[index], self._caps(value),

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypervisor.libvirt_backend import metadata_xml
+from hypervisor.domain_xml import metadata_xml
 from vcsched.inventory import VmMeta
 
 MIB = 1 << 20

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from hypervisor.domain_xml import rewrite_partition
 from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan, check_snapshot
-from hypervisor.libvirt_backend import rewrite_partition
 from hypervisor.memory import MemoryHypervisor
 from tests.builders import vm
 from vcsched.adaptation.problem import GIB

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cli.maintenance import set_maintenance
-from hypervisor.libvirt_backend import metadata_xml, parse_metadata
+from hypervisor.domain_xml import metadata_xml, parse_metadata
 from vcsched.adaptation.drain import BUDGET, NO_ROOM, PINNED, RULE, drain
 from vcsched.adaptation.problem import AdaptProblem, adapt_rule_problems
 from vcsched.errors import InputError

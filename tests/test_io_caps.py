@@ -19,16 +19,12 @@ from hypothesis import strategies as st
 from cli.main import cli
 from cli.status import render_status, status_dict
 from hypervisor.base import HypervisorError, IoCounters, Usage, measure_usage
+from hypervisor.domain_xml import domain_xml
+from hypervisor.drivers import LIBXL_CANNOT, io_support
 from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan
-from hypervisor.libvirt_backend import (
-    IO_GROUP,
-    LIBXL_CANNOT,
-    LibvirtHypervisor,
-    domain_xml,
-    io_caps_of,
-    io_support,
-)
+from hypervisor.libvirt_backend import LibvirtHypervisor
 from hypervisor.memory import MemoryHypervisor
+from hypervisor.throttle import IO_GROUP, io_caps_of
 from tests.test_admission import MiB, managed
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster, ClusterHost, cluster_from_dict
@@ -445,9 +441,8 @@ class FakeIoConn:
 
 
 def fake(driver: str, dom: FakeIoDomain) -> LibvirtHypervisor:
-    hv = LibvirtHypervisor(Cluster("t", (ClusterHost("h0", "qemu:///system"),)))
-    hv._conns["h0"] = FakeIoConn(driver, dom)
-    return hv
+    return LibvirtHypervisor(Cluster("t", (ClusterHost("h0", "qemu:///system"),)),
+                             connect=lambda _uri: FakeIoConn(driver, dom))
 
 
 def test_disks_share_one_throttle_group_and_are_capped_live_and_in_the_persistent_config() -> None:

@@ -286,7 +286,8 @@ def shaping(iolab: IoLab) -> str | None:
         return f"{missing}; libvirt's <bandwidth> puts an sfq qdisc under each HTB class"
     import libvirt
 
-    from hypervisor.libvirt_backend import live_devices, one_line
+    from hypervisor.libvirt_calls import one_line
+    from hypervisor.throttle import live_devices
 
     with io_guest(iolab, "net-probe", "sink") as vm:
         conn = libvirt.open(iolab.lab.hosts[0].connect_uri)
@@ -309,7 +310,7 @@ def sink(io: IoLab, name: str, caps: IoCaps = UNCAPPED) -> Iterator[Sink]:
 
     import libvirt
 
-    from hypervisor.libvirt_backend import live_devices
+    from hypervisor.throttle import live_devices
 
     with io_guest(io, name, "sink", caps) as vm:
         conn = libvirt.open(io.lab.hosts[0].connect_uri)

@@ -17,14 +17,10 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from hypervisor.base import HypervisorError
+from hypervisor.domain_xml import domain_xml, metadata_xml, parse_metadata
 from hypervisor.executor import apply_plan
-from hypervisor.libvirt_backend import (
-    LibvirtHypervisor,
-    domain_xml,
-    metadata_xml,
-    parse_metadata,
-    quota_for,
-)
+from hypervisor.libvirt_backend import LibvirtHypervisor
+from vcsched.caps import quota_for
 from vcsched.control.admission import admit
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster, ClusterHost, GuestDefaults
@@ -326,9 +322,8 @@ class FakeConn:
 
 
 def fake_backend(driver: str, dom: FakeDomain) -> LibvirtHypervisor:
-    hv = LibvirtHypervisor(Cluster("t", (ClusterHost("h0", "qemu:///system"),)))
-    hv._conns["h0"] = FakeConn(driver, dom)
-    return hv
+    return LibvirtHypervisor(Cluster("t", (ClusterHost("h0", "qemu:///system"),)),
+                             connect=lambda _uri: FakeConn(driver, dom))
 
 
 def test_qemu_caps_are_a_per_vcpu_quota_live_and_in_the_persistent_config() -> None:

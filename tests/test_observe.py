@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hypervisor.domain_xml import metadata_xml, parse_metadata, stamp_migrated_at
 from hypervisor.executor import apply_plan
-from hypervisor.libvirt_backend import metadata_xml, parse_metadata, stamp_migrated_at
 from tests.builders import inventory_of, managed, memory_hypervisor
 from vcsched.control.observe import (
     MEASURED,

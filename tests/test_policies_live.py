@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hypervisor.libvirt_backend import metadata_xml, parse_metadata
+from hypervisor.domain_xml import metadata_xml, parse_metadata
 from tests.builders import MiB, cluster_of, inventory_of, request
 from tests.test_libvirt_backend import domain_of, node_xml, one_line_error, run, write_request
 from vcsched.control.admission import admit

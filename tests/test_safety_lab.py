@@ -104,7 +104,8 @@ def test_a_migrated_vm_arrives_with_its_destination_cap(lab2: Lab) -> None:
     with lab_guest(lab2, host=0) as dom, LibvirtHypervisor(cluster) as hv:
         import libvirt
 
-        from hypervisor.libvirt_backend import METADATA_NS, METADATA_PREFIX, metadata_xml
+        from hypervisor.domain_xml import metadata_xml
+        from vcsched.inventory import METADATA_NS, METADATA_PREFIX
 
         dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
                         metadata_xml(VmMeta("arrive", 0.9, 128 << 20, 1), bare=True), METADATA_PREFIX, METADATA_NS,
@@ -140,7 +141,8 @@ def test_an_inventory_read_by_another_process_during_a_migration_never_removes_a
     with lab_guest(lab2, host=0) as dom, LibvirtHypervisor(cluster) as hv:
         import libvirt
 
-        from hypervisor.libvirt_backend import METADATA_NS, METADATA_PREFIX, metadata_xml
+        from hypervisor.domain_xml import metadata_xml
+        from vcsched.inventory import METADATA_NS, METADATA_PREFIX
 
         name = dom.name()
         dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata_xml(VmMeta("race", 0.3, 128 << 20, 1), bare=True),

@@ -350,7 +350,7 @@ def start_with_disk(lab: Lab, host: int, name: str, vc: str, disk_mib: int) -> t
 
     import libvirt
 
-    from hypervisor.libvirt_backend import domain_xml
+    from hypervisor.domain_xml import domain_xml
 
     layout = LabLayout(lab.dir)
     images = (layout.shared_dir if lab.shared_storage else layout.host_dir(host) / "lib" / "images")

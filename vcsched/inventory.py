@@ -134,11 +134,12 @@ class HostState:
 
 @dataclass(frozen=True)
 class InDoubt:
-    """One VM (by UUID) found active on more than one host: after an interrupted migration.
+    """One VM (by UUID) that no plan may act on until it is settled: after an interrupted migration.
 
-    ``resolved``: what vcsched did about it (e.g. removed a paused copy), None
-    while it still needs an operator (two running copies: vcsched cannot tell
-    which one holds the newer state).
+    Either active on more than one host, or a lone paused *arrival* (a migration's destination copy that
+    vcsched has not resumed: its source may still hold a copy, on a host that was not read).  ``vcsched
+    repair`` settles what it safely can (docs/operations.md); reading never does.  ``resolved``: kept for the
+    reports' shape, always None in an inventory (reading settles nothing).
     """
 
     vm: str
@@ -146,17 +147,21 @@ class InDoubt:
     hosts: tuple[str, ...]
     states: tuple[str, ...]  # "running" / "paused", per host
     resolved: str | None = None
+    #: Per host: the source host a paused arrival names (``arriving_from``), else None.
+    arriving_from: tuple[str | None, ...] = ()
 
 
 def find_in_doubt(vms: tuple[VmState, ...]) -> tuple[InDoubt, ...]:
-    """Every UUID active on two or more hosts, in name order."""
+    """Every UUID active on two or more hosts, and every lone paused arrival, in name order."""
     by_uuid: dict[str, list[VmState]] = {}
     for v in vms:
         if v.uuid is not None and v.active:
             by_uuid.setdefault(v.uuid, []).append(v)
     out = [InDoubt(copies[0].name, u, tuple(c.host for c in copies),
-                   tuple("paused" if c.paused else "running" for c in copies))
-           for u, copies in by_uuid.items() if len({c.host for c in copies}) > 1]
+                   tuple("paused" if c.paused else "running" for c in copies),
+                   arriving_from=tuple(c.arriving_from if c.paused else None for c in copies))
+           for u, copies in by_uuid.items()
+           if len({c.host for c in copies}) > 1 or any(c.paused and c.arriving_from is not None for c in copies)]
     return tuple(sorted(out, key=lambda d: (d.vm, d.uuid)))
 
 

@@ -1,0 +1,206 @@
+"""Settling in-doubt VMs (``vcsched repair``): one explicit action, under the cluster lock, never a read.
+
+A VM is *in doubt* after an interrupted migration (:class:`vcsched.inventory.InDoubt`): active on two hosts,
+or a lone paused arrival whose source may still hold a copy.  Reading an inventory only reports it; this
+module is the one place that destroys a paused twin or resumes an orphaned arrival, and only:
+
+* under the cluster lock — :func:`settle` takes the lock's ``guard`` and calls it before every action;
+* on a **full** inventory in which **every** host answered (a host that did not may hold a copy: nothing is
+  done, the repair is refused);
+* after re-reading, right before each action, every copy's host: each copy must still be in the state the
+  plan saw and have no libvirt job (a migration holds one on both sides until its source is confirmed gone);
+  an arrival is resumed only once its source host, read in this same action, has no copy.
+
+What it may do:
+
+* a VM running on exactly one host whose other copies are paused and carry vcsched's metadata: the paused
+  copies are destroyed (a paused copy never executed guest code since the migration began: vcsched resumes a
+  destination only after its source is gone, so the running copy holds the VM's state);
+* a lone paused arrival (``arriving_from``) whose source host answers and has no copy: resumed, its mark
+  dropped (vcsched stopped between migrating and resuming).
+
+Everything else — two running copies, paused copies without a running one, an arrival whose source is not
+a host of the cluster, a copy without vcsched's metadata — is left to the operator and reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hypervisor.base import HypervisorError
+from hypervisor.live_state import copy_state, has_job
+from hypervisor.migration import destroy_copy, resume_marked
+from vcsched.inventory import InDoubt, Inventory
+
+if TYPE_CHECKING:
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+
+DESTROY, RESUME = "destroy", "resume"
+
+
+@dataclass(frozen=True)
+class RepairAction:
+    """One thing repair would do: ``destroy`` a paused twin or ``resume`` an orphaned arrival, and why."""
+
+    vm: str
+    uuid: str
+    host: str
+    action: str
+    why: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"vm": self.vm, "uuid": self.uuid, "host": self.host, "action": self.action, "why": self.why}
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    """What repair would do on an inventory (:func:`plan_repair`): actions, what it leaves, or why it refuses."""
+
+    in_doubt: tuple[InDoubt, ...]
+    actions: tuple[RepairAction, ...] = ()
+    #: In-doubt VMs repair does not touch, one line each (why).
+    left: tuple[str, ...] = ()
+    #: Why repair does nothing at all (a host did not answer), or None.
+    refused: str | None = None
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    """What :func:`settle` found and did: the plan, and per action ``done`` or why it was skipped or failed."""
+
+    plan: RepairPlan
+    applied: bool
+    outcomes: tuple[tuple[RepairAction, str, str], ...] = ()  # (action, "done"/"skipped"/"failed", detail)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing refused and no action failed (skipped ones are left for a later repair)."""
+        return self.plan.refused is None and all(o != "failed" for _, o, _ in self.outcomes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"applied": self.applied, "refused": self.plan.refused,
+                "in_doubt": [{"vm": d.vm, "uuid": d.uuid, "hosts": list(d.hosts), "states": list(d.states)}
+                             for d in self.plan.in_doubt],
+                "actions": [{**a.to_dict(), **({"outcome": o, "detail": why} if self.applied else {})}
+                            for a, o, why in self._rows()],
+                "left": list(self.plan.left)}
+
+    def _rows(self) -> list[tuple[RepairAction, str, str]]:
+        if self.applied:
+            return list(self.outcomes)
+        return [(a, "would", "") for a in self.plan.actions]
+
+    def lines(self) -> list[str]:
+        """One line per action (done, or what it would do) and per VM left alone; the refusal first."""
+        out = [f"repair refused: {self.plan.refused}"] if self.plan.refused else []
+        for a, outcome, detail in self._rows():
+            verb = {"destroy": "destroy the paused copy of", "resume": "resume the paused arrival"}[a.action]
+            if not self.applied:
+                out.append(f"would {verb} {a.vm} on {a.host}: {a.why}")
+            elif outcome == "done":
+                out.append(f"{verb.replace('destroy', 'destroyed').replace('resume', 'resumed')} {a.vm} on "
+                           f"{a.host}: {a.why}")
+            else:
+                out.append(f"{a.vm} on {a.host}: {outcome} ({detail})")
+        out += [f"left to the operator: {line}" for line in self.plan.left]
+        return out
+
+
+def plan_repair(inventory: Inventory) -> RepairPlan:
+    """What repair would do on ``inventory`` (a pure function: nothing is read or changed).
+
+    Refused when any host is down: a host that did not answer may hold a copy of any VM.
+    """
+    doubts = inventory.in_doubt
+    down = [h for h in inventory.hosts if h.down is not None]
+    if down:
+        names = ", ".join(h.name for h in down)
+        return RepairPlan(doubts, refused=f"host(s) {names} did not answer: a copy there cannot be ruled out, so "
+                                          "no in-doubt VM is settled (nothing changed)")
+    hosts = {h.name for h in inventory.hosts}
+    actions: list[RepairAction] = []
+    left: list[str] = []
+    by_copy = {(v.host, v.uuid): v for v in inventory.vms if v.uuid is not None}
+    for d in doubts:
+        where = ", ".join(f"{h} ({st})" for h, st in zip(d.hosts, d.states, strict=True))
+        running = [h for h, st in zip(d.hosts, d.states, strict=True) if st == "running"]
+        paused = [h for h, st in zip(d.hosts, d.states, strict=True) if st == "paused"]
+        if len(d.hosts) == 1:
+            source = d.arriving_from[0] if d.arriving_from else None
+            if source is None or source not in hosts:
+                left.append(f"{d.vm}: paused arrival on {d.hosts[0]} from {source!r}, not a host of this cluster: "
+                            "its source cannot be read")
+                continue
+            actions.append(RepairAction(d.vm, d.uuid, d.hosts[0], RESUME,
+                                        f"its migration from {source} completed but it was left paused; {source} "
+                                        "answered and has no copy"))
+            continue
+        if len(running) != 1:
+            left.append(f"{d.vm}: on {where}: " + ("runs on several hosts: vcsched cannot tell which copy holds "
+                                                    "the newer state" if running else
+                                                    "no copy runs: vcsched cannot tell which one to resume"))
+            continue
+        unmanaged = [h for h in paused if (c := by_copy.get((h, d.uuid))) is None or c.meta is None]
+        if unmanaged:
+            left.append(f"{d.vm}: on {where}: its paused copy on {', '.join(unmanaged)} has no vcsched metadata")
+            continue
+        actions += [RepairAction(d.vm, d.uuid, h, DESTROY,
+                                 f"a paused copy that never ran since its migration began; it runs on {running[0]}")
+                    for h in paused]
+    return RepairPlan(doubts, tuple(actions), tuple(left))
+
+
+def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = True,
+           inventory: Inventory | None = None) -> RepairReport:
+    """Plan the repair on a full inventory (read now unless given) and, with ``apply``, carry it out.
+
+    ``guard`` is the cluster lock's: called before every action, it raises when the lock is no longer ours
+    (then nothing more is done).  The dry run (``apply=False``) reads only.
+    """
+    inv = inventory if inventory is not None else hv.inventory()
+    if {h.name for h in inv.hosts} != {h.name for h in hv.cluster.hosts}:
+        raise ValueError("settle needs an inventory of every host of the cluster")
+    plan = plan_repair(inv)
+    if not apply or plan.refused is not None:
+        return RepairReport(plan, applied=False)
+    outcomes = []
+    doubts = {d.uuid: d for d in plan.in_doubt}
+    for a in plan.actions:
+        guard()
+        problem = _recheck(hv, a, doubts[a.uuid])
+        if problem is not None:
+            outcomes.append((a, "skipped", problem))
+            continue
+        try:
+            if a.action == DESTROY:
+                destroy_copy(hv, a.host, a.vm, a.uuid)
+            else:
+                resume_marked(hv, a.host, a.vm, a.uuid)
+        except HypervisorError as exc:
+            outcomes.append((a, "failed", str(exc)))
+        else:
+            outcomes.append((a, "done", ""))
+    return RepairReport(plan, True, tuple(outcomes))
+
+
+def _recheck(hv: LibvirtHypervisor, a: RepairAction, d: InDoubt) -> str | None:
+    """Every copy's host read again right before ``a``: None if it may go ahead, else why not."""
+    expected = dict(zip(d.hosts, d.states, strict=True))
+    if a.action == RESUME:
+        source = d.arriving_from[0] if d.arriving_from else None
+        assert source is not None  # plan_repair: an arrival with a known source
+        expected[source] = "gone"
+    for host, state in expected.items():
+        try:
+            now = copy_state(hv.conn(host), host, a.uuid)
+            busy = now != "gone" and has_job(hv.conn(host), host, a.uuid)
+        except HypervisorError as exc:
+            return f"its copy on {host} cannot be read again ({exc}): left for a later repair"
+        if now != state:
+            return (f"its copy on {host} is now {now}, not {state} (a migration in progress or just completed): "
+                    "left for a later repair")
+        if busy:
+            return f"its copy on {host} has a libvirt job (a migration in progress): left for a later repair"
+    return None
