@@ -18,7 +18,7 @@ from calibration.cpus import check_cpu, conditions, cpu_busy, least_loaded_cpu
 from calibration.experiment import Config, Result, Subjects, measure, run
 from calibration.report import markdown, pct, plot, rate_text, require_matplotlib, result_to_dict, summary_rows
 from cli.app import FiniteFloatRange, console, emit_json, err_console
-from vcsched.errors import InputError
+from vcsched.errors import InputError, VcschedError
 from vcsched.formats.units import format_size
 
 CPU_CAPS = "0.05,0.1,0.25,0.5,0.75,1.0"
@@ -77,6 +77,7 @@ def open_subjects(
     high_priority: bool,
     cluster: str | None,
     resource: str = "cpu",
+    force: bool = False,
 ) -> Any:
     """The backend's subjects, as a context manager that removes everything it created."""
     if resource != "cpu":
@@ -88,10 +89,10 @@ def open_subjects(
         if domains and len(domains) < workers:
             raise InputError(f"--domain: {workers} worker(s) need {workers} running {resource} guest(s), "
                              f"got {len(domains)}")
-        return _libvirt_io_subjects(connect, domains[:workers], workers, cluster, resource)
+        return _libvirt_io_subjects(connect, domains[:workers], workers, cluster, resource, force)
     if backend == "cgroup":
-        if connect or domains or cluster:
-            raise InputError("--connect/--domain/--cluster: only meaningful with --backend libvirt")
+        if connect or domains or cluster or force:
+            raise InputError("--connect/--domain/--cluster/--force: only meaningful with --backend libvirt")
         from calibration.cgroup_backend import CgroupSubjects
 
         return CgroupSubjects(workers, cpu, high_priority=high_priority)
@@ -102,15 +103,52 @@ def open_subjects(
             f"--domain: {workers} worker(s) need {workers} running CPU-loop guest(s), got {len(domains)} "
             "(give --domain NAME once per guest, or none to boot them from --cluster)"
         )
-    return _libvirt_subjects(connect, domains[:workers], workers, cpu, cluster)
+    return _libvirt_subjects(connect, domains[:workers], workers, cpu, cluster, force)
+
+
+class NotPutBack(VcschedError):
+    """A calibration could not put every setting of its domains back (exit 1); its journal keeps them."""
+
+    exit_code = 1
+
+
+@contextlib.contextmanager
+def _put_back_or_report(subjects: Any) -> Iterator[Any]:
+    """The subjects for the block, closed after it (everything put back); what could not be put back is printed
+    — and, when nothing else went wrong, is the command's error (exit 1), naming the journal that keeps it."""
+    ok = False
+    try:
+        yield subjects
+        ok = True
+    finally:
+        problems = subjects.close()
+        for line in problems:
+            err_console.print(f"vcsched: warning: {line}", highlight=False, markup=False)
+        if problems and ok:
+            where = subjects.journal.path if subjects.journal is not None else "no journal"
+            raise NotPutBack(f"calibration: {len(problems)} setting(s) not put back (above); {where} keeps them "
+                             "for `vcsched repair` or the next `vcsched calibrate --backend libvirt`")
+
+
+def restore_left_calibrations() -> None:
+    """Put back what calibrations killed before they could (SIGKILL, a crash) left, and say so (hypervisor.journal)."""
+    from hypervisor.journal import CALIBRATION, restore_journal
+
+    report = restore_journal(kinds=(CALIBRATION,))
+    for line in report.restored:
+        err_console.print(f"vcsched: a killed calibration's {line}", highlight=False, markup=False)
+    for line in report.problems:
+        err_console.print(f"vcsched: warning: a killed calibration's {line}", highlight=False, markup=False)
 
 
 @contextlib.contextmanager
 def _libvirt_subjects(
-    uri: str, domains: tuple[str, ...], workers: int, cpu: int, cluster: str | None
+    uri: str, domains: tuple[str, ...], workers: int, cpu: int, cluster: str | None, force: bool = False
 ) -> Iterator[Subjects]:
     from hypervisor.caps_probe import LibvirtSubjects, loop_guest_boot, loop_guests
+    from hypervisor.journal import CALIBRATION, Journal
 
+    restore_left_calibrations()
     with contextlib.ExitStack() as stack:
         names = list(domains)
         if not names:
@@ -125,14 +163,18 @@ def _libvirt_subjects(
             image, partition = loop_guest_boot(cluster_file, uri)
             with err_console.status(f"booting {workers} CPU-loop guest(s) on {uri} ..."):
                 names = stack.enter_context(loop_guests(uri, workers, image, partition))
-        yield stack.enter_context(LibvirtSubjects(uri, names, cpu=cpu))
+        own = not domains  # guests it booted itself are its own to pin and pause
+        subjects = LibvirtSubjects(uri, names, cpu=cpu, force=force or own, journal=Journal(CALIBRATION))
+        yield stack.enter_context(_put_back_or_report(subjects))
 
 
 @contextlib.contextmanager
-def _libvirt_io_subjects(uri: str, domains: tuple[str, ...], workers: int, cluster: str | None, resource: str
-                         ) -> Iterator[Subjects]:
+def _libvirt_io_subjects(uri: str, domains: tuple[str, ...], workers: int, cluster: str | None, resource: str,
+                         force: bool = False) -> Iterator[Subjects]:
     from hypervisor.caps_probe import LibvirtIoSubjects, io_guests, loop_guest_boot
+    from hypervisor.journal import CALIBRATION, Journal
 
+    restore_left_calibrations()
     with contextlib.ExitStack() as stack:
         names = list(domains)
         if not names:
@@ -152,7 +194,8 @@ def _libvirt_io_subjects(uri: str, domains: tuple[str, ...], workers: int, clust
                 raise InputError(f"--resource {resource}: {problem}")
             with err_console.status(f"booting {workers} {resource} guest(s) on {uri} ..."):
                 names = stack.enter_context(io_guests(uri, workers, image, partition, resource))
-        yield stack.enter_context(LibvirtIoSubjects(uri, names, resource))
+        subjects = LibvirtIoSubjects(uri, names, resource, force=force or not domains, journal=Journal(CALIBRATION))
+        yield stack.enter_context(_put_back_or_report(subjects))
 
 
 def measure_reference(subjects: Any, duration: float, settle: float) -> dict[str, Any]:
@@ -252,6 +295,12 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     "from the cluster file's [guest] and destroyed after.",
 )
 @click.option(
+    "--force",
+    is_flag=True,
+    help="Calibrate a --domain vcsched does not manage (no vcsched metadata); without it such a domain is "
+    "refused, since a calibration pins, pauses and re-caps it.",
+)
+@click.option(
     "--cluster",
     type=click.Path(dir_okay=False),
     default=None,
@@ -336,6 +385,7 @@ def calibrate_cmd(
     backend: str | None,
     connect: str | None,
     domains: tuple[str, ...],
+    force: bool,
     cluster: str | None,
     caps: tuple[float, ...] | None,
     workers: int,
@@ -377,9 +427,21 @@ def calibrate_cmd(
       vcsched calibrate --backend libvirt --connect URI_OF_LAB_HOST --workers 2   # boots its own guests
       vcsched calibrate --resource disk --connect URI_OF_LAB_HOST --workers 2 --plot disk.png
 
+    With --domain, only a domain vcsched manages is calibrated unless
+    --force.  What the libvirt backend changes on a domain (its CPU pinning,
+    running state, vcpu_quota/period or disk/network limit) is written to a
+    journal under the state directory before it is changed and put back on
+    exit, Ctrl-C or SIGTERM, each setting on its own: a domain is never left
+    paused, and whatever could not be put back is reported (exit 1).  After
+    a SIGKILL, the next `vcsched calibrate --backend libvirt` (or `vcsched
+    repair`) puts it back from the journal.
+
     Needs root for the cgroup backend.  Everything it creates (the
     vcsched-calib-<pid> cgroup, worker processes) is removed on exit, Ctrl-C
     or SIGTERM.
+
+    Exit codes: 0 done, 1 a setting could not be put back, 2 bad input,
+    130 interrupted (Ctrl-C or SIGTERM; everything put back first).
     """
     if backend is None:
         backend = "cgroup" if resource == "cpu" else "libvirt"
@@ -410,7 +472,7 @@ def calibrate_cmd(
     cond = conditions(busy, chosen)
     reference: dict[str, Any] | None = None
     with sigterm_as_interrupt(), open_subjects(
-        backend, workers, chosen, connect, domains, priority == "high", cluster, resource
+        backend, workers, chosen, connect, domains, priority == "high", cluster, resource, force
     ) as subjects:
         if resource != "cpu":
             reference = measure_reference(subjects, duration, cfg.settle)

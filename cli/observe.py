@@ -46,8 +46,17 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
       vcsched observe --window 60s
       vcsched observe --window 2m --probe --record
 
-    Exit codes: 0 done, 1 every host is down or a step failed, 2 bad input.
+    \b
+    SIGTERM or Ctrl-C ends the sampling early; probe caps are put back first
+    and nothing is recorded (exit 143 or 130).  The caps a probe raises are
+    written to a journal under the state directory before they are raised,
+    so that after a SIGKILL the next `observe --probe`, `run` or `repair`
+    puts them back.
+
+    Exit codes: 0 done, 1 every host is down or a step failed, 2 bad input,
+    130 / 143 stopped by SIGINT / SIGTERM (probe caps put back).
     """
+    from cli.signals import stopping_on_signals
     from hypervisor.executor import ApplyReport
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from hypervisor.sampling import CpuSampler, probe_and_restore, record_estimates
@@ -60,12 +69,13 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     out: dict[str, Any] = {"cluster": cluster.name, "window": window, "sample": every}
     reports: dict[str, ApplyReport] = {}
     changing = probe or record
-    with LibvirtHypervisor(cluster) as hv:
+    with stopping_on_signals(stop) as received, LibvirtHypervisor(cluster) as hv:
         sampler = CpuSampler(window + every, None)
         if not as_json:
             err_console.print(f"sampling CPU use every {every:g} s for {window:g} s ...", highlight=False)
         inventory = sampler.sample_for(hv, window, every, stop)
         assert inventory is not None
+        _stop_if_asked(received, "nothing changed")
         if not inventory.up().hosts:
             raise HostsDown(f"every host of cluster {cluster.name!r} is down: "
                             + "; ".join(f"{h.name}: {h.down}" for h in inventory.hosts))
@@ -73,6 +83,8 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
         with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=changing, hv=hv) as lock:
             guard = lock.guard if lock is not None else None
             if probe:
+                restore_left_probes(hv, guard, quiet=as_json)
+
                 def started(caps: Mapping[str, float]) -> None:
                     if not as_json:
                         err_console.print(f"probing {', '.join(sorted(caps))} for {probe_seconds:g} s ...",
@@ -83,6 +95,7 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
                     on_start=started)
                 out["probe"] = {"caps": dict(done.caps), "before": dict(done.before), "seconds": probe_seconds}
                 reports.update(done.reports())
+                _stop_if_asked(received, _probe_outcome(done))
             if record:
                 plan, reports["record"] = record_estimates(hv, estimates, guard)
                 out["record"] = plan.to_dict()
@@ -96,6 +109,37 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     else:
         _render(out)
     return EXIT_OK if ok else EXIT_UNSATISFIED
+
+
+def _stop_if_asked(received: list[int], outcome: str) -> None:
+    """After a signal (cli.signals): end now, saying what became of the changes (exit 128 + the signal)."""
+    if received:
+        from cli.signals import Interrupted, signal_name
+
+        raise Interrupted(received[0], f"interrupted by {signal_name(received[0])}: {outcome}")
+
+
+def _probe_outcome(done: Any) -> str:
+    restored = done.restored
+    if not done.caps:
+        return "nothing changed"
+    if restored is not None and not restored.ok:
+        return (f"probe caps NOT all put back ({restored.stopped or 'a step failed'}); the journal keeps them "
+                "for the next `vcsched observe --probe`, `vcsched run` or `vcsched repair`")
+    return f"probe caps put back ({', '.join(sorted(done.caps))}); nothing recorded"
+
+
+def restore_left_probes(hv: Any, guard: Any, quiet: bool = False) -> None:
+    """Put back the caps of probes whose process died before it could (SIGKILL, a crash), under the caller's
+    lock (hypervisor.journal); says what it did on stderr."""
+    from hypervisor.journal import PROBE, restore_journal
+
+    report = restore_journal(hv, kinds=(PROBE,), guard=guard)
+    for line in report.restored:
+        if not quiet:
+            err_console.print(f"a killed probe's {line}", highlight=False, markup=False)
+    for line in report.problems:
+        err_console.print(f"vcsched: warning: a killed probe's {line}", highlight=False, markup=False)
 
 
 def _render(out: dict[str, Any]) -> None:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import click
 
 from cli.app import EXIT_OK, FiniteFloatRange
 from cli.common import _check_coordination, cluster_option, load_cluster, notice
 from cli.params import Bytes, Duration
+from cli.signals import stopping_on_signals
 from vcsched.errors import InputError
 
 
@@ -77,7 +77,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
 
     \b
     A foreground daemon (stop it with SIGTERM or Ctrl-C: the running step
-    finishes, no further one starts).  Every --interval, as the leader:
+    finishes, no further one starts, caps a probe raised are put back, and
+    it exits 0).  Every --interval, as the leader:
       1. estimate each managed VM's CPU need from its use over the last
          --window (probing a VM that uses its whole cap with its host's
          unused capacity for --probe-seconds),
@@ -126,17 +127,12 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     clock = SystemClock()
     events = EventLog(stream, member, clock.time)
     stop = threading.Event()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     timer = threading.Timer(duration, stop.set) if duration is not None else None
     try:
         if timer is not None:
             timer.daemon = True
             timer.start()
-        with LibvirtHypervisor(cluster, on_notice=notice) as hv:
+        with stopping_on_signals(stop), LibvirtHypervisor(cluster, on_notice=notice) as hv:
             key = lock_key(hv.identities().values())  # the locks are the hosts', not the file name's
             controller = Controller(
                 cluster.name, hv, options,
@@ -148,8 +144,6 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     finally:
         if timer is not None:
             timer.cancel()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         if server is not None:
             server.close()
         if stream is not sys.stdout:

@@ -26,18 +26,21 @@ refused naming the host.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
 import time
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import libvirt
 
+from hypervisor.journal import CalibrationEntry, Journal, signals_held
 from hypervisor.lab.guest import GuestError, start_guest, wait_for_boot
 from hypervisor.lab.state import GUEST_CMDLINE, GuestImage
 from vcsched.caps import MIN_QUOTA_US, PERIOD_US, quota_for
@@ -66,6 +69,84 @@ def vcpu_quota_for(cap: float | None, vcpus: int) -> int:
     return quota
 
 
+def check_managed(dom: Any, uri: str, force: bool) -> None:
+    """A domain vcsched does not manage (no vcsched metadata) is refused unless ``force``: vcsched touches only
+    what it manages, and a calibration pins, pauses and re-caps its domains."""
+    from hypervisor.domain_xml import parse_metadata
+
+    if force or parse_metadata(dom.XMLDesc(0)) is not None:
+        return
+    raise InputError(f"--domain {dom.name()}: not managed by vcsched on {uri} (no vcsched metadata); a calibration "
+                     "pins, pauses and re-caps it: pass --force to calibrate it anyway")
+
+
+def put_back(dom: Any, entry: CalibrationEntry) -> tuple[list[str], list[str]]:
+    """Put ``entry``'s settings back on ``dom``, each on its own (one that fails does not skip the others):
+    scheduler parameters, each vCPU's pinning, the emulator's, I/O limits, then a resume if it is paused by a
+    suspend (one paused by a migration is not ours to resume).  Returns (what was put back, what was not)."""
+    live = libvirt.VIR_DOMAIN_AFFECT_LIVE
+    name = f"{entry.domain} on {entry.uri}"
+    done: list[str] = []
+    problems: list[str] = []
+
+    def attempt(what: str, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except (libvirt.libvirtError, VcschedError) as exc:
+            msg = exc.get_error_message() if isinstance(exc, libvirt.libvirtError) else str(exc)
+            problems.append(f"{name}: {what} not put back ({msg})")
+        else:
+            done.append(f"{name}: {what} put back")
+
+    if entry.scheduler:
+        attempt("vcpu_quota/vcpu_period " + "/".join(str(entry.scheduler[k]) for k in sorted(entry.scheduler)),
+                lambda: dom.setSchedulerParametersFlags(dict(entry.scheduler or {}), live))
+    for v, cpumap in enumerate(entry.vcpu_pins or ()):
+        attempt(f"vCPU {v} pinning", functools.partial(dom.pinVcpuFlags, v, tuple(cpumap), live))
+    if entry.emulator_pin is not None:
+        attempt("emulator pinning", lambda: dom.pinEmulator(tuple(entry.emulator_pin or ()), live))
+    if entry.io is not None:
+        resource, amount = str(entry.io["resource"]), entry.io.get("amount")
+        attempt(f"{resource} limit", lambda: _put_io_back(dom, entry.uri, resource, amount))
+    try:
+        state, reason = dom.state()[:2]
+    except libvirt.libvirtError as exc:
+        problems.append(f"{name}: state unreadable, may be left paused ({exc.get_error_message()})")
+    else:
+        if state == libvirt.VIR_DOMAIN_PAUSED and reason == libvirt.VIR_DOMAIN_PAUSED_USER:
+            attempt("running state", dom.resume)
+    return done, problems
+
+
+def _put_io_back(dom: Any, uri: str, resource: str, amount: int | None) -> None:
+    from hypervisor.throttle import apply_io_caps, live_devices
+
+    v = 0 if amount is None else int(amount)
+    caps = IoCaps(disk_bytes_sec=v) if resource == "disk" else IoCaps(net_bytes_sec=v)
+    apply_io_caps(uri, dom, live_devices(dom), caps, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+
+
+def restore_domain(entry: CalibrationEntry) -> tuple[list[str], list[str]]:
+    """:func:`put_back` on the domain of ``entry`` (by UUID, on its URI) after its calibration was killed; a
+    domain that is gone has nothing to put back."""
+    _quiet_libvirt()
+    try:
+        conn = libvirt.open(entry.uri)
+    except libvirt.libvirtError as exc:
+        return [], [f"{entry.domain} on {entry.uri}: cannot connect ({exc.get_error_message()}); nothing put back"]
+    try:
+        try:
+            dom = conn.lookupByUUIDString(entry.uuid)
+        except libvirt.libvirtError:
+            return [f"{entry.domain} on {entry.uri}: gone; nothing to put back"], []
+        if not dom.isActive():
+            return [f"{entry.domain} on {entry.uri}: no longer running; nothing to put back"], []
+        return put_back(dom, entry)
+    finally:
+        with contextlib.suppress(libvirt.libvirtError):
+            conn.close()
+
+
 def running_domain(conn: Any, uri: str, name: str, why: str = "") -> Any:
     """The running domain ``name`` given with --domain: calibration measures a guest's work as it runs, so a
     missing or stopped one is bad input, refused before anything is changed."""
@@ -79,25 +160,36 @@ def running_domain(conn: Any, uri: str, name: str, why: str = "") -> Any:
 
 
 class LibvirtSubjects:
-    """Running CPU-loop guests on one libvirt host, optionally pinned to one host CPU."""
+    """Running CPU-loop guests on one libvirt host, optionally pinned to one host CPU.
+
+    Only domains vcsched manages (its metadata), unless ``force``: a calibration pins, pauses and re-caps what
+    it measures.  What it is about to change is written to ``journal`` first (:mod:`hypervisor.journal`), so a
+    calibration killed by SIGKILL is put back by the next one or by ``vcsched repair``; :meth:`close` puts
+    everything back itself and clears it.
+    """
 
     unit = "vCPU s/s"
     nominal_bare: float | None = 1.0
     default_window = 1.0
 
-    def __init__(self, uri: str, domains: Sequence[str], cpu: int | None = None):
+    def __init__(self, uri: str, domains: Sequence[str], cpu: int | None = None, *, force: bool = False,
+                 journal: Journal | None = None):
         _quiet_libvirt()
         self.uri = uri
         self.count = len(domains)
         self.doms: list[Any] = []
-        self._saved: list[dict[str, Any]] = []
-        self._pins: list[tuple[list[tuple[bool, ...]], Any]] = []
+        self.entries: list[CalibrationEntry] = []
+        self.journal = journal
+        self.problems: list[str] = []
         try:
             self.conn = libvirt.open(uri)
         except libvirt.libvirtError as exc:
             raise InputError(f"--connect {uri}: cannot connect ({exc.get_error_message()})") from None
         try:
-            self._adopt(domains)
+            self._adopt(domains, force)
+            if cpu is not None:
+                self._check_cpu(cpu)
+            self._record(cpu is not None)
             if cpu is not None:
                 self._pin(cpu)
             for i in range(self.count):
@@ -106,9 +198,10 @@ class LibvirtSubjects:
             self.close()
             raise
 
-    def _adopt(self, names: Sequence[str]) -> None:
+    def _adopt(self, names: Sequence[str], force: bool) -> None:
         for name in names:
             dom = running_domain(self.conn, self.uri, name, " (calibration needs a CPU-loop guest)")
+            check_managed(dom, self.uri, force)
             try:
                 params = dom.schedulerParametersFlags(libvirt.VIR_DOMAIN_AFFECT_LIVE)
             except libvirt.libvirtError as exc:
@@ -120,20 +213,32 @@ class LibvirtSubjects:
                     "(the libvirt test driver never has)"
                 )
             self.doms.append(dom)
-            self._saved.append({k: params[k] for k in ("vcpu_period", "vcpu_quota")})
+            self.entries.append(CalibrationEntry(self.uri, name, dom.UUIDString(),
+                                                 {k: params[k] for k in ("vcpu_period", "vcpu_quota")}))
+
+    def _check_cpu(self, cpu: int) -> None:
+        n_cpus = self.conn.getInfo()[2]
+        if not 0 <= cpu < n_cpus:
+            raise InputError(f"--cpu: {cpu} is not a CPU of host {self.uri} (it has {n_cpus})")
+
+    def _record(self, pins: bool) -> None:
+        """Read what is about to change (the pinning too, when it will be pinned) and journal it, before any change."""
+        if pins:
+            flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+            self.entries = [replace(e, vcpu_pins=[list(m) for m in dom.vcpuPinInfo(flags)],
+                                    emulator_pin=list(dom.emulatorPinInfo(flags)))
+                            for e, dom in zip(self.entries, self.doms, strict=True)]
+        if self.journal is not None and self.entries:
+            self.journal.write(domains=self.entries)
 
     def _pin(self, cpu: int) -> None:
         """All vCPU and emulator threads on host CPU ``cpu``, as the paper ran every VM on one CPU."""
         n_cpus = self.conn.getInfo()[2]
-        if not 0 <= cpu < n_cpus:
-            raise InputError(f"--cpu: {cpu} is not a CPU of host {self.uri} (it has {n_cpus})")
         cpumap = tuple(i == cpu for i in range(n_cpus))
-        for dom in self.doms:
+        for dom, entry in zip(self.doms, self.entries, strict=True):
             flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
-            vcpu_maps = dom.vcpuPinInfo(flags)
-            self._pins.append((vcpu_maps, dom.emulatorPinInfo(flags)))
             try:
-                for v in range(len(vcpu_maps)):
+                for v in range(len(entry.vcpu_pins or ())):
                     dom.pinVcpuFlags(v, cpumap, flags)
                 dom.pinEmulator(cpumap, flags)
             except libvirt.libvirtError as exc:
@@ -177,25 +282,19 @@ class LibvirtSubjects:
         return [((before + after) / 2, used, used)]
 
     def close(self) -> list[str]:
-        """Restore every guest as found: scheduler parameters, pinning, running.  Returns problems."""
-        problems: list[str] = []
-        for i, dom in enumerate(self.doms):
-            try:
-                if i < len(self._saved):
-                    saved = self._saved[i]
-                    dom.setSchedulerParametersFlags(saved, libvirt.VIR_DOMAIN_AFFECT_LIVE)
-                if i < len(self._pins):
-                    vcpu_maps, emulator_map = self._pins[i]
-                    for v, m in enumerate(vcpu_maps):
-                        dom.pinVcpuFlags(v, m, libvirt.VIR_DOMAIN_AFFECT_LIVE)
-                    dom.pinEmulator(emulator_map, libvirt.VIR_DOMAIN_AFFECT_LIVE)
-                if dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
-                    dom.resume()
-            except libvirt.libvirtError as exc:
-                problems.append(f"{dom.name()}: {exc.get_error_message()}")
-        self.doms = []
-        with contextlib.suppress(libvirt.libvirtError, AttributeError):
-            self.conn.close()
+        """Put every guest back as found — scheduler parameters, pinning, running — each setting on its own, with
+        SIGTERM and SIGINT held meanwhile; clears the journal when all went back.  Returns (and keeps in
+        :attr:`problems`) what could not be put back."""
+        with signals_held():
+            problems: list[str] = []
+            for dom, entry in zip(self.doms, self.entries, strict=False):
+                problems += put_back(dom, entry)[1]
+            self.doms = []
+            with contextlib.suppress(libvirt.libvirtError, AttributeError):
+                self.conn.close()
+            if self.journal is not None and not problems:
+                self.journal.clear()
+            self.problems = problems
         return problems
 
     def __enter__(self) -> LibvirtSubjects:
@@ -304,7 +403,8 @@ class LibvirtIoSubjects:
     default_window = 1.0
     resource: str
 
-    def __init__(self, uri: str, domains: Sequence[str], resource: str):
+    def __init__(self, uri: str, domains: Sequence[str], resource: str, *, force: bool = False,
+                 journal: Journal | None = None):
         from hypervisor.drivers import io_support
 
         _quiet_libvirt()
@@ -318,7 +418,10 @@ class LibvirtIoSubjects:
         self.doms: list[Any] = []
         self.devices: list[Any] = []
         self._saved: list[Any] = []
+        self.entries: list[CalibrationEntry] = []
         self._floods: list[Any] = []
+        self.journal = journal
+        self.problems: list[str] = []
         try:
             self.conn = libvirt.open(uri)
         except libvirt.libvirtError as exc:
@@ -327,7 +430,9 @@ class LibvirtIoSubjects:
             refused = dict(io_support(str(self.conn.getType()).lower(), uri))
             if resource in refused:
                 raise InputError(f"host {uri}: cannot cap {resource}: {refused[resource]}")
-            self._adopt(domains)
+            self._adopt(domains, force)
+            if self.journal is not None and self.entries:
+                self.journal.write(domains=self.entries)
             self._probe()
             if resource == "net":
                 self._make_floods()
@@ -337,11 +442,12 @@ class LibvirtIoSubjects:
             self.close()
             raise
 
-    def _adopt(self, names: Sequence[str]) -> None:
+    def _adopt(self, names: Sequence[str], force: bool) -> None:
         from hypervisor.throttle import live_devices
 
         for name in names:
             dom = running_domain(self.conn, self.uri, name)
+            check_managed(dom, self.uri, force)
             devices = live_devices(dom)
             if not devices.count(self.resource):
                 what = "disk" if self.resource == "disk" else "network interface libvirt can shape"
@@ -349,6 +455,8 @@ class LibvirtIoSubjects:
             self.doms.append(dom)
             self.devices.append(devices)
             self._saved.append(self._read(dom, devices))
+            self.entries.append(CalibrationEntry(self.uri, name, dom.UUIDString(), io={
+                "resource": self.resource, "amount": self._saved[-1].amount(self.resource)}))
 
     def _read(self, dom: Any, devices: Any) -> Any:
         from hypervisor.throttle import io_caps_of
@@ -439,22 +547,21 @@ class LibvirtIoSubjects:
         return [((before + after) / 2, done, done)]
 
     def close(self) -> list[str]:
-        """Stop the floods, put every guest's limits back, resume it.  Returns problems."""
-        problems: list[str] = []
-        for f in self._floods:
-            f.close()
-        self._floods = []
-        for i, dom in enumerate(self.doms):
-            try:
-                if i < len(self._saved):
-                    self._apply(i, self._saved[i].amount(self.resource))
-                if dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
-                    dom.resume()
-            except (libvirt.libvirtError, CapsProbeError) as exc:
-                problems.append(f"{dom.name()}: {exc}")
-        self.doms = []
-        with contextlib.suppress(libvirt.libvirtError, AttributeError):
-            self.conn.close()
+        """Stop the floods, put every guest's limits back, resume it (:func:`put_back`, signals held meanwhile).
+        Returns (and keeps in :attr:`problems`) what could not be put back."""
+        with signals_held():
+            problems: list[str] = []
+            for f in self._floods:
+                f.close()
+            self._floods = []
+            for dom, entry in zip(self.doms, self.entries, strict=False):
+                problems += put_back(dom, entry)[1]
+            self.doms = []
+            with contextlib.suppress(libvirt.libvirtError, AttributeError):
+                self.conn.close()
+            if self.journal is not None and not problems:
+                self.journal.clear()
+            self.problems = problems
         return problems
 
     def __enter__(self) -> LibvirtIoSubjects:

@@ -29,6 +29,19 @@ service) is logged as an ``error`` event and the next interval starts
 afresh, with new connections.  A step running when SIGTERM arrives finishes;
 no further step starts and :meth:`Controller.run` returns.
 
+**Probe caps are put back on every way out.**  A probe's raised caps are
+written to this process's journal (:mod:`hypervisor.journal`) before they
+are raised.  They stay raised only if this interval's plan then sets the
+caps (it is applied whole, or there was nothing to change); on any other
+outcome — no plan, a failed or refused plan, the lock busy, an error, a stop
+(SIGTERM, SIGINT, ``--duration``) or losing leadership — the interval ends by
+putting back every probe cap still at its raised value, under the cluster
+lock, and clearing the journal.  What cannot be put back then (the lock
+busy, a host down) stays in the journal and is tried again at the start of
+the next interval and when :meth:`Controller.run` returns.  Every interval
+also starts by putting back the probe caps of processes that died with them
+raised (SIGKILL, a crash): their journals, on this machine.
+
 **Leadership.**  The leader is whoever holds the cluster's *leader lock*
 (:func:`hypervisor.lock.leader_lock_name`), an ordinary cluster-lock-kind
 tooz lock: on etcd a key on a lease renewed every third of the TTL.  A
@@ -48,11 +61,13 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from hypervisor.base import Hypervisor
 from hypervisor.events import EventLog
 from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
+from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries, restore_journal
 from hypervisor.lock import LockBusy
 from hypervisor.metrics import ControllerMetrics, HostMetrics, VmMetrics
 from hypervisor.sampling import Clock, CpuSampler, SystemClock
@@ -144,12 +159,17 @@ class Controller:
     metrics: ControllerMetrics
     clock: Clock = field(default_factory=SystemClock)
     stop: threading.Event = field(default_factory=threading.Event)
+    #: Where probe journals live (default: ``<state dir>/journal``, hypervisor.journal).
+    journals: Path | None = None
 
     def __post_init__(self) -> None:
         self._lead = _Leadership()
         self._fresh_state()
         self._next_tick: float | None = None
         self.ticks = 0
+        self._journal = Journal(PROBE, self.journals or journal_dir())
+        #: Probe caps are raised and this interval's plan has not (yet) taken them over (module docstring).
+        self._probe_open = False
 
     def _fresh_state(self) -> None:
         """What a new leader knows: nothing but libvirt (module docstring)."""
@@ -253,6 +273,8 @@ class Controller:
             while not self.stop.is_set():
                 self.cycle()
         finally:
+            if self._probe_open or self._journal.exists():
+                self._put_back_probe()
             was_leader = self.leader
             if was_leader:
                 self._step_down("stopping")
@@ -306,12 +328,15 @@ class Controller:
         start = self.clock.monotonic()
         self.ticks += 1
         try:
+            self._put_back_left()
             self._work()
         except Stopping:
             pass
         except Exception as exc:
             self._error("interval", exc)
         finally:
+            if self._probe_open:
+                self._put_back_probe()
             took = self.clock.monotonic() - start
             self.metrics.interval_seconds = took
             self.events.emit("interval", seconds=round(took, 6), tick=self.ticks)
@@ -350,6 +375,8 @@ class Controller:
         decision = self.rebalancer.decide(inventory, needs, self.clock.time())
         self.events.emit("decision", **decision.to_dict())
         self._publish(inventory, estimates)
+        if decision.plan is not None and not decision.plan.steps:
+            self._probe_taken_over()  # the caps as they are (probe caps included) are what it wants
         if decision.plan is None or not decision.plan.steps:
             return
         self.events.emit("plan", kind=decision.kind, dry_run=o.dry_run, plan=decision.plan.to_dict())
@@ -360,10 +387,12 @@ class Controller:
                 fresh = self.hv.inventory()  # planned again on what the hosts hold now, under the lock
                 live = self.rebalancer.plan_for(decision.kind, fresh, needs, decision.pinned)
                 if live.plan is None or not live.plan.steps:
+                    if live.plan is not None:
+                        self._probe_taken_over()
                     self.events.emit("applied", kind=decision.kind, ok=True, steps=0, migrated_bytes=0,
                                      reason="nothing left to do on the fresh inventory")
                     return
-                report = self._apply(live.plan, lock, decision.kind)
+                report = self._apply(live.plan, lock, decision.kind, take_over=True)
         except LockBusy as exc:
             self.events.emit("lock-busy", action=decision.kind, reason=str(exc))
             return
@@ -371,7 +400,9 @@ class Controller:
             self.sampler.restart([r.step.vm for r in report.results])
             self._publish(self.hv.inventory(), self.estimates)
 
-    def _apply(self, plan: Plan, lock: Lock | None, kind: str) -> ApplyReport:
+    def _apply(self, plan: Plan, lock: Lock | None, kind: str, take_over: bool = False) -> ApplyReport:
+        """Apply ``plan`` under ``lock``; ``take_over``: a plan that sets every cap, which, applied whole, makes
+        this interval's probe caps its own (module docstring)."""
         start = self.clock.monotonic()
 
         def on_step(r: StepResult) -> None:
@@ -386,6 +417,8 @@ class Controller:
         self.events.emit("applied", kind=kind, ok=report.ok, stopped=report.stopped, steps=len(plan.steps),
                          migrated_bytes=moved, budget=plan.extra.get("budget"),
                          seconds=round(self.clock.monotonic() - start, 6))
+        if take_over and report.ok:
+            self._probe_taken_over()
         if report.stopped is not None and self._lead.lock is not None:
             try:
                 self._lead.lock.guard()
@@ -410,6 +443,8 @@ class Controller:
                     return fresh, self.estimates
                 before = {name: fresh.vm(name).cap_cores for name in caps}  # type: ignore[union-attr]
                 self.events.emit("probe", dry_run=False, caps=caps, before=before, seconds=o.probe_s)
+                self._journal.write(cluster=fresh.cluster, vms=probe_entries(fresh, caps))  # before raising
+                self._probe_open = True
                 report = self._apply(cap_plan(fresh, caps), lock, "probe")
         except LockBusy as exc:
             self.events.emit("lock-busy", action="probe", reason=str(exc))
@@ -422,10 +457,49 @@ class Controller:
                                         probe=raised)
         if self.stop.is_set():
             raise Stopping("stopping")
-        # The probe's raised caps stay until this interval's plan sets every cap again (it reads them as they are).
+        # The probe's raised caps stay until this interval's plan sets every cap again (it reads them as they are),
+        # or are put back when the interval ends otherwise (module docstring).
         self.sampler.restart(raised)
         inventory = after if after is not None else self.hv.inventory()
         return inventory, self._estimate(inventory)
+
+    # ------------------------------------------------------------------ putting probe caps back
+
+    def _probe_taken_over(self) -> None:
+        """This interval's plan set the caps (or found them as it wants them): the probe's are no longer ours to
+        put back."""
+        if self._probe_open:
+            self._probe_open = False
+            self._journal.clear()
+
+    def _put_back_probe(self) -> None:
+        """Put back this process's probe caps still at their raised value (and any dead process's), under the
+        cluster lock; whatever cannot be put back now stays in the journal (module docstring)."""
+        self._restore("probe-restore", own=True)
+        self._probe_open = self._journal.exists()
+
+    def _put_back_left(self) -> None:
+        """At the start of an interval (leader, not a dry run): probe caps that a dead process or an earlier
+        interval of this one left raised."""
+        if self.options.dry_run or not pending(PROBE, self._journal.directory, own=True):
+            return
+        self._restore("probe-restore", own=True)
+
+    def _restore(self, what: str, own: bool) -> None:
+        try:
+            with self._acting(what) as lock:
+                # Not the steps' guard: a stop (SIGTERM) must not stop this; only a lost cluster lock may.
+                guard = lock.guard if lock is not None else None
+                report = restore_journal(self.hv, kinds=(PROBE,), directory=self._journal.directory, guard=guard,
+                                         own=own)
+        except LockBusy as exc:
+            self.events.emit("lock-busy", action=what, reason=str(exc))
+            return
+        except Exception as exc:
+            self._error(what, exc)
+            return
+        if report.restored or report.problems:
+            self.events.emit(what, restored=list(report.restored), problems=list(report.problems))
 
     # ------------------------------------------------------------------ metrics
 

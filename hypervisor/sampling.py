@@ -26,6 +26,7 @@ the cluster lock and goes through the executor (:func:`raise_caps`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -35,6 +36,7 @@ from typing import Protocol
 
 from hypervisor.base import Hypervisor, HypervisorError
 from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
+from hypervisor.journal import PROBE, Journal, probe_caps_back, probe_entries, restore_journal
 from vcsched.caps import same_cap
 from vcsched.control.observe import (
     DEFAULT_PARAMS,
@@ -196,28 +198,43 @@ class ProbeResult:
 def probe_and_restore(hv: Hypervisor, sampler: CpuSampler, seconds: float, every: float, stop: threading.Event,
                       guard: Callable[[], None] | None = None, params: ObserveParams = DEFAULT_PARAMS,
                       on_start: Callable[[Mapping[str, float]], None] | None = None,
+                      journal: Journal | None = None,
                       ) -> tuple[ProbeResult, Inventory, dict[str, Estimate]]:
     """Probe the VMs at their full estimate (:func:`~vcsched.control.observe.probe_caps`) for ``seconds``, then
     put their caps back; the probe samples stay in ``sampler``.  Returns what was done, the inventory after,
-    and the estimates with the probe.  The caller holds the cluster lock (``guard``: its guard)."""
+    and the estimates with the probe.  The caller holds the cluster lock (``guard``: its guard).
+
+    The caps to put back are journaled before any is raised (``journal``, :mod:`hypervisor.journal`) and the
+    journal is cleared once they are back.  ``stop`` (SIGTERM, Ctrl-C) cuts the sampling short, never the
+    putting back; an exception while raised puts them back too, and whatever could not be put back stays in
+    the journal for the next probe, `vcsched run` or `vcsched repair`.
+    """
+    journal = journal or Journal(PROBE)
     fresh = hv.inventory()
     caps = probe_caps(fresh, estimate_all(fresh, sampler.samples(), params=params), params)
     before = {name: v.cap_cores for name in caps if (v := fresh.vm(name)) is not None}
-    if not caps:
-        return ProbeResult(caps, before), fresh, estimate_all(fresh, sampler.samples(), params=params)
+    if not caps or stop.is_set():
+        return ProbeResult({}, {}), fresh, estimate_all(fresh, sampler.samples(), params=params)
     if on_start is not None:
         on_start(caps)
-    raised_report = raise_caps(hv, fresh, caps, guard)
-    raised = frozenset(r.step.vm for r in raised_report.results if r.outcome == DONE)
-    restored = None
-    if raised:
-        sampler.restart(raised)
-        sampler.sample_for(hv, seconds, every, stop, probe=raised)
-        now = hv.inventory()
-        back = {name: cap for name, cap in before.items()
-                if name in raised and cap is not None and now.vm(name) is not None}
-        restored = raise_caps(hv, now, back, guard)
-        sampler.restart(raised)
+    entries = probe_entries(fresh, caps)
+    journal.write(cluster=fresh.cluster, vms=entries)  # before the first cap is raised
+    try:
+        raised_report = raise_caps(hv, fresh, caps, guard)
+        raised = frozenset(r.step.vm for r in raised_report.results if r.outcome == DONE)
+        if raised:
+            sampler.restart(raised)
+            sampler.sample_for(hv, seconds, every, stop, probe=raised)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            restore_journal(hv, kinds=(PROBE,), directory=journal.directory, guard=guard, own=True)
+        raise
+    now = hv.inventory()
+    back, waiting = probe_caps_back(now, entries)
+    restored = raise_caps(hv, now, back, guard) if back else None
+    if restored is None or (restored.ok and not waiting):
+        journal.clear()
+    sampler.restart(raised)
     after = hv.inventory()
     return ProbeResult(caps, before, raised_report, restored), after, estimate_all(after, sampler.samples(),
                                                                                    params=params)

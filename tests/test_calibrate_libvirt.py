@@ -38,7 +38,20 @@ def test_quota_refuses_caps_beyond_the_guest_vcpus() -> None:
 
 def test_the_test_driver_is_refused_naming_the_host() -> None:
     with pytest.raises(InputError, match=r"host test:///default: cannot set caps"):
+        LibvirtSubjects("test:///default", ["test"], force=True)
+
+
+def test_a_domain_vcsched_does_not_manage_is_refused_unless_forced() -> None:
+    with pytest.raises(InputError, match=r"--domain test: not managed by vcsched on test:///default.*--force"):
         LibvirtSubjects("test:///default", ["test"])
+
+
+def test_cli_refuses_an_unmanaged_domain_naming_force() -> None:
+    r = CliRunner().invoke(
+        cli, ["calibrate", "--backend", "libvirt", "--connect", "test:///default", "--domain", "test"]
+    )
+    assert r.exit_code == 2, r.output
+    assert "not managed by vcsched" in r.stderr and "--force" in r.stderr
 
 
 def test_an_unknown_domain_is_refused_naming_it() -> None:
@@ -74,7 +87,7 @@ def guest(lab2: Any) -> Iterator[tuple[str, Any]]:
 @pytest.mark.exclusive
 def test_a_quarter_cap_gives_the_guest_about_a_quarter_cpu(guest: tuple[str, Any]) -> None:
     uri, dom = guest
-    with LibvirtSubjects(uri, [dom.name()]) as s:
+    with LibvirtSubjects(uri, [dom.name()], force=True) as s:
         s.set_cap(0, 0.25)
         (m,) = measure(s, [0], 2.0)
     assert 0.15 <= m.share <= 0.35
@@ -86,7 +99,7 @@ def test_closing_restores_the_guest_as_found(guest: tuple[str, Any]) -> None:
     uri, dom = guest
     flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
     before = dom.schedulerParametersFlags(flags), dom.vcpuPinInfo(flags), dom.emulatorPinInfo(flags)
-    with LibvirtSubjects(uri, [dom.name()], cpu=0) as s:
+    with LibvirtSubjects(uri, [dom.name()], cpu=0, force=True) as s:
         assert dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED  # idle subjects must not compete with measured ones
         s.set_cap(0, 0.1)
         assert dom.schedulerParametersFlags(flags)["vcpu_quota"] == 10_000
@@ -100,7 +113,7 @@ def test_calibrate_command_on_a_lab_guest(guest: tuple[str, Any]) -> None:
     uri, dom = guest
     r = CliRunner().invoke(
         cli,
-        ["calibrate", "--backend", "libvirt", "--connect", uri, "--domain", dom.name(),
+        ["calibrate", "--backend", "libvirt", "--connect", uri, "--domain", dom.name(), "--force",
          "--caps", "0.5", "--duration", "1.2", "--window", "0.5", "--pairs", "1", "--json"],
     )
     assert r.exit_code == 0, r.output
