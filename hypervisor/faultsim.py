@@ -41,7 +41,6 @@ from typing import Any
 import libvirt
 
 from hypervisor import hazards
-from hypervisor.base import HypervisorError
 from hypervisor.simlibvirt import (
     PAUSED,
     RUNNING,
@@ -79,18 +78,32 @@ class Violation(Exception):
 
 
 class SimLockService:
-    """The coordination service: one holder at a time, per lease (etcd semantics, simulated time)."""
+    """The coordination service (etcd's semantics, on the simulated clock): one holder at a time.
+
+    A holder's heartbeat renews its lease in the background (:meth:`hypervisor.lock.ClusterLock._beat`), so
+    the lease ends only when released, when its process dies (the kernel frees a file lock; etcd after the
+    TTL: here at once, the worse case) or at a ``lease_lost`` fault: the holder's renewals stop.  Its
+    ``held()`` is then False at once (it has seen no renewal for the fence, :data:`hypervisor.lock.
+    FENCE_FRACTION` of the TTL), and the lease really expires the rest of the TTL later; from then on another
+    process may take the lock, and anything the old holder changes on a host is a violation.
+    """
 
     def __init__(self, world: SimWorld) -> None:
         self.world = world
         self.holder: int | None = None
-        self.expires = 0.0
+        self.expires: float | None = None  # when the holder's lease runs out (None: renewed, not lost)
 
     def free(self) -> bool:
-        """Whether a new holder may take the lock.  A holder's heartbeat renews its lease in the background
-        (:meth:`hypervisor.lock.ClusterLock._beat`), so a lease ends only when released, when its process dies
-        (the kernel's file lock; etcd after the TTL) or when a ``lease_lost`` fault says so."""
-        return self.holder is None
+        return self.holder is None or (self.expires is not None and self.world.now >= self.expires)
+
+    def valid(self, process: int) -> bool:
+        """Whether ``process`` holds a lease that has not run out (what acting on a host needs)."""
+        return self.holder == process and (self.expires is None or self.world.now < self.expires)
+
+    def lose(self) -> None:
+        from hypervisor.lock import FENCE_FRACTION
+
+        self.expires = self.world.now + (1 - FENCE_FRACTION) * LEASE_TTL_S
 
 
 @dataclass
@@ -108,42 +121,22 @@ class SimLock:
 
         if not self.service.free():
             raise LockBusy(f"cluster 'sim' is locked by process {self.service.holder}; nothing changed")
-        self.service.holder, self.service.expires = self.pid, self.service.world.now + self.ttl
+        self.service.holder, self.service.expires = self.pid, None
         self._held = True
 
     def held(self) -> bool:
-        return self._held and self.service.holder == self.pid
+        return self._held and self.service.holder == self.pid and self.service.expires is None
 
     def guard(self) -> None:
         from hypervisor.lock import LockLost
 
         if not self.held():
-            raise LockLost("cluster 'sim': the lock's lease was lost; no further step is started")
-        self.service.expires = self.service.world.now + self.ttl  # renewed
+            raise LockLost("cluster 'sim': cannot renew the lock's lease; no further step is started")
 
     def release(self) -> None:
         if self.service.holder == self.pid:
-            self.service.holder = None
+            self.service.holder, self.service.expires = None, None
         self._held = False
-
-
-# ------------------------------------------------------------------------------------------ patching
-
-
-class _SimTime:
-    """The ``time`` module as the backend sees it under simulation: the world's clock."""
-
-    def __init__(self, world: Callable[[], SimWorld]) -> None:
-        self._world = world
-
-    def time(self) -> float:
-        return 1_800_000_000.0 + self._world().now
-
-    def monotonic(self) -> float:
-        return self._world().now
-
-    def sleep(self, s: float) -> None:
-        self._world().now += s
 
 
 class _InlinePool:
@@ -163,52 +156,58 @@ class _InlinePool:
 
 
 class Runtime:
-    """The process-wide switches that route the real code to the simulation (entered once per batch)."""
+    """Routes the real code to the simulation.
+
+    Hosts: through the backend's connection factory (``LibvirtHypervisor(connect=, workers=1, clock=,
+    sleep=)``: hosts read inline, in cluster order, on the simulated clock).  Two things have no injection
+    point and are swapped for the duration of a batch (test-only; docs/faultsim.md): the executor runs a
+    wave's migrations on threads (here one after the other, in plan order), and a migration's lease watch is a
+    thread polling ``hv.lease`` (here polled by the simulated migration at each of its phases).
+    """
 
     def __init__(self) -> None:
         self.world: SimWorld | None = None
         self.pid = 0
+        #: The lease callables of running migrations, by process (the simulated lease watch).
+        self.leases: dict[int, list[Callable[[], bool]]] = {}
 
     def current(self) -> SimWorld:
         assert self.world is not None
         return self.world
 
-    def open(self, host: str, uri: str, timeout_s: float) -> SimConnection:
-        try:
-            return self.current().open(self.pid, uri)
-        except libvirt.libvirtError as exc:
-            raise HypervisorError(f"host {host}: cannot connect to {uri}: {exc.get_error_message()}") from None
+    def connect(self, uri: str) -> SimConnection:
+        return self.current().open(self.pid, uri)
+
+    def lease_holds(self, process: int) -> bool:
+        return all(lease() for lease in self.leases.get(process, ()))
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Runtime]:
-        from hypervisor import executor, libvirt_backend
+        from hypervisor import executor, migration
 
-        def run_inline(tasks: Any, workers: int, timeout_s: float) -> dict[str, Any]:
-            out: dict[str, Any] = {}
-            for key, fn in tasks.items():
-                try:
-                    out[key] = fn()
-                except Exception as exc:
-                    out[key] = exc
-            return out
+        rt = self
 
-        def close_now(conn: Any) -> None:
-            with contextlib.suppress(Exception):
-                conn.close()
+        @contextlib.contextmanager
+        def sim_lease_watch(lease: Callable[[], bool] | None, dom: Any, vm: str, lost: list[str]) -> Iterator[None]:
+            if lease is None:
+                yield
+                return
+            pid = rt.pid
+            rt.leases.setdefault(pid, []).append(lease)
+            try:
+                yield
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_OPERATION_ABORTED:
+                    lost.append(f"the cluster lock's lease could expire before the migration of {vm!r} ends: "
+                                "aborted it")
+                raise
+            finally:
+                rt.leases[pid].remove(lease)
 
-        saved = {(libvirt_backend, "open_bounded"): libvirt_backend.open_bounded,
-                 (libvirt_backend, "time"): libvirt_backend.time,
-                 (libvirt_backend, "close_quietly"): libvirt_backend.close_quietly,
-                 (libvirt_backend, "_run_bounded"): libvirt_backend._run_bounded,
-                 (executor, "ThreadPoolExecutor"): executor.ThreadPoolExecutor,
-                 (executor, "time"): executor.time}
-        sim_time = _SimTime(self.current)
-        libvirt_backend.open_bounded = self.open  # type: ignore[assignment]
-        libvirt_backend.time = sim_time  # type: ignore[assignment]
-        libvirt_backend.close_quietly = close_now
-        libvirt_backend._run_bounded = run_inline
+        saved = {(executor, "ThreadPoolExecutor"): executor.ThreadPoolExecutor,
+                 (migration, "lease_watch"): migration.lease_watch}
         executor.ThreadPoolExecutor = _InlinePool  # type: ignore[misc,assignment]
-        executor.time = sim_time  # type: ignore[assignment]
+        migration.lease_watch = sim_lease_watch  # type: ignore[assignment]
         try:
             yield self
         finally:
@@ -389,6 +388,15 @@ class Schedule:
         if d is None or self._look(d) != look or any(uuid in h.domains for h in w.hosts.values() if h.name != host):
             self.violate(f"the unmanaged domain 'stranger' was changed ({where})")
 
+    def after(self, c: Call) -> None:
+        """After every call that changed a host: only the holder of a valid lease changes hosts, and the
+        invariants hold."""
+        where = f"p{c.process} {c.host}.{c.method}({c.vm or ''})"
+        if not self.lock.valid(c.process):
+            who = "without the lock" if self.lock.holder != c.process else "after its lease ran out"
+            self.violate(f"a host was changed {who}: {where}")
+        self.check(f"after {where}")
+
     def violate(self, what: str) -> None:
         if what not in self.out.violations:
             self.out.violations.append(what)
@@ -401,6 +409,10 @@ class Schedule:
         if self.keep_trace:
             self.note(f"p{c.process} {c.host}.{c.method}({c.vm or ''})")
         if not self.injecting or self.depth:
+            return
+        if self.lock.expires is not None and self.lock.free() and self.rng.random() < 0.2:
+            self.fault("actor", "after the lease ran out")  # someone takes the lock the old holder lost
+            self.second(act=True)
             return
         roll = self.rng.random()
         if roll >= self.rate:
@@ -437,13 +449,10 @@ class Schedule:
             self.fault(kind, f"process {c.process} killed at {c.host}.{c.method}")
             raise ProcessKilled(c.process)
         if kind == "lease_lost":
-            if self.lock.holder != c.process:
+            if self.lock.holder != c.process or self.lock.expires is not None:
                 return
-            self.fault(kind, f"process {c.process}'s lease runs out")
-            self.world.now = max(self.world.now, self.lock.expires)
-            self.lock.holder = None
-            if self.rng.random() < 0.7:
-                self.second(act=True)
+            self.fault(kind, f"process {c.process} can no longer renew its lease")
+            self.lock.lose()
             return
         self.fault(kind, "")
         self.second(act=kind == "actor")
@@ -490,7 +499,13 @@ class Schedule:
     def hypervisor(self) -> Any:
         from hypervisor.libvirt_backend import LibvirtHypervisor
 
-        return LibvirtHypervisor(self.cluster)
+        w = self.world
+
+        def sleep(s: float) -> None:
+            w.now += s
+
+        return LibvirtHypervisor(self.cluster, connect=self.rt.connect, workers=1,
+                                 clock=lambda: 1_800_000_000.0 + w.now, sleep=sleep)
 
     def read(self, pid: int) -> None:
         """``status`` / a dry run / ``observe``: an inventory, no lock (as the CLI constructs it)."""
@@ -500,12 +515,9 @@ class Schedule:
         hv.close()
 
     def repair(self, hv: Any, lock: SimLock) -> None:
-        """The explicit repair every changing command starts with (main's code: an inventory that settles)."""
-        fn = getattr(hv, "repair", None)
-        if fn is not None:
-            fn(guard=lock.guard)
-        else:
-            hv.inventory()
+        """The explicit repair every changing command starts with (``LibvirtHypervisor.repair``)."""
+        report = hv.repair(lock.guard)
+        self.note(f"p{self.rt.pid} repair: {'; '.join(report.lines()) or 'nothing in doubt'}")
         self.check("after repair")
 
     def command(self, pid: int, *, repair_only: bool = False, final: bool = False) -> str:
@@ -519,6 +531,7 @@ class Schedule:
             self.note(f"p{pid} refused: {exc}")
             return "locked"
         hv = self.hypervisor()
+        hv.lease = lock.held
         try:
             self.repair(hv, lock)
             if final:
@@ -560,7 +573,8 @@ class Schedule:
         w = self.world
         self.rt.world = w
         w.hook = self.hook
-        w.after = lambda c: self.check(f"after p{c.process} {c.host}.{c.method}({c.vm or ''})")
+        w.abort_wanted = lambda pid: not self.rt.lease_holds(pid)
+        w.after = self.after
         self.note(f"scenario {self.sc.index}: {self.sc.command}"
                   f"{' ' + self.sc.drain if self.sc.command == 'drain' else ''}, vms {[v[:2] for v in self.sc.vms]}")
         try:

@@ -179,6 +179,9 @@ class SimWorld:
         self.migrations: list[Migration] = []
         self.open_conns: dict[int, list[SimConnection]] = {}
         self.calls = 0
+        #: Whether the client ``process``'s lease watch would abort its migration now (the simulation's stand-in
+        #: for the watch thread of :func:`hypervisor.migration.lease_watch`, polled at every migration phase).
+        self.abort_wanted: Callable[[int], bool] = lambda _process: False
 
     # ---------------------------------------------------------------- set-up
 
@@ -558,6 +561,7 @@ class SimDomainHandle:
         self._done("migrate.begin")
         try:
             # Prepare: the destination creates the incoming domain, paused, with a job.
+            self._poll_abort(m)
             dst._call("migrate.prepare", d.name)
             xml = params.get(libvirt.VIR_MIGRATE_PARAM_DEST_XML) or d.xml()
             new = _parse_domain(world, xml, PAUSED, bool(flags & libvirt.VIR_MIGRATE_PERSIST_DEST))
@@ -568,8 +572,10 @@ class SimDomainHandle:
             m.phase = "prepared"
             dst._done("migrate.prepare", d.name)
             # Perform: the copy; at the switch-over the source stops (paused).
+            self._poll_abort(m)
             src._call("migrate.perform", d.name)
             world.now += COPY_S
+            self._poll_abort(m)  # abortJob during the copy cancels it
             if not dst.host.up:
                 raise sim_error(libvirt.VIR_ERR_OPERATION_FAILED, "operation failed: migration out job: "
                                 "unexpectedly failed")
@@ -600,6 +606,19 @@ class SimDomainHandle:
         m.phase = "confirmed"
         src._done("migrate.confirm", d.name)
         return SimDomainHandle(dst, new.uuid, new.name)
+
+    def _poll_abort(self, m: Migration) -> None:
+        """``abortJob`` from the client's lease watch: the migration is cancelled before its switch-over."""
+        if self.conn.world.abort_wanted(m.process):
+            raise sim_error(libvirt.VIR_ERR_OPERATION_ABORTED, "operation aborted: migration out job: canceled by "
+                            "client")
+
+    def abortJob(self) -> int:
+        d = self._dom("abortJob")
+        if d.job == JOB_NONE:
+            raise sim_error(libvirt.VIR_ERR_OPERATION_INVALID, "Requested operation is not valid: no job is active "
+                            "on the domain")
+        return 0
 
     def _cancel(self, m: Migration, src: SimConnection, dst: SimConnection) -> None:
         """The client's clean-up after a failed phase (virDomainMigrateVersion3Full): Finish(cancelled) on the
