@@ -359,6 +359,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
         cluster_lock,
         hosts_down,
         load_cluster,
+        note_in_doubt,
         notice,
         render_hosts_down,
         render_plan,
@@ -382,6 +383,8 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
             cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
         inventory = hv.inventory()
+        if lock is None:  # a dry run reads only: in-doubt VMs are reported, never settled
+            note_in_doubt(inventory)
         down = hosts_down(inventory)
         if not as_json:
             render_hosts_down(inventory)

@@ -236,11 +236,16 @@ def lock_options() -> Callable[[Any], Any]:
 
 @contextmanager
 def cluster_lock(cluster: Cluster, coordination: str | None, wait: float, *, ttl: float | None = None,
-                 needed: bool = True, hv: LibvirtHypervisor | None = None) -> Iterator[ClusterLock | None]:
+                 needed: bool = True, hv: LibvirtHypervisor | None = None,
+                 settle: bool = True) -> Iterator[ClusterLock | None]:
     """The cluster's lock while the block runs (``needed=False``: a dry run, no lock); see hypervisor.lock.
 
     The lock is named after the cluster's hosts — their libvirt identities, read through ``hv`` (else through
     connections opened for the purpose) — not after the file's ``name`` (hypervisor/identity.py).
+
+    With ``hv`` (a command that changes hosts through it): once the lock is taken, in-doubt VMs are settled
+    first (:func:`settle_first`, what `vcsched repair --apply` does; ``settle=False``: the caller repairs), and
+    a migration that would outlive the lock's lease is aborted (``hv.lease``).
     """
     if not needed:
         yield None
@@ -251,7 +256,39 @@ def cluster_lock(cluster: Cluster, coordination: str | None, wait: float, *, ttl
     url = resolve_url(coordination, cluster.coordination)
     key = lock_key(host_identities(cluster, hv).values())
     with holding(url, cluster.name, wait, ttl or cluster.lock_ttl or DEFAULT_TTL, key=key) as lock:
-        yield lock
+        if hv is not None:
+            hv.lease = lock.held
+            if settle:
+                settle_first(hv, lock.guard)
+        try:
+            yield lock
+        finally:
+            if hv is not None:
+                hv.lease = None
+
+
+def note_in_doubt(inventory: Inventory) -> None:
+    """For commands that only read (dry runs, observe): each in-doubt VM and what `vcsched repair --apply` would
+    do about it, one note each on stderr.  Nothing is changed."""
+    from hypervisor.settlement import RepairReport, plan_repair
+
+    if not inventory.in_doubt:
+        return
+    for d in inventory.in_doubt:
+        where = ", ".join(f"{h} ({st})" for h, st in zip(d.hosts, d.states, strict=True))
+        notice(f"{d.vm} is in doubt (on {where}): nothing acts on it until `vcsched repair --apply` settles it")
+    for line in RepairReport(plan_repair(inventory), applied=False).lines():
+        notice(f"vcsched repair: {line}")
+
+
+def settle_first(hv: LibvirtHypervisor, guard: Callable[[], None]) -> None:
+    """At the start of a command that changes hosts, under its lock: settle the in-doubt VMs that can be (each
+    action one note on stderr).  With a host down nothing is settled: said in one note when some VM is in doubt,
+    and the command goes on (its plan leaves in-doubt VMs alone)."""
+    report = hv.repair(guard)
+    if report.plan.refused is not None and report.plan.in_doubt:
+        notice(f"{len(report.plan.in_doubt)} in-doubt VM(s) not settled: {report.plan.refused}; `vcsched repair` "
+               "settles them once every host answers")
 
 
 def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> dict[str, str]:

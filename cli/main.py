@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "Decide whether a virtual cluster fits, and how: print the admission decision and the plan."),
     "apply": ("cli.apply:apply_cmd",
               "Apply a plan saved by `vcsched place -o PLAN.json` or `vcsched adapt -o PLAN.json`."),
+    "repair": ("cli.repair:repair_cmd",
+               "Settle VMs left in doubt by an interrupted migration (dry run unless --apply)."),
     "status": ("cli.status:status_cmd",
                "Show every host and VM of the cluster: caps, predicted yields and measured CPU, disk and network."),
     "cordon": ("cli.maintenance:cordon_cmd",

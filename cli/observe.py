@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console
-from cli.common import cluster_lock, cluster_option, load_cluster, lock_options
+from cli.common import cluster_lock, cluster_option, load_cluster, lock_options, note_in_doubt, notice
 from cli.params import Duration
 
 
@@ -69,7 +69,7 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     out: dict[str, Any] = {"cluster": cluster.name, "window": window, "sample": every}
     reports: dict[str, ApplyReport] = {}
     changing = probe or record
-    with stopping_on_signals(stop) as received, LibvirtHypervisor(cluster) as hv:
+    with stopping_on_signals(stop) as received, LibvirtHypervisor(cluster, on_notice=notice) as hv:
         sampler = CpuSampler(window + every, None)
         if not as_json:
             err_console.print(f"sampling CPU use every {every:g} s for {window:g} s ...", highlight=False)
@@ -80,6 +80,8 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
             raise HostsDown(f"every host of cluster {cluster.name!r} is down: "
                             + "; ".join(f"{h.name}: {h.down}" for h in inventory.hosts))
         estimates = estimate_all(inventory, sampler.samples())
+        if not changing:  # reading only: in-doubt VMs are reported, never settled
+            note_in_doubt(inventory)
         with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=changing, hv=hv) as lock:
             guard = lock.guard if lock is not None else None
             if probe:

@@ -16,6 +16,7 @@ from cli.common import (
     load_cluster,
     load_request,
     lock_options,
+    note_in_doubt,
     notice,
     policy_options,
     render_hosts_down,
@@ -109,6 +110,8 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
             cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
         inventory = hv.inventory()
+        if lock is None:  # a dry run reads only: in-doubt VMs are reported, never settled
+            note_in_doubt(inventory)
         if not as_json:
             render_hosts_down(inventory)
         decision = admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing)

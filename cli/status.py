@@ -12,6 +12,7 @@ from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_j
 from cli.common import cluster_option, load_cluster, policy_options
 from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
+from hypervisor.settlement import RepairReport, plan_repair
 from vcsched.control.status import below_floor, host_load, predicted_yield, virtual_clusters
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
@@ -76,7 +77,8 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
     } for v in inv.vms]
     out: dict[str, Any] = {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms,
                            "in_doubt": [{"vm": d.vm, "uuid": d.uuid, "hosts": list(d.hosts), "states": list(d.states),
-                                         "resolved": d.resolved} for d in inv.in_doubt]}
+                                         "resolved": d.resolved} for d in inv.in_doubt],
+                           "repair": RepairReport(plan_repair(inv), applied=False).to_dict()}
     if policy is not None:
         out["policy"] = policy
         out["virtual_clusters"] = clusters or []
@@ -139,7 +141,15 @@ def render_status(doc: dict[str, Any]) -> None:
     for d in doc.get("in_doubt", []):
         where = ", ".join(f"{h} ({st})" for h, st in zip(d["hosts"], d["states"], strict=True))
         console.print(f"[red]in doubt[/]: {d['vm']} (uuid {d['uuid']}) is active on {where}: no plan touches it "
-                      "until one copy is left (docs/operations.md, \"A VM never runs twice\").")
+                      "until `vcsched repair --apply` settles it (docs/operations.md, \"A VM never runs twice\").",
+                      highlight=False)
+    repair = doc.get("repair") or {}
+    if repair.get("refused") and doc.get("in_doubt"):
+        console.print(f"  vcsched repair would do nothing now: {repair['refused']}", highlight=False)
+    for a in repair.get("actions", []):
+        console.print(f"  vcsched repair would {a['action']} {a['vm']} on {a['host']}: {a['why']}", highlight=False)
+    for line in repair.get("left", []):
+        console.print(f"  vcsched repair leaves to the operator: {line}", highlight=False)
     if not doc["vms"]:
         console.print("no VMs")
         return

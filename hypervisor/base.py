@@ -11,12 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from vcsched.errors import VcschedError
 from vcsched.inventory import Inventory, VmState
 from vcsched.iocaps import IoCaps, VmDevices
 from vcsched.plans.steps import CreateStep
+
+if TYPE_CHECKING:
+    from hypervisor.settlement import RepairReport
 
 
 class HypervisorError(VcschedError):
@@ -40,6 +43,10 @@ class HostReadBug(VcschedError):
 
 
 class Hypervisor(Protocol):
+    #: Whether the cluster lock is still ours, set by its holder while it acts (None: not watched): a
+    #: migration that would outlive the lock's lease is aborted.
+    lease: Callable[[], bool] | None
+
     def inventory(self, hosts: Iterable[str] | None = None) -> Inventory:
         """Every host's capacity and every domain on it, managed or not; only ``hosts`` when given.
 
@@ -77,8 +84,19 @@ class Hypervisor(Protocol):
     def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float) -> None:
         """Live-migrate a running managed VM from ``source`` to ``target``, arriving capped at ``cap_cores``.
 
-        A failure leaves it running on ``source``.
+        Raises HypervisorError on failure, saying where the VM was left.  A failure usually leaves it running on
+        ``source`` (libvirt resumes the source when the migration fails before its end), possibly with a paused
+        copy on ``target`` that could not be removed.  But a failure at the end — the destination's copy
+        arrived, the source copy is gone, and resuming the destination failed or the source could not be
+        checked — leaves it **paused on** ``target``: in doubt, never resumed by the step, settled by
+        :meth:`repair` once every host answers.  Either way at most one copy runs.
         """
+        ...
+
+    def repair(self, guard: Callable[[], None], *, apply: bool = True) -> RepairReport:
+        """Settle in-doubt VMs (:mod:`hypervisor.settlement`): only under the cluster lock (``guard``, called
+        before every action), only on a full inventory in which every host answered.  ``apply=False``: what it
+        would do."""
         ...
 
     def realised_cap(self, host: str, vcpus: int, cap_cores: float) -> float:

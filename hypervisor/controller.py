@@ -253,8 +253,14 @@ class Controller:
         lock = self.cluster_lock()
         lock.acquire(self.options.lock_wait_s)
         try:
+            self.hv.lease = lock.held
+            report = self.hv.repair(lock.guard)  # in-doubt VMs settled first, under the lock (docs/operations.md)
+            for a, outcome, detail in report.outcomes:
+                self.events.emit("repair", vm=a.vm, host=a.host, action=a.action, outcome=outcome,
+                                 detail=detail or a.why)
             yield lock
         finally:
+            self.hv.lease = None
             lock.release()
 
     # ------------------------------------------------------------------ the loop

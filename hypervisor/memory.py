@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from hypervisor.base import HypervisorError, IoCounters
 from hypervisor.bootcheck import boot_problems
@@ -25,6 +26,9 @@ from vcsched.caps import CAP_TOLERANCE, min_cap, realisable_cap
 from vcsched.inventory import HostState, Inventory, VmMeta, VmState
 from vcsched.iocaps import IO_RESOURCES, IoCaps, VmDevices, io_problem, realisable
 from vcsched.plans.steps import CreateStep
+
+if TYPE_CHECKING:
+    from hypervisor.settlement import RepairReport
 
 
 class MemoryHypervisor:
@@ -45,6 +49,8 @@ class MemoryHypervisor:
         self.clock: Callable[[], float] = time.time
         #: Whether the hosts' files are this machine's: boot files are then checked before a plan's first step.
         self.boot_files = False
+        self.lease: Callable[[], bool] | None = None
+        self.repairs = 0  # how many times repair ran (in-memory hosts hold one copy per VM: nothing to settle)
 
     def _add(self, v: VmState) -> None:
         if v.host not in self.hosts:
@@ -86,6 +92,13 @@ class MemoryHypervisor:
         up = {h for h in names if h not in self.down}
         return Inventory(self.cluster, states,
                          tuple(sorted((v for v in self.vms.values() if v.host in up), key=lambda v: (v.host, v.name))))
+
+    def repair(self, guard: Callable[[], None], *, apply: bool = True) -> RepairReport:
+        """Nothing is ever in doubt here (one copy per VM by construction): an empty report, counted."""
+        from hypervisor.settlement import RepairReport, plan_repair
+
+        self.repairs += 1
+        return RepairReport(plan_repair(self.inventory()), applied=apply)
 
     def find_vm(self, name: str) -> VmState | None:
         v = self.vms.get(name)
