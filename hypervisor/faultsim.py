@@ -636,6 +636,22 @@ class Summary:
                 "violations": self.violations, "calls": self.calls}
 
 
+@contextlib.contextmanager
+def hazards_on(names: Iterator[str] | tuple[str, ...] | frozenset[str] = ()) -> Iterator[None]:
+    """The mutation switches ``names`` on (:mod:`hypervisor.hazards`) for the block; unknown names are refused."""
+    wanted = set(names)
+    unknown = wanted - hazards.KNOWN
+    if unknown:
+        raise ValueError(f"unknown hazard(s) {sorted(unknown)} (known: {sorted(hazards.KNOWN)})")
+    before = set(hazards.HAZARDS)
+    hazards.HAZARDS |= wanted
+    try:
+        yield
+    finally:
+        hazards.HAZARDS.clear()
+        hazards.HAZARDS |= before
+
+
 def run_schedules(n: int, seed: int, *, rate: float = 0.02, first: int = 0,
                   on_violation: Callable[[Outcome], None] | None = None, stop_at_first: bool = False) -> Summary:
     """Schedules ``first`` .. ``first + n - 1`` of ``seed``; each violation with its seed and index."""

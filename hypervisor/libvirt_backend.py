@@ -58,6 +58,7 @@ from typing import Any, TypeVar
 
 import libvirt
 
+from hypervisor import hazards
 from hypervisor.base import HostReadBug, HypervisorError, IoCounters
 from hypervisor.bootcheck import boot_problems, files_local, validation_xml
 from hypervisor.connections import CallCounter, Counted, close_quietly, open_bounded, unwrap
@@ -344,7 +345,10 @@ class LibvirtHypervisor:
         check_distinct(self.cluster, {st.name: st.uuid for st in states if st.down is None})
         all_vms = tuple(sorted(vms, key=lambda v: (v.host, v.name)))
         doubts = find_in_doubt(all_vms)
-        return Inventory(self.cluster.name, tuple(states), mark_in_doubt(all_vms, doubts), doubts)
+        inventory = Inventory(self.cluster.name, tuple(states), mark_in_doubt(all_vms, doubts), doubts)
+        if hazards.on(hazards.SETTLE_WITHOUT_LOCK) and hosts is None:  # mutation switch (tests/test_faultsim.py)
+            settle(self, lambda: None, inventory=inventory)
+        return inventory
 
     def repair(self, guard: Callable[[], None], *, apply: bool = True,
                inventory: Inventory | None = None) -> RepairReport:
@@ -378,6 +382,8 @@ class LibvirtHypervisor:
                 if not self._gone(h.name, name):
                     raise
         active = [c for c in copies if c.active]
+        if hazards.on(hazards.FIRST_COPY_LOOKUP):  # mutation switch (tests/test_faultsim.py)
+            return active[0] if active else (copies[0] if copies else None)
         if len(active) > 1 or any(c.paused and c.arriving_from is not None for c in active):
             where = ", ".join(f"{c.host} ({_copy_kind(c)})" for c in active)
             raise VmInDoubt(f"{name} is in doubt: copies on {where}; no step acts on it until `vcsched repair` "

@@ -92,6 +92,10 @@ class SimDomain:
     incoming: bool = False  # a migration's destination side before Finish: cancelled if its client goes
     migration: Migration | None = None  # the migration this domain is a side of
     cpu_ns: int = 0
+    #: libvirt's reason for a paused state: VIR_DOMAIN_PAUSED_MIGRATION when a migration stopped it (its
+    #: source at the switch-over, an incoming domain), VIR_DOMAIN_PAUSED_USER after ``suspend`` or an arrival
+    #: kept paused by VIR_MIGRATE_PAUSED (per libvirt's qemu driver source; not observed in the lab yet).
+    reason: int = 0
     _xml: str | None = field(default=None, repr=False)
 
     @property
@@ -364,7 +368,8 @@ class SimConnection:
 
     def getAllDomainStats(self, stats: int = 0, flags: int = 0) -> list[tuple[SimDomainHandle, dict[str, Any]]]:
         self._call("getAllDomainStats")
-        return [(self._handle(d), {"state.state": d.state, "state.reason": 0}) for d in self.host.domains.values()]
+        return [(self._handle(d), {"state.state": d.state, "state.reason": d.reason if d.state == PAUSED else 1})
+                for d in self.host.domains.values()]
 
     def lookupByName(self, name: str) -> SimDomainHandle:
         self._call("lookupByName", name)
@@ -436,7 +441,8 @@ class SimDomainHandle:
         return self._dom("XMLDesc").xml()
 
     def state(self, flags: int = 0) -> list[int]:
-        return [self._dom("state").state, 0]
+        d = self._dom("state")
+        return [d.state, d.reason if d.state == PAUSED else 1]
 
     def info(self) -> list[int]:
         d = self._dom("info")
@@ -504,7 +510,7 @@ class SimDomainHandle:
         if d.state != RUNNING:
             raise sim_error(libvirt.VIR_ERR_OPERATION_INVALID, "Requested operation is not valid: domain is not "
                             "running")
-        d.state = PAUSED
+        d.state, d.reason = PAUSED, libvirt.VIR_DOMAIN_PAUSED_USER
         self._done("suspend")
         return 0
 
@@ -568,6 +574,7 @@ class SimDomainHandle:
             new.uuid, new.cpu_ns = d.uuid, d.cpu_ns
             dst._admit(new)
             new.job, new.migration, new.incoming = JOB_UNBOUNDED, m, True
+            new.reason = libvirt.VIR_DOMAIN_PAUSED_MIGRATION
             dst.host.domains[new.uuid] = new
             m.phase = "prepared"
             dst._done("migrate.prepare", d.name)
@@ -579,12 +586,13 @@ class SimDomainHandle:
             if not dst.host.up:
                 raise sim_error(libvirt.VIR_ERR_OPERATION_FAILED, "operation failed: migration out job: "
                                 "unexpectedly failed")
-            d.state = PAUSED
+            d.state, d.reason = PAUSED, libvirt.VIR_DOMAIN_PAUSED_MIGRATION
             m.phase = "performed"
             src._done("migrate.perform", d.name)
             # Finish: the destination keeps it paused (VIR_MIGRATE_PAUSED) and ends its job.
             dst._call("migrate.finish", d.name)
             new.incoming, new.job, new.migration = False, JOB_NONE, None
+            new.reason = libvirt.VIR_DOMAIN_PAUSED_USER
             if not flags & libvirt.VIR_MIGRATE_PAUSED:
                 new.state = RUNNING
             new.changed()
