@@ -68,6 +68,8 @@ SCENARIOS = 48
 #: Processes a schedule may start before its final, fault-free one.
 MAX_PROCESSES = 4
 CAP_TOL = 1e-6
+#: How much more often a fault is injected at a migration's phases than at other calls.
+MIGRATION_BOOST = 8
 
 
 class Violation(Exception):
@@ -328,9 +330,12 @@ class Schedule:
         self.rt = rt
         self.rng = random.Random(f"{seed}/{index}")
         self.sc = scenario(self.rng.randrange(SCENARIOS))
-        #: The plan the command works on: ``place`` saves the plan it computed and later processes apply it
-        #: (``vcsched apply``); ``drain`` and ``adapt`` plan again in every process, on what they read.
+        #: The plan the command works on.  ``place`` saves the plan it computed and later processes apply it
+        #: (``vcsched apply``); ``drain`` and ``adapt`` either do the same (``-o plan.json``, then ``vcsched
+        #: apply``) or plan again in every process on what they read (``--apply``); the final process of a
+        #: drain or an adapt plans again.
         self.plan: Any = None
+        self.saved = self.sc.command == "place" or self.rng.random() < 0.5
         self.world = build_world(self.sc)
         self.cluster = cluster_for(self.sc)
         self.lock = SimLockService(self.world)
@@ -415,6 +420,8 @@ class Schedule:
             self.second(act=True)
             return
         roll = self.rng.random()
+        if c.method.startswith("migrate."):
+            roll /= MIGRATION_BOOST  # the migration's phases are where copies multiply: look there harder
         if roll >= self.rate:
             # A host that stopped answering comes back after a while (about 50 calls).
             if roll < self.rate + 0.02 and any(not h.up for h in self.world.hosts.values()):
@@ -538,7 +545,7 @@ class Schedule:
                 self.check("after the final repair", quiescent=True)
             if repair_only:
                 return "repaired"
-            if self.plan is None or self.sc.command != "place":
+            if self.plan is None or not self.saved or final and self.sc.command != "place":
                 self.plan = plan_on(self.sc, self.cluster, hv.inventory())
                 if self.plan is None:
                     return "no plan"
