@@ -336,6 +336,9 @@ class Schedule:
         #: drain or an adapt plans again.
         self.plan: Any = None
         self.saved = self.sc.command == "place" or self.rng.random() < 0.5
+        #: Whether a saved plan is re-applied with ``--force`` (the operator read "changed since this plan was
+        #: computed ... or apply anyway with --force" and did).
+        self.force = self.rng.random() < 0.3
         self.world = build_world(self.sc)
         self.cluster = cluster_for(self.sc)
         self.lock = SimLockService(self.world)
@@ -549,7 +552,7 @@ class Schedule:
                 self.plan = plan_on(self.sc, self.cluster, hv.inventory())
                 if self.plan is None:
                     return "no plan"
-            report = apply_plan(hv, self.plan, guard=lock.guard)
+            report = apply_plan(hv, self.plan, guard=lock.guard, force=self.saved and self.force)
             if report.ok:
                 return "ok"
             failed = report.failed()

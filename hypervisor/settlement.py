@@ -246,7 +246,9 @@ def _recheck(hv: LibvirtHypervisor, a: RepairAction, d: InDoubt) -> str | None:
         source = next((src for h, src in zip(d.hosts, d.arriving_from or (), strict=False) if h == a.host), None)
         if source is None:  # a lone copy a migration left paused: no other host may have one
             expected |= {h.name: "gone" for h in hv.cluster.hosts if h.name != a.host}
-        elif not hazards.on(hazards.RESUME_UNREAD_SOURCE):  # mutation switch (tests/test_faultsim.py)
+        elif hazards.on(hazards.RESUME_UNREAD_SOURCE):  # mutation switch (tests/test_faultsim.py)
+            expected.pop(source, None)
+        else:
             expected[source] = "gone"
     for host, state in expected.items():
         try:

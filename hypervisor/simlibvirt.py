@@ -640,8 +640,12 @@ class SimDomainHandle:
         if not finished:
             dst.world._resolve_pending(dst.host)  # Finish(cancelled), or the destination's own clean-up later
         src_dom = src.host.domains.get(m.uuid)
-        if src_dom is not None and src_dom.migration is m and src.host.up:  # Confirm(cancelled)
+        if src_dom is None or src_dom.migration is not m or not src.host.up:
+            return  # the source cleans up when it answers again
+        if src.closed:  # the client's connection is gone: the source's own clean-up
+            src.world._resolve_pending(src.host)
+        else:  # Confirm(cancelled)
             src_dom.job, src_dom.migration = JOB_NONE, None
             src_dom.state = RUNNING
             src_dom.changed()
-            src.world.done(src.process, src.host, "migrate.confirm-cancelled", m.vm)
+        src.world.done(src.process, src.host, "migrate.confirm-cancelled", m.vm)
