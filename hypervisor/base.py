@@ -31,6 +31,11 @@ class HypervisorError(VcschedError):
     exit_code = 1
 
 
+class VmInDoubt(HypervisorError):
+    """A step was asked to act on a VM that is in doubt (copies on several hosts, or a paused arrival): refused,
+    naming its copies; ``vcsched repair`` settles it (docs/operations.md, "A VM never runs twice")."""
+
+
 class HostReadBug(VcschedError):
     """vcsched could not make sense of what a host answered (its own parsing failed: ``ET.ParseError``,
     ``KeyError``, ``ValueError`` ...): a bug in vcsched, not a down host.
@@ -57,7 +62,11 @@ class Hypervisor(Protocol):
         ...
 
     def find_vm(self, name: str) -> VmState | None:
-        """The domain ``name`` wherever it is now, or None."""
+        """The domain ``name`` wherever it is now, or None.
+
+        Raises :class:`VmInDoubt` when it has active copies on several hosts or its one copy is a paused
+        arrival: never "the first copy found", which a step could then act on while another copy runs.
+        """
         ...
 
     def create_problems(self, step: CreateStep, where: str) -> list[str]:

@@ -34,6 +34,11 @@ caps it lowered to make room for VMs it did not create
 (:func:`restore_lowered`).  Re-running the same plan skips what is done and
 continues where it stopped, so it converges.
 
+A VM in doubt (copies on several hosts, or a paused arrival: an interrupted
+migration) is never acted on: the hypervisor's lookup refuses it naming its
+copies (:class:`hypervisor.base.VmInDoubt`), so its step fails with that
+reason and the plan stops; ``vcsched repair`` settles it under the lock.
+
 Each step kind has a :class:`StepRunner` in :data:`RUNNERS`, a literal
 table by ``op`` like the plan's own (:data:`vcsched.plans.steps.STEP_PARSERS`).
 A ``remove`` (a departed virtual cluster's VM) is the one step that stops a
@@ -48,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hypervisor.base import Hypervisor, HypervisorError
+from hypervisor.base import HostReadBug, Hypervisor, HypervisorError, VmInDoubt
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory, VmState, snapshot_hash
 from vcsched.iocaps import IoCaps, VmDevices
@@ -249,8 +254,11 @@ class MigrateRunner:
     transient: later set-cap steps of the plan own the final cap); on the
     source = migrated, then capped to the arrival cap; anywhere else =
     failure naming where it is.  A failed migration leaves the VM running on
-    its source (:meth:`hypervisor.base.Hypervisor.migrate_vm`): the step
-    fails, the plan stops, re-running continues from there.
+    its source, or paused on its destination when the failure came at the end
+    (:meth:`hypervisor.base.Hypervisor.migrate_vm`): the step fails, the plan
+    stops; the VM is then in doubt, no step acts on it (the lookup refuses it,
+    naming its copies) until repair settles it, and re-running continues from
+    there.
     """
 
     def already_done(self, hv: Hypervisor, step: MigrateStep) -> bool:
@@ -348,6 +356,8 @@ def _precondition(hv: Hypervisor, group: Sequence[Step], first: int) -> str | No
         where = {v.host for v in (hv.find_vm(step.vm) for step in group) if v is not None}
         now = hv.inventory(sorted(where | {h for step in group for h in _hosts_of(step)}))
         created = created_devices(hv, group)
+    except VmInDoubt as exc:
+        return f"pre-condition: {exc} (nothing was done)"
     except (HypervisorError, InputError) as exc:
         return f"pre-condition: cannot read the hosts it touches: {exc}"
     problems = replay_problems(group, now, first_index=first, created=created)
@@ -380,7 +390,7 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
 
 def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
                on_step: Callable[[StepResult], None] | None = None,
-               guard: Callable[[], None] | None = None) -> ApplyReport:
+               guard: Callable[[], None] | None = None, threads: bool = True) -> ApplyReport:
     """Run ``plan`` on ``hv``; returns what happened to every step (see the module docstring).
 
     Raises (nothing changed): :class:`SnapshotMismatch` when the cluster
@@ -393,6 +403,9 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
     and the report says why.  Ctrl-C (KeyboardInterrupt) stops the plan the
     same way: the report lists what was done, and the step that was running
     is marked interrupted.
+
+    ``threads=False`` runs a wave's migrations one after the other, in plan order, in the caller's thread (a
+    deterministic simulation); by default they run at once.
     """
     for i, step in enumerate(plan.steps):
         if step.op not in RUNNERS:
@@ -417,7 +430,9 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
         try:
             if guard is not None:
                 guard()
-            done = _run_group(hv, group, batch[0][0])
+            done = _run_group(hv, group, batch[0][0], threads)
+        except HostReadBug:
+            raise  # a bug in vcsched's reading code: reported as such (exit 70), not as a stopped plan
         except VcschedError as exc:
             stopped = str(exc)
             results += [StepResult(step, NOT_RUN) for step in group]
@@ -482,13 +497,13 @@ def restore_lowered(hv: Hypervisor, before: Inventory, results: Sequence[StepRes
     return tuple(out)
 
 
-def _run_group(hv: Hypervisor, group: list[Step], first: int) -> list[StepResult]:
+def _run_group(hv: Hypervisor, group: list[Step], first: int, threads: bool = True) -> list[StepResult]:
     """One step, or one wave of migrations at once, after its pre-condition on the hosts as they are now."""
     problem = _precondition(hv, group, first)
     if problem is not None:
         return [StepResult(step, FAILED, problem, 0.0) for step in group]
-    if len(group) == 1:
-        return [_run_step(hv, group[0])]
+    if len(group) == 1 or not threads:
+        return [_run_step(hv, step) for step in group]
     with ThreadPoolExecutor(max_workers=len(group), thread_name_prefix="vcsched-wave") as pool:
         return list(pool.map(lambda step: _run_step(hv, step), group))
 

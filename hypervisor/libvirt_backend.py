@@ -40,7 +40,8 @@ controller, not something the host should replay from a stale config.
 ``libvirt.libvirtError`` or :class:`HypervisorError` when the host cannot be reached).  The default opens a
 real connection (``libvirt.open`` in a thread bounded by ``host_timeout``, with keepalive:
 :func:`hypervisor.connections.open_bounded`).  Tests and the fault simulation pass their own, with
-``workers=1`` (hosts read inline, in cluster order), ``clock`` (wall time stamped on migrations) and
+``workers=1`` (everything in the caller's thread: hosts read inline, in cluster order, connections closed
+inline), ``clock`` (wall time stamped on migrations) and
 ``sleep`` (pauses between retries) so that a run is deterministic.
 """
 
@@ -59,7 +60,7 @@ from typing import Any, TypeVar
 import libvirt
 
 from hypervisor import hazards
-from hypervisor.base import HostReadBug, HypervisorError, IoCounters
+from hypervisor.base import HostReadBug, HypervisorError, IoCounters, VmInDoubt
 from hypervisor.bootcheck import boot_problems, files_local, validation_xml
 from hypervisor.connections import CallCounter, Counted, close_quietly, open_bounded, unwrap
 from hypervisor.devices import boot_devices
@@ -93,11 +94,6 @@ T = TypeVar("T")
 
 #: ``connect(uri) -> connection``: how the backend reaches a host (module docstring).
 Connect = Callable[[str], Any]
-
-
-class VmInDoubt(HypervisorError):
-    """A step was asked to act on a VM that is in doubt (copies on several hosts, or a paused arrival): refused,
-    naming its copies; ``vcsched repair`` settles it (docs/operations.md)."""
 
 
 def _copy_kind(v: VmState) -> str:
@@ -236,7 +232,12 @@ class LibvirtHypervisor:
         with self._lock:
             conn = self._conns.pop(host, None)
             self._doms.pop(host, None)
-        if conn is not None:
+        if conn is None:
+            return
+        if self._workers == 1:  # deterministic mode: nothing leaves the caller's thread
+            with contextlib.suppress(libvirt.libvirtError):
+                unwrap(conn).close()
+        else:
             close_quietly(unwrap(conn))
 
     # ----------------------------------------------------------- reading

@@ -19,7 +19,7 @@ metric                                      meaning
 ``vcsched_cluster_min_yield_floor``         the cluster file's ``min_yield`` (0 when it has none)
 ``vcsched_host_up``                         1 while the host answers, 0 while it is down
 ``vcsched_host_down_intervals``             intervals in a row the host has been down (0 when up)
-``vcsched_vms_in_doubt``                    VMs found running on two hosts at once, not yet resolved
+``vcsched_vms_in_doubt``                    VMs in doubt: active on two hosts at once, or a paused arrival
 ``vcsched_migrated_bytes_total``            bytes of the migrations applied since start
 ``vcsched_plans_applied_total{outcome}``    plans applied: ``ok`` or ``failed`` (stopped early)
 ``vcsched_steps_total{op,outcome}``         plan steps carried out, by kind and outcome
@@ -149,7 +149,7 @@ class _Collector:
                                      ("vcsched_cluster_avg_yield", "average yield over managed VMs", m.avg_yield),
                                      ("vcsched_cluster_min_yield_floor", "the cluster file's min_yield (0: none)",
                                       m.min_yield_floor),
-                                     ("vcsched_vms_in_doubt", "VMs running on two hosts at once, not resolved",
+                                     ("vcsched_vms_in_doubt", "VMs in doubt: active on two hosts at once, or a paused arrival",
                                       m.in_doubt),
                                      ("vcsched_interval_duration_seconds", "wall time of the last interval's work",
                                       m.interval_seconds)):

@@ -1,0 +1,315 @@
+"""Settling in-doubt VMs (hypervisor/settlement.py) and the executor's hazards, without a lab.
+
+Reading never acts; repair is the one action that destroys a paused twin or resumes an orphaned arrival, only
+on a full inventory in which every host answered, re-reading every copy right before each action.  The hosts
+are libvirt's test driver (``test:///FILE``: each file an independent host, domains that can be paused) or
+fakes handed in through the backend's connection factory.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import libvirt
+import pytest
+
+from hypervisor.base import HostReadBug, HypervisorError, VmInDoubt
+from hypervisor.domain_xml import metadata_xml
+from hypervisor.executor import FAILED, _run_group
+from hypervisor.libvirt_backend import LibvirtHypervisor
+from hypervisor.settlement import DESTROY, RESUME, plan_repair
+from vcsched.formats.cluster import Cluster, ClusterHost, cluster_from_dict
+from vcsched.inventory import HostState, Inventory, VmMeta, VmState, find_in_doubt, mark_in_doubt
+from vcsched.plans.steps import SetNeedStep
+
+MiB = 1 << 20
+META = VmMeta("vc", 0.5, 128 * MiB, 1)
+UUID = "00000000-0000-0000-0000-00000000000a"
+
+
+def no_lock() -> None:
+    """A guard that never refuses (the tests hold no lock: settle itself is under test)."""
+
+
+# ------------------------------------------------------------------ the rules (pure)
+
+
+def inventory(*copies: VmState, down: tuple[str, ...] = ()) -> Inventory:
+    hosts = tuple(HostState(h, 4, 8 << 30, down="no answer" if h in down else None) for h in ("h0", "h1", "h2"))
+    vms = tuple(copies)
+    doubts = find_in_doubt(vms)
+    return Inventory("t", hosts, mark_in_doubt(vms, doubts), doubts)
+
+
+def copy(host: str, *, paused: bool = False, meta: VmMeta | None = META, arriving_from: str | None = None) -> VmState:
+    return VmState("v", host, 1, 128 * MiB, True, meta, uuid=UUID, paused=paused, arriving_from=arriving_from)
+
+
+def test_a_paused_twin_of_a_vm_running_elsewhere_is_destroyed() -> None:
+    plan = plan_repair(inventory(copy("h0"), copy("h1", paused=True, arriving_from="h0")))
+    assert [(a.action, a.host) for a in plan.actions] == [(DESTROY, "h1")] and plan.refused is None
+
+
+def test_two_running_copies_are_left_to_the_operator() -> None:
+    plan = plan_repair(inventory(copy("h0"), copy("h1")))
+    assert plan.actions == () and "runs on several hosts" in plan.left[0]
+
+
+def test_paused_copies_with_none_running_are_left_to_the_operator() -> None:
+    plan = plan_repair(inventory(copy("h0", paused=True), copy("h1", paused=True, arriving_from="h0")))
+    assert plan.actions == () and "no copy runs" in plan.left[0]
+
+
+def test_a_paused_twin_without_vcsched_metadata_is_left_alone() -> None:
+    plan = plan_repair(inventory(copy("h0"), copy("h1", paused=True, meta=None)))
+    assert plan.actions == () and "no vcsched metadata" in plan.left[0]
+
+
+def test_a_lone_paused_arrival_is_in_doubt_and_resumed_when_every_host_answered() -> None:
+    inv = inventory(copy("h1", paused=True, arriving_from="h0"))
+    assert [d.hosts for d in inv.in_doubt] == [("h1",)] and not inv.vms[0].managed  # no plan acts on it
+    assert [(a.action, a.host) for a in plan_repair(inv).actions] == [(RESUME, "h1")]
+
+
+def test_nothing_is_settled_while_a_host_is_down() -> None:
+    """The hazard of issue 31: an arrival resumed while its source (down, unread) still ran the VM."""
+    for inv in (inventory(copy("h1", paused=True, arriving_from="h0"), down=("h0",)),
+                inventory(copy("h0"), copy("h1", paused=True), down=("h2",))):
+        plan = plan_repair(inv)
+        assert plan.actions == () and plan.refused is not None and "did not answer" in plan.refused
+
+
+def test_an_arrival_from_a_host_outside_the_cluster_is_left_to_the_operator() -> None:
+    plan = plan_repair(inventory(copy("h1", paused=True, arriving_from="elsewhere")))
+    assert plan.actions == () and "not a host of this cluster" in plan.left[0]
+
+
+# ------------------------------------------------------------------ on libvirt's test driver
+
+
+def domain(name: str, *, arriving_from: str | None = None, uuid: str = UUID) -> str:
+    meta = metadata_xml(META)
+    if arriving_from is not None:
+        meta = meta.replace("/>", f' arriving_from="{arriving_from}"/>')
+    return (f"<domain type='test'><name>{name}</name><uuid>{uuid}</uuid><memory unit='MiB'>128</memory>"
+            f"<vcpu>1</vcpu><os><type>hvm</type></os><metadata>{meta}</metadata></domain>")
+
+
+def node(domains: str = "") -> str:
+    return ("<node><cpu><mhz>2000</mhz><model>t</model><active>4</active><nodes>1</nodes><sockets>1</sockets>"
+            f"<cores>4</cores><threads>1</threads></cpu><memory>8388608</memory>{domains}</node>")
+
+
+def hosts(tmp_path: Path, **files: str | None) -> Cluster:
+    """A test-driver host per file; None: a host that does not answer (a socket nobody listens on)."""
+    for h, text in files.items():
+        if text is not None:
+            (tmp_path / f"{h}.xml").write_text(text)
+    return cluster_from_dict({"name": "t", "hosts": [
+        {"name": h, "uri": f"test://{tmp_path}/{h}.xml"} if files.get(h) is not None else
+        {"name": h, "uri": f"qemu+unix:///system?socket={tmp_path}/absent", "uuid": "1" * 32}
+        for h in files]})
+
+
+def states(hv: LibvirtHypervisor) -> list[tuple[str, str]]:
+    return [(v.host, "paused" if v.paused else "running") for v in hv.inventory().vms]
+
+
+def test_reading_never_destroys_nor_resumes(tmp_path: Path) -> None:
+    c = hosts(tmp_path, h0=node(domain("v")), h1=node(domain("v", arriving_from="h0")),
+              h2=node(domain("w", arriving_from="h0", uuid="00000000-0000-0000-0000-00000000000b")))
+    with LibvirtHypervisor(c) as hv:
+        hv.conn("h1").lookupByName("v").suspend()
+        hv.conn("h2").lookupByName("w").suspend()
+        before = states(hv)
+        for _ in range(3):
+            assert states(hv) == before
+        dry = hv.repair(no_lock, apply=False)
+        assert [(a.action, a.vm, a.host) for a in dry.plan.actions] == [(DESTROY, "v", "h1"), (RESUME, "w", "h2")]
+        assert states(hv) == before and hv.notices == []
+
+
+def test_repair_destroys_the_twin_and_resumes_the_orphaned_arrival(tmp_path: Path) -> None:
+    c = hosts(tmp_path, h0=node(domain("v")), h1=node(domain("v", arriving_from="h0")),
+              h2=node(domain("w", arriving_from="h0", uuid="00000000-0000-0000-0000-00000000000b")))
+    with LibvirtHypervisor(c) as hv:
+        hv.conn("h1").lookupByName("v").suspend()
+        hv.conn("h2").lookupByName("w").suspend()
+        report = hv.repair(no_lock)
+        assert [(a.action, a.host, o) for a, o, _ in report.outcomes] == [(DESTROY, "h1", "done"),
+                                                                          (RESUME, "h2", "done")]
+        inv = hv.inventory()
+        assert [(v.name, v.host, v.paused, v.arriving_from) for v in inv.vms] == [("v", "h0", False, None),
+                                                                                  ("w", "h2", False, None)]
+        assert inv.in_doubt == () and all(v.managed for v in inv.vms)
+
+
+def test_repair_refuses_with_a_host_down_and_changes_nothing(tmp_path: Path) -> None:
+    c = hosts(tmp_path, h0=None, h1=node(domain("v", arriving_from="h0")))
+    with LibvirtHypervisor(c) as hv:
+        hv.conn("h1").lookupByName("v").suspend()
+        report = hv.repair(no_lock)
+        assert report.plan.refused is not None and "h0" in report.plan.refused and report.outcomes == ()
+        assert hv.conn("h1").lookupByName("v").state(0)[0] == libvirt.VIR_DOMAIN_PAUSED
+
+
+def test_a_copy_that_changed_since_the_plan_is_skipped(tmp_path: Path) -> None:
+    """Right before the action every copy is read again: the twin resumed meanwhile (someone else's migration
+    completing) is not destroyed."""
+    c = hosts(tmp_path, h0=node(domain("v")), h1=node(domain("v", arriving_from="h0")))
+    with LibvirtHypervisor(c) as hv:
+        twin = hv.conn("h1").lookupByName("v")
+        twin.suspend()
+        report = hv.repair(twin.resume)  # the guard runs right before the action: the twin resumes then
+        ((action, outcome, detail),) = report.outcomes
+        assert (action.host, outcome) == ("h1", "skipped") and "now running" in detail
+        assert twin.state(0)[0] == libvirt.VIR_DOMAIN_RUNNING
+
+
+def test_repair_stops_when_the_lock_is_lost(tmp_path: Path) -> None:
+    c = hosts(tmp_path, h0=node(domain("v")), h1=node(domain("v", arriving_from="h0")))
+
+    def lost() -> None:
+        raise HypervisorError("lock lost")
+
+    with LibvirtHypervisor(c) as hv:
+        hv.conn("h1").lookupByName("v").suspend()
+        with pytest.raises(HypervisorError, match="lock lost"):
+            hv.repair(lost)
+        assert len(hv.inventory().vms) == 2
+
+
+def test_the_lookup_never_returns_the_first_copy_of_a_vm_in_doubt(tmp_path: Path) -> None:
+    c = hosts(tmp_path, h0=node(domain("v")), h1=node(domain("v", arriving_from="h0")),
+              h2=node(domain("w", arriving_from="h0", uuid="00000000-0000-0000-0000-00000000000b")))
+    with LibvirtHypervisor(c) as hv:
+        hv.conn("h1").lookupByName("v").suspend()
+        hv.conn("h2").lookupByName("w").suspend()
+        with pytest.raises(VmInDoubt, match=r"v is in doubt: copies on h0 \(running\), h1 \(paused"):
+            hv.find_vm("v")
+        with pytest.raises(VmInDoubt, match=r"h2 \(paused arrival\)"):
+            hv.find_vm("w")
+
+
+def test_a_step_on_a_vm_in_doubt_fails_naming_its_copies_and_does_nothing(tmp_path: Path) -> None:
+    c = hosts(tmp_path, h0=node(domain("v")), h1=node(domain("v", arriving_from="h0")))
+    with LibvirtHypervisor(c) as hv:
+        hv.conn("h1").lookupByName("v").suspend()
+        (result,) = _run_group(hv, [SetNeedStep("v", "h0", 0.75)], 0)
+        assert result.outcome == FAILED and "v is in doubt" in result.detail and "vcsched repair" in result.detail
+        assert {v.meta.cpu_need_cores for v in hv.inventory().vms if v.meta} == {0.5}
+
+
+# ------------------------------------------------------------------ fakes through the connection factory
+
+
+class Dom:
+    def __init__(self, xml: str, state: int = libvirt.VIR_DOMAIN_RUNNING) -> None:
+        self.xml, self._state = xml, state
+        self.aborted = threading.Event()
+
+    def name(self) -> str:
+        return "v"
+
+    def UUIDString(self) -> str:
+        return UUID
+
+    def XMLDesc(self, _flags: int) -> str:
+        return self.xml
+
+    def state(self, _flags: int) -> list[int]:
+        return [self._state, 0]
+
+    def info(self) -> list[int]:
+        return [self._state, 131072, 131072, 1, 0]
+
+    def isPersistent(self) -> bool:
+        return False
+
+    def migrate3(self, _dst: Any, _params: dict[str, Any], _flags: int) -> None:
+        assert self.aborted.wait(5), "the migration was not aborted"
+        raise libvirt.libvirtError("operation aborted: migration out job: canceled by client")
+
+    def abortJob(self) -> None:
+        self.aborted.set()
+
+
+def no_domain() -> libvirt.libvirtError:
+    err = libvirt.libvirtError("no domain")
+    err.err = (libvirt.VIR_ERR_NO_DOMAIN, 0, "no domain", 0, "", None, None, 0, 0)
+    return err
+
+
+class Conn:
+    def __init__(self, doms: dict[str, Dom], stats: list[tuple[Dom, dict[str, Any]]] | None = None) -> None:
+        self.doms, self.stats = doms, stats or []
+
+    def getType(self) -> str:
+        return "QEMU"
+
+    def getInfo(self) -> list[Any]:
+        return ["x86_64", 8192, 4, 2000, 1, 1, 4, 1]
+
+    def getCapabilities(self) -> str:
+        return "<capabilities><host><uuid>" + "2" * 32 + "</uuid></host></capabilities>"
+
+    def getAllDomainStats(self, _flags: int) -> list[tuple[Dom, dict[str, Any]]]:
+        return self.stats
+
+    def lookupByName(self, name: str) -> Dom:
+        if name not in self.doms:
+            raise no_domain()
+        return self.doms[name]
+
+    def lookupByUUIDString(self, _uuid: str) -> Dom:
+        if not self.doms:
+            raise no_domain()
+        return next(iter(self.doms.values()))
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_migration_that_would_outlive_the_lease_is_aborted_and_the_vm_keeps_running_on_its_source() -> None:
+    xml = (f"<domain type='kvm'><name>v</name><uuid>{UUID}</uuid><memory unit='MiB'>128</memory><vcpu>1</vcpu>"
+           f"<metadata>{metadata_xml(META)}</metadata></domain>")
+    src = Dom(xml)
+    conns = {"qemu:///h0": Conn({"v": src}), "qemu:///h1": Conn({})}
+    c = Cluster("t", (ClusterHost("h0", "qemu:///h0"), ClusterHost("h1", "qemu:///h1")))
+    with LibvirtHypervisor(c, connect=conns.__getitem__) as hv:
+        hv.lease = lambda: False  # the lock's renewals are failing: it may expire during the copy
+        with pytest.raises(HypervisorError, match=r"lease could expire .* aborted it.*it keeps running on h0"):
+            hv.migrate_vm("v", "h0", "h1", 0.5)
+        assert src.aborted.is_set()
+
+
+def test_a_parse_error_while_reading_a_host_is_a_bug_not_a_down_host() -> None:
+    broken = Dom("<domain><name>v</domain>")  # vcsched's reading fails on this answer
+    conn = Conn({"v": broken}, [(broken, {"state.state": libvirt.VIR_DOMAIN_RUNNING})])
+    c = Cluster("t", (ClusterHost("h0", "qemu:///h0"),))
+    with LibvirtHypervisor(c, connect=lambda _uri: conn) as hv, \
+            pytest.raises(HostReadBug, match=r"host h0: vcsched could not read .* bug in vcsched") as caught:
+        hv.inventory()
+    assert caught.value.exit_code == 70
+
+
+def test_the_cli_reports_a_parse_bug_with_exit_70_not_a_down_host(tmp_path: Path, monkeypatch: Any) -> None:
+    """`vcsched status` on a host whose answer vcsched's own code cannot read: exit 70, asking for a report."""
+    from click.testing import CliRunner
+
+    import hypervisor.live_state
+    from cli.main import cli
+
+    c = tmp_path / "cluster.toml"
+    (tmp_path / "h0.xml").write_text(node(domain("v")))
+    c.write_text(f'name = "t"\n[[hosts]]\nname = "h0"\nuri = "test://{tmp_path}/h0.xml"\n')
+
+    def broken(*_args: Any, **_kwargs: Any) -> VmState:
+        raise KeyError("cluster")  # a bug in vcsched's reading of the domain's XML
+
+    monkeypatch.setattr(hypervisor.live_state, "vm_from_element", broken)
+    r = CliRunner().invoke(cli, ["status", "--cluster", str(c), "--sample", "0"])
+    assert r.exit_code == 70, r.output
+    assert "bug in vcsched" in r.stderr and "report" in r.stderr and "down" not in r.stdout
