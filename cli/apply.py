@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import click
 
-from cli.app import console, emit_json, read_json_file
+from cli.app import EXIT_UNSATISFIED, console, emit_json, read_json_file
 from cli.common import (
     apply_exit_code,
     cluster_lock,
@@ -18,7 +21,10 @@ from cli.common import (
     run_apply,
 )
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from vcsched.plans.plan import plan_from_dict
+from vcsched.plans.plan import Plan, plan_from_dict
+
+if TYPE_CHECKING:
+    from vcsched.inventory import Inventory
 
 
 @click.command("apply")
@@ -26,11 +32,13 @@ from vcsched.plans.plan import plan_from_dict
 @cluster_option()
 @click.option("--force", is_flag=True,
               help="Apply even if the cluster changed since the plan was computed (its snapshot differs).")
+@click.option("--allow-below-floor", is_flag=True,
+              help="A drain plan: apply even when a virtual cluster ends below the min_yield it was admitted with.")
 @click.option("--json", "as_json", is_flag=True, help="Print the apply report as one JSON object.")
 @lock_options()
-def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bool, wait: float,
-              coordination: str | None, lock_ttl: float | None) -> int:
-    """Apply a plan saved by `vcsched place -o PLAN.json` or `vcsched adapt -o PLAN.json`.
+def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, allow_below_floor: bool, as_json: bool,
+              wait: float, coordination: str | None, lock_ttl: float | None) -> int:
+    """Apply a plan saved by `vcsched place`, `adapt` or `drain` with -o PLAN.json.
 
     \b
     Steps: create (a new VM, capped from its first instant), set-cap,
@@ -50,24 +58,72 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bo
     unknown or down host, caps a VM beyond its vCPUs or a host beyond its
     cores, or over-commits any host at any step is refused whole (exit 2).
 
+    A drain plan (`vcsched drain HOST -o PLAN.json`) is applied as `drain
+    --apply` would: refused (exit 1, nothing changed) when VMs would stay on
+    the host, or when a virtual cluster would end below its min_yield unless
+    --allow-below-floor; otherwise the plan runs and HOST is put in
+    maintenance in the cluster file, before the cluster lock is released.
+
     The command holds the cluster lock throughout (--wait to wait for another
     holder).  Ctrl-C stops after the running step and reports what was done.
 
     Exit codes: 0 applied (or nothing to do), 1 a step failed, the run was
-    interrupted or the cluster is locked, 2 bad input or changed cluster.
+    interrupted, the cluster is locked or a drain plan is refused, 2 bad
+    input or changed cluster.
     """
     plan = plan_from_dict(read_json_file(plan_file, "plan"))
-    cluster = load_cluster(cluster_file)
+    drain = plan.extra.get("drain")
+    path = _cluster_path(cluster_file) if drain is not None else None
+    cluster = load_cluster(str(path) if path is not None else cluster_file)
+    if drain is not None:
+        cluster.host(drain)  # a host of this cluster, or bad input naming the hosts
     with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
             cluster_lock(cluster, coordination, wait, ttl=lock_ttl, hv=hv) as lock:
+        inventory = hv.inventory()
         if not as_json:
             console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {len(plan.steps)} steps)")
-            inventory = hv.inventory()
             render_hosts_down(inventory)
             render_plan(plan, inventory)
+        if drain is not None and path is not None:
+            refused = _drain_refused(plan, inventory, allow_below_floor)
+            if refused is not None:
+                if as_json:
+                    emit_json({"applied": None, "refused": refused, "drain": drain})
+                else:
+                    console.print(f"[red]not applied[/]: {refused}", highlight=False)
+                return EXIT_UNSATISFIED
         report = run_apply(hv, plan, force=force, quiet=as_json, lock=lock)
+        if drain is not None and path is not None:
+            # Still under the lock (which every command that plans onto a host takes), so nothing landed on it
+            # meanwhile; a plan refused before its first step (exit 2) leaves the file alone.
+            _cordon(path, drain, as_json)
     if as_json:
         emit_json(report.to_dict())
     else:
         render_report(report)
     return apply_exit_code(report)
+
+
+def _cluster_path(cluster_file: str | None) -> Path:
+    from cli.maintenance import cluster_path
+
+    return cluster_path(cluster_file)
+
+
+def _drain_refused(plan: Plan, inventory: Inventory, allow_below_floor: bool) -> str | None:
+    """Why a saved drain plan may not be applied now (as `drain --apply` decides it), or None."""
+    from vcsched.control.admission import floors_missed
+    from vcsched.control.live import drain_blocked
+
+    missed = floors_missed(inventory.vms, {vm: p.yield_ for vm, p in plan.per_vm.items()})
+    return drain_blocked(str(plan.extra["drain"]), plan.extra.get("stays", ()), missed,
+                         allow_below_floor=allow_below_floor)
+
+
+def _cordon(path: Path, host: str, quiet: bool) -> None:
+    """The drained host in maintenance before the first step: nothing new lands on it from now on."""
+    from cli.maintenance import set_maintenance
+
+    set_maintenance(path, host, True)
+    if not quiet:
+        console.print(f"{host} is in maintenance ({path})", highlight=False)

@@ -73,9 +73,15 @@ def check_managed(dom: Any, uri: str, force: bool) -> None:
     """A domain vcsched does not manage (no vcsched metadata) is refused unless ``force``: vcsched touches only
     what it manages, and a calibration pins, pauses and re-caps its domains."""
     from hypervisor.domain_xml import parse_metadata
+    from vcsched.inventory import METADATA_NS
 
-    if force or parse_metadata(dom.XMLDesc(0)) is not None:
+    if force:
         return
+    try:
+        if parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0)) is not None:
+            return
+    except libvirt.libvirtError:  # no such metadata element: not ours
+        pass
     raise InputError(f"--domain {dom.name()}: not managed by vcsched on {uri} (no vcsched metadata); a calibration "
                      "pins, pauses and re-caps it: pass --force to calibrate it anyway")
 

@@ -11,6 +11,7 @@ import dataclasses
 import io
 import itertools
 import json
+import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 from hypervisor.base import HypervisorError
 from hypervisor.controller import Controller, RunOptions
 from hypervisor.events import EventLog
-from hypervisor.lock import ClusterLock, leader_lock_name
+from hypervisor.lock import ClusterLock, leader_lock_name, state_dir
 from hypervisor.memory import MemoryHypervisor
 from hypervisor.metrics import ControllerMetrics, MetricsServer
 from tests.builders import MiB, inventory_of, managed
@@ -38,6 +39,9 @@ class Run:
     def __init__(self, hv: MemoryHypervisor, clock: FakeClock, locks: FakeLocks, member: str = "m1",
                  **options: Any) -> None:
         floor = options.pop("min_yield_floor", 0.0)
+        # A journal directory of its own (under the test run's state directory, removed with it): one test's
+        # controller must never see another's probe journal (they are all of cluster "lab", in one process).
+        journals = options.pop("journals", None) or Path(tempfile.mkdtemp(prefix="journal-", dir=state_dir()))
         rebalance = RebalanceOptions(options.pop("budget", BUDGET), options.pop("threshold", 0.05),
                                      options.pop("settle", 2), options.pop("cooldown", 600.0))
         opts = RunOptions(options.pop("interval", INTERVAL), rebalance, sample=options.pop("sample", 2.5),
@@ -48,7 +52,7 @@ class Run:
         self.controller = Controller("lab", hv, opts, leader_lock=lambda: locks.lock("leader", member),
                                      cluster_lock=lambda: locks.lock("cluster", member),
                                      events=EventLog(self.stream, member, clock.time),
-                                     metrics=ControllerMetrics("lab", floor), clock=clock)
+                                     metrics=ControllerMetrics("lab", floor), clock=clock, journals=journals)
 
     def cycles(self, n: int) -> None:
         for _ in range(n):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,17 +65,24 @@ class LiveAdaptation:
         return str(self.adapted.result.detail.get("infeasible", "no placement within the budget"))
 
     def drain_blocked(self, *, allow_below_floor: bool = False) -> str | None:
-        """Why this drain's plan may not be applied, or None when it may (docs/rules.md):
+        """Why this drain's plan may not be applied, or None when it may (:func:`drain_blocked`)."""
+        return drain_blocked(str(self.drained), self.stays, self.floors_missed, allow_below_floor=allow_below_floor)
 
-        a plan that leaves VMs on the host is never applied (the host would go into maintenance with them
-        still there), and one that leaves a virtual cluster below the min_yield it was admitted with only
-        when the operator allows it.
-        """
-        if self.stays:
-            return f"{self.drained} cannot be emptied within these rules and budget"
-        if self.floors_missed and not allow_below_floor:
-            return "a virtual cluster would end below its min_yield (--allow-below-floor to apply anyway)"
-        return None
+
+def drain_blocked(host: str, stays: Sequence[Sequence[str]], missed: Sequence[tuple[str, float, float]], *,
+                  allow_below_floor: bool = False) -> str | None:
+    """Why a drain's plan may not be applied, or None when it may (docs/rules.md) — `drain --apply` and `apply`
+    of a saved drain plan alike:
+
+    a plan that leaves VMs on the host is never applied (the host would go into maintenance with them
+    still there), and one that leaves a virtual cluster below the min_yield it was admitted with only
+    when the operator allows it.
+    """
+    if stays:
+        return f"{host} cannot be emptied within these rules and budget"
+    if missed and not allow_below_floor:
+        return "a virtual cluster would end below its min_yield (--allow-below-floor to apply anyway)"
+    return None
 
 
 def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, needs: Mapping[str, float] | None = None,

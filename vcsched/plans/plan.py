@@ -13,6 +13,14 @@ A plan is computed by the pure core (:mod:`vcsched.control.admission`,
                {"op": "remove", "vm": .., "host": .., "cluster": ..},
                {"op": "set-need", "vm": .., "host": .., "cpu_need_cores": ..}]}
 
+Optional fields, by the command that wrote the plan: ``request`` (place: the
+admitted request's name), ``policy`` (the sharing policy it was computed
+under), ``budget`` and ``migrated_bytes`` (adapt, drain, the controller: the
+byte budget and what the migrate steps move), ``needs`` (``"measured"``: the
+controller's measured needs), ``drain`` and ``stays`` (drain: the host being
+emptied, and ``[vm, reason, detail]`` for each VM that stays on it).  Every
+plan vcsched writes is one `vcsched apply` reads (tests/test_apply_plans.py).
+
 The step kinds are in :mod:`vcsched.plans.steps` and their safe order in
 :mod:`vcsched.plans.ordering`; this module holds the plan as a whole: its
 predicted yields, its steps, and the checks a loaded plan file must pass.
@@ -109,7 +117,7 @@ class Plan:
 def plan_from_dict(d: Any) -> Plan:
     """Validate a decoded plan document (a saved plan may have been edited by hand)."""
     d = _fields("plan", d, {"version", "kind", "cluster", "snapshot", "predicted", "steps"},
-                {"request", "budget", "migrated_bytes", "policy", "needs"})
+                {"request", "budget", "migrated_bytes", "policy", "needs", "drain", "stays"})
     if isinstance(d["version"], bool) or not isinstance(d["version"], int) or d["version"] != PLAN_VERSION:
         raise InputError(f"plan.version: {d['version']!r} is not supported (this vcsched reads {PLAN_VERSION})")
     if d["kind"] not in PLAN_KINDS:
@@ -144,10 +152,29 @@ def plan_from_dict(d: Any) -> Plan:
         extra["needs"] = MEASURED
     if "budget" in d or "migrated_bytes" in d:
         extra.update(_budget(d, steps))
+    if "drain" in d or "stays" in d:
+        extra.update(_drain(d))
     return Plan(d["kind"], _str("plan.cluster", d["cluster"]), snapshot,
                 _num("plan.predicted.min_yield", pred["min_yield"], low_open=False),
                 _num("plan.predicted.avg_yield", pred["avg_yield"], low_open=False), per_vm, tuple(steps),
                 extra=extra)
+
+
+def _drain(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A drain plan's host and the VMs that stay on it (``[vm, reason, detail]`` each); both or neither."""
+    if "drain" not in d or "stays" not in d:
+        missing = "stays" if "drain" in d else "drain"
+        raise InputError(f"plan.{missing}: missing (a drain plan has both 'drain' and 'stays')")
+    host = _str("plan.drain", d["drain"])
+    stays = d["stays"]
+    if not isinstance(stays, list):
+        raise InputError(f"plan.stays: expected a list, got {stays!r}")
+    out = []
+    for i, s in enumerate(stays):
+        if not isinstance(s, list) or len(s) != 3 or not isinstance(s[2], str):
+            raise InputError(f"plan.stays[{i}]: expected [vm, reason, detail] strings, got {s!r}")
+        out.append([_str(f"plan.stays[{i}][0]", s[0]), _str(f"plan.stays[{i}][1]", s[1]), s[2]])
+    return {"drain": host, "stays": out}
 
 
 def _budget(d: Mapping[str, Any], steps: Iterable[Step]) -> dict[str, int]:
