@@ -485,6 +485,7 @@ class LibvirtHypervisor:
             xml = validation_xml(domain_xml(step, h.partition), os.urandom(6).hex())
         except (InputError, ET.ParseError) as exc:
             return [f"{where}.boot: {exc}"]
+        self.fence(step.host, f"check the domain XML of {step.vm!r}")
         try:
             dom = self.conn(step.host).defineXMLFlags(xml, libvirt.VIR_DOMAIN_DEFINE_VALIDATE)
         except libvirt.libvirtError as exc:
@@ -507,6 +508,7 @@ class LibvirtHypervisor:
             raise HypervisorError(f"host {step.host}: cap {step.cap_cores:.4f} cores for {step.vm!r} is below "
                                   f"libvirt's minimum vcpu_quota ({MIN_QUOTA_US} µs per {PERIOD_US} µs per vCPU)")
         xml = domain_xml(step, self.cluster.host(step.host).partition)
+        self.fence(step.host, f"create {step.vm!r}")
         try:
             self.conn(step.host).createXML(xml, 0)
         except libvirt.libvirtError as exc:
@@ -534,6 +536,7 @@ class LibvirtHypervisor:
         if persistent:
             flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
         with as_host_error(host, f"cap {vm!r}"):
+            self.fence(host, f"cap {vm!r}")
             self._retry(lambda: dom.setSchedulerParametersFlags(params, flags))
 
     def _refuse_io(self, host: str, vm: str, caps: IoCaps) -> None:
@@ -569,6 +572,7 @@ class LibvirtHypervisor:
         flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
         if persistent:
             flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+        self.fence(host, f"cap the disk/network of {vm!r}")
         apply_io_caps(host, dom, devices, caps, flags)
 
     def _managed_domain(self, host: str, vm: str, action: str) -> tuple[Any, VmMeta]:
@@ -590,6 +594,7 @@ class LibvirtHypervisor:
             if dom.isPersistent():
                 flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
             element = metadata_xml(replace(meta, cpu_need_cores=cpu_need_cores), bare=True)
+            self.fence(host, f"record the need of {vm!r}")
             dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, METADATA_PREFIX, METADATA_NS, flags)
 
     def remove_vm(self, host: str, vm: str) -> None:
@@ -597,6 +602,7 @@ class LibvirtHypervisor:
         with as_host_error(host, f"remove {vm!r}"):
             dom, _meta = self._managed_domain(host, vm, "remove")
             persistent = bool(dom.isPersistent())  # a transient domain is gone once destroyed: ask first
+            self.fence(host, f"remove {vm!r}")
             if dom.isActive():
                 dom.destroy()
             if persistent:
@@ -606,6 +612,20 @@ class LibvirtHypervisor:
     def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float) -> None:
         """Live-migrate ``vm`` so that it never runs on two hosts at once (:mod:`hypervisor.migration`)."""
         migrate(self, vm, source, target, cap_cores)
+
+    def fence(self, host: str, what: str) -> None:
+        """Refuse to change ``host`` once the cluster lock's lease may run out (``lease`` says so).
+
+        The guard runs before each step, but one step makes several calls and a host that hangs makes each
+        wait up to ``host_timeout``: the lease can run out inside a step, and another command take the lock
+        and act beside it (found by the fault simulation, docs/faultsim.md).  So every call that changes a
+        host is preceded by this check, which raises naming the host and what was not done.  (A call already
+        sent is not recalled: what a host does after the lease ran out is bounded by this check's distance to
+        the call, one libvirt round trip.)
+        """
+        if self.lease is not None and not self.lease():
+            raise HypervisorError(f"host {host}: not done ({what}): the cluster lock's lease may run out (its "
+                                  "renewals failed); no further change is made")
 
     def lists(self, host: str, vm: str) -> bool:
         return self._lookup(host, vm) is not None
