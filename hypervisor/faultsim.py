@@ -58,7 +58,8 @@ KINDS = ("error", "hang", "host_down", "host_up", "kill", "reader", "actor", "le
 #: Relative weights of the fault kinds (per injected fault).
 WEIGHTS = (4, 2, 2, 2, 3, 2, 1, 1)
 MIB = 1 << 20
-HOSTS = 3
+#: Hosts of a scenario: three, or four (where a host that is down is less often one a plan names).
+HOSTS = (3, 4)
 HOST_CORES = 4
 HOST_MEMORY = 4096 * MIB
 HOST_TIMEOUT_S = 5.0
@@ -208,6 +209,7 @@ class Scenario:
 
     index: int
     command: str  # "place", "drain" or "adapt"
+    hosts: int
     vms: tuple[tuple[str, str, int, int, float, float, str], ...]  # name, host, vcpus, MiB, need, cap, cluster
     drain: str = ""
 
@@ -215,26 +217,27 @@ class Scenario:
 def scenario(index: int) -> Scenario:
     rng = random.Random(f"scenario/{index}")
     command = ("place", "drain", "adapt")[index % 3]
+    n_hosts = HOSTS[index // 3 % len(HOSTS)]
     vms = []
     used = collections.Counter[str]()
     for c in range(rng.randint(1, 3)):
         need = rng.choice((0.5, 1.0, 1.5))
         for k in range(rng.randint(1, 3)):
-            host = f"h{rng.randrange(HOSTS)}"
+            host = f"h{rng.randrange(n_hosts)}"
             cap = min(need, 1.0)
             if used[host] + cap > HOST_CORES - 1:
                 continue
             used[host] += cap
             vms.append((f"vc{c}-{k}", host, 2 if need > 1 else 1, rng.choice((256, 512, 1024)), need, cap, f"vc{c}"))
-    drain = max((f"h{i}" for i in range(HOSTS)), key=lambda h: (used[h], h))
-    return Scenario(index, command, tuple(vms), drain)
+    drain = max((f"h{i}" for i in range(n_hosts)), key=lambda h: (used[h], h))
+    return Scenario(index, command, n_hosts, tuple(vms), drain)
 
 
 def build_world(sc: Scenario) -> SimWorld:
     from hypervisor.libvirt_backend import metadata_xml
 
     world = SimWorld(host_timeout=HOST_TIMEOUT_S)
-    for i in range(HOSTS):
+    for i in range(sc.hosts):
         world.add_host(f"h{i}", HOST_CORES, HOST_MEMORY)
     import xml.etree.ElementTree as ET
 
@@ -250,7 +253,7 @@ def build_world(sc: Scenario) -> SimWorld:
 def cluster_for(sc: Scenario) -> Any:
     from vcsched.formats.cluster import Cluster, ClusterHost, GuestDefaults
 
-    hosts = tuple(ClusterHost(f"h{i}", f"sim://h{i}") for i in range(HOSTS))
+    hosts = tuple(ClusterHost(f"h{i}", f"sim://h{i}") for i in range(sc.hosts))
     return Cluster("sim", hosts, 0.0, GuestDefaults("/sim/vmlinuz", "/sim/initrd"), host_timeout=HOST_TIMEOUT_S)
 
 
@@ -440,6 +443,7 @@ class Schedule:
                             "timeout")
         if kind == "kill":
             self.fault(kind, f"process {c.process} killed at {c.host}.{c.method}")
+            self.world.process_died(c.process)  # from here on, nothing of it reaches a host
             raise ProcessKilled(c.process)
         if kind == "lease_lost":
             if self.lock.holder != c.process or self.lock.expires is not None:

@@ -183,6 +183,8 @@ class SimWorld:
         self.migrations: list[Migration] = []
         self.open_conns: dict[int, list[SimConnection]] = {}
         self.calls = 0
+        #: Processes killed (SIGKILL): any call they still attempt raises :class:`ProcessKilled`.
+        self.dead: set[int] = set()
         #: Whether the client ``process``'s lease watch would abort its migration now (the simulation's stand-in
         #: for the watch thread of :func:`hypervisor.migration.lease_watch`, polled at every migration phase).
         self.abort_wanted: Callable[[int], bool] = lambda _process: False
@@ -214,6 +216,8 @@ class SimWorld:
 
     def call(self, process: int, host: SimHost, method: str, vm: str | None = None) -> None:
         """Before a call's effect: the clock, the fault hook, then whether the host answers."""
+        if process in self.dead:  # a killed process runs nothing more: not its ``finally`` blocks either
+            raise ProcessKilled(process)
         self.calls += 1
         self.now += CALL_S
         c = Call(process, host.name, method, vm)
@@ -249,6 +253,7 @@ class SimWorld:
 
     def process_died(self, process: int) -> None:
         """The client ``process`` is gone: its connections close, and libvirt cleans up its migrations."""
+        self.dead.add(process)
         for conn in self.open_conns.pop(process, []):
             conn.closed = True
         for m in self.migrations:
