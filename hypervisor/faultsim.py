@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -52,7 +51,7 @@ from hypervisor.simlibvirt import (
     sim_error,
 )
 from vcsched.errors import VcschedError
-from vcsched.inventory import METADATA_NS, VmMeta
+from vcsched.inventory import VmMeta
 
 KINDS = ("error", "hang", "host_down", "host_up", "kill", "reader", "actor", "lease_lost")
 #: Relative weights of the fault kinds (per injected fault).
@@ -69,6 +68,8 @@ SCENARIOS = 48
 #: Processes a schedule may start before its final, fault-free one.
 MAX_PROCESSES = 4
 CAP_TOL = 1e-6
+#: Chance of a fault at each libvirt call (times :data:`MIGRATION_BOOST` at a migration's phases).
+DEFAULT_RATE = 0.02
 #: How much more often a fault is injected at a migration's phases than at other calls.
 MIGRATION_BOOST = 8
 
@@ -310,7 +311,7 @@ class Outcome:
 class Schedule:
     """One seeded run: a scenario, its command under faults, then a fault-free repair and re-run."""
 
-    def __init__(self, rt: Runtime, seed: int, index: int, *, rate: float = 0.02,
+    def __init__(self, rt: Runtime, seed: int, index: int, *, rate: float = DEFAULT_RATE,
                  keep_trace: bool = False) -> None:
         self.rt = rt
         self.rng = random.Random(f"{seed}/{index}")
@@ -649,7 +650,7 @@ def hazards_on(names: Iterator[str] | tuple[str, ...] | frozenset[str] = ()) -> 
         hazards.HAZARDS |= before
 
 
-def run_schedules(n: int, seed: int, *, rate: float = 0.02, first: int = 0,
+def run_schedules(n: int, seed: int, *, rate: float = DEFAULT_RATE, first: int = 0,
                   on_violation: Callable[[Outcome], None] | None = None, stop_at_first: bool = False) -> Summary:
     """Schedules ``first`` .. ``first + n - 1`` of ``seed``; each violation with its seed and index."""
     rt = Runtime()
@@ -670,12 +671,70 @@ def run_schedules(n: int, seed: int, *, rate: float = 0.02, first: int = 0,
     return Summary(n, faults, violations, calls)
 
 
-def replay(seed: int, index: int, *, rate: float = 0.02) -> Outcome:
+def replay(seed: int, index: int, *, rate: float = DEFAULT_RATE) -> Outcome:
     """Schedule ``index`` of ``seed`` again, with its trace."""
     rt = Runtime()
     with rt.installed():
         return Schedule(rt, seed, index, rate=rate, keep_trace=True).run()
 
 
-__all__ = ["KINDS", "Outcome", "Schedule", "Summary", "hazards", "replay", "run_schedules"]
-_ = (functools, METADATA_NS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``scripts/faultsim``: run schedules and print what was injected and what broke (exit 1 on a violation)."""
+    import argparse
+    import json
+    import sys
+    import time
+
+    ap = argparse.ArgumentParser(prog="scripts/faultsim", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--schedules", type=int, default=1000, help="how many schedules (default 1000)")
+    ap.add_argument("--seed", type=int, default=1, help="the seed; schedule i of seed s always replays the same")
+    ap.add_argument("--first", type=int, default=0, help="index of the first schedule (default 0)")
+    ap.add_argument("--rate", type=float, default=DEFAULT_RATE,
+                    help=f"chance of a fault at each libvirt call (default {DEFAULT_RATE})")
+    ap.add_argument("--hazard", action="append", default=[], choices=sorted(hazards.KNOWN),
+                    help="switch a known hazard back on (a mutation, to see it caught); repeatable")
+    ap.add_argument("--replay", type=int, metavar="INDEX", help="replay schedule INDEX of --seed and print its trace")
+    ap.add_argument("--stop", action="store_true", help="stop at the first violation")
+    ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    args = ap.parse_args(argv)
+    if args.schedules < 1 or not 0 <= args.rate <= 1:
+        ap.error("--schedules must be at least 1 and --rate within [0, 1]")
+    with hazards_on(tuple(args.hazard)):
+        if args.replay is not None:
+            out = replay(args.seed, args.replay, rate=args.rate)
+            if args.json:
+                print(json.dumps({"seed": out.seed, "schedule": out.index, "faults": dict(out.faults),
+                                  "violations": out.violations, "result": out.result, "trace": out.trace}))
+            else:
+                print("\n".join(out.trace))
+                print(f"faults: {dict(sorted(out.faults.items()))}; result: {out.result}")
+                print("violations: " + ("; ".join(out.violations) if out.violations else "none"))
+            return 1 if out.violations else 0
+        wall, cpu = time.monotonic(), time.process_time()
+
+        def shown(o: Outcome) -> None:
+            if not args.json:
+                print(f"VIOLATION seed {o.seed} schedule {o.index}: {'; '.join(o.violations)}\n"
+                      f"  replay: scripts/faultsim --seed {o.seed} --replay {o.index}"
+                      + "".join(f" --hazard {h}" for h in args.hazard), file=sys.stderr)
+
+        s = run_schedules(args.schedules, args.seed, rate=args.rate, first=args.first, on_violation=shown,
+                          stop_at_first=args.stop)
+        wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+    doc = s.to_dict() | {"seed": args.seed, "first": args.first, "rate": args.rate, "hazards": sorted(args.hazard),
+                         "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
+                         "schedules_per_s": round(s.schedules / wall, 1) if wall > 0 else None}
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print(f"{s.schedules} schedules (seed {args.seed}, from {args.first}) in {wall:.1f} s ({cpu:.1f} s CPU, "
+              f"{doc['schedules_per_s']} schedules/s), {s.calls} simulated libvirt calls")
+        print("faults injected: " + ", ".join(f"{k} {v}" for k, v in sorted(s.faults.items())))
+        print(f"violations: {len(s.violations)}" + (f" (hazards on: {', '.join(args.hazard)})" if args.hazard else ""))
+    return 1 if s.violations else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
