@@ -157,10 +157,18 @@ class LibvirtHypervisor:
 
     def _open(self, host: str) -> Any:
         uri = self.cluster.connect_uri(host)
+        if self._connect is None and uri.startswith("sim:"):  # the simulated libvirt: tests and benchmarks only
+            from hypervisor.simlibvirt import open_uri
+
+            return self._open_with(host, uri, open_uri)
         if self._connect is None:
             return open_bounded(host, uri, self.cluster.host_timeout)
+        return self._open_with(host, uri, self._connect)
+
+    @staticmethod
+    def _open_with(host: str, uri: str, connect: Connect) -> Any:
         try:
-            return self._connect(uri)
+            return connect(uri)
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"host {host}: cannot connect to {uri}: {one_line(exc)}") from None
 

@@ -36,6 +36,7 @@ cites); what it does not model is listed there too.
 from __future__ import annotations
 
 import itertools
+import uuid as uuidlib
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -298,7 +299,10 @@ class SimWorld:
 
 
 def _parse_domain(world: SimWorld, xml: str, state: int, persistent: bool) -> SimDomain:
-    root = ET.fromstring(xml)
+    return _domain_of(world, ET.fromstring(xml), state, persistent)
+
+
+def _domain_of(world: SimWorld, root: ET.Element, state: int, persistent: bool) -> SimDomain:
     name = root.findtext("name") or ""
     uuid = (root.findtext("uuid") or "").strip() or world.new_uuid()
     mem_el = root.find("memory")
@@ -654,3 +658,43 @@ class SimDomainHandle:
             src_dom.state = RUNNING
             src_dom.changed()
         src.world.done(src.process, src.host, "migrate.confirm-cancelled", m.vm)
+
+
+# ---------------------------------------------------------------------------------------- from the CLI
+
+#: The world of this process's ``sim:///PATH`` hosts (the scale benchmark's, read from their node files).
+_FILE_WORLD = SimWorld()
+
+
+def load_node(world: SimWorld, name: str, path: str) -> SimHost:
+    """A host from a node file in the format of libvirt's test driver (:func:`hypervisor.testhosts.node_xml`):
+    ``<node>`` with ``<cpu><active>``, ``<memory>`` (KiB) and running ``<domain>`` elements."""
+    root = ET.parse(path).getroot()
+    cores = int(root.findtext("cpu/active") or 1)
+    host = SimHost(name, cores, int(root.findtext("memory") or 0) * 1024, str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, path)))
+    for el in root.findall("domain"):
+        d = _domain_of(world, el, RUNNING, persistent=False)
+        d.reason = 1
+        host.domains[d.uuid] = d
+    world.hosts[name] = host
+    return host
+
+
+def open_uri(uri: str) -> SimConnection:
+    """``libvirt.open`` of a ``sim:///ABSOLUTE/PATH.xml`` host: the node file is read on its first open in this
+    process and kept (later opens see what earlier connections changed, as one daemon would).
+
+    A test and benchmark facility: `vcsched` reaches it only for cluster files whose hosts say ``sim://``.
+    """
+    path = uri[len(SIM_SCHEME):].split("?")[0]
+    if not path.startswith("/"):
+        raise sim_error(libvirt.VIR_ERR_NO_CONNECT, f"Failed to connect to '{uri}': a sim:// host is "
+                        "sim:///ABSOLUTE/PATH.xml")
+    host = _FILE_WORLD.hosts.get(path)
+    if host is None:
+        try:
+            host = load_node(_FILE_WORLD, path, path)
+        except (OSError, ET.ParseError) as exc:
+            raise sim_error(libvirt.VIR_ERR_NO_CONNECT, f"Failed to connect to '{uri}': {exc}") from None
+    conn = SimConnection(_FILE_WORLD, host, 0)
+    return conn
