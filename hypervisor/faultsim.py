@@ -193,7 +193,7 @@ class Runtime:
                 rt.leases[pid].remove(lease)
 
         saved = {(migration, "lease_watch"): migration.lease_watch}
-        migration.lease_watch = sim_lease_watch  # type: ignore[assignment]
+        migration.lease_watch = sim_lease_watch
         try:
             yield self
         finally:
@@ -220,7 +220,7 @@ def scenario(index: int) -> Scenario:
     command = ("place", "drain", "adapt")[index % 3]
     n_hosts = HOSTS[index // 3 % len(HOSTS)]
     vms = []
-    used = collections.Counter[str]()
+    used: dict[str, float] = collections.defaultdict(float)
     for c in range(rng.randint(1, 3)):
         need = rng.choice((0.5, 1.0, 1.5))
         for k in range(rng.randint(1, 3)):
@@ -365,10 +365,9 @@ class Schedule:
                 self.violate(f"{name} runs on {' and '.join(running)} ({where})")
             if not copies:
                 self.violate(f"{name} is lost: no copy on any host ({where})")
-            if quiescent:
-                if len(copies) != 1 or not running:
-                    self.violate(f"{name} not settled after repair: "
-                                 f"{[(h, _STATE.get(d.state, d.state)) for h, d in copies]} ({where})")
+            if quiescent and (len(copies) != 1 or not running):
+                self.violate(f"{name} not settled after repair: "
+                             f"{[(h, _STATE.get(d.state, d.state)) for h, d in copies]} ({where})")
         for h in w.hosts.values():
             # Unmanaged domains count for memory, not for CPU (vcsched never caps them: vcsched/plans/check.py).
             cap = sum(d.cap_cores() for d in h.domains.values() if d.state == RUNNING and d.meta is not None)
@@ -378,8 +377,8 @@ class Schedule:
             if mem > h.memory_bytes:
                 self.violate(f"host {h.name}: memory {mem >> 20} MiB > {h.memory_bytes >> 20} MiB ({where})")
         host, uuid, look = self.stranger
-        d = w.hosts[host].domains.get(uuid)
-        if d is None or self._look(d) != look or any(uuid in h.domains for h in w.hosts.values() if h.name != host):
+        now = w.hosts[host].domains.get(uuid)
+        if now is None or self._look(now) != look or any(uuid in h.domains for h in w.hosts.values() if h.name != host):
             self.violate(f"the unmanaged domain 'stranger' was changed ({where})")
 
     def after(self, c: Call) -> None:
@@ -536,7 +535,7 @@ class Schedule:
                 self.check("after the final repair", quiescent=True)
             if repair_only:
                 return "repaired"
-            if self.plan is None or not self.saved or final and self.sc.command != "place":
+            if self.plan is None or not self.saved or (final and self.sc.command != "place"):
                 self.plan = plan_on(self.sc, self.cluster, hv.inventory())
                 if self.plan is None:
                     return "no plan"

@@ -426,6 +426,9 @@ class SimConnection:
 class SimDomainHandle:
     """A ``virDomain``: a UUID on a connection (calls on a domain that is gone raise VIR_ERR_NO_DOMAIN)."""
 
+    #: Counted like a libvirt domain (:class:`hypervisor.connections.Counted`).
+    is_domain = True
+
     def __init__(self, conn: SimConnection, uuid: str, name: str) -> None:
         self.conn, self.uuid, self._name = conn, uuid, name
 
@@ -671,7 +674,8 @@ def load_node(world: SimWorld, name: str, path: str) -> SimHost:
     ``<node>`` with ``<cpu><active>``, ``<memory>`` (KiB) and running ``<domain>`` elements."""
     root = ET.parse(path).getroot()
     cores = int(root.findtext("cpu/active") or 1)
-    host = SimHost(name, cores, int(root.findtext("memory") or 0) * 1024, str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, path)))
+    uuid = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, path))  # the same host UUID in every process
+    host = SimHost(name, cores, int(root.findtext("memory") or 0) * 1024, uuid)
     for el in root.findall("domain"):
         d = _domain_of(world, el, RUNNING, persistent=False)
         d.reason = 1
