@@ -42,13 +42,14 @@ def test_a_schedule_replays_exactly() -> None:
     assert alone.faults == first.faults
 
 
-@pytest.mark.parametrize(("hazard", "seed", "schedules"), [
-    (hazards.SETTLE_WITHOUT_LOCK, 1, 150),
-    (hazards.RESUME_UNREAD_SOURCE, 1, 400),
+@pytest.mark.parametrize(("hazard", "seed", "schedules", "rate"), [
+    (hazards.SETTLE_WITHOUT_LOCK, 1, 150, 0.02),
+    # Needs three faults in a row (the destination stops after Finish, comes back, the source stops): more faults.
+    (hazards.RESUME_UNREAD_SOURCE, 4, 400, 0.05),
 ])
-def test_a_known_hazard_switched_back_on_is_caught(hazard: str, seed: int, schedules: int) -> None:
+def test_a_known_hazard_switched_back_on_is_caught(hazard: str, seed: int, schedules: int, rate: float) -> None:
     with hazards_on((hazard,)):
-        summary = run_schedules(schedules, seed=seed, stop_at_first=True)
+        summary = run_schedules(schedules, seed=seed, rate=rate, stop_at_first=True)
     assert summary.violations, f"{hazard} not caught in {schedules} schedules of seed {seed}"
     assert not hazards.HAZARDS  # switched off again
 
