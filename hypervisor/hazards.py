@@ -12,12 +12,10 @@ from __future__ import annotations
 RESUME_UNREAD_SOURCE = "resume-unread-source"
 #: In-doubt VMs are settled (paused twins destroyed, arrivals resumed) by a read, without the cluster lock.
 SETTLE_WITHOUT_LOCK = "settle-without-lock"
-#: A probe raises caps and an exit path does not put them back.
-PROBE_NO_RESTORE = "probe-no-restore"
 #: The executor acts on the first copy of an in-doubt VM by host order.
 FIRST_COPY_LOOKUP = "first-copy-lookup"
 
-KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, PROBE_NO_RESTORE, FIRST_COPY_LOOKUP})
+KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP})
 
 #: The hazards switched on (empty in production).
 HAZARDS: set[str] = set()
