@@ -717,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.json:
                 print(f"VIOLATION seed {o.seed} schedule {o.index}: {'; '.join(o.violations)}\n"
                       f"  replay: scripts/faultsim --seed {o.seed} --replay {o.index}"
+                      + (f" --rate {args.rate:g}" if args.rate != DEFAULT_RATE else "")
                       + "".join(f" --hazard {h}" for h in args.hazard), file=sys.stderr)
 
         s = run_schedules(args.schedules, args.seed, rate=args.rate, first=args.first, on_violation=shown,
