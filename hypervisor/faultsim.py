@@ -545,6 +545,8 @@ class Schedule:
             failed = report.failed()
             return f"stopped: {report.stopped or (failed.detail if failed else '?')}"
         except VcschedError as exc:
+            if getattr(exc, "exit_code", 1) == 70:  # vcsched says it is its own bug (HostReadBug): a violation
+                raise
             return f"refused: {type(exc).__name__}: {exc}"
         finally:
             hv.close()
