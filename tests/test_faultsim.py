@@ -124,6 +124,22 @@ def test_a_client_killed_before_finish_leaves_the_source_paused_alone_and_repair
     assert _states(world, uuid) == {"h0": "running"}
 
 
+def test_repair_destroys_every_paused_twin_of_a_vm_running_elsewhere() -> None:
+    """Two failed migrations to two hosts (each destination stopped answering after Finish) leave two paused
+    twins; the second used to be skipped because the first was gone (scripts/faultsim --seed 1 --replay 9915)."""
+    world, cluster, uuid = _two_hosts()
+    world.add_host("h2", 4, 4096 * MIB)
+    cluster = Cluster("sim", (*cluster.hosts, ClusterHost("h2", "sim://h2")))
+    running = world.hosts["h0"].domains[uuid]
+    for host in ("h1", "h2"):
+        twin = SimDomain("v", uuid, 1, 256 * MIB, PAUSED, False, 50000, 100000, dict(running.meta or {}))
+        world.add_domain(host, twin)
+    report = _hv(world, cluster, 1).repair(lambda: None)
+    assert [(a.action, a.host, outcome) for a, outcome, _ in report.outcomes] == [
+        ("destroy", "h1", "done"), ("destroy", "h2", "done")]
+    assert _states(world, uuid) == {"h0": "running"}
+
+
 def test_repair_never_resumes_a_copy_someone_paused() -> None:
     world, cluster, uuid = _two_hosts()
     hv = _hv(world, cluster, 1)
