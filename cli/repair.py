@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
-from cli.common import cluster_lock, cluster_option, load_cluster, lock_options, notice
+from cli.common import cluster_lock, cluster_option, load_cluster, lock_options
 from hypervisor.libvirt_backend import LibvirtHypervisor
 
 
@@ -38,7 +38,7 @@ def repair_cmd(cluster_file: str | None, do_apply: bool, as_json: bool, wait: fl
     to the operator; 2 bad input.
     """
     cluster = load_cluster(cluster_file)
-    with LibvirtHypervisor(cluster, on_notice=notice if not as_json else None) as hv:
+    with LibvirtHypervisor(cluster) as hv:  # what it did is printed below, once (not as notes)
         if do_apply:
             with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, hv=hv, settle=False) as lock:
                 assert lock is not None
@@ -53,7 +53,7 @@ def repair_cmd(cluster_file: str | None, do_apply: bool, as_json: bool, wait: fl
             console.print("nothing in doubt: nothing to do")
         if not do_apply and report.plan.actions:
             console.print("dry run: nothing changed (--apply carries it out)")
-        for line in lines if not do_apply else [ln for ln in lines if not ln.startswith(("destroyed", "resumed"))]:
+        for line in lines:
             console.print(line, highlight=False)
     troubled = report.plan.refused is not None or bool(report.plan.left) or not report.ok \
         or any(o != "done" for _, o, _ in report.outcomes)

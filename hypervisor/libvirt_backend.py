@@ -558,7 +558,7 @@ class LibvirtHypervisor:
                                       "nothing changed")
 
     def set_io_caps(self, host: str, vm: str, caps: IoCaps) -> None:
-        """Throttle the VM's disks (one group) and shape its interfaces; see the module docstring.
+        """Throttle the VM's disks (one group) and shape its interfaces (:mod:`hypervisor.throttle`).
 
         The disks are all set before the interfaces.  A failure on an
         interface puts back the parameters that interface had (libvirt leaves

@@ -149,8 +149,8 @@ class _Collector:
                                      ("vcsched_cluster_avg_yield", "average yield over managed VMs", m.avg_yield),
                                      ("vcsched_cluster_min_yield_floor", "the cluster file's min_yield (0: none)",
                                       m.min_yield_floor),
-                                     ("vcsched_vms_in_doubt",
-                                      "VMs in doubt: active on two hosts at once, or a paused arrival", m.in_doubt),
+                                     ("vcsched_vms_in_doubt", "VMs in doubt: on two hosts at once, or a paused arrival",
+                                      m.in_doubt),
                                      ("vcsched_interval_duration_seconds", "wall time of the last interval's work",
                                       m.interval_seconds)):
                 fam = GaugeMetricFamily(name, doc, labels=["cluster"])

@@ -336,3 +336,69 @@ def test_the_cli_reports_a_parse_bug_with_exit_70_not_a_down_host(tmp_path: Path
     r = CliRunner().invoke(cli, ["status", "--cluster", str(c), "--sample", "0"])
     assert r.exit_code == 70, r.output
     assert "bug in vcsched" in r.stderr and "report" in r.stderr and "down" not in r.stdout
+
+
+# ------------------------------------------------------------------ `vcsched repair`
+
+
+def paused(domain_xml: str) -> str:
+    """A test-driver domain that starts paused (``<test:runstate>3</test:runstate>``)."""
+    return (domain_xml.replace("<domain type='test'>",
+                               "<domain type='test' xmlns:test='http://libvirt.org/schemas/domain/test/1.0'>")
+            .replace("</domain>", "<test:runstate>3</test:runstate></domain>"))
+
+
+def cluster_file(tmp_path: Path, **files: str | None) -> Path:
+    hosts(tmp_path, **files)
+    p = tmp_path / "cluster.toml"
+    p.write_text('name = "t"\n' + "".join(
+        f'[[hosts]]\nname = "{h}"\nuri = "test://{tmp_path}/{h}.xml"\n' if text is not None else
+        f'[[hosts]]\nname = "{h}"\nuri = "qemu+unix:///system?socket={tmp_path}/absent"\nuuid = "{"1" * 32}"\n'
+        for h, text in files.items()))
+    return p
+
+
+def repair_cli(*args: Any) -> Any:
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    return CliRunner().invoke(cli, ["repair", *map(str, args)])
+
+
+def test_repair_is_a_dry_run_by_default_and_says_what_it_would_do(tmp_path: Path) -> None:
+    c = cluster_file(tmp_path, h0=node(domain("v")), h1=node(paused(domain("v", arriving_from="h0"))))
+    r = repair_cli("--cluster", c)
+    assert r.exit_code == 0, r.output
+    assert "dry run: nothing changed" in r.stdout and "would destroy the paused copy of v on h1" in r.stdout
+
+
+def test_repair_apply_acts_and_reports_each_action(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("VCSCHED_STATE_DIR", str(tmp_path / "state"))
+    c = cluster_file(tmp_path, h0=node(domain("v")), h1=node(paused(domain("v", arriving_from="h0"))))
+    r = repair_cli("--cluster", c, "--apply", "--json")
+    assert r.exit_code == 0, r.output
+    import json
+
+    assert [(a["action"], a["host"], a["outcome"]) for a in json.loads(r.stdout)["actions"]] == \
+        [("destroy", "h1", "done")]
+
+
+def test_repair_refuses_with_a_host_down_exit_1(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("VCSCHED_STATE_DIR", str(tmp_path / "state"))
+    c = cluster_file(tmp_path, h0=None, h1=node(paused(domain("v", arriving_from="h0"))))
+    r = repair_cli("--cluster", c, "--apply")
+    assert r.exit_code == 1, r.output
+    assert "repair refused" in r.stdout and "h0" in r.stdout
+
+
+def test_repair_leaves_two_running_copies_to_the_operator_exit_1(tmp_path: Path) -> None:
+    c = cluster_file(tmp_path, h0=node(domain("v")), h1=node(domain("v")))
+    r = repair_cli("--cluster", c)
+    assert r.exit_code == 1, r.output
+    assert "left to the operator: v: on h0 (running), h1 (running)" in r.stdout
+
+
+def test_nothing_in_doubt_is_nothing_to_do(tmp_path: Path) -> None:
+    r = repair_cli("--cluster", cluster_file(tmp_path, h0=node(domain("v"))))
+    assert r.exit_code == 0 and "nothing in doubt" in r.stdout, r.output
