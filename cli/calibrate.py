@@ -132,9 +132,9 @@ def _put_back_or_report(subjects: Any) -> Iterator[Any]:
 
 def restore_left_calibrations() -> None:
     """Put back what calibrations killed before they could (SIGKILL, a crash) left, and say so (hypervisor.journal)."""
-    from hypervisor.journal import CALIBRATION, restore_journal
+    from hypervisor.journal import CALIBRATION, GUESTS, restore_journal
 
-    report = restore_journal(kinds=(CALIBRATION,))
+    report = restore_journal(kinds=(CALIBRATION, GUESTS))
     for line in report.restored:
         err_console.print(f"vcsched: a killed calibration's {line}", highlight=False, markup=False)
     for line in report.problems:

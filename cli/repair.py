@@ -33,28 +33,42 @@ def repair_cmd(cluster_file: str | None, do_apply: bool, as_json: bool, wait: fl
     Every command that changes hosts does the same first (docs/operations.md,
     "A VM never runs twice").
 
+    It also puts back what a vcsched process killed by SIGKILL (or a crash)
+    left changed for a while, from the journals under the state directory
+    (hypervisor/journal.py): caps a probe of this cluster had raised (`run`,
+    `observe --probe`), and the pinning, running state and caps of domains a
+    `calibrate --backend libvirt` was measuring.  A journal whose process
+    still runs is left to it.
+
     Exit codes: 0 nothing to do, done, or a dry run; 1 refused (a host
-    down, the lock held), an action failed or was skipped, or a VM is left
-    to the operator; 2 bad input.
+    down, the lock held), an action failed or was skipped, a VM is left
+    to the operator, or a journaled setting could not be put back; 2 bad
+    input.
     """
+    from hypervisor.journal import JournalReport, describe_journal, restore_journal
+
     cluster = load_cluster(cluster_file)
+    journal = JournalReport()
     with LibvirtHypervisor(cluster) as hv:  # what it did is printed below, once (not as notes)
         if do_apply:
             with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, hv=hv, settle=False) as lock:
                 assert lock is not None
                 report = hv.repair(lock.guard)
+                journal = restore_journal(hv, guard=lock.guard)
+            journaled = list(journal.restored) + [f"not put back: {p}" for p in journal.problems]
         else:
             report = hv.repair(lambda: None, apply=False)
+            journaled = describe_journal()
     if as_json:
-        emit_json(report.to_dict())
+        emit_json({**report.to_dict(), "journal": journal.to_dict() if do_apply else {"pending": journaled}})
     else:
         lines = report.lines()
-        if not lines:
+        if not lines and not journaled:
             console.print("nothing in doubt: nothing to do")
-        if not do_apply and report.plan.actions:
+        if not do_apply and (report.plan.actions or journaled):
             console.print("dry run: nothing changed (--apply carries it out)")
-        for line in lines:
-            console.print(line, highlight=False)
+        for line in lines + journaled:
+            console.print(line, highlight=False, markup=False)
     troubled = report.plan.refused is not None or bool(report.plan.left) or not report.ok \
-        or any(o != "done" for _, o, _ in report.outcomes)
+        or any(o != "done" for _, o, _ in report.outcomes) or bool(journal.problems)
     return EXIT_UNSATISFIED if troubled else EXIT_OK

@@ -40,7 +40,7 @@ from typing import Any
 
 import libvirt
 
-from hypervisor.journal import CalibrationEntry, Journal, signals_held
+from hypervisor.journal import GUESTS, CalibrationEntry, Journal, signals_held
 from hypervisor.lab.guest import GuestError, start_guest, wait_for_boot
 from hypervisor.lab.state import GUEST_CMDLINE, GuestImage
 from vcsched.caps import MIN_QUOTA_US, PERIOD_US, quota_for
@@ -72,8 +72,7 @@ def vcpu_quota_for(cap: float | None, vcpus: int) -> int:
 def check_managed(dom: Any, uri: str, force: bool) -> None:
     """A domain vcsched does not manage (no vcsched metadata) is refused unless ``force``: vcsched touches only
     what it manages, and a calibration pins, pauses and re-caps its domains."""
-    from hypervisor.domain_xml import parse_metadata
-    from vcsched.inventory import METADATA_NS
+    from hypervisor.domain_xml import METADATA_NS, parse_metadata
 
     if force:
         return
@@ -130,6 +129,20 @@ def _put_io_back(dom: Any, uri: str, resource: str, amount: int | None) -> None:
     v = 0 if amount is None else int(amount)
     caps = IoCaps(disk_bytes_sec=v) if resource == "disk" else IoCaps(net_bytes_sec=v)
     apply_io_caps(uri, dom, live_devices(dom), caps, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+
+
+def _put_all_back(subjects: Any) -> list[str]:
+    """A subjects object's :meth:`close`: every adopted domain put back (:func:`put_back`), the connection closed,
+    the journal cleared when everything went back.  Returns what could not be put back."""
+    problems: list[str] = []
+    for dom, entry in zip(subjects.doms, subjects.entries, strict=False):
+        problems += put_back(dom, entry)[1]
+    subjects.doms = []
+    with contextlib.suppress(libvirt.libvirtError, AttributeError):
+        subjects.conn.close()
+    if subjects.journal is not None and not problems:
+        subjects.journal.clear()
+    return problems
 
 
 def restore_domain(entry: CalibrationEntry) -> tuple[list[str], list[str]]:
@@ -292,16 +305,8 @@ class LibvirtSubjects:
         SIGTERM and SIGINT held meanwhile; clears the journal when all went back.  Returns (and keeps in
         :attr:`problems`) what could not be put back."""
         with signals_held():
-            problems: list[str] = []
-            for dom, entry in zip(self.doms, self.entries, strict=False):
-                problems += put_back(dom, entry)[1]
-            self.doms = []
-            with contextlib.suppress(libvirt.libvirtError, AttributeError):
-                self.conn.close()
-            if self.journal is not None and not problems:
-                self.journal.clear()
-            self.problems = problems
-        return problems
+            self.problems = _put_all_back(self)
+        return self.problems
 
     def __enter__(self) -> LibvirtSubjects:
         return self
@@ -360,6 +365,9 @@ def _calibration_guests(uri: str, count: int, image: GuestImage, partition: str 
     os.chmod(work, 0o755)  # the daemon's qemu writes the console files here
     names = [f"vcsched-calib-{os.getpid()}-{i}" for i in range(count)]
     started: list[Any] = []
+    # Journaled as each starts (by UUID), so that a calibration killed by SIGKILL leaves nothing running for long:
+    # the next calibration or `vcsched repair --apply` destroys them (hypervisor.journal).
+    journal = Journal(GUESTS)
     try:
         for name in names:
             try:
@@ -368,6 +376,8 @@ def _calibration_guests(uri: str, count: int, image: GuestImage, partition: str 
             except libvirt.libvirtError as exc:
                 msg = exc.get_error_message()
                 raise CapsProbeError(f"host {uri}: cannot start {kind} guest {name} ({msg})") from None
+            journal.write(guests=[{"uri": uri, "domain": d.name(), "uuid": d.UUIDString()} for d in started],
+                          workdir=str(work))
         for name in names:
             try:
                 wait_for_boot(work / f"{name}.log")
@@ -375,12 +385,51 @@ def _calibration_guests(uri: str, count: int, image: GuestImage, partition: str 
                 raise CapsProbeError(f"host {uri}: {exc}") from None
         yield names
     finally:
+        gone = True
         for dom in started:
-            with contextlib.suppress(libvirt.libvirtError):
+            try:
                 dom.destroy()
+            except libvirt.libvirtError:
+                gone = gone and not _still_there(conn, dom)
+        if gone:
+            journal.clear()
         with contextlib.suppress(libvirt.libvirtError):
             conn.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _still_there(conn: Any, dom: Any) -> bool:
+    try:
+        conn.lookupByUUIDString(dom.UUIDString())
+    except libvirt.libvirtError:
+        return False
+    return True
+
+
+def destroy_guest(uri: str, name: str, uuid: str) -> tuple[list[str], list[str]]:
+    """Destroy the transient calibration guest ``uuid`` a killed calibration booted on ``uri`` (hypervisor.journal);
+    one that is gone, or is not a calibration guest by its name, is left.  Returns (done, problems)."""
+    _quiet_libvirt()
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        return [], [f"calibration guest {name} on {uri}: cannot connect ({exc.get_error_message()})"]
+    try:
+        try:
+            dom = conn.lookupByUUIDString(uuid)
+        except libvirt.libvirtError:
+            return [f"calibration guest {name} on {uri}: gone already"], []
+        if dom.name() != name or not name.startswith("vcsched-calib-") or dom.isPersistent():
+            return [], [f"calibration guest {name} on {uri}: its UUID is now {dom.name()!r}, not a transient "
+                        "calibration guest; left alone"]
+        try:
+            dom.destroy()
+        except libvirt.libvirtError as exc:
+            return [], [f"calibration guest {name} on {uri}: not destroyed ({exc.get_error_message()})"]
+        return [f"calibration guest {name} on {uri}: destroyed"], []
+    finally:
+        with contextlib.suppress(libvirt.libvirtError):
+            conn.close()
 
 
 # --------------------------------------------------------------------------------------------- disk and network
@@ -556,19 +605,11 @@ class LibvirtIoSubjects:
         """Stop the floods, put every guest's limits back, resume it (:func:`put_back`, signals held meanwhile).
         Returns (and keeps in :attr:`problems`) what could not be put back."""
         with signals_held():
-            problems: list[str] = []
             for f in self._floods:
                 f.close()
             self._floods = []
-            for dom, entry in zip(self.doms, self.entries, strict=False):
-                problems += put_back(dom, entry)[1]
-            self.doms = []
-            with contextlib.suppress(libvirt.libvirtError, AttributeError):
-                self.conn.close()
-            if self.journal is not None and not problems:
-                self.journal.clear()
-            self.problems = problems
-        return problems
+            self.problems = _put_all_back(self)
+        return self.problems
 
     def __enter__(self) -> LibvirtIoSubjects:
         return self

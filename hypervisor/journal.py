@@ -26,6 +26,10 @@ The format (``version`` 1)::
                   "scheduler": {"vcpu_period": 100000, "vcpu_quota": -1},
                   "vcpu_pins": [[true, true]], "emulator_pin": [true, true], "io": null}]}
 
+    {"version": 1, "kind": "calibration-guests", "pid": 4244, "started": 123510, "written": 1764190002.3,
+     "guests": [{"uri": "qemu:///system", "domain": "vcsched-calib-4244-0", "uuid": "…"}],
+     "workdir": "/var/tmp/vcsched-calib-x1y2z3"}
+
 ``pid`` and ``started`` (the process's start time in clock ticks since boot,
 ``/proc/<pid>/stat`` field 22) say whose journal it is: a journal whose
 process still runs is that process's business and is left alone (a reused
@@ -39,8 +43,10 @@ setting on its own: scheduler parameters, each vCPU's pinning, the emulator's
 pinning, I/O limits, and a resume if vCPUs are paused *by a suspend*
 (``VIR_DOMAIN_PAUSED_USER``: a copy paused by a migration is never resumed
 here); one that fails does not skip the others, and every failure is
-reported.  A journal is removed once every entry is back or moot; one with
-failures stays for the next try.
+reported.  The transient guests a calibration boots for itself
+(``calibration-guests``, journaled as each starts) are destroyed, by UUID,
+if they still carry their ``vcsched-calib-`` name.  A journal is removed
+once every entry is back or moot; one with failures stays for the next try.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -61,7 +68,9 @@ from vcsched.inventory import Inventory
 
 VERSION = 1
 PROBE, CALIBRATION = "probe", "calibration"
-KINDS = (PROBE, CALIBRATION)
+#: The transient guests `calibrate` boots for itself (``vcsched-calib-<pid>-<i>``): destroyed after a SIGKILL.
+GUESTS = "calibration-guests"
+KINDS = (PROBE, CALIBRATION, GUESTS)
 
 
 def journal_dir(state: Path | None = None) -> Path:
@@ -232,6 +241,27 @@ def _journals(directory: Path, kind: str | None, own: bool) -> tuple[list[_Found
     return found, left
 
 
+def describe_journal(directory: Path | None = None) -> list[str]:
+    """What :func:`restore_journal` would put back (one line per journal of a gone process), changing nothing."""
+    found, _left = _journals(directory or journal_dir(), None, own=False)
+    out = []
+    for f in found:
+        if f.doc["kind"] == PROBE:
+            vms = ", ".join(f"{e.get('vm')} on {e.get('host')} to {e.get('before')} if still at {e.get('raised')}"
+                            for e in f.doc.get("vms", []))
+            out.append(f"journal {f.path}: a killed probe (pid {f.doc.get('pid')}, cluster "
+                       f"{f.doc.get('cluster')!r}) left caps raised: {vms or 'none'}")
+        elif f.doc["kind"] == GUESTS:
+            guests = ", ".join(f"{e.get('domain')} on {e.get('uri')}" for e in f.doc.get("guests", []))
+            out.append(f"journal {f.path}: a killed calibration (pid {f.doc.get('pid')}) booted {guests or 'none'}: "
+                       "destroyed")
+        else:
+            doms = ", ".join(f"{e.get('domain')} on {e.get('uri')}" for e in f.doc.get("domains", []))
+            out.append(f"journal {f.path}: a killed calibration (pid {f.doc.get('pid')}) changed {doms or 'none'} "
+                       "(pinning, running state, caps): each is put back")
+    return out
+
+
 def restore_journal(hv: Any = None, *, kinds: Sequence[str] = KINDS, directory: Path | None = None,
                     guard: Callable[[], None] | None = None, own: bool = False) -> JournalReport:
     """Put back what the journals of gone processes recorded (module docstring); returns what it did.
@@ -251,6 +281,8 @@ def restore_journal(hv: Any = None, *, kinds: Sequence[str] = KINDS, directory: 
             continue
         if kind == PROBE:
             report += _restore_probe(hv, f, guard)
+        elif kind == GUESTS:
+            report += _destroy_guests(f)
         else:
             report += _restore_calibration(f)
     return report
@@ -325,6 +357,28 @@ def probe_caps_back(inventory: Inventory, entries: Sequence[ProbeEntry]) -> tupl
         elif v.cap_cores is not None and same_cap(v.cap_cores, e.raised, v.vcpus):
             back[e.vm] = e.before
     return back, waiting
+
+
+def _destroy_guests(f: _Found) -> JournalReport:
+    from hypervisor.caps_probe import destroy_guest
+
+    done: list[str] = []
+    problems: list[str] = []
+    for g in f.doc.get("guests", []):
+        try:
+            d, p = destroy_guest(str(g["uri"]), str(g["domain"]), str(g["uuid"]))
+        except (KeyError, TypeError) as exc:
+            problems.append(f"journal {f.path}: malformed guest entry ({exc})")
+            continue
+        done += d
+        problems += p
+    if not problems:
+        work = f.doc.get("workdir")
+        if isinstance(work, str) and Path(work).name.startswith("vcsched-calib-"):  # its consoles and disks
+            shutil.rmtree(work, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            f.path.unlink()
+    return JournalReport(tuple(done), tuple(problems))
 
 
 def _restore_calibration(f: _Found) -> JournalReport:

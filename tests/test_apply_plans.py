@@ -139,3 +139,66 @@ def test_a_malformed_drain_field_is_one_line_naming_it(hosts: Path, plans: dict[
     path.write_text(json.dumps(doc))
     r = vcsched("apply", path, "--cluster", hosts)
     assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+
+
+# ---------------------------------------------------------------------------------------------- on real hosts
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from hypervisor.lab import prerequisites_problem
+    from tests.lab_support import running_lab
+
+    problem = prerequisites_problem()
+    if problem:
+        pytest.skip(f"lab unavailable: {problem}")
+    with running_lab(2, cores=1) as lab:
+        yield lab
+
+
+@pytest.mark.lab
+def test_place_then_drain_plans_written_then_applied_on_real_hosts(lab: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's report: `drain -o` then `apply` was "plan: unknown field 'drain'" (exit 2).  Here a VM is
+    placed by `place -o` + `apply`, then its host drained by `drain -o` + `apply`: it runs on the other host,
+    and the drained one is in maintenance in the cluster file."""
+    import libvirt
+
+    from tests.lab_support import destroy_everywhere
+
+    monkeypatch.setenv("VCSCHED_STATE_DIR", str(tmp_path / "state"))
+    cluster = tmp_path / "cluster.toml"  # a copy: the drain cordons a host in it
+    cluster.write_text(lab.cluster_file.read_text())
+    request = tmp_path / "dr.toml"
+    request.write_text('name = "dr"\nvms = 1\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = 0.1\n')
+    try:
+        r = vcsched("place", request, "--cluster", cluster, "-o", tmp_path / "place.json")
+        assert r.exit_code == 0, r.output
+        r = vcsched("apply", tmp_path / "place.json", "--cluster", cluster, "--json")
+        assert r.exit_code == 0, r.output
+
+        def host_of(vm: str) -> list[str]:
+            found = []
+            for h in lab.hosts:
+                conn = libvirt.open(h.connect_uri)
+                try:
+                    found += [h.name for d in conn.listAllDomains(0) if d.name() == vm and d.isActive()]
+                finally:
+                    conn.close()
+            return found
+
+        (start,) = host_of("dr-0")
+        r = vcsched("drain", start, "--budget", "1GiB", "--cluster", cluster, "-o", tmp_path / "drain.json")
+        assert r.exit_code == 0, r.output
+        assert json.loads((tmp_path / "drain.json").read_text())["drain"] == start
+        r = vcsched("apply", tmp_path / "drain.json", "--cluster", cluster, "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["ok"] is True
+        assert host_of("dr-0") == [h.name for h in lab.hosts if h.name != start]
+        import tomllib
+
+        hosts = {h["name"]: h for h in tomllib.loads(cluster.read_text())["hosts"]}
+        assert hosts[start].get("maintenance") is True and not any(
+            h.get("maintenance") for name, h in hosts.items() if name != start)
+    finally:
+        destroy_everywhere(lab, "dr-0")

@@ -275,3 +275,57 @@ def test_calibration_journals_need_no_hypervisor_and_a_gone_domain_is_moot(tmp_p
     pytest.importorskip("libvirt", reason="libvirt-python is not installed")
     report = restore_journal(kinds=(CALIBRATION,), directory=tmp_path)
     assert report.restored == ("gone on test:///default: gone; nothing to put back",) and not path.exists()
+
+
+# ---------------------------------------------------------------------------------------------- vcsched repair
+
+
+def test_repair_lists_then_puts_back_what_killed_processes_journaled(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vcsched repair` (dry run) names each journal of a gone process; `--apply` puts it back and removes it.
+
+    Test-driver hosts: the calibrated domain is gone, which is the one outcome the test driver can show."""
+    pytest.importorskip("libvirt", reason="libvirt-python is not installed")
+    from click.testing import CliRunner
+
+    from cli.main import cli
+    from hypervisor.testhosts import write_scale_cluster
+
+    monkeypatch.setenv("VCSCHED_STATE_DIR", str(tmp_path / "state"))
+    cluster = write_scale_cluster(tmp_path / "hosts", 2, 1).cluster_file
+    path = dead_journal(tmp_path / "state" / "journal", CALIBRATION, domains=[
+        {"uri": "test:///default", "domain": "gone", "uuid": "00000000-0000-0000-0000-0000000000aa"}])
+    r = CliRunner().invoke(cli, ["repair", "--cluster", str(cluster)])
+    assert r.exit_code == 0, r.output
+    assert "a killed calibration" in r.stdout and "gone on test:///default" in r.stdout and path.exists()
+    r = CliRunner().invoke(cli, ["repair", "--cluster", str(cluster), "--apply", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["journal"]["restored"] == ["gone on test:///default: gone; nothing to put back"]
+    assert not path.exists()
+
+
+def test_sigterm_while_observe_samples_ends_it_at_once_with_143(tmp_path: Path) -> None:
+    """cli/signals.py: SIGTERM stops the sampling (no 30 s wait), and the command says nothing changed."""
+    import signal
+    import sys
+
+    pytest.importorskip("libvirt", reason="libvirt-python is not installed")
+    from hypervisor.testhosts import write_scale_cluster
+
+    cluster = write_scale_cluster(tmp_path / "hosts", 1, 1).cluster_file
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "observe", "--cluster", str(cluster), "--window", "30s",
+                             "--probe"], cwd=Path(__file__).resolve().parents[1], text=True,
+                            env={**os.environ, "VCSCHED_STATE_DIR": str(tmp_path / "state")},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # "sampling CPU use every ..." once it samples
+    assert line.startswith("sampling"), line
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _out, err = proc.communicate(timeout=20)  # well before the 30 s window would end
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert "vcsched: error: interrupted by SIGTERM: nothing changed" in err
