@@ -74,8 +74,12 @@ DEFAULT_RATE = 0.02
 MIGRATION_BOOST = 8
 
 
-class Violation(Exception):
-    """An invariant does not hold (the message says which, where)."""
+class Violation(BaseException):
+    """An invariant does not hold (the message says which, where).
+
+    A BaseException, like :class:`hypervisor.simlibvirt.ProcessKilled`: it is raised inside the code under
+    test (at the call that broke the invariant) and must reach the schedule unchanged, not be turned into a
+    host error or a "down host" by an ``except Exception`` on its way."""
 
 
 # ------------------------------------------------------------------------------------------ the lock
