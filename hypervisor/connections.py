@@ -196,14 +196,19 @@ class Counted:
         return call
 
     def _rewrap(self, out: Any) -> Any:
-        if isinstance(out, libvirt.virDomain):
+        if _is_domain(out):
             return Counted(out, self._host, self._counter)
-        if isinstance(out, list) and out and isinstance(out[0], libvirt.virDomain):
+        if isinstance(out, list) and out and _is_domain(out[0]):
             return [Counted(d, self._host, self._counter) for d in out]
         if isinstance(out, list) and out and isinstance(out[0], tuple) and out[0] \
-                and isinstance(out[0][0], libvirt.virDomain):  # getAllDomainStats: [(dom, stats)]
+                and _is_domain(out[0][0]):  # getAllDomainStats: [(dom, stats)]
             return [(Counted(d, self._host, self._counter), st) for d, st in out]
         return out
+
+
+def _is_domain(obj: Any) -> bool:
+    """A libvirt domain, or the simulated libvirt's (:class:`hypervisor.simlibvirt.SimDomainHandle`)."""
+    return isinstance(obj, libvirt.virDomain) or getattr(type(obj), "is_domain", False)
 
 
 def unwrap(obj: Any) -> Any:

@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 
 import libvirt
 
+from hypervisor import hazards
 from hypervisor.base import HostReadBug, HypervisorError, IoCounters, VmInDoubt
 from hypervisor.bootcheck import boot_problems, files_local, validation_xml
 from hypervisor.connections import CallCounter, Counted, close_quietly, open_bounded, unwrap
@@ -156,10 +157,18 @@ class LibvirtHypervisor:
 
     def _open(self, host: str) -> Any:
         uri = self.cluster.connect_uri(host)
+        if self._connect is None and uri.startswith("sim:"):  # the simulated libvirt: tests and benchmarks only
+            from hypervisor.simlibvirt import open_uri
+
+            return self._open_with(host, uri, open_uri)
         if self._connect is None:
             return open_bounded(host, uri, self.cluster.host_timeout)
+        return self._open_with(host, uri, self._connect)
+
+    @staticmethod
+    def _open_with(host: str, uri: str, connect: Connect) -> Any:
         try:
-            return self._connect(uri)
+            return connect(uri)
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"host {host}: cannot connect to {uri}: {one_line(exc)}") from None
 
@@ -345,7 +354,10 @@ class LibvirtHypervisor:
         check_distinct(self.cluster, {st.name: st.uuid for st in states if st.down is None})
         all_vms = tuple(sorted(vms, key=lambda v: (v.host, v.name)))
         doubts = find_in_doubt(all_vms)
-        return Inventory(self.cluster.name, tuple(states), mark_in_doubt(all_vms, doubts), doubts)
+        inventory = Inventory(self.cluster.name, tuple(states), mark_in_doubt(all_vms, doubts), doubts)
+        if hazards.on(hazards.SETTLE_WITHOUT_LOCK) and hosts is None:  # mutation switch (tests/test_faultsim.py)
+            settle(self, lambda: None, inventory=inventory)
+        return inventory
 
     def repair(self, guard: Callable[[], None], *, apply: bool = True,
                inventory: Inventory | None = None) -> RepairReport:
@@ -379,6 +391,8 @@ class LibvirtHypervisor:
                 if not self._gone(h.name, name):
                     raise
         active = [c for c in copies if c.active]
+        if hazards.on(hazards.FIRST_COPY_LOOKUP):  # mutation switch (tests/test_faultsim.py)
+            return active[0] if active else (copies[0] if copies else None)
         if len(active) > 1 or any(c.paused and c.arriving_from is not None for c in active):
             where = ", ".join(f"{c.host} ({_copy_kind(c)})" for c in active)
             raise VmInDoubt(f"{name} is in doubt: copies on {where}; no step acts on it until `vcsched repair` "
@@ -479,6 +493,7 @@ class LibvirtHypervisor:
             xml = validation_xml(domain_xml(step, h.partition), os.urandom(6).hex())
         except (InputError, ET.ParseError) as exc:
             return [f"{where}.boot: {exc}"]
+        self.fence(step.host, f"check the domain XML of {step.vm!r}")
         try:
             dom = self.conn(step.host).defineXMLFlags(xml, libvirt.VIR_DOMAIN_DEFINE_VALIDATE)
         except libvirt.libvirtError as exc:
@@ -501,6 +516,7 @@ class LibvirtHypervisor:
             raise HypervisorError(f"host {step.host}: cap {step.cap_cores:.4f} cores for {step.vm!r} is below "
                                   f"libvirt's minimum vcpu_quota ({MIN_QUOTA_US} µs per {PERIOD_US} µs per vCPU)")
         xml = domain_xml(step, self.cluster.host(step.host).partition)
+        self.fence(step.host, f"create {step.vm!r}")
         try:
             self.conn(step.host).createXML(xml, 0)
         except libvirt.libvirtError as exc:
@@ -528,6 +544,7 @@ class LibvirtHypervisor:
         if persistent:
             flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
         with as_host_error(host, f"cap {vm!r}"):
+            self.fence(host, f"cap {vm!r}")
             self._retry(lambda: dom.setSchedulerParametersFlags(params, flags))
 
     def _refuse_io(self, host: str, vm: str, caps: IoCaps) -> None:
@@ -563,6 +580,7 @@ class LibvirtHypervisor:
         flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
         if persistent:
             flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+        self.fence(host, f"cap the disk/network of {vm!r}")
         apply_io_caps(host, dom, devices, caps, flags)
 
     def _managed_domain(self, host: str, vm: str, action: str) -> tuple[Any, VmMeta]:
@@ -584,6 +602,7 @@ class LibvirtHypervisor:
             if dom.isPersistent():
                 flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
             element = metadata_xml(replace(meta, cpu_need_cores=cpu_need_cores), bare=True)
+            self.fence(host, f"record the need of {vm!r}")
             dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, METADATA_PREFIX, METADATA_NS, flags)
 
     def remove_vm(self, host: str, vm: str) -> None:
@@ -591,6 +610,7 @@ class LibvirtHypervisor:
         with as_host_error(host, f"remove {vm!r}"):
             dom, _meta = self._managed_domain(host, vm, "remove")
             persistent = bool(dom.isPersistent())  # a transient domain is gone once destroyed: ask first
+            self.fence(host, f"remove {vm!r}")
             if dom.isActive():
                 dom.destroy()
             if persistent:
@@ -600,6 +620,20 @@ class LibvirtHypervisor:
     def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float) -> None:
         """Live-migrate ``vm`` so that it never runs on two hosts at once (:mod:`hypervisor.migration`)."""
         migrate(self, vm, source, target, cap_cores)
+
+    def fence(self, host: str, what: str) -> None:
+        """Refuse to change ``host`` once the cluster lock's lease may run out (``lease`` says so).
+
+        The guard runs before each step, but one step makes several calls and a host that hangs makes each
+        wait up to ``host_timeout``: the lease can run out inside a step, and another command take the lock
+        and act beside it (found by the fault simulation, docs/faultsim.md).  So every call that changes a
+        host is preceded by this check, which raises naming the host and what was not done.  (A call already
+        sent is not recalled: what a host does after the lease ran out is bounded by this check's distance to
+        the call, one libvirt round trip.)
+        """
+        if self.lease is not None and not self.lease():
+            raise HypervisorError(f"host {host}: not done ({what}): the cluster lock's lease may run out (its "
+                                  "renewals failed); no further change is made")
 
     def lists(self, host: str, vm: str) -> bool:
         return self._lookup(host, vm) is not None

@@ -199,6 +199,19 @@ def copy_state(conn: Any, host: str, uuid: str) -> str:
     return "paused" if state in PAUSED_STATES else "running"
 
 
+def paused_for_migration(conn: Any, host: str, uuid: str) -> bool:
+    """Whether the copy with ``uuid`` on ``host`` is paused because a migration stopped it
+    (``VIR_DOMAIN_PAUSED_MIGRATION``), not by someone's ``suspend`` (``VIR_DOMAIN_PAUSED_USER``).
+
+    libvirt leaves a migration's source so when the client that drove the migration went away after the
+    copy completed and before Confirm (its ``PERFORM3_DONE`` clean-up clears the job and keeps the domain
+    paused: "we don't know if the domain was successfully started on destination or not").
+    """
+    with as_host_error(host, "read why a copy is paused"):
+        state, reason = (int(x) for x in conn.lookupByUUIDString(uuid).state(0)[:2])
+    return state == libvirt.VIR_DOMAIN_PAUSED and reason == libvirt.VIR_DOMAIN_PAUSED_MIGRATION
+
+
 def has_job(conn: Any, host: str, uuid: str) -> bool:
     """Whether the copy with ``uuid`` on ``host`` has a libvirt job (a migration holds one on both sides until
     its source is confirmed gone).  A driver without jobs (libvirt's test driver) has none."""

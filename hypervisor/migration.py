@@ -105,6 +105,7 @@ def migrate(hv: LibvirtHypervisor, vm: str, source: str, target: str, cap_cores:
         if dom.isPersistent():
             params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = xml
             flags |= libvirt.VIR_MIGRATE_PERSIST_DEST | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
+        hv.fence(source, f"migrate {vm!r} to {target}")
         with lease_watch(hv.lease, dom, vm, lost):
             dom.migrate3(dst, params, flags)
     except libvirt.libvirtError as exc:
@@ -135,6 +136,7 @@ def resume_marked(hv: LibvirtHypervisor, host: str, vm: str, uuid: str) -> None:
     with as_host_error(host, f"resume {vm!r} after its migration"):
         dom = hv.conn(host).lookupByUUIDString(uuid)
         if int(dom.state(0)[0]) in PAUSED_STATES:
+            hv.fence(host, f"resume {vm!r}")
             dom.resume()
         raw = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0)
         meta = parse_metadata(raw)
@@ -183,6 +185,7 @@ def destroy_copy(hv: LibvirtHypervisor, host: str, vm: str, uuid: str) -> None:
     with as_host_error(host, f"remove the paused copy of {vm!r}"):
         dom = hv.conn(host).lookupByUUIDString(uuid)
         persistent = bool(dom.isPersistent())
+        hv.fence(host, f"remove the paused copy of {vm!r}")
         if dom.isActive():
             retrying(dom.destroy, hv.sleep)  # the destination's own migration job may hold it a moment longer
         if persistent:

@@ -29,7 +29,7 @@ def inventory_workers(uris: Iterable[str]) -> int:
     used about 1 s more CPU than 2 and finished later).  Real hosts answer over
     a socket, and their threads mostly wait.
     """
-    if all(u.startswith("test:") for u in uris):
+    if all(u.startswith(("test:", "sim:")) for u in uris):
         return max(1, min(INVENTORY_WORKERS, len(os.sched_getaffinity(0))))
     return INVENTORY_WORKERS
 

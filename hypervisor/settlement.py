@@ -17,10 +17,19 @@ What it may do:
   copies are destroyed (a paused copy never executed guest code since the migration began: vcsched resumes a
   destination only after its source is gone, so the running copy holds the VM's state);
 * a lone paused arrival (``arriving_from``) whose source host answers and has no copy: resumed, its mark
-  dropped (vcsched stopped between migrating and resuming).
+  dropped (vcsched stopped between migrating and resuming);
+* a paused arrival and its paused source, neither with a job (the client went away after the destination's
+  Finish and before the source's Confirm: libvirt keeps both paused): the source copy is destroyed, then the
+  arrival resumed — the migration is completed as it would have been (the arrival holds the whole state:
+  Finish ran, and neither copy executed since the switch-over);
+* a lone paused copy that libvirt paused for a migration (``VIR_DOMAIN_PAUSED_MIGRATION``, no job) while no
+  other host has a copy (the client went away after the copy completed and before Finish: the destination
+  cancelled its incoming domain, the source keeps its copy paused): resumed.  Found by the fault simulation
+  (docs/faultsim.md); a copy paused by someone's ``suspend`` is never resumed.
 
-Everything else — two running copies, paused copies without a running one, an arrival whose source is not
-a host of the cluster, a copy without vcsched's metadata — is left to the operator and reported.
+Everything else — two running copies, paused copies without a running one other than the above, an arrival
+whose source is not a host of the cluster, a copy without vcsched's metadata — is left to the operator and
+reported.
 """
 
 from __future__ import annotations
@@ -29,8 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hypervisor import hazards
 from hypervisor.base import HypervisorError
-from hypervisor.live_state import copy_state, has_job
+from hypervisor.live_state import copy_state, has_job, paused_for_migration
 from hypervisor.migration import destroy_copy, resume_marked
 from vcsched.inventory import InDoubt, Inventory
 
@@ -64,6 +74,9 @@ class RepairPlan:
     left: tuple[str, ...] = ()
     #: Why repair does nothing at all (a host did not answer), or None.
     refused: str | None = None
+    #: Lone paused copies that a migration stopped and nothing resumed (not in ``in_doubt``: an inventory cannot
+    #: tell them from a copy someone paused), one each, for the re-checks of their resume actions.
+    interrupted: tuple[InDoubt, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,14 +121,16 @@ class RepairReport:
         return out
 
 
-def plan_repair(inventory: Inventory) -> RepairPlan:
+def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset()) -> RepairPlan:
     """What repair would do on ``inventory`` (a pure function: nothing is read or changed).
 
-    Refused when any host is down: a host that did not answer may hold a copy of any VM.
+    Refused when any host is down: a host that did not answer may hold a copy of any VM.  ``interrupted``:
+    the UUIDs of lone paused managed copies that libvirt paused for a migration (:func:`interrupted_copies`
+    reads them).
     """
     doubts = inventory.in_doubt
     down = [h for h in inventory.hosts if h.down is not None]
-    if down:
+    if down and not hazards.on(hazards.RESUME_UNREAD_SOURCE):  # mutation switch (tests/test_faultsim.py)
         names = ", ".join(h.name for h in down)
         return RepairPlan(doubts, refused=f"host(s) {names} did not answer: a copy there cannot be ruled out, so "
                                           "no in-doubt VM is settled (nothing changed)")
@@ -137,6 +152,18 @@ def plan_repair(inventory: Inventory) -> RepairPlan:
                                         f"its migration from {source} completed but it was left paused; {source} "
                                         "answered and has no copy"))
             continue
+        arrivals = [h for h, src in zip(d.hosts, d.arriving_from or (None,) * len(d.hosts), strict=True)
+                    if src is not None and src in d.hosts and src != h]
+        if not running and len(d.hosts) == 2 and len(arrivals) == 1:
+            target = arrivals[0]
+            source = next(h for h in d.hosts if h != target)
+            if all((c := by_copy.get((h, d.uuid))) is not None and c.meta is not None for h in d.hosts):
+                actions += [RepairAction(d.vm, d.uuid, source, DESTROY,
+                                         f"its migration to {target} completed (the arrival is there, paused, without "
+                                         "a job) but was never confirmed: the source copy is removed first"),
+                            RepairAction(d.vm, d.uuid, target, RESUME,
+                                         f"its migration from {source} completed; the source copy was removed")]
+                continue
         if len(running) != 1:
             left.append(f"{d.vm}: on {where}: " + ("runs on several hosts: vcsched cannot tell which copy holds "
                                                     "the newer state" if running else
@@ -149,7 +176,33 @@ def plan_repair(inventory: Inventory) -> RepairPlan:
         actions += [RepairAction(d.vm, d.uuid, h, DESTROY,
                                  f"a paused copy that never ran since its migration began; it runs on {running[0]}")
                     for h in paused]
-    return RepairPlan(doubts, tuple(actions), tuple(left))
+    lone: list[InDoubt] = []
+    for v in inventory.vms:
+        if v.uuid in interrupted and v.paused and v.meta is not None and v.arriving_from is None \
+                and v.uuid not in {d.uuid for d in doubts}:
+            lone.append(InDoubt(v.name, v.uuid, (v.host,), ("paused",), arriving_from=(None,)))
+            actions.append(RepairAction(v.name, v.uuid, v.host, RESUME,
+                                        "a migration paused it and ended before its destination finished (no other "
+                                        "host has a copy)"))
+    return RepairPlan(doubts, tuple(actions), tuple(left), interrupted=tuple(lone))
+
+
+def interrupted_copies(hv: LibvirtHypervisor, inventory: Inventory) -> frozenset[str]:
+    """UUIDs of the lone paused managed copies (no arrival mark, no other copy) that libvirt paused for a
+    migration and that no job holds: one read per such copy, of which there are normally none."""
+    doubtful = {d.uuid for d in inventory.in_doubt}
+    out = set()
+    for v in inventory.vms:
+        if not (v.paused and v.meta is not None and v.arriving_from is None and v.uuid is not None
+                and v.uuid not in doubtful):
+            continue
+        try:
+            conn = hv.conn(v.host)
+            if paused_for_migration(conn, v.host, v.uuid) and not has_job(conn, v.host, v.uuid):
+                out.add(v.uuid)
+        except HypervisorError:
+            continue  # cannot tell now: a later repair looks again
+    return frozenset(out)
 
 
 def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = True,
@@ -162,20 +215,23 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
     inv = inventory if inventory is not None else hv.inventory()
     if {h.name for h in inv.hosts} != {h.name for h in hv.cluster.hosts}:
         raise ValueError("settle needs an inventory of every host of the cluster")
-    plan = plan_repair(inv)
+    full = all(h.down is None for h in inv.hosts)
+    plan = plan_repair(inv, interrupted_copies(hv, inv) if full else frozenset())
     if not apply or plan.refused is not None:
         return RepairReport(plan, applied=False)
     outcomes = []
-    doubts = {d.uuid: d for d in plan.in_doubt}
+    doubts = {d.uuid: d for d in (*plan.in_doubt, *plan.interrupted)}
+    removed: set[tuple[str, str]] = set()  # (host, uuid) of the copies this repair destroyed
     for a in plan.actions:
         guard()
-        problem = _recheck(hv, a, doubts[a.uuid])
+        problem = _recheck(hv, a, doubts[a.uuid], removed)
         if problem is not None:
             outcomes.append((a, "skipped", problem))
             continue
         try:
             if a.action == DESTROY:
                 destroy_copy(hv, a.host, a.vm, a.uuid)
+                removed.add((a.host, a.uuid))
             else:
                 resume_marked(hv, a.host, a.vm, a.uuid)
         except HypervisorError as exc:
@@ -185,13 +241,21 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
     return RepairReport(plan, True, tuple(outcomes))
 
 
-def _recheck(hv: LibvirtHypervisor, a: RepairAction, d: InDoubt) -> str | None:
-    """Every copy's host read again right before ``a``: None if it may go ahead, else why not."""
-    expected = dict(zip(d.hosts, d.states, strict=True))
+def _recheck(hv: LibvirtHypervisor, a: RepairAction, d: InDoubt, removed: set[tuple[str, str]]) -> str | None:
+    """Every copy's host read again right before ``a``: None if it may go ahead, else why not.
+
+    A copy this repair already destroyed (``removed``: a VM with two paused twins) is expected gone: found by
+    the fault simulation (seed 1, schedule 9915), where the second twin was skipped for the first's absence.
+    """
+    expected = {h: "gone" if (h, d.uuid) in removed else st for h, st in zip(d.hosts, d.states, strict=True)}
     if a.action == RESUME:
-        source = d.arriving_from[0] if d.arriving_from else None
-        assert source is not None  # plan_repair: an arrival with a known source
-        expected[source] = "gone"
+        source = next((src for h, src in zip(d.hosts, d.arriving_from or (), strict=False) if h == a.host), None)
+        if source is None:  # a lone copy a migration left paused: no other host may have one
+            expected |= {h.name: "gone" for h in hv.cluster.hosts if h.name != a.host}
+        elif hazards.on(hazards.RESUME_UNREAD_SOURCE):  # mutation switch (tests/test_faultsim.py)
+            expected.pop(source, None)
+        else:
+            expected[source] = "gone"
     for host, state in expected.items():
         try:
             now = copy_state(hv.conn(host), host, a.uuid)

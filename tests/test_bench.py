@@ -232,8 +232,14 @@ def test_the_hosts_rows_time_status_and_place_and_count_libvirt_calls_per_host()
     for n, got in rows.items():
         assert [(r.command, r.hosts, r.vms) for r in got] == [("status --sample 0", 3, 3 * n),
                                                               ("place (dry run)", 3, 3 * n),
-                                                              ("test driver alone: open + close", 3, 3 * n)]
+                                                              ("test driver alone: open + close", 3, 3 * n),
+                                                              ("status --sample 0 [sim]", 3, 3 * n),
+                                                              ("place (dry run) [sim]", 3, 3 * n),
+                                                              ("simulated libvirt alone: read the node files", 3,
+                                                               3 * n)]
         assert all(r.wall_median > 0 and r.cpu_median > 0 for r in got)
+        # The simulated libvirt (sim:///) answers the same calls as the test driver: the same count per host.
+        assert [r.calls_per_host for r in got[3:5]] == [r.calls_per_host for r in got[:2]]
     # Per host: the open and the close, the host's type, info and capabilities (its UUID: who it is), one
     # getAllDomainStats, and one XML read per VM (libvirt has no bulk call for a domain's XML, where vcsched's
     # metadata lives): two more VMs, two more calls.

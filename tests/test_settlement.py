@@ -58,8 +58,15 @@ def test_two_running_copies_are_left_to_the_operator() -> None:
 
 
 def test_paused_copies_with_none_running_are_left_to_the_operator() -> None:
-    plan = plan_repair(inventory(copy("h0", paused=True), copy("h1", paused=True, arriving_from="h0")))
+    plan = plan_repair(inventory(copy("h0", paused=True), copy("h1", paused=True)))
     assert plan.actions == () and "no copy runs" in plan.left[0]
+
+
+def test_a_paused_arrival_beside_its_paused_source_completes_the_migration() -> None:
+    """libvirt's PERFORM3_DONE clean-up (the client gone between Finish and Confirm) leaves both paused, the
+    arrival whole: the source is removed first, then the arrival resumed (found by tests/test_faultsim.py)."""
+    plan = plan_repair(inventory(copy("h0", paused=True), copy("h1", paused=True, arriving_from="h0")))
+    assert [(a.action, a.host) for a in plan.actions] == [(DESTROY, "h0"), (RESUME, "h1")] and plan.left == ()
 
 
 def test_a_paused_twin_without_vcsched_metadata_is_left_alone() -> None:
@@ -279,10 +286,26 @@ def test_a_migration_that_would_outlive_the_lease_is_aborted_and_the_vm_keeps_ru
     conns = {"qemu:///h0": Conn({"v": src}), "qemu:///h1": Conn({})}
     c = Cluster("t", (ClusterHost("h0", "qemu:///h0"), ClusterHost("h1", "qemu:///h1")))
     with LibvirtHypervisor(c, connect=conns.__getitem__) as hv:
-        hv.lease = lambda: False  # the lock's renewals are failing: it may expire during the copy
+        answers = iter([True])  # the lease holds when the migration starts (the fence before it, hv.fence) ...
+        hv.lease = lambda: next(answers, False)  # ... then the lock's renewals fail: it may expire during the copy
         with pytest.raises(HypervisorError, match=r"lease could expire .* aborted it.*it keeps running on h0"):
             hv.migrate_vm("v", "h0", "h1", 0.5)
         assert src.aborted.is_set()
+
+
+def test_no_change_starts_once_the_lease_may_run_out() -> None:
+    """The guard runs before each step, but a step's calls may outlast the lease (a hung host): every call that
+    changes a host is fenced by the lease (found by tests/test_faultsim.py)."""
+    xml = (f"<domain type='kvm'><name>v</name><uuid>{UUID}</uuid><memory unit='MiB'>128</memory><vcpu>1</vcpu>"
+           f"<metadata>{metadata_xml(META)}</metadata></domain>")
+    src = Dom(xml)
+    c = Cluster("t", (ClusterHost("h0", "qemu:///h0"), ClusterHost("h1", "qemu:///h1")))
+    with LibvirtHypervisor(c, connect={"qemu:///h0": Conn({"v": src}), "qemu:///h1": Conn({})}.__getitem__) as hv:
+        hv.lease = lambda: False
+        with pytest.raises(HypervisorError, match=r"host h0: not done \(migrate 'v' to h1\): the cluster lock's "
+                                                  "lease may run out"):
+            hv.migrate_vm("v", "h0", "h1", 0.5)
+        assert not src.aborted.is_set()  # never started
 
 
 def test_a_parse_error_while_reading_a_host_is_a_bug_not_a_down_host() -> None:

@@ -75,8 +75,9 @@ from vcsched.formats.units import parse_size
 if TYPE_CHECKING:
     from vcsched.model import Tenant
 
-#: URI schemes of libvirt drivers vcsched knows how to cap (``test`` only for inventory tests).
-KNOWN_URI_SCHEMES = ("qemu", "xen", "libxl", "test")
+#: URI schemes of libvirt drivers vcsched knows how to cap (``test`` only for inventory tests; ``sim``: the
+#: simulated libvirt of the fault simulation and the scale benchmark, ``sim:///PATH.xml``, never a real host).
+KNOWN_URI_SCHEMES = ("qemu", "xen", "libxl", "test", "sim")
 DOMAIN_TYPES = ("qemu", "kvm", "xen")
 
 #: Seconds a host may take to answer (open + the inventory's reads) before it counts as down for one command.

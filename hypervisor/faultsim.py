@@ -1,0 +1,746 @@
+"""A deterministic fault simulation of vcsched's acting layer (docs/faultsim.md).
+
+The code under test is vcsched's own: :class:`hypervisor.libvirt_backend.LibvirtHypervisor` (inventory,
+migration, in-doubt settlement / repair) and :func:`hypervisor.executor.apply_plan`, driven by plans that
+vcsched's own planners compute (``place``: creations and cap changes; ``drain`` and ``adapt``:
+migrations and cap changes).  What is simulated: libvirt (:mod:`hypervisor.simlibvirt`), the clock, the
+bounded pool and a migration wave's threads (run inline, in order), the cluster lock (:class:`SimLock`:
+the etcd lease semantics of :class:`hypervisor.lock.ClusterLock` — held until released, lost when its
+lease is, ``guard`` raising :class:`hypervisor.lock.LockLost` — without tooz), and the vcsched processes.
+
+One seeded :class:`random.Random` per schedule decides everything: the starting cluster, the command,
+and at every simulated libvirt call whether to inject one fault of :data:`KINDS`:
+
+* ``error``: the call fails with a libvirt error (some transient: the backend retries those);
+* ``hang``: the call does not answer within ``host_timeout`` (the clock jumps; keepalive closes the
+  connection);
+* ``host_down`` / ``host_up``: a host's daemon stops answering (its guests keep running) or answers again;
+* ``kill``: the vcsched process dies at this call (SIGKILL): its objects are dropped, its connections close
+  (libvirt cancels its incoming migrations), its lock is freed; a new process starts from the hosts' state
+  only, repairs, and re-runs the command;
+* ``reader``: a second vcsched reads every host at this point (``status``, a dry run, ``observe``);
+* ``actor``: a second vcsched tries to act at this point (takes the lock if free, repairs);
+* ``lease_lost``: the running process's lock lease runs out (another process may then take the lock).
+
+After every call that changed a host, and after every repair, the invariants are checked
+(:meth:`Schedule.check`); at the end all hosts answer again and a fresh process repairs and re-runs the
+command, which must converge: the plan's goal reached, or a reported refusal.  A schedule is named by
+``(seed, index)`` and replays exactly; its trace lists every call and every fault.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import libvirt
+
+from hypervisor import hazards
+from hypervisor.simlibvirt import (
+    PAUSED,
+    RUNNING,
+    Call,
+    ProcessKilled,
+    SimConnection,
+    SimDomain,
+    SimWorld,
+    sim_error,
+)
+from vcsched.errors import VcschedError
+from vcsched.inventory import VmMeta
+
+KINDS = ("error", "hang", "host_down", "host_up", "kill", "reader", "actor", "lease_lost")
+#: Relative weights of the fault kinds (per injected fault).
+WEIGHTS = (4, 2, 2, 2, 3, 2, 1, 1)
+MIB = 1 << 20
+#: Hosts of a scenario: three, or four (where a host that is down is less often one a plan names).
+HOSTS = (3, 4)
+HOST_CORES = 4
+HOST_MEMORY = 4096 * MIB
+HOST_TIMEOUT_S = 5.0
+LEASE_TTL_S = 10.0
+#: Distinct starting clusters (and their plans, computed once each): the schedules differ in their faults.
+SCENARIOS = 48
+#: Processes a schedule may start before its final, fault-free one.
+MAX_PROCESSES = 4
+CAP_TOL = 1e-6
+#: Chance of a fault at each libvirt call (times :data:`MIGRATION_BOOST` at a migration's phases).
+DEFAULT_RATE = 0.02
+#: How much more often a fault is injected at a migration's phases than at other calls.
+MIGRATION_BOOST = 8
+
+
+class Violation(BaseException):
+    """An invariant does not hold (the message says which, where).
+
+    A BaseException, like :class:`hypervisor.simlibvirt.ProcessKilled`: it is raised inside the code under
+    test (at the call that broke the invariant) and must reach the schedule unchanged, not be turned into a
+    host error or a "down host" by an ``except Exception`` on its way."""
+
+
+# ------------------------------------------------------------------------------------------ the lock
+
+
+class SimLockService:
+    """The coordination service (etcd's semantics, on the simulated clock): one holder at a time.
+
+    A holder's heartbeat renews its lease in the background (:meth:`hypervisor.lock.ClusterLock._beat`), so
+    the lease ends only when released, when its process dies (the kernel frees a file lock; etcd after the
+    TTL: here at once, the worse case) or at a ``lease_lost`` fault: the holder's renewals stop.  Its
+    ``held()`` is then False at once (it has seen no renewal for the fence, :data:`hypervisor.lock.
+    FENCE_FRACTION` of the TTL), and the lease really expires the rest of the TTL later; from then on another
+    process may take the lock, and anything the old holder changes on a host is a violation.
+    """
+
+    def __init__(self, world: SimWorld) -> None:
+        self.world = world
+        self.holder: int | None = None
+        self.expires: float | None = None  # when the holder's lease runs out (None: renewed, not lost)
+
+    def free(self) -> bool:
+        return self.holder is None or (self.expires is not None and self.world.now >= self.expires)
+
+    def valid(self, process: int) -> bool:
+        """Whether ``process`` holds a lease that has not run out (what acting on a host needs)."""
+        return self.holder == process and (self.expires is None or self.world.now < self.expires)
+
+    def lose(self) -> None:
+        from hypervisor.lock import FENCE_FRACTION
+
+        self.expires = self.world.now + (1 - FENCE_FRACTION) * LEASE_TTL_S
+
+
+@dataclass
+class SimLock:
+    """:class:`hypervisor.lock.ClusterLock`'s contract on :class:`SimLockService` (the controller's ``Lock``)."""
+
+    service: SimLockService
+    pid: int
+    ttl: float = LEASE_TTL_S
+    member: str = ""
+    _held: bool = False
+
+    def acquire(self, wait: float = 0.0) -> None:
+        from hypervisor.lock import LockBusy
+
+        if not self.service.free():
+            raise LockBusy(f"cluster 'sim' is locked by process {self.service.holder}; nothing changed")
+        self.service.holder, self.service.expires = self.pid, None
+        self._held = True
+
+    def held(self) -> bool:
+        return self._held and self.service.holder == self.pid and self.service.expires is None
+
+    def guard(self) -> None:
+        from hypervisor.lock import LockLost
+
+        if not self.held():
+            raise LockLost("cluster 'sim': cannot renew the lock's lease; no further step is started")
+
+    def release(self) -> None:
+        if self.service.holder == self.pid:
+            self.service.holder, self.service.expires = None, None
+        self._held = False
+
+
+class Runtime:
+    """Routes the real code to the simulation.
+
+    Hosts: through the backend's connection factory (``LibvirtHypervisor(connect=, workers=1, clock=,
+    sleep=)``: hosts read inline, in cluster order, on the simulated clock); a wave's migrations run in plan
+    order (``apply_plan(threads=False)``).  One thing has no injection point and is swapped for the duration
+    of a batch (test-only; docs/faultsim.md): a migration's lease watch is a thread polling ``hv.lease``, here
+    polled by the simulated migration at each of its phases.
+    """
+
+    def __init__(self) -> None:
+        self.world: SimWorld | None = None
+        self.pid = 0
+        #: The lease callables of running migrations, by process (the simulated lease watch).
+        self.leases: dict[int, list[Callable[[], bool]]] = {}
+
+    def current(self) -> SimWorld:
+        assert self.world is not None
+        return self.world
+
+    def connect(self, uri: str) -> SimConnection:
+        return self.current().open(self.pid, uri)
+
+    def lease_holds(self, process: int) -> bool:
+        return all(lease() for lease in self.leases.get(process, ()))
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Runtime]:
+        from hypervisor import migration
+
+        rt = self
+
+        @contextlib.contextmanager
+        def sim_lease_watch(lease: Callable[[], bool] | None, dom: Any, vm: str, lost: list[str]) -> Iterator[None]:
+            if lease is None:
+                yield
+                return
+            pid = rt.pid
+            rt.leases.setdefault(pid, []).append(lease)
+            try:
+                yield
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_OPERATION_ABORTED:
+                    lost.append(f"the cluster lock's lease could expire before the migration of {vm!r} ends: "
+                                "aborted it")
+                raise
+            finally:
+                rt.leases[pid].remove(lease)
+
+        saved = {(migration, "lease_watch"): migration.lease_watch}
+        migration.lease_watch = sim_lease_watch
+        try:
+            yield self
+        finally:
+            for (mod, name), value in saved.items():
+                setattr(mod, name, value)
+
+
+# ------------------------------------------------------------------------------------------ scenarios
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A starting cluster and the command run on it."""
+
+    index: int
+    command: str  # "place", "drain" or "adapt"
+    hosts: int
+    vms: tuple[tuple[str, str, int, int, float, float, str], ...]  # name, host, vcpus, MiB, need, cap, cluster
+    drain: str = ""
+
+
+def scenario(index: int) -> Scenario:
+    rng = random.Random(f"scenario/{index}")
+    command = ("place", "drain", "adapt")[index % 3]
+    n_hosts = HOSTS[index // 3 % len(HOSTS)]
+    vms = []
+    used: dict[str, float] = collections.defaultdict(float)
+    for c in range(rng.randint(1, 3)):
+        need = rng.choice((0.5, 1.0, 1.5))
+        for k in range(rng.randint(1, 3)):
+            host = f"h{rng.randrange(n_hosts)}"
+            cap = min(need, 1.0)
+            if used[host] + cap > HOST_CORES - 1:
+                continue
+            used[host] += cap
+            vms.append((f"vc{c}-{k}", host, 2 if need > 1 else 1, rng.choice((256, 512, 1024)), need, cap, f"vc{c}"))
+    drain = max((f"h{i}" for i in range(n_hosts)), key=lambda h: (used[h], h))
+    return Scenario(index, command, n_hosts, tuple(vms), drain)
+
+
+def build_world(sc: Scenario) -> SimWorld:
+    from hypervisor.libvirt_backend import metadata_xml
+
+    world = SimWorld(host_timeout=HOST_TIMEOUT_S)
+    for i in range(sc.hosts):
+        world.add_host(f"h{i}", HOST_CORES, HOST_MEMORY)
+    import xml.etree.ElementTree as ET
+
+    for name, host, vcpus, mib, need, cap, vc in sc.vms:
+        meta = dict(ET.fromstring(metadata_xml(VmMeta(vc, need, mib * MIB, vcpus), bare=True)).attrib)
+        world.add_domain(host, SimDomain(name, world.new_uuid(), vcpus, mib * MIB, RUNNING, False,
+                                         round(cap / vcpus * 100000), 100000, meta))
+    # One domain vcsched does not manage: nothing may change it.
+    world.add_domain("h0", SimDomain("stranger", world.new_uuid(), 1, 256 * MIB, RUNNING, True, 50000, 100000))
+    return world
+
+
+def cluster_for(sc: Scenario) -> Any:
+    from vcsched.formats.cluster import Cluster, ClusterHost, GuestDefaults
+
+    hosts = tuple(ClusterHost(f"h{i}", f"sim://h{i}") for i in range(sc.hosts))
+    return Cluster("sim", hosts, 0.0, GuestDefaults("/sim/vmlinuz", "/sim/initrd"), host_timeout=HOST_TIMEOUT_S)
+
+
+_PLANS: dict[tuple[int, Any], Any] = {}
+
+
+def plan_on(sc: Scenario, cluster: Any, inv: Any) -> Any:
+    """:func:`plan_for` remembered by scenario and inventory (the planners are pure: the same inventory gives
+    the same plan, and re-planning the same few states costs most of a schedule's time)."""
+    key = (sc.index, inv)
+    if key not in _PLANS:
+        if len(_PLANS) > 20000:
+            _PLANS.clear()
+        _PLANS[key] = plan_for(sc, cluster, inv)
+    return _PLANS[key]
+
+
+def plan_for(sc: Scenario, cluster: Any, inv: Any) -> Any:
+    """The plan vcsched's own planner makes for the scenario's command on ``inv`` (None: nothing to do / refused):
+    ``place`` admits a request of one to three VMs, ``drain`` empties a host, ``adapt`` re-balances for needs
+    half as large again."""
+    from vcsched.control.admission import admit
+    from vcsched.control.live import adapt_inventory
+    from vcsched.formats.request import Request
+    from vcsched.model import SolveOptions
+    from vcsched.plans.migration import MigrationBlocked
+
+    if sc.command == "place":
+        req = Request("new", 1 + sc.index % 3, 1, 512 * MIB, cpu_cores=1.0)
+        return admit(cluster, inv, req, "mcb8", SolveOptions(seed=0)).plan
+    try:
+        if sc.command == "drain":
+            return adapt_inventory(cluster.name, inv, 1 << 40, cluster=cluster, drain=sc.drain).plan
+        needs = {v.name: min(float(v.vcpus), v.meta.cpu_need_cores * 1.5) for v in inv.vms if v.managed}
+        return adapt_inventory(cluster.name, inv, 1 << 40, cluster=cluster, needs=needs).plan
+    except MigrationBlocked:
+        return None
+
+
+# ------------------------------------------------------------------------------------------ a schedule
+
+
+@dataclass
+class Outcome:
+    seed: int
+    index: int
+    faults: collections.Counter[str] = field(default_factory=collections.Counter)
+    violations: list[str] = field(default_factory=list)
+    trace: list[str] = field(default_factory=list)
+    calls: int = 0
+    result: str = ""
+
+
+class Schedule:
+    """One seeded run: a scenario, its command under faults, then a fault-free repair and re-run."""
+
+    def __init__(self, rt: Runtime, seed: int, index: int, *, rate: float = DEFAULT_RATE,
+                 keep_trace: bool = False) -> None:
+        self.rt = rt
+        self.rng = random.Random(f"{seed}/{index}")
+        self.sc = scenario(self.rng.randrange(SCENARIOS))
+        #: The plan the command works on.  ``place`` saves the plan it computed and later processes apply it
+        #: (``vcsched apply``); ``drain`` and ``adapt`` either do the same (``-o plan.json``, then ``vcsched
+        #: apply``) or plan again in every process on what they read (``--apply``); the final process of a
+        #: drain or an adapt plans again.
+        self.plan: Any = None
+        self.saved = self.sc.command == "place" or self.rng.random() < 0.5
+        #: Whether a saved plan is re-applied with ``--force`` (the operator read "changed since this plan was
+        #: computed ... or apply anyway with --force" and did).
+        self.force = self.rng.random() < 0.3
+        self.world = build_world(self.sc)
+        self.cluster = cluster_for(self.sc)
+        self.lock = SimLockService(self.world)
+        self.out = Outcome(seed, index)
+        self.rate = rate
+        self.keep_trace = keep_trace
+        self.injecting = True
+        self.depth = 0
+        self.next_pid = 1
+        self.live_lock: SimLock | None = None
+        self.tracked = {d.uuid: d.name for h in self.world.hosts.values() for d in h.domains.values()
+                        if d.meta is not None}
+        stranger = next(d for d in self.world.hosts["h0"].domains.values() if d.name == "stranger")
+        self.stranger = ("h0", stranger.uuid, self._look(stranger))
+
+    # -------------------------------------------------------------- tracing
+
+    def note(self, line: str) -> None:
+        if self.keep_trace:
+            self.out.trace.append(f"t={self.world.now:8.3f} {line}")
+
+    @staticmethod
+    def _look(d: SimDomain) -> tuple[Any, ...]:
+        return (d.name, d.state, d.quota, d.period, d.vcpus, d.memory_bytes, d.meta, d.persistent)
+
+    # -------------------------------------------------------------- invariants
+
+    def check(self, where: str, *, quiescent: bool = False) -> None:
+        w = self.world
+        for h in w.hosts.values():
+            for d in h.domains.values():
+                if d.meta is not None and d.uuid not in self.tracked:
+                    self.tracked[d.uuid] = d.name
+        for uuid, name in self.tracked.items():
+            copies = w.copies(uuid)
+            running = [h for h, d in copies if d.state == RUNNING]
+            if len(running) > 1:
+                self.violate(f"{name} runs on {' and '.join(running)} ({where})")
+            if not copies:
+                self.violate(f"{name} is lost: no copy on any host ({where})")
+            if quiescent and (len(copies) != 1 or not running):
+                self.violate(f"{name} not settled after repair: "
+                             f"{[(h, _STATE.get(d.state, d.state)) for h, d in copies]} ({where})")
+        for h in w.hosts.values():
+            # Unmanaged domains count for memory, not for CPU (vcsched never caps them: vcsched/plans/check.py).
+            cap = sum(d.cap_cores() for d in h.domains.values() if d.state == RUNNING and d.meta is not None)
+            if cap > h.cores + CAP_TOL:
+                self.violate(f"host {h.name}: caps of running managed domains {cap:.3f} > {h.cores} cores ({where})")
+            mem = sum(d.memory_bytes for d in h.domains.values() if d.active)
+            if mem > h.memory_bytes:
+                self.violate(f"host {h.name}: memory {mem >> 20} MiB > {h.memory_bytes >> 20} MiB ({where})")
+        host, uuid, look = self.stranger
+        now = w.hosts[host].domains.get(uuid)
+        if now is None or self._look(now) != look or any(uuid in h.domains for h in w.hosts.values() if h.name != host):
+            self.violate(f"the unmanaged domain 'stranger' was changed ({where})")
+
+    def after(self, c: Call) -> None:
+        """After every call that changed a host: only the holder of a valid lease changes hosts, and the
+        invariants hold."""
+        where = f"p{c.process} {c.host}.{c.method}({c.vm or ''})"
+        # (Confirm(cancelled) is libvirt's client library finishing a failed migration, not a decision of vcsched.)
+        if not self.lock.valid(c.process) and c.method != "migrate.confirm-cancelled":
+            who = "without the lock" if self.lock.holder != c.process else "after its lease ran out"
+            self.violate(f"a host was changed {who}: {where}")
+        self.check(f"after {where}")
+
+    def violate(self, what: str) -> None:
+        if what not in self.out.violations:
+            self.out.violations.append(what)
+            self.note(f"VIOLATION {what}")
+            raise Violation(what)
+
+    # -------------------------------------------------------------- the fault hook
+
+    def hook(self, c: Call) -> None:
+        if self.keep_trace:
+            self.note(f"p{c.process} {c.host}.{c.method}({c.vm or ''})")
+        if not self.injecting or self.depth:
+            return
+        if self.lock.expires is not None and self.lock.free() and self.rng.random() < 0.2:
+            self.fault("actor", "after the lease ran out")  # someone takes the lock the old holder lost
+            self.second(act=True)
+            return
+        roll = self.rng.random()
+        if c.method.startswith("migrate."):
+            roll /= MIGRATION_BOOST  # the migration's phases are where copies multiply: look there harder
+        if roll >= self.rate:
+            # A host that stopped answering comes back after a while (about 50 calls).
+            if roll < self.rate + 0.02 and any(not h.up for h in self.world.hosts.values()):
+                self._host_up()
+            return
+        kind = self.rng.choices(KINDS, WEIGHTS)[0]
+        host = self.world.hosts[c.host]
+        if kind == "host_up":
+            self._host_up()
+            return
+        if kind == "host_down":
+            name = c.host if self.rng.random() < 0.5 else self.rng.choice(sorted(self.world.hosts))
+            if not self.world.hosts[name].up:
+                return
+            self.fault(kind, f"{name} stops answering")
+            self.world.set_up(name, False)
+            return
+        if kind == "error":
+            code = self.rng.choice((libvirt.VIR_ERR_OPERATION_FAILED, libvirt.VIR_ERR_INTERNAL_ERROR,
+                                    libvirt.VIR_ERR_RPC, libvirt.VIR_ERR_OPERATION_INVALID))
+            self.fault(kind, f"{c.host}.{c.method} fails with code {code}")
+            raise sim_error(code, f"injected failure of {c.method} on {c.host}")
+        if kind == "hang":
+            self.fault(kind, f"{c.host}.{c.method} hangs past host_timeout")
+            self.world.now += self.world.host_timeout
+            for conn in self.world.open_conns.get(c.process, []):
+                if conn.host is host:
+                    conn.closed = True
+            raise sim_error(libvirt.VIR_ERR_INTERNAL_ERROR, "internal error: connection closed due to keepalive "
+                            "timeout")
+        if kind == "kill":
+            self.fault(kind, f"process {c.process} killed at {c.host}.{c.method}")
+            self.world.process_died(c.process)  # from here on, nothing of it reaches a host
+            raise ProcessKilled(c.process)
+        if kind == "lease_lost":
+            if self.lock.holder != c.process or self.lock.expires is not None:
+                return
+            self.fault(kind, f"process {c.process} can no longer renew its lease")
+            self.lock.lose()
+            return
+        self.fault(kind, "")
+        self.second(act=kind == "actor")
+
+    def _host_up(self) -> None:
+        down = sorted(n for n, h in self.world.hosts.items() if not h.up)
+        if not down:
+            return
+        name = self.rng.choice(down)
+        self.fault("host_up", f"{name} answers again")
+        self.world.set_up(name, True)
+        self.check(f"after {name} came back")
+
+    def fault(self, kind: str, what: str) -> None:
+        self.out.faults[kind] += 1
+        self.note(f"FAULT {kind} {what}")
+
+    def second(self, *, act: bool) -> None:
+        """Another vcsched process at this point: it reads every host, or takes the lock and repairs."""
+        outer = self.rt.pid
+        pid = self.new_pid()
+        self.depth += 1
+        self.note(f"p{pid} starts ({'acting' if act else 'reading'}) inside p{outer}")
+        try:
+            if act:
+                self.command(pid, repair_only=True)
+            else:
+                self.read(pid)
+        except ProcessKilled:  # pragma: no cover - no faults are injected into a second process
+            raise
+        finally:
+            self.world.process_died(pid)
+            self.depth -= 1
+            self.rt.pid = outer
+
+    def new_pid(self) -> int:
+        pid = self.next_pid
+        self.next_pid += 1
+        self.rt.pid = pid
+        return pid
+
+    # -------------------------------------------------------------- processes
+
+    def hypervisor(self) -> Any:
+        from hypervisor.libvirt_backend import LibvirtHypervisor
+
+        w = self.world
+
+        def sleep(s: float) -> None:
+            w.now += s
+
+        return LibvirtHypervisor(self.cluster, connect=self.rt.connect, workers=1,
+                                 clock=lambda: 1_800_000_000.0 + w.now, sleep=sleep)
+
+    def read(self, pid: int) -> None:
+        """``status`` / a dry run / ``observe``: an inventory, no lock (as the CLI constructs it)."""
+        hv = self.hypervisor()
+        with contextlib.suppress(VcschedError):
+            hv.inventory()
+        hv.close()
+
+    def repair(self, hv: Any, lock: SimLock) -> None:
+        """The explicit repair every changing command starts with (``LibvirtHypervisor.repair``)."""
+        report = hv.repair(lock.guard)
+        self.note(f"p{self.rt.pid} repair: {'; '.join(report.lines()) or 'nothing in doubt'}")
+        self.check("after repair")
+
+    def command(self, pid: int, *, repair_only: bool = False, final: bool = False) -> str:
+        """A command that changes hosts: the lock, a repair, then the plan through the real executor."""
+        from hypervisor.executor import apply_plan
+
+        lock = SimLock(self.lock, pid)
+        try:
+            lock.acquire()
+        except VcschedError as exc:
+            self.note(f"p{pid} refused: {exc}")
+            return "locked"
+        hv = self.hypervisor()
+        hv.lease = lock.held
+        try:
+            self.repair(hv, lock)
+            if final:
+                self.check("after the final repair", quiescent=True)
+            if repair_only:
+                return "repaired"
+            if self.plan is None or not self.saved or (final and self.sc.command != "place"):
+                self.plan = plan_on(self.sc, self.cluster, hv.inventory())
+                if self.plan is None:
+                    return "no plan"
+            report = apply_plan(hv, self.plan, guard=lock.guard, force=self.saved and self.force, threads=False)
+            if report.ok:
+                return "ok"
+            failed = report.failed()
+            return f"stopped: {report.stopped or (failed.detail if failed else '?')}"
+        except VcschedError as exc:
+            if getattr(exc, "exit_code", 1) == 70:  # vcsched says it is its own bug (HostReadBug): a violation
+                raise
+            return f"refused: {type(exc).__name__}: {exc}"
+        finally:
+            hv.close()
+            lock.release()
+
+    def goal(self) -> None:
+        """The plan's goal: each VM it predicts on its host, running once, with its cap."""
+        if self.plan is None:
+            return
+        from vcsched.caps import realisable_cap
+
+        for name, p in self.plan.per_vm.items():
+            found = [(h.name, d) for h in self.world.hosts.values() for d in h.domains.values() if d.name == name]
+            if len(found) != 1 or found[0][0] != p.host or found[0][1].state != RUNNING:
+                self.violate(f"did not converge: {name} is {[(h, _STATE.get(d.state)) for h, d in found]}, "
+                             f"the plan puts it on {p.host}")
+            d = found[0][1]
+            want = realisable_cap(p.cap_cores, d.vcpus)
+            if abs(d.cap_cores() - want) > CAP_TOL:
+                self.violate(f"did not converge: {name} capped at {d.cap_cores():.4f}, the plan says {want:.4f}")
+
+    def run(self) -> Outcome:
+        w = self.world
+        self.rt.world = w
+        w.hook = self.hook
+        w.abort_wanted = lambda pid: not self.rt.lease_holds(pid)
+        w.after = self.after
+        self.note(f"scenario {self.sc.index}: {self.sc.command}"
+                  f"{' ' + self.sc.drain if self.sc.command == 'drain' else ''}, vms {[v[:2] for v in self.sc.vms]}")
+        try:
+            result = ""
+            for _ in range(MAX_PROCESSES):
+                pid = self.new_pid()
+                try:
+                    result = self.command(pid)
+                    self.note(f"p{pid} ends: {result}")
+                except ProcessKilled:
+                    self.note(f"p{pid} killed")
+                    w.process_died(pid)
+                    self.lock.holder = None if self.lock.holder == pid else self.lock.holder
+                    self.check(f"after p{pid} was killed")
+                if result == "ok":
+                    break
+                # The operator (or systemd) runs the command again, perhaps once a host answers again.
+                if self.rng.random() < 0.7:
+                    self._host_up()
+            # The end: faults stop, every host answers, a fresh process repairs and re-runs the command.
+            self.injecting = False
+            for name in sorted(w.hosts):
+                w.set_up(name, True)
+            self.check("after every host answers again")
+            self.lock.holder = None
+            pid = self.new_pid()
+            result = self.command(pid, final=True)
+            self.note(f"p{pid} (final) ends: {result}")
+            self.out.result = result
+            if result in ("ok", "no plan"):
+                self.goal()
+            elif not result.startswith("refused"):
+                self.violate(f"did not converge: the final re-run {result}")
+        except Violation:
+            pass
+        except Exception as exc:  # a bug of the code under test or of the simulation: reported as a violation
+            import traceback
+
+            self.out.violations.append(f"crash: {type(exc).__name__}: {exc}")
+            self.note("CRASH " + "".join(traceback.format_exception(exc))[-2000:])
+        finally:
+            w.hook = w.after = None
+            self.out.calls = w.calls
+        return self.out
+
+
+_STATE = {RUNNING: "running", PAUSED: "paused", libvirt.VIR_DOMAIN_SHUTOFF: "shut off"}
+
+
+@dataclass
+class Summary:
+    schedules: int
+    faults: collections.Counter[str]
+    violations: list[dict[str, Any]]
+    calls: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schedules": self.schedules, "faults": dict(sorted(self.faults.items())),
+                "violations": self.violations, "calls": self.calls}
+
+
+@contextlib.contextmanager
+def hazards_on(names: Iterator[str] | tuple[str, ...] | frozenset[str] = ()) -> Iterator[None]:
+    """The mutation switches ``names`` on (:mod:`hypervisor.hazards`) for the block; unknown names are refused."""
+    wanted = set(names)
+    unknown = wanted - hazards.KNOWN
+    if unknown:
+        raise ValueError(f"unknown hazard(s) {sorted(unknown)} (known: {sorted(hazards.KNOWN)})")
+    before = set(hazards.HAZARDS)
+    hazards.HAZARDS |= wanted
+    try:
+        yield
+    finally:
+        hazards.HAZARDS.clear()
+        hazards.HAZARDS |= before
+
+
+def run_schedules(n: int, seed: int, *, rate: float = DEFAULT_RATE, first: int = 0,
+                  on_violation: Callable[[Outcome], None] | None = None, stop_at_first: bool = False) -> Summary:
+    """Schedules ``first`` .. ``first + n - 1`` of ``seed``; each violation with its seed and index."""
+    rt = Runtime()
+    faults: collections.Counter[str] = collections.Counter()
+    violations: list[dict[str, Any]] = []
+    calls = 0
+    with rt.installed():
+        for i in range(first, first + n):
+            out = Schedule(rt, seed, i, rate=rate).run()
+            faults.update(out.faults)
+            calls += out.calls
+            if out.violations:
+                violations.append({"seed": seed, "schedule": i, "violations": out.violations})
+                if on_violation is not None:
+                    on_violation(out)
+                if stop_at_first:
+                    return Summary(i - first + 1, faults, violations, calls)
+    return Summary(n, faults, violations, calls)
+
+
+def replay(seed: int, index: int, *, rate: float = DEFAULT_RATE) -> Outcome:
+    """Schedule ``index`` of ``seed`` again, with its trace."""
+    rt = Runtime()
+    with rt.installed():
+        return Schedule(rt, seed, index, rate=rate, keep_trace=True).run()
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``scripts/faultsim``: run schedules and print what was injected and what broke (exit 1 on a violation)."""
+    import argparse
+    import json
+    import sys
+    import time
+
+    ap = argparse.ArgumentParser(prog="scripts/faultsim", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--schedules", type=int, default=1000, help="how many schedules (default 1000)")
+    ap.add_argument("--seed", type=int, default=1, help="the seed; schedule i of seed s always replays the same")
+    ap.add_argument("--first", type=int, default=0, help="index of the first schedule (default 0)")
+    ap.add_argument("--rate", type=float, default=DEFAULT_RATE,
+                    help=f"chance of a fault at each libvirt call (default {DEFAULT_RATE})")
+    ap.add_argument("--hazard", action="append", default=[], choices=sorted(hazards.KNOWN),
+                    help="switch a known hazard back on (a mutation, to see it caught); repeatable")
+    ap.add_argument("--replay", type=int, metavar="INDEX", help="replay schedule INDEX of --seed and print its trace")
+    ap.add_argument("--stop", action="store_true", help="stop at the first violation")
+    ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    args = ap.parse_args(argv)
+    if args.schedules < 1 or not 0 <= args.rate <= 1:
+        ap.error("--schedules must be at least 1 and --rate within [0, 1]")
+    with hazards_on(tuple(args.hazard)):
+        if args.replay is not None:
+            out = replay(args.seed, args.replay, rate=args.rate)
+            if args.json:
+                print(json.dumps({"seed": out.seed, "schedule": out.index, "faults": dict(out.faults),
+                                  "violations": out.violations, "result": out.result, "trace": out.trace}))
+            else:
+                print("\n".join(out.trace))
+                print(f"faults: {dict(sorted(out.faults.items()))}; result: {out.result}")
+                print("violations: " + ("; ".join(out.violations) if out.violations else "none"))
+            return 1 if out.violations else 0
+        wall, cpu = time.monotonic(), time.process_time()
+
+        def shown(o: Outcome) -> None:
+            if not args.json:
+                print(f"VIOLATION seed {o.seed} schedule {o.index}: {'; '.join(o.violations)}\n"
+                      f"  replay: scripts/faultsim --seed {o.seed} --replay {o.index}"
+                      + (f" --rate {args.rate:g}" if args.rate != DEFAULT_RATE else "")
+                      + "".join(f" --hazard {h}" for h in args.hazard), file=sys.stderr)
+
+        s = run_schedules(args.schedules, args.seed, rate=args.rate, first=args.first, on_violation=shown,
+                          stop_at_first=args.stop)
+        wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+    doc = s.to_dict() | {"seed": args.seed, "first": args.first, "rate": args.rate, "hazards": sorted(args.hazard),
+                         "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
+                         "schedules_per_s": round(s.schedules / wall, 1) if wall > 0 else None}
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print(f"{s.schedules} schedules (seed {args.seed}, from {args.first}) in {wall:.1f} s ({cpu:.1f} s CPU, "
+              f"{doc['schedules_per_s']} schedules/s), {s.calls} simulated libvirt calls")
+        print("faults injected: " + ", ".join(f"{k} {v}" for k, v in sorted(s.faults.items())))
+        print(f"violations: {len(s.violations)}" + (f" (hazards on: {', '.join(args.hazard)})" if args.hazard else ""))
+    return 1 if s.violations else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

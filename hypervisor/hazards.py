@@ -1,0 +1,26 @@
+"""Mutation switches: known hazards of the acting layer, re-introduced on purpose to show the fault simulation
+can catch them (tests/test_faultsim.py).  Off unless a test or ``scripts/faultsim --hazard`` turns one on.
+
+A simulation that has never failed has not been shown to look: each name below is consulted at the exact
+point in the real code where the hazard used to be (grep the name), and the simulation must report a
+violation within its test's schedules when it is on.
+"""
+
+from __future__ import annotations
+
+#: An arrival is resumed when the hosts that were read answered, without re-reading its source host.
+RESUME_UNREAD_SOURCE = "resume-unread-source"
+#: In-doubt VMs are settled (paused twins destroyed, arrivals resumed) by a read, without the cluster lock.
+SETTLE_WITHOUT_LOCK = "settle-without-lock"
+#: The executor acts on the first copy of an in-doubt VM by host order.
+FIRST_COPY_LOOKUP = "first-copy-lookup"
+
+KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP})
+
+#: The hazards switched on (empty in production).
+HAZARDS: set[str] = set()
+
+
+def on(name: str) -> bool:
+    """Whether hazard ``name`` is switched on."""
+    return name in HAZARDS
