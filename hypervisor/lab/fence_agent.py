@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from hypervisor.files import write_atomic
+
 AGENT_NAME = "fence_vcsched_lab"
 EXIT_OK, EXIT_ERROR, EXIT_STATUS_OFF = 0, 1, 2
 
@@ -184,6 +186,5 @@ def install(root: Path) -> Path:
     """Write ``<root>/fence_vcsched_lab`` (mode 0755) and return its path."""
     path = root / AGENT_NAME
     repo = str(Path(__file__).resolve().parents[2])
-    path.write_text(script_text(sys.executable, repo))
-    path.chmod(0o755)
+    write_atomic(path, script_text(sys.executable, repo), mode=0o755)  # never a half-written agent on PATH
     return path
