@@ -210,3 +210,33 @@ def has_job(conn: Any, host: str, uuid: str) -> bool:
                 return False
             raise
     return job != libvirt.VIR_DOMAIN_JOB_NONE
+
+
+#: ``jobStats``'s ``operation`` values of a live migration's two sides (libvirt >= 3.3; older: unknown).
+_MIGRATION_OPS = {getattr(libvirt, "VIR_DOMAIN_JOB_OPERATION_MIGRATION_OUT", 3): "out",
+                  getattr(libvirt, "VIR_DOMAIN_JOB_OPERATION_MIGRATION_IN", 2): "in"}
+
+
+def migration_job(dom: Any, host: str) -> dict[str, Any] | None:
+    """The live migration ``dom`` takes part in on ``host`` (its libvirt job: ``jobStats``), None when it has none.
+
+    ``direction`` is ``out`` on the source and ``in`` on the destination; the byte counts are QEMU's
+    (``data_total`` grows while a guest dirties pages again).  A driver without jobs (the test driver) has none.
+    """
+    with as_host_error(host, "read a VM's job"):
+        try:
+            stats = dom.jobStats(0)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() in (libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_NO_DOMAIN,
+                                        libvirt.VIR_ERR_OPERATION_INVALID):
+                return None
+            raise
+    if int(stats.get("type", libvirt.VIR_DOMAIN_JOB_NONE)) == libvirt.VIR_DOMAIN_JOB_NONE:
+        return None
+    direction = _MIGRATION_OPS.get(int(stats.get("operation", -1)))
+    if direction is None:
+        return None
+    return {"direction": direction, "elapsed_s": int(stats.get("time_elapsed", 0)) / 1000,
+            "processed_bytes": int(stats.get("data_processed", 0)),
+            "remaining_bytes": int(stats.get("data_remaining", 0)), "total_bytes": int(stats.get("data_total", 0)),
+            "bandwidth_bps": int(stats.get("memory_bps", 0))}
