@@ -610,8 +610,8 @@ class LibvirtHypervisor:
     def migrations(self, inventory: Inventory) -> list[dict[str, Any]]:
         """Live migrations in flight, from libvirt's job of every active VM of ``inventory`` (one ``jobStats``
         call each): ``{"vm", "source", "target", ...}`` per migration, its progress as its source reports it.
-        A side whose host did not answer, or whose job already ended, is left out; a VM seen only arriving is
-        listed with its source unknown (None), one seen only leaving with its target None."""
+        The destination is the host of the VM's other copy (QEMU's arriving side reports no job of its own
+        there); None when that copy was not seen.  A host that did not answer is left out."""
         sides: dict[str, dict[str, Any]] = {}
         for v in inventory.vms:
             if not v.active:
@@ -620,15 +620,10 @@ class LibvirtHypervisor:
                 job = migration_job(self.domain(v.host, v.name), v.host)
             except HypervisorError:
                 continue
-            if job is None:
+            if job is None or job.pop("direction") != "out":
                 continue
-            entry = sides.setdefault(v.name, {"vm": v.name, "source": None, "target": None})
-            if job.pop("direction") == "out":
-                entry.update(source=v.host, **job)
-            else:
-                entry["target"] = v.host
-                for k, value in job.items():
-                    entry.setdefault(k, value)
+            others = [o.host for o in inventory.vms if o.name == v.name and o.host != v.host]
+            sides[v.name] = {"vm": v.name, "source": v.host, "target": others[0] if others else None, **job}
         return sorted(sides.values(), key=lambda m: m["vm"])
 
     def lists(self, host: str, vm: str) -> bool:
