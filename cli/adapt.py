@@ -350,6 +350,10 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     running (a failed migration leaves its VM on the source); run it again to
     continue.  With --apply the command holds the cluster lock from reading
     the hosts to the last step (--wait to wait for another holder).
+    Migrations keep to the cluster file's throttles (max_migrations,
+    max_migrations_per_host, migration_bandwidth, migration_timeout_per_gib);
+    an operator's --apply is not bound by its maintenance windows or
+    blackouts, which only hold `vcsched run` back.
 
     Exit codes: 0 planned (and applied), 1 nothing within the budget / no
     safe order / a step failed, 2 bad input.

@@ -158,6 +158,11 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
       vcsched drain h1 --budget 1GiB --apply      cordon h1, then migrate
       vcsched uncordon h1                         when the maintenance is over
 
+    Migrations keep to the cluster file's throttles (max_migrations,
+    max_migrations_per_host, migration_bandwidth, migration_timeout_per_gib).
+    A drain by an operator is not bound by the maintenance windows or
+    blackouts: those only hold `vcsched run` back.
+
     A drain never lowers a virtual cluster below the min_yield it was
     admitted with silently: the plan says so, and --apply refuses it unless
     --allow-below-floor.  A pinned VM on HOST is bad input with a budget above 0.

@@ -84,8 +84,10 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
       2. re-cap every VM to the measured needs (no migration),
       3. re-balance with live migrations of at most --budget-per-interval
          bytes when that raises the minimum yield by --threshold, the same
-         moves were proposed --settle intervals in a row, and no moved VM
-         migrated within --cooldown.
+         moves were proposed --settle intervals in a row, no moved VM
+         migrated within --cooldown, and now is inside the cluster file's
+         maintenance windows and outside its blackouts (otherwise caps
+         only, and the decision event says why).
     Plans go through the executor's checks under the cluster lock.  One
     controller per cluster acts: the holder of the leader lock (etcd lease,
     --lock-ttl); the others stand by and take over within a TTL and an
@@ -109,7 +111,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
 
     cluster = load_cluster(cluster_file)
     options = RunOptions(interval, RebalanceOptions(budget, threshold, settle, cooldown, algorithm, parallel,
-                                                    storage=cluster),
+                                                    storage=cluster, schedule=cluster.schedule),
                          window=window, sample=sample, probe_seconds=probe_seconds, lock_wait=lock_wait,
                          dry_run=dry_run)
     url = resolve_url(coordination, cluster.coordination)
