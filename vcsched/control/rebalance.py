@@ -150,12 +150,15 @@ class Rebalancer:
         return adapt_inventory(inventory.cluster, inventory, budget, needs=needs, algorithm=o.algorithm,
                                parallel=o.parallel, pinned=tuple(pinned), record_needs=False, storage=o.storage)
 
-    def decide(self, inventory: Inventory, needs: Mapping[str, float], now: float) -> Decision:
+    def decide(self, inventory: Inventory, needs: Mapping[str, float], now: float,
+               vetoed: Iterable[str] = ()) -> Decision:
+        """This interval's decision.  ``vetoed``: VMs an operator's skipped recommendation keeps where they are
+        (pinned like VMs in their cool-down)."""
         o = self.options
         if not inventory.up().managed():
             self._reset()
             return Decision(NOTHING, None, "no running managed VM")
-        pinned = cooling(inventory, now, o.cooldown)
+        pinned = tuple(sorted(set(cooling(inventory, now, o.cooldown)) | set(vetoed)))
         try:
             recap = self.plan_for(RECAP, inventory, needs)
         except MigrationBlocked as exc:  # e.g. a cap below the smallest quota: the cluster is too crowded
@@ -183,7 +186,7 @@ class Rebalancer:
             return replace(base, reason=f"no safe migration order: {exc}")
         if moved.plan is None or not moves_of(moved.plan):
             self._reset()
-            cooling_note = f" (in their cool-down, not moved: {', '.join(sorted(pinned))})" if pinned else ""
+            cooling_note = f" (in their cool-down or vetoed, not moved: {', '.join(sorted(pinned))})" if pinned else ""
             return replace(base, reason="no migration improves the minimum yield within the budget" + cooling_note,
                            rebalance_min_yield=None if moved.plan is None else moved.plan.min_yield)
         gain = moved.plan.min_yield - recap.plan.min_yield
