@@ -186,6 +186,7 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     from vcsched.control.live import adapt_inventory
     from vcsched.model import SolveOptions
     from vcsched.plans.migration import MigrationBlocked
+    from vcsched.plans.reasons import step_reasons
 
     path = cluster_path(cluster_file)
     cluster = load_cluster(str(path))
@@ -220,7 +221,10 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
                 _render_stays(stays)
             return EXIT_UNSATISFIED
         moved = int(str(live.plan.extra["migrated_bytes"]))
+        reasons = step_reasons(live.plan, inventory, drain=host)
         out |= {"migrated_bytes": moved, "plan": live.plan.to_dict(), "min_yield": live.plan.min_yield,
+                "reasons": [{"step": i, "op": st.op, "vm": st.vm, "reason": r}
+                            for i, (st, r) in enumerate(zip(live.plan.steps, reasons, strict=True))],
                 "floors_missed": [{"cluster": vc, "yield": got, "min_yield": floor}
                                   for vc, got, floor in live.floors_missed]}
         if output:
@@ -232,7 +236,7 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
             leaving = len(on_host) - len(stays)
             console.print(f"drain {host}: {leaving} of {len(on_host)} VMs leave; the plan moves {_human(moved)} of a "
                           f"budget of {_human(budget)}", highlight=False)
-            render_plan(live.plan, inventory)
+            render_plan(live.plan, inventory, reasons)
             render_moves(live)
             _render_stays(stays)
             for vc, got, floor in live.floors_missed:

@@ -240,3 +240,36 @@ def test_the_cli_lists_skips_and_refuses(tmp_path: Path) -> None:
     twice = invoke("skip", b.id, "--cluster", path)
     assert twice.exit_code == 1 and "already skipped" in twice.stderr
     assert invoke("skip", "nope", "--cluster", path).exit_code == 2
+
+
+# ---------------------------------------------------------------- per-step reasons of adapt and drain plans
+
+
+def test_each_step_of_an_adapt_plan_says_why() -> None:
+    from vcsched.control.live import adapt_inventory
+    from vcsched.plans.reasons import step_reasons
+
+    hv, _ = crowded()
+    inv = hv.inventory()
+    needs = {"c-0": 0.1}  # c-0 idles: h1 has room
+    live = adapt_inventory("lab", inv, 4 << 30, needs=needs)
+    assert live.plan is not None
+    reasons = dict(zip([(s.op, s.vm) for s in live.plan.steps], step_reasons(live.plan, inv, needs), strict=True))
+    moved = next(vm for op, vm in reasons if op == "migrate")
+    assert reasons[("migrate", moved)].startswith("h0 is over-committed (its VMs need 2.00 cores of its 1); h1 has "
+                                                  "room (its VMs need 0.10 cores of its 1); its yield 0.50 -> 0.91")
+    assert all(r for r in reasons.values())
+
+
+def test_a_drain_plan_says_which_vms_must_leave_the_host() -> None:
+    from vcsched.control.live import adapt_inventory
+    from vcsched.plans.reasons import step_reasons
+
+    hv, _ = crowded()
+    inv = hv.inventory()
+    live = adapt_inventory("lab", inv, 4 << 30, drain="h1")
+    assert live.plan is not None
+    reasons = step_reasons(live.plan, inv, drain="h1")
+    migrate = [r for s, r in zip(live.plan.steps, reasons, strict=True) if s.op == "migrate"]
+    assert migrate and all(r.startswith("c-0 must leave h1, which is being drained for maintenance")
+                           for r in migrate)

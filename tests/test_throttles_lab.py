@@ -128,6 +128,8 @@ def test_one_migration_per_host_drains_three_vms_one_at_a_time(lab2: Lab, tmp_pa
     assert dry.exit_code == 0, dry.output
     waves = [s["wave"] for s in json.loads(dry.stdout)["plan"]["steps"] if s["op"] == "migrate"]
     assert sorted(waves) == [1, 1, 1]  # planned as one wave: only the throttle keeps them apart
+    reasons = [r["reason"] for r in json.loads(dry.stdout)["reasons"] if r["op"] == "migrate"]
+    assert len(reasons) == 3 and all("must leave h0, which is being drained" in r for r in reasons)
     with JobPoller(lab2.hosts[0].connect_uri, vms) as poller:
         done = CliRunner().invoke(cli, ["drain", "h0", "--cluster", str(path), "--budget", "unlimited",
                                         "--parallel", "3", "--apply", "--json"])
