@@ -8,9 +8,8 @@ from typing import Any
 
 import click
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
-from cli.common import cluster_option, lock_options
-from cli.params import Duration
+from cli.app import EXIT_OK, console, emit_json
+from cli.params import Duration, check_coordination, cluster_option, json_option, lock_options
 
 
 def _store(cluster: Any, coordination: str | None, hv: Any = None) -> Any:
@@ -29,8 +28,7 @@ def _when(t: float | None) -> str:
 
 
 def render_recommendation(doc: dict[str, Any]) -> None:
-    from rich.table import Table
-
+    from cli.tables import FitTable
     from vcsched.formats.units import format_size
 
     e = doc["effect"]
@@ -42,9 +40,9 @@ def render_recommendation(doc: dict[str, Any]) -> None:
                   f"{format_size(e['bytes_to_move'])}", highlight=False)
     if doc.get("detail"):
         console.print(f"  {doc['detail']}", highlight=False)
-    table = Table(show_edge=False)
+    table = FitTable(title=f"{doc['id']}: steps")
     for col in ("#", "step", "VM", "host", "cap", "yield before -> after", "why"):
-        table.add_column(col, justify="right" if col in ("#", "cap") else "left")
+        table.add_column(col, justify="right" if col in ("#", "cap") else "left", key=col in ("#", "VM"))
     for i, s in enumerate(doc["steps"]):
         per = e["per_vm"].get(s["vm"], {})
         host = f"{s['from']} -> {s['to']}" if s["op"] == "migrate" else str(s.get("host", ""))
@@ -58,8 +56,8 @@ def render_recommendation(doc: dict[str, Any]) -> None:
 @click.command("recommendations")
 @cluster_option()
 @click.option("--all", "show_all", is_flag=True, help="Also those approved, applied, skipped, superseded, expired.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--coordination", metavar="URL", default=None,
+@json_option("Print one JSON object: recommendations, vetoes.")
+@click.option("--coordination", metavar="URL", default=None, callback=check_coordination,
               help="Where the recommendations live (as for the cluster lock; default: the cluster file's).")
 def recommendations_cmd(cluster_file: str | None, show_all: bool, as_json: bool, coordination: str | None) -> int:
     """List what `vcsched run --mode recommend` proposes: reason, predicted yields, steps.
@@ -96,7 +94,7 @@ def recommendations_cmd(cluster_file: str | None, show_all: bool, as_json: bool,
 @click.command("approve")
 @click.argument("rec_id", metavar="ID")
 @cluster_option()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the recommendation and the report).")
+@json_option("Print one JSON object: ok, the recommendation, the apply report.")
 @lock_options()
 def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: float, coordination: str | None,
                 lock_ttl: float | None) -> int:
@@ -114,7 +112,7 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     Exit codes: 0 applied, 1 refused / a step failed / the cluster is
     locked, 2 bad input (an unknown ID).
     """
-    from cli.common import apply_exit_code, load_cluster, notice, render_report, run_apply
+    from cli.common import apply_exit_code, cluster_lock, load_cluster, notice, render_report, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from hypervisor.lock import member_id
     from vcsched.control import recommend as rc
@@ -126,8 +124,6 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     with LibvirtHypervisor(cluster, on_notice=notice) as hv:
         store = _store(cluster, coordination, hv)
         store.read().get(rec_id)  # an unknown id is bad input before any lock is taken
-        from cli.common import cluster_lock
-
         with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, hv=hv) as lock:
             rec = store.update(lambda book: rc.approve(book, rec_id, time.time(), member_id()))
             try:
@@ -146,7 +142,7 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
             detail = "applied" if report.ok else (report.stopped or (bad.detail if bad is not None else "failed"))
             rec = store.update(lambda book: rc.settle(book, rec_id, state, detail))
     if as_json:
-        emit_json({"recommendation": rec.to_dict(time.time()), "apply": report.to_dict()})
+        emit_json({"ok": report.ok, "recommendation": rec.to_dict(time.time()), "apply": report.to_dict()})
     else:
         render_report(report)
         console.print(f"recommendation {rec_id}: {state}", highlight=False)
@@ -158,8 +154,8 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
 @cluster_option()
 @click.option("--for", "veto_s", type=Duration(), default="1h", show_default=True,
               help="How long the controller keeps the VMs it would have moved where they are.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--coordination", metavar="URL", default=None,
+@json_option("Print one JSON object: ok, the recommendation.")
+@click.option("--coordination", metavar="URL", default=None, callback=check_coordination,
               help="Where the recommendations live (as for the cluster lock; default: the cluster file's).")
 def skip_cmd(rec_id: str, cluster_file: str | None, veto_s: float, as_json: bool, coordination: str | None) -> int:
     """Veto recommendation ID: it is closed, and the controller does not move its VMs again for --for.
@@ -175,7 +171,7 @@ def skip_cmd(rec_id: str, cluster_file: str | None, veto_s: float, as_json: bool
     store = _store(cluster, coordination)
     rec = store.update(lambda book: rc.skip(book, rec_id, time.time(), member_id(), veto_s))
     if as_json:
-        emit_json({"recommendation": rec.to_dict(time.time())})
+        emit_json({"ok": True, "recommendation": rec.to_dict(time.time())})
     else:
         console.print(f"recommendation {rec_id} skipped: {rec.detail}", highlight=False)
-    return EXIT_OK if rec.state == rc.SKIPPED else EXIT_UNSATISFIED
+    return EXIT_OK

@@ -1,8 +1,8 @@
 """Where recommendations live: the cluster's coordination backend, beside its lock (docs/operations.md).
 
 * ``file://DIR`` (the default, DIR = the state directory's ``coordination``): ``DIR/recommendations-KEY.json``,
-  read-modify-written under an ``fcntl`` lock on ``DIR/recommendations-KEY.lock`` and replaced atomically (a
-  temporary file renamed over it), so a reader sees the old book or the new one, never half of one;
+  read-modify-written under an ``fcntl`` lock on ``DIR/recommendations-KEY.lock`` and replaced atomically
+  (:func:`hypervisor.files.write_atomic`), so a reader sees the old book or the new one, never half of one;
 * ``etcd3+http(s)://HOST:PORT``: the key ``/vcsched/recommendations/KEY``, updated by compare-and-swap (etcd3gw's
   ``replace``: the new book is written only if the key still holds the book it was computed from), so every
   operator and a standby controller on any machine see one list.
@@ -17,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
+from hypervisor.files import write_atomic
 from hypervisor.lock import CoordinationDown
 from vcsched.control.recommend import Book
 from vcsched.errors import VcschedError
@@ -68,9 +68,7 @@ class RecommendationStore:
 
     def _write_file(self, book: Book) -> None:
         assert self._file is not None
-        tmp = self._file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(book.to_dict(), indent=1) + "\n")
-        os.replace(tmp, self._file)  # atomic: readers see the old book or the new one
+        write_atomic(self._file, json.dumps(book.to_dict(), indent=1) + "\n")  # readers: the old book or the new
 
     # ------------------------------------------------------------------ etcd
 
