@@ -110,7 +110,8 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     cluster file's throttles.
 
     Exit codes: 0 applied, 1 refused / a step failed / the cluster is
-    locked, 2 bad input (an unknown ID).
+    locked, 2 bad input (an unknown ID), 130 interrupted (the running step
+    finishes; the report says what was done).
     """
     from cli.common import apply_exit_code, cluster_lock, load_cluster, notice, render_report, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
