@@ -273,3 +273,25 @@ def test_a_drain_plan_says_which_vms_must_leave_the_host() -> None:
     migrate = [r for s, r in zip(live.plan.steps, reasons, strict=True) if s.op == "migrate"]
     assert migrate and all(r.startswith("c-0 must leave h1, which is being drained for maintenance")
                            for r in migrate)
+
+
+# ---------------------------------------------------------------- on etcd (a real one; skipped without it)
+
+
+def test_two_machines_share_one_book_on_etcd_and_no_update_is_lost(etcd: Any) -> None:
+    here, there = RecommendationStore(etcd.url, "k"), RecommendationStore(etcd.url, "k")
+
+    def add(store: RecommendationStore, i: int) -> None:
+        store.update(lambda book: rc.record(book, rec("re-cap", [{"op": "set-cap", "vm": f"v{i}", "host": "h0"}],
+                                                      now=i)))
+
+    threads = [threading.Thread(target=add, args=(here if i % 2 else there, i)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(there.read().recommendations) == 10  # compare-and-swap: every writer's update is in
+    (newest,) = rc.open_ones(there.read(), 20)  # one open re-cap: the others superseded
+    here.update(lambda b: rc.approve(b, newest.id, 20, "alice"))
+    with pytest.raises(rc.Refused, match="already approved by alice"):
+        there.update(lambda b: rc.approve(b, newest.id, 21, "bob"))
