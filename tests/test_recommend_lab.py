@@ -6,7 +6,8 @@ changed, is refused (exit 1) with nothing changed.
 Two busy guests (``vcsched.load=100:600``) declared to need 1 core each, capped at 0.1 on h0 (1 core): each fills
 its cap, so the controller's estimate is its declared core, and moving one to the empty h1 lifts the minimum
 yield from 0.5 to 1.  (Capped at 0.2 they sometimes used only 0.17-0.19 core on this machine at load 13 from
-other work: below their cap, measured as needing 0.23, and nothing to re-balance.)  One shared lab (``lab2``); the controller runs 42 s (interval 6 s, settle 1, no probes).
+other work: below their cap, measured as needing 0.23, and nothing to re-balance.)  One shared lab (``lab2``);
+the controller runs 42 s (interval 6 s, settle 1, no probes).
 """
 
 from __future__ import annotations
