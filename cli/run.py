@@ -127,6 +127,10 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
                          window=window, sample=sample, probe_seconds=probe_seconds, lock_wait=lock_wait,
                          dry_run=dry_run, recommend=mode == "recommend", valid_for=valid_for)
     url = resolve_url(coordination, cluster.coordination)
+    books = RecommendationStore.supports(url)  # vetoes and recommendations live beside the lock
+    if mode == "recommend" and not books:
+        raise InputError(f"--mode recommend: coordination {url} keeps no recommendations (use file:///DIR or "
+                         "etcd3+http://HOST:2379)")
     ttl = lock_ttl or cluster.lock_ttl or DEFAULT_TTL
     member = member_id()
     metrics = ControllerMetrics(cluster.name, cluster.min_yield)
@@ -157,7 +161,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
                 leader_lock=lambda: ClusterLock(url, cluster.name, member, ttl, name=leader_lock_name(key)),
                 cluster_lock=lambda: ClusterLock(url, cluster.name, member, ttl, key=key),
                 events=events, metrics=metrics, clock=clock, stop=stop,
-                recommendations=RecommendationStore(url, key))
+                recommendations=RecommendationStore(url, key, timeout=min(1.0, ttl / 10)) if books else None)
             metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
             controller.run(**metrics_at)
     finally:

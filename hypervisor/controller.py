@@ -369,6 +369,9 @@ class Controller:
         self.events.emit("observe", vms=[e.to_dict() for e in estimates.values()])
         needs = {name: e.estimate for name, e in estimates.items()}
         self.planned = dict(needs)
+        self._try_lead(renew=False)  # no network: a leader whose lease went stale stands down before asking the book
+        if not self.leader:
+            return
         vetoed = self.recommendations.read().vetoed(self.clock.time()) if self.recommendations is not None else ()
         decision = self.rebalancer.decide(inventory, needs, self.clock.time(), vetoed=vetoed)
         self.events.emit("decision", **decision.to_dict())

@@ -36,14 +36,24 @@ CAS_TRIES = 20
 class RecommendationStore:
     """The recommendations book of one cluster (``key``) on the coordination backend ``url``."""
 
-    def __init__(self, url: str, key: str) -> None:
+    def __init__(self, url: str, key: str, *, timeout: float = 5.0) -> None:
         self.url = url
         self.key = key
+        #: Seconds one etcd call may take (a controller passes a fraction of its lock's TTL: a hung etcd must not
+        #: hold up its standing down).
+        self.timeout = timeout
         parsed = urlparse(url)
         self._file = Path(parsed.path) / f"recommendations-{key}.json" if parsed.scheme == "file" else None
         self._client: Any = None
-        if self._file is None and not parsed.scheme.startswith("etcd3"):
+        if not self.supports(url):
             raise VcschedError(f"coordination {url}: recommendations are kept on file:// or etcd3 backends only")
+
+    @staticmethod
+    def supports(url: str) -> bool:
+        """Whether recommendations can be kept on the coordination backend ``url`` (file and etcd; the other tooz
+        drivers are accepted for the lock only)."""
+        scheme = urlparse(url).scheme
+        return scheme == "file" or scheme.startswith("etcd3")
 
     # ------------------------------------------------------------------ file
 
@@ -79,7 +89,7 @@ class RecommendationStore:
             parsed = urlparse(self.url)
             protocol = "https" if parsed.scheme.endswith("https") else "http"
             self._client = Etcd3Client(host=parsed.hostname or "localhost", port=parsed.port or 2379,
-                                       protocol=protocol, timeout=5)
+                                       protocol=protocol, timeout=self.timeout)
         return self._client
 
     def _etcd_get(self) -> tuple[bytes | None, Book]:

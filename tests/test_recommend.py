@@ -295,3 +295,13 @@ def test_two_machines_share_one_book_on_etcd_and_no_update_is_lost(etcd: Any) ->
     here.update(lambda b: rc.approve(b, newest.id, 20, "alice"))
     with pytest.raises(rc.Refused, match="already approved by alice"):
         there.update(lambda b: rc.approve(b, newest.id, 21, "bob"))
+
+
+def test_recommend_mode_needs_a_backend_that_keeps_recommendations(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.toml"
+    path.write_text('name = "t"\n[[hosts]]\nname = "h0"\nuri = "test:///default"\n')
+    r = invoke("run", "--cluster", path, "--budget-per-interval", "0", "--mode", "recommend",
+               "--coordination", "zookeeper://127.0.0.1:2181")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip() == ("vcsched: error: --mode recommend: coordination zookeeper://127.0.0.1:2181 keeps no "
+                                "recommendations (use file:///DIR or etcd3+http://HOST:2379)")
