@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from cli.main import cli
 from hypervisor.lab import Lab
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from tests.lab_support import destroy_everywhere
+from tests.lab_support import copies, destroy_everywhere
 from vcsched.formats.cluster import Cluster, cluster_from_dict
 from vcsched.plans.steps import Boot, CreateStep
 
@@ -57,19 +57,6 @@ def vms(lab2: Lab) -> Iterator[list[str]]:
     yield names
     for n in names:
         destroy_everywhere(lab2, n)
-
-
-def copies(lab: Lab, name: str) -> list[tuple[str, bool]]:
-    import libvirt
-
-    out = []
-    for h in lab.hosts:
-        conn = libvirt.open(h.connect_uri)
-        try:
-            out += [(h.name, bool(d.isActive())) for d in conn.listAllDomains(0) if d.name() == name]
-        finally:
-            conn.close()
-    return out
 
 
 class JobPoller:
