@@ -7,7 +7,7 @@ Two busy guests (``vcsched.load=100:600``) declared to need 1 core each, capped 
 its cap, so the controller's estimate is its declared core, and moving one to the empty h1 lifts the minimum
 yield from 0.5 to 1.  (Capped at 0.2 they sometimes used only 0.17-0.19 core on this machine at load 13 from
 other work: below their cap, measured as needing 0.23, and nothing to re-balance.)  One shared lab (``lab2``);
-the controller runs 42 s (interval 6 s, settle 1, no probes).
+the controller runs 20 s (interval 4 s, settle 1, no probes).
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def test_recommend_then_approve_applies_exactly_the_recommended_steps(crowded: t
     path, names = crowded
     before = placement(path, names)
     log = tmp_path / "run.jsonl"
-    ran = invoke("run", "--cluster", path, "--mode", "recommend", "--interval", "6s", "--settle", "1",
-                 "--probe-seconds", "0", "--budget-per-interval", "256MiB", "--duration", "42s", "--log", log)
+    ran = invoke("run", "--cluster", path, "--mode", "recommend", "--interval", "4s", "--settle", "1",
+                 "--probe-seconds", "0", "--budget-per-interval", "256MiB", "--duration", "20s", "--log", log)
     assert ran.exit_code == 0, ran.output
     assert placement(path, names) == before  # recommend mode changes nothing
     events = [json.loads(line) for line in log.read_text().splitlines()]
