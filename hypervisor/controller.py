@@ -270,7 +270,8 @@ class Controller:
         self.events.emit("start", cluster=self.cluster, interval=o.interval, budget=o.rebalance.budget,
                          threshold=o.rebalance.threshold, window=o.window_s, sample=o.sample_s,
                          cooldown=o.rebalance.cooldown, settle=o.rebalance.settle, probe_seconds=o.probe_s,
-                         dry_run=o.dry_run, **start)
+                         dry_run=o.dry_run, mode="recommend" if o.recommend else "act",
+                         schedule=o.rebalance.schedule.to_dict(), **start)
         try:
             while not self.stop.is_set():
                 self.cycle()
