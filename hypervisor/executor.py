@@ -551,6 +551,8 @@ def _run_wave(hv: Hypervisor, group: list[Step], guard: Callable[[], None] | Non
     with ThreadPoolExecutor(max_workers=len(group), thread_name_prefix="vcsched-wave") as pool:
         while pending or running:
             start = admit([ends[i] for i in pending], [ends[i] for i in running.values()], hv.throttles)
+            if not start and not running and pending:  # cannot happen with limits >= 1; never stall a wave
+                start = [0]
             if start and results and guard is not None and refused is None:
                 try:
                     guard()

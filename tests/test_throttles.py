@@ -214,3 +214,21 @@ def test_a_lost_lock_starts_no_further_migration_of_a_throttled_wave() -> None:
     assert [r.outcome for r in moves] == [DONE, NOT_RUN, NOT_RUN]
     assert report.stopped == "the cluster lock was lost" and not report.ok
     assert all(v.active for v in hv.vms.values()) and hv.most["h0"] == 1
+
+
+def test_status_lists_the_migrations_in_flight_with_the_throttles() -> None:
+    from cli.app import console
+    from cli.status import render_migrations
+
+    doc = {"migrations": [{"vm": "web-1", "source": "h0", "target": "h1", "elapsed_s": 2.5,
+                           "processed_bytes": 3 * MIB, "remaining_bytes": 117 * MIB, "total_bytes": 128 * MIB,
+                           "bandwidth_bps": MIB}],
+           "throttles": MigrationThrottles(max_migrations_per_host=1, bandwidth=MIB).to_dict()}
+    with console.capture() as out:
+        render_migrations(doc)
+    text = out.get()
+    assert "max_migrations_per_host 1" in text and "migration_bandwidth 1 MiB/s" in text
+    assert "web-1" in text and "h0" in text and "h1" in text and "117 MiB" in text and "2.5 s" in text
+    with console.capture() as out:
+        render_migrations({"migrations": [], "throttles": MigrationThrottles().to_dict()})
+    assert out.get() == ""  # nothing in flight and no throttles: nothing to say
