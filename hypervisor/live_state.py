@@ -86,9 +86,14 @@ def host_vms(host: str, conn: Any, driver: Driver,
 
     A domain that vanishes while being read (destroyed meanwhile) is skipped.
     """
+    stats = libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_BLOCK
     try:
-        found = retrying(lambda: conn.getAllDomainStats(libvirt.VIR_DOMAIN_STATS_STATE
-                                                         | libvirt.VIR_DOMAIN_STATS_BLOCK, _NOWAIT), sleep)
+        try:
+            found = retrying(lambda: conn.getAllDomainStats(stats, _NOWAIT), sleep)
+        except libvirt.libvirtError as exc:  # a libvirtd before 4.5 does not know NOWAIT: ask as it can answer
+            if not _NOWAIT or exc.get_error_code() not in (libvirt.VIR_ERR_INVALID_ARG, libvirt.VIR_ERR_NO_SUPPORT):
+                raise
+            found = retrying(lambda: conn.getAllDomainStats(stats, 0), sleep)
     except libvirt.libvirtError as exc:
         raise HypervisorError(f"host {host}: cannot list domains: {exc.get_error_message()}") from None
     read, xmls = [], []

@@ -232,3 +232,34 @@ def test_status_lists_the_migrations_in_flight_with_the_throttles() -> None:
     with console.capture() as out:
         render_migrations({"migrations": [], "throttles": MigrationThrottles().to_dict()})
     assert out.get() == ""  # nothing in flight and no throttles: nothing to say
+
+
+# ---------------------------------------------------------------- reading a host during a migration
+
+
+class OldDaemon:
+    """A libvirtd before 4.5: getAllDomainStats refuses the NOWAIT flag; answers without it."""
+
+    def __init__(self) -> None:
+        self.flags: list[int] = []
+
+    def getAllDomainStats(self, _stats: int, flags: int = 0) -> list[Any]:
+        import libvirt
+
+        self.flags.append(flags)
+        if flags:
+            err = libvirt.libvirtError("unsupported flags (0x40000000)")
+            err.err = (libvirt.VIR_ERR_INVALID_ARG, 0, "unsupported flags", 0, "", None, None, 0, 0)
+            raise err
+        return []
+
+
+def test_inventories_ask_without_waiting_for_jobs_and_fall_back_on_an_old_daemon() -> None:
+    import libvirt
+
+    from hypervisor.drivers import driver_of
+    from hypervisor.live_state import host_vms
+
+    conn = OldDaemon()
+    assert host_vms("h0", conn, driver_of("QEMU"), lambda _s: None) == ([], {})
+    assert conn.flags == [libvirt.VIR_CONNECT_GET_ALL_DOMAINS_STATS_NOWAIT, 0]
