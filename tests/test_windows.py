@@ -150,3 +150,22 @@ def test_outside_a_window_the_controller_recaps_but_migrates_nothing_then_migrat
     assert len(migrations) == 1
     assert run.at(migrations[0]) >= at("2026-11-23 22:00") - clock.start
     assert {hv.vms["a-0"].host, hv.vms["b-0"].host} == {"h0", "h1"}
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('timezone = "UTC"\nwindows = ["Mon-Fry *"]', "windows[0]: 'Fry' is not a weekday"),
+    ("max_migrations_per_host = -1", "max_migrations_per_host: -1 is not a whole number of migrations >= 1"),
+])
+def test_a_bad_window_or_throttle_stops_any_command_with_one_line_and_exit_2(tmp_path: Any, line: str,
+                                                                              message: str) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    path = tmp_path / "cluster.toml"
+    path.write_text(f'name = "t"\n{line}\n[[hosts]]\nname = "h0"\nuri = "test:///default"\n')
+    for argv in (["status", "--sample", "0"], ["run", "--budget-per-interval", "0"], ["drain", "h0", "--budget", "0"]):
+        r = CliRunner().invoke(cli, [*argv, "--cluster", str(path)])
+        assert r.exit_code == 2 and r.stdout == "", (argv, r.output)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("vcsched: error: ") and message in lines[0], r.stderr
