@@ -129,6 +129,10 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     running (a failed migration leaves its VM on the source); run it again to
     continue.  With --apply the command holds the cluster lock from reading
     the hosts to the last step (--wait to wait for another holder).
+    Migrations keep to the cluster file's throttles (max_migrations,
+    max_migrations_per_host, migration_bandwidth, migration_timeout_per_gib);
+    an operator's --apply is not bound by its maintenance windows or
+    blackouts, which only hold `vcsched run` back.
 
     Exit codes: 0 planned (and applied), 1 nothing within the budget / no
     safe order / a step failed / the cluster is locked, 2 bad input, 130
@@ -146,6 +150,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
         save_plan,
     )
     from vcsched.plans.migration import MigrationBlocked
+    from vcsched.plans.reasons import step_reasons
 
     changes = _changes_file(changes_file)
     flags = _parse_needs(set_need)
@@ -183,6 +188,9 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
         out["current_min_yield"] = live.current_min_yield
         plan_doc = live.plan.to_dict()
         out["plan"] = plan_doc
+        reasons = step_reasons(live.plan, inventory, needs)
+        out["reasons"] = [{"step": i, "op": st.op, "vm": st.vm, "reason": r}
+                          for i, (st, r) in enumerate(zip(live.plan.steps, reasons, strict=True))]
         out["floors_missed"] = [{"cluster": vc, "yield": got, "min_yield": floor}
                                 for vc, got, floor in live.floors_missed]
         if output:
@@ -196,7 +204,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
             if live.current_min_yield is not None:
                 console.print(f"  minimum yield now {live.current_min_yield:.4f} (caps / needs), planned "
                               f"{live.plan.min_yield:.4f}", highlight=False)
-            render_plan(live.plan, inventory)
+            render_plan(live.plan, inventory, reasons)
             render_moves(live)
             for vc, got, floor in live.floors_missed:
                 console.print(f"[yellow]warning:[/] virtual cluster {vc!r} gets a yield of {got:.4f}, below the "

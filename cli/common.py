@@ -12,7 +12,7 @@ import dataclasses
 import os
 import platform
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +152,8 @@ def render_hosts_down(inventory: Inventory) -> None:
         console.print(f"[yellow]host {h.name} is down[/] ({h.down}): {DOWN_CONSEQUENCE}", highlight=False)
 
 
-def render_plan(plan: Plan, inventory: Inventory) -> None:
+def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None = None) -> None:
+    """The plan as a table, one row per step (with ``reasons``: a "why" column, vcsched.plans.reasons)."""
     from cli.tables import FitTable
     from vcsched.formats.units import format_size
     from vcsched.plans.steps import CreateStep, RemoveStep
@@ -172,7 +173,7 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
         console.print("  nothing to do: every VM already has its cap")
         return
     table = FitTable(title=f"plan ({len(plan.steps)} steps, in this order)")
-    for col in ("#", "step", "VM", "host", "cap now", "cap after", "detail"):
+    for col in ("#", "step", "VM", "host", "cap now", "cap after", "detail", *(("why",) if reasons else ())):
         table.add_column(col, justify="right" if col in ("#", "cap now", "cap after") else "left",
                          key=col in ("#", "VM"))
     for i, step in enumerate(plan.steps):
@@ -197,7 +198,8 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
             parts = [shown[k].format(v if k == "disk_iops_sec" else format_size(v))
                      for k, v in step_caps.given().items()]
             detail = ", ".join([detail, *parts] if detail else parts)
-        table.add_row(str(i + 1), step.op, step.vm, step.host, now, "-" if after is None else f"{after:.3f}", detail)
+        table.add_row(str(i + 1), step.op, step.vm, step.host, now, "-" if after is None else f"{after:.3f}", detail,
+                      *((reasons[i],) if reasons else ()))
     console.print(table)
 
 

@@ -26,6 +26,7 @@ from vcsched.control.live import adapt_inventory
 from vcsched.formats.units import format_budget
 from vcsched.model import SolveOptions
 from vcsched.plans.migration import MigrationBlocked
+from vcsched.plans.reasons import step_reasons
 
 
 @click.command("drain")
@@ -64,6 +65,11 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
       vcsched drain h1 --budget 1GiB --apply      cordon h1, then migrate
       vcsched uncordon h1                         when the maintenance is over
 
+    Migrations keep to the cluster file's throttles (max_migrations,
+    max_migrations_per_host, migration_bandwidth, migration_timeout_per_gib).
+    A drain by an operator is not bound by the maintenance windows or
+    blackouts: those only hold `vcsched run` back.
+
     A drain never lowers a virtual cluster below the min_yield it was
     admitted with silently: the plan says so, and --apply refuses it unless
     --allow-below-floor.  A pinned VM on HOST is bad input with a budget above 0.
@@ -101,7 +107,10 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
                 _render_stays(stays)
             return refuse(f"cannot drain {host}: {out['reason']}")
         moved = int(str(live.plan.extra["migrated_bytes"]))
+        reasons = step_reasons(live.plan, inventory, drain=host)
         out |= {"migrated_bytes": moved, "plan": live.plan.to_dict(), "min_yield": live.plan.min_yield,
+                "reasons": [{"step": i, "op": st.op, "vm": st.vm, "reason": r}
+                            for i, (st, r) in enumerate(zip(live.plan.steps, reasons, strict=True))],
                 "floors_missed": [{"cluster": vc, "yield": got, "min_yield": floor}
                                   for vc, got, floor in live.floors_missed]}
         if output:
@@ -110,7 +119,7 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
             leaving = len(on_host) - len(stays)
             console.print(f"drain {host}: {leaving} of {len(on_host)} VMs leave; the plan moves "
                           f"{format_budget(moved)} of a budget of {format_budget(budget)}", highlight=False)
-            render_plan(live.plan, inventory)
+            render_plan(live.plan, inventory, reasons)
             render_moves(live)
             _render_stays(stays)
             for vc, got, floor in live.floors_missed:

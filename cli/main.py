@@ -49,6 +49,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "Measure every managed VM's CPU use over a window and estimate what it needs."),
     "run": ("cli.run:run_cmd",
             "Run the controller: measure needs, follow them with caps, re-balance within a byte budget per interval."),
+    "recommendations": ("cli.recommend:recommendations_cmd",
+                        "List what `vcsched run --mode recommend` proposes: reason, predicted yields, steps."),
+    "approve": ("cli.recommend:approve_cmd", "Apply recommendation ID now, under the cluster lock, if it still holds."),
+    "skip": ("cli.recommend:skip_cmd",
+             "Veto recommendation ID: it is closed, and the controller does not move its VMs again for --for."),
     "top": ("cli.top:top_cmd",
             "Watch the cluster live: hosts, VMs, caps, use, needs and yields, refreshed every --interval."),
 }

@@ -51,6 +51,12 @@ def open_log(path: str | None) -> TextIO:
 @click.option("--parallel", type=click.IntRange(min=1, max=16), default=1, show_default=True,
               help="Most live migrations at once between one pair of hosts.")
 @click.option("--dry-run", is_flag=True, help="Observe and decide, log the plans, change nothing (no probes).")
+@click.option("--mode", type=click.Choice(("act", "recommend")), default="act", show_default=True,
+              help="act: apply each decision.  recommend: record each decision it would act on as a "
+                   "recommendation (reason, predicted yields, bytes) for `vcsched approve ID` or `vcsched skip "
+                   "ID`; change nothing (no probes).")
+@click.option("--valid-for", type=Duration(), default="10m", show_default=True,
+              help="How long a recommendation may be approved after it was made.")
 @click.option("--duration", type=Duration(), default=None,
               help="Stop on its own after this long, as on SIGTERM (a trial: --dry-run --duration 1h, then read "
                    "the log).  Default: run until stopped.")
@@ -71,8 +77,9 @@ def open_log(path: str | None) -> TextIO:
                    "(default: half an interval, at most 5 s).")
 def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: float, settle: int, cooldown: float,
             window: float | None, sample: float | None, probe_seconds: float | None, algorithm: str, parallel: int,
-            dry_run: bool, duration: float | None, log_file: str | None, metrics_port: int | None, metrics_addr: str,
-            coordination: str | None, lock_ttl: float | None, lock_wait: float | None) -> int:
+            dry_run: bool, mode: str, valid_for: float, duration: float | None, log_file: str | None,
+            metrics_port: int | None, metrics_addr: str, coordination: str | None, lock_ttl: float | None,
+            lock_wait: float | None) -> int:
     """Run the controller: measure needs, follow them with caps, re-balance within a byte budget per interval.
 
     \b
@@ -85,9 +92,15 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
       2. re-cap every VM to the measured needs (no migration),
       3. re-balance with live migrations of at most --budget-per-interval
          bytes when that raises the minimum yield by --threshold, the same
-         moves were proposed --settle intervals in a row, and no moved VM
-         migrated within --cooldown.
-    Plans go through the executor's checks under the cluster lock.  One
+         moves were proposed --settle intervals in a row, no moved VM
+         migrated within --cooldown, and now is inside the cluster file's
+         maintenance windows and outside its blackouts (otherwise caps
+         only, and the decision event says why).
+    With --mode recommend it changes nothing: each plan it would apply is
+    recorded as a recommendation (`vcsched recommendations`, `vcsched
+    approve ID`, `vcsched skip ID`).  Vetoes recorded by `vcsched skip` are
+    respected in both modes.  Plans go through the executor's checks under
+    the cluster lock.  One
     controller per cluster acts: the holder of the leader lock (etcd lease,
     --lock-ttl); the others stand by and take over within a TTL and an
     interval.  Events are JSON lines (--log); metrics on --metrics-port.
@@ -107,15 +120,20 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from hypervisor.lock import DEFAULT_TTL, ClusterLock, leader_lock_name, member_id, resolve_url
     from hypervisor.metrics import ControllerMetrics, MetricsServer
+    from hypervisor.recommendations import RecommendationStore
     from hypervisor.sampling import SystemClock
     from vcsched.control.rebalance import RebalanceOptions
 
     cluster = load_cluster(cluster_file)
     options = RunOptions(interval, RebalanceOptions(budget, threshold, settle, cooldown, algorithm, parallel,
-                                                    storage=cluster),
+                                                    storage=cluster, schedule=cluster.schedule),
                          window=window, sample=sample, probe_seconds=probe_seconds, lock_wait=lock_wait,
-                         dry_run=dry_run)
+                         dry_run=dry_run, recommend=mode == "recommend", valid_for=valid_for)
     url = resolve_url(coordination, cluster.coordination)
+    books = RecommendationStore.supports(url)  # vetoes and recommendations live beside the lock
+    if mode == "recommend" and not books:
+        raise InputError(f"--mode recommend: coordination {url} keeps no recommendations (use file:///DIR or "
+                         "etcd3+http://HOST:2379)")
     ttl = lock_ttl or cluster.lock_ttl or DEFAULT_TTL
     member = member_id()
     metrics = ControllerMetrics(cluster.name, cluster.min_yield)
@@ -141,7 +159,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
                 leader_lock=lambda: ClusterLock(url, cluster.name, member, ttl, name=leader_lock_name(key)),
                 cluster_lock=lambda: ClusterLock(url, cluster.name, member, ttl, key=key),
                 events=events, metrics=metrics, clock=clock, stop=stop,
-                failover=Failover(cluster, DefinitionStore.for_url(url, cluster.name)))
+                failover=Failover(cluster, DefinitionStore.for_url(url, cluster.name)),
+                recommendations=RecommendationStore(url, key, timeout=min(1.0, ttl / 10)) if books else None)
             metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
             controller.run(**metrics_at)
     finally:

@@ -152,6 +152,7 @@ def render_status(doc: dict[str, Any]) -> None:
         console.print(f"  vcsched repair would {a['action']} {a['vm']} on {a['host']}: {a['why']}", highlight=False)
     for line in repair.get("left", []):
         console.print(f"  vcsched repair leaves to the operator: {line}", highlight=False)
+    render_migrations(doc)
     if not doc["vms"]:
         console.print("no VMs")
         return
@@ -210,6 +211,26 @@ def render_headroom(doc: dict[str, Any]) -> None:
     console.print(table)
 
 
+def render_migrations(doc: dict[str, Any]) -> None:
+    """Live migrations in flight (libvirt's jobs), with the cluster's throttles when it has any."""
+    moving = doc.get("migrations") or []
+    limits = {k: v for k, v in (doc.get("throttles") or {}).items() if v is not None}
+    shown = ", ".join(f"{k} {format_size(v) + '/s' if k == 'migration_bandwidth' else f'{v:g}'}"
+                      for k, v in limits.items())
+    if not moving:
+        if limits:
+            console.print(f"no migration in flight (throttles: {shown})", highlight=False)
+        return
+    table = FitTable(title=f"migrations in flight (libvirt job info){f'; throttles: {shown}' if limits else ''}")
+    for col in ("VM", "from", "to", "elapsed", "sent", "remaining", "rate"):
+        table.add_column(col, justify="left" if col in ("VM", "from", "to") else "right", key=col == "VM")
+    for m in moving:
+        table.add_row(m["vm"], m["source"] or "?", m["target"] or "?", f"{m.get('elapsed_s', 0):.1f} s",
+                      format_size(m.get("processed_bytes", 0)), format_size(m.get("remaining_bytes", 0)),
+                      _rate(m.get("bandwidth_bps")))
+    console.print(table)
+
+
 def render_virtual_clusters(doc: dict[str, Any]) -> None:
 
     vcs = doc["virtual_clusters"]
@@ -261,6 +282,10 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
     file's policy, else yield), its yield, weight, tenant, dominant share and
     dominant resource (under drf-pools: its most loaded host:resource pair).
 
+    Live migrations in flight are listed from libvirt's job info (source,
+    destination, time, bytes sent and left, rate), with the cluster file's
+    migration throttles.
+
     Placement rules (docs/rules.md): hosts in maintenance are marked, each
     VM's rules are shown (spread, together, pinned; "?" = preferred), and
     every rule the running VMs break is listed (`vcsched adapt` repairs it).
@@ -284,6 +309,7 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
     sharing = sharing_for(cluster, policy, alpha)  # bad input: exit 2 (reading only, nothing changed)
     with hv:
         inv = reading()
+        migrations = hv.migrations(inv)
         usage: dict[str, Usage] = {}
         if seconds > 0 and inv.vms:
             if as_json:
@@ -297,6 +323,8 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
 
     for h in doc["hosts"]:
         h["maintenance"] = h["name"] in cluster.cordoned
+    doc["migrations"] = migrations
+    doc["throttles"] = cluster.throttles.to_dict()
     doc["violations"] = rule_violations(inv.up())
     from vcsched.control.failover import HEADROOM_MAX_HOSTS, headroom
 

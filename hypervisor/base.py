@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from vcsched.errors import VcschedError
+from vcsched.formats.throttles import MigrationThrottles
 from vcsched.inventory import Inventory, VmState
 from vcsched.iocaps import IoCaps, VmDevices
 from vcsched.plans.steps import CreateStep
@@ -51,6 +52,11 @@ class Hypervisor(Protocol):
     #: Whether the cluster lock is still ours, set by its holder while it acts (None: not watched): a
     #: migration that would outlive the lock's lease is aborted.
     lease: Callable[[], bool] | None
+    @property
+    def throttles(self) -> MigrationThrottles:
+        """The cluster's migration throttles (cluster file): how many migrations the executor runs at once, and
+        each one's bandwidth and timeout."""
+        ...
 
     def inventory(self, hosts: Iterable[str] | None = None) -> Inventory:
         """Every host's capacity and every domain on it, managed or not; only ``hosts`` when given.
@@ -90,8 +96,12 @@ class Hypervisor(Protocol):
         """Stop a managed VM on ``host`` and forget it (undefine, if persistent); refuses unmanaged domains."""
         ...
 
-    def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float) -> None:
+    def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float, *,
+                   timeout_s: float | None = None) -> None:
         """Live-migrate a running managed VM from ``source`` to ``target``, arriving capped at ``cap_cores``.
+
+        ``timeout_s``: abort the migration once it has run that long (the cluster's
+        ``migration_timeout_per_gib`` times what it moves); it then fails like any other.
 
         Raises HypervisorError on failure, saying where the VM was left.  A failure usually leaves it running on
         ``source`` (libvirt resumes the source when the migration fails before its end), possibly with a paused

@@ -75,10 +75,12 @@ from hypervisor.metrics import ControllerMetrics, HostMetrics, VmMetrics
 from hypervisor.sampling import Clock, CpuSampler, SystemClock
 from vcsched.control.failover import plan_recovery
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
-from vcsched.control.rebalance import NOTHING, RebalanceOptions, Rebalancer
+from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
+from vcsched.control.recommend import Book, Recommendation, new_recommendation, record
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
+from vcsched.plans.reasons import effect, step_reasons
 from vcsched.plans.steps import CreateStep, MigrateStep
 
 
@@ -86,6 +88,14 @@ class Stopping(VcschedError):
     """The controller was asked to stop (SIGTERM): the running step finished, no further step starts."""
 
     exit_code = 0
+
+
+class Recommendations(Protocol):
+    """What the controller needs of a :class:`hypervisor.recommendations.RecommendationStore`."""
+
+    def read(self) -> Book: ...
+
+    def update(self, change: Callable[[Book], tuple[Book, Recommendation]]) -> Recommendation: ...
 
 
 class Lock(Protocol):
@@ -112,6 +122,10 @@ class RunOptions:
     lock_wait: float | None = None  # seconds to wait for the cluster lock (default: min(5, interval / 2))
     dry_run: bool = False
     params: ObserveParams = DEFAULT_PARAMS
+    #: ``--mode recommend``: decide as when acting, but record each plan as a recommendation instead of applying
+    #: it (and never probe: nothing changes hosts).
+    recommend: bool = False
+    valid_for: float = 600.0  # seconds a recommendation stays valid
 
     def __post_init__(self) -> None:
         if not self.interval > 0:
@@ -167,6 +181,8 @@ class Controller:
     #: Failed hosts: detected, fenced, their VMs restarted (hypervisor/failure.py); None: hosts down are only
     #: reported, as before.
     failover: Failover | None = None
+    #: The recommendations book (vetoes are respected in both modes; recommend mode records there).
+    recommendations: Recommendations | None = None
 
     def __post_init__(self) -> None:
         self._lead = _Leadership()
@@ -281,7 +297,8 @@ class Controller:
         self.events.emit("start", cluster=self.cluster, interval=o.interval, budget=o.rebalance.budget,
                          threshold=o.rebalance.threshold, window=o.window_s, sample=o.sample_s,
                          cooldown=o.rebalance.cooldown, settle=o.rebalance.settle, probe_seconds=o.probe_s,
-                         dry_run=o.dry_run, **start)
+                         dry_run=o.dry_run, mode="recommend" if o.recommend else "act",
+                         schedule=o.rebalance.schedule.to_dict(), **start)
         try:
             while not self.stop.is_set():
                 self.cycle()
@@ -384,17 +401,24 @@ class Controller:
             self.events.emit("observe", vms=[e.to_dict() for e in estimates.values()])
             self.events.emit("decision", kind=NOTHING, reason="new leader: sampling its first window")
             return
-        if o.probe_s > 0 and probe_caps(inventory, estimates, o.params):
+        if o.probe_s > 0 and not o.recommend and probe_caps(inventory, estimates, o.params):
             inventory, estimates = self._probe(inventory, estimates)
         self.events.emit("observe", vms=[e.to_dict() for e in estimates.values()])
         needs = {name: e.estimate for name, e in estimates.items()}
         self.planned = dict(needs)
-        decision = self.rebalancer.decide(inventory, needs, self.clock.time())
+        self._try_lead(renew=False)  # no network: a leader whose lease went stale stands down before asking the book
+        if not self.leader:
+            return
+        vetoed = self.recommendations.read().vetoed(self.clock.time()) if self.recommendations is not None else ()
+        decision = self.rebalancer.decide(inventory, needs, self.clock.time(), vetoed=vetoed)
         self.events.emit("decision", **decision.to_dict())
         self._publish(inventory, estimates)
         if decision.plan is not None and not decision.plan.steps:
             self._probe_taken_over()  # the caps as they are (probe caps included) are what it wants
         if decision.plan is None or not decision.plan.steps:
+            return
+        if o.recommend:
+            self._recommend(decision, decision.plan, inventory, needs)
             return
         self.events.emit("plan", kind=decision.kind, dry_run=o.dry_run, plan=decision.plan.to_dict())
         if o.dry_run:
@@ -416,6 +440,19 @@ class Controller:
         if report.results:
             self.sampler.restart([r.step.vm for r in report.results])
             self._publish(self.hv.inventory(), self.estimates)
+
+    def _recommend(self, decision: Decision, plan: Plan, inventory: Inventory, needs: dict[str, float]) -> None:
+        """Record the plan the controller would apply as a recommendation (module docstring of
+        :mod:`vcsched.control.recommend`) and log it."""
+        if self.recommendations is None:
+            raise VcschedError("recommend mode without a recommendations store")
+        now = self.clock.time()
+        rec = new_recommendation(decision.kind, self.cluster, decision.reason, plan.to_dict(),
+                                 step_reasons(plan, inventory, needs), effect(plan, inventory, needs).to_dict(), now,
+                                 self.options.valid_for, self.events.member)
+        kept = self.recommendations.update(lambda book: record(book, rec))
+        self.events.emit("recommendation", id=kept.id, kind=kept.kind, new=kept.id == rec.id, reason=kept.reason,
+                         steps=len(plan.steps), effect=kept.effect, valid_until=kept.valid_until)
 
     def _apply(self, plan: Plan, lock: Lock | None, kind: str, take_over: bool = False) -> ApplyReport:
         """Apply ``plan`` under ``lock``; ``take_over``: a plan that sets every cap, which, applied whole, makes

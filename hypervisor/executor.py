@@ -25,7 +25,9 @@ is checked to be creatable (:meth:`hypervisor.base.Hypervisor.create_problems`:
 boot files, domain XML validated by libvirt).
 
 The migrations of one wave run at once (threads; libvirt connections are
-thread-safe), everything else one step at a time.  The first failure stops
+thread-safe), as many at a time as the cluster's migration throttles allow
+(:mod:`vcsched.plans.throttle`: in flight in the cluster and per host; the
+next starts when one ends), everything else one step at a time.  The first failure stops
 the plan (after the rest of its wave); no VM is stopped (a running VM with
 its old cap is always a safe state, because the plan is ordered so that caps
 never overrun a host at any prefix, see :mod:`vcsched.plans.ordering`), and
@@ -49,7 +51,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,6 +63,7 @@ from vcsched.plans.check import batches, check_plan, replay_problems
 from vcsched.plans.claims import check_claims
 from vcsched.plans.plan import Plan
 from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
+from vcsched.plans.throttle import admit
 from vcsched.units import CAP_TOLERANCE
 
 #: A read-back cap equals the grid point the host realises, up to float noise.
@@ -85,6 +88,14 @@ class SnapshotMismatch(PlanRefused):
 
 class StepFailed(VcschedError):
     """A step's pre-condition cannot be met or its post-condition did not hold."""
+
+
+class WaveStopped(VcschedError):
+    """The guard refused to start a throttled wave's next migration: the ones that ran are in ``results``."""
+
+    def __init__(self, reason: str, results: list[StepResult]) -> None:
+        super().__init__(reason)
+        self.results = results
 
 
 class StepRunner(Protocol):
@@ -288,8 +299,9 @@ class MigrateRunner:
 
     def act(self, hv: Hypervisor, step: MigrateStep) -> None:
         v = hv.find_vm(step.vm)
-        if v is not None and v.host == step.source:
-            hv.migrate_vm(step.vm, step.source, step.target, step.cap_cores)  # arrives with its cap
+        if v is not None and v.host == step.source:  # arrives with its cap; aborted past the cluster's timeout
+            hv.migrate_vm(step.vm, step.source, step.target, step.cap_cores,
+                          timeout_s=hv.throttles.timeout_for(step.bytes))
         hv.set_cap(step.target, step.vm, step.cap_cores)  # a re-run found it arrived: (re)set the arrival cap
 
     def verify(self, hv: Hypervisor, step: MigrateStep) -> None:
@@ -442,9 +454,12 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
         try:
             if guard is not None:
                 guard()
-            done = _run_group(hv, group, batch[0][0], threads)
+            done = _run_group(hv, group, batch[0][0], threads, guard)
         except HostReadBug:
             raise  # a bug in vcsched's reading code: reported as such (exit 70), not as a stopped plan
+        except WaveStopped as exc:
+            stopped = str(exc)
+            done = exc.results
         except VcschedError as exc:
             stopped = str(exc)
             results += [StepResult(step, NOT_RUN) for step in group]
@@ -509,15 +524,57 @@ def restore_lowered(hv: Hypervisor, before: Inventory, results: Sequence[StepRes
     return tuple(out)
 
 
-def _run_group(hv: Hypervisor, group: list[Step], first: int, threads: bool = True) -> list[StepResult]:
+def _run_group(hv: Hypervisor, group: list[Step], first: int, threads: bool = True,
+               guard: Callable[[], None] | None = None) -> list[StepResult]:
     """One step, or one wave of migrations at once, after its pre-condition on the hosts as they are now."""
     problem = _precondition(hv, group, first)
     if problem is not None:
         return [StepResult(step, FAILED, problem, 0.0) for step in group]
     if len(group) == 1 or not threads:
         return [_run_step(hv, step) for step in group]
+    return _run_wave(hv, group, guard)
+
+
+def _run_wave(hv: Hypervisor, group: list[Step], guard: Callable[[], None] | None) -> list[StepResult]:
+    """A wave's migrations in threads, started as the cluster's throttles admit them (:func:`admit`), each as soon
+    as a slot frees; results in plan order.  Without throttles all start at once, as the wave was planned.
+
+    ``guard`` is asked again before each migration that starts after the first ones (a throttled wave can last
+    long): once it refuses, no further one starts, the running ones finish, and :class:`WaveStopped` carries
+    the results (the rest not run)."""
+    ends = [(step.source, step.target) for step in group if isinstance(step, MigrateStep)]
+    assert len(ends) == len(group), "a wave holds migrations only"
+    results: dict[int, StepResult] = {}
+    pending = list(range(len(group)))
+    running: dict[Future[StepResult], int] = {}
+    refused: str | None = None
     with ThreadPoolExecutor(max_workers=len(group), thread_name_prefix="vcsched-wave") as pool:
-        return list(pool.map(lambda step: _run_step(hv, step), group))
+        while pending or running:
+            start = admit([ends[i] for i in pending], [ends[i] for i in running.values()], hv.throttles)
+            if not start and not running and pending:  # cannot happen with limits >= 1; never stall a wave
+                start = [0]
+            if start and results and guard is not None and refused is None:
+                try:
+                    guard()
+                except VcschedError as exc:
+                    refused = str(exc)
+            if refused is not None:
+                start = []
+                for i in pending:
+                    results[i] = StepResult(group[i], NOT_RUN, f"not started: {refused}")
+                pending = []
+            for k in sorted(start, reverse=True):
+                i = pending.pop(k)
+                running[pool.submit(_run_step, hv, group[i])] = i
+            if not running:
+                break
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in finished:
+                results[running.pop(f)] = f.result()
+    done = [results[i] for i in range(len(group))]
+    if refused is not None:
+        raise WaveStopped(refused, done)
+    return done
 
 
 def _run_step(hv: Hypervisor, step: Step) -> StepResult:

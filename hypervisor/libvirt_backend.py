@@ -68,7 +68,7 @@ from hypervisor.domain_xml import domain_xml, metadata_xml, parse_metadata
 from hypervisor.drivers import Driver, driver_of
 from hypervisor.identity import LockUnnamed, check_distinct, identity, remember, remembered, uuid_from_capabilities
 from hypervisor.libvirt_calls import as_host_error, one_line, quiet, retrying
-from hypervisor.live_state import host_state, host_vms, read_cap, read_io_caps, vm_state
+from hypervisor.live_state import host_state, host_vms, migration_job, read_cap, read_io_caps, vm_state
 from hypervisor.migration import migrate
 from hypervisor.pool import inventory_workers, run_bounded
 from hypervisor.settlement import RepairReport, settle
@@ -76,6 +76,7 @@ from hypervisor.throttle import apply_io_caps, live_devices
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, PERIOD_US, quota_for, realisable_cap
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster, ClusterHost
+from vcsched.formats.throttles import MigrationThrottles
 from vcsched.formats.units import format_size
 from vcsched.inventory import (
     METADATA_NS,
@@ -617,9 +618,33 @@ class LibvirtHypervisor:
                 dom.undefine()
         self.drop(host, vm)
 
-    def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float) -> None:
+    def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float, *,
+                   timeout_s: float | None = None) -> None:
         """Live-migrate ``vm`` so that it never runs on two hosts at once (:mod:`hypervisor.migration`)."""
-        migrate(self, vm, source, target, cap_cores)
+        migrate(self, vm, source, target, cap_cores, timeout_s=timeout_s)
+
+    @property
+    def throttles(self) -> MigrationThrottles:
+        return self.cluster.throttles
+
+    def migrations(self, inventory: Inventory) -> list[dict[str, Any]]:
+        """Live migrations in flight, from libvirt's job of every active VM of ``inventory`` (one ``jobStats``
+        call each): ``{"vm", "source", "target", ...}`` per migration, its progress as its source reports it.
+        The destination is the host of the VM's other copy (QEMU's arriving side reports no job of its own
+        there); None when that copy was not seen.  A host that did not answer is left out."""
+        sides: dict[str, dict[str, Any]] = {}
+        for v in inventory.vms:
+            if not v.active:
+                continue
+            try:
+                job = migration_job(self.domain(v.host, v.name), v.host)
+            except HypervisorError:
+                continue
+            if job is None or job.pop("direction") != "out":
+                continue
+            others = [o.host for o in inventory.vms if o.name == v.name and o.host != v.host]
+            sides[v.name] = {"vm": v.name, "source": v.host, "target": others[0] if others else None, **job}
+        return sorted(sides.values(), key=lambda m: m["vm"])
 
     def fence(self, host: str, what: str) -> None:
         """Refuse to change ``host`` once the cluster lock's lease may run out (``lease`` says so).

@@ -23,6 +23,7 @@ from hypervisor.base import HypervisorError, IoCounters
 from hypervisor.bootcheck import boot_problems
 from hypervisor.devices import boot_devices
 from vcsched.caps import CAP_TOLERANCE, min_cap, realisable_cap
+from vcsched.formats.throttles import NO_THROTTLES
 from vcsched.inventory import HostState, Inventory, VmMeta, VmState
 from vcsched.iocaps import IO_RESOURCES, IoCaps, VmDevices, io_problem, realisable
 from vcsched.plans.steps import CreateStep
@@ -51,6 +52,8 @@ class MemoryHypervisor:
         self.boot_files = False
         self.lease: Callable[[], bool] | None = None
         self.repairs = 0  # how many times repair ran (in-memory hosts hold one copy per VM: nothing to settle)
+        self.throttles = NO_THROTTLES
+        self.timeouts: dict[str, float | None] = {}  # vm -> the timeout its last migration was given
 
     def _add(self, v: VmState) -> None:
         if v.host not in self.hosts:
@@ -160,8 +163,11 @@ class MemoryHypervisor:
         self._managed_on(host, vm, "remove")
         del self.vms[vm]
 
-    def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float) -> None:
-        """The VM changes host and arrives with ``cap_cores`` (the destination XML's cap, in libvirt)."""
+    def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float, *,
+                   timeout_s: float | None = None) -> None:
+        """The VM changes host and arrives with ``cap_cores`` (the destination XML's cap, in libvirt); nothing
+        here takes time, so ``timeout_s`` is only recorded (:attr:`timeouts`)."""
+        self.timeouts[vm] = timeout_s
         self._maybe_fail("migrate", vm)
         v = self._vm_on(source, vm)
         if target not in self.hosts:

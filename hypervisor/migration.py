@@ -8,15 +8,16 @@ paused destination copy is removed once the source is verified running.  Anythin
 host that does not answer) is reported and left alone: the VM is *in doubt* until ``vcsched repair``
 (:mod:`hypervisor.settlement`) settles it under the cluster lock.
 
-A migration that would outlive the cluster lock's lease is aborted (``abortJob`` on the source) by a watch
-that polls the backend's ``lease`` while ``migrate3`` runs; the failed migration is then handled like any
-other (the VM keeps running on its source, or is in doubt).
+A migration that would outlive the cluster lock's lease, or that runs past the cluster's
+``migration_timeout_per_gib``, is aborted (``abortJob`` on the source) by a watch that polls while ``migrate3``
+runs; the failed migration is then handled like any other (the VM keeps running on its source, or is in doubt).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -48,24 +49,33 @@ def migration_flags(cluster: Cluster, source: str, target: str) -> int:
 
 
 @contextlib.contextmanager
-def lease_watch(lease: Callable[[], bool] | None, dom: Any, vm: str, lost: list[str]) -> Iterator[None]:
-    """While the block runs, abort the migration job of ``dom`` once ``lease()`` says the lock may no longer be
-    ours (its lease could expire before the migration ends); ``lost`` then holds why.  No ``lease``: no watch."""
-    if lease is None:
+def lease_watch(lease: Callable[[], bool] | None, dom: Any, vm: str, lost: list[str],
+                timeout_s: float | None = None) -> Iterator[None]:
+    """While the block runs, abort the migration job of ``dom`` (``abortJob`` on the source) once ``lease()``
+    says the lock may no longer be ours (its lease could expire before the migration ends), or once it has run
+    ``timeout_s`` seconds (the cluster's ``migration_timeout_per_gib``); ``lost`` then holds why.  Neither: no
+    watch."""
+    if lease is None and timeout_s is None:
         yield
         return
     done = threading.Event()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     def watch() -> None:
         while not done.wait(LEASE_POLL_S):
-            if not lease():
-                lost.append(f"the cluster lock's lease could expire before the migration of {vm!r} ends: "
-                            "aborted it")
-                with contextlib.suppress(libvirt.libvirtError, AttributeError):
-                    dom.abortJob()
-                return
+            if lease is not None and not lease():
+                why = f"the cluster lock's lease could expire before the migration of {vm!r} ends: aborted it"
+            elif deadline is not None and time.monotonic() >= deadline:
+                why = (f"the migration of {vm!r} ran past its timeout of {timeout_s:.3g} s "
+                       "(migration_timeout_per_gib): aborted it")
+            else:
+                continue
+            lost.append(why)
+            with contextlib.suppress(libvirt.libvirtError, AttributeError):
+                dom.abortJob()
+            return
 
-    thread = threading.Thread(target=watch, name=f"lease-watch-{vm}", daemon=True)
+    thread = threading.Thread(target=watch, name=f"migration-watch-{vm}", daemon=True)
     thread.start()
     try:
         yield
@@ -74,13 +84,16 @@ def lease_watch(lease: Callable[[], bool] | None, dom: Any, vm: str, lost: list[
         thread.join(LEASE_POLL_S * 5)
 
 
-def migrate(hv: LibvirtHypervisor, vm: str, source: str, target: str, cap_cores: float) -> None:
+def migrate(hv: LibvirtHypervisor, vm: str, source: str, target: str, cap_cores: float, *,
+            timeout_s: float | None = None) -> None:
     """Migrate ``vm`` from ``source`` to ``target`` (module docstring).
 
     The destination XML (``VIR_MIGRATE_PARAM_DEST_XML``) carries the
     destination's cgroup partition and the VM's cap there (``<cputune>``).
     vcsched creates its VMs transient; a persistent one also gets
-    ``PERSIST_DEST | UNDEFINE_SOURCE`` with the same XML.
+    ``PERSIST_DEST | UNDEFINE_SOURCE`` with the same XML.  The cluster's
+    ``migration_bandwidth`` is libvirt's ``VIR_MIGRATE_PARAM_BANDWIDTH`` (MiB/s);
+    past ``timeout_s`` the migration is aborted (:func:`lease_watch`).
     """
     cluster = hv.cluster
     src_host, dst_host = cluster.host(source), cluster.host(target)
@@ -101,12 +114,15 @@ def migrate(hv: LibvirtHypervisor, vm: str, source: str, target: str, cap_cores:
         xml = stamp_migrated_at(xml, hv.clock(), arriving_from=source)
         params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_URI: migration_uri(dst_host.migration_address),
                                   libvirt.VIR_MIGRATE_PARAM_DEST_XML: xml}
+        bandwidth = cluster.throttles.bandwidth_mib
+        if bandwidth is not None:
+            params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] = bandwidth
         flags = migration_flags(cluster, source, target)
         if dom.isPersistent():
             params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = xml
             flags |= libvirt.VIR_MIGRATE_PERSIST_DEST | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
         hv.fence(source, f"migrate {vm!r} to {target}")
-        with lease_watch(hv.lease, dom, vm, lost):
+        with lease_watch(hv.lease, dom, vm, lost, timeout_s):
             dom.migrate3(dst, params, flags)
     except libvirt.libvirtError as exc:
         after = after_failure(hv, vm, uuid, source, target) if uuid else f"it keeps running on {source}"

@@ -92,9 +92,10 @@ class LoadedHypervisor(MemoryHypervisor):
         self._account()
         super().set_cap(host, vm, cap_cores)
 
-    def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float) -> None:
+    def migrate_vm(self, vm: str, source: str, target: str, cap_cores: float, *,
+                   timeout_s: float | None = None) -> None:
         self._account()
-        super().migrate_vm(vm, source, target, cap_cores)
+        super().migrate_vm(vm, source, target, cap_cores, timeout_s=timeout_s)
 
 
 def busy(level: float) -> Demand:

@@ -111,6 +111,20 @@ def start_lab_guest(lab: Lab, host: int = 0, name: str | None = None, *, vcpus: 
     return dom
 
 
+def copies(lab: Lab, name: str) -> list[tuple[str, bool]]:
+    """``(host, active)`` for every copy of domain ``name`` on the lab's hosts, as libvirt lists them."""
+    import libvirt
+
+    out = []
+    for h in lab.hosts:
+        conn = libvirt.open(h.connect_uri)
+        try:
+            out += [(h.name, bool(d.isActive())) for d in conn.listAllDomains(0) if d.name() == name]
+        finally:
+            conn.close()
+    return out
+
+
 def destroy_everywhere(lab: Lab, name: str) -> None:
     """Destroy (and undefine) guest ``name`` on whichever lab host has it now (it may have migrated)."""
     import libvirt

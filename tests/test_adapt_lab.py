@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from cli.main import cli
 from hypervisor.lab import Lab
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from tests.lab_support import destroy_everywhere
+from tests.lab_support import copies, destroy_everywhere
 from vcsched.formats.cluster import cluster_from_dict
 from vcsched.plans.steps import Boot, CreateStep
 
@@ -56,16 +56,7 @@ def two_on_h0(lab2: Lab) -> Iterator[tuple[str, str]]:
 
 
 def where(lab: Lab, name: str) -> list[tuple[str, bool]]:
-    import libvirt
-
-    out = []
-    for h in lab.hosts:
-        conn = libvirt.open(h.connect_uri)
-        try:
-            out += [(h.name, bool(d.isActive())) for d in conn.listAllDomains(0) if d.name() == name]
-        finally:
-            conn.close()
-    return out
+    return copies(lab, name)
 
 
 def test_adapt_live_migrates_one_vm_and_raises_the_caps(lab2: Lab, two_on_h0: tuple[str, str]) -> None:

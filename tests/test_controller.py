@@ -27,6 +27,7 @@ from hypervisor.metrics import ControllerMetrics, MetricsServer
 from tests.builders import MiB, inventory_of, managed
 from tests.fake_load import Demand, FakeClock, FakeLocks, LoadedHypervisor, busy, phases
 from vcsched.control.rebalance import RebalanceOptions
+from vcsched.formats.windows import ALWAYS
 from vcsched.inventory import VmState
 
 INTERVAL = 10.0
@@ -43,7 +44,8 @@ class Run:
         # controller must never see another's probe journal (they are all of cluster "lab", in one process).
         journals = options.pop("journals", None) or Path(tempfile.mkdtemp(prefix="journal-", dir=state_dir()))
         rebalance = RebalanceOptions(options.pop("budget", BUDGET), options.pop("threshold", 0.05),
-                                     options.pop("settle", 2), options.pop("cooldown", 600.0))
+                                     options.pop("settle", 2), options.pop("cooldown", 600.0),
+                                     schedule=options.pop("schedule", ALWAYS))
         opts = RunOptions(options.pop("interval", INTERVAL), rebalance, sample=options.pop("sample", 2.5),
                           probe_seconds=options.pop("probe_seconds", 3.0), **options)
         self.stream = io.StringIO()

@@ -67,7 +67,7 @@ def test_a_vm_that_migrated_within_the_cooldown_is_pinned() -> None:
     d = r.decide(inv, {}, NOW)
     assert d.pinned == ("a-0", "b-0")
     assert d.plan is not None and not any(isinstance(s, MigrateStep) for s in d.plan.steps)
-    assert d.reason.endswith("(in their cool-down, not moved: a-0, b-0)"), d.reason  # the operator is told why
+    assert d.reason.endswith("(in their cool-down or vetoed, not moved: a-0, b-0)"), d.reason  # told why
 
 
 def test_once_the_cooldown_is_over_the_vm_may_move_again() -> None:

@@ -262,7 +262,7 @@ class Conn:
     def getCapabilities(self) -> str:
         return "<capabilities><host><uuid>" + "2" * 32 + "</uuid></host></capabilities>"
 
-    def getAllDomainStats(self, _flags: int) -> list[tuple[Dom, dict[str, Any]]]:
+    def getAllDomainStats(self, _stats: int, _flags: int = 0) -> list[tuple[Dom, dict[str, Any]]]:
         return self.stats
 
     def lookupByName(self, name: str) -> Dom:

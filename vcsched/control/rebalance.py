@@ -25,7 +25,11 @@ The re-balance is applied only when all of these hold, otherwise the re-cap is:
    (default 2).  A load that swings from one host to the other between
    intervals proposes opposite moves each time and never reaches the count,
    so it never ping-pongs; a lasting imbalance is acted on one interval late;
-3. no VM migrated less than ``cooldown`` seconds ago is moved: it is
+3. migrations are allowed now: inside one of the cluster file's maintenance
+   windows and in none of its blackouts (:mod:`vcsched.formats.windows`;
+   outside, the re-cap is still applied — caps are cheap and reversible — and
+   the decision says why nothing migrates);
+4. no VM migrated less than ``cooldown`` seconds ago is moved: it is
    *pinned* (its move costs more than the budget), known from the
    ``migrated_at`` its libvirt metadata carries (set when it arrived), so a
    restarted controller or a new leader keeps to it without a database.
@@ -43,6 +47,7 @@ from typing import Any
 from vcsched.control.live import LiveAdaptation, adapt_inventory
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
+from vcsched.formats.windows import ALWAYS, MaintenanceSchedule
 from vcsched.inventory import Inventory
 from vcsched.plans.migration import MigrationBlocked
 from vcsched.plans.plan import Plan
@@ -62,6 +67,8 @@ class RebalanceOptions:
     parallel: int = 1
     #: The cluster file, for what a move costs (memory + disks between hosts of different storage); None: memory.
     storage: Cluster | None = None
+    #: When migrations are allowed (the cluster file's windows and blackouts); outside, caps only.
+    schedule: MaintenanceSchedule = ALWAYS
 
     def __post_init__(self) -> None:
         if self.budget < 0:
@@ -92,12 +99,15 @@ class Decision:
     pinned: tuple[str, ...] = ()
     streak: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: Why no migration may happen now (outside the maintenance windows, in a blackout); None: allowed.
+    window: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "reason": self.reason, "current_min_yield": self.current_min_yield,
                 "recap_min_yield": self.recap_min_yield, "rebalance_min_yield": self.rebalance_min_yield,
                 "gain": self.gain, "moves": [list(m) for m in self.moves], "pinned": list(self.pinned),
-                "streak": self.streak, "steps": 0 if self.plan is None else len(self.plan.steps),
+                "streak": self.streak, "window": self.window,
+                "steps": 0 if self.plan is None else len(self.plan.steps),
                 "migrated_bytes": 0 if self.plan is None else int(self.plan.extra.get("migrated_bytes", 0))}
 
 
@@ -140,12 +150,15 @@ class Rebalancer:
         return adapt_inventory(inventory.cluster, inventory, budget, needs=needs, algorithm=o.algorithm,
                                parallel=o.parallel, pinned=tuple(pinned), record_needs=False, storage=o.storage)
 
-    def decide(self, inventory: Inventory, needs: Mapping[str, float], now: float) -> Decision:
+    def decide(self, inventory: Inventory, needs: Mapping[str, float], now: float,
+               vetoed: Iterable[str] = ()) -> Decision:
+        """This interval's decision.  ``vetoed``: VMs an operator's skipped recommendation keeps where they are
+        (pinned like VMs in their cool-down)."""
         o = self.options
         if not inventory.up().managed():
             self._reset()
             return Decision(NOTHING, None, "no running managed VM")
-        pinned = cooling(inventory, now, o.cooldown)
+        pinned = tuple(sorted(set(cooling(inventory, now, o.cooldown)) | set(vetoed)))
         try:
             recap = self.plan_for(RECAP, inventory, needs)
         except MigrationBlocked as exc:  # e.g. a cap below the smallest quota: the cluster is too crowded
@@ -160,6 +173,12 @@ class Rebalancer:
                         recap_min_yield=recap.plan.min_yield, pinned=pinned)
         if o.budget == 0:
             return replace(base, reason="budget 0: caps only")
+        closed = o.schedule.why_closed(now)
+        if closed is not None:
+            self._reset()  # proposals do not accumulate while migrations are not allowed
+            opens = o.schedule.next_change(now)
+            when = "" if opens is None else f"; migrations allowed again at {o.schedule.local(opens):%a %Y-%m-%d %H:%M}"
+            return replace(base, reason=f"no migration: {closed}{when}; caps only", window=closed)
         try:
             moved = self.plan_for(REBALANCE, inventory, needs, pinned)
         except MigrationBlocked as exc:
@@ -167,7 +186,7 @@ class Rebalancer:
             return replace(base, reason=f"no safe migration order: {exc}")
         if moved.plan is None or not moves_of(moved.plan):
             self._reset()
-            cooling_note = f" (in their cool-down, not moved: {', '.join(sorted(pinned))})" if pinned else ""
+            cooling_note = f" (in their cool-down or vetoed, not moved: {', '.join(sorted(pinned))})" if pinned else ""
             return replace(base, reason="no migration improves the minimum yield within the budget" + cooling_note,
                            rebalance_min_yield=None if moved.plan is None else moved.plan.min_yield)
         gain = moved.plan.min_yield - recap.plan.min_yield

@@ -41,6 +41,19 @@ Across machines (docs/operations.md, "Running across machines"), all optional::
     migration_tls = true         # encrypt migration streams (VIR_MIGRATE_TLS); default false
     host_timeout = 10            # seconds a host may take to answer before it counts as down for the command
 
+Migration throttles (:mod:`vcsched.formats.throttles`), all optional::
+
+    max_migrations = 4           # live migrations in flight in the cluster
+    max_migrations_per_host = 1  # in flight on one host, in and out together
+    migration_bandwidth = "100MiB"   # per migration, bytes/s (a whole number of MiB/s)
+    migration_timeout_per_gib = 60   # seconds per GiB moved, then the migration is aborted
+
+When `vcsched run` may migrate (:mod:`vcsched.formats.windows`), all optional::
+
+    timezone = "Europe/Paris"    # required with windows or blackouts
+    windows = ["Mon-Fri 22:00-06:00", "Sat-Sun *"]
+    blackouts = ["2026-12-24..2027-01-02 *"]
+
 Sharing policies (docs/policies.md), all optional::
 
     policy = "drf"               # the policy place/adapt/status use (a --policy flag overrides it)
@@ -70,7 +83,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_fields, check_fraction, check_name, check_number, check_string
+from vcsched.formats.throttles import NO_THROTTLES, THROTTLE_FIELDS, MigrationThrottles, throttles_from_dict
 from vcsched.formats.units import parse_size
+from vcsched.formats.windows import ALWAYS, WINDOW_FIELDS, MaintenanceSchedule, schedule_from_dict
 
 if TYPE_CHECKING:
     from vcsched.model import Tenant
@@ -229,6 +244,10 @@ class Cluster:
     failures_tolerated: int = 0
     #: What the operator must know about the file (an unverified or unauthenticated URI), one line each.
     warnings: tuple[str, ...] = ()
+    #: Live migrations at once, their bandwidth and timeout (:mod:`vcsched.formats.throttles`).
+    throttles: MigrationThrottles = NO_THROTTLES
+    #: When `vcsched run` may migrate (:mod:`vcsched.formats.windows`); operators' commands are not bound by it.
+    schedule: MaintenanceSchedule = ALWAYS
 
     def connect_uri(self, host: str) -> str:
         """The URI vcsched opens for ``host``: its URI, with the cluster's ``pki`` for TLS."""
@@ -357,10 +376,9 @@ def _guest_from_dict(d: Any) -> GuestDefaults:
 
 def cluster_from_dict(d: Any) -> Cluster:
     """Validate a decoded cluster file; every error names the field and the value."""
-    d = check_fields("cluster", d, {"name", "min_yield", "guest", "hosts", "coordination", "lock_ttl", "policy",
-                                    "alpha", "tenants", "pki", "migration_tls", "host_timeout", "failure_timeout",
-                                    "failures_tolerated"}, {"name", "hosts"},
-                     kind="table")
+    fields = {"name", "min_yield", "guest", "hosts", "coordination", "lock_ttl", "policy", "alpha", "tenants", "pki",
+              "migration_tls", "host_timeout", "failure_timeout", "failures_tolerated"}
+    d = check_fields("cluster", d, fields | THROTTLE_FIELDS | WINDOW_FIELDS, {"name", "hosts"}, kind="table")
     name = check_name("name", d["name"])
     hosts_raw = d["hosts"]
     if not isinstance(hosts_raw, list) or not hosts_raw:
@@ -414,7 +432,8 @@ def cluster_from_dict(d: Any) -> Cluster:
                          f"({len(hosts)}): some host must survive to take the VMs")
     warnings = tuple(w for i, h in enumerate(hosts) for w in uri_warnings(f"hosts[{i}]", h.name, h.uri))
     return Cluster(name, hosts, min_yield, guest, coordination, policy, alpha, tenants, lock_ttl, pki,
-                   migration_tls, host_timeout, failure_timeout, failures_tolerated, warnings)
+                   migration_tls, host_timeout, failure_timeout, failures_tolerated, warnings,
+                   throttles_from_dict(d), schedule_from_dict(d))
 
 
 def _policy_from_dict(d: Any) -> tuple[str | None, float | None]:

@@ -1,0 +1,178 @@
+"""``vcsched recommendations`` / ``approve`` / ``skip``: an operator in the loop of `vcsched run --mode recommend`
+(docs/operations.md, *Recommendations*)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from cli.app import EXIT_OK, console, emit_json
+from cli.params import Duration, check_coordination, cluster_option, json_option, lock_options
+
+
+def _store(cluster: Any, coordination: str | None, hv: Any = None) -> Any:
+    """The cluster's recommendations book, named like its lock (the hosts' identities)."""
+    from cli.common import host_identities
+    from hypervisor.identity import lock_key
+    from hypervisor.lock import resolve_url
+    from hypervisor.recommendations import RecommendationStore
+
+    url = resolve_url(coordination, cluster.coordination)
+    return RecommendationStore(url, lock_key(host_identities(cluster, hv).values()))
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%m-%d %H:%M:%S", time.localtime(t))
+
+
+def render_recommendation(doc: dict[str, Any]) -> None:
+    from cli.tables import FitTable
+    from vcsched.formats.units import format_size
+
+    e = doc["effect"]
+    console.print(f"[bold]{doc['id']}[/] {doc['kind']} [{doc['state']}] made {_when(doc['made_at'])} by "
+                  f"{doc['made_by'] or '?'}, valid until {_when(doc['valid_until'])}", highlight=False)
+    console.print(f"  why: {doc['reason']}", highlight=False)
+    console.print(f"  min yield {e['min_yield_before']:.3f} -> {e['min_yield_after']:.3f}, mean yield "
+                  f"{e['mean_yield_before']:.3f} -> {e['mean_yield_after']:.3f}, moves "
+                  f"{format_size(e['bytes_to_move'])}", highlight=False)
+    if doc.get("detail"):
+        console.print(f"  {doc['detail']}", highlight=False)
+    table = FitTable(title=f"{doc['id']}: steps")
+    for col in ("#", "step", "VM", "host", "cap", "yield before -> after", "why"):
+        table.add_column(col, justify="right" if col in ("#", "cap") else "left", key=col in ("#", "VM"))
+    for i, s in enumerate(doc["steps"]):
+        per = e["per_vm"].get(s["vm"], {})
+        host = f"{s['from']} -> {s['to']}" if s["op"] == "migrate" else str(s.get("host", ""))
+        cap = s.get("cap_cores")
+        yb, ya = per.get("yield_before"), per.get("yield_after")
+        ys = "-" if yb is None or ya is None else f"{yb:.3f} -> {ya:.3f}"
+        table.add_row(str(i + 1), s["op"], s["vm"], host, "-" if cap is None else f"{cap:.3f}", ys, s["reason"])
+    console.print(table)
+
+
+@click.command("recommendations")
+@cluster_option()
+@click.option("--all", "show_all", is_flag=True, help="Also those approved, applied, skipped, superseded, expired.")
+@json_option("Print one JSON object: recommendations, vetoes.")
+@click.option("--coordination", metavar="URL", default=None, callback=check_coordination,
+              help="Where the recommendations live (as for the cluster lock; default: the cluster file's).")
+def recommendations_cmd(cluster_file: str | None, show_all: bool, as_json: bool, coordination: str | None) -> int:
+    """List what `vcsched run --mode recommend` proposes: reason, predicted yields, steps.
+
+    \b
+    Each recommendation has an id, the steps it would apply (caps,
+    migrations), why (the controller's reason and one per step), the
+    predicted effect (min and mean yield before and after, per affected VM,
+    bytes to move), when it was made and until when it may be approved.
+    `vcsched approve ID` applies one, `vcsched skip ID` vetoes it.  Reads
+    only.  Exit codes: 0 listed, 1 the coordination service is down,
+    2 bad input.
+    """
+    from cli.common import load_cluster
+    from vcsched.control.recommend import OPEN
+
+    cluster = load_cluster(cluster_file)
+    book = _store(cluster, coordination).read()
+    now = time.time()
+    docs = [r.to_dict(now) for r in book.recommendations if show_all or r.state_at(now) == OPEN]
+    if as_json:
+        emit_json({"recommendations": docs, "vetoes": [v.to_dict() for v in book.vetoes if v.until > now]})
+        return EXIT_OK
+    if not docs:
+        console.print("no open recommendation" + ("" if show_all else " (--all shows the others)"))
+    for doc in docs:
+        render_recommendation(doc)
+    for v in book.vetoes:
+        if v.until > now:
+            console.print(f"veto {v.id}: {', '.join(v.vms)} stay put until {_when(v.until)}", highlight=False)
+    return EXIT_OK
+
+
+@click.command("approve")
+@click.argument("rec_id", metavar="ID")
+@cluster_option()
+@json_option("Print one JSON object: ok, the recommendation, the apply report.")
+@lock_options()
+def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: float, coordination: str | None,
+                lock_ttl: float | None) -> int:
+    """Apply recommendation ID now, under the cluster lock, if it still holds.
+
+    \b
+    Its plan is re-validated against the live inventory first, as `vcsched
+    apply` does (the snapshot, the whole plan replayed, its claims): a
+    cluster that changed so that it no longer holds, a recommendation past
+    its validity or already approved, skipped or superseded is refused
+    (exit 1, the reason on stderr), nothing changed.  An operator's approval
+    is not bound by the maintenance windows; migrations keep to the
+    cluster file's throttles.
+
+    Exit codes: 0 applied, 1 refused / a step failed / the cluster is
+    locked, 2 bad input (an unknown ID), 130 interrupted (the running step
+    finishes; the report says what was done).
+    """
+    from cli.common import apply_exit_code, cluster_lock, load_cluster, notice, render_report, run_apply
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from hypervisor.lock import member_id
+    from vcsched.control import recommend as rc
+    from vcsched.errors import InputError
+    from vcsched.plans.claims import PlanMismatch
+    from vcsched.plans.plan import plan_from_dict
+
+    cluster = load_cluster(cluster_file)
+    with LibvirtHypervisor(cluster, on_notice=notice) as hv:
+        store = _store(cluster, coordination, hv)
+        store.read().get(rec_id)  # an unknown id is bad input before any lock is taken
+        with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, hv=hv) as lock:
+            rec = store.update(lambda book: rc.approve(book, rec_id, time.time(), member_id()))
+            try:
+                plan = plan_from_dict(dict(rec.plan))
+                report = run_apply(hv, plan, force=False, quiet=as_json, lock=lock)
+            except (InputError, PlanMismatch) as exc:  # the snapshot, the plan replayed, its claims: no longer holds
+                why = f"the cluster changed since it was made: {exc}"
+                store.update(lambda book: rc.settle(book, rec_id, rc.STALE, why))
+                raise rc.Refused(f"recommendation {rec_id} is stale: {why}") from None
+            except BaseException as exc:  # a host down, the lock lost, Ctrl-C: not applied; said in the book
+                failed = f"not applied: {exc or type(exc).__name__}"
+                store.update(lambda book: rc.settle(book, rec_id, rc.FAILED, failed))
+                raise
+            state = rc.APPLIED if report.ok else rc.FAILED
+            bad = report.failed()
+            detail = "applied" if report.ok else (report.stopped or (bad.detail if bad is not None else "failed"))
+            rec = store.update(lambda book: rc.settle(book, rec_id, state, detail))
+    if as_json:
+        emit_json({"ok": report.ok, "recommendation": rec.to_dict(time.time()), "apply": report.to_dict()})
+    else:
+        render_report(report)
+        console.print(f"recommendation {rec_id}: {state}", highlight=False)
+    return apply_exit_code(report)
+
+
+@click.command("skip")
+@click.argument("rec_id", metavar="ID")
+@cluster_option()
+@click.option("--for", "veto_s", type=Duration(), default="1h", show_default=True,
+              help="How long the controller keeps the VMs it would have moved where they are.")
+@json_option("Print one JSON object: ok, the recommendation.")
+@click.option("--coordination", metavar="URL", default=None, callback=check_coordination,
+              help="Where the recommendations live (as for the cluster lock; default: the cluster file's).")
+def skip_cmd(rec_id: str, cluster_file: str | None, veto_s: float, as_json: bool, coordination: str | None) -> int:
+    """Veto recommendation ID: it is closed, and the controller does not move its VMs again for --for.
+
+    Changes no host.  Exit codes: 0 skipped, 1 already decided (approved,
+    applied, skipped, superseded), 2 bad input (an unknown ID).
+    """
+    from cli.common import load_cluster
+    from hypervisor.lock import member_id
+    from vcsched.control import recommend as rc
+
+    cluster = load_cluster(cluster_file)
+    store = _store(cluster, coordination)
+    rec = store.update(lambda book: rc.skip(book, rec_id, time.time(), member_id(), veto_s))
+    if as_json:
+        emit_json({"ok": True, "recommendation": rec.to_dict(time.time())})
+    else:
+        console.print(f"recommendation {rec_id} skipped: {rec.detail}", highlight=False)
+    return EXIT_OK
