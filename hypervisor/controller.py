@@ -454,15 +454,19 @@ class Controller:
         self.events.emit("recommendation", id=kept.id, kind=kept.kind, new=kept.id == rec.id, reason=kept.reason,
                          steps=len(plan.steps), effect=kept.effect, valid_until=kept.valid_until)
 
-    def _apply(self, plan: Plan, lock: Lock | None, kind: str, take_over: bool = False) -> ApplyReport:
+    def _apply(self, plan: Plan, lock: Lock | None, kind: str, take_over: bool = False,
+               after_step: Callable[[StepResult], None] | None = None) -> ApplyReport:
         """Apply ``plan`` under ``lock``; ``take_over``: a plan that sets every cap, which, applied whole, makes
-        this interval's probe caps its own (module docstring)."""
+        this interval's probe caps its own (module docstring).  ``after_step`` runs as each step ends, so that
+        what a step did is said even when a stop (SIGTERM) ends the plan early."""
         start = self.clock.monotonic()
 
         def on_step(r: StepResult) -> None:
             self.metrics.add_step(r.step.op, r.outcome)
             self.events.emit("step", kind=kind, outcome=r.outcome, seconds=r.seconds, detail=r.detail,
                              **r.step.to_dict())
+            if after_step is not None:
+                after_step(r)
 
         def warn(line: str) -> None:
             self.events.emit("error", during="definitions", error=line, type="StoreError")
@@ -544,14 +548,16 @@ class Controller:
                 if not result.fenced:
                     return  # its VMs may still run there: nothing is created; tried again next interval
                 self.failures.fenced.add(host)
-            report = self._apply(recovery.plan, lock, "recover")
-        detected = self.failures.failed_at.get(host, self.clock.monotonic())
-        for r in report.results:
-            if isinstance(r.step, CreateStep) and r.outcome == DONE:
-                seconds = self.clock.monotonic() - detected
-                self.metrics.add_restart(seconds)
-                self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, failed_host=host,
-                                 seconds_since_failed=round(seconds, 3))
+            detected = self.failures.failed_at.get(host, self.clock.monotonic())
+
+            def restarted(r: StepResult) -> None:
+                if isinstance(r.step, CreateStep) and r.outcome == DONE:
+                    seconds = self.clock.monotonic() - detected
+                    self.metrics.add_restart(seconds)
+                    self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, failed_host=host,
+                                     seconds_since_failed=round(seconds, 3))
+
+            self._apply(recovery.plan, lock, "recover", after_step=restarted)
 
     def _probe(self, inventory: Inventory, estimates: dict[str, Estimate]) -> tuple[Inventory, dict[str, Estimate]]:
         """Raise the caps of VMs that want a probe into unused capacity, sample, estimate again (module docstring)."""

@@ -111,3 +111,26 @@ def test_a_fence_that_fails_restarts_nothing_and_is_tried_again(tmp_path: Path) 
     fences.works = True
     run.cycles(1)
     assert [r["vm"] for r in run.events("vm_restarted")] == ["b-0"]
+
+
+def test_a_stop_during_the_restart_still_says_which_vm_ran_again(tmp_path: Path) -> None:
+    """SIGTERM while the recovery plan runs: the plan stops after its running step, and the VM that step created
+    is still reported (``vm_restarted``, the restart metric) -- a stop must not hide what was done."""
+    fences = Fences()
+    run, hv = setup(tmp_path, fences)
+    run.cycles(3)
+    power_loss(hv, "h1")
+    create = hv.create_vm
+
+    def create_then_stop(step: Any) -> None:
+        create(step)
+        run.controller.stop.set()  # SIGTERM arrives while the step runs
+
+    hv.create_vm = create_then_stop
+    for _ in range(6):
+        if run.controller.stop.is_set():
+            break
+        run.cycles(1)
+    assert run.controller.stop.is_set() and hv.vms["b-0"].active
+    assert [(r["vm"], r["failed_host"]) for r in run.events("vm_restarted")] == [("b-0", "h1")]
+    assert run.controller.metrics.failures["vms_restarted"] == 1
