@@ -102,6 +102,9 @@ def wait_restarted(proc: subprocess.Popen[bytes], log: Path, n: int, until: floa
         time.sleep(0.5)
 
 
+# It measures the time from power loss to running again (the bound): alone, in CI's second pass; beside
+# the first pass's CPU-bound tests a loaded machine took 21.1 s against 21.
+@pytest.mark.exclusive
 def test_a_host_that_loses_its_power_has_its_vms_restarted_once_on_the_survivors(lab3: Lab, tmp_path: Path) -> None:
     cluster, env, placed = setup(lab3, tmp_path)
     lost = sorted(vm for vm, h in placed.items() if h == "h1")
