@@ -22,7 +22,15 @@ import subprocess
 import time
 from pathlib import Path
 
-from hypervisor.lab.state import HOST_MOUNTS, LabLayout, host_uuid, pid_gone, pid_matches, read_pid_file
+from hypervisor.lab.state import (
+    HOST_MOUNTS,
+    LabLayout,
+    host_uuid,
+    migration_ports,
+    pid_gone,
+    pid_matches,
+    read_pid_file,
+)
 from vcsched.errors import VcschedError
 
 DAEMONS = ("libvirtd", "virtlogd")
@@ -36,9 +44,11 @@ class DaemonError(VcschedError):
 PKI_IN_NS = "/etc/libvirt/pki"
 
 
-def qemu_conf(address: str | None = None) -> str:
+def qemu_conf(address: str | None = None, ports: tuple[int, int] | None = None) -> str:
     """Guests run as root without a security driver: there is no AppArmor/SELinux
     set-up for the lab's directories, and the guest files live in /var/tmp.
+
+    ``ports``: the host's own incoming-migration port range (:func:`hypervisor.lab.state.migration_ports`).
 
     A TLS host (``address``) also receives migrations only on its own address
     (``migration_address``: without it QEMU listens on every address, and a
@@ -46,6 +56,8 @@ def qemu_conf(address: str | None = None) -> str:
     has the certificates QEMU uses for VIR_MIGRATE_TLS.
     """
     text = 'user = "root"\ngroup = "root"\nsecurity_driver = "none"\n'
+    if ports is not None:
+        text += f"migration_port_min = {ports[0]}\nmigration_port_max = {ports[1]}\n"
     if address is not None:
         text += (f'migration_address = "{address}"\n'
                  f'default_tls_x509_cert_dir = "{PKI_IN_NS}/qemu"\n'
@@ -93,7 +105,7 @@ def prepare_host(layout: LabLayout, index: int, *, tls: bool = False) -> None:
         if not (etc / "pki" / "servercert.pem").is_file():
             certs.make_host(layout.pki_dir, etc, address, layout.id)
     (etc / "libvirtd.conf").write_text(libvirtd_conf(host_uuid(layout.id, index), address))
-    (etc / "qemu.conf").write_text(qemu_conf(address))
+    (etc / "qemu.conf").write_text(qemu_conf(address, migration_ports(layout.id, index)))
     (etc / "virtlogd.conf").write_text("")
 
 
