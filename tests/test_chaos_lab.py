@@ -30,6 +30,7 @@ the test's tmp dir (``chaos-report.json``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -50,8 +51,9 @@ import pytest
 
 from hypervisor.lab import Lab, up
 from hypervisor.lab.daemons import answers, daemon_pid
+from hypervisor.lab.guest import guest_xml
 from hypervisor.lab.state import LabLayout
-from tests.lab_support import LAB_TRANSPORT, running_lab, skip_unless_lab_possible, start_lab_guest
+from tests.lab_support import LAB_TRANSPORT, running_lab, skip_unless_lab_possible
 from vcsched.inventory import METADATA_NS
 
 pytestmark = pytest.mark.lab
@@ -296,6 +298,7 @@ class Round:
     reads: int = 0
     repair: list[int] = field(default_factory=list)
     repair_out: str = ""
+    after_seconds: float = 0.0  # healing, repair and checks
     violations: list[str] = field(default_factory=list)
 
 
@@ -386,6 +389,23 @@ class World:
     unmanaged: dict[str, Any] = field(default_factory=dict)
 
 
+def start_unmanaged(lab: Lab, name: str) -> Any:
+    """The domain vcsched does not manage, on h1 all along: the lab's guest without vcsched's metadata, with a
+    quota of its own, kept paused — what repair must leave alone although it looks like a stale copy, and a
+    guest that costs no CPU (a lab guest capped this low while it boots panics: "IO-APIC + timer doesn't
+    work!", and its own reboot would look like vcsched removing it)."""
+    import libvirt
+
+    conn = libvirt.open(lab.hosts[1].connect_uri)
+    try:
+        dom = conn.createXML(guest_xml(name, lab.guest, partition=lab.hosts[1].partition),
+                             libvirt.VIR_DOMAIN_START_PAUSED)
+        dom.setSchedulerParameters({"vcpu_quota": 5000, "vcpu_period": 100000})
+        return dom
+    finally:
+        conn.close()
+
+
 def unmanaged_state(lab: Lab, name: str, watch: QemuWatch) -> dict[str, Any]:
     copies = [c for c in read_lab(lab) if c.name == name]
     pids = {vm: p for vm, p in watch.processes().items() if watch.names.get(vm) == name}
@@ -404,7 +424,7 @@ def check(lab: Lab, world: World, watch: QemuWatch) -> dict[str, list[str]]:
     world.created.update({u: watch.names[u] for u in watch.executed
                           if u in watch.names and watch.names[u] != world.unmanaged["name"]})
     before = {pid: _vcpu_ticks(pid) for ps in watch.processes().values() for pid in ps}
-    time.sleep(1.0)
+    time.sleep(0.5)
     procs = watch.processes()
     out: dict[str, list[str]] = {k: [] for k in ("double_running", "lost", "left_paused", "extra_copies",
                                                  "left_uncapped", "over_committed", "unmanaged_changed")}
@@ -428,7 +448,7 @@ def check(lab: Lab, world: World, watch: QemuWatch) -> dict[str, list[str]]:
     for vm, name in sorted(world.created.items(), key=lambda kv: kv[1]):
         if vm not in by_vm and name.rsplit("-", 1)[0] not in world.departed:
             out["lost"].append(f"{name} ({vm}): created, not removed, on no host (QEMU processes "
-                               f"{procs.get(vm, [])})")
+                               f"{procs.get(vm, [])}); its hosts' QEMU logs: {ends_of_life(lab, name)}")
     for h in lab.hosts:
         on = [c for c in copies if c.host == h.name and c.state == "running" and c.quota > 0 and c.period > 0]
         caps = sum(c.quota / c.period for c in on)
@@ -441,6 +461,19 @@ def check(lab: Lab, world: World, watch: QemuWatch) -> dict[str, list[str]]:
         out["double_running"] += [f"{d['vm']}: two QEMU processes {d['pids']} executed for {DOUBLE_WINDOWS} "
                                   f"windows in a row during the round" for d in watch.double]
         watch.double.clear()
+    return out
+
+
+def ends_of_life(lab: Lab, name: str) -> list[str]:
+    """What each host's libvirt logged about how the guest's QEMU ended (``reason=destroyed`` is a destroy,
+    ``reason=shutdown`` or ``crashed`` the guest itself; libvirt keeps ``log/qemu/NAME.log`` per host)."""
+    out = []
+    layout = LabLayout(lab.dir)
+    for i, h in enumerate(lab.hosts):
+        log = layout.host_dir(i) / "log" / "qemu" / f"{name}.log"
+        with contextlib.suppress(OSError):
+            out += [f"{h.name}: {line.strip()}" for line in log.read_text(errors="replace").splitlines()
+                    if "shutting down" in line or "terminating on signal" in line]
     return out
 
 
@@ -483,7 +516,8 @@ def plan_round(rng: random.Random, number: int, lab: Lab, world: World, cluster:
         argv = ["adapt", "--budget", "0", "--depart", departing, "--apply", "--json", *lock]
     elif action == "adapt":
         vm = rng.choice([c.name for cs in on.values() for c in cs])
-        argv = ["adapt", "--budget", "unlimited", "--set-need", f"{vm}={rng.choice([0.05, 0.15, 0.2])}",
+        # Never below 0.1 core: a lab guest capped lower while it boots may panic (see start_unmanaged).
+        argv = ["adapt", "--budget", "unlimited", "--set-need", f"{vm}={rng.choice([0.1, 0.15, 0.2])}",
                 "--apply", "--json", *lock]
     else:
         source = max(hosts, key=lambda i: (len(on[i]), rng.random()))
@@ -533,6 +567,17 @@ def repair(env: dict[str, str], cluster: Path, rnd: Round) -> None:
         time.sleep(1.0)
 
 
+def steps_of(stdout: str) -> list[tuple[str, str, str, float | None]]:
+    """(op, vm, outcome, seconds) of each step a command's --json output reports (none if it was killed)."""
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        return []
+    applied = doc.get("applied") or doc.get("apply") or (doc if "steps" in doc and "ok" in doc else {})
+    return [(s["op"], s["vm"], s["outcome"], s.get("seconds") and round(s["seconds"], 1))
+            for s in (applied or {}).get("steps", [])]
+
+
 def test_chaos_rounds_keep_every_vm_running_once(lab3: Lab, tmp_path: Path) -> None:
     seed = int(os.environ.get("VCSCHED_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 32))))
     print(f"chaos: seed {seed} (VCSCHED_CHAOS_SEED={seed} replays the schedule), {ROUNDS} rounds")
@@ -545,29 +590,32 @@ def test_chaos_rounds_keep_every_vm_running_once(lab3: Lab, tmp_path: Path) -> N
     world = World(prefix)
     watch = QemuWatch(prefix)
     started = time.monotonic()
-    # The unmanaged domain: a guest vcsched never created, with a quota of its own, on h1 all along.
-    unmanaged = start_lab_guest(lab3, host=1, name=f"{prefix}u", wait=False)
-    unmanaged.setSchedulerParameters({"vcpu_quota": 5000, "vcpu_period": 100000})
+    unmanaged = start_unmanaged(lab3, f"{prefix}u")
     world.unmanaged = {"name": unmanaged.name(), "state": unmanaged_state(lab3, unmanaged.name(), watch)}
     watch.start()
     rounds: list[Round] = []
+    t_setup = time.monotonic()
     totals: Counter[str] = Counter()
     try:
         r = vcsched(env, "place", request(tmp_path, f"{prefix}s", 3), "--apply", "--json", "--cluster", cluster,
                     "--wait", "120")
         assert r.returncode == 0, r.stdout + r.stderr
+        print(f"chaos setup: 3 VMs placed in {time.monotonic() - t_setup:.1f}s")
         for number in range(ROUNDS):
             rnd = plan_round(rng, number, lab3, world, cluster, tmp_path, env)
             if rnd.departing:
                 world.departed.add(rnd.departing)
             play(lab3, rnd, env, cluster, watch)
+            t_after = time.monotonic()
             cluster.write_text(cluster_text)  # a drain cordoned its host: in service again for the next round
             repair(env, cluster, rnd)
             found = check(lab3, world, watch)
+            rnd.after_seconds = round(time.monotonic() - t_after, 1)
             rnd.violations += [f"{k}: {v}" for k, vs in found.items() for v in vs]
             totals.update({k: len(vs) for k, vs in found.items()})
             rounds.append(rnd)
-            print(f"chaos round {number}: {rnd.action} rc={rnd.rc} {rnd.seconds:g}s faults {rnd.injected}"
+            print(f"chaos round {number}: {rnd.action} rc={rnd.rc} {rnd.seconds:g}+{rnd.after_seconds:g}s "
+                  f"faults {[dataclasses.astuple(f) for f in rnd.faults]} injected {rnd.injected}"
                   f"{' missed ' + str(rnd.missed) if rnd.missed else ''} repair {rnd.repair} "
                   f"reads {rnd.reads} violations {len(rnd.violations)}")
             for v in rnd.violations:
@@ -593,6 +641,9 @@ def test_chaos_rounds_keep_every_vm_running_once(lab3: Lab, tmp_path: Path) -> N
         "extra_copies": totals["extra_copies"],
         "over_committed": totals["over_committed"],
         "unmanaged_changed": totals["unmanaged_changed"],
+        "per_round": [{"round": r.number, "action": r.action, "rc": r.rc, "seconds": r.seconds,
+                       "after_seconds": r.after_seconds, "faults": [dataclasses.astuple(f) for f in r.faults],
+                       "injected": r.injected, "steps": steps_of(r.stdout), "repair": r.repair} for r in rounds],
         "violations": [{"round": r.number, "action": r.action, "argv": r.argv, "faults": r.injected,
                         "rc": r.rc, "stdout": r.stdout, "stderr": r.stderr, "repair": r.repair,
                         "repair_out": r.repair_out, "found": r.violations}
@@ -600,6 +651,6 @@ def test_chaos_rounds_keep_every_vm_running_once(lab3: Lab, tmp_path: Path) -> N
     }
     (tmp_path / "chaos-report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"chaos report ({tmp_path / 'chaos-report.json'}):")
-    print(json.dumps({k: v for k, v in report.items() if k != "violations"}, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k not in ("violations", "per_round")}, indent=1))
     assert sum(report["faults"].values()) > 0, report  # a chaos test that injected nothing tested nothing
     assert report["violations"] == [], json.dumps(report["violations"], indent=1)
