@@ -6,7 +6,8 @@ Each round runs one changing command as a subprocess — ``place --apply`` (crea
 (deliberate removals) — while a driver injects one or two faults at seeded random points: SIGSTOP a source or
 destination libvirtd (continued after a while), SIGKILL one (restarted inside its namespace, its guests kept,
 as ``vcsched lab up`` repairs a lab), or SIGKILL the vcsched process itself.  Faults fire after a random delay
-or once a migration's destination QEMU has appeared.  Meanwhile a second vcsched reads
+from the command's start, or a random delay after a QEMU process of the command started (a VM being created, a
+migration's destination).  Meanwhile a second vcsched reads
 (``vcsched status --json``) every 0.1 s.
 
 After each round every daemon is brought back, ``vcsched repair --apply`` runs, and the invariants are read
@@ -15,12 +16,13 @@ their command lines, their vCPU threads' CPU time):
 
 * double running: a VM with two copies libvirt calls running, or two QEMU processes of one VM whose vCPUs both
   executed in the same windows — watched all through the round, not only after it;
-* lost: a VM that was created (seen running, or reported created) and not deliberately removed has no copy;
+* lost: a VM that was created (libvirt showed it running, or its QEMU executed guest code) and not deliberately
+  removed has no copy;
 * left paused: a managed copy paused after the repair; extra copies: more than one copy of a VM after it;
 * left uncapped: a managed running copy without a CPU quota, or capped above its recorded need (vcsched's cap is
   need x yield), or a host whose caps exceed its cores;
-* unmanaged touched: a domain vcsched does not manage, running on h1 all along, changed (state, quota, pinning,
-  QEMU process).
+* unmanaged touched: a domain vcsched does not manage (no metadata, paused, its own quota), on h1 all along,
+  changed (host, state, quota, pinning, QEMU process).
 
 Rounds: ``VCSCHED_CHAOS_ROUNDS`` (default 3, what ``make test`` runs); seed: ``VCSCHED_CHAOS_SEED`` (default: a
 fresh one, printed).  The report (rounds, faults by kind, each violation count) is printed and written as JSON to
@@ -170,8 +172,8 @@ class QemuWatch:
             if self._streak[vm] == DOUBLE_WINDOWS:
                 self.double.append({"vm": self.names.get(vm, vm), "uuid": vm, "pids": ran, "at": time.time()})
 
-    def two_copies(self) -> bool:
-        return any(len(p) > 1 for p in self.processes().values())
+    def pids(self) -> set[int]:
+        return {pid for ps in self.processes().values() for pid in ps}
 
     def _run(self) -> None:
         while not self._stop.wait(WATCH_PERIOD):
@@ -271,7 +273,7 @@ class Fault:
     kind: str  # sigstop_libvirtd, sigkill_libvirtd, sigkill_vcsched
     role: str  # source, destination (libvirtd faults), "" (vcsched)
     host: int | None
-    trigger: str  # "time": after `delay` s; "copy": `delay` s after a migration's destination QEMU appeared
+    trigger: str  # "time": `delay` s after the command started; "qemu": `delay` s after a QEMU of ours started
     delay: float
     hold: float  # how long a libvirtd stays stopped or dead
 
@@ -302,7 +304,7 @@ class Round:
     violations: list[str] = field(default_factory=list)
 
 
-def draw_faults(rng: random.Random, source: int | None, destinations: list[int], migrates: bool) -> list[Fault]:
+def draw_faults(rng: random.Random, source: int | None, destinations: list[int], starts_qemu: bool) -> list[Fault]:
     faults = []
     for _ in range(1 if rng.random() < 0.7 else 2):
         kind = rng.choice(["sigstop_libvirtd", "sigkill_libvirtd", "sigkill_vcsched"])
@@ -310,19 +312,21 @@ def draw_faults(rng: random.Random, source: int | None, destinations: list[int],
         if kind != "sigkill_vcsched":
             role = "source" if source is not None and rng.random() < 0.5 else "destination"
             host = source if role == "source" else rng.choice(destinations)
-        trigger = "copy" if migrates and rng.random() < 0.6 else "time"
-        delay = rng.uniform(0.0, 2.5) if trigger == "copy" else rng.uniform(0.5, 8.0)
+        trigger = "qemu" if starts_qemu and rng.random() < 0.6 else "time"
+        delay = rng.uniform(0.0, 2.5) if trigger == "qemu" else rng.uniform(1.0, 12.0)
         hold = rng.uniform(0.5, 6.0) if kind == "sigstop_libvirtd" else rng.uniform(0.5, 3.0)
         faults.append(Fault(kind, role, host, trigger, round(delay, 2), round(hold, 2)))
     return faults
 
 
-def inject(lab: Lab, rnd: Round, proc: subprocess.Popen[str], watch: QemuWatch, t0: float) -> None:
+def inject(lab: Lab, rnd: Round, proc: subprocess.Popen[str], watch: QemuWatch, t0: float,
+           pids_before: set[int]) -> None:
     """Carry out the round's faults one after another (a libvirtd is back before the next fault starts)."""
     for f in rnd.faults:
-        if f.trigger == "copy":
-            # A migration's destination QEMU appearing is the earliest outside sign of a migration.
-            while proc.poll() is None and not watch.two_copies():
+        if f.trigger == "qemu":
+            # A QEMU process of ours starting (a VM being created, or a migration's destination) is the
+            # earliest outside sign that the command acts.
+            while proc.poll() is None and not watch.pids() - pids_before:
                 time.sleep(0.05)
             time.sleep(f.delay)
         else:
@@ -510,7 +514,8 @@ def plan_round(rng: random.Random, number: int, lab: Lab, world: World, cluster:
     source, dests, departing = None, hosts, None
     if action == "place":
         vc = f"{world.prefix}c{number}"
-        argv = ["place", str(request(tmp, vc, rng.choice([1, 2]))), "--apply", "--json", *lock]
+        vms = rng.choice([2, 3]) if count < MIN_VMS else rng.choice([1, 2])
+        argv = ["place", str(request(tmp, vc, vms)), "--apply", "--json", *lock]
     elif action == "depart":
         departing = vcs[0]
         argv = ["adapt", "--budget", "0", "--depart", departing, "--apply", "--json", *lock]
@@ -529,18 +534,18 @@ def plan_round(rng: random.Random, number: int, lab: Lab, world: World, cluster:
             r = vcsched(env, "drain", f"h{source}", "--budget", "unlimited", "--cluster", cluster, "-o", plan)
             assert r.returncode in (0, 1), r.stderr
             argv = ["apply", str(plan), "--json", *lock]
-    migrates = action in ("drain", "drain_plan", "adapt")
-    return Round(number, action, argv, source, dests, draw_faults(rng, source, dests, migrates), departing)
+    starts_qemu = action in ("place", "drain", "drain_plan")  # a create, or a migration's destination
+    return Round(number, action, argv, source, dests, draw_faults(rng, source, dests, starts_qemu), departing)
 
 
 def play(lab: Lab, rnd: Round, env: dict[str, str], cluster: Path, watch: QemuWatch) -> None:
     """Run the round's command with its faults and the second reader; then every daemon is back."""
     reader = Reader(env, cluster)
     reader.start()
-    t0 = time.monotonic()
+    t0, pids_before = time.monotonic(), watch.pids()
     proc = subprocess.Popen([*VCSCHED, *rnd.argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    driver = threading.Thread(target=inject, args=(lab, rnd, proc, watch, t0), daemon=True)
+    driver = threading.Thread(target=inject, args=(lab, rnd, proc, watch, t0, pids_before), daemon=True)
     driver.start()
     try:
         out, err = proc.communicate(timeout=COMMAND_TIMEOUT)
@@ -594,13 +599,8 @@ def test_chaos_rounds_keep_every_vm_running_once(lab3: Lab, tmp_path: Path) -> N
     world.unmanaged = {"name": unmanaged.name(), "state": unmanaged_state(lab3, unmanaged.name(), watch)}
     watch.start()
     rounds: list[Round] = []
-    t_setup = time.monotonic()
     totals: Counter[str] = Counter()
     try:
-        r = vcsched(env, "place", request(tmp_path, f"{prefix}s", 3), "--apply", "--json", "--cluster", cluster,
-                    "--wait", "120")
-        assert r.returncode == 0, r.stdout + r.stderr
-        print(f"chaos setup: 3 VMs placed in {time.monotonic() - t_setup:.1f}s")
         for number in range(ROUNDS):
             rnd = plan_round(rng, number, lab3, world, cluster, tmp_path, env)
             if rnd.departing:
