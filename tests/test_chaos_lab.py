@@ -300,6 +300,7 @@ class Round:
     reads: int = 0
     repair: list[int] = field(default_factory=list)
     repair_out: str = ""
+    repair_actions: list[tuple[str, str, str, str]] = field(default_factory=list)  # (action, vm, host, outcome)
     after_seconds: float = 0.0  # healing, repair and checks
     violations: list[str] = field(default_factory=list)
 
@@ -566,6 +567,9 @@ def repair(env: dict[str, str], cluster: Path, rnd: Round) -> None:
     for _ in range(5):
         r = vcsched(env, "repair", "--cluster", cluster, "--apply", "--json", "--wait", "120")
         rnd.repair.append(r.returncode)
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            rnd.repair_actions += [(a["action"], a["vm"], a["host"], a.get("outcome", "")) for a in
+                                   json.loads(r.stdout)["actions"]]
         if r.returncode == 0:
             return
         rnd.repair_out = r.stdout + r.stderr
@@ -616,7 +620,7 @@ def test_chaos_rounds_keep_every_vm_running_once(lab3: Lab, tmp_path: Path) -> N
             rounds.append(rnd)
             print(f"chaos round {number}: {rnd.action} rc={rnd.rc} {rnd.seconds:g}+{rnd.after_seconds:g}s "
                   f"faults {[dataclasses.astuple(f) for f in rnd.faults]} injected {rnd.injected}"
-                  f"{' missed ' + str(rnd.missed) if rnd.missed else ''} repair {rnd.repair} "
+                  f"{' missed ' + str(rnd.missed) if rnd.missed else ''} repair {rnd.repair} {rnd.repair_actions} "
                   f"reads {rnd.reads} violations {len(rnd.violations)}")
             for v in rnd.violations:
                 print(f"  {v}")
@@ -631,6 +635,7 @@ def test_chaos_rounds_keep_every_vm_running_once(lab3: Lab, tmp_path: Path) -> N
         "faults": dict(Counter(f for r in rounds for f in r.injected)),
         "faults_after_command_exit": dict(Counter(f for r in rounds for f in r.after_exit)),
         "faults_missed": dict(Counter(f for r in rounds for f in r.missed)),
+        "repair_actions": dict(Counter(f"{a[0]} {a[3]}" for r in rounds for a in r.repair_actions)),
         "status_reads": sum(r.reads for r in rounds),
         "migrations_seen": watch.copies_seen,
         "command_exits": dict(Counter(str(r.rc) for r in rounds)),
@@ -643,7 +648,9 @@ def test_chaos_rounds_keep_every_vm_running_once(lab3: Lab, tmp_path: Path) -> N
         "unmanaged_changed": totals["unmanaged_changed"],
         "per_round": [{"round": r.number, "action": r.action, "rc": r.rc, "seconds": r.seconds,
                        "after_seconds": r.after_seconds, "faults": [dataclasses.astuple(f) for f in r.faults],
-                       "injected": r.injected, "steps": steps_of(r.stdout), "repair": r.repair} for r in rounds],
+                       "injected": r.injected, "steps": steps_of(r.stdout),
+                       "error": r.stderr.strip().splitlines()[-1:] if r.rc not in (0, None) else [],
+                       "repair": r.repair, "repair_actions": r.repair_actions} for r in rounds],
         "violations": [{"round": r.number, "action": r.action, "argv": r.argv, "faults": r.injected,
                         "rc": r.rc, "stdout": r.stdout, "stderr": r.stderr, "repair": r.repair,
                         "repair_out": r.repair_out, "found": r.violations}
