@@ -125,7 +125,7 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
             if do_apply:
                 if not as_json:
                     render_decision(request, decision, inventory)
-                report = run_apply(hv, decision.plan, force=False, quiet=as_json, lock=lock)
+                report = run_apply(hv, decision.plan, force=False, quiet=as_json, lock=lock, planned_here=True)
     if as_json:
         emit_json({"admitted": decision.admitted, "reason": decision.reason, "policy": sharing.policy,
                    "detail": decision.detail, "min_yield": decision.min_yield,

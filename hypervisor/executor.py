@@ -74,6 +74,14 @@ class SnapshotMismatch(InputError):
     """The cluster changed since the plan was computed (exit 2; ``--force`` applies anyway)."""
 
 
+class ClusterChangedMeanwhile(VcschedError):
+    """The plan a command computed went stale before its first step: a host stopped answering or came back, or
+    a VM changed, between the command's planning read and the apply's read.  A race, not bad input (exit 1,
+    nothing changed): running the command again plans from the cluster as it is then."""
+
+    exit_code = 1
+
+
 class StepFailed(VcschedError):
     """A step's pre-condition cannot be met or its post-condition did not hold."""
 
