@@ -14,6 +14,7 @@ import numpy as np
 
 from calibration.experiment import Result
 from calibration.stats import window_rates
+from hypervisor.files import write_figure
 from vcsched.errors import InputError
 
 # Paper section 7 (Xen 3.1): overhead 0.27% average slowdown; absolute error 0.72% average,
@@ -234,10 +235,5 @@ def plot(result: Result, path: str, resource: str | None = None) -> None:
     resp.set_title(f"cap steps {lo:g} ↔ {hi:g} (band: ±{100 * cfg.tolerance:g}%)")
     resp.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise InputError(f"--plot {path}: cannot write ({exc.strerror})") from None
-    finally:
-        plt.close(fig)
+    write_figure("--plot", path, fig, dpi=110)
 

@@ -1,7 +1,8 @@
 """The click group and the one place that turns errors into one line and an exit code.
 
-Exit codes: 0 success, 1 a well-formed request that cannot be satisfied
-(no feasible placement, admission refused), 2 bad input (nothing was changed).
+Exit codes (docs/cli.md): 0 success, 1 a well-formed request that cannot be satisfied (no feasible placement,
+admission refused, a stale plan, the lock held) or a step that failed, 2 bad input (nothing was changed), 70 an
+internal error (a bug), 130 interrupted by Ctrl-C.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import math
 import os
 import sys
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -21,7 +22,7 @@ from rich.console import Console
 
 from vcsched.errors import InputError, VcschedError
 
-EXIT_OK, EXIT_UNSATISFIED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_UNSATISFIED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 
 #: Piped output (a file, grep, CI logs) is not cut at rich's default 80 columns, which hid values behind "…":
 #: without a terminal, tables get room to show every column in full ($COLUMNS still wins).
@@ -71,6 +72,13 @@ def stdout_for_vcsched_only() -> Iterator[None]:
         sys.stdout = before
         os.dup2(real, 1)
         os.close(real)
+
+
+def refuse(reason: str) -> int:
+    """A well-formed request that cannot be satisfied: its reason as one line on stderr, whatever went to stdout
+    (the table or the ``--json`` document, which says it too); returns exit code 1 for the command to return."""
+    click.echo(f"vcsched: refused: {reason}", err=True)
+    return EXIT_UNSATISFIED
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
@@ -132,31 +140,23 @@ class VcschedGroup(LazyGroup):
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
         except click.Abort:
-            fail("aborted", 130)
+            fail("aborted", EXIT_INTERRUPTED)
         except click.ClickException as exc:
             hint = ""
             ctx = getattr(exc, "ctx", None)
             if ctx is not None:
                 hint = f" (see '{ctx.command_path} --help')"
             fail(f"{exc.format_message()}{hint}", EXIT_BAD_INPUT)
-        except InputError as exc:
-            fail(str(exc), EXIT_BAD_INPUT)
-        except VcschedError as exc:
+        except VcschedError as exc:  # InputError: 2; a refusal says its own code (PlanRefused, LockBusy: 1)
             fail(str(exc), getattr(exc, "exit_code", EXIT_BAD_INPUT))
+        except BrokenPipeError:  # the reader of stdout went away (`vcsched status | head`): not a bug of ours
+            raise
+        except Exception as exc:  # a bug: where it happened for the report, then the one line and exit 70
+            traceback.print_exc()
+            fail(f"internal error: {type(exc).__name__}: {exc} (a bug in vcsched; the traceback above says where)",
+                 EXIT_INTERNAL)
         if isinstance(rv, int):
             sys.exit(rv)
-        return rv
-
-
-class FiniteFloatRange(click.FloatRange):
-    """click's FloatRange, refusing NaN and infinities (they pass its comparisons: ``nan < 0`` is False)."""
-
-    name = "float"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        rv = super().convert(value, param, ctx)
-        if isinstance(rv, float) and not math.isfinite(rv):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
         return rv
 
 
@@ -172,15 +172,27 @@ def read_text_file(path: str | Path, what: str) -> str:
         raise InputError(f"{what} {path}: cannot read ({exc.strerror})") from None
 
 
-def read_json_file(path: str, what: str) -> Any:
-    """Read and decode a JSON file, turning every failure into an InputError naming the file."""
+def read_document(path: str | Path, what: str, loads: Callable[[str], Any],
+                  malformed: Callable[[Exception], str | None]) -> Any:
+    """A file read and decoded by ``loads``; every failure is an InputError naming the file (``what``: "plan",
+    "cluster file"...): unreadable, not UTF-8, nested too deeply, or what ``malformed`` says of the decoder's
+    error (None: not a decoding error, re-raised)."""
     text = read_text_file(path, what)
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{what} {path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        return loads(text)
     except RecursionError:
         raise InputError(f"{what} {path}: nested too deeply to be a {what}") from None
+    except ValueError as exc:  # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
+        why = malformed(exc)
+        if why is None:
+            raise
+        raise InputError(f"{what} {path}: {why}") from None
+
+
+def read_json_file(path: str, what: str) -> Any:
+    """Read and decode a JSON file, turning every failure into an InputError naming the file."""
+    return read_document(path, what, json.loads, lambda e: f"malformed JSON at line {e.lineno} column {e.colno}: "
+                         f"{e.msg}" if isinstance(e, json.JSONDecodeError) else None)
 
 
 def emit_json(value: Any) -> None:
@@ -218,5 +230,8 @@ def cli() -> None:
       vcsched calibrate                    measure how precisely CPU caps take effect
       vcsched lab down                     remove the lab and everything it made
 
-    Exit codes: 0 done, 1 no feasible placement / request refused, 2 bad input.
+    Exit codes: 0 done, 1 refused (no feasible placement, does not fit, a
+    stale plan, the lock held) or failed, 2 bad input (nothing changed), 70
+    internal error (a bug in vcsched), 130 interrupted by Ctrl-C.  Results
+    go to stdout, errors and progress to stderr; docs/cli.md is the contract.
     """

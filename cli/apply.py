@@ -8,15 +8,14 @@ from cli.app import console, emit_json, read_json_file
 from cli.common import (
     apply_exit_code,
     cluster_lock,
-    cluster_option,
     load_cluster,
-    lock_options,
     notice,
     render_hosts_down,
     render_plan,
     render_report,
     run_apply,
 )
+from cli.params import cluster_option, json_option, lock_options
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.plans.plan import plan_from_dict
 
@@ -26,7 +25,7 @@ from vcsched.plans.plan import plan_from_dict
 @cluster_option()
 @click.option("--force", is_flag=True,
               help="Apply even if the cluster changed since the plan was computed (its snapshot differs).")
-@click.option("--json", "as_json", is_flag=True, help="Print the apply report as one JSON object.")
+@json_option("Print the apply report as one JSON object.")
 @lock_options()
 def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bool, wait: float,
               coordination: str | None, lock_ttl: float | None) -> int:
@@ -45,16 +44,19 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, as_json: bo
     The plan names the cluster state it was computed from (a hash of hosts,
     VMs, CPU needs and memory; caps and what the plan itself creates, moves,
     removes or re-records excluded).  If the cluster changed since, the plan
-    is refused (exit 2) unless --force.  Either way the whole plan is then
+    is refused (exit 1) unless --force.  Either way the whole plan is then
     replayed on the live cluster before its first step: a plan that names an
     unknown or down host, caps a VM beyond its vCPUs or a host beyond its
-    cores, or over-commits any host at any step is refused whole (exit 2).
+    cores, or over-commits any host at any step is refused whole (exit 1).
 
     The command holds the cluster lock throughout (--wait to wait for another
     holder).  Ctrl-C stops after the running step and reports what was done.
 
-    Exit codes: 0 applied (or nothing to do), 1 a step failed, the run was
-    interrupted or the cluster is locked, 2 bad input or changed cluster.
+    Exit codes: 0 applied (or nothing to do), 1 refused (the cluster changed,
+    the plan no longer fits, the cluster is locked; nothing done) or a step
+    failed (its reason on stderr), 2 bad input (a missing or malformed plan
+    or cluster file; nothing done), 130 interrupted by Ctrl-C (after the
+    running step; the report says what was done).
     """
     plan = plan_from_dict(read_json_file(plan_file, "plan"))
     cluster = load_cluster(cluster_file)

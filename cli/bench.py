@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from cli.app import EXIT_OK, FiniteFloatRange, console, emit_json, err_console
+from cli.app import EXIT_OK, console, emit_json, err_console
 from cli.common import MachineInfo, machine_info, progress_bar
+from cli.params import json_option, output_option, time_limit_option
+from cli.tables import FitTable
+from hypervisor.files import write_output
 from vcsched.errors import InputError, VcschedError
 from vcsched.experiments import OnProgress
 from vcsched.experiments.bench import (
@@ -49,6 +51,12 @@ if TYPE_CHECKING:
 SIMULATE_PREFIX = "simulate"  # vcsched.simulate.bench.SIMULATE_PREFIX, without importing the simulator at start-up
 
 HOSTS_PREFIX = "hosts"  # the scale rows (cli/bench_hosts.py)
+
+
+class CommandFailed(VcschedError):
+    """A command the bench times did not succeed: the row cannot be measured (exit 1, not bad input)."""
+
+    exit_code = 1
 
 
 def vcsched_command() -> list[str]:
@@ -93,7 +101,7 @@ def time_commands(commands: Sequence[tuple[str, Sequence[str]]], *, repeat: int 
             took = time.perf_counter() - start
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-                raise VcschedError(f"{name}: {' '.join(argv)} exited with status {done.returncode}: {last}")
+                raise CommandFailed(f"{name}: {' '.join(argv)} exited with status {done.returncode}: {last}")
             if i:  # run 0 warms the caches
                 runs.append(took)
         timings.append(Timing(name, WHOLE_PROCESS, tuple(runs), True, None))
@@ -181,8 +189,8 @@ def _cell(t: Timing | None, notes: dict[str, str]) -> str:
     return text if t.feasible else f"{text} (none)"
 
 
-def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> Table:
-    table = Table(title="median solver time (s)")
+def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> FitTable:
+    table = FitTable(title="median solver time (s)")
     table.add_column("algorithm")
     for c in cases:
         table.add_column(c.name, justify="right")
@@ -196,10 +204,10 @@ def _table(timings: list[Timing], cases: tuple[BenchCase, ...]) -> Table:
     return table
 
 
-def _policy_table(rows: Sequence[PolicyBenchRow]) -> Table:
+def _policy_table(rows: Sequence[PolicyBenchRow]) -> FitTable:
     from vcsched.experiments.policy_bench import target_text
 
-    table = Table(title="sharing policies on a fixed placement (best time, s)")
+    table = FitTable(title="sharing policies on a fixed placement (best time, s)")
     for col in ("case", "policy", "policy", "allocate_policy", "target", "min yield", "mean yield"):
         table.add_column(col, justify="left" if col in ("case", "target") or col == "policy" else "right")
     for r in rows:
@@ -214,8 +222,8 @@ def _within(row: PolicyBenchRow) -> bool | None:
     return within_target(row)
 
 
-def _sim_table(rows: Sequence[SimBenchRow]) -> Table:
-    table = Table(title="simulate: 100,000 arrivals on 64 hosts (cluster64, one run)")
+def _sim_table(rows: Sequence[SimBenchRow]) -> FitTable:
+    table = FitTable(title="simulate: 100,000 arrivals on 64 hosts (cluster64, one run)")
     for col in ("row", "events", "VCs in progress", "time (s)", "target (s)", "within"):
         table.add_column(col, justify="left" if col == "row" else "right")
     for r in rows:
@@ -224,8 +232,8 @@ def _sim_table(rows: Sequence[SimBenchRow]) -> Table:
     return table
 
 
-def _scale_table(rows: Sequence[ScaleRow]) -> Table:
-    table = Table(title="1,000 test-driver hosts: whole process (median s)")
+def _scale_table(rows: Sequence[ScaleRow]) -> FitTable:
+    table = FitTable(title="1,000 test-driver hosts: whole process (median s)")
     for col in ("command", "hosts", "VMs", "wall", "CPU", "libvirt calls/host"):
         table.add_column(col, justify="left" if col == "command" else "right")
     for r in rows:
@@ -234,8 +242,8 @@ def _scale_table(rows: Sequence[ScaleRow]) -> Table:
     return table
 
 
-def _startup_table(startup: Sequence[Timing]) -> Table:
-    table = Table(title="whole-process wall time (s)")
+def _startup_table(startup: Sequence[Timing]) -> FitTable:
+    table = FitTable(title="whole-process wall time (s)")
     table.add_column("row")
     table.add_column("median", justify="right")
     for t in startup:
@@ -253,11 +261,9 @@ def _startup_table(startup: Sequence[Timing]) -> Table:
                    "[default: all registered, adapt, cli, policies, simulate and hosts]")
 @click.option("--sizes", default=",".join(c.name for c in DEFAULT_CASES), show_default=True, metavar="HxJ,...",
               help="Instance sizes as HOSTSxTASKS.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, metavar="FILE.md",
-              help="Also write the results as Markdown (with the machine description) to FILE.md.")
-@click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              metavar="S", help="Per-run limit in seconds for milp/rrnd/rrnz.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of the table.")
+@output_option("Also write the results as Markdown (with the machine description) to FILE.md.", "FILE.md")
+@time_limit_option("Per-run limit in seconds for milp/rrnd/rrnz.", default=60.0)
+@json_option("Print one JSON object on stdout instead of the table.")
 def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str | None, time_limit: float,
               as_json: bool) -> int:
     """Time each solver on fixed, seeded instances of the paper's protocol.
@@ -291,6 +297,9 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
     The machine is described in the output (CPU, cores, Python, numpy,
     scipy, whether the MCB C kernel is in use, load average): timings from a
     shared machine are noisy, and the load average says how shared it was.
+
+    Exit codes: 0 timed, 1 a timed command failed (its last line is said), 2
+    bad input.
     """
     cases = parse_cases(sizes)
     known = registered()
@@ -325,11 +334,8 @@ def bench_cmd(repeat: int, algorithms_opt: str | None, sizes: str, output: str |
 
             scale_rows = time_scale(vcsched_command(), repeat, on_progress)
     if output is not None:
-        try:
-            Path(output).write_text(bench_markdown(timings, cases, repeat, info, time_limit, startup, policy_rows,
-                                                   sim_rows, scale_rows))
-        except OSError as exc:
-            raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
+        write_output("--output", output, bench_markdown(timings, cases, repeat, info, time_limit, startup,
+                                                        policy_rows, sim_rows, scale_rows))
     if as_json:
         doc: dict[str, Any] = {
             "machine": vars(info) | {"load_avg": list(info.load_avg)}, "repeat": repeat, "time_limit": time_limit,

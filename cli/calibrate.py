@@ -12,12 +12,13 @@ from typing import Any
 
 import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from calibration.cpus import check_cpu, conditions, cpu_busy, least_loaded_cpu
 from calibration.experiment import Config, Result, Subjects, measure, run
 from calibration.report import markdown, pct, plot, rate_text, require_matplotlib, result_to_dict, summary_rows
-from cli.app import FiniteFloatRange, console, emit_json, err_console
+from cli.app import console, emit_json, err_console
+from cli.params import FiniteFloatRange, cluster_option, json_option
+from cli.tables import FitTable
 from vcsched.errors import InputError
 from vcsched.formats.units import format_size
 
@@ -195,7 +196,7 @@ def render(result: Result, cond: dict[str, Any]) -> None:
         + (f" (start→end drift {100 * result.bare_drift:+.2f}%)" if result.bare_drift is not None else " (nominal)")
         + f"; load average {cond.get('loadavg_1m')} at start, {cond.get('loadavg_1m_end')} at the end"
     )
-    per_cap = Table(title="accuracy: measured vs expected (errors in points of the bare value)")
+    per_cap = FitTable(title="accuracy: measured vs expected (errors in points of the bare value)")
     for col in ("workers", "cap", "expected", "measured", "error", "CPU share", "share error"):
         per_cap.add_column(col, justify="right")
     for r in result.runs:
@@ -209,7 +210,7 @@ def render(result: Result, cond: dict[str, Any]) -> None:
             pct(max(r.share_errors)),
         )
     console.print(per_cap)
-    summary = Table(title="summary, beside the paper's Xen 3.1 numbers (section 7)")
+    summary = FitTable(title="summary, beside the paper's Xen 3.1 numbers (section 7)")
     for col in ("quantity", "work rate", "CPU share", "Xen 3.1"):
         summary.add_column(col, justify="left" if col == "quantity" else "right")
     for row in summary_rows(result):
@@ -251,12 +252,9 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     "Without it, --workers transient guests (CPU loop, disk writer or network sink, by --resource) are booted "
     "from the cluster file's [guest] and destroyed after.",
 )
-@click.option(
-    "--cluster",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Cluster file whose [guest] boots the CPU-loop guests (libvirt backend without --domain). "
-    "Default: the running lab's.",
+@cluster_option(
+    "Cluster file whose [guest] boots the CPU-loop guests (libvirt backend without --domain). "
+    "Default: the running lab's."
 )
 @click.option(
     "--caps",
@@ -328,7 +326,7 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     help="cgroup backend: run workers (bare and capped alike) at nice -20 weight, so other processes on a "
     "shared machine disturb the measurement less; caps are quotas and hold either way.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print every measurement as one JSON object.")
+@json_option("Print every measurement as one JSON object.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the summary as Markdown (for docs).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), help="Write a PNG plot here.")
 def calibrate_cmd(
@@ -336,7 +334,7 @@ def calibrate_cmd(
     backend: str | None,
     connect: str | None,
     domains: tuple[str, ...],
-    cluster: str | None,
+    cluster_file: str | None,
     caps: tuple[float, ...] | None,
     workers: int,
     duration: float,
@@ -380,6 +378,9 @@ def calibrate_cmd(
     Needs root for the cgroup backend.  Everything it creates (the
     vcsched-calib-<pid> cgroup, worker processes) is removed on exit, Ctrl-C
     or SIGTERM.
+
+    Exit codes: 0 measured, 2 bad input or a host that cannot cap the
+    resource (nothing measured), 130 interrupted by Ctrl-C or SIGTERM.
     """
     if backend is None:
         backend = "cgroup" if resource == "cpu" else "libvirt"
@@ -410,7 +411,7 @@ def calibrate_cmd(
     cond = conditions(busy, chosen)
     reference: dict[str, Any] | None = None
     with sigterm_as_interrupt(), open_subjects(
-        backend, workers, chosen, connect, domains, priority == "high", cluster, resource
+        backend, workers, chosen, connect, domains, priority == "high", cluster_file, resource
     ) as subjects:
         if resource != "cpu":
             reference = measure_reference(subjects, duration, cfg.settle)
@@ -425,7 +426,7 @@ def calibrate_cmd(
         cond["resource"] = resource
         cond["reference_bps"] = round(reference["single_bps"])
         cond["aggregate_bps"] = round(reference["aggregate_bps"])
-    lines = cluster_lines(resource, reference, connect or "", cluster) if reference is not None else []
+    lines = cluster_lines(resource, reference, connect or "", cluster_file) if reference is not None else []
     if plot_path:
         plot(result, plot_path)
     if as_json:

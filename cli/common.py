@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.app import FiniteFloatRange, console, err_console, read_text_file
+from cli.app import console, err_console, read_document
+from cli.params import (  # noqa: F401  (re-exported: commands written before cli/params.py import them here)
+    cluster_option,
+    lock_options,
+    policy_options,
+)
 from vcsched.errors import InputError
 
 if TYPE_CHECKING:
@@ -30,44 +35,41 @@ if TYPE_CHECKING:
     from hypervisor.executor import ApplyReport
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from hypervisor.lock import ClusterLock
+    from vcsched.control.live import LiveAdaptation
     from vcsched.experiments import OnProgress
     from vcsched.formats.cluster import Cluster
     from vcsched.formats.request import Request
     from vcsched.inventory import Inventory
     from vcsched.plans.plan import Plan
 
-EXIT_INTERRUPTED = 130
-
-CLUSTER_HELP = ("Cluster file (TOML: hosts and their libvirt URIs; see docs/operations.md). "
-                "Default: the running lab's (`vcsched lab up`).")
-
-
 # ---------------------------------------------------------------------------------------------- input files
 
 
 def read_toml_file(path: str | Path, what: str) -> dict[str, Any]:
     """Read and decode a TOML file, turning every failure into an InputError naming the file."""
-    text = read_text_file(path, what)
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{what} {path}: malformed TOML: {exc}") from None
-    except RecursionError:
-        raise InputError(f"{what} {path}: nested too deeply to be a {what}") from None
+    doc: dict[str, Any] = read_document(path, what, tomllib.loads, lambda e: f"malformed TOML: {e}"
+                                        if isinstance(e, tomllib.TOMLDecodeError) else None)
+    return doc
+
+
+def cluster_path(path: str | None) -> Path:
+    """The cluster file of ``--cluster``, else the running default lab's."""
+    if path is not None:
+        return Path(path)
+    from hypervisor.lab import default_cluster_file
+
+    found = default_cluster_file()
+    if found is None:
+        raise InputError("--cluster: no cluster file given and no lab is running (start one with "
+                         "`vcsched lab up`, or pass --cluster FILE)")
+    return found
 
 
 def load_cluster(path: str | None) -> Cluster:
     """The cluster of ``--cluster``, else the running default lab's."""
     from vcsched.formats.cluster import cluster_from_dict
 
-    if path is None:
-        from hypervisor.lab import default_cluster_file
-
-        found = default_cluster_file()
-        if found is None:
-            raise InputError("--cluster: no cluster file given and no lab is running (start one with "
-                             "`vcsched lab up`, or pass --cluster FILE)")
-        path = str(found)
+    path = str(cluster_path(path))
     try:
         cluster = cluster_from_dict(read_toml_file(path, "cluster file"))
         if cluster.pki is not None:
@@ -125,21 +127,6 @@ def check_request_boot(cluster: Cluster, request: Request, path: str) -> None:
         raise InputError(f"request {path}: " + "; ".join(problems[:3]))
 
 
-def policy_options() -> Callable[[Any], Any]:
-    """``--policy`` and ``--alpha``: the sharing policy that overrides the cluster file's ``policy``."""
-    def deco(f: Any) -> Any:
-        f = click.option("--alpha", type=float, default=None, metavar="A",
-                         help="The exponent of policy alpha-fair, in (0, 100] (1 is pf).")(f)
-        return click.option("--policy", default=None, metavar="NAME",
-                            help="Sharing policy: yield, drf, drf-pools, asset, pf, alpha-fair, hdrf "
-                                 "(docs/policies.md).  Default: the cluster file's policy, else yield.")(f)
-    return deco
-
-
-def cluster_option() -> Callable[[Any], Any]:
-    return click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), default=None,
-                        metavar="FILE", help=CLUSTER_HELP)
-
 
 # ---------------------------------------------------------------------------------------------- plans
 
@@ -162,8 +149,7 @@ def render_hosts_down(inventory: Inventory) -> None:
 
 
 def render_plan(plan: Plan, inventory: Inventory) -> None:
-    from rich.table import Table
-
+    from cli.tables import FitTable
     from vcsched.formats.units import format_size
     from vcsched.plans.steps import CreateStep, RemoveStep
 
@@ -181,9 +167,10 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
     if not plan.steps:
         console.print("  nothing to do: every VM already has its cap")
         return
-    table = Table(title=f"plan ({len(plan.steps)} steps, in this order)")
+    table = FitTable(title=f"plan ({len(plan.steps)} steps, in this order)")
     for col in ("#", "step", "VM", "host", "cap now", "cap after", "detail"):
-        table.add_column(col, justify="right" if col in ("#", "cap now", "cap after") else "left")
+        table.add_column(col, justify="right" if col in ("#", "cap now", "cap after") else "left",
+                         key=col in ("#", "VM"))
     for i, step in enumerate(plan.steps):
         vm = inventory.vm(step.vm)
         now = "-" if vm is None or vm.cap_cores is None else f"{vm.cap_cores:.3f}"
@@ -210,28 +197,39 @@ def render_plan(plan: Plan, inventory: Inventory) -> None:
     console.print(table)
 
 
-def _check_coordination(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    """Checked when parsed, dry run or not: bad input is refused before anything else happens."""
-    from vcsched.formats.cluster import check_coordination_url
+def write_report(out_dir: Path, report: str, plots: list[Path]) -> None:
+    """An experiment's ``report.md`` in ``out_dir`` (``--output``), its plots (written already) linked at the end."""
+    from hypervisor.files import write_output
 
-    return None if value is None else check_coordination_url("--coordination", value)
+    if plots:
+        report += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
+    write_output("--output", out_dir / "report.md", report)
 
 
-def lock_options() -> Callable[[Any], Any]:
-    """``--wait`` and ``--coordination``, for every command that changes hosts (it holds the cluster lock)."""
-    def deco(f: Any) -> Any:
-        f = click.option("--coordination", metavar="URL", default=None, callback=_check_coordination,
-                         help="Where the cluster lock lives (tooz URL: file:///DIR, etcd3+http://HOST:2379). "
-                              "Default: $VCSCHED_COORDINATION, the cluster file's 'coordination', else a "
-                              "file lock under /var/lib/vcsched (docs/operations.md).")(f)
-        f = click.option("--lock-ttl", "lock_ttl", type=FiniteFloatRange(min=1), default=None, metavar="SECONDS",
-                         help="etcd: seconds the lock outlives a holder that died (default: the cluster file's "
-                              "lock_ttl, else 10).")(f)
-        return click.option("--wait", "wait", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
-                            metavar="SECONDS",
-                            help="If another command holds the cluster lock, wait up to this long for it "
-                                 "(default: fail at once, naming the holder).")(f)
-    return deco
+def save_plan(plan: Plan, output: str) -> None:
+    """``-o PLAN.json`` of place, adapt and drain: the one way a plan is saved (atomically) for `vcsched apply`."""
+    import json
+
+    from hypervisor.files import write_output
+
+    write_output("--output", output, json.dumps(plan.to_dict(), indent=1) + "\n")
+
+
+def render_moves(live: LiveAdaptation) -> None:
+    """The live migrations of an adapt or drain plan, wave by wave."""
+    from cli.tables import FitTable
+    from vcsched.formats.units import format_size
+
+    if live.order is None or not live.order.moves:
+        return
+    table = FitTable(title=f"live migrations ({live.order.waves} waves, {live.order.relays} relays)")
+    for col in ("wave", "VM", "from", "to", "bytes", "cap on arrival"):
+        table.add_column(col, justify="right" if col in ("wave", "bytes", "cap on arrival") else "left",
+                         key=col in ("wave", "VM"))
+    for m in live.order.moves:
+        table.add_row(str(m.wave), m.vm + (" (relay)" if m.relay else ""), m.source, m.target, format_size(m.bytes),
+                      f"{m.cap_cores:.3f}")
+    console.print(table)
 
 
 @contextmanager
@@ -291,6 +289,25 @@ def settle_first(hv: LibvirtHypervisor, guard: Callable[[], None]) -> None:
                "settles them once every host answers")
 
 
+@contextmanager
+def deciding_on(cluster: Cluster, *, apply: bool, coordination: str | None, wait: float, ttl: float | None,
+                quiet: bool) -> Iterator[tuple[LibvirtHypervisor, ClusterLock | None, Inventory]]:
+    """The hosts of a command that decides and, with --apply, acts (place, adapt, drain): connections to them,
+    the cluster lock when it applies (a dry run takes none), and the inventory read under it.  A dry run reads
+    only: its in-doubt VMs are noted, never settled.  The hosts that are down are said first (unless ``quiet``:
+    --json says them in its document)."""
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+
+    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
+            cluster_lock(cluster, coordination, wait, ttl=ttl, needed=apply, hv=hv) as lock:
+        inventory = hv.inventory()
+        if lock is None:
+            note_in_doubt(inventory)
+        if not quiet:
+            render_hosts_down(inventory)
+        yield hv, lock, inventory
+
+
 def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> dict[str, str]:
     """Each host's identity (:meth:`hypervisor.libvirt_backend.LibvirtHypervisor.identities`), through ``hv`` or
     connections of its own."""
@@ -308,9 +325,9 @@ def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
 
     ``planned_here``: the plan was computed by this command (``place``, ``adapt``, ``drain`` with ``--apply``)
     from a read moments earlier.  If the cluster changed in between (a host stopped answering or came back:
-    seen by the lab chaos test), the command is refused with exit 1 and asked to be run again, instead of the
-    saved-plan answer (exit 2, "compute a new one, or apply anyway with --force"), which these commands cannot
-    follow.
+    seen by the lab chaos test), the command is refused (exit 1) and asked to be run again, instead of the
+    saved-plan advice ("compute a new one with `vcsched adapt`, or apply anyway with --force"), which these
+    commands cannot follow.
     """
     from hypervisor.executor import ClusterChangedMeanwhile, SnapshotMismatch
 
@@ -344,8 +361,7 @@ def _run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
 
 
 def render_report(report: ApplyReport) -> None:
-    from rich.table import Table
-
+    from cli.tables import FitTable
     from hypervisor.executor import DONE, FAILED, SKIPPED
 
     colour = {DONE: "green", SKIPPED: "dim", FAILED: "red"}
@@ -355,9 +371,9 @@ def render_report(report: ApplyReport) -> None:
         title = f"[red]stopped: {report.stopped}[/] (every VM left running)"
     else:
         title = "[red]stopped at a failed step[/] (every VM left running)"
-    table = Table(title=title)
+    table = FitTable(title=title)
     for col in ("#", "step", "VM", "host", "outcome", "time", "detail"):
-        table.add_column(col, justify="right" if col in ("#", "time") else "left")
+        table.add_column(col, justify="right" if col in ("#", "time") else "left", key=col in ("#", "VM"))
     for i, r in enumerate(report.results):
         c = colour.get(r.outcome, "yellow")
         took = "-" if r.seconds is None else f"{r.seconds:.2f} s"
@@ -380,7 +396,7 @@ def apply_exit_code(report: ApplyReport | None) -> int:
     whatever went to stdout (the report table, or ``--json``): a script or an operator watching stderr sees
     the failure without parsing the report.
     """
-    from cli.app import EXIT_OK, EXIT_UNSATISFIED
+    from cli.app import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNSATISFIED
     from hypervisor.executor import CTRL_C
 
     if report is None or report.ok:

@@ -13,8 +13,10 @@ from typing import Any
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json, err_console, fail, read_json_file
-from cli.common import machine_info, progress_bar
+from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail, read_json_file
+from cli.common import machine_info, progress_bar, write_report
+from cli.params import json_option, output_option, time_limit_option
+from hypervisor.files import write_figure, write_output
 from vcsched.errors import InputError
 from vcsched.experiments.paper import (
     BOUND,
@@ -77,9 +79,7 @@ def code_version() -> str:
 
 def save_records(path: Path, meta: dict[str, Any], records: list[Record]) -> None:
     """Write records.json atomically (a reader or a crash never sees half a file)."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"meta": meta, "records": [r.to_dict() for r in records]}, indent=0))
-    tmp.replace(path)
+    write_output("--output", path, json.dumps({"meta": meta, "records": [r.to_dict() for r in records]}, indent=0))
 
 
 def load_previous(path: Path, meta: dict[str, Any]) -> list[Record]:
@@ -122,8 +122,7 @@ def write_plots(records: list[Record], names: list[str], out_dir: Path) -> list[
         ax.grid(alpha=0.3)
         path = out_dir / f"{attr}_vs_{group}.png"
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        write_figure("--output", path, fig)
         written.append(path)
     return written
 
@@ -153,17 +152,16 @@ def _task_counts(tasks_opt: str | None) -> list[int] | None:
               help="Only these task counts of the set (e.g. 100,250 for a reduced large set).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1, max=256), default=None,
               help="Worker processes.  [default: os.cpu_count()]")
-@click.option("-o", "--output", type=click.Path(file_okay=False), default=None, metavar="DIR",
-              help="Where report.md, records.json (and PNG plots with matplotlib) go.  [default: results/SET]")
-@click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              metavar="S", help="Per-run limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false).")
+@output_option("Where report.md, records.json (and PNG plots with matplotlib) go.  [default: results/SET]", "DIR",
+               directory=True)
+@time_limit_option("Per-run limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false).", default=60.0)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Run seed; every instance gets its own seed derived from it.")
 @click.option("--resume", is_flag=True,
               help="Keep the instances already in DIR/records.json (same set, seed, algorithms, time limit) and "
                    "run only the rest: resumes an interrupted run (results are saved every minute) or extends "
                    "one with more instances per family or more task counts.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary (degradation table) on stdout.")
+@json_option("Print a JSON summary (degradation table) on stdout.")
 def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | None, exclude: str | None,
                    tasks_opt: str | None, jobs: int | None, output: str | None, time_limit: float, seed: int,
                    resume: bool, as_json: bool) -> int:
@@ -175,7 +173,7 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
       large     64 hosts, 100/250/500 tasks               108 families x 100 instances
       parallel  as large, jobs of 1..64 tasks (Lublin-Feitelson)
       adapt     yield vs migration budget over arrival/departure traces
-                (section 6.1; -n traces per budget, default 5; see cli/adapt.py)
+                (section 6.1; -n traces per budget, default 5; see cli/experiment_adapt.py)
       policies  every sharing policy (docs/policies.md) on the same instances:
                 64 hosts, --tasks 100,250 VMs in parallel jobs, plus disk and
                 net; -n instances per family, default 3
@@ -197,9 +195,12 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
 
     Cost: rrnd/rrnz solve an LP per instance and gb/sgb backtrack; at 500
     tasks they dominate the run, so leave them out with -x when in a hurry.
+
+    Exit codes: 0 done, 1 some runs failed (the report says which), 2 bad
+    input.
     """
-    if set_name == "adapt":  # its own machinery, in cli/adapt.py
-        from cli.adapt import adapt_experiment
+    if set_name == "adapt":  # its own machinery, in cli/experiment_adapt.py
+        from cli.experiment_adapt import adapt_experiment
 
         return adapt_experiment(instances, output, time_limit, seed, jobs, as_json)
     if set_name == "policies":  # its own machinery, in cli/policy_experiment.py
@@ -248,10 +249,7 @@ def experiment_cmd(set_name: str, instances: int | None, algorithms_opt: str | N
     meta["complete"] = True
     save_records(records_path, meta, records)
     report = report_markdown(records, meta)
-    plots = write_plots(records, names, out_dir)
-    if plots:
-        report += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
-    (out_dir / "report.md").write_text(report)
+    write_report(out_dir, report, write_plots(records, names, out_dir))
 
     table = degradation(records)
     errors = sum(1 for r in records if r.error)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import click
 
-from cli.app import EXIT_OK, FiniteFloatRange, console
-from vcsched.errors import InputError
+from cli.app import EXIT_OK, console
+from cli.params import FiniteFloatRange, output_option
+from hypervisor.files import write_output
 from vcsched.experiments.generate import GeneratorSpec, generate
 from vcsched.formats.instance import instance_to_dict
 
@@ -38,8 +38,7 @@ def _one_entry_per_line(doc: dict[str, Any]) -> str:
               help="Parallel jobs: tasks per job from the Lublin-Feitelson model (1..64, biased to powers of two).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Random seed; the same seed gives the same instance.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None, metavar="FILE",
-              help="Write the instance here instead of stdout.")
+@output_option("Write the instance here instead of stdout.")
 def generate_cmd(hosts: int, tasks: int, slack: float, cv_mem: float, cv_cpu: float, parallel: bool,
                  seed: int, output: str | None) -> int:
     """Generate a random instance as in the paper's experiments (section 4.1).
@@ -57,6 +56,8 @@ def generate_cmd(hosts: int, tasks: int, slack: float, cv_mem: float, cv_cpu: fl
       vcsched solve inst.json --algorithm mcb8
 
     The output is the instance JSON that `vcsched solve` reads.
+
+    Exit codes: 0 written, 2 bad input.
     """
     spec = GeneratorSpec(hosts=hosts, tasks=tasks, slack=slack, cv_mem=cv_mem, cv_cpu=cv_cpu, parallel=parallel)
     instance = generate(spec, seed)
@@ -64,10 +65,7 @@ def generate_cmd(hosts: int, tasks: int, slack: float, cv_mem: float, cv_cpu: fl
     if output is None:
         click.echo(text, nl=False)
         return EXIT_OK
-    try:
-        Path(output).write_text(text)
-    except OSError as exc:
-        raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
+    write_output("--output", output, text)
     console.print(f"wrote {output}: {instance.n_hosts} hosts, {instance.n_jobs} jobs, {instance.n_tasks} tasks",
                   highlight=False)
     return EXIT_OK

@@ -9,9 +9,10 @@ from typing import Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from cli.app import console, emit_json, err_console, fail
+from cli.params import json_option
+from cli.tables import FitTable
 from hypervisor import lab as labmod
 from hypervisor.lab.state import DEFAULT_LAB_DIR, LAB_DIR_ENV
 from vcsched.formats.units import parse_size
@@ -41,6 +42,9 @@ def lab_cmd() -> None:
       vcsched lab down              stop everything it started (idempotent)
 
     Needs root and the packages of scripts/install-system-deps ('make test' installs them).
+
+    Exit codes (every lab command): 0 done, 2 bad input or a prerequisite
+    missing (one line on stderr, nothing started).
     """
 
 
@@ -68,7 +72,7 @@ def lab_cmd() -> None:
                    "keeps its disks in its own /var/lib/libvirt/images, so moves copy the disks (default: the "
                    "running lab's, else local).")
 @_dir_option()
-@click.option("--json", "as_json", is_flag=True, help="Print the lab (hosts, URIs, cluster file) as JSON.")
+@json_option("Print the lab (hosts, URIs, cluster file) as JSON.")
 def up_cmd(n_hosts: int | None, cores: int | None, memory: str | None, recreate: bool, resize: bool,
            transport: str | None, shared_storage: bool | None, dir_: Path | None, as_json: bool) -> None:
     """Start a lab of N hosts, or repair the one that runs here.
@@ -86,6 +90,9 @@ def up_cmd(n_hosts: int | None, cores: int | None, memory: str | None, recreate:
     replaces the lab, and --memory SIZE --resize changes only the memory when
     every host's guests still fit. A lab whose hosts declare more cores or
     memory than this machine has is started with a warning.
+
+    Exit codes: 0 up (started or repaired), 2 bad input, a refused reshape
+    or a prerequisite missing (nothing started).
     """
     problem = labmod.prerequisites_problem()
     if problem:
@@ -127,13 +134,15 @@ def up_cmd(n_hosts: int | None, cores: int | None, memory: str | None, recreate:
 @lab_cmd.command("down")
 @_dir_option()
 @click.option("--purge", is_flag=True, help="Also delete the state directory with its guest image cache.")
-@click.option("--json", "as_json", is_flag=True, help="Print what was stopped as JSON.")
+@json_option("Print what was stopped as JSON.")
 def down_cmd(dir_: Path | None, purge: bool, as_json: bool) -> None:
     """Destroy the lab's guests, stop its daemons, remove its cgroup partitions and state.
 
     Only what this lab directory started is touched (found by its pid files,
     partition names and namespaces); the guest image cache is kept unless
     --purge. Running it twice is harmless.
+
+    Exit codes: 0 done (or nothing to stop), 2 not root.
     """
     problem = labmod.root_problem()
     if problem:
@@ -149,9 +158,12 @@ def down_cmd(dir_: Path | None, purge: bool, as_json: bool) -> None:
 
 @lab_cmd.command("status")
 @_dir_option()
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@json_option("Print the status as JSON.")
 def status_cmd(dir_: Path | None, as_json: bool) -> None:
-    """Show the lab's hosts: daemon pids, whether each answers, its CPUs, memory and guests."""
+    """Show the lab's hosts: daemon pids, whether each answers, its CPUs, memory and guests.
+
+    Exit codes: 0 shown (also when no lab runs), 2 bad input.
+    """
     st = labmod.status(dir_)
     if as_json:
         emit_json(_plain(asdict(st)))
@@ -176,7 +188,7 @@ def _render_status(st: labmod.LabStatus) -> None:
                       + (f" (leftover partitions: {', '.join(st.partitions)}; run 'vcsched lab down')"
                          if st.partitions else ""))
         return
-    table = Table(title=f"lab {st.id} in {st.dir}" + ("" if st.running else " [red](not all hosts answer)[/]"))
+    table = FitTable(title=f"lab {st.id} in {st.dir}" + ("" if st.running else " [red](not all hosts answer)[/]"))
     for col in ("host", "answers", "libvirtd/virtlogd", "CPUs", "memory", "partition", "guests"):
         table.add_column(col, no_wrap=col == "partition", overflow="fold")
     for h in st.hosts:

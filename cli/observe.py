@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console
-from cli.common import cluster_lock, cluster_option, load_cluster, lock_options, note_in_doubt, notice
-from cli.params import Duration
+from cli.app import EXIT_OK, console, emit_json, err_console
+from cli.common import apply_exit_code, cluster_lock, load_cluster, note_in_doubt, notice
+from cli.params import Duration, cluster_option, json_option, lock_options
 
 
 @click.command("observe")
@@ -25,7 +25,7 @@ from cli.params import Duration
 @click.option("--probe-seconds", type=Duration(), default="5s", show_default=True)
 @click.option("--record", is_flag=True,
               help="Write the estimates as the VMs' recorded needs (set-need steps, under the cluster lock).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option("Print one JSON object.")
 @lock_options()
 def observe_cmd(cluster_file: str | None, window: float, sample: float | None, probe: bool, probe_seconds: float,
                 record: bool, as_json: bool, wait: float, coordination: str | None, lock_ttl: float | None) -> int:
@@ -46,7 +46,8 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
       vcsched observe --window 60s
       vcsched observe --window 2m --probe --record
 
-    Exit codes: 0 done, 1 every host is down or a step failed, 2 bad input.
+    Exit codes: 0 done, 1 every host is down, a step failed or the cluster
+    is locked, 2 bad input, 130 --probe or --record interrupted by Ctrl-C.
     """
     from hypervisor.executor import ApplyReport
     from hypervisor.libvirt_backend import LibvirtHypervisor
@@ -92,23 +93,23 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     out["vms"] = [{**e.to_dict(), "vc": inventory.vm(e.vm).cluster if inventory.vm(e.vm) else None}  # type: ignore[union-attr]
                   for e in sorted(estimates.values(), key=lambda e: (e.host, e.vm))]
     out["apply"] = {what: r.to_dict() for what, r in reports.items()}
-    ok = all(r.ok for r in reports.values())
+    out["ok"] = all(r.ok for r in reports.values())
     if as_json:
         emit_json(out)
     else:
         _render(out)
-    return EXIT_OK if ok else EXIT_UNSATISFIED
+    return max((apply_exit_code(r) for r in reports.values()), default=EXIT_OK)
 
 
 def _render(out: dict[str, Any]) -> None:
-    from rich.table import Table
+    from cli.tables import FitTable
 
     for h in out["hosts_down"]:
         console.print(f"[yellow]host {h['host']} is down[/]: {h['reason']} (its VMs are not observed)")
-    table = Table(title=f"cluster {out['cluster']!r}: needs over {out['window']:g} s "
+    table = FitTable(title=f"cluster {out['cluster']!r}: needs over {out['window']:g} s "
                         f"(sample every {out['sample']:g} s), in cores")
     for col in ("VM", "VC", "host", "cap", "used p90", "declared", "estimated", "confidence", "saturated", "basis"):
-        table.add_column(col, justify="left" if col in ("VM", "VC", "host", "basis") else "right")
+        table.add_column(col, justify="left" if col in ("VM", "VC", "host", "basis") else "right", key=col == "VM")
 
     def f(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"

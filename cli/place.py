@@ -2,36 +2,27 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from cli.app import EXIT_UNSATISFIED, console, emit_json
+from cli.app import console, emit_json, refuse
 from cli.common import (
     apply_exit_code,
     check_request_boot,
-    cluster_lock,
-    cluster_option,
+    deciding_on,
     hosts_down,
     load_cluster,
     load_request,
-    lock_options,
-    note_in_doubt,
-    notice,
-    policy_options,
-    render_hosts_down,
     render_plan,
     render_report,
     run_apply,
+    save_plan,
 )
-from hypervisor.libvirt_backend import LibvirtHypervisor
+from cli.params import cluster_option, json_option, lock_options, output_option, policy_options
 from vcsched.control.admission import Decision, admit
-from vcsched.errors import InputError
 from vcsched.formats.request import Request
 from vcsched.formats.units import format_size
 from vcsched.inventory import Inventory
 from vcsched.model import SolveOptions
-from vcsched.plans.plan import Plan
 from vcsched.solvers.registry import algorithms
 
 
@@ -54,10 +45,9 @@ def render_decision(request: Request, decision: Decision, inventory: Inventory) 
 @cluster_option()
 @click.option("-a", "--algorithm", default="mcb8", show_default=True, metavar="NAME",
               help="Placement algorithm from the registry (mcb1..mcb8, gr, sg, gb, sgb, milp, ...).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None, metavar="PLAN.json",
-              help="Save the plan for `vcsched apply` (written only when the request is admitted).")
+@output_option("Save the plan for `vcsched apply` (written only when the request is admitted).", "PLAN.json")
 @click.option("--apply", "do_apply", is_flag=True, help="Carry the plan out now: create the VMs, set the caps.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (decision, plan, apply report).")
+@json_option("Print one JSON object (decision, plan, apply report).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed for randomized algorithms.")
 @policy_options()
@@ -96,7 +86,8 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     each step again right before it acts (docs/operations.md).
 
     Exit codes: 0 admitted (and applied), 1 refused, a step failed or the
-    cluster is locked, 2 bad input (nothing changed).
+    cluster is locked, 2 bad input (nothing changed), 130 --apply
+    interrupted by Ctrl-C (after the running step).
     """
     if algorithm not in algorithms():
         raise click.BadParameter(f"unknown algorithm {algorithm!r} (known: {', '.join(sorted(algorithms()))})",
@@ -107,27 +98,20 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     from vcsched.control.sharing import sharing_for
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
-    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
-            cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
-        inventory = hv.inventory()
-        if lock is None:  # a dry run reads only: in-doubt VMs are reported, never settled
-            note_in_doubt(inventory)
-        if not as_json:
-            render_hosts_down(inventory)
+    with deciding_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
+                     quiet=as_json) as (hv, lock, inventory):
         decision = admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing)
         report = None
         if decision.plan is not None:
             if output:
-                try:
-                    Path(output).write_text(_plan_json(decision.plan))
-                except OSError as exc:
-                    raise InputError(f"--output {output}: cannot write ({exc.strerror})") from None
+                save_plan(decision.plan, output)
             if do_apply:
                 if not as_json:
                     render_decision(request, decision, inventory)
                 report = run_apply(hv, decision.plan, force=False, quiet=as_json, lock=lock, planned_here=True)
     if as_json:
-        emit_json({"admitted": decision.admitted, "reason": decision.reason, "policy": sharing.policy,
+        emit_json({"ok": decision.admitted and (report is None or report.ok), "admitted": decision.admitted,
+                   "reason": decision.reason, "policy": sharing.policy,
                    "detail": decision.detail, "min_yield": decision.min_yield,
                    "avg_yield": decision.avg_yield,
                    "hosts_down": hosts_down(inventory),
@@ -141,12 +125,4 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                               "(--apply to carry it out)")
         else:
             render_report(report)
-    if not decision.admitted:
-        return EXIT_UNSATISFIED
-    return apply_exit_code(report)
-
-
-def _plan_json(plan: Plan) -> str:
-    import json
-
-    return json.dumps(plan.to_dict(), indent=2) + "\n"
+    return apply_exit_code(report) if decision.admitted else refuse(f"{request.name}: {decision.reason}")

@@ -12,7 +12,8 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json, err_console, fail
-from cli.common import machine_info, progress_bar
+from cli.common import machine_info, progress_bar, write_report
+from hypervisor.files import write_figure, write_output
 from vcsched.errors import InputError
 from vcsched.experiments.policies import (
     EXTRA,
@@ -59,14 +60,7 @@ def write_plots(records: list[PolicyRecord], out_dir: Path) -> list[Path]:
     for k, res in enumerate(resources):
         ax3.bar(x - 0.4 + width * (k + 0.5), [r.utilisation[res] for r in rows], width, label=res)
     ax3.set_title("utilisation (used / cluster total)")
-    for ax in (ax1, ax2, ax3):
-        ax.set_xticks(x, labels, rotation=40, ha="right")
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    first = out_dir / "policies.png"
-    fig.savefig(first, dpi=100)
-    plt.close(fig)
+    first = _bars_per_policy(fig, (ax1, ax2, ax3), x, labels, out_dir / "policies.png")
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     by: dict[str, list[PolicySummary]] = {p: summarise(records, p) for p in PLACEMENTS}
@@ -79,15 +73,18 @@ def write_plots(records: list[PolicyRecord], out_dir: Path) -> list[Path]:
                 width, label=f"placed: {p}")
     ax1.set_title("min yield by placement")
     ax2.set_title("avg yield by placement")
-    for ax in (ax1, ax2):
+    return [first, _bars_per_policy(fig, (ax1, ax2), x, labels, out_dir / "policies_placement.png")]
+
+
+def _bars_per_policy(fig: Any, axes: tuple[Any, ...], x: Any, labels: list[str], path: Path) -> Path:
+    """The policies along each bar chart's x axis, a grid and a legend; the figure written to ``path``."""
+    for ax in axes:
         ax.set_xticks(x, labels, rotation=40, ha="right")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize="small")
     fig.tight_layout()
-    second = out_dir / "policies_placement.png"
-    fig.savefig(second, dpi=100)
-    plt.close(fig)
-    return [first, second]
+    write_figure("--output", path, fig)
+    return path
 
 
 def policies_experiment(instances: int | None, output: str | None, seed: int, jobs: int | None,
@@ -119,13 +116,10 @@ def policies_experiment(instances: int | None, output: str | None, seed: int, jo
         "extra": {r: {"mean": m, "cv": cv, "host_capacity": 1.0} for r, (m, cv) in EXTRA.items()},
         "seed": seed, "jobs": jobs, "wall_s": wall, "machine": machine_info().summary(),
     }
-    (out_dir / "records.json").write_text(json.dumps({"meta": meta, "records": [r.to_dict() for r in records]},
-                                                     indent=0))
+    write_output("--output", out_dir / "records.json",
+                 json.dumps({"meta": meta, "records": [r.to_dict() for r in records]}, indent=0))
     report = report_markdown(records, meta)
-    plots = write_plots(records, out_dir)
-    if plots:
-        report += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
-    (out_dir / "report.md").write_text(report)
+    write_report(out_dir, report, write_plots(records, out_dir))
     rows = summarise(records)
     errors = sum(1 for r in records if r.error)
     if as_json:

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import click
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, console, emit_json
-from cli.common import cluster_lock, cluster_option, load_cluster, lock_options
+from cli.app import EXIT_OK, console, emit_json, refuse
+from cli.common import cluster_lock, load_cluster
+from cli.params import cluster_option, json_option, lock_options
 from hypervisor.libvirt_backend import LibvirtHypervisor
 
 
 @click.command("repair")
 @cluster_option()
 @click.option("--apply", "do_apply", is_flag=True, help="Carry the repair out (default: only say what it would do).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: in_doubt, actions, left, refused.")
+@json_option("Print one JSON object: ok, in_doubt, actions, left, refused.")
 @lock_options()
 def repair_cmd(cluster_file: str | None, do_apply: bool, as_json: bool, wait: float, coordination: str | None,
                lock_ttl: float | None) -> int:
@@ -45,8 +46,10 @@ def repair_cmd(cluster_file: str | None, do_apply: bool, as_json: bool, wait: fl
                 report = hv.repair(lock.guard)
         else:
             report = hv.repair(lambda: None, apply=False)
+    troubled = report.plan.refused is not None or bool(report.plan.left) or not report.ok \
+        or any(o != "done" for _, o, _ in report.outcomes)
     if as_json:
-        emit_json(report.to_dict())
+        emit_json({"ok": not troubled, **report.to_dict()})
     else:
         lines = report.lines()
         if not lines:
@@ -55,6 +58,7 @@ def repair_cmd(cluster_file: str | None, do_apply: bool, as_json: bool, wait: fl
             console.print("dry run: nothing changed (--apply carries it out)")
         for line in lines:
             console.print(line, highlight=False)
-    troubled = report.plan.refused is not None or bool(report.plan.left) or not report.ok \
-        or any(o != "done" for _, o, _ in report.outcomes)
-    return EXIT_UNSATISFIED if troubled else EXIT_OK
+    if not troubled:
+        return EXIT_OK
+    return refuse(report.plan.refused or ("VMs left to the operator: " + ", ".join(report.plan.left)
+                                          if report.plan.left else "an action failed or was skipped"))

@@ -10,9 +10,9 @@ from typing import Any, TextIO
 
 import click
 
-from cli.app import EXIT_OK, FiniteFloatRange
-from cli.common import _check_coordination, cluster_option, load_cluster, notice
-from cli.params import Bytes, Duration
+from cli.app import EXIT_OK
+from cli.common import load_cluster, notice
+from cli.params import Bytes, Duration, FiniteFloatRange, check_coordination, cluster_option
 from vcsched.errors import InputError
 
 
@@ -60,7 +60,7 @@ def open_log(path: str | None) -> TextIO:
               help="Serve Prometheus metrics on this port (0: any free port, logged in the start event).")
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True, metavar="ADDR",
               help="Address the metrics endpoint binds to.")
-@click.option("--coordination", metavar="URL", default=None, callback=_check_coordination,
+@click.option("--coordination", metavar="URL", default=None, callback=check_coordination,
               help="Where the leader and cluster locks live (file:///DIR, etcd3+http://HOST:2379). Default: "
                    "$VCSCHED_COORDINATION, the cluster file's 'coordination', else a file lock under "
                    "/var/lib/vcsched; controllers on several machines need etcd.")

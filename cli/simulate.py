@@ -16,10 +16,12 @@ from typing import Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
 
-from cli.app import EXIT_OK, FiniteFloatRange, console, emit_json, err_console, read_json_file, read_text_file
+from cli.app import EXIT_OK, console, emit_json, err_console, read_json_file, read_text_file
 from cli.common import machine_info, progress_bar
+from cli.params import FiniteFloatRange, json_option
+from cli.tables import FitTable
+from hypervisor.files import write_figure, write_output
 from vcsched.errors import InputError
 
 TASK_SCENARIOS = {"br-tasks": "Bonald & Roberts §4: 500 tasks per job, capacity 100, serve the most deprived job"}
@@ -90,11 +92,12 @@ def fmt(e: Any, digits: int = 3) -> str:
 def render(points: list[Any], label: str, *, tasks: bool,
            exact: dict[tuple[str, float | None], tuple[float | None, ...] | str] | None = None) -> None:
     exact = exact or {}
-    table = Table(title=f"{label}: per class (mean ± 95% CI half-width over replications)")
+    table = FitTable(title=f"{label}: per class (mean ± 95% CI half-width over replications)")
     permanent = any(m["permanent_yield"] is not None for pt in points for m in pt.summary.classes.values())
     for col in ("policy", "load", "class", "service rate γ", *(("exact γ",) if exact else ()), "mean time",
                 "p95 time", "mean slowdown", *(("permanent VC's yield",) if permanent else ())):
-        table.add_column(col, justify="left" if col in ("policy", "class") else "right")
+        table.add_column(col, justify="left" if col in ("policy", "class") else "right",
+                         key=col in ("policy", "load", "class"))
     for pt in points:
         chain = exact.get((pt.policy, pt.load))
         for k, (name, m) in enumerate(pt.summary.classes.items()):
@@ -109,10 +112,10 @@ def render(points: list[Any], label: str, *, tasks: bool,
             console.print(f"  exact γ for {policy} at load {load}: {chain}", highlight=False)
     if tasks:
         return
-    overall = Table(title="overall")
+    overall = FitTable(title="overall")
     for col in ("policy", "load", "utilisation", "mean yield", "Jain's index", "VCs in progress",
                 "given away (altruism)", "migrated", "events", "time (s)"):
-        overall.add_column(col, justify="left" if col == "policy" else "right")
+        overall.add_column(col, justify="left" if col == "policy" else "right", key=col in ("policy", "load"))
     for pt in points:
         s = pt.summary
         util = ", ".join(f"{r} {fmt(e, 2)}" for r, e in s.utilisation.items())
@@ -198,12 +201,7 @@ def plot(points: list[Any], label: str, path: str) -> None:
     ax.legend(fontsize="small")
     ax.set_title(label)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100)
-    except OSError as exc:
-        raise InputError(f"--plot {path}: cannot write ({exc.strerror})") from None
-    finally:
-        plt.close(fig)
+    write_figure("--plot", path, fig)
 
 
 # ---------------------------------------------------------------------------------------------- the command
@@ -249,7 +247,7 @@ def plot(points: list[Any], label: str, path: str) -> None:
 @click.option("--registry", is_flag=True,
               help="Evaluate every policy through the policy registry, never the simulator's fast engines "
                    "(slow; for checking them).")
-@click.option("--json", "as_json", is_flag=True, help="Print every point as JSON on stdout.")
+@json_option("Print every point as JSON on stdout.")
 @click.option("--csv", "csv_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Write every metric of every point as CSV.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
@@ -283,6 +281,9 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
 
     Loads outside the capacity region (some resource at load 1 or more) are
     refused: the number of VCs would grow without bound.
+
+    Exit codes: 0 done, 2 bad input (an unknown policy or scenario, a load
+    outside the capacity region, a malformed workload file).
     """
     from vcsched.simulate.scenarios import SCENARIOS
 
@@ -360,10 +361,7 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
             except InputError as exc:
                 chains[(pt.policy, pt.load)] = str(exc)
     if csv_file:
-        try:
-            Path(csv_file).write_text(csv_text(points, label))
-        except OSError as exc:
-            raise InputError(f"--csv {csv_file}: cannot write ({exc.strerror})") from None
+        write_output("--csv", csv_file, csv_text(points, label))
     if plot_file:
         plot(points, label, plot_file)
     if as_json:

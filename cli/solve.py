@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
-from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json, read_json_file
+from cli.app import EXIT_OK, console, emit_json, read_json_file, refuse
+from cli.params import FiniteFloatRange, json_option, policy_options, time_limit_option
+from cli.tables import FitTable
 from vcsched.formats.instance import instance_from_dict
 from vcsched.model import Instance, SolveOptions, SolveResult
 from vcsched.solvers.registry import algorithms, solve
@@ -36,6 +37,7 @@ def result_to_dict(instance: Instance, result: SolveResult) -> dict[str, Any]:
     elif not result.feasible or result.bound is None:
         placement = []
     out: dict[str, Any] = {
+        "ok": result.feasible,  # the verdict of every deciding command (docs/cli.md); "feasible" is deprecated
         "algorithm": result.algorithm,
         "feasible": result.feasible,
         "min_yield": result.min_yield,
@@ -68,7 +70,7 @@ def render_result(instance: Instance, result: SolveResult) -> None:
         return
     hosts = np.asarray(result.allocation.hosts)
     task_cpu = np.asarray(result.allocation.cpu)[instance.task_job]
-    table = Table(title="per-host load", show_lines=False)
+    table = FitTable(title="per-host load")
     for col in ("host", "tasks", "CPU need", "CPU given", "CPU cap.", "memory", "mem. cap."):
         table.add_column(col, justify="right" if col != "host" else "left")
     for h, host in enumerate(instance.hosts):
@@ -99,7 +101,7 @@ def add_policy_fields(out: dict[str, Any], instance: Instance, policy: str, pall
 
 
 def render_policy(instance: Instance, palloc: PolicyAllocation) -> None:
-    table = Table(title=f"policy {palloc.policy}: yields and dominant shares", show_lines=False)
+    table = FitTable(title=f"policy {palloc.policy}: yields and dominant shares")
     for col in ("job", "yield", "dominant share", "dominant resource"):
         table.add_column(col, justify="left" if col in ("job", "dominant resource") else "right")
     for j, job in enumerate(instance.jobs):
@@ -116,21 +118,17 @@ def render_policy(instance: Instance, palloc: PolicyAllocation) -> None:
 @click.argument("instance_file", metavar="INSTANCE.json", type=click.Path(dir_okay=False))
 @click.option("-a", "--algorithm", default="mcb8", show_default=True, metavar="NAME",
               help="Algorithm from the registry: mcb1..mcb8, gr, sg, gb, sgb, rrnd, rrnz, milp, lpbound, best.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout instead of tables.")
+@json_option("Print one JSON object on stdout instead of tables.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed for randomized algorithms (rrnd, rrnz).")
-@click.option("--time-limit", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="S",
-              help="Wall-clock limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false); "
+@time_limit_option("Wall-clock limit in seconds for milp/rrnd/rrnz (milp then reports optimal=false); "
                    "the search budget of best (default 0.1).")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=500_000, show_default=True,
               help="Placement attempts before gb/sgb give up backtracking (paper: 500,000).")
 @click.option("--precision", type=FiniteFloatRange(min=1e-9, max=0.1), default=1e-4, show_default=True,
               help="MCB binary search stops when the yield interval is narrower than this.")
-@click.option("--policy", default=None, metavar="NAME",
-              help="Sharing policy for the yields once placed: yield (default), drf, drf-pools, asset, pf, "
-                   "alpha-fair, hdrf (docs/policies.md).  Adds 'policy' and 'yields' to --json.")
-@click.option("--alpha", type=float, default=None, metavar="A",
-              help="The exponent of --policy alpha-fair, in (0, 100] (1 is pf).")
+@policy_options("Sharing policy for the yields once placed: yield (default), drf, drf-pools, asset, pf, "
+                "alpha-fair, hdrf (docs/policies.md).  Adds 'policy' and 'yields' to --json.")
 def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
               time_limit: float | None, max_attempts: int, precision: float,
               policy: str | None, alpha: float | None) -> int:
@@ -188,4 +186,4 @@ def solve_cmd(instance_file: str, algorithm: str, as_json: bool, seed: int,
         render_result(instance, result)
         if palloc is not None:
             render_policy(instance, palloc)
-    return EXIT_OK if result.feasible else EXIT_UNSATISFIED
+    return EXIT_OK if result.feasible else refuse(f"{algorithm}: no feasible placement found")

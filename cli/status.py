@@ -6,10 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import click
-from rich.table import Table
 
-from cli.app import EXIT_OK, EXIT_UNSATISFIED, FiniteFloatRange, console, emit_json
-from cli.common import cluster_option, load_cluster, policy_options
+from cli.app import EXIT_OK, console, emit_json, refuse
+from cli.common import load_cluster
+from cli.params import FiniteFloatRange, cluster_option, json_option, policy_options
+from cli.tables import FitTable
 from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from hypervisor.settlement import RepairReport, plan_repair
@@ -112,12 +113,13 @@ def render_status(doc: dict[str, Any]) -> None:
 
     io = _shows_io(doc)
     sampled = bool(doc["sample_seconds"])
-    table = Table(title=f"cluster {doc['cluster']}: hosts")
-    cols = ["host", "cores", "caps (cores)", "measured (cores)", "memory used / usable"]
+    table = FitTable(title=f"cluster {doc['cluster']}: hosts")
+    #: column -> priority (cli/tables.py: at 80 columns the higher numbers move to a second table first)
+    cols = {"host": 0, "cores": 3, "caps (cores)": 1, "measured (cores)": 2, "memory used / usable": 1}
     if io:
-        cols += ["disk caps / disk_bps", "disk used", "net caps / net_bps", "net in / out"]
-    for col in cols:
-        table.add_column(col, justify="left" if col == "host" else "right")
+        cols |= {"disk caps / disk_bps": 4, "disk used": 4, "net caps / net_bps": 5, "net in / out": 5}
+    for col, priority in cols.items():
+        table.add_column(col, justify="left" if col == "host" else "right", priority=priority, key=col == "host")
     for h in doc["hosts"]:
         if h["down"] is not None:
             table.add_row(f"[red]{h['name']} (down)[/]", "?", "?", "?", f"[red]{h['down']}[/]",
@@ -153,15 +155,16 @@ def render_status(doc: dict[str, Any]) -> None:
     if not doc["vms"]:
         console.print("no VMs")
         return
-    vt = Table(title="VMs (cores: need alone, cap, used over the sample window; yield = cap / need; "
-                     "floor = the min_yield it was admitted with"
-                     + ("; disk and network: cap and use per second, network from the guest's side)" if io else ")"))
-    cols = ["host", "VM", "cluster", "vCPUs", "memory", "need", "cap", "used", "yield", "floor", "rules"]
+    vt = FitTable(title="VMs (cores: need alone, cap, used over the sample window; yield = cap / need; "
+                        "floor = the min_yield it was admitted with"
+                        + ("; disk and network: cap and use per second, network from the guest's side)" if io else ")"))
+    vm_cols = {"host": 2, "VM": 0, "cluster": 3, "vCPUs": 5, "memory": 4, "need": 1, "cap": 1, "used": 2, "yield": 1,
+               "floor": 5, "rules": 6}
     if io:
-        cols += ["disk cap", "disk used", "net cap", "net in / out"]
-    for col in cols:
-        vt.add_column(col, justify="left" if col in ("host", "VM", "cluster") else "right",
-                      no_wrap=col in ("VM", "cluster"))
+        vm_cols |= {"disk cap": 7, "disk used": 7, "net cap": 8, "net in / out": 8}
+    for col, priority in vm_cols.items():
+        vt.add_column(col, justify="left" if col in ("host", "VM", "cluster") else "right", priority=priority,
+                      key=col == "VM")
     for v in doc["vms"]:
         cluster = v["cluster"] or "[dim]unmanaged[/]"
         state = "" if v["active"] else " [dim](off)[/]"
@@ -196,10 +199,12 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
         console.print(f"policy in force: [bold]{doc['policy']}[/]; no virtual cluster runs")
         return
     pools = "pool (host:resource)" if doc["policy"] == "drf-pools" else "dominant resource"
-    table = Table(title=f"virtual clusters under policy {doc['policy']} (yield = the lowest cap / need of its VMs; "
-                        "dominant share = yield x its share of the cluster per unit of yield)")
-    for col in ("virtual cluster", "VMs", "weight", "tenant", "yield", "dominant share", pools, "floor"):
-        table.add_column(col, justify="left" if col in ("virtual cluster", "tenant", pools) else "right")
+    table = FitTable(title=f"virtual clusters under policy {doc['policy']} (yield = the lowest cap / need of its "
+                           "VMs; dominant share = yield x its share of the cluster per unit of yield)")
+    for col, priority in (("virtual cluster", 0), ("VMs", 3), ("weight", 4), ("tenant", 5), ("yield", 1),
+                          ("dominant share", 2), (pools, 3), ("floor", 2)):
+        table.add_column(col, justify="left" if col in ("virtual cluster", "tenant", pools) else "right",
+                         priority=priority, key=col == "virtual cluster")
     for vc in vcs:
         y, floor = vc["yield"], vc["min_yield"]
         shown = f"[red]{y:.3f}[/]" if below_floor(y, floor) else f"{y:.3f}"
@@ -212,7 +217,7 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
 @cluster_option()
 @click.option("--sample", "seconds", type=FiniteFloatRange(0, 60), default=2.0, show_default=True, metavar="S",
               help="Measure each VM's CPU, disk and network use over S seconds (two samples); 0 skips measuring.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@json_option("Print one JSON object instead of tables.")
 @policy_options()
 def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: str | None,
                alpha: float | None) -> int:
@@ -268,8 +273,9 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, policy: 
     for h in doc["hosts"]:
         h["maintenance"] = h["name"] in cluster.cordoned
     doc["violations"] = rule_violations(inv.up())
+    doc["ok"] = len(inv.down_hosts()) < len(inv.hosts)
     if as_json:
         emit_json(doc)
     else:
         render_status(doc)
-    return EXIT_UNSATISFIED if len(inv.down_hosts()) == len(inv.hosts) else EXIT_OK
+    return EXIT_OK if doc["ok"] else refuse(f"every host of cluster {cluster.name!r} is down")

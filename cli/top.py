@@ -24,8 +24,8 @@ from rich.console import Group
 from rich.text import Text
 
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console
-from cli.common import cluster_option, load_cluster, policy_options
-from cli.params import Duration
+from cli.common import load_cluster
+from cli.params import Duration, cluster_option, policy_options
 from cli.top_view import Line, Refresh, Sort, frame, on_key
 from hypervisor.base import Hypervisor
 from hypervisor.events import EventTail

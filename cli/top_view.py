@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cli.tables import keep_by_priority
 from vcsched.control.top import HostRow, TopView, VmRow
 from vcsched.formats.units import format_size
 
@@ -169,20 +170,10 @@ VM_COLUMNS: tuple[Column, ...] = (
 
 
 def fit_columns(columns: Sequence[Column], rows: Sequence[Any], width: int) -> list[tuple[Column, int]]:
-    """The columns that fit in ``width`` with each one's width (module docstring: dropped by priority)."""
-    widths = {c.header: max([len(c.header), *(len(c.cell(r)) for r in rows)]) for c in columns}
-    kept = list(columns)
-
-    def total() -> int:
-        return sum(widths[c.header] for c in kept) + GAP * (len(kept) - 1)
-
-    while total() > width:
-        droppable = [c for c in kept if c.priority > 0]
-        if not droppable:
-            break
-        worst = max(droppable, key=lambda c: (c.priority, kept.index(c)))
-        kept.remove(worst)
-    return [(c, widths[c.header]) for c in kept]
+    """The columns that fit in ``width`` with each one's width (module docstring: dropped by priority, the rule
+    of every vcsched table, :func:`cli.tables.keep_by_priority`)."""
+    widths = [max([len(c.header), *(len(c.cell(r)) for r in rows)]) for c in columns]
+    return [(columns[i], widths[i]) for i in keep_by_priority([c.priority for c in columns], widths, width, GAP)]
 
 
 def table(columns: Sequence[Column], rows: Sequence[Any], width: int) -> list[Line]:

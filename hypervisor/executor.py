@@ -70,16 +70,24 @@ DONE, SKIPPED, FAILED, NOT_RUN, INTERRUPTED = "done", "skipped", "failed", "not 
 CTRL_C = "interrupted (Ctrl-C)"  # ApplyReport.stopped when the operator interrupted the run
 
 
-class SnapshotMismatch(InputError):
-    """The cluster changed since the plan was computed (exit 2; ``--force`` applies anyway)."""
-
-
-class ClusterChangedMeanwhile(VcschedError):
-    """The plan a command computed went stale before its first step: a host stopped answering or came back, or
-    a VM changed, between the command's planning read and the apply's read.  A race, not bad input (exit 1,
-    nothing changed): running the command again plans from the cluster as it is then."""
+class PlanRefused(InputError):
+    """A well-formed plan that does not hold on the live cluster as it is now: it no longer fits (a host would be
+    over-committed, a VM is gone or is not vcsched's, ...), or the cluster changed since it was computed.  A
+    refusal, not bad input: exit 1, nothing changed (docs/cli.md).  An :class:`InputError` still, for callers
+    that refuse every plan problem alike."""
 
     exit_code = 1
+
+
+class SnapshotMismatch(PlanRefused):
+    """The cluster changed since the plan was computed (exit 1; ``--force`` applies anyway)."""
+
+
+class ClusterChangedMeanwhile(PlanRefused):
+    """The plan a command computed itself (``place``/``adapt``/``drain --apply``) went stale before its first
+    step: a host stopped answering or came back, or a VM changed, between the command's planning read and the
+    apply's read.  A race (exit 1, nothing changed): running the command again plans from the cluster as it is
+    then — not :class:`SnapshotMismatch`'s advice for a saved plan (recompute, or ``--force``)."""
 
 
 class StepFailed(VcschedError):
@@ -403,8 +411,8 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
 
     Raises (nothing changed): :class:`SnapshotMismatch` when the cluster
     changed since the plan was computed (unless ``force``), and
-    :class:`vcsched.errors.InputError` when the plan does not hold on the
-    live cluster as a whole (even with ``force``: that would over-commit).
+    :class:`PlanRefused` when the plan does not hold on the live cluster as a
+    whole (even with ``force``: that would over-commit); both exit 1.
 
     ``guard`` is called before every step (every wave); if it raises a
     :class:`VcschedError` (the cluster lock was lost) no further step starts
@@ -424,7 +432,10 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
         again = "place" if plan.kind == "place" else "adapt"
         raise SnapshotMismatch(f"plan.snapshot: cluster {plan.cluster!r} changed since this plan was computed "
                                f"(compute a new one with `vcsched {again}`, or apply anyway with --force)")
-    check_plan(plan.steps, inventory, created=created_devices(hv, plan.steps))
+    try:
+        check_plan(plan.steps, inventory, created=created_devices(hv, plan.steps))
+    except InputError as exc:
+        raise PlanRefused(str(exc)) from None  # the message names the step and the field, as bad input does
     check_claims(plan, inventory)
     check_creates(hv, plan.steps, inventory)
     results: list[StepResult] = []

@@ -38,12 +38,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from hypervisor.files import write_atomic
 from vcsched.errors import InputError, VcschedError
 from vcsched.formats.cluster import Cluster
 
@@ -118,9 +118,7 @@ def remember(state: Path, uuids: Mapping[str, str]) -> None:
     known.update(uuids)
     with contextlib.suppress(OSError):
         state.mkdir(parents=True, exist_ok=True)
-        tmp = state / f"{KNOWN_HOSTS}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
-        tmp.replace(state / KNOWN_HOSTS)
+        write_atomic(state / KNOWN_HOSTS, json.dumps(known, indent=1, sort_keys=True) + "\n")
 
 
 def lock_key(identities: Iterable[str]) -> str:

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
+from hypervisor.files import write_atomic
 from vcsched.errors import InputError, VcschedError
 from vcsched.formats.cluster import check_coordination_url
 
@@ -200,9 +201,7 @@ class ClusterLock:
         doc = json.dumps({"member": self.member, "since": time.time()})
         path = self._holder_path()
         if path is not None:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(doc)
-            tmp.replace(path)
+            write_atomic(path, doc)
         elif _etcd(self.url):  # on the lock's own lease: it disappears with the lock
             self._coordinator.client.put(HOLDERS_PREFIX + self.name, doc, lease=self._lock._lease)
 

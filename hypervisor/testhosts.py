@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypervisor.domain_xml import metadata_xml
+from hypervisor.files import write_atomic
 from vcsched.inventory import VmMeta
 
 MIB = 1 << 20
@@ -65,11 +66,11 @@ def write_scale_cluster(directory: Path, hosts: int, vms_per_host: int) -> Scale
              f'initrd = "{directory / "initrd.gz"}"', ""]
     for h in range(hosts):
         path = directory / f"h{h}.xml"
-        path.write_text(node_xml(h, vms_per_host))
+        write_atomic(path, node_xml(h, vms_per_host))
         lines += ["[[hosts]]", f'name = "h{h}"', f'uri = "test://{path}"', ""]
     cluster = directory / "cluster.toml"
-    cluster.write_text("\n".join(lines))
+    write_atomic(cluster, "\n".join(lines))
     request = directory / "request.toml"
-    request.write_text(f'name = "arrival"\nvms = {VMS_PER_CLUSTER}\nvcpus = 1\nmemory = "{VM_MEMORY_MIB}MiB"\n'
+    write_atomic(request, f'name = "arrival"\nvms = {VMS_PER_CLUSTER}\nvcpus = 1\nmemory = "{VM_MEMORY_MIB}MiB"\n'
                        f"cpu_cores = {VM_NEED_CORES}\n")
     return ScaleCluster(cluster, request, hosts, hosts * vms_per_host)

@@ -67,7 +67,9 @@ def test_no_placement_within_the_budget_exits_one(tmp_path: Path) -> None:
                     {"name": "b", "cpu_need": 0.3, "memory": 0.4, "current": [0]}]}
     r = run(tmp_path, doc, "--budget", "0", "--json")
     assert r.exit_code == 1, r.output
-    assert json.loads(r.output)["feasible"] is False
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["feasible"] is False
+    assert r.stderr.startswith("vcsched: refused: heuristic: no placement within the budget of 0 B")
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -91,7 +93,7 @@ def test_bad_current_host_exits_two_naming_the_field(tmp_path: Path) -> None:
 
 
 def test_experiment_adapt_writes_report_records_and_json(tmp_path: Path) -> None:
-    from cli.adapt import adapt_experiment
+    from cli.experiment_adapt import adapt_experiment
     from vcsched.experiments.adaptation import TraceSpec
 
     tiny = (("tiny", TraceSpec(hosts=3, tasks=6, slack=0.5, steps=2), ("none", "heuristic", "milp", "scratch")),)

@@ -566,8 +566,9 @@ def test_measure_usage_turns_two_counter_samples_into_rates() -> None:
 # ---------------------------------------------------------------------------------- the CLI, end to end
 
 
-def test_apply_refuses_a_disk_cap_on_the_test_driver_in_one_line_exit_2(tmp_path: Path) -> None:
-    """A real libvirt connection (test driver): the host cannot cap disks, so the plan is refused whole."""
+def test_apply_refuses_a_disk_cap_on_the_test_driver_in_one_line_exit_1(tmp_path: Path) -> None:
+    """A real libvirt connection (test driver): the host cannot cap disks, so the plan is refused whole (a plan that
+    does not fit the live hosts is a refusal, exit 1: docs/cli.md)."""
     from tests.test_libvirt_backend import domain_of, node_xml
 
     meta = VmMeta("io", 0.5, 128 * MiB, 1)
@@ -585,7 +586,7 @@ def test_apply_refuses_a_disk_cap_on_the_test_driver_in_one_line_exit_2(tmp_path
     (tmp_path / "p.json").write_text(json.dumps(plan))
     r = CliRunner().invoke(cli, ["apply", str(tmp_path / "p.json"), "--cluster", str(cluster),
                                  "--coordination", f"file://{tmp_path}/lock"])
-    assert r.exit_code == 2, r.output
+    assert r.exit_code == 1, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("vcsched: error: plan.steps[0].disk_bytes_sec: host h0 cannot cap disk of VM "

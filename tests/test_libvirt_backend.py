@@ -250,11 +250,12 @@ def test_cpu_beyond_vcpus_is_one_line_naming_both_numbers(tmp_path: Path, lab_cl
     assert "cpu_cores: 2 cores is more than the 1 vCPUs" in line
 
 
-def test_place_apply_on_the_test_driver_is_refused_before_any_step_with_exit_2(tmp_path: Path,
+def test_place_apply_on_the_test_driver_is_refused_before_any_step_with_exit_1(tmp_path: Path,
                                                                                   lab_cluster: Path) -> None:
+    # The plan does not fit hosts that cannot cap CPU: a refusal (exit 1), not bad input.
     result = run("place", write_request(tmp_path, WEB), "--cluster", lab_cluster, "--apply", "--json")
-    assert result.exit_code == 2
-    assert "cannot set CPU caps" in one_line_error(result)
+    assert result.exit_code == 1
+    assert "cannot set CPU caps" in one_line_error(result, 1)
 
 
 def test_status_json_lists_unmanaged_domains(lab_cluster: Path) -> None:
@@ -269,7 +270,7 @@ def test_apply_refuses_a_plan_for_a_changed_cluster(tmp_path: Path, lab_cluster:
     out = tmp_path / "plan.json"
     assert run("place", write_request(tmp_path, WEB), "--cluster", lab_cluster, "-o", out).exit_code == 0
     (tmp_path / "h1.xml").write_text(node_xml(1, 1 << 20, domain_of("newcomer")))
-    line = one_line_error(run("apply", out, "--cluster", lab_cluster))
+    line = one_line_error(run("apply", out, "--cluster", lab_cluster), 1)  # a stale plan is refused: exit 1
     assert "changed since this plan was computed" in line
 
 
@@ -277,9 +278,9 @@ def test_apply_refuses_a_plan_for_a_changed_cluster(tmp_path: Path, lab_cluster:
 def test_a_cluster_changing_while_a_command_plans_and_applies_is_a_refusal_to_run_it_again(
         tmp_path: Path, lab_cluster: Path, monkeypatch: pytest.MonkeyPatch, command: str) -> None:
     """Found by the lab chaos test: a host stopping or coming back between `place/adapt/drain --apply`'s planning
-    read and its first step made the command exit 2, "changed since this plan was computed (compute a new one
-    ..., or apply anyway with --force)" — advice for a saved plan, which these commands cannot follow.  It is a
-    race, not bad input: exit 1, nothing changed, run it again.  Here a domain appears on h1 meanwhile."""
+    read and its first step refused the command with "changed since this plan was computed (compute a new one
+    ..., or apply anyway with --force)" (then exit 2) — advice for a saved plan, which these commands cannot
+    follow.  It is a race: exit 1, nothing changed, run it again.  Here a domain appears on h1 meanwhile."""
     import hypervisor.executor as executor
 
     real = executor.apply_plan

@@ -9,8 +9,9 @@ an instance it proved infeasible, and none may beat the LP bound (section 3.1).
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from vcsched.model import Host, Instance, Job, SolveOptions, SolveResult
@@ -27,12 +28,12 @@ fraction = st.floats(min_value=0.02, max_value=1.0, allow_nan=False)
 
 
 @st.composite
-def instances(draw: st.DrawFn) -> Instance:
-    n_hosts = draw(st.integers(1, 4))
+def instances(draw: st.DrawFn, max_hosts: int = 4, max_jobs: int = 8) -> Instance:
+    n_hosts = draw(st.integers(1, max_hosts))
     heterogeneous = draw(st.booleans())
     capacity = st.floats(min_value=0.5, max_value=2.0) if heterogeneous else st.just(1.0)
     hosts = tuple(Host(f"h{i}", cpu=draw(capacity), memory=draw(capacity)) for i in range(n_hosts))
-    n_jobs = draw(st.integers(1, 8))
+    n_jobs = draw(st.integers(1, max_jobs))
     jobs = tuple(
         Job(f"j{i}", cpu_need=draw(fraction), memory=draw(fraction), tasks=draw(st.integers(1, 3)))
         for i in range(n_jobs)
@@ -92,25 +93,30 @@ def test_no_algorithm_beats_the_lp_bound() -> None:
     assert seen["feasible"] >= 50, seen
 
 
+# Instances the MILP proves in well under a second, and a time limit no load reaches: how many optima are
+# proved must not depend on how busy the machine is (with 10 s on 8 jobs, a loaded CI machine proved 4 of 25).
+# An instance without a proved optimum tests nothing here: hypothesis draws another instead (assume).
+SMALL_OPTIONS = replace(OPTIONS, time_limit=300.0)
+
+
 def test_no_algorithm_beats_a_proved_milp_optimum() -> None:
     seen: Counter[str] = Counter()
 
-    @PROPERTY_SETTINGS
-    @given(instances())
+    @settings(PROPERTY_SETTINGS, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(instances(max_hosts=3, max_jobs=4))
     def check(instance: Instance) -> None:
-        results = run_all(instance)
-        exact = results["milp"]
-        if not (exact.optimal and exact.feasible):
-            return
+        exact = solve(instance, "milp", SMALL_OPTIONS)
+        assume(exact.optimal and exact.feasible)
         seen["proved optimum"] += 1
         assert exact.min_yield is not None
-        for name, result in results.items():
+        for name in placing_algorithms():
+            result = solve(instance, name, SMALL_OPTIONS)
             if result.feasible:
                 assert result.min_yield is not None
                 assert result.min_yield <= exact.min_yield + 1e-6, name
 
     check()
-    assert seen["proved optimum"] >= 5, seen
+    assert seen["proved optimum"] >= 20, seen
 
 
 def test_no_algorithm_places_an_instance_the_milp_proved_infeasible() -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hypervisor.files import write_atomic
 from hypervisor.lab import cgroups, daemons, qemucaps
 from hypervisor.lab.guest import boot_directly
 from hypervisor.lab.image import BUSYBOX, ensure_image, initramfs_recipe
@@ -301,7 +302,7 @@ def _repair(layout: LabLayout, existing: tuple[list[LabHost], GuestImage, int], 
         assert new_reserved is not None
         hosts = [dataclasses.replace(h, memory_reserved=new_reserved) for h in hosts]
     _write_state(layout, hosts, guest, machine_mib, transport, shared)
-    layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
+    write_atomic(layout.cluster_file, render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
                                                      migration_tls=tls))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file, tuple(repaired),
                _shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_mib, transport, shared)
@@ -358,7 +359,7 @@ def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, pro
     except BaseException:
         _down(layout)  # the half-started host's directory is enough for down to find it
         raise
-    layout.cluster_file.write_text(render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
+    write_atomic(layout.cluster_file, render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
                                                      migration_tls=tls))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file,
                warnings=_shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_memory_mib=machine_mib,
@@ -377,7 +378,7 @@ def _write_state(layout: LabLayout, hosts: list[LabHost], guest: GuestImage, mac
         "guest": {k: str(v) for k, v in asdict(guest).items()},
         "started": time.time(),
     }
-    layout.state_file.write_text(json.dumps(doc, indent=1) + "\n")
+    write_atomic(layout.state_file, json.dumps(doc, indent=1) + "\n")
 
 
 def _host_indexes(layout: LabLayout) -> list[int]:
@@ -587,5 +588,5 @@ def guest_boot_check(timeout_s: float = 120.0) -> str | None:
         boot_directly(image, timeout_s)
     except (VcschedError, OSError) as exc:
         return f"a TCG guest does not boot here: {exc}"
-    stamp.write_text(key)
+    write_atomic(stamp, key)
     return None

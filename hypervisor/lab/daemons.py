@@ -22,6 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from hypervisor.files import write_atomic
 from hypervisor.lab.state import (
     HOST_MOUNTS,
     LabLayout,
@@ -104,9 +105,9 @@ def prepare_host(layout: LabLayout, index: int, *, tls: bool = False) -> None:
         certs.make_client(layout.pki_dir, layout.id)
         if not (etc / "pki" / "servercert.pem").is_file():
             certs.make_host(layout.pki_dir, etc, address, layout.id)
-    (etc / "libvirtd.conf").write_text(libvirtd_conf(host_uuid(layout.id, index), address))
-    (etc / "qemu.conf").write_text(qemu_conf(address, migration_ports(layout.id, index)))
-    (etc / "virtlogd.conf").write_text("")
+    write_atomic(etc / "libvirtd.conf", libvirtd_conf(host_uuid(layout.id, index), address))
+    write_atomic(etc / "qemu.conf", qemu_conf(address, migration_ports(layout.id, index)))
+    write_atomic(etc / "virtlogd.conf", "")
 
 
 def start_script(layout: LabLayout, index: int, *, mounts: bool = True, virtlogd: bool = True, tls: bool = False,

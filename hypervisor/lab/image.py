@@ -56,8 +56,13 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
+from hypervisor.files import write_atomic
 from hypervisor.lab.state import DEFAULT_LAB_DIR, GuestImage, guest_cmdline
 from vcsched.errors import VcschedError
+
+#: The image cache's files are readable by everyone (the lab's daemons read them); several test sessions may
+#: fill one cache at once, so each file is written atomically (hypervisor/files.py).
+CACHE_MODE = 0o644
 
 BOOT_MARKER = "VCSCHED-GUEST-UP"
 #: Printed instead of the boot marker when an I/O workload finds no device or driver to run on.
@@ -303,15 +308,15 @@ def _ensure_vmlinux(image_dir: Path, others: Iterable[Path]) -> Path | None:
                 tmp.unlink(missing_ok=True)
                 os.link(src / "vmlinux", tmp)
                 os.replace(tmp, vmlinux)
-                write_atomically(stamp, key.encode())
+                write_atomic(stamp, key.encode(), mode=CACHE_MODE)
                 return vmlinux
     elf = extract_vmlinux(bzimage)
     if elf is None or not has_pvh_entry(elf):
         vmlinux.unlink(missing_ok=True)
-        write_atomically(stamp, key.encode())
+        write_atomic(stamp, key.encode(), mode=CACHE_MODE)
         return None
-    write_atomically(vmlinux, elf)
-    write_atomically(stamp, key.encode())
+    write_atomic(vmlinux, elf, mode=CACHE_MODE)
+    write_atomic(stamp, key.encode(), mode=CACHE_MODE)
     return vmlinux
 
 
@@ -342,8 +347,8 @@ def _keep_modules(tree: Path, modules: Path, version: str) -> None:
     modules.mkdir(exist_ok=True)
     for m in MODULES:
         if m in found:
-            write_atomically(modules / f"{m}.ko", found[m].read_bytes())
-    write_atomically(modules / "version", version.encode())
+            write_atomic(modules / f"{m}.ko", found[m].read_bytes(), mode=CACHE_MODE)
+    write_atomic(modules / "version", version.encode(), mode=CACHE_MODE)
 
 
 def download_kernel(dest: Path) -> Path:
@@ -356,7 +361,7 @@ def download_kernel(dest: Path) -> Path:
             raise ImageError(f"{pkg} holds no boot/vmlinuz-*")
         version = kernels[0].name.removeprefix("vmlinuz-")
         _keep_modules(tree, dest.parent / "modules", version)
-        write_atomically(dest, kernels[0].read_bytes())
+        write_atomic(dest, kernels[0].read_bytes(), mode=CACHE_MODE)
     return dest
 
 
@@ -405,7 +410,7 @@ def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "
     if not kernel.is_file():
         for src in others:
             if (src / "vmlinuz").is_file():
-                write_atomically(kernel, (src / "vmlinuz").read_bytes())
+                write_atomic(kernel, (src / "vmlinuz").read_bytes(), mode=CACHE_MODE)
                 break
         else:
             download_kernel(kernel)
@@ -415,7 +420,7 @@ def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "
             if modules_version(src / "modules") == version:
                 modules.mkdir(exist_ok=True)
                 for ko in [*_module_files(src / "modules"), src / "modules" / "version"]:
-                    write_atomically(modules / ko.name, ko.read_bytes())
+                    write_atomic(modules / ko.name, ko.read_bytes(), mode=CACHE_MODE)
                 break
         else:
             try:
@@ -426,27 +431,9 @@ def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "
     stamp = image_dir / "initrd.recipe"
     recipe = initramfs_recipe(modules=modules)
     if not initrd.is_file() or not stamp.is_file() or stamp.read_text() != recipe:
-        write_atomically(initrd, build_initramfs(modules=modules))
-        write_atomically(stamp, recipe.encode())
+        write_atomic(initrd, build_initramfs(modules=modules), mode=CACHE_MODE)
+        write_atomic(stamp, recipe.encode(), mode=CACHE_MODE)
     return GuestImage(kernel=_ensure_vmlinux(image_dir, others) or kernel, initrd=initrd, cmdline=guest_cmdline())
-
-
-def write_atomically(dest: Path, data: bytes) -> None:
-    """Write ``dest`` atomically through a uniquely named temporary file.
-
-    Several test sessions may build the same cache at once (each guest_boot_check
-    fills the default lab's image dir); a reader then sees the old or the new
-    file, never half of one.
-    """
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def initramfs_recipe(busybox: Path = BUSYBOX, modules: Path | None = None) -> str:

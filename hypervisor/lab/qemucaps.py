@@ -23,7 +23,8 @@ import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from hypervisor.lab.image import write_atomically
+from hypervisor.files import write_atomic
+from hypervisor.lab.image import CACHE_MODE
 
 #: Where a lab host's libvirtd keeps the cache, relative to its host dir (``cache`` is bound over /var/cache/libvirt).
 HOST_CACHE = Path("cache") / "qemu" / "capabilities"
@@ -85,4 +86,4 @@ def keep(host_dir: Path, image_dirs: Iterable[Path]) -> None:
 
 def _copy(src: Path, dest: Path) -> None:
     """Atomically: another lab's ``up`` may be reading ``dest`` at the same moment."""
-    write_atomically(dest, src.read_bytes())
+    write_atomic(dest, src.read_bytes(), mode=CACHE_MODE)

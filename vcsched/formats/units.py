@@ -96,3 +96,8 @@ def format_size(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.4g} {unit}"
     return f"{n:.0f} B"
+
+
+def format_budget(n: int) -> str:
+    """A migration byte budget (or bytes moved against one): "unlimited" (:data:`UNLIMITED`), else a size."""
+    return "unlimited" if n >= UNLIMITED else format_size(n)
