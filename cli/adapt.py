@@ -212,7 +212,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
                               "raise --budget, or --depart a cluster)", highlight=False)
         report = None
         if do_apply:
-            report = run_apply(hv, live.plan, force=False, quiet=as_json, lock=lock)
+            report = run_apply(hv, live.plan, force=False, quiet=as_json, lock=lock, planned_here=True)
             out["apply"] = report.to_dict()
             if not as_json:
                 render_report(report)

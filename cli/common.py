@@ -326,12 +326,32 @@ def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> di
 
 
 def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
-              lock: ClusterLock | None = None) -> ApplyReport:
+              lock: ClusterLock | None = None, planned_here: bool = False) -> ApplyReport:
     """Apply with a progress bar (unless ``quiet``), one line per step as it finishes; under ``lock``.
+
+    ``planned_here``: the plan was computed by this command (``place``, ``adapt``, ``drain`` with ``--apply``)
+    from a read moments earlier.  If the cluster changed in between (a host stopped answering or came back:
+    seen by the lab chaos test), the command is refused (exit 1) and asked to be run again, instead of the
+    saved-plan advice ("compute a new one with `vcsched adapt`, or apply anyway with --force"), which these
+    commands cannot follow.
 
     Every step that takes effect is recorded in the definitions store of the lock's coordination backend
     (hypervisor/definitions.py), so that the VMs it creates or moves can be restarted if their host fails.
     """
+    from hypervisor.executor import ClusterChangedMeanwhile, SnapshotMismatch
+
+    try:
+        return _run_apply(hv, plan, force=force, quiet=quiet, lock=lock)
+    except SnapshotMismatch:
+        if not planned_here:
+            raise
+        raise ClusterChangedMeanwhile(
+            f"cluster {plan.cluster!r} changed while this command ran (a host stopped answering or came back, or a "
+            "VM changed, between its planning read and its first step): nothing changed; run it again") from None
+
+
+def _run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
+               lock: ClusterLock | None) -> ApplyReport:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from hypervisor.definitions import DefinitionStore, recorder

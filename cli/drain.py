@@ -135,7 +135,7 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
                     emit_json(out | {"ok": False, "applied": None, "refused": blocked})
                 return refuse(f"not applied: {blocked}")
             set_maintenance(path, host, True)  # nothing new lands there from now on
-            report = run_apply(hv, live.plan, force=False, quiet=as_json, lock=lock)
+            report = run_apply(hv, live.plan, force=False, quiet=as_json, lock=lock, planned_here=True)
             out["apply"] = report.to_dict()
             if not as_json:
                 console.print(f"{host} is in maintenance ({path})", highlight=False)

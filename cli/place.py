@@ -110,7 +110,7 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
             if do_apply:
                 if not as_json:
                     render_decision(request, decision, inventory)
-                report = run_apply(hv, decision.plan, force=False, quiet=as_json, lock=lock)
+                report = run_apply(hv, decision.plan, force=False, quiet=as_json, lock=lock, planned_here=True)
     if as_json:
         emit_json({"ok": decision.admitted and (report is None or report.ok), "admitted": decision.admitted,
                    "reason": decision.reason, "policy": sharing.policy,

@@ -86,6 +86,13 @@ class SnapshotMismatch(PlanRefused):
     """The cluster changed since the plan was computed (exit 1; ``--force`` applies anyway)."""
 
 
+class ClusterChangedMeanwhile(PlanRefused):
+    """The plan a command computed itself (``place``/``adapt``/``drain --apply``) went stale before its first
+    step: a host stopped answering or came back, or a VM changed, between the command's planning read and the
+    apply's read.  A race (exit 1, nothing changed): running the command again plans from the cluster as it is
+    then — not :class:`SnapshotMismatch`'s advice for a saved plan (recompute, or ``--force``)."""
+
+
 class StepFailed(VcschedError):
     """A step's pre-condition cannot be met or its post-condition did not hold."""
 

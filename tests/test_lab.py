@@ -31,6 +31,7 @@ from hypervisor.lab.state import (
     host_uuid,
     lab_id,
     memory_reserved_for,
+    migration_ports,
     partition_dir_name,
     partition_name,
     pid_matches,
@@ -110,6 +111,18 @@ def test_two_lab_dirs_never_share_a_partition_or_host_uuid() -> None:
     assert a.id != b.id
     assert {a.partition(0), a.partition(1)}.isdisjoint({b.partition(0), b.partition(1)})
     assert host_uuid(a.id, 0) != host_uuid(b.id, 0) != host_uuid(b.id, 1)
+
+
+def test_each_lab_host_receives_migrations_on_ports_of_its_own() -> None:
+    """Two migrations arriving at two hosts of one unix lab at once (a drain's wave) must not pick one port."""
+    lid = LabLayout(Path("/var/tmp/vcl-a")).id
+    ranges = [migration_ports(lid, i) for i in range(8)]
+    ports = [set(range(low, high + 1)) for low, high in ranges]
+    assert all(len(p) == 64 and min(p) >= 49152 and max(p) <= 65535 for p in ports)
+    assert all(a.isdisjoint(b) for i, a in enumerate(ports) for b in ports[i + 1:])
+    assert 'migration_port_min = ' in daemons.qemu_conf(ports=ranges[0])
+    with pytest.raises(InputError, match="host index"):
+        migration_ports(lid, 8)
 
 
 def test_lab_id_is_stable_for_the_same_dir() -> None:

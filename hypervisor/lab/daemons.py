@@ -23,7 +23,15 @@ import time
 from pathlib import Path
 
 from hypervisor.files import write_atomic
-from hypervisor.lab.state import HOST_MOUNTS, LabLayout, host_uuid, pid_gone, pid_matches, read_pid_file
+from hypervisor.lab.state import (
+    HOST_MOUNTS,
+    LabLayout,
+    host_uuid,
+    migration_ports,
+    pid_gone,
+    pid_matches,
+    read_pid_file,
+)
 from vcsched.errors import VcschedError
 
 #: Stopped in this order (libvirtd first: it holds connections to the other two).
@@ -38,7 +46,7 @@ class DaemonError(VcschedError):
 PKI_IN_NS = "/etc/libvirt/pki"
 
 
-def qemu_conf(address: str | None = None) -> str:
+def qemu_conf(address: str | None = None, ports: tuple[int, int] | None = None) -> str:
     """Guests run as root without a security driver: there is no AppArmor/SELinux
     set-up for the lab's directories, and the guest files live in /var/tmp.
 
@@ -48,12 +56,16 @@ def qemu_conf(address: str | None = None) -> str:
     VM whose disk another host still leases is refused by libvirt itself — the
     second line of defence beside fencing (docs/operations.md).
 
+    ``ports``: the host's own incoming-migration port range (:func:`hypervisor.lab.state.migration_ports`).
+
     A TLS host (``address``) also receives migrations only on its own address
     (``migration_address``: without it QEMU listens on every address, and a
     wrong address in the cluster file would still work on one machine) and
     has the certificates QEMU uses for VIR_MIGRATE_TLS.
     """
     text = 'user = "root"\ngroup = "root"\nsecurity_driver = "none"\nlock_manager = "lockd"\n'
+    if ports is not None:
+        text += f"migration_port_min = {ports[0]}\nmigration_port_max = {ports[1]}\n"
     if address is not None:
         text += (f'migration_address = "{address}"\n'
                  f'default_tls_x509_cert_dir = "{PKI_IN_NS}/qemu"\n'
@@ -107,7 +119,7 @@ def prepare_host(layout: LabLayout, index: int, *, tls: bool = False) -> None:
         if not (etc / "pki" / "servercert.pem").is_file():
             certs.make_host(layout.pki_dir, etc, address, layout.id)
     write_atomic(etc / "libvirtd.conf", libvirtd_conf(host_uuid(layout.id, index), address))
-    write_atomic(etc / "qemu.conf", qemu_conf(address))
+    write_atomic(etc / "qemu.conf", qemu_conf(address, migration_ports(layout.id, index)))
     layout.lockspace_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(etc / "qemu-lockd.conf", lockd_conf(layout.lockspace_dir))
     write_atomic(etc / "virtlogd.conf", "")
