@@ -469,6 +469,18 @@ class SimDomainHandle:
     def jobInfo(self) -> list[int]:
         return [self._dom("jobInfo").job] + [0] * 11
 
+    def jobStats(self, flags: int = 0) -> dict[str, int]:
+        """The job as ``virDomainGetJobStats`` gives it: a migration's side (``operation``: in on the destination,
+        out on the source); the simulation keeps no byte counts, so they read 0."""
+        d = self._dom("jobStats")
+        if d.job == JOB_NONE or d.migration is None:
+            return {"type": JOB_NONE}
+        arriving = d.incoming or self.conn.host.name == d.migration.target
+        operation = (libvirt.VIR_DOMAIN_JOB_OPERATION_MIGRATION_IN if arriving
+                     else libvirt.VIR_DOMAIN_JOB_OPERATION_MIGRATION_OUT)
+        return {"type": d.job, "operation": operation, "time_elapsed": 0, "data_processed": 0, "data_remaining": 0,
+                "data_total": 0, "memory_bps": 0}
+
     def metadata(self, type: int, uri: str | None, flags: int = 0) -> str:
         d = self._dom("metadata")
         if d.meta is None or uri != METADATA_NS:

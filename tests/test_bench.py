@@ -242,7 +242,8 @@ def test_the_hosts_rows_time_status_and_place_and_count_libvirt_calls_per_host()
         assert [r.calls_per_host for r in got[3:5]] == [r.calls_per_host for r in got[:2]]
     # Per host: the open and the close, the host's type, info and capabilities (its UUID: who it is), one
     # getAllDomainStats, and one XML read per VM (libvirt has no bulk call for a domain's XML, where vcsched's
-    # metadata lives): two more VMs, two more calls.
+    # metadata lives), and one jobStats per active VM (status lists the migrations in flight; libvirt has no bulk
+    # call for jobs either): two more VMs, four more calls.
     status = {n: rows[n][0].calls_per_host for n in rows}
-    assert status[2] == (8, 8) and status[4] == (10, 10)
+    assert status[2] == (10, 10) and status[4] == (14, 14)
     assert "| status --sample 0 | 3 | 6 |" in "\n".join(scale_markdown(rows[2], 1))
