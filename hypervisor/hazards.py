@@ -15,7 +15,10 @@ SETTLE_WITHOUT_LOCK = "settle-without-lock"
 #: The executor acts on the first copy of an in-doubt VM by host order.
 FIRST_COPY_LOOKUP = "first-copy-lookup"
 
-KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP})
+#: A probe raises caps without journaling first what to put back: after a kill nothing puts them back.
+PROBE_NO_RESTORE = "probe-no-restore"
+
+KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP, PROBE_NO_RESTORE})
 
 #: The hazards switched on (empty in production).
 HAZARDS: set[str] = set()
