@@ -79,6 +79,8 @@ MIGRATION_BOOST = 8
 #: Every PROBE_EVERY-th schedule (index PROBE_EVERY - 1, 2 PROBE_EVERY - 1, ...) runs ``vcsched observe --probe``
 #: instead of its scenario's command (the other schedules are the same with or without it).
 PROBE_EVERY = 4
+#: Schedules whose index is TWIN_AT modulo TWIN_EVERY start with a VM in doubt (:meth:`Schedule.twin`).
+TWIN_EVERY, TWIN_AT = 8, 1
 #: ``observe --window 4s --sample 1s --probe --probe-seconds 2s`` (simulated seconds).
 PROBE_WINDOW_S, PROBE_SAMPLE_S, PROBE_SECONDS_S = 4.0, 1.0, 2.0
 
@@ -370,6 +372,8 @@ class Schedule:
         #: computed ... or apply anyway with --force" and did).
         self.force = self.rng.random() < 0.3
         self.world = build_world(self.sc)
+        if index % TWIN_EVERY == TWIN_AT:
+            self.twin(random.Random(f"twin/{seed}/{index}"))
         self.cluster = cluster_for(self.sc)
         self.lock = SimLockService(self.world)
         self.out = Outcome(seed, index)
@@ -391,6 +395,28 @@ class Schedule:
                      if d.meta is not None}
         self.journals: Path | None = None  # the probe journals' directory (the state dir's journal/)
         self.burnt = 0.0  # the simulated time up to which the guests' CPU time is counted
+
+    def twin(self, rng: random.Random) -> None:
+        """Start where issue 31's first reproduction started: a migration of a VM from A to B failed at its end
+        (B stopped answering after Finish; libvirt resumed the source), leaving B a paused arrival beside the
+        copy running on A; and a third host does not answer, so repair (which settles only on a full inventory)
+        must leave the twin alone and it stays in doubt while commands plan and act."""
+        w = self.world
+        managed = sorted(((h.name, d) for h in w.hosts.values() for d in h.domains.values() if d.meta is not None),
+                         key=lambda hd: (hd[0], hd[1].name))
+        if not managed:
+            return
+        a, d = rng.choice(managed)
+        others = sorted(n for n in w.hosts if n != a)
+        room = [n for n in others
+                if sum(x.memory_bytes for x in w.hosts[n].domains.values() if x.active) + d.memory_bytes
+                <= w.hosts[n].memory_bytes]
+        if not room:
+            return
+        b = rng.choice(room)
+        w.add_domain(b, SimDomain(d.name, d.uuid, d.vcpus, d.memory_bytes, PAUSED, False, d.quota, d.period,
+                                  dict(d.meta or {}, arriving_from=a), reason=libvirt.VIR_DOMAIN_PAUSED_USER))
+        w.set_up(rng.choice([n for n in others if n != b]), False)
 
     # -------------------------------------------------------------- tracing
 

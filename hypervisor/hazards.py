@@ -18,7 +18,12 @@ FIRST_COPY_LOOKUP = "first-copy-lookup"
 #: A probe raises caps without journaling first what to put back: after a kill nothing puts them back.
 PROBE_NO_RESTORE = "probe-no-restore"
 
-KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP, PROBE_NO_RESTORE})
+#: The inventory does not mark the copies of an in-doubt VM (they read as managed), so plans, the plan check and
+#: each step's pre-condition may name it: the defense in front of :data:`FIRST_COPY_LOOKUP`.
+IN_DOUBT_PLANNABLE = "in-doubt-plannable"
+
+KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP, PROBE_NO_RESTORE,
+                   IN_DOUBT_PLANNABLE})
 
 #: The hazards switched on (empty in production).
 HAZARDS: set[str] = set()

@@ -56,6 +56,23 @@ def test_a_known_hazard_switched_back_on_is_caught(hazard: str, seed: int, sched
     assert not hazards.HAZARDS  # switched off again
 
 
+#: Where the simulation finds the first-copy lookup once the layer that masks it is off (docs/faultsim.md).
+PAIR_SEED, PAIR_FIRST, PAIR_SCHEDULES = 1, 1896, 11
+
+
+def test_the_first_copy_lookup_is_caught_once_the_in_doubt_marks_that_mask_it_are_off() -> None:
+    """The lookup is defended in depth: with only `first-copy-lookup` on, no step ever looks up a VM with two
+    copies (the inventory marks its copies, so nothing plans for it).  Switched on together with
+    `in-doubt-plannable`, the simulation catches the pair; each alone, over the same schedules, is not."""
+    pair = (hazards.IN_DOUBT_PLANNABLE, hazards.FIRST_COPY_LOOKUP)
+    with hazards_on(pair):
+        caught = run_schedules(PAIR_SCHEDULES, seed=PAIR_SEED, first=PAIR_FIRST)
+    assert caught.violations, f"{pair} not caught in schedules {PAIR_FIRST}.. of seed {PAIR_SEED}"
+    for alone in pair:
+        with hazards_on((alone,)):
+            assert run_schedules(PAIR_SCHEDULES, seed=PAIR_SEED, first=PAIR_FIRST).violations == [], alone
+
+
 def test_probe_schedules_leave_no_cap_raised() -> None:
     """Every fourth schedule runs `observe --probe` (busy guests, kills while caps are raised); after the final
     restore no cap differs from its starting one.  Schedule 143 of seed 1: the host of a raised cap stopped
