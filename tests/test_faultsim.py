@@ -44,8 +44,9 @@ def test_a_schedule_replays_exactly() -> None:
 
 @pytest.mark.parametrize(("hazard", "seed", "schedules", "rate"), [
     (hazards.SETTLE_WITHOUT_LOCK, 1, 150, 0.02),
-    # Needs three faults in a row (the destination stops after Finish, comes back, the source stops): more faults.
-    (hazards.RESUME_UNREAD_SOURCE, 4, 400, 0.05),
+    # Caught in a twin schedule (a paused arrival, a host down from the start); from other starts it needs
+    # three faults in a row (the destination stops after Finish, comes back, the source stops).
+    (hazards.RESUME_UNREAD_SOURCE, 1, 100, 0.02),
     # A kill while a probe's caps are raised (every fourth schedule runs `observe --probe`).
     (hazards.PROBE_NO_RESTORE, 1, 100, 0.02),
 ])
