@@ -9,7 +9,10 @@ the etcd lease semantics of :class:`hypervisor.lock.ClusterLock` — held until 
 lease is, ``guard`` raising :class:`hypervisor.lock.LockLost` — without tooz), and the vcsched processes.
 
 One seeded :class:`random.Random` per schedule decides everything: the starting cluster, the command,
-and at every simulated libvirt call whether to inject one fault of :data:`KINDS`:
+and at every simulated libvirt call whether to inject one fault of :data:`KINDS`.  By index, every
+:data:`PROBE_EVERY`-th schedule runs ``vcsched observe --probe`` instead (:meth:`Schedule.observe_probe`:
+busy guests, the probe journal, the next process's restore; no cap may stay raised), and every
+:data:`TWIN_EVERY`-th starts with a VM in doubt and a host down (:meth:`Schedule.twin`).  The faults:
 
 * ``error``: the call fails with a libvirt error (some transient: the backend retries those);
 * ``hang``: the call does not answer within ``host_timeout`` (the clock jumps; keepalive closes the
@@ -163,9 +166,10 @@ class Runtime:
 
     Hosts: through the backend's connection factory (``LibvirtHypervisor(connect=, workers=1, clock=,
     sleep=)``: hosts read inline, in cluster order, on the simulated clock); a wave's migrations run in plan
-    order (``apply_plan(threads=False)``).  One thing has no injection point and is swapped for the duration
-    of a batch (test-only; docs/faultsim.md): a migration's lease watch is a thread polling ``hv.lease``, here
-    polled by the simulated migration at each of its phases.
+    order (``apply_plan(threads=False)``).  What has no injection point is swapped for the duration of a batch
+    (test-only; docs/faultsim.md): a migration's lease watch is a thread polling ``hv.lease``, here polled by
+    the simulated migration at each of its phases; and the probe journal's process identity
+    (``journal.own_pid``, ``journal.process_started``) is the simulated process's, alive while it runs.
     """
 
     def __init__(self) -> None:
