@@ -185,12 +185,14 @@ def raise_caps(hv: Hypervisor, inventory: Inventory, caps: Mapping[str, float],
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What `vcsched observe --probe` did: the raised caps, the caps before, and the two plans' reports."""
+    """What `vcsched observe --probe` did: the raised caps, the caps before, the two plans' reports, and the caps
+    that could not be put back yet because their host did not answer (one line each; they stay journaled)."""
 
     caps: Mapping[str, float]
     before: Mapping[str, float | None]
     raised: ApplyReport | None = None
     restored: ApplyReport | None = None
+    waiting: tuple[str, ...] = ()
 
     def reports(self) -> dict[str, ApplyReport]:
         return {k: r for k, r in (("probe", self.raised), ("restore", self.restored)) if r is not None}
@@ -238,8 +240,8 @@ def probe_and_restore(hv: Hypervisor, sampler: CpuSampler, seconds: float, every
         journal.clear()
     sampler.restart(raised)
     after = hv.inventory()
-    return ProbeResult(caps, before, raised_report, restored), after, estimate_all(after, sampler.samples(),
-                                                                                   params=params)
+    return (ProbeResult(caps, before, raised_report, restored, tuple(waiting)), after,
+            estimate_all(after, sampler.samples(), params=params))
 
 
 def record_estimates(hv: Hypervisor, estimates: Mapping[str, Estimate],

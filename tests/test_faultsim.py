@@ -9,6 +9,8 @@ follows libvirt's clean-ups, and repair completes the half-done migrations they 
 from __future__ import annotations
 
 import re
+import threading
+from pathlib import Path
 
 import libvirt
 import pytest
@@ -184,3 +186,34 @@ def test_the_same_uuid_is_refused_on_one_host_but_not_on_two() -> None:
         world.open(1, "sim://h0").createXML(xml, 0)
     world.open(1, "sim://h1").createXML(xml, 0)  # libvirt without a lock manager: nothing stops it
     assert _states(world, uuid) == {"h0": "running", "h1": "running"}
+
+
+def test_a_probe_whose_raised_caps_host_stops_answering_keeps_its_journal_and_says_so(tmp_path: Path) -> None:
+    """scripts/faultsim --seed 1 --replay 143: the host of a raised cap stopped answering before the caps went
+    back; the probe cleared its journal, and the cap stayed raised for good."""
+    from collections import deque
+
+    from cli.observe import _probe_outcome
+    from hypervisor.journal import PROBE, Journal, restore_journal
+    from hypervisor.sampling import CpuSampler, probe_and_restore
+    from vcsched.control.observe import Sample
+
+    world, cluster, uuid = _two_hosts()
+    hv = _hv(world, cluster, 1)
+    sampler = CpuSampler(60.0)
+    sampler.windows["v"] = deque(Sample(1000.0 + i, 1.0, 0.5, 0.5) for i in range(6))  # busy at its cap
+
+    def hook(call: object) -> None:  # h0 stops answering once the raise is made
+        if getattr(call, "method", None) == "getCPUStats":
+            world.set_up("h0", False)
+
+    world.hook = hook
+    journal = Journal(PROBE, tmp_path, pid=1 << 30)  # no such process: a gone one
+    done, _inv, _est = probe_and_restore(hv, sampler, 0.0, 1.0, threading.Event(), journal=journal)
+    world.hook = None
+    assert done.caps == {"v": 1.0} and world.hosts["h0"].domains[uuid].cap_cores() == 1.0
+    assert done.waiting and journal.exists()
+    assert "NOT all put back" in _probe_outcome(done) and "h0 is down" in _probe_outcome(done)
+    world.set_up("h0", True)
+    report = restore_journal(_hv(world, cluster, 2), kinds=(PROBE,), directory=tmp_path)
+    assert report.restored and world.hosts["h0"].domains[uuid].cap_cores() == 0.5
