@@ -96,8 +96,12 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
                 done, inventory, estimates = probe_and_restore(
                     hv, sampler, probe_seconds, min(every, max(probe_seconds / 5, 0.2)), stop, guard,
                     on_start=started)
-                out["probe"] = {"caps": dict(done.caps), "before": dict(done.before), "seconds": probe_seconds}
+                out["probe"] = {"caps": dict(done.caps), "before": dict(done.before), "seconds": probe_seconds,
+                                "not_put_back": list(done.waiting)}
                 reports.update(done.reports())
+                for line in done.waiting:  # journaled: the next probe, `run` or `repair` puts it back
+                    err_console.print(f"vcsched: warning: probe cap not put back yet: {line}", highlight=False,
+                                      markup=False)
                 _stop_if_asked(received, _probe_outcome(done))
             if record:
                 plan, reports["record"] = record_estimates(hv, estimates, guard)
@@ -106,7 +110,7 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     out["vms"] = [{**e.to_dict(), "vc": inventory.vm(e.vm).cluster if inventory.vm(e.vm) else None}  # type: ignore[union-attr]
                   for e in sorted(estimates.values(), key=lambda e: (e.host, e.vm))]
     out["apply"] = {what: r.to_dict() for what, r in reports.items()}
-    out["ok"] = all(r.ok for r in reports.values())
+    out["ok"] = all(r.ok for r in reports.values()) and not out.get("probe", {}).get("not_put_back")
     if as_json:
         emit_json(out)
     else:
@@ -126,8 +130,9 @@ def _probe_outcome(done: Any) -> str:
     restored = done.restored
     if not done.caps:
         return "nothing changed"
-    if restored is not None and not restored.ok:
-        return (f"probe caps NOT all put back ({restored.stopped or 'a step failed'}); the journal keeps them "
+    if (restored is not None and not restored.ok) or done.waiting:
+        why = "; ".join(done.waiting) if done.waiting else restored.stopped or "a step failed"
+        return (f"probe caps NOT all put back ({why}); the journal keeps them "
                 "for the next `vcsched observe --probe`, `vcsched run` or `vcsched repair`")
     return f"probe caps put back ({', '.join(sorted(done.caps))}); nothing recorded"
 

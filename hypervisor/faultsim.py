@@ -9,7 +9,10 @@ the etcd lease semantics of :class:`hypervisor.lock.ClusterLock` — held until 
 lease is, ``guard`` raising :class:`hypervisor.lock.LockLost` — without tooz), and the vcsched processes.
 
 One seeded :class:`random.Random` per schedule decides everything: the starting cluster, the command,
-and at every simulated libvirt call whether to inject one fault of :data:`KINDS`:
+and at every simulated libvirt call whether to inject one fault of :data:`KINDS`.  By index, every
+:data:`PROBE_EVERY`-th schedule runs ``vcsched observe --probe`` instead (:meth:`Schedule.observe_probe`:
+busy guests, the probe journal, the next process's restore; no cap may stay raised), and every
+:data:`TWIN_EVERY`-th starts with a VM in doubt and a host down (:meth:`Schedule.twin`).  The faults:
 
 * ``error``: the call fails with a libvirt error (some transient: the backend retries those);
 * ``hang``: the call does not answer within ``host_timeout`` (the clock jumps; keepalive closes the
@@ -33,8 +36,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import random
+import shutil
+import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import libvirt
@@ -72,6 +79,13 @@ CAP_TOL = 1e-6
 DEFAULT_RATE = 0.02
 #: How much more often a fault is injected at a migration's phases than at other calls.
 MIGRATION_BOOST = 8
+#: Every PROBE_EVERY-th schedule (index PROBE_EVERY - 1, 2 PROBE_EVERY - 1, ...) runs ``vcsched observe --probe``
+#: instead of its scenario's command (the other schedules are the same with or without it).
+PROBE_EVERY = 4
+#: Schedules whose index is TWIN_AT modulo TWIN_EVERY start with a VM in doubt (:meth:`Schedule.twin`).
+TWIN_EVERY, TWIN_AT = 8, 1
+#: ``observe --window 4s --sample 1s --probe --probe-seconds 2s`` (simulated seconds).
+PROBE_WINDOW_S, PROBE_SAMPLE_S, PROBE_SECONDS_S = 4.0, 1.0, 2.0
 
 
 class Violation(BaseException):
@@ -152,9 +166,10 @@ class Runtime:
 
     Hosts: through the backend's connection factory (``LibvirtHypervisor(connect=, workers=1, clock=,
     sleep=)``: hosts read inline, in cluster order, on the simulated clock); a wave's migrations run in plan
-    order (``apply_plan(threads=False)``).  One thing has no injection point and is swapped for the duration
-    of a batch (test-only; docs/faultsim.md): a migration's lease watch is a thread polling ``hv.lease``, here
-    polled by the simulated migration at each of its phases.
+    order (``apply_plan(threads=False)``).  What has no injection point is swapped for the duration of a batch
+    (test-only; docs/faultsim.md): a migration's lease watch is a thread polling ``hv.lease``, here polled by
+    the simulated migration at each of its phases; and the probe journal's process identity
+    (``journal.own_pid``, ``journal.process_started``) is the simulated process's, alive while it runs.
     """
 
     def __init__(self) -> None:
@@ -162,6 +177,8 @@ class Runtime:
         self.pid = 0
         #: The lease callables of running migrations, by process (the simulated lease watch).
         self.leases: dict[int, list[Callable[[], bool]]] = {}
+        #: The simulated vcsched processes still running (the journal's "is its process gone?").
+        self.alive: set[int] = set()
 
     def current(self) -> SimWorld:
         assert self.world is not None
@@ -175,7 +192,7 @@ class Runtime:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Runtime]:
-        from hypervisor import migration
+        from hypervisor import journal, migration
 
         rt = self
 
@@ -198,13 +215,40 @@ class Runtime:
             finally:
                 rt.leases[pid].remove(lease)
 
-        saved = {(migration, "lease_watch"): migration.lease_watch}
+        def sim_started(pid: int) -> int | None:
+            return pid if pid in rt.alive else None
+
+        saved: dict[tuple[Any, str], Any] = {(migration, "lease_watch"): migration.lease_watch,
+                                             (journal, "process_started"): journal.process_started,
+                                             (journal, "own_pid"): journal.own_pid}
         migration.lease_watch = sim_lease_watch
+        # A probe journal names its process by pid and start time: here, the simulated process's.
+        journal.process_started = sim_started
+        journal.own_pid = lambda: rt.pid
         try:
             yield self
         finally:
             for (mod, name), value in saved.items():
                 setattr(mod, name, value)
+
+
+class SimClock:
+    """:class:`hypervisor.sampling.Clock` on the simulated clock (a wait is the clock jumping)."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self.world = world
+
+    def time(self) -> float:
+        return 1_800_000_000.0 + self.world.now
+
+    def monotonic(self) -> float:
+        return self.world.now
+
+    def wait(self, seconds: float, stop: threading.Event) -> bool:
+        if stop.is_set():
+            return True
+        self.world.now += max(seconds, 0.0)
+        return False
 
 
 # ------------------------------------------------------------------------------------------ scenarios
@@ -332,6 +376,8 @@ class Schedule:
         #: computed ... or apply anyway with --force" and did).
         self.force = self.rng.random() < 0.3
         self.world = build_world(self.sc)
+        if index % TWIN_EVERY == TWIN_AT:
+            self.twin(random.Random(f"twin/{seed}/{index}"))
         self.cluster = cluster_for(self.sc)
         self.lock = SimLockService(self.world)
         self.out = Outcome(seed, index)
@@ -345,6 +391,36 @@ class Schedule:
                         if d.meta is not None}
         stranger = next(d for d in self.world.hosts["h0"].domains.values() if d.name == "stranger")
         self.stranger = ("h0", stranger.uuid, self._look(stranger))
+        #: ``probe``: this schedule runs ``vcsched observe --probe`` (every guest busy at its cap, so each one
+        #: capped below its vCPUs on a host with room is probed); else the scenario's command.
+        self.workload = "probe" if index % PROBE_EVERY == PROBE_EVERY - 1 else self.sc.command
+        #: The caps vcsched set (the starting ones: a probe schedule changes no cap for good).
+        self.caps = {d.uuid: d.cap_cores() for h in self.world.hosts.values() for d in h.domains.values()
+                     if d.meta is not None}
+        self.journals: Path | None = None  # the probe journals' directory (the state dir's journal/)
+        self.burnt = 0.0  # the simulated time up to which the guests' CPU time is counted
+
+    def twin(self, rng: random.Random) -> None:
+        """Start where issue 31's first reproduction started: a migration of a VM from A to B failed at its end
+        (B stopped answering after Finish; libvirt resumed the source), leaving B a paused arrival beside the
+        copy running on A; and a third host does not answer, so repair (which settles only on a full inventory)
+        must leave the twin alone and it stays in doubt while commands plan and act."""
+        w = self.world
+        managed = sorted(((h.name, d) for h in w.hosts.values() for d in h.domains.values() if d.meta is not None),
+                         key=lambda hd: (hd[0], hd[1].name))
+        if not managed:
+            return
+        a, d = rng.choice(managed)
+        others = sorted(n for n in w.hosts if n != a)
+        room = [n for n in others
+                if sum(x.memory_bytes for x in w.hosts[n].domains.values() if x.active) + d.memory_bytes
+                <= w.hosts[n].memory_bytes]
+        if not room:
+            return
+        b = rng.choice(room)
+        w.add_domain(b, SimDomain(d.name, d.uuid, d.vcpus, d.memory_bytes, PAUSED, False, d.quota, d.period,
+                                  dict(d.meta or {}, arriving_from=a), reason=libvirt.VIR_DOMAIN_PAUSED_USER))
+        w.set_up(rng.choice([n for n in others if n != b]), False)
 
     # -------------------------------------------------------------- tracing
 
@@ -408,6 +484,8 @@ class Schedule:
     def hook(self, c: Call) -> None:
         if self.keep_trace:
             self.note(f"p{c.process} {c.host}.{c.method}({c.vm or ''})")
+        if self.workload == "probe":
+            self._burn()
         if not self.injecting or self.depth:
             return
         if self.lock.expires is not None and self.lock.free() and self.rng.random() < 0.2:
@@ -460,6 +538,26 @@ class Schedule:
         self.fault(kind, "")
         self.second(act=kind == "actor")
 
+    def _burn(self) -> None:
+        """Every running guest has used its whole cap since the last call (busy guests: the ones a probe is for)."""
+        w = self.world
+        dt = w.now - self.burnt
+        if dt <= 0:
+            return
+        for h in w.hosts.values():
+            for d in h.domains.values():
+                if d.state == RUNNING:
+                    d.cpu_ns += int(d.cap_cores() * dt * 1e9)
+        self.burnt = w.now
+
+    def check_caps(self, where: str) -> None:
+        """No managed VM's cap differs from the one vcsched last set for good (a probe's raise is not for good)."""
+        for uuid, cap in self.caps.items():
+            for host, d in self.world.copies(uuid):
+                if d.state == RUNNING and abs(d.cap_cores() - cap) > CAP_TOL:
+                    self.violate(f"{d.name} left at cap {d.cap_cores():.3f} on {host}, not its {cap:.3f} "
+                                 f"(a probe's raise not put back) ({where})")
+
     def _host_up(self) -> None:
         down = sorted(n for n, h in self.world.hosts.items() if not h.up)
         if not down:
@@ -488,6 +586,7 @@ class Schedule:
             raise
         finally:
             self.world.process_died(pid)
+            self.rt.alive.discard(pid)
             self.depth -= 1
             self.rt.pid = outer
 
@@ -495,6 +594,7 @@ class Schedule:
         pid = self.next_pid
         self.next_pid += 1
         self.rt.pid = pid
+        self.rt.alive.add(pid)
         return pid
 
     # -------------------------------------------------------------- processes
@@ -537,6 +637,8 @@ class Schedule:
         hv.lease = lock.held
         try:
             self.repair(hv, lock)
+            if self.workload == "probe":
+                self.restore_probes(hv, lock)  # `vcsched repair --apply` restores the journals of gone processes
             if final:
                 self.check("after the final repair", quiescent=True)
             if repair_only:
@@ -552,6 +654,55 @@ class Schedule:
             return f"stopped: {report.stopped or (failed.detail if failed else '?')}"
         except VcschedError as exc:
             if getattr(exc, "exit_code", 1) == 70:  # vcsched says it is its own bug (HostReadBug): a violation
+                raise
+            return f"refused: {type(exc).__name__}: {exc}"
+        finally:
+            hv.close()
+            lock.release()
+
+    def restore_probes(self, hv: Any, lock: SimLock) -> None:
+        """What `vcsched run`, `observe --probe` and `repair --apply` do under the lock: put back the caps of
+        probes whose process is gone (:func:`hypervisor.journal.restore_journal`)."""
+        from hypervisor.journal import PROBE, restore_journal
+
+        report = restore_journal(hv, kinds=(PROBE,), directory=self.journals, guard=lock.guard)
+        if report.restored or report.problems:
+            self.note(f"p{self.rt.pid} journal: {'; '.join(report.restored + report.problems)}")
+        self.check("after the journal's restore")
+
+    def observe_probe(self, pid: int, *, final: bool = False) -> str:
+        """``vcsched observe --probe`` (cli/observe.py): sample without the lock, take it, repair, put back the
+        caps of killed probes, then probe (:func:`hypervisor.sampling.probe_and_restore`) and put the caps back.
+        The final process checks, after its restore, that no cap is left raised, then probes once more."""
+        from hypervisor.journal import PROBE, Journal
+        from hypervisor.sampling import CpuSampler, probe_and_restore
+
+        hv = self.hypervisor()
+        stop = threading.Event()
+        sampler = CpuSampler(PROBE_WINDOW_S + PROBE_SAMPLE_S, SimClock(self.world))
+        lock = SimLock(self.lock, pid)
+        try:
+            sampler.sample_for(hv, PROBE_WINDOW_S, PROBE_SAMPLE_S, stop)
+            try:
+                lock.acquire()
+            except VcschedError as exc:
+                self.note(f"p{pid} refused: {exc}")
+                return "locked"
+            hv.lease = lock.held
+            self.repair(hv, lock)  # cluster_lock(hv=hv) settles in-doubt VMs first
+            self.restore_probes(hv, lock)
+            if final:
+                self.check("after the final restore", quiescent=True)
+                self.check_caps("after the final restore")
+            done, _inv, _est = probe_and_restore(hv, sampler, PROBE_SECONDS_S, PROBE_SAMPLE_S, stop, lock.guard,
+                                                 journal=Journal(PROBE, self.journals or Path("."), pid=pid))
+            self.note(f"p{pid} probed {dict(done.caps)}")
+            if final:
+                self.check_caps("after the final probe")
+            failed = [what for what, r in done.reports().items() if not r.ok]
+            return f"stopped: {', '.join(failed)} not ok" if failed else "ok"
+        except VcschedError as exc:
+            if getattr(exc, "exit_code", 1) == 70:
                 raise
             return f"refused: {type(exc).__name__}: {exc}"
         finally:
@@ -582,18 +733,25 @@ class Schedule:
         w.after = self.after
         self.note(f"scenario {self.sc.index}: {self.sc.command}"
                   f"{' ' + self.sc.drain if self.sc.command == 'drain' else ''}, vms {[v[:2] for v in self.sc.vms]}")
+        probing = self.workload == "probe"
+        if probing:
+            self.journals = Path(tempfile.mkdtemp(prefix="vcsched-faultsim-journal-"))
+            self.note("workload: observe --probe")
+        run = self.observe_probe if probing else self.command
         try:
             result = ""
             for _ in range(MAX_PROCESSES):
                 pid = self.new_pid()
                 try:
-                    result = self.command(pid)
+                    result = run(pid)
                     self.note(f"p{pid} ends: {result}")
                 except ProcessKilled:
                     self.note(f"p{pid} killed")
                     w.process_died(pid)
                     self.lock.holder = None if self.lock.holder == pid else self.lock.holder
                     self.check(f"after p{pid} was killed")
+                finally:
+                    self.rt.alive.discard(pid)
                 if result == "ok":
                     break
                 # The operator (or systemd) runs the command again, perhaps once a host answers again.
@@ -606,11 +764,13 @@ class Schedule:
             self.check("after every host answers again")
             self.lock.holder = None
             pid = self.new_pid()
-            result = self.command(pid, final=True)
+            result = run(pid, final=True)
+            self.rt.alive.discard(pid)
             self.note(f"p{pid} (final) ends: {result}")
             self.out.result = result
             if result in ("ok", "no plan"):
-                self.goal()
+                if not probing:
+                    self.goal()
             elif not result.startswith("refused"):
                 self.violate(f"did not converge: the final re-run {result}")
         except Violation:
@@ -623,6 +783,9 @@ class Schedule:
         finally:
             w.hook = w.after = None
             self.out.calls = w.calls
+            self.rt.alive.clear()
+            if self.journals is not None:
+                shutil.rmtree(self.journals, ignore_errors=True)
         return self.out
 
 

@@ -15,7 +15,15 @@ SETTLE_WITHOUT_LOCK = "settle-without-lock"
 #: The executor acts on the first copy of an in-doubt VM by host order.
 FIRST_COPY_LOOKUP = "first-copy-lookup"
 
-KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP})
+#: A probe raises caps without journaling first what to put back: after a kill nothing puts them back.
+PROBE_NO_RESTORE = "probe-no-restore"
+
+#: The inventory does not mark the copies of an in-doubt VM (they read as managed), so plans, the plan check and
+#: each step's pre-condition may name it: the defense in front of :data:`FIRST_COPY_LOOKUP`.
+IN_DOUBT_PLANNABLE = "in-doubt-plannable"
+
+KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP, PROBE_NO_RESTORE,
+                   IN_DOUBT_PLANNABLE})
 
 #: The hazards switched on (empty in production).
 HAZARDS: set[str] = set()

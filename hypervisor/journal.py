@@ -82,6 +82,12 @@ def journal_dir(state: Path | None = None) -> Path:
     return state / "journal"
 
 
+def own_pid() -> int:
+    """This process's pid: whose journal :meth:`Journal.write` writes and which journal is one's own.  A function,
+    so that the fault simulation (:mod:`hypervisor.faultsim`) can run its simulated processes through this module."""
+    return os.getpid()
+
+
 def process_started(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (None: no such process, or not on Linux)."""
     try:
@@ -146,7 +152,7 @@ class Journal:
 
     kind: str
     directory: Path = field(default_factory=journal_dir)
-    pid: int = field(default_factory=os.getpid)
+    pid: int = field(default_factory=lambda: own_pid())
 
     @property
     def path(self) -> Path:
@@ -229,7 +235,8 @@ def _journals(directory: Path, kind: str | None, own: bool) -> tuple[list[_Found
         if kind is not None and doc["kind"] != kind:
             continue
         pid, started = doc.get("pid"), doc.get("started")
-        mine = pid == os.getpid() and started == process_started(os.getpid())
+        me = own_pid()
+        mine = pid == me and started == process_started(me)
         alive = isinstance(pid, int) and not mine and process_started(pid) is not None \
             and process_started(pid) == started
         if alive:

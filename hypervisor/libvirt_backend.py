@@ -355,7 +355,10 @@ class LibvirtHypervisor:
         check_distinct(self.cluster, {st.name: st.uuid for st in states if st.down is None})
         all_vms = tuple(sorted(vms, key=lambda v: (v.host, v.name)))
         doubts = find_in_doubt(all_vms)
-        inventory = Inventory(self.cluster.name, tuple(states), mark_in_doubt(all_vms, doubts), doubts)
+        if hazards.on(hazards.IN_DOUBT_PLANNABLE):  # mutation switch (tests/test_faultsim.py)
+            inventory = Inventory(self.cluster.name, tuple(states), all_vms, doubts)
+        else:
+            inventory = Inventory(self.cluster.name, tuple(states), mark_in_doubt(all_vms, doubts), doubts)
         if hazards.on(hazards.SETTLE_WITHOUT_LOCK) and hosts is None:  # mutation switch (tests/test_faultsim.py)
             settle(self, lambda: None, inventory=inventory)
         return inventory

@@ -34,6 +34,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from hypervisor import hazards
 from hypervisor.base import Hypervisor, HypervisorError
 from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
 from hypervisor.journal import PROBE, Journal, probe_caps_back, probe_entries, restore_journal
@@ -184,12 +185,14 @@ def raise_caps(hv: Hypervisor, inventory: Inventory, caps: Mapping[str, float],
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What `vcsched observe --probe` did: the raised caps, the caps before, and the two plans' reports."""
+    """What `vcsched observe --probe` did: the raised caps, the caps before, the two plans' reports, and the caps
+    that could not be put back yet because their host did not answer (one line each; they stay journaled)."""
 
     caps: Mapping[str, float]
     before: Mapping[str, float | None]
     raised: ApplyReport | None = None
     restored: ApplyReport | None = None
+    waiting: tuple[str, ...] = ()
 
     def reports(self) -> dict[str, ApplyReport]:
         return {k: r for k, r in (("probe", self.raised), ("restore", self.restored)) if r is not None}
@@ -218,7 +221,8 @@ def probe_and_restore(hv: Hypervisor, sampler: CpuSampler, seconds: float, every
     if on_start is not None:
         on_start(caps)
     entries = probe_entries(fresh, caps)
-    journal.write(cluster=fresh.cluster, vms=entries)  # before the first cap is raised
+    if not hazards.on(hazards.PROBE_NO_RESTORE):
+        journal.write(cluster=fresh.cluster, vms=entries)  # before the first cap is raised
     try:
         raised_report = raise_caps(hv, fresh, caps, guard)
         raised = frozenset(r.step.vm for r in raised_report.results if r.outcome == DONE)
@@ -232,12 +236,12 @@ def probe_and_restore(hv: Hypervisor, sampler: CpuSampler, seconds: float, every
     now = hv.inventory()
     back, waiting = probe_caps_back(now, entries)
     restored = raise_caps(hv, now, back, guard) if back else None
-    if restored is None or (restored.ok and not waiting):
+    if not waiting and (restored is None or restored.ok):  # a cap on a host that is down waits in the journal
         journal.clear()
     sampler.restart(raised)
     after = hv.inventory()
-    return ProbeResult(caps, before, raised_report, restored), after, estimate_all(after, sampler.samples(),
-                                                                                   params=params)
+    return (ProbeResult(caps, before, raised_report, restored, tuple(waiting)), after,
+            estimate_all(after, sampler.samples(), params=params))
 
 
 def record_estimates(hv: Hypervisor, estimates: Mapping[str, Estimate],

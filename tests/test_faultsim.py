@@ -9,6 +9,8 @@ follows libvirt's clean-ups, and repair completes the half-done migrations they 
 from __future__ import annotations
 
 import re
+import threading
+from pathlib import Path
 
 import libvirt
 import pytest
@@ -44,14 +46,43 @@ def test_a_schedule_replays_exactly() -> None:
 
 @pytest.mark.parametrize(("hazard", "seed", "schedules", "rate"), [
     (hazards.SETTLE_WITHOUT_LOCK, 1, 150, 0.02),
-    # Needs three faults in a row (the destination stops after Finish, comes back, the source stops): more faults.
-    (hazards.RESUME_UNREAD_SOURCE, 4, 400, 0.05),
+    # Caught in a twin schedule (a paused arrival, a host down from the start); from other starts it needs
+    # three faults in a row (the destination stops after Finish, comes back, the source stops).
+    (hazards.RESUME_UNREAD_SOURCE, 1, 100, 0.02),
+    # A kill while a probe's caps are raised (every fourth schedule runs `observe --probe`).
+    (hazards.PROBE_NO_RESTORE, 1, 100, 0.02),
 ])
 def test_a_known_hazard_switched_back_on_is_caught(hazard: str, seed: int, schedules: int, rate: float) -> None:
     with hazards_on((hazard,)):
         summary = run_schedules(schedules, seed=seed, rate=rate, stop_at_first=True)
     assert summary.violations, f"{hazard} not caught in {schedules} schedules of seed {seed}"
     assert not hazards.HAZARDS  # switched off again
+
+
+#: Where the simulation finds the first-copy lookup once the layer that masks it is off (docs/faultsim.md).
+PAIR_SEED, PAIR_FIRST, PAIR_SCHEDULES = 1, 1896, 11
+
+
+def test_the_first_copy_lookup_is_caught_once_the_in_doubt_marks_that_mask_it_are_off() -> None:
+    """The lookup is defended in depth: with only `first-copy-lookup` on, no step ever looks up a VM with two
+    copies (the inventory marks its copies, so nothing plans for it).  Switched on together with
+    `in-doubt-plannable`, the simulation catches the pair; each alone, over the same schedules, is not."""
+    pair = (hazards.IN_DOUBT_PLANNABLE, hazards.FIRST_COPY_LOOKUP)
+    with hazards_on(pair):
+        caught = run_schedules(PAIR_SCHEDULES, seed=PAIR_SEED, first=PAIR_FIRST)
+    assert caught.violations, f"{pair} not caught in schedules {PAIR_FIRST}.. of seed {PAIR_SEED}"
+    for alone in pair:
+        with hazards_on((alone,)):
+            assert run_schedules(PAIR_SCHEDULES, seed=PAIR_SEED, first=PAIR_FIRST).violations == [], alone
+
+
+def test_probe_schedules_leave_no_cap_raised() -> None:
+    """Every fourth schedule runs `observe --probe` (busy guests, kills while caps are raised); after the final
+    restore no cap differs from its starting one.  Schedule 143 of seed 1: the host of a raised cap stopped
+    answering before the probe ended, and the probe cleared its journal although that cap was still raised."""
+    summary = run_schedules(60, seed=2, first=0)
+    assert summary.violations == []
+    assert replay(1, 143).violations == []
 
 
 def test_an_unknown_hazard_is_refused() -> None:
@@ -155,3 +186,34 @@ def test_the_same_uuid_is_refused_on_one_host_but_not_on_two() -> None:
         world.open(1, "sim://h0").createXML(xml, 0)
     world.open(1, "sim://h1").createXML(xml, 0)  # libvirt without a lock manager: nothing stops it
     assert _states(world, uuid) == {"h0": "running", "h1": "running"}
+
+
+def test_a_probe_whose_raised_caps_host_stops_answering_keeps_its_journal_and_says_so(tmp_path: Path) -> None:
+    """scripts/faultsim --seed 1 --replay 143: the host of a raised cap stopped answering before the caps went
+    back; the probe cleared its journal, and the cap stayed raised for good."""
+    from collections import deque
+
+    from cli.observe import _probe_outcome
+    from hypervisor.journal import PROBE, Journal, restore_journal
+    from hypervisor.sampling import CpuSampler, probe_and_restore
+    from vcsched.control.observe import Sample
+
+    world, cluster, uuid = _two_hosts()
+    hv = _hv(world, cluster, 1)
+    sampler = CpuSampler(60.0)
+    sampler.windows["v"] = deque(Sample(1000.0 + i, 1.0, 0.5, 0.5) for i in range(6))  # busy at its cap
+
+    def hook(call: object) -> None:  # h0 stops answering once the raise is made
+        if getattr(call, "method", None) == "getCPUStats":
+            world.set_up("h0", False)
+
+    world.hook = hook
+    journal = Journal(PROBE, tmp_path, pid=1 << 30)  # no such process: a gone one
+    done, _inv, _est = probe_and_restore(hv, sampler, 0.0, 1.0, threading.Event(), journal=journal)
+    world.hook = None
+    assert done.caps == {"v": 1.0} and world.hosts["h0"].domains[uuid].cap_cores() == 1.0
+    assert done.waiting and journal.exists()
+    assert "NOT all put back" in _probe_outcome(done) and "h0 is down" in _probe_outcome(done)
+    world.set_up("h0", True)
+    report = restore_journal(_hv(world, cluster, 2), kinds=(PROBE,), directory=tmp_path)
+    assert report.restored and world.hosts["h0"].domains[uuid].cap_cores() == 0.5
