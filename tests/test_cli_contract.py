@@ -148,7 +148,8 @@ def test_deciding_commands_say_ok_true_when_they_exit_0(hosts: ScaleCluster, tmp
     running.write_text(json.dumps({"hosts": hosts_doc, "jobs": [job | {"current": [0]}]}))
     for args in (["solve", inst], ["solve-adapt", running, "--budget", "0"],
                  ["place", hosts.request_file, "--cluster", c],
-                 ["headroom", "--vm", "cpu_cores=1,memory=512MiB", "--cluster", c], ["adapt", "--budget", "0", "--cluster", c],
+                 ["headroom", "--vm", "cpu_cores=1,memory=512MiB", "--cluster", c],
+                 ["adapt", "--budget", "0", "--cluster", c],
                  ["drain", "h0", "--budget", "unlimited", "--cluster", c], ["status", "--sample", "0", "--cluster", c],
                  ["cordon", "h1", "--cluster", c], ["uncordon", "h1", "--cluster", c],
                  ["observe", "--window", "1s", "--cluster", c], ["repair", "--cluster", c]):
