@@ -109,9 +109,10 @@ def headroom(cluster: Cluster, inventory: Inventory, shape: Request, *, failures
 
     best, refused = _largest(ask, memory_bound(inventory, cluster, shape.memory_bytes))
     plan = best[1].plan if best is not None else None
-    per_host: Counter[str] = Counter(s.host for s in plan.steps if isinstance(s, CreateStep)) if plan else Counter()
+    landed: Counter[str] = Counter(s.host for s in plan.steps if isinstance(s, CreateStep)) if plan else Counter()
+    per_host = {h.name: landed[h.name] for h in inventory.hosts if landed[h.name]}  # the cluster file's order
     return Headroom(base, best[0] if best else 0, cluster.failures_tolerated, base.min_yield,
-                    dict(sorted(per_host.items())), plan.min_yield if plan else None,
+                    per_host, plan.min_yield if plan else None,
                     plan.avg_yield if plan else None, refused[1].reason or "refused", plan)
 
 
