@@ -16,6 +16,8 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from hypervisor.testhosts import ScaleCluster, write_scale_cluster
+from vcsched.control.admission import Decision
+from vcsched.control.headroom import largest_admitted
 
 
 def run(*args: Any) -> Any:
@@ -143,3 +145,22 @@ def test_every_host_down_exits_1(tmp_path: Path) -> None:
     r = run("headroom", "--vm", "cpu_cores=1,memory=1GiB", "--cluster", cluster)
     assert r.exit_code == 1, (r.stdout, r.stderr)
     assert "every host of cluster 'down' is down" in r.stderr
+
+
+# --- the search, on an admission that admits up to k ------------------------------------------------
+
+
+@pytest.mark.parametrize("cap", [0, 5, 37, 100])
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 36, 37, 64, 99])
+def test_the_search_finds_the_largest_count_admitted_and_asks_the_one_above(k: int, cap: int) -> None:
+    """``cap`` (memory's bound) below ``k`` is a rounding: admission still decides."""
+    asked: list[int] = []
+
+    def ask(n: int) -> Decision:
+        asked.append(n)
+        return Decision(n <= k, None if n <= k else f"{n} > {k}", None)
+
+    best, refused = largest_admitted(ask, cap)
+    assert (best[0] if best else 0) == k and refused[0] == k + 1 and refused[1].reason == f"{k + 1} > {k}"
+    assert k + 1 in asked and (k == 0 or k in asked)
+    assert len(asked) <= 2 * max(k, 1).bit_length() + 2

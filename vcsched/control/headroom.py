@@ -84,7 +84,7 @@ def memory_bound(inventory: Inventory, cluster: Cluster, memory_bytes: int) -> i
     return sum(free[h.name] // memory_bytes for h in up.hosts if h.name not in cluster.cordoned)
 
 
-def headroom(cluster: Cluster, inventory: Inventory, shape: Request, *, failures: int | None = None,
+def headroom_for(cluster: Cluster, inventory: Inventory, shape: Request, *, failures: int | None = None,
              min_yield: float | None = None, algorithm: str = "mcb8", options: SolveOptions | None = None,
              sharing: Sharing | None = None) -> Headroom:
     """The largest number of VMs of ``shape`` that admission takes now (module docstring).
@@ -107,7 +107,7 @@ def headroom(cluster: Cluster, inventory: Inventory, shape: Request, *, failures
         request = dataclasses.replace(base, vms=n)
         return keep_failover_room(cluster, inventory, admit(cluster, inventory, request, algorithm, options, sharing))
 
-    best, refused = _largest(ask, memory_bound(inventory, cluster, shape.memory_bytes))
+    best, refused = largest_admitted(ask, memory_bound(inventory, cluster, shape.memory_bytes))
     plan = best[1].plan if best is not None else None
     landed: Counter[str] = Counter(s.host for s in plan.steps if isinstance(s, CreateStep)) if plan else Counter()
     per_host = {h.name: landed[h.name] for h in inventory.hosts if landed[h.name]}  # the cluster file's order
@@ -116,7 +116,7 @@ def headroom(cluster: Cluster, inventory: Inventory, shape: Request, *, failures
                     plan.avg_yield if plan else None, refused[1].reason or "refused", plan)
 
 
-def _largest(ask: Callable[[int], Decision], cap: int) -> tuple[tuple[int, Decision] | None,
+def largest_admitted(ask: Callable[[int], Decision], cap: int) -> tuple[tuple[int, Decision] | None,
                                                                    tuple[int, Decision]]:
     """``(n, decision)`` of the largest ``n`` admitted (None: not even 1) and of ``n + 1``, refused: doubling,
     then bisection; no count above ``cap + 1`` is asked (``cap + 1`` does not fit in memory)."""
