@@ -52,7 +52,8 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
 
     s = answer.shape
     cpu = f"{s.cpu_cores:g} cores" if s.cpu_cores is not None else f"cpu_need {s.cpu_need:g}"
-    what = f"VMs of {s.vcpus} vCPU, {cpu}, {format_size(s.memory_bytes)}"
+    io = "".join(f", {r} {format_size(v)}/s" for r, v in (("disk", s.disk_bps), ("network", s.net_bps)) if v)
+    what = f"VMs of {s.vcpus} vCPU, {cpu}, {format_size(s.memory_bytes)}{io}"
     room = f", keeping room for {answer.failures} host failure(s)" if answer.failures else ""
     floor = f", every yield at least {answer.floor:g}" if answer.floor is not None else ""
     console.print(f"[bold]{answer.count}[/] more {what} fit{room}{floor}", highlight=False)

@@ -8,6 +8,7 @@ N+1 refused, for every shape below, with and without room for a host failure.  O
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,11 @@ def run(*args: Any) -> Any:
 
 @pytest.fixture
 def hosts(tmp_path: Path) -> ScaleCluster:
-    return write_scale_cluster(tmp_path / "hosts", hosts=3, vms_per_host=2)
+    """3 hosts of 8 cores, 32 GiB and 100 MiB/s of disk, each running 2 VMs of 0.5 cores and 512 MiB."""
+    sc = write_scale_cluster(tmp_path / "hosts", hosts=3, vms_per_host=2)
+    text = sc.cluster_file.read_text()
+    sc.cluster_file.write_text(re.sub(r'(uri = "[^"]*"\n)', r'\1disk_bps = "100MiB"\n', text))
+    return sc
 
 
 def with_failures(sc: ScaleCluster, tolerated: int) -> Path:
@@ -54,10 +59,13 @@ def placed(cluster: Path, tmp_path: Path, fields: dict[str, Any], vms: int) -> b
     return bool(json.loads(r.stdout)["admitted"])
 
 
-#: (shape for --vm, the same as request fields, --min-yield or None): memory-bound, CPU-bound, several vCPUs.
+#: (shape for --vm, the same as request fields, --min-yield or None): memory-bound, CPU-bound, disk-bound (the
+#: sharing policy's allocation over CPU and disk), several vCPUs.
 SHAPES = {
     "memory-bound": ("cpu_cores=0.25,memory=4GiB", {"vcpus": 1, "memory": "4GiB", "cpu_cores": 0.25}, None),
     "cpu-bound": ("cpu_cores=1,memory=256MiB", {"vcpus": 1, "memory": "256MiB", "cpu_cores": 1.0}, 0.6),
+    "disk-bound": ("cpu_cores=0.25,memory=512MiB,disk_bps=20MiB",
+                   {"vcpus": 1, "memory": "512MiB", "cpu_cores": 0.25, "disk_bps": "20MiB"}, 0.8),
     "vcpus=2": ("vcpus=2,cpu_need=0.25,memory=1GiB", {"vcpus": 2, "memory": "1GiB", "cpu_need": 0.25}, 0.8),
 }
 
@@ -102,6 +110,18 @@ def test_the_text_answer_says_the_count_the_hosts_and_the_limit(hosts: ScaleClus
     out = " ".join(r.stdout.split())
     assert out.startswith("21 more VMs of 1 vCPU, 0.25 cores, 4 GiB fit")
     assert "per host: h0 7, h1 7, h2 7" in out and "one more is refused: memory: " in out
+
+
+def test_a_host_in_maintenance_takes_none(hosts: ScaleCluster) -> None:
+    text = hosts.cluster_file.read_text().replace('name = "h2"\n', 'name = "h2"\nmaintenance = true\n')
+    hosts.cluster_file.write_text(text)
+    doc = headroom(hosts.cluster_file, SHAPES["memory-bound"][0])
+    assert doc["count"] == 2 * 7 and doc["per_host"] == {"h0": 7, "h1": 7}
+
+
+def test_the_text_answer_names_the_shapes_disk_rate(hosts: ScaleCluster) -> None:
+    r = run("headroom", "--vm", SHAPES["disk-bound"][0], "--min-yield", "0.8", "--cluster", hosts.cluster_file)
+    assert r.exit_code == 0 and "512 MiB, disk 20 MiB/s fit, every yield at least 0.8" in " ".join(r.stdout.split())
 
 
 @pytest.mark.parametrize(("shape", "named"), [
