@@ -85,8 +85,8 @@ def memory_bound(inventory: Inventory, cluster: Cluster, memory_bytes: int) -> i
 
 
 def headroom_for(cluster: Cluster, inventory: Inventory, shape: Request, *, failures: int | None = None,
-             min_yield: float | None = None, algorithm: str = "mcb8", options: SolveOptions | None = None,
-             sharing: Sharing | None = None) -> Headroom:
+                 min_yield: float | None = None, algorithm: str = "mcb8", options: SolveOptions | None = None,
+                 sharing: Sharing | None = None) -> Headroom:
     """The largest number of VMs of ``shape`` that admission takes now (module docstring).
 
     ``failures``: room for that many host failures instead of the cluster file's ``failures_tolerated`` (bad
@@ -119,7 +119,8 @@ def headroom_for(cluster: Cluster, inventory: Inventory, shape: Request, *, fail
 def largest_admitted(ask: Callable[[int], Decision], cap: int) -> tuple[tuple[int, Decision] | None,
                                                                    tuple[int, Decision]]:
     """``(n, decision)`` of the largest ``n`` admitted (None: not even 1) and of ``n + 1``, refused: doubling,
-    then bisection; no count above ``cap + 1`` is asked (``cap + 1`` does not fit in memory)."""
+    then bisection.  ``cap`` (memory's bound) stops the doubling at ``cap + 1``, which memory refuses at once;
+    should admission take it all the same (the bound rounded), doubling goes on: admission decides, not the cap."""
     lo: tuple[int, Decision] | None = None
     n = 1
     while True:
