@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "Re-balance a running cluster: re-cap every managed VM and live-migrate a few, within --budget bytes."),
     "place": ("cli.place:place_cmd",
               "Decide whether a virtual cluster fits, and how: print the admission decision and the plan."),
+    "headroom": ("cli.headroom:headroom_cmd",
+                 "Say how many more VMs of one shape fit now, where, and at what minimum yield."),
     "apply": ("cli.apply:apply_cmd", "Apply a plan saved by `vcsched place`, `adapt` or `drain` with -o PLAN.json."),
     "repair": ("cli.repair:repair_cmd",
                "Settle VMs left in doubt by an interrupted migration (dry run unless --apply)."),

@@ -6,7 +6,8 @@ option and the value, exit 2, before anything else happens.  The types:
 * :class:`FiniteFloatRange` — a number in a range; NaN and infinities refused;
 * :class:`Duration` — seconds: ``30``, ``30s``, ``500ms``, ``2m``, ``1h``;
 * :class:`Bytes` — a byte count: ``0``, ``134217728``, ``256MiB``, ``1GiB`` (``unlimited`` where a budget may be);
-* :data:`TIME_LIMIT` — a wall-clock limit in seconds: finite and above 0.
+* :data:`TIME_LIMIT` — a wall-clock limit in seconds: finite and above 0;
+* :class:`VmShape` — one VM's shape: ``cpu_cores=1,memory=2GiB[,vcpus=2][,disk_bps=20MiB]`` (a request's fields).
 
 The decorators: :func:`cluster_option`, :func:`json_option`, :func:`output_option`, :func:`time_limit_option`,
 :func:`budget_option`, :func:`policy_options`, :func:`lock_options`.  This module imports only click and the
@@ -79,6 +80,23 @@ class Bytes(click.ParamType):
             return value
         try:
             return parse_size(_where(param), str(value), allow_zero=True, allow_unlimited=self.unlimited)
+        except InputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class VmShape(click.ParamType):
+    """One VM's shape as a request's per-VM fields: cpu_cores=1,memory=2GiB[,vcpus=2][,disk_bps=...]
+    (vcsched.formats.request.parse_vm_shape: the request's own checks, the one size parser)."""
+
+    name = "SHAPE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        from vcsched.formats.request import parse_vm_shape  # imported here: the request model imports numpy
+
+        try:
+            return parse_vm_shape(_where(param), value)
         except InputError as exc:
             self.fail(str(exc), param, ctx)
 

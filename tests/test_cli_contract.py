@@ -147,7 +147,9 @@ def test_deciding_commands_say_ok_true_when_they_exit_0(hosts: ScaleCluster, tmp
     inst.write_text(json.dumps({"hosts": hosts_doc, "jobs": [job]}))
     running.write_text(json.dumps({"hosts": hosts_doc, "jobs": [job | {"current": [0]}]}))
     for args in (["solve", inst], ["solve-adapt", running, "--budget", "0"],
-                 ["place", hosts.request_file, "--cluster", c], ["adapt", "--budget", "0", "--cluster", c],
+                 ["place", hosts.request_file, "--cluster", c],
+                 ["headroom", "--vm", "cpu_cores=1,memory=512MiB", "--cluster", c],
+                 ["adapt", "--budget", "0", "--cluster", c],
                  ["drain", "h0", "--budget", "unlimited", "--cluster", c], ["status", "--sample", "0", "--cluster", c],
                  ["cordon", "h1", "--cluster", c], ["uncordon", "h1", "--cluster", c],
                  ["observe", "--window", "1s", "--cluster", c], ["repair", "--cluster", c]):
@@ -197,7 +199,8 @@ def test_a_missing_or_garbled_input_file_is_bad_input_naming_it(command: str, ho
 def _cluster_commands() -> list[list[str]]:
     """A command line of every command that reads --cluster, with its other required arguments."""
     needs: dict[tuple[str, ...], list[str]] = {
-        ("place",): ["REQUEST"], ("apply",): ["PLAN"], ("drain",): ["h0", "--budget", "0"], ("cordon",): ["h0"],
+        ("place",): ["REQUEST"], ("headroom",): ["--vm", "cpu_cores=1,memory=512MiB"], ("apply",): ["PLAN"],
+        ("drain",): ["h0", "--budget", "0"], ("cordon",): ["h0"],
         ("uncordon",): ["h0"], ("adapt",): ["--budget", "0"], ("run",): ["--budget-per-interval", "0"],
         ("status",): ["--sample", "0"], ("top",): ["--once"], ("observe",): ["--window", "1s"], ("repair",): [],
         ("recover",): ["h0"], ("recommendations",): [], ("approve",): ["r00000000"], ("skip",): ["r00000000"]}

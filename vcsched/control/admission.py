@@ -526,13 +526,17 @@ def current_caps(inventory: Inventory) -> dict[str, dict[str, float]]:
     return caps
 
 
+def free_memory(inventory: Inventory) -> dict[str, int]:
+    """Each host's bytes left for new VMs: usable memory less every running VM's (never below 0)."""
+    unmanaged = unmanaged_memory(inventory)
+    return {h.name: max(h.usable_memory - unmanaged[h.name] - sum(v.memory_bytes for v in inventory.vms_on(h.name)
+                                                                  if v.active and v.managed), 0)
+            for h in inventory.hosts}
+
+
 def _free_memory(inventory: Inventory) -> str:
     """Each host's memory left for new VMs, e.g. ``h0 896 MiB, h1 1 GiB``."""
-    unmanaged = unmanaged_memory(inventory)
-    free = {h.name: h.usable_memory - unmanaged[h.name] - sum(v.memory_bytes for v in inventory.vms_on(h.name)
-                                                               if v.active and v.managed)
-            for h in inventory.hosts}
-    return ", ".join(f"{h} {format_size(max(f, 0))}" for h, f in free.items())
+    return ", ".join(f"{h} {format_size(f)}" for h, f in free_memory(inventory).items())
 
 
 def _memory_reason(request: Request, inventory: Inventory) -> str:

@@ -134,3 +134,40 @@ def rule_level(where: str, value: Any) -> str | None:
     if value == PREFERRED:
         return PREFERRED
     raise InputError(f"{where}: {value!r} is not true, false, \"required\" or \"preferred\"")
+
+
+#: The keys of a VM shape (``vcsched headroom --vm``): a request's per-VM fields.
+SHAPE_KEYS = ("cpu_cores", "cpu_need", "memory", "vcpus", "disk_bps", "net_bps")
+
+
+def _value(text: str) -> Any:
+    """A shape value as a request file would hold it: a whole number, a number, else the string."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_vm_shape(where: str, text: str) -> Request:
+    """``cpu_cores=1,memory=2GiB[,vcpus=2][,disk_bps=20MiB]`` as a one-VM request (vcpus default 1).
+
+    Validated by the request's own checks (:func:`vcsched.formats.request.request_from_dict`): the sizes and rates
+    by the one size parser; errors name ``where``, the field and the value (bad input, exit 2)."""
+    fields: dict[str, Any] = {}
+    for item in text.split(","):
+        key, eq, value = (p.strip() for p in item.partition("="))
+        if not eq or not key or not value:
+            raise InputError(f"{where}: {item.strip()!r} is not KEY=VALUE (keys: {', '.join(SHAPE_KEYS)})")
+        if key not in SHAPE_KEYS:
+            raise InputError(f"{where}: unknown key {key!r} (keys: {', '.join(SHAPE_KEYS)})")
+        if key in fields:
+            raise InputError(f"{where}: {key} is given twice")
+        fields[key] = value if key in ("memory", "disk_bps", "net_bps") else _value(value)
+    if "memory" not in fields:
+        raise InputError(f"{where}: memory is missing (e.g. memory=2GiB)")
+    try:
+        return request_from_dict({"name": "shape", "vms": 1, "vcpus": 1, **fields})
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None

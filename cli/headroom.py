@@ -1,0 +1,65 @@
+"""``vcsched headroom``: how many more VMs of one shape fit, asked of admission (vcsched/control/headroom.py)."""
+
+from __future__ import annotations
+
+import click
+
+from cli.app import EXIT_OK, console, emit_json
+from cli.params import FiniteFloatRange, VmShape, cluster_option, json_option
+from vcsched.formats.request import Request
+
+
+@click.command("headroom")
+@click.option("--vm", "shape", type=VmShape(), required=True, metavar="SHAPE",
+              help="The VM: cpu_cores=1,memory=2GiB (or cpu_need=0.25 of the largest host); optional vcpus=2 "
+                   "(default 1), disk_bps=20MiB, net_bps=10MiB: a request file's per-VM fields.")
+@click.option("--failures", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Keep room for the loss of any N hosts (default: the cluster file's failures_tolerated).")
+@click.option("--min-yield", "min_yield", type=FiniteFloatRange(min=0, max=1), default=None, metavar="Y",
+              help="Every VM, new and running, keeps at least this yield (a request's min_yield; the cluster "
+                   "file's min_yield still applies when higher).")
+@cluster_option()
+@json_option("Print one JSON object: count, per_host, min_yield, limit.")
+def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, cluster_file: str | None,
+                 as_json: bool) -> int:
+    """Say how many more VMs of one shape fit now, where, and at what minimum yield.
+
+    \b
+      vcsched headroom --vm cpu_cores=1,memory=2GiB --failures 1
+
+    The answer is admission's (`vcsched place`), not an estimate: N is the
+    largest count for which a request of N such VMs would be admitted now,
+    with the running VMs where they are, their floors kept and, with
+    --failures N (else the cluster file's failures_tolerated), room for their
+    restart after the loss of any N hosts; N+1 is refused, and the reason is
+    shown (the limit).  Per host: how many of the N land there.  The
+    predicted minimum yield is the whole cluster's with the N placed.
+    Nothing is changed and no lock is taken.
+
+    Exit codes: 0 answered (even when none fits), 1 every host is down,
+    2 bad input (an unknown key or a value the request would refuse).
+    """
+    from cli.common import deciding_on, hosts_down, load_cluster
+    from vcsched.control.headroom import headroom_for
+
+    cluster = load_cluster(cluster_file)
+    with deciding_on(cluster, apply=False, coordination=None, wait=0.0, ttl=None, quiet=as_json) as (_, _, inv):
+        answer = headroom_for(cluster, inv, shape, failures=failures, min_yield=min_yield)
+    if as_json:
+        emit_json({"ok": True, **answer.to_dict(), "hosts_down": hosts_down(inv)})
+        return EXIT_OK
+    from vcsched.formats.units import format_size
+
+    s = answer.shape
+    cpu = f"{s.cpu_cores:g} cores" if s.cpu_cores is not None else f"cpu_need {s.cpu_need:g}"
+    io = "".join(f", {r} {format_size(v)}/s" for r, v in (("disk", s.disk_bps), ("network", s.net_bps)) if v)
+    what = f"VMs of {s.vcpus} vCPU, {cpu}, {format_size(s.memory_bytes)}{io}"
+    room = f", keeping room for {answer.failures} host failure(s)" if answer.failures else ""
+    floor = f", every yield at least {answer.floor:g}" if answer.floor is not None else ""
+    console.print(f"[bold]{answer.count}[/] more {what} fit{room}{floor}", highlight=False)
+    if answer.count:
+        console.print(f"  predicted minimum yield {answer.min_yield:.4f}, average {answer.avg_yield:.4f} "
+                      "over the whole cluster", highlight=False)
+        console.print("  per host: " + ", ".join(f"{h} {n}" for h, n in answer.per_host.items()), highlight=False)
+    console.print(f"  one more is refused: {answer.limit}", highlight=False)
+    return EXIT_OK
