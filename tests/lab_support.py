@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from hypervisor.lab import Lab, down, guest_boot_check, status, up
+from hypervisor.lab import Lab, down, guest_boot_check, prerequisites_problem, status, up
 from hypervisor.lab import cgroups as lab_cgroups
 from hypervisor.lab.daemons import namespace_holders
 from hypervisor.lab.guest import start_guest, wait_for_boot
@@ -80,6 +80,17 @@ def running_lab(n_hosts: int, transport: str = "unix", **options: Any) -> Iterat
         left = lab_leftovers(d, n_hosts)
         down(d, purge=True)
         assert not left, f"lab teardown left: {left}"
+
+
+@contextlib.contextmanager
+def own_lab(n_hosts: int, **options: Any) -> Iterator[Lab]:
+    """A lab a module keeps to itself (its tests signal, kill or measure what a shared lab's other users would
+    feel): skipped with the missing prerequisite's reason, else :func:`running_lab`."""
+    problem = prerequisites_problem()
+    if problem:
+        pytest.skip(f"lab unavailable: {problem}")
+    with running_lab(n_hosts, **options) as lab:
+        yield lab
 
 
 @pytest.fixture(scope="session")

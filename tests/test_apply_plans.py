@@ -146,13 +146,9 @@ def test_a_malformed_drain_field_is_one_line_naming_it(hosts: Path, plans: dict[
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from hypervisor.lab import prerequisites_problem
-    from tests.lab_support import running_lab
+    from tests.lab_support import own_lab
 
-    problem = prerequisites_problem()
-    if problem:
-        pytest.skip(f"lab unavailable: {problem}")
-    with running_lab(2, cores=1) as lab:
+    with own_lab(2, cores=1) as lab:
         yield lab
 
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from hypervisor.lab import Lab, prerequisites_problem
+from hypervisor.lab import Lab
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from tests.lab_support import destroy_everywhere, running_lab, start_lab_guest
+from tests.lab_support import destroy_everywhere, own_lab, start_lab_guest
 from tests.skip_policy import patience, skip_or_fail
 from vcsched.formats.cluster import Cluster, cluster_from_dict
 from vcsched.plans.steps import Boot, CreateStep
@@ -49,10 +49,7 @@ WAIT = 60.0  # seconds for an observable moment (a TCG guest on a loaded 2-core 
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    problem = prerequisites_problem()
-    if problem:
-        pytest.skip(f"lab unavailable: {problem}")
-    with running_lab(2, cores=1) as lab:
+    with own_lab(2, cores=1) as lab:
         yield lab
 
 

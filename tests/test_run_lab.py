@@ -47,10 +47,10 @@ from typing import Any
 
 import pytest
 
-from hypervisor.lab import Lab, prerequisites_problem
+from hypervisor.lab import Lab
 from hypervisor.lab.image import LOAD_MARKER
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from tests.lab_support import destroy_everywhere, running_lab
+from tests.lab_support import destroy_everywhere, own_lab
 from tests.skip_policy import patience, skip_or_fail
 from vcsched.formats.cluster import Cluster, cluster_from_dict
 from vcsched.plans.steps import Boot, CreateStep
@@ -72,10 +72,7 @@ IDLE_CAP, BUSY_CAP = 0.3, 0.6  # wave-0's cap while idle stays below the first, 
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    problem = prerequisites_problem()
-    if problem:
-        pytest.skip(f"lab unavailable: {problem}")
-    with running_lab(2, cores=1) as lab:
+    with own_lab(2, cores=1) as lab:
         yield lab
 
 
