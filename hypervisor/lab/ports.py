@@ -160,6 +160,6 @@ def release_block(root: Path, where: Path = CLAIMS_DIR) -> None:
 
 
 def held_blocks(where: Path = CLAIMS_DIR) -> list[Claim]:
-    """The claims recorded now (live or not), for ``lab status`` and tests."""
+    """The claims recorded now, live or not (what tests and an operator look at)."""
     with _locked(where) as path:
         return _read(path)
