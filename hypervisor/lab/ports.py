@@ -16,7 +16,9 @@ So the ports are split: 32 *blocks* of 512 ports in 49152-65535 (libvirt's defau
 lab, 64 ports a host (at most 8 hosts).  A lab *claims* its block at ``lab up`` under a machine-wide ``flock``,
 in a claims file that outlives no reboot (under /run), and frees it at ``lab down``.  A claim whose lab is gone
 (its directory removed, its claiming process and every libvirtd of it dead) is taken over.  A lab prefers the
-block its id hashes to, so a lab re-upped while its block is free keeps its ports.
+block its id hashes to, so a lab re-upped while its block is free keeps its ports.  Not ruled out: blocks 0-23
+lie in Linux's default ephemeral range (32768-60999), where an outgoing connection's local port could take a
+port in that window (none was seen).
 """
 
 from __future__ import annotations
