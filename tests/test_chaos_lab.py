@@ -324,16 +324,24 @@ def draw_faults(rng: random.Random, source: int | None, destinations: list[int],
 
 def inject(lab: Lab, rnd: Round, proc: subprocess.Popen[str], watch: QemuWatch, t0: float,
            pids_before: set[int]) -> None:
-    """Carry out the round's faults one after another (a libvirtd is back before the next fault starts)."""
+    """Carry out the round's faults one after another (a libvirtd is back before the next fault starts).
+
+    A fault whose moment comes after the command has ended fires as it ends instead: what it can still meet
+    (the second reader, the repair's start) is the same then as seconds later, and waiting out its delay was the
+    round's dead time."""
+    def wait_until(moment: float) -> None:
+        while time.monotonic() < moment and proc.poll() is None:
+            time.sleep(0.05)
+
     for f in rnd.faults:
         if f.trigger == "qemu":
             # A QEMU process of ours starting (a VM being created, or a migration's destination) is the
             # earliest outside sign that the command acts.
             while proc.poll() is None and not watch.pids() - pids_before:
                 time.sleep(0.05)
-            time.sleep(f.delay)
+            wait_until(time.monotonic() + f.delay)
         else:
-            time.sleep(max(0.0, t0 + f.delay - time.monotonic()))
+            wait_until(t0 + f.delay)
         if f.kind == "sigkill_vcsched":
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)

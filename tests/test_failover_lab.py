@@ -1,11 +1,15 @@
 """`vcsched run` on a real 3-host lab: a host loses its power, its VMs run again on the survivors, once.
 
 Two virtual clusters of 3 VMs each (spread preferred: one VM of each per host), a ``vcsched run`` daemon
-leading (interval 2 s, caps only: ``--budget-per-interval 0``), ``failure_timeout = 6`` and ``host_timeout = 3``
-in the cluster file.  Then every process in h1's namespace is SIGKILLed at once (its libvirtd, virtlogd and QEMU:
-a power cut).  The daemon must declare h1 failed, fence it through the lab's fence agent, and create its two VMs
-on h0 and h2 within ``failure_timeout`` + 15 s; each runs once (its QEMU processes, read from /proc) and none of
-the other VMs changed host.
+leading (caps only: ``--budget-per-interval 0``).  Then every process in h1's namespace is SIGKILLed at once (its
+libvirtd, virtlogd and QEMU: a power cut).  The daemon must declare h1 failed, fence it through the lab's fence
+agent, and create its two VMs on h0 and h2 within ``failure_timeout`` + 15 s; each runs once (its QEMU
+processes, read from /proc) and none of the other VMs changed host.
+
+The measured test keeps the timers it was specified with (interval 2 s, ``failure_timeout = 6``,
+``host_timeout = 3``); the others only need the failure to be declared, so they use the shortest timers that
+still tell a hung host from a slow one on a loaded machine (:data:`QUICK`).  One lab serves the module: each
+test ends with it repaired (``lab up`` restarts a host that lost its power) and emptied (:func:`lab3`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +32,10 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab
-from hypervisor.lab.daemons import kill_namespace
+from hypervisor.lab import Lab, up
+from hypervisor.lab.daemons import answers, daemon_pid, kill_namespace
 from hypervisor.lab.state import LabLayout
-from tests.lab_support import running_lab, skip_unless_lab_possible
+from tests.lab_support import destroy_everywhere, running_lab, skip_unless_lab_possible
 from tests.test_recover_lab import qemu_copies, qemu_hosts
 
 pytestmark = pytest.mark.lab
@@ -40,12 +45,63 @@ FAILURE_TIMEOUT = 6.0
 BOUND = FAILURE_TIMEOUT + 15.0
 
 
-@pytest.fixture
-def lab3() -> Iterator[Lab]:
-    """A lab of each test's own (a few seconds to bring up): each test kills hosts."""
+@dataclass(frozen=True)
+class Timers:
+    """The daemon's ``--interval`` (and ``--sample``, if not its default of a quarter interval) and the cluster
+    file's ``host_timeout`` and ``failure_timeout`` (seconds)."""
+
+    interval: float
+    host_timeout: float
+    failure_timeout: float
+    sample: float | None = None
+
+    def run_options(self) -> list[str]:
+        every = ["--window", f"{self.interval:g}", "--sample", f"{self.sample:g}"] if self.sample else []
+        return ["--interval", f"{self.interval:g}", *every]
+
+
+#: What the power-loss test measures against (its bound is ``failure_timeout`` + 15 s).
+MEASURED = Timers(interval=2, host_timeout=3, failure_timeout=FAILURE_TIMEOUT)
+#: For the tests that only need h1 declared failed: interval 1 s, one CPU sample per interval (each sample reads
+#: every host, and each read of a hung host costs host_timeout: four samples made an interval of 14 s), and a
+#: host failed once down for host_timeout.  host_timeout stays 3 s: at 2 s (keepalive 2 s) a loaded machine
+#: (load 13) closed a healthy host's connection mid-create.  A hung host is still failed only on a second
+#: reading, as with failure_timeout 6: each interval that reads it lasts several host_timeouts.
+QUICK = Timers(interval=1, host_timeout=3, failure_timeout=3, sample=1)
+
+
+@pytest.fixture(scope="module")
+def lab_of_module() -> Iterator[Lab]:
     skip_unless_lab_possible()
     with running_lab(3) as lab:
         yield lab
+
+
+def restore(lab: Lab) -> None:
+    """Every host's daemons running and answering (``lab up`` repairs a host that lost its power, continues
+    none: a stopped libvirtd is replaced), and no guest left on any host."""
+    layout = LabLayout(lab.dir)
+    if not all(daemon_pid(layout, i, "libvirtd") is not None and answers(h.connect_uri)
+               for i, h in enumerate(lab.hosts)):
+        up(len(lab.hosts), lab.dir)
+    import libvirt
+
+    for h in lab.hosts:
+        conn = libvirt.open(h.connect_uri)
+        try:
+            names = [d.name() for d in conn.listAllDomains(0)]
+        finally:
+            conn.close()
+        for name in names:
+            destroy_everywhere(lab, name)
+
+
+@pytest.fixture
+def lab3(lab_of_module: Lab) -> Iterator[Lab]:
+    """The module's lab, as a fresh one would be: each test kills or stops h1 and leaves VMs behind."""
+    restore(lab_of_module)
+    yield lab_of_module
+    restore(lab_of_module)
 
 
 def events(log: Path, kind: str | None = None) -> list[dict[str, Any]]:
@@ -55,13 +111,13 @@ def events(log: Path, kind: str | None = None) -> list[dict[str, Any]]:
     return [d for d in docs if kind is None or d["event"] == kind]
 
 
-def setup(lab: Lab, tmp_path: Path) -> tuple[Path, dict[str, str], dict[str, str]]:
-    """The lab's cluster file with short timeouts, its environment, and two virtual clusters of 3 VMs placed by
-    ``place --apply`` (spread preferred: one VM of each per host): VM -> host."""
+def setup(lab: Lab, tmp_path: Path, timers: Timers) -> tuple[Path, dict[str, str], dict[str, str]]:
+    """The lab's cluster file with ``timers``' timeouts, its environment, and two virtual clusters of 3 VMs placed
+    by ``place --apply`` (spread preferred: one VM of each per host): VM -> host."""
     text = lab.cluster_file.read_text()
     cluster = tmp_path / "cluster.toml"
-    cluster.write_text(text.replace('name = "lab"\n', f'name = "lab"\nhost_timeout = 3\nfailure_timeout = '
-                                                      f'{FAILURE_TIMEOUT:g}\n', 1))
+    cluster.write_text(text.replace('name = "lab"\n', f'name = "lab"\nhost_timeout = {timers.host_timeout:g}\n'
+                                                      f'failure_timeout = {timers.failure_timeout:g}\n', 1))
     env = {**os.environ, "VCSCHED_STATE_DIR": str(tmp_path / "state")}
     tag = uuid.uuid4().hex[:4]
     placed: dict[str, str] = {}
@@ -77,9 +133,10 @@ def setup(lab: Lab, tmp_path: Path) -> tuple[Path, dict[str, str], dict[str, str
 
 
 @contextlib.contextmanager
-def daemon(cluster: Path, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``vcsched run`` (interval 2 s, caps only) until the block ends, then SIGTERM: it must exit 0."""
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--cluster", str(cluster), "--interval", "2",
+def daemon(cluster: Path, env: dict[str, str], log: Path, timers: Timers) -> Iterator[subprocess.Popen[bytes]]:
+    """``vcsched run`` (``timers.interval``, caps only) until the block ends, then SIGTERM: it must exit 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--cluster", str(cluster),
+                             *timers.run_options(),
                              "--budget-per-interval", "0", "--probe-seconds", "0", "--log", str(log)],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -106,10 +163,10 @@ def wait_restarted(proc: subprocess.Popen[bytes], log: Path, n: int, until: floa
 # the first pass's CPU-bound tests a loaded machine took 21.1 s against 21.
 @pytest.mark.exclusive
 def test_a_host_that_loses_its_power_has_its_vms_restarted_once_on_the_survivors(lab3: Lab, tmp_path: Path) -> None:
-    cluster, env, placed = setup(lab3, tmp_path)
+    cluster, env, placed = setup(lab3, tmp_path, MEASURED)
     lost = sorted(vm for vm, h in placed.items() if h == "h1")
     log = tmp_path / "run.jsonl"
-    with daemon(cluster, env, log) as proc:
+    with daemon(cluster, env, log, MEASURED) as proc:
         killed_at = time.time()
         kill_namespace(LabLayout(lab3.dir), 1)  # power loss
         wait_restarted(proc, log, len(lost), killed_at + BOUND + 10)
@@ -135,9 +192,7 @@ def test_a_partitioned_host_is_fenced_before_its_vms_restart_and_no_vm_ever_runs
     """h1's libvirtd only is SIGSTOPped: its guests keep running (a hung daemon, a cut management network).  The
     daemon must fence h1 (its QEMU processes gone) before creating its VMs elsewhere: every 0.1 s, from /proc, no
     VM has QEMU processes on two hosts."""
-    from hypervisor.lab.daemons import daemon_pid
-
-    cluster, env, placed = setup(lab3, tmp_path)
+    cluster, env, placed = setup(lab3, tmp_path, QUICK)
     lost = sorted(vm for vm, h in placed.items() if h == "h1")
     twice: list[tuple[float, str, list[str]]] = []
     stop = threading.Event()
@@ -151,14 +206,14 @@ def test_a_partitioned_host_is_fenced_before_its_vms_restart_and_no_vm_ever_runs
 
     log = tmp_path / "run.jsonl"
     watcher = threading.Thread(target=watch, daemon=True)
-    with daemon(cluster, env, log) as proc:
+    with daemon(cluster, env, log, QUICK) as proc:
         watcher.start()
         libvirtd = daemon_pid(LabLayout(lab3.dir), 1, "libvirtd")
         assert libvirtd is not None
         stopped_at = time.time()
         os.kill(libvirtd, signal.SIGSTOP)  # partition: the guests run on
         assert all(qemu_copies(lab3, vm) == ["h1"] for vm in lost)
-        wait_restarted(proc, log, len(lost), stopped_at + BOUND + 10)
+        wait_restarted(proc, log, len(lost), stopped_at + QUICK.failure_timeout + 40)
         time.sleep(2)
     stop.set()
     watcher.join(timeout=30)
@@ -205,7 +260,7 @@ def test_without_a_working_fence_nothing_is_restarted_until_fencing_works(lab3: 
     """h1 loses its power.  A daemon whose cluster file gives h1 no fence agent reports its VMs stranded and
     creates nothing; one whose agent answers "on" after off fences again every interval and creates nothing; one
     with the lab's agent restarts them."""
-    cluster, env, placed = setup(lab3, tmp_path)
+    cluster, env, placed = setup(lab3, tmp_path, QUICK)
     lost = sorted(vm for vm, h in placed.items() if h == "h1")
     kill_namespace(LabLayout(lab3.dir), 1)  # power loss
     text = cluster.read_text()
@@ -219,8 +274,8 @@ def test_without_a_working_fence_nothing_is_restarted_until_fencing_works(lab3: 
         c = tmp_path / f"cluster-{name}.toml"
         c.write_text(body)
         log = tmp_path / f"run-{name}.jsonl"
-        with daemon(c, env, log) as proc:
-            deadline = time.time() + FAILURE_TIMEOUT + 30
+        with daemon(c, env, log, QUICK) as proc:
+            deadline = time.time() + QUICK.failure_timeout + 30
             while time.time() < deadline:
                 assert proc.poll() is None
                 if name == "none" and len(events(log, "vm_stranded")) >= len(lost):
@@ -239,6 +294,6 @@ def test_without_a_working_fence_nothing_is_restarted_until_fencing_works(lab3: 
             assert len(fenced) >= 2 and not any(e["fenced"] for e in fenced), report
             assert "still on" in fenced[0]["detail"], report
     log = tmp_path / "run-lab.jsonl"
-    with daemon(cluster, env, log) as proc:
-        wait_restarted(proc, log, len(lost), time.time() + FAILURE_TIMEOUT + 30)
+    with daemon(cluster, env, log, QUICK) as proc:
+        wait_restarted(proc, log, len(lost), time.time() + QUICK.failure_timeout + 30)
     assert sorted(e["vm"] for e in events(log, "vm_restarted")) == lost

@@ -19,6 +19,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -166,6 +167,11 @@ def start_script(layout: LabLayout, index: int, *, mounts: bool = True, virtlogd
     return "\n".join(lines) + "\n"
 
 
+#: What runs a host's start script: under :mod:`hypervisor.lab.reaper`, the host's own init, which reaps its
+#: QEMU processes as they end (libvirt waits for that before a destroy or a migration returns).
+REAPED = (sys.executable, "-I", str(Path(__file__).with_name("reaper.py")))
+
+
 def start_host(layout: LabLayout, index: int, timeout_s: float = 60.0, *, block: int, tls: bool = False,
                shared: bool = False) -> None:
     """Start the host's daemons and wait until its socket (and TLS listener) accepts a libvirt connection."""
@@ -174,7 +180,7 @@ def start_host(layout: LabLayout, index: int, timeout_s: float = 60.0, *, block:
         port_free(layout.address(index), TLS_PORT, f"host h{index}")
     log = layout.host_dir(index) / "start.log"
     with log.open("wb") as out:
-        proc = subprocess.run(["unshare", "-m", "-u", "--propagation", "private", "sh", "-c",
+        proc = subprocess.run(["unshare", "-m", "-u", "--propagation", "private", *REAPED, "sh", "-c",
                                start_script(layout, index, tls=tls, shared=shared)], stdout=out,
                               stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
@@ -254,7 +260,7 @@ def repair_host(layout: LabLayout, index: int, timeout_s: float = 60.0, *, block
     virtlockd = daemon_pid(layout, index, "virtlockd") is None
     log = layout.host_dir(index) / "repair.log"
     with log.open("wb") as out:
-        proc = subprocess.run(["nsenter", "-t", str(holders[0]), "-m", "-u", "sh", "-c",
+        proc = subprocess.run(["nsenter", "-t", str(holders[0]), "-m", "-u", *REAPED, "sh", "-c",
                                start_script(layout, index, mounts=False, virtlogd=virtlogd, tls=tls,
                                             virtlockd=virtlockd)],
                               stdout=out, stderr=subprocess.STDOUT, check=False)
