@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hypervisor.lab import image
-from hypervisor.lab.image import PVH_NOTE, _ensure_vmlinux, extract_vmlinux, has_pvh_entry
+from hypervisor.lab.image import PVH_NOTE, _ensure_initramfs, _ensure_vmlinux, extract_vmlinux, has_pvh_entry
 
 
 def elf(note_kind: int | None) -> bytes:
@@ -72,6 +72,25 @@ def test_the_cache_unpacks_once_links_from_another_cache_and_follows_a_new_kerne
     monkeypatch.setattr("hypervisor.lab.image.extract_vmlinux", unpacked.append)
     assert _ensure_vmlinux(a, ()) is None and not unpacked
     assert (b / "vmlinux").read_bytes() == elf(PVH_NOTE)  # the other cache's kernel is untouched
+
+
+def test_the_initramfs_is_copied_from_a_cache_of_the_same_recipe_and_built_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d in (a, b, c):
+        d.mkdir()
+    built: list[int] = []
+
+    def build(modules: Path | None = None) -> bytes:
+        built.append(1)
+        return f"initramfs {len(built)}".encode()
+
+    monkeypatch.setattr("hypervisor.lab.image.build_initramfs", build)
+    assert _ensure_initramfs(a, tmp_path / "modules", ()).read_bytes() == b"initramfs 1"
+    assert _ensure_initramfs(b, tmp_path / "modules", (a,)).read_bytes() == b"initramfs 1" and len(built) == 1
+    assert _ensure_initramfs(b, tmp_path / "modules", (a,)) == b / "initrd.gz" and len(built) == 1  # up to date
+    (a / "initrd.recipe").write_text("another init script")  # a's is not what this one would hold: built
+    assert _ensure_initramfs(c, tmp_path / "modules", (a,)).read_bytes() == b"initramfs 2"
 
 
 # ---- a kernel or its modules that cannot be had is an error, never a silently CPU-only image --------------------

@@ -10,6 +10,13 @@ and pid files given with ``-p`` (two ``virtlogd`` would otherwise fight over
 one).  The machine's own ``/etc/libvirt`` is never read or written: each host
 gets fresh, minimal configuration files.  The namespace lives as long as its
 daemons do, so stopping them also drops the bind mounts.
+
+The daemons run under a small reaper of the host's own (:mod:`hypervisor.lab.reaper`, a
+child subreaper): libvirtd starts each QEMU as a daemon, so a QEMU that exits
+is an orphan, and libvirt's ``destroy`` waits until its process is gone from
+``/proc``, zombie included.  Where the machine's init reaps orphans late (a
+sandbox's init was measured reaping every ~1.7 s), every destroy and every
+migration's end waited that long; the reaper reaps at once.
 """
 
 from __future__ import annotations

@@ -428,12 +428,29 @@ def ensure_image(image_dir: Path, sources: Iterable[Path] = (DEFAULT_LAB_DIR / "
             except ImageError as exc:
                 raise ImageError(f"{exc}; the cached kernel {kernel} is {version}: remove {image_dir} to fetch "
                                  "the current one") from None
-    stamp = image_dir / "initrd.recipe"
-    recipe = initramfs_recipe(modules=modules)
-    if not initrd.is_file() or not stamp.is_file() or stamp.read_text() != recipe:
-        write_atomic(initrd, build_initramfs(modules=modules), mode=CACHE_MODE)
-        write_atomic(stamp, recipe.encode(), mode=CACHE_MODE)
+    _ensure_initramfs(image_dir, modules, others)
     return GuestImage(kernel=_ensure_vmlinux(image_dir, others) or kernel, initrd=initrd, cmdline=guest_cmdline())
+
+
+def _ensure_initramfs(image_dir: Path, modules: Path, others: Iterable[Path]) -> Path:
+    """``image_dir/initrd.gz``, rebuilt when its recipe changed; copied from another cache whose initramfs has
+    the same recipe instead of built (gzip takes ~2 s of CPU, at every ``lab up`` in a fresh directory: every
+    test's own lab)."""
+    initrd, stamp = image_dir / "initrd.gz", image_dir / "initrd.recipe"
+    recipe = initramfs_recipe(modules=modules)
+    if initrd.is_file() and _read_text(stamp) == recipe:
+        return initrd
+    same = [src / "initrd.gz" for src in others
+            if (src / "initrd.gz").is_file() and _read_text(src / "initrd.recipe") == recipe]
+    write_atomic(initrd, same[0].read_bytes() if same else build_initramfs(modules=modules), mode=CACHE_MODE)
+    write_atomic(stamp, recipe.encode(), mode=CACHE_MODE)
+    return initrd
+
+
+def _read_text(path: Path) -> str | None:
+    with contextlib.suppress(OSError):
+        return path.read_text()
+    return None
 
 
 def initramfs_recipe(busybox: Path = BUSYBOX, modules: Path | None = None) -> str:
