@@ -78,9 +78,14 @@ def lab_of_module() -> Iterator[Lab]:
 
 
 def restore(lab: Lab) -> None:
-    """Every host's daemons running and answering (``lab up`` repairs a host that lost its power, continues
-    none: a stopped libvirtd is replaced), and no guest left on any host."""
+    """Every host's daemons running and answering (a stopped libvirtd continued; ``lab up`` repairs a host that
+    lost its power or was fenced), and no guest left on any host."""
     layout = LabLayout(lab.dir)
+    for i in range(len(lab.hosts)):
+        pid = daemon_pid(layout, i, "libvirtd")
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # a test that failed between its SIGSTOP and the fence
     if not all(daemon_pid(layout, i, "libvirtd") is not None and answers(h.connect_uri)
                for i, h in enumerate(lab.hosts)):
         up(len(lab.hosts), lab.dir)
