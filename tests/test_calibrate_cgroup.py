@@ -54,8 +54,10 @@ def cgroup_unusable_reason() -> str | None:
     return None
 
 
-#: These tests measure how much CPU capped processes get: other tests running beside them would take it.
-pytestmark = pytest.mark.exclusive
+#: The tests that measure how much CPU capped processes get: other tests running beside them would take it
+#: (scripts/test, pass 2).  The others check files, refusals and clean-up, which no neighbour changes; the two that
+#: start a real run and stop it run it at normal priority, so that its workers are no burden to their neighbours.
+measures_cpu = pytest.mark.exclusive
 
 needs_cgroup = pytest.mark.skipif(
     (reason := cgroup_unusable_reason()) is not None, reason=f"cpu cgroup not writable: {reason}"
@@ -192,6 +194,7 @@ def test_cap_below_the_kernel_minimum_quota_is_refused() -> None:
 
 
 @needs_cgroup
+@measures_cpu
 def test_a_25_percent_cap_gives_about_a_quarter_of_the_cpu(cpu: int) -> None:
     # Judged on CPU share, not on DGEMMs per second against a bare run: this machine is itself a VM and
     # its host sometimes takes a third of the CPU away for a while (docs/calibration.md), which no cap
@@ -205,6 +208,7 @@ def test_a_25_percent_cap_gives_about_a_quarter_of_the_cpu(cpu: int) -> None:
 
 
 @needs_cgroup
+@measures_cpu
 def test_two_workers_capped_at_a_quarter_each_both_get_about_a_quarter(cpu: int) -> None:
     with CgroupSubjects(2, cpu, high_priority=True) as s:
         s.set_cap(0, 0.25)
@@ -215,6 +219,7 @@ def test_two_workers_capped_at_a_quarter_each_both_get_about_a_quarter(cpu: int)
 
 
 @needs_cgroup
+@measures_cpu
 def test_high_priority_workers_run_at_nice_minus_20(cpu: int) -> None:
     with CgroupSubjects(1, cpu, high_priority=True) as s:
         assert os.getpriority(os.PRIO_PROCESS, s.procs[0].pid) == -20
@@ -334,7 +339,7 @@ def test_no_permission_to_create_cgroups_is_one_line_exit_2() -> None:
 @needs_cgroup
 def test_sigterm_mid_run_removes_the_cgroup_and_the_workers() -> None:
     proc = subprocess.Popen(
-        [*VCSCHED, "calibrate", "--duration", "5"],
+        [*VCSCHED, "calibrate", "--duration", "5", "--priority", "normal"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -359,7 +364,7 @@ def test_sigterm_mid_run_removes_the_cgroup_and_the_workers() -> None:
 @needs_cgroup
 def test_workers_die_with_a_killed_run_and_the_next_run_removes_its_group() -> None:
     proc = subprocess.Popen(
-        [*VCSCHED, "calibrate", "--duration", "5"],
+        [*VCSCHED, "calibrate", "--duration", "5", "--priority", "normal"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=Path(__file__).parent.parent,
@@ -383,6 +388,7 @@ def test_workers_die_with_a_killed_run_and_the_next_run_removes_its_group() -> N
 
 
 @needs_cgroup
+@measures_cpu
 def test_a_short_run_reports_caps_that_hold() -> None:
     r = CliRunner().invoke(cli, ["calibrate", "--caps", "0.5", "--duration", "0.4", "--pairs", "1", "--json"])
     assert r.exit_code == 0, r.output
