@@ -224,26 +224,31 @@ def test_cli_bench_simulate_rows_in_json_and_markdown(tmp_path: Path, monkeypatc
     assert doc["timings"] == [] and "## Simulation" in out.read_text()
 
 
-def test_the_hosts_rows_time_status_and_place_and_count_libvirt_calls_per_host() -> None:
+def test_the_hosts_rows_time_status_and_place_and_count_libvirt_calls_per_host(tmp_path: Path) -> None:
     from cli.bench import vcsched_command
-    from cli.bench_hosts import scale_markdown, time_scale
+    from cli.bench_hosts import _calls, scale_markdown, time_scale
+    from hypervisor.testhosts import write_scale_cluster
 
-    rows = {n: time_scale(vcsched_command(), 1, hosts=3, vms_per_host=n) for n in (2, 4)}
-    for n, got in rows.items():
-        assert [(r.command, r.hosts, r.vms) for r in got] == [("status --sample 0", 3, 3 * n),
-                                                              ("place (dry run)", 3, 3 * n),
-                                                              ("test driver alone: open + close", 3, 3 * n),
-                                                              ("status --sample 0 [sim]", 3, 3 * n),
-                                                              ("place (dry run) [sim]", 3, 3 * n),
-                                                              ("simulated libvirt alone: read the node files", 3,
-                                                               3 * n)]
-        assert all(r.wall_median > 0 and r.cpu_median > 0 for r in got)
-        # The simulated libvirt (sim:///) answers the same calls as the test driver: the same count per host.
-        assert [r.calls_per_host for r in got[3:5]] == [r.calls_per_host for r in got[:2]]
+    # The rows (16 whole vcsched processes) on one size; the count per VM, which needs a second size, from the
+    # in-process count that fills the rows' calls_per_host column, on both schemes.
+    got = time_scale(vcsched_command(), 1, hosts=3, vms_per_host=2)
+    assert [(r.command, r.hosts, r.vms) for r in got] == [("status --sample 0", 3, 6),
+                                                          ("place (dry run)", 3, 6),
+                                                          ("test driver alone: open + close", 3, 6),
+                                                          ("status --sample 0 [sim]", 3, 6),
+                                                          ("place (dry run) [sim]", 3, 6),
+                                                          ("simulated libvirt alone: read the node files", 3, 6)]
+    assert all(r.wall_median > 0 and r.cpu_median > 0 for r in got)
+    # The simulated libvirt (sim:///) answers the same calls as the test driver: the same count per host.
+    assert [r.calls_per_host for r in got[3:5]] == [r.calls_per_host for r in got[:2]]
+    four = {scheme: _calls(["status", "--cluster", str(write_scale_cluster(tmp_path / scheme, 3, 4, scheme=scheme)
+                                                        .cluster_file), "--sample", "0", "--json"], 3)
+            for scheme in ("test", "sim")}
+    assert four["sim"] == four["test"]
+    status = {2: got[0].calls_per_host, 4: four["test"]}
     # Per host: the open and the close, the host's type, info and capabilities (its UUID: who it is), one
     # getAllDomainStats, and one XML read per VM (libvirt has no bulk call for a domain's XML, where vcsched's
     # metadata lives), and one jobStats per active VM (status lists the migrations in flight; libvirt has no bulk
     # call for jobs either): two more VMs, four more calls.
-    status = {n: rows[n][0].calls_per_host for n in rows}
     assert status[2] == (10, 10) and status[4] == (14, 14)
-    assert "| status --sample 0 | 3 | 6 |" in "\n".join(scale_markdown(rows[2], 1))
+    assert "| status --sample 0 | 3 | 6 |" in "\n".join(scale_markdown(got, 1))

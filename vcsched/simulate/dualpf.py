@@ -50,7 +50,7 @@ def best_yields(s: np.ndarray, w: np.ndarray, alpha: float) -> np.ndarray:
 
 def dual_value(nu: np.ndarray, s: np.ndarray, y: np.ndarray, m: np.ndarray, w: np.ndarray, alpha: float) -> float:
     u = np.log(y) if alpha == 1.0 else y ** (1 - alpha) / (1 - alpha)
-    return float(nu.sum() + np.sum(m * (w * u - s * y)))
+    return float(nu.sum() + (m * (w * u - s * y)).sum())
 
 
 def solve(groups: Groups, alpha: float = 1.0, warm: dict[int, float] | None = None,
@@ -90,7 +90,7 @@ def solve(groups: Groups, alpha: float = 1.0, warm: dict[int, float] | None = No
         load = y @ ma
         grad = 1.0 - load
         at_bound = (nu <= 0.0) & (grad > 0)
-        if np.all(np.abs(grad[~at_bound]) <= TOL) and np.all(load <= 1 + TOL):
+        if (np.abs(grad[~at_bound]) <= TOL).all() and (load <= 1 + TOL).all():
             break
         free = ~at_bound
         under = s > w
@@ -102,9 +102,9 @@ def solve(groups: Groups, alpha: float = 1.0, warm: dict[int, float] | None = No
         # Levenberg-Marquardt damping, proportional to the gradient: the Hessian is singular when fewer groups
         # than priced pairs are below their cap (the prices are then not unique), and a pair that only capped
         # groups use has no curvature at all.  The damping vanishes at the optimum: Newton's fast convergence.
-        scale = max(float(np.max(np.diag(h), initial=0.0)), 1e-12)
-        mu = scale * min(1.0, float(np.max(np.abs(gf), initial=0.0)))
-        h[np.diag_indices_from(h)] += mu + 1e-13 * scale
+        scale = max(float(h.diagonal().max(initial=0.0)), 1e-12)
+        mu = scale * min(1.0, float(np.abs(gf).max(initial=0.0)))
+        h.flat[:: len(h) + 1] += mu + 1e-13 * scale  # the diagonal (the method calls: tiny arrays, every event)
         d = np.zeros(n_p)
         try:
             d[free] = -np.linalg.solve(h, gf)
