@@ -25,7 +25,6 @@ recommended what the tests need.  The tests read one flow, in file order; the la
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -118,8 +117,7 @@ class Flow:
     first: str  # the first re-balance recommended, then skipped
     approved: dict[str, Any]  # the one recommended under the veto, as listed before approving
     measured_before: CoreWindows
-    approve_exit: int
-    approve_output: str
+    approve: Any  # `vcsched approve ID --json`'s result
     after_approve: dict[str, tuple[str, float | None]]
     measured_after: CoreWindows
 
@@ -152,7 +150,7 @@ def flow(lab2: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "run", "--cluster", str(path), "--mode", "recommend", "--interval",
              str(INTERVAL), "--settle", "1", "--probe-seconds", "0", "--budget-per-interval", "256MiB",
-             "--log", str(log)], cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             "--log", str(log)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         first = wait_for(log, proc, "re-balance recommendation",
                          lambda ev: next((r["id"] for _, r in decided_with(ev)), None))
         skipped = invoke("skip", first, "--cluster", path, "--for", "10m")
@@ -177,8 +175,8 @@ def flow(lab2: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
         after_approve = placement(path, names)
         time.sleep(SETTLE_S)
         measured_after = measure(path, predicted(rec, "after"))
-        yield Flow(path, names, before_run, after_run, events_of(log), first, rec, measured_before,
-                   done.exit_code, done.output, after_approve, measured_after)
+        yield Flow(path, names, before_run, after_run, events_of(log), first, rec, measured_before, done,
+                   after_approve, measured_after)
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
@@ -219,8 +217,8 @@ def test_a_skipped_move_is_not_proposed_again_while_its_veto_holds(flow: Flow) -
 
 
 def test_approving_applies_exactly_the_recommended_steps(flow: Flow) -> None:
-    assert flow.approve_exit == 0, flow.approve_output
-    doc = json.loads(flow.approve_output)
+    assert flow.approve.exit_code == 0, flow.approve.output
+    doc = json.loads(flow.approve.stdout)
     rec = flow.approved
     assert doc["ok"] and doc["recommendation"]["state"] == "applied"
     assert [(s["op"], s["vm"]) for s in doc["apply"]["steps"]] == [(s["op"], s["vm"]) for s in rec["steps"]]
@@ -251,6 +249,7 @@ def test_the_measured_yields_move_as_predicted_within_the_calibration_tolerance(
 def test_approving_it_again_is_refused(flow: Flow) -> None:
     again = invoke("approve", flow.approved["id"], "--cluster", flow.path)
     assert again.exit_code == 1 and "is already applied" in again.stderr
+    assert placement(flow.path, flow.names) == flow.after_approve  # nothing changed
 
 
 def test_approving_a_stale_recommendation_is_refused_and_changes_nothing(flow: Flow) -> None:
