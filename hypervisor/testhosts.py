@@ -39,8 +39,8 @@ class ScaleCluster:
     vms: int
 
 
-def node_xml(host: int, vms_per_host: int) -> str:
-    """The test driver's ``<node>`` file of host ``host``: CORES cores, HOST_MEMORY_MIB, ``vms_per_host`` VMs."""
+def node_xml(host: int, vms_per_host: int, cores: int = CORES) -> str:
+    """The test driver's ``<node>`` file of host ``host``: ``cores`` cores, HOST_MEMORY_MIB, ``vms_per_host`` VMs."""
     doms = []
     for k in range(vms_per_host):
         i = host * vms_per_host + k
@@ -51,8 +51,8 @@ def node_xml(host: int, vms_per_host: int) -> str:
             f"<currentMemory unit='MiB'>{VM_MEMORY_MIB}</currentMemory><vcpu>1</vcpu>"
             "<cputune><period>100000</period><quota>50000</quota></cputune>"
             "<os><type>hvm</type></os><devices/></domain>")
-    return (f"<node><cpu><mhz>2000</mhz><model>vcsched-scale</model><active>{CORES}</active><nodes>1</nodes>"
-            f"<sockets>1</sockets><cores>{CORES}</cores><threads>1</threads></cpu>"
+    return (f"<node><cpu><mhz>2000</mhz><model>vcsched-scale</model><active>{cores}</active><nodes>1</nodes>"
+            f"<sockets>1</sockets><cores>{cores}</cores><threads>1</threads></cpu>"
             f"<memory>{HOST_MEMORY_MIB * 1024}</memory>{''.join(doms)}</node>\n")
 
 

@@ -19,19 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
 from hypervisor.lab import Lab
-from tests.lab_support import destroy_everywhere
-from tests.skip_policy import patience, skip_or_fail
+from tests.lab_support import CAP_TOLERANCE_CORES, destroy_everywhere, measure_against
 
 pytestmark = pytest.mark.lab
 
 CAP_CORES = 0.55  # > 0.5, so two VMs cannot share a 1-core host at full yield: one per host
-TOLERANCE_CORES = 0.05  # "within 5%": absolute, in cores (hundredths of one core)
 WARMUP_S = 4.0
 WINDOW_S = 5.0
 
@@ -103,59 +100,20 @@ def test_caps_read_back_through_libvirt_are_the_planned_ones(placed: Placed) -> 
         assert params["vcpu_quota"] == round(CAP_CORES * 100_000)
 
 
-def _busy_cpu_seconds() -> float:
-    """CPU seconds spent so far by every process (not idle), niced ones included.
-
-    Nice does not protect the guests: their vCPU threads live in their own
-    cgroup, and CFS shares a core between cgroups by cgroup weight, so a niced
-    guest of another lab, or a niced test run in another cgroup, takes as much
-    of the core as the guest under test (measured: 0.37 of a 0.55 cap beside
-    another lab's nice-10 guest).
-    """
-    t = psutil.cpu_times()
-    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0)
-                 - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0))  # guest time is inside user/nice
-
-
 @pytest.mark.exclusive
 def test_each_vm_uses_its_cap_within_five_hundredths_of_a_core(placed: Placed) -> None:
     from cli.common import read_toml_file
-    from hypervisor.base import measure_cores
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.formats.cluster import cluster_from_dict
 
     cluster = cluster_from_dict(read_toml_file(placed.lab.cluster_file, "cluster file"))
-    windows: list[tuple[dict[str, float | None], float]] = []
     with LibvirtHypervisor(cluster) as hv:
         time.sleep(WARMUP_S)  # let the guests get past their first instants
-        ours = [v for v in hv.inventory().vms if v.name in placed.vms]
-        # Up to three windows (nine where a skip is not allowed: CI): the cap must hold in every one, while
-        # reaching the cap needs only one window in which nothing else took the VM's core (each lab host is one
-        # core of this 2-core machine, and a burst of other work on that core is not visible in a machine-wide
-        # busy figure).
-        for _ in range(round(3 * patience())):
-            busy0, t0 = _busy_cpu_seconds(), time.monotonic()
-            used = measure_cores(hv, ours, WINDOW_S)
-            busy = (_busy_cpu_seconds() - busy0) / (time.monotonic() - t0)
-            windows.append((used, busy))
-            if all((used[vm] or 0.0) >= CAP_CORES - TOLERANCE_CORES for vm in placed.vms):
-                break
-    for used, _ in windows:
-        for vm in placed.vms:
-            u = used[vm]
-            assert u is not None
-            assert u <= CAP_CORES + TOLERANCE_CORES, f"{vm} used {u:.3f} cores, cap {CAP_CORES}"
-    best = {vm: max(used[vm] or 0.0 for used, _ in windows) for vm in placed.vms}
-    others = min(max(busy - sum(u or 0.0 for u in used.values()), 0.0) for used, busy in windows)
-    free_for_us = psutil.cpu_count() - others
-    reached = all(best[vm] >= CAP_CORES - TOLERANCE_CORES for vm in placed.vms)
-    if not reached and free_for_us < len(placed.vms) * CAP_CORES + 0.1:
-        skip_or_fail(f"machine too busy to check the lower bound: other processes used {others:.2f} of "
-                     f"{psutil.cpu_count()} cores (ours at best: "
-                     f"{', '.join(f'{v}={best[v]:.3f}' for v in placed.vms)})")
+        seen = measure_against(hv, hv.inventory().vms, dict.fromkeys(placed.vms, CAP_CORES), WINDOW_S)
+    best = seen.checked()
     for vm in placed.vms:
-        assert best[vm] >= CAP_CORES - TOLERANCE_CORES, \
-            f"{vm} used at most {best[vm]:.3f} cores in {len(windows)} windows of {WINDOW_S} s, cap {CAP_CORES}"
+        assert best[vm] >= CAP_CORES - CAP_TOLERANCE_CORES, \
+            f"{vm} used at most {best[vm]:.3f} cores in {len(seen.windows)} windows of {WINDOW_S} s, cap {CAP_CORES}"
 
 
 def test_reapplying_the_plan_is_a_no_op(placed: Placed) -> None:
