@@ -91,8 +91,11 @@ def up_cmd(n_hosts: int | None, cores: int | None, memory: str | None, recreate:
     every host's guests still fit. A lab whose hosts declare more cores or
     memory than this machine has is started with a warning.
 
-    Exit codes: 0 up (started or repaired), 2 bad input, a refused reshape
-    or a prerequisite missing (nothing started).
+    Each lab holds migration ports no other running lab holds (docs/lab.md).
+
+    Exit codes: 0 up (started or repaired), 1 every migration port block is
+    held by a running lab, 2 bad input, a refused reshape or a prerequisite
+    missing (nothing started).
     """
     problem = labmod.prerequisites_problem()
     if problem:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hypervisor.files import write_atomic
-from hypervisor.lab import cgroups, daemons, fence_agent, qemucaps
+from hypervisor.lab import cgroups, daemons, fence_agent, ports, qemucaps
 from hypervisor.lab.guest import boot_directly
 from hypervisor.lab.image import BUSYBOX, ensure_image, initramfs_recipe
 from hypervisor.lab.state import (
@@ -91,6 +91,7 @@ class Lab:
     machine_memory_mib: int = 0
     transport: str = "unix"  # how the cluster file reaches the hosts: "unix" sockets or "tls" on loopback addresses
     shared_storage: bool = False
+    port_block: int | None = None  # the migration port block the lab holds (hypervisor/lab/ports.py)
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,33 @@ def _recorded_shape(layout: LabLayout) -> tuple[str, bool]:
         return "unix", False
 
 
+def _recorded_block(layout: LabLayout) -> int | None:
+    """The migration port block recorded in lab.json (None: no lab, or one from before blocks were claimed)."""
+    try:
+        block = json.loads(layout.state_file.read_text()).get("port_block")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return block if isinstance(block, int) and 0 <= block < ports.BLOCKS else None
+
+
+def _claim_live(claim: ports.Claim) -> bool:
+    """Whether a port block claim still belongs to a lab: its directory is there and its claiming process (an
+    ``up`` under way, a test session) or one of its libvirtds still runs."""
+    layout = LabLayout(Path(claim.dir))
+    if not layout.root.is_dir():
+        return False
+    if ports.claimer_alive(claim):
+        return True
+    return any(daemons.daemon_pid(layout, i, "libvirtd") is not None for i in _host_indexes(layout))
+
+
+def _claim_ports(layout: LabLayout, configured: int | None) -> int:
+    """Claim the lab's migration port block, asking for ``configured`` (what its hosts were set up with) or the
+    block its id hashes to."""
+    prefer = ports.preferred_block(layout.id) if configured is None else configured
+    return ports.claim_block(layout.root, prefer, _claim_live)
+
+
 def _recorded(layout: LabLayout) -> tuple[list[LabHost], GuestImage, int] | None:
     """The hosts, guest and split machine memory of the lab recorded in this directory, if one was brought up."""
     try:
@@ -290,23 +318,32 @@ def _repair(layout: LabLayout, existing: tuple[list[LabHost], GuestImage, int], 
     if memory_differs:
         assert memory_mib is not None
         _check_guests_fit(layout, hosts, memory_mib)
+    configured = _recorded_block(layout)
+    configured = ports.preferred_block(layout.id) if configured is None else configured  # a lab from before claims
+    block = _claim_ports(layout, configured)
+    running = [h.name for i, h in enumerate(hosts) if daemons.daemon_pid(layout, i, "libvirtd") is not None]
+    warnings = _shape_warnings(n_hosts, cores, memory_mib, machine_mib)
+    if block != configured and running:
+        warnings += (f"another lab holds this lab's migration ports (block {configured}): hosts "
+                     f"{', '.join(running)} keep them until 'vcsched lab up --recreate' (migrations into them "
+                     "may fail while that lab migrates too)",)
     repaired = []
     for i, h in enumerate(hosts):
         progress(f"checking host {h.name}")
         cgroups.create_partition(layout.partition(i))  # idempotent: a reboot may have removed it
-        if daemons.repair_host(layout, i, tls=tls, shared=shared):
+        if daemons.repair_host(layout, i, block=block, tls=tls, shared=shared):
             repaired.append(h.name)
     # A lab from before host UUIDs were declared gets them now (its daemons have had them all along).
     hosts = [dataclasses.replace(h, uuid=h.uuid or host_uuid(layout.id, i)) for i, h in enumerate(hosts)]
     if memory_differs:
         assert new_reserved is not None
         hosts = [dataclasses.replace(h, memory_reserved=new_reserved) for h in hosts]
-    _write_state(layout, hosts, guest, machine_mib, transport, shared)
+    _write_state(layout, hosts, guest, machine_mib, transport, shared, block)
     write_atomic(layout.cluster_file, render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
                                                      migration_tls=tls, fence_agent=fence_agent.install(layout.root),
                                                      lab_dir=layout.root))
-    return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file, tuple(repaired),
-               _shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_mib, transport, shared)
+    return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file, tuple(repaired), warnings,
+               machine_mib, transport, shared, block)
 
 
 def _check_guests_fit(layout: LabLayout, hosts: list[LabHost], memory_mib: int) -> None:
@@ -339,12 +376,13 @@ def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, pro
     machine_mib = 0
     tls = transport == "tls"
     caps_sources = list(dict.fromkeys([layout.image_dir, default_lab_dir() / "image"]))
+    block = _claim_ports(layout, None)  # freed by _down, also when a host fails to start below
     try:
         for i in range(n_hosts):
             progress(f"starting host {layout.host_name(i)}" + (f" on {layout.address(i)}" if tls else ""))
             cgroups.create_partition(layout.partition(i))
             qemucaps.seed(layout.host_dir(i), caps_sources)
-            daemons.start_host(layout, i, tls=tls, shared=shared)
+            daemons.start_host(layout, i, block=block, tls=tls, shared=shared)
             if i == 0:  # probe QEMU once (or check the seeded copy) and let the other hosts start from it
                 progress("reading what QEMU can do (a few seconds the first time on a machine)")
                 qemucaps.warm(layout.uri(0))
@@ -356,7 +394,7 @@ def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, pro
                                  cores=cores, memory_reserved=_reserved(machine_mib, n_hosts, memory_mib),
                                  storage=SHARED_STORAGE if shared else None,
                                  pki=str(layout.pki_dir) if tls else None, uuid=host_uuid(layout.id, i)))
-            _write_state(layout, hosts, guest, machine_mib, transport, shared)
+            _write_state(layout, hosts, guest, machine_mib, transport, shared, block)
     except BaseException:
         _down(layout)  # the half-started host's directory is enough for down to find it
         raise
@@ -365,13 +403,14 @@ def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, pro
                                                      lab_dir=layout.root))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file,
                warnings=_shape_warnings(n_hosts, cores, memory_mib, machine_mib), machine_memory_mib=machine_mib,
-               transport=transport, shared_storage=shared)
+               transport=transport, shared_storage=shared, port_block=block)
 
 
 def _write_state(layout: LabLayout, hosts: list[LabHost], guest: GuestImage, machine_mib: int,
-                 transport: str = "unix", shared: bool = False) -> None:
+                 transport: str, shared: bool, block: int) -> None:
     doc = {
         "id": layout.id,
+        "port_block": block,
         "transport": transport,
         "shared_storage": shared,
         "n_hosts": len(hosts),
@@ -468,6 +507,7 @@ def _down(layout: LabLayout) -> DownReport:
     shutil.rmtree(layout.pki_dir, ignore_errors=True)
     shutil.rmtree(layout.shared_dir, ignore_errors=True)
     shutil.rmtree(layout.lockspace_dir, ignore_errors=True)
+    ports.release_block(layout.root)  # last: its ports are free once nothing of the lab runs
     return DownReport(tuple(stopped), tuple(guests), tuple(killed), tuple(removed))
 
 

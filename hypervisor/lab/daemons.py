@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 from hypervisor.files import write_atomic
+from hypervisor.lab.ports import migration_ports
 from hypervisor.lab.state import (
     HOST_MOUNTS,
     LabLayout,
     host_uuid,
-    migration_ports,
     pid_gone,
     pid_matches,
     read_pid_file,
@@ -64,7 +64,7 @@ def qemu_conf(address: str | None = None, ports: tuple[int, int] | None = None) 
     VM whose disk another host still leases is refused by libvirt itself — the
     second line of defence beside fencing (docs/operations.md).
 
-    ``ports``: the host's own incoming-migration port range (:func:`hypervisor.lab.state.migration_ports`).
+    ``ports``: the host's own incoming-migration port range (:func:`hypervisor.lab.ports.migration_ports`).
 
     A TLS host (``address``) also receives migrations only on its own address
     (``migration_address``: without it QEMU listens on every address, and a
@@ -109,8 +109,10 @@ def libvirtd_conf(uuid: str, address: str | None = None) -> str:
     return text
 
 
-def prepare_host(layout: LabLayout, index: int, *, tls: bool = False) -> None:
-    """Create the host's directories and configuration (idempotent); a TLS host gets its certificates."""
+def prepare_host(layout: LabLayout, index: int, *, block: int, tls: bool = False) -> None:
+    """Create the host's directories and configuration (idempotent); a TLS host gets its certificates.
+
+    ``block``: the lab's migration port block (:mod:`hypervisor.lab.ports`)."""
     hd = layout.host_dir(index)
     for sub, _target in HOST_MOUNTS:
         (hd / sub).mkdir(parents=True, exist_ok=True)
@@ -127,11 +129,17 @@ def prepare_host(layout: LabLayout, index: int, *, tls: bool = False) -> None:
         if not (etc / "pki" / "servercert.pem").is_file():
             certs.make_host(layout.pki_dir, etc, address, layout.id)
     write_atomic(etc / "libvirtd.conf", libvirtd_conf(host_uuid(layout.id, index), address))
-    write_atomic(etc / "qemu.conf", qemu_conf(address, migration_ports(layout.id, index)))
+    write_qemu_conf(layout, index, block, tls=tls)
     layout.lockspace_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(etc / "qemu-lockd.conf", lockd_conf(layout.lockspace_dir))
     write_atomic(etc / "virtlogd.conf", "")
     write_atomic(etc / "virtlockd.conf", "")
+
+
+def write_qemu_conf(layout: LabLayout, index: int, block: int, *, tls: bool = False) -> None:
+    """The host's ``qemu.conf`` with the migration ports of ``block`` (libvirtd reads it when it starts)."""
+    write_atomic(layout.host_dir(index) / "etc" / "qemu.conf",
+                 qemu_conf(layout.address(index) if tls else None, migration_ports(block, index)))
 
 
 def start_script(layout: LabLayout, index: int, *, mounts: bool = True, virtlogd: bool = True, tls: bool = False,
@@ -216,10 +224,10 @@ def run_reaped(enter: list[str], script: str, log: Path) -> int:
     return int(text) if text.lstrip("-").isdigit() else -1
 
 
-def start_host(layout: LabLayout, index: int, timeout_s: float = 60.0, *, tls: bool = False,
+def start_host(layout: LabLayout, index: int, timeout_s: float = 60.0, *, block: int, tls: bool = False,
                shared: bool = False) -> None:
     """Start the host's daemons and wait until its socket (and TLS listener) accepts a libvirt connection."""
-    prepare_host(layout, index, tls=tls)
+    prepare_host(layout, index, block=block, tls=tls)
     if tls:
         port_free(layout.address(index), TLS_PORT, f"host h{index}")
     log = layout.host_dir(index) / "start.log"
@@ -275,7 +283,7 @@ def ensure_pool(uri: str) -> None:
         conn.close()
 
 
-def repair_host(layout: LabLayout, index: int, timeout_s: float = 60.0, *, tls: bool = False,
+def repair_host(layout: LabLayout, index: int, timeout_s: float = 60.0, *, block: int, tls: bool = False,
                 shared: bool = False) -> bool:
     """Bring a lab host whose libvirtd died (or hangs) back, keeping its running guests; True if it needed it.
 
@@ -294,8 +302,9 @@ def repair_host(layout: LabLayout, index: int, timeout_s: float = 60.0, *, tls: 
     holders = [p for p in namespace_holders(layout, index) if not pid_gone(p)]
     if not holders:
         stop_host(layout, index)
-        start_host(layout, index, timeout_s, tls=tls, shared=shared)
+        start_host(layout, index, timeout_s, block=block, tls=tls, shared=shared)
         return True
+    write_qemu_conf(layout, index, block, tls=tls)  # the block the lab holds now, read by the new libvirtd
     virtlogd = daemon_pid(layout, index, "virtlogd") is None
     virtlockd = daemon_pid(layout, index, "virtlockd") is None
     log = layout.host_dir(index) / "repair.log"

@@ -138,27 +138,6 @@ def loopback_address(lid: str, index: int) -> str:
     return f"127.0.{1 + int(lid, 16) % 250}.{2 + index}"
 
 
-#: QEMU's incoming-migration ports on lab hosts: libvirt's default range (49152-49215) split per lab and host.
-MIGRATION_PORT_BASE, MIGRATION_PORTS_PER_HOST, MIGRATION_PORT_SLOTS = 49152, 64, 32
-
-
-def migration_ports(lid: str, index: int) -> tuple[int, int]:
-    """The (min, max) incoming-migration ports of lab host ``index``: its own 64 ports, in a block of 512 chosen
-    by the lab id.
-
-    Every host of a unix-socket lab shares the machine's network namespace and address, and each libvirtd
-    picks its port from the same default range after checking it is free: two migrations arriving at two
-    hosts at once (one wave of a drain) both got 49152, and the second failed with QEMU's "Failed to find an
-    available port: Address already in use".  Disjoint ranges per host rule that out within a lab and make it
-    rare between labs (32 blocks).
-    """
-    if not 0 <= index < 8:
-        raise InputError(f"host index: {index} is outside [0, 8)")
-    low = MIGRATION_PORT_BASE + (int(lid, 16) % MIGRATION_PORT_SLOTS) * 8 * MIGRATION_PORTS_PER_HOST \
-        + index * MIGRATION_PORTS_PER_HOST
-    return low, low + MIGRATION_PORTS_PER_HOST - 1
-
-
 def host_uuid(lid: str, index: int) -> str:
     """The stable, per-lab-host libvirt ``host_uuid``."""
     return str(uuid.uuid5(_HOST_UUID_NS, f"{lid}/h{index}"))
