@@ -60,15 +60,17 @@ pytestmark = [pytest.mark.lab, pytest.mark.exclusive]
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
-#: The shortest interval that still gives the estimator its samples (four per window, 0.75 s apart; three are
-#: needed): the phases below are a few intervals each, and the test's time is theirs.
-INTERVAL = 3.0
+#: A short interval that still gives the estimator its samples (four per window, 0.5 s apart; three are needed):
+#: the phases below are a few intervals each, and the test's time is theirs.  With 2 s, 5 runs of 5 (load 4-6)
+#: set the idle cap 6.1-8.3 s before the busy phase, raised it 2.3-3.8 s into it and lowered it 1.9-3.6 s into
+#: the idle one after it (FOLLOW: 7 s); 39-42 s a run (with 5 s and phases of 30 and 20 s: 80-86 s).
+INTERVAL = 2.0
 BUDGET = 128 * MIB
 #: Seconds of the wave's first two phases (the lab's guests keep the host's time).  Idle: from the boot marker,
-#: the quiet check (2 s), the daemon's start (2-4 s), its first window (2 intervals) and its first decision (up to
-#: 3.3 s, imports) before the cap is lowered: ~16 s, 6 s to spare.  Busy: one interval longer than the two
+#: the quiet check (2 s), the daemon's start (3-5 s), its first window (2 intervals) and its first decision (up to
+#: 3.3 s, imports) before the cap is lowered: ~13 s, 6 s to spare.  Busy: one interval longer than the two
 #: intervals (plus applying) the raise may take, so the cap checked then is still the busy phase's.
-IDLE, BUSY = 22, 13
+IDLE, BUSY = 19, 9
 BOOT_TIMEOUT = 150.0
 #: After its boot marker a TCG guest keeps working for a while (0.21-0.23 core for ~18 s, then 0.05-0.07,
 #: measured under a 0.2 cap): the daemon starts once wave-0 is quiet, so that its idle phase is idle.
@@ -337,6 +339,9 @@ def test_caps_follow_load_and_an_overloaded_host_sheds_a_vm_within_budget(lab: L
     assert capwatch.reads > 10 and not capwatch.over, capwatch.over
     took = [(e["time"] - busy_at) for e in events if e["event"] == "step" and e["vm"] == "wave-0"
             and e["outcome"] == "done" and e.get("cap_cores", 0) >= BUSY_CAP and e["time"] > busy_at]
-    print(f"\nwave-0 busy -> first raised cap after {took[0]:.1f} s; migrated {moved} "
-          f"{moves[0]['time'] - busy_at:.1f} s after the busy phase began; {len(errors)} error events")
+    lowered = [t for t, caps, _ in timeline if caps["wave-0"] < IDLE_CAP]
+    print(f"\nwave-0 idle cap set {busy_at - lowered[0]:.1f} s before the busy phase; busy -> first raised cap "
+          f"after {took[0]:.1f} s; migrated {moved} {moves[0]['time'] - busy_at:.1f} s after the busy phase began; "
+          f"idle again -> lowered after {next(t for t in lowered if t > idle_at) - idle_at:.1f} s (of {follow:g}); "
+          f"{len(errors)} error events")
     print(report())
