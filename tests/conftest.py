@@ -49,8 +49,14 @@ def two_host_instance() -> Instance:
     return make_instance([(0.8, 0.3), (0.9, 0.5, 2)], n_hosts=2)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Lab tests of one module run on one xdist worker (``--dist loadgroup``), so the module's lab comes up once.
+
+    With ``VCSCHED_EXCLUSIVE_MODULES=FILE`` (scripts/test's first pass), the modules holding tests marked
+    ``exclusive`` are written to FILE, one path a line, before ``-m`` deselects anything: the second pass then
+    collects only those (collecting the whole suite again cost ~19 s of a serial pass), and no exclusive test
+    can be missed by a list kept by hand.
 
     Tests marked ``network`` (they download from Debian's mirrors: they test the machine's network, not vcsched)
     run only when asked for by name in ``-m`` (``pytest -m network``); otherwise they are deselected, not
@@ -58,6 +64,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("lab") is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else "lab"))
+    listing = os.environ.get("VCSCHED_EXCLUSIVE_MODULES")
+    if listing:
+        from hypervisor.files import write_atomic
+
+        modules = sorted({item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("exclusive")})
+        write_atomic(listing, "".join(f"{m}\n" for m in modules))
     if "network" in (config.getoption("markexpr") or ""):
         return
     keep = [item for item in items if item.get_closest_marker("network") is None]
