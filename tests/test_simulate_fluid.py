@@ -120,12 +120,10 @@ CHEAP_REFERENCE = sorted(key for key in REFERENCE if key[1] < 0.8)
 
 @pytest.mark.parametrize(("name", "load"), CHEAP_REFERENCE)
 def test_markov_chain_reproduces_the_reference_values(name: str, load: float) -> None:
-    # Truncated where at most 1e-7 of the mass lies beyond (625 states at load 0.5, not the default 1e-10's 1,225):
-    # far below the reference's three decimals; the values agree with the default's to 1e-6.
     w = scenario(name).scaled_to_load(load)
     for policy, expected in REFERENCE[(name, load)].items():
-        chain = solve_chain(w, policy, tol=1e-7)
-        assert chain.truncated_mass <= 1e-7
+        chain = solve_chain(w, policy)
+        assert chain.truncated_mass < 1e-9
         assert chain.service_rate == pytest.approx(expected, abs=5e-4)
 
 
