@@ -43,7 +43,8 @@ def lab_cmd() -> None:
 
     Needs root and the packages of scripts/install-system-deps ('make test' installs them).
 
-    Exit codes (every lab command): 0 done, 2 bad input or a prerequisite
+    Exit codes (every lab command): 0 done, 1 refused (`up`: every migration
+    port block is held by a running lab), 2 bad input or a prerequisite
     missing (one line on stderr, nothing started).
     """
 
