@@ -4,6 +4,11 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Python writes its bytecode caches (gitignored __pycache__) whatever the environment says: where
+# PYTHONDONTWRITEBYTECODE=1 is set (this machine kind sets it), every Python process a test run or the demo
+# starts (hundreds: CLI runs, daemons, xdist workers) compiled scipy, cvxpy, numpy, ... again from source,
+# 4-5 s of CPU each instead of 1.5-2 s, and pytest re-wrote every test module's asserts (collection 11.5 s -> 3.6 s).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test lint bench clean
 
