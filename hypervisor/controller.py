@@ -205,6 +205,12 @@ class Controller:
         self.down: dict[str, str] = {}
         self.down_intervals: dict[str, int] = {}  # host -> intervals in a row it was found down (the metric)
         self.failures = FailureState()
+        # The hosts the sampling rounds between two intervals read: those that answered the interval's own read
+        # and every round since (None: every host).  A host that does not answer costs its host_timeout on each
+        # read; asked again every round (every --sample seconds) a hung host stretched each interval several
+        # times over (a 2 s interval took ~10 s in the lab), and with it failure detection and every decision.
+        # It is asked again at the next interval's read, which is what failure detection counts.
+        self.round_hosts: frozenset[str] | None = None
 
     @property
     def leader(self) -> bool:
@@ -341,11 +347,14 @@ class Controller:
                 return
 
     def _sample(self, probe: frozenset[str] = frozenset()) -> Inventory | None:
+        """One sampling round between intervals, of the hosts still answering (:attr:`round_hosts`)."""
         try:
-            return self.sampler.sample(self.hv, probe)
+            inventory = self.sampler.sample(self.hv, probe, hosts=self.round_hosts)
         except Exception as exc:  # one failed round is a gap in the samples, not a reason to stop
             self._error("sample", exc)
             return None
+        self.round_hosts = frozenset(h.name for h in inventory.hosts if h.down is None)
+        return inventory
 
     def _error(self, during: str, exc: BaseException) -> None:
         self.events.emit("error", during=during, error=str(exc) or type(exc).__name__, type=type(exc).__name__)
@@ -391,6 +400,7 @@ class Controller:
     def _work(self) -> None:
         o = self.options
         inventory = self.sampler.sample(self.hv)  # a sampling round too: a new leader's first baseline
+        self.round_hosts = frozenset(h.name for h in inventory.hosts if h.down is None)
         self._hosts(inventory)
         if self.failover is not None and inventory.down_hosts():
             self._failures(inventory)

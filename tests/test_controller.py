@@ -447,3 +447,29 @@ def test_run_options_out_of_range_are_bad_input() -> None:
         RunOptions(0, RebalanceOptions(0))
     with pytest.raises(InputError, match="--window"):
         RunOptions(1, RebalanceOptions(0), window=-1)
+
+
+def test_a_hung_host_costs_its_timeout_once_an_interval_not_at_every_sampling_round() -> None:
+    """A host that does not answer costs ``host_timeout`` each time it is read.  Read again at every sampling
+    round (4 a 10 s interval here), it stretched each interval to ~30 s; read once, at the interval, an interval
+    lasts 10 s plus one timeout, and the host is still found down at every interval (failure detection)."""
+    host_timeout = 5.0
+    hv, clock = crowded_h0()
+    asked: list[float] = []
+
+    class Hung(type(hv)):  # type: ignore[misc]
+        def inventory(self, hosts: Any = None) -> Any:
+            if hosts is None or "h1" in hosts:
+                asked.append(clock.monotonic())
+                clock.advance(host_timeout)  # the read waits for host_timeout, then counts h1 down
+            return super().inventory(hosts)
+
+    hv.__class__ = Hung
+    hv.down["h1"] = f"host h1: did not answer within {host_timeout:g} s (host_timeout)"
+    run = Run(hv, clock, FakeLocks(), budget=0)
+    start = clock.monotonic()
+    run.cycles(4)
+    took = clock.monotonic() - start
+    assert len(asked) == 4, asked  # once an interval
+    assert took <= 4 * (INTERVAL + host_timeout) + 1e-6, took
+    assert {h.host: h.down_intervals for h in run.controller.metrics.hosts}["h1"] == 4
