@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hypervisor.journal import process_started
 from hypervisor.lab import _claim_live, daemons
 from hypervisor.lab.ports import (
     BLOCKS,
@@ -28,7 +29,6 @@ from hypervisor.lab.ports import (
     migration_ports,
     parse_claims,
     preferred_block,
-    process_start,
     release_block,
     render_claims,
 )
@@ -143,16 +143,16 @@ def test_preferred_block_comes_from_the_lab_id() -> None:
 
 def test_a_claim_lives_while_its_claiming_process_does_and_not_after(tmp_path: Path) -> None:
     me = os.getpid()
-    assert claimer_alive(Claim(0, str(tmp_path), me, process_start(me) or -1))
-    assert not claimer_alive(Claim(0, str(tmp_path), me, (process_start(me) or 0) + 1))  # a reused pid
+    assert claimer_alive(Claim(0, str(tmp_path), me, process_started(me) or -1))
+    assert not claimer_alive(Claim(0, str(tmp_path), me, (process_started(me) or 0) + 1))  # a reused pid
     child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     gone = int(child.stdout)
-    assert process_start(gone) is None or not claimer_alive(Claim(0, str(tmp_path), gone, 0))
+    assert process_started(gone) is None or not claimer_alive(Claim(0, str(tmp_path), gone, 0))
 
 
 def test_a_lab_whose_directory_is_gone_or_whose_claimer_and_daemons_are_dead_holds_nothing(tmp_path: Path) -> None:
     me = os.getpid()
-    started = process_start(me) or -1
+    started = process_started(me) or -1
     assert _claim_live(Claim(0, str(tmp_path), me, started))  # an `up` under way: no daemon runs yet
     assert not _claim_live(Claim(0, str(tmp_path / "gone"), me, started))
     (tmp_path / "h0").mkdir()

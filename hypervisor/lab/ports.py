@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hypervisor.files import write_atomic
+from hypervisor.journal import process_started
+from hypervisor.lab.state import pid_gone
 from vcsched.errors import InputError, VcschedError
 
 PORT_BASE, PORTS_PER_HOST, HOSTS_PER_BLOCK, BLOCKS = 49152, 64, 8, 32
@@ -99,18 +101,10 @@ def render_claims(claims: Iterable[Claim]) -> str:
     return json.dumps({"claims": [asdict(c) for c in sorted(claims, key=lambda c: c.block)]}, indent=1) + "\n"
 
 
-def process_start(pid: int, proc: Path = Path("/proc")) -> int | None:
-    """When ``pid`` started (clock ticks after boot), or None when it does not run (absent, or a zombie)."""
-    try:
-        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[-1].split()
-    except OSError:
-        return None
-    return None if not fields or fields[0] == "Z" else int(fields[19])
-
-
-def claimer_alive(claim: Claim, proc: Path = Path("/proc")) -> bool:
-    """Whether the process that made ``claim`` still runs (the same process, not a reuse of its pid)."""
-    return process_start(claim.pid, proc) == claim.started
+def claimer_alive(claim: Claim) -> bool:
+    """Whether the process that made ``claim`` still runs: the same process (its start time, as the journals
+    tell theirs: pids are reused), and not a zombie."""
+    return not pid_gone(claim.pid) and process_started(claim.pid) == claim.started
 
 
 @contextlib.contextmanager
@@ -146,7 +140,7 @@ def claim_block(root: Path, prefer: int, live: Callable[[Claim], bool], where: P
             raise PortBlocksHeld(f"lab {root}: all {BLOCKS} migration port blocks are held by running labs "
                                  f"({holders}); take one down first")
         pid = os.getpid()
-        write_atomic(path, render_claims([*others, Claim(block, str(root), pid, process_start(pid) or 0)]))
+        write_atomic(path, render_claims([*others, Claim(block, str(root), pid, process_started(pid) or 0)]))
         return block
 
 
