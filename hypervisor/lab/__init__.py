@@ -222,13 +222,6 @@ def _claim_live(claim: ports.Claim) -> bool:
     return any(daemons.daemon_pid(layout, i, "libvirtd") is not None for i in _host_indexes(layout))
 
 
-def _claim_ports(layout: LabLayout, configured: int | None) -> int:
-    """Claim the lab's migration port block, asking for ``configured`` (what its hosts were set up with) or the
-    block its id hashes to."""
-    prefer = ports.preferred_block(layout.id) if configured is None else configured
-    return ports.claim_block(layout.root, prefer, _claim_live)
-
-
 def _recorded(layout: LabLayout) -> tuple[list[LabHost], GuestImage, int] | None:
     """The hosts, guest and split machine memory of the lab recorded in this directory, if one was brought up."""
     try:
@@ -320,7 +313,7 @@ def _repair(layout: LabLayout, existing: tuple[list[LabHost], GuestImage, int], 
         _check_guests_fit(layout, hosts, memory_mib)
     configured = _recorded_block(layout)
     configured = ports.preferred_block(layout.id) if configured is None else configured  # a lab from before claims
-    block = _claim_ports(layout, configured)
+    block = ports.claim_block(layout.root, configured, _claim_live)  # asks for what its hosts were set up with
     running = [h.name for i, h in enumerate(hosts) if daemons.daemon_pid(layout, i, "libvirtd") is not None]
     warnings = _shape_warnings(n_hosts, cores, memory_mib, machine_mib)
     if block != configured and running:
@@ -376,7 +369,8 @@ def _up(layout: LabLayout, n_hosts: int, cores: int, memory_mib: int | None, pro
     machine_mib = 0
     tls = transport == "tls"
     caps_sources = list(dict.fromkeys([layout.image_dir, default_lab_dir() / "image"]))
-    block = _claim_ports(layout, None)  # freed by _down, also when a host fails to start below
+    # Freed by _down, also when a host fails to start below.
+    block = ports.claim_block(layout.root, ports.preferred_block(layout.id), _claim_live)
     try:
         for i in range(n_hosts):
             progress(f"starting host {layout.host_name(i)}" + (f" on {layout.address(i)}" if tls else ""))
