@@ -163,6 +163,11 @@ class _Leadership:
     state: str | None = None  # "leader" / "standby" as last logged
 
 
+def answered(inventory: Inventory) -> frozenset[str]:
+    """The hosts that answered the read ``inventory`` comes from (what the next sampling round reads)."""
+    return frozenset(h.name for h in inventory.hosts if h.down is None)
+
+
 @dataclass
 class Controller:
     """One `vcsched run` process (module docstring).  ``hv`` stays open; errors close its connections."""
@@ -353,7 +358,7 @@ class Controller:
         except Exception as exc:  # one failed round is a gap in the samples, not a reason to stop
             self._error("sample", exc)
             return None
-        self.round_hosts = frozenset(h.name for h in inventory.hosts if h.down is None)
+        self.round_hosts = answered(inventory)
         return inventory
 
     def _error(self, during: str, exc: BaseException) -> None:
@@ -400,7 +405,7 @@ class Controller:
     def _work(self) -> None:
         o = self.options
         inventory = self.sampler.sample(self.hv)  # a sampling round too: a new leader's first baseline
-        self.round_hosts = frozenset(h.name for h in inventory.hosts if h.down is None)
+        self.round_hosts = answered(inventory)
         self._hosts(inventory)
         if self.failover is not None and inventory.down_hosts():
             self._failures(inventory)
