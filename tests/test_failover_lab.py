@@ -62,11 +62,12 @@ class Timers:
 
 #: What the power-loss test measures against (its bound is ``failure_timeout`` + 15 s).
 MEASURED = Timers(interval=2, host_timeout=3, failure_timeout=FAILURE_TIMEOUT)
-#: For the tests that only need h1 declared failed: interval 1 s, one CPU sample per interval (each sample reads
-#: every host, and each read of a hung host costs host_timeout: four samples made an interval of 14 s), and a
-#: host failed once down for host_timeout.  host_timeout stays 3 s: at 2 s (keepalive 2 s) a loaded machine
-#: (load 13) closed a healthy host's connection mid-create.  A hung host is still failed only on a second
-#: reading, as with failure_timeout 6: each interval that reads it lasts several host_timeouts.
+#: For the tests that only need h1 declared failed: interval 1 s, one CPU sample per interval (when each
+#: sampling round read every host, four rounds with a hung host made an interval of 14 s; the rounds now skip a
+#: host that did not answer the interval's read), and a host failed once down for host_timeout.  host_timeout
+#: stays 3 s: at 2 s (keepalive 2 s) a loaded machine (load 13) closed a healthy host's connection mid-create.
+#: A hung host is still failed only on a second reading, as with failure_timeout 6: each interval that reads it
+#: lasts at least a host_timeout.
 QUICK = Timers(interval=1, host_timeout=3, failure_timeout=3, sample=1)
 
 
