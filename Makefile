@@ -19,7 +19,7 @@ test: $(STAMP)
 	VENV=$(VENV) scripts/test
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check vcsched hypervisor calibration cli tests
+	$(VENV)/bin/ruff check vcsched hypervisor acting lab faultsim calibration cli tests
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)

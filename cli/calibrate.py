@@ -153,7 +153,7 @@ def _libvirt_subjects(
     with contextlib.ExitStack() as stack:
         names = list(domains)
         if not names:
-            from hypervisor.lab import default_cluster_file
+            from lab import default_cluster_file
 
             cluster_file = Path(cluster) if cluster else default_cluster_file()
             if cluster_file is None:
@@ -179,7 +179,7 @@ def _libvirt_io_subjects(uri: str, domains: tuple[str, ...], workers: int, clust
     with contextlib.ExitStack() as stack:
         names = list(domains)
         if not names:
-            from hypervisor.lab import default_cluster_file
+            from lab import default_cluster_file
 
             cluster_file = Path(cluster) if cluster else default_cluster_file()
             if cluster_file is None:
@@ -188,7 +188,7 @@ def _libvirt_io_subjects(uri: str, domains: tuple[str, ...], workers: int, clust
                     "(give --domain NAME per running guest, or --cluster FILE with a [guest] section)"
                 )
             image, partition = loop_guest_boot(cluster_file, uri)
-            from hypervisor.lab.image import io_workloads_problem
+            from lab.image import io_workloads_problem
 
             problem = io_workloads_problem(image)
             if problem is not None:
@@ -215,7 +215,7 @@ def measure_reference(subjects: Any, duration: float, settle: float) -> dict[str
 def cluster_lines(resource: str, reference: dict[str, Any], uri: str, cluster: str | None) -> list[str]:
     """The cluster-file lines to paste for the measured host: its capacity, rounded down to whole MiB/s."""
     host = None
-    from hypervisor.lab import default_cluster_file
+    from lab import default_cluster_file
 
     path = Path(cluster) if cluster else default_cluster_file()
     if path is not None and path.is_file():

@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import ProgressColumn
 
-    from hypervisor.executor import ApplyReport
+    from acting.executor import ApplyReport
+    from acting.lock import ClusterLock
     from hypervisor.libvirt_backend import LibvirtHypervisor
-    from hypervisor.lock import ClusterLock
     from vcsched.control.live import LiveAdaptation
     from vcsched.experiments import OnProgress
     from vcsched.formats.cluster import Cluster
@@ -56,7 +56,7 @@ def cluster_path(path: str | None) -> Path:
     """The cluster file of ``--cluster``, else the running default lab's."""
     if path is not None:
         return Path(path)
-    from hypervisor.lab import default_cluster_file
+    from lab import default_cluster_file
 
     found = default_cluster_file()
     if found is None:
@@ -77,7 +77,7 @@ def load_cluster(path: str | None) -> Cluster:
 
             check_pki("pki", cluster.pki)
         if any(h.fence is not None for h in cluster.hosts):
-            from hypervisor.fence import check_agents
+            from acting.fence import check_agents
 
             check_agents(cluster)
     except InputError as exc:
@@ -242,7 +242,7 @@ def render_moves(live: LiveAdaptation) -> None:
 def cluster_lock(cluster: Cluster, coordination: str | None, wait: float, *, ttl: float | None = None,
                  needed: bool = True, hv: LibvirtHypervisor | None = None,
                  settle: bool = True) -> Iterator[ClusterLock | None]:
-    """The cluster's lock while the block runs (``needed=False``: a dry run, no lock); see hypervisor.lock.
+    """The cluster's lock while the block runs (``needed=False``: a dry run, no lock); see acting.lock.
 
     The lock is named after the cluster's hosts — their libvirt identities, read through ``hv`` (else through
     connections opened for the purpose) — not after the file's ``name`` (hypervisor/identity.py).
@@ -254,8 +254,8 @@ def cluster_lock(cluster: Cluster, coordination: str | None, wait: float, *, ttl
     if not needed:
         yield None
         return
+    from acting.lock import DEFAULT_TTL, holding, resolve_url
     from hypervisor.identity import lock_key
-    from hypervisor.lock import DEFAULT_TTL, holding, resolve_url
 
     url = resolve_url(coordination, cluster.coordination)
     key = lock_key(host_identities(cluster, hv).values())
@@ -336,9 +336,9 @@ def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
     commands cannot follow.
 
     Every step that takes effect is recorded in the definitions store of the lock's coordination backend
-    (hypervisor/definitions.py), so that the VMs it creates or moves can be restarted if their host fails.
+    (acting/definitions.py), so that the VMs it creates or moves can be restarted if their host fails.
     """
-    from hypervisor.executor import ClusterChangedMeanwhile, SnapshotMismatch
+    from acting.executor import ClusterChangedMeanwhile, SnapshotMismatch
 
     try:
         return _run_apply(hv, plan, force=force, quiet=quiet, lock=lock)
@@ -354,8 +354,8 @@ def _run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
                lock: ClusterLock | None) -> ApplyReport:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from hypervisor.definitions import DefinitionStore, recorder
-    from hypervisor.executor import StepResult, apply_plan
+    from acting.definitions import DefinitionStore, recorder
+    from acting.executor import StepResult, apply_plan
 
     guard = lock.guard if lock is not None else None
     store = DefinitionStore.for_url(lock.url, hv.cluster.name) if lock is not None else None
@@ -372,8 +372,8 @@ def _run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
 
 
 def render_report(report: ApplyReport) -> None:
+    from acting.executor import DONE, FAILED, SKIPPED
     from cli.tables import FitTable
-    from hypervisor.executor import DONE, FAILED, SKIPPED
 
     colour = {DONE: "green", SKIPPED: "dim", FAILED: "red"}
     if report.ok:
@@ -407,8 +407,8 @@ def apply_exit_code(report: ApplyReport | None) -> int:
     whatever went to stdout (the report table, or ``--json``): a script or an operator watching stderr sees
     the failure without parsing the report.
     """
+    from acting.executor import CTRL_C
     from cli.app import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNSATISFIED
-    from hypervisor.executor import CTRL_C
 
     if report is None or report.ok:
         return EXIT_OK

@@ -10,11 +10,11 @@ from typing import Any
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+import lab as labmod
 from cli.app import console, emit_json, err_console, fail
 from cli.params import json_option
 from cli.tables import FitTable
-from hypervisor import lab as labmod
-from hypervisor.lab.state import DEFAULT_LAB_DIR, LAB_DIR_ENV
+from lab.state import DEFAULT_LAB_DIR, LAB_DIR_ENV
 from vcsched.formats.units import parse_size
 
 DIR_HELP = (f"State directory of the lab (default: ${LAB_DIR_ENV} or {DEFAULT_LAB_DIR}). "

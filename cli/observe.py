@@ -57,10 +57,10 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     is locked, 2 bad input, 130 interrupted by Ctrl-C, 143 ended by SIGTERM
     (probe caps put back first in both cases; nothing recorded).
     """
+    from acting.executor import ApplyReport
+    from acting.sampling import CpuSampler, probe_and_restore, record_estimates
     from cli.signals import stopping_on_signals
-    from hypervisor.executor import ApplyReport
     from hypervisor.libvirt_backend import LibvirtHypervisor
-    from hypervisor.sampling import CpuSampler, probe_and_restore, record_estimates
     from vcsched.control.admission import HostsDown
     from vcsched.control.observe import estimate_all
 

@@ -14,10 +14,10 @@ from cli.params import Duration, check_coordination, cluster_option, json_option
 
 def _store(cluster: Any, coordination: str | None, hv: Any = None) -> Any:
     """The cluster's recommendations book, named like its lock (the hosts' identities)."""
+    from acting.lock import resolve_url
+    from acting.recommendations import RecommendationStore
     from cli.common import host_identities
     from hypervisor.identity import lock_key
-    from hypervisor.lock import resolve_url
-    from hypervisor.recommendations import RecommendationStore
 
     url = resolve_url(coordination, cluster.coordination)
     return RecommendationStore(url, lock_key(host_identities(cluster, hv).values()))
@@ -113,9 +113,9 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     locked, 2 bad input (an unknown ID), 130 interrupted (the running step
     finishes; the report says what was done).
     """
+    from acting.lock import member_id
     from cli.common import apply_exit_code, cluster_lock, load_cluster, notice, render_report, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
-    from hypervisor.lock import member_id
     from vcsched.control import recommend as rc
     from vcsched.errors import InputError
     from vcsched.plans.claims import PlanMismatch
@@ -164,8 +164,8 @@ def skip_cmd(rec_id: str, cluster_file: str | None, veto_s: float, as_json: bool
     Changes no host.  Exit codes: 0 skipped, 1 already decided (approved,
     applied, skipped, superseded), 2 bad input (an unknown ID).
     """
+    from acting.lock import member_id
     from cli.common import load_cluster
-    from hypervisor.lock import member_id
     from vcsched.control import recommend as rc
 
     cluster = load_cluster(cluster_file)

@@ -52,6 +52,9 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
     stranded / HOST answers / fencing failed / a step failed / the cluster is
     locked, 2 bad input, 130 interrupted (a running step finishes first).
     """
+    from acting.definitions import DefinitionStore
+    from acting.fence import fence_host
+    from acting.lock import resolve_url
     from cli.common import (
         apply_exit_code,
         load_cluster,
@@ -61,10 +64,7 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
         render_report,
         run_apply,
     )
-    from hypervisor.definitions import DefinitionStore
-    from hypervisor.fence import fence_host
     from hypervisor.libvirt_backend import LibvirtHypervisor
-    from hypervisor.lock import resolve_url
     from vcsched.control.failover import plan_recovery
 
     cluster = load_cluster(cluster_file)

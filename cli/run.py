@@ -112,16 +112,16 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
 
     Exit codes: 0 stopped, 2 bad input (nothing started).
     """
-    from hypervisor.controller import Controller, RunOptions
-    from hypervisor.definitions import DefinitionStore
-    from hypervisor.events import EventLog
-    from hypervisor.failure import Failover
+    from acting.controller import Controller, RunOptions
+    from acting.definitions import DefinitionStore
+    from acting.events import EventLog
+    from acting.failure import Failover
+    from acting.lock import DEFAULT_TTL, ClusterLock, leader_lock_name, member_id, resolve_url
+    from acting.metrics import ControllerMetrics, MetricsServer
+    from acting.recommendations import RecommendationStore
+    from acting.sampling import SystemClock
     from hypervisor.identity import lock_key
     from hypervisor.libvirt_backend import LibvirtHypervisor
-    from hypervisor.lock import DEFAULT_TTL, ClusterLock, leader_lock_name, member_id, resolve_url
-    from hypervisor.metrics import ControllerMetrics, MetricsServer
-    from hypervisor.recommendations import RecommendationStore
-    from hypervisor.sampling import SystemClock
     from vcsched.control.rebalance import RebalanceOptions
 
     cluster = load_cluster(cluster_file)

@@ -23,13 +23,13 @@ import click
 from rich.console import Group
 from rich.text import Text
 
+from acting.events import EventTail
+from acting.sampling import CpuSampler
 from cli.app import EXIT_OK, EXIT_UNSATISFIED, console
 from cli.common import load_cluster
 from cli.params import Duration, cluster_option, policy_options
 from cli.top_view import Line, Refresh, Sort, frame, on_key
 from hypervisor.base import Hypervisor
-from hypervisor.events import EventTail
-from hypervisor.sampling import CpuSampler
 from vcsched.control.observe import estimate_all
 from vcsched.control.sharing import Sharing
 from vcsched.control.status import virtual_clusters
@@ -52,7 +52,7 @@ class Reader:
     def __init__(self, cluster: Cluster, hv: Hypervisor, sharing: Sharing, interval: float, window: float,
                  events: Path | None, prober: Hypervisor | None = None) -> None:
         self.cluster, self.hv, self.sharing = cluster, hv, sharing
-        # A sample needs at least half an interval, as the controller's (hypervisor/sampling.py says why).
+        # A sample needs at least half an interval, as the controller's (acting/sampling.py says why).
         self.sampler = CpuSampler(window + interval, min_seconds=interval / 2, every_vm=True)
         self.previous: dict[str, float] = {}
         self.down_since: dict[str, float] = {}

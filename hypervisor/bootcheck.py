@@ -33,7 +33,7 @@ for hosts on this machine (a URI without a host name, or a loopback address,
 as the lab's are); for a host on another machine vcsched cannot look, and
 libvirt's own check when it creates the VM is the first (the plan then stops
 there, and the caps it lowered for that VM are put back:
-:mod:`hypervisor.executor`).  The domain XML itself is checked by libvirt on
+:mod:`acting.executor`).  The domain XML itself is checked by libvirt on
 the target host's driver in every case (``LibvirtHypervisor.create_problems``).
 """
 

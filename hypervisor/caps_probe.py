@@ -3,7 +3,7 @@
 This is the libvirt side of ``vcsched calibrate --backend libvirt`` (the
 calibration package itself never imports libvirt).  It implements
 ``calibration.experiment.Subjects`` for already-running guests that loop on
-their CPU (the lab's guest, ``hypervisor.lab.guest``).
+their CPU (the lab's guest, ``lab.guest``).
 
 What is measured, and why: the host cannot see a guest's own progress without
 an agent inside it, so the observable is the guests' **vCPU time**: the sum of
@@ -41,8 +41,8 @@ from typing import Any
 import libvirt
 
 from hypervisor.journal import GUESTS, CalibrationEntry, Journal, signals_held
-from hypervisor.lab.guest import GuestError, start_guest, wait_for_boot
-from hypervisor.lab.state import GUEST_CMDLINE, GuestImage
+from lab.guest import GuestError, start_guest, wait_for_boot
+from lab.state import GUEST_CMDLINE, GuestImage
 from vcsched.caps import MIN_QUOTA_US, PERIOD_US, quota_for
 from vcsched.errors import InputError, VcschedError
 from vcsched.iocaps import IoCaps
@@ -625,7 +625,7 @@ def io_guests(uri: str, count: int, image: GuestImage, partition: str | None, re
     Named ``vcsched-calib-<pid>-<i>``; their consoles and disk files go to a
     temporary directory removed with them.
     """
-    from hypervisor.lab.guest import make_disk
+    from lab.guest import make_disk
 
     def extra(name: str, work: Path) -> dict[str, Any]:
         if resource == "disk":

@@ -81,3 +81,16 @@ def write_figure(where: str, path: str | Path, fig: Any, dpi: int = 100) -> None
     finally:
         plt.close(fig)
     write_output(where, path, buf.getvalue())
+
+
+#: Where vcsched keeps its own state (the lock's files, identities, journals) unless told otherwise.
+STATE_DIR_ENV = "VCSCHED_STATE_DIR"
+
+def state_dir() -> Path:
+    """vcsched's own state: ``$VCSCHED_STATE_DIR``, else /var/lib/vcsched for root, else ~/.local/state/vcsched."""
+    env = os.environ.get(STATE_DIR_ENV)
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/lib/vcsched")
+    return Path.home() / ".local" / "state" / "vcsched"

@@ -8,7 +8,7 @@ on return, on an error, on SIGTERM and SIGINT — but nothing runs after a
 SIGKILL, a machine crash or an OOM kill.  So before its first change such a
 command writes a *journal*: one small JSON file per process under
 ``<state dir>/journal/`` (``$VCSCHED_STATE_DIR``, see
-:func:`hypervisor.lock.state_dir`), replaced atomically (write, fsync,
+:func:`acting.lock.state_dir`), replaced atomically (write, fsync,
 rename), removed once everything is back.  :func:`restore_journal` reads the
 journals of processes that are gone and puts back what they recorded; ``vcsched
 observe --probe`` and ``vcsched run`` call it (probe journals of their
@@ -74,9 +74,9 @@ KINDS = (PROBE, CALIBRATION, GUESTS)
 
 
 def journal_dir(state: Path | None = None) -> Path:
-    """``<state dir>/journal`` (:func:`hypervisor.lock.state_dir` unless ``state`` is given)."""
+    """``<state dir>/journal`` (:func:`acting.lock.state_dir` unless ``state`` is given)."""
     if state is None:
-        from hypervisor.lock import state_dir
+        from acting.lock import state_dir
 
         state = state_dir()
     return state / "journal"
@@ -84,7 +84,7 @@ def journal_dir(state: Path | None = None) -> Path:
 
 def own_pid() -> int:
     """This process's pid: whose journal :meth:`Journal.write` writes and which journal is one's own.  A function,
-    so that the fault simulation (:mod:`hypervisor.faultsim`) can run its simulated processes through this module."""
+    so that the fault simulation (:mod:`faultsim.simulation`) can run its simulated processes through this module."""
     return os.getpid()
 
 
@@ -296,7 +296,7 @@ def restore_journal(hv: Any = None, *, kinds: Sequence[str] = KINDS, directory: 
 
 
 def _restore_probe(hv: Any, f: _Found, guard: Callable[[], None] | None) -> JournalReport:
-    from hypervisor.executor import DONE, SKIPPED, apply_plan
+    from acting.executor import DONE, SKIPPED, apply_plan
     from vcsched.control.observe import cap_plan
 
     if hv is None:

@@ -272,7 +272,7 @@ class LibvirtHypervisor:
         Raises :class:`hypervisor.identity.LockUnnamed` for a host that neither answers nor has a declared UUID,
         and :class:`InputError` for two entries that are one host.
         """
-        from hypervisor.lock import state_dir
+        from hypervisor.files import state_dir
 
         hosts = self.cluster.hosts
         asked = {h.name: functools.partial(self.host_uuid, h.name) for h in hosts if h.uuid is None}

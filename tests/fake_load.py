@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from hypervisor.lock import LockBusy, LockLost
+from acting.lock import LockBusy, LockLost
 from hypervisor.memory import MemoryHypervisor
 from vcsched.inventory import HostState, VmState
 

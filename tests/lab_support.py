@@ -29,11 +29,11 @@ import psutil
 import pytest
 
 from hypervisor.base import Hypervisor, measure_cores
-from hypervisor.lab import Lab, down, guest_boot_check, prerequisites_problem, status, up
-from hypervisor.lab import cgroups as lab_cgroups
-from hypervisor.lab.daemons import namespace_holders
-from hypervisor.lab.guest import start_guest, wait_for_boot
-from hypervisor.lab.state import LabLayout
+from lab import Lab, down, guest_boot_check, prerequisites_problem, status, up
+from lab import cgroups as lab_cgroups
+from lab.daemons import namespace_holders
+from lab.guest import start_guest, wait_for_boot
+from lab.state import LabLayout
 from tests.skip_policy import patience, skip_or_fail
 from vcsched.inventory import VmState
 
@@ -76,7 +76,7 @@ def running_lab(n_hosts: int, transport: str = "unix", **options: Any) -> Iterat
     """An ``n_hosts`` lab in a fresh directory of its own for the ``with`` block, then down and purged.
 
     Teardown fails the fixture if any daemon, guest process or cgroup partition outlived ``lab down``.
-    ``options`` go to :func:`hypervisor.lab.up` (``cores``, ``shared_storage``, ...).
+    ``options`` go to :func:`lab.up` (``cores``, ``shared_storage``, ...).
     """
     d = new_lab_dir(transport)
     try:

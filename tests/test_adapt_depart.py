@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan, check_snapshot
+from acting.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan, check_snapshot
 from hypervisor.memory import MemoryHypervisor
 from tests.builders import vm
 from vcsched.adaptation.problem import GIB

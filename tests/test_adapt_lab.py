@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab
 from hypervisor.libvirt_backend import LibvirtHypervisor
+from lab import Lab
 from tests.lab_support import copies, destroy_everywhere
 from vcsched.formats.cluster import cluster_from_dict
 from vcsched.plans.steps import Boot, CreateStep

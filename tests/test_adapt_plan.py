@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from acting.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan, check_snapshot
 from hypervisor.domain_xml import rewrite_partition
-from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan, check_snapshot
 from hypervisor.memory import MemoryHypervisor
 from tests.builders import vm
 from vcsched.adaptation.problem import GIB
@@ -131,7 +131,7 @@ def test_a_relayed_swap_applies_and_a_rerun_skips_every_hop() -> None:
     steps = plan_steps(order)
     assert any(isinstance(s, MigrateStep) and s.final is not None for s in steps)
     plan = Plan("adapt", "lab", "0" * 64, 1.0, 1.0, {}, steps)
-    from hypervisor.executor import apply_plan as apply_unchecked
+    from acting.executor import apply_plan as apply_unchecked
 
     first = apply_unchecked(hv, plan, force=True)
     assert first.ok

@@ -317,7 +317,7 @@ def test_a_failed_steps_reason_goes_to_stderr_as_well_as_into_the_table(
     import cli.common
     import cli.drain
     import cli.place
-    from hypervisor.executor import FAILED, NOT_RUN, ApplyReport, StepResult
+    from acting.executor import FAILED, NOT_RUN, ApplyReport, StepResult
 
     def failing(_hv: Any, plan: Any, **_: Any) -> ApplyReport:
         return ApplyReport((StepResult(plan.steps[0], FAILED, "the host said no"),

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from acting.controller import Controller, RunOptions
+from acting.events import EventLog
+from acting.lock import ClusterLock, leader_lock_name, state_dir
+from acting.metrics import ControllerMetrics, MetricsServer
 from hypervisor.base import HypervisorError
-from hypervisor.controller import Controller, RunOptions
-from hypervisor.events import EventLog
-from hypervisor.lock import ClusterLock, leader_lock_name, state_dir
 from hypervisor.memory import MemoryHypervisor
-from hypervisor.metrics import ControllerMetrics, MetricsServer
 from tests.builders import MiB, inventory_of, managed
 from tests.fake_load import Demand, FakeClock, FakeLocks, LoadedHypervisor, busy, phases
 from vcsched.control.rebalance import RebalanceOptions

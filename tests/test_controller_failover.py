@@ -1,4 +1,4 @@
-"""`vcsched run` and failed hosts (hypervisor/failure.py), on the in-memory hypervisor with a fake clock.
+"""`vcsched run` and failed hosts (acting/failure.py), on the in-memory hypervisor with a fake clock.
 
 A host down for ``failure_timeout`` is failed, fenced through its agent, and its recorded VMs are created on the
 survivors; without an agent or when fencing fails nothing is created.  The fence agent is a function here (the
@@ -12,9 +12,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hypervisor.definitions import DefinitionStore
-from hypervisor.failure import Failover
-from hypervisor.fence import FenceResult
+from acting.definitions import DefinitionStore
+from acting.failure import Failover
+from acting.fence import FenceResult
 from tests.builders import cluster_of, managed
 from tests.fake_load import FakeLocks, busy
 from tests.test_controller import Run, loaded

@@ -1,4 +1,4 @@
-"""The definitions store (hypervisor/definitions.py): every create, move, re-need and removal is recorded where a
+"""The definitions store (acting/definitions.py): every create, move, re-need and removal is recorded where a
 dead host cannot take it along, so that its VMs can be created again elsewhere."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hypervisor.definitions import DefinitionStore, StoreError, recorder
-from hypervisor.executor import DONE, FAILED, StepResult, apply_plan
+from acting.definitions import DefinitionStore, StoreError, recorder
+from acting.executor import DONE, FAILED, StepResult, apply_plan
 from tests.builders import cluster_of, inventory_of, managed, memory_hypervisor, request
 from tests.etcd_support import Etcd, etcd  # noqa: F401  (fixture)
 from vcsched.control.admission import admit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, SnapshotMismatch, apply_plan
+from acting.executor import DONE, FAILED, NOT_RUN, SKIPPED, SnapshotMismatch, apply_plan
 from hypervisor.memory import MemoryHypervisor
 from tests.builders import MiB, cluster_of, inventory_of, managed, memory_hypervisor, request
 from vcsched.control.admission import admit
@@ -154,7 +154,7 @@ def test_a_vm_created_elsewhere_while_the_plan_runs_fails_that_step(crowded: Mem
 
 MIGRATE_PLAN_SCRIPT = r"""
 import sys
-from hypervisor.executor import apply_plan
+from acting.executor import apply_plan
 from hypervisor.memory import MemoryHypervisor
 from vcsched.inventory import HostState, VmMeta, VmState, snapshot_hash
 from vcsched.plans.plan import plan_from_dict

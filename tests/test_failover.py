@@ -11,8 +11,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from acting.executor import apply_plan
 from cli.main import cli
-from hypervisor.executor import apply_plan
 from hypervisor.memory import MemoryHypervisor
 from hypervisor.testhosts import write_scale_cluster
 from tests.builders import MiB, cluster_of, inventory_of, managed, memory_hypervisor, request

@@ -32,9 +32,9 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab, up
-from hypervisor.lab.daemons import answers, daemon_pid, kill_namespace
-from hypervisor.lab.state import LabLayout
+from lab import Lab, up
+from lab.daemons import answers, daemon_pid, kill_namespace
+from lab.state import LabLayout
 from tests.lab_support import destroy_everywhere, running_lab, skip_unless_lab_possible
 from tests.test_recover_lab import qemu_copies, qemu_hosts
 

@@ -1,4 +1,4 @@
-"""The deterministic fault simulation of the acting layer (hypervisor/faultsim.py, docs/faultsim.md).
+"""The deterministic fault simulation of the acting layer (faultsim/simulation.py, docs/faultsim.md).
 
 It holds its invariants over a few hundred seeded schedules with every fault kind injected, a schedule
 replays exactly, and — so that a pass means something — each known hazard switched back on
@@ -15,8 +15,8 @@ from pathlib import Path
 import libvirt
 import pytest
 
+from faultsim.simulation import KINDS, hazards_on, replay, run_schedules
 from hypervisor import hazards
-from hypervisor.faultsim import KINDS, hazards_on, replay, run_schedules
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from hypervisor.simlibvirt import PAUSED, RUNNING, ProcessKilled, SimDomain, SimWorld
 from vcsched.formats.cluster import Cluster, ClusterHost
@@ -193,9 +193,9 @@ def test_a_probe_whose_raised_caps_host_stops_answering_keeps_its_journal_and_sa
     back; the probe cleared its journal, and the cap stayed raised for good."""
     from collections import deque
 
+    from acting.sampling import CpuSampler, probe_and_restore
     from cli.observe import _probe_outcome
     from hypervisor.journal import PROBE, Journal, restore_journal
-    from hypervisor.sampling import CpuSampler, probe_and_restore
     from vcsched.control.observe import Sample
 
     world, cluster, uuid = _two_hosts()

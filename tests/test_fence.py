@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from acting.fence import agent_input, check_agents, fence_host, power_status, resolve_agent, run_agent
 from cli.main import cli
-from hypervisor.fence import agent_input, check_agents, fence_host, power_status, resolve_agent, run_agent
 from vcsched.errors import InputError
 from vcsched.formats.cluster import DEFAULT_FAILURE_TIMEOUT_S, ClusterHost, FenceConfig, cluster_from_dict
 

@@ -1,6 +1,6 @@
 """The lab's fence agent on real lab hosts: off is a power cut (libvirtd, virtlogd and QEMU killed), status says so.
 
-Driven through vcsched's own fence runner (hypervisor/fence.py) with the
+Driven through vcsched's own fence runner (acting/fence.py) with the
 cluster file ``lab up`` wrote, so the whole ClusterLabs interface is used:
 options on stdin, off, then status by exit code.
 """
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from acting.fence import fence_host, power_status, run_agent
 from cli.common import load_cluster
-from hypervisor.fence import fence_host, power_status, run_agent
-from hypervisor.lab import Lab, up
-from hypervisor.lab.daemons import daemon_pid, namespace_holders
-from hypervisor.lab.state import LabLayout, pid_gone
+from lab import Lab, up
+from lab.daemons import daemon_pid, namespace_holders
+from lab.state import LabLayout, pid_gone
 from tests.lab_support import running_lab, skip_unless_lab_possible, start_lab_guest
 
 pytestmark = pytest.mark.lab

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from acting.executor import DONE, FAILED, ApplyReport, StepResult, apply_plan
+from acting.lock import ClusterLock, LockBusy, holding
 from cli.main import cli
 from hypervisor.bootcheck import boot_problems, initrd_footprint, kernel_footprint, validation_xml
-from hypervisor.executor import DONE, FAILED, ApplyReport, StepResult, apply_plan
 from hypervisor.identity import check_distinct, lock_key, uuid_from_capabilities
-from hypervisor.lock import ClusterLock, LockBusy, holding
 from hypervisor.memory import MemoryHypervisor
 from tests.builders import MiB, cluster_of, inventory_of, managed, memory_hypervisor, request
 from vcsched.control.admission import admit
@@ -386,8 +386,8 @@ def test_place_and_adapt_name_a_down_host_and_what_it_means(tmp_path: Path) -> N
 
 def test_lab_up_with_other_memory_on_a_running_lab_is_refused_naming_both_shapes_and_the_ways(tmp_path: Path) -> None:
     # Finding 5 of issue 32: `lab up --memory 256MiB` on a running lab rewrote every host's memory_reserved.
-    from hypervisor import lab as labmod
-    from hypervisor.lab.state import GuestImage, LabHost, LabLayout, render_cluster_toml
+    import lab as labmod
+    from lab.state import GuestImage, LabHost, LabLayout, render_cluster_toml
 
     if labmod.prerequisites_problem():
         pytest.skip(f"lab prerequisites: {labmod.prerequisites_problem()}")
@@ -412,7 +412,7 @@ def test_lab_up_with_other_memory_on_a_running_lab_is_refused_naming_both_shapes
 
 
 def test_the_lab_cluster_file_declares_each_hosts_uuid() -> None:
-    from hypervisor.lab.state import GuestImage, LabHost, render_cluster_toml
+    from lab.state import GuestImage, LabHost, render_cluster_toml
 
     text = render_cluster_toml("lab", [LabHost("h0", "qemu:///system", "/p", uuid=U0)], GuestImage(Path("k"),
                                                                                                   Path("i")))
@@ -426,6 +426,6 @@ def test_reading_hosts_and_applying_plans_import_no_numpy() -> None:
     import subprocess
     import sys
 
-    code = "import sys, cli.apply, hypervisor.executor, hypervisor.libvirt_backend; print('numpy' in sys.modules)"
+    code = "import sys, cli.apply, acting.executor, hypervisor.libvirt_backend; print('numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -34,8 +34,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from cli.main import cli
-from hypervisor.lab import Lab
 from hypervisor.libvirt_backend import LibvirtHypervisor
+from lab import Lab
 from tests.lab_support import destroy_everywhere, running_lab, skip_unless_lab_possible, start_lab_guest
 from tests.plan_edits import claims_hold, edited, get, new_values, number_paths, same_bytes
 from vcsched.formats.cluster import Cluster, cluster_from_dict

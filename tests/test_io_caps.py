@@ -16,12 +16,12 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
+from acting.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan
 from cli.main import cli
 from cli.status import render_status, status_dict
 from hypervisor.base import HypervisorError, IoCounters, Usage, measure_usage
 from hypervisor.domain_xml import domain_xml
 from hypervisor.drivers import LIBXL_CANNOT, io_support
-from hypervisor.executor import DONE, FAILED, NOT_RUN, SKIPPED, apply_plan
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from hypervisor.memory import MemoryHypervisor
 from hypervisor.throttle import IO_GROUP, io_caps_of
@@ -631,7 +631,7 @@ def test_calibrating_disk_on_the_test_driver_is_refused_naming_the_host_before_m
 def test_the_initramfs_carries_the_io_modules_and_reads_its_workload_from_the_command_line(tmp_path: Path) -> None:
     import gzip
 
-    from hypervisor.lab.image import BUSYBOX, MODULES, build_initramfs, initramfs_recipe
+    from lab.image import BUSYBOX, MODULES, build_initramfs, initramfs_recipe
     from tests.test_lab import _newc_members
 
     if not BUSYBOX.is_file():
@@ -646,7 +646,7 @@ def test_the_initramfs_carries_the_io_modules_and_reads_its_workload_from_the_co
 
 
 def test_the_kernel_version_is_read_from_the_bzimage_header(tmp_path: Path) -> None:
-    from hypervisor.lab.image import kernel_version
+    from lab.image import kernel_version
 
     head = bytearray(0x1000)
     head[0x202:0x206] = b"HdrS"
@@ -660,8 +660,8 @@ def test_the_kernel_version_is_read_from_the_bzimage_header(tmp_path: Path) -> N
 
 
 def test_an_io_guest_has_its_disk_its_tap_nic_and_its_workload_on_the_command_line() -> None:
-    from hypervisor.lab.guest import GuestError, guest_xml
-    from hypervisor.lab.state import GuestImage
+    from lab.guest import GuestError, guest_xml
+    from lab.state import GuestImage
 
     image = GuestImage(Path("/img/vmlinuz"), Path("/img/initrd.gz"))
     root = ET.fromstring(guest_xml("g", image, workload="disk", disk=Path("/d/g.img"), nic=True))

@@ -37,12 +37,12 @@ from pathlib import Path
 
 import pytest
 
-from hypervisor.executor import DONE, FAILED, apply_plan
-from hypervisor.lab import Lab, prerequisites_problem
-from hypervisor.lab.guest import guest_xml, make_disk, wait_for_boot
-from hypervisor.lab.image import io_workloads_problem
-from hypervisor.lab.state import LabLayout
+from acting.executor import DONE, FAILED, apply_plan
 from hypervisor.libvirt_backend import LibvirtHypervisor
+from lab import Lab, prerequisites_problem
+from lab.guest import guest_xml, make_disk, wait_for_boot
+from lab.image import io_workloads_problem
+from lab.state import LabLayout
 from tests.lab_support import destroy_everywhere, running_lab
 from tests.skip_policy import kernel_lacks_sfq, skip_or_fail
 from vcsched.formats.cluster import Cluster, cluster_from_dict

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from acting.sampling import CpuSampler, probe_and_restore
 from hypervisor.journal import (
     CALIBRATION,
     PROBE,
@@ -29,7 +30,6 @@ from hypervisor.journal import (
     signals_held,
 )
 from hypervisor.memory import MemoryHypervisor
-from hypervisor.sampling import CpuSampler, probe_and_restore
 from tests.builders import inventory_of, managed
 from tests.fake_load import FakeClock, FakeLocks, LoadedHypervisor, busy, phases
 from tests.test_controller import Run

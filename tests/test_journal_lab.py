@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from hypervisor.lab import Lab
 from hypervisor.libvirt_backend import LibvirtHypervisor
+from lab import Lab
 from tests.lab_support import destroy_everywhere, own_lab, start_lab_guest
 from tests.skip_policy import patience, skip_or_fail
 from vcsched.formats.cluster import Cluster, cluster_from_dict

@@ -20,12 +20,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cli.main import cli
-from hypervisor.lab import Lab, daemons, default_cluster_file, down, status, up
-from hypervisor.lab import cgroups as lab_cgroups
-from hypervisor.lab.guest import guest_xml
-from hypervisor.lab.image import BOOT_MARKER, BUSYBOX, build_initramfs, ensure_image, has_pvh_entry
-from hypervisor.lab.ports import held_blocks, migration_ports, preferred_block
-from hypervisor.lab.state import (
+from lab import Lab, daemons, default_cluster_file, down, status, up
+from lab import cgroups as lab_cgroups
+from lab.guest import guest_xml
+from lab.image import BOOT_MARKER, BUSYBOX, build_initramfs, ensure_image, has_pvh_entry
+from lab.ports import held_blocks, migration_ports, preferred_block
+from lab.state import (
     GuestImage,
     LabHost,
     LabLayout,
@@ -270,8 +270,8 @@ def test_lab_up_with_a_relative_dir_is_refused(tmp_path: Path, monkeypatch: pyte
 def test_two_lab_commands_on_one_dir_do_not_interleave(tmp_path: Path) -> None:
     import fcntl
 
-    from hypervisor.lab import LabError
-    from hypervisor.lab import down as lab_down
+    from lab import LabError
+    from lab import down as lab_down
 
     fd = os.open(tmp_path, os.O_RDONLY)
     try:
@@ -443,7 +443,7 @@ def test_guest_image_is_built_from_the_debian_kernel_package_when_no_cache_has_i
     image = ensure_image(tmp_path / "image", sources=())  # forces `apt-get download`
     bz = (image.kernel.parent / "vmlinuz").read_bytes()
     assert bz[0x202:0x206] == b"HdrS"  # the x86 boot protocol signature of a bzImage
-    # Debian's kernel has a PVH entry: the guests boot its unpacked ELF image (hypervisor/lab/image.py).
+    # Debian's kernel has a PVH entry: the guests boot its unpacked ELF image (lab/image.py).
     assert image.kernel.name == "vmlinux" and has_pvh_entry(image.kernel.read_bytes())
     assert image.initrd.is_file()
     assert not [p.name for p in image.kernel.parent.iterdir() if p.name.startswith(".")]  # no temporaries left

@@ -1,4 +1,4 @@
-"""The lab guest's kernel boots uncompressed by its PVH entry (hypervisor/lab/image.py): unpacking and checking it."""
+"""The lab guest's kernel boots uncompressed by its PVH entry (lab/image.py): unpacking and checking it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hypervisor.lab import image
-from hypervisor.lab.image import PVH_NOTE, _ensure_initramfs, _ensure_vmlinux, extract_vmlinux, has_pvh_entry
+from lab import image
+from lab.image import PVH_NOTE, _ensure_initramfs, _ensure_vmlinux, extract_vmlinux, has_pvh_entry
 
 
 def elf(note_kind: int | None) -> bytes:
@@ -69,7 +69,7 @@ def test_the_cache_unpacks_once_links_from_another_cache_and_follows_a_new_kerne
     assert _ensure_vmlinux(a, ()) is None and not (a / "vmlinux").exists()
     # That answer is kept: the next call does not unpack the kernel again.
     unpacked: list[bytes] = []
-    monkeypatch.setattr("hypervisor.lab.image.extract_vmlinux", unpacked.append)
+    monkeypatch.setattr("lab.image.extract_vmlinux", unpacked.append)
     assert _ensure_vmlinux(a, ()) is None and not unpacked
     assert (b / "vmlinux").read_bytes() == elf(PVH_NOTE)  # the other cache's kernel is untouched
 
@@ -85,7 +85,7 @@ def test_the_initramfs_is_copied_from_a_cache_of_the_same_recipe_and_built_other
         built.append(1)
         return f"initramfs {len(built)}".encode()
 
-    monkeypatch.setattr("hypervisor.lab.image.build_initramfs", build)
+    monkeypatch.setattr("lab.image.build_initramfs", build)
     assert _ensure_initramfs(a, tmp_path / "modules", ()).read_bytes() == b"initramfs 1"
     assert _ensure_initramfs(b, tmp_path / "modules", (a,)).read_bytes() == b"initramfs 1" and len(built) == 1
     assert _ensure_initramfs(b, tmp_path / "modules", (a,)) == b / "initrd.gz" and len(built) == 1  # up to date
@@ -140,7 +140,7 @@ def test_modules_that_cannot_be_downloaded_fail_the_image_with_apts_reason(tmp_p
 
 
 def test_guests_keep_time_by_the_hosts_tsc_only_where_it_is_constant_and_non_stop() -> None:
-    from hypervisor.lab.state import clock_options
+    from lab.state import clock_options
 
     good = "processor\t: 0\ncpu MHz\t\t: 2445.402\nflags\t\t: fpu tsc constant_tsc nonstop_tsc\n"
     assert clock_options(good) == "tsc_early_khz=2445402 tsc=reliable clocksource=tsc"

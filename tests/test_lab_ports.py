@@ -1,4 +1,4 @@
-"""Migration port blocks of labs (hypervisor/lab/ports.py): every running lab on the machine holds its own.
+"""Migration port blocks of labs (lab/ports.py): every running lab on the machine holds its own.
 
 Two labs that hashed to one block made a drain fail with "unable to connect to server at '127.0.0.1:P':
 Connection refused": the other lab's QEMU held P's IPv4 side when this lab's QEMU bound P, which then listened
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from hypervisor.journal import process_started
-from hypervisor.lab import _claim_live, daemons
-from hypervisor.lab.ports import (
+from lab import _claim_live, daemons
+from lab.ports import (
     BLOCKS,
     CLAIMS_FILE,
     Claim,
@@ -32,7 +32,7 @@ from hypervisor.lab.ports import (
     release_block,
     render_claims,
 )
-from hypervisor.lab.state import LabLayout
+from lab.state import LabLayout
 from vcsched.errors import InputError
 
 

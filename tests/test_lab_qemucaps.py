@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypervisor.lab.qemucaps import HOST_CACHE, KEPT, keep, seed
+from lab.qemucaps import HOST_CACHE, KEPT, keep, seed
 
 
 def probed(host_dir: Path, name: str = "abc.xml", text: str = "<qemuCaps/>") -> Path:

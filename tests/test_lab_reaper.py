@@ -1,4 +1,4 @@
-"""The lab host's own init (hypervisor/lab/reaper.py): what its start script leaves running is the reaper's
+"""The lab host's own init (lab/reaper.py): what its start script leaves running is the reaper's
 child, reaped by it, and the reaper leaves once nothing is left.  No libvirt needed: a shell stands in for the
 daemons."""
 
@@ -8,8 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from hypervisor.lab.daemons import REAPED
-from hypervisor.lab.state import pid_gone
+from lab.daemons import REAPED
+from lab.state import pid_gone
 
 
 def parent_of(pid: int) -> int:

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from acting.executor import apply_plan
 from cli.main import cli
 from hypervisor.base import HypervisorError
 from hypervisor.domain_xml import domain_xml, metadata_xml, parse_metadata
-from hypervisor.executor import apply_plan
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.caps import quota_for
 from vcsched.control.admission import admit
@@ -281,7 +281,7 @@ def test_a_cluster_changing_while_a_command_plans_and_applies_is_a_refusal_to_ru
     read and its first step refused the command with "changed since this plan was computed (compute a new one
     ..., or apply anyway with --force)" (then exit 2) — advice for a saved plan, which these commands cannot
     follow.  It is a race: exit 1, nothing changed, run it again.  Here a domain appears on h1 meanwhile."""
-    import hypervisor.executor as executor
+    import acting.executor as executor
 
     real = executor.apply_plan
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from hypervisor.lock import ClusterLock, LockBusy, check_url, holding, resolve_url
+from acting.lock import ClusterLock, LockBusy, check_url, holding, resolve_url
 from vcsched.errors import InputError
 
 HOLD = r"""
 import sys, time
-from hypervisor.lock import ClusterLock
+from acting.lock import ClusterLock
 lock = ClusterLock(sys.argv[1], "lab", member="holder@test:1")
 lock.acquire(float(sys.argv[2]))
 print("held", flush=True)
@@ -85,7 +85,7 @@ def test_only_one_of_many_contenders_holds_the_lock_at_a_time(tmp_path: Path) ->
     log = tmp_path / "log"
     script = r"""
 import sys, time
-from hypervisor.lock import holding
+from acting.lock import holding
 for _ in range(5):
     with holding(sys.argv[1], "lab", wait=30):
         with open(sys.argv[2], "a") as f:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hypervisor.executor import DONE, NOT_RUN, apply_plan
-from hypervisor.lock import ClusterLock, CoordinationDown, LockBusy, LockLost, holding
+from acting.executor import DONE, NOT_RUN, apply_plan
+from acting.lock import ClusterLock, CoordinationDown, LockBusy, LockLost, holding
 from tests.builders import cluster_of, inventory_of, memory_hypervisor, request
 from tests.etcd_support import Etcd
 from vcsched.control.admission import admit
@@ -23,7 +23,7 @@ TTL = 3.0
 
 HOLD = r"""
 import sys, time
-from hypervisor.lock import ClusterLock
+from acting.lock import ClusterLock
 lock = ClusterLock(sys.argv[1], "lab", member="holder@test:1", ttl=float(sys.argv[2]))
 lock.acquire()
 print("held", flush=True)
@@ -64,7 +64,7 @@ def test_only_one_of_many_contenders_holds_the_lock_at_a_time(etcd: Etcd, tmp_pa
     log = tmp_path / "log"
     script = r"""
 import sys, time
-from hypervisor.lock import holding
+from acting.lock import holding
 for _ in range(4):
     with holding(sys.argv[1], "lab", wait=60, ttl=3):
         with open(sys.argv[2], "a") as f:

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from hypervisor.lab import Lab
-from hypervisor.lab.guest import guest_xml, make_disk
-from hypervisor.lab.state import LabLayout
+from lab import Lab
+from lab.guest import guest_xml, make_disk
+from lab.state import LabLayout
 from tests.lab_support import running_lab, skip_unless_lab_possible
 
 pytestmark = pytest.mark.lab

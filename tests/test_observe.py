@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from acting.executor import apply_plan
 from hypervisor.domain_xml import metadata_xml, parse_metadata, stamp_migrated_at
-from hypervisor.executor import apply_plan
 from tests.builders import inventory_of, managed, memory_hypervisor
 from vcsched.control.observe import (
     MEASURED,
@@ -233,7 +233,7 @@ def test_observe_samples_probes_puts_caps_back_and_records_on_a_loaded_cluster()
     """`vcsched observe --probe --record`'s library path, with CPU load on a fake clock (no real time passes)."""
     import threading
 
-    from hypervisor.sampling import CpuSampler, probe_and_restore, record_estimates
+    from acting.sampling import CpuSampler, probe_and_restore, record_estimates
     from tests.fake_load import FakeClock, LoadedHypervisor, busy
     from vcsched.control.observe import estimate_all
 
@@ -266,11 +266,11 @@ def test_observe_samples_probes_puts_caps_back_and_records_on_a_loaded_cluster()
 
 
 def test_a_round_moments_after_the_last_makes_no_sample_and_the_next_spans_the_whole_gap() -> None:
-    """A vCPU that runs in bursts reads 0 or a whole core over a few milliseconds (hypervisor/sampling.py):
+    """A vCPU that runs in bursts reads 0 or a whole core over a few milliseconds (acting/sampling.py):
     the controller's tick, a round just after the last idle round, once made such a sample the window's latest."""
     from dataclasses import replace
 
-    from hypervisor.sampling import CpuSampler
+    from acting.sampling import CpuSampler
     from tests.fake_load import FakeClock, LoadedHypervisor
 
     clock = FakeClock()

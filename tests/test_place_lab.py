@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab
+from lab import Lab
 from tests.lab_support import CAP_TOLERANCE_CORES, destroy_everywhere, measure_against
 
 pytestmark = pytest.mark.lab

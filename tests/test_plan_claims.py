@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from hypervisor.executor import apply_plan
+from acting.executor import apply_plan
 from hypervisor.memory import MemoryHypervisor
 from tests.builders import GiB, MiB, cluster_of, managed, request
 from tests.plan_edits import claims_hold, edited, get, new_values, number_paths, same_bytes

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from hypervisor.executor import DONE, FAILED, NOT_RUN, apply_plan
+from acting.executor import DONE, FAILED, NOT_RUN, apply_plan
 from hypervisor.memory import MemoryHypervisor
 from tests.builders import cluster_of, inventory_of, managed, request
 from vcsched.caps import PERIOD_US, min_cap, quota_for, realisable_cap, same_cap
@@ -208,7 +208,7 @@ def test_a_plan_made_while_a_host_was_down_is_stale_once_it_answers() -> None:
     d = admit(cluster_of(3), hv.inventory(), request("web", vms=1, need=0.5))
     assert d.plan is not None
     del hv.down["h2"]
-    from hypervisor.executor import SnapshotMismatch
+    from acting.executor import SnapshotMismatch
 
     with pytest.raises(SnapshotMismatch, match="vcsched place"):
         apply_plan(hv, d.plan)
@@ -240,7 +240,7 @@ def test_host_state_reports_memory_in_bytes() -> None:
 
 
 def test_ctrl_c_during_a_step_reports_what_was_done_and_converges_on_rerun() -> None:
-    from hypervisor.executor import INTERRUPTED
+    from acting.executor import INTERRUPTED
 
     inv = inventory_of()
     hv = MemoryHypervisor(inv.cluster, inv.hosts, inv.vms)

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from acting.executor import apply_plan
+from acting.recommendations import RecommendationStore
 from cli.main import cli
-from hypervisor.executor import apply_plan
-from hypervisor.recommendations import RecommendationStore
 from tests.builders import inventory_of, managed
 from tests.fake_load import FakeClock, FakeLocks, LoadedHypervisor, busy
 from tests.test_controller import Run

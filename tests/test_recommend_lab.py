@@ -40,8 +40,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab
 from hypervisor.libvirt_backend import LibvirtHypervisor
+from lab import Lab
 from tests.lab_support import CAP_TOLERANCE_CORES, CoreWindows, destroy_everywhere, measure_against
 from tests.skip_policy import patience
 from vcsched.formats.cluster import cluster_from_dict
@@ -255,8 +255,8 @@ def test_approving_it_again_is_refused(flow: Flow) -> None:
 def test_approving_a_stale_recommendation_is_refused_and_changes_nothing(flow: Flow) -> None:
     """The same plan, recorded again (as if made before the move), once the cluster changed under it: a VM arrived
     on h1 since.  Applying it would now be applying it to another cluster: refused as stale, nothing changed."""
+    from acting.recommendations import RecommendationStore
     from hypervisor.identity import lock_key
-    from hypervisor.recommendations import RecommendationStore
     from vcsched.control import recommend as rc
 
     rec, path, names = flow.approved, flow.path, flow.names

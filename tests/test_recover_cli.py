@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from acting.definitions import DefinitionStore
 from cli.main import cli
-from hypervisor.definitions import DefinitionStore
 from hypervisor.testhosts import node_xml
 from vcsched.plans.steps import Boot, CreateStep
 

@@ -1,6 +1,6 @@
 """Power loss on a real lab host, then ``vcsched recover HOST --apply``: its VMs run again, once, on the survivors.
 
-The lab's fence agent (hypervisor/lab/fence_agent.py) is the one ``lab up`` names in the cluster file, so the
+The lab's fence agent (lab/fence_agent.py) is the one ``lab up`` names in the cluster file, so the
 ClusterLabs interface is used end to end: the host is "powered off" (SIGKILL of its libvirtd, virtlogd and QEMU
 processes) before the recovery, and recover's own fencing finds it off.
 """
@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab
-from hypervisor.lab.daemons import kill_namespace, namespace_holders
-from hypervisor.lab.state import LabLayout
+from lab import Lab
+from lab.daemons import kill_namespace, namespace_holders
+from lab.state import LabLayout
 from tests.lab_support import running_lab, skip_unless_lab_possible
 
 pytestmark = pytest.mark.lab

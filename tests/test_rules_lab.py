@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab
+from lab import Lab
 from tests.lab_support import LAB_TRANSPORT, running_lab, skip_unless_lab_possible
 
 pytestmark = pytest.mark.lab

@@ -47,9 +47,9 @@ from typing import Any
 
 import pytest
 
-from hypervisor.lab import Lab
-from hypervisor.lab.image import LOAD_MARKER
 from hypervisor.libvirt_backend import LibvirtHypervisor
+from lab import Lab
+from lab.image import LOAD_MARKER
 from tests.lab_support import destroy_everywhere, own_lab
 from tests.skip_policy import patience, skip_or_fail
 from vcsched.formats.cluster import Cluster, cluster_from_dict
@@ -255,7 +255,7 @@ def test_caps_follow_load_and_an_overloaded_host_sheds_a_vm_within_budget(lab: L
             cwd=ROOT, env={**os.environ, "VCSCHED_STATE_DIR": str(tmp_path / "state")},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         # Run through the busy phase into the idle one after it, timed by the markers the guest prints (its
-        # clock is the host's TSC, hypervisor.lab.state.clock_options, so they come on time), until the daemon
+        # clock is the host's TSC, lab.state.clock_options, so they come on time), until the daemon
         # lowered wave-0's cap again or the time it had for that (FOLLOW) is over, whichever comes first.
         hard_end = time.time() + IDLE + 3 * BUSY + 60
         while time.time() < hard_end:

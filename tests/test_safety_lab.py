@@ -24,10 +24,10 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab, up
-from hypervisor.lab.daemons import daemon_pid
-from hypervisor.lab.state import LabLayout
 from hypervisor.libvirt_backend import LibvirtHypervisor
+from lab import Lab, up
+from lab.daemons import daemon_pid
+from lab.state import LabLayout
 from tests.lab_support import (
     LAB_TRANSPORT,
     destroy_everywhere,
@@ -206,7 +206,7 @@ def test_a_host_down_is_reported_planned_around_and_repaired_keeping_its_guests(
 RACE = r"""
 import os, sys, time
 from pathlib import Path
-from hypervisor import lock
+from acting import lock
 
 barrier, n, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 real = lock.ClusterLock.acquire

@@ -15,9 +15,9 @@ from typing import Any
 import libvirt
 import pytest
 
+from acting.executor import FAILED, _run_group
 from hypervisor.base import HostReadBug, HypervisorError, VmInDoubt
 from hypervisor.domain_xml import metadata_xml
-from hypervisor.executor import FAILED, _run_group
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from hypervisor.settlement import DESTROY, RESUME, plan_repair
 from vcsched.formats.cluster import Cluster, ClusterHost, cluster_from_dict

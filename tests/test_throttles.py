@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hypervisor.executor import DONE, NOT_RUN, apply_plan
+from acting.executor import DONE, NOT_RUN, apply_plan
 from hypervisor.memory import MemoryHypervisor
 from tests.builders import vm
 from vcsched.control.live import adapt_inventory

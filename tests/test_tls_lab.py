@@ -43,11 +43,11 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab
-from hypervisor.lab.certs import make_foreign_client
-from hypervisor.lab.daemons import daemon_pid
-from hypervisor.lab.state import LabLayout
 from hypervisor.libvirt_backend import LibvirtHypervisor
+from lab import Lab
+from lab.certs import make_foreign_client
+from lab.daemons import daemon_pid
+from lab.state import LabLayout
 from tests.lab_support import destroy_everywhere, running_lab, skip_unless_lab_possible
 from tests.skip_policy import skip_or_fail
 from vcsched.formats.cluster import Cluster, cluster_from_dict

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from acting.events import EventTail
+from acting.sampling import CpuSampler
 from cli.main import cli
 from cli.top_view import (
     VM_COLUMNS,
@@ -27,8 +29,6 @@ from cli.top_view import (
     table,
     width_of,
 )
-from hypervisor.events import EventTail
-from hypervisor.sampling import CpuSampler
 from tests.builders import inventory_of, managed, memory_hypervisor
 from tests.fake_load import FakeClock, LoadedHypervisor, busy
 from vcsched.control.observe import Sample, estimate_all

@@ -24,9 +24,9 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.lab import Lab
-from hypervisor.lab.daemons import daemon_pid
-from hypervisor.lab.state import LabLayout
+from lab import Lab
+from lab.daemons import daemon_pid
+from lab.state import LabLayout
 from tests import test_adapt_lab
 from tests.tmux_support import Pane, restored
 

@@ -5,7 +5,7 @@ finding it as the open problem and suggests watching what a VM uses and, when
 it uses all it is given, giving it more for a while to see whether it takes it.
 This module is that estimate, as pure functions of samples: the sampling (two
 CPU-time readings through libvirt) and the probe's cap changes are done by
-:mod:`hypervisor.sampling`, which hands the samples here.
+:mod:`acting.sampling`, which hands the samples here.
 
 **Samples.**  A :class:`Sample` is the cores a VM used over a few seconds
 and the cap it had meanwhile.  It is *saturated* when it used its cap, up to
@@ -65,7 +65,7 @@ headroom), and the next interval sees it saturated: within two intervals
 either way.  The samples must each span a sampling period: one over a few
 milliseconds reads a capped vCPU's bursts (0 or a whole core), and on the
 lab such a sample, taken as an interval began, was the window's latest and
-decided at random (:mod:`hypervisor.sampling` no longer takes them).
+decided at random (:mod:`acting.sampling` no longer takes them).
 
 **Limits.**  An over-committed host (caps summing to its cores, every VM at
 its cap) leaves nothing to probe with: a squeezed VM whose demand fell, but

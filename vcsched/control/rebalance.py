@@ -2,7 +2,7 @@
 
 Pure, like the rest of the core: an inventory and measured needs in, a
 :class:`Decision` (a plan, or none, and why) out.  The controller
-(:mod:`hypervisor.controller`) observes, calls :meth:`Rebalancer.decide` once
+(:mod:`acting.controller`) observes, calls :meth:`Rebalancer.decide` once
 per interval and applies what it returns.
 
 Each interval two adaptations of the live inventory are computed with the

@@ -9,7 +9,7 @@ would act on as a :class:`Recommendation` — its plan, why (the decision's
 reason and one sentence per step, :mod:`vcsched.plans.reasons`), the predicted
 effect (minimum and mean yield before and after, per affected VM, bytes to
 move), when it was made and until when it holds — in a :class:`Book` kept in
-the coordination backend (hypervisor/recommendations.py), so every operator
+the coordination backend (acting/recommendations.py), so every operator
 and a standby controller see one list.
 
 Lifecycle (every transition a pure function of the book, applied atomically by the store)::

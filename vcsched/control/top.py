@@ -1,7 +1,7 @@
 """What ``vcsched top`` shows of a live cluster, as values: one :class:`TopView` per refresh.
 
 ``top`` reads the hosts every refresh (one inventory and a CPU-time reading
-per VM, :mod:`hypervisor.sampling`), and this module turns what it read into
+per VM, :mod:`acting.sampling`), and this module turns what it read into
 rows, with no formula of its own:
 
 * a VM's *use* is its latest sample, and its *estimated need*, whether its

@@ -178,7 +178,7 @@ class FenceConfig:
     """How to power a failed host off: a ClusterLabs fence agent and the options it reads on stdin.
 
     ``agent`` is a name looked up on ``PATH`` or an absolute path (checked to be executable when the cluster
-    file is loaded, :func:`hypervisor.fence.check_agents`); ``options`` are ``key=value`` lines for it
+    file is loaded, :func:`acting.fence.check_agents`); ``options`` are ``key=value`` lines for it
     (``ip``, ``username``, ``password``, ``plug``, ...), values as text.  ``action`` is vcsched's own.
     """
 
@@ -310,7 +310,7 @@ def _fence_from_dict(where: str, d: Any) -> FenceConfig:
     """``fence = {agent = ..., key = value, ...}``: an agent name or absolute path, and scalar options.
 
     Only the shape is checked here (parsing is pure); that the agent exists and is executable is checked
-    when the file is loaded (:func:`hypervisor.fence.check_agents`).
+    when the file is loaded (:func:`acting.fence.check_agents`).
     """
     if not isinstance(d, dict):
         raise InputError(f"{where}: expected a table like {{agent = \"fence_ipmilan\", ip = \"...\"}}, "

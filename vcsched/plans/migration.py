@@ -11,7 +11,7 @@ Migrations are grouped into *waves*: a wave only starts migrations whose
 destinations have room for everything arriving in that wave, counting the VMs
 still to leave them as present; at most ``parallel`` migrations run at once
 between one pair of hosts.  The executor runs a wave's migrations at once
-(:mod:`hypervisor.executor`); running them one after another is just as safe
+(:mod:`acting.executor`); running them one after another is just as safe
 (each finished migration only frees memory).
 
 When no pending migration fits (a cycle: A must go to B's host while B must

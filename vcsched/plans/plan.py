@@ -1,7 +1,7 @@
 """Plans: what vcsched will do to a cluster, as a reviewable, saveable value.
 
 A plan is computed by the pure core (:mod:`vcsched.control.admission`,
-:mod:`vcsched.control.live`) and applied by :mod:`hypervisor.executor`.  JSON format
+:mod:`vcsched.control.live`) and applied by :mod:`acting.executor`.  JSON format
 (version 1, the contract between the libvirt-side modules)::
 
     {"version": 1, "kind": "place" | "adapt" | "recover", "cluster": NAME,

@@ -18,7 +18,7 @@ plan may already have changed: ``moves`` (the VM's host), ``removes`` (the
 VM itself), ``renews`` (the VM's recorded CPU need).
 
 How a step is carried out lives on the other side of the data flow, in
-:mod:`hypervisor.executor`, which has one runner per ``op``.
+:mod:`acting.executor`, which has one runner per ``op``.
 """
 
 from __future__ import annotations

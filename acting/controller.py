@@ -43,7 +43,7 @@ also starts by putting back the probe caps of processes that died with them
 raised (SIGKILL, a crash): their journals, on this machine.
 
 **Leadership.**  The leader is whoever holds the cluster's *leader lock*
-(:func:`hypervisor.lock.leader_lock_name`), an ordinary cluster-lock-kind
+(:func:`acting.lock.leader_lock_name`), an ordinary cluster-lock-kind
 tooz lock: on etcd a key on a lease renewed every third of the TTL.  A
 standby tries to take it every interval, so it takes over at most one TTL
 (the dead leader's lease running out) plus one interval after the leader
@@ -64,15 +64,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from acting.definitions import StoreError, recorder
+from acting.events import EventLog
+from acting.executor import DONE, ApplyReport, StepResult, apply_plan
+from acting.failure import Failover, FailureState
+from acting.lock import LockBusy
+from acting.metrics import ControllerMetrics, HostMetrics, VmMetrics
+from acting.sampling import Clock, CpuSampler, SystemClock
 from hypervisor.base import Hypervisor
-from hypervisor.definitions import StoreError, recorder
-from hypervisor.events import EventLog
-from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
-from hypervisor.failure import Failover, FailureState
 from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries, restore_journal
-from hypervisor.lock import LockBusy
-from hypervisor.metrics import ControllerMetrics, HostMetrics, VmMetrics
-from hypervisor.sampling import Clock, CpuSampler, SystemClock
 from vcsched.control.failover import plan_recovery
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
@@ -91,7 +91,7 @@ class Stopping(VcschedError):
 
 
 class Recommendations(Protocol):
-    """What the controller needs of a :class:`hypervisor.recommendations.RecommendationStore`."""
+    """What the controller needs of a :class:`acting.recommendations.RecommendationStore`."""
 
     def read(self) -> Book: ...
 
@@ -99,7 +99,7 @@ class Recommendations(Protocol):
 
 
 class Lock(Protocol):
-    """What the controller needs of a :class:`hypervisor.lock.ClusterLock` (tests pass fakes)."""
+    """What the controller needs of a :class:`acting.lock.ClusterLock` (tests pass fakes)."""
 
     member: str
 
@@ -183,7 +183,7 @@ class Controller:
     stop: threading.Event = field(default_factory=threading.Event)
     #: Where probe journals live (default: ``<state dir>/journal``, hypervisor.journal).
     journals: Path | None = None
-    #: Failed hosts: detected, fenced, their VMs restarted (hypervisor/failure.py); None: hosts down are only
+    #: Failed hosts: detected, fenced, their VMs restarted (acting/failure.py); None: hosts down are only
     #: reported, as before.
     failover: Failover | None = None
     #: The recommendations book (vetoes are respected in both modes; recommend mode records there).
@@ -337,7 +337,7 @@ class Controller:
 
     def _idle_until(self, deadline: float) -> None:
         """Wait for ``deadline``; the leader samples meanwhile, in equal periods of at most ``--sample`` that end
-        on it (a short last period would make no sample: :mod:`hypervisor.sampling`)."""
+        on it (a short last period would make no sample: :mod:`acting.sampling`)."""
         while not self.stop.is_set():
             left = deadline - self.clock.monotonic()
             if left <= 1e-9:
@@ -508,7 +508,7 @@ class Controller:
     # ------------------------------------------------------------------ failed hosts
 
     def _failures(self, inventory: Inventory) -> None:
-        """Declare hosts down for ``failure_timeout`` failed, then fence and restart (hypervisor/failure.py)."""
+        """Declare hosts down for ``failure_timeout`` failed, then fence and restart (acting/failure.py)."""
         assert self.failover is not None
         cluster, now = self.failover.cluster, self.clock.monotonic()
         for h in inventory.down_hosts():

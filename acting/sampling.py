@@ -34,9 +34,9 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from acting.executor import DONE, ApplyReport, StepResult, apply_plan
 from hypervisor import hazards
 from hypervisor.base import Hypervisor, HypervisorError
-from hypervisor.executor import DONE, ApplyReport, StepResult, apply_plan
 from hypervisor.journal import PROBE, Journal, probe_caps_back, probe_entries, restore_journal
 from vcsched.caps import same_cap
 from vcsched.control.observe import (

@@ -11,7 +11,7 @@ one).  The machine's own ``/etc/libvirt`` is never read or written: each host
 gets fresh, minimal configuration files.  The namespace lives as long as its
 daemons do, so stopping them also drops the bind mounts.
 
-The daemons run under a small reaper of the host's own (:mod:`hypervisor.lab.reaper`, a
+The daemons run under a small reaper of the host's own (:mod:`lab.reaper`, a
 child subreaper): libvirtd starts each QEMU as a daemon, so a QEMU that exits
 is an orphan, and libvirt's ``destroy`` waits until its process is gone from
 ``/proc``, zombie included.  Where the machine's init reaps orphans late (a
@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 from hypervisor.files import write_atomic
-from hypervisor.lab.ports import migration_ports
-from hypervisor.lab.state import (
+from lab.ports import migration_ports
+from lab.state import (
     HOST_MOUNTS,
     LabLayout,
     host_uuid,
@@ -64,7 +64,7 @@ def qemu_conf(address: str | None = None, ports: tuple[int, int] | None = None) 
     VM whose disk another host still leases is refused by libvirt itself — the
     second line of defence beside fencing (docs/operations.md).
 
-    ``ports``: the host's own incoming-migration port range (:func:`hypervisor.lab.ports.migration_ports`).
+    ``ports``: the host's own incoming-migration port range (:func:`lab.ports.migration_ports`).
 
     A TLS host (``address``) also receives migrations only on its own address
     (``migration_address``: without it QEMU listens on every address, and a
@@ -112,7 +112,7 @@ def libvirtd_conf(uuid: str, address: str | None = None) -> str:
 def prepare_host(layout: LabLayout, index: int, *, block: int, tls: bool = False) -> None:
     """Create the host's directories and configuration (idempotent); a TLS host gets its certificates.
 
-    ``block``: the lab's migration port block (:mod:`hypervisor.lab.ports`)."""
+    ``block``: the lab's migration port block (:mod:`lab.ports`)."""
     hd = layout.host_dir(index)
     for sub, _target in HOST_MOUNTS:
         (hd / sub).mkdir(parents=True, exist_ok=True)
@@ -122,7 +122,7 @@ def prepare_host(layout: LabLayout, index: int, *, block: int, tls: bool = False
     (etc / "qemu").mkdir(exist_ok=True)
     address = layout.address(index) if tls else None
     if address is not None:
-        from hypervisor.lab import certs
+        from lab import certs
 
         certs.make_ca(layout.pki_dir, layout.id)
         certs.make_client(layout.pki_dir, layout.id)
@@ -174,7 +174,7 @@ def start_script(layout: LabLayout, index: int, *, mounts: bool = True, virtlogd
     return "\n".join(lines) + "\n"
 
 
-#: What runs a host's start script: under :mod:`hypervisor.lab.reaper`, the host's own init, which reaps its
+#: What runs a host's start script: under :mod:`lab.reaper`, the host's own init, which reaps its
 #: QEMU processes as they end (libvirt waits for that before a destroy or a migration returns).
 REAPED = (sys.executable, "-I", str(Path(__file__).with_name("reaper.py")))
 

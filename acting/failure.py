@@ -1,7 +1,7 @@
 """What `vcsched run` needs to handle failed hosts: the cluster file, the definitions store, the fence runner.
 
 Failure handling (docs/operations.md, "When a host dies") runs on the
-controller's leader, once per interval (:meth:`hypervisor.controller.Controller.tick`):
+controller's leader, once per interval (:meth:`acting.controller.Controller.tick`):
 
 1. a host found down is timed from the first interval this leader saw it
    down; once it has been down for ``failure_timeout`` (cluster file) it is
@@ -9,7 +9,7 @@ controller's leader, once per interval (:meth:`hypervisor.controller.Controller.
    never a failure: ``failure_timeout`` is at least ``host_timeout`` and by
    default three intervals of 30 s;
 2. its VMs' definitions are read from the definitions store
-   (:mod:`hypervisor.definitions`) and the recovery is planned by the core
+   (:mod:`acting.definitions`) and the recovery is planned by the core
    (:func:`vcsched.control.failover.plan_recovery`): creates on the survivors,
    most important first, re-capping the survivors; VMs that cannot be restarted
    are reported (``vm_stranded``, once each, with the reason: no fence agent,
@@ -32,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hypervisor.definitions import DefinitionStore
-from hypervisor.fence import FenceResult, fence_host
+from acting.definitions import DefinitionStore
+from acting.fence import FenceResult, fence_host
 from vcsched.formats.cluster import Cluster, ClusterHost
 
 

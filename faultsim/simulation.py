@@ -1,12 +1,12 @@
 """A deterministic fault simulation of vcsched's acting layer (docs/faultsim.md).
 
 The code under test is vcsched's own: :class:`hypervisor.libvirt_backend.LibvirtHypervisor` (inventory,
-migration, in-doubt settlement / repair) and :func:`hypervisor.executor.apply_plan`, driven by plans that
+migration, in-doubt settlement / repair) and :func:`acting.executor.apply_plan`, driven by plans that
 vcsched's own planners compute (``place``: creations and cap changes; ``drain`` and ``adapt``:
 migrations and cap changes).  What is simulated: libvirt (:mod:`hypervisor.simlibvirt`), the clock, the
 bounded pool and a migration wave's threads (run inline, in order), the cluster lock (:class:`SimLock`:
-the etcd lease semantics of :class:`hypervisor.lock.ClusterLock` — held until released, lost when its
-lease is, ``guard`` raising :class:`hypervisor.lock.LockLost` — without tooz), and the vcsched processes.
+the etcd lease semantics of :class:`acting.lock.ClusterLock` — held until released, lost when its
+lease is, ``guard`` raising :class:`acting.lock.LockLost` — without tooz), and the vcsched processes.
 
 One seeded :class:`random.Random` per schedule decides everything: the starting cluster, the command,
 and at every simulated libvirt call whether to inject one fault of :data:`KINDS`.  By index, every
@@ -102,10 +102,10 @@ class Violation(BaseException):
 class SimLockService:
     """The coordination service (etcd's semantics, on the simulated clock): one holder at a time.
 
-    A holder's heartbeat renews its lease in the background (:meth:`hypervisor.lock.ClusterLock._beat`), so
+    A holder's heartbeat renews its lease in the background (:meth:`acting.lock.ClusterLock._beat`), so
     the lease ends only when released, when its process dies (the kernel frees a file lock; etcd after the
     TTL: here at once, the worse case) or at a ``lease_lost`` fault: the holder's renewals stop.  Its
-    ``held()`` is then False at once (it has seen no renewal for the fence, :data:`hypervisor.lock.
+    ``held()`` is then False at once (it has seen no renewal for the fence, :data:`acting.lock.
     FENCE_FRACTION` of the TTL), and the lease really expires the rest of the TTL later; from then on another
     process may take the lock, and anything the old holder changes on a host is a violation.
     """
@@ -123,14 +123,14 @@ class SimLockService:
         return self.holder == process and (self.expires is None or self.world.now < self.expires)
 
     def lose(self) -> None:
-        from hypervisor.lock import FENCE_FRACTION
+        from acting.lock import FENCE_FRACTION
 
         self.expires = self.world.now + (1 - FENCE_FRACTION) * LEASE_TTL_S
 
 
 @dataclass
 class SimLock:
-    """:class:`hypervisor.lock.ClusterLock`'s contract on :class:`SimLockService` (the controller's ``Lock``)."""
+    """:class:`acting.lock.ClusterLock`'s contract on :class:`SimLockService` (the controller's ``Lock``)."""
 
     service: SimLockService
     pid: int
@@ -139,7 +139,7 @@ class SimLock:
     _held: bool = False
 
     def acquire(self, wait: float = 0.0) -> None:
-        from hypervisor.lock import LockBusy
+        from acting.lock import LockBusy
 
         if not self.service.free():
             raise LockBusy(f"cluster 'sim' is locked by process {self.service.holder}; nothing changed")
@@ -150,7 +150,7 @@ class SimLock:
         return self._held and self.service.holder == self.pid and self.service.expires is None
 
     def guard(self) -> None:
-        from hypervisor.lock import LockLost
+        from acting.lock import LockLost
 
         if not self.held():
             raise LockLost("cluster 'sim': cannot renew the lock's lease; no further step is started")
@@ -233,7 +233,7 @@ class Runtime:
 
 
 class SimClock:
-    """:class:`hypervisor.sampling.Clock` on the simulated clock (a wait is the clock jumping)."""
+    """:class:`acting.sampling.Clock` on the simulated clock (a wait is the clock jumping)."""
 
     def __init__(self, world: SimWorld) -> None:
         self.world = world
@@ -625,7 +625,7 @@ class Schedule:
 
     def command(self, pid: int, *, repair_only: bool = False, final: bool = False) -> str:
         """A command that changes hosts: the lock, a repair, then the plan through the real executor."""
-        from hypervisor.executor import apply_plan
+        from acting.executor import apply_plan
 
         lock = SimLock(self.lock, pid)
         try:
@@ -672,10 +672,10 @@ class Schedule:
 
     def observe_probe(self, pid: int, *, final: bool = False) -> str:
         """``vcsched observe --probe`` (cli/observe.py): sample without the lock, take it, repair, put back the
-        caps of killed probes, then probe (:func:`hypervisor.sampling.probe_and_restore`) and put the caps back.
+        caps of killed probes, then probe (:func:`acting.sampling.probe_and_restore`) and put the caps back.
         The final process checks, after its restore, that no cap is left raised, then probes once more."""
+        from acting.sampling import CpuSampler, probe_and_restore
         from hypervisor.journal import PROBE, Journal
-        from hypervisor.sampling import CpuSampler, probe_and_restore
 
         hv = self.hypervisor()
         stop = threading.Event()

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from hypervisor.executor import DONE, SKIPPED, StepResult
+from acting.executor import DONE, SKIPPED, StepResult
 from vcsched.errors import InputError, VcschedError
 from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetNeedStep, Step
 
@@ -251,7 +251,7 @@ def _failing_as(message: str) -> Iterator[None]:
 
 def recorder(store: DefinitionStore | None, warn: Callable[[str], None],
              then: Callable[[StepResult], None] | None = None) -> Callable[[StepResult], None]:
-    """An ``on_step`` for :func:`hypervisor.executor.apply_plan`: each step that took effect is recorded as it
+    """An ``on_step`` for :func:`acting.executor.apply_plan`: each step that took effect is recorded as it
     finishes (so an interrupted plan still records what it did); a store that cannot be written is said through
     ``warn`` (the step itself stands: the VM runs, only its restart elsewhere would lack the record)."""
 

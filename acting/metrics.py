@@ -92,7 +92,7 @@ class ControllerMetrics:
     steps: dict[tuple[str, str], int] = field(
         default_factory=lambda: {(op, outcome): 0 for op in STEP_OPS for outcome in STEP_OUTCOMES})
     interval_seconds: float | None = None
-    #: Failed hosts (hypervisor/failure.py): counters, and the seconds from failure to each restart (sum, count).
+    #: Failed hosts (acting/failure.py): counters, and the seconds from failure to each restart (sum, count).
     failures: dict[str, int] = field(default_factory=lambda: {k: 0 for k in FAILURE_COUNTERS})
     restart_seconds: tuple[float, int] = (0.0, 0)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

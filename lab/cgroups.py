@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypervisor.lab.state import partition_dir_name, pid_gone
+from lab.state import partition_dir_name, pid_gone
 
 PROC_MOUNTS = Path("/proc/mounts")
 

@@ -3,13 +3,13 @@
 This is the lab's own canary, not the controller's way of creating VMs (that
 is the plan applier in :mod:`hypervisor`): it is what an integration test or
 the calibration needs when it just wants "a guest that uses CPU, here" (or
-disk, or network: :data:`hypervisor.lab.image.WORKLOADS`).
+disk, or network: :data:`lab.image.WORKLOADS`).
 
 An I/O guest gets a raw, file-backed virtio disk (:func:`make_disk`) and a
 virtio NIC of type ``ethernet``: a tap device on the machine with no address,
 no bridge and no route, so its frames reach the machine's kernel and stop
 there (the sender addresses a MAC nobody has, see
-:data:`hypervisor.lab.image.SINK_MAC`).  libvirt names the tap (``vnetN``)
+:data:`lab.image.SINK_MAC`).  libvirt names the tap (``vnetN``)
 and finds a free name itself, so several lab daemons on one machine do not
 collide.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from hypervisor.lab.image import BOOT_MARKER, NO_DRIVER_MARKER, WORKLOADS
-from hypervisor.lab.state import GuestImage
+from lab.image import BOOT_MARKER, NO_DRIVER_MARKER, WORKLOADS
+from lab.state import GuestImage
 from vcsched.errors import VcschedError
 
 

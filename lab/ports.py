@@ -33,7 +33,7 @@ from pathlib import Path
 
 from hypervisor.files import write_atomic
 from hypervisor.journal import process_started
-from hypervisor.lab.state import pid_gone
+from lab.state import pid_gone
 from vcsched.errors import InputError, VcschedError
 
 PORT_BASE, PORTS_PER_HOST, HOSTS_PER_BLOCK, BLOCKS = 49152, 64, 8, 32

@@ -1,9 +1,9 @@
 """The local lab: N real libvirt "hosts" on this one machine, for integration tests and demos.
 
 ``up`` starts N namespaced ``libvirtd`` + ``virtlogd`` pairs (one per host,
-:mod:`hypervisor.lab.daemons`), each with its own cgroup partition
-(:mod:`hypervisor.lab.cgroups`), builds the TCG guest image
-(:mod:`hypervisor.lab.image`) and writes ``cluster.toml`` for the rest of
+:mod:`lab.daemons`), each with its own cgroup partition
+(:mod:`lab.cgroups`), builds the TCG guest image
+(:mod:`lab.image`) and writes ``cluster.toml`` for the rest of
 vcsched.  ``up`` on a lab that already runs *repairs* it — restarts the
 daemons of hosts that died, keeping every guest — and replaces it (destroying
 its guests) only when asked to (``recreate``).  ``down`` undoes all of it and is safe to run any number of times,
@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hypervisor.files import write_atomic
-from hypervisor.lab import cgroups, daemons, fence_agent, ports, qemucaps
-from hypervisor.lab.guest import boot_directly
-from hypervisor.lab.image import BUSYBOX, ensure_image, initramfs_recipe
-from hypervisor.lab.state import (
+from lab import cgroups, daemons, fence_agent, ports, qemucaps
+from lab.guest import boot_directly
+from lab.image import BUSYBOX, ensure_image, initramfs_recipe
+from lab.state import (
     GuestImage,
     LabHost,
     LabLayout,
@@ -91,7 +91,7 @@ class Lab:
     machine_memory_mib: int = 0
     transport: str = "unix"  # how the cluster file reaches the hosts: "unix" sockets or "tls" on loopback addresses
     shared_storage: bool = False
-    port_block: int | None = None  # the migration port block the lab holds (hypervisor/lab/ports.py)
+    port_block: int | None = None  # the migration port block the lab holds (lab/ports.py)
 
 
 @dataclass(frozen=True)

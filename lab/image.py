@@ -57,7 +57,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from hypervisor.files import write_atomic
-from hypervisor.lab.state import DEFAULT_LAB_DIR, GuestImage, guest_cmdline
+from lab.state import DEFAULT_LAB_DIR, GuestImage, guest_cmdline
 from vcsched.errors import VcschedError
 
 #: The image cache's files are readable by everyone (the lab's daemons read them); several test sessions may

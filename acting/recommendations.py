@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
+from acting.lock import CoordinationDown
 from hypervisor.files import write_atomic
-from hypervisor.lock import CoordinationDown
 from vcsched.control.recommend import Book
 from vcsched.errors import VcschedError
 

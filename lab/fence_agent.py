@@ -2,7 +2,7 @@
 
 ``vcsched lab up`` writes an executable ``fence_vcsched_lab`` into the lab
 directory (:func:`install`) and names it in each host's ``fence`` table of the
-cluster file, so that vcsched's fencing (:mod:`hypervisor.fence`) runs the very
+cluster file, so that vcsched's fencing (:mod:`acting.fence`) runs the very
 same path against the lab as against ``fence_ipmilan`` in production.
 
 It reads ``key=value`` lines on stdin like every agent of the fence-agents
@@ -24,7 +24,7 @@ names, unknown options ignored with a warning) and knows:
 
 Exit 1 with a ``Failed: ...`` line on stderr for anything else, as the
 fence-agents do.  Processes are found from the lab directory alone (the host's
-bind mounts, :func:`hypervisor.lab.daemons.namespace_holders`), never by name.
+bind mounts, :func:`lab.daemons.namespace_holders`), never by name.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def _fail(message: str) -> int:
 
 def _host(options: dict[str, str]) -> tuple[object, int] | str:
     """``(layout, index)`` of the host the options name, or why not."""
-    from hypervisor.lab.state import LabLayout
+    from lab.state import LabLayout
 
     if "lab_dir" not in options:
         return "missing option lab_dir"
@@ -122,8 +122,8 @@ def _host(options: dict[str, str]) -> tuple[object, int] | str:
 
 
 def _left(layout: object, index: int) -> list[int]:
-    from hypervisor.lab.daemons import namespace_holders
-    from hypervisor.lab.state import LabLayout, pid_gone
+    from lab.daemons import namespace_holders
+    from lab.state import LabLayout, pid_gone
 
     assert isinstance(layout, LabLayout)
     return [p for p in namespace_holders(layout, index) if not pid_gone(p)]
@@ -154,8 +154,8 @@ def main(stdin: str | None = None) -> int:
         print(f"Status: {'ON' if on else 'OFF'}")
         return EXIT_OK if on else EXIT_STATUS_OFF
     if action == "off":
-        from hypervisor.lab.daemons import kill_namespace
-        from hypervisor.lab.state import LabLayout
+        from lab.daemons import kill_namespace
+        from lab.state import LabLayout
 
         assert isinstance(layout, LabLayout)
         deadline = time.monotonic() + OFF_WAIT_S
@@ -175,10 +175,10 @@ def main(stdin: str | None = None) -> int:
 def script_text(python: str, repo: str) -> str:
     """The executable installed into a lab directory: this module's :func:`main` under ``python``."""
     return (f"#!{python}\n"
-            f'"""{AGENT_NAME}: the vcsched lab\'s fence agent (hypervisor/lab/fence_agent.py)."""\n'
+            f'"""{AGENT_NAME}: the vcsched lab\'s fence agent (lab/fence_agent.py)."""\n'
             "import sys\n"
             f"sys.path.insert(0, {repo!r})\n"
-            "from hypervisor.lab.fence_agent import main\n"
+            "from lab.fence_agent import main\n"
             "sys.exit(main())\n")
 
 

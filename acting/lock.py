@@ -46,12 +46,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
-from hypervisor.files import write_atomic
+from hypervisor.files import STATE_DIR_ENV, state_dir, write_atomic  # noqa: F401  (STATE_DIR_ENV re-exported)
 from vcsched.errors import InputError, VcschedError
 from vcsched.formats.cluster import check_coordination_url
 
 COORDINATION_ENV = "VCSCHED_COORDINATION"
-STATE_DIR_ENV = "VCSCHED_STATE_DIR"
 DEFAULT_TTL = 10.0  # seconds a dead holder keeps an etcd lock
 #: A holder stops starting steps once its last renewal is this much of the TTL old: it must stop *before*
 #: the lease can expire and someone else take the lock.
@@ -77,14 +76,6 @@ class LockLost(VcschedError):
     exit_code = 1
 
 
-def state_dir() -> Path:
-    """vcsched's own state: ``$VCSCHED_STATE_DIR``, else /var/lib/vcsched for root, else ~/.local/state/vcsched."""
-    env = os.environ.get(STATE_DIR_ENV)
-    if env:
-        return Path(env)
-    if os.geteuid() == 0:
-        return Path("/var/lib/vcsched")
-    return Path.home() / ".local" / "state" / "vcsched"
 
 
 def default_url() -> str:

@@ -195,7 +195,7 @@ class LabLayout:
 
     @property
     def lockspace_dir(self) -> Path:
-        """virtlockd's lockspace, the same directory for every host (hypervisor/lab/daemons.py, lockd_conf)."""
+        """virtlockd's lockspace, the same directory for every host (lab/daemons.py, lockd_conf)."""
         return self.root / "lockspace"
 
     @property
@@ -284,7 +284,7 @@ def render_cluster_toml(name: str, hosts: Iterable[LabHost], guest: GuestImage |
                         lab_dir: Path | None = None) -> str:
     """The cluster file in the format the libvirt-side developers agreed on (docs/lab.md).
 
-    ``fence_agent`` (with ``lab_dir``): the lab's fence agent (:mod:`hypervisor.lab.fence_agent`), named in
+    ``fence_agent`` (with ``lab_dir``): the lab's fence agent (:mod:`lab.fence_agent`), named in
     every host's ``fence`` table with the host as its ``plug``.
     """
     hosts = list(hosts)

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from hypervisor.files import write_atomic
-from hypervisor.lab.image import CACHE_MODE
+from lab.image import CACHE_MODE
 
 #: Where a lab host's libvirtd keeps the cache, relative to its host dir (``cache`` is bound over /var/cache/libvirt).
 HOST_CACHE = Path("cache") / "qemu" / "capabilities"

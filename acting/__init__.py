@@ -1,0 +1,14 @@
+"""The acting runtime: everything that changes hosts, and the one way it does.
+
+Data flows one way (docs/architecture.md): a command or the controller decides with the pure core
+(:mod:`vcsched`), which returns a plan (a value); this package acts on it under the cluster lock, through the
+libvirt adapter (:mod:`hypervisor`).  What lives here:
+
+* :mod:`acting.executor` — applies a plan step by step (already done / act / verify), idempotently;
+* :mod:`acting.lock` — the cluster lock (tooz: a file or etcd), its lease and guard;
+* :mod:`acting.definitions`, :mod:`acting.recommendations` — the stores kept beside the lock;
+* :mod:`acting.fence`, :mod:`acting.failure` — fencing failed hosts through ClusterLabs agents;
+* :mod:`acting.controller`, :mod:`acting.sampling`, :mod:`acting.events`, :mod:`acting.metrics` — `vcsched run`.
+
+Nothing here imports libvirt; :mod:`hypervisor` never imports this package.
+"""
