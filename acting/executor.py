@@ -416,6 +416,33 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
     return _snapshot_matches(hv.inventory(), plan)
 
 
+def check_whole(hv: Hypervisor, plan: Plan, *, force: bool = False) -> tuple[Inventory, bool]:
+    """The plan checked whole against the live inventory, before its first step: the live inventory it was
+    checked on, and whether the snapshot matched (``force``: a mismatch is allowed, and said).
+
+    Raises (nothing changed): :class:`SnapshotMismatch` (unless ``force``), :class:`PlanRefused` when the plan
+    replayed on the live cluster does not hold at some step, :class:`vcsched.plans.claims.PlanMismatch` for a
+    false claim, :class:`InputError` for a VM it cannot create.  :func:`apply_plan` runs it first; the unit of
+    work (acting/unit_of_work.py) runs it on its own before an irreversible action that the plan must follow.
+    """
+    for i, step in enumerate(plan.steps):
+        if step.op not in RUNNERS:
+            raise InputError(f"plan.steps[{i}].op: no runner for {step.op!r} in this vcsched")
+    inventory = hv.inventory()
+    matched = _snapshot_matches(inventory, plan)
+    if not matched and not force:
+        again = "place" if plan.kind == "place" else "adapt"
+        raise SnapshotMismatch(f"plan.snapshot: cluster {plan.cluster!r} changed since this plan was computed "
+                               f"(compute a new one with `vcsched {again}`, or apply anyway with --force)")
+    try:
+        check_plan(plan.steps, inventory, created=created_devices(hv, plan.steps))
+    except InputError as exc:
+        raise PlanRefused(str(exc)) from None  # the message names the step and the field, as bad input does
+    check_claims(plan, inventory)
+    check_creates(hv, plan.steps, inventory)
+    return inventory, matched
+
+
 def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
                on_step: Callable[[StepResult], None] | None = None,
                guard: Callable[[], None] | None = None, threads: bool = True) -> ApplyReport:
@@ -435,21 +462,7 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
     ``threads=False`` runs a wave's migrations one after the other, in plan order, in the caller's thread (a
     deterministic simulation); by default they run at once.
     """
-    for i, step in enumerate(plan.steps):
-        if step.op not in RUNNERS:
-            raise InputError(f"plan.steps[{i}].op: no runner for {step.op!r} in this vcsched")
-    inventory = hv.inventory()
-    matched = _snapshot_matches(inventory, plan)
-    if not matched and not force:
-        again = "place" if plan.kind == "place" else "adapt"
-        raise SnapshotMismatch(f"plan.snapshot: cluster {plan.cluster!r} changed since this plan was computed "
-                               f"(compute a new one with `vcsched {again}`, or apply anyway with --force)")
-    try:
-        check_plan(plan.steps, inventory, created=created_devices(hv, plan.steps))
-    except InputError as exc:
-        raise PlanRefused(str(exc)) from None  # the message names the step and the field, as bad input does
-    check_claims(plan, inventory)
-    check_creates(hv, plan.steps, inventory)
+    inventory, matched = check_whole(hv, plan, force=force)
     results: list[StepResult] = []
     failed = False
     stopped: str | None = None

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from rich.progress import ProgressColumn
 
     from acting.executor import ApplyReport
-    from acting.lock import ClusterLock
+    from acting.unit_of_work import Reporting, UnitOfWork
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.live import LiveAdaptation
     from vcsched.experiments import OnProgress
@@ -238,80 +238,31 @@ def render_moves(live: LiveAdaptation) -> None:
     console.print(table)
 
 
-@contextmanager
-def cluster_lock(cluster: Cluster, coordination: str | None, wait: float, *, ttl: float | None = None,
-                 needed: bool = True, hv: LibvirtHypervisor | None = None,
-                 settle: bool = True) -> Iterator[ClusterLock | None]:
-    """The cluster's lock while the block runs (``needed=False``: a dry run, no lock); see acting.lock.
+def reporting() -> Reporting:
+    """How a command's unit of work speaks (acting/unit_of_work.py): notes on stderr (``--json`` keeps stdout one
+    document); what settling did is said by the adapter's own notices (``LibvirtHypervisor(on_notice=notice)``)."""
+    from acting.unit_of_work import Reporting
 
-    The lock is named after the cluster's hosts — their libvirt identities, read through ``hv`` (else through
-    connections opened for the purpose) — not after the file's ``name`` (hypervisor/identity.py).
-
-    With ``hv`` (a command that changes hosts through it): once the lock is taken, in-doubt VMs are settled
-    first (:func:`settle_first`, what `vcsched repair --apply` does; ``settle=False``: the caller repairs), and
-    a migration that would outlive the lock's lease is aborted (``hv.lease``).
-    """
-    if not needed:
-        yield None
-        return
-    from acting.lock import DEFAULT_TTL, holding, resolve_url
-    from hypervisor.identity import lock_key
-
-    url = resolve_url(coordination, cluster.coordination)
-    key = lock_key(host_identities(cluster, hv).values())
-    with holding(url, cluster.name, wait, ttl or cluster.lock_ttl or DEFAULT_TTL, key=key) as lock:
-        if hv is not None:
-            hv.lease = lock.held
-            if settle:
-                settle_first(hv, lock.guard)
-        try:
-            yield lock
-        finally:
-            if hv is not None:
-                hv.lease = None
-
-
-def note_in_doubt(inventory: Inventory) -> None:
-    """For commands that only read (dry runs, observe): each in-doubt VM and what `vcsched repair --apply` would
-    do about it, one note each on stderr.  Nothing is changed."""
-    from hypervisor.settlement import RepairReport, plan_repair
-
-    if not inventory.in_doubt:
-        return
-    for d in inventory.in_doubt:
-        where = ", ".join(f"{h} ({st})" for h, st in zip(d.hosts, d.states, strict=True))
-        notice(f"{d.vm} is in doubt (on {where}): nothing acts on it until `vcsched repair --apply` settles it")
-    for line in RepairReport(plan_repair(inventory), applied=False).lines():
-        notice(f"vcsched repair: {line}")
-
-
-def settle_first(hv: LibvirtHypervisor, guard: Callable[[], None]) -> None:
-    """At the start of a command that changes hosts, under its lock: settle the in-doubt VMs that can be (each
-    action one note on stderr).  With a host down nothing is settled: said in one note when some VM is in doubt,
-    and the command goes on (its plan leaves in-doubt VMs alone)."""
-    report = hv.repair(guard)
-    if report.plan.refused is not None and report.plan.in_doubt:
-        notice(f"{len(report.plan.in_doubt)} in-doubt VM(s) not settled: {report.plan.refused}; `vcsched repair` "
-               "settles them once every host answers")
+    return Reporting(note=notice)
 
 
 @contextmanager
-def deciding_on(cluster: Cluster, *, apply: bool, coordination: str | None, wait: float, ttl: float | None,
-                quiet: bool) -> Iterator[tuple[LibvirtHypervisor, ClusterLock | None, Inventory]]:
-    """The hosts of a command that decides and, with --apply, acts (place, adapt, drain): connections to them,
-    the cluster lock when it applies (a dry run takes none), and the inventory read under it.  A dry run reads
-    only: its in-doubt VMs are noted, never settled.  The hosts that are down are said first (unless ``quiet``:
-    --json says them in its document)."""
+def acting_on(cluster: Cluster, *, apply: bool, coordination: str | None, wait: float, ttl: float | None,
+              quiet: bool, settle: bool = True) -> Iterator[tuple[UnitOfWork, Inventory]]:
+    """The unit of work of a command that decides and, with --apply, acts (place, adapt, drain, apply, recover,
+    approve): connections to the hosts, the cluster lock when it applies (a dry run takes none, reads only and
+    notes its in-doubt VMs), and the inventory read under it.  The hosts that are down are said first (unless
+    ``quiet``: --json says them in its document)."""
+    from acting.unit_of_work import for_cluster
     from hypervisor.libvirt_backend import LibvirtHypervisor
 
     with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
-            cluster_lock(cluster, coordination, wait, ttl=ttl, needed=apply, hv=hv) as lock:
-        inventory = hv.inventory()
-        if lock is None:
-            note_in_doubt(inventory)
+            for_cluster(cluster, hv, apply=apply, coordination=coordination, wait=wait, ttl=ttl, settle=settle,
+                        reporting=reporting()) as uow:
+        inventory = uow.inventory()
         if not quiet:
             render_hosts_down(inventory)
-        yield hv, lock, inventory
+        yield uow, inventory
 
 
 def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> dict[str, str]:
@@ -325,42 +276,18 @@ def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> di
         return own.identities()
 
 
-def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
-              lock: ClusterLock | None = None, planned_here: bool = False) -> ApplyReport:
-    """Apply with a progress bar (unless ``quiet``), one line per step as it finishes; under ``lock``.
-
-    ``planned_here``: the plan was computed by this command (``place``, ``adapt``, ``drain`` with ``--apply``)
-    from a read moments earlier.  If the cluster changed in between (a host stopped answering or came back:
-    seen by the lab chaos test), the command is refused (exit 1) and asked to be run again, instead of the
-    saved-plan advice ("compute a new one with `vcsched adapt`, or apply anyway with --force"), which these
-    commands cannot follow.
-
-    Every step that takes effect is recorded in the definitions store of the lock's coordination backend
-    (acting/definitions.py), so that the VMs it creates or moves can be restarted if their host fails.
-    """
-    from acting.executor import ClusterChangedMeanwhile, SnapshotMismatch
-
-    try:
-        return _run_apply(hv, plan, force=force, quiet=quiet, lock=lock)
-    except SnapshotMismatch:
-        if not planned_here:
-            raise
-        raise ClusterChangedMeanwhile(
-            f"cluster {plan.cluster!r} changed while this command ran (a host stopped answering or came back, or a "
-            "VM changed, between its planning read and its first step): nothing changed; run it again") from None
-
-
-def _run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
-               lock: ClusterLock | None) -> ApplyReport:
+def apply_shown(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False, planned_here: bool = False,
+                irreversible: Callable[[], bool] | None = None) -> ApplyReport | None:
+    """:meth:`acting.unit_of_work.UnitOfWork.apply`, with a progress bar (unless ``quiet``), one line per step as
+    it finishes.  ``planned_here``: the plan was computed by this command from a read moments earlier (``place``,
+    ``adapt``, ``drain``, ``recover`` with ``--apply``): a cluster that changed in between is refused (exit 1)
+    and the command asked to be run again, instead of the saved-plan advice (recompute, or --force)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from acting.definitions import DefinitionStore, recorder
-    from acting.executor import StepResult, apply_plan
+    from acting.executor import StepResult
 
-    guard = lock.guard if lock is not None else None
-    store = DefinitionStore.for_url(lock.url, hv.cluster.name) if lock is not None else None
     if quiet or not plan.steps:
-        return apply_plan(hv, plan, force=force, guard=guard, on_step=recorder(store, notice))
+        return uow.apply(plan, force=force, planned_here=planned_here, irreversible=irreversible)
     with Progress(TextColumn("applying"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   console=console, transient=True) as progress:
         task = progress.add_task("", total=len(plan.steps))
@@ -368,7 +295,15 @@ def _run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
         def on_step(r: StepResult) -> None:
             progress.update(task, advance=1, description=f"{r.step.op} {r.step.vm}: {r.outcome}")
 
-        return apply_plan(hv, plan, force=force, on_step=recorder(store, notice, on_step), guard=guard)
+        return uow.apply(plan, force=force, planned_here=planned_here, irreversible=irreversible, on_step=on_step)
+
+
+def run_apply(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False,
+              planned_here: bool = False) -> ApplyReport:
+    """:func:`apply_shown` of a plan with no irreversible action first: always a report."""
+    report = apply_shown(uow, plan, quiet=quiet, force=force, planned_here=planned_here)
+    assert report is not None  # only an irreversible action that fails applies nothing
+    return report
 
 
 def render_report(report: ApplyReport) -> None:

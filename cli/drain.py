@@ -8,9 +8,9 @@ import click
 
 from cli.app import EXIT_OK, console, emit_json, refuse
 from cli.common import (
+    acting_on,
     apply_exit_code,
     cluster_path,
-    deciding_on,
     hosts_down,
     load_cluster,
     render_moves,
@@ -82,8 +82,8 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     path = cluster_path(cluster_file)
     cluster = load_cluster(str(path))
     cluster.host(host)
-    with deciding_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
-                     quiet=as_json) as (hv, lock, inventory):
+    with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
+                   quiet=as_json) as (uow, inventory):
         down = hosts_down(inventory)
         try:
             live = adapt_inventory(cluster.name, inventory, budget, algorithm=algorithm, parallel=parallel,
@@ -135,7 +135,7 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
                     emit_json(out | {"ok": False, "applied": None, "refused": blocked})
                 return refuse(f"not applied: {blocked}")
             set_maintenance(path, host, True)  # nothing new lands there from now on
-            report = run_apply(hv, live.plan, force=False, quiet=as_json, lock=lock, planned_here=True)
+            report = run_apply(uow, live.plan, quiet=as_json, planned_here=True)
             out["apply"] = report.to_dict()
             if not as_json:
                 console.print(f"{host} is in maintenance ({path})", highlight=False)

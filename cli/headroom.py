@@ -39,11 +39,11 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
     Exit codes: 0 answered (even when none fits), 1 every host is down,
     2 bad input (an unknown key or a value the request would refuse).
     """
-    from cli.common import deciding_on, hosts_down, load_cluster
+    from cli.common import acting_on, hosts_down, load_cluster
     from vcsched.control.headroom import headroom_for
 
     cluster = load_cluster(cluster_file)
-    with deciding_on(cluster, apply=False, coordination=None, wait=0.0, ttl=None, quiet=as_json) as (_, _, inv):
+    with acting_on(cluster, apply=False, coordination=None, wait=0.0, ttl=None, quiet=as_json) as (_, inv):
         answer = headroom_for(cluster, inv, shape, failures=failures, min_yield=min_yield)
     if as_json:
         emit_json({"ok": True, **answer.to_dict(), "hosts_down": hosts_down(inv)})

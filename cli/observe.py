@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from cli.app import EXIT_OK, console, emit_json, err_console
-from cli.common import apply_exit_code, cluster_lock, load_cluster, note_in_doubt, notice
+from cli.common import apply_exit_code, load_cluster, notice, reporting
 from cli.params import Duration, cluster_option, json_option, lock_options
 
 
@@ -59,6 +59,7 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     """
     from acting.executor import ApplyReport
     from acting.sampling import CpuSampler, probe_and_restore, record_estimates
+    from acting.unit_of_work import for_cluster
     from cli.signals import stopping_on_signals
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.admission import HostsDown
@@ -81,10 +82,12 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
             raise HostsDown(f"every host of cluster {cluster.name!r} is down: "
                             + "; ".join(f"{h.name}: {h.down}" for h in inventory.hosts))
         estimates = estimate_all(inventory, sampler.samples())
-        if not changing:  # reading only: in-doubt VMs are reported, never settled
-            note_in_doubt(inventory)
-        with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=changing, hv=hv) as lock:
-            guard = lock.guard if lock is not None else None
+        work = for_cluster(cluster, hv, apply=changing, coordination=coordination, wait=wait, ttl=lock_ttl,
+                           reporting=reporting())
+        if work.dry_run:  # reading only: in-doubt VMs are reported, never settled
+            work.note_in_doubt(inventory)
+        with work as uow:
+            guard = uow.lock_guard if changing else None
             if probe:
                 restore_left_probes(hv, guard, quiet=as_json)
 

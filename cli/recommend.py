@@ -114,7 +114,8 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     finishes; the report says what was done).
     """
     from acting.lock import member_id
-    from cli.common import apply_exit_code, cluster_lock, load_cluster, notice, render_report, run_apply
+    from acting.unit_of_work import for_cluster
+    from cli.common import apply_exit_code, load_cluster, notice, render_report, reporting, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control import recommend as rc
     from vcsched.errors import InputError
@@ -125,11 +126,12 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     with LibvirtHypervisor(cluster, on_notice=notice) as hv:
         store = _store(cluster, coordination, hv)
         store.read().get(rec_id)  # an unknown id is bad input before any lock is taken
-        with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, hv=hv) as lock:
+        with for_cluster(cluster, hv, apply=True, coordination=coordination, wait=wait, ttl=lock_ttl,
+                         reporting=reporting()) as uow:
             rec = store.update(lambda book: rc.approve(book, rec_id, time.time(), member_id()))
             try:
                 plan = plan_from_dict(dict(rec.plan))
-                report = run_apply(hv, plan, force=False, quiet=as_json, lock=lock)
+                report = run_apply(uow, plan, quiet=as_json)
             except (InputError, PlanMismatch) as exc:  # the snapshot, the plan replayed, its claims: no longer holds
                 why = f"the cluster changed since it was made: {exc}"
                 store.update(lambda book: rc.settle(book, rec_id, rc.STALE, why))

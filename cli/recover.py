@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cli.app import EXIT_OK, console, emit_json, refuse
-from cli.common import cluster_lock
 from cli.params import cluster_option, json_option, lock_options
 
 if TYPE_CHECKING:
@@ -53,29 +52,19 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
     locked, 2 bad input, 130 interrupted (a running step finishes first).
     """
     from acting.definitions import DefinitionStore
-    from acting.fence import fence_host
+    from acting.executor import PlanRefused
+    from acting.fence import FenceResult, fence_host
     from acting.lock import resolve_url
-    from cli.common import (
-        apply_exit_code,
-        load_cluster,
-        note_in_doubt,
-        notice,
-        render_plan,
-        render_report,
-        run_apply,
-    )
-    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from cli.common import acting_on, apply_exit_code, apply_shown, load_cluster, render_plan, render_report
     from vcsched.control.failover import plan_recovery
+    from vcsched.plans.claims import PlanMismatch
 
     cluster = load_cluster(cluster_file)
     cluster.host(host)
     store = DefinitionStore.for_url(resolve_url(coordination, cluster.coordination), cluster.name)
     out: dict[str, Any] = {"host": host}
-    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
-            cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
-        inventory = hv.inventory()
-        if lock is None:  # a dry run reads only: in-doubt VMs are reported, never settled
-            note_in_doubt(inventory)
+    with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
+                   quiet=True) as (uow, inventory):
         state = inventory.host(host)
         if state.down is None:
             reason = f"host {host} answers: it has not failed; nothing changed (`vcsched drain {host}` moves its VMs)"
@@ -91,15 +80,24 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
                 render_plan(recovery.plan, inventory)
         report = None
         if do_apply and recovery.plan is not None:
-            assert lock is not None
-            lock.guard()
-            fenced = fence_host(cluster.host(host))
-            out["fence"] = fenced.to_dict()
-            if not fenced.fenced:
-                return _refused(out, f"{fenced.detail}: nothing restarted", as_json)
-            if not as_json:
-                console.print(f"[green]fenced[/]: {fenced.detail} ({fenced.seconds:.1f} s)", highlight=False)
-            report = run_apply(hv, recovery.plan, force=False, quiet=as_json, lock=lock)
+            fenced: list[FenceResult] = []
+
+            def fence() -> bool:
+                fenced.append(fence_host(cluster.host(host)))
+                out["fence"] = fenced[0].to_dict()
+                if fenced[0].fenced and not as_json:
+                    console.print(f"[green]fenced[/]: {fenced[0].detail} ({fenced[0].seconds:.1f} s)",
+                                  highlight=False)
+                return fenced[0].fenced
+
+            try:  # the plan is checked whole on the live cluster before the host is fenced (acting/unit_of_work.py)
+                report = apply_shown(uow, recovery.plan, quiet=as_json, planned_here=True, irreversible=fence)
+            except (PlanRefused, PlanMismatch) as exc:
+                done = f"{host} was fenced" if fenced else "nothing fenced"
+                return _refused(out, f"the recovery plan does not hold on the live cluster: {exc}; {done}, "
+                                "nothing restarted", as_json)
+            if report is None:
+                return _refused(out, f"{fenced[0].detail}: nothing restarted", as_json)
             out["apply"] = report.to_dict()
             if not as_json:
                 render_report(report)

@@ -251,7 +251,8 @@ def solo() -> Iterator[Lab]:
 
 def test_two_labs_named_lab_have_two_locks_and_two_files_for_one_lab_share_one(lab2: Lab, solo: Lab,
                                                                                  tmp_path: Path) -> None:
-    from cli.common import cluster_lock, load_cluster
+    from acting.unit_of_work import for_cluster
+    from cli.common import load_cluster
 
     assert cluster_of(lab2).name == cluster_of(solo).name == "lab"
     renamed = tomllib.loads(lab2.cluster_file.read_text())
@@ -262,7 +263,8 @@ def test_two_labs_named_lab_have_two_locks_and_two_files_for_one_lab_share_one(l
             h["uri"] = h["uri"].replace("/run/libvirt-sock", "/run/./libvirt-sock")
     other = tmp_path / "prod.toml"
     other.write_text(_toml(renamed))
-    with cluster_lock(load_cluster(str(lab2.cluster_file)), None, 0.0):
+    held = load_cluster(str(lab2.cluster_file))
+    with LibvirtHypervisor(held) as hv, for_cluster(held, hv, apply=True, settle=False):
         free = run("adapt", "--cluster", solo.cluster_file, "--budget", "0", "--apply")
         assert free.exit_code == 0, free.output  # another lab, also named "lab": not locked
         busy = run("adapt", "--cluster", other, "--budget", "0", "--apply")
