@@ -59,18 +59,19 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from acting.definitions import StoreError, recorder
+from acting.definitions import StoreError
 from acting.events import EventLog
-from acting.executor import DONE, ApplyReport, StepResult, apply_plan
+from acting.executor import DONE, ApplyReport, StepResult
 from acting.failure import Failover, FailureState
 from acting.lock import LockBusy
 from acting.metrics import ControllerMetrics, HostMetrics, VmMetrics
 from acting.sampling import Clock, CpuSampler, SystemClock
+from acting.unit_of_work import Reporting, UnitOfWork
 from hypervisor.base import Hypervisor
 from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries, restore_journal
 from vcsched.control.failover import plan_recovery
@@ -82,6 +83,9 @@ from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
 from vcsched.plans.reasons import effect, step_reasons
 from vcsched.plans.steps import CreateStep, MigrateStep
+
+if TYPE_CHECKING:
+    from hypervisor.settlement import RepairReport
 
 
 class Stopping(VcschedError):
@@ -278,24 +282,22 @@ class Controller:
                 cluster_lock.guard()
         return guard
 
-    @contextlib.contextmanager
-    def _acting(self, what: str) -> Iterator[Lock | None]:
-        """The cluster lock while the block changes hosts (a dry run: no lock, None).  Busy: LockBusy."""
-        if self.options.dry_run:
-            yield None
-            return
-        lock = self.cluster_lock()
-        lock.acquire(self.options.lock_wait_s)
-        try:
-            self.hv.lease = lock.held
-            report = self.hv.repair(lock.guard)  # in-doubt VMs settled first, under the lock (docs/operations.md)
+    def _acting(self) -> UnitOfWork:
+        """The unit of work of one change of hosts (acting/unit_of_work.py): the cluster lock (busy: LockBusy),
+        in-doubt VMs settled first (each a ``repair`` event), every step under :meth:`_guard`, recorded in the
+        definitions store; a dry run takes no lock and changes nothing."""
+        def settled(report: RepairReport) -> None:
             for a, outcome, detail in report.outcomes:
                 self.events.emit("repair", vm=a.vm, host=a.host, action=a.action, outcome=outcome,
                                  detail=detail or a.why)
-            yield lock
-        finally:
-            self.hv.lease = None
-            lock.release()
+
+        def warn(line: str) -> None:
+            self.events.emit("error", during="definitions", error=line, type="StoreError")
+
+        return UnitOfWork(self.hv, None if self.options.dry_run else self.cluster_lock(),
+                          wait=self.options.lock_wait_s,
+                          store=self.failover.store if self.failover is not None else None,
+                          reporting=Reporting(note=warn, settled=settled), before_step=self._guard(None))
 
     # ------------------------------------------------------------------ the loop
 
@@ -439,8 +441,8 @@ class Controller:
         if o.dry_run:
             return
         try:
-            with self._acting(decision.kind) as lock:
-                fresh = self.hv.inventory()  # planned again on what the hosts hold now, under the lock
+            with self._acting() as uow:
+                fresh = uow.inventory()  # planned again on what the hosts hold now, under the lock
                 live = self.rebalancer.plan_for(decision.kind, fresh, needs, decision.pinned)
                 if live.plan is None or not live.plan.steps:
                     if live.plan is not None:
@@ -448,11 +450,11 @@ class Controller:
                     self.events.emit("applied", kind=decision.kind, ok=True, steps=0, migrated_bytes=0,
                                      reason="nothing left to do on the fresh inventory")
                     return
-                report = self._apply(live.plan, lock, decision.kind, take_over=True)
+                report = self._apply(uow, live.plan, decision.kind, take_over=True)
         except LockBusy as exc:
             self.events.emit("lock-busy", action=decision.kind, reason=str(exc))
             return
-        if report.results:
+        if report is not None and report.results:
             self.sampler.restart([r.step.vm for r in report.results])
             self._publish(self.hv.inventory(), self.estimates)
 
@@ -469,11 +471,13 @@ class Controller:
         self.events.emit("recommendation", id=kept.id, kind=kept.kind, new=kept.id == rec.id, reason=kept.reason,
                          steps=len(plan.steps), effect=kept.effect, valid_until=kept.valid_until)
 
-    def _apply(self, plan: Plan, lock: Lock | None, kind: str, take_over: bool = False,
-               after_step: Callable[[StepResult], None] | None = None) -> ApplyReport:
-        """Apply ``plan`` under ``lock``; ``take_over``: a plan that sets every cap, which, applied whole, makes
-        this interval's probe caps its own (module docstring).  ``after_step`` runs as each step ends, so that
-        what a step did is said even when a stop (SIGTERM) ends the plan early."""
+    def _apply(self, uow: UnitOfWork, plan: Plan, kind: str, take_over: bool = False,
+               after_step: Callable[[StepResult], None] | None = None,
+               irreversible: Callable[[], bool] | None = None) -> ApplyReport | None:
+        """Apply ``plan`` through ``uow`` (each step an event and a metric); ``take_over``: a plan that sets every
+        cap, which, applied whole, makes this interval's probe caps its own (module docstring).  ``after_step``
+        runs as each step ends, so that what a step did is said even when a stop (SIGTERM) ends the plan early.
+        ``irreversible`` (fencing): run once the plan is validated whole; None when it failed (nothing applied)."""
         start = self.clock.monotonic()
 
         def on_step(r: StepResult) -> None:
@@ -483,11 +487,9 @@ class Controller:
             if after_step is not None:
                 after_step(r)
 
-        def warn(line: str) -> None:
-            self.events.emit("error", during="definitions", error=line, type="StoreError")
-
-        store = self.failover.store if self.failover is not None else None
-        report = apply_plan(self.hv, plan, guard=self._guard(lock), on_step=recorder(store, warn, on_step))
+        report = uow.apply(plan, irreversible=irreversible, on_step=on_step)
+        if report is None:
+            return None
         moved = sum(r.step.bytes for r in report.results
                     if isinstance(r.step, MigrateStep) and r.outcome == DONE)
         self.metrics.add_plan(report.ok, moved)
@@ -545,8 +547,8 @@ class Controller:
         self.events.emit("plan", kind="recover", dry_run=self.options.dry_run, plan=recovery.plan.to_dict())
         if self.options.dry_run:
             return
-        with self._acting("recover") as lock:
-            fresh = self.hv.inventory()
+        with self._acting() as uow:
+            fresh = uow.inventory()
             if fresh.host(host).down is None:
                 self.events.emit("decision", kind="recover", reason=f"host {host} answers again: nothing restarted")
                 return
@@ -554,15 +556,20 @@ class Controller:
             self._stranded(host, recovery.stranded)
             if recovery.plan is None:
                 return
-            if host not in self.failures.fenced:
-                assert lock is not None
-                lock.guard()
-                result = self.failover.fence(cluster.host(host))
+            failover = self.failover
+
+            def fence() -> bool:
+                """Once the recovery plan is validated whole (acting/unit_of_work.py), once per failure."""
+                if host in self.failures.fenced:
+                    return True
+                result = failover.fence(cluster.host(host))
                 self.metrics.add_failure("fence_ok" if result.fenced else "fence_failed")
                 self.events.emit("host_fenced", **result.to_dict())
                 if not result.fenced:
-                    return  # its VMs may still run there: nothing is created; tried again next interval
+                    return False  # its VMs may still run there: nothing is created; tried again next interval
                 self.failures.fenced.add(host)
+                return True
+
             detected = self.failures.failed_at.get(host, self.clock.monotonic())
 
             def restarted(r: StepResult) -> None:
@@ -572,7 +579,7 @@ class Controller:
                     self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, failed_host=host,
                                      seconds_since_failed=round(seconds, 3))
 
-            self._apply(recovery.plan, lock, "recover", after_step=restarted)
+            self._apply(uow, recovery.plan, "recover", after_step=restarted, irreversible=fence)
 
     def _probe(self, inventory: Inventory, estimates: dict[str, Estimate]) -> tuple[Inventory, dict[str, Estimate]]:
         """Raise the caps of VMs that want a probe into unused capacity, sample, estimate again (module docstring)."""
@@ -582,8 +589,8 @@ class Controller:
             self.events.emit("probe", dry_run=True, caps=caps)
             return inventory, estimates
         try:
-            with self._acting("probe") as lock:
-                fresh = self.hv.inventory()
+            with self._acting() as uow:
+                fresh = uow.inventory()
                 caps = probe_caps(fresh, self._estimate(fresh), o.params)
                 if not caps:
                     return fresh, self.estimates
@@ -591,10 +598,11 @@ class Controller:
                 self.events.emit("probe", dry_run=False, caps=caps, before=before, seconds=o.probe_s)
                 self._journal.write(cluster=fresh.cluster, vms=probe_entries(fresh, caps))  # before raising
                 self._probe_open = True
-                report = self._apply(cap_plan(fresh, caps), lock, "probe")
+                report = self._apply(uow, cap_plan(fresh, caps), "probe")
         except LockBusy as exc:
             self.events.emit("lock-busy", action="probe", reason=str(exc))
             return inventory, estimates
+        assert report is not None  # no irreversible action: a report always
         raised = frozenset(r.step.vm for r in report.results if r.outcome == DONE)
         if not raised:
             return inventory, estimates
@@ -633,9 +641,9 @@ class Controller:
 
     def _restore(self, what: str, own: bool) -> None:
         try:
-            with self._acting(what) as lock:
+            with self._acting() as uow:
                 # Not the steps' guard: a stop (SIGTERM) must not stop this; only a lost cluster lock may.
-                guard = lock.guard if lock is not None else None
+                guard = None if uow.dry_run else uow.lock_guard
                 report = restore_journal(self.hv, kinds=(PROBE,), directory=self._journal.directory, guard=guard,
                                          own=own)
         except LockBusy as exc:

@@ -214,7 +214,8 @@ class UnitOfWork:
               irreversible: Callable[[], bool] | None = None,
               on_step: Callable[[StepResult], None] | None = None, threads: bool = True) -> ApplyReport | None:
         """Validate ``plan`` whole, then (with ``irreversible``) perform the irreversible action it must follow,
-        then apply it step by step under :meth:`guard`, recording each step that took effect.
+        then apply it step by step under :meth:`guard`, recording each step that took effect.  (The executor
+        checks the whole plan again before its first step: after an irreversible action, on what it left.)
 
         ``irreversible`` runs only once the plan is known to hold on the live cluster, under the guard; it
         returns whether it succeeded: False (fencing failed, the host may still run its VMs) applies nothing
@@ -224,8 +225,8 @@ class UnitOfWork:
             raise DryRun("the unit of work is not open: enter it (`with UnitOfWork(...)`) before applying")
         if self.dry_run:
             raise DryRun("a dry run does not apply: a unit of work without a lock only reads")
-        self.validate(plan, force=force, planned_here=planned_here)
-        if irreversible is not None:
+        if irreversible is not None:  # else the executor's own whole-plan check, below, is the one before acting
+            self.validate(plan, force=force, planned_here=planned_here)
             self.guard()
             if not irreversible():
                 return None

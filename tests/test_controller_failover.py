@@ -134,3 +134,17 @@ def test_a_stop_during_the_restart_still_says_which_vm_ran_again(tmp_path: Path)
     assert run.controller.stop.is_set() and hv.vms["b-0"].active
     assert [(r["vm"], r["failed_host"]) for r in run.events("vm_restarted")] == [("b-0", "h1")]
     assert run.controller.metrics.failures["vms_restarted"] == 1
+
+
+def test_a_recovery_plan_refused_whole_fences_nothing(tmp_path: Path) -> None:
+    """The recovery plan is validated whole before the host is fenced (acting/unit_of_work.py; issue 37,
+    measurement 1): here the recorded VM's boot files (/k, /i) are absent on the hosts (the in-memory hosts are
+    this machine), so the whole-plan check refuses its create, and the failed host is not fenced."""
+    fences = Fences()
+    run, hv = setup(tmp_path, fences)
+    hv.boot_files = True
+    run.cycles(2)
+    power_loss(hv, "h1")
+    run.cycles(6)
+    assert run.events("host_failed") and not fences.calls and not run.events("host_fenced")
+    assert "b-0" not in hv.vms and any("/k" in e.get("error", "") for e in run.events("error"))
