@@ -70,10 +70,11 @@ from acting.executor import DONE, ApplyReport, StepResult
 from acting.failure import Failover, FailureState
 from acting.lock import LockBusy
 from acting.metrics import ControllerMetrics, HostMetrics, VmMetrics
+from acting.restore import restore_journal
 from acting.sampling import Clock, CpuSampler, SystemClock
 from acting.unit_of_work import Reporting, UnitOfWork
 from hypervisor.base import Hypervisor
-from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries, restore_journal
+from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries
 from vcsched.control.failover import plan_recovery
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer

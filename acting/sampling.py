@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from acting.executor import DONE, ApplyReport, StepResult, apply_plan
+from acting.restore import restore_journal
 from hypervisor import hazards
 from hypervisor.base import Hypervisor, HypervisorError
-from hypervisor.journal import PROBE, Journal, probe_caps_back, probe_entries, restore_journal
+from hypervisor.journal import PROBE, Journal, probe_caps_back, probe_entries
 from vcsched.caps import same_cap
 from vcsched.control.observe import (
     DEFAULT_PARAMS,

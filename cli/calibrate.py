@@ -133,7 +133,8 @@ def _put_back_or_report(subjects: Any) -> Iterator[Any]:
 
 def restore_left_calibrations() -> None:
     """Put back what calibrations killed before they could (SIGKILL, a crash) left, and say so (hypervisor.journal)."""
-    from hypervisor.journal import CALIBRATION, GUESTS, restore_journal
+    from acting.restore import restore_journal
+    from hypervisor.journal import CALIBRATION, GUESTS
 
     report = restore_journal(kinds=(CALIBRATION, GUESTS))
     for line in report.restored:

@@ -143,7 +143,8 @@ def _probe_outcome(done: Any) -> str:
 def restore_left_probes(hv: Any, guard: Any, quiet: bool = False) -> None:
     """Put back the caps of probes whose process died before it could (SIGKILL, a crash), under the caller's
     lock (hypervisor.journal); says what it did on stderr."""
-    from hypervisor.journal import PROBE, restore_journal
+    from acting.restore import restore_journal
+    from hypervisor.journal import PROBE
 
     report = restore_journal(hv, kinds=(PROBE,), guard=guard)
     for line in report.restored:

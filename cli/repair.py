@@ -46,8 +46,9 @@ def repair_cmd(cluster_file: str | None, do_apply: bool, as_json: bool, wait: fl
     to the operator, or a journaled setting could not be put back; 2 bad
     input.
     """
+    from acting.restore import restore_journal
     from acting.unit_of_work import for_cluster
-    from hypervisor.journal import JournalReport, describe_journal, restore_journal
+    from hypervisor.journal import JournalReport, describe_journal
 
     cluster = load_cluster(cluster_file)
     journal = JournalReport()

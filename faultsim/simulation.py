@@ -662,8 +662,9 @@ class Schedule:
 
     def restore_probes(self, hv: Any, lock: SimLock) -> None:
         """What `vcsched run`, `observe --probe` and `repair --apply` do under the lock: put back the caps of
-        probes whose process is gone (:func:`hypervisor.journal.restore_journal`)."""
-        from hypervisor.journal import PROBE, restore_journal
+        probes whose process is gone (:func:`acting.restore.restore_journal`)."""
+        from acting.restore import restore_journal
+        from hypervisor.journal import PROBE
 
         report = restore_journal(hv, kinds=(PROBE,), directory=self.journals, guard=lock.guard)
         if report.restored or report.problems:

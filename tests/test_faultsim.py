@@ -193,9 +193,10 @@ def test_a_probe_whose_raised_caps_host_stops_answering_keeps_its_journal_and_sa
     back; the probe cleared its journal, and the cap stayed raised for good."""
     from collections import deque
 
+    from acting.restore import restore_journal
     from acting.sampling import CpuSampler, probe_and_restore
     from cli.observe import _probe_outcome
-    from hypervisor.journal import PROBE, Journal, restore_journal
+    from hypervisor.journal import PROBE, Journal
     from vcsched.control.observe import Sample
 
     world, cluster, uuid = _two_hosts()
