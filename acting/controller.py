@@ -86,7 +86,7 @@ from vcsched.plans.reasons import effect, step_reasons
 from vcsched.plans.steps import CreateStep, MigrateStep
 
 if TYPE_CHECKING:
-    from hypervisor.settlement import RepairReport
+    from vcsched.plans.repair import RepairReport
 
 
 class Stopping(VcschedError):

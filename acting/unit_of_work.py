@@ -43,10 +43,10 @@ if TYPE_CHECKING:
     from acting.definitions import DefinitionStore
     from hypervisor.base import Hypervisor
     from hypervisor.libvirt_backend import LibvirtHypervisor
-    from hypervisor.settlement import RepairReport
     from vcsched.formats.cluster import Cluster
     from vcsched.inventory import Inventory
     from vcsched.plans.plan import Plan
+    from vcsched.plans.repair import RepairReport
 
 
 class Lock(Protocol):
@@ -177,7 +177,7 @@ class UnitOfWork:
     def note_in_doubt(self, inventory: Inventory) -> None:
         """Each in-doubt VM of ``inventory`` and what `vcsched repair --apply` would do about it, one note each
         (what a dry run says instead of settling; `observe` reads its inventory by sampling)."""
-        from hypervisor.settlement import RepairReport, plan_repair
+        from vcsched.plans.repair import RepairReport, plan_repair
 
         if not inventory.in_doubt:
             return

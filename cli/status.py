@@ -13,11 +13,11 @@ from cli.params import FiniteFloatRange, cluster_option, json_option, policy_opt
 from cli.tables import FitTable
 from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from hypervisor.settlement import RepairReport, plan_repair
 from vcsched.control.status import below_floor, host_load, predicted_yield, virtual_clusters
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
 from vcsched.inventory import Inventory, VmState
+from vcsched.plans.repair import RepairReport, plan_repair
 
 
 def _sum(values: list[float | None]) -> float | None:

@@ -20,7 +20,7 @@ from vcsched.iocaps import IoCaps, VmDevices
 from vcsched.plans.steps import CreateStep
 
 if TYPE_CHECKING:
-    from hypervisor.settlement import RepairReport
+    from vcsched.plans.repair import RepairReport
 
 
 class HypervisorError(VcschedError):

@@ -8,7 +8,7 @@ on return, on an error, on SIGTERM and SIGINT — but nothing runs after a
 SIGKILL, a machine crash or an OOM kill.  So before its first change such a
 command writes a *journal*: one small JSON file per process under
 ``<state dir>/journal/`` (``$VCSCHED_STATE_DIR``, see
-:func:`acting.lock.state_dir`), replaced atomically (write, fsync,
+:func:`hypervisor.files.state_dir`), replaced atomically (write, fsync,
 rename), removed once everything is back.  :func:`acting.restore.restore_journal` reads the
 journals of processes that are gone and puts back what they recorded; ``vcsched
 observe --probe`` and ``vcsched run`` call it (probe journals of their
@@ -74,9 +74,9 @@ KINDS = (PROBE, CALIBRATION, GUESTS)
 
 
 def journal_dir(state: Path | None = None) -> Path:
-    """``<state dir>/journal`` (:func:`acting.lock.state_dir` unless ``state`` is given)."""
+    """``<state dir>/journal`` (:func:`hypervisor.files.state_dir` unless ``state`` is given)."""
     if state is None:
-        from acting.lock import state_dir
+        from hypervisor.files import state_dir
 
         state = state_dir()
     return state / "journal"

@@ -71,7 +71,7 @@ from hypervisor.libvirt_calls import as_host_error, one_line, quiet, retrying
 from hypervisor.live_state import host_state, host_vms, migration_job, read_cap, read_io_caps, vm_state
 from hypervisor.migration import migrate
 from hypervisor.pool import inventory_workers, run_bounded
-from hypervisor.settlement import RepairReport, settle
+from hypervisor.settlement import settle
 from hypervisor.throttle import apply_io_caps, live_devices
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, PERIOD_US, quota_for, realisable_cap
 from vcsched.errors import InputError
@@ -89,6 +89,7 @@ from vcsched.inventory import (
     mark_in_doubt,
 )
 from vcsched.iocaps import DISK, NET, IoCaps, VmDevices, io_problem, realisable
+from vcsched.plans.repair import RepairReport
 from vcsched.plans.steps import CreateStep
 
 T = TypeVar("T")

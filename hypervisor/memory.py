@@ -29,7 +29,7 @@ from vcsched.iocaps import IO_RESOURCES, IoCaps, VmDevices, io_problem, realisab
 from vcsched.plans.steps import CreateStep
 
 if TYPE_CHECKING:
-    from hypervisor.settlement import RepairReport
+    from vcsched.plans.repair import RepairReport
 
 
 class MemoryHypervisor:
@@ -98,7 +98,7 @@ class MemoryHypervisor:
 
     def repair(self, guard: Callable[[], None], *, apply: bool = True) -> RepairReport:
         """Nothing is ever in doubt here (one copy per VM by construction): an empty report, counted."""
-        from hypervisor.settlement import RepairReport, plan_repair
+        from vcsched.plans.repair import RepairReport, plan_repair
 
         self.repairs += 1
         return RepairReport(plan_repair(self.inventory()), applied=apply)

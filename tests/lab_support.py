@@ -29,10 +29,10 @@ import psutil
 import pytest
 
 from hypervisor.base import Hypervisor, measure_cores
+from hypervisor.guest import start_guest, wait_for_boot
 from lab import Lab, down, guest_boot_check, prerequisites_problem, status, up
 from lab import cgroups as lab_cgroups
 from lab.daemons import namespace_holders
-from lab.guest import start_guest, wait_for_boot
 from lab.state import LabLayout
 from tests.skip_policy import patience, skip_or_fail
 from vcsched.inventory import VmState
