@@ -42,14 +42,17 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
       vcsched recover h1              dry run: the fencing and the creates
       vcsched recover h1 --apply      under the cluster lock: fence, then create
 
-    --apply refuses to create anything when fencing fails or the agent does
-    not report the host off: its VMs may still run there.  A HOST that
+    --apply checks the plan whole against the live cluster before it fences
+    (a plan refused fences nothing), and refuses to create anything when
+    fencing fails or the agent does not report the host off: its VMs may
+    still run there.  A HOST that
     answers is not recovered (use `vcsched drain`).  Re-running converges:
     VMs already running elsewhere are left alone.
 
     Exit codes: 0 every VM of HOST runs (or will, dry run), 1 a VM is
-    stranded / HOST answers / fencing failed / a step failed / the cluster is
-    locked, 2 bad input, 130 interrupted (a running step finishes first).
+    stranded / HOST answers / the plan is refused / fencing failed / a step
+    failed / the cluster is locked, 2 bad input, 130 interrupted (a running
+    step finishes first).
     """
     from acting.definitions import DefinitionStore
     from acting.executor import PlanRefused
