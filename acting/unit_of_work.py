@@ -30,7 +30,8 @@ give it the in-memory hypervisor (hypervisor/memory.py) and a fake lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
@@ -198,15 +199,8 @@ class UnitOfWork:
         that no longer matches means the cluster changed meanwhile (a host stopped answering or came back):
         :class:`acting.executor.ClusterChangedMeanwhile` ("run it again"), not a saved plan's advice
         (recompute, or ``--force``), which such a command cannot follow."""
-        try:
+        with _changed_meanwhile(plan, planned_here):
             return check_whole(self.hv, plan, force=force)[1]
-        except SnapshotMismatch:
-            if not planned_here:
-                raise
-            raise ClusterChangedMeanwhile(
-                f"cluster {plan.cluster!r} changed while this command ran (a host stopped answering or came back, "
-                "or a VM changed, between its planning read and its first step): nothing changed; run it again"
-            ) from None
 
     # ------------------------------------------------------------------ 5–7: act, apply, record
 
@@ -236,14 +230,23 @@ class UnitOfWork:
             if on_step is not None:
                 on_step(result)
 
-        try:
+        with _changed_meanwhile(plan, planned_here):
             return apply_plan(self.hv, plan, force=force, guard=self.guard, threads=threads,
                               on_step=recorder(self.store, self.reporting.note, then))
-        except SnapshotMismatch:
-            if not planned_here:
-                raise
-            raise ClusterChangedMeanwhile(
-                f"cluster {plan.cluster!r} changed while this command ran: nothing changed; run it again") from None
+
+
+@contextmanager
+def _changed_meanwhile(plan: Plan, planned_here: bool) -> Iterator[None]:
+    """A snapshot mismatch of a plan this command computed moments earlier (:meth:`UnitOfWork.validate`)."""
+    try:
+        yield
+    except SnapshotMismatch:
+        if not planned_here:
+            raise
+        raise ClusterChangedMeanwhile(
+            f"cluster {plan.cluster!r} changed while this command ran (a host stopped answering or came back, "
+            "or a VM changed, between its planning read and its first step): nothing changed; run it again"
+        ) from None
 
 
 def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordination: str | None = None,
