@@ -63,7 +63,8 @@ class Lock(Protocol):
 
 
 class DryRun(VcschedError):
-    """A dry run was asked to change hosts: a bug in the caller (vcsched's own), never the operator's."""
+    """A unit of work that cannot act (a dry run, or one not entered) was asked to change hosts: a bug in the
+    caller (vcsched's own), never the operator's."""
 
     exit_code = 70
 
