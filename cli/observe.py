@@ -107,7 +107,7 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
                                       markup=False)
                 _stop_if_asked(received, _probe_outcome(done))
             if record:
-                plan, reports["record"] = record_estimates(hv, estimates, guard)
+                plan, reports["record"] = record_estimates(uow, estimates)
                 out["record"] = plan.to_dict()
     out["hosts_down"] = [{"host": h.name, "reason": h.down} for h in inventory.down_hosts()]
     out["vms"] = [{**e.to_dict(), "vc": inventory.vm(e.vm).cluster if inventory.vm(e.vm) else None}  # type: ignore[union-attr]
