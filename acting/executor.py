@@ -445,7 +445,8 @@ def check_whole(hv: Hypervisor, plan: Plan, *, force: bool = False) -> tuple[Inv
 
 def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
                on_step: Callable[[StepResult], None] | None = None,
-               guard: Callable[[], None] | None = None, threads: bool = True) -> ApplyReport:
+               guard: Callable[[], None] | None = None, threads: bool = True,
+               checked: tuple[Inventory, bool] | None = None) -> ApplyReport:
     """Run ``plan`` on ``hv``; returns what happened to every step (see the module docstring).
 
     Raises (nothing changed): :class:`SnapshotMismatch` when the cluster
@@ -461,8 +462,12 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
 
     ``threads=False`` runs a wave's migrations one after the other, in plan order, in the caller's thread (a
     deterministic simulation); by default they run at once.
+
+    ``checked``: what :func:`check_whole` returned for this plan moments ago under the same lock (the unit of
+    work checks a plan before an irreversible action it must follow): not read and checked again, since reading
+    a host that does not answer — the failed host of a recovery — costs its whole ``host_timeout``.
     """
-    inventory, matched = check_whole(hv, plan, force=force)
+    inventory, matched = checked if checked is not None else check_whole(hv, plan, force=force)
     results: list[StepResult] = []
     failed = False
     stopped: str | None = None

@@ -209,8 +209,9 @@ class UnitOfWork:
               irreversible: Callable[[], bool] | None = None,
               on_step: Callable[[StepResult], None] | None = None, threads: bool = True) -> ApplyReport | None:
         """Validate ``plan`` whole, then (with ``irreversible``) perform the irreversible action it must follow,
-        then apply it step by step under :meth:`guard`, recording each step that took effect.  (The executor
-        checks the whole plan again before its first step: after an irreversible action, on what it left.)
+        then apply it step by step under :meth:`guard`, recording each step that took effect.  The plan is checked
+        whole once: by the executor before its first step, or, with ``irreversible``, before that action (the
+        lock held throughout; each step still checks its own pre-condition on the hosts it touches).
 
         ``irreversible`` runs only once the plan is known to hold on the live cluster, under the guard; it
         returns whether it succeeded: False (fencing failed, the host may still run its VMs) applies nothing
@@ -220,8 +221,10 @@ class UnitOfWork:
             raise DryRun("the unit of work is not open: enter it (`with UnitOfWork(...)`) before applying")
         if self.dry_run:
             raise DryRun("a dry run does not apply: a unit of work without a lock only reads")
+        checked = None
         if irreversible is not None:  # else the executor's own whole-plan check, below, is the one before acting
-            self.validate(plan, force=force, planned_here=planned_here)
+            with _changed_meanwhile(plan, planned_here):
+                checked = check_whole(self.hv, plan, force=force)
             self.guard()
             if not irreversible():
                 return None
@@ -232,7 +235,7 @@ class UnitOfWork:
                 on_step(result)
 
         with _changed_meanwhile(plan, planned_here):
-            return apply_plan(self.hv, plan, force=force, guard=self.guard, threads=threads,
+            return apply_plan(self.hv, plan, force=force, guard=self.guard, threads=threads, checked=checked,
                               on_step=recorder(self.store, self.reporting.note, then))
 
 

@@ -154,3 +154,16 @@ def test_recovery_whose_plan_holds_fences_then_creates_and_records_where(tmp_pat
     assert order[0] == "fence" and f"create {DONE}" in order
     recorded = store.get("b-0")
     assert recorded is not None and recorded.host == hv.vms["b-0"].host != "h1"
+
+
+def test_a_plan_checked_before_its_irreversible_action_is_not_read_and_checked_again() -> None:
+    """Each whole read costs a host that does not answer (the failed host of a recovery) its ``host_timeout``:
+    checking before fencing must not add a read to what applying alone costs."""
+    hv, recovery = recovery_case(boot_files=False)
+    reads = []
+    real = hv.inventory
+    hv.inventory = lambda hosts=None: reads.append(hosts) or real(hosts)  # type: ignore[method-assign]
+    with UnitOfWork(hv, Lock(), settle=False) as uow:
+        report = uow.apply(recovery.plan, irreversible=lambda: True)  # type: ignore[attr-defined]
+    assert report is not None and report.ok
+    assert reads.count(None) == 1, reads  # the whole read under the check; each step then reads its own hosts
