@@ -14,5 +14,6 @@ assumption H5).  ``vcsched calibrate`` (cli/calibrate.py) drives:
 
 The libvirt backend lives in ``hypervisor.caps_probe`` (only ``hypervisor``
 imports libvirt), with the guest it boots (``hypervisor.guest``) and the
-frames it sends (``hypervisor.frames``); calibration never imports the lab.  docs/calibration.md has the method and the measured results.
+frames it sends (``hypervisor.frames``); calibration never imports the lab.
+docs/calibration.md has the method and the measured results.
 """
