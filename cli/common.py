@@ -175,7 +175,7 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
     table = FitTable(title=f"plan ({len(plan.steps)} steps, in this order)")
     for col in ("#", "step", "VM", "host", "cap now", "cap after", "detail", *(("why",) if reasons else ())):
         table.add_column(col, justify="right" if col in ("#", "cap now", "cap after") else "left",
-                         key=col in ("#", "VM"))
+                         key=col in ("#", "VM"), wrap=col in ("detail", "why"))
     for i, step in enumerate(plan.steps):
         vm = inventory.vm(step.vm)
         now = "-" if vm is None or vm.cap_cores is None else f"{vm.cap_cores:.3f}"
@@ -384,7 +384,8 @@ def render_report(report: ApplyReport) -> None:
         title = "[red]stopped at a failed step[/] (every VM left running)"
     table = FitTable(title=title)
     for col in ("#", "step", "VM", "host", "outcome", "time", "detail"):
-        table.add_column(col, justify="right" if col in ("#", "time") else "left", key=col in ("#", "VM"))
+        table.add_column(col, justify="right" if col in ("#", "time") else "left", key=col in ("#", "VM"),
+                         wrap=col == "detail")
     for i, r in enumerate(report.results):
         c = colour.get(r.outcome, "yellow")
         took = "-" if r.seconds is None else f"{r.seconds:.2f} s"

@@ -157,7 +157,7 @@ def _render_stays(stays: list[dict[str, str]]) -> None:
 
     table = FitTable(title="VMs that stay on the host")
     for col in ("VM", "reason", "why"):
-        table.add_column(col)
+        table.add_column(col, key=col == "VM", wrap=col == "why")
     for s in stays:
         table.add_row(s["vm"], s["reason"], s["detail"])
     console.print(table)

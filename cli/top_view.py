@@ -25,6 +25,7 @@ from typing import Any
 from cli.tables import keep_by_priority
 from vcsched.control.top import HostRow, TopView, VmRow
 from vcsched.formats.units import format_size
+from vcsched.formats.words import plural
 
 #: A piece of a line and its rich style ("" for none).
 Segment = tuple[str, str]
@@ -130,6 +131,8 @@ def vm_marks(v: VmRow) -> str:
         marks.append("paused")
     if not v.active:
         marks.append("off")
+    if v.below_floor:  # in words as well as in red: a pipe or a file has no colours
+        marks.append("below floor")
     return ", ".join(marks)
 
 
@@ -165,7 +168,7 @@ VM_COLUMNS: tuple[Column, ...] = (
     Column("FLOOR", 6, True, lambda v: "-" if v.floor is None else f"{v.floor:g}"),
     Column("VCPUS", 7, True, lambda v: str(v.vcpus)),
     Column("BASIS", 8, False, lambda v: v.basis or "-", lambda _v: "dim"),
-    Column("STATE", 0, False, vm_marks, lambda v: "red" if v.in_doubt else "yellow"),
+    Column("STATE", 0, False, vm_marks, lambda v: "red" if v.in_doubt or v.below_floor else "yellow"),
 )
 
 
@@ -272,8 +275,7 @@ def summary(view: TopView) -> list[Segment]:
         worst = min(view.virtual_clusters, key=lambda vc: vc[1])[0]
         parts.append((f"min yield {view.min_yield:.3f} ({worst})", "bold red" if view.below_floor else "bold"))
         parts.append((f"mean yield {view.mean_yield:.3f}", ""))
-        n = len(view.virtual_clusters)
-        parts.append((f"{n} virtual cluster{'s' if n > 1 else ''}", ""))
+        parts.append((plural(len(view.virtual_clusters), "virtual cluster"), ""))
     else:
         parts.append(("no virtual cluster runs", "dim"))
     if view.below_floor:
@@ -281,7 +283,7 @@ def summary(view: TopView) -> list[Segment]:
     down = sum(1 for h in view.hosts if h.down is not None)
     parts.append((f"{len(view.hosts)} hosts" + (f", {down} down" if down else ""), "red" if down else ""))
     running = sum(1 for v in view.vms if v.active)
-    parts.append((f"{running} VM{'' if running == 1 else 's'}", ""))
+    parts.append((plural(running, "VM"), ""))
     return parts
 
 
@@ -302,6 +304,18 @@ def joined(parts: Sequence[Segment], width: int, sep: str = " · ") -> Line:
     return tuple(out)
 
 
+def wrapped(parts: Sequence[Segment], width: int, sep: str = " · ") -> list[Line]:
+    """``parts`` joined with ``sep`` over as many lines as they take (a part never split across two, one wider
+    than ``width`` cut at a word): the summary's facts are all said, whatever the width."""
+    lines: list[Line] = []
+    rest = list(parts)
+    while rest:
+        line = joined(rest, width, sep)
+        lines.append(line)
+        rest = rest[max(1, (len(line) + 1) // 2):]  # joined() gives part, sep, part, ...: (n + 1) // 2 parts
+    return lines
+
+
 def footer(sort: Sort, width: int) -> Line:
     keys = [(f"{k} {label}", "bold" if name == sort.key else "") for name, (label, k) in SORT_KEYS.items()]
     keys += [("r reverse", "bold" if sort.reverse else ""), ("q quit", "")]
@@ -315,9 +329,9 @@ def frame(view: TopView, sort: Sort, width: int, height: int | None, refresh: Re
     head: list[Line] = []
     took = "" if refresh.reading_for is None else f", reading for {ago(refresh.reading_for)}"
     parts = summary(view)
-    head.append(joined([("vcsched top", "bold reverse"), *parts[:2],
-                        (f"{clock(refresh.read_at)} (every {refresh.interval:g}s{took})", "dim"), *parts[-2:]], width))
-    head.append(joined(parts[2:-2], width))
+    head += wrapped([("vcsched top", "bold reverse"), *parts[:2],
+                     (f"{clock(refresh.read_at)} (every {refresh.interval:g}s{took})", "dim"), *parts[-2:]], width)
+    head += wrapped(parts[2:-2], width)
     if view.problem:
         head.append(((cut(f"yields unknown: {view.problem}", width), "red"),))
     head.append(())
@@ -357,7 +371,8 @@ def frame(view: TopView, sort: Sort, width: int, height: int | None, refresh: Re
     shown_vms = vms if room is None or len(vms) <= room else vms[:max(room - 1, 0)]
     body = table(VM_COLUMNS, shown_vms, width) if view.vms else [(("no VMs", "dim"),)]
     if len(shown_vms) < len(vms):
-        body.append(((f"… {len(vms) - len(shown_vms)} more VMs (a taller terminal shows them)", "dim"),))
+        more = plural(len(vms) - len(shown_vms), "more VM", "more VMs")
+        body.append(((f"… {more} (a taller terminal shows them)", "dim"),))
     if tail and recent:
         free = MAX_EVENTS if height is None else height - len(head) - len(body) - len(tail) - 1
         for e in recent[-max(0, min(free, MAX_EVENTS)):] if free > 0 else []:
