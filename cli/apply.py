@@ -20,6 +20,7 @@ from cli.common import (
 )
 from cli.params import cluster_option, json_option, lock_options
 from hypervisor.libvirt_backend import LibvirtHypervisor
+from vcsched.formats.words import plural
 from vcsched.plans.plan import Plan, plan_from_dict
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, allow_below
             cluster_lock(cluster, coordination, wait, ttl=lock_ttl, hv=hv) as lock:
         inventory = hv.inventory()
         if not as_json:
-            console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {len(plan.steps)} steps)")
+            console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {plural(len(plan.steps), 'step')})")
             render_hosts_down(inventory)
             render_plan(plan, inventory)
         if drain is not None and path is not None:

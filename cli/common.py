@@ -172,7 +172,9 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
     if not plan.steps:
         console.print("  nothing to do: every VM already has its cap")
         return
-    table = FitTable(title=f"plan ({len(plan.steps)} steps, in this order)")
+    from vcsched.formats.words import plural
+
+    table = FitTable(title=f"plan ({plural(len(plan.steps), 'step')}, in this order)")
     for col in ("#", "step", "VM", "host", "cap now", "cap after", "detail", *(("why",) if reasons else ())):
         table.add_column(col, justify="right" if col in ("#", "cap now", "cap after") else "left",
                          key=col in ("#", "VM"), wrap=col in ("detail", "why"))
@@ -228,7 +230,10 @@ def render_moves(live: LiveAdaptation) -> None:
 
     if live.order is None or not live.order.moves:
         return
-    table = FitTable(title=f"live migrations ({live.order.waves} waves, {live.order.relays} relays)")
+    from vcsched.formats.words import plural
+
+    table = FitTable(title=f"live migrations ({plural(live.order.waves, 'wave')}, "
+                           f"{plural(live.order.relays, 'relay')})")
     for col in ("wave", "VM", "from", "to", "bytes", "cap on arrival"):
         table.add_column(col, justify="right" if col in ("wave", "bytes", "cap on arrival") else "left",
                          key=col in ("wave", "VM"))

@@ -224,7 +224,7 @@ def event_text(e: Mapping[str, Any]) -> str:
         steps = (e.get("plan") or {}).get("steps") or []
         moves = sum(1 for s in steps if s.get("op") == "migrate")
         dry = " (dry run)" if e.get("dry_run") else ""
-        return f"plan {e.get('kind')}{dry}: {len(steps)} steps, {moves} migrations"
+        return f"plan {e.get('kind')}{dry}: {plural(len(steps), 'step')}, {plural(moves, 'migration')}"
     if kind == "step":
         where = f"{e.get('from')}>{e.get('to')}" if e.get("op") == "migrate" else e.get("host", "")
         cap = f" cap {e['cap_cores']:.2f}" if isinstance(e.get("cap_cores"), int | float) else ""
@@ -281,7 +281,7 @@ def summary(view: TopView) -> list[Segment]:
     if view.below_floor:
         parts.append((f"below floor: {', '.join(view.below_floor)}", "bold red"))
     down = sum(1 for h in view.hosts if h.down is not None)
-    parts.append((f"{len(view.hosts)} hosts" + (f", {down} down" if down else ""), "red" if down else ""))
+    parts.append((plural(len(view.hosts), "host") + (f", {down} down" if down else ""), "red" if down else ""))
     running = sum(1 for v in view.vms if v.active)
     parts.append((plural(running, "VM"), ""))
     return parts
