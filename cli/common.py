@@ -115,9 +115,10 @@ def load_request(path: str) -> Request:
 
 def check_request_boot(cluster: Cluster, request: Request, path: str) -> None:
     """What the request's VMs would boot, checked before any host is read (hypervisor/bootcheck.py): its template
-    is domain XML; its template, image or the cluster's ``[guest]`` files exist, are readable and fit its memory
-    when every host is on this machine (the lab).  Plans are checked again, on each target host, before their
-    first step."""
+    is domain XML; its template, image or the cluster's ``[guest]`` files exist, are readable, hold a kernel and
+    fit its memory when any host is on this machine — a VM placed there boots from these very files, so a problem
+    is the request's, said before the plan (not as ``plan.steps[5].boot.kernel`` after "admitted", when one other
+    host is remote).  Plans are checked again, on each target host, before their first step."""
     from hypervisor.bootcheck import boot_problems, files_local
     from vcsched.control.admission import boot_for
 
@@ -125,7 +126,7 @@ def check_request_boot(cluster: Cluster, request: Request, path: str) -> None:
         return  # admission names what is missing
     fields = {"path": "template" if request.template is not None else "image",
               "kernel": "guest.kernel (cluster file)", "initrd": "guest.initrd (cluster file)"}
-    local = all(files_local(h.uri) for h in cluster.hosts)
+    local = any(files_local(h.uri) for h in cluster.hosts)
     problems = boot_problems("request", boot_for(cluster, request), request.memory_bytes, local=local, fields=fields)
     if problems:
         raise InputError(f"request {path}: " + "; ".join(problems[:3]))
@@ -241,6 +242,16 @@ def render_moves(live: LiveAdaptation) -> None:
         table.add_row(str(m.wave), m.vm + (" (relay)" if m.relay else ""), m.source, m.target, format_size(m.bytes),
                       f"{m.cap_cores:.3f}")
     console.print(table)
+
+
+def warn_floors_missed(missed: Sequence[tuple[str, float, float]], advice: str = "") -> None:
+    """One warning on stderr per virtual cluster an adapt or drain plan leaves below the min_yield it was
+    admitted with (docs/cli.md: warnings go to stderr, the plan to stdout)."""
+    from cli.app import err_console
+
+    for vc, got, floor in missed:
+        err_console.print(f"vcsched: warning: virtual cluster {vc!r} gets a yield of {got:.4f}, below the "
+                          f"min_yield {floor:g} it was admitted with{advice}", highlight=False, markup=False)
 
 
 @contextmanager

@@ -155,11 +155,20 @@ def test_a_request_that_cannot_boot_is_refused_before_any_cap_is_lowered(lab2: L
 
 def test_a_vm_that_fails_at_run_time_gets_the_caps_lowered_for_it_back_and_stderr_says_so(
         lab2: Lab, tmp_path: Path) -> None:
-    """A template whose kernel is no kernel passes every check vcsched can make (it exists, is readable, fits, and
-    libvirt validates the XML); QEMU refuses it when the VM starts."""
+    """A template whose kernel has a bzImage's boot header and nothing behind it passes every check vcsched can
+    make (it exists, is readable, is a kernel by its header, fits, and libvirt validates the XML); QEMU refuses it
+    when the VM starts ("invalid kernel header": its 255 setup sectors are longer than the file)."""
+    import struct
+
     t = tag()
     kernel = tmp_path / "not-a-kernel"
-    kernel.write_bytes(os.urandom(4096))
+    head = bytearray(os.urandom(4096))
+    head[0x1F1] = 0xFF  # setup sectors: 128 KiB of a 4 KiB file
+    head[0x202:0x206] = b"HdrS"
+    struct.pack_into("<H", head, 0x206, 0x20F)
+    struct.pack_into("<Q", head, 0x258, 16 << 20)  # loaded at 16 MiB, 1 MiB to decompress: it fits the VM
+    struct.pack_into("<I", head, 0x260, 1 << 20)
+    kernel.write_bytes(bytes(head))
     template = tmp_path / "vm.xml"
     template.write_text(f"<domain type='qemu'><os><type arch='x86_64'>hvm</type><kernel>{kernel}</kernel></os>"
                         "<devices><serial type='pty'/></devices></domain>")
