@@ -39,8 +39,9 @@ if TYPE_CHECKING:
     from vcsched.experiments import OnProgress
     from vcsched.formats.cluster import Cluster
     from vcsched.formats.request import Request
-    from vcsched.inventory import Inventory
+    from vcsched.inventory import Inventory, VmState
     from vcsched.plans.plan import Plan
+    from vcsched.plans.steps import MigrateStep
 
 # ---------------------------------------------------------------------------------------------- input files
 
@@ -157,7 +158,7 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
     """The plan as a table, one row per step (with ``reasons``: a "why" column, vcsched.plans.reasons)."""
     from cli.tables import FitTable
     from vcsched.formats.units import format_size
-    from vcsched.plans.steps import CreateStep, RemoveStep
+    from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep
 
     policy = plan.extra.get("policy")
     console.print(f"  predicted minimum yield [bold]{plan.min_yield:.4f}[/], average yield "
@@ -189,12 +190,8 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
                       f"cores, boot: {step.boot.kind}")
         elif isinstance(step, RemoveStep):
             detail = f"{step.cluster} departs"
-        elif step.op == "migrate":
-            moved = int(getattr(step, "bytes", 0))
-            disk = moved - (vm.memory_bytes if vm is not None else moved)
-            detail = f"{format_size(moved)} moved" + (
-                f" (memory {format_size(vm.memory_bytes)} + disks {format_size(disk)}: other storage)"
-                if vm is not None and disk > 0 else "")
+        elif isinstance(step, MigrateStep):
+            detail = migration_detail(step, vm, inventory)
         step_caps = getattr(step, "io_caps", None)
         if step_caps:
             shown = {"disk_bytes_sec": "disk {}/s", "disk_iops_sec": "{} IOPS", "net_bytes_sec": "net {}/s"}
@@ -204,6 +201,25 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
         table.add_row(str(i + 1), step.op, step.vm, step.host, now, "-" if after is None else f"{after:.3f}", detail,
                       *((reasons[i],) if reasons else ()))
     console.print(table)
+
+
+def migration_detail(step: MigrateStep, vm: VmState | None, inventory: Inventory) -> str:
+    """What a migration will copy, from the VM and its two hosts as they are (vcsched.plans.claims.move_bytes),
+    not only as the plan claims it: a hand-edited ``"bytes": 1`` reads "claims 1 B; moves 512 MiB" — the table
+    of a plan about to be refused for it does not say "1 B moved"."""
+    from vcsched.formats.units import format_size
+    from vcsched.plans.claims import move_bytes
+
+    claimed = int(step.bytes)
+    hosts = {h.name: h for h in inventory.hosts}
+    if vm is None or vm.host != step.source or step.source not in hosts or step.target not in hosts:
+        return f"{format_size(claimed)} to move"  # moved already (a re-run), or on a host that did not answer
+    actual = move_bytes(vm, hosts[step.source], hosts[step.target])
+    if actual != claimed:
+        return f"claims {format_size(claimed)}; moves {format_size(actual)}"
+    disk = actual - vm.memory_bytes
+    return f"{format_size(actual)} to move" + (
+        f" (memory {format_size(vm.memory_bytes)} + disks {format_size(disk)}: other storage)" if disk > 0 else "")
 
 
 def write_report(out_dir: Path, report: str, plots: list[Path]) -> None:

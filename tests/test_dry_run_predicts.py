@@ -177,3 +177,23 @@ def test_a_malformed_vm_name_in_a_plan_is_bad_input(tmp_path: Path) -> None:
     r = run("apply", plan, "--cluster", hosts.cluster_file, "--coordination", f"file://{tmp_path}/lock")
     assert r.exit_code == 2, (r.stdout, r.stderr)
     assert "plan.steps[0].vm: 'bad name!' is not a name" in r.stderr
+
+
+def test_a_refused_plans_table_says_what_a_migration_would_move_not_its_claim(tmp_path: Path) -> None:
+    """Issue: a plan refused for a migration's "bytes": 1 still showed "1 B moved" in its table."""
+    import json
+
+    from hypervisor.testhosts import write_scale_cluster
+
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2)
+    plan = tmp_path / "plan.json"
+    made = run("drain", "h0", "--budget", "unlimited", "--cluster", hosts.cluster_file, "-o", plan)
+    assert made.exit_code == 0, (made.stdout, made.stderr)
+    assert "512 MiB to move" in made.stdout
+    doc = json.loads(plan.read_text())
+    doc["steps"][0]["bytes"] = 1
+    doc["migrated_bytes"] = sum(s["bytes"] for s in doc["steps"] if s["op"] == "migrate")
+    plan.write_text(json.dumps(doc))
+    r = run("apply", plan, "--cluster", hosts.cluster_file, "--coordination", f"file://{tmp_path}/lock")
+    assert r.exit_code == 1, (r.stdout, r.stderr)
+    assert "claims 1 B; moves 512 MiB" in r.stdout and "1 B moved" not in r.stdout
