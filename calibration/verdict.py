@@ -11,11 +11,14 @@ reason, and the command exits 1.
 
 The reasons, each a measured fact about the run:
 
-* **load**: the 1-minute load average at the start is above the CPUs the
-  machine has besides the measured one (``cpus - 1``): other work queued for
-  the measured CPU too;
+* **load**: the 1-minute load average at the start, less the run's own
+  subjects already running then (a libvirt run's looping guests), is at
+  least the machine's CPUs: on average every CPU, the measured one too, had
+  other work to run;
 * **busy CPU**: the measured CPU was more than :data:`MAX_BUSY` busy just
-  before the run (the least busy one was chosen: every CPU was);
+  before the run (the least busy one was chosen: every CPU was), where the
+  run's subjects were not what kept it busy (the cgroup backend starts its
+  workers afterwards; a libvirt run's guests loop before it pauses them);
 * **too short**: a measurement of less than :data:`MIN_DURATION` seconds
   spans fewer than ten CFS periods of 100 ms; a capped worker runs in bursts
   of its quota per period, so where the measurement starts and ends within
@@ -36,17 +39,17 @@ MAX_DRIFT = 0.10
 
 
 def unreliable(*, load_1m: float, cpus: int, cpu: int, cpu_busy_before: float | None, duration: float,
-               rate_overhead: float | None, bare_drift: float | None) -> list[str]:
+               rate_overhead: float | None, bare_drift: float | None, own: int = 0) -> list[str]:
     """Why a run cannot be trusted (module docstring), one reason each; empty when nothing says so.
 
-    ``rate_overhead`` and ``bare_drift`` are None where the run did not measure them (a nominal bare rate:
-    disk and network runs)."""
+    ``own``: the run's subjects already running at the start (they count in the load, and made the CPU busy:
+    then ``cpu_busy_before`` is None).  ``rate_overhead`` and ``bare_drift`` are None where the run did not
+    measure them (a nominal bare rate: disk and network runs)."""
     reasons = []
-    others = max(cpus - 1, 0)
-    if load_1m > others:
-        reasons.append(f"load: the load average was {load_1m:g} at the start on {cpus} CPUs, more than the "
-                       f"{others} besides the measured one can take: CPU {cpu} was shared (run it on a quieter "
-                       "machine)")
+    if load_1m - own >= cpus:
+        mine = f" ({own} of it this run's own subjects)" if own else ""
+        reasons.append(f"load: the load average was {load_1m:g} at the start{mine} on {cpus} CPUs: every CPU, "
+                       f"CPU {cpu} too, had other work to run (run it on a quieter machine)")
     if cpu_busy_before is not None and cpu_busy_before > MAX_BUSY:
         reasons.append(f"busy CPU: CPU {cpu} was {100 * cpu_busy_before:.0f} % busy just before the run, the "
                        "least busy of this machine")

@@ -439,8 +439,8 @@ def calibrate_cmd(
     or SIGTERM.
 
     A run that cannot be trusted is printed, then judged unreliable, each
-    reason named (calibration/verdict.py): a load average above the CPUs
-    besides the measured one, a busy measured CPU, measurements shorter than
+    reason named (calibration/verdict.py): a load average at least the
+    machine's CPUs, a busy measured CPU, measurements shorter than
     1 s (ten CFS periods), uncapped work faster than bare, a bare rate that
     drifted; --json says "reliable": false and lists them in "unreliable".
 
@@ -495,7 +495,8 @@ def calibrate_cmd(
         cond["reference_bps"] = round(reference["single_bps"])
         cond["aggregate_bps"] = round(reference["aggregate_bps"])
     lines = cluster_lines(resource, reference, connect or "", cluster_file) if reference is not None else []
-    reasons = _unreliable(result, cond, busy, chosen)
+    reasons = _unreliable(result, cond, busy.get(chosen) if backend == "cgroup" else None,
+                          workers if backend == "libvirt" else 0)
     if plot_path:
         plot(result, plot_path)
     if as_json:
@@ -526,15 +527,16 @@ def calibrate_cmd(
     return refuse("calibration unreliable: " + "; ".join(reasons)) if reasons else 0
 
 
-def _unreliable(result: Result, cond: dict[str, Any], busy: dict[int, float], cpu: int) -> list[str]:
-    """Why this run cannot be trusted (calibration/verdict.py); the overhead is judged only where a bare rate
-    was measured (a CPU run), not against a disk or network guest's nominal one."""
+def _unreliable(result: Result, cond: dict[str, Any], busy: float | None, own: int) -> list[str]:
+    """Why this run cannot be trusted (calibration/verdict.py): ``busy``, the measured CPU's busy fraction
+    before the run where the run's subjects were not running yet; ``own``, those that were (a libvirt run's
+    guests).  The overhead is judged only where a bare rate was measured, not against a nominal one."""
     from calibration.verdict import unreliable
 
-    return unreliable(load_1m=float(cond["loadavg_1m"]), cpus=int(cond.get("cpus") or 1), cpu=cpu,
-                      cpu_busy_before=busy.get(cpu), duration=result.config.duration,
+    return unreliable(load_1m=float(cond["loadavg_1m"]), cpus=int(cond.get("cpus") or 1), cpu=result.cpu,
+                      cpu_busy_before=busy, duration=result.config.duration,
                       rate_overhead=result.rate_overhead if result.bare_before is not None else None,
-                      bare_drift=result.bare_drift)
+                      bare_drift=result.bare_drift, own=own)
 
 
 def _run_with_progress(subjects: Subjects, cfg: Config, backend: str, cpu: int) -> Result:

@@ -8,8 +8,9 @@ display) and reads keys.
 **Fitting a narrow terminal.**  Each table column has a priority (0: always
 kept).  When a table is wider than the terminal, the column with the highest
 priority number (the rightmost among equals) is dropped, and again, until it
-fits: a value is never cut.  Free text (a host's reason for being down, an
-event) is wrapped or cut at a word, with "…".  When the VMs do not all fit
+fits: a value is never cut.  Free text is wrapped (a host's reason for being
+down, the summary's facts: "below floor: ..." stays at any width) or, for
+the controller's events, cut at a word with "…".  When the VMs do not all fit
 in the terminal's height, the first ones in the chosen order are shown and a
 line says how many more there are.
 """
@@ -17,6 +18,7 @@ line says how many more there are.
 from __future__ import annotations
 
 import re
+import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -340,7 +342,9 @@ def frame(view: TopView, sort: Sort, width: int, height: int | None, refresh: Re
         for why in (h.down, h.failed):
             if why:  # libvirt's reasons name the host already ("host h1: did not answer ...")
                 text = why if why.startswith(f"host {h.name}:") else f"host {h.name}: {why}"
-                head.append(((cut(f"  {text}", width), "red"),))
+                # Wrapped, not cut: why a host is down is what the operator came to read.
+                head += [((line, "red"),) for line in textwrap.wrap(text, width, initial_indent="  ",
+                                                                    subsequent_indent="    ")]
     for d in view.in_doubt:
         where = ", ".join(f"{h} ({st})" for h, st in zip(d.hosts, d.states, strict=True))
         text = f"IN DOUBT: {d.vm} is active on {where}" + (f"; {d.resolved}" if d.resolved else
