@@ -6,7 +6,6 @@ cannot boot on this machine — is found before anything is planned.  Hosts are 
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from hypervisor.domain_xml import metadata_xml
+from tests.builders import test_driver_node as node
 from vcsched.inventory import VmMeta
 
 MiB = 1 << 20
@@ -22,18 +21,6 @@ MiB = 1 << 20
 
 def run(*args: Any) -> Any:
     return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def node(vms: list[tuple[str, VmMeta]], cores: int, first: int) -> str:
-    """A test-driver host of ``cores`` cores and 32 GiB with ``vms`` (name, metadata), each capped at its need."""
-    doms = "".join(
-        f"<domain type='test'><name>{name}</name><uuid>{uuid.UUID(int=first + k + 1)}</uuid>"
-        f"<metadata>{metadata_xml(meta)}</metadata><memory unit='MiB'>512</memory>"
-        f"<currentMemory unit='MiB'>512</currentMemory><vcpu>1</vcpu>"
-        f"<cputune><period>100000</period><quota>{int(meta.cpu_need_cores * 100000)}</quota></cputune>"
-        "<os><type>hvm</type></os><devices/></domain>" for k, (name, meta) in enumerate(vms))
-    return (f"<node><cpu><mhz>2000</mhz><model>t</model><active>{cores}</active><nodes>1</nodes><sockets>1</sockets>"
-            f"<cores>{cores}</cores><threads>1</threads></cpu><memory>{32 << 20}</memory>{doms}</node>\n")
 
 
 @pytest.fixture

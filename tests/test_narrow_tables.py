@@ -259,3 +259,18 @@ def test_a_virtual_cluster_is_one_whatever_its_vms_needs() -> None:
     assert vcs[1]["dominant_share"] == pytest.approx(0.9 / 4)
     view = top_view(inv, "yield", {}, {}, vcs)
     assert len(view.virtual_clusters) == 2
+
+
+def test_status_and_its_json_list_a_virtual_cluster_once_after_one_vm_got_another_need(tmp_path: Path) -> None:
+    """As `adapt --set-need web-0=0.8 --apply` leaves it: web-0 needs 0.8, web-1 0.5, both of 128 MiB."""
+    from tests.builders import test_driver_node
+
+    web = VmMeta("web", 0.5, 512 * MiB, 1)
+    (tmp_path / "h0.xml").write_text(test_driver_node([("web-0", dataclasses.replace(web, cpu_need_cores=0.8)),
+                                                        ("web-1", web)], 2, 0))
+    c = tmp_path / "cluster.toml"
+    c.write_text(f'name = "t"\n[[hosts]]\nname = "h0"\nuri = "test://{tmp_path}/h0.xml"\n')
+    doc = json.loads(run("status", "--cluster", c, "--sample", "0", "--json").stdout)
+    assert [(vc["name"], vc["vms"]) for vc in doc["virtual_clusters"]] == [("web", 2)]
+    text = run("status", "--cluster", c, "--sample", "0").stdout
+    assert "web/" not in text
