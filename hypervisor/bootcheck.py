@@ -79,15 +79,15 @@ def file_problem(where: str, path: str | None) -> str | None:
 
 def kernel_problem(where: str, path: str) -> str | None:
     """Why ``path`` is not a kernel QEMU can boot directly, or None: a Linux bzImage carries its setup header's
-    magic ``HdrS`` at offset 0x202 (the x86 boot protocol), a vmlinux is an ELF (booted by its PVH entry).
-    Anything else (``kernel = "/etc/passwd"``) would pass every other check and fail only when the VM starts,
-    after the plan's earlier steps had run."""
+    magic ``HdrS`` at offset 0x202 (the x86 boot protocol), a vmlinux is an ELF (booted by its PVH entry), an
+    arm64 ``Image`` its magic ``ARM\\x64`` at 0x38.  Anything else (``kernel = "/etc/passwd"``) would pass every
+    other check and fail only when the VM starts, after the plan's earlier steps had run."""
     with open(path, "rb") as f:
         head = f.read(0x206)
-    if head[:4] == _ELF_MAGIC or head[0x202:0x206] == b"HdrS":
+    if head[:4] == _ELF_MAGIC or head[0x202:0x206] == b"HdrS" or head[0x38:0x3C] == b"ARM\x64":
         return None
     return (f"{where}: {path!r} is not a Linux kernel (neither a bzImage, with its boot header \"HdrS\" at "
-            "offset 0x202, nor an ELF vmlinux)")
+            "offset 0x202, nor an ELF vmlinux, nor an arm64 Image)")
 
 
 def kernel_footprint(path: str) -> int:

@@ -119,9 +119,12 @@ def test_a_bzimage_and_an_elf_vmlinux_are_kernels_and_nothing_else_is(tmp_path: 
     text = tmp_path / "notes"
     text.write_text("x" * 4096)
     assert kernel_problem("k", str(bzimage(tmp_path / "vmlinuz", MiB))) is None
-    assert kernel_problem("k", str(elf)) is None
+    arm64 = tmp_path / "Image"
+    arm64.write_bytes(bytes(0x38) + b"ARM\x64" + bytes(100))
+    assert kernel_problem("k", str(elf)) is None and kernel_problem("k", str(arm64)) is None
     assert kernel_problem("k", str(text)) == (f"k: '{text}' is not a Linux kernel (neither a bzImage, with its "
-                                              "boot header \"HdrS\" at offset 0x202, nor an ELF vmlinux)")
+                                              "boot header \"HdrS\" at offset 0x202, nor an ELF vmlinux, nor an "
+                                              "arm64 Image)")
 
 
 def test_a_cap_off_the_quota_grid_is_named_as_such_not_as_a_sum_a_hair_above_the_host() -> None:
