@@ -19,12 +19,12 @@ say what the deciding commands would see:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.sparse import csr_matrix
+from scipy.sparse import csr_matrix, diags
 
 from vcsched.constraints import capacities
 from vcsched.control.admission import existing_jobs, model_hosts
@@ -88,38 +88,60 @@ def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing) -> list
     of_job: list[list[VmState]] = [[] for _ in instance.jobs]
     for t, v in enumerate(existing.vms):
         of_job[int(instance.task_job[t])].append(v)
-    names = list(dict.fromkeys(str(vms[0].cluster) for vms in of_job))
-    group = np.array([names.index(str(vms[0].cluster)) for vms in of_job], dtype=np.int64)
+    jobs_of: dict[str, list[int]] = {}  # virtual cluster -> its jobs, in job order (one pass: 1,000s of jobs)
+    for j, vms in enumerate(of_job):
+        jobs_of.setdefault(str(vms[0].cluster), []).append(j)
+    names = list(jobs_of)
+    group = np.empty(instance.n_jobs, dtype=np.int64)
+    for g, jobs in enumerate(jobs_of.values()):
+        group[jobs] = g
     job_yield = np.array([min(predicted_yield(v) or 0.0 for v in vms) for vms in of_job])
     # weights[j, g]: job j's yield if it belongs to virtual cluster g, so that shares @ weights sums each
     # virtual cluster's jobs, every one at its own yield.
     weights = csr_matrix((job_yield, (np.arange(instance.n_jobs), group)), shape=(instance.n_jobs, len(names)))
     if sharing.policy == "drf-pools":
-        caps = capacities(instance, np.asarray(existing.hosts, dtype=np.int64))
-        held = np.asarray((caps.matrix @ weights).todense(), dtype=float)  # pairs x virtual clusters
-        with np.errstate(divide="ignore", invalid="ignore"):
-            room = np.where(caps.capacity > 0, caps.capacity, 1.0)[:, None]
-            share = np.where(caps.capacity[:, None] > 0, held / room, np.where(held > 0, np.inf, 0.0))
-        pool_of, nothing_held = caps.pair_names(instance), "-"
-        share = share[::-1]  # among equal shares the last pair is named, as pool_shares does
-        pool_of.reverse()
+        share, top, pool_of, nothing_held = _pool_dominance(instance, existing.hosts, weights)
     else:
-        share = np.asarray((weights.T @ cluster_shares(instance)).T, dtype=float)  # resources x virtual clusters
+        dense = np.asarray((weights.T @ cluster_shares(instance)).T, dtype=float)  # resources x virtual clusters
+        top = np.argmax(dense, axis=0) if dense.size else np.zeros(len(names), dtype=np.int64)
+        share = dense.max(axis=0) if dense.size else np.zeros(len(names))
         pool_of = list(instance.resources)
-        nothing_held = pool_of[0]  # as numpy's argmax of a row of zeros names the first resource
+        nothing_held = pool_of[0] if pool_of else "-"  # as numpy's argmax of zeros names the first resource
     out = []
-    for g, name in enumerate(names):
-        jobs = [j for j in range(instance.n_jobs) if group[j] == g]
+    for g, (name, jobs) in enumerate(jobs_of.items()):
         vms = [v for j in jobs for v in of_job[j]]
         meta = vms[0].meta
         assert meta is not None
-        column = share[:, g] if share.size else np.zeros(0)
-        top = int(np.argmax(column)) if column.size and column.max() > 0 else -1
-        dominant = float(column[top]) if top >= 0 and np.isfinite(column[top]) else 0.0
+        held = float(share[g])
         first = instance.jobs[jobs[0]]
         out.append({"name": name, "vms": len(vms), "weight": first.weight, "tenant": first.tenant,
-                    "yield": min(float(job_yield[j]) for j in jobs), "dominant_share": dominant,
-                    "dominant_pool": pool_of[top] if top >= 0 else nothing_held,
+                    "yield": min(float(job_yield[j]) for j in jobs),
+                    "dominant_share": held if np.isfinite(held) else 0.0,
+                    "dominant_pool": pool_of[int(top[g])] if held != 0 else nothing_held,
                     "min_yield": meta.min_yield,
                     **{k: v for k, v in (("disk_bps", meta.disk_bps), ("net_bps", meta.net_bps)) if v is not None}})
     return out
+
+
+def _pool_dominance(instance: Instance, hosts: Sequence[int], weights: csr_matrix
+                    ) -> tuple[np.ndarray, np.ndarray, list[str], str]:
+    """Under ``drf-pools``: each virtual cluster's largest share of one (host, resource) pair — its jobs' loads
+    on the pair over the pair's capacity (``inf`` on a pair of capacity 0 it needs) — and which pair, among
+    equals the last, as :func:`vcsched.policies.shares.pool_shares` names it; sparse throughout (1,000 hosts)."""
+    caps = capacities(instance, np.asarray(hosts, dtype=np.int64))
+    per_unit = 1.0 / np.where(caps.capacity > 0, caps.capacity, 1.0)
+    held = (diags(per_unit) @ caps.matrix @ weights).tocsr()[::-1].tocsc()  # pairs (last first) x clusters
+    n = weights.shape[1]
+    share = np.asarray(held.max(axis=0).todense(), dtype=float).ravel() if held.shape[0] else np.zeros(n)
+    top = np.asarray(held.argmax(axis=0), dtype=np.int64).ravel() if held.shape[0] else np.zeros(n, np.int64)
+    top = held.shape[0] - 1 - top  # back to the pairs' own order
+    needs_none = caps.capacity <= 0
+    if needs_none.any():  # a pair of capacity 0 that a virtual cluster needs: an infinite share
+        ones = weights.copy()
+        ones.data[:] = 1.0
+        on_none = (caps.matrix[needs_none] @ ones).tocsc()
+        rows = np.flatnonzero(needs_none)
+        for g in np.flatnonzero(np.asarray(on_none.max(axis=0).todense()).ravel() > 0):
+            share[g] = np.inf
+            top[g] = rows[int(on_none[:, g].argmax())]
+    return share, top, caps.pair_names(instance), "-"
