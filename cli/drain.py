@@ -73,11 +73,13 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     blackouts: those only hold `vcsched run` back.
 
     A drain never lowers a virtual cluster below the min_yield it was
-    admitted with silently: the plan says so, and --apply refuses it unless
-    --allow-below-floor.  A pinned VM on HOST is bad input with a budget above 0.
+    admitted with silently: a warning says so (stderr), and --apply refuses
+    it unless --allow-below-floor; a dry run exits as --apply would.  A
+    pinned VM on HOST is bad input with a budget above 0.
 
     Exit codes: 0 host emptied (plan made, or applied), 1 the host cannot be
-    emptied (partial plan shown; with --apply, nothing applied) / no safe
+    emptied (partial plan shown; with --apply, nothing applied) / a virtual
+    cluster would end below its floor (without --allow-below-floor) / no safe
     order / a step failed / the cluster is locked, 2 bad input, 130 --apply
     interrupted by Ctrl-C (after the running step).
     """
