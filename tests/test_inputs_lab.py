@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import tomllib
 import uuid
 from collections.abc import Iterator
@@ -36,7 +35,13 @@ from hypothesis import strategies as st
 from cli.main import cli
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from lab import Lab
-from tests.lab_support import destroy_everywhere, running_lab, skip_unless_lab_possible, start_lab_guest
+from tests.lab_support import (
+    destroy_everywhere,
+    running_lab,
+    skip_unless_lab_possible,
+    start_lab_guest,
+    unbootable_kernel,
+)
 from tests.plan_edits import claims_hold, edited, get, new_values, number_paths, same_bytes
 from vcsched.formats.cluster import Cluster, cluster_from_dict
 from vcsched.plans.steps import Boot, CreateStep
@@ -155,20 +160,10 @@ def test_a_request_that_cannot_boot_is_refused_before_any_cap_is_lowered(lab2: L
 
 def test_a_vm_that_fails_at_run_time_gets_the_caps_lowered_for_it_back_and_stderr_says_so(
         lab2: Lab, tmp_path: Path) -> None:
-    """A template whose kernel has a bzImage's boot header and nothing behind it passes every check vcsched can
-    make (it exists, is readable, is a kernel by its header, fits, and libvirt validates the XML); QEMU refuses it
-    when the VM starts ("invalid kernel header": its 255 setup sectors are longer than the file)."""
-    import struct
-
+    """A template whose kernel is no kernel but by its header passes every check vcsched can make (it exists, is
+    readable, has a bzImage's header, fits, and libvirt validates the XML); QEMU refuses it when the VM starts."""
     t = tag()
-    kernel = tmp_path / "not-a-kernel"
-    head = bytearray(os.urandom(4096))
-    head[0x1F1] = 0xFF  # setup sectors: 128 KiB of a 4 KiB file
-    head[0x202:0x206] = b"HdrS"
-    struct.pack_into("<H", head, 0x206, 0x20F)
-    struct.pack_into("<Q", head, 0x258, 16 << 20)  # loaded at 16 MiB, 1 MiB to decompress: it fits the VM
-    struct.pack_into("<I", head, 0x260, 1 << 20)
-    kernel.write_bytes(bytes(head))
+    kernel = unbootable_kernel(tmp_path / "not-a-kernel")
     template = tmp_path / "vm.xml"
     template.write_text(f"<domain type='qemu'><os><type arch='x86_64'>hvm</type><kernel>{kernel}</kernel></os>"
                         "<devices><serial type='pty'/></devices></domain>")
