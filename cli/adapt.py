@@ -148,6 +148,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
         render_report,
         run_apply,
         save_plan,
+        warn_floors_missed,
     )
     from vcsched.plans.migration import MigrationBlocked
     from vcsched.plans.reasons import step_reasons
@@ -206,10 +207,8 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
                               f"{live.plan.min_yield:.4f}", highlight=False)
             render_plan(live.plan, inventory, reasons)
             render_moves(live)
-            for vc, got, floor in live.floors_missed:
-                console.print(f"[yellow]warning:[/] virtual cluster {vc!r} gets a yield of {got:.4f}, below the "
-                              f"min_yield {floor:g} it was admitted with (the best within this budget: "
-                              "raise --budget, or --depart a cluster)", highlight=False)
+            warn_floors_missed(live.floors_missed, " (the best within this budget: raise --budget, or --depart "
+                                                   "a cluster)")
         report = None
         if do_apply:
             report = run_apply(uow, live.plan, quiet=as_json, planned_here=True)

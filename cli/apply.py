@@ -17,6 +17,7 @@ from cli.common import (
     run_apply,
 )
 from cli.params import cluster_option, json_option, lock_options
+from vcsched.formats.words import plural
 from vcsched.plans.plan import Plan, plan_from_dict
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, allow_below
     with acting_on(cluster, apply=True, coordination=coordination, wait=wait, ttl=lock_ttl,
                    quiet=as_json) as (uow, inventory):
         if not as_json:
-            console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {len(plan.steps)} steps)")
+            console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {plural(len(plan.steps), 'step')})")
             render_plan(plan, inventory)
         if drain is not None and path is not None:
             refused = _drain_refused(plan, inventory, allow_below_floor)

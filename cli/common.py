@@ -39,8 +39,9 @@ if TYPE_CHECKING:
     from vcsched.experiments import OnProgress
     from vcsched.formats.cluster import Cluster
     from vcsched.formats.request import Request
-    from vcsched.inventory import Inventory
+    from vcsched.inventory import Inventory, VmState
     from vcsched.plans.plan import Plan
+    from vcsched.plans.steps import MigrateStep
 
 # ---------------------------------------------------------------------------------------------- input files
 
@@ -115,9 +116,10 @@ def load_request(path: str) -> Request:
 
 def check_request_boot(cluster: Cluster, request: Request, path: str) -> None:
     """What the request's VMs would boot, checked before any host is read (hypervisor/bootcheck.py): its template
-    is domain XML; its template, image or the cluster's ``[guest]`` files exist, are readable and fit its memory
-    when every host is on this machine (the lab).  Plans are checked again, on each target host, before their
-    first step."""
+    is domain XML; its template, image or the cluster's ``[guest]`` files exist, are readable, hold a kernel and
+    fit its memory when any host is on this machine — a VM placed there boots from these very files, so a problem
+    is the request's, said before the plan (not as ``plan.steps[5].boot.kernel`` after "admitted", when one other
+    host is remote).  Plans are checked again, on each target host, before their first step."""
     from hypervisor.bootcheck import boot_problems, files_local
     from vcsched.control.admission import boot_for
 
@@ -125,7 +127,7 @@ def check_request_boot(cluster: Cluster, request: Request, path: str) -> None:
         return  # admission names what is missing
     fields = {"path": "template" if request.template is not None else "image",
               "kernel": "guest.kernel (cluster file)", "initrd": "guest.initrd (cluster file)"}
-    local = all(files_local(h.uri) for h in cluster.hosts)
+    local = any(files_local(h.uri) for h in cluster.hosts)
     problems = boot_problems("request", boot_for(cluster, request), request.memory_bytes, local=local, fields=fields)
     if problems:
         raise InputError(f"request {path}: " + "; ".join(problems[:3]))
@@ -156,7 +158,7 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
     """The plan as a table, one row per step (with ``reasons``: a "why" column, vcsched.plans.reasons)."""
     from cli.tables import FitTable
     from vcsched.formats.units import format_size
-    from vcsched.plans.steps import CreateStep, RemoveStep
+    from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep
 
     policy = plan.extra.get("policy")
     console.print(f"  predicted minimum yield [bold]{plan.min_yield:.4f}[/], average yield "
@@ -172,10 +174,12 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
     if not plan.steps:
         console.print("  nothing to do: every VM already has its cap")
         return
-    table = FitTable(title=f"plan ({len(plan.steps)} steps, in this order)")
+    from vcsched.formats.words import plural
+
+    table = FitTable(title=f"plan ({plural(len(plan.steps), 'step')}, in this order)")
     for col in ("#", "step", "VM", "host", "cap now", "cap after", "detail", *(("why",) if reasons else ())):
         table.add_column(col, justify="right" if col in ("#", "cap now", "cap after") else "left",
-                         key=col in ("#", "VM"))
+                         key=col in ("#", "VM"), wrap=col in ("detail", "why"))
     for i, step in enumerate(plan.steps):
         vm = inventory.vm(step.vm)
         now = "-" if vm is None or vm.cap_cores is None else f"{vm.cap_cores:.3f}"
@@ -186,12 +190,8 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
                       f"cores, boot: {step.boot.kind}")
         elif isinstance(step, RemoveStep):
             detail = f"{step.cluster} departs"
-        elif step.op == "migrate":
-            moved = int(getattr(step, "bytes", 0))
-            disk = moved - (vm.memory_bytes if vm is not None else moved)
-            detail = f"{format_size(moved)} moved" + (
-                f" (memory {format_size(vm.memory_bytes)} + disks {format_size(disk)}: other storage)"
-                if vm is not None and disk > 0 else "")
+        elif isinstance(step, MigrateStep):
+            detail = migration_detail(step, vm, inventory)
         step_caps = getattr(step, "io_caps", None)
         if step_caps:
             shown = {"disk_bytes_sec": "disk {}/s", "disk_iops_sec": "{} IOPS", "net_bytes_sec": "net {}/s"}
@@ -201,6 +201,25 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
         table.add_row(str(i + 1), step.op, step.vm, step.host, now, "-" if after is None else f"{after:.3f}", detail,
                       *((reasons[i],) if reasons else ()))
     console.print(table)
+
+
+def migration_detail(step: MigrateStep, vm: VmState | None, inventory: Inventory) -> str:
+    """What a migration will copy, from the VM and its two hosts as they are (vcsched.plans.claims.move_bytes),
+    not only as the plan claims it: a hand-edited ``"bytes": 1`` reads "claims 1 B; moves 512 MiB" — the table
+    of a plan about to be refused for it does not say "1 B moved"."""
+    from vcsched.formats.units import format_size
+    from vcsched.plans.claims import move_bytes
+
+    claimed = int(step.bytes)
+    hosts = {h.name: h for h in inventory.hosts}
+    if vm is None or vm.host != step.source or step.source not in hosts or step.target not in hosts:
+        return f"{format_size(claimed)} to move"  # moved already (a re-run), or on a host that did not answer
+    actual = move_bytes(vm, hosts[step.source], hosts[step.target])
+    if actual != claimed:
+        return f"claims {format_size(claimed)}; moves {format_size(actual)}"
+    disk = actual - vm.memory_bytes
+    return f"{format_size(actual)} to move" + (
+        f" (memory {format_size(vm.memory_bytes)} + disks {format_size(disk)}: other storage)" if disk > 0 else "")
 
 
 def write_report(out_dir: Path, report: str, plots: list[Path]) -> None:
@@ -228,7 +247,10 @@ def render_moves(live: LiveAdaptation) -> None:
 
     if live.order is None or not live.order.moves:
         return
-    table = FitTable(title=f"live migrations ({live.order.waves} waves, {live.order.relays} relays)")
+    from vcsched.formats.words import plural
+
+    table = FitTable(title=f"live migrations ({plural(live.order.waves, 'wave')}, "
+                           f"{plural(live.order.relays, 'relay')})")
     for col in ("wave", "VM", "from", "to", "bytes", "cap on arrival"):
         table.add_column(col, justify="right" if col in ("wave", "bytes", "cap on arrival") else "left",
                          key=col in ("wave", "VM"))
@@ -236,6 +258,16 @@ def render_moves(live: LiveAdaptation) -> None:
         table.add_row(str(m.wave), m.vm + (" (relay)" if m.relay else ""), m.source, m.target, format_size(m.bytes),
                       f"{m.cap_cores:.3f}")
     console.print(table)
+
+
+def warn_floors_missed(missed: Sequence[tuple[str, float, float]], advice: str = "") -> None:
+    """One warning on stderr per virtual cluster an adapt or drain plan leaves below the min_yield it was
+    admitted with (docs/cli.md: warnings go to stderr, the plan to stdout)."""
+    from cli.app import err_console
+
+    for vc, got, floor in missed:
+        err_console.print(f"vcsched: warning: virtual cluster {vc!r} gets a yield of {got:.4f}, below the "
+                          f"min_yield {floor:g} it was admitted with{advice}", highlight=False, markup=False)
 
 
 def reporting() -> Reporting:
@@ -319,7 +351,8 @@ def render_report(report: ApplyReport) -> None:
         title = "[red]stopped at a failed step[/] (every VM left running)"
     table = FitTable(title=title)
     for col in ("#", "step", "VM", "host", "outcome", "time", "detail"):
-        table.add_column(col, justify="right" if col in ("#", "time") else "left", key=col in ("#", "VM"))
+        table.add_column(col, justify="right" if col in ("#", "time") else "left", key=col in ("#", "VM"),
+                         wrap=col == "detail")
     for i, r in enumerate(report.results):
         c = colour.get(r.outcome, "yellow")
         took = "-" if r.seconds is None else f"{r.seconds:.2f} s"

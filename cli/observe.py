@@ -65,7 +65,7 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     from vcsched.control.admission import HostsDown
     from vcsched.control.observe import estimate_all
 
-    every = sample if sample is not None else min(5.0, max(0.5, window / 12))
+    every = sample if sample is not None else sample_interval(window)
     cluster = load_cluster(cluster_file)
     stop = threading.Event()
     out: dict[str, Any] = {"cluster": cluster.name, "window": window, "sample": every}
@@ -177,3 +177,9 @@ def _render(out: dict[str, Any]) -> None:
         console.print(f"{what}: {len(r['steps'])} steps, {state}")
     if "record" in out and not out["record"]["steps"]:
         console.print("record: every recorded need already matches its estimate")
+
+
+def sample_interval(window: float) -> float:
+    """``--sample``'s default: a twelfth of the window, between 0.5 and 5 s, to 0.01 s (a twelfth of 10 s is
+    said and used as 0.83 s, not 0.833333)."""
+    return round(min(5.0, max(0.5, window / 12)), 2)

@@ -32,8 +32,11 @@ def render_recommendation(doc: dict[str, Any]) -> None:
     from vcsched.formats.units import format_size
 
     e = doc["effect"]
-    console.print(f"[bold]{doc['id']}[/] {doc['kind']} [{doc['state']}] made {_when(doc['made_at'])} by "
-                  f"{doc['made_by'] or '?'}, valid until {_when(doc['valid_until'])}", highlight=False)
+    # Each time starts a line of its own: wrapped at 80 columns, a line never parts a date from its hour.
+    # The state is escaped: rich read "[open]" as a style and showed nothing.
+    console.print(f"[bold]{doc['id']}[/] {doc['kind']} \\[{doc['state']}]", highlight=False)
+    console.print(f"  made {_when(doc['made_at'])} by {doc['made_by'] or '?'}", highlight=False)
+    console.print(f"  valid until {_when(doc['valid_until'])}", highlight=False)
     console.print(f"  why: {doc['reason']}", highlight=False)
     console.print(f"  min yield {e['min_yield_before']:.3f} -> {e['min_yield_after']:.3f}, mean yield "
                   f"{e['mean_yield_before']:.3f} -> {e['mean_yield_after']:.3f}, moves "
@@ -42,7 +45,8 @@ def render_recommendation(doc: dict[str, Any]) -> None:
         console.print(f"  {doc['detail']}", highlight=False)
     table = FitTable(title=f"{doc['id']}: steps")
     for col in ("#", "step", "VM", "host", "cap", "yield before -> after", "why"):
-        table.add_column(col, justify="right" if col in ("#", "cap") else "left", key=col in ("#", "VM"))
+        table.add_column(col, justify="right" if col in ("#", "cap") else "left", key=col in ("#", "VM"),
+                         wrap=col == "why")
     for i, s in enumerate(doc["steps"]):
         per = e["per_vm"].get(s["vm"], {})
         host = f"{s['from']} -> {s['to']}" if s["op"] == "migrate" else str(s.get("host", ""))

@@ -16,6 +16,7 @@ from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.status import below_floor, host_load, predicted_yield, virtual_clusters
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
+from vcsched.formats.words import plural
 from vcsched.inventory import Inventory, VmState
 from vcsched.plans.repair import RepairReport, plan_repair
 
@@ -52,6 +53,7 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
             "uri": conf.uri if conf else None, "address": conf.migration_address if conf else None,
             "storage": conf.storage_name if conf else None,
             "cores": h.cores, "memory_bytes": h.memory_bytes, "memory_reserved": h.memory_reserved,
+            "usable_memory": h.usable_memory,
             "memory_used_bytes": load.memory_used_bytes,
             "caps_cores": load.caps_cores,
             "measured_cores": load.measured_cores if load.measured_cores is not None else 0.0,
@@ -68,6 +70,7 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         "vcpus": v.vcpus, "memory_bytes": v.memory_bytes,
         "cpu_need_cores": v.meta.cpu_need_cores if v.meta else None, "cap_cores": v.cap_cores,
         "predicted_yield": predicted_yield(v), "min_yield": v.meta.min_yield if v.meta else None,
+        "below_floor": below_floor(predicted_yield(v), v.meta.min_yield if v.meta else None),
         "measured_cores": measured.get(v.name),
         "disks": list(v.devices.disks), "interfaces": list(v.devices.nics),
         "disk_bytes_sec": v.io_caps.disk_bytes_sec, "disk_iops_sec": v.io_caps.disk_iops_sec,
@@ -79,11 +82,25 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
     out: dict[str, Any] = {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms,
                            "in_doubt": [{"vm": d.vm, "uuid": d.uuid, "hosts": list(d.hosts), "states": list(d.states),
                                          "resolved": d.resolved} for d in inv.in_doubt],
-                           "repair": RepairReport(plan_repair(inv), applied=False).to_dict()}
+                           "repair": RepairReport(plan_repair(inv), applied=False).to_dict(),
+                           "violations": floor_violations(vms)}
     if policy is not None:
         out["policy"] = policy
-        out["virtual_clusters"] = clusters or []
+        out["virtual_clusters"] = [vc | {"below_floor": below_floor(vc["yield"], vc["min_yield"])}
+                                   for vc in clusters or []]
     return out
+
+
+def floor_violations(vms: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """One ``violations`` entry per virtual cluster with a VM below the floor it was admitted with (``rule``
+    ``min_yield``), beside the placement rules broken: a script reading ``violations`` sees both."""
+    below: dict[str, list[dict[str, Any]]] = {}
+    for v in vms:
+        if v["below_floor"]:
+            below.setdefault(str(v["cluster"]), []).append(v)
+    return [{"cluster": vc, "rule": f"min_yield ({low[0]['min_yield']:g})",
+             "problem": ", ".join(f"{v['name']} at yield {v['predicted_yield']:.3f}" for v in low)}
+            for vc, low in sorted(below.items())]
 
 
 def _vm_rules(v: VmState) -> list[str]:
@@ -121,11 +138,10 @@ def render_status(doc: dict[str, Any]) -> None:
     for col, priority in cols.items():
         table.add_column(col, justify="left" if col == "host" else "right", priority=priority, key=col == "host")
     for h in doc["hosts"]:
-        if h["down"] is not None:
-            table.add_row(f"[red]{h['name']} (down)[/]", "?", "?", "?", f"[red]{h['down']}[/]",
-                          *(["?"] * (len(cols) - 5)))
+        if h["down"] is not None:  # its reason goes below the table: a long one would widen a column of numbers
+            table.add_row(f"[red]{h['name']} (down)[/]", *(["?"] * (len(cols) - 1)))
             continue
-        usable = h["memory_bytes"] - h["memory_reserved"]
+        usable = h["usable_memory"]
         name = h["name"] + (" [yellow](maintenance)[/]" if h.get("maintenance") else "")
         row = [name, str(h["cores"]), f"{h['caps_cores']:.3f}",
                _num(h["measured_cores"]) if sampled else "-",
@@ -136,10 +152,15 @@ def render_status(doc: dict[str, Any]) -> None:
                     f"{_rate(h['measured_net_rx_bps'])} / {_rate(h['measured_net_tx_bps'])}"]
         table.add_row(*row)
     console.print(table)
-    down = [h["name"] for h in doc["hosts"] if h["down"] is not None]
+    down = [h for h in doc["hosts"] if h["down"] is not None]
     if down:
-        console.print(f"[red]{len(down)} host(s) down[/] ({', '.join(down)}): their VMs are unknown, and nothing "
-                      "is planned onto or off them until they answer again.")
+        console.print(f"[red]{plural(len(down), 'host')} down[/] ({', '.join(h['name'] for h in down)}): their VMs "
+                      "are unknown, and nothing is planned onto or off them until they answer again.",
+                      highlight=False)
+        for h in down:  # libvirt's reasons name the host already ("host h1: did not answer ...")
+            reason, name = str(h["down"]), h["name"]
+            said = reason if reason.startswith(f"host {name}:") else f"host {name}: {reason}"
+            console.print(f"  [red]{said}[/]", highlight=False)
     for d in doc.get("in_doubt", []):
         where = ", ".join(f"{h} ({st})" for h, st in zip(d["hosts"], d["states"], strict=True))
         console.print(f"[red]in doubt[/]: {d['vm']} (uuid {d['uuid']}) is active on {where}: no plan touches it "
@@ -170,7 +191,7 @@ def render_status(doc: dict[str, Any]) -> None:
         cluster = v["cluster"] or "[dim]unmanaged[/]"
         state = "" if v["active"] else " [dim](off)[/]"
         y, floor = v["predicted_yield"], v["min_yield"]
-        shown = f"[red]{y:.3f}[/]" if below_floor(y, floor) else _num(y)
+        shown = f"[red]{y:.3f} ![/]" if v["below_floor"] else _num(y)
         row = [v["host"], v["name"] + state, cluster, str(v["vcpus"]), format_size(v["memory_bytes"]),
                _num(v["cpu_need_cores"]), _num(v["cap_cores"]), _num(v["measured_cores"]), shown,
                _num(floor, "{:g}"), " ".join(v.get("rules", [])) or "-"]
@@ -186,8 +207,11 @@ def render_status(doc: dict[str, Any]) -> None:
     if io and any(v["net_bytes_sec"] for v in doc["vms"]):
         console.print("[dim]net out is what the guest sent: libvirt polices outbound traffic on the host, dropping "
                       "what exceeds the cap there, so a guest sending faster than its cap shows more than it.[/]")
+    if any(v["below_floor"] for v in doc["vms"]):
+        console.print("! below floor: the yield misses the min_yield the VM was admitted with", highlight=False)
     for bad in doc.get("violations", []):
-        console.print(f"[yellow]rule broken:[/] {bad['cluster']}: {bad['rule']}: {bad['problem']} "
+        said = "[red]below floor:[/]" if bad["rule"].startswith("min_yield") else "[yellow]rule broken:[/]"
+        console.print(f"{said} {bad['cluster']}: {bad['rule']}: {bad['problem']} "
                       "(`vcsched adapt --budget B` repairs it)", highlight=False)
     if doc.get("headroom"):
         render_headroom(doc)
@@ -246,7 +270,7 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
                          priority=priority, key=col == "virtual cluster")
     for vc in vcs:
         y, floor = vc["yield"], vc["min_yield"]
-        shown = f"[red]{y:.3f}[/]" if below_floor(y, floor) else f"{y:.3f}"
+        shown = f"[red]{y:.3f} ![/]" if vc["below_floor"] else f"{y:.3f}"
         table.add_row(vc["name"], str(vc["vms"]), f"{vc['weight']:g}", vc["tenant"] or "-", shown,
                       f"{vc['dominant_share']:.4f}", vc["dominant_pool"], _num(floor, "{:g}"))
     console.print(table)
@@ -325,7 +349,7 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
         h["maintenance"] = h["name"] in cluster.cordoned
     doc["migrations"] = migrations
     doc["throttles"] = cluster.throttles.to_dict()
-    doc["violations"] = rule_violations(inv.up())
+    doc["violations"] = rule_violations(inv.up()) + doc["violations"]
     from vcsched.control.failover import HEADROOM_MAX_HOSTS, headroom
 
     doc["failures_tolerated"] = cluster.failures_tolerated

@@ -168,7 +168,7 @@ def test_a_refusal_exits_1_with_ok_false_and_its_reason_on_stderr(hosts: ScaleCl
     result = run("drain", "h0", "--budget", "0", "--cluster", c, "--json")
     doc = _json(result, 1)
     assert doc["ok"] is False and doc["complete"] is False
-    assert "vcsched: refused: h0 cannot be emptied: 2 VM(s) stay (vm0, vm1)" in result.stderr
+    assert "vcsched: refused: h0 cannot be emptied: 2 VMs stay (vm0, vm1)" in result.stderr
 
 
 def test_a_plan_that_no_longer_fits_the_live_cluster_is_refused_with_exit_1_not_2(hosts: ScaleCluster,

@@ -366,7 +366,10 @@ def test_a_down_host_whose_uuid_a_command_here_has_read_still_names_the_lock(tmp
 
 def test_place_and_adapt_name_a_down_host_and_what_it_means(tmp_path: Path) -> None:
     cf = tmp_path / "cluster.toml"
-    cf.write_text(f'name = "t"\n[guest]\nkernel = "/k"\ninitrd = "/i"\n'
+    # Boot files that pass the request's checks: "far" is on this machine, so they are checked before planning.
+    bzimage(tmp_path / "k", 16 * MiB, 16 * MiB)
+    (tmp_path / "i").write_bytes(b"x")
+    cf.write_text(f'name = "t"\n[guest]\nkernel = "{tmp_path}/k"\ninitrd = "{tmp_path}/i"\n'
                   f'[[hosts]]\nname = "far"\nuri = "qemu+unix:///system?socket={tmp_path}/nope"\n'
                   '[[hosts]]\nname = "near"\nuri = "test:///default"\n')
     req = tmp_path / "web.toml"

@@ -223,7 +223,8 @@ def test_status_reports_one_host_down_and_shows_the_others(tmp_path: Path) -> No
     c = cluster_toml(tmp_path, [("far", f"qemu+unix:///system?socket={tmp_path}/none"), ("near", "test:///default")])
     r = run("status", "--cluster", c, "--sample", "0")
     assert r.exit_code == 0, r.output
-    assert "far (down)" in r.stdout and "1 host(s) down" in r.stdout and "near" in r.stdout
+    assert "far (down)" in r.stdout and "1 host down (far)" in r.stdout and "near" in r.stdout
+    assert "  host far: cannot connect" in r.stdout  # its reason, on a line of its own below the hosts table
 
 
 def test_vm_larger_than_any_host_is_one_line_exit_2(tmp_path: Path, lab_cluster: Path) -> None:

@@ -290,7 +290,7 @@ def test_a_frame_shows_hosts_vms_marks_yields_and_the_controller() -> None:
     vm_lines = {line.split()[0]: line for line in text.splitlines() if line.startswith(("web-0", "db-0", "other"))}
     assert "migrating h0>h1" in vm_lines["db-0"] and "paused" in vm_lines["db-0"]
     assert "unmanaged" in vm_lines["other"]
-    assert "controller · leader m1" in text and "plan re-balance: 1 steps, 1 migrations" in text
+    assert "controller · leader m1" in text and "plan re-balance: 1 step, 1 migration" in text
 
 
 # ---------------------------------------------------------------------------------------------- the command

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from vcsched.caps import CAP_TOLERANCE, min_cap
+from vcsched.caps import CAP_TOLERANCE, grid_problem, min_cap
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_name
 from vcsched.inventory import HostState, Inventory
@@ -158,6 +158,10 @@ class _Replay:
             return False
         if cap > vcpus + CAP_TOLERANCE:
             self.problems.append(f"{where}.cap_cores: {cap:.10g} cores is more than the VM's {vcpus} vCPUs can use")
+            return False
+        off = grid_problem(f"{where}.cap_cores", cap, vcpus)
+        if off is not None:
+            self.problems.append(off)
             return False
         if cap > host.cores + CAP_TOLERANCE:
             self.problems.append(f"{where}.cap_cores: {cap:.10g} cores is more than host {host.name}'s {host.cores}")
@@ -310,7 +314,7 @@ def replay_problems(steps: Sequence[Step], inventory: Inventory, *, first_index:
             if caps > caps_before[h] + CAP_TOLERANCE and caps > state.cores + CAP_TOLERANCE:
                 first = batch[0][0] + first_index
                 r.problems.append(f"plan.steps[{first}] ({batch[0][1].op} {batch[0][1].vm}): host {h} would have "
-                                  f"caps of {caps:.5f} cores on {state.cores} cores")
+                                  f"caps of {caps:.10g} cores on {state.cores} cores")
             for res in IO_RESOURCES:
                 total, capacity = r.io_total(h, res), state.capacity(res)
                 if capacity is not None and total > io_before[(h, res)] + IO_TOLERANCE \

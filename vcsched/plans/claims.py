@@ -48,7 +48,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vcsched.caps import CAP_TOLERANCE, grid_step, realisable_cap, same_cap
+from vcsched.caps import CAP_TOLERANCE, grid_problem, grid_step, off_grid, realisable_cap, same_cap
 from vcsched.errors import VcschedError
 from vcsched.formats.units import format_size
 from vcsched.inventory import HostState, Inventory, VmState
@@ -83,11 +83,6 @@ def move_bytes(vm: VmState, source: HostState, target: HostState) -> int:
     hosts do not share storage (hosts of an unknown ``storage`` are taken to share it, as a plan computed without
     the cluster file costs a move: memory only)."""
     return vm.memory_bytes + (0 if source.storage == target.storage else vm.disk_bytes)
-
-
-def off_grid(cap: float, vcpus: int) -> bool:
-    """Whether ``cap`` is not a point of a ``vcpus``-vCPU VM's quota grid (the hypervisor would hold another)."""
-    return abs(realisable_cap(cap, vcpus) - cap) > CAP_TOLERANCE
 
 
 def claim_problems(plan: Plan, inventory: Inventory) -> list[str]:
@@ -170,10 +165,9 @@ def _after(plan: Plan, vms: Mapping[str, VmState], problems: list[str]) -> dict[
            for name, v in vms.items() if v.meta is not None}
 
     def grid(i: int, field: str, cap: float, vcpus: int, vm: str) -> None:
-        if off_grid(cap, vcpus):
-            problems.append(f"plan.steps[{i}].{field}: {cap!r} cores is not a cap a {vcpus}-vCPU VM can hold "
-                            f"(VM {vm!r}: caps are multiples of {grid_step(vcpus):g} cores, the quota grid); it "
-                            f"would hold {realisable_cap(cap, vcpus)!r}")
+        off = grid_problem(f"plan.steps[{i}].{field} (VM {vm!r})", cap, vcpus)
+        if off is not None:
+            problems.append(off)
 
     for i, s in enumerate(plan.steps):
         now = out.get(s.vm)

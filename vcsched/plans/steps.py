@@ -28,7 +28,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from vcsched.errors import InputError
-from vcsched.formats.fields import MAX_VCPUS, check_count, check_fields, check_fraction, check_number, check_string
+from vcsched.formats.fields import (
+    MAX_VCPUS,
+    check_count,
+    check_fields,
+    check_fraction,
+    check_name,
+    check_number,
+    check_string,
+)
 from vcsched.formats.units import check_vm_memory
 from vcsched.inventory import VmMeta
 from vcsched.iocaps import DISK, NET, IoCaps
@@ -237,8 +245,8 @@ class CreateStep(_IoFields, _Flags):
     def from_dict(where: str, d: Mapping[str, Any]) -> CreateStep:
         d = _fields(where, d, {"op", "vm", "host", "cluster", "vcpus", "memory_bytes", "cpu_need_cores",
                                "cap_cores", "boot"}, {"min_yield", *META_FIELDS, *IO_FIELDS})
-        step = CreateStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
-                          _str(f"{where}.cluster", d["cluster"]), _int(f"{where}.vcpus", d["vcpus"]),
+        step = CreateStep(check_name(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+                          check_name(f"{where}.cluster", d["cluster"]), _int(f"{where}.vcpus", d["vcpus"]),
                           _int(f"{where}.memory_bytes", d["memory_bytes"]),
                           _num(f"{where}.cpu_need_cores", d["cpu_need_cores"]),
                           _num(f"{where}.cap_cores", d["cap_cores"]), Boot.from_dict(f"{where}.boot", d["boot"]),
@@ -282,7 +290,7 @@ class SetCapStep(_IoFields, _Flags):
         if "cap_cores" not in d and not IO_FIELDS & set(d):
             raise InputError(f"{where}: a set-cap step sets at least one of cap_cores, "
                              f"{', '.join(sorted(IO_FIELDS))}")
-        return SetCapStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+        return SetCapStep(check_name(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
                           _num(f"{where}.cap_cores", d["cap_cores"]) if "cap_cores" in d else None,
                           **_io_from_dict(where, d))
 
@@ -311,8 +319,8 @@ class RemoveStep(_Flags):
     @staticmethod
     def from_dict(where: str, d: Mapping[str, Any]) -> RemoveStep:
         d = _fields(where, d, {"op", "vm", "host", "cluster"})
-        return RemoveStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
-                          _str(f"{where}.cluster", d["cluster"]))
+        return RemoveStep(check_name(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+                          check_name(f"{where}.cluster", d["cluster"]))
 
 
 @dataclass(frozen=True)
@@ -341,7 +349,7 @@ class SetNeedStep(_Flags):
     @staticmethod
     def from_dict(where: str, d: Mapping[str, Any]) -> SetNeedStep:
         d = _fields(where, d, {"op", "vm", "host", "cpu_need_cores"})
-        return SetNeedStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+        return SetNeedStep(check_name(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
                            _num(f"{where}.cpu_need_cores", d["cpu_need_cores"]))
 
 
@@ -394,7 +402,7 @@ class MigrateStep(_Flags):
         squeezed = d.get("squeezed", False)
         if not isinstance(squeezed, bool):
             raise InputError(f"{where}.squeezed: expected true or false, got {squeezed!r}")
-        step = MigrateStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.from", d["from"]),
+        step = MigrateStep(check_name(f"{where}.vm", d["vm"]), _str(f"{where}.from", d["from"]),
                            _str(f"{where}.to", d["to"]), _int(f"{where}.bytes", d["bytes"]),
                            _num(f"{where}.cap_cores", d["cap_cores"]), final, wave, squeezed)
         if step.source == step.target:
