@@ -150,7 +150,9 @@ class UnitOfWork:
         alone).  A dry run settles nothing: what would be done is reported, never done."""
         report = self.hv.repair(self.lock_guard, apply=not self.dry_run)
         self.reporting.settled(report)
-        if report.applied and report.plan.refused is not None and report.plan.in_doubt:
+        # A refused repair reports applied=False (hypervisor/settlement.py): what says it was meant to act is
+        # that this is no dry run.
+        if not self.dry_run and report.plan.refused is not None and report.plan.in_doubt:
             self.reporting.note(f"{len(report.plan.in_doubt)} in-doubt VM(s) not settled: {report.plan.refused}; "
                                 "`vcsched repair` settles them once every host answers")
         return report

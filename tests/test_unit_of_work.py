@@ -167,3 +167,23 @@ def test_a_plan_checked_before_its_irreversible_action_is_not_read_and_checked_a
         report = uow.apply(recovery.plan, irreversible=lambda: True)  # type: ignore[attr-defined]
     assert report is not None and report.ok
     assert reads.count(None) == 1, reads  # the whole read under the check; each step then reads its own hosts
+
+
+def test_in_doubt_vms_a_refused_repair_leaves_are_said_once_with_why() -> None:
+    """The adapter reports a repair it refused (a host did not answer) as not applied (hypervisor/settlement.py):
+    the unit of work still says which in-doubt VMs it left and why (tests/test_repair_lab.py saw nothing said)."""
+    from vcsched.inventory import InDoubt
+    from vcsched.plans.repair import RepairPlan, RepairReport
+
+    class Refusing(MemoryHypervisor):
+        def repair(self, guard, *, apply=True):  # type: ignore[no-untyped-def]
+            doubt = InDoubt("a-0", "u-a", ("h1",), ("paused",), arriving_from=("h0",))
+            return RepairReport(RepairPlan((doubt,), refused="host h0 did not answer"), applied=False)
+
+    hv = hypervisor()
+    refusing = Refusing.__new__(Refusing)
+    refusing.__dict__.update(hv.__dict__)
+    notes: list[str] = []
+    with UnitOfWork(refusing, Lock(), reporting=Reporting(note=notes.append)):
+        pass
+    assert len(notes) == 1 and "not settled" in notes[0] and "h0" in notes[0]
