@@ -9,6 +9,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from acting.executor import apply_plan
@@ -238,3 +239,30 @@ def test_priority_round_trips_through_libvirt_metadata_and_is_left_out_when_0() 
     meta = VmMeta("web", 0.5, 128 * MiB, 1, priority=7)
     assert parse_metadata(metadata_xml(meta)) == meta
     assert "priority" not in metadata_xml(dataclasses.replace(meta, priority=0))
+
+
+def measurement_1() -> MemoryHypervisor:
+    """Issue 37's measurement 1 in data: h1 (batch-0, db-1) is down; db (spread, min_yield 0.5) keeps db-0 on h2,
+    so db-1 can only go to h0, where web-0 and web-1 need a core each."""
+    db0 = floored(dataclasses.replace(managed("db-0", "h2", "db", 0.6, cap=0.6)), 0.5)
+    assert db0.meta is not None
+    db0 = dataclasses.replace(db0, meta=dataclasses.replace(db0.meta, spread="required"))
+    return down_h1([managed("web-0", "h0", "web", 1.0, cap=0.5), managed("web-1", "h0", "web", 1.0, cap=0.5),
+                    managed("batch-0", "h2", "batch", 0.4, cap=0.4), db0])
+
+
+def db1(priority: int = 0) -> CreateStep:
+    return dataclasses.replace(record("db-1", "db", need=0.6, floor=0.5, priority=priority), spread="required")
+
+
+def test_recovery_caps_meet_the_floors_the_failover_was_searched_at() -> None:
+    """Measurement 1: the placement fits at the floors, so the caps must give db-1 its 0.5 (not 1/2.6 = 0.385),
+    and the whole-plan check (apply's) accepts the plan."""
+    hv = measurement_1()
+    rec = plan_recovery(fenced(cluster_of(3), "h1"), hv.inventory(), "h1", [db1()])
+    assert rec.restarts == (("db-1", "h0"),) and not rec.stranded and rec.plan is not None
+    per_vm = rec.plan.per_vm
+    assert per_vm["db-1"].yield_ >= 0.5 - 1e-6, per_vm["db-1"]
+    assert per_vm["web-0"].yield_ == pytest.approx((1.0 - 0.3) / 2.0, abs=0.02)  # floors first, then the rest
+    report = apply_plan(hv, rec.plan)
+    assert report.ok, report.to_dict()

@@ -30,7 +30,9 @@ virtual cluster on a survivor) through the one rule loop
 VMs on both sides keeps its spread rule only when its surviving VMs honour it
 already, and never a together rule (its VMs were on one host, which is gone).
 The min yield after the loss is :func:`vcsched.yields.allocate` of that
-placement with the real needs.
+placement with the real needs, floors first (every VM gets its floor, then
+the common level above them: the caps a recovery writes, so that the plan
+keeps the floors it was placed at).
 
 Disk and network bytes/s are not part of the question (a failed host's VMs
 restart with their recorded caps); CPU and memory are.
@@ -149,9 +151,19 @@ def _place(cluster: Cluster, survivors: Inventory,
     task_hosts = np.asarray(search.found, dtype=np.int64)
     ruled = dataclasses.replace(real, jobs=tuple(dataclasses.replace(j, spread=None, together=None)
                                                  for j in real.jobs), pinned=())
-    min_yield = allocate(ruled, task_hosts).min_yield(ruled) if real.n_tasks else None
+    min_yield = allocate(ruled, task_hosts, floors=np.asarray(floors)).min_yield(ruled) if real.n_tasks else None
     by_name = {v.name: int(task_hosts[t]) for t, v in enumerate(existing.vms)}
     return np.asarray([by_name[v.name] for v in displaced], dtype=np.int64), min_yield
+
+
+def job_floors(cluster: Cluster, instance: Instance, vms: Sequence[VmState]) -> np.ndarray:
+    """Each job's floor (:func:`floor_of` its first VM), the yields a failover is placed at and its caps give
+    first (:func:`vcsched.yields.allocate`'s ``floors``)."""
+    out = np.zeros(instance.n_jobs)
+    for j in range(instance.n_jobs):
+        meta = vms[int(instance.job_first_task[j])].meta
+        out[j] = 0.0 if meta is None else floor_of(cluster, meta)
+    return out
 
 
 def importance(vm: VmState) -> tuple[int, str]:
@@ -229,7 +241,7 @@ class _Cluster:
         plain = Instance(hosts, tuple(dataclasses.replace(j, spread=None, together=None) for j in jobs))
         names = self.inventory.hosts
         moved = {self.existing.vms[int(t)].name: names[int(found[t])].name for t in np.flatnonzero(pins < 0)}
-        return True, allocate(plain, found).min_yield(plain), moved
+        return True, allocate(plain, found, floors=np.asarray(self.floors)).min_yield(plain), moved
 
 
 def host_failover(cluster: Cluster, inventory: Inventory, host: str) -> Failover:
@@ -384,7 +396,8 @@ def _recovery_plan(cluster: Cluster, full: Inventory, survivors: Inventory, rest
     after = Inventory(survivors.cluster, survivors.hosts, (*survivors.vms, *restarted), survivors.in_doubt)
     existing = existing_jobs(after)
     instance = Instance(model_hosts(after, cordoned=cluster.cordoned), existing.jobs)
-    allocation = allocate(instance, np.asarray(existing.hosts, dtype=np.int64))
+    allocation = allocate(instance, np.asarray(existing.hosts, dtype=np.int64),
+                          floors=job_floors(cluster, instance, existing.vms))
     yields = allocation.yields(instance)
     n_ref = after.reference_cores
     new = {v.name for v in restarted}
