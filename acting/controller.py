@@ -565,14 +565,24 @@ class Controller:
                 self.failures.fenced.add(host)
             detected = self.failures.failed_at.get(host, self.clock.monotonic())
 
+            below = {vm: (got, floor) for vm, got, floor in recovery.below_floor}
+
             def restarted(r: StepResult) -> None:
                 if isinstance(r.step, CreateStep) and r.outcome == DONE:
                     seconds = self.clock.monotonic() - detected
                     self.metrics.add_restart(seconds)
                     self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, failed_host=host,
                                      seconds_since_failed=round(seconds, 3))
+                    if r.step.vm in below:
+                        self._below_floor(r.step.vm, r.step.host, host, *below[r.step.vm])
 
             self._apply(recovery.plan, lock, "recover", after_step=restarted)
+
+    def _below_floor(self, vm: str, where: str, failed_host: str, got: float, floor: float) -> None:
+        """A VM restarted below its floor (on_failure = "restart"): said once per restart; the metrics' per-VM
+        yield and floor then fire VcschedVmBelowItsFloor until room is made."""
+        self.events.emit("vm_below_floor", vm=vm, host=where, failed_host=failed_host, **{"yield": round(got, 6)},
+                         min_yield=floor, reason="the survivors could not meet its floor; on_failure = \"restart\"")
 
     def _probe(self, inventory: Inventory, estimates: dict[str, Estimate]) -> tuple[Inventory, dict[str, Estimate]]:
         """Raise the caps of VMs that want a probe into unused capacity, sample, estimate again (module docstring)."""

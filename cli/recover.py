@@ -36,7 +36,10 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
          first, and the survivors' caps re-set around them.
     A VM is stranded (not restarted, said why) when HOST has no fence agent,
     when it boots from a disk the survivors do not share (`storage`), or
-    when the survivors have no room for it.
+    when the survivors have no memory for it.  A VM whose floor (min_yield)
+    the survivors cannot meet restarts below it, said so, with the cluster
+    file's on_failure = "restart" (the default); on_failure = "strand"
+    strands it instead (docs/failures.md).
 
     \b
     Examples:
@@ -133,5 +136,8 @@ def _render(host: str, down: str, recovery: Recovery, recorded: int) -> None:
         console.print(f"{vm}: already runs on {where}", highlight=False)
     for vm, why in recovery.stranded:
         console.print(f"[yellow]stranded[/]: {vm}: {why}", highlight=False)
+    for vm, got, floor in recovery.below_floor:
+        console.print(f"[yellow]below its floor[/]: {vm} at yield {got:.4f}, min_yield {floor:g} (on_failure = "
+                      '"restart": running below its floor rather than not at all)', highlight=False)
     if recovery.min_yield is not None:
         console.print(f"min yield after: {recovery.min_yield:.4f}", highlight=False)

@@ -134,3 +134,27 @@ def test_a_stop_during_the_restart_still_says_which_vm_ran_again(tmp_path: Path)
     assert run.controller.stop.is_set() and hv.vms["b-0"].active
     assert [(r["vm"], r["failed_host"]) for r in run.events("vm_restarted")] == [("b-0", "h1")]
     assert run.controller.metrics.failures["vms_restarted"] == 1
+
+
+def test_a_vm_whose_floor_the_survivors_cannot_meet_restarts_below_it_with_an_event(tmp_path: Path) -> None:
+    """on_failure = "restart" (the default): b-0's floor (0.5 of 0.6 cores) does not fit beside a-0's and c-0's
+    (0.9 of 0.9 cores each, on one-core hosts), yet it runs again, and `vm_below_floor` says so."""
+    def floored(name: str, host: str, need: float, floor: float) -> Any:
+        v = managed(name, host, name[0], need, need)
+        assert v.meta is not None
+        return dataclasses.replace(v, meta=dataclasses.replace(v.meta, min_yield=floor))
+
+    hv, clock = loaded([floored("a-0", "h0", 0.9, 0.9), floored("b-0", "h1", 0.6, 0.5),
+                        floored("c-0", "h2", 0.9, 0.9)],
+                       {"a-0": busy(0.9), "b-0": busy(0.6), "c-0": busy(0.9)}, n_hosts=3)
+    store = DefinitionStore.for_url(f"file://{tmp_path}/coordination", "lab")
+    store.put(CreateStep("b-0", "h1", "b", 1, 128 << 20, 0.6, 0.6, Boot("kernel", "/k", "/i", "quiet"), 0.5))
+    run = Run(hv, clock, FakeLocks(), probe_seconds=0.0)
+    run.controller.failover = Failover(cluster(), store, Fences())
+    run.cycles(3)
+    power_loss(hv, "h1")
+    run.cycles(6)
+    assert [r["vm"] for r in run.events("vm_restarted")] == ["b-0"] and hv.vms["b-0"].active
+    (below,) = run.events("vm_below_floor")
+    assert below["vm"] == "b-0" and below["min_yield"] == 0.5 and below["yield"] < 0.5
+    assert below["host"] == hv.vms["b-0"].host and not run.events("vm_stranded")

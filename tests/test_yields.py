@@ -136,14 +136,18 @@ def test_floors_first_then_the_common_level_then_the_average_phase() -> None:
     assert floored.yields(inst) == pytest.approx([0.35, 0.35, 0.5]) and not floored.notes
 
 
-def test_a_floor_below_the_common_level_changes_nothing_and_floors_that_overflow_are_left_out_saying_so() -> None:
+def test_a_floor_below_the_common_level_changes_nothing_and_floors_that_overflow_shrink_together_saying_so() -> None:
     inst = make_instance([(0.8, 0.1), (0.9, 0.1), (0.4, 0.1)], n_hosts=2)
     hosts = np.array([0, 0, 1])
     plain = allocate(inst, hosts)
     low = allocate(inst, hosts, floors=np.array([0.1, 0.1, 0.1]))
     assert low.cpu == pytest.approx(plain.cpu) and not low.notes
-    over = allocate(inst, hosts, floors=np.array([0.9, 0.9, 0.0]))
-    assert over.cpu == pytest.approx(plain.cpu) and over.notes[0].startswith("floors left out")
+    # 0.9 x (0.8 + 0.9) = 1.53 on h0's one core: both floors scaled by 1 / 1.53 together, not one starved.
+    over = allocate(inst, hosts, floors=np.array([0.9, 0.6, 0.0]))
+    check_allocation(inst, over)
+    theta = 1 / (0.9 * 0.8 + 0.6 * 0.9)
+    assert over.yields(inst)[:2] == pytest.approx([0.9 * theta, 0.6 * theta])
+    assert over.notes == (f"floors scaled to {theta:.4f} of themselves: they do not all fit this placement",)
 
 
 @settings(max_examples=60, deadline=None)
@@ -159,5 +163,8 @@ def test_floored_allocations_are_valid_and_keep_every_floor_that_fits(jobs, n_ho
     y = alloc.yields(inst)
     if not alloc.notes:  # every floor held
         assert np.all(y >= floors - 1e-6)
+    else:  # the floors shrank together: every job keeps the same fraction of its floor
+        theta = float(alloc.notes[0].split()[3])
+        assert np.all(y >= floors * theta - 1e-3)
     if not floors.any():  # no floor: the plain allocation
         assert alloc.cpu == pytest.approx(allocate(inst, hosts).cpu, abs=1e-6)

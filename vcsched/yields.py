@@ -172,33 +172,32 @@ def _parallel_phase(instance: Instance, hosts: np.ndarray, lows: float | np.ndar
     return y * instance.job_alpha, note
 
 
-def floored_lows(instance: Instance, hosts: np.ndarray, floors: np.ndarray) -> np.ndarray | None:
-    """Floors first, then the common level: per job ``max(floor_j, L)`` with ``L`` the highest level at which
-    every (host, resource) row still holds; None when the floors alone overflow a row.
+def floored_lows(instance: Instance, hosts: np.ndarray, floors: np.ndarray) -> tuple[np.ndarray, float]:
+    """Floors first, then the common level: per job ``max(theta * floor_j, L)``, and ``theta``.
 
     A floor is a promise (a request's ``min_yield``): a plain common yield shares a host's CPU equally and may
-    give a VM with a floor less than it, although the floors fit (a host failure's restarts, placed at the
-    floors: docs/failures.md).  ``L`` is bisected to 2^-50 from below, so the lows always fit.
+    give a VM with a floor less than it although the floors fit (a host failure's restarts, placed at the
+    floors: docs/failures.md).  ``theta`` is 1 when the floors fit every (host, resource) row; when they do not
+    (a failed host's VM restarted below its floor), every floor is scaled down together to the largest fraction
+    that fits (:func:`common_yield` of the floors' loads), rather than one VM taking what is left — possibly
+    nothing.  ``L`` is the highest level at which every row still holds, bisected to 2^-50 from below so that
+    the lows always fit.
     """
     caps = capacities(instance, hosts)
     floors = np.clip(np.asarray(floors, dtype=float), 0.0, 1.0)
     if instance.n_jobs == 0:
-        return floors
+        return floors, 1.0
+    theta = common_yield(caps.capacity, np.asarray(caps.matrix @ floors, dtype=float))
+    floors = floors * theta
 
     def holds(level: float) -> bool:
         return bool(np.all(caps.matrix @ np.maximum(floors, level) <= caps.capacity * (1 + 1e-12) + 1e-12))
 
-    if not holds(0.0):
-        return None
-    lo, hi = 0.0, 1.0
-    if holds(1.0):
-        lo = 1.0
-    for _ in range(50):
-        if hi - lo <= 2.0 ** -50:
-            break
+    lo, hi = (1.0, 1.0) if holds(1.0) else (0.0, 1.0)
+    while hi - lo > 2.0 ** -50:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if holds(mid) else (lo, mid)
-    return np.maximum(floors, lo)
+    return np.maximum(floors, lo), theta
 
 
 def fluid_yields(instance: Instance, hosts: np.ndarray, *, average_phase: bool = True,
@@ -219,14 +218,14 @@ def allocate(instance: Instance, hosts: np.ndarray, *, average_phase: bool = Tru
 
     On every fluid resource when the instance has extra ones (:func:`fluid_yields`).  A skipped phase is
     in ``notes``.  ``floors`` (a yield per job): floors first, then the common level (:func:`floored_lows`),
-    then the average phase above each job's low; floors that do not fit the placement are left out (the plain
-    allocation, said in ``notes``).
+    then the average phase above each job's low; floors that do not all fit the placement are scaled down
+    together (said in ``notes``).
     """
     hosts = np.asarray(hosts, dtype=np.int64)
     note: str | None = None
-    lows = None if floors is None else floored_lows(instance, hosts, floors)
-    floor_note = ("floors left out: they do not fit this placement, every job shares the common yield"
-                  if floors is not None and lows is None else None)
+    lows, theta = (None, 1.0) if floors is None else floored_lows(instance, hosts, floors)
+    floor_note = (f"floors scaled to {theta:.4f} of themselves: they do not all fit this placement"
+                  if theta < 1.0 else None)
     if instance.has_extra_resources:
         y, note = fluid_yields(instance, hosts, average_phase=average_phase, lows=lows)
         cpu = y * instance.job_alpha

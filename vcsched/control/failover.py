@@ -47,19 +47,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vcsched.caps import realisable_cap, same_cap
+from vcsched.caps import min_cap, realisable_cap, same_cap
 from vcsched.control.admission import Decision, current_caps, existing_jobs, model_hosts
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
 from vcsched.inventory import Inventory, VmMeta, VmState, snapshot_hash
 from vcsched.model import Instance, SolveOptions
 from vcsched.plans.ordering import order_steps
-from vcsched.plans.plan import Plan, VmPrediction
+from vcsched.plans.plan import BELOW_FLOOR, Plan, VmPrediction
 from vcsched.plans.steps import CreateStep, SetCapStep, Step
 from vcsched.solvers.algorithm import Placement
 from vcsched.solvers.registry import place_with_rules
 from vcsched.solvers.search import ResidualRoom
 from vcsched.solvers.yield_search import bisect_yield
+from vcsched.units import YIELD_TOLERANCE
 from vcsched.yields import allocate
 
 #: ``status`` computes every host's headroom up to this many hosts (measured: 100 hosts of 10 VMs 0.6 s, 250 hosts
@@ -71,6 +72,11 @@ LEVEL_PRECISION = 1e-3
 
 #: Why a displaced VM that the survivors cannot take is stranded.
 NO_ROOM = "no room on the survivors (memory, and CPU at the virtual clusters' floors)"
+
+#: Why one is stranded when the cluster restarts VMs below their floors (``on_failure = "restart"``): CPU is no
+#: longer the reason, memory (or a required placement rule) is.
+NO_MEMORY = ("not enough memory on the survivors, even below its floor (or a required spread/together rule keeps "
+             "it off the hosts that have it)")
 
 
 def floor_of(cluster: Cluster, meta: VmMeta) -> float:
@@ -84,7 +90,8 @@ class Failover:
 
     ``placed``: ``(vm, survivor)`` for the VMs that fit, in the order tried (most important first);
     ``stranded``: ``(vm, why)`` for the others; ``min_yield``: the lowest yield of every managed VM after the
-    failover (None: none would run).
+    failover (None: none would run); ``floorless``: the placed VMs whose floor was dropped to place them
+    (only when asked: ``below_floor_ok``).
     """
 
     host: str
@@ -92,6 +99,7 @@ class Failover:
     placed: tuple[tuple[str, str], ...]
     stranded: tuple[tuple[str, str], ...]
     min_yield: float | None
+    floorless: tuple[str, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -110,10 +118,11 @@ def without_hosts(inventory: Inventory, gone: Sequence[str]) -> Inventory:
                      tuple(v for v in inventory.vms if v.host not in out), inventory.in_doubt)
 
 
-def _place(cluster: Cluster, survivors: Inventory,
-           displaced: Sequence[VmState]) -> tuple[np.ndarray, float | None] | None:
+def _place(cluster: Cluster, survivors: Inventory, displaced: Sequence[VmState],
+           floorless: frozenset[str] = frozenset()) -> tuple[np.ndarray, float | None] | None:
     """Hosts (indexes into ``survivors.hosts``) of ``displaced`` around the survivors' VMs at the floors, and the
-    min yield after; None when they do not fit."""
+    min yield after; None when they do not fit.  A job holding a VM of ``floorless`` is placed at floor 0 (its
+    memory must still fit)."""
     if not survivors.hosts:
         return None
     fixed = survivors.managed()
@@ -130,7 +139,8 @@ def _place(cluster: Cluster, survivors: Inventory,
         meta = existing.vms[first].meta
         assert meta is not None
         fixed_at = [p for p in pins[first:first + job.tasks] if p >= 0]
-        floors.append(floor_of(cluster, meta))
+        members = existing.vms[first:first + job.tasks]
+        floors.append(0.0 if any(v.name in floorless for v in members) else floor_of(cluster, meta))
         rules.append((job.spread if len(set(fixed_at)) == len(fixed_at) else None,
                       job.together if not fixed_at else None))
 
@@ -156,13 +166,19 @@ def _place(cluster: Cluster, survivors: Inventory,
     return np.asarray([by_name[v.name] for v in displaced], dtype=np.int64), min_yield
 
 
-def job_floors(cluster: Cluster, instance: Instance, vms: Sequence[VmState]) -> np.ndarray:
+def job_floors(cluster: Cluster, instance: Instance, vms: Sequence[VmState], n_ref: int) -> np.ndarray:
     """Each job's floor (:func:`floor_of` its first VM), the yields a failover is placed at and its caps give
-    first (:func:`vcsched.yields.allocate`'s ``floors``)."""
+    first (:func:`vcsched.yields.allocate`'s ``floors``).
+
+    A VM without a floor is placed as needing no CPU, so on a host its neighbours' floors fill it would get a
+    cap of 0, which no hypervisor holds: every job's floor is at least twice the smallest cap of its VMs (one
+    quota step above it after rounding down to the grid)."""
     out = np.zeros(instance.n_jobs)
     for j in range(instance.n_jobs):
-        meta = vms[int(instance.job_first_task[j])].meta
-        out[j] = 0.0 if meta is None else floor_of(cluster, meta)
+        vm = vms[int(instance.job_first_task[j])]
+        need = float(instance.jobs[j].cpu_need) * n_ref
+        least = min(1.0, 2 * min_cap(vm.vcpus) / need) if need > 0 else 0.0
+        out[j] = max(least, 0.0 if vm.meta is None else floor_of(cluster, vm.meta))
     return out
 
 
@@ -171,23 +187,44 @@ def importance(vm: VmState) -> tuple[int, str]:
     return (-(vm.meta.priority if vm.meta is not None else 0), vm.name)
 
 
-def failover(cluster: Cluster, survivors: Inventory, host: str, displaced: Sequence[VmState]) -> Failover:
+def failover(cluster: Cluster, survivors: Inventory, host: str, displaced: Sequence[VmState], *,
+             below_floor_ok: bool = False) -> Failover:
     """Place ``displaced`` (the managed VMs of failed ``host``) on ``survivors``, most important first.
 
     When they do not all fit, the least important ones are left out one at a time until the rest fits; those
-    are stranded (:data:`NO_ROOM`).
+    are stranded (:data:`NO_ROOM`).  With ``below_floor_ok`` (a recovery under ``on_failure = "restart"``) the
+    ones left out are then added back, most important first, at floor 0 — as many as memory and the required
+    rules allow; only the rest are stranded (:data:`NO_MEMORY`).  The VMs placed at the floors keep them.
     """
     survivors = survivors.up()
     ordered = sorted(displaced, key=importance)
     names = tuple(v.name for v in ordered)
+    if not survivors.hosts:
+        return Failover(host, names, (), tuple((v.name, "no host survives") for v in ordered), None)
+    found: tuple[np.ndarray, float | None] | None = None
     for keep in range(len(ordered), -1, -1):
         found = _place(cluster, survivors, ordered[:keep])
         if found is not None:
-            where, min_yield = found
-            placed = tuple((v.name, survivors.hosts[int(h)].name) for v, h in zip(ordered[:keep], where, strict=True))
-            return Failover(host, names, placed, tuple((v.name, NO_ROOM) for v in ordered[keep:]), min_yield)
-    return Failover(host, names, (), tuple((v.name, NO_ROOM if survivors.hosts else "no host survives")
-                                           for v in ordered), None)
+            break
+    # None even with nothing displaced: the survivors miss their own floors already.
+    keep = keep if found is not None else 0
+    floorless: frozenset[str] = frozenset()
+    why = NO_ROOM
+    if below_floor_ok and keep < len(ordered):
+        why = NO_MEMORY
+        missed = frozenset(v.name for v in survivors.managed()) if found is None else frozenset()
+        for more in range(len(ordered), keep, -1):
+            dropped = frozenset(v.name for v in ordered[keep:more])
+            relaxed = _place(cluster, survivors, ordered[:more], dropped | missed)
+            if relaxed is not None:
+                found, keep, floorless = relaxed, more, dropped
+                break
+    if found is None:
+        return Failover(host, names, (), tuple((v.name, why) for v in ordered), None)
+    where, min_yield = found
+    placed = tuple((v.name, survivors.hosts[int(h)].name) for v, h in zip(ordered[:keep], where, strict=True))
+    return Failover(host, names, placed, tuple((v.name, why) for v in ordered[keep:]), min_yield,
+                    tuple(sorted(floorless)))
 
 
 class _Cluster:
@@ -329,7 +366,9 @@ class Recovery:
     """What recovering failed host ``host`` takes: fence it (``fence``: it has an agent), then ``plan``
     (creates of its VMs on the survivors, most important first, and the survivors' caps re-set so that
     floors hold where they can).  ``stranded``: ``(vm, why)`` for the VMs that are not restarted;
-    ``running``: ``(vm, host)`` for VMs recorded on ``host`` that already run elsewhere (restarted before)."""
+    ``running``: ``(vm, host)`` for VMs recorded on ``host`` that already run elsewhere (restarted before);
+    ``below_floor``: ``(vm, predicted yield, floor)`` for the restarted VMs the plan runs below their floor
+    (``on_failure = "restart"``: the survivors could not meet it; the plan says so in ``extra``)."""
 
     host: str
     fence: bool
@@ -338,11 +377,13 @@ class Recovery:
     running: tuple[tuple[str, str], ...]
     plan: Plan | None
     min_yield: float | None
+    below_floor: tuple[tuple[str, float, float], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {"host": self.host, "fence": self.fence, "restarts": [{"vm": vm, "host": h} for vm, h in self.restarts],
                 "stranded": [{"vm": vm, "reason": why} for vm, why in self.stranded],
                 "running": [{"vm": vm, "host": h} for vm, h in self.running],
+                "below_floor": [{"vm": vm, "yield": round(y, 6), "min_yield": f} for vm, y, f in self.below_floor],
                 "min_yield_after": self.min_yield}
 
 
@@ -356,7 +397,10 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
 
     A VM is stranded when the host has no fence agent (it may still run there: restarting it would make two
     writers), when it has a disk that the survivors do not share (the host's ``storage``), or when the
-    survivors have no room for it at the floors (:func:`failover`, least important first).
+    survivors have no room for it (:func:`failover`, least important first): no memory, or — with the cluster
+    file's ``on_failure = "strand"`` — no CPU at the floors.  With ``on_failure = "restart"`` (the default) a VM
+    whose floor cannot be met restarts below it, listed in ``below_floor`` and in the plan's ``extra``, which
+    is what lets the whole-plan check accept the plan (:mod:`vcsched.plans.claims`).
     """
     survivors = without_hosts(inventory, [host]).up()
     elsewhere = {v.name: v.host for v in survivors.vms if v.active}
@@ -377,7 +421,7 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
         else:
             candidates.append(r)
     displaced = [VmState(r.vm, host, r.vcpus, r.memory_bytes, True, r.meta(), r.cap_cores) for r in candidates]
-    f = failover(cluster, survivors, host, displaced)
+    f = failover(cluster, survivors, host, displaced, below_floor_ok=cluster.on_failure == "restart")
     stranded += f.stranded
     if not f.placed:
         return Recovery(host, True, (), tuple(stranded), running, None, None)
@@ -386,18 +430,25 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
     restarted = tuple(VmState(vm, where[vm], by_name[vm].vcpus, by_name[vm].memory_bytes, True, by_name[vm].meta())
                       for vm, _ in f.placed)
     plan = _recovery_plan(cluster, inventory, survivors, restarted, by_name, host)
-    return Recovery(host, True, f.placed, tuple(stranded), running, plan, plan.min_yield)
+    floors = {v.name: floor_of(cluster, v.meta) for v in (*survivors.managed(), *restarted) if v.meta is not None}
+    below = tuple((vm, p.yield_, floors[vm]) for vm, p in sorted(plan.per_vm.items())
+                  if p.yield_ < floors[vm] - YIELD_TOLERANCE)
+    if below:
+        plan = dataclasses.replace(plan, extra={**plan.extra, BELOW_FLOOR: [vm for vm, _, _ in below]})
+    return Recovery(host, True, f.placed, tuple(stranded), running, plan, plan.min_yield, below)
 
 
 def _recovery_plan(cluster: Cluster, full: Inventory, survivors: Inventory, restarted: Sequence[VmState],
                    records: Mapping[str, CreateStep], host: str) -> Plan:
     """Creates of ``restarted`` where they are, and set-cap steps for the survivors' VMs whose caps change: the
-    allocation (min yield, then average yield) of the cluster with them, as admission's plans."""
+    allocation of the cluster with them — floors first, then the common level, then the average yield — so that
+    the caps keep the floors the restarts were placed at (and, when a VM was placed below its floor, every
+    floor on its host gives way together: :func:`vcsched.yields.floored_lows`)."""
     after = Inventory(survivors.cluster, survivors.hosts, (*survivors.vms, *restarted), survivors.in_doubt)
     existing = existing_jobs(after)
     instance = Instance(model_hosts(after, cordoned=cluster.cordoned), existing.jobs)
     allocation = allocate(instance, np.asarray(existing.hosts, dtype=np.int64),
-                          floors=job_floors(cluster, instance, existing.vms))
+                          floors=job_floors(cluster, instance, existing.vms, after.reference_cores))
     yields = allocation.yields(instance)
     n_ref = after.reference_cores
     new = {v.name for v in restarted}

@@ -52,6 +52,11 @@ def _fields(where: str, d: Any, required: set[str], optional: frozenset[str] | s
 #: its predictions' ``cpu_need_cores`` are those rather than the VMs' recorded needs.
 MEASURED = "measured"
 
+#: ``"below_floor": [vm, ...]``: a recovery plan (kind ``recover``) restarts these VMs below the floor their
+#: ``create`` step records — the cluster file's ``on_failure = "restart"`` put running them before their floor —
+#: so the whole-plan check accepts their yield (docs/failures.md).  Any other plan must meet every floor.
+BELOW_FLOOR = "below_floor"
+
 #: Optional per-VM predictions of the extra fluid resources, bytes per second.
 IO_PREDICTIONS = frozenset({"disk_bytes_sec", "net_bytes_sec"})
 
