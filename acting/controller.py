@@ -563,6 +563,10 @@ class Controller:
                 if not result.fenced:
                     return  # its VMs may still run there: nothing is created; tried again next interval
                 self.failures.fenced.add(host)
+                try:  # its VMs not restarted now count as lost (vcsched/control/lost.py)
+                    store.mark_fenced(host)
+                except StoreError as exc:
+                    self._error("definitions", exc)  # the host is off either way: its VMs restart below
             detected = self.failures.failed_at.get(host, self.clock.monotonic())
 
             below = {vm: (got, floor) for vm, got, floor in recovery.below_floor}

@@ -503,3 +503,17 @@ def notice(line: str) -> None:
     """What an inventory settled on its own (an in-doubt VM's paused copy removed, a paused arrival resumed):
     one line on stderr, so ``--json`` output stays one document."""
     err_console.print(f"[yellow]note:[/] {line}", highlight=False)
+
+
+def read_lost(cluster: Cluster, inventory: Inventory, coordination: str | None = None
+              ) -> tuple[list[dict[str, Any]], str | None]:
+    """The lost VMs (vcsched/control/lost.py) as ``--json`` rows, and why they are unknown when the definitions
+    store cannot be read (reported, not fatal: the hosts were read)."""
+    from acting.definitions import DefinitionStore, StoreError
+    from acting.lock import resolve_url
+
+    try:
+        store = DefinitionStore.for_url(resolve_url(coordination, cluster.coordination), cluster.name)
+        return [lost.to_dict() for lost in store.lost(inventory)], None
+    except (StoreError, InputError) as exc:
+        return [], str(exc)

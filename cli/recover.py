@@ -11,6 +11,7 @@ from cli.common import cluster_lock
 from cli.params import cluster_option, json_option, lock_options
 
 if TYPE_CHECKING:
+    from acting.definitions import DefinitionStore
     from vcsched.control.failover import Recovery
 
 
@@ -102,6 +103,7 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
                 return _refused(out, f"{fenced.detail}: nothing restarted", as_json)
             if not as_json:
                 console.print(f"[green]fenced[/]: {fenced.detail} ({fenced.seconds:.1f} s)", highlight=False)
+            _mark_fenced(store, host)
             report = run_apply(hv, recovery.plan, force=False, quiet=as_json, lock=lock)
             out["apply"] = report.to_dict()
             if not as_json:
@@ -115,6 +117,18 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
         return refuse(f"{len(recovery.stranded)} VM(s) of {host} stranded: "
                       + "; ".join(f"{vm}: {why}" for vm, why in recovery.stranded[:3]))
     return code
+
+
+def _mark_fenced(store: DefinitionStore, host: str) -> None:
+    """Say in the store that ``host`` is off, so that a VM not restarted counts as lost (docs/failures.md); a
+    store that cannot be written is said, and the recovery goes on (the host is off either way)."""
+    from acting.definitions import StoreError
+    from cli.common import notice
+
+    try:
+        store.mark_fenced(host)
+    except StoreError as exc:
+        notice(f"{exc}: its stranded VMs will not be listed as lost")
 
 
 def _refused(out: dict[str, Any], reason: str, as_json: bool) -> int:

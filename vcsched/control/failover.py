@@ -44,11 +44,13 @@ import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from vcsched.caps import min_cap, realisable_cap, same_cap
 from vcsched.control.admission import Decision, current_caps, existing_jobs, model_hosts
+from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
 from vcsched.inventory import Inventory, VmMeta, VmState, snapshot_hash
@@ -420,26 +422,86 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
                                    f"({cluster.host(host).storage_name!r}), which {', '.join(unshared)} do not share"))
         else:
             candidates.append(r)
-    displaced = [VmState(r.vm, host, r.vcpus, r.memory_bytes, True, r.meta(), r.cap_cores) for r in candidates]
+    placed, more, plan, below = restart_records(cluster, inventory, survivors, host, candidates, {"recover": host})
+    return Recovery(host, True, placed, (*stranded, *more), running, plan, None if plan is None else plan.min_yield,
+                    below)
+
+
+def restart_records(cluster: Cluster, inventory: Inventory, survivors: Inventory, host: str,
+                    records: Sequence[CreateStep], extra: Mapping[str, Any]
+                    ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], Plan | None,
+                               tuple[tuple[str, float, float], ...]]:
+    """Where ``records`` (VMs of ``host`` that run nowhere) start again on ``survivors``, and the plan that does
+    it: ``(placed, stranded, plan, below floor)``.  The one mechanism behind a failed host's recovery and
+    ``vcsched restart``: :func:`failover` places them most important first (below their floors when the cluster
+    file's ``on_failure`` is ``restart``), :func:`_recovery_plan` caps floors first; ``extra`` goes into the
+    plan (what it recovers), with :data:`vcsched.plans.plan.BELOW_FLOOR` when a VM runs below its floor."""
+    displaced = [VmState(r.vm, host, r.vcpus, r.memory_bytes, True, r.meta(), r.cap_cores) for r in records]
     f = failover(cluster, survivors, host, displaced, below_floor_ok=cluster.on_failure == "restart")
-    stranded += f.stranded
     if not f.placed:
-        return Recovery(host, True, (), tuple(stranded), running, None, None)
-    by_name = {r.vm: r for r in candidates}
+        return (), f.stranded, None, ()
+    by_name = {r.vm: r for r in records}
     where = dict(f.placed)
     restarted = tuple(VmState(vm, where[vm], by_name[vm].vcpus, by_name[vm].memory_bytes, True, by_name[vm].meta())
                       for vm, _ in f.placed)
-    plan = _recovery_plan(cluster, inventory, survivors, restarted, by_name, host)
+    plan = _recovery_plan(cluster, inventory, survivors, restarted, by_name, extra)
     floors = {v.name: floor_of(cluster, v.meta) for v in (*survivors.managed(), *restarted) if v.meta is not None}
     below = tuple((vm, p.yield_, floors[vm]) for vm, p in sorted(plan.per_vm.items())
                   if p.yield_ < floors[vm] - YIELD_TOLERANCE)
     if below:
         plan = dataclasses.replace(plan, extra={**plan.extra, BELOW_FLOOR: [vm for vm, _, _ in below]})
-    return Recovery(host, True, f.placed, tuple(stranded), running, plan, plan.min_yield, below)
+    return f.placed, f.stranded, plan, below
+
+
+@dataclass(frozen=True)
+class Restart:
+    """What ``vcsched restart`` does with lost VMs: ``restarts`` ``(vm, host)`` by ``plan``, ``refused``
+    ``(vm, why)`` for the rest (no room, a local disk), ``below_floor`` as :class:`Recovery`'s."""
+
+    restarts: tuple[tuple[str, str], ...]
+    refused: tuple[tuple[str, str], ...]
+    plan: Plan | None
+    below_floor: tuple[tuple[str, float, float], ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {"restarts": [{"vm": vm, "host": h} for vm, h in self.restarts],
+                "refused": [{"vm": vm, "reason": why} for vm, why in self.refused],
+                "below_floor": [{"vm": vm, "yield": round(y, 6), "min_yield": f} for vm, y, f in self.below_floor],
+                "min_yield_after": None if self.plan is None else self.plan.min_yield}
+
+
+def plan_restart(cluster: Cluster, inventory: Inventory, records: Sequence[CreateStep]) -> Restart:
+    """Start ``records`` — lost VMs (:mod:`vcsched.control.lost`), run nowhere — again on the hosts that answer,
+    as a failed host's recovery would (:func:`restart_records`), most important first.  A VM that boots from a
+    disk is refused unless every host that answers shares its recorded host's storage (where else would its
+    disk be?)."""
+    up = inventory.up()
+    refused: list[tuple[str, str]] = []
+    ok: list[CreateStep] = []
+    for r in sorted(records, key=lambda r: (-r.priority, r.vm)):
+        unshared = [h.name for h in up.hosts if r.host != h.name and not _shares(cluster, r.host, h.name)]
+        if has_disk(r) and unshared:
+            refused.append((r.vm, f"local disk: it boots from a {r.boot.kind} on {r.host}'s storage, which "
+                                  f"{', '.join(unshared)} do not share"))
+        else:
+            ok.append(r)
+    if not ok:
+        return Restart((), tuple(refused), None)
+    # One placement of them all (their recorded hosts only name the VMs' origin: any host that answers may take them).
+    placed, more, plan, below = restart_records(cluster, inventory, up, ok[0].host, ok, {"restart": [r.vm for r in ok]})
+    return Restart(placed, (*refused, *more), plan, below)
+
+
+def _shares(cluster: Cluster, a: str, b: str) -> bool:
+    """Whether hosts ``a`` and ``b`` share storage; a host the cluster file no longer lists shares with none."""
+    try:
+        return cluster.shares_storage(a, b)
+    except InputError:
+        return False
 
 
 def _recovery_plan(cluster: Cluster, full: Inventory, survivors: Inventory, restarted: Sequence[VmState],
-                   records: Mapping[str, CreateStep], host: str) -> Plan:
+                   records: Mapping[str, CreateStep], extra: Mapping[str, Any]) -> Plan:
     """Creates of ``restarted`` where they are, and set-cap steps for the survivors' VMs whose caps change: the
     allocation of the cluster with them — floors first, then the common level, then the average yield — so that
     the caps keep the floors the restarts were placed at (and, when a VM was placed below its floor, every
@@ -466,4 +528,4 @@ def _recovery_plan(cluster: Cluster, full: Inventory, survivors: Inventory, rest
             steps.append(SetCapStep(v.name, where, cap))
     ordered = order_steps(steps, current_caps(survivors), {h.name: float(h.cores) for h in survivors.hosts})
     return Plan("recover", cluster.name, snapshot_hash(full), allocation.min_yield(instance),
-                allocation.avg_yield(instance), per_vm, ordered, extra={"recover": host})
+                allocation.avg_yield(instance), per_vm, ordered, extra=dict(extra))
