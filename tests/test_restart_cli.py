@@ -1,0 +1,85 @@
+"""Lost VMs in ``vcsched status`` and ``vcsched restart VM...`` on libvirt's test driver (h1 down, h0 and h2 up),
+and the restart plan applied on the in-memory hypervisor (the test driver cannot cap; the whole path runs on the
+lab in tests/test_recover_lab.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from acting.definitions import DefinitionStore
+from acting.executor import apply_plan
+from cli.main import cli
+from tests.builders import cluster_of, managed
+from tests.test_failover import db1, down_h1, record, short_of_cpu
+from tests.test_recover_cli import agent, cluster, recorded, state  # noqa: F401  (fixture)
+from vcsched.control.failover import plan_restart
+from vcsched.control.lost import HOST_FENCED
+
+
+def invoke(*args: object) -> object:
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_status_lists_a_vm_of_a_fenced_host_as_lost_and_not_before(tmp_path: Path, state: Path) -> None:  # noqa: F811
+    recorded(state, "web-0")
+    c = cluster(tmp_path, agent(tmp_path, 2))
+    doc = json.loads(invoke("status", "--cluster", c, "--json", "--sample", 0).stdout)  # type: ignore[attr-defined]
+    assert doc["lost"] == [] and doc["lost_unknown"] is None, "h1 may still run web-0: it awaits recovery"
+    DefinitionStore.for_url(f"file://{state}/coordination", "t").mark_fenced("h1", at=2e9)
+    doc = json.loads(invoke("status", "--cluster", c, "--json", "--sample", 0).stdout)  # type: ignore[attr-defined]
+    assert doc["lost"] == [{"vm": "web-0", "cluster": "web", "host": "h1", "why": HOST_FENCED, "since": 2e9}]
+    text = invoke("status", "--cluster", c, "--sample", 0).stdout  # type: ignore[attr-defined]
+    assert "lost: web-0 (web) runs nowhere: recorded on h1, host fenced" in text.replace("\n", " ")
+
+
+def test_restart_dry_run_plans_a_lost_vm_on_a_host_that_answers(tmp_path: Path, state: Path) -> None:  # noqa: F811
+    recorded(state, "web-0")
+    DefinitionStore.for_url(f"file://{state}/coordination", "t").mark_fenced("h1", at=2e9)
+    r = invoke("restart", "web-0", "--cluster", cluster(tmp_path, agent(tmp_path, 2)), "--json")
+    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+    doc = json.loads(r.stdout)  # type: ignore[attr-defined]
+    (where,) = doc["restart"]["restarts"]
+    assert where["vm"] == "web-0" and where["host"] in ("h0", "h2") and "apply" not in doc
+    assert [s["op"] for s in doc["plan"]["steps"]] == ["create"] and doc["plan"]["restart"] == ["web-0"]
+
+
+def test_restart_refuses_a_vm_whose_host_may_still_run_it_and_names_recover(tmp_path: Path, state: Path) -> None:  # noqa: F811
+    recorded(state, "web-0")
+    r = invoke("restart", "web-0", "--cluster", cluster(tmp_path, agent(tmp_path, 2)), "--apply")
+    assert r.exit_code == 1, r.output  # type: ignore[attr-defined]
+    assert "its host h1 does not answer and was not fenced" in r.stdout  # type: ignore[attr-defined]
+    assert "vcsched recover h1" in r.stdout  # type: ignore[attr-defined]
+
+
+def test_restart_of_a_name_never_recorded_is_bad_input(tmp_path: Path, state: Path) -> None:  # noqa: F811
+    recorded(state, "web-0")
+    r = invoke("restart", "nope", "--cluster", cluster(tmp_path, agent(tmp_path, 2)))
+    assert r.exit_code == 2 and "VM 'nope': not recorded in the definitions store" in r.stderr  # type: ignore[attr-defined]
+
+
+def test_a_running_vm_is_not_restarted() -> None:
+    hv = down_h1([managed("web-0", "h0", "web", 0.5, cap=0.5)])
+    from vcsched.control.lost import lost_vms
+
+    assert lost_vms(hv.inventory(), [(record("web-0"), 1.0)], {"h1": 2.0}) == ()
+
+
+def test_the_restart_plan_applies_and_runs_the_vm_once_below_its_floor_if_it_must() -> None:
+    hv = short_of_cpu()
+    restart = plan_restart(cluster_of(3), hv.inventory(), [db1()])
+    assert [vm for vm, _ in restart.restarts] == ["db-1"] and not restart.refused and restart.plan is not None
+    assert [vm for vm, _, _ in restart.below_floor if vm == "db-1"] == ["db-1"]
+    report = apply_plan(hv, restart.plan)
+    assert report.ok, report.to_dict()
+    assert [v.host for v in hv.inventory().vms if v.name == "db-1"] == ["h0"]
+
+
+def test_with_on_failure_strand_a_vm_that_does_not_fit_at_its_floor_is_refused() -> None:
+    import dataclasses
+
+    hv = short_of_cpu()
+    restart = plan_restart(dataclasses.replace(cluster_of(3), on_failure="strand"), hv.inventory(), [db1()])
+    assert restart.plan is None and [vm for vm, _ in restart.refused] == ["db-1"]
