@@ -73,7 +73,7 @@ from acting.metrics import ControllerMetrics, HostMetrics, VmMetrics
 from acting.sampling import Clock, CpuSampler, SystemClock
 from hypervisor.base import Hypervisor
 from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries, restore_journal
-from vcsched.control.failover import plan_recovery
+from vcsched.control.failover import plan_recovery, plan_restart
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
 from vcsched.control.recommend import Book, Recommendation, new_recommendation, record
@@ -407,6 +407,8 @@ class Controller:
         inventory = self.sampler.sample(self.hv)  # a sampling round too: a new leader's first baseline
         self.round_hosts = answered(inventory)
         self._hosts(inventory)
+        if self.failover is not None:
+            self._restart_lost(inventory)  # first: a recovery below fences and restarts on this same inventory
         if self.failover is not None and inventory.down_hosts():
             self._failures(inventory)
         estimates = self._estimate(inventory)
@@ -581,6 +583,58 @@ class Controller:
                         self._below_floor(r.step.vm, r.step.host, host, *below[r.step.vm])
 
             self._apply(recovery.plan, lock, "recover", after_step=restarted)
+
+    def _restart_lost(self, inventory: Inventory) -> None:
+        """Start the lost VMs (vcsched/control/lost.py: recorded, running nowhere, not awaiting a recovery) again
+        from their records, as `vcsched restart` would but keeping to the cluster file's ``on_failure``; with
+        ``--mode recommend``, propose it (kind ``restart``).  Each lost VM is said once (``vm_lost``), each one
+        that cannot be restarted once (``vm_stranded``), each restart as it happens (``vm_restarted``)."""
+        assert self.failover is not None
+        cluster, store = self.failover.cluster, self.failover.store
+        try:
+            lost = store.lost(inventory)
+        except (StoreError, InputError) as exc:
+            self.metrics.set_lost(None)
+            self._error("definitions", exc)
+            return
+        self.metrics.set_lost(len(lost))
+        for x in lost:
+            if x.vm not in self.failures.said_lost:
+                self.events.emit("vm_lost", **x.to_dict())
+        self.failures.said_lost = {x.vm for x in lost}  # one that runs again and is lost later is said again
+        if not lost:
+            return
+        records = {x.vm: store.get(x.vm) for x in lost}
+        restart = plan_restart(cluster, inventory, [d.step for d in records.values() if d is not None])
+        self._stranded("lost", restart.refused)
+        if restart.plan is None:
+            return
+        reason = f"{len(restart.restarts)} lost VM(s) run nowhere: " + ", ".join(vm for vm, _ in restart.restarts)
+        if self.options.recommend:
+            self._recommend(Decision("restart", restart.plan, reason), restart.plan, inventory, {})
+            return
+        self.events.emit("plan", kind="restart", dry_run=self.options.dry_run, plan=restart.plan.to_dict())
+        if self.options.dry_run:
+            return
+        try:
+            with self._acting("restart") as lock:
+                fresh = self.hv.inventory()
+                again = [d.step for d in records.values() if d is not None]
+                still = {x.vm for x in store.lost(fresh)}
+                restart = plan_restart(cluster, fresh, [r for r in again if r.vm in still])
+                if restart.plan is None:
+                    return
+                below = {vm: (got, floor) for vm, got, floor in restart.below_floor}
+
+                def restarted(r: StepResult) -> None:
+                    if isinstance(r.step, CreateStep) and r.outcome == DONE:
+                        self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, lost=True)
+                        if r.step.vm in below:
+                            self._below_floor(r.step.vm, r.step.host, "", *below[r.step.vm])
+
+                self._apply(restart.plan, lock, "restart", after_step=restarted)
+        except LockBusy as exc:
+            self.events.emit("lock-busy", action="restart", reason=str(exc))
 
     def _below_floor(self, vm: str, where: str, failed_host: str, got: float, floor: float) -> None:
         """A VM restarted below its floor (on_failure = "restart"): said once per restart; the metrics' per-VM

@@ -36,8 +36,9 @@ def restart_cmd(vms: tuple[str, ...], cluster_file: str | None, do_apply: bool, 
     rules and priority — placed like a failed host's VMs (memory, CPU at
     the virtual clusters' floors, rules, maintenance), highest `priority`
     first, and the other VMs' caps re-set around them.  Below its floor when
-    the survivors cannot meet it and the cluster file says on_failure =
-    "restart" (the default).
+    the hosts cannot meet it, whatever the cluster file's on_failure says:
+    naming a VM here is choosing that it runs (said, and the floor alert
+    fires until room is made).
 
     \b
     Examples:
@@ -74,7 +75,7 @@ def restart_cmd(vms: tuple[str, ...], cluster_file: str | None, do_apply: bool, 
     with deciding_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
                      quiet=as_json) as (hv, lock, inventory):
         lost, not_lost = _lost(store, inventory, [d.step for d in records.values() if d is not None])
-        restart = plan_restart(cluster, inventory, lost)
+        restart = plan_restart(cluster, inventory, lost, below_floor_ok=True)
         refused = (*not_lost, *restart.refused)
         out["restart"] = {**restart.to_dict(), "refused": [{"vm": vm, "reason": why} for vm, why in refused]}
         out["plan"] = None if restart.plan is None else restart.plan.to_dict()
@@ -120,7 +121,6 @@ def _render(restart: Restart, refused: tuple[tuple[str, str], ...]) -> None:
     for i, (vm, target) in enumerate(restart.restarts, start=1):
         console.print(f"{i}. create {vm} on {target}", highlight=False)
     for vm, got, floor in restart.below_floor:
-        console.print(f"[yellow]below its floor[/]: {vm} at yield {got:.4f}, min_yield {floor:g} (on_failure = "
-                      '"restart")', highlight=False)
+        console.print(f"[yellow]below its floor[/]: {vm} at yield {got:.4f}, min_yield {floor:g}", highlight=False)
     for vm, why in refused:
         console.print(f"[yellow]not restarted[/]: {vm}: {why}", highlight=False)

@@ -77,9 +77,27 @@ def test_the_restart_plan_applies_and_runs_the_vm_once_below_its_floor_if_it_mus
     assert [v.host for v in hv.inventory().vms if v.name == "db-1"] == ["h0"]
 
 
-def test_with_on_failure_strand_a_vm_that_does_not_fit_at_its_floor_is_refused() -> None:
+def test_with_on_failure_strand_the_controllers_restart_keeps_the_floor_and_the_operators_does_not() -> None:
     import dataclasses
 
     hv = short_of_cpu()
-    restart = plan_restart(dataclasses.replace(cluster_of(3), on_failure="strand"), hv.inventory(), [db1()])
+    strand = dataclasses.replace(cluster_of(3), on_failure="strand")
+    restart = plan_restart(strand, hv.inventory(), [db1()])
     assert restart.plan is None and [vm for vm, _ in restart.refused] == ["db-1"]
+    asked = plan_restart(strand, hv.inventory(), [db1()], below_floor_ok=True)
+    assert [vm for vm, _ in asked.restarts] == ["db-1"] and asked.plan is not None
+
+
+def test_a_restart_plan_reads_back_whole_and_only_a_recover_plan_may_say_below_floor() -> None:
+    import pytest
+
+    from vcsched.errors import InputError
+    from vcsched.plans.plan import plan_from_dict
+
+    hv = short_of_cpu()
+    restart = plan_restart(cluster_of(3), hv.inventory(), [db1()])
+    assert restart.plan is not None
+    doc = restart.plan.to_dict()
+    assert plan_from_dict(doc).extra == restart.plan.extra and "db-1" in doc["below_floor"]
+    with pytest.raises(InputError, match="plan.below_floor: only a recover plan has it"):
+        plan_from_dict({**{k: v for k, v in doc.items() if k != "restart"}, "kind": "place"})

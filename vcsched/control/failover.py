@@ -422,22 +422,23 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
                                    f"({cluster.host(host).storage_name!r}), which {', '.join(unshared)} do not share"))
         else:
             candidates.append(r)
-    placed, more, plan, below = restart_records(cluster, inventory, survivors, host, candidates, {"recover": host})
+    placed, more, plan, below = restart_records(cluster, inventory, survivors, host, candidates, {"recover": host},
+                                                cluster.on_failure == "restart")
     return Recovery(host, True, placed, (*stranded, *more), running, plan, None if plan is None else plan.min_yield,
                     below)
 
 
 def restart_records(cluster: Cluster, inventory: Inventory, survivors: Inventory, host: str,
-                    records: Sequence[CreateStep], extra: Mapping[str, Any]
+                    records: Sequence[CreateStep], extra: Mapping[str, Any], below_floor_ok: bool
                     ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], Plan | None,
                                tuple[tuple[str, float, float], ...]]:
     """Where ``records`` (VMs of ``host`` that run nowhere) start again on ``survivors``, and the plan that does
     it: ``(placed, stranded, plan, below floor)``.  The one mechanism behind a failed host's recovery and
-    ``vcsched restart``: :func:`failover` places them most important first (below their floors when the cluster
-    file's ``on_failure`` is ``restart``), :func:`_recovery_plan` caps floors first; ``extra`` goes into the
+    ``vcsched restart``: :func:`failover` places them most important first (below their floors if
+    ``below_floor_ok``), :func:`_recovery_plan` caps floors first; ``extra`` goes into the
     plan (what it recovers), with :data:`vcsched.plans.plan.BELOW_FLOOR` when a VM runs below its floor."""
     displaced = [VmState(r.vm, host, r.vcpus, r.memory_bytes, True, r.meta(), r.cap_cores) for r in records]
-    f = failover(cluster, survivors, host, displaced, below_floor_ok=cluster.on_failure == "restart")
+    f = failover(cluster, survivors, host, displaced, below_floor_ok=below_floor_ok)
     if not f.placed:
         return (), f.stranded, None, ()
     by_name = {r.vm: r for r in records}
@@ -470,11 +471,16 @@ class Restart:
                 "min_yield_after": None if self.plan is None else self.plan.min_yield}
 
 
-def plan_restart(cluster: Cluster, inventory: Inventory, records: Sequence[CreateStep]) -> Restart:
+def plan_restart(cluster: Cluster, inventory: Inventory, records: Sequence[CreateStep], *,
+                 below_floor_ok: bool | None = None) -> Restart:
     """Start ``records`` — lost VMs (:mod:`vcsched.control.lost`), run nowhere — again on the hosts that answer,
     as a failed host's recovery would (:func:`restart_records`), most important first.  A VM that boots from a
     disk is refused unless every host that answers shares its recorded host's storage (where else would its
-    disk be?)."""
+    disk be?).  ``below_floor_ok``: whether a VM whose floor cannot be met restarts below it; default the
+    cluster file's ``on_failure`` (the controller), and an operator's ``vcsched restart`` says True: naming the
+    VM is choosing that it runs."""
+    if below_floor_ok is None:
+        below_floor_ok = cluster.on_failure == "restart"
     up = inventory.up()
     refused: list[tuple[str, str]] = []
     ok: list[CreateStep] = []
@@ -488,7 +494,8 @@ def plan_restart(cluster: Cluster, inventory: Inventory, records: Sequence[Creat
     if not ok:
         return Restart((), tuple(refused), None)
     # One placement of them all (their recorded hosts only name the VMs' origin: any host that answers may take them).
-    placed, more, plan, below = restart_records(cluster, inventory, up, ok[0].host, ok, {"restart": [r.vm for r in ok]})
+    placed, more, plan, below = restart_records(cluster, inventory, up, ok[0].host, ok, {"restart": [r.vm for r in ok]},
+                                                below_floor_ok)
     return Restart(placed, (*refused, *more), plan, below)
 
 
