@@ -99,5 +99,5 @@ def test_a_restart_plan_reads_back_whole_and_only_a_recover_plan_may_say_below_f
     assert restart.plan is not None
     doc = restart.plan.to_dict()
     assert plan_from_dict(doc).extra == restart.plan.extra and "db-1" in doc["below_floor"]
-    with pytest.raises(InputError, match="plan.below_floor: only a recover plan has it"):
+    with pytest.raises(InputError, match=r"plan\.below_floor: only a recover plan has it"):
         plan_from_dict({**{k: v for k, v in doc.items() if k != "restart"}, "kind": "place"})
