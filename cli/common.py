@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from acting.lock import ClusterLock
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.live import LiveAdaptation
+    from vcsched.control.lost import Lost
     from vcsched.experiments import OnProgress
     from vcsched.formats.cluster import Cluster
     from vcsched.formats.request import Request
@@ -506,14 +507,14 @@ def notice(line: str) -> None:
 
 
 def read_lost(cluster: Cluster, inventory: Inventory, coordination: str | None = None
-              ) -> tuple[list[dict[str, Any]], str | None]:
-    """The lost VMs (vcsched/control/lost.py) as ``--json`` rows, and why they are unknown when the definitions
-    store cannot be read (reported, not fatal: the hosts were read)."""
+              ) -> tuple[tuple[Lost, ...], str | None]:
+    """The lost VMs (vcsched/control/lost.py), and why they are unknown when the definitions store cannot be read
+    (reported, not fatal: the hosts were read)."""
     from acting.definitions import DefinitionStore, StoreError
     from acting.lock import resolve_url
 
     try:
         store = DefinitionStore.for_url(resolve_url(coordination, cluster.coordination), cluster.name)
-        return [lost.to_dict() for lost in store.lost(inventory)], None
+        return store.lost(inventory), None
     except (StoreError, InputError) as exc:
-        return [], str(exc)
+        return (), str(exc)

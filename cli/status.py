@@ -351,7 +351,8 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
                                    "headroom is one placement of the cluster (--headroom computes it)")
     else:
         doc["headroom"] = [f.to_dict() for f in headroom(cluster, inv)]
-    doc["lost"], doc["lost_unknown"] = read_lost(cluster, inv)
+    lost, doc["lost_unknown"] = read_lost(cluster, inv)
+    doc["lost"] = [x.to_dict() for x in lost]
     doc["ok"] = len(inv.down_hosts()) < len(inv.hosts)
     if as_json:
         emit_json(doc)
