@@ -101,3 +101,18 @@ def test_a_restart_plan_reads_back_whole_and_only_a_recover_plan_may_say_below_f
     assert plan_from_dict(doc).extra == restart.plan.extra and "db-1" in doc["below_floor"]
     with pytest.raises(InputError, match=r"plan\.below_floor: only a recover plan has it"):
         plan_from_dict({**{k: v for k, v in doc.items() if k != "restart"}, "kind": "place"})
+
+
+def test_lab_up_names_the_guests_a_repaired_host_was_recorded_with_that_no_longer_run(
+        tmp_path: Path, state: Path) -> None:  # noqa: F811
+    """Issue 37: after a fence killed h1's guests, `lab up` said "guests kept"; it names the dead ones now."""
+    from types import SimpleNamespace
+
+    from cli.lab import found_dead
+
+    recorded(state, "batch-0", "db-1", "web-0")  # all recorded on h1
+    lab = SimpleNamespace(repaired=("h1",), cluster_file=cluster(tmp_path, agent(tmp_path, 2)))
+    st = SimpleNamespace(hosts=(SimpleNamespace(name="h0", domains=("web-0",)), SimpleNamespace(name="h1",
+                                                                                                 domains=())))
+    assert found_dead(lab, st) == ({"h1": ["batch-0", "db-1"]}, None)  # type: ignore[arg-type]
+    assert found_dead(SimpleNamespace(repaired=(), cluster_file=lab.cluster_file), st) == ({}, None)  # type: ignore[arg-type]
