@@ -196,7 +196,8 @@ def failover(cluster: Cluster, survivors: Inventory, host: str, displaced: Seque
     When they do not all fit, the least important ones are left out one at a time until the rest fits; those
     are stranded (:data:`NO_ROOM`).  With ``below_floor_ok`` (a recovery under ``on_failure = "restart"``) the
     ones left out are then added back, most important first, at floor 0 — as many as memory and the required
-    rules allow; only the rest are stranded (:data:`NO_MEMORY`).  The VMs placed at the floors keep them.
+    rules allow; only the rest are stranded (:data:`NO_MEMORY`).  (The caps then share the shortfall: on a
+    host where the floors do not all fit, every floor there gives way together, :func:`_recovery_plan`.)
     """
     survivors = survivors.up()
     ordered = sorted(displaced, key=importance)
