@@ -588,7 +588,8 @@ class Controller:
         """Start the lost VMs (vcsched/control/lost.py: recorded, running nowhere, not awaiting a recovery) again
         from their records, as `vcsched restart` would but keeping to the cluster file's ``on_failure``; with
         ``--mode recommend``, propose it (kind ``restart``).  Each lost VM is said once (``vm_lost``), each one
-        that cannot be restarted once (``vm_stranded``), each restart as it happens (``vm_restarted``)."""
+        that cannot be restarted once (``vm_stranded``, its recorded host), each restart as it happens
+        (``vm_restarted`` with ``lost``)."""
         assert self.failover is not None
         cluster, store = self.failover.cluster, self.failover.store
         try:
@@ -606,7 +607,9 @@ class Controller:
             return
         records = {x.vm: store.get(x.vm) for x in lost}
         restart = plan_restart(cluster, inventory, [d.step for d in records.values() if d is not None])
-        self._stranded("lost", restart.refused)
+        recorded_on = {x.vm: x.host for x in lost}
+        for vm, why in restart.refused:  # said once per VM and failure of its host, as a recovery's strandings
+            self._stranded(recorded_on[vm], ((vm, why),))
         if restart.plan is None:
             return
         reason = f"{len(restart.restarts)} lost VM(s) run nowhere: " + ", ".join(vm for vm, _ in restart.restarts)

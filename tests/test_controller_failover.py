@@ -193,3 +193,21 @@ def test_in_recommend_mode_the_controller_proposes_the_restart_and_changes_nothi
     (rec,) = [r for r in rc.open_ones(book.read(), run.clock.time()) if r.kind == "restart"]
     assert [s["vm"] for s in rec.to_dict()["steps"] if s["op"] == "create"] == ["b-0"]
     assert rec.reason == "1 lost VM(s) run nowhere: b-0"
+
+
+def test_with_on_failure_strand_a_lost_vm_whose_floor_cannot_be_met_stays_lost_said_once(tmp_path: Path) -> None:
+    def full(name: str, host: str) -> Any:  # needs 0.9 of its host's one core, and keeps it (floor 0.9)
+        v = managed(name, host, name[0], 0.9, 0.9)
+        return dataclasses.replace(v, meta=dataclasses.replace(v.meta, min_yield=0.9))
+
+    hv, clock = loaded([full("a-0", "h0"), full("d-0", "h1"), full("c-0", "h2")],
+                       {"a-0": busy(0.9), "d-0": busy(0.9), "c-0": busy(0.9)}, n_hosts=3)
+    store = DefinitionStore.for_url(f"file://{tmp_path}/coordination", "lab")
+    store.put(CreateStep("b-0", "h1", "b", 1, 128 << 20, 0.5, 0.5, Boot("kernel", "/k", "/i", "quiet"), 0.5))
+    run = Run(hv, clock, FakeLocks(), probe_seconds=0.0)
+    run.controller.failover = Failover(dataclasses.replace(cluster(), on_failure="strand"), store, Fences())
+    run.cycles(5)
+    assert "b-0" not in hv.vms and not run.events("vm_restarted") and run.controller.metrics.lost == 1
+    (stranded,) = run.events("vm_stranded")
+    assert stranded["vm"] == "b-0" and stranded["host"] == "h1" and "floors" in stranded["reason"]
+    assert len(run.events("vm_lost")) == 1
