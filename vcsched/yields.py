@@ -183,15 +183,27 @@ def floored_lows(instance: Instance, hosts: np.ndarray, floors: np.ndarray) -> t
     nothing.  ``L`` is the highest level at which every row still holds, bisected to 2^-50 from below so that
     the lows always fit.
     """
-    caps = capacities(instance, hosts)
+    hosts = np.asarray(hosts, dtype=np.int64)
     floors = np.clip(np.asarray(floors, dtype=float), 0.0, 1.0)
     if instance.n_jobs == 0:
         return floors, 1.0
-    theta = common_yield(caps.capacity, np.asarray(caps.matrix @ floors, dtype=float))
+    if instance.has_extra_resources:
+        caps = capacities(instance, hosts)
+        capacity = caps.capacity
+
+        def load(y: np.ndarray) -> np.ndarray:
+            return np.asarray(caps.matrix @ y, dtype=float)
+    else:  # CPU alone: the rows are the hosts (no sparse matrix, no scipy import for `status`'s headroom)
+        capacity = instance.host_cpu
+
+        def load(y: np.ndarray) -> np.ndarray:
+            return np.bincount(hosts, weights=instance.task_alpha * y[instance.task_job], minlength=instance.n_hosts)
+
+    theta = common_yield(capacity, load(floors))
     floors = floors * theta
 
     def holds(level: float) -> bool:
-        return bool(np.all(caps.matrix @ np.maximum(floors, level) <= caps.capacity * (1 + 1e-12) + 1e-12))
+        return bool(np.all(load(np.maximum(floors, level)) <= capacity * (1 + 1e-12) + 1e-12))
 
     lo, hi = (1.0, 1.0) if holds(1.0) else (0.0, 1.0)
     while hi - lo > 2.0 ** -50:
