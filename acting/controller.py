@@ -261,6 +261,7 @@ class Controller:
         lock, self._lead.lock = self._lead.lock, None
         self.metrics.set_vms(())
         self.metrics.set_hosts((), None)  # a standby reads no host: the leader's series are the ones to alert on
+        self.metrics.set_lost(None)
         self._log_state("standby", reason=reason)  # first: releasing may wait on a coordination service that hangs
         if lock is not None:
             with contextlib.suppress(Exception):

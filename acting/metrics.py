@@ -34,7 +34,7 @@ metric                                      meaning
 
 Per-VM metrics carry ``vm``, ``host`` and ``vc`` labels, per-host ones a
 ``host`` label; every metric a ``cluster`` label.  Only the leader reads the
-hosts: a standby exports ``vcsched_leader`` 0 and no VM, host or in-doubt
+hosts: a standby exports ``vcsched_leader`` 0 and no VM, host, in-doubt or lost
 series, so alerts on those follow whichever controller leads.
 
 The alert rules shipped in ``deploy/vcsched.rules.yml`` use these names (a
