@@ -260,7 +260,8 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
     for vc in vcs:
         y, floor = vc["yield"], vc["min_yield"]
         shown = f"[red]{y:.3f}[/]" if below_floor(y, floor) else f"{y:.3f}"
-        table.add_row(vc["name"], str(vc["vms"]), f"{vc['weight']:g}", vc["tenant"] or "-", shown,
+        count = str(vc["vms"]) + (f" [red](+{vc['lost']} lost)[/]" if vc.get("lost") else "")
+        table.add_row(vc["name"], count, f"{vc['weight']:g}", vc["tenant"] or "-", shown,
                       f"{vc['dominant_share']:.4f}", vc["dominant_pool"], _num(floor, "{:g}"))
     console.print(table)
 
@@ -353,6 +354,8 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
         doc["headroom"] = [f.to_dict() for f in headroom(cluster, inv)]
     lost, doc["lost_unknown"] = read_lost(cluster, inv)
     doc["lost"] = [x.to_dict() for x in lost]
+    for vc in doc.get("virtual_clusters", []):  # "1 VM" of a cluster of 2 whose other one runs nowhere: say so
+        vc["lost"] = sum(1 for x in lost if x.cluster == vc["name"])
     doc["ok"] = len(inv.down_hosts()) < len(inv.hosts)
     if as_json:
         emit_json(doc)

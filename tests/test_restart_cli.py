@@ -35,6 +35,18 @@ def test_status_lists_a_vm_of_a_fenced_host_as_lost_and_not_before(tmp_path: Pat
     assert "lost: web-0 (web) runs nowhere: recorded on h1, host fenced" in text.replace("\n", " ")
 
 
+def test_status_counts_a_virtual_clusters_lost_vms_beside_its_running_ones(tmp_path: Path, state: Path) -> None:  # noqa: F811
+    from cli.app import console
+    from cli.status import render_virtual_clusters
+
+    doc = {"policy": "yield", "virtual_clusters": [{"name": "batch", "vms": 1, "weight": 1.0, "tenant": None,
+                                                    "yield": 1.0, "dominant_share": 0.1, "dominant_pool": "cpu",
+                                                    "min_yield": None, "lost": 1}]}
+    with console.capture() as cap:
+        render_virtual_clusters(doc)
+    assert "1 (+1 lost)" in cap.get()
+
+
 def test_restart_dry_run_plans_a_lost_vm_on_a_host_that_answers(tmp_path: Path, state: Path) -> None:  # noqa: F811
     recorded(state, "web-0")
     DefinitionStore.for_url(f"file://{state}/coordination", "t").mark_fenced("h1", at=2e9)
