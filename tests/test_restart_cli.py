@@ -128,3 +128,23 @@ def test_lab_up_names_the_guests_a_repaired_host_was_recorded_with_that_no_longe
                                                                                                  domains=())))
     assert found_dead(lab, st) == ({"h1": ["batch-0", "db-1"]}, None)  # type: ignore[arg-type]
     assert found_dead(SimpleNamespace(repaired=(), cluster_file=lab.cluster_file), st) == ({}, None)  # type: ignore[arg-type]
+
+
+def test_recover_says_which_vm_runs_below_its_floor_and_the_plan_marks_it(tmp_path: Path, state: Path) -> None:  # noqa: F811
+    """Three VMs of h1 needing a whole host each with floor 0.9, two survivors: the third restarts below its
+    floor (on_failure = "restart", the default), said in text and in --json; the plan lists it."""
+    from hypervisor.testhosts import CORES
+    from vcsched.plans.steps import Boot, CreateStep
+
+    store = DefinitionStore.for_url(f"file://{state}/coordination", "t")
+    for i in range(3):
+        store.put(CreateStep(f"db-{i}", "h1", "db", CORES, 128 << 20, float(CORES), float(CORES),
+                             Boot("kernel", "/k", "/i", "quiet"), 0.9, priority=-i))
+    c = cluster(tmp_path, agent(tmp_path, 2))
+    r = invoke("recover", "h1", "--cluster", c, "--json")
+    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+    doc = json.loads(r.stdout)  # type: ignore[attr-defined]
+    below = {b["vm"] for b in doc["recovery"]["below_floor"]}
+    assert below and doc["plan"]["below_floor"] == sorted(below) and not doc["recovery"]["stranded"]
+    text = invoke("recover", "h1", "--cluster", c).stdout  # type: ignore[attr-defined]
+    assert "below its floor" in text and "min_yield 0.9" in text
