@@ -622,10 +622,9 @@ class Controller:
             return
         try:
             with self._acting("restart") as lock:
-                fresh = self.hv.inventory()
-                again = [d.step for d in records.values() if d is not None]
-                still = {x.vm for x in store.lost(fresh)}
-                restart = plan_restart(cluster, fresh, [r for r in again if r.vm in still])
+                fresh = self.hv.inventory()  # under the lock: what another command did meanwhile is in it ...
+                still = [store.get(x.vm) for x in store.lost(fresh)]  # ... and in the records it wrote
+                restart = plan_restart(cluster, fresh, [d.step for d in still if d is not None])
                 if restart.plan is None:
                     return
                 below = {vm: (got, floor) for vm, got, floor in restart.below_floor}

@@ -148,3 +148,12 @@ def test_recover_says_which_vm_runs_below_its_floor_and_the_plan_marks_it(tmp_pa
     assert below and doc["plan"]["below_floor"] == sorted(below) and not doc["recovery"]["stranded"]
     text = invoke("recover", "h1", "--cluster", c).stdout  # type: ignore[attr-defined]
     assert "below its floor" in text and "min_yield 0.9" in text
+
+
+def test_restart_refuses_a_vm_that_runs(tmp_path: Path, state: Path) -> None:  # noqa: F811
+    recorded(state, "vm0")  # the test driver's h0 runs vm0 (hypervisor/testhosts.py)
+    r = invoke("restart", "vm0", "--cluster", cluster(tmp_path, agent(tmp_path, 2)), "--json")
+    assert r.exit_code == 1, r.output  # type: ignore[attr-defined]
+    doc = json.loads(r.stdout)  # type: ignore[attr-defined]
+    assert not doc["ok"] and doc["restart"]["refused"] == [{"vm": "vm0", "reason": "it is on h0 (not lost)"}]
+    assert doc["plan"] is None
