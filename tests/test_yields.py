@@ -147,7 +147,18 @@ def test_a_floor_below_the_common_level_changes_nothing_and_floors_that_overflow
     check_allocation(inst, over)
     theta = 1 / (0.9 * 0.8 + 0.6 * 0.9)
     assert over.yields(inst)[:2] == pytest.approx([0.9 * theta, 0.6 * theta])
-    assert over.notes == (f"floors scaled to {theta:.4f} of themselves: they do not all fit this placement",)
+    assert over.notes == (f"floors scaled to {theta:.4f} of themselves where they do not all fit this placement",)
+
+
+def test_floors_give_way_only_on_the_host_where_they_do_not_fit() -> None:
+    # h0: floors 0.9 x 1.0 + 0.5 x 0.6 = 1.2 > 1 core: both scaled by 1 / 1.2.  h1: 0.9 x 0.9 = 0.81 fits beside
+    # a 0.5 VM without a floor: it keeps 0.9 (a global scaling would leave it 0.5 / 0.9, the spare going to the
+    # smaller VM first).
+    inst = make_instance([(1.0, 0.1), (0.6, 0.1), (0.9, 0.1), (0.5, 0.1)], n_hosts=2)
+    alloc = allocate(inst, np.array([0, 0, 1, 1]), floors=np.array([0.9, 0.5, 0.9, 0.0]))
+    check_allocation(inst, alloc)
+    y = alloc.yields(inst)
+    assert y[:2] == pytest.approx([0.9 / 1.2, 0.5 / 1.2]) and y[2] >= 0.9 - 1e-9
 
 
 @settings(max_examples=60, deadline=None)
@@ -163,7 +174,7 @@ def test_floored_allocations_are_valid_and_keep_every_floor_that_fits(jobs, n_ho
     y = alloc.yields(inst)
     if not alloc.notes:  # every floor held
         assert np.all(y >= floors - 1e-6)
-    else:  # the floors shrank together: every job keeps the same fraction of its floor
+    else:  # the floors shrank together where they did not fit: no job below the least fraction of its floor
         theta = float(alloc.notes[0].split()[3])
         assert np.all(y >= floors * theta - 1e-3)
     if not floors.any():  # no floor: the plain allocation

@@ -173,15 +173,16 @@ def _parallel_phase(instance: Instance, hosts: np.ndarray, lows: float | np.ndar
 
 
 def floored_lows(instance: Instance, hosts: np.ndarray, floors: np.ndarray) -> tuple[np.ndarray, float]:
-    """Floors first, then the common level: per job ``max(theta * floor_j, L)``, and ``theta``.
+    """Floors first, then the common level: per job ``max(theta_j * floor_j, L)``, and the least ``theta_j``.
 
     A floor is a promise (a request's ``min_yield``): a plain common yield shares a host's CPU equally and may
     give a VM with a floor less than it although the floors fit (a host failure's restarts, placed at the
-    floors: docs/failures.md).  ``theta`` is 1 when the floors fit every (host, resource) row; when they do not
-    (a failed host's VM restarted below its floor), every floor is scaled down together to the largest fraction
-    that fits (:func:`common_yield` of the floors' loads), rather than one VM taking what is left — possibly
-    nothing.  ``L`` is the highest level at which every row still holds, bisected to 2^-50 from below so that
-    the lows always fit.
+    floors: docs/failures.md).  ``theta_j`` is 1 when the floors fit every (host, resource) row job ``j`` is
+    on; on a row where they do not (a failed host's VM restarted below its floor), every floor there is scaled
+    down together to the largest fraction that fits (:func:`common_yield` of the row), rather than one VM
+    taking what is left — possibly nothing — and a job on several rows takes its least fraction.  Rows whose
+    floors fit keep them whole.  ``L`` is the highest level at which every row still holds, bisected to 2^-50
+    from below so that the lows always fit.
     """
     hosts = np.asarray(hosts, dtype=np.int64)
     floors = np.clip(np.asarray(floors, dtype=float), 0.0, 1.0)
@@ -190,16 +191,23 @@ def floored_lows(instance: Instance, hosts: np.ndarray, floors: np.ndarray) -> t
     if instance.has_extra_resources:
         caps = capacities(instance, hosts)
         capacity = caps.capacity
+        entries = caps.matrix.tocoo()
+        row_of, job_of = entries.row, entries.col  # each (row, job) a job loads
 
         def load(y: np.ndarray) -> np.ndarray:
             return np.asarray(caps.matrix @ y, dtype=float)
     else:  # CPU alone: the rows are the hosts (no sparse matrix, no scipy import for `status`'s headroom)
         capacity = instance.host_cpu
+        row_of, job_of = hosts, instance.task_job
 
         def load(y: np.ndarray) -> np.ndarray:
             return np.bincount(hosts, weights=instance.task_alpha * y[instance.task_job], minlength=instance.n_hosts)
 
-    theta = common_yield(capacity, load(floors))
+    floor_load = load(floors)
+    row_theta = np.minimum(1.0, np.divide(capacity, floor_load, out=np.ones_like(capacity, dtype=float),
+                                          where=floor_load > 0))
+    theta = np.ones(instance.n_jobs)
+    np.minimum.at(theta, job_of, row_theta[row_of])
     floors = floors * theta
 
     def holds(level: float) -> bool:
@@ -209,7 +217,7 @@ def floored_lows(instance: Instance, hosts: np.ndarray, floors: np.ndarray) -> t
     while hi - lo > 2.0 ** -50:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if holds(mid) else (lo, mid)
-    return np.maximum(floors, lo), theta
+    return np.maximum(floors, lo), float(theta.min())
 
 
 def fluid_yields(instance: Instance, hosts: np.ndarray, *, average_phase: bool = True,
@@ -230,13 +238,13 @@ def allocate(instance: Instance, hosts: np.ndarray, *, average_phase: bool = Tru
 
     On every fluid resource when the instance has extra ones (:func:`fluid_yields`).  A skipped phase is
     in ``notes``.  ``floors`` (a yield per job): floors first, then the common level (:func:`floored_lows`),
-    then the average phase above each job's low; floors that do not all fit the placement are scaled down
-    together (said in ``notes``).
+    then the average phase above each job's low; where floors do not all fit the placement they are scaled
+    down together (said in ``notes``).
     """
     hosts = np.asarray(hosts, dtype=np.int64)
     note: str | None = None
     lows, theta = (None, 1.0) if floors is None else floored_lows(instance, hosts, floors)
-    floor_note = (f"floors scaled to {theta:.4f} of themselves: they do not all fit this placement"
+    floor_note = (f"floors scaled to {theta:.4f} of themselves where they do not all fit this placement"
                   if theta < 1.0 else None)
     if instance.has_extra_resources:
         y, note = fluid_yields(instance, hosts, average_phase=average_phase, lows=lows)
