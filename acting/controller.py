@@ -75,7 +75,7 @@ from acting.sampling import Clock, CpuSampler, SystemClock
 from acting.unit_of_work import Reporting, UnitOfWork
 from hypervisor.base import Hypervisor
 from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries
-from vcsched.control.failover import plan_recovery
+from vcsched.control.failover import plan_recovery, plan_restart
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
 from vcsched.control.recommend import Book, Recommendation, new_recommendation, record
@@ -266,6 +266,7 @@ class Controller:
         lock, self._lead.lock = self._lead.lock, None
         self.metrics.set_vms(())
         self.metrics.set_hosts((), None)  # a standby reads no host: the leader's series are the ones to alert on
+        self.metrics.set_lost(None)
         self._log_state("standby", reason=reason)  # first: releasing may wait on a coordination service that hangs
         if lock is not None:
             with contextlib.suppress(Exception):
@@ -410,6 +411,8 @@ class Controller:
         inventory = self.sampler.sample(self.hv)  # a sampling round too: a new leader's first baseline
         self.round_hosts = answered(inventory)
         self._hosts(inventory)
+        if self.failover is not None:
+            self._restart_lost(inventory)  # first: a recovery below fences and restarts on this same inventory
         if self.failover is not None and inventory.down_hosts():
             self._failures(inventory)
         estimates = self._estimate(inventory)
@@ -569,9 +572,15 @@ class Controller:
                 if not result.fenced:
                     return False  # its VMs may still run there: nothing is created; tried again next interval
                 self.failures.fenced.add(host)
+                try:  # its VMs not restarted now count as lost (vcsched/control/lost.py)
+                    store.mark_fenced(host)
+                except StoreError as exc:
+                    self._error("definitions", exc)  # the host is off either way: its VMs restart below
                 return True
 
             detected = self.failures.failed_at.get(host, self.clock.monotonic())
+
+            below = {vm: (got, floor) for vm, got, floor in recovery.below_floor}
 
             def restarted(r: StepResult) -> None:
                 if isinstance(r.step, CreateStep) and r.outcome == DONE:
@@ -579,8 +588,70 @@ class Controller:
                     self.metrics.add_restart(seconds)
                     self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, failed_host=host,
                                      seconds_since_failed=round(seconds, 3))
+                    if r.step.vm in below:
+                        self._below_floor(r.step.vm, r.step.host, host, *below[r.step.vm])
 
             self._apply(uow, recovery.plan, "recover", after_step=restarted, irreversible=fence)
+
+    def _restart_lost(self, inventory: Inventory) -> None:
+        """Start the lost VMs (vcsched/control/lost.py: recorded, running nowhere, not awaiting a recovery) again
+        from their records, as `vcsched restart` would but keeping to the cluster file's ``on_failure``; with
+        ``--mode recommend``, propose it (kind ``restart``).  Each lost VM is said once (``vm_lost``), each one
+        that cannot be restarted once (``vm_stranded``, its recorded host), each restart as it happens
+        (``vm_restarted`` with ``lost``)."""
+        assert self.failover is not None
+        cluster, store = self.failover.cluster, self.failover.store
+        try:
+            lost = store.lost(inventory)
+        except (StoreError, InputError) as exc:
+            self.metrics.set_lost(None)
+            self._error("definitions", exc)
+            return
+        self.metrics.set_lost(len(lost))
+        for x in lost:
+            if x.vm not in self.failures.said_lost:
+                self.events.emit("vm_lost", **x.to_dict())
+        self.failures.said_lost = {x.vm for x in lost}  # one that runs again and is lost later is said again
+        if not lost:
+            return
+        records = {x.vm: store.get(x.vm) for x in lost}
+        restart = plan_restart(cluster, inventory, [d.step for d in records.values() if d is not None])
+        recorded_on = {x.vm: x.host for x in lost}
+        for vm, why in restart.refused:  # said once per VM and failure of its host, as a recovery's strandings
+            self._stranded(recorded_on[vm], ((vm, why),))
+        if restart.plan is None:
+            return
+        reason = f"{len(restart.restarts)} lost VM(s) run nowhere: " + ", ".join(vm for vm, _ in restart.restarts)
+        if self.options.recommend:
+            self._recommend(Decision("restart", restart.plan, reason), restart.plan, inventory, {})
+            return
+        self.events.emit("plan", kind="restart", dry_run=self.options.dry_run, plan=restart.plan.to_dict())
+        if self.options.dry_run:
+            return
+        try:
+            with self._acting() as uow:
+                fresh = uow.inventory()  # under the lock: what another command did meanwhile is in it ...
+                still = [store.get(x.vm) for x in store.lost(fresh)]  # ... and in the records it wrote
+                restart = plan_restart(cluster, fresh, [d.step for d in still if d is not None])
+                if restart.plan is None:
+                    return
+                below = {vm: (got, floor) for vm, got, floor in restart.below_floor}
+
+                def restarted(r: StepResult) -> None:
+                    if isinstance(r.step, CreateStep) and r.outcome == DONE:
+                        self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, lost=True)
+                        if r.step.vm in below:
+                            self._below_floor(r.step.vm, r.step.host, "", *below[r.step.vm])
+
+                self._apply(uow, restart.plan, "restart", after_step=restarted)
+        except LockBusy as exc:
+            self.events.emit("lock-busy", action="restart", reason=str(exc))
+
+    def _below_floor(self, vm: str, where: str, failed_host: str, got: float, floor: float) -> None:
+        """A VM restarted below its floor (on_failure = "restart"): said once per restart; the metrics' per-VM
+        yield and floor then fire VcschedVmBelowItsFloor until room is made."""
+        self.events.emit("vm_below_floor", vm=vm, host=where, failed_host=failed_host, **{"yield": round(got, 6)},
+                         min_yield=floor, reason="the survivors could not meet its floor; on_failure = \"restart\"")
 
     def _probe(self, inventory: Inventory, estimates: dict[str, Estimate]) -> tuple[Inventory, dict[str, Estimate]]:
         """Raise the caps of VMs that want a probe into unused capacity, sample, estimate again (module docstring)."""

@@ -57,6 +57,7 @@ class FailureState:
     failed_at: dict[str, float] = field(default_factory=dict)  # declared failed (host_failed emitted)
     fenced: set[str] = field(default_factory=set)
     said_stranded: set[tuple[str, str]] = field(default_factory=set)
+    said_lost: set[str] = field(default_factory=set)  # lost VMs (vcsched/control/lost.py) already said
 
     def up(self, host: str) -> bool:
         """Forget ``host``'s failure (it answers again); True if it had been declared failed."""

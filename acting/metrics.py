@@ -20,6 +20,7 @@ metric                                      meaning
 ``vcsched_host_up``                         1 while the host answers, 0 while it is down
 ``vcsched_host_down_intervals``             intervals in a row the host has been down (0 when up)
 ``vcsched_vms_in_doubt``                    VMs in doubt: active on two hosts at once, or a paused arrival
+``vcsched_vms_lost``                        VMs the definitions store records that run nowhere (docs/failures.md)
 ``vcsched_migrated_bytes_total``            bytes of the migrations applied since start
 ``vcsched_plans_applied_total{outcome}``    plans applied: ``ok`` or ``failed`` (stopped early)
 ``vcsched_steps_total{op,outcome}``         plan steps carried out, by kind and outcome
@@ -33,7 +34,7 @@ metric                                      meaning
 
 Per-VM metrics carry ``vm``, ``host`` and ``vc`` labels, per-host ones a
 ``host`` label; every metric a ``cluster`` label.  Only the leader reads the
-hosts: a standby exports ``vcsched_leader`` 0 and no VM, host or in-doubt
+hosts: a standby exports ``vcsched_leader`` 0 and no VM, host, in-doubt or lost
 series, so alerts on those follow whichever controller leads.
 
 The alert rules shipped in ``deploy/vcsched.rules.yml`` use these names (a
@@ -85,6 +86,7 @@ class ControllerMetrics:
     vms: tuple[VmMetrics, ...] = ()
     hosts: tuple[HostMetrics, ...] = ()
     in_doubt: int | None = None  # None: not read (a standby)
+    lost: int | None = None  # recorded VMs running nowhere (vcsched/control/lost.py); None: not read
     min_yield: float | None = None
     avg_yield: float | None = None
     migrated_bytes: int = 0
@@ -101,6 +103,10 @@ class ControllerMetrics:
         with self.lock:
             self.hosts = hosts
             self.in_doubt = in_doubt
+
+    def set_lost(self, lost: int | None) -> None:
+        with self.lock:
+            self.lost = lost
 
     def add_step(self, op: str, outcome: str) -> None:
         with self.lock:
@@ -170,6 +176,8 @@ class _Collector:
                                       m.min_yield_floor),
                                      ("vcsched_vms_in_doubt", "VMs in doubt: on two hosts at once, or a paused arrival",
                                       m.in_doubt),
+                                     ("vcsched_vms_lost", "VMs the definitions store records that run nowhere",
+                                      m.lost),
                                      ("vcsched_interval_duration_seconds", "wall time of the last interval's work",
                                       m.interval_seconds)):
                 fam = GaugeMetricFamily(name, doc, labels=["cluster"])

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from acting.unit_of_work import Reporting, UnitOfWork
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.live import LiveAdaptation
+    from vcsched.control.lost import Lost
     from vcsched.experiments import OnProgress
     from vcsched.formats.cluster import Cluster
     from vcsched.formats.request import Request
@@ -471,3 +472,17 @@ def notice(line: str) -> None:
     """What an inventory settled on its own (an in-doubt VM's paused copy removed, a paused arrival resumed):
     one line on stderr, so ``--json`` output stays one document."""
     err_console.print(f"[yellow]note:[/] {line}", highlight=False)
+
+
+def read_lost(cluster: Cluster, inventory: Inventory, coordination: str | None = None
+              ) -> tuple[tuple[Lost, ...], str | None]:
+    """The lost VMs (vcsched/control/lost.py), and why they are unknown when the definitions store cannot be read
+    (reported, not fatal: the hosts were read)."""
+    from acting.definitions import DefinitionStore, StoreError
+    from acting.lock import resolve_url
+
+    try:
+        store = DefinitionStore.for_url(resolve_url(coordination, cluster.coordination), cluster.name)
+        return store.lost(inventory), None
+    except (StoreError, InputError) as exc:
+        return (), str(exc)

@@ -45,6 +45,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "Empty HOST by live migration within --budget bytes, for maintenance; --apply carries it out."),
     "recover": ("cli.recover:recover_cmd",
                 "Run a failed host's VMs again on the survivors: fence it, then create them, most important first."),
+    "restart": ("cli.restart:restart_cmd",
+                "Start lost VMs again from their records in the definitions store, on the best hosts."),
     "simulate": ("cli.simulate:simulate_cmd",
                  "Simulate virtual clusters arriving and leaving over time, under every sharing policy."),
     "observe": ("cli.observe:observe_cmd",

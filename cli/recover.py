@@ -10,6 +10,7 @@ from cli.app import EXIT_OK, console, emit_json, refuse
 from cli.params import cluster_option, json_option, lock_options
 
 if TYPE_CHECKING:
+    from acting.definitions import DefinitionStore
     from vcsched.control.failover import Recovery
 
 
@@ -35,7 +36,10 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
          first, and the survivors' caps re-set around them.
     A VM is stranded (not restarted, said why) when HOST has no fence agent,
     when it boots from a disk the survivors do not share (`storage`), or
-    when the survivors have no room for it.
+    when the survivors have no memory for it.  A VM whose floor (min_yield)
+    the survivors cannot meet restarts below it, said so, with the cluster
+    file's on_failure = "restart" (the default); on_failure = "strand"
+    strands it instead (docs/failures.md).
 
     \b
     Examples:
@@ -88,9 +92,11 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
             def fence() -> bool:
                 fenced.append(fence_host(cluster.host(host)))
                 out["fence"] = fenced[0].to_dict()
-                if fenced[0].fenced and not as_json:
-                    console.print(f"[green]fenced[/]: {fenced[0].detail} ({fenced[0].seconds:.1f} s)",
-                                  highlight=False)
+                if fenced[0].fenced:
+                    if not as_json:
+                        console.print(f"[green]fenced[/]: {fenced[0].detail} ({fenced[0].seconds:.1f} s)",
+                                      highlight=False)
+                    _mark_fenced(store, host)
                 return fenced[0].fenced
 
             try:  # the plan is checked whole on the live cluster before the host is fenced (acting/unit_of_work.py)
@@ -104,8 +110,14 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
             out["apply"] = report.to_dict()
             if not as_json:
                 render_report(report)
-        elif not as_json and recovery.plan is not None:
-            console.print("dry run: nothing changed (use --apply to fence and create)")
+        elif recovery.plan is not None:
+            try:  # what --apply would check before fencing, so that the dry run exits as --apply would
+                uow.validate(recovery.plan, planned_here=True)
+            except (PlanRefused, PlanMismatch) as exc:
+                return _refused(out, f"--apply would refuse: the recovery plan does not hold on the live cluster: "
+                                f"{exc}; nothing fenced, nothing restarted", as_json)
+            if not as_json:
+                console.print("dry run: nothing changed (use --apply to fence and create)")
     code = apply_exit_code(report) if report is not None else EXIT_OK
     if as_json:
         emit_json({"ok": code == EXIT_OK and not recovery.stranded, **out})
@@ -113,6 +125,18 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
         return refuse(f"{len(recovery.stranded)} VM(s) of {host} stranded: "
                       + "; ".join(f"{vm}: {why}" for vm, why in recovery.stranded[:3]))
     return code
+
+
+def _mark_fenced(store: DefinitionStore, host: str) -> None:
+    """Say in the store that ``host`` is off, so that a VM not restarted counts as lost (docs/failures.md); a
+    store that cannot be written is said, and the recovery goes on (the host is off either way)."""
+    from acting.definitions import StoreError
+    from cli.common import notice
+
+    try:
+        store.mark_fenced(host)
+    except StoreError as exc:
+        notice(f"{exc}: its stranded VMs will not be listed as lost")
 
 
 def _refused(out: dict[str, Any], reason: str, as_json: bool) -> int:
@@ -134,5 +158,8 @@ def _render(host: str, down: str, recovery: Recovery, recorded: int) -> None:
         console.print(f"{vm}: already runs on {where}", highlight=False)
     for vm, why in recovery.stranded:
         console.print(f"[yellow]stranded[/]: {vm}: {why}", highlight=False)
+    for vm, got, floor in recovery.below_floor:
+        console.print(f"[yellow]below its floor[/]: {vm} at yield {got:.4f}, min_yield {floor:g} (on_failure = "
+                      '"restart": running below its floor rather than not at all)', highlight=False)
     if recovery.min_yield is not None:
         console.print(f"min yield after: {recovery.min_yield:.4f}", highlight=False)

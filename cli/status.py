@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from cli.app import EXIT_OK, console, emit_json, refuse
-from cli.common import load_cluster
+from cli.common import load_cluster, read_lost
 from cli.params import FiniteFloatRange, cluster_option, json_option, policy_options
 from cli.tables import FitTable
 from hypervisor.base import Usage, measure_usage
@@ -174,6 +174,7 @@ def render_status(doc: dict[str, Any]) -> None:
     for line in repair.get("left", []):
         console.print(f"  vcsched repair leaves to the operator: {line}", highlight=False)
     render_migrations(doc)
+    render_lost(doc)
     if not doc["vms"]:
         console.print("no VMs")
         return
@@ -219,6 +220,18 @@ def render_status(doc: dict[str, Any]) -> None:
         console.print(f"[dim]failover headroom not computed: {doc['headroom_skipped']}[/]", highlight=False)
     if "policy" in doc:
         render_virtual_clusters(doc)
+
+
+def render_lost(doc: dict[str, Any]) -> None:
+    """The recorded VMs that run nowhere (docs/failures.md), one line each, with the command that restarts them."""
+    import time
+
+    for lost in doc.get("lost") or []:
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(lost["since"]))
+        console.print(f"[red]lost[/]: {lost['vm']} ({lost['cluster']}) runs nowhere: recorded on {lost['host']}, "
+                      f"{lost['why']}, since {since} (`vcsched restart {lost['vm']} --apply`)", highlight=False)
+    if doc.get("lost_unknown"):
+        console.print(f"[yellow]lost VMs unknown[/]: {doc['lost_unknown']}", highlight=False)
 
 
 def render_headroom(doc: dict[str, Any]) -> None:
@@ -271,7 +284,8 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
     for vc in vcs:
         y, floor = vc["yield"], vc["min_yield"]
         shown = f"[red]{y:.3f} ![/]" if vc["below_floor"] else f"{y:.3f}"
-        table.add_row(vc["name"], str(vc["vms"]), f"{vc['weight']:g}", vc["tenant"] or "-", shown,
+        count = str(vc["vms"]) + (f" [red](+{vc['lost']} lost)[/]" if vc.get("lost") else "")
+        table.add_row(vc["name"], count, f"{vc['weight']:g}", vc["tenant"] or "-", shown,
                       f"{vc['dominant_share']:.4f}", vc["dominant_pool"], _num(floor, "{:g}"))
     console.print(table)
 
@@ -362,6 +376,10 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
                                    "headroom is one placement of the cluster (--headroom computes it)")
     else:
         doc["headroom"] = [f.to_dict() for f in headroom(cluster, inv)]
+    lost, doc["lost_unknown"] = read_lost(cluster, inv)
+    doc["lost"] = [x.to_dict() for x in lost]
+    for vc in doc.get("virtual_clusters", []):  # "1 VM" of a cluster of 2 whose other one runs nowhere: say so
+        vc["lost"] = sum(1 for x in lost if x.cluster == vc["name"])
     doc["ok"] = len(inv.down_hosts()) < len(inv.hosts)
     if as_json:
         emit_json(doc)

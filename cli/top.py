@@ -128,9 +128,13 @@ class Reader:
             except OSError as exc:
                 problems.append(f"--events {self.tail.path}: cannot read ({exc.strerror or exc})")
             controller = controller_state(self.tail.events)
-        return top_view(inventory, self.sharing.policy, samples, estimates, vcs, cordoned=self.cluster.cordoned,
+        from cli.common import read_lost
+
+        lost, unknown = read_lost(self.cluster, inventory)
+        view = top_view(inventory, self.sharing.policy, samples, estimates, vcs, cordoned=self.cluster.cordoned,
                         down_since=self.down_since, now=now, controller=controller,
-                        problem="; ".join(problems) or None)
+                        problem="; ".join(problems) or None, lost=lost)
+        return dataclasses.replace(view, lost_unknown=unknown)
 
 
 class Refresher(threading.Thread):

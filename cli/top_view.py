@@ -350,6 +350,12 @@ def frame(view: TopView, sort: Sort, width: int, height: int | None, refresh: Re
         text = f"IN DOUBT: {d.vm} is active on {where}" + (f"; {d.resolved}" if d.resolved else
                                                             ": no plan touches it until one copy is left")
         head.append(((cut(text, width), "bold red"),))
+    for x in view.lost:
+        text = (f"LOST: {x.vm} ({x.cluster}) runs nowhere: recorded on {x.host}, {x.why}, since {clock(x.since)} "
+                f"(vcsched restart {x.vm} --apply)")
+        head.append(((cut(text, width), "bold red"),))
+    if view.lost_unknown:
+        head.append(((cut(f"lost VMs unknown: {view.lost_unknown}", width), "yellow"),))
     head.append(())
 
     ctl = view.controller

@@ -397,3 +397,15 @@ def test_a_down_host_is_retried_in_the_background_and_the_others_keep_refreshing
     view = reader.read()
     assert hv.asked[-1] == ["h0", "h1"] and [h.down for h in view.hosts] == [None, None]
     assert {v.name for v in view.vms} == {"a-0", "b-0"}
+
+
+def test_a_frame_lists_each_lost_vm_with_why_and_how_to_restart_it() -> None:
+    from vcsched.control.lost import HOST_FENCED, Lost
+
+    view = view_of(lost=[Lost("db-1", "db", "h2", HOST_FENCED, T0 + 10)])
+    text = plain(frame(view, Sort("host"), 160, None, Refresh(T0 + 74, 2.0), T0 + 75))
+    assert (f"LOST: db-1 (db) runs nowhere: recorded on h2, host fenced, not restarted, since "
+            f"{time.strftime('%H:%M:%S', time.localtime(T0 + 10))} (vcsched restart db-1 --apply)") in text
+    unknown = dataclasses.replace(view_of(), lost_unknown="definitions store file:///x: cannot list definitions")
+    assert "lost VMs unknown: definitions store" in plain(frame(unknown, Sort("host"), 160, None,
+                                                                Refresh(T0 + 74, 2.0), T0 + 75))

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vcsched.control.lost import Lost
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, Sample, is_saturated
 from vcsched.control.status import below_floor, host_load, predicted_yield
 from vcsched.inventory import InDoubt, Inventory
@@ -96,6 +97,9 @@ class TopView:
     in_doubt: tuple[InDoubt, ...] = ()
     controller: Controller | None = None
     problem: str | None = None  # why the yields could not be computed (e.g. a tenant no longer in the file)
+    #: Recorded VMs that run nowhere (vcsched/control/lost.py), read from the definitions store.
+    lost: tuple[Lost, ...] = ()
+    lost_unknown: str | None = None  # why they could not be read (the definitions store did not answer)
 
     @property
     def min_yield(self) -> float | None:
@@ -168,7 +172,7 @@ def top_view(inventory: Inventory, policy: str, samples: Mapping[str, Sequence[S
              estimates: Mapping[str, Estimate], virtual_clusters: Sequence[Mapping[str, Any]], *,
              cordoned: Iterable[str] = (), down_since: Mapping[str, float] | None = None, now: float = 0.0,
              controller: Controller | None = None, problem: str | None = None,
-             params: ObserveParams = DEFAULT_PARAMS) -> TopView:
+             params: ObserveParams = DEFAULT_PARAMS, lost: Sequence[Lost] = ()) -> TopView:
     """One refresh's :class:`TopView`.
 
     ``samples``: each VM's window of CPU samples (the latest is its use);
@@ -211,4 +215,4 @@ def top_view(inventory: Inventory, policy: str, samples: Mapping[str, Sequence[S
                          y, floor, below_floor(y, floor), v.paused, v.in_doubt, migrating))
     vcs = tuple((str(vc["name"]), float(vc["yield"]), vc.get("min_yield")) for vc in virtual_clusters)
     return TopView(inventory.cluster, policy, tuple(hosts), tuple(vms), vcs, inventory.in_doubt, controller,
-                   problem)
+                   problem, tuple(lost))

@@ -32,7 +32,8 @@ the claimed and the real value:
   capping them caps them at exactly that; ``min_yield`` is the least of the
   VMs' yields and ``avg_yield`` the mean over jobs (a virtual cluster's VMs of
   one need and size, docs/model.md); a created VM's floor (``min_yield``) is
-  met by its own predicted yield.
+  met by its own predicted yield — except for the VMs a recovery plan lists
+  as restarted below their floors (:data:`vcsched.plans.plan.BELOW_FLOOR`).
 
 What cannot be computed — the request's own numbers a ``create`` step
 carries (vCPUs, memory, need, weight) — is applied exactly as written, after
@@ -52,7 +53,7 @@ from vcsched.caps import CAP_TOLERANCE, grid_problem, grid_step, off_grid, reali
 from vcsched.errors import VcschedError
 from vcsched.formats.units import format_size
 from vcsched.inventory import HostState, Inventory, VmState
-from vcsched.plans.plan import MEASURED, Plan
+from vcsched.plans.plan import BELOW_FLOOR, MEASURED, Plan
 from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep
 
 #: Yields and needs read back from JSON are the floats written: only rounding of arithmetic is tolerated.
@@ -203,6 +204,8 @@ def _prediction_problems(plan: Plan, inventory: Inventory, after: Mapping[str, _
     memory.update({s.vm: s.memory_bytes for s in plan.steps if isinstance(s, CreateStep)})
     io_caps: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)  # vm -> resource -> (step, bytes/s)
     floors: dict[str, tuple[int, float]] = {}
+    # A recovery under on_failure = "restart" says which VMs it runs below their floors; no other plan may.
+    below_ok = frozenset(plan.extra.get(BELOW_FLOOR, ())) if plan.kind == "recover" else frozenset()
     for i, s in enumerate(plan.steps):
         if isinstance(s, CreateStep | SetCapStep):
             for r, amount in (("disk", s.disk_bytes_sec), ("net", s.net_bytes_sec)):
@@ -252,7 +255,7 @@ def _prediction_problems(plan: Plan, inventory: Inventory, after: Mapping[str, _
             if r in predicted_io and predicted_io[r] != amount:
                 problems.append(f"plan.steps[{i}].{r}_bytes_sec: caps {name} at {amount} B/s, the plan predicts "
                                 f"{predicted_io[r]}")
-        if name in floors and p.yield_ < floors[name][1] - YIELD_TOLERANCE:
+        if name in floors and p.yield_ < floors[name][1] - YIELD_TOLERANCE and name not in below_ok:
             i, floor = floors[name]
             problems.append(f"plan.steps[{i}].min_yield: {floor!r}, but the plan predicts {name} a yield of "
                             f"{p.yield_!r}, below it")

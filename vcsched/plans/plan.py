@@ -52,6 +52,11 @@ def _fields(where: str, d: Any, required: set[str], optional: frozenset[str] | s
 #: its predictions' ``cpu_need_cores`` are those rather than the VMs' recorded needs.
 MEASURED = "measured"
 
+#: ``"below_floor": [vm, ...]``: a recovery plan (kind ``recover``) restarts these VMs below the floor their
+#: ``create`` step records — the cluster file's ``on_failure = "restart"`` put running them before their floor —
+#: so the whole-plan check accepts their yield (docs/failures.md).  Any other plan must meet every floor.
+BELOW_FLOOR = "below_floor"
+
 #: Optional per-VM predictions of the extra fluid resources, bytes per second.
 IO_PREDICTIONS = frozenset({"disk_bytes_sec", "net_bytes_sec"})
 
@@ -117,7 +122,8 @@ class Plan:
 def plan_from_dict(d: Any) -> Plan:
     """Validate a decoded plan document (a saved plan may have been edited by hand)."""
     d = _fields("plan", d, {"version", "kind", "cluster", "snapshot", "predicted", "steps"},
-                {"request", "budget", "migrated_bytes", "policy", "needs", "drain", "stays"})
+                {"request", "budget", "migrated_bytes", "policy", "needs", "drain", "stays", "recover", "restart",
+                 BELOW_FLOOR})
     if isinstance(d["version"], bool) or not isinstance(d["version"], int) or d["version"] != PLAN_VERSION:
         raise InputError(f"plan.version: {d['version']!r} is not supported (this vcsched reads {PLAN_VERSION})")
     if d["kind"] not in PLAN_KINDS:
@@ -154,10 +160,30 @@ def plan_from_dict(d: Any) -> Plan:
         extra.update(_budget(d, steps))
     if "drain" in d or "stays" in d:
         extra.update(_drain(d))
+    extra.update(_recovered(d))
     return Plan(d["kind"], _str("plan.cluster", d["cluster"]), snapshot,
                 _num("plan.predicted.min_yield", pred["min_yield"], low_open=False),
                 _num("plan.predicted.avg_yield", pred["avg_yield"], low_open=False), per_vm, tuple(steps),
                 extra=extra)
+
+
+def _recovered(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A recovery plan's host (``recover``), the lost VMs it restarts (``restart``) and those it runs below their
+    floors (:data:`BELOW_FLOOR`): a ``recover`` plan's only, VM names each (a recommendation's plan is read back
+    through here when approved)."""
+    out: dict[str, Any] = {}
+    for key in ("recover", "restart", BELOW_FLOOR):
+        if key not in d:
+            continue
+        if d["kind"] != "recover":
+            raise InputError(f"plan.{key}: only a recover plan has it (this one is {d['kind']!r})")
+        if key == "recover":
+            out[key] = _str("plan.recover", d[key])
+        elif not isinstance(d[key], list) or not all(isinstance(vm, str) for vm in d[key]):
+            raise InputError(f"plan.{key}: expected a list of VM names, got {d[key]!r}")
+        else:
+            out[key] = list(d[key])
+    return out
 
 
 def _drain(d: Mapping[str, Any]) -> dict[str, Any]:
