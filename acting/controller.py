@@ -62,7 +62,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from acting.definitions import StoreError
 from acting.events import EventLog
@@ -78,7 +78,7 @@ from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entri
 from vcsched.control.failover import plan_recovery
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
-from vcsched.control.recommend import Book, Recommendation, new_recommendation, record
+from vcsched.control.recommend import Book, new_recommendation, note_needs, record, worth_proposing
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
@@ -87,6 +87,9 @@ from vcsched.plans.steps import CreateStep, MigrateStep
 
 if TYPE_CHECKING:
     from vcsched.plans.repair import RepairReport
+
+
+T = TypeVar("T")
 
 
 class Stopping(VcschedError):
@@ -100,7 +103,7 @@ class Recommendations(Protocol):
 
     def read(self) -> Book: ...
 
-    def update(self, change: Callable[[Book], tuple[Book, Recommendation]]) -> Recommendation: ...
+    def update(self, change: Callable[[Book], tuple[Book, T]]) -> T: ...
 
 
 class Lock(Protocol):
@@ -428,6 +431,8 @@ class Controller:
         if not self.leader:
             return
         vetoed = self.recommendations.read().vetoed(self.clock.time()) if self.recommendations is not None else ()
+        if o.recommend and self.recommendations is not None:  # what an approval checks floors with
+            self.recommendations.update(lambda book: note_needs(book, needs, self.clock.time()))
         decision = self.rebalancer.decide(inventory, needs, self.clock.time(), vetoed=vetoed)
         self.events.emit("decision", **decision.to_dict())
         self._publish(inventory, estimates)
@@ -465,8 +470,14 @@ class Controller:
         if self.recommendations is None:
             raise VcschedError("recommend mode without a recommendations store")
         now = self.clock.time()
+        predicted = effect(plan, inventory, needs).to_dict()
+        withheld = worth_proposing(predicted, self.options.rebalance.threshold)
+        if withheld is not None:
+            self.events.emit("recommendation", id=None, kind=decision.kind, new=False, withheld=withheld,
+                             steps=len(plan.steps), effect=predicted)
+            return
         rec = new_recommendation(decision.kind, self.cluster, decision.reason, plan.to_dict(),
-                                 step_reasons(plan, inventory, needs), effect(plan, inventory, needs).to_dict(), now,
+                                 step_reasons(plan, inventory, needs), predicted, now,
                                  self.options.valid_for, self.events.member)
         kept = self.recommendations.update(lambda book: record(book, rec))
         self.events.emit("recommendation", id=kept.id, kind=kept.kind, new=kept.id == rec.id, reason=kept.reason,
