@@ -199,9 +199,10 @@ def skip_cmd(rec_id: str, cluster_file: str | None, veto_s: float, as_json: bool
 
     An ID superseded by the same proposal made again skips that one (and
     says so); superseded by a different one, the refusal names it.  Changes
-    no host.  Exit codes: 0 skipped, 1 already decided (approved, applied,
-    skipped, superseded by a different proposal), 2 bad input (an unknown
-    ID).
+    no host.
+
+    Exit codes: 0 skipped, 1 already decided (approved, applied, skipped,
+    superseded by a different proposal), 2 bad input (an unknown ID).
     """
     from acting.lock import member_id
     from cli.common import load_cluster
