@@ -12,15 +12,21 @@ from cli.app import EXIT_OK, console, emit_json
 from cli.params import Duration, check_coordination, cluster_option, json_option, lock_options
 
 
-def _store(cluster: Any, coordination: str | None, hv: Any = None) -> Any:
-    """The cluster's recommendations book, named like its lock (the hosts' identities)."""
+def shared_at(cluster: Any, coordination: str | None, hv: Any = None) -> tuple[str, str]:
+    """Where the cluster's shared documents live (recommendations, audits): the coordination URL and the key of
+    its lock (the hosts' identities)."""
     from acting.lock import resolve_url
-    from acting.recommendations import RecommendationStore
     from cli.common import host_identities
     from hypervisor.identity import lock_key
 
-    url = resolve_url(coordination, cluster.coordination)
-    return RecommendationStore(url, lock_key(host_identities(cluster, hv).values()))
+    return resolve_url(coordination, cluster.coordination), lock_key(host_identities(cluster, hv).values())
+
+
+def _store(cluster: Any, coordination: str | None, hv: Any = None) -> Any:
+    """The cluster's recommendations book, named like its lock (the hosts' identities)."""
+    from acting.recommendations import RecommendationStore
+
+    return RecommendationStore(*shared_at(cluster, coordination, hv))
 
 
 def _when(t: float | None) -> str:

@@ -171,10 +171,11 @@ class Book:
         return replace(self, recommendations=tuple(rec if r.id == rec.id else r for r in self.recommendations))
 
 
-def recommendation_id(cluster: str, plan: Mapping[str, Any], made_at: float) -> str:
-    """Short and unique enough to type: 8 hex digits of the plan and the moment it was made."""
+def recommendation_id(cluster: str, plan: Mapping[str, Any], made_at: float, prefix: str = "r") -> str:
+    """Short and unique enough to type: 8 hex digits of the plan and the moment it was made (``prefix`` "p": a
+    plan the controller applied itself, as its audit names it)."""
     text = json.dumps({"c": cluster, "p": plan, "t": made_at}, sort_keys=True)
-    return "r" + hashlib.sha256(text.encode()).hexdigest()[:8]
+    return prefix + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def _same_value(a: Any, b: Any) -> bool:
