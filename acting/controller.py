@@ -466,12 +466,13 @@ class Controller:
         self._try_lead(renew=False)  # no network: a leader whose lease went stale stands down before asking the book
         if not self.leader:
             return
-        book = self.recommendations.read() if self.recommendations is not None else None
+        book: Book | None = None
+        if self.recommendations is not None and o.recommend:  # one read-modify-write: the book, and the needs
+            book = self.recommendations.update(lambda b: (note_needs(b, needs, self.clock.time())[0], b))
+            self._audit_approved(book, used_prev)  # an approval checks floors with (vcsched.control.recommend)
+        elif self.recommendations is not None:
+            book = self.recommendations.read()
         vetoed = book.vetoed(self.clock.time()) if book is not None else ()
-        if o.recommend and book is not None:
-            self._audit_approved(book, used_prev)
-        if o.recommend and self.recommendations is not None:  # what an approval checks floors with
-            self.recommendations.update(lambda book: note_needs(book, needs, self.clock.time()))
         decision = self.rebalancer.decide(inventory, needs, self.clock.time(), vetoed=vetoed)
         self.events.emit("decision", **decision.to_dict())
         self._publish(inventory, estimates)

@@ -202,3 +202,12 @@ def test_vcsched_audit_lists_the_last_plans_with_both_numbers(tmp_path: Path) ->
     assert "+0.100" in text.stdout and "a-0" in text.stdout
     bad = invoke("audit", "--cluster", path, "--last", "0")
     assert bad.exit_code == 2 and "--last" in bad.stderr
+
+
+def test_the_audit_log_lives_beside_the_recommendations_on_etcd(etcd: Any) -> None:
+    here, there = AuditStore(etcd.url, "k"), AuditStore(etcd.url, "k")
+    a = au.audit(two_vms(), {"a-0": used(0.9), "c-0": used(0.05)}, 1020.0)
+    here.update(lambda log: au.add(log, a))
+    there.update(lambda log: au.add(log, a))
+    assert [x.to_dict() for x in here.read().audits] == [a.to_dict()] * 2  # compare-and-swap: neither lost
+    assert RecommendationStore(etcd.url, "k").read() == rc.Book()  # a document of its own, not the book
