@@ -441,3 +441,27 @@ def test_approve_refuses_a_recommendation_that_puts_a_vm_below_its_floor(tmp_pat
     assert refused.exit_code == 1, refused.output
     assert f"recommendation {r.id} would put vm0 below its floor: cap 0.100 cores over need 0.500" in refused.stderr
     assert store.read().get(r.id).state == rc.OPEN  # nothing changed: it may be approved when it holds
+
+
+def test_the_cli_skips_the_same_proposal_that_superseded_an_id_and_says_so(tmp_path: Path) -> None:
+    import time
+
+    path = cluster_file(tmp_path)
+    store = cli_store(tmp_path)
+    now = time.time()
+    a, b, c = recap(0.400, now=now), recap(0.700, now=now + 1), recap(0.405, now=now + 2)
+    for r in (a, b, c):
+        store.update(lambda book, r=r: rc.record(book, r))  # type: ignore[misc]
+    skipped = invoke("skip", a.id, "--cluster", path, "--json")
+    assert skipped.exit_code == 0, skipped.output
+    doc = json.loads(skipped.stdout)
+    assert doc["recommendation"]["id"] == c.id and doc["recommendation"]["state"] == rc.SKIPPED
+    assert doc["note"] == (f"recommendation {a.id} was superseded by {b.id} -> {c.id}, the same proposal made "
+                           f"again: acting on {c.id}")
+    different = invoke("skip", b.id, "--cluster", path)  # b was superseded by c, which proposes something else
+    assert different.exit_code == 1
+    assert f"recommendation {b.id} was superseded by {c.id} at " in different.stderr
+    assert "a different proposal (set-cap a-0 0.405)" in different.stderr
+    again = invoke("skip", a.id, "--cluster", path)  # its successor, the same proposal, is skipped now
+    assert again.exit_code == 1
+    assert f"{c.id} now skipped and the same proposal made again; nothing changed" in again.stderr

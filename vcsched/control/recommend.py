@@ -283,9 +283,10 @@ def resolve(book: Book, rec_id: str, now: float) -> tuple[Recommendation, str | 
     if last is r:
         raise Refused(f"recommendation {rec_id} was {r.detail or 'superseded'}, which is no longer in the book; "
                       "nothing changed (`vcsched recommendations` lists the open ones)")
+    what = "the same proposal made again" if same_proposal(r.plan, last.plan) else \
+        f"a different proposal ({summary(last)})"
     raise Refused(f"recommendation {rec_id} was superseded by {via} at {_clock(r.decided_at)}, {last.id} now "
-                  f"{last.state_at(now)} and a different proposal ({summary(last)}); nothing changed "
-                  f"(`vcsched recommendations` shows it)")
+                  f"{last.state_at(now)} and {what}; nothing changed (`vcsched recommendations --all` shows it)")
 
 
 def summary(rec: Recommendation) -> str:
