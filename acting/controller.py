@@ -458,6 +458,7 @@ class Controller:
             self.events.emit("observe", vms=[e.to_dict() for e in estimates.values()])
             self.events.emit("decision", kind=NOTHING, reason="new leader: sampling its first window")
             return
+        unprobed = inventory  # the caps the window's use was measured under: an audit's "before"
         if o.probe_s > 0 and not o.recommend and probe_caps(inventory, estimates, o.params):
             inventory, estimates = self._probe(inventory, estimates)
         self.events.emit("observe", vms=[e.to_dict() for e in estimates.values()])
@@ -500,7 +501,7 @@ class Controller:
                 if report is not None and report.ok and report.results:
                     doc = live.plan.to_dict()
                     self._audit_later(recommendation_id(self.cluster, doc, self.clock.time(), "p"), decision.kind,
-                                      "run", doc, effect(live.plan, fresh, needs).to_dict(), self._used_prev)
+                                      "run", doc, effect(live.plan, unprobed, needs).to_dict(), self._used_prev)
         except LockBusy as exc:
             self.events.emit("lock-busy", action=decision.kind, reason=str(exc))
             return

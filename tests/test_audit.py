@@ -211,3 +211,20 @@ def test_the_audit_log_lives_beside_the_recommendations_on_etcd(etcd: Any) -> No
     there.update(lambda log: au.add(log, a))
     assert [x.to_dict() for x in here.read().audits] == [a.to_dict()] * 2  # compare-and-swap: neither lost
     assert RecommendationStore(etcd.url, "k").read() == rc.Book()  # a document of its own, not the book
+
+
+def test_a_plan_after_a_probe_is_audited_from_the_caps_before_the_probe() -> None:
+    """The window's use was measured under the caps before the probe raised them: the predicted "before" is those
+    caps too, or a plan that keeps the probe's raise would be predicted to gain nothing."""
+    from tests.test_controller import loaded
+
+    hv, clock = loaded([managed("a-0", "h0", "a", 0.3, 0.1), managed("b-0", "h0", "b", 0.3, 0.1),
+                        managed("c-0", "h0", "c", 0.3, 0.3)],
+                       {"a-0": busy(1.0), "b-0": busy(1.0), "c-0": busy(0.2)}, n_hosts=1)
+    run = Run(hv, clock, FakeLocks())
+    run.cycles(8)
+    probe = run.events("probe")[0]
+    a = next(e for e in audited(run) if e["applied_at"] > probe["time"])
+    a0 = next(v for v in a["vms"] if v["vm"] == "a-0")
+    assert a0["predicted_before"] == pytest.approx(probe["before"]["a-0"] / a0["need_cores"], abs=1e-6)
+    assert a0["predicted_gain"] > 0.1 and a["result"] == au.MET
