@@ -56,6 +56,7 @@ hosts.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import math
@@ -102,6 +103,9 @@ if TYPE_CHECKING:
 
 
 T = TypeVar("T")
+#: Intervals of each VM's mean use the controller keeps: an approval is audited against the last window that ended
+#: before it was approved, and applying it (its migrations) may take several intervals.
+USED_HISTORY = 16
 
 
 class Stopping(VcschedError):
@@ -254,10 +258,13 @@ class Controller:
         self.round_hosts: frozenset[str] | None = None
         # Audits (vcsched/control/audit.py): plans applied and not yet settled, with when they are due (monotonic);
         # the recommendations seen applied (None: not read yet: those applied before this leader are not
-        # audited); each VM's mean use over the previous interval's window (an approval's "before").
+        # audited); each VM's mean use over each recent interval's window, with when it ended (an act-mode plan's
+        # "before": the newest; an approval's: the newest that ended before it was approved).
         self.pending_audits: list[tuple[float, Pending]] = []
         self._known_applied: set[str] | None = None
         self._used_prev: dict[str, float | None] = {}
+        self._used_history: collections.deque[tuple[float, dict[str, float | None]]] = collections.deque(
+            maxlen=USED_HISTORY)
 
     @property
     def leader(self) -> bool:
@@ -450,7 +457,8 @@ class Controller:
         if self.failover is not None and inventory.down_hosts():
             self._failures(inventory)
         estimates = self._estimate(inventory)
-        used_prev, self._used_prev = self._used_prev, self._used()
+        self._used_prev = self._used()
+        self._used_history.append((self.clock.time(), self._used_prev))
         self._audit_due()
         warming = self.clock.monotonic() - self._lead.since < o.window_s - o.sample_s / 2  # half a period late: on time
         if warming:
@@ -470,7 +478,7 @@ class Controller:
         book: Book | None = None
         if self.recommendations is not None and o.recommend:  # one read-modify-write: the book, and the needs
             book = self.recommendations.update(lambda b: (note_needs(b, needs, self.clock.time())[0], b))
-            self._audit_approved(book, used_prev)  # an approval checks floors with (vcsched.control.recommend)
+            self._audit_approved(book)  # the needs: what an approval checks floors with (vcsched.control.recommend)
         elif self.recommendations is not None:
             book = self.recommendations.read()
         vetoed = book.vetoed(self.clock.time()) if book is not None else ()
@@ -586,17 +594,29 @@ class Controller:
         if p.vms:
             self.pending_audits.append((self.clock.monotonic() + settle, p))
 
-    def _audit_approved(self, book: Book, used_before: Mapping[str, float | None]) -> None:
+    def _used_before(self, vms: list[str], at: float) -> dict[str, float | None]:
+        """Each VM's mean use over the newest window that ended by ``at`` (Unix seconds) in which it was measured
+        (a VM being migrated has none at the interval during its move); None: none kept."""
+        out: dict[str, float | None] = {}
+        for vm in vms:
+            out[vm] = next((used[vm] for t, used in reversed(self._used_history)
+                            if t <= at and used.get(vm) is not None), None)
+        return out
+
+    def _audit_approved(self, book: Book) -> None:
         """Recommendations an operator approved and vcsched applied since the last interval: audited once they
-        settle, measured from now (their VMs' samples start afresh: a migrated VM's CPU time restarts)."""
+        settle, measured from now (their VMs' samples start afresh: a migrated VM's CPU time restarts), against
+        their use over the last window that ended before they were approved."""
         applied = {r.id: r for r in book.recommendations if r.state == APPLIED}
         if self._known_applied is None:  # applied before this leader: not ours to audit
             self._known_applied = set(applied)
             return
         for rec_id in sorted(applied.keys() - self._known_applied):
             r = applied[rec_id]
-            self._audit_later(r.id, r.kind, "approve", r.plan, r.effect, used_before)
-            self.sampler.restart([str(s["vm"]) for s in r.plan.get("steps", [])])
+            vms = sorted({str(s["vm"]) for s in r.plan.get("steps", [])})
+            approved = r.decided_at if r.decided_at is not None else self.clock.time()
+            self._audit_later(r.id, r.kind, "approve", r.plan, r.effect, self._used_before(vms, approved))
+            self.sampler.restart(vms)
         self._known_applied |= applied.keys()
 
     def _audit_due(self) -> None:

@@ -228,3 +228,24 @@ def test_a_plan_after_a_probe_is_audited_from_the_caps_before_the_probe() -> Non
     a0 = next(v for v in a["vms"] if v["vm"] == "a-0")
     assert a0["predicted_before"] == pytest.approx(probe["before"]["a-0"] / a0["need_cores"], abs=1e-6)
     assert a0["predicted_gain"] > 0.1 and a["result"] == au.MET
+
+
+def test_an_approval_still_applying_at_an_interval_is_measured_from_before_it_was_approved(tmp_path: Path) -> None:
+    """`vcsched approve` migrates for as long as it takes; the controller sees it applied an interval or more
+    later, when its VMs already run under the new caps: "before" is the last window that ended before the
+    approval (on the lab, the window during the migration had no sample of the moving VM at all)."""
+    hv, clock = crowded()
+    books = RecommendationStore(f"file://{tmp_path}", "k")
+    run = Run(hv, clock, FakeLocks(), recommend=True)
+    run.controller.recommendations, run.controller.audits = books, AuditStore(f"file://{tmp_path}", "k")
+    run.cycles(6)
+    r = next(r for r in rc.open_ones(books.read(), clock.time()) if r.kind == "re-balance")
+    books.update(lambda b: rc.approve(b, r.id, clock.time(), "alice"))
+    assert apply_plan(hv, plan_from_dict(dict(r.plan))).ok
+    run.cycles(2)  # still "approved" in the book: the approving command has not said it is done
+    books.update(lambda b: rc.settle(b, r.id, rc.APPLIED, "applied"))
+    run.cycles(4)
+    (a,) = [e for e in audited(run) if e["plan"] == r.id]
+    moved = next(v for v in a["vms"] if v["predicted_gain"] > 0.3)
+    assert moved["achieved_before"] == pytest.approx(moved["predicted_before"], abs=0.02)  # its use at cap 0.5
+    assert a["result"] == au.MET, a

@@ -265,6 +265,7 @@ def test_the_approved_recommendation_is_audited_predicted_against_achieved(flow:
     assert listed.exit_code == 0, listed.output
     (logged,) = [x for x in json.loads(listed.stdout)["audits"] if x["plan"] == approved_id]
     assert logged["achieved_gain"] == pytest.approx(a["achieved_gain"])
+    assert all(v["achieved_before"] is not None and v["achieved_after"] is not None for v in a["vms"]), a
     print(f"audit {approved_id}: predicted gain {a['predicted_gain']:.3f}, achieved {a['achieved_gain']:.3f} "
           f"({a['result']}); " + ", ".join(
               f"{v['vm']}: predicted {v['predicted_before']:.3f} -> {v['predicted_after']:.3f}, achieved "
