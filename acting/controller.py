@@ -56,13 +56,15 @@ hosts.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from acting.definitions import StoreError
 from acting.events import EventLog
@@ -75,10 +77,21 @@ from acting.sampling import Clock, CpuSampler, SystemClock
 from acting.unit_of_work import Reporting, UnitOfWork
 from hypervisor.base import Hypervisor
 from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries
+from vcsched.control.audit import DEFAULT_SETTLE_WINDOWS, AuditLog, Pending, audit, interrupted, mean_used
+from vcsched.control.audit import add as add_audit
+from vcsched.control.audit import pending as pending_audit
 from vcsched.control.failover import plan_recovery, plan_restart
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
-from vcsched.control.recommend import Book, Recommendation, new_recommendation, record
+from vcsched.control.recommend import (
+    APPLIED,
+    Book,
+    new_recommendation,
+    note_needs,
+    recommendation_id,
+    record,
+    worth_proposing,
+)
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
@@ -87,6 +100,12 @@ from vcsched.plans.steps import CreateStep, MigrateStep
 
 if TYPE_CHECKING:
     from vcsched.plans.repair import RepairReport
+
+
+T = TypeVar("T")
+#: Intervals of each VM's mean use the controller keeps: an approval is audited against the last window that ended
+#: before it was approved, and applying it (its migrations) may take several intervals.
+USED_HISTORY = 16
 
 
 class Stopping(VcschedError):
@@ -100,7 +119,13 @@ class Recommendations(Protocol):
 
     def read(self) -> Book: ...
 
-    def update(self, change: Callable[[Book], tuple[Book, Recommendation]]) -> Recommendation: ...
+    def update(self, change: Callable[[Book], tuple[Book, T]]) -> T: ...
+
+
+class Audits(Protocol):
+    """What the controller needs of a :class:`acting.audits.AuditStore`."""
+
+    def update(self, change: Callable[[AuditLog], tuple[AuditLog, T]]) -> T: ...
 
 
 class Lock(Protocol):
@@ -131,6 +156,8 @@ class RunOptions:
     #: it (and never probe: nothing changes hosts).
     recommend: bool = False
     valid_for: float = 600.0  # seconds a recommendation stays valid
+    #: Windows an applied plan (or an approved recommendation) settles before it is audited (vcsched/control/audit.py).
+    audit_windows: int = DEFAULT_SETTLE_WINDOWS
 
     def __post_init__(self) -> None:
         if not self.interval > 0:
@@ -139,6 +166,8 @@ class RunOptions:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise InputError(f"--{name}: {value!r} must be above 0 seconds")
+        if self.audit_windows < 1:
+            raise InputError(f"--audit-after: {self.audit_windows!r} is below 1 window")
         for name in ("probe_seconds", "lock_wait"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
@@ -157,6 +186,10 @@ class RunOptions:
         return self.probe_seconds if self.probe_seconds is not None else min(5.0, self.interval / 3)
 
     @property
+    def audit_settle_s(self) -> float:
+        return self.audit_windows * self.window_s
+
+    @property
     def lock_wait_s(self) -> float:
         return self.lock_wait if self.lock_wait is not None else min(5.0, self.interval / 2)
 
@@ -166,6 +199,10 @@ class _Leadership:
     lock: Lock | None = None
     since: float = 0.0  # monotonic time it was taken
     state: str | None = None  # "leader" / "standby" as last logged
+
+
+#: Decision kinds that start VMs again rather than move or re-cap running ones.
+RESTARTS = frozenset({"restart", "recover"})
 
 
 def answered(inventory: Inventory) -> frozenset[str]:
@@ -193,6 +230,8 @@ class Controller:
     failover: Failover | None = None
     #: The recommendations book (vetoes are respected in both modes; recommend mode records there).
     recommendations: Recommendations | None = None
+    #: Where the audits of applied plans are kept (None: only their events and metrics).
+    audits: Audits | None = None
 
     def __post_init__(self) -> None:
         self._lead = _Leadership()
@@ -221,6 +260,15 @@ class Controller:
         # times over (a 2 s interval took ~10 s in the lab), and with it failure detection and every decision.
         # It is asked again at the next interval's read, which is what failure detection counts.
         self.round_hosts: frozenset[str] | None = None
+        # Audits (vcsched/control/audit.py): plans applied and not yet settled, with when they are due (monotonic);
+        # the recommendations seen applied (None: not read yet: those applied before this leader are not
+        # audited); each VM's mean use over each recent interval's window, with when it ended (an act-mode plan's
+        # "before": the newest; an approval's: the newest that ended before it was approved).
+        self.pending_audits: list[tuple[float, Pending]] = []
+        self._known_applied: set[str] | None = None
+        self._used_prev: dict[str, float | None] = {}
+        self._used_history: collections.deque[tuple[float, dict[str, float | None]]] = collections.deque(
+            maxlen=USED_HISTORY)
 
     @property
     def leader(self) -> bool:
@@ -416,12 +464,16 @@ class Controller:
         if self.failover is not None and inventory.down_hosts():
             self._failures(inventory)
         estimates = self._estimate(inventory)
+        self._used_prev = self._used()
+        self._used_history.append((self.clock.time(), self._used_prev))
+        self._audit_due()
         warming = self.clock.monotonic() - self._lead.since < o.window_s - o.sample_s / 2  # half a period late: on time
         if warming:
             self._publish(inventory, estimates)
             self.events.emit("observe", vms=[e.to_dict() for e in estimates.values()])
             self.events.emit("decision", kind=NOTHING, reason="new leader: sampling its first window")
             return
+        unprobed = inventory  # the caps the window's use was measured under: an audit's "before"
         if o.probe_s > 0 and not o.recommend and probe_caps(inventory, estimates, o.params):
             inventory, estimates = self._probe(inventory, estimates)
         self.events.emit("observe", vms=[e.to_dict() for e in estimates.values()])
@@ -430,7 +482,13 @@ class Controller:
         self._try_lead(renew=False)  # no network: a leader whose lease went stale stands down before asking the book
         if not self.leader:
             return
-        vetoed = self.recommendations.read().vetoed(self.clock.time()) if self.recommendations is not None else ()
+        book: Book | None = None
+        if self.recommendations is not None and o.recommend:  # one read-modify-write: the book, and the needs
+            book = self.recommendations.update(lambda b: (note_needs(b, needs, self.clock.time())[0], b))
+            self._audit_approved(book)  # the needs: what an approval checks floors with (vcsched.control.recommend)
+        elif self.recommendations is not None:
+            book = self.recommendations.read()
+        vetoed = book.vetoed(self.clock.time()) if book is not None else ()
         decision = self.rebalancer.decide(inventory, needs, self.clock.time(), vetoed=vetoed)
         self.events.emit("decision", **decision.to_dict())
         self._publish(inventory, estimates)
@@ -455,6 +513,10 @@ class Controller:
                                      reason="nothing left to do on the fresh inventory")
                     return
                 report = self._apply(uow, live.plan, decision.kind, take_over=True)
+                if report is not None and report.ok and report.results:
+                    doc = live.plan.to_dict()
+                    self._audit_later(recommendation_id(self.cluster, doc, self.clock.time(), "p"), decision.kind,
+                                      "run", doc, effect(live.plan, unprobed, needs).to_dict(), self._used_prev)
         except LockBusy as exc:
             self.events.emit("lock-busy", action=decision.kind, reason=str(exc))
             return
@@ -468,8 +530,16 @@ class Controller:
         if self.recommendations is None:
             raise VcschedError("recommend mode without a recommendations store")
         now = self.clock.time()
+        predicted = effect(plan, inventory, needs).to_dict()
+        # A restart of lost VMs is worth proposing whatever it does to the yields of those that run: it is about
+        # availability, not gain (the gain threshold is for re-caps and re-balancing).
+        withheld = None if decision.kind in RESTARTS else worth_proposing(predicted, self.options.rebalance.threshold)
+        if withheld is not None:
+            self.events.emit("recommendation", id=None, kind=decision.kind, new=False, withheld=withheld,
+                             steps=len(plan.steps), effect=predicted)
+            return
         rec = new_recommendation(decision.kind, self.cluster, decision.reason, plan.to_dict(),
-                                 step_reasons(plan, inventory, needs), effect(plan, inventory, needs).to_dict(), now,
+                                 step_reasons(plan, inventory, needs), predicted, now,
                                  self.options.valid_for, self.events.member)
         kept = self.recommendations.update(lambda book: record(book, rec))
         self.events.emit("recommendation", id=kept.id, kind=kept.kind, new=kept.id == rec.id, reason=kept.reason,
@@ -510,6 +580,72 @@ class Controller:
         if self.stop.is_set():
             raise Stopping("stopping")
         return report
+
+    # ------------------------------------------------------------------ audits (vcsched/control/audit.py)
+
+    def _used(self) -> dict[str, float | None]:
+        """Each sampled VM's mean use (cores) over the window the sampler holds."""
+        return {vm: mean_used(ss) for vm, ss in self.sampler.samples().items()}
+
+    def _audit_later(self, plan_id: str, kind: str, source: str, plan: Mapping[str, Any],
+                     predicted: Mapping[str, Any], used_before: Mapping[str, float | None]) -> None:
+        """Audit ``plan`` (just applied, predicting ``predicted``) once it has settled.  A pending audit of a VM
+        this plan touches again is dropped, and said so: it would measure this plan, not its own."""
+        touched = frozenset(str(s["vm"]) for s in plan.get("steps", []))
+        for due, p in list(self.pending_audits):
+            if interrupted(p, touched):
+                self.pending_audits.remove((due, p))
+                self.events.emit("audit", plan=p.plan_id, kind=p.kind, source=p.source, result="dropped",
+                                 reason=f"{plan_id} changed {', '.join(sorted(touched & {t.vm for t in p.vms}))} "
+                                        "before it settled")
+        settle = self.options.audit_settle_s
+        p = pending_audit(plan_id, kind, source, plan, predicted, used_before, self.clock.time(), settle)
+        if p.vms:
+            self.pending_audits.append((self.clock.monotonic() + settle, p))
+
+    def _used_before(self, vms: list[str], at: float) -> dict[str, float | None]:
+        """Each VM's mean use over the newest window that ended by ``at`` (Unix seconds) in which it was measured
+        (a VM being migrated has none at the interval during its move); None: none kept."""
+        out: dict[str, float | None] = {}
+        for vm in vms:
+            out[vm] = next((used[vm] for t, used in reversed(self._used_history)
+                            if t <= at and used.get(vm) is not None), None)
+        return out
+
+    def _audit_approved(self, book: Book) -> None:
+        """Recommendations an operator approved and vcsched applied since the last interval: audited once they
+        settle, measured from now (their VMs' samples start afresh: a migrated VM's CPU time restarts), against
+        their use over the last window that ended before they were approved."""
+        applied = {r.id: r for r in book.recommendations if r.state == APPLIED}
+        if self._known_applied is None:  # applied before this leader: not ours to audit
+            self._known_applied = set(applied)
+            return
+        for rec_id in sorted(applied.keys() - self._known_applied):
+            r = applied[rec_id]
+            vms = sorted({str(s["vm"]) for s in r.plan.get("steps", [])})
+            approved = r.decided_at if r.decided_at is not None else self.clock.time()
+            self._audit_later(r.id, r.kind, "approve", r.plan, r.effect, self._used_before(vms, approved))
+            self.sampler.restart(vms)
+        self._known_applied |= applied.keys()
+
+    def _audit_due(self) -> None:
+        """Audit the plans that have settled, on the samples of the window that just ended (half a sampling
+        period late: on time, as for a new leader's first window)."""
+        now = self.clock.monotonic() + self.options.sample_s / 2
+        due = [(d, p) for d, p in self.pending_audits if d <= now]
+        if not due:
+            return
+        self.pending_audits = [x for x in self.pending_audits if x not in due]
+        samples = self.sampler.samples()
+        for _, p in due:
+            a = audit(p, samples, self.clock.time())
+            self.metrics.add_audit(a.predicted_gain, a.achieved_gain, a.result)
+            self.events.emit("audit", **a.to_dict())
+            if self.audits is not None:
+                try:
+                    self.audits.update(functools.partial(add_audit, a=a))
+                except VcschedError as exc:  # the coordination service down: the event and metrics still say it
+                    self.events.emit("error", during="audit", error=str(exc), type=type(exc).__name__)
 
     # ------------------------------------------------------------------ failed hosts
 

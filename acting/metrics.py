@@ -97,6 +97,11 @@ class ControllerMetrics:
     #: Failed hosts (acting/failure.py): counters, and the seconds from failure to each restart (sum, count).
     failures: dict[str, int] = field(default_factory=lambda: {k: 0 for k in FAILURE_COUNTERS})
     restart_seconds: tuple[float, int] = (0.0, 0)
+    #: The last audited plan's gains of the lowest yield among its VMs (vcsched/control/audit.py), and how many
+    #: plans were audited, by result (met, short, unmeasured).
+    plan_gain_predicted: float | None = None
+    plan_gain_achieved: float | None = None
+    audits: dict[str, int] = field(default_factory=lambda: {"met": 0, "short": 0, "unmeasured": 0})
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def set_hosts(self, hosts: tuple[HostMetrics, ...], in_doubt: int | None) -> None:
@@ -128,6 +133,12 @@ class ControllerMetrics:
             self.failures["vms_restarted"] += 1
             total, n = self.restart_seconds
             self.restart_seconds = (total + seconds, n + 1)
+
+    def add_audit(self, predicted: float, achieved: float | None, result: str) -> None:
+        with self.lock:
+            self.plan_gain_predicted = predicted
+            self.plan_gain_achieved = achieved
+            self.audits[result] = self.audits.get(result, 0) + 1
 
     def add_plan(self, ok: bool, migrated_bytes: int) -> None:
         with self.lock:
@@ -202,6 +213,21 @@ class _Collector:
             for outcome, n in sorted(m.plans.items()):
                 plans.add_metric([c, outcome], float(n))
             yield plans
+            for name, doc, value in (
+                    ("vcsched_plan_gain_predicted", "the last audited plan's predicted gain of the lowest yield "
+                     "among the VMs it touched", m.plan_gain_predicted),
+                    ("vcsched_plan_gain_achieved", "the last audited plan's achieved gain of that yield, measured "
+                     "once it settled (use over need, after less before)", m.plan_gain_achieved)):
+                fam = GaugeMetricFamily(name, doc, labels=["cluster"])
+                if value is not None:
+                    fam.add_metric([c], float(value))
+                yield fam
+            audits = CounterMetricFamily("vcsched_plan_audits", "applied plans audited once settled, by result "
+                                         "(met, short: achieved gain under predicted, unmeasured)",
+                                         labels=["cluster", "result"])
+            for result, n in sorted(m.audits.items()):
+                audits.add_metric([c, result], float(n))
+            yield audits
             steps = CounterMetricFamily("vcsched_steps", "plan steps carried out, by kind and outcome",
                                         labels=["cluster", "op", "outcome"])
             for (op, outcome), n in sorted(m.steps.items()):

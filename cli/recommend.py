@@ -12,15 +12,21 @@ from cli.app import EXIT_OK, console, emit_json
 from cli.params import Duration, check_coordination, cluster_option, json_option, lock_options
 
 
-def _store(cluster: Any, coordination: str | None, hv: Any = None) -> Any:
-    """The cluster's recommendations book, named like its lock (the hosts' identities)."""
+def shared_at(cluster: Any, coordination: str | None, hv: Any = None) -> tuple[str, str]:
+    """Where the cluster's shared documents live (recommendations, audits): the coordination URL and the key of
+    its lock (the hosts' identities)."""
     from acting.lock import resolve_url
-    from acting.recommendations import RecommendationStore
     from cli.common import host_identities
     from hypervisor.identity import lock_key
 
-    url = resolve_url(coordination, cluster.coordination)
-    return RecommendationStore(url, lock_key(host_identities(cluster, hv).values()))
+    return resolve_url(coordination, cluster.coordination), lock_key(host_identities(cluster, hv).values())
+
+
+def _store(cluster: Any, coordination: str | None, hv: Any = None) -> Any:
+    """The cluster's recommendations book, named like its lock (the hosts' identities)."""
+    from acting.recommendations import RecommendationStore
+
+    return RecommendationStore(*shared_at(cluster, coordination, hv))
 
 
 def _when(t: float | None) -> str:
@@ -95,6 +101,27 @@ def recommendations_cmd(cluster_file: str | None, show_all: bool, as_json: bool,
     return EXIT_OK
 
 
+def _check_floors(cluster: Any, inventory: Any, book: Any, rec: Any) -> None:
+    """Refuse ``rec`` if a VM it touches would end below its floor with the current needs
+    (:func:`vcsched.control.recommend.check_floors`); the floor: the VM's own, at least the cluster file's."""
+    from vcsched.control import recommend as rc
+    from vcsched.plans.plan import plan_from_dict
+
+    try:
+        plan = plan_from_dict(dict(rec.plan))
+    except Exception:
+        return  # not a plan any more: applying it says why (stale)
+    touched = {s.vm for s in plan.steps}
+    caps = {vm: p.cap_cores for vm, p in plan.per_vm.items() if vm in touched}
+    declared, floors = {}, {}
+    for v in inventory.managed():
+        if v.meta is not None:
+            declared[v.name] = v.meta.cpu_need_cores
+            floors[v.name] = max(v.meta.min_yield or 0.0, cluster.min_yield)
+    needs, source = rc.current_needs(book, declared, time.time())
+    rc.check_floors(rec, caps, needs, floors, source)
+
+
 @click.command("approve")
 @click.argument("rec_id", metavar="ID")
 @cluster_option()
@@ -111,7 +138,13 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     its validity or already approved, skipped or superseded is refused
     (exit 1, the reason on stderr), nothing changed.  An operator's approval
     is not bound by the maintenance windows; migrations keep to the
-    cluster file's throttles.
+    cluster file's throttles.  Every VM it touches is checked against its
+    floor (its min_yield, at least the cluster file's) with the running
+    controller's current estimates of the needs (the declared needs when no
+    controller wrote any in the last 10 minutes): one that would end below
+    it is refused, naming the VM.  An ID superseded by the same proposal
+    made again approves that one (and says so); superseded by a different
+    one, the refusal names it.
 
     Exit codes: 0 applied, 1 refused / a step failed / the cluster is
     locked, 2 bad input (an unknown ID), 130 interrupted (the running step
@@ -132,7 +165,13 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
         store.read().get(rec_id)  # an unknown id is bad input before any lock is taken
         with for_cluster(cluster, hv, apply=True, coordination=coordination, wait=wait, ttl=lock_ttl,
                          reporting=reporting()) as uow:
+            book = store.read()
+            target, note = rc.resolve(book, rec_id, time.time())
+            if note is not None and not as_json:
+                console.print(note, highlight=False)
+            _check_floors(cluster, uow.inventory(), book, target)
             rec = store.update(lambda book: rc.approve(book, rec_id, time.time(), member_id()))
+            rec_id = rec.id  # the same proposal made again, when rec_id was superseded by it
             try:
                 plan = plan_from_dict(dict(rec.plan))
                 report = run_apply(uow, plan, quiet=as_json)
@@ -149,7 +188,8 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
             detail = "applied" if report.ok else (report.stopped or (bad.detail if bad is not None else "failed"))
             rec = store.update(lambda book: rc.settle(book, rec_id, state, detail))
     if as_json:
-        emit_json({"ok": report.ok, "recommendation": rec.to_dict(time.time()), "apply": report.to_dict()})
+        emit_json({"ok": report.ok, "recommendation": rec.to_dict(time.time()), "apply": report.to_dict(),
+                   "note": note})
     else:
         render_report(report)
         console.print(f"recommendation {rec_id}: {state}", highlight=False)
@@ -167,8 +207,12 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
 def skip_cmd(rec_id: str, cluster_file: str | None, veto_s: float, as_json: bool, coordination: str | None) -> int:
     """Veto recommendation ID: it is closed, and the controller does not move its VMs again for --for.
 
-    Changes no host.  Exit codes: 0 skipped, 1 already decided (approved,
-    applied, skipped, superseded), 2 bad input (an unknown ID).
+    An ID superseded by the same proposal made again skips that one (and
+    says so); superseded by a different one, the refusal names it.  Changes
+    no host.
+
+    Exit codes: 0 skipped, 1 already decided (approved, applied, skipped,
+    superseded by a different proposal), 2 bad input (an unknown ID).
     """
     from acting.lock import member_id
     from cli.common import load_cluster
@@ -176,9 +220,12 @@ def skip_cmd(rec_id: str, cluster_file: str | None, veto_s: float, as_json: bool
 
     cluster = load_cluster(cluster_file)
     store = _store(cluster, coordination)
+    _, note = rc.resolve(store.read(), rec_id, time.time())
     rec = store.update(lambda book: rc.skip(book, rec_id, time.time(), member_id(), veto_s))
     if as_json:
-        emit_json({"ok": True, "recommendation": rec.to_dict(time.time())})
+        emit_json({"ok": True, "recommendation": rec.to_dict(time.time()), "note": note})
     else:
-        console.print(f"recommendation {rec_id} skipped: {rec.detail}", highlight=False)
+        if note is not None:
+            console.print(note, highlight=False)
+        console.print(f"recommendation {rec.id} skipped: {rec.detail}", highlight=False)
     return EXIT_OK
