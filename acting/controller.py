@@ -77,6 +77,7 @@ from vcsched.control.failover import plan_recovery
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
 from vcsched.control.recommend import Book, Recommendation, new_recommendation, record
+from vcsched.control.unmanaged import unmanaged_reserves
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
@@ -203,7 +204,8 @@ class Controller:
         o = self.options
         # One sampling period more than the window: the oldest sample of a window begins where the window does,
         # give or take the period, and one that began a moment before must not be dropped (as `observe` does).
-        self.sampler = CpuSampler(o.window_s + o.sample_s, self.clock, min_seconds=o.sample_s / 2)
+        # every_vm: unmanaged domains are sampled too, for their reservation (vcsched/control/unmanaged.py).
+        self.sampler = CpuSampler(o.window_s + o.sample_s, self.clock, min_seconds=o.sample_s / 2, every_vm=True)
         self.rebalancer = Rebalancer(o.rebalance)
         self.estimates: dict[str, Estimate] = {}
         self.planned: dict[str, float] = {}
@@ -398,13 +400,18 @@ class Controller:
                 self.failures.down_since.setdefault(h.name, self.clock.monotonic())
             self.down_intervals[h.name] = self.down_intervals.get(h.name, 0) + 1 if h.down is not None else 0
 
+    def _reserved(self, inventory: Inventory) -> Inventory:
+        """``inventory`` with its unmanaged domains' measured reservations (vcsched/control/unmanaged.py): every
+        plan the controller makes keeps that much of their hosts for them."""
+        return inventory.with_reserves(unmanaged_reserves(inventory, self.sampler.samples(), self.options.params))
+
     def _estimate(self, inventory: Inventory) -> dict[str, Estimate]:
         self.estimates = estimate_all(inventory, self.sampler.samples(), self.planned, self.options.params)
         return self.estimates
 
     def _work(self) -> None:
         o = self.options
-        inventory = self.sampler.sample(self.hv)  # a sampling round too: a new leader's first baseline
+        inventory = self._reserved(self.sampler.sample(self.hv))  # a sampling round too: a new leader's baseline
         self.round_hosts = answered(inventory)
         self._hosts(inventory)
         if self.failover is not None and inventory.down_hosts():
@@ -440,7 +447,7 @@ class Controller:
             return
         try:
             with self._acting(decision.kind) as lock:
-                fresh = self.hv.inventory()  # planned again on what the hosts hold now, under the lock
+                fresh = self._reserved(self.hv.inventory())  # planned again on what the hosts hold now, locked
                 live = self.rebalancer.plan_for(decision.kind, fresh, needs, decision.pinned)
                 if live.plan is None or not live.plan.steps:
                     if live.plan is not None:
@@ -546,7 +553,7 @@ class Controller:
         if self.options.dry_run:
             return
         with self._acting("recover") as lock:
-            fresh = self.hv.inventory()
+            fresh = self._reserved(self.hv.inventory())
             if fresh.host(host).down is None:
                 self.events.emit("decision", kind="recover", reason=f"host {host} answers again: nothing restarted")
                 return
@@ -583,7 +590,7 @@ class Controller:
             return inventory, estimates
         try:
             with self._acting("probe") as lock:
-                fresh = self.hv.inventory()
+                fresh = self._reserved(self.hv.inventory())
                 caps = probe_caps(fresh, self._estimate(fresh), o.params)
                 if not caps:
                     return fresh, self.estimates
@@ -606,7 +613,7 @@ class Controller:
         # The probe's raised caps stay until this interval's plan sets every cap again (it reads them as they are),
         # or are put back when the interval ends otherwise (module docstring).
         self.sampler.restart(raised)
-        inventory = after if after is not None else self.hv.inventory()
+        inventory = self._reserved(after if after is not None else self.hv.inventory())
         return inventory, self._estimate(inventory)
 
     # ------------------------------------------------------------------ putting probe caps back

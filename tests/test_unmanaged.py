@@ -1,0 +1,117 @@
+"""Unmanaged domains' CPU is reserved on their host, by one mechanism, in every plan (vcsched/control/unmanaged.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.builders import GiB, MiB, cluster_of, inventory_of, managed, memory_hypervisor, request
+from vcsched.control.admission import admit
+from vcsched.control.failover import plan_recovery
+from vcsched.control.headroom import headroom_for
+from vcsched.control.live import adapt_inventory
+from vcsched.control.observe import Sample, probe_caps
+from vcsched.control.unmanaged import RESERVE_PERCENTILE, host_reserves, reservation, unmanaged_reserves
+from vcsched.formats.cluster import FenceConfig
+from vcsched.inventory import VmState
+from vcsched.plans.steps import Boot, CreateStep, MigrateStep
+
+
+def legacy(host: str = "h0", vcpus: int = 1, cap: float | None = None, reserve: float | None = None) -> VmState:
+    """An unmanaged, running domain of 512 MiB (``virsh define`` + ``start``)."""
+    return VmState("legacy", host, vcpus, 512 * MiB, True, None, cap, measured_reserve=reserve)
+
+
+def test_an_uncapped_unmanaged_domain_reserves_every_vcpu_and_a_capped_one_its_cap() -> None:
+    inv = inventory_of([legacy(vcpus=2)], cores=4)
+    assert inv.unmanaged_cores("h0") == 2.0 and inv.usable_cores(inv.host("h0")) == 2.0
+    assert inventory_of([legacy(vcpus=2, cap=0.5)], cores=4).unmanaged_cores("h0") == 0.5
+    assert inventory_of([legacy(vcpus=2, reserve=0.3)], cores=4).unmanaged_cores("h0") == 0.3
+    assert inventory_of([legacy(vcpus=2, reserve=3.0)], cores=4).unmanaged_cores("h0") == 2.0  # never above vCPUs
+    assert inv.unmanaged_cores("h1") == 0.0
+
+
+def test_place_avoids_the_host_its_unmanaged_domain_fills() -> None:
+    inv = inventory_of([legacy("h0")], n_hosts=2)
+    d = admit(cluster_of(2), inv, request("web", vms=1, need=1.0))
+    assert d.admitted and d.plan is not None
+    assert [s.host for s in d.plan.steps if isinstance(s, CreateStep)] == ["h1"]
+    assert d.plan.per_vm["web-0"].cap_cores == pytest.approx(1.0)
+
+
+def test_a_request_that_fits_only_by_ignoring_unmanaged_use_is_refused_naming_it() -> None:
+    inv = inventory_of([legacy("h0")], n_hosts=2)
+    d = admit(cluster_of(2, min_yield=1.0), inv, request("web", vms=2, need=1.0))
+    assert not d.admitted and d.reason is not None
+    assert d.reason.endswith("(unmanaged domains reserve h0 1.00 of 1 cores)")
+    spread = admit(cluster_of(2), inv, request("web", vms=2, need=1.0, spread="required"))
+    assert not spread.admitted and "unmanaged domains reserve h0 1.00 of 1 cores" in str(spread.reason)
+
+
+def test_a_measured_idle_unmanaged_domain_leaves_its_host_usable() -> None:
+    inv = inventory_of([legacy("h0", reserve=0.1)], n_hosts=1, cores=2)
+    d = admit(cluster_of(1), inv, request("web", vms=2, need=0.45))  # 0.9 cores each
+    assert d.admitted and d.plan is not None
+    assert sum(p.cap_cores for p in d.plan.per_vm.values()) <= 1.9 + 1e-9
+
+
+def test_headroom_agrees_with_place_around_an_unmanaged_domain() -> None:
+    inv = inventory_of([legacy("h0")], n_hosts=3, cores=1, memory=4 * GiB)
+    cluster = dataclasses.replace(cluster_of(3), min_yield=1.0)
+    room = headroom_for(cluster, inv, request("shape", vms=1, need=1.0))
+    assert room.count == 2 and "h0" not in room.per_host
+    assert admit(cluster, inv, request("web", vms=2, need=1.0)).admitted
+    assert not admit(cluster, inv, request("web", vms=3, need=1.0)).admitted
+
+
+def test_adapt_moves_nothing_onto_a_host_its_unmanaged_domain_fills() -> None:
+    # h1 is empty of managed VMs but its unmanaged domain takes its core: the two crowded VMs on h0 stay.
+    vms = [managed("a-0", "h0", "a", 1.0, cap=0.5), managed("a-1", "h0", "a", 1.0, cap=0.5), legacy("h1")]
+    live = adapt_inventory("lab", inventory_of(vms, n_hosts=2, memory=4 * GiB), 10 * GiB)
+    assert live.plan is None or not any(isinstance(s, MigrateStep) and s.target == "h1" for s in live.plan.steps)
+    free = adapt_inventory("lab", inventory_of([*vms[:2], legacy("h1", reserve=0.0)], n_hosts=2, memory=4 * GiB),
+                           10 * GiB)
+    assert free.plan is not None and any(isinstance(s, MigrateStep) and s.target == "h1" for s in free.plan.steps)
+
+
+def test_recovery_restarts_nothing_on_a_host_its_unmanaged_domain_fills() -> None:
+    hv = memory_hypervisor(inventory_of([legacy("h0")], n_hosts=3))
+    hv.down["h1"] = "host h1: did not answer"
+    cluster = dataclasses.replace(cluster_of(3), hosts=tuple(
+        dataclasses.replace(h, fence=FenceConfig("/bin/true")) if h.name == "h1" else h for h in cluster_of(3).hosts))
+    rec = [CreateStep("web-0", "h1", "web", 1, 128 * MiB, 1.0, 1.0, Boot("kernel", "/k", "/i", ""))]
+    recovery = plan_recovery(cluster, hv.inventory(), "h1", rec)
+    assert recovery.restarts == (("web-0", "h2"),)
+
+
+def test_a_probe_never_hands_out_the_unmanaged_reservation() -> None:
+    from vcsched.control.observe import SATURATED, Estimate
+    vm = managed("a-0", "h0", "a", 0.5, cap=0.5)
+    inv = inventory_of([vm, legacy("h0")], n_hosts=1, cores=2)
+    est = {"a-0": Estimate("a-0", "h0", 1, 0.5, 0.5, 0.5, 0.5, 1.0, True, SATURATED, 5, 0.5, 0.5)}
+    assert probe_caps(inv, est) == {"a-0": 1.0}  # 2 cores - 1 reserved - 0.5: 0.5 to hand out
+    assert probe_caps(inventory_of([dataclasses.replace(vm, vcpus=2), legacy("h0", vcpus=2)], n_hosts=1, cores=2),
+                      est) == {}
+
+
+def samples(*used: float) -> list[Sample]:
+    return [Sample(float(i), 1.0, u, None, 2) for i, u in enumerate(used)]
+
+
+def test_a_measured_reservation_is_a_high_percentile_with_headroom_capped_by_the_vcpus() -> None:
+    vm = legacy(vcpus=2)
+    assert reservation(vm, samples(0.5, 0.5)) is None  # too few samples: the single-read bound applies
+    assert RESERVE_PERCENTILE > 90  # above a managed need's: nothing caps an unmanaged domain's bursts
+    got = reservation(vm, samples(*([0.2] * 99 + [1.0])))
+    assert got is not None and 0.2 * 1.1 < got < 1.0 * 1.1 + 0.03
+    assert reservation(vm, samples(1.9, 1.95, 2.0)) == 2.0
+    inv = inventory_of([vm, managed("m", "h0", "m", 0.5)], cores=4)
+    assert unmanaged_reserves(inv, {"legacy": samples(0.1, 0.1, 0.1), "m": samples(1, 1, 1)}) == {"legacy": 0.14}
+
+
+def test_host_reserves_report_a_host_its_unmanaged_domains_fill() -> None:
+    inv = inventory_of([legacy("h0")], n_hosts=2)
+    h0, h1 = host_reserves(inv)
+    assert h0.over and h0.domains == ("legacy",) and not h0.measured and h0.reserved_cores == 1.0
+    assert not h1.over and h1.reserved_cores == 0.0 and h1.measured
