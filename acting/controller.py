@@ -69,7 +69,7 @@ from acting.events import EventLog
 from acting.executor import DONE, ApplyReport, StepResult, apply_plan
 from acting.failure import Failover, FailureState
 from acting.lock import LockBusy
-from acting.metrics import ControllerMetrics, HostMetrics, VmMetrics
+from acting.metrics import ControllerMetrics, HostMetrics, UnmanagedMetrics, VmMetrics
 from acting.sampling import Clock, CpuSampler, SystemClock
 from hypervisor.base import Hypervisor
 from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries, restore_journal
@@ -461,7 +461,7 @@ class Controller:
             return
         if report.results:
             self.sampler.restart([r.step.vm for r in report.results])
-            self._publish(self.hv.inventory(), self.estimates)
+            self._publish(self._reserved(self.hv.inventory()), self.estimates)
 
     def _recommend(self, decision: Decision, plan: Plan, inventory: Inventory, needs: dict[str, float]) -> None:
         """Record the plan the controller would apply as a recommendation (module docstring of
@@ -669,6 +669,10 @@ class Controller:
                                   last[-1].used_cores if last else None,
                                   min(1.0, v.cap_or_vcpus / est) if est > 0 else 1.0, v.meta.min_yield))
         self.metrics.set_vms(tuple(rows))
-        self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0))
+        self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0),
+                                                 inventory.unmanaged_cores(h.name))
                                      for h in inventory.hosts),
-                               sum(1 for d in inventory.in_doubt if d.resolved is None))
+                               sum(1 for d in inventory.in_doubt if d.resolved is None),
+                               tuple(UnmanagedMetrics(v.name, v.host, w[-1].used_cores if w else None, v.reserved)
+                                     for v in inventory.up().vms if v.unmanaged
+                                     for w in (samples.get(v.name),)))

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,3 +119,74 @@ def test_host_reserves_report_a_host_its_unmanaged_domains_fill() -> None:
     h0, h1 = host_reserves(inv)
     assert h0.over and h0.domains == ("legacy",) and not h0.measured and h0.reserved_cores == 1.0
     assert not h1.over and h1.reserved_cores == 0.0 and h1.measured
+
+
+# ---------------------------------------------------------------------------------------------- the controller
+
+
+def controller_with_legacy_on_h1(legacy_load: float) -> tuple[Any, Any]:
+    """h0 crowded (a-0 and b-0 busy, capped 0.5 each), h1 with idle c-0 and an unmanaged ``legacy``."""
+    from tests.fake_load import FakeClock, FakeLocks, LoadedHypervisor, busy
+    from tests.test_controller import Run
+
+    clock = FakeClock()
+    inv = inventory_of([managed("a-0", "h0", "a", 1.0, 0.5), managed("b-0", "h0", "b", 1.0, 0.5),
+                        managed("c-0", "h1", "c", 1.0, 1.0), legacy("h1")])
+    hv = LoadedHypervisor("lab", inv.hosts, inv.vms, clock,
+                          {"a-0": busy(1.0), "b-0": busy(1.0), "c-0": busy(0.05), "legacy": busy(legacy_load)})
+    run = Run(hv, clock, FakeLocks())
+    run.cycles(6)
+    return hv, run
+
+
+def test_the_controller_sheds_nothing_onto_a_host_a_busy_unmanaged_domain_fills() -> None:
+    hv, run = controller_with_legacy_on_h1(1.0)
+    assert not [s for s in run.events("step") if s["op"] == "migrate"]
+    assert hv.vms["a-0"].host == hv.vms["b-0"].host == "h0"
+    from tests.test_controller import scrape
+    body = scrape(run.controller.metrics)
+    assert 'vcsched_host_unmanaged_reserved_cores{cluster="lab",host="h1"} 1.0' in body
+    assert 'vcsched_unmanaged_reserved_cores{cluster="lab",host="h1",vm="legacy"} 1.0' in body
+    assert re.search(r'vcsched_unmanaged_used_cores\{cluster="lab",host="h1",vm="legacy"\} 0\.[5-9]', body)
+
+
+def test_the_controller_measures_an_idle_unmanaged_domain_and_uses_the_room_it_leaves() -> None:
+    _hv, run = controller_with_legacy_on_h1(0.02)
+    assert [s for s in run.events("step") if s["op"] == "migrate" and s["outcome"] == "done"]
+    reserved = {h.host: h.unmanaged_cores for h in run.controller.metrics.hosts}
+    assert 0 < reserved["h1"] < 0.1  # p99 of 0.02 cores, with headroom and margin
+
+
+# ---------------------------------------------------------------------------------------------- status and top
+
+
+def test_status_shows_each_hosts_unmanaged_reservation_and_each_domains(tmp_path: Path) -> None:
+    from tests.test_libvirt_backend import cluster_toml, domain_of, node_xml, run
+
+    (tmp_path / "h0.xml").write_text(node_xml(1, 1 << 20, domain_of("stranger")))
+    (tmp_path / "h1.xml").write_text(node_xml(2, 1 << 20))
+    cluster = cluster_toml(tmp_path, [("h0", f"test://{tmp_path}/h0.xml"), ("h1", f"test://{tmp_path}/h1.xml")])
+    result = run("status", "--cluster", cluster, "--json", "--sample", "0")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    h0, h1 = doc["hosts"]
+    assert (h0["unmanaged_reserved_cores"], h0["unmanaged_full"]) == (1.0, True)
+    assert (h1["unmanaged_reserved_cores"], h1["unmanaged_full"]) == (0.0, False)
+    assert [(v["name"], v["reserved_cores"]) for v in doc["vms"]] == [("stranger", 1.0)]
+    text = run("status", "--cluster", cluster, "--sample", "0")
+    assert text.exit_code == 0 and "unmanaged domains reserve 1.00 of its 1 cores" in " ".join(text.stdout.split())
+
+
+def test_top_shows_the_reservation_measured_over_its_window() -> None:
+    from vcsched.control.observe import estimate_all
+    from vcsched.control.top import top_view
+
+    inv = inventory_of([legacy("h0", vcpus=2), managed("m", "h1", "m", 0.5, 0.5)], n_hosts=2, cores=2)
+    windows = {"legacy": samples(0.4, 0.4, 0.4)}
+    view = top_view(inv, "yield", windows, estimate_all(inv, windows), [])
+    h0, h1 = view.hosts
+    assert h0.unmanaged_cores == pytest.approx(0.47) and not h0.unmanaged_over and h1.unmanaged_cores == 0
+    rows = {v.name: v for v in view.vms}
+    assert rows["legacy"].reserved_cores == pytest.approx(0.47) and rows["m"].reserved_cores is None
+    full = top_view(inv, "yield", {}, {}, [])
+    assert full.hosts[0].unmanaged_cores == 2.0 and full.hosts[0].unmanaged_over
