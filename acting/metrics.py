@@ -54,7 +54,7 @@ from vcsched.errors import InputError
 
 #: The steps' kinds and the outcomes counted in ``vcsched_steps_total``: every pair is exported from the start
 #: (at 0), so that ``increase()`` over a range sees the first failure (a series born at 1 shows no increase).
-STEP_OPS = ("create", "set-cap", "set-need", "migrate", "remove")
+STEP_OPS = ("create", "set-cap", "set-need", "migrate", "remove", "adopt", "release")
 STEP_OUTCOMES = ("done", "failed")
 FAILURE_COUNTERS = ("hosts_failed", "fence_ok", "fence_failed", "vms_restarted", "vms_stranded")
 

@@ -609,6 +609,53 @@ class LibvirtHypervisor:
             self.fence(host, f"record the need of {vm!r}")
             dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, METADATA_PREFIX, METADATA_NS, flags)
 
+    def adopt_vm(self, host: str, vm: str, meta: VmMeta, cap_cores: float) -> None:
+        """Write vcsched's metadata into running unmanaged ``vm`` (live, and persistent if defined), then cap it.
+
+        The metadata first: a cap that fails after it leaves a managed VM whose cap a re-run sets (the executor's
+        adopt runner), never a capped domain vcsched does not know as its own."""
+        self._refuse_uncappable(host)
+        with as_host_error(host, f"adopt {vm!r}"):
+            dom = self.domain(host, vm)
+            try:
+                found = parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0))
+            except libvirt.libvirtError:
+                found = None  # no vcsched metadata: unmanaged
+            if found is not None:
+                raise HypervisorError(f"host {host}: domain {vm!r} is already managed (virtual cluster "
+                                      f"{found.cluster!r})")
+            if not dom.isActive():
+                raise HypervisorError(f"host {host}: domain {vm!r} is not running")
+            flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+            if dom.isPersistent():
+                flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+            self.fence(host, f"adopt {vm!r}")
+            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata_xml(meta, bare=True), METADATA_PREFIX,
+                            METADATA_NS, flags)
+        self.set_cap(host, vm, cap_cores)
+
+    def release_vm(self, host: str, vm: str) -> None:
+        """Lift ``vm``'s CPU cap (no quota; no credit cap on Xen), then remove vcsched's metadata (live and
+        persistent): the domain keeps running, unmanaged.  The cap first, so a failure in between leaves a
+        managed VM (a re-run finishes), never a capped domain nobody manages."""
+        with as_host_error(host, f"release {vm!r}"):
+            dom, _meta = self._managed_domain(host, vm, "release")
+            flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+            if dom.isPersistent():
+                flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+            self.fence(host, f"release {vm!r}")
+            kind = self.driver(host).cpu_cap
+            if kind is not None:
+                params = {"cap": 0} if kind == "credit" else {"vcpu_period": PERIOD_US, "vcpu_quota": -1}
+                self._retry(lambda: dom.setSchedulerParametersFlags(params, flags))
+            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, None, None, METADATA_NS, flags)
+
+    def domain_definition(self, host: str, vm: str) -> str:
+        with as_host_error(host, f"read the definition of {vm!r}"):
+            dom = self.domain(host, vm)
+            flags = libvirt.VIR_DOMAIN_XML_INACTIVE if dom.isPersistent() else 0
+            return str(dom.XMLDesc(flags))
+
     def remove_vm(self, host: str, vm: str) -> None:
         """Destroy (hard stop: the cluster departed, its guests' state is not kept) and undefine if persistent."""
         with as_host_error(host, f"remove {vm!r}"):
