@@ -174,10 +174,11 @@ def plan_adoption(cluster: Cluster, inventory: Inventory, names: Sequence[str], 
         name, got, want = below[0]
         raise Refused(f"virtual cluster {name!r} would get a yield of {got:.4f}, below the min_yield {want:g} it "
                       "was admitted with")
-    ordered = order_steps(steps, current_caps(up), {h.name: float(h.cores) for h in up.hosts})
+    # From the caps the hosts hold now (the domains still uncapped and unmanaged: not among them).
+    ordered = order_steps(steps, current_caps(inventory.up()), {h.name: float(h.cores) for h in up.hosts})
     ys = [p.yield_ for p in per_vm.values()]
     return Plan("adopt", cluster.name, snapshot_hash(inventory, exclude=frozenset(metas)), min(ys),
-                sum(ys) / len(ys), per_vm, ordered, extra={"virtual_cluster": vc})
+                sum(ys) / len(ys), per_vm, ordered)
 
 
 def _definition(v: VmState, meta: VmMeta, cap: float, domain: Domain | None) -> CreateStep:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -335,7 +336,11 @@ class Recovery:
 
 
 def has_disk(step: CreateStep) -> bool:
-    """Whether a VM boots from a disk (an image, or a template that may name disks) rather than a kernel alone."""
+    """Whether a VM boots from a disk (an image, or a template that may name disks) rather than a kernel alone;
+    an adopted domain (boot ``domain``) has one when its own XML names a disk."""
+    if step.boot.kind == "domain":
+        disks = ET.fromstring(step.boot.xml or "<domain/>").findall("devices/disk")
+        return any(d.get("device", "disk") == "disk" for d in disks)
     return step.boot.kind != "kernel"
 
 
