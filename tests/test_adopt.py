@@ -19,7 +19,7 @@ from vcsched.control.failover import plan_recovery
 from vcsched.errors import InputError
 from vcsched.formats.cluster import FenceConfig
 from vcsched.inventory import VmMeta, VmState
-from vcsched.plans.plan import plan_from_dict
+from vcsched.plans.plan import Plan, plan_from_dict
 from vcsched.plans.steps import AdoptStep, ReleaseStep, SetCapStep
 
 LEGACY_XML = ("<domain type='kvm'><name>legacy</name><uuid>5f1c0b7e-0000-4000-8000-000000000001</uuid>"
@@ -38,11 +38,12 @@ def hv_with(*vms: VmState, n_hosts: int = 3, xml: str = LEGACY_XML) -> MemoryHyp
     return hv
 
 
-def adopt(hv: MemoryHypervisor, *names: str, vc: str = "old", **kw: object) -> object:
+def adopt(hv: MemoryHypervisor, *names: str, vc: str = "old", need: float | None = None,
+          min_yield: float | None = None) -> Plan:
     inv = hv.inventory()
     domains = {n: Domain(hv.domain_definition(v.host, n), tuple(unmigratable_devices(hv.domain_definition(v.host, n))))
                for n in names if (v := inv.vm(n)) is not None}
-    return plan_adoption(cluster_of(3), inv, list(names), vc, domains=domains, **kw)  # type: ignore[arg-type]
+    return plan_adoption(cluster_of(3), inv, list(names), vc, need=need, min_yield=min_yield, domains=domains)
 
 
 def store(tmp_path: Path) -> DefinitionStore:
@@ -52,7 +53,7 @@ def store(tmp_path: Path) -> DefinitionStore:
 def test_a_dry_run_says_what_would_be_recorded_and_capped_and_changes_nothing() -> None:
     hv = hv_with(legacy())
     plan = adopt(hv, "legacy", vc="old")
-    step, = plan.steps  # type: ignore[attr-defined]
+    step, = plan.steps
     assert isinstance(step, AdoptStep) and step.host == "h1"
     d = step.definition
     assert (d.cluster, d.vcpus, d.memory_bytes, d.cpu_need_cores) == ("old", 1, 512 * MiB, 1.0)
@@ -65,16 +66,16 @@ def test_adopting_makes_it_managed_capped_and_recorded_and_a_rerun_does_nothing(
     hv = hv_with(legacy(), managed("web-0", "h1", "web", 1.0, cap=1.0, mem=256 * MiB))
     plan = adopt(hv, "legacy", vc="old", need=0.5)
     records = store(tmp_path)
-    report = apply_plan(hv, plan, on_step=recorder(records, print))  # type: ignore[arg-type]
+    report = apply_plan(hv, plan, on_step=recorder(records, print))
     assert report.ok, report.to_dict()
     v = hv.vms["legacy"]
     assert v.meta is not None and v.meta.cluster == "old" and v.meta.cpu_need_cores == 0.5
     assert v.cap_cores is not None and hv.vms["web-0"].cap_cores is not None
     assert v.cap_cores + hv.vms["web-0"].cap_cores <= 1.0 + 1e-9  # h1's one core, shared by yield
-    assert any(isinstance(s, SetCapStep) and s.vm == "web-0" for s in plan.steps)  # type: ignore[attr-defined]
+    assert any(isinstance(s, SetCapStep) and s.vm == "web-0" for s in plan.steps)
     recorded = records.get("legacy")
     assert recorded is not None and recorded.host == "h1" and recorded.step.boot.xml == LEGACY_XML
-    again = apply_plan(hv, plan, on_step=recorder(records, print))  # type: ignore[arg-type]
+    again = apply_plan(hv, plan, on_step=recorder(records, print))
     assert again.ok and {r.outcome for r in again.results} == {SKIPPED}
 
 
@@ -82,16 +83,18 @@ def test_an_adopted_vm_joins_an_existing_virtual_cluster_with_its_floor_and_rule
     old = dataclasses.replace(managed("old-0", "h0", "old", 0.5, cap=0.5),
                               meta=VmMeta("old", 0.5, 128 * MiB, 1, min_yield=0.5, spread="preferred"))
     hv = hv_with(legacy(), old)
-    step = next(s for s in adopt(hv, "legacy", vc="old").steps if isinstance(s, AdoptStep))  # type: ignore[attr-defined]
+    step = next(s for s in adopt(hv, "legacy", vc="old").steps if isinstance(s, AdoptStep))
     assert (step.definition.min_yield, step.definition.spread) == (0.5, "preferred")
-    with pytest.raises(InputError, match=re.escape("--min-yield: virtual cluster 'old' was admitted with min_yield 0.5")):
+    said = "--min-yield: virtual cluster 'old' was admitted with min_yield 0.5"
+    with pytest.raises(InputError, match=re.escape(said)):
         adopt(hv, "legacy", vc="old", min_yield=0.9)
 
 
 def test_an_adoption_that_pushes_a_virtual_cluster_below_its_floor_is_refused() -> None:
     web = dataclasses.replace(managed("web-0", "h1", "web", 1.0, cap=1.0),
                               meta=VmMeta("web", 1.0, 128 * MiB, 1, min_yield=0.9))
-    with pytest.raises(Refused, match=re.escape("virtual cluster 'web' would get a yield of 0.5000, below the min_yield 0.9")):
+    said = "virtual cluster 'web' would get a yield of 0.5000, below the min_yield 0.9"
+    with pytest.raises(Refused, match=re.escape(said)):
         adopt(hv_with(legacy(), web), "legacy", need=1.0)
 
 
@@ -127,14 +130,14 @@ def test_the_whole_plan_check_refuses_an_adoption_of_a_domain_managed_meanwhile(
     plan = adopt(hv, "legacy")
     hv.vms["legacy"] = dataclasses.replace(hv.vms["legacy"], meta=VmMeta("web", 0.5, 512 * MiB, 1))
     with pytest.raises(PlanRefused, match="already managed by vcsched \\(virtual cluster 'web'\\)"):
-        apply_plan(hv, plan, force=True)  # type: ignore[arg-type]
+        apply_plan(hv, plan, force=True)
     assert hv.vms["legacy"].cap_cores is None
 
 
 def test_adopt_and_release_steps_round_trip_through_the_plan_file() -> None:
     plan = adopt(hv_with(legacy()), "legacy")
-    doc = plan.to_dict()  # type: ignore[attr-defined]
-    assert plan_from_dict(doc).steps == plan.steps  # type: ignore[attr-defined]
+    doc = plan.to_dict()
+    assert plan_from_dict(doc).steps == plan.steps
     released = plan_release(cluster_of(3), hv_with(dataclasses.replace(
         legacy(), meta=VmMeta("old", 1.0, 512 * MiB, 1), cap_cores=1.0)).inventory(), ["legacy"])
     assert plan_from_dict(released.to_dict()).steps == (ReleaseStep("legacy", "h1", "old"),)
@@ -143,7 +146,7 @@ def test_adopt_and_release_steps_round_trip_through_the_plan_file() -> None:
 def test_release_removes_caps_metadata_and_record_and_leaves_it_running(tmp_path: Path) -> None:
     hv = hv_with(legacy())
     records = store(tmp_path)
-    apply_plan(hv, adopt(hv, "legacy"), on_step=recorder(records, print))  # type: ignore[arg-type]
+    apply_plan(hv, adopt(hv, "legacy"), on_step=recorder(records, print))
     assert records.get("legacy") is not None
     plan = plan_release(cluster_of(3), hv.inventory(), ["legacy"])
     report = apply_plan(hv, plan, on_step=recorder(records, print))
@@ -161,7 +164,7 @@ def test_release_removes_caps_metadata_and_record_and_leaves_it_running(tmp_path
 def test_an_adopted_vm_is_restarted_from_its_own_xml_after_its_host_fails(tmp_path: Path) -> None:
     hv = hv_with(legacy())
     records = store(tmp_path)
-    apply_plan(hv, adopt(hv, "legacy"), on_step=recorder(records, print))  # type: ignore[arg-type]
+    apply_plan(hv, adopt(hv, "legacy"), on_step=recorder(records, print))
     del hv.vms["legacy"]
     hv.down["h1"] = "host h1: did not answer"
     cluster = dataclasses.replace(cluster_of(3), hosts=tuple(
@@ -172,6 +175,6 @@ def test_an_adopted_vm_is_restarted_from_its_own_xml_after_its_host_fails(tmp_pa
     v = hv.vms["legacy"]
     assert v.host != "h1" and v.meta is not None and v.meta.cluster == "old" and v.cap_cores is not None
     create = recovery.plan.steps[-1]
-    xml = domain_xml(create, None)  # type: ignore[arg-type]
+    xml = domain_xml(create, None)
     assert "<kernel>/k</kernel>" in xml and "<name>legacy</name>" in xml and "<uuid>" not in xml
     assert "vcsched:vm" in xml and "<quota>" in xml
