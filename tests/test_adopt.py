@@ -178,3 +178,45 @@ def test_an_adopted_vm_is_restarted_from_its_own_xml_after_its_host_fails(tmp_pa
     xml = domain_xml(create, None)
     assert "<kernel>/k</kernel>" in xml and "<name>legacy</name>" in xml and "<uuid>" not in xml
     assert "vcsched:vm" in xml and "<quota>" in xml
+
+
+# ---------------------------------------------------------------------------------------------- the commands
+
+
+@pytest.fixture
+def test_hosts(tmp_path: Path) -> Path:
+    """libvirt's test driver: h0 with an unmanaged "stranger", a passed-through "gpu" and a managed "old-0"."""
+    from tests.test_libvirt_backend import META, cluster_toml, domain_of, node_xml
+
+    gpu = domain_of("gpu").replace("</os>", "</os><devices><hostdev mode='subsystem' type='usb'><source>"
+                                           "<vendor id='0x1234'/><product id='0xbeef'/></source></hostdev></devices>")
+    (tmp_path / "h0.xml").write_text(node_xml(2, 1 << 20, domain_of("stranger") + gpu + domain_of("old-0", META)))
+    (tmp_path / "h1.xml").write_text(node_xml(2, 1 << 20))
+    return cluster_toml(tmp_path, [("h0", f"test://{tmp_path}/h0.xml"), ("h1", f"test://{tmp_path}/h1.xml")])
+
+
+@pytest.mark.parametrize(("argv", "code", "said"), [
+    (["adopt", "ghost", "--vc", "old"], 2, "vcsched: error: DOMAIN: no domain 'ghost' on the hosts of cluster 't'"),
+    (["adopt", "gpu", "--vc", "old", "--apply"], 1, "vcsched: refused: gpu: has a host device passed through"),
+    (["adopt", "old-0", "--vc", "new"], 1, "vcsched: refused: old-0: already managed by vcsched (virtual cluster"),
+    (["adopt", "stranger", "--vc", "old"], 1, "vcsched: refused: stranger: host h0 cannot cap CPU"),
+    (["adopt", "stranger", "--vc", "old", "--need", "nan"], 2, "vcsched: error: "),
+    (["release", "stranger", "--apply"], 1, "vcsched: refused: stranger: not managed by vcsched (on h0)"),
+    (["release", "ghost"], 2, "vcsched: error: VM: no VM 'ghost'"),
+])
+def test_the_commands_refuse_in_one_line_with_the_contracts_exit_code_and_change_nothing(
+        test_hosts: Path, argv: list[str], code: int, said: str, tmp_path: Path) -> None:
+    import json
+
+    from tests.test_libvirt_backend import run
+
+    before = (tmp_path / "h0.xml").read_text()
+    result = run(*argv, "--cluster", test_hosts, "--coordination", f"file://{tmp_path}/coord")
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(said), result.stderr
+    assert (tmp_path / "h0.xml").read_text() == before
+    if code == 1:
+        doc = json.loads(run(*argv, "--json", "--cluster", test_hosts,
+                             "--coordination", f"file://{tmp_path}/coord").stdout)
+        assert doc["ok"] is False and doc["refused"] == lines[0].removeprefix("vcsched: refused: ")

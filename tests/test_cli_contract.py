@@ -203,7 +203,8 @@ def _cluster_commands() -> list[list[str]]:
         ("drain",): ["h0", "--budget", "0"], ("cordon",): ["h0"],
         ("uncordon",): ["h0"], ("adapt",): ["--budget", "0"], ("run",): ["--budget-per-interval", "0"],
         ("status",): ["--sample", "0"], ("top",): ["--once"], ("observe",): ["--window", "1s"], ("repair",): [],
-        ("recover",): ["h0"], ("recommendations",): [], ("approve",): ["r00000000"], ("skip",): ["r00000000"]}
+        ("recover",): ["h0"], ("recommendations",): [], ("approve",): ["r00000000"], ("skip",): ["r00000000"],
+        ("adopt",): ["legacy", "--vc", "old"], ("release",): ["legacy"]}
     exempt = {("calibrate",)}  # reads --cluster only to boot guests, after connecting to --connect (lab tests)
     out = []
     for path, cmd in COMMANDS.items():

@@ -37,6 +37,7 @@ import numpy as np
 
 from vcsched.caps import min_cap, realisable_cap, same_cap
 from vcsched.control.admission import current_caps, existing_jobs, floors_missed, model_hosts
+from vcsched.control.failover import has_disk
 from vcsched.control.status import predicted_yield
 from vcsched.errors import InputError, VcschedError
 from vcsched.formats.cluster import Cluster
@@ -89,12 +90,12 @@ def _refusal(v: VmState, domain: Domain | None, inventory: Inventory) -> str | N
         return f"{v.name}: already managed by vcsched (virtual cluster {v.meta.cluster!r}, on {v.host})"
     if not v.active:
         return f"{v.name}: not running on {v.host}: vcsched adopts running domains (start it first)"
-    why = inventory.host(v.host).cap_problem("cpu")
-    if why is not None:
-        return f"{v.name}: host {v.host} cannot cap CPU ({why})"
     if domain is not None and domain.unmigratable:
         return (f"{v.name}: has {'; '.join(domain.unmigratable)}: vcsched could not migrate it or restart it on "
                 "another host")
+    why = inventory.host(v.host).cap_problem("cpu")
+    if why is not None:
+        return f"{v.name}: host {v.host} cannot cap CPU ({why})"
     return None
 
 
@@ -211,3 +212,23 @@ def plan_release(cluster: Cluster, inventory: Inventory, names: Sequence[str]) -
     ys = [y for v in inventory.managed() if v.name not in names and (y := predicted_yield(v)) is not None]
     return Plan("release", cluster.name, snapshot_hash(inventory, exclude=frozenset(names)), min(ys, default=1.0),
                 sum(ys) / len(ys) if ys else 1.0, {}, tuple(steps))
+
+
+def adoption_report(cluster: Cluster, plan: Plan) -> list[dict[str, object]]:
+    """What the dry run says of each domain: what is recorded and capped, whether it can migrate (a refusal
+    otherwise) and whether ``recover`` could restart it on another host (its disks must be on storage the
+    others share, the cluster file's ``storage``)."""
+    out: list[dict[str, object]] = []
+    for s in plan.steps:
+        if not isinstance(s, AdoptStep):
+            continue
+        d = s.definition
+        unshared = [h for h in cluster.host_names if h != d.host and not cluster.shares_storage(d.host, h)]
+        restart = ("yes: no disk" if not has_disk(d) else
+                   f"no: its disks are on {d.host}'s storage ({cluster.host(d.host).storage_name!r}), which "
+                   f"{', '.join(unshared)} do not share" if unshared else "yes: its disks are on shared storage")
+        out.append({"vm": d.vm, "host": d.host, "virtual_cluster": d.cluster, "vcpus": d.vcpus,
+                    "memory_bytes": d.memory_bytes, "cpu_need_cores": d.cpu_need_cores, "cap_cores": d.cap_cores,
+                    "min_yield": d.min_yield, "migrate": "yes: no device vcsched cannot migrate",
+                    "restart": restart})
+    return out
