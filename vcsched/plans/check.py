@@ -19,8 +19,13 @@ the quota grid's usable range (at least the minimum quota, at most the VM's
 vCPUs and the host's cores); needs are within the VM's vCPUs; memory fits
 where a VM arrives; no VM gets two steps in one wave; and after every step
 (every wave, for migrations that run at once) no host's caps exceed its cores
-because of the plan.  Unmanaged domains count for memory, not for CPU: they
-are never capped, so the model does not plan their CPU.
+because of the plan.  Unmanaged domains count for memory here, not for CPU:
+their CPU reservation is a planning input (measured by the controller, else
+their cap or vCPUs: :meth:`vcsched.inventory.Inventory.usable_cores`), which
+a one-shot read would over-state for a plan the controller made; the hard
+bound checked here is the managed VMs' caps within the host's cores.  An
+``adopt`` step makes an unmanaged domain managed where it runs (its cap then
+counts), a ``release`` step the reverse.
 
 Disk and network caps (:mod:`vcsched.iocaps`) are checked the same way: the
 host's driver can cap that resource, the host declares its capacity for it
