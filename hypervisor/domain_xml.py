@@ -192,7 +192,9 @@ def _from_template(step: CreateStep, partition: str | None, meta: str, quota: in
     """The request's template (or an adopted domain's own XML) with name, size, metadata, caps and partition set
     by vcsched (uuid dropped)."""
     root = boot_root(step.boot)
-    for tag in ("uuid", "name", "memory", "currentMemory", "vcpu", "metadata", "cputune"):
+    # An adopted domain's own <resource> names the cgroup partition of the host it ran on: the target's replaces it.
+    dropped = ("resource",) if step.boot.kind == "domain" and partition else ()
+    for tag in ("uuid", "name", "memory", "currentMemory", "vcpu", "metadata", "cputune", *dropped):
         for el in root.findall(tag):
             root.remove(el)
     ET.SubElement(root, "name").text = step.vm
