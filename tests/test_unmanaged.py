@@ -190,3 +190,16 @@ def test_top_shows_the_reservation_measured_over_its_window() -> None:
     assert rows["legacy"].reserved_cores == pytest.approx(0.47) and rows["m"].reserved_cores is None
     full = top_view(inv, "yield", {}, {}, [])
     assert full.hosts[0].unmanaged_cores == 2.0 and full.hosts[0].unmanaged_over
+
+
+def test_managed_vms_on_a_host_its_unmanaged_domain_fills_refuse_admission_naming_it_until_adapt_moves_them() -> None:
+    inv = inventory_of([managed("one-0", "h1", "one", 0.5, cap=0.5), legacy("h1")], n_hosts=3, memory=4 * GiB)
+    d = admit(cluster_of(3), inv, request("big", vms=1, need=1.0))
+    assert not d.admitted and str(d.reason).endswith("(unmanaged domains reserve h1 1.00 of 1 cores)")
+    assert headroom_for(cluster_of(3), inv, request("shape", vms=1, need=1.0)).count == 0
+    live = adapt_inventory("lab", inv, GiB)
+    assert live.plan is not None and live.plan.per_vm["one-0"].host != "h1"
+    hv = memory_hypervisor(inv)
+    from acting.executor import apply_plan
+    assert apply_plan(hv, live.plan).ok
+    assert admit(cluster_of(3), hv.inventory(), request("big", vms=1, need=1.0)).admitted

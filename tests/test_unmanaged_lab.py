@@ -94,17 +94,10 @@ def test_an_unmanaged_busy_guest_is_planned_around_adopted_restarted_once_and_re
     print(f"legacy used {legacy['measured_cores']:.2f} cores uncapped; h1 reserves "
           f"{hosts['h1']['unmanaged_reserved_cores']} of 1")
 
-    # place avoids h1; a request that fits only by ignoring legacy is refused naming h1's unmanaged use.
-    one_core = run(lab3, "place", request(tmp_path, "big", 1, 1.0))
-    assert [s["host"] for s in one_core["plan"]["steps"] if s["op"] == "create"] != ["h1"]
-    refused = run(lab3, "place", request(tmp_path, "three", 3, 1.0, "min_yield = 1.0\n"), code=1)
-    assert "unmanaged domains reserve h1 1.00 of 1 cores" in refused["reason"], refused["reason"]
-    # headroom agrees with place: two 1-core VMs (on h0 and h2), not three.
-    room = run(lab3, "headroom", "--vm", "cpu_cores=1,memory=128MiB", "--min-yield", 1)
-    assert room["count"] == 2 and "h1" not in room["per_host"], room
-    assert run(lab3, "place", request(tmp_path, "two", 2, 1.0, "min_yield = 1.0\n"))["admitted"]
-
-    # adapt plans nothing onto h1: no migration lands there and no VM is left capped on it.
+    # While one-0 sits on h1 with no CPU left for it, admission refuses, naming h1's unmanaged use.
+    blocked = run(lab3, "place", request(tmp_path, "early", 1, 0.5), code=1)
+    assert "unmanaged domains reserve h1 1.00 of 1 cores" in blocked["reason"], blocked["reason"]
+    # adapt plans nothing onto h1: no migration lands there and no VM is left capped on it (one-0 leaves).
     adapt = run(lab3, "adapt", "--budget", "512MiB")
     plan = adapt["plan"]
     assert plan is not None, adapt
@@ -112,6 +105,19 @@ def test_an_unmanaged_busy_guest_is_planned_around_adopted_restarted_once_and_re
     assert [vm for vm, p in plan["predicted"]["per_vm"].items() if p["host"] == "h1"] == [], plan["predicted"]
     run(lab3, "adapt", "--budget", "512MiB", "--apply")
     assert vms_of(lab3)["one-0"]["host"] != "h1"
+
+    # place avoids h1; headroom agrees with place; one VM more, which fits only by ignoring legacy, is refused
+    # naming h1's unmanaged use.
+    one_core = run(lab3, "place", request(tmp_path, "big", 1, 1.0))
+    assert [s["host"] for s in one_core["plan"]["steps"] if s["op"] == "create"] != ["h1"]
+    room = run(lab3, "headroom", "--vm", "cpu_cores=1,memory=128MiB", "--min-yield", 1)
+    n = room["count"]
+    assert n >= 1 and "h1" not in room["per_host"], room
+    fits = run(lab3, "place", request(tmp_path, "fits", n, 1.0, "min_yield = 1.0\n"))
+    assert fits["admitted"] and "h1" not in {s["host"] for s in fits["plan"]["steps"] if s["op"] == "create"}
+    refused = run(lab3, "place", request(tmp_path, "more", n + 1, 1.0, "min_yield = 1.0\n"), code=1)
+    assert "unmanaged domains reserve h1 1.00 of 1 cores" in refused["reason"], refused["reason"]
+    print(f"headroom: {n} one-core VMs at yield 1 ({room['per_host']}); {n + 1} refused: {refused['reason']}")
 
     # adopt: a dry run says what is recorded and that it can be restarted; --apply makes it managed and capped.
     dry = run(lab3, "adopt", "legacy", "--vc", "old")

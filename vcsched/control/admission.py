@@ -329,8 +329,8 @@ def _admission_placer(rho: np.ndarray | None, algorithm: str, options: SolveOpti
     def place(attempt: Instance, _: SolveOptions) -> Placement:
         room = ResidualRoom(attempt, None, rho)
         upper = room.ceiling()
-        if upper is None:  # memory does not fit even fractionally
-            return Placement(hosts=None)
+        if upper is None or upper <= 0:  # memory does not fit even fractionally; or running VMs sit on a host
+            return Placement(hosts=None)  # with no CPU left for them (its unmanaged domains fill it): no yield > 0
         probe = room.probe(algorithm) if algorithm in VARIANTS else _solve_probe(room, algorithm, options)
         # Upper end first (often nothing binds); then the floor, where a failure refuses the request at once.
         search = bisect_yield(probe, SEARCH_FLOOR * upper, upper, upper * 2.0 ** -SEARCH_STEPS,
