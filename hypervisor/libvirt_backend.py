@@ -103,6 +103,18 @@ def _copy_kind(v: VmState) -> str:
     return "running"
 
 
+def _set_metadata(dom: Any, element: str | None) -> None:
+    """Write (``None``: remove) vcsched's ``<vcsched:vm>`` element in the live domain and, for a persistent one, in
+    its definition too.  libvirt refuses both flags in one ``setMetadata`` call ("'VIR_DOMAIN_AFFECT_LIVE' and
+    'VIR_DOMAIN_AFFECT_CONFIG' are mutually exclusive", measured on the lab with an adopted persistent domain)."""
+    prefix = METADATA_PREFIX if element is not None else None
+    flags = [libvirt.VIR_DOMAIN_AFFECT_LIVE] if dom.isActive() else []
+    if dom.isPersistent():
+        flags.append(libvirt.VIR_DOMAIN_AFFECT_CONFIG)
+    for flag in flags:
+        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, prefix, METADATA_NS, flag)
+
+
 class LibvirtHypervisor:
     """All hosts of one cluster file; connections open on first use and are closed by :meth:`close`.
 
@@ -602,12 +614,9 @@ class LibvirtHypervisor:
         """Rewrite the ``<vcsched:vm>`` element with the new need (the other fields as they are)."""
         with as_host_error(host, f"record the need of {vm!r}"):
             dom, meta = self._managed_domain(host, vm, "write metadata of")
-            flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
-            if dom.isPersistent():
-                flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
             element = metadata_xml(replace(meta, cpu_need_cores=cpu_need_cores), bare=True)
             self.fence(host, f"record the need of {vm!r}")
-            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, METADATA_PREFIX, METADATA_NS, flags)
+            _set_metadata(dom, element)
 
     def adopt_vm(self, host: str, vm: str, meta: VmMeta, cap_cores: float) -> None:
         """Write vcsched's metadata into running unmanaged ``vm`` (live, and persistent if defined), then cap it.
@@ -626,12 +635,8 @@ class LibvirtHypervisor:
                                       f"{found.cluster!r})")
             if not dom.isActive():
                 raise HypervisorError(f"host {host}: domain {vm!r} is not running")
-            flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
-            if dom.isPersistent():
-                flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
             self.fence(host, f"adopt {vm!r}")
-            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata_xml(meta, bare=True), METADATA_PREFIX,
-                            METADATA_NS, flags)
+            _set_metadata(dom, metadata_xml(meta, bare=True))
         self.set_cap(host, vm, cap_cores)
 
     def release_vm(self, host: str, vm: str) -> None:
@@ -648,7 +653,7 @@ class LibvirtHypervisor:
             if kind is not None:
                 params = {"cap": 0} if kind == "credit" else {"vcpu_period": PERIOD_US, "vcpu_quota": -1}
                 self._retry(lambda: dom.setSchedulerParametersFlags(params, flags))
-            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, None, None, METADATA_NS, flags)
+            _set_metadata(dom, None)
 
     def domain_definition(self, host: str, vm: str) -> str:
         with as_host_error(host, f"read the definition of {vm!r}"):
