@@ -103,15 +103,22 @@ def _copy_kind(v: VmState) -> str:
     return "running"
 
 
-def _set_metadata(dom: Any, element: str | None) -> None:
-    """Write (``None``: remove) vcsched's ``<vcsched:vm>`` element in the live domain and, for a persistent one, in
-    its definition too.  libvirt refuses both flags in one ``setMetadata`` call ("'VIR_DOMAIN_AFFECT_LIVE' and
-    'VIR_DOMAIN_AFFECT_CONFIG' are mutually exclusive", measured on the lab with an adopted persistent domain)."""
-    prefix = METADATA_PREFIX if element is not None else None
+def _affected(dom: Any) -> list[int]:
+    """The flags to change ``dom`` with, one call each: the running domain (``AFFECT_LIVE``) and, for a persistent
+    one, its definition (``AFFECT_CONFIG``).  libvirt's QEMU driver refuses both in one ``setMetadata`` or
+    ``setSchedulerParametersFlags`` call ("Flags 'VIR_DOMAIN_AFFECT_LIVE' and 'VIR_DOMAIN_AFFECT_CONFIG' are mutually
+    exclusive", measured on the lab capping a persistent domain: vcsched's own are transient, an adopted one is
+    not)."""
     flags = [libvirt.VIR_DOMAIN_AFFECT_LIVE] if dom.isActive() else []
     if dom.isPersistent():
         flags.append(libvirt.VIR_DOMAIN_AFFECT_CONFIG)
-    for flag in flags:
+    return flags
+
+
+def _set_metadata(dom: Any, element: str | None) -> None:
+    """Write (``None``: remove) vcsched's ``<vcsched:vm>`` element, live and in the definition (:func:`_affected`)."""
+    prefix = METADATA_PREFIX if element is not None else None
+    for flag in _affected(dom):
         dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, prefix, METADATA_NS, flag)
 
 
@@ -544,7 +551,6 @@ class LibvirtHypervisor:
         with as_host_error(host, f"cap {vm!r}"):
             dom = self.domain(host, vm)
             vcpus = int(dom.info()[3])
-            persistent = bool(dom.isPersistent())
         if cap_cores > vcpus + CAP_TOLERANCE:
             raise HypervisorError(f"host {host}: cap {cap_cores:g} cores for {vm!r} is more than its {vcpus} vCPUs "
                                   "(it would run uncapped); nothing changed")
@@ -556,12 +562,10 @@ class LibvirtHypervisor:
                 raise HypervisorError(f"host {host}: cap {cap_cores:.4f} cores for {vm!r} is below libvirt's "
                                       f"minimum vcpu_quota ({MIN_QUOTA_US} µs per {PERIOD_US} µs per vCPU)")
             params = {"vcpu_period": PERIOD_US, "vcpu_quota": quota}
-        flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
-        if persistent:
-            flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
         with as_host_error(host, f"cap {vm!r}"):
             self.fence(host, f"cap {vm!r}")
-            self._retry(lambda: dom.setSchedulerParametersFlags(params, flags))
+            for flag in _affected(dom):
+                self._retry(lambda flag=flag: dom.setSchedulerParametersFlags(params, flag))
 
     def _refuse_io(self, host: str, vm: str, caps: IoCaps) -> None:
         """A driver that cannot cap a resource ``caps`` asks for: refused naming host, VM and value."""
@@ -645,14 +649,12 @@ class LibvirtHypervisor:
         managed VM (a re-run finishes), never a capped domain nobody manages."""
         with as_host_error(host, f"release {vm!r}"):
             dom, _meta = self._managed_domain(host, vm, "release")
-            flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
-            if dom.isPersistent():
-                flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
             self.fence(host, f"release {vm!r}")
             kind = self.driver(host).cpu_cap
             if kind is not None:
                 params = {"cap": 0} if kind == "credit" else {"vcpu_period": PERIOD_US, "vcpu_quota": -1}
-                self._retry(lambda: dom.setSchedulerParametersFlags(params, flags))
+                for flag in _affected(dom):
+                    self._retry(lambda flag=flag: dom.setSchedulerParametersFlags(params, flag))
             _set_metadata(dom, None)
 
     def domain_definition(self, host: str, vm: str) -> str:
