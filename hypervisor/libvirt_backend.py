@@ -103,22 +103,19 @@ def _copy_kind(v: VmState) -> str:
     return "running"
 
 
-def _affected(dom: Any) -> list[int]:
-    """The flags to change ``dom`` with, one call each: the running domain (``AFFECT_LIVE``) and, for a persistent
-    one, its definition (``AFFECT_CONFIG``).  libvirt's QEMU driver refuses both in one ``setMetadata`` or
-    ``setSchedulerParametersFlags`` call ("Flags 'VIR_DOMAIN_AFFECT_LIVE' and 'VIR_DOMAIN_AFFECT_CONFIG' are mutually
-    exclusive", measured on the lab capping a persistent domain: vcsched's own are transient, an adopted one is
-    not)."""
-    flags = [libvirt.VIR_DOMAIN_AFFECT_LIVE] if dom.isActive() else []
-    if dom.isPersistent():
-        flags.append(libvirt.VIR_DOMAIN_AFFECT_CONFIG)
-    return flags
+def _affected(persistent: bool) -> list[int]:
+    """The flags to change a running domain with, one call each: the running domain (``AFFECT_LIVE``) and, for a
+    persistent one, its definition (``AFFECT_CONFIG``).  libvirt's QEMU driver refuses both in one
+    ``setMetadata`` or ``setSchedulerParametersFlags`` call ("Flags 'VIR_DOMAIN_AFFECT_LIVE' and
+    'VIR_DOMAIN_AFFECT_CONFIG' are mutually exclusive", measured on the lab capping a persistent domain:
+    vcsched's own are transient, an adopted one is not)."""
+    return [libvirt.VIR_DOMAIN_AFFECT_LIVE, *([libvirt.VIR_DOMAIN_AFFECT_CONFIG] if persistent else [])]
 
 
-def _set_metadata(dom: Any, element: str | None) -> None:
+def _set_metadata(dom: Any, element: str | None, persistent: bool) -> None:
     """Write (``None``: remove) vcsched's ``<vcsched:vm>`` element, live and in the definition (:func:`_affected`)."""
     prefix = METADATA_PREFIX if element is not None else None
-    for flag in _affected(dom):
+    for flag in _affected(persistent):
         dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, prefix, METADATA_NS, flag)
 
 
@@ -551,6 +548,7 @@ class LibvirtHypervisor:
         with as_host_error(host, f"cap {vm!r}"):
             dom = self.domain(host, vm)
             vcpus = int(dom.info()[3])
+            persistent = bool(dom.isPersistent())
         if cap_cores > vcpus + CAP_TOLERANCE:
             raise HypervisorError(f"host {host}: cap {cap_cores:g} cores for {vm!r} is more than its {vcpus} vCPUs "
                                   "(it would run uncapped); nothing changed")
@@ -564,8 +562,8 @@ class LibvirtHypervisor:
             params = {"vcpu_period": PERIOD_US, "vcpu_quota": quota}
         with as_host_error(host, f"cap {vm!r}"):
             self.fence(host, f"cap {vm!r}")
-            for flag in _affected(dom):
-                self._retry(lambda flag=flag: dom.setSchedulerParametersFlags(params, flag))
+            for flag in _affected(persistent):
+                self._retry(functools.partial(dom.setSchedulerParametersFlags, params, flag))
 
     def _refuse_io(self, host: str, vm: str, caps: IoCaps) -> None:
         """A driver that cannot cap a resource ``caps`` asks for: refused naming host, VM and value."""
@@ -618,9 +616,10 @@ class LibvirtHypervisor:
         """Rewrite the ``<vcsched:vm>`` element with the new need (the other fields as they are)."""
         with as_host_error(host, f"record the need of {vm!r}"):
             dom, meta = self._managed_domain(host, vm, "write metadata of")
+            persistent = bool(dom.isPersistent())
             element = metadata_xml(replace(meta, cpu_need_cores=cpu_need_cores), bare=True)
             self.fence(host, f"record the need of {vm!r}")
-            _set_metadata(dom, element)
+            _set_metadata(dom, element, persistent)
 
     def adopt_vm(self, host: str, vm: str, meta: VmMeta, cap_cores: float) -> None:
         """Write vcsched's metadata into running unmanaged ``vm`` (live, and persistent if defined), then cap it.
@@ -639,8 +638,9 @@ class LibvirtHypervisor:
                                       f"{found.cluster!r})")
             if not dom.isActive():
                 raise HypervisorError(f"host {host}: domain {vm!r} is not running")
+            persistent = bool(dom.isPersistent())
             self.fence(host, f"adopt {vm!r}")
-            _set_metadata(dom, metadata_xml(meta, bare=True))
+            _set_metadata(dom, metadata_xml(meta, bare=True), persistent)
         self.set_cap(host, vm, cap_cores)
 
     def release_vm(self, host: str, vm: str) -> None:
@@ -649,13 +649,14 @@ class LibvirtHypervisor:
         managed VM (a re-run finishes), never a capped domain nobody manages."""
         with as_host_error(host, f"release {vm!r}"):
             dom, _meta = self._managed_domain(host, vm, "release")
+            persistent = bool(dom.isPersistent())
             self.fence(host, f"release {vm!r}")
             kind = self.driver(host).cpu_cap
             if kind is not None:
                 params = {"cap": 0} if kind == "credit" else {"vcpu_period": PERIOD_US, "vcpu_quota": -1}
-                for flag in _affected(dom):
-                    self._retry(lambda flag=flag: dom.setSchedulerParametersFlags(params, flag))
-            _set_metadata(dom, None)
+                for flag in _affected(persistent):
+                    self._retry(functools.partial(dom.setSchedulerParametersFlags, params, flag))
+            _set_metadata(dom, None, persistent)
 
     def domain_definition(self, host: str, vm: str) -> str:
         with as_host_error(host, f"read the definition of {vm!r}"):
