@@ -15,6 +15,7 @@ from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from hypervisor.settlement import RepairReport, plan_repair
 from vcsched.control.status import below_floor, host_load, predicted_yield, virtual_clusters
+from vcsched.control.unmanaged import fills
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
 from vcsched.inventory import Inventory, VmState
@@ -58,7 +59,7 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
             # What every plan keeps for its unmanaged domains (docs/introducing.md), and what they used.
             "unmanaged_reserved_cores": round(inv.unmanaged_cores(h.name), 4),
             "unmanaged_measured_cores": _sum([measured.get(v.name) for v in on if v.unmanaged]),
-            "unmanaged_full": h.down is None and 0 < inv.unmanaged_cores(h.name) >= h.cores - 1e-9,
+            "unmanaged_full": h.down is None and fills(inv.unmanaged_cores(h.name), h.cores),
             "disk_bps": h.disk_bps, "net_bps": h.net_bps,
             "disk_caps_bps": sum(v.io_caps.disk_bytes_sec or 0 for v in capped),
             "net_caps_bps": sum(v.io_caps.net_bytes_sec or 0 for v in capped),

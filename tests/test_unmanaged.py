@@ -16,7 +16,7 @@ from vcsched.control.failover import plan_recovery
 from vcsched.control.headroom import headroom_for
 from vcsched.control.live import adapt_inventory
 from vcsched.control.observe import Sample, probe_caps
-from vcsched.control.unmanaged import RESERVE_PERCENTILE, host_reserves, reservation, unmanaged_reserves
+from vcsched.control.unmanaged import RESERVE_PERCENTILE, fills, reservation, unmanaged_reserves
 from vcsched.formats.cluster import FenceConfig
 from vcsched.inventory import VmState
 from vcsched.plans.steps import Boot, CreateStep, MigrateStep
@@ -103,6 +103,10 @@ def samples(*used: float) -> list[Sample]:
     return [Sample(float(i), 1.0, u, None, 2) for i, u in enumerate(used)]
 
 
+def test_a_host_is_full_when_its_unmanaged_domains_reserve_all_its_cores() -> None:
+    assert fills(1.0, 1) and fills(2.5, 2) and not fills(0.99, 1) and not fills(0.0, 1)
+
+
 def test_a_measured_reservation_is_a_high_percentile_with_headroom_capped_by_the_vcpus() -> None:
     vm = legacy(vcpus=2)
     assert reservation(vm, samples(0.5, 0.5)) is None  # too few samples: the single-read bound applies
@@ -112,13 +116,6 @@ def test_a_measured_reservation_is_a_high_percentile_with_headroom_capped_by_the
     assert reservation(vm, samples(1.9, 1.95, 2.0)) == 2.0
     inv = inventory_of([vm, managed("m", "h0", "m", 0.5)], cores=4)
     assert unmanaged_reserves(inv, {"legacy": samples(0.1, 0.1, 0.1), "m": samples(1, 1, 1)}) == {"legacy": 0.14}
-
-
-def test_host_reserves_report_a_host_its_unmanaged_domains_fill() -> None:
-    inv = inventory_of([legacy("h0")], n_hosts=2)
-    h0, h1 = host_reserves(inv)
-    assert h0.over and h0.domains == ("legacy",) and not h0.measured and h0.reserved_cores == 1.0
-    assert not h1.over and h1.reserved_cores == 0.0 and h1.measured
 
 
 # ---------------------------------------------------------------------------------------------- the controller

@@ -32,7 +32,7 @@ from typing import Any
 
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, Sample, is_saturated
 from vcsched.control.status import below_floor, host_load, predicted_yield
-from vcsched.control.unmanaged import unmanaged_reserves
+from vcsched.control.unmanaged import fills, unmanaged_reserves
 from vcsched.inventory import InDoubt, Inventory
 
 #: Controller events that say what happened (the others, ``interval`` and ``observe``, come every interval).
@@ -59,7 +59,7 @@ class HostRow:
     @property
     def unmanaged_over(self) -> bool:
         """Its unmanaged domains reserve all its cores: nothing is planned onto it."""
-        return self.unmanaged_cores > 0 and self.unmanaged_cores >= self.cores - 1e-9
+        return fills(self.unmanaged_cores, self.cores)
 
 
 @dataclass(frozen=True)

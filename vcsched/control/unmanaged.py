@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from vcsched.control.observe import DEFAULT_PARAMS, ObserveParams, Sample, percentile
 from vcsched.inventory import Inventory, VmState
@@ -56,39 +55,6 @@ def unmanaged_reserves(inventory: Inventory, windows: Mapping[str, Sequence[Samp
     return out
 
 
-@dataclass(frozen=True)
-class HostReserve:
-    """One host's unmanaged reservation, as ``status``, ``top`` and the metrics show it."""
-
-    host: str
-    cores: int
-    reserved_cores: float
-    domains: tuple[str, ...]
-    measured: bool  # every domain's reservation measured (False: at least one reserved at its cap/vCPUs)
-
-    @property
-    def over(self) -> bool:
-        """Its unmanaged domains reserve all its cores or more: nothing is planned onto it."""
-        return self.reserved_cores > 0 and self.reserved_cores >= self.cores - 1e-9
-
-    def to_dict(self) -> dict[str, object]:
-        return {"host": self.host, "reserved_cores": round(self.reserved_cores, 4), "domains": list(self.domains),
-                "measured": self.measured, "over": self.over}
-
-
-def host_reserves(inventory: Inventory) -> tuple[HostReserve, ...]:
-    """Each answering host's unmanaged reservation (hosts without unmanaged domains too, at 0)."""
-    out = []
-    for h in inventory.hosts:
-        if h.down is not None:
-            continue
-        doms = [v for v in inventory.vms_on(h.name) if v.unmanaged]
-        out.append(HostReserve(h.name, h.cores, inventory.unmanaged_cores(h.name), tuple(v.name for v in doms),
-                               all(v.measured_reserve is not None for v in doms)))
-    return tuple(out)
-
-
-def over_message(reserve: HostReserve) -> str:
-    """One line naming a host its unmanaged domains fill."""
-    return (f"host {reserve.host}: unmanaged domains ({', '.join(reserve.domains)}) reserve "
-            f"{reserve.reserved_cores:.2f} of its {reserve.cores} cores; nothing is planned onto it")
+def fills(reserved_cores: float, cores: int) -> bool:
+    """Whether unmanaged domains reserving ``reserved_cores`` leave a host of ``cores`` nothing to plan with."""
+    return reserved_cores > 0 and reserved_cores >= cores - 1e-9
