@@ -200,3 +200,12 @@ def test_managed_vms_on_a_host_its_unmanaged_domain_fills_refuse_admission_namin
     from acting.executor import apply_plan
     assert apply_plan(hv, live.plan).ok
     assert admit(cluster_of(3), hv.inventory(), request("big", vms=1, need=1.0)).admitted
+
+
+def test_failover_room_never_places_a_displaced_vm_on_a_host_its_unmanaged_domain_fills() -> None:
+    from vcsched.control.failover import headroom
+
+    vms = [managed("one-0", "h1", "one", 0.5, cap=0.5), managed("two-0", "h0", "two", 0.5, cap=0.5), legacy("h1")]
+    inv = inventory_of(vms, n_hosts=3, memory=4 * GiB)
+    rows = {f.host: f for f in headroom(cluster_of(3), inv)}
+    assert rows["h0"].placed == (("two-0", "h2"),), rows["h0"]  # not h1, where one-0 already gets no CPU

@@ -48,6 +48,7 @@ import numpy as np
 
 from vcsched.caps import realisable_cap, same_cap
 from vcsched.control.admission import Decision, current_caps, existing_jobs, model_hosts
+from vcsched.control.unmanaged import full_hosts
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
 from vcsched.inventory import Inventory, VmMeta, VmState, snapshot_hash
@@ -121,7 +122,7 @@ def _place(cluster: Cluster, survivors: Inventory,
     existing = existing_jobs(survivors, (*fixed, *pool))
     moving = {v.name for v in displaced}
     pins = tuple(-1 if v.name in moving else h for v, h in zip(existing.vms, existing.hosts, strict=True))
-    hosts = model_hosts(survivors, cordoned=cluster.cordoned)
+    hosts = model_hosts(survivors, cordoned=cluster.cordoned | full_hosts(survivors))
     real = Instance(hosts, existing.jobs, pinned=pins)
     floors, rules = [], []
     for j, job in enumerate(existing.jobs):
@@ -189,7 +190,7 @@ class _Cluster:
         self.cluster = cluster
         self.inventory = inventory
         self.existing = existing_jobs(inventory)
-        self.hosts = model_hosts(inventory, cordoned=cluster.cordoned)
+        self.hosts = model_hosts(inventory, cordoned=cluster.cordoned | full_hosts(inventory))
         self.pins = np.asarray(self.existing.hosts, dtype=np.int64)
         first = np.cumsum([0, *(j.tasks for j in self.existing.jobs)])[:-1]
         self.first = first

@@ -58,3 +58,12 @@ def unmanaged_reserves(inventory: Inventory, windows: Mapping[str, Sequence[Samp
 def fills(reserved_cores: float, cores: int) -> bool:
     """Whether unmanaged domains reserving ``reserved_cores`` leave a host of ``cores`` nothing to plan with."""
     return reserved_cores > 0 and reserved_cores >= cores - 1e-9
+
+
+def full_hosts(inventory: Inventory) -> frozenset[str]:
+    """The answering hosts whose unmanaged domains reserve all their cores.  Their usable cores are 0, so no
+    placement puts a VM there at a yield above 0; failover also takes them as cordoned, because a managed VM
+    already squeezed to 0 there makes 0 the cluster's minimum anyway, and a displaced VM would then be placed
+    there as readily as anywhere."""
+    return frozenset(h.name for h in inventory.hosts
+                     if h.down is None and fills(inventory.unmanaged_cores(h.name), h.cores))
