@@ -59,6 +59,8 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
             # What every plan keeps for its unmanaged domains (docs/introducing.md), and what they used.
             "unmanaged_reserved_cores": round(inv.unmanaged_cores(h.name), 4),
             "unmanaged_measured_cores": _sum([measured.get(v.name) for v in on if v.unmanaged]),
+            **{f"unmanaged_measured_{k}": _sum([used(v, k) for v in on if v.unmanaged])
+               for k in ("disk_bps", "net_rx_bps", "net_tx_bps")},
             "unmanaged_full": h.down is None and fills(inv.unmanaged_cores(h.name), h.cores),
             "disk_bps": h.disk_bps, "net_bps": h.net_bps,
             "disk_caps_bps": sum(v.io_caps.disk_bytes_sec or 0 for v in capped),

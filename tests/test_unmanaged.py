@@ -169,6 +169,7 @@ def test_status_shows_each_hosts_unmanaged_reservation_and_each_domains(tmp_path
     h0, h1 = doc["hosts"]
     assert (h0["unmanaged_reserved_cores"], h0["unmanaged_full"]) == (1.0, True)
     assert (h1["unmanaged_reserved_cores"], h1["unmanaged_full"]) == (0.0, False)
+    assert h0["unmanaged_measured_cores"] is None and h0["unmanaged_measured_disk_bps"] is None  # --sample 0
     assert [(v["name"], v["reserved_cores"]) for v in doc["vms"]] == [("stranger", 1.0)]
     text = run("status", "--cluster", cluster, "--sample", "0")
     assert text.exit_code == 0 and "unmanaged domains reserve 1.00 of its 1 cores" in " ".join(text.stdout.split())

@@ -93,6 +93,7 @@ def test_an_unmanaged_busy_guest_is_planned_around_adopted_restarted_once_and_re
     # shown, but what is reserved does not depend on it (one read: every vCPU).
     assert legacy["measured_cores"] > 0, legacy
     assert hosts["h1"]["unmanaged_reserved_cores"] == 1.0 and hosts["h1"]["unmanaged_full"]
+    assert hosts["h1"]["unmanaged_measured_cores"] == pytest.approx(legacy["measured_cores"])
     print(f"legacy used {legacy['measured_cores']:.2f} cores uncapped; h1 reserves "
           f"{hosts['h1']['unmanaged_reserved_cores']} of 1")
 
