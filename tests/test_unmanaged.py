@@ -210,3 +210,15 @@ def test_failover_room_never_places_a_displaced_vm_on_a_host_its_unmanaged_domai
     inv = inventory_of(vms, n_hosts=3, memory=4 * GiB)
     rows = {f.host: f for f in headroom(cluster_of(3), inv)}
     assert rows["h0"].placed == (("two-0", "h2"),), rows["h0"]  # not h1, where one-0 already gets no CPU
+
+
+def test_step_reasons_count_the_room_unmanaged_domains_leave() -> None:
+    from vcsched.plans.reasons import step_reasons
+
+    vms = [managed("a-0", "h0", "a", 1.0, cap=0.5), managed("a-1", "h0", "a", 1.0, cap=0.5),
+           legacy("h1", vcpus=1, reserve=0.25)]
+    inv = inventory_of(vms, n_hosts=2, cores=1, memory=4 * GiB)
+    live = adapt_inventory("lab", inv, 10 * GiB)
+    assert live.plan is not None
+    said = " ".join(step_reasons(live.plan, inv))
+    assert "h1 has room (its VMs need 0.00 cores of the 0.75 its unmanaged domains leave of its 1)" in said, said
