@@ -1,5 +1,5 @@
-"""A busy domain vcsched did not create, on a real lab host: its CPU is reserved, then it is adopted, restarted
-after its host dies, and released (docs/introducing.md; issue "The VMs already there").
+"""A busy domain vcsched did not create, on a real lab host: its CPU is reserved, then it is adopted, drained like
+a created VM, restarted after its host dies, and released (docs/introducing.md; issue "The VMs already there").
 
 One 3-host lab (1 core each).  ``legacy`` is defined and started on h1 the way an operator would
 (``virsh define`` + ``start``: a persistent domain, 512 MiB, one vCPU spinning), uncapped.
@@ -132,18 +132,26 @@ def test_an_unmanaged_busy_guest_is_planned_around_adopted_restarted_once_and_re
     assert adopted["managed"] and adopted["cluster"] == "old" and adopted["cap_cores"] is not None, adopted
     assert run(lab3, "adopt", "legacy", "--vc", "old", code=1)["refused"].startswith("legacy: already managed")
 
-    # h1's libvirtd stops: recover fences h1 and starts legacy, from its recorded XML, once, elsewhere.
-    pid = daemon_pid(LabLayout(lab3.dir), 1, "libvirtd")
+    # Like a created VM: drain live-migrates it (a persistent domain), its record follows it.
+    drained = run(lab3, "drain", "h1", "--budget", "unlimited", "--apply")
+    assert drained["apply"]["ok"], drained
+    home = vms_of(lab3)["legacy"]
+    assert home["host"] != "h1" and home["managed"] and home["cap_cores"] is not None, home
+    assert qemu_copies(lab3, "legacy") == [home["host"]]
+    failing = home["host"]
+
+    # That host's libvirtd stops: recover fences it and starts legacy, from its recorded XML, once, elsewhere.
+    pid = daemon_pid(LabLayout(lab3.dir), int(failing[1:]), "libvirtd")
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    recovered = run(lab3, "recover", "h1", "--apply")
+    recovered = run(lab3, "recover", failing, "--apply")
     assert recovered["fence"]["fenced"] and recovered["apply"]["ok"], recovered
     assert "legacy" in [r["vm"] for r in recovered["recovery"]["restarts"]], recovered["recovery"]
     where = qemu_copies(lab3, "legacy")
-    assert len(where) == 1 and where[0] != "h1", where
+    assert len(where) == 1 and where[0] != failing, where
     now = vms_of(lab3)["legacy"]
     assert now["host"] == where[0] and now["managed"] and now["cluster"] == "old" and now["cap_cores"] is not None
-    assert run(lab3, "recover", "h1", "--apply")["recovery"]["restarts"] == []  # once
+    assert run(lab3, "recover", failing, "--apply")["recovery"]["restarts"] == []  # once
 
     # release: it keeps running where it is, uncapped and unmanaged.
     run(lab3, "release", "legacy", "--apply")
