@@ -195,7 +195,7 @@ class MemoryHypervisor:
     def release_vm(self, host: str, vm: str) -> None:
         self._maybe_fail("release", vm)
         v, _meta = self._managed_on(host, vm, "release")
-        self.vms[vm] = replace(v, meta=None, cap_cores=None, io_caps=IoCaps())
+        self.vms[vm] = replace(v, meta=None, cap_cores=None)  # disk and network caps stay, as libvirt's do
 
     def domain_definition(self, host: str, vm: str) -> str:
         v = self._vm_on(host, vm)
