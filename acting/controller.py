@@ -71,7 +71,7 @@ from acting.events import EventLog
 from acting.executor import DONE, ApplyReport, StepResult
 from acting.failure import Failover, FailureState
 from acting.lock import LockBusy
-from acting.metrics import ControllerMetrics, HostMetrics, VmMetrics
+from acting.metrics import ControllerMetrics, HostMetrics, UnmanagedMetrics, VmMetrics
 from acting.restore import restore_journal
 from acting.sampling import Clock, CpuSampler, SystemClock
 from acting.unit_of_work import Reporting, UnitOfWork
@@ -92,6 +92,7 @@ from vcsched.control.recommend import (
     record,
     worth_proposing,
 )
+from vcsched.control.unmanaged import unmanaged_reserves
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
@@ -247,7 +248,8 @@ class Controller:
         o = self.options
         # One sampling period more than the window: the oldest sample of a window begins where the window does,
         # give or take the period, and one that began a moment before must not be dropped (as `observe` does).
-        self.sampler = CpuSampler(o.window_s + o.sample_s, self.clock, min_seconds=o.sample_s / 2)
+        # every_vm: unmanaged domains are sampled too, for their reservation (vcsched/control/unmanaged.py).
+        self.sampler = CpuSampler(o.window_s + o.sample_s, self.clock, min_seconds=o.sample_s / 2, every_vm=True)
         self.rebalancer = Rebalancer(o.rebalance)
         self.estimates: dict[str, Estimate] = {}
         self.planned: dict[str, float] = {}
@@ -450,13 +452,18 @@ class Controller:
                 self.failures.down_since.setdefault(h.name, self.clock.monotonic())
             self.down_intervals[h.name] = self.down_intervals.get(h.name, 0) + 1 if h.down is not None else 0
 
+    def _reserved(self, inventory: Inventory) -> Inventory:
+        """``inventory`` with its unmanaged domains' measured reservations (vcsched/control/unmanaged.py): every
+        plan the controller makes keeps that much of their hosts for them."""
+        return inventory.with_reserves(unmanaged_reserves(inventory, self.sampler.samples(), self.options.params))
+
     def _estimate(self, inventory: Inventory) -> dict[str, Estimate]:
         self.estimates = estimate_all(inventory, self.sampler.samples(), self.planned, self.options.params)
         return self.estimates
 
     def _work(self) -> None:
         o = self.options
-        inventory = self.sampler.sample(self.hv)  # a sampling round too: a new leader's first baseline
+        inventory = self._reserved(self.sampler.sample(self.hv))  # a sampling round too: a new leader's baseline
         self.round_hosts = answered(inventory)
         self._hosts(inventory)
         if self.failover is not None:
@@ -504,7 +511,7 @@ class Controller:
             return
         try:
             with self._acting() as uow:
-                fresh = uow.inventory()  # planned again on what the hosts hold now, under the lock
+                fresh = self._reserved(uow.inventory())  # planned again on what the hosts hold now, under the lock
                 live = self.rebalancer.plan_for(decision.kind, fresh, needs, decision.pinned)
                 if live.plan is None or not live.plan.steps:
                     if live.plan is not None:
@@ -522,7 +529,7 @@ class Controller:
             return
         if report is not None and report.results:
             self.sampler.restart([r.step.vm for r in report.results])
-            self._publish(self.hv.inventory(), self.estimates)
+            self._publish(self._reserved(self.hv.inventory()), self.estimates)
 
     def _recommend(self, decision: Decision, plan: Plan, inventory: Inventory, needs: dict[str, float]) -> None:
         """Record the plan the controller would apply as a recommendation (module docstring of
@@ -688,7 +695,7 @@ class Controller:
         if self.options.dry_run:
             return
         with self._acting() as uow:
-            fresh = uow.inventory()
+            fresh = self._reserved(uow.inventory())
             if fresh.host(host).down is None:
                 self.events.emit("decision", kind="recover", reason=f"host {host} answers again: nothing restarted")
                 return
@@ -766,8 +773,8 @@ class Controller:
             return
         try:
             with self._acting() as uow:
-                fresh = uow.inventory()  # under the lock: what another command did meanwhile is in it ...
-                still = [store.get(x.vm) for x in store.lost(fresh)]  # ... and in the records it wrote
+                fresh = self._reserved(uow.inventory())  # under the lock: what another command did meanwhile ...
+                still = [store.get(x.vm) for x in store.lost(fresh)]  # ... is in it, and in its records
                 restart = plan_restart(cluster, fresh, [d.step for d in still if d is not None])
                 if restart.plan is None:
                     return
@@ -798,7 +805,7 @@ class Controller:
             return inventory, estimates
         try:
             with self._acting() as uow:
-                fresh = uow.inventory()
+                fresh = self._reserved(uow.inventory())
                 caps = probe_caps(fresh, self._estimate(fresh), o.params)
                 if not caps:
                     return fresh, self.estimates
@@ -822,7 +829,7 @@ class Controller:
         # The probe's raised caps stay until this interval's plan sets every cap again (it reads them as they are),
         # or are put back when the interval ends otherwise (module docstring).
         self.sampler.restart(raised)
-        inventory = after if after is not None else self.hv.inventory()
+        inventory = self._reserved(after if after is not None else self.hv.inventory())
         return inventory, self._estimate(inventory)
 
     # ------------------------------------------------------------------ putting probe caps back
@@ -878,6 +885,10 @@ class Controller:
                                   last[-1].used_cores if last else None,
                                   min(1.0, v.cap_or_vcpus / est) if est > 0 else 1.0, v.meta.min_yield))
         self.metrics.set_vms(tuple(rows))
-        self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0))
+        self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0),
+                                                 inventory.unmanaged_cores(h.name))
                                      for h in inventory.hosts),
-                               sum(1 for d in inventory.in_doubt if d.resolved is None))
+                               sum(1 for d in inventory.in_doubt if d.resolved is None),
+                               tuple(UnmanagedMetrics(v.name, v.host, w[-1].used_cores if w else None, v.reserved)
+                                     for v in inventory.up().vms if v.unmanaged
+                                     for w in (samples.get(v.name),)))

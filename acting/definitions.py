@@ -3,7 +3,7 @@
 A VM's definition (its domain XML and vcsched's metadata) lives on its host.
 When that host dies, nothing else holds it, and ``vcsched recover`` or the
 controller could not restart the VM elsewhere.  So every command that
-creates, migrates, re-needs or removes a managed VM also writes its
+creates, adopts, migrates, re-needs, releases or removes a managed VM also writes its
 *definition record* here, under the cluster lock, right after the step is
 verified.
 
@@ -54,7 +54,7 @@ from acting.executor import DONE, SKIPPED, StepResult
 from vcsched.control.lost import Lost, lost_vms
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
-from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetNeedStep, Step
+from vcsched.plans.steps import AdoptStep, CreateStep, MigrateStep, ReleaseStep, RemoveStep, SetNeedStep, Step
 
 ETCD_PREFIX = "/vcsched/definitions/"
 
@@ -260,7 +260,9 @@ class DefinitionStore:
         for step in steps:
             if isinstance(step, CreateStep):
                 self.put(step)
-            elif isinstance(step, RemoveStep):
+            elif isinstance(step, AdoptStep):  # its definition: its own XML, so a restart defines it again
+                self.put(step.definition)
+            elif isinstance(step, RemoveStep | ReleaseStep):
                 self.delete(step.vm)
             elif isinstance(step, MigrateStep | SetNeedStep):
                 old = self.get(step.vm)

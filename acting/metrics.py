@@ -19,6 +19,9 @@ metric                                      meaning
 ``vcsched_cluster_min_yield_floor``         the cluster file's ``min_yield`` (0 when it has none)
 ``vcsched_host_up``                         1 while the host answers, 0 while it is down
 ``vcsched_host_down_intervals``             intervals in a row the host has been down (0 when up)
+``vcsched_host_unmanaged_reserved_cores``   cores every plan keeps for the host's unmanaged domains
+``vcsched_unmanaged_used_cores``            an unmanaged domain's cores over the latest sample (``vm``, ``host``)
+``vcsched_unmanaged_reserved_cores``        its reservation (docs/introducing.md): measured, else its cap or vCPUs
 ``vcsched_vms_in_doubt``                    VMs in doubt: active on two hosts at once, or a paused arrival
 ``vcsched_vms_lost``                        VMs the definitions store records that run nowhere (docs/failures.md)
 ``vcsched_migrated_bytes_total``            bytes of the migrations applied since start
@@ -52,7 +55,7 @@ from vcsched.errors import InputError
 
 #: The steps' kinds and the outcomes counted in ``vcsched_steps_total``: every pair is exported from the start
 #: (at 0), so that ``increase()`` over a range sees the first failure (a series born at 1 shows no increase).
-STEP_OPS = ("create", "set-cap", "set-need", "migrate", "remove")
+STEP_OPS = ("create", "set-cap", "set-need", "migrate", "remove", "adopt", "release")
 STEP_OUTCOMES = ("done", "failed")
 FAILURE_COUNTERS = ("hosts_failed", "fence_ok", "fence_failed", "vms_restarted", "vms_stranded")
 
@@ -62,6 +65,17 @@ class HostMetrics:
     host: str
     up: bool
     down_intervals: int = 0
+    unmanaged_cores: float = 0.0  # its unmanaged domains' reservation (vcsched/control/unmanaged.py)
+
+
+@dataclass(frozen=True)
+class UnmanagedMetrics:
+    """One running unmanaged domain: what it used and what every plan keeps for it."""
+
+    vm: str
+    host: str
+    used: float | None
+    reserved: float
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,7 @@ class ControllerMetrics:
     leader: bool = False
     vms: tuple[VmMetrics, ...] = ()
     hosts: tuple[HostMetrics, ...] = ()
+    unmanaged: tuple[UnmanagedMetrics, ...] = ()
     in_doubt: int | None = None  # None: not read (a standby)
     lost: int | None = None  # recorded VMs running nowhere (vcsched/control/lost.py); None: not read
     min_yield: float | None = None
@@ -104,10 +119,12 @@ class ControllerMetrics:
     audits: dict[str, int] = field(default_factory=lambda: {"met": 0, "short": 0, "unmeasured": 0})
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def set_hosts(self, hosts: tuple[HostMetrics, ...], in_doubt: int | None) -> None:
+    def set_hosts(self, hosts: tuple[HostMetrics, ...], in_doubt: int | None,
+                  unmanaged: tuple[UnmanagedMetrics, ...] = ()) -> None:
         with self.lock:
             self.hosts = hosts
             self.in_doubt = in_doubt
+            self.unmanaged = unmanaged
 
     def set_lost(self, lost: int | None) -> None:
         with self.lock:
@@ -199,11 +216,26 @@ class _Collector:
                                    labels=["cluster", "host"])
             down = GaugeMetricFamily("vcsched_host_down_intervals", "intervals in a row the host has been down",
                                      labels=["cluster", "host"])
+            reserved = GaugeMetricFamily("vcsched_host_unmanaged_reserved_cores", "cores every plan keeps for the "
+                                         "host's unmanaged domains", labels=["cluster", "host"])
             for h in m.hosts:
                 up.add_metric([c, h.host], 1.0 if h.up else 0.0)
                 down.add_metric([c, h.host], float(h.down_intervals))
+                if h.up:
+                    reserved.add_metric([c, h.host], h.unmanaged_cores)
             yield up
             yield down
+            yield reserved
+            used = GaugeMetricFamily("vcsched_unmanaged_used_cores", "cores an unmanaged domain used over the latest "
+                                     "sample", labels=["cluster", "vm", "host"])
+            kept = GaugeMetricFamily("vcsched_unmanaged_reserved_cores", "cores reserved for an unmanaged domain",
+                                     labels=["cluster", "vm", "host"])
+            for u in m.unmanaged:
+                if u.used is not None:
+                    used.add_metric([c, u.vm, u.host], u.used)
+                kept.add_metric([c, u.vm, u.host], u.reserved)
+            yield used
+            yield kept
             moved = CounterMetricFamily("vcsched_migrated_bytes", "bytes moved by applied live migrations",
                                         labels=["cluster"])
             moved.add_metric([c], float(m.migrated_bytes))

@@ -159,7 +159,7 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
     """The plan as a table, one row per step (with ``reasons``: a "why" column, vcsched.plans.reasons)."""
     from cli.tables import FitTable
     from vcsched.formats.units import format_size
-    from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep
+    from vcsched.plans.steps import AdoptStep, CreateStep, MigrateStep, ReleaseStep, RemoveStep
 
     policy = plan.extra.get("policy")
     console.print(f"  predicted minimum yield [bold]{plan.min_yield:.4f}[/], average yield "
@@ -184,13 +184,16 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
     for i, step in enumerate(plan.steps):
         vm = inventory.vm(step.vm)
         now = "-" if vm is None or vm.cap_cores is None else f"{vm.cap_cores:.3f}"
-        after = step.to_dict().get("cap_cores")
+        after = getattr(step, "cap_cores", None)
         detail = ""
         if isinstance(step, CreateStep):
             detail = (f"{step.vcpus} vCPU, {format_size(step.memory_bytes)}, needs {step.cpu_need_cores:.3f} "
                       f"cores, boot: {step.boot.kind}")
         elif isinstance(step, RemoveStep):
             detail = f"{step.cluster} departs"
+        elif isinstance(step, AdoptStep | ReleaseStep):
+            detail = (f"joins {step.definition.cluster}, needs {step.definition.cpu_need_cores:.3f} cores"
+                      if isinstance(step, AdoptStep) else f"leaves {step.cluster}: uncapped, unmanaged")
         elif isinstance(step, MigrateStep):
             detail = migration_detail(step, vm, inventory)
         step_caps = getattr(step, "io_caps", None)

@@ -14,6 +14,7 @@ from cli.tables import FitTable
 from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from vcsched.control.status import below_floor, host_load, predicted_yield, virtual_clusters
+from vcsched.control.unmanaged import fills
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
 from vcsched.formats.words import plural
@@ -57,6 +58,12 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
             "memory_used_bytes": load.memory_used_bytes,
             "caps_cores": load.caps_cores,
             "measured_cores": load.measured_cores if load.measured_cores is not None else 0.0,
+            # What every plan keeps for its unmanaged domains (docs/introducing.md), and what they used.
+            "unmanaged_reserved_cores": round(inv.unmanaged_cores(h.name), 4),
+            "unmanaged_measured_cores": _sum([measured.get(v.name) for v in on if v.unmanaged]),
+            **{f"unmanaged_measured_{k}": _sum([used(v, k) for v in on if v.unmanaged])
+               for k in ("disk_bps", "net_rx_bps", "net_tx_bps")},
+            "unmanaged_full": h.down is None and fills(inv.unmanaged_cores(h.name), h.cores),
             "disk_bps": h.disk_bps, "net_bps": h.net_bps,
             "disk_caps_bps": sum(v.io_caps.disk_bytes_sec or 0 for v in capped),
             "net_caps_bps": sum(v.io_caps.net_bytes_sec or 0 for v in capped),
@@ -72,6 +79,7 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         "predicted_yield": predicted_yield(v), "min_yield": v.meta.min_yield if v.meta else None,
         "below_floor": below_floor(predicted_yield(v), v.meta.min_yield if v.meta else None),
         "measured_cores": measured.get(v.name),
+        "reserved_cores": v.reserved if v.unmanaged else None,
         "disks": list(v.devices.disks), "interfaces": list(v.devices.nics),
         "disk_bytes_sec": v.io_caps.disk_bytes_sec, "disk_iops_sec": v.io_caps.disk_iops_sec,
         "net_bytes_sec": v.io_caps.net_bytes_sec,
@@ -112,6 +120,13 @@ def _vm_rules(v: VmState) -> list[str]:
         (["pinned"] if v.meta.pinned else [])
 
 
+def _unmanaged_cell(h: Mapping[str, Any], sampled: bool) -> str:
+    """``reserved (used)``: the cores kept for the host's unmanaged domains, and what they used (sampled)."""
+    used = h.get("unmanaged_measured_cores")
+    text = f"{h['unmanaged_reserved_cores']:.2f}" + (f" ({used:.2f})" if sampled and used is not None else "")
+    return f"[red]{text}[/]" if h.get("unmanaged_full") else text
+
+
 def _num(x: float | None, fmt: str = "{:.3f}") -> str:
     return "-" if x is None else fmt.format(x)
 
@@ -132,7 +147,9 @@ def render_status(doc: dict[str, Any]) -> None:
     sampled = bool(doc["sample_seconds"])
     table = FitTable(title=f"cluster {doc['cluster']}: hosts")
     #: column -> priority (cli/tables.py: at 80 columns the higher numbers move to a second table first)
-    cols = {"host": 0, "cores": 3, "caps (cores)": 1, "measured (cores)": 2, "memory used / usable": 1}
+    # Two-line headers: with the unmanaged column the one-line headers alone were wider than 80 columns.
+    cols = {"host": 0, "cores": 3, "caps\n(cores)": 1, "measured\n(cores)": 2, "unmanaged\n(cores)": 2,
+            "memory\nused / usable": 1}
     if io:
         cols |= {"disk caps / disk_bps": 4, "disk used": 4, "net caps / net_bps": 5, "net in / out": 5}
     for col, priority in cols.items():
@@ -144,7 +161,7 @@ def render_status(doc: dict[str, Any]) -> None:
         usable = h["usable_memory"]
         name = h["name"] + (" [yellow](maintenance)[/]" if h.get("maintenance") else "")
         row = [name, str(h["cores"]), f"{h['caps_cores']:.3f}",
-               _num(h["measured_cores"]) if sampled else "-",
+               _num(h["measured_cores"]) if sampled else "-", _unmanaged_cell(h, sampled),
                f"{format_size(h['memory_used_bytes'])} / {format_size(usable)}"]
         if io:
             row += [f"{_rate(h['disk_caps_bps'])} / {_rate(h['disk_bps'])}", _rate(h["measured_disk_bps"]),
@@ -152,6 +169,12 @@ def render_status(doc: dict[str, Any]) -> None:
                     f"{_rate(h['measured_net_rx_bps'])} / {_rate(h['measured_net_tx_bps'])}"]
         table.add_row(*row)
     console.print(table)
+    for h in doc["hosts"]:
+        if h.get("unmanaged_full"):
+            console.print(f"[red]host {h['name']}[/]: its unmanaged domains reserve "
+                          f"{h['unmanaged_reserved_cores']:.2f} of its {h['cores']} cores; nothing is planned onto it "
+                          "(docs/introducing.md)",
+                          highlight=False)
     down = [h for h in doc["hosts"] if h["down"] is not None]
     if down:
         console.print(f"[red]{plural(len(down), 'host')} down[/] ({', '.join(h['name'] for h in down)}): their VMs "
@@ -303,12 +326,15 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
     """Show every host and VM of the cluster: caps, predicted yields and measured CPU, disk and network.
 
     \b
-    For each host: cores, the sum of caps, the cores its VMs used, memory;
+    For each host: cores, the sum of caps, the cores its VMs used, the
+    cores kept for its unmanaged domains ("unmanaged": every plan leaves them
+    that much; in brackets what they used), memory;
     with disks or interfaces around, also its disk and network caps against
     the capacity the cluster file declares (disk_bps, net_bps) and what its
     VMs moved.
     For each VM: its virtual cluster (or "unmanaged": not created by vcsched,
-    never touched), vCPUs, memory, CPU need and cap in cores, the cores it used
+    never touched; its CPU is reserved on its host, its cap or else every
+    vCPU, docs/introducing.md), vCPUs, memory, CPU need and cap in cores, the cores it used
     over the sample window (libvirt CPU time, vCPUs + emulator) and the yield
     its cap gives it (cap / need, paper section 2.3); its disk cap and the
     bytes per second read + written (libvirt blockStats), its network cap and

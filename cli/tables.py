@@ -93,7 +93,7 @@ class FitTable:
             return max((len(line) for line in text.plain.splitlines()), default=0)
 
         def fitted(i: int, c: _Column) -> int:
-            natural = max([len(c.header), *(width(r[i]) for r in self.rows)])
+            natural = max([*(len(line) for line in c.header.splitlines()), *(width(r[i]) for r in self.rows)])
             return min(natural, WRAP_WIDTH) if c.wrap else natural
 
         return [fitted(i, c) for i, c in enumerate(self.columns)]

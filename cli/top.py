@@ -251,14 +251,17 @@ def top_cmd(cluster_file: str | None, interval: float, window: float, events_fil
 
     \b
     Full screen, read-only (no lock is taken, nothing changes):
-      hosts: cores, the sum of caps, the cores their VMs used, memory used /
-             usable, and DOWN (with libvirt's reason and for how long),
-             cordoned (maintenance) or failed (a step failed on it, or the
-             controller found it down: --events);
+      hosts: cores, the sum of caps, the cores their VMs used, the cores
+             kept for their unmanaged domains (UNMANAGED, measured over
+             --window; red and "full of unmanaged" when that is all of
+             them), memory used / usable, and DOWN (with libvirt's reason
+             and for how long), cordoned (maintenance) or failed (a step
+             failed on it, or the controller found it down: --events);
       VMs:   virtual cluster, host, cap, the cores used over the last
              interval, whether the cap binds (the VM uses all of it), its need
              as declared and as estimated from its use over --window (the
-             estimator of `vcsched observe` and `run`), its yield (cap / need)
+             estimator of `vcsched observe` and `run`; an unmanaged
+             domain's EST is its reservation), its yield (cap / need)
              against its floor, and IN DOUBT, migrating, paused or off;
       the policy in force and the virtual clusters' min and mean yield; with
       --events, the controller's state and last events.

@@ -120,6 +120,8 @@ def host_marks(h: HostRow) -> str:
         marks.append("cordoned")
     if h.failed is not None:
         marks.append("failed")
+    if h.unmanaged_over:
+        marks.append("full of unmanaged")
     return ", ".join(marks)
 
 
@@ -147,6 +149,8 @@ HOST_COLUMNS: tuple[Column, ...] = (
     Column("CORES", 2, True, lambda h: str(h.cores)),
     Column("CAPS", 1, True, lambda h: "?" if h.down is not None else num(h.caps_cores)),
     Column("USED", 1, True, lambda h: "?" if h.down is not None else num(h.used_cores)),
+    Column("UNMANAGED", 2, True, lambda h: "?" if h.down is not None else num(h.unmanaged_cores),
+           lambda h: "bold red" if h.unmanaged_over else ""),
     Column("MEMORY USED / USABLE", 3, True, _memory),
     Column("VMS", 4, True, lambda h: "?" if h.down is not None else str(h.vms)),
     Column("STATE", 0, False, host_marks, lambda h: "red" if h.down is not None or h.failed else "yellow"),
@@ -165,7 +169,7 @@ VM_COLUMNS: tuple[Column, ...] = (
     Column("USED", 1, True, lambda v: num(v.used_cores)),
     Column("BINDS", 3, True, _binds, lambda v: "yellow" if v.saturated else ""),
     Column("NEED", 4, True, lambda v: num(v.need_cores)),
-    Column("EST", 3, True, lambda v: num(v.estimated_cores)),
+    Column("EST", 3, True, lambda v: num(v.estimated_cores if v.vc else v.reserved_cores)),
     Column("YIELD", 1, True, lambda v: num(v.yield_, 3), lambda v: "bold red" if v.below_floor else ""),
     Column("FLOOR", 6, True, lambda v: "-" if v.floor is None else f"{v.floor:g}"),
     Column("VCPUS", 7, True, lambda v: str(v.vcpus)),

@@ -46,7 +46,7 @@ import struct
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 
-from hypervisor.devices import read_template
+from hypervisor.devices import boot_root
 from vcsched.errors import InputError
 from vcsched.formats.units import format_size
 from vcsched.plans.steps import Boot
@@ -175,18 +175,18 @@ def boot_problems(where: str, boot: Boot, memory_bytes: int, *, local: bool = Tr
     def missing(pairs: list[tuple[str, str | None]]) -> list[str]:
         return [p for field, path in pairs if (p := file_problem(field, path)) is not None]
 
-    if boot.kind == "template":
-        problem = file_problem(name["path"], boot.path)
+    if boot.kind in ("template", "domain"):
+        problem = file_problem(name["path"], boot.path) if boot.kind == "template" else None
         if problem is not None:
             return [problem]
         try:
-            root = read_template(boot.path or "")
+            root = boot_root(boot)
         except InputError as exc:
             return [f"{name['path']}: {exc}"]
         kernel, initrd, disks = _template_files(root)
         if not local:
             return []
-        named = f"{name['path']} (template {boot.path})"
+        named = f"{name['path']} (template {boot.path})" if boot.kind == "template" else f"{where}.boot.xml"
         files = [(f"{named} {tag}", path) for tag, path in (("<os><kernel>", kernel), ("<os><initrd>", initrd))
                  if path]
         out = missing([*files, *((f"{named} <disk><source>", d) for d in disks)])

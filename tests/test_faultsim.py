@@ -60,7 +60,7 @@ def test_a_known_hazard_switched_back_on_is_caught(hazard: str, seed: int, sched
 
 
 #: Where the simulation finds the first-copy lookup once the layer that masks it is off (docs/faultsim.md).
-PAIR_SEED, PAIR_FIRST, PAIR_SCHEDULES = 1, 1896, 11
+PAIR_SEED, PAIR_FIRST, PAIR_SCHEDULES = 1, 941, 11
 
 
 def test_the_first_copy_lookup_is_caught_once_the_in_doubt_marks_that_mask_it_are_off() -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,7 @@ import numpy as np
 
 from vcsched.caps import min_cap, realisable_cap, same_cap
 from vcsched.control.admission import Decision, current_caps, existing_jobs, model_hosts
+from vcsched.control.unmanaged import full_hosts
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
@@ -133,7 +135,7 @@ def _place(cluster: Cluster, survivors: Inventory, displaced: Sequence[VmState],
     existing = existing_jobs(survivors, (*fixed, *pool))
     moving = {v.name for v in displaced}
     pins = tuple(-1 if v.name in moving else h for v, h in zip(existing.vms, existing.hosts, strict=True))
-    hosts = model_hosts(survivors, cordoned=cluster.cordoned)
+    hosts = model_hosts(survivors, cordoned=cluster.cordoned | full_hosts(survivors))
     real = Instance(hosts, existing.jobs, pinned=pins)
     floors, rules = [], []
     for j, job in enumerate(existing.jobs):
@@ -240,7 +242,7 @@ class _Cluster:
         self.cluster = cluster
         self.inventory = inventory
         self.existing = existing_jobs(inventory)
-        self.hosts = model_hosts(inventory, cordoned=cluster.cordoned)
+        self.hosts = model_hosts(inventory, cordoned=cluster.cordoned | full_hosts(inventory))
         self.pins = np.asarray(self.existing.hosts, dtype=np.int64)
         first = np.cumsum([0, *(j.tasks for j in self.existing.jobs)])[:-1]
         self.first = first
@@ -391,7 +393,11 @@ class Recovery:
 
 
 def has_disk(step: CreateStep) -> bool:
-    """Whether a VM boots from a disk (an image, or a template that may name disks) rather than a kernel alone."""
+    """Whether a VM boots from a disk (an image, or a template that may name disks) rather than a kernel alone;
+    an adopted domain (boot ``domain``) has one when its own XML names a disk."""
+    if step.boot.kind == "domain":
+        disks = ET.fromstring(step.boot.xml or "<domain/>").findall("devices/disk")
+        return any(d.get("device", "disk") == "disk" for d in disks)
     return step.boot.kind != "kernel"
 
 

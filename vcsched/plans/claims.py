@@ -54,7 +54,7 @@ from vcsched.errors import VcschedError
 from vcsched.formats.units import format_size
 from vcsched.inventory import HostState, Inventory, VmState
 from vcsched.plans.plan import BELOW_FLOOR, MEASURED, Plan
-from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep
+from vcsched.plans.steps import AdoptStep, CreateStep, MigrateStep, ReleaseStep, RemoveStep, SetCapStep, SetNeedStep
 
 #: Yields and needs read back from JSON are the floats written: only rounding of arithmetic is tolerated.
 YIELD_TOLERANCE = 1e-9
@@ -179,8 +179,15 @@ def _after(plan: Plan, vms: Mapping[str, VmState], problems: list[str]) -> dict[
                                 f"VM's {s.vcpus} vCPUs can use")
             io = {r: v for r, v in (("disk", s.disk_bps), ("net", s.net_bps)) if v is not None}
             out[s.vm] = _After(s.host, s.cluster, s.vcpus, s.cpu_need_cores, s.cap_cores, io)
+        elif isinstance(s, AdoptStep):  # an unmanaged domain becomes managed where it runs
+            d = s.definition
+            grid(i, "definition.cap_cores", d.cap_cores, d.vcpus, s.vm)
+            io = {r: v for r, v in (("disk", d.disk_bps), ("net", d.net_bps)) if v is not None}
+            out[s.vm] = _After(d.host, d.cluster, d.vcpus, d.cpu_need_cores, d.cap_cores, io)
         elif now is None:
             continue  # a VM the replay will name (unknown, unmanaged, or removed earlier)
+        elif isinstance(s, ReleaseStep):
+            del out[s.vm]
         elif isinstance(s, SetCapStep):
             if s.cap_cores is not None:
                 grid(i, "cap_cores", s.cap_cores, now.vcpus, s.vm)

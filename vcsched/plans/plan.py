@@ -4,7 +4,7 @@ A plan is computed by the pure core (:mod:`vcsched.control.admission`,
 :mod:`vcsched.control.live`) and applied by :mod:`acting.executor`.  JSON format
 (version 1, the contract between the libvirt-side modules)::
 
-    {"version": 1, "kind": "place" | "adapt" | "recover", "cluster": NAME,
+    {"version": 1, "kind": "place" | "adapt" | "recover" | "adopt" | "release", "cluster": NAME,
      "snapshot": "<sha256 of the canonical inventory it was computed from>",
      "predicted": {"min_yield": .., "avg_yield": .., "per_vm": {VM: {...}}},
      "steps": [{"op": "create", "vm": .., "host": .., ...},
@@ -37,7 +37,7 @@ from vcsched.formats.fields import check_fields, check_number, check_string
 from vcsched.plans.steps import MigrateStep, Step, step_from_dict
 
 PLAN_VERSION = 1
-PLAN_KINDS = ("place", "adapt", "recover")
+PLAN_KINDS = ("place", "adapt", "recover", "adopt", "release")
 
 _str = check_string
 _num = check_number
@@ -104,6 +104,14 @@ class Plan:
     def renewed_vms(self) -> frozenset[str]:
         """VMs whose recorded CPU need the plan rewrites: steps of a kind with ``renews = True``."""
         return frozenset(s.vm for s in self.steps if s.renews)
+
+    def owned_vms(self) -> frozenset[str]:
+        """VMs the plan adopts or releases: steps of a kind with ``owns = True`` (docs/introducing.md)."""
+        return frozenset(s.vm for s in self.steps if s.owns)
+
+    def snapshot_exclusions(self) -> frozenset[str]:
+        """The VMs the snapshot leaves out: what a half-applied plan has created, removed, adopted or released."""
+        return self.created_vms() | self.removed_vms() | self.owned_vms()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
