@@ -110,7 +110,10 @@ def _sequential_phase(instance: Instance, hosts: np.ndarray, lows: float | np.nd
     low = np.broadcast_to(np.asarray(lows, dtype=float), alpha.shape)  # one task per job: task order == job order
     order = np.lexsort((alpha, hosts))  # by host, then by alpha ascending
     h_sorted = hosts[order]
-    base = np.bincount(hosts, weights=low * alpha, minlength=instance.n_hosts)
+    # One level for all: the host loads as every placement has summed them, bit for bit (the results are pinned:
+    # tests/test_cpu_only_baseline.py); per-job lows: each job's low share of its host.
+    base: np.ndarray = (float(lows) * host_loads(instance, hosts)[0] if np.ndim(lows) == 0
+                        else np.bincount(hosts, weights=low * alpha, minlength=instance.n_hosts))
     spare = np.maximum(instance.host_cpu - base, 0.0)
     want = (1.0 - low[order]) * alpha[order]
     cum = np.cumsum(want)
