@@ -34,4 +34,4 @@ $(STAMP): pyproject.toml setup.py vcsched/solvers/_mcbc.c scripts/install-system
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info site
