@@ -207,6 +207,8 @@ class Controller:
         self.rebalancer = Rebalancer(o.rebalance)
         self.estimates: dict[str, Estimate] = {}
         self.planned: dict[str, float] = {}
+        #: The CPU signals hosts lacked when last said (a ``signals`` event whenever it changes: docs/contention.md).
+        self.signals_missing: dict[str, tuple[str, ...]] | None = None
         self.down: dict[str, str] = {}
         self.down_intervals: dict[str, int] = {}  # host -> intervals in a row it was found down (the metric)
         self.failures = FailureState()
@@ -399,6 +401,9 @@ class Controller:
             self.down_intervals[h.name] = self.down_intervals.get(h.name, 0) + 1 if h.down is not None else 0
 
     def _estimate(self, inventory: Inventory) -> dict[str, Estimate]:
+        if self.sampler.missing != self.signals_missing:  # probed at start: what cannot be measured is said once
+            self.signals_missing = dict(self.sampler.missing)
+            self.events.emit("signals", missing={h: list(names) for h, names in sorted(self.signals_missing.items())})
         self.estimates = estimate_all(inventory, self.sampler.samples(), self.planned, self.options.params)
         return self.estimates
 

@@ -181,3 +181,25 @@ def test_the_sampler_turns_counters_into_throttled_and_waited_shares_and_names_w
     assert a.waited_cores == pytest.approx(0.2)
     assert b.throttled is None and b.waited_cores is None
     assert sampler.missing == {"h0": ("wait",), "h1": ("delay", "throttled", "wait")}
+
+
+def test_observe_shows_used_throttled_waited_and_a_censored_estimate_as_a_lower_bound() -> None:
+    from rich.console import Console
+
+    import cli.observe as observe
+    from cli import app
+
+    e = estimate_need(fl("a", "h0", 0.6, 0.6), samples([0.15, 0.2, 0.18, 0.16, 0.2], 0.6, waited=0.4))
+    out = {"cluster": "lab", "window": 5.0, "sample": 1.0, "hosts_down": [], "apply": {},
+           "vms": [{**e.to_dict(), "vc": "fl"}], "signals_missing": {"h0": ["throttled", "wait"]},
+           "machine": {"cpu_pressure_some": 0.5, "steal_cores": None}}
+    console = Console(record=True, width=200)
+    saved, observe.console = app.console, console  # type: ignore[attr-defined]
+    try:
+        observe._render(out)
+    finally:
+        observe.console = saved  # type: ignore[attr-defined]
+    text = console.export_text()
+    assert "≥0.600" in text and "starved" in text and "0.400" in text
+    assert "host h0: not measured there: throttled, wait" in text
+    assert "some task waited for a CPU 50% of the time" in text

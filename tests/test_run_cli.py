@@ -108,6 +108,7 @@ def test_observe_reports_every_managed_vm_and_none_here(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["cluster"] == "t" and doc["vms"] == [] and doc["hosts_down"] == []
+    assert set(doc["machine"]) == {"cpu_pressure_some", "steal_cores"} and doc["signals_missing"] == {}
 
 
 @contextlib.contextmanager
