@@ -103,6 +103,21 @@ def _rate(now: int | None, before: int | None, seconds: float) -> float | None:
     return (now - before) / 1e9 / seconds
 
 
+def _waited(now: CpuCounters, before: CpuCounters, seconds: float) -> float | None:
+    """Cores' worth of time its vCPUs were runnable but waited for a host CPU *not* because of its own cap.
+
+    The run-queue delay (``vcpu.N.delay``) also counts the time a throttled vCPU waits for its next CFS period
+    (measured on the lab: a busy guest capped at 0.3 core used 0.31 and was delayed 0.70), so the throttled
+    time is taken off it.  Without throttling counters the whole delay counts: a VM its own cap holds back then
+    reads as waiting too, which keeps its estimate from falling — the safe side.
+    """
+    delay = _rate(now.delay_ns, before.delay_ns, seconds)
+    throttled = _rate(now.throttled_ns, before.throttled_ns, seconds)
+    if delay is None:
+        return None
+    return max(0.0, delay - (throttled or 0.0))
+
+
 def _throttled_share(now: CpuCounters, before: CpuCounters) -> float | None:
     """The share of its CFS periods in which the VM's own cap throttled it (None: not measured)."""
     if None in (now.periods, before.periods, now.throttled_periods, before.throttled_periods):
@@ -172,7 +187,7 @@ class CpuSampler:
             used = (ns - last.cpu_ns) / 1e9 / seconds
             before = last.counters
             throttled = None if before is None else _throttled_share(counters, before)
-            waited = None if before is None else _rate(counters.delay_ns, before.delay_ns, seconds)
+            waited = None if before is None else _waited(counters, before, seconds)
             window = self.windows.setdefault(v.name, deque())
             window.append(Sample(wall, seconds, used, v.cap_cores, v.vcpus, v.name in probe, throttled, waited))
         self.missing = {host: tuple(sorted(names)) for host, names in missing.items() if names}

@@ -451,8 +451,8 @@ class LibvirtHypervisor:
             return None
         try:
             dom = self.domain(host, vm)
-            got = self.conn(host).domainListGetStats(
-                [dom], libvirt.VIR_DOMAIN_STATS_CPU_TOTAL | libvirt.VIR_DOMAIN_STATS_VCPU)
+            got = self.conn(host).domainListGetStats(  # a list is not unwrapped by the call counter: unwrap here
+                [unwrap(dom)], libvirt.VIR_DOMAIN_STATS_CPU_TOTAL | libvirt.VIR_DOMAIN_STATS_VCPU)
             stats = dict(got[0][1]) if got else {}
             if "cpu.time" not in stats:
                 return None

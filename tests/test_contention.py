@@ -203,3 +203,15 @@ def test_observe_shows_used_throttled_waited_and_a_censored_estimate_as_a_lower_
     assert "≥0.600" in text and "starved" in text and "0.400" in text
     assert "host h0: not measured there: throttled, wait" in text
     assert "some task waited for a CPU 50% of the time" in text
+
+
+def test_waiting_is_the_run_queue_delay_less_the_time_its_own_cap_throttled_it() -> None:
+    """vcpu.N.delay also counts the wait of a throttled vCPU for its next period: that part is the cap's."""
+    clock = FakeClock()
+    vms = [fl("a", "h0", 0.5, 0.5)]
+    hv = Counting(vms, {"a": [CpuCounters(0, 0, 0, 0, 0), CpuCounters(int(0.3e9), int(0.5e9), 9, 10, int(0.6e9))]})
+    sampler = CpuSampler(10.0, clock)
+    sampler.sample(hv)  # type: ignore[arg-type]
+    clock.advance(1.0)
+    sampler.sample(hv)  # type: ignore[arg-type]
+    assert sampler.samples()["a"][0].waited_cores == pytest.approx(0.1)
