@@ -170,7 +170,7 @@ def test_the_sampler_turns_counters_into_throttled_and_waited_shares_and_names_w
     clock = FakeClock()
     vms = [fl("a", "h0", 0.5, 0.5), fl("b", "h1", 0.5, 0.5)]
     hv = Counting(vms, {
-        "a": [CpuCounters(0, 0, 0, 0, 0, None), CpuCounters(int(0.3e9), 10**6, 4, 10, int(0.2e9), None)],
+        "a": [CpuCounters(0, 0, 0, 0, 0, None), CpuCounters(int(0.3e9), 0, 4, 10, int(0.2e9), None)],
         "b": [CpuCounters(0), CpuCounters(int(0.5e9))]})
     sampler = CpuSampler(10.0, clock)
     sampler.sample(hv)  # type: ignore[arg-type]
