@@ -77,6 +77,7 @@ from vcsched.control.failover import plan_recovery
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
 from vcsched.control.recommend import Book, Recommendation, new_recommendation, record
+from vcsched.control.status import vm_yield
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
@@ -660,12 +661,13 @@ class Controller:
         for v in inventory.up().managed():
             assert v.meta is not None
             e = estimates.get(v.name)
-            est = e.estimate if e is not None else v.meta.cpu_need_cores
+            y = vm_yield(v, e)  # the one yield (status, top, recommendations): cap over the estimate
+            assert y is not None
             last = samples.get(v.name)
-            rows.append(VmMetrics(v.name, v.host, v.meta.cluster, v.meta.cpu_need_cores, est,
+            rows.append(VmMetrics(v.name, v.host, v.meta.cluster, v.meta.cpu_need_cores, y.need_cores,
                                   e.confidence if e is not None else 0.0, v.cap_cores,
-                                  last[-1].used_cores if last else None,
-                                  min(1.0, v.cap_or_vcpus / est) if est > 0 else 1.0, v.meta.min_yield))
+                                  last[-1].used_cores if last else None, y.value, v.meta.min_yield,
+                                  y.upper_bound))
         self.metrics.set_vms(tuple(rows))
         self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0))
                                      for h in inventory.hosts),

@@ -215,3 +215,53 @@ def test_waiting_is_the_run_queue_delay_less_the_time_its_own_cap_throttled_it()
     clock.advance(1.0)
     sampler.sample(hv)  # type: ignore[arg-type]
     assert sampler.samples()["a"][0].waited_cores == pytest.approx(0.1)
+
+
+# ---- one yield: cap over the estimated need, everywhere (vcsched.control.status.vm_yield) ------------------------
+
+
+def _gold_and_web() -> tuple[list[VmState], dict[str, object]]:
+    vms = [VmState("gold-0", "h0", 1, 128 * MiB, True, VmMeta("gold", 1.0, 128 * MiB, 1, 0.6), 0.5),
+           VmState("web-0", "h0", 1, 128 * MiB, True, VmMeta("web", 0.4, 128 * MiB, 1), 0.3)]
+    starved_gold = estimate_need(vms[0], samples([0.2, 0.21, 0.2, 0.22, 0.2], 0.5, waited=0.3), previous=0.8)
+    measured_web = estimate_need(vms[1], samples([0.2, 0.2, 0.21, 0.2, 0.2], 0.3, waited=0.0))
+    return vms, {"gold-0": starved_gold, "web-0": measured_web}
+
+
+def test_the_yield_is_cap_over_the_estimate_and_an_upper_bound_when_the_estimate_is_censored() -> None:
+    from vcsched.control.status import vm_yield
+
+    vms, est = _gold_and_web()
+    gold, web = vm_yield(vms[0], est["gold-0"]), vm_yield(vms[1], est["web-0"])  # type: ignore[arg-type]
+    assert gold is not None and web is not None
+    assert gold.value == pytest.approx(0.5 / 0.8) and gold.upper_bound and gold.shown() == "≤0.625"
+    assert gold.declared_cores == 1.0 and gold.estimated_cores == pytest.approx(0.8)
+    assert web.value == 1.0 and not web.upper_bound  # 0.3 over 0.26 measured: all it needs
+    declared = vm_yield(vms[0])
+    assert declared is not None and declared.value == 0.5 and not declared.upper_bound  # no estimate: declared
+
+
+def test_status_top_and_the_controllers_metrics_give_one_number_for_the_same_estimates() -> None:
+    from acting.metrics import ControllerMetrics
+    from cli.status import status_dict
+    from vcsched.control.top import last_estimates, top_view
+
+    vms, est = _gold_and_web()
+    inv = inventory_of(vms, n_hosts=1, cores=1)
+    events = [{"event": "observe", "vms": [e.to_dict() for e in est.values()]}]  # type: ignore[attr-defined]
+    read_back = last_estimates(events)
+    assert read_back["gold-0"].censored and read_back["gold-0"].estimate == pytest.approx(0.8)
+    doc = status_dict(inv, {}, 0.0, estimates=read_back)
+    status_yields = {v["name"]: (v["predicted_yield"], v["yield_upper_bound"]) for v in doc["vms"]}
+    top = {r.name: (r.yield_, r.yield_upper_bound) for r in top_view(inv, "yield", {}, est, []).vms}  # type: ignore[arg-type]
+    assert status_yields == top == {"gold-0": (pytest.approx(0.625), True), "web-0": (1.0, False)}
+
+    from acting.controller import Controller  # the controller's _publish: VmMetrics from the same function
+    published = ControllerMetrics("lab")
+
+    class Host:
+        def __init__(self) -> None:
+            self.metrics, self.down_intervals, self.sampler = published, {}, CpuSampler(10.0)
+
+    Controller._publish(Host(), inv, est)  # type: ignore[arg-type]
+    assert {v.vm: (v.yield_, v.upper_bound) for v in published.vms} == status_yields

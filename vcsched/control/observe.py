@@ -100,6 +100,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from vcsched.caps import min_cap, realisable_cap
 from vcsched.errors import InputError
@@ -249,8 +250,22 @@ class Estimate:
         """At its cap with its full estimate: it may need more, and only a probe can tell."""
         return self.basis in (SATURATED, PROBE_SATURATED)
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Estimate:
+        """An estimate as :meth:`to_dict` wrote it (a controller's ``observe`` event; older events lack the
+        censoring fields: read as uncensored, as their estimator treated them)."""
+        def num(key: str) -> float | None:
+            return None if d.get(key) is None else float(d[key])
+
+        return cls(str(d["vm"]), str(d["host"]), int(d.get("vcpus", 1)), float(d["declared_need_cores"]),
+                   float(d.get("previous_cores", d["declared_need_cores"])), float(d["estimated_need_cores"]),
+                   float(d.get("raw_cores", d["estimated_need_cores"])), float(d.get("confidence", 0.0)),
+                   bool(d.get("saturated", False)), str(d.get("basis", MEASURED)), int(d.get("samples", 0)),
+                   num("used_cores"), num("cap_cores"), int(d.get("uncensored_samples", 0)), num("throttled_share"),
+                   num("waited_cores"))
+
     def to_dict(self) -> dict[str, object]:
-        return {"vm": self.vm, "host": self.host, "declared_need_cores": self.declared,
+        return {"vm": self.vm, "host": self.host, "vcpus": self.vcpus, "declared_need_cores": self.declared,
                 "estimated_need_cores": self.estimate, "previous_cores": self.previous, "raw_cores": self.raw,
                 "confidence": round(self.confidence, 4), "saturated": self.saturated, "basis": self.basis,
                 "samples": self.samples, "used_cores": self.used_cores, "cap_cores": self.cap_cores,
