@@ -468,9 +468,11 @@ class Controller:
         if self.recommendations is None:
             raise VcschedError("recommend mode without a recommendations store")
         now = self.clock.time()
+        censored = [name for name, e in self.estimates.items() if e.censored]  # their yields: upper bounds
+        predicted = effect(plan, inventory, needs, censored).to_dict()
         rec = new_recommendation(decision.kind, self.cluster, decision.reason, plan.to_dict(),
-                                 step_reasons(plan, inventory, needs), effect(plan, inventory, needs).to_dict(), now,
-                                 self.options.valid_for, self.events.member)
+                                 step_reasons(plan, inventory, needs), predicted, now, self.options.valid_for,
+                                 self.events.member)
         kept = self.recommendations.update(lambda book: record(book, rec))
         self.events.emit("recommendation", id=kept.id, kind=kept.kind, new=kept.id == rec.id, reason=kept.reason,
                          steps=len(plan.steps), effect=kept.effect, valid_until=kept.valid_until)

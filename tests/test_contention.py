@@ -265,3 +265,15 @@ def test_status_top_and_the_controllers_metrics_give_one_number_for_the_same_est
 
     Controller._publish(Host(), inv, est)  # type: ignore[arg-type]
     assert {v.vm: (v.yield_, v.upper_bound) for v in published.vms} == status_yields
+
+
+def test_a_recommendations_predicted_yields_are_upper_bounds_for_vms_with_a_censored_need() -> None:
+    from vcsched.control.observe import cap_plan
+    from vcsched.plans.reasons import effect
+
+    vms, est = _gold_and_web()
+    inv = inventory_of(vms, n_hosts=1, cores=1)
+    needs = {k: e.estimate for k, e in est.items()}  # type: ignore[attr-defined]
+    got = effect(cap_plan(inv, {"gold-0": 0.6}), inv, needs, ["gold-0"]).to_dict()
+    assert got["censored_vms"] == ["gold-0"] and got["per_vm"]["gold-0"]["yield_upper_bound"]
+    assert got["min_yield_before_upper_bound"]  # gold-0's 0.5 / 0.8 is the lowest
