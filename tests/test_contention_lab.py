@@ -110,6 +110,8 @@ class Window:
     old: float
     censored: bool
     waited: float | None
+    basis: str = ""  # how today's estimator reached it
+    samples: int = 0
 
 
 def sample_windows(hv: LibvirtHypervisor, vms: list[str], windows: int,
@@ -129,7 +131,8 @@ def sample_windows(hv: LibvirtHypervisor, vms: list[str], windows: int,
         old = estimate_all(inventory, stripped, declared, NEED_ONLY)
         for vm in vms:
             if vm in new and vm in old:
-                out.append(Window(vm, new[vm].estimate, old[vm].estimate, new[vm].censored, new[vm].waited_cores))
+                e = new[vm]
+                out.append(Window(vm, e.estimate, old[vm].estimate, e.censored, e.waited_cores, e.basis, e.samples))
     return out
 
 
