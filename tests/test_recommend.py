@@ -305,3 +305,65 @@ def test_recommend_mode_needs_a_backend_that_keeps_recommendations(tmp_path: Pat
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr.strip() == ("vcsched: error: --mode recommend: coordination zookeeper://127.0.0.1:2181 keeps no "
                                 "recommendations (use file:///DIR or etcd3+http://HOST:2379)")
+
+
+# ---------------------------------------------------------------- ids an operator can act on
+
+
+def recap(caps: dict[str, tuple[float, float]], now: float, before: float = 0.5,
+          after: float = 0.8) -> rc.Recommendation:
+    """A re-cap setting each VM's cap from ``caps[vm][0]`` to ``caps[vm][1]``."""
+    steps = [{"op": "set-cap", "vm": vm, "host": "h0", "cap_cores": new} for vm, (_, new) in sorted(caps.items())]
+    effect = {"min_yield_before": before, "min_yield_after": after, "mean_yield_before": before,
+              "mean_yield_after": after, "bytes_to_move": 0,
+              "per_vm": {vm: {"cap_before": old, "cap_after": new} for vm, (old, new) in caps.items()}}
+    return rc.new_recommendation("re-cap", "lab", "caps follow needs", {"steps": steps, "snapshot": f"s{now}"},
+                                 ["why"] * len(steps), effect, now, 600, "m1")
+
+
+def test_the_same_proposal_with_caps_a_few_hundredths_apart_keeps_its_id_and_takes_the_new_plan() -> None:
+    book, first = rc.record(rc.Book(), recap({"a-0": (0.4, 0.61), "b-0": (0.8, 0.5)}, 1000.0))
+    book, again = rc.record(book, recap({"a-0": (0.4, 0.63), "b-0": (0.8, 0.49)}, 1005.0))
+    assert again.id == first.id and len(book.recommendations) == 1
+    assert [s["cap_cores"] for s in again.plan["steps"]] == [0.63, 0.49]  # approving applies the latest
+    assert again.valid_until == 1605.0
+
+
+def test_a_different_proposal_supersedes_and_the_old_id_names_its_successor() -> None:
+    book, first = rc.record(rc.Book(), recap({"a-0": (0.4, 0.61)}, 1000.0))
+    book, other = rc.record(book, recap({"a-0": (0.4, 0.3)}, 1005.0))  # a-0 now goes down: another proposal
+    assert other.id != first.id and book.get(first.id).superseded_by == other.id
+    with pytest.raises(rc.Refused, match=f"already superseded; nothing changed; see {other.id} instead"):
+        rc.skip(book, first.id, 1006.0, "alice", 60)
+    with pytest.raises(rc.Refused, match=f"see {other.id} instead"):
+        rc.approve(book, first.id, 1006.0, "alice")
+
+
+def test_a_proposal_without_gain_is_not_worth_recommending() -> None:
+    assert rc.worth_recommending({"min_yield_before": 1.0, "min_yield_after": 1.0}, 0.05) is not None
+    assert rc.worth_recommending({"min_yield_before": 0.7, "min_yield_after": 0.73}, 0.05) is not None
+    assert rc.worth_recommending({"min_yield_before": 0.5, "min_yield_after": 0.8}, 0.05) is None
+
+
+def test_approving_is_refused_naming_a_vm_the_plan_would_put_below_its_floor() -> None:
+    from vcsched.inventory import VmMeta, VmState
+
+    vms = [VmState("fl-0", "h0", 1, 128 << 20, True, VmMeta("fl", 0.4, 128 << 20, 1, min_yield=0.8), 0.4),
+           VmState("web-0", "h0", 1, 128 << 20, True, VmMeta("web", 0.4, 128 << 20, 1), 0.4)]
+    plan = {"predicted": {"per_vm": {"fl-0": {"yield": 0.7, "cap_cores": 0.28, "cpu_need_cores": 0.4},
+                                     "web-0": {"yield": 0.5, "cap_cores": 0.2, "cpu_need_cores": 0.4}}}}
+    assert rc.floor_problems(plan, vms) == [
+        "fl-0: predicted yield 0.700 (cap 0.280 over need 0.400) is below its floor 0.8"]
+
+
+def test_recommend_mode_proposes_no_re_cap_without_gain_and_keeps_one_id_across_intervals(tmp_path: Path) -> None:
+    """c-0 idles at 0.05 core under its 1-core cap: lowering it gains no VM any yield (issue 39's "1.000 ->
+    1.000"), so it is logged as not recommended; the gainful re-balance keeps one id interval after interval."""
+    _hv, run, store = recommending(tmp_path)
+    run.cycles(10)
+    book = store.read()
+    assert not [r for r in book.recommendations if r.kind == "re-cap"
+                and r.effect["min_yield_after"] <= r.effect["min_yield_before"] + 1e-9]
+    assert run.events("not-recommended")
+    ids = {e["id"] for e in run.events("recommendation") if e["kind"] == "re-balance"}
+    assert len(ids) == 1, ids
