@@ -140,22 +140,47 @@ def events_of(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
-def test_under_contention_estimates_are_censored_and_the_controller_lowers_no_cap(lab: Lab,
-                                                                                  tmp_path: Path) -> None:
+@dataclass
+class Contended:
+    """What a `vcsched run` beside busy guests did: its events, the managed VMs at the end, the approvals made."""
+
+    names: list[str]
+    events: list[dict[str, Any]]
+    final: dict[str, Any]
+    approved: list[dict[str, Any]]
+
+
+def run_contended(lab: Lab, tmp_path: Path, mode: str) -> Contended:
+    """fl-0 on h0 and fl-1 on h1 beside a busy guest on each host, under `vcsched run --mode MODE` for
+    :data:`RUN_S`; in recommend mode every open recommendation is approved as soon as it is listed."""
     path, cluster = lab_cluster(lab, tmp_path)
     names = [f"fl{uuid.uuid4().hex[:4]}-{i}" for i in range(2)]
     log = tmp_path / "run.jsonl"
+    env = {**os.environ, "VCSCHED_STATE_DIR": str(tmp_path / "state")}
     proc = None
+    approved: list[dict[str, Any]] = []
     try:
         with LibvirtHypervisor(cluster) as hv, busy_guests(lab, [0, 1]):
             for i, name in enumerate(names):
                 create_managed(hv, cluster, name, f"h{i}", NEED, CAP, DUTY, FLOOR)
-            env = {**os.environ, "VCSCHED_STATE_DIR": str(tmp_path / "state")}
             proc = subprocess.Popen(
                 [sys.executable, "-m", "cli.main", "run", "--cluster", str(path), "--interval", f"{INTERVAL:g}s",
-                 "--budget-per-interval", "256MiB", "--probe-seconds", "0", "--log", str(log)],
+                 "--budget-per-interval", "256MiB", "--probe-seconds", "0", "--mode", mode, "--log", str(log)],
                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            time.sleep(RUN_S)
+            end = time.monotonic() + RUN_S
+            while time.monotonic() < end:
+                time.sleep(INTERVAL)
+                if mode != "recommend":
+                    continue
+                listed = subprocess.run([sys.executable, "-m", "cli.main", "recommendations", "--cluster", str(path),
+                                         "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+                for r in json.loads(listed.stdout or "{}").get("recommendations", []):
+                    if r["state"] == "open":
+                        done = subprocess.run([sys.executable, "-m", "cli.main", "approve", r["id"], "--cluster",
+                                               str(path), "--json"], cwd=ROOT, env=env, capture_output=True,
+                                              text=True, timeout=120)
+                        approved.append({"id": r["id"], "exit": done.returncode, "stderr": done.stderr.strip(),
+                                         "effect": r["effect"]})
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0, proc.communicate()
             final = {v.name: v for v in hv.inventory().managed()}
@@ -165,18 +190,39 @@ def test_under_contention_estimates_are_censored_and_the_controller_lowers_no_ca
             proc.wait()
         for name in names:
             destroy_everywhere(lab, name)
-    events = events_of(log)
-    observed = [v for e in events if e["event"] == "observe" for v in e["vms"] if v["vm"] in names]
+    return Contended(names, events_of(log), final, approved)
+
+
+def no_cap_lowered_none_below_floor_estimates_censored(run: Contended) -> None:
+    observed = [v for e in run.events if e["event"] == "observe" for v in e["vms"] if v["vm"] in run.names]
     assert observed, "the daemon estimated nothing"
-    lowered = [(e["vm"], e["op"], e["cap_cores"]) for e in events if e["event"] == "step" and e.get("vm") in names
-               and e.get("cap_cores") is not None and float(e["cap_cores"]) < CAP - 0.005]
+    lowered = [(e["vm"], e["op"], e["cap_cores"]) for e in run.events if e["event"] == "step"
+               and e.get("vm") in run.names and e.get("cap_cores") is not None
+               and float(e["cap_cores"]) < CAP - 0.005]
     assert not lowered, lowered
-    for name in names:
-        cap = final[name].cap_cores
+    for name in run.names:
+        cap = run.final[name].cap_cores
         assert cap is not None and cap / NEED >= FLOOR - 1e-3, (name, cap)
     censored = [v for v in observed if v["samples"] >= 3]
     assert censored and all(v["censored"] for v in censored[len(censored) // 2:]), \
         [(v["vm"], v["basis"], v["waited_cores"]) for v in censored]
+
+
+def test_under_contention_estimates_are_censored_and_the_controller_lowers_no_cap(lab: Lab,
+                                                                                  tmp_path: Path) -> None:
+    run = run_contended(lab, tmp_path, "act")
+    no_cap_lowered_none_below_floor_estimates_censored(run)
+    # Every plan applied a settle period (two windows) before the end is audited, predicted against achieved.
+    settled = [e for e in run.events if e["event"] == "applied" and e.get("ok") and e.get("steps")
+               and e["time"] < run.events[-1]["time"] - 4 * INTERVAL]
+    audits = [e for e in run.events if e["event"] == "audit"]
+    assert len(audits) >= len(settled), (settled, audits)
+
+
+def test_under_contention_recommend_mode_with_approvals_lowers_no_cap(lab: Lab, tmp_path: Path) -> None:
+    run = run_contended(lab, tmp_path, "recommend")
+    no_cap_lowered_none_below_floor_estimates_censored(run)
+    assert all(a["exit"] in (0, 1) for a in run.approved), run.approved  # applied, or refused with a reason
 
 
 def test_without_contention_a_duty_cycle_is_estimated_within_ten_percent(lab: Lab, tmp_path: Path) -> None:
