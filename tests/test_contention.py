@@ -277,3 +277,23 @@ def test_a_recommendations_predicted_yields_are_upper_bounds_for_vms_with_a_cens
     got = effect(cap_plan(inv, {"gold-0": 0.6}), inv, needs, ["gold-0"]).to_dict()
     assert got["censored_vms"] == ["gold-0"] and got["per_vm"]["gold-0"]["yield_upper_bound"]
     assert got["min_yield_before_upper_bound"]  # gold-0's 0.5 / 0.8 is the lowest
+
+
+def test_the_controller_never_lowers_a_starved_vms_cap_over_100_intervals() -> None:
+    """The whole loop in memory: the sampler reads delay from the fake hypervisor (what a VM wanted and did not
+    get because an unmanaged uncapped busy VM shares its host's core), the controller estimates and re-caps."""
+    from tests.fake_load import FakeLocks, LoadedHypervisor, busy
+    from tests.test_controller import Run
+
+    clock = FakeClock()
+    hog = VmState("hog", "h0", 2, 128 * MiB, True, None, None)  # not managed, uncapped, wants 2 cores
+    inv = inventory_of([fl("fl-0", "h0", 0.4, 0.4), fl("fl-1", "h1", 0.4, 0.4), hog], n_hosts=2, cores=1)
+    hv = LoadedHypervisor("lab", inv.hosts, inv.vms, clock, {"fl-0": busy(0.4), "fl-1": busy(0.4), "hog": busy(2.0)})
+    run = Run(hv, clock, FakeLocks(), probe_seconds=0.0, budget=0)
+    run.cycles(100)
+    caps = [(s["vm"], s["cap_cores"]) for s in run.events("step") if s["vm"] == "fl-0" and s.get("cap_cores")]
+    assert all(cap >= 0.4 - 1e-9 for _, cap in caps), caps
+    assert hv.vms["fl-0"].cap_cores == pytest.approx(0.4)
+    last = run.events("observe")[-1]["vms"]
+    fl0 = next(v for v in last if v["vm"] == "fl-0")
+    assert fl0["censored"] and fl0["basis"] == STARVED and fl0["waited_cores"] > 0.2  # gets 0.4 / 2.4 of a core
