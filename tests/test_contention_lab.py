@@ -10,11 +10,16 @@ they need.
   lowers no cap and leaves no VM below its floor (the downward spiral of
   issue 39: the estimator of before lowered fl-0 from 0.40 to 0.28 core
   within 40 s, below its 0.8 floor);
-* without contention (no busy guest, and the machine otherwise quiet) a
-  guest's need is estimated within 10 % of its duty cycle within
-  :data:`QUIET_WINDOWS` windows.  That test measures CPU time: it runs
-  alone (``exclusive``), and skips (fails on CI) when the machine is too
-  busy for a guest not to wait.
+* without contention a guest's need is estimated within 10 % of its true
+  need within :data:`QUIET_WINDOWS` windows.  Its true need is what it uses
+  when nothing holds it back: a guest spinning at 40 % of its vCPU uses
+  0.47-0.49 core of this machine (the load loop's own work under TCG), not
+  0.40, so the reference is its mean use over the windows in which it
+  neither hit its cap nor waited.  A development machine shared with other
+  test runs is rarely quiet, so the test gives its host's cgroup partition
+  the largest CPU weight (``cpu.shares``) while it measures: its one guest
+  then runs when it wants.  It measures CPU time: it runs alone
+  (``exclusive``), and skips (fails on CI) if the guest waits all the same.
 
 The module's lab is its own (``own_lab``): the busy guests would take what the other lab tests measure.
 """
@@ -59,6 +64,8 @@ RUN_S = 36.0  # 18 intervals: the old estimator had lowered fl-0 below its floor
 NEED_ONLY = ObserveParams(headroom=0.0, margin=0.0)
 SAMPLE_S, WINDOW_SAMPLES = 1.0, 5
 QUIET_WINDOWS = 3  # docs/contention.md: a quiet guest's need is within 10 % by its third window
+#: The cpu controller's largest weight: the lab partition's processes run before the machine's other work.
+TOP_SHARES = 262144
 BOOT_SETTLE_S = 20.0  # a TCG guest keeps working ~20 s after its boot (tests/test_run_lab.py)
 
 
@@ -112,6 +119,7 @@ class Window:
     waited: float | None
     basis: str = ""  # how today's estimator reached it
     samples: int = 0
+    used_mean: float = 0.0  # the mean of the cores used over the window
 
 
 def sample_windows(hv: LibvirtHypervisor, vms: list[str], windows: int,
@@ -132,8 +140,27 @@ def sample_windows(hv: LibvirtHypervisor, vms: list[str], windows: int,
         for vm in vms:
             if vm in new and vm in old:
                 e = new[vm]
-                out.append(Window(vm, e.estimate, old[vm].estimate, e.censored, e.waited_cores, e.basis, e.samples))
+                used = [s.used_cores for s in samples.get(vm, ())]
+                out.append(Window(vm, e.estimate, old[vm].estimate, e.censored, e.waited_cores, e.basis, e.samples,
+                                  sum(used) / len(used) if used else 0.0))
     return out
+
+
+@contextlib.contextmanager
+def cpu_priority(lab: Lab, host: int) -> Iterator[None]:
+    """The host's cgroup partition at :data:`TOP_SHARES` for the ``with`` block (cgroup v1 cpu controller; where
+    there is none, nothing changes), its weight put back after."""
+    from lab.state import partition_dir_name
+
+    shares = Path("/sys/fs/cgroup/cpu") / partition_dir_name(lab.hosts[host].partition) / "cpu.shares"
+    before = shares.read_text().strip() if shares.exists() else None
+    if before is not None:
+        shares.write_text(str(TOP_SHARES))
+    try:
+        yield
+    finally:
+        if before is not None and shares.exists():
+            shares.write_text(before)
 
 
 def events_of(log: Path) -> list[dict[str, Any]]:
@@ -229,7 +256,7 @@ def test_without_contention_a_duty_cycle_is_estimated_within_ten_percent(lab: La
     _path, cluster = lab_cluster(lab, tmp_path)
     name = f"q{uuid.uuid4().hex[:4]}-0"
     try:
-        with LibvirtHypervisor(cluster) as hv:
+        with LibvirtHypervisor(cluster) as hv, cpu_priority(lab, 0):
             create_managed(hv, cluster, name, "h0", 0.8, 0.8, DUTY)
             time.sleep(BOOT_SETTLE_S)
             windows = sample_windows(hv, [name], QUIET_WINDOWS, {name: 0.8})
@@ -237,7 +264,10 @@ def test_without_contention_a_duty_cycle_is_estimated_within_ten_percent(lab: La
         destroy_everywhere(lab, name)
     waited = [w.waited for w in windows if w.waited is not None]
     last = windows[-1]
-    if last.censored:
-        skip_or_fail(f"machine too busy: the quiet guest waited {max(waited, default=0):.2f} core for a host CPU "
+    if any(w.censored for w in windows):
+        skip_or_fail(f"machine too busy: the guest waited up to {max(waited, default=0):.2f} core for a host CPU "
                      f"(/proc/pressure/cpu: {Path('/proc/pressure/cpu').read_text().splitlines()[0]})")
-    assert abs(last.new - DUTY / 100) <= 0.1 * DUTY / 100, windows
+    true_need = sum(w.used_mean for w in windows) / len(windows)
+    assert DUTY / 100 <= true_need <= 1.3 * DUTY / 100, windows  # the duty cycle plus the load loop's own work
+    assert abs(last.new - true_need) <= 0.1 * true_need, windows
+    assert last.basis == "measured" and last.new < 0.8  # not held at its declared need: nothing censored it
