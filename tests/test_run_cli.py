@@ -158,3 +158,13 @@ def test_a_controller_with_a_duration_stops_on_its_own(tmp_path: Path) -> None:
     ticks = [e for e in events if e["event"] == "interval"]
     assert 2 <= len(ticks) <= 8, len(ticks)  # about 1 s of 0.2 s intervals
     assert events[-1]["time"] - events[0]["time"] < 10
+
+
+def test_status_reads_the_controllers_estimates_from_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    log.write_text(json.dumps({"event": "observe", "vms": []}) + "\n")
+    r = invoke("status", "--cluster", cluster_file(tmp_path), "--sample", "0", "--events", log, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["estimates_from"] == str(log)
+    assert "--events" in one_line(invoke("status", "--cluster", cluster_file(tmp_path), "--events",
+                                         tmp_path / "none.jsonl"))
