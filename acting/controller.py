@@ -73,19 +73,12 @@ from acting.metrics import ControllerMetrics, HostMetrics, VmMetrics
 from acting.sampling import Clock, CpuSampler, SystemClock
 from hypervisor.base import Hypervisor
 from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries, restore_journal
-from vcsched.control.audit import PendingAudit, pending_approved, pending_audit
+from vcsched.control.audit import PendingAudit, pending_audit
 from vcsched.control.audit import settle as settle_audit
 from vcsched.control.failover import plan_recovery
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
-from vcsched.control.recommend import (
-    APPLIED,
-    Book,
-    Recommendation,
-    new_recommendation,
-    record,
-    worth_recommending,
-)
+from vcsched.control.recommend import Book, Recommendation, new_recommendation, record, worth_recommending
 from vcsched.control.status import vm_yield
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
@@ -222,8 +215,6 @@ class Controller:
         #: The CPU signals hosts lacked when last said (a ``signals`` event whenever it changes: docs/contention.md).
         self.signals_missing: dict[str, tuple[str, ...]] | None = None
         self.audits: list[PendingAudit] = []  # applied plans waiting to settle (vcsched.control.audit)
-        self.audited_approvals: set[str] = set()  # approved recommendations already taken into self.audits
-        self.started_at = self.clock.time()
         self.down: dict[str, str] = {}
         self.down_intervals: dict[str, int] = {}  # host -> intervals in a row it was found down (the metric)
         self.failures = FailureState()
@@ -433,19 +424,6 @@ class Controller:
         if p is not None:
             self.audits.append(p)
 
-    def _audit_approved(self, book: Book) -> None:
-        """Remember the recommendations an operator approved and that were applied since this controller started
-        (``vcsched approve`` applies them and exits), to audit them once settled like its own plans."""
-        for r in book.recommendations:
-            if r.state != APPLIED or r.id in self.audited_approvals or r.decided_at is None \
-                    or r.decided_at < self.started_at:
-                continue
-            self.audited_approvals.add(r.id)
-            p = pending_approved(r.kind, r.plan, r.effect, r.decided_at, self.sampler.samples(),
-                                 self.options.audit_windows * self.options.window_s, self.options.params)
-            if p is not None:
-                self.audits.append(p)
-
     def _estimate(self, inventory: Inventory) -> dict[str, Estimate]:
         if self.sampler.missing != self.signals_missing:  # probed at start: what cannot be measured is said once
             self.signals_missing = dict(self.sampler.missing)
@@ -476,10 +454,7 @@ class Controller:
         self._try_lead(renew=False)  # no network: a leader whose lease went stale stands down before asking the book
         if not self.leader:
             return
-        book = self.recommendations.read() if self.recommendations is not None else None
-        vetoed = book.vetoed(self.clock.time()) if book is not None else ()
-        if book is not None:
-            self._audit_approved(book)
+        vetoed = self.recommendations.read().vetoed(self.clock.time()) if self.recommendations is not None else ()
         decision = self.rebalancer.decide(inventory, needs, self.clock.time(), vetoed=vetoed)
         self.events.emit("decision", **decision.to_dict())
         self._publish(inventory, estimates)

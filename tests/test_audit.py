@@ -67,22 +67,3 @@ def test_vcsched_audit_lists_predicted_against_achieved_from_the_controllers_log
     assert "≤+0.400" in table.stdout and "+0.100" in table.stdout and "a-0" in table.stdout
     gone = CliRunner().invoke(cli, ["audit", "--events", str(tmp_path / "none.jsonl")])
     assert gone.exit_code == 1 and "cannot read" in gone.stderr
-
-
-def test_an_approved_recommendation_is_audited_like_the_controllers_own_plans(tmp_path: Path) -> None:
-    from acting.executor import apply_plan
-    from tests.test_recommend import recommending
-    from vcsched.control import recommend as rc
-    from vcsched.plans.plan import plan_from_dict
-
-    hv, run, store = recommending(tmp_path)
-    run.cycles(6)
-    r = next(r for r in rc.open_ones(store.read(), run.clock.time()) if r.kind == "re-balance")
-    store.update(lambda book: rc.approve(book, r.id, run.clock.time(), "alice"))  # as `vcsched approve` does
-    assert apply_plan(hv, plan_from_dict(dict(r.plan))).ok
-    store.update(lambda book: rc.settle(book, r.id, rc.APPLIED, "applied"))
-    run.cycles(6)
-    (audit,) = [a for a in audits_of(run.events()) if a.kind == "re-balance"]
-    predicted = r.effect["min_yield_after"] - r.effect["min_yield_before"]
-    assert audit.predicted_gain == pytest.approx(predicted, abs=0.02)
-    assert audit.achieved_gain is not None and abs(audit.achieved_gain - audit.predicted_gain) <= 0.05, audit

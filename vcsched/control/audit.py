@@ -114,25 +114,6 @@ class AuditRecord:
                            dict(d.get("per_vm", {})), tuple(d.get("censored", ())))
 
 
-def pending_approved(kind: str, plan: Mapping[str, Any], effect: Mapping[str, Any], applied_at: float,
-                     samples: Mapping[str, Sequence[Sample]], settle_s: float,
-                     params: ObserveParams = DEFAULT_PARAMS) -> PendingAudit | None:
-    """The audit of a recommendation an operator approved (``vcsched approve``) and that was applied at
-    ``applied_at``: its prediction is the one it was approved on (its ``effect``, the needs of its ``plan``),
-    what its VMs achieved before is measured from ``samples`` taken before ``applied_at``."""
-    per_vm = effect.get("per_vm", {})
-    needs = {vm: float(p["cpu_need_cores"]) for vm, p in plan.get("predicted", {}).get("per_vm", {}).items()}
-    touched = sorted(vm for vm, p in per_vm.items() if vm in needs and p.get("yield_before") is not None
-                     and p.get("yield_after") is not None)
-    if not touched:
-        return None
-    used = {vm: needs[vm] for vm in touched}
-    return PendingAudit(kind, applied_at, settle_s, used, {vm: float(per_vm[vm]["yield_before"]) for vm in touched},
-                        {vm: float(per_vm[vm]["yield_after"]) for vm in touched},
-                        achieved_yields(samples, used, touched, until=applied_at, params=params),
-                        tuple(sorted(set(effect.get("censored_vms", ())) & set(touched))))
-
-
 def settle(p: PendingAudit, samples: Mapping[str, Sequence[Sample]], now: float,
            params: ObserveParams = DEFAULT_PARAMS) -> AuditRecord:
     """The audit of ``p`` from the samples taken since it was applied (module docstring)."""
