@@ -73,8 +73,6 @@ from acting.metrics import ControllerMetrics, HostMetrics, VmMetrics
 from acting.sampling import Clock, CpuSampler, SystemClock
 from hypervisor.base import Hypervisor
 from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries, restore_journal
-from vcsched.control.audit import PendingAudit, pending_audit
-from vcsched.control.audit import settle as settle_audit
 from vcsched.control.failover import plan_recovery
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
@@ -129,8 +127,6 @@ class RunOptions:
     #: it (and never probe: nothing changes hosts).
     recommend: bool = False
     valid_for: float = 600.0  # seconds a recommendation stays valid
-    #: Windows after an applied plan before it is audited (predicted against achieved: vcsched.control.audit).
-    audit_windows: int = 2
 
     def __post_init__(self) -> None:
         if not self.interval > 0:
@@ -214,7 +210,6 @@ class Controller:
         self.planned: dict[str, float] = {}
         #: The CPU signals hosts lacked when last said (a ``signals`` event whenever it changes: docs/contention.md).
         self.signals_missing: dict[str, tuple[str, ...]] | None = None
-        self.audits: list[PendingAudit] = []  # applied plans waiting to settle (vcsched.control.audit)
         self.down: dict[str, str] = {}
         self.down_intervals: dict[str, int] = {}  # host -> intervals in a row it was found down (the metric)
         self.failures = FailureState()
@@ -406,24 +401,6 @@ class Controller:
                 self.failures.down_since.setdefault(h.name, self.clock.monotonic())
             self.down_intervals[h.name] = self.down_intervals.get(h.name, 0) + 1 if h.down is not None else 0
 
-    def _audit_settled(self) -> None:
-        """Audit the applied plans that have settled: an ``audit`` event and the gain metrics each."""
-        now = self.clock.time()
-        for p in [p for p in self.audits if p.due <= now]:
-            self.audits.remove(p)
-            rec = settle_audit(p, self.sampler.samples(), now, self.options.params)
-            self.events.emit("audit", **rec.to_dict())
-            self.metrics.set_audit(rec.kind, rec.predicted_gain, rec.achieved_gain)
-
-    def _audit_applied(self, kind: str, plan: Plan, before: Inventory, needs: dict[str, float]) -> None:
-        """Remember an applied plan's prediction and what its VMs achieved before it, to audit once settled."""
-        caps = {v.name: v.cap_or_vcpus for v in before.managed()}
-        censored = [name for name, e in self.estimates.items() if e.censored]
-        p = pending_audit(kind, plan, caps, needs, self.sampler.samples(), self.clock.time(),
-                          self.options.audit_windows * self.options.window_s, censored, self.options.params)
-        if p is not None:
-            self.audits.append(p)
-
     def _estimate(self, inventory: Inventory) -> dict[str, Estimate]:
         if self.sampler.missing != self.signals_missing:  # probed at start: what cannot be measured is said once
             self.signals_missing = dict(self.sampler.missing)
@@ -439,7 +416,6 @@ class Controller:
         if self.failover is not None and inventory.down_hosts():
             self._failures(inventory)
         estimates = self._estimate(inventory)
-        self._audit_settled()
         warming = self.clock.monotonic() - self._lead.since < o.window_s - o.sample_s / 2  # half a period late: on time
         if warming:
             self._publish(inventory, estimates)
@@ -483,8 +459,6 @@ class Controller:
             self.events.emit("lock-busy", action=decision.kind, reason=str(exc))
             return
         if report.results:
-            if report.ok:
-                self._audit_applied(decision.kind, live.plan, fresh, needs)
             self.sampler.restart([r.step.vm for r in report.results])
             self._publish(self.hv.inventory(), self.estimates)
 

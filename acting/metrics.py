@@ -22,9 +22,6 @@ metric                                      meaning
 ``vcsched_host_down_intervals``             intervals in a row the host has been down (0 when up)
 ``vcsched_vms_in_doubt``                    VMs in doubt: active on two hosts at once, or a paused arrival
 ``vcsched_migrated_bytes_total``            bytes of the migrations applied since start
-``vcsched_plan_gain_predicted``, ``_achieved``  the last settled plan's predicted and achieved min-yield gain
-                                            (``kind`` label; vcsched.control.audit)
-``vcsched_plans_audited_total``             applied plans audited once settled
 ``vcsched_plans_applied_total{outcome}``    plans applied: ``ok`` or ``failed`` (stopped early)
 ``vcsched_steps_total{op,outcome}``         plan steps carried out, by kind and outcome
 ``vcsched_interval_duration_seconds``       wall time of the last interval's work
@@ -100,15 +97,7 @@ class ControllerMetrics:
     #: Failed hosts (acting/failure.py): counters, and the seconds from failure to each restart (sum, count).
     failures: dict[str, int] = field(default_factory=lambda: {k: 0 for k in FAILURE_COUNTERS})
     restart_seconds: tuple[float, int] = (0.0, 0)
-    #: The last settled plan's audit, ``(kind, predicted gain, achieved gain or None)``, and how many were audited.
-    audit: tuple[str, float, float | None] | None = None
-    audited: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def set_audit(self, kind: str, predicted: float, achieved: float | None) -> None:
-        with self.lock:
-            self.audit = (kind, predicted, achieved)
-            self.audited += 1
 
     def set_hosts(self, hosts: tuple[HostMetrics, ...], in_doubt: int | None) -> None:
         with self.lock:
@@ -225,19 +214,6 @@ class _Collector:
             fences.add_metric([c, "ok"], float(f.get("fence_ok", 0)))
             fences.add_metric([c, "failed"], float(f.get("fence_failed", 0)))
             yield fences
-            gains = [GaugeMetricFamily(f"vcsched_plan_gain_{what}", f"the last settled plan's {what} gain in "
-                                       "min-yield points (vcsched audit)", labels=["cluster", "kind"])
-                     for what in ("predicted", "achieved")]
-            if m.audit is not None:
-                kind, predicted, achieved = m.audit
-                gains[0].add_metric([c, kind], predicted)
-                if achieved is not None:
-                    gains[1].add_metric([c, kind], achieved)
-            yield from gains
-            audited = CounterMetricFamily("vcsched_plans_audited", "applied plans audited once settled",
-                                          labels=["cluster"])
-            audited.add_metric([c], float(m.audited))
-            yield audited
             total, n = m.restart_seconds
             restart = SummaryMetricFamily("vcsched_restart_seconds", "seconds from a host declared failed to each "
                                           "of its VMs running again", labels=["cluster"])

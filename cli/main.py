@@ -56,8 +56,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "approve": ("cli.recommend:approve_cmd", "Apply recommendation ID now, under the cluster lock, if it still holds."),
     "skip": ("cli.recommend:skip_cmd",
              "Veto recommendation ID: it is closed, and the controller does not move its VMs again for --for."),
-    "audit": ("cli.audit:audit_cmd",
-              "List the last plans `vcsched run` applied with the gain each predicted and the gain it achieved."),
     "top": ("cli.top:top_cmd",
             "Watch the cluster live: hosts, VMs, caps, use, needs and yields, refreshed every --interval."),
 }

@@ -57,9 +57,6 @@ def open_log(path: str | None) -> TextIO:
                    "ID`; change nothing (no probes).")
 @click.option("--valid-for", type=Duration(), default="10m", show_default=True,
               help="How long a recommendation may be approved after it was made.")
-@click.option("--audit-windows", type=click.IntRange(1, 1000), default=2, show_default=True,
-              help="Windows after an applied plan before its VMs' achieved yields are measured against its "
-                   "prediction (an `audit` event, the vcsched_plan_gain_* metrics, `vcsched audit`).")
 @click.option("--duration", type=Duration(), default=None,
               help="Stop on its own after this long, as on SIGTERM (a trial: --dry-run --duration 1h, then read "
                    "the log).  Default: run until stopped.")
@@ -82,7 +79,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
             window: float | None, sample: float | None, probe_seconds: float | None, algorithm: str, parallel: int,
             dry_run: bool, mode: str, valid_for: float, duration: float | None, log_file: str | None,
             metrics_port: int | None, metrics_addr: str, coordination: str | None, lock_ttl: float | None,
-            lock_wait: float | None, audit_windows: int = 2) -> int:
+            lock_wait: float | None) -> int:
     """Run the controller: measure needs, follow them with caps, re-balance within a byte budget per interval.
 
     \b
@@ -131,8 +128,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     options = RunOptions(interval, RebalanceOptions(budget, threshold, settle, cooldown, algorithm, parallel,
                                                     storage=cluster, schedule=cluster.schedule),
                          window=window, sample=sample, probe_seconds=probe_seconds, lock_wait=lock_wait,
-                         dry_run=dry_run, recommend=mode == "recommend", valid_for=valid_for,
-                         audit_windows=audit_windows)
+                         dry_run=dry_run, recommend=mode == "recommend", valid_for=valid_for)
     url = resolve_url(coordination, cluster.coordination)
     books = RecommendationStore.supports(url)  # vetoes and recommendations live beside the lock
     if mode == "recommend" and not books:
