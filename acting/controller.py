@@ -76,7 +76,7 @@ from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entri
 from vcsched.control.failover import plan_recovery
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
-from vcsched.control.recommend import Book, Recommendation, new_recommendation, record, worth_recommending
+from vcsched.control.recommend import Book, Recommendation, new_recommendation, record
 from vcsched.control.status import vm_yield
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
@@ -470,10 +470,6 @@ class Controller:
         now = self.clock.time()
         censored = [name for name, e in self.estimates.items() if e.censored]  # their yields: upper bounds
         predicted = effect(plan, inventory, needs, censored).to_dict()
-        why_not = worth_recommending(predicted, self.options.rebalance.threshold)
-        if why_not is not None:  # an operator is not asked to approve "1.000 -> 1.000"
-            self.events.emit("not-recommended", kind=decision.kind, reason=why_not, effect=predicted)
-            return
         rec = new_recommendation(decision.kind, self.cluster, decision.reason, plan.to_dict(),
                                  step_reasons(plan, inventory, needs), predicted, now, self.options.valid_for,
                                  self.events.member)

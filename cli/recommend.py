@@ -106,9 +106,7 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     """Apply recommendation ID now, under the cluster lock, if it still holds.
 
     \b
-    A recommendation that would put a VM below the floor (min_yield) its
-    metadata records is refused, naming the VM.  Its plan is re-validated
-    against the live inventory first, as `vcsched
+    Its plan is re-validated against the live inventory first, as `vcsched
     apply` does (the snapshot, the whole plan replayed, its claims): a
     cluster that changed so that it no longer holds, a recommendation past
     its validity or already approved, skipped or superseded is refused
@@ -133,10 +131,6 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
         store = _store(cluster, coordination, hv)
         store.read().get(rec_id)  # an unknown id is bad input before any lock is taken
         with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, hv=hv) as lock:
-            below = rc.floor_problems(store.read().get(rec_id).plan, hv.inventory().vms)
-            if below:  # the floors as the VMs record them now, against the latest renewed prediction
-                raise rc.Refused(f"recommendation {rec_id} would put a VM below its floor: {'; '.join(below)}; "
-                                 "nothing changed")
             rec = store.update(lambda book: rc.approve(book, rec_id, time.time(), member_id()))
             try:
                 plan = plan_from_dict(dict(rec.plan))

@@ -20,14 +20,7 @@ Lifecycle (every transition a pure function of the book, applied atomically by t
     open --(past valid_until)--> expired (shown so; approving it is refused)
 
 Only one open recommendation of each kind (re-cap, re-balance) exists at a time: the controller's next
-decision supersedes the previous one, or keeps it and extends its validity.  It is kept — its id too — when it
-is the *same proposal* (:func:`proposal_key`: the same migrations, and caps changed for the same VMs in the same
-direction), its steps, reasons and predicted effect renewed from the new decision: estimates move a little from
-interval to interval, and a new id for every 0.01 core made the ids useless to an operator (an id listed was
-superseded before it could be approved).  A superseded one names its successor (``superseded_by``), and
-approving or skipping it says which one to look at instead.  A proposal whose predicted gain is below the
-controller's threshold is not recorded at all (:func:`worth_recommending`).  Approving re-checks the floors
-(:func:`floor_problems`) against the VMs as they are now.
+decision supersedes the previous one, or keeps it (same steps) and extends its validity.
 """
 
 from __future__ import annotations
@@ -40,7 +33,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vcsched.errors import InputError, VcschedError
-from vcsched.units import YIELD_TOLERANCE
 
 OPEN, APPROVED, APPLIED, FAILED, STALE, SKIPPED, SUPERSEDED, EXPIRED = (
     "open", "approved", "applied", "failed", "stale", "skipped", "superseded", "expired")
@@ -71,7 +63,6 @@ class Recommendation:
     decided_at: float | None = None
     decided_by: str | None = None
     detail: str = ""  # why it was refused, skipped or failed; what applying it did
-    superseded_by: str | None = None  # the recommendation that superseded it
 
     @property
     def moves(self) -> tuple[tuple[str, str], ...]:
@@ -92,15 +83,14 @@ class Recommendation:
                                                              strict=True)],
                 "effect": dict(self.effect), "made_at": self.made_at, "valid_until": self.valid_until,
                 "made_by": self.made_by, "decided_at": self.decided_at, "decided_by": self.decided_by,
-                "detail": self.detail, "superseded_by": self.superseded_by, "plan": dict(self.plan)}
+                "detail": self.detail, "plan": dict(self.plan)}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Recommendation:
         return Recommendation(str(d["id"]), str(d["kind"]), str(d["cluster"]), str(d["reason"]),
                               tuple(str(s.get("reason", "")) for s in d["steps"]), d["plan"], d["effect"],
                               float(d["made_at"]), float(d["valid_until"]), str(d.get("made_by", "")),
-                              str(d["state"]), d.get("decided_at"), d.get("decided_by"), str(d.get("detail", "")),
-                              d.get("superseded_by"))
+                              str(d["state"]), d.get("decided_at"), d.get("decided_by"), str(d.get("detail", "")))
 
 
 @dataclass(frozen=True)
@@ -153,37 +143,22 @@ def recommendation_id(cluster: str, plan: Mapping[str, Any], made_at: float) -> 
     return "r" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def proposal_key(rec: Recommendation) -> tuple[Any, ...]:
-    """What makes two recommendations the same proposal for an operator: the kind, the migrations (each VM and
-    the host it ends on) and which VMs' caps go up and which go down (the predicted effect's ``cap_before`` /
-    ``cap_after``), not the exact cap values, which follow the estimates by a few hundredths each interval."""
-    per_vm = rec.effect.get("per_vm", {})
-
-    def direction(vm: str) -> str:
-        before, after = per_vm.get(vm, {}).get("cap_before"), per_vm.get(vm, {}).get("cap_after")
-        if before is None or after is None:
-            return "?"
-        return "up" if after > before + 1e-9 else "down" if after < before - 1e-9 else "same"
-
-    steps = sorted({(str(s.get("op")), str(s.get("vm")), direction(str(s.get("vm"))) if s.get("op") == "set-cap"
-                     else "") for s in rec.plan.get("steps", []) if s.get("op") != "migrate"})
-    return rec.kind, rec.moves, tuple(steps)
+def _same_steps(a: Recommendation, b: Recommendation) -> bool:
+    return list(a.plan.get("steps", [])) == list(b.plan.get("steps", [])) and \
+        a.plan.get("snapshot") == b.plan.get("snapshot")
 
 
 def record(book: Book, rec: Recommendation) -> tuple[Book, Recommendation]:
-    """Add ``rec`` to the book: an open one of the same kind that is the same proposal (:func:`proposal_key`) is
-    kept with its id, its plan, step reasons, reason and effect renewed from ``rec`` and its validity extended;
-    any other open one of that kind is superseded by ``rec``.  Returns what is open now."""
+    """Add ``rec`` to the book: an open one of the same kind with the same steps is kept (its validity extended,
+    its reason and effect renewed); any other open one of that kind is superseded.  Returns what is open now."""
     kept = []
     for r in book.recommendations:
-        if r.kind == rec.kind and r.state == OPEN and r.state_at(rec.made_at) == OPEN \
-                and proposal_key(r) == proposal_key(rec):
-            rec = replace(r, valid_until=rec.valid_until, reason=rec.reason, effect=rec.effect, plan=rec.plan,
+        if r.kind == rec.kind and r.state == OPEN and r.state_at(rec.made_at) == OPEN and _same_steps(r, rec):
+            rec = replace(r, valid_until=rec.valid_until, reason=rec.reason, effect=rec.effect,
                           step_reasons=rec.step_reasons)
             continue
         if r.kind == rec.kind and r.state == OPEN:
-            r = replace(r, state=SUPERSEDED, decided_at=rec.made_at, detail=f"superseded by {rec.id}",
-                        superseded_by=rec.id)
+            r = replace(r, state=SUPERSEDED, decided_at=rec.made_at, detail=f"superseded by {rec.id}")
         kept.append(r)
     closed = [r for r in kept if r.state != OPEN][:KEEP_CLOSED]
     still_open = [r for r in kept if r.state == OPEN]
@@ -202,7 +177,7 @@ def approve(book: Book, rec_id: str, now: float, who: str) -> tuple[Book, Recomm
         by = f" by {r.decided_by}" if r.decided_by else ""
         when = f" at {_clock(r.decided_at)}" if r.decided_at is not None else ""
         raise Refused(f"recommendation {rec_id} is already {state}{by}{when}; nothing changed"
-                      + (f" ({r.detail})" if r.detail else "") + _successor(r))
+                      + (f" ({r.detail})" if r.detail else ""))
     r = replace(r, state=APPROVED, decided_at=now, decided_by=who)
     return book._with(r), r
 
@@ -217,41 +192,12 @@ def skip(book: Book, rec_id: str, now: float, who: str, veto_s: float) -> tuple[
     """Skip ``rec_id``: it is closed, and the VMs it would move stay put for ``veto_s`` seconds."""
     r = book.get(rec_id)
     if r.state != OPEN:
-        raise Refused(f"recommendation {rec_id} is already {r.state}; nothing changed" + _successor(r))
+        raise Refused(f"recommendation {rec_id} is already {r.state}; nothing changed")
     vms = tuple(vm for vm, _ in r.moves)
     r = replace(r, state=SKIPPED, decided_at=now, decided_by=who,
                 detail=f"vetoed until {_clock(now + veto_s)}" + (f": {', '.join(vms)} stay put" if vms else ""))
     vetoes = book.vetoes + ((Veto(rec_id, vms, now + veto_s),) if vms else ())
     return replace(book._with(r), vetoes=vetoes), r
-
-
-def _successor(r: Recommendation) -> str:
-    return f"; see {r.superseded_by} instead" if r.superseded_by else ""
-
-
-def worth_recommending(effect: Mapping[str, Any], threshold: float) -> str | None:
-    """Why a decision's plan is not worth an operator's attention (None: it is): its predicted gain — the
-    minimum yield after less before, over the same needs — is below ``threshold`` (min-yield points; at least
-    :data:`vcsched.units.YIELD_TOLERANCE`).  A re-cap predicted "1.000 -> 1.000" is not proposed."""
-    gain = float(effect.get("min_yield_after", 0.0)) - float(effect.get("min_yield_before", 0.0))
-    if gain <= YIELD_TOLERANCE or gain < threshold - YIELD_TOLERANCE:  # the Rebalancer's rule for migrations
-        return f"predicted gain {gain:+.4f} below the threshold {threshold:g}: not recommended"
-    return None
-
-
-def floor_problems(plan: Mapping[str, Any], vms: Iterable[Any]) -> list[str]:
-    """One line per VM the plan would put below the floor (``min_yield``) its metadata records now, from the
-    plan's predicted yield of it (its cap over the need it was planned with, renewed each interval)."""
-    floors = {v.name: v.meta.min_yield for v in vms if getattr(v, "meta", None) is not None
-              and v.meta.min_yield is not None}
-    out = []
-    for vm, p in sorted(plan.get("predicted", {}).get("per_vm", {}).items()):
-        floor = floors.get(vm)
-        y = p.get("yield")
-        if floor is not None and y is not None and float(y) < floor - YIELD_TOLERANCE:
-            out.append(f"{vm}: predicted yield {float(y):.3f} (cap {float(p['cap_cores']):.3f} over need "
-                       f"{float(p['cpu_need_cores']):.3f}) is below its floor {floor:g}")
-    return out
 
 
 def open_ones(book: Book, now: float) -> list[Recommendation]:
