@@ -92,6 +92,7 @@ from vcsched.control.recommend import (
     record,
     worth_proposing,
 )
+from vcsched.control.status import vm_yield
 from vcsched.control.unmanaged import unmanaged_reserves
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
@@ -253,6 +254,8 @@ class Controller:
         self.rebalancer = Rebalancer(o.rebalance)
         self.estimates: dict[str, Estimate] = {}
         self.planned: dict[str, float] = {}
+        #: The CPU signals hosts lacked when last said (a ``signals`` event whenever it changes: docs/contention.md).
+        self.signals_missing: dict[str, tuple[str, ...]] | None = None
         self.down: dict[str, str] = {}
         self.down_intervals: dict[str, int] = {}  # host -> intervals in a row it was found down (the metric)
         self.failures = FailureState()
@@ -458,6 +461,9 @@ class Controller:
         return inventory.with_reserves(unmanaged_reserves(inventory, self.sampler.samples(), self.options.params))
 
     def _estimate(self, inventory: Inventory) -> dict[str, Estimate]:
+        if self.sampler.missing != self.signals_missing:  # probed at start: what cannot be measured is said once
+            self.signals_missing = dict(self.sampler.missing)
+            self.events.emit("signals", missing={h: list(names) for h, names in sorted(self.signals_missing.items())})
         self.estimates = estimate_all(inventory, self.sampler.samples(), self.planned, self.options.params)
         return self.estimates
 
@@ -537,7 +543,8 @@ class Controller:
         if self.recommendations is None:
             raise VcschedError("recommend mode without a recommendations store")
         now = self.clock.time()
-        predicted = effect(plan, inventory, needs).to_dict()
+        censored = [name for name, e in self.estimates.items() if e.censored]  # their yields: upper bounds
+        predicted = effect(plan, inventory, needs, censored).to_dict()
         # A restart of lost VMs is worth proposing whatever it does to the yields of those that run: it is about
         # availability, not gain (the gain threshold is for re-caps and re-balancing).
         withheld = None if decision.kind in RESTARTS else worth_proposing(predicted, self.options.rebalance.threshold)
@@ -878,12 +885,13 @@ class Controller:
         for v in inventory.up().managed():
             assert v.meta is not None
             e = estimates.get(v.name)
-            est = e.estimate if e is not None else v.meta.cpu_need_cores
+            y = vm_yield(v, e)  # the one yield (status, top, recommendations): cap over the estimate
+            assert y is not None
             last = samples.get(v.name)
-            rows.append(VmMetrics(v.name, v.host, v.meta.cluster, v.meta.cpu_need_cores, est,
+            rows.append(VmMetrics(v.name, v.host, v.meta.cluster, v.meta.cpu_need_cores, y.need_cores,
                                   e.confidence if e is not None else 0.0, v.cap_cores,
-                                  last[-1].used_cores if last else None,
-                                  min(1.0, v.cap_or_vcpus / est) if est > 0 else 1.0, v.meta.min_yield))
+                                  last[-1].used_cores if last else None, y.value, v.meta.min_yield,
+                                  y.upper_bound))
         self.metrics.set_vms(tuple(rows))
         self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0),
                                                  inventory.unmanaged_cores(h.name))

@@ -13,7 +13,8 @@ metric                                      meaning
 ``vcsched_vm_estimate_confidence``          0..1 (docs/operations.md, need discovery)
 ``vcsched_vm_cap_cores``                    the VM's cap (absent when uncapped)
 ``vcsched_vm_used_cores``                   cores used over the latest sample
-``vcsched_vm_yield``                        cap over estimated need, at most 1
+``vcsched_vm_yield``                        cap over estimated need, at most 1 (the one yield: docs/contention.md)
+``vcsched_vm_yield_upper_bound``            1 when the estimate is censored: the yield is an upper bound
 ``vcsched_vm_min_yield``                    the floor its virtual cluster was admitted with (if any)
 ``vcsched_cluster_min_yield``, ``_avg_``    over the managed VMs
 ``vcsched_cluster_min_yield_floor``         the cluster file's ``min_yield`` (0 when it has none)
@@ -90,6 +91,7 @@ class VmMetrics:
     used: float | None
     yield_: float
     floor: float | None = None  # the min_yield recorded in its metadata
+    upper_bound: bool = False  # the estimate is censored (a lower bound on the need): the yield may be lower
 
 
 @dataclass
@@ -188,6 +190,8 @@ class _Collector:
                 ("vcsched_vm_cap_cores", "the VM's CPU cap (cores)", lambda v: v.cap),
                 ("vcsched_vm_used_cores", "cores the VM used over the latest sample", lambda v: v.used),
                 ("vcsched_vm_yield", "cap over estimated need, at most 1", lambda v: v.yield_),
+                ("vcsched_vm_yield_upper_bound", "1: the need estimate is censored, the yield is an upper bound",
+                 lambda v: 1.0 if v.upper_bound else 0.0),
                 ("vcsched_vm_min_yield", "the floor (min_yield) the VM's virtual cluster was admitted with",
                  lambda v: v.floor),
             ]

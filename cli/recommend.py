@@ -44,7 +44,11 @@ def render_recommendation(doc: dict[str, Any]) -> None:
     console.print(f"  made {_when(doc['made_at'])} by {doc['made_by'] or '?'}", highlight=False)
     console.print(f"  valid until {_when(doc['valid_until'])}", highlight=False)
     console.print(f"  why: {doc['reason']}", highlight=False)
-    console.print(f"  min yield {e['min_yield_before']:.3f} -> {e['min_yield_after']:.3f}, mean yield "
+    def le(key: str) -> str:  # "≤": attained by a VM whose need estimate is censored (docs/contention.md)
+        return "≤" if e.get(f"{key}_upper_bound") else ""
+
+    console.print(f"  min yield {le('min_yield_before')}{e['min_yield_before']:.3f} -> "
+                  f"{le('min_yield_after')}{e['min_yield_after']:.3f}, mean yield "
                   f"{e['mean_yield_before']:.3f} -> {e['mean_yield_after']:.3f}, moves "
                   f"{format_size(e['bytes_to_move'])}", highlight=False)
     if doc.get("detail"):
@@ -58,7 +62,8 @@ def render_recommendation(doc: dict[str, Any]) -> None:
         host = f"{s['from']} -> {s['to']}" if s["op"] == "migrate" else str(s.get("host", ""))
         cap = s.get("cap_cores")
         yb, ya = per.get("yield_before"), per.get("yield_after")
-        ys = "-" if yb is None or ya is None else f"{yb:.3f} -> {ya:.3f}"
+        mark = "≤" if per.get("yield_upper_bound") else ""
+        ys = "-" if yb is None or ya is None else f"{mark}{yb:.3f} -> {mark}{ya:.3f}"
         table.add_row(str(i + 1), s["op"], s["vm"], host, "-" if cap is None else f"{cap:.3f}", ys, s["reason"])
     console.print(table)
 

@@ -13,7 +13,8 @@ from cli.params import FiniteFloatRange, cluster_option, json_option, policy_opt
 from cli.tables import FitTable
 from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from vcsched.control.status import below_floor, host_load, predicted_yield, virtual_clusters
+from vcsched.control.observe import Estimate
+from vcsched.control.status import below_floor, host_load, virtual_clusters, vm_yield
 from vcsched.control.unmanaged import fills
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
@@ -29,14 +30,24 @@ def _sum(values: list[float | None]) -> float | None:
 
 def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: float,
                 io: Mapping[str, Usage] | None = None, policy: str | None = None,
-                clusters: list[dict[str, Any]] | None = None, cluster: Cluster | None = None) -> dict[str, Any]:
-    """The ``--json`` document.  ``measured``: cores each VM used; ``io``: its disk and network use, same window.
+                clusters: list[dict[str, Any]] | None = None, cluster: Cluster | None = None,
+                estimates: Mapping[str, Estimate] | None = None) -> dict[str, Any]:
+    """The ``--json`` document.  ``measured``: cores each VM used; ``io``: its disk and network use, same window;
+    ``estimates``: the controller's need estimates (``--events``), over which the yields are computed.
 
     Disk bytes are read + written on all its disks; network bytes are counted
     from the guest's side (``net_rx``: into the guest, ``net_tx``: out of it).
     """
 
     io = io or {}
+    estimates = estimates or {}
+
+    def yields(v: VmState) -> dict[str, Any]:
+        y = vm_yield(v, estimates.get(v.name))
+        return {"predicted_yield": None if y is None else y.value,
+                "estimated_need_cores": None if y is None else y.estimated_cores,
+                "yield_upper_bound": y is not None and y.upper_bound,
+                "below_floor": below_floor(None if y is None else y.value, v.meta.min_yield if v.meta else None)}
 
     def used(v: VmState, field: str) -> float | None:
         u = io.get(v.name)
@@ -76,8 +87,7 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         "name": v.name, "host": v.host, "managed": v.managed, "cluster": v.cluster, "active": v.active,
         "vcpus": v.vcpus, "memory_bytes": v.memory_bytes,
         "cpu_need_cores": v.meta.cpu_need_cores if v.meta else None, "cap_cores": v.cap_cores,
-        "predicted_yield": predicted_yield(v), "min_yield": v.meta.min_yield if v.meta else None,
-        "below_floor": below_floor(predicted_yield(v), v.meta.min_yield if v.meta else None),
+        **yields(v), "min_yield": v.meta.min_yield if v.meta else None,
         "measured_cores": measured.get(v.name),
         "reserved_cores": v.reserved if v.unmanaged else None,
         "disks": list(v.devices.disks), "interfaces": list(v.devices.nics),
@@ -109,6 +119,23 @@ def floor_violations(vms: list[dict[str, Any]]) -> list[dict[str, str]]:
     return [{"cluster": vc, "rule": f"min_yield ({low[0]['min_yield']:g})",
              "problem": ", ".join(f"{v['name']} at yield {v['predicted_yield']:.3f}" for v in low)}
             for vc, low in sorted(below.items())]
+
+
+def _controller_estimates(events_file: str | None) -> dict[str, Estimate]:
+    """The need estimates of the controller's last ``observe`` event in its log (none without ``--events``)."""
+    if events_file is None:
+        return {}
+    from pathlib import Path
+
+    from acting.events import EventTail
+    from vcsched.control.top import last_estimates
+
+    tail = EventTail(Path(events_file))
+    try:
+        tail.poll()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {events_file}: {exc.strerror or exc}", param_hint="--events") from None
+    return last_estimates(tail.events)
 
 
 def _vm_rules(v: VmState) -> list[str]:
@@ -201,11 +228,12 @@ def render_status(doc: dict[str, Any]) -> None:
     if not doc["vms"]:
         console.print("no VMs")
         return
-    vt = FitTable(title="VMs (cores: need alone, cap, used over the sample window; yield = cap / need; "
-                        "floor = the min_yield it was admitted with"
+    vt = FitTable(title="VMs (cores: declared need alone, the controller's estimate (--events), cap, used over the "
+                        "sample window; yield = cap / estimated need, else declared; ≤: an upper bound, the "
+                        "estimate is censored; floor = the min_yield it was admitted with"
                         + ("; disk and network: cap and use per second, network from the guest's side)" if io else ")"))
-    vm_cols = {"host": 2, "VM": 0, "cluster": 3, "vCPUs": 5, "memory": 4, "need": 1, "cap": 1, "used": 2, "yield": 1,
-               "floor": 5, "rules": 6}
+    vm_cols = {"host": 2, "VM": 0, "cluster": 3, "vCPUs": 5, "memory": 4, "need": 1, "est": 2, "cap": 1, "used": 2,
+               "yield": 1, "floor": 5, "rules": 6}
     if io:
         vm_cols |= {"disk cap": 7, "disk used": 7, "net cap": 8, "net in / out": 8}
     for col, priority in vm_cols.items():
@@ -215,9 +243,11 @@ def render_status(doc: dict[str, Any]) -> None:
         cluster = v["cluster"] or "[dim]unmanaged[/]"
         state = "" if v["active"] else " [dim](off)[/]"
         y, floor = v["predicted_yield"], v["min_yield"]
-        shown = f"[red]{y:.3f} ![/]" if v["below_floor"] else _num(y)
+        shown = ("≤" if v.get("yield_upper_bound") else "") + _num(y)
+        shown = f"[red]{shown} ![/]" if v["below_floor"] else shown
         row = [v["host"], v["name"] + state, cluster, str(v["vcpus"]), format_size(v["memory_bytes"]),
-               _num(v["cpu_need_cores"]), _num(v["cap_cores"]), _num(v["measured_cores"]), shown,
+               _num(v["cpu_need_cores"]), _num(v.get("estimated_need_cores")), _num(v["cap_cores"]),
+               _num(v["measured_cores"]), shown,
                _num(floor, "{:g}"), " ".join(v.get("rules", [])) or "-"]
         if io:
             disk_cap = "no disk" if not v["disks"] else _rate(v["disk_bytes_sec"])
@@ -306,7 +336,8 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
                          priority=priority, key=col == "virtual cluster")
     for vc in vcs:
         y, floor = vc["yield"], vc["min_yield"]
-        shown = f"[red]{y:.3f} ![/]" if vc["below_floor"] else f"{y:.3f}"
+        shown = ("≤" if vc.get("yield_upper_bound") else "") + f"{y:.3f}"
+        shown = f"[red]{shown} ![/]" if vc["below_floor"] else shown
         count = str(vc["vms"]) + (f" [red](+{vc['lost']} lost)[/]" if vc.get("lost") else "")
         table.add_row(vc["name"], count, f"{vc['weight']:g}", vc["tenant"] or "-", shown,
                       f"{vc['dominant_share']:.4f}", vc["dominant_pool"], _num(floor, "{:g}"))
@@ -320,9 +351,12 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
 @json_option("Print one JSON object instead of tables.")
 @click.option("--headroom", "show_headroom", is_flag=True,
               help="Compute each host's failover headroom even on a cluster of more than 100 hosts.")
+@click.option("--events", "events_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A `vcsched run --log` file: yields over the controller's latest need estimates (the ones it "
+                   "plans with), not over the declared needs.")
 @policy_options()
 def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_headroom: bool, policy: str | None,
-               alpha: float | None) -> int:
+               alpha: float | None, events_file: str | None = None) -> int:
     """Show every host and VM of the cluster: caps, predicted yields and measured CPU, disk and network.
 
     \b
@@ -336,7 +370,9 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
     never touched; its CPU is reserved on its host, its cap or else every
     vCPU, docs/introducing.md), vCPUs, memory, CPU need and cap in cores, the cores it used
     over the sample window (libvirt CPU time, vCPUs + emulator) and the yield
-    its cap gives it (cap / need, paper section 2.3); its disk cap and the
+    its cap gives it (cap / need, paper section 2.3: over the controller's
+    estimated need with --events, shown "≤" where that estimate is censored,
+    else over the declared need; docs/contention.md); its disk cap and the
     bytes per second read + written (libvirt blockStats), its network cap and
     the bytes per second received / sent (interfaceStats, the guest's side).
 
@@ -381,8 +417,10 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
             else:
                 with console.status(f"measuring CPU, disk and network use over {seconds:g} s ..."):
                     usage = measure_usage(hv, inv.vms, seconds)
+    estimates = _controller_estimates(events_file)
     doc = status_dict(inv, {name: u.cores for name, u in usage.items()}, seconds, usage, sharing.policy,
-                      virtual_clusters(cluster, inv, sharing), cluster)
+                      virtual_clusters(cluster, inv, sharing, estimates), cluster, estimates)
+    doc["estimates_from"] = events_file
     from vcsched.control.live import rule_violations
 
     for h in doc["hosts"]:

@@ -117,7 +117,7 @@ class Reader:
         self.previous = {name: e.estimate for name, e in estimates.items()}
         problems = []
         try:
-            vcs = virtual_clusters(self.cluster, inventory, self.sharing)
+            vcs = virtual_clusters(self.cluster, inventory, self.sharing, estimates)
         except VcschedError as exc:  # e.g. a VM's tenant no longer in the cluster file: shown, not fatal
             vcs = []
             problems.append(str(exc))

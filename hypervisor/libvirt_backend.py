@@ -55,12 +55,13 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import libvirt
 
-from hypervisor import hazards
-from hypervisor.base import HostReadBug, HypervisorError, IoCounters, VmInDoubt
+from hypervisor import cpu_signals, hazards
+from hypervisor.base import CpuCounters, HostReadBug, HypervisorError, IoCounters, VmInDoubt
 from hypervisor.bootcheck import boot_problems, files_local, validation_xml
 from hypervisor.connections import CallCounter, Counted, close_quietly, open_bounded, unwrap
 from hypervisor.devices import boot_devices
@@ -68,7 +69,16 @@ from hypervisor.domain_xml import domain_xml, metadata_xml, parse_metadata
 from hypervisor.drivers import Driver, driver_of
 from hypervisor.identity import LockUnnamed, check_distinct, identity, remember, remembered, uuid_from_capabilities
 from hypervisor.libvirt_calls import as_host_error, one_line, quiet, retrying
-from hypervisor.live_state import host_state, host_vms, migration_job, read_cap, read_io_caps, vm_state
+from hypervisor.live_state import (
+    PARSE_ERRORS,
+    host_state,
+    host_vms,
+    migration_job,
+    read_bug,
+    read_cap,
+    read_io_caps,
+    vm_state,
+)
 from hypervisor.migration import migrate
 from hypervisor.pool import inventory_workers, run_bounded
 from hypervisor.settlement import settle
@@ -145,6 +155,8 @@ class LibvirtHypervisor:
         self._conns: dict[str, Any] = {}
         self._down: dict[str, str] = {}  # host -> why it is down for this command
         self._doms: dict[str, dict[str, Any]] = {}  # host -> domain name -> virDomain, listed once per inventory
+        #: (host, VM, domain id) -> its cgroup in the cpu controller (None: not found), looked for once per start
+        self._cgroups: dict[tuple[str, str, int], Path | None] = {}
         self._drivers: dict[str, str] = {}
         self._uuids: dict[str, str | None] = {}  # host -> its libvirt UUID, as first read in this command
         self._lock = threading.Lock()  # a plan's wave of migrations uses the connections from several threads
@@ -448,6 +460,33 @@ class LibvirtHypervisor:
             return int(self.domain(host, vm).getCPUStats(True)[0]["cpu_time"])
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"host {host}: cannot read CPU time of {vm!r}: {exc.get_error_message()}") from None
+
+    def cpu_counters(self, host: str, vm: str) -> CpuCounters | None:
+        """Used, delayed and waiting time from one ``domainListGetStats`` (CPU_TOTAL + VCPU), throttling from the
+        vCPU cgroups' ``cpu.stat`` on a host of this machine (:mod:`hypervisor.cpu_signals`)."""
+        if not self.driver(host).measures:
+            return None
+        try:
+            dom = self.domain(host, vm)
+            got = self.conn(host).domainListGetStats(  # a list is not unwrapped by the call counter: unwrap here
+                [unwrap(dom)], libvirt.VIR_DOMAIN_STATS_CPU_TOTAL | libvirt.VIR_DOMAIN_STATS_VCPU)
+            stats = dict(got[0][1]) if got else {}
+            if "cpu.time" not in stats:
+                return None
+            throttling = None
+            if cpu_signals.local_uri(self.cluster.connect_uri(host)) and dom.ID() > 0:
+                key = (host, vm, int(dom.ID()))
+                if key not in self._cgroups:
+                    self._cgroups[key] = cpu_signals.domain_cgroup(cpu_signals.partition_of(dom.XMLDesc(0)),
+                                                                   key[2], vm)
+                directory = self._cgroups[key]
+                throttling = None if directory is None else cpu_signals.read_throttling(directory)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"host {host}: cannot read CPU counters of {vm!r}: {exc.get_error_message()}") \
+                from None
+        except PARSE_ERRORS as exc:
+            raise read_bug(host, f"the CPU counters of {vm!r}", exc) from None
+        return cpu_signals.counters(int(stats["cpu.time"]), stats, throttling)
 
     def read_io_caps(self, host: str, vm: str) -> IoCaps:
         """The VM's disk and network caps: ``blockIoTune`` of its disks, ``interfaceParameters`` of its interfaces.

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hypervisor.base import HypervisorError, IoCounters
+from hypervisor.base import CpuCounters, HypervisorError, IoCounters
 from hypervisor.bootcheck import boot_problems
 from hypervisor.devices import boot_devices
 from vcsched.caps import CAP_TOLERANCE, min_cap, realisable_cap
@@ -213,6 +213,12 @@ class MemoryHypervisor:
     def cpu_time_ns(self, host: str, vm: str) -> int | None:
         self._vm_on(host, vm)
         return None  # nothing runs here, so there is nothing to measure
+
+    def cpu_counters(self, host: str, vm: str) -> CpuCounters | None:
+        """Used CPU only (from :meth:`cpu_time_ns`, which fakes with a load override): throttling and delay are
+        not measured here unless a subclass says so."""
+        ns = self.cpu_time_ns(host, vm)
+        return None if ns is None else CpuCounters(ns)
 
     def set_io_caps(self, host: str, vm: str, caps: IoCaps) -> None:
         self._maybe_fail("set-io-caps", vm)

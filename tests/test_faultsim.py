@@ -205,7 +205,7 @@ def test_a_probe_whose_raised_caps_host_stops_answering_keeps_its_journal_and_sa
     sampler.windows["v"] = deque(Sample(1000.0 + i, 1.0, 0.5, 0.5) for i in range(6))  # busy at its cap
 
     def hook(call: object) -> None:  # h0 stops answering once the raise is made
-        if getattr(call, "method", None) == "getCPUStats":
+        if getattr(call, "method", None) == "domainListGetStats":  # the sampler's read of the CPU counters
             world.set_up("h0", False)
 
     world.hook = hook

@@ -370,6 +370,9 @@ class Asked:
     def cpu_time_ns(self, host: str, vm: str) -> int | None:
         return None
 
+    def cpu_counters(self, host: str, vm: str) -> None:
+        return None
+
 
 def test_a_down_host_is_retried_in_the_background_and_the_others_keep_refreshing() -> None:
     from cli.top import Reader

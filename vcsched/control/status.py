@@ -5,8 +5,13 @@ the same model as admission and adaptation (:func:`vcsched.control.admission.exi
 :func:`vcsched.control.admission.model_hosts`), so that ``status`` and ``top``
 say what the deciding commands would see:
 
-* a managed VM's *predicted yield* is what its cap gives it, ``cap / need``
-  (paper section 2.3), 1 when uncapped;
+* a managed VM's *yield* is what its cap gives it, ``cap / need`` (paper
+  section 2.3), 1 when uncapped — one number everywhere (:func:`vm_yield`:
+  `status`, `top`, the controller's metrics and decisions, recommendations),
+  over its *estimated* need where there is an estimate
+  (:mod:`vcsched.control.observe`), else its declared need.  Where the
+  estimate is censored (a lower bound on the need), the yield is an upper
+  bound, shown ``≤0.62``: the VM may get less than that share of its need;
 * a virtual cluster's yield is its VMs' lowest; its dominant share is that
   yield times its share of the cluster per unit of yield (docs/policies.md
   §2), on cluster totals (its dominant resource), or under ``drf-pools`` on
@@ -28,21 +33,53 @@ from scipy.sparse import csr_matrix, diags
 
 from vcsched.constraints import capacities
 from vcsched.control.admission import existing_jobs, model_hosts
+from vcsched.control.observe import Estimate
 from vcsched.control.sharing import Sharing, check_vms, host_capacities, needed_resources, references
 from vcsched.formats.cluster import Cluster
 from vcsched.inventory import Inventory, VmState
 from vcsched.model import Instance
+from vcsched.plans.reasons import yield_of
 from vcsched.policies.shares import cluster_shares
 from vcsched.units import YIELD_TOLERANCE
 
 
-def predicted_yield(vm: VmState) -> float | None:
-    """The yield a managed VM's cap gives it (section 2.3: y = a / alpha, both in cores here)."""
+@dataclass(frozen=True)
+class VmYield:
+    """A managed VM's yield and what it is over: the one definition (module docstring)."""
+
+    value: float  # cap over need, at most 1
+    need_cores: float  # the need it is over: the estimate when there is one, else the declared need
+    declared_cores: float
+    estimated_cores: float | None
+    #: The estimate is censored (a lower bound on the need): the VM's true yield may be lower than ``value``.
+    upper_bound: bool = False
+
+    def shown(self, digits: int = 3) -> str:
+        """``0.620``, or ``≤0.620`` for an upper bound."""
+        return ("≤" if self.upper_bound else "") + f"{self.value:.{digits}f}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"yield": self.value, "yield_upper_bound": self.upper_bound, "yield_need_cores": self.need_cores,
+                "declared_need_cores": self.declared_cores, "estimated_need_cores": self.estimated_cores}
+
+
+def vm_yield(vm: VmState, estimate: Estimate | None = None) -> VmYield | None:
+    """The yield a running managed VM's cap gives it (section 2.3: y = a / alpha, both in cores here) over its
+    estimated need (``estimate``, when there is one) or its declared need; None for an unmanaged or stopped VM.
+    An uncapped VM has 1: nothing holds it below its need."""
     if vm.meta is None or not vm.active:
         return None
-    if vm.cap_cores is None:
-        return 1.0  # uncapped: nothing holds it below its need
-    return min(1.0, vm.cap_cores / vm.meta.cpu_need_cores)
+    declared = vm.meta.cpu_need_cores
+    need = estimate.estimate if estimate is not None else declared
+    value = 1.0 if vm.cap_cores is None else yield_of(vm.cap_cores, need)
+    return VmYield(value, need, declared, None if estimate is None else estimate.estimate,
+                   estimate is not None and estimate.censored and value < 1.0)
+
+
+def predicted_yield(vm: VmState, estimate: Estimate | None = None) -> float | None:
+    """:func:`vm_yield`'s number alone."""
+    y = vm_yield(vm, estimate)
+    return None if y is None else y.value
 
 
 def below_floor(y: float | None, floor: float | None) -> bool:
@@ -69,14 +106,17 @@ def host_load(inv: Inventory, host: str, measured: Mapping[str, float | None]) -
                     sum(v.memory_bytes for v in on if v.active))
 
 
-def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing) -> list[dict[str, Any]]:
-    """Each running virtual cluster's yield (its VMs' lowest cap / need), weight, tenant and dominant share
-    (module docstring), one dict each, in the order of :func:`vcsched.control.admission.existing_jobs`.
+def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing,
+                     estimates: Mapping[str, Estimate] | None = None) -> list[dict[str, Any]]:
+    """Each running virtual cluster's yield (its VMs' lowest :func:`vm_yield`, over ``estimates`` where given;
+    ``yield_upper_bound`` when that lowest is one), weight, tenant and dominant share (module docstring), one
+    dict each, in the order of :func:`vcsched.control.admission.existing_jobs`.
 
     A virtual cluster is known by its name: the model splits one whose VMs differ in need or memory into
     several jobs (``web/0.5/134217728``, ``web/0.8/134217728``: a job's tasks are alike), and they are put back
     together here, its share summed over its jobs on each resource (or pool) before the largest is taken.
     """
+    estimates = estimates or {}
     up = inv.up()
     managed = up.managed()
     if not managed:
@@ -95,7 +135,11 @@ def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing) -> list
     group = np.empty(instance.n_jobs, dtype=np.int64)
     for g, jobs in enumerate(jobs_of.values()):
         group[jobs] = g
-    job_yield = np.array([min(predicted_yield(v) or 0.0 for v in vms) for vms in of_job])
+    lowest_of_job: list[VmYield | None] = []  # per job, its lowest yield (the one definition: vm_yield)
+    for vms in of_job:
+        ys = [vy for v in vms if (vy := vm_yield(v, estimates.get(v.name))) is not None]
+        lowest_of_job.append(min(ys, key=lambda vy: (vy.value, not vy.upper_bound)) if ys else None)
+    job_yield = np.array([vy.value if vy is not None else 0.0 for vy in lowest_of_job])
     # weights[j, g]: job j's yield if it belongs to virtual cluster g, so that shares @ weights sums each
     # virtual cluster's jobs, every one at its own yield.
     weights = csr_matrix((job_yield, (np.arange(instance.n_jobs), group)), shape=(instance.n_jobs, len(names)))
@@ -114,8 +158,11 @@ def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing) -> list
         assert meta is not None
         held = float(share[g])
         first = instance.jobs[jobs[0]]
+        lowest = min((vy for j in jobs if (vy := lowest_of_job[j]) is not None),
+                     key=lambda vy: (vy.value, not vy.upper_bound), default=None)
         out.append({"name": name, "vms": len(vms), "weight": first.weight, "tenant": first.tenant,
-                    "yield": min(float(job_yield[j]) for j in jobs),
+                    "yield": lowest.value if lowest is not None else 0.0,
+                    "yield_upper_bound": lowest is not None and lowest.upper_bound,
                     "dominant_share": held if np.isfinite(held) else 0.0,
                     "dominant_pool": pool_of[int(top[g])] if held != 0 else nothing_held,
                     "min_yield": meta.min_yield,

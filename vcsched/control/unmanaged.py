@@ -52,6 +52,33 @@ def unmanaged_reserves(inventory: Inventory, windows: Mapping[str, Sequence[Samp
             r = reservation(v, windows.get(v.name, ()), params)
             if r is not None:
                 out[v.name] = r
+    return beside_managed(inventory, out)
+
+
+def beside_managed(inventory: Inventory, reserves: Mapping[str, float]) -> dict[str, float]:
+    """Measured reservations scaled down, host by host, so that they never take the CPU that the caps of the
+    managed VMs already there hold.
+
+    A measured use of an uncapped domain is what it got *while competing* with the managed VMs beside it (it
+    would take more, and they were held to their caps): it says "needs at least this", like a starved managed
+    VM's samples (docs/contention.md).  Reserved whole, it squeezed the managed VMs' caps at every interval —
+    the controller lowered a VM capped at 0.4 to 0.05, below its floor, handing the domain vcsched does not
+    manage the CPU of one it does (tests/test_contention.py).  So it blocks what is free, never what is held:
+    nothing more is planned onto the host, and what runs there keeps its caps.  (The one-shot reservation of a
+    domain never measured, its cap or all its vCPUs, is not scaled: the commands that use it move VMs off a
+    full host rather than re-cap them; docs/introducing.md.)"""
+    out = dict(reserves)
+    for h in inventory.hosts:
+        here = inventory.vms_on(h.name)
+        names = [v.name for v in here if v.name in reserves]
+        total = sum(reserves[n] for n in names)
+        if not names or total <= 0:
+            continue
+        held = sum(v.cap_or_vcpus for v in here if v.meta is not None and v.active)
+        room = max(h.cores - held, 0.0)
+        if total > room:
+            for n in names:
+                out[n] = reserves[n] * room / total
     return out
 
 
