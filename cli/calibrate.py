@@ -376,6 +376,12 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     help="cgroup backend: run workers (bare and capped alike) at nice -20 weight, so other processes on a "
     "shared machine disturb the measurement less; caps are quotas and hold either way.",
 )
+@click.option(
+    "--allow-unreliable",
+    is_flag=True,
+    help="Still say why a run cannot be trusted, but exit 0: for a script that keeps the numbers anyway, or a "
+    "check of calibrate itself (journals, clean-up) on a machine that is known to be busy.",
+)
 @json_option("Print every measurement as one JSON object.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the summary as Markdown (for docs).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), help="Write a PNG plot here.")
@@ -396,6 +402,7 @@ def calibrate_cmd(
     confirm: float,
     cpu: int | None,
     priority: str,
+    allow_unreliable: bool,
     as_json: bool,
     as_markdown: bool,
     plot_path: str | None,
@@ -446,7 +453,7 @@ def calibrate_cmd(
     drifted; --json says "reliable": false and lists them in "unreliable".
 
     Exit codes: 0 measured, 1 the run was unreliable (its reasons on stdout,
-    one line on stderr) or a setting could not be put back (named on
+    one line on stderr; 0 with --allow-unreliable) or a setting could not be put back (named on
     stderr), 2 bad input or a host that cannot cap the resource (nothing
     measured), 130 interrupted by Ctrl-C or SIGTERM (everything put back
     first).
@@ -525,6 +532,8 @@ def calibrate_cmd(
             console.print("\n".join(lines), markup=False, highlight=False)
         for r in reasons:
             console.print(f"[red]unreliable run[/]: {r}", highlight=False)
+    if reasons and allow_unreliable:
+        return 0
     return refuse("calibration unreliable: " + "; ".join(reasons)) if reasons else 0
 
 

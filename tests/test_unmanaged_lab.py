@@ -19,9 +19,9 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
+from hypervisor.guest import start_guest
 from lab import Lab
 from lab.daemons import daemon_pid
-from lab.guest import start_guest
 from lab.state import LabLayout
 from tests.lab_support import running_lab, skip_unless_lab_possible
 from tests.test_recover_lab import qemu_copies
