@@ -94,7 +94,25 @@ def test_the_limits_are_the_ones_each_shape_is_built_to_hit(hosts: ScaleCluster)
     assert memory["count"] == 3 * 7 and memory["limit"].startswith("memory: ")  # (32 GiB - 1 GiB) // 4 GiB per host
     cpu = headroom(c, SHAPES["cpu-bound"][0], "--min-yield", 0.6)
     assert cpu["count"] < 3 * 120 and "0.6" in cpu["limit"]  # far below what memory holds: CPU at the floor
-    assert headroom(c, SHAPES["cpu-bound"][0])["count"] > cpu["count"]  # no floor: more, at a lower yield
+    assert cpu["floor_from"] == "--min-yield" and cpu["min_yield_floor"] == 0.6
+
+
+def test_without_a_floor_a_cpu_bound_shape_is_counted_at_the_lowest_current_yield(hosts: ScaleCluster) -> None:
+    """The running VMs are capped at their need (yield 1): 7 more cores per host at yield 1, not what memory
+    holds (120 per host) at whatever yield is left."""
+    doc = headroom(hosts.cluster_file, SHAPES["cpu-bound"][0])
+    assert doc["count"] == 3 * 7 and doc["min_yield_floor"] == 1.0
+    assert doc["floor_from"].startswith("the lowest current yield (VM 'vm")
+    r = run("headroom", "--vm", SHAPES["cpu-bound"][0], "--cluster", hosts.cluster_file)
+    assert r.exit_code == 0 and "every yield at least 1 (the lowest current yield" in " ".join(r.stdout.split())
+
+
+def test_without_a_floor_the_clusters_min_yield_counts(hosts: ScaleCluster) -> None:
+    path = hosts.cluster_file.with_name("cluster-y.toml")
+    path.write_text(hosts.cluster_file.read_text().replace('name = "scale"', 'name = "scale"\nmin_yield = 0.6'))
+    doc = headroom(path, SHAPES["cpu-bound"][0])
+    assert doc["min_yield_floor"] == 0.6 and doc["floor_from"] == "cluster 'scale' min_yield"
+    assert doc["count"] == headroom(hosts.cluster_file, SHAPES["cpu-bound"][0], "--min-yield", 0.6)["count"]
 
 
 def test_room_for_a_host_failure_leaves_fewer(hosts: ScaleCluster) -> None:
@@ -170,10 +188,11 @@ def test_every_host_down_exits_1(tmp_path: Path) -> None:
 # --- the search, on an admission that admits up to k ------------------------------------------------
 
 
-@pytest.mark.parametrize("cap", [0, 5, 37, 100])
+@pytest.mark.parametrize("cap", [0, 5, 36, 37, 100])
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 36, 37, 64, 99])
 def test_the_search_finds_the_largest_count_admitted_and_asks_the_one_above(k: int, cap: int) -> None:
-    """``cap`` (memory's bound) below ``k`` is a rounding: admission still decides."""
+    """``cap`` (the per-host arithmetic's count) above or below ``k`` is an estimate: admission decides, in
+    about 2 log2 of the miss."""
     asked: list[int] = []
 
     def ask(n: int) -> Decision:
@@ -183,4 +202,6 @@ def test_the_search_finds_the_largest_count_admitted_and_asks_the_one_above(k: i
     best, refused = largest_admitted(ask, cap)
     assert (best[0] if best else 0) == k and refused[0] == k + 1 and refused[1].reason == f"{k + 1} > {k}"
     assert k + 1 in asked and (k == 0 or k in asked)
-    assert len(asked) <= 2 * max(k, 1).bit_length() + 2
+    assert len(asked) <= 2 * max(abs(k - cap), 1).bit_length() + 2
+    if cap == k:  # the arithmetic was right: admission is asked the count and the one above, nothing else
+        assert sorted(asked) == [k, k + 1] if k else asked == [1]
