@@ -205,3 +205,51 @@ def test_the_search_finds_the_largest_count_admitted_and_asks_the_one_above(k: i
     assert len(asked) <= 2 * max(abs(k - cap), 1).bit_length() + 2
     if cap == k:  # the arithmetic was right: admission is asked the count and the one above, nothing else
         assert sorted(asked) == [k, k + 1] if k else asked == [1]
+
+
+# --- one placement, not a search ----------------------------------------------------------------
+
+
+def _read(sc: ScaleCluster, path: Path | None = None) -> tuple[Any, Any]:
+    from cli.common import load_cluster
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+
+    cluster = load_cluster(str(path or sc.cluster_file))
+    with LibvirtHypervisor(cluster) as hv:
+        return cluster, hv.inventory()
+
+
+@pytest.mark.parametrize("failures", [0, 1])
+@pytest.mark.parametrize("name", ["memory-bound", "cpu-bound", "vcpus=2"])
+def test_where_memory_and_cpu_bind_admission_is_asked_the_count_and_the_one_above(name: str, failures: int,
+                                                                                 hosts: ScaleCluster) -> None:
+    """The per-host arithmetic gives admission's count: two admissions answer (N admitted, N+1 refused)."""
+    from cli.params import VmShape
+    from vcsched.control.headroom import headroom_for
+
+    shape, _fields, floor = SHAPES[name]
+    cluster, inventory = _read(hosts)
+    answer = headroom_for(cluster, inventory, VmShape().convert(shape, None, None), failures=failures,
+                          min_yield=floor)
+    assert answer.count > 0 and answer.asked == 2, (answer.count, answer.asked)
+
+
+def test_the_failover_check_says_the_same_yes_or_no_with_or_without_its_explanation(hosts: ScaleCluster) -> None:
+    """headroom's search asks without the VM-by-VM explanation; place's refusal explains: same verdicts."""
+    import dataclasses
+
+    from vcsched.control.failover import failover_refusal
+
+    cluster, inventory = _read(hosts)
+    for k in (1, 2):
+        c = dataclasses.replace(cluster, failures_tolerated=k)
+        verdicts = set()
+        for mib in (32768, 1536, 1100):  # hosts h1, h2 shrunk (each runs 1 GiB of VMs) until failover room lacks
+            inv = dataclasses.replace(inventory, hosts=tuple(
+                dataclasses.replace(h, memory_bytes=mib << 20, memory_reserved=0) if i else h
+                for i, h in enumerate(inventory.hosts)))
+            short, long = failover_refusal(c, inv, explain=False), failover_refusal(c, inv)
+            assert (short is None) == (long is None), (k, mib, short, long)
+            assert short is None or short.startswith("failover: ")
+            verdicts.add(short is None)
+        assert verdicts == {True, False}, k  # both verdicts were asked

@@ -29,6 +29,7 @@ for the loss of any that many hosts); ``min_yield`` is the shape's request floor
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,33 +128,60 @@ def estimate(cluster: Cluster, inventory: Inventory, shape: Request, floor: floa
     cores = shape.need_cores(n_ref)
     per_vm_cpu = cores * max(floor, min_cap(shape.vcpus) / cores if cores > 0 else 0.0)
     free = free_memory(up)
-    used_cpu: defaultdict[str, float] = defaultdict(float)
-    floor_cpu = 0.0  # every running VM's CPU at its failover floor
+    used_cpu: defaultdict[str, float] = defaultdict(float)  # per host its VMs' CPU at the floor
+    failover_cpu: defaultdict[str, float] = defaultdict(float)  # ... at their own floors (what a failover keeps)
+    displaced: defaultdict[str, list[tuple[int, float]]] = defaultdict(list)  # per host its VMs' (memory, CPU)
     for v in up.managed():
         assert v.meta is not None
         need = min(v.meta.cpu_need_cores, n_ref)
         used_cpu[v.host] += need * max(floor, cluster.min_yield, v.meta.min_yield or 0.0)
-        floor_cpu += need * floor_of(cluster, v.meta)
-    count = 0
-    for h in up.hosts:
-        if h.name in cluster.cordoned:
-            continue
+        failover_cpu[v.host] += need * floor_of(cluster, v.meta)
+        displaced[v.host].append((v.memory_bytes, need * floor_of(cluster, v.meta)))
+    served = [h for h in up.hosts if h.name not in cluster.cordoned]
+    fits: dict[str, int] = {}
+    for h in served:
         fit = free[h.name] // shape.memory_bytes
         if per_vm_cpu > 0:
             fit = min(fit, int((h.cores - used_cpu[h.name] + FIT_TOLERANCE) // per_vm_cpu))
-        count += max(fit, 0)
+        fits[h.name] = max(fit, 0)
+    count = sum(fits.values())
     if failures < 1:
         return count
-    unmanaged = unmanaged_memory(up)
-    memory = sorted(max(h.usable_memory - unmanaged[h.name], 0) for h in up.hosts if h.name not in cluster.cordoned)
-    cpus = sorted(float(h.cores) for h in up.hosts if h.name not in cluster.cordoned)
-    if len(memory) <= failures:
+    if len(served) <= failures:
         return 0
+    unmanaged = unmanaged_memory(up)
+    memory = sorted(max(h.usable_memory - unmanaged[h.name], 0) for h in served)
+    cpus = sorted(float(h.cores) for h in served)
     running = sum(v.memory_bytes for v in up.managed())
     by_memory = (sum(memory[:-failures]) - running) // shape.memory_bytes
-    new_floor = cores * max(floor, cluster.min_yield)
-    by_cpu = int((sum(cpus[:-failures]) - floor_cpu + FIT_TOLERANCE) // new_floor) if new_floor > 0 else count
-    return max(min(count, by_memory, by_cpu), 0)
+    new_cpu = cores * max(floor, cluster.min_yield)
+    by_cpu = int((sum(cpus[:-failures]) - sum(failover_cpu.values()) + FIT_TOLERANCE) // new_cpu) \
+        if new_cpu > 0 else count
+    bound = max(min(count, by_memory, by_cpu), 0)
+    if failures > 1:
+        return bound
+    # One failure, host by host: the failed host's new VMs need whole slots on the others, each VM fewer on a
+    # survivor opening one; its running VMs need what the others have left after that.
+    left = {h.name: (free[h.name] - fits[h.name] * shape.memory_bytes,
+                     h.cores - failover_cpu[h.name] - fits[h.name] * new_cpu) for h in served}
+    slots = {h: min(m // shape.memory_bytes, int((c + FIT_TOLERANCE) // new_cpu) if new_cpu > 0 else m)
+             for h, (m, c) in left.items()}
+    all_slots = sum(slots.values())
+    spare_memory = sum(m for m, _ in left.values())
+    spare_cpu = sum(c for _, c in left.values())
+    fewer = 0
+    for g in served:
+        others = all_slots - slots[g.name]
+        short = max(fits[g.name] - others, 0)  # VMs to take off survivors so that g's new VMs find slots
+        old_memory = sum(m for m, _ in displaced[g.name])
+        old_cpu = sum(c for _, c in displaced[g.name])
+        rest_memory = spare_memory - left[g.name][0] - (fits[g.name] - short) * shape.memory_bytes
+        rest_cpu = spare_cpu - left[g.name][1] - (fits[g.name] - short) * new_cpu
+        more = max(-(-(old_memory - rest_memory) // shape.memory_bytes), 0)
+        if new_cpu > 0:
+            more = max(more, math.ceil((old_cpu - rest_cpu - FIT_TOLERANCE) / new_cpu))
+        fewer = max(fewer, short + more)
+    return max(min(bound, count - fewer), 0)
 
 
 def headroom_for(cluster: Cluster, inventory: Inventory, shape: Request, *, failures: int | None = None,
@@ -181,7 +209,7 @@ def headroom_for(cluster: Cluster, inventory: Inventory, shape: Request, *, fail
         asked += 1
         request = dataclasses.replace(base, vms=n)
         decision = admit(cluster, inventory, request, algorithm, options, sharing, ordered=False)
-        return keep_failover_room(cluster, inventory, decision)
+        return keep_failover_room(cluster, inventory, decision, explain=False)
 
     start = estimate(cluster, inventory, base, floor, cluster.failures_tolerated) if inventory.up().hosts else 1
     best, refused = largest_admitted(ask, start)
