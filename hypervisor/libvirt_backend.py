@@ -276,7 +276,9 @@ class LibvirtHypervisor:
 
         hosts = self.cluster.hosts
         asked = {h.name: functools.partial(self.host_uuid, h.name) for h in hosts if h.uuid is None}
-        got = run_bounded(asked, self._workers_for(hosts), self.cluster.host_timeout)
+        limits, _ = down_hosts.probe_timeouts(state_dir(), {n: self.cluster.connect_uri(n) for n in asked},
+                                              self.cluster.host_timeout)  # a host known down: one probe
+        got = run_bounded(asked, self._workers_for(hosts), limits)
         known = remembered(state_dir())
         uuids: dict[str, str | None] = {}
         out: dict[str, str] = {}
