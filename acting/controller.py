@@ -59,7 +59,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -188,6 +188,9 @@ class Controller:
     failover: Failover | None = None
     #: The recommendations book (vetoes are respected in both modes; recommend mode records there).
     recommendations: Recommendations | None = None
+    #: Where the leader publishes what each managed VM used over its last sample, after each interval
+    #: (acting/window.py: `status` shows it instead of sampling again); None: not published.
+    window: Callable[[Mapping[str, float | None]], None] | None = None
 
     def __post_init__(self) -> None:
         self._lead = _Leadership()
@@ -662,6 +665,8 @@ class Controller:
                                   last[-1].used_cores if last else None,
                                   min(1.0, v.cap_or_vcpus / est) if est > 0 else 1.0, v.meta.min_yield))
         self.metrics.set_vms(tuple(rows))
+        if self.window is not None:
+            self.window({r.vm: r.used for r in rows})
         self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0))
                                      for h in inventory.hosts),
                                sum(1 for d in inventory.in_doubt if d.resolved is None))
