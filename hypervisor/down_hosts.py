@@ -9,7 +9,9 @@ is recorded in the state directory (``hosts-down.json`` beside the lock's
 files, :func:`hypervisor.files.state_dir`) with the time and the reason; a
 later command within :data:`DOWN_MEMORY_S` of that record gives the host one
 short probe (:data:`PROBE_S`) instead of the full ``host_timeout``, and names it
-as known down.  The record is dropped as soon as the host answers.
+as known down when the probe gets no answer (a probe answered with an error, a
+refused connection, is named by that error).  The record is dropped as soon as
+the host answers.
 
 A probe that gets no answer does not renew the record: once
 :data:`DOWN_MEMORY_S` has passed since a full wait found the host down, one

@@ -337,7 +337,7 @@ class LibvirtHypervisor:
             if got is None or isinstance(got, Exception):
                 if isinstance(got, InputError | HostReadBug):
                     raise got
-                if h.name in known:  # one probe, no answer: named as known down, its record kept as it was
+                if h.name in known and got is None:  # one probe, no answer: named as known down, record kept
                     reason = f"host {h.name}: {known[h.name].describe(limits[h.name])}"
                 elif got is None:
                     reason = f"host {h.name}: did not answer within {timeout:g} s (host_timeout)"
