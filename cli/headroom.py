@@ -61,7 +61,7 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
     io = "".join(f", {r} {format_size(v)}/s" for r, v in (("disk", s.disk_bps), ("network", s.net_bps)) if v)
     what = f"VMs of {s.vcpus} vCPU, {cpu}, {format_size(s.memory_bytes)}{io}"
     room = f", keeping room for {answer.failures} host failure(s)" if answer.failures else ""
-    floor = f", every yield at least {answer.floor:g} ({answer.floor_from})"
+    floor = f", every yield at least {answer.floor:g}: {answer.floor_from}"
     console.print(f"[bold]{answer.count}[/] more {what} fit{room}{floor}", highlight=False)
     if answer.count:
         console.print(f"  predicted minimum yield {answer.min_yield:.4f}, average {answer.avg_yield:.4f} "
