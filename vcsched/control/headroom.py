@@ -93,13 +93,6 @@ def _free_name(inventory: Inventory, cluster: Cluster) -> str:
     raise AssertionError("unreachable: one of len(taken) + 1 names is free")
 
 
-def memory_bound(inventory: Inventory, cluster: Cluster, memory_bytes: int) -> int:
-    """The most VMs of ``memory_bytes`` the free memory of the up hosts in service holds."""
-    up = inventory.up()
-    free = free_memory(up)
-    return sum(free[h.name] // memory_bytes for h in up.hosts if h.name not in cluster.cordoned)
-
-
 def floor_for(cluster: Cluster, inventory: Inventory, min_yield: float | None) -> tuple[float, str]:
     """The yield every VM is counted at, and whose it is (module docstring, "The floor")."""
     if min_yield is not None:
