@@ -234,6 +234,9 @@ class Controller:
     recommendations: Recommendations | None = None
     #: Where the audits of applied plans are kept (None: only their events and metrics).
     audits: Audits | None = None
+    #: Where the leader publishes what each managed VM used over its last sample, after each interval
+    #: (acting/window.py: `status` shows it instead of sampling again); None: not published.
+    window: Callable[[Mapping[str, float | None]], None] | None = None
 
     def __post_init__(self) -> None:
         self._lead = _Leadership()
@@ -893,6 +896,8 @@ class Controller:
                                   last[-1].used_cores if last else None, y.value, v.meta.min_yield,
                                   y.upper_bound))
         self.metrics.set_vms(tuple(rows))
+        if self.window is not None:
+            self.window({r.vm: r.used for r in rows})
         self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0),
                                                  inventory.unmanaged_cores(h.name))
                                      for h in inventory.hosts),

@@ -17,9 +17,10 @@ from vcsched.formats.request import Request
               help="Keep room for the loss of any N hosts (default: the cluster file's failures_tolerated).")
 @click.option("--min-yield", "min_yield", type=FiniteFloatRange(min=0, max=1), default=None, metavar="Y",
               help="Every VM, new and running, keeps at least this yield (a request's min_yield; the cluster "
-                   "file's min_yield still applies when higher).")
+                   "file's min_yield still applies when higher).  Default: the cluster file's min_yield, else "
+                   "the lowest yield a running VM has now, else 1.")
 @cluster_option()
-@json_option("Print one JSON object: count, per_host, min_yield, limit.")
+@json_option("Print one JSON object: count, per_host, min_yield, min_yield_floor, floor_from, limit.")
 def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, cluster_file: str | None,
                  as_json: bool) -> int:
     """Say how many more VMs of one shape fit now, where, and at what minimum yield.
@@ -35,6 +36,11 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
     shown (the limit).  Per host: how many of the N land there.  The
     predicted minimum yield is the whole cluster's with the N placed.
     Nothing is changed and no lock is taken.
+
+    Every VM is counted at a floor, which the answer names: --min-yield,
+    else the cluster file's min_yield, else the lowest yield a running
+    managed VM has now (1 when none runs).  Without one a CPU-bound shape
+    would be counted by memory alone, at whatever yield is left.
 
     Exit codes: 0 answered (even when none fits), 1 every host is down,
     2 bad input (an unknown key or a value the request would refuse).
@@ -57,7 +63,7 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
     io = "".join(f", {r} {format_size(v)}/s" for r, v in (("disk", s.disk_bps), ("network", s.net_bps)) if v)
     what = f"{'VM' if answer.count == 1 else 'VMs'} of {s.vcpus} vCPU, {cpu}, {format_size(s.memory_bytes)}{io}"
     room = f", keeping room for {plural(answer.failures, 'host failure')}" if answer.failures else ""
-    floor = f", every yield at least {answer.floor:g}" if answer.floor is not None else ""
+    floor = f", every yield at least {answer.floor:g}: {answer.floor_from}"
     console.print(f"[bold]{answer.count}[/] more {what} fit{room}{floor}", highlight=False)
     if answer.count:
         console.print(f"  predicted minimum yield {answer.min_yield:.4f}, average {answer.avg_yield:.4f} "

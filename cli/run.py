@@ -124,6 +124,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     from acting.metrics import ControllerMetrics, MetricsServer
     from acting.recommendations import RecommendationStore
     from acting.sampling import SystemClock
+    from acting.window import publish as publish_window
+    from hypervisor.files import state_dir
     from hypervisor.identity import lock_key
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.rebalance import RebalanceOptions
@@ -166,7 +168,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
                 events=events, metrics=metrics, clock=clock, stop=stop,
                 failover=Failover(cluster, DefinitionStore.for_url(url, cluster.name)),
                 recommendations=RecommendationStore(url, key, timeout=min(1.0, ttl / 10)) if books else None,
-                audits=AuditStore(url, key, timeout=min(1.0, ttl / 10)) if books else None)
+                audits=AuditStore(url, key, timeout=min(1.0, ttl / 10)) if books else None,
+                window=lambda used: publish_window(state_dir(), cluster, options.interval, used))
             metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
             controller.run(**metrics_at)
     finally:

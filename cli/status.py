@@ -168,10 +168,14 @@ def _shows_io(doc: dict[str, Any]) -> bool:
         any(h["disk_bps"] or h["net_bps"] for h in doc["hosts"])
 
 
+#: ``measured_from`` of a status whose CPU use is the controller's last window (acting/window.py).
+WINDOW = "controller window"
+
+
 def render_status(doc: dict[str, Any]) -> None:
 
     io = _shows_io(doc)
-    sampled = bool(doc["sample_seconds"])
+    sampled = bool(doc["sample_seconds"]) or doc.get("measured_from") == WINDOW
     table = FitTable(title=f"cluster {doc['cluster']}: hosts")
     #: column -> priority (cli/tables.py: at 80 columns the higher numbers move to a second table first)
     # Two-line headers: with the unmanaged column the one-line headers alone were wider than 80 columns.
@@ -346,8 +350,10 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
 
 @click.command("status")
 @cluster_option()
-@click.option("--sample", "seconds", type=FiniteFloatRange(0, 60), default=2.0, show_default=True, metavar="S",
-              help="Measure each VM's CPU, disk and network use over S seconds (two samples); 0 skips measuring.")
+@click.option("--sample", "seconds", type=FiniteFloatRange(0, 60), default=None, metavar="S",
+              help="Measure each VM's CPU, disk and network use over S seconds (two samples); 0 skips measuring.  "
+                   "Default: the CPU use of the controller's last window when `vcsched run` watches the cluster "
+                   "from this machine, else nothing measured.")
 @json_option("Print one JSON object instead of tables.")
 @click.option("--headroom", "show_headroom", is_flag=True,
               help="Compute each host's failover headroom even on a cluster of more than 100 hosts.")
@@ -355,7 +361,7 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
               help="A `vcsched run --log` file: yields over the controller's latest need estimates (the ones it "
                    "plans with), not over the declared needs.")
 @policy_options()
-def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_headroom: bool, policy: str | None,
+def status_cmd(cluster_file: str | None, seconds: float | None, as_json: bool, show_headroom: bool, policy: str | None,
                alpha: float | None, events_file: str | None = None) -> int:
     """Show every host and VM of the cluster: caps, predicted yields and measured CPU, disk and network.
 
@@ -377,6 +383,10 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
     the bytes per second received / sent (interfaceStats, the guest's side).
 
     A VM busy at its cap shows measured close to cap; one that idles shows less.
+    Without --sample nothing is sampled: when a controller (`vcsched run`)
+    watches the cluster from this machine, the CPU its last window measured
+    is shown, with its age (--json: measured_from "controller window",
+    window_age_s); otherwise nothing is measured ("-").
 
     For each virtual cluster: the policy in force (--policy, else the cluster
     file's policy, else yield), its yield, weight, tenant, dominant share and
@@ -407,20 +417,33 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
     from vcsched.control.sharing import sharing_for  # loaded (~0.3 s) while the hosts are read
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input: exit 2 (reading only, nothing changed)
+    window = None
+    if seconds is None:  # no sampling asked: the controller's last window, if one runs here
+        from acting.window import last_window
+        from hypervisor.files import state_dir
+
+        window = last_window(state_dir(), cluster)
     with hv:
         inv = reading()
         migrations = hv.migrations(inv)
         usage: dict[str, Usage] = {}
-        if seconds > 0 and inv.vms:
+        if seconds and inv.vms:
             if as_json:
                 usage = measure_usage(hv, inv.vms, seconds)
             else:
                 with console.status(f"measuring CPU, disk and network use over {seconds:g} s ..."):
                     usage = measure_usage(hv, inv.vms, seconds)
+        elif window is not None:
+            usage = {v.name: Usage(window.used[v.name]) for v in inv.vms if v.name in window.used}
     estimates = _controller_estimates(events_file)
-    doc = status_dict(inv, {name: u.cores for name, u in usage.items()}, seconds, usage, sharing.policy,
+    doc = status_dict(inv, {name: u.cores for name, u in usage.items()}, seconds or 0.0, usage, sharing.policy,
                       virtual_clusters(cluster, inv, sharing, estimates), cluster, estimates)
     doc["estimates_from"] = events_file
+    doc["measured_from"] = "sample" if seconds else WINDOW if window is not None else None
+    doc["window_age_s"] = round(window.age(), 3) if window is not None else None
+    if not as_json and window is not None:
+        console.print(f"[dim]measured: the controller's last window ({window.age():.0f} s ago; --sample S "
+                      "measures now)[/]", highlight=False)
     from vcsched.control.live import rule_violations
 
     for h in doc["hosts"]:

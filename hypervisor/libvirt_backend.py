@@ -60,7 +60,7 @@ from typing import Any, TypeVar
 
 import libvirt
 
-from hypervisor import cpu_signals, hazards
+from hypervisor import cpu_signals, down_hosts, hazards
 from hypervisor.base import CpuCounters, HostReadBug, HypervisorError, IoCounters, VmInDoubt
 from hypervisor.bootcheck import boot_problems, files_local, validation_xml
 from hypervisor.connections import CallCounter, Counted, close_quietly, open_bounded, unwrap
@@ -305,7 +305,9 @@ class LibvirtHypervisor:
 
         hosts = self.cluster.hosts
         asked = {h.name: functools.partial(self.host_uuid, h.name) for h in hosts if h.uuid is None}
-        got = run_bounded(asked, self._workers_for(hosts), self.cluster.host_timeout)
+        limits, _ = down_hosts.probe_timeouts(state_dir(), {n: self.cluster.connect_uri(n) for n in asked},
+                                              self.cluster.host_timeout)  # a host known down: one probe
+        got = run_bounded(asked, self._workers_for(hosts), limits)
         known = remembered(state_dir())
         uuids: dict[str, str | None] = {}
         out: dict[str, str] = {}
@@ -350,16 +352,23 @@ class LibvirtHypervisor:
             for h in wanted:
                 self._down.pop(h.name, None)
                 self._doms.pop(h.name, None)
+        from hypervisor.files import state_dir
+
         timeout = self.cluster.host_timeout
+        uris = {h.name: self.cluster.connect_uri(h.name) for h in wanted}
+        limits, known = down_hosts.probe_timeouts(state_dir(), uris, timeout)
         tasks = {h.name: functools.partial(self._read_host, h) for h in wanted}
-        results = run_bounded(tasks, self._workers_for(wanted), timeout)
+        results = run_bounded(tasks, self._workers_for(wanted), limits)
         states, vms = [], []
+        found_down: dict[str, str] = {}
         for h in wanted:
             got = results.get(h.name)
             if got is None or isinstance(got, Exception):
                 if isinstance(got, InputError | HostReadBug):
                     raise got
-                if got is None:
+                if h.name in known and got is None:  # one probe, no answer: named as known down, record kept
+                    reason = f"host {h.name}: {known[h.name].describe(limits[h.name])}"
+                elif got is None:
                     reason = f"host {h.name}: did not answer within {timeout:g} s (host_timeout)"
                 elif isinstance(got, libvirt.libvirtError):
                     reason = f"host {h.name}: {one_line(got)}"
@@ -369,6 +378,8 @@ class LibvirtHypervisor:
                     raise HostReadBug(f"host {h.name}: vcsched failed reading it ({type(got).__name__}: {got}): "
                                       "this is a bug in vcsched, not a host failure; nothing was changed — please "
                                       "report it with this message") from got
+                if h.name not in known:
+                    found_down[uris[h.name]] = reason.removeprefix(f"host {h.name}: ")
                 with self._lock:
                     self._down[h.name] = reason
                 states.append(HostState(h.name, h.cores or 0, 0, h.memory_reserved, down=reason))
@@ -380,6 +391,7 @@ class LibvirtHypervisor:
                                  f"is not below the host's {format_size(state.memory_bytes)} of memory")
             states.append(state)
             vms += found
+        down_hosts.update(state_dir(), found_down, [uris[st.name] for st in states if st.down is None])
         # Before anything is made of the VMs: two entries reaching one host would show its VMs on "two hosts".
         check_distinct(self.cluster, {st.name: st.uuid for st in states if st.down is None})
         all_vms = tuple(sorted(vms, key=lambda v: (v.host, v.name)))

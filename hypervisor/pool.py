@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import collections
+import heapq
 import os
 import threading
 import time
@@ -34,9 +35,12 @@ def inventory_workers(uris: Iterable[str]) -> int:
     return INVENTORY_WORKERS
 
 
-def run_bounded(tasks: Mapping[str, Callable[[], T]], workers: int, timeout_s: float, *,
+def run_bounded(tasks: Mapping[str, Callable[[], T]], workers: int, timeout_s: float | Mapping[str, float], *,
                 clock: Callable[[], float] = time.monotonic) -> dict[str, T | Exception]:
     """Run ``tasks`` on at most ``workers`` daemon threads; a task running longer than ``timeout_s`` is abandoned.
+
+    ``timeout_s``: one for every task, or one per task (a host known to be down gets a short probe,
+    :mod:`hypervisor.down_hosts`; a task missing from the mapping gets the longest given).
 
     The answer has an entry for each task that finished in time (its value or
     its exception); an abandoned task's thread is replaced, so hung hosts
@@ -59,9 +63,15 @@ def run_bounded(tasks: Mapping[str, Callable[[], T]], workers: int, timeout_s: f
             except Exception as exc:
                 inline[key] = exc
         return inline
+    if isinstance(timeout_s, Mapping):
+        longest = max(timeout_s.values(), default=0.0)
+        limits = {key: timeout_s.get(key, longest) for key in tasks}
+    else:
+        limits = dict.fromkeys(tasks, timeout_s)
     pending = collections.deque(tasks.items())
     results: dict[str, T | Exception] = {}
-    running: dict[str, float] = {}  # started, not finished, not abandoned: key -> start, oldest first
+    running: dict[str, float] = {}  # started, not finished, not abandoned: key -> its deadline
+    deadlines: list[tuple[float, str]] = []  # a heap of (deadline, key); a finished key's entry is skipped
     cond = threading.Condition()
 
     def worker() -> None:
@@ -71,7 +81,8 @@ def run_bounded(tasks: Mapping[str, Callable[[], T]], workers: int, timeout_s: f
                 if not pending:
                     return
                 key, fn = pending.popleft()
-                running[key] = clock()
+                running[key] = clock() + limits[key]
+                heapq.heappush(deadlines, (running[key], key))
             try:
                 value: T | Exception = fn()
             except Exception as exc:
@@ -91,18 +102,20 @@ def run_bounded(tasks: Mapping[str, Callable[[], T]], workers: int, timeout_s: f
         while pending or running:
             now = clock()
             late = []
-            for key, began in running.items():  # oldest first: stop at the first one still in time
-                if now - began <= timeout_s:
-                    break
-                late.append(key)
-            for key in late:  # each late task holds a thread: give the queue a fresh one
-                del running[key]
+            while deadlines and deadlines[0][0] < now:  # earliest first: stop at the first one still in time
+                _, key = heapq.heappop(deadlines)
+                if key in running:  # else it finished in time
+                    late.append(key)
+                    del running[key]
+            for _ in late:  # each late task holds a thread: give the queue a fresh one
                 if pending:
                     spawn()
             if late:
                 note_abandoned(len(late))
-            if running:
-                cond.wait(max(next(iter(running.values())) + timeout_s - now, 0.005))
+            while deadlines and deadlines[0][1] not in running:  # finished: not a deadline any more
+                heapq.heappop(deadlines)
+            if running and deadlines:
+                cond.wait(max(deadlines[0][0] - now, 0.005))
             elif pending:  # workers starting (or replacements): they pick the queue up at once
                 cond.wait(0.05)
         return dict(results)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -226,21 +227,28 @@ def test_cli_bench_simulate_rows_in_json_and_markdown(tmp_path: Path, monkeypatc
 
 def test_the_hosts_rows_time_status_and_place_and_count_libvirt_calls_per_host(tmp_path: Path) -> None:
     from cli.bench import vcsched_command
-    from cli.bench_hosts import _calls, scale_markdown, time_scale
+    from cli.bench_hosts import HSPACE_ROW, _calls, scale_markdown, target_of, time_scale
     from hypervisor.testhosts import write_scale_cluster
 
     # The rows (16 whole vcsched processes) on one size; the count per VM, which needs a second size, from the
     # in-process count that fills the rows' calls_per_host column, on both schemes.
     got = time_scale(vcsched_command(), 1, hosts=3, vms_per_host=2)
+    hspace = [r for r in got if r.command == HSPACE_ROW]  # Ganeti's, when installed (a yardstick, not a dependency)
+    got = [r for r in got if r.command != HSPACE_ROW]
     assert [(r.command, r.hosts, r.vms) for r in got] == [("status --sample 0", 3, 6),
                                                           ("place (dry run)", 3, 6),
                                                           ("test driver alone: open + close", 3, 6),
                                                           ("status --sample 0 [sim]", 3, 6),
                                                           ("place (dry run) [sim]", 3, 6),
+                                                          ("headroom [sim]", 3, 6),
+                                                          ("headroom --failures 1 [sim]", 3, 6),
                                                           ("simulated libvirt alone: read the node files", 3, 6)]
     assert all(r.wall_median > 0 and r.cpu_median > 0 for r in got)
+    assert len(hspace) == (shutil.which("hspace") is not None) and all(not r.unfinished for r in hspace)
+    assert [target_of(r.command) for r in got] == [1.0, 1.0, None, 1.0, 1.0, 2.0, 5.0, None]
     # The simulated libvirt (sim:///) answers the same calls as the test driver: the same count per host.
     assert [r.calls_per_host for r in got[3:5]] == [r.calls_per_host for r in got[:2]]
+    assert "| headroom --failures 1 [sim] | 3 | 6 |" in "\n".join(scale_markdown(got, 1))
     four = {scheme: _calls(["status", "--cluster", str(write_scale_cluster(tmp_path / scheme, 3, 4, scheme=scheme)
                                                         .cluster_file), "--sample", "0", "--json"], 3)
             for scheme in ("test", "sim")}
@@ -252,3 +260,14 @@ def test_the_hosts_rows_time_status_and_place_and_count_libvirt_calls_per_host(t
     # call for jobs either): two more VMs, four more calls.
     assert status[2] == (10, 10) and status[4] == (14, 14)
     assert "| status --sample 0 | 3 | 6 |" in "\n".join(scale_markdown(got, 1))
+
+
+def test_the_ganeti_text_file_holds_the_same_cluster() -> None:
+    """hspace's copy of the scale cluster: every node with its memory free after its instances, every instance."""
+    from cli.bench_hosts import ganeti_text
+
+    sections = ganeti_text(3, 2).split("\n\n")
+    groups, nodes, instances = (s.splitlines() for s in sections[:3])
+    assert len(groups) == 1 and len(nodes) == 3 and len(instances) == 6
+    assert [n.split("|")[:4] for n in nodes] == [[f"h{h}", "32768", "0", str(32768 - 2 * 512)] for h in range(3)]
+    assert [i.split("|")[6] for i in instances] == ["h0", "h0", "h1", "h1", "h2", "h2"]

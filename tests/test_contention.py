@@ -262,6 +262,7 @@ def test_status_top_and_the_controllers_metrics_give_one_number_for_the_same_est
     class Host:
         def __init__(self) -> None:
             self.metrics, self.down_intervals, self.sampler = published, {}, CpuSampler(10.0)
+            self.window = None
 
     Controller._publish(Host(), inv, est)  # type: ignore[arg-type]
     assert {v.vm: (v.yield_, v.upper_bound) for v in published.vms} == status_yields

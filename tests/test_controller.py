@@ -473,3 +473,14 @@ def test_a_hung_host_costs_its_timeout_once_an_interval_not_at_every_sampling_ro
     assert len(asked) == 4, asked  # once an interval
     assert took <= 4 * (INTERVAL + host_timeout) + 1e-6, took
     assert {h.host: h.down_intervals for h in run.controller.metrics.hosts}["h1"] == 4
+
+
+def test_the_leader_publishes_what_each_vm_used_over_its_last_sample_for_status() -> None:
+    """acting/window.py: after each interval, the VMs' last measured use (what `status` shows without --sample)."""
+    hv, clock = crowded_h0()
+    run = Run(hv, clock, FakeLocks(), settle=1)
+    published: list[dict[str, float | None]] = []
+    run.controller.window = lambda used: published.append(dict(used))
+    run.cycles(3)
+    assert published and set(published[-1]) == {v.name for v in hv.inventory().managed()}
+    assert any(u is not None and u > 0 for u in published[-1].values())

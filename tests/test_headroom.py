@@ -94,7 +94,25 @@ def test_the_limits_are_the_ones_each_shape_is_built_to_hit(hosts: ScaleCluster)
     assert memory["count"] == 3 * 7 and memory["limit"].startswith("memory: ")  # (32 GiB - 1 GiB) // 4 GiB per host
     cpu = headroom(c, SHAPES["cpu-bound"][0], "--min-yield", 0.6)
     assert cpu["count"] < 3 * 120 and "0.6" in cpu["limit"]  # far below what memory holds: CPU at the floor
-    assert headroom(c, SHAPES["cpu-bound"][0])["count"] > cpu["count"]  # no floor: more, at a lower yield
+    assert cpu["floor_from"] == "--min-yield" and cpu["min_yield_floor"] == 0.6
+
+
+def test_without_a_floor_a_cpu_bound_shape_is_counted_at_the_lowest_current_yield(hosts: ScaleCluster) -> None:
+    """The running VMs are capped at their need (yield 1): 7 more cores per host at yield 1, not what memory
+    holds (120 per host) at whatever yield is left."""
+    doc = headroom(hosts.cluster_file, SHAPES["cpu-bound"][0])
+    assert doc["count"] == 3 * 7 and doc["min_yield_floor"] == 1.0
+    assert doc["floor_from"].startswith("the lowest current yield (VM 'vm")
+    r = run("headroom", "--vm", SHAPES["cpu-bound"][0], "--cluster", hosts.cluster_file)
+    assert r.exit_code == 0 and "every yield at least 1: the lowest current yield (VM" in " ".join(r.stdout.split())
+
+
+def test_without_a_floor_the_clusters_min_yield_counts(hosts: ScaleCluster) -> None:
+    path = hosts.cluster_file.with_name("cluster-y.toml")
+    path.write_text(hosts.cluster_file.read_text().replace('name = "scale"', 'name = "scale"\nmin_yield = 0.6'))
+    doc = headroom(path, SHAPES["cpu-bound"][0])
+    assert doc["min_yield_floor"] == 0.6 and doc["floor_from"] == "cluster 'scale' min_yield"
+    assert doc["count"] == headroom(hosts.cluster_file, SHAPES["cpu-bound"][0], "--min-yield", 0.6)["count"]
 
 
 def test_room_for_a_host_failure_leaves_fewer(hosts: ScaleCluster) -> None:
@@ -170,10 +188,11 @@ def test_every_host_down_exits_1(tmp_path: Path) -> None:
 # --- the search, on an admission that admits up to k ------------------------------------------------
 
 
-@pytest.mark.parametrize("cap", [0, 5, 37, 100])
+@pytest.mark.parametrize("cap", [0, 5, 36, 37, 100])
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 36, 37, 64, 99])
 def test_the_search_finds_the_largest_count_admitted_and_asks_the_one_above(k: int, cap: int) -> None:
-    """``cap`` (memory's bound) below ``k`` is a rounding: admission still decides."""
+    """``cap`` (the per-host arithmetic's count) above or below ``k`` is an estimate: admission decides, in
+    about 2 log2 of the miss."""
     asked: list[int] = []
 
     def ask(n: int) -> Decision:
@@ -183,4 +202,54 @@ def test_the_search_finds_the_largest_count_admitted_and_asks_the_one_above(k: i
     best, refused = largest_admitted(ask, cap)
     assert (best[0] if best else 0) == k and refused[0] == k + 1 and refused[1].reason == f"{k + 1} > {k}"
     assert k + 1 in asked and (k == 0 or k in asked)
-    assert len(asked) <= 2 * max(k, 1).bit_length() + 2
+    assert len(asked) <= 2 * max(abs(k - cap), 1).bit_length() + 2
+    if cap == k:  # the arithmetic was right: admission is asked the count and the one above, nothing else
+        assert sorted(asked) == [k, k + 1] if k else asked == [1]
+
+
+# --- one placement, not a search ----------------------------------------------------------------
+
+
+def _read(sc: ScaleCluster, path: Path | None = None) -> tuple[Any, Any]:
+    from cli.common import load_cluster
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+
+    cluster = load_cluster(str(path or sc.cluster_file))
+    with LibvirtHypervisor(cluster) as hv:
+        return cluster, hv.inventory()
+
+
+@pytest.mark.parametrize("failures", [0, 1])
+@pytest.mark.parametrize("name", ["memory-bound", "cpu-bound", "vcpus=2"])
+def test_where_memory_and_cpu_bind_admission_is_asked_the_count_and_the_one_above(name: str, failures: int,
+                                                                                 hosts: ScaleCluster) -> None:
+    """The per-host arithmetic gives admission's count: two admissions answer (N admitted, N+1 refused)."""
+    from cli.params import VmShape
+    from vcsched.control.headroom import headroom_for
+
+    shape, _fields, floor = SHAPES[name]
+    cluster, inventory = _read(hosts)
+    answer = headroom_for(cluster, inventory, VmShape().convert(shape, None, None), failures=failures,
+                          min_yield=floor)
+    assert answer.count > 0 and answer.asked == 2, (answer.count, answer.asked)
+
+
+def test_the_failover_check_says_the_same_yes_or_no_with_or_without_its_explanation(hosts: ScaleCluster) -> None:
+    """headroom's search asks without the VM-by-VM explanation; place's refusal explains: same verdicts."""
+    import dataclasses
+
+    from vcsched.control.failover import failover_refusal
+
+    cluster, inventory = _read(hosts)
+    for k in (1, 2):
+        c = dataclasses.replace(cluster, failures_tolerated=k)
+        verdicts = set()
+        for mib in (32768, 1536, 1100):  # hosts h1, h2 shrunk (each runs 1 GiB of VMs) until failover room lacks
+            inv = dataclasses.replace(inventory, hosts=tuple(
+                dataclasses.replace(h, memory_bytes=mib << 20, memory_reserved=0) if i else h
+                for i, h in enumerate(inventory.hosts)))
+            short, long = failover_refusal(c, inv, explain=False), failover_refusal(c, inv)
+            assert (short is None) == (long is None), (k, mib, short, long)
+            assert short is None or short.startswith("failover: ")
+            verdicts.add(short is None)
+        assert verdicts == {True, False}, k  # both verdicts were asked

@@ -60,7 +60,8 @@ def test_headroom_says_one_more_vm_in_the_singular(tmp_path: Path, monkeypatch: 
     import vcsched.control.headroom as headroom
 
     def one(_cluster: Any, _inv: Any, shape: Any, **_: Any) -> headroom.Headroom:
-        return headroom.Headroom(shape, 1, 0, None, {"h0": 1}, 0.5, 0.5, "memory: 2 VMs do not fit", None)
+        return headroom.Headroom(shape, 1, 0, 0.5, "the lowest current yield", {"h0": 1}, 0.5, 0.5,
+                                 "memory: 2 VMs do not fit", None)
 
     monkeypatch.setattr(headroom, "headroom_for", one)
     hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2)

@@ -120,7 +120,8 @@ def check_request(cluster: Cluster, inventory: Inventory, request: Request) -> N
     if request.name in cluster.host_names:
         raise InputError(f"name: {request.name!r} is also a host name in cluster {cluster.name!r}")
     taken = {v.name: v for v in inventory.vms}
-    for vm in request.vm_names():
+    names = request.vm_names()
+    for vm in names:
         if vm in taken:
             raise InputError(f"name: VM {vm!r} already exists in cluster {cluster.name!r}")
     # Virtual clusters and VMs share one namespace (`--depart NAME`, `status`, the plan's steps name either).
@@ -130,7 +131,7 @@ def check_request(cluster: Cluster, inventory: Inventory, request: Request) -> N
         raise InputError(f"name: {request.name!r} is already a VM's name in cluster {cluster.name!r} (on host "
                          f"{clash.host}, {owner}); virtual cluster and VM names must differ")
     known = set(inventory.clusters())
-    for vm in request.vm_names():
+    for vm in names:
         if vm in known:
             raise InputError(f"name: the request's VM {vm!r} would carry the name of virtual cluster {vm!r}; "
                              "virtual cluster and VM names must differ")
@@ -234,7 +235,7 @@ def existing_jobs(inventory: Inventory, vms: Iterable[VmState] | None = None,
 
 
 def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: str = "mcb8",
-          options: SolveOptions | None = None, sharing: Sharing | None = None) -> Decision:
+          options: SolveOptions | None = None, sharing: Sharing | None = None, *, ordered: bool = True) -> Decision:
     """Decide whether ``request`` fits, and if so the plan (see the module docstring).
 
     Hosts that are down get nothing; the plan's snapshot still names them, so
@@ -245,6 +246,10 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
     instance has CPU and memory alone and the yields are
     :func:`vcsched.yields.allocate`'s; otherwise every needed fluid resource
     is in it, with weights and tenants, and the policy allocates.
+
+    ``ordered=False``: the plan's steps are left in the placement's order, not made safe to apply
+    (:func:`~vcsched.plans.ordering.order_steps`) — for a caller that only reads the plan (``headroom``),
+    since ordering a plan of thousands of steps costs more than deciding it.
     """
     full, inventory = inventory, inventory.up()
     if not inventory.hosts:
@@ -291,7 +296,8 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
     if plain:
         allocation = allocate(instance, task_hosts)
         fallback = list(allocation.notes)
-        decision = _decide(cluster, full, inventory, request, instance, existing, allocation, cores)
+        decision = _decide(cluster, full, inventory, request, instance, existing, allocation, cores,
+                           ordered=ordered)
     else:
         palloc = allocate_policy(instance, task_hosts, sharing.policy, sharing.options)
         if isinstance(palloc.detail.get("fallback"), str):
@@ -302,7 +308,7 @@ def admit(cluster: Cluster, inventory: Inventory, request: Request, algorithm: s
                 io[int(instance.task_job[t])] = v.meta.io_needs()
         io[instance.n_jobs - 1] = request.io_needs()
         decision = _decide(cluster, full, inventory, request, instance, existing, palloc.allocation(instance),
-                           cores, policy=sharing.policy, io=io)
+                           cores, policy=sharing.policy, io=io, ordered=ordered)
     detail = {**(report if placing.has_rules else {}), **({"fallback": fallback} if fallback else {})}
     return dataclasses.replace(decision, detail=detail) if detail else decision
 
@@ -376,7 +382,7 @@ def _solve_probe(room: ResidualRoom, algorithm: str, options: SolveOptions) -> P
 
 def _decide(cluster: Cluster, full: Inventory, inventory: Inventory, request: Request, instance: Instance,
             existing: Existing, allocation: Allocation, cores: float, *, policy: str | None = None,
-            io: Mapping[int, Mapping[str, int]] | None = None) -> Decision:
+            io: Mapping[int, Mapping[str, int]] | None = None, ordered: bool = True) -> Decision:
     """Floors, caps and the plan for an allocation of the whole cluster (existing VMs first, then the request).
 
     ``policy`` and ``io`` (each job's extra needs in bytes/s) come from a
@@ -405,6 +411,7 @@ def _decide(cluster: Cluster, full: Inventory, inventory: Inventory, request: Re
     per_vm: dict[str, VmPrediction] = {}
     steps: list[Step] = []
     boot = boot_for(cluster, request)
+    names = request.vm_names()  # once: rebuilt per VM it made admission quadratic in the request
     for t, h in enumerate(task_hosts):
         j = int(instance.task_job[t])
         host = inventory.hosts[int(h)].name
@@ -417,7 +424,7 @@ def _decide(cluster: Cluster, full: Inventory, inventory: Inventory, request: Re
             if v.cap_cores is None or not same_cap(v.cap_cores, cap, v.vcpus):
                 steps.append(SetCapStep(v.name, host, cap, **io_step_fields(SetCapStep, shares)))
         else:
-            name = request.vm_names()[t - len(existing.vms)]
+            name = names[t - len(existing.vms)]
             cap = realisable_cap(allocation.cpu[j] * n_ref, request.vcpus)
             if cap < min_cap(request.vcpus):
                 return Decision(False, f"each VM would get {cap:g} cores, below the smallest cap of a "
@@ -430,11 +437,12 @@ def _decide(cluster: Cluster, full: Inventory, inventory: Inventory, request: Re
                                     request.tenant, spread=request.spread, together=request.together,
                                     pinned=request.pinned, priority=request.priority,
                                     **io_step_fields(CreateStep, shares)))
-    ordered = order_steps(steps, current_caps(inventory), {h.name: float(h.cores) for h in inventory.hosts})
+    in_order = order_steps(steps, current_caps(inventory), {h.name: float(h.cores) for h in inventory.hosts}) \
+        if ordered else tuple(steps)
     extra: dict[str, object] = {"request": request.name}
     if policy is not None:
         extra["policy"] = policy
-    plan = Plan("place", cluster.name, snapshot_hash(full), min_y, avg_y, per_vm, ordered, extra=extra)
+    plan = Plan("place", cluster.name, snapshot_hash(full), min_y, avg_y, per_vm, in_order, extra=extra)
     return Decision(True, None, plan, min_y, avg_y)
 
 

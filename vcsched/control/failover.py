@@ -64,7 +64,7 @@ from vcsched.solvers.algorithm import Placement
 from vcsched.solvers.registry import place_with_rules
 from vcsched.solvers.search import ResidualRoom
 from vcsched.solvers.yield_search import bisect_yield
-from vcsched.units import YIELD_TOLERANCE
+from vcsched.units import FIT_TOLERANCE, MEMORY_TOLERANCE, YIELD_TOLERANCE
 from vcsched.yields import allocate
 
 #: ``status`` computes every host's headroom up to this many hosts (measured: 100 hosts of 10 VMs 0.6 s, 250 hosts
@@ -249,6 +249,40 @@ class _Cluster:
         metas = [self.existing.vms[int(t)].meta for t in first]
         self.floors = [floor_of(cluster, m) for m in metas if m is not None]
         self.index = {h.name: i for i, h in enumerate(inventory.hosts)}
+        # Per task its memory, its CPU at its floor and whether it has a rule; per host what its tasks leave.
+        jobs = self.existing.jobs
+        tasks = [j.tasks for j in jobs]
+        self.task_mem = np.repeat([j.memory for j in jobs], tasks).astype(float)
+        self.task_cpu = np.repeat([j.cpu_need * f for j, f in zip(jobs, self.floors, strict=True)], tasks)
+        self.task_ruled = np.repeat([bool(j.spread or j.together) for j in jobs], tasks).astype(bool)
+        n = len(self.hosts)
+        self.memory_left = (np.asarray([h.memory for h in self.hosts], dtype=float)
+                            - np.bincount(self.pins, weights=self.task_mem, minlength=n))
+        self.cpu_left = (np.asarray([h.cpu for h in self.hosts], dtype=float)
+                         - np.bincount(self.pins, weights=self.task_cpu, minlength=n))
+        self.closed = np.asarray([h.maintenance for h in self.hosts], dtype=bool)
+
+    def first_fit(self, gone: Sequence[str]) -> bool:
+        """Whether the VMs of hosts ``gone`` fit on the others at their floors by first fit, largest memory first:
+        a placement found proves they fit, at the cost of one pass over the hosts per displaced VM rather than
+        a placement of the whole cluster (:meth:`fits`).  False says nothing (a VM with a rule, or first fit
+        missed): ask :meth:`fits`."""
+        out = [self.index[g] for g in gone]
+        moving = np.flatnonzero(np.isin(self.pins, out))
+        if self.task_ruled[moving].any():
+            return False
+        memory, cpu = self.memory_left.copy(), self.cpu_left.copy()
+        closed = self.closed.copy()
+        closed[out] = True
+        memory[closed] = -np.inf
+        for t in moving[np.argsort(-self.task_mem[moving], kind="stable")]:
+            room = np.flatnonzero((memory >= self.task_mem[t] - MEMORY_TOLERANCE)
+                                  & (cpu >= self.task_cpu[t] - FIT_TOLERANCE))
+            if not len(room):
+                return False
+            memory[room[0]] -= self.task_mem[t]
+            cpu[room[0]] -= self.task_cpu[t]
+        return True
 
     def fits(self, gone: Sequence[str]) -> tuple[bool, float | None, dict[str, str]]:
         """Whether the VMs of hosts ``gone`` fit on the others at their floors, the min yield after, and where
@@ -318,9 +352,14 @@ def headroom(cluster: Cluster, inventory: Inventory) -> tuple[Failover, ...]:
     return tuple(out)
 
 
-def failover_refusal(cluster: Cluster, after: Inventory) -> str | None:
+def failover_refusal(cluster: Cluster, after: Inventory, *, explain: bool = True) -> str | None:
     """Why the cluster as it would be (``after``) cannot absorb ``failures_tolerated`` host failures; None if
-    it can (or nothing is asked).  Every combination of that many hosts is tried, smallest names first."""
+    it can (or nothing is asked).  Every combination of that many hosts is tried, smallest names first: first
+    fit of its VMs on the others (:meth:`_Cluster.first_fit`, a pass over the hosts per VM) answers most; a
+    combination it misses is placed (:meth:`_Cluster.fits`), then VM by VM (:func:`failover`) to name what
+    would be stranded.  ``explain=False`` (a search that only needs yes or no, ``headroom``): the displaced
+    VMs are placed once, all together, and the reason names them all instead of the stranded ones (placing VM
+    by VM costs up to one placement of the cluster per displaced VM)."""
     k = cluster.failures_tolerated
     inv = after.up()
     if k < 1 or len(inv.hosts) <= k:
@@ -329,13 +368,20 @@ def failover_refusal(cluster: Cluster, after: Inventory) -> str | None:
     model = _Cluster(cluster, inv)
     for gone in itertools.combinations([h.name for h in inv.hosts], k):
         displaced = [v for h in gone for v in inv.managed_on(h)]
-        if not displaced or model.fits(gone)[0]:
+        if not displaced or model.first_fit(gone) or model.fits(gone)[0]:
             continue
+        which = f"host {gone[0]}" if k == 1 else f"hosts {', '.join(gone)}"
+        if not explain:
+            if _place(cluster, without_hosts(inv, gone), sorted(displaced, key=importance)) is not None:
+                continue
+            names = sorted(v.name for v in displaced)
+            return (f"failover: if {which} failed, its {len(displaced)} VMs ({', '.join(names[:5])}"
+                    f"{', ...' if len(names) > 5 else ''}; {format_size(sum(v.memory_bytes for v in displaced))}) "
+                    f"would not all fit: {NO_ROOM} (failures_tolerated = {k})")
         f = failover(cluster, without_hosts(inv, gone), "+".join(gone), displaced)
         if not f.fits:
             lost = sorted(vm for vm, _ in f.stranded)
             memory = sum(v.memory_bytes for v in displaced if v.name in set(lost))
-            which = f"host {gone[0]}" if k == 1 else f"hosts {', '.join(gone)}"
             return (f"failover: if {which} failed, {len(lost)} of its {len(displaced)} VMs "
                     f"({', '.join(lost[:5])}{', ...' if len(lost) > 5 else ''}; {format_size(memory)}) would find "
                     f"{NO_ROOM} (failures_tolerated = {k})")
@@ -349,15 +395,17 @@ def after_plan(inventory: Inventory, plan: Plan) -> Inventory:
     return Inventory(inventory.cluster, inventory.hosts, (*inventory.vms, *created), inventory.in_doubt)
 
 
-def keep_failover_room(cluster: Cluster, inventory: Inventory, decision: Decision) -> Decision:
+def keep_failover_room(cluster: Cluster, inventory: Inventory, decision: Decision, *,
+                       explain: bool = True) -> Decision:
     """``decision`` refused when, with ``failures_tolerated`` of the cluster file, the cluster it leaves could
-    not absorb that many host failures (:func:`failover_refusal`, naming the host); else unchanged."""
+    not absorb that many host failures (:func:`failover_refusal`, naming the host, with ``explain``); else
+    unchanged."""
     if not decision.admitted or decision.plan is None or cluster.failures_tolerated < 1:
         return decision
-    refused = failover_refusal(cluster, after_plan(inventory, decision.plan))
+    refused = failover_refusal(cluster, after_plan(inventory, decision.plan), explain=explain)
     if refused is None:
         return decision
-    if failover_refusal(cluster, inventory) is not None:
+    if failover_refusal(cluster, inventory, explain=explain) is not None:
         refused += "; the cluster lacked failover room already before this request (make room first)"
     return dataclasses.replace(decision, admitted=False, reason=refused, plan=None,
                                detail={**decision.detail, "failover": refused})
