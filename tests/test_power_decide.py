@@ -266,3 +266,20 @@ def test_energy_is_linear_from_idle_to_peak_and_zero_asleep() -> None:
 def test_a_state_names_each_host_once() -> None:
     s = PowerState((HostPower("h1"),)).with_host(HostPower("h0", SLEEPING)).with_host(HostPower("h1", WAKING))
     assert [(h.host, h.state) for h in s.hosts] == [("h0", SLEEPING), ("h1", WAKING)]
+
+
+def test_the_clusters_demand_growth_wakes_a_host_ahead_of_need() -> None:
+    inv, state = two_on_one_asleep(0.45)
+    inv = dataclasses.replace(inv, vms=(*inv.vms, managed("v2", "h0", "v2", 0.45)))
+    # 0.9 cores on h0 growing 0.5 % a second: 1.17 cores a wake time (60 s) ahead
+    d = decide(powered(), inv, state, 100.0, budget=BUDGET, demand=Demand(growth=5e-3))
+    assert (d.action, d.host) == (WAKE, "h2") and "predicted 60 s ahead" in d.reason
+    assert decide(powered(), inv, state, 100.0, budget=BUDGET, demand=Demand(growth=-1e-3)).action != WAKE
+
+
+def test_the_totals_refuse_at_once_when_the_others_cannot_hold_every_vm() -> None:
+    busy = inventory_of([managed(f"v{i}", f"h{i}", f"v{i}", 0.9) for i in range(3)], n_hosts=3)
+    assert "lack the cores for every VM at power_yield 1" in refusal(decide(powered(), busy, PowerState(), 0.0,
+                                                                           budget=BUDGET), "h0")
+    fat = inventory_of([managed(f"v{i}", f"h{i}", f"v{i}", 0.1, mem=700 * MiB) for i in range(3)], n_hosts=3)
+    assert "lack the memory" in refusal(decide(powered(), fat, PowerState(), 0.0, budget=BUDGET), "h0")

@@ -107,6 +107,9 @@ class Demand:
 
     trend: Mapping[str, float] = field(default_factory=dict)
     pending: tuple[Request, ...] = ()
+    #: The whole cluster's CPU demand's relative rate of change, per second (e.g. 1e-4: +36 % an hour), from the
+    #: history of the estimates: every VM's need moves along it, on top of its own trend.
+    growth: float = 0.0
 
 
 NO_DEMAND = Demand()
@@ -187,27 +190,34 @@ def wake_time(cluster: Cluster, state: PowerState, host: str) -> float:
 
 
 def predicted(inventory: Inventory, demand: Demand, horizon: float) -> Inventory:
-    """``inventory`` with each managed VM's CPU need moved ``horizon`` seconds along its trend (never below
-    today's need, never above its vCPUs)."""
+    """``inventory`` with each managed VM's CPU need moved ``horizon`` seconds along its trend and the cluster's
+    growth (never below today's need, never above its vCPUs)."""
     vms = []
+    grow = 1.0 + max(demand.growth, 0.0) * horizon
     for v in inventory.vms:
-        slope = demand.trend.get(v.name, 0.0)
-        if v.meta is None or slope <= 0:
+        slope = max(demand.trend.get(v.name, 0.0), 0.0)
+        if v.meta is None or (slope == 0 and grow == 1.0):
             vms.append(v)
             continue
-        need = min(v.meta.cpu_need_cores + slope * horizon, float(v.vcpus))
+        need = min(v.meta.cpu_need_cores * grow + slope * horizon, float(v.vcpus))
         vms.append(dataclasses.replace(v, meta=dataclasses.replace(v.meta, cpu_need_cores=need)))
     return dataclasses.replace(inventory, vms=tuple(vms))
 
 
-def min_yield(inventory: Inventory) -> float:
-    """The lowest yield of the managed VMs where they run now (1.0 with none): admission's allocation."""
+def vm_yields(inventory: Inventory) -> dict[str, float]:
+    """Each running managed VM's yield where it runs now: admission's allocation (min yield, then average)."""
     inv = inventory.up()
     existing = existing_jobs(inv)
     if not existing.jobs:
-        return 1.0
+        return {}
     instance = Instance(model_hosts(inv), existing.jobs)
-    return float(allocate(instance, np.asarray(existing.hosts, dtype=np.int64)).min_yield(instance))
+    yields = allocate(instance, np.asarray(existing.hosts, dtype=np.int64)).yields(instance)
+    return {v.name: float(yields[int(instance.task_job[t])]) for t, v in enumerate(existing.vms)}
+
+
+def min_yield(inventory: Inventory) -> float:
+    """The lowest yield of the managed VMs where they run now (1.0 with none)."""
+    return min(vm_yields(inventory).values(), default=1.0)
 
 
 def room_short(cluster: Cluster, inventory: Inventory, demand: Demand, horizon: float) -> str | None:
@@ -222,7 +232,7 @@ def room_short(cluster: Cluster, inventory: Inventory, demand: Demand, horizon: 
     target = cluster.power.target_yield
     low = min_yield(ahead)
     if low < target - YIELD_TOLERANCE:
-        said = [f"the demand predicted {horizon:.0f} s ahead"] if demand.trend else []
+        said = [f"the demand predicted {horizon:.0f} s ahead"] if demand.trend or demand.growth > 0 else []
         said += [f"{len(demand.pending)} waiting request(s) admitted"] if demand.pending else []
         return f"min yield {low:.3f} below power_yield {target:g}" + (f" with {' and '.join(said)}" if said else "")
     return failover_refusal(cluster, ahead)
@@ -277,6 +287,9 @@ def sleep_check(cluster: Cluster, inventory: Inventory, state: PowerState, host:
     if demand.pending:
         return f"{len(demand.pending)} request(s) wait for room", None
     on = _on(inventory, state)
+    lacking = _capacity_short(cluster, on, host)
+    if lacking is not None:
+        return lacking, None
     try:
         evacuation = adapt_inventory(cluster.name, on, budget, cluster=cluster, drain=host)
     except VcschedError as e:
@@ -298,6 +311,20 @@ def sleep_check(cluster: Cluster, inventory: Inventory, state: PowerState, host:
     if short is not None:
         return f"with it asleep: {short}", None
     return None, evacuation
+
+
+def _capacity_short(cluster: Cluster, on: Inventory, host: str) -> str | None:
+    """Why the other hosts on cannot hold every VM at ``power_yield`` whatever the placement (the totals of memory
+    and CPU), or None: a necessary condition only, checked before the drain's search because it is cheap."""
+    others = [h for h in on.hosts if h.name != host]
+    memory = sum(v.memory_bytes for v in on.vms if v.active)
+    if memory > sum(h.usable_memory for h in others):
+        return "the other hosts on lack the memory for every VM"
+    target = cluster.power.target_yield
+    cpu = sum(min(v.meta.cpu_need_cores, v.vcpus) * target for v in on.managed() if v.meta is not None)
+    if cpu > sum(h.cores for h in others) + YIELD_TOLERANCE:
+        return f"the other hosts on lack the cores for every VM at power_yield {target:g}"
+    return None
 
 
 def _on(inventory: Inventory, state: PowerState) -> Inventory:
