@@ -66,6 +66,7 @@ from vcsched.formats.power import HostPower as HostPowerConfig
 from vcsched.formats.power import PowerSettings
 from vcsched.formats.request import Request
 from vcsched.inventory import HostState, Inventory
+from vcsched.simulate.metrics import Estimate, estimate
 from vcsched.simulate.workload import Workload
 
 POWER_POLICIES = ("auto", "threshold", "off")
@@ -127,6 +128,10 @@ class PowerResult:
     hosts_on_avg: float
     vcs: int
     wall_s: float
+    #: The lowest min yield right after a sleep (1.0: none): auto's promise is that it stays at power_yield.
+    after_sleep_min_yield: float = 1.0
+    #: The fewest hosts on at any step.
+    fewest_on: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -339,6 +344,7 @@ class PowerSimulation:
         low = 1.0
         migrations = moved_bytes = wakes = late = sleeps = measured_vcs = 0
         ready_at: dict[str, float] = {}
+        after_sleep, fewest = 1.0, o.hosts
         a = 0
         for step in range(steps):
             now = step * o.interval
@@ -369,6 +375,7 @@ class PowerSimulation:
                         migrations, moved_bytes = migrations + n, moved_bytes + b
                     yields = vm_yields(self.inventory())
                     used = self.cpu_use(yields)
+                    after_sleep = min(after_sleep, *yields.values(), 1.0)
                 elif action == WAKE and host is not None:
                     late_now = self.unmet()
                     self.state = waking(self.state, host, now)
@@ -392,6 +399,7 @@ class PowerSimulation:
                 vc.work -= min(ys) * o.interval
                 if vc.work <= 0:
                     done.append(name)
+            fewest = min(fewest, sum(self.state.of(h).state == ON for h in self.hosts))
             if measured:
                 dt = o.interval
                 for h in self.hosts:
@@ -413,7 +421,7 @@ class PowerSimulation:
         span = o.hours * 3600.0
         return PowerResult(o.policy, energy / 3.6e6, mean_y / span, min_y / span, low, waiting / 3600.0, migrations,
                            moved_bytes, wakes, late, sleeps, hosts_on / span, measured_vcs,
-                           time.perf_counter() - start)
+                           time.perf_counter() - start, after_sleep, fewest)
 
 
 def simulate_power(workload: Workload, options: PowerRunOptions, on_progress: OnProgress | None = None
@@ -422,12 +430,46 @@ def simulate_power(workload: Workload, options: PowerRunOptions, on_progress: On
     return PowerSimulation(workload, options).run(on_progress)
 
 
-def power_study(workload: Workload, policies: Sequence[str], base: PowerRunOptions, replications: int,
-                on_progress: OnProgress | None = None) -> list[PowerResult]:
-    """Every policy, ``replications`` times each on the same arrivals (replication r: the same VCs)."""
-    out = []
-    for r in range(replications):
-        for p in policies:
-            out.append(simulate_power(workload, dataclasses.replace(base, policy=p, replication=r), on_progress))
-    return out
+#: What a point reports, in the order of the table; ``energy_saved`` and ``yield_lost`` are paired against ``off``
+#: on the same replication (the same VCs at the same times).
+POINT_METRICS = ("energy_kwh", "energy_saved", "mean_yield", "yield_lost", "min_yield_avg", "min_yield_low",
+                 "waiting_vc_hours", "migrations", "migrated_gib", "sleeps", "wakes", "late_wakes", "hosts_on_avg")
 
+
+@dataclass(frozen=True)
+class PowerPoint:
+    """One policy at one load over the replications: every metric's mean and 95 % interval."""
+
+    policy: str
+    load: float | None
+    replications: int
+    metrics: dict[str, Estimate | None]
+    wall_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {"policy": self.policy, "load": self.load, "replications": self.replications, "wall_s": self.wall_s,
+                "metrics": {k: None if e is None else {"mean": e.mean, "ci95": e.ci, "n": e.n}
+                            for k, e in self.metrics.items()}}
+
+
+def power_study(workload: Workload, policies: Sequence[str], base: PowerRunOptions, replications: int,
+                load: float | None = None, on_progress: OnProgress | None = None) -> list[PowerPoint]:
+    """Every policy (and ``off``, the reference), ``replications`` times each on the same arrivals."""
+    runs: dict[str, list[PowerResult]] = {p: [] for p in dict.fromkeys(("off", *policies))}
+    for r in range(replications):
+        for p in runs:
+            runs[p].append(simulate_power(workload, dataclasses.replace(base, policy=p, replication=r), on_progress))
+    out = []
+    for p in dict.fromkeys(policies):
+        rs, offs = runs[p], runs["off"]
+        values: dict[str, list[float | None]] = {
+            "energy_saved": [1 - x.energy_kwh / o.energy_kwh if o.energy_kwh else None
+                             for x, o in zip(rs, offs, strict=True)],
+            "yield_lost": [o.mean_yield - x.mean_yield for x, o in zip(rs, offs, strict=True)],
+            "migrated_gib": [x.migrated_bytes / (1 << 30) for x in rs]}
+        for m in POINT_METRICS:
+            if m not in values:
+                values[m] = [float(getattr(x, m)) for x in rs]
+        out.append(PowerPoint(p, load, replications, {m: estimate(values[m]) for m in POINT_METRICS},
+                              sum(x.wall_s for x in rs)))
+    return out
