@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -333,8 +334,6 @@ class PowerSimulation:
         return {h: d / self.o.cores for h, d in demand.items()}
 
     def run(self, on_progress: OnProgress | None = None) -> PowerResult:
-        import time
-
         start = time.perf_counter()
         o = self.o
         end = o.warmup + o.hours * 3600.0
