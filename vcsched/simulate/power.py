@@ -26,8 +26,9 @@ there is something to save at night and something to wake for in the morning.
 
 **Measured** (after ``warmup`` seconds): energy (a host on draws idle + (peak − idle) × utilisation, asleep
 0), the time-average of the VMs' mean and min yield and the lowest min yield, VC-hours spent waiting for
-admission, migrations and their bytes, wakes, and **late wakes**: wakes decided while demand was already
-unmet (a VC waiting, or a VM below ``power_yield``) — the demand arrived before the host was up.
+admission, migrations and their bytes, wakes, and **late wakes**: wakes during which, at the decision or at
+any interval before the host was up, demand went unmet (a VC waiting, or a VM below ``power_yield``, or the
+``failures_tolerated`` room short) — the demand arrived before the host was up.
 """
 
 from __future__ import annotations
@@ -344,6 +345,8 @@ class PowerSimulation:
         migrations = moved_bytes = wakes = late = sleeps = measured_vcs = 0
         ready_at: dict[str, float] = {}
         after_sleep, fewest = 1.0, o.hosts
+        counted: dict[str, bool] = {}  # waking hosts: whether their wake is measured (decided after the warm-up)
+        late_flag: dict[str, bool] = {}  # waking hosts: whether demand went unmet before they were up
         a = 0
         for step in range(steps):
             now = step * o.interval
@@ -352,6 +355,7 @@ class PowerSimulation:
                 if t <= now:
                     self.state = woke(self.state, h, t)
                     del ready_at[h]
+                    late += counted.pop(h, False) and late_flag.pop(h, False)
             while a < len(incoming) and incoming[a][0] <= now:
                 t, k, work = incoming[a]
                 name = f"vc{a}"
@@ -376,11 +380,12 @@ class PowerSimulation:
                     used = self.cpu_use(yields)
                     after_sleep = min(after_sleep, *yields.values(), 1.0)
                 elif action == WAKE and host is not None:
-                    late_now = self.unmet()
                     self.state = waking(self.state, host, now)
                     ready_at[host] = now + o.wake_time
-                    if measured:
-                        wakes, late = wakes + 1, late + late_now
+                    counted[host], late_flag[host] = measured, False
+                    wakes += measured
+            if ready_at and self.unmet():  # demand unmet while hosts are still waking: those wakes are late
+                late_flag.update(dict.fromkeys(ready_at, True))
             n, b = self.adapt(yields)
             if n:
                 yields = vm_yields(self.inventory())
@@ -417,6 +422,7 @@ class PowerSimulation:
             self.leave(done)
             if on_progress is not None and step % 24 == 0:
                 on_progress(step, steps, o.policy)
+        late += sum(1 for h in ready_at if counted.get(h) and late_flag.get(h))  # still waking at the end
         span = o.hours * 3600.0
         return PowerResult(o.policy, energy / 3.6e6, mean_y / span, min_y / span, low, waiting / 3600.0, migrations,
                            moved_bytes, wakes, late, sleeps, hosts_on / span, measured_vcs,
