@@ -283,3 +283,10 @@ def test_the_totals_refuse_at_once_when_the_others_cannot_hold_every_vm() -> Non
                                                                            budget=BUDGET), "h0")
     fat = inventory_of([managed(f"v{i}", f"h{i}", f"v{i}", 0.1, mem=700 * MiB) for i in range(3)], n_hosts=3)
     assert "lack the memory" in refusal(decide(powered(), fat, PowerState(), 0.0, budget=BUDGET), "h0")
+
+
+def test_of_the_hosts_ready_the_one_whose_evacuation_moves_the_fewest_bytes_sleeps() -> None:
+    sizes = {"h0": 300 * MiB, "h1": 100 * MiB, "h2": 200 * MiB}
+    inv = inventory_of([managed(f"v{h}", h, f"v{h}", 0.1, mem=m) for h, m in sizes.items()], n_hosts=3)
+    d = decide(powered(), inv, PowerState(), 0.0, budget=BUDGET)
+    assert (d.action, d.host) == (SLEEP, "h1") and f"moving {100 * MiB} bytes" in d.reason
