@@ -259,7 +259,7 @@ def plot(points: list[Any], label: str, path: str) -> None:
 # --- power saving (docs/power.md): a study of its own, run when --power is given
 @click.option("--power", "power_opt", default=None, metavar="auto,threshold,off|all",
               help="Power saving over a daily cycle instead of the policy study: vcsched's decision (auto), "
-                   "vSphere DPM's 45-81 %% utilisation band (threshold), all hosts on (off); energy, yields, "
+                   "vSphere DPM's 45-81 % utilisation band (threshold), all hosts on (off); energy, yields, "
                    "migrations, wakes and late wakes (docs/power.md).  --load is then the CPU load (daily mean).")
 @click.option("--hosts", type=click.IntRange(min=2), default=8, show_default=True,
               help="With --power: hosts (the workload's host, repeated; its rates scaled to keep the load).")
@@ -297,6 +297,12 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
       vcsched simulate phased --load 0.7 -p drf --altruism 1
       vcsched simulate br-tasks --erlang 20 --load 0.5 -n 2000 --warmup 200
       vcsched simulate cluster64 --load 0.7 -p all -r 3
+      vcsched simulate cluster64 --power auto,threshold --hosts 8 --load 0.4
+
+    With --power it runs power saving over a daily cycle instead: vcsched's
+    decision (auto) against vSphere DPM's utilisation band (threshold) and
+    all hosts on (off): energy, yields, migrations, wakes and late wakes
+    (docs/power.md).
 
     Loads outside the capacity region (some resource at load 1 or more) are
     refused: the number of VCs would grow without bound.
