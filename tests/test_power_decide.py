@@ -36,11 +36,13 @@ BUDGET = 1 << 40
 
 
 def powered(n: int = 3, *, sleep_after: float = 0.0, failures: int = 0, min_on: int = 1, target: float = 1.0,
-            mode: str = "auto") -> Cluster:
+            mode: str = "auto", sleep_margin: float = 0.0, wake_margin: float = 0.0) -> Cluster:
+    """``n`` hosts with an agent; no margins unless asked (the tests of the margins ask)."""
     c = cluster_of(n)
     hosts = tuple(dataclasses.replace(h, power=HostPowerConfig(AGENT, True, 100.0, 300.0)) for h in c.hosts)
     return dataclasses.replace(c, hosts=hosts, failures_tolerated=failures,
-                               power=PowerSettings(mode, min_on, target, sleep_after, 60.0))
+                               power=PowerSettings(mode, min_on, target, sleep_after, 60.0, "consolidate",
+                                                   sleep_margin, wake_margin))
 
 
 def light(n: int = 3) -> Inventory:
@@ -290,3 +292,18 @@ def test_of_the_hosts_ready_the_one_whose_evacuation_moves_the_fewest_bytes_slee
     inv = inventory_of([managed(f"v{h}", h, f"v{h}", 0.1, mem=m) for h, m in sizes.items()], n_hosts=3)
     d = decide(powered(), inv, PowerState(), 0.0, budget=BUDGET)
     assert (d.action, d.host) == (SLEEP, "h1") and f"moving {100 * MiB} bytes" in d.reason
+
+
+def test_a_host_sleeps_only_if_the_others_keep_room_for_the_sleep_margin() -> None:
+    vms = inventory_of([managed(f"v{i}", f"h{i}", f"v{i}", 0.4) for i in range(3)], n_hosts=3)
+    assert decide(powered(), vms, PowerState(), 0.0, budget=BUDGET).action == SLEEP  # 0.8 cores on a host: fits
+    d = decide(powered(sleep_margin=0.3, wake_margin=0.1), vms, PowerState(), 0.0, budget=BUDGET)
+    assert d.action == NONE and "30 % more CPU demand" in refusal(d, "h0")  # 1.04 cores: it would not
+
+
+def test_a_host_wakes_on_the_wake_margin_before_any_vm_slows_down() -> None:
+    inv, state = two_on_one_asleep(0.45)
+    inv = dataclasses.replace(inv, vms=(*inv.vms, managed("v2", "h0", "v2", 0.45)))  # h0: 0.9 of its core
+    assert decide(powered(), inv, state, 100.0, budget=BUDGET).action != WAKE
+    d = decide(powered(sleep_margin=0.3, wake_margin=0.2), inv, state, 100.0, budget=BUDGET)
+    assert (d.action, d.host) == (WAKE, "h2") and "20 % more CPU demand" in d.reason

@@ -22,16 +22,19 @@ def test_power_saving_is_off_by_default_with_dpm_like_timers() -> None:
     p = c.power
     assert (p.mode, p.min_hosts_on, p.target_yield, p.spare) == ("off", 1, 1.0, "consolidate")
     assert (p.sleep_after, p.wake_time) == (DEFAULT_SLEEP_AFTER_S, DEFAULT_WAKE_TIME_S)
+    assert (p.sleep_margin, p.wake_margin) == (0.3, 0.1)
     h = c.hosts[0].power
     assert h.agent is None and h.saving and h.idle_watts is None and h.peak_watts is None
 
 
 def test_every_cluster_power_field_is_read() -> None:
     c = cluster_from_dict(cluster({"power_saving": "auto", "min_hosts_on": 2, "power_yield": 0.8,
-                                   "sleep_after": "5m", "wake_time": "90s", "spare": "spread"}))
+                                   "sleep_after": "5m", "wake_time": "90s", "spare": "spread",
+                                   "sleep_margin": 0.5, "wake_margin": 0}))
     p = c.power
     assert (p.mode, p.min_hosts_on, p.target_yield, p.sleep_after, p.wake_time, p.spare) == (
         "auto", 2, 0.8, 300.0, 90.0, "spread")
+    assert (p.sleep_margin, p.wake_margin) == (0.5, 0.0)
 
 
 def test_the_power_agent_defaults_to_the_fence_agent() -> None:
@@ -62,6 +65,9 @@ def test_a_power_agent_of_its_own_is_parsed_like_a_fence_agent() -> None:
     ({"sleep_after": "soon"}, {}, "sleep_after: 'soon' is not a duration"),
     ({"wake_time": 0}, {}, "wake_time: 0 must be above 0 seconds"),
     ({"spare": "pack"}, {}, "spare: 'pack' is not one of 'consolidate', 'spread'"),
+    ({"sleep_margin": -0.1}, {}, "sleep_margin: -0.1 must be at least 0"),
+    ({"wake_margin": 0.3}, {}, "wake_margin: 0.3: wake_margin (0.3) must be below sleep_margin (0.3)"),
+    ({"sleep_margin": 0.05}, {}, "sleep_margin: 0.05: wake_margin (0.1) must be below sleep_margin (0.05)"),
     ({}, {"power_saving": "no"}, "hosts[0].power_saving: 'no' is not true or false"),
     ({}, {"idle_watts": -1, "peak_watts": 10}, "hosts[0].idle_watts: -1 must be at least 0"),
     ({}, {"idle_watts": 200, "peak_watts": 100}, "hosts[0].idle_watts: 200 is above peak_watts (100)"),

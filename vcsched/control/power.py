@@ -17,15 +17,17 @@ layer's; the simulator (:mod:`vcsched.simulate.power`) calls the very same funct
   uses) empties it within the migration budget, leaving no virtual cluster below its floor and every VM
   at the cluster's ``power_yield`` or more;
 * on the hosts left on, as that plan leaves them, the room holds (:func:`room_short`) for the demand
-  predicted one wake time ahead — so that a host never sleeps only to be woken at once — including
-  ``failures_tolerated`` host failures (:func:`vcsched.control.failover.failover_refusal`).
+  predicted one wake time ahead and ``sleep_margin`` more — so that a host never sleeps only to be woken at
+  once — including ``failures_tolerated`` host failures (:func:`vcsched.control.failover.failover_refusal`).
 
 **Hysteresis.**  A host sleeps only once the condition has held for ``sleep_after`` without a break
 (``ready_since`` in its :class:`HostPower` state), and at most one host per decision, since each sleep
 changes every other host's question.  A host that wakes starts its count again.
 
 **A sleeping host must wake** when the room is short on the hosts on (:func:`room_short`) for the
-demand predicted at ``now`` plus the longest wake time among the hosts that could wake: each VM's CPU
+demand predicted at ``now`` plus the longest wake time among the hosts that could wake, and ``wake_margin``
+more (below ``sleep_margin``: the band between them is the hysteresis, and a host wakes while the room
+still holds rather than once VMs slow down): each VM's CPU
 need moved along its trend (``Demand.trend``, never below today's need), the requests waiting
 (``Demand.pending``) admitted one after the other, and the ``failures_tolerated`` room.  The host woken is
 the quickest to wake that restores the room alone (else the largest); a wake time is the longest one
@@ -189,11 +191,11 @@ def wake_time(cluster: Cluster, state: PowerState, host: str) -> float:
 # --- the room --------------------------------------------------------------------------------------
 
 
-def predicted(inventory: Inventory, demand: Demand, horizon: float) -> Inventory:
+def predicted(inventory: Inventory, demand: Demand, horizon: float, margin: float = 0.0) -> Inventory:
     """``inventory`` with each managed VM's CPU need moved ``horizon`` seconds along its trend and the cluster's
-    growth (never below today's need, never above its vCPUs)."""
+    growth, then ``margin`` more (never below today's need, never above its vCPUs)."""
     vms = []
-    grow = 1.0 + max(demand.growth, 0.0) * horizon
+    grow = (1.0 + max(demand.growth, 0.0) * horizon) * (1.0 + margin)
     for v in inventory.vms:
         slope = max(demand.trend.get(v.name, 0.0), 0.0)
         if v.meta is None or (slope == 0 and grow == 1.0):
@@ -220,10 +222,12 @@ def min_yield(inventory: Inventory) -> float:
     return min(vm_yields(inventory).values(), default=1.0)
 
 
-def room_short(cluster: Cluster, inventory: Inventory, demand: Demand, horizon: float) -> str | None:
-    """Why the hosts on in ``inventory`` lack room for the demand predicted ``horizon`` seconds ahead; None when
-    they have it: every VM at ``power_yield``, the pending requests admitted, ``failures_tolerated`` kept."""
-    ahead = predicted(inventory, demand, horizon)
+def room_short(cluster: Cluster, inventory: Inventory, demand: Demand, horizon: float,
+               margin: float = 0.0) -> str | None:
+    """Why the hosts on in ``inventory`` lack room for the demand predicted ``horizon`` seconds ahead and
+    ``margin`` more; None when they have it: every VM at ``power_yield``, the pending requests admitted,
+    ``failures_tolerated`` kept."""
+    ahead = predicted(inventory, demand, horizon, margin)
     for request in demand.pending:  # admitted one after the other, each around the ones before
         d = admit(cluster, ahead, request)
         if not d.admitted or d.plan is None:
@@ -233,6 +237,7 @@ def room_short(cluster: Cluster, inventory: Inventory, demand: Demand, horizon: 
     low = min_yield(ahead)
     if low < target - YIELD_TOLERANCE:
         said = [f"the demand predicted {horizon:.0f} s ahead"] if demand.trend or demand.growth > 0 else []
+        said += [f"{100 * margin:.0f} % more CPU demand"] if margin > 0 else []
         said += [f"{len(demand.pending)} waiting request(s) admitted"] if demand.pending else []
         return f"min yield {low:.3f} below power_yield {target:g}" + (f" with {' and '.join(said)}" if said else "")
     return failover_refusal(cluster, ahead)
@@ -307,7 +312,7 @@ def sleep_check(cluster: Cluster, inventory: Inventory, state: PowerState, host:
         low = evacuation.plan.min_yield
         return f"with it asleep the min yield would be {low:.3f}, below power_yield {target:g}", None
     after = without_hosts(_moved(on, evacuation), [host])
-    short = room_short(cluster, after, demand, wake_time(cluster, state, host))
+    short = room_short(cluster, after, demand, wake_time(cluster, state, host), cluster.power.sleep_margin)
     if short is not None:
         return f"with it asleep: {short}", None
     return None, evacuation
@@ -322,6 +327,7 @@ def _capacity_short(cluster: Cluster, on: Inventory, host: str) -> str | None:
         return "the other hosts on lack the memory for every VM"
     target = cluster.power.target_yield
     cpu = sum(min(v.meta.cpu_need_cores, v.vcpus) * target for v in on.managed() if v.meta is not None)
+    # (the sleep margin is not applied here: a VM's need grows only up to its vCPUs, so this stays a lower bound)
     if cpu > sum(h.cores for h in others) + YIELD_TOLERANCE:
         return f"the other hosts on lack the cores for every VM at power_yield {target:g}"
     return None
@@ -368,11 +374,12 @@ def wake_check(cluster: Cluster, inventory: Inventory, state: PowerState, demand
     on = _on(inventory, state)
     for h in coming:  # hosts already waking count as room that is coming
         on = _with_awake(on, state, h)
-    short = room_short(cluster, on, demand, horizon)
+    margin = cluster.power.wake_margin
+    short = room_short(cluster, on, demand, horizon, margin)
     if short is None:
         return None, "the room holds"
     for h in candidates:
-        if room_short(cluster, _with_awake(on, state, h), demand, horizon) is None:
+        if room_short(cluster, _with_awake(on, state, h), demand, horizon, margin) is None:
             return h, short
     largest = max(candidates, key=lambda h: (state.of(h).cores, state.of(h).memory_bytes, h))
     return largest, f"{short} (no one host restores the room: the largest first)"

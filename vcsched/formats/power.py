@@ -9,6 +9,8 @@ Cluster level, all optional::
     wake_time = "10m"            # what a host is assumed to take to wake until one wake was measured
     spare = "consolidate"        # room left once every floor and the target yield hold: "consolidate"
                                  # (empty hosts, for sleeping) or "spread" (even the hosts' free room)
+    sleep_margin = 0.3           # a host sleeps only if the others have room for 30 % more CPU demand ...
+    wake_margin = 0.1            # ... and one wakes once the hosts on lack room for 10 % more (below sleep_margin)
 
 Per host, all optional::
 
@@ -46,7 +48,10 @@ DEFAULT_SLEEP_AFTER_S = 2400.0
 DEFAULT_WAKE_TIME_S = 600.0
 
 CLUSTER_POWER_FIELDS = frozenset({"power_saving", "min_hosts_on", "power_yield", "sleep_after", "wake_time",
-                                  "spare"})
+                                  "spare", "sleep_margin", "wake_margin"})
+#: The band between them is the hysteresis that keeps a host from sleeping and waking on every fluctuation, and
+#: wakes a host while the room still holds (as vSphere DPM's band from 45 % to 81 % utilisation does).
+DEFAULT_SLEEP_MARGIN, DEFAULT_WAKE_MARGIN = 0.3, 0.1
 HOST_POWER_FIELDS = frozenset({"power", "power_saving", "idle_watts", "peak_watts"})
 
 
@@ -60,6 +65,10 @@ class PowerSettings:
     sleep_after: float = DEFAULT_SLEEP_AFTER_S
     wake_time: float = DEFAULT_WAKE_TIME_S
     spare: str = "consolidate"
+    #: Extra CPU demand (a fraction) the hosts left on must have room for before a host sleeps ...
+    sleep_margin: float = DEFAULT_SLEEP_MARGIN
+    #: ... and below which a host wakes (``wake_margin < sleep_margin``: the hysteresis band).
+    wake_margin: float = DEFAULT_WAKE_MARGIN
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,15 @@ def power_from_dict(d: Any, n_hosts: int) -> PowerSettings:
                    else DEFAULT_SLEEP_AFTER_S)
     wake_time = parse_duration("wake_time", d["wake_time"]) if "wake_time" in d else DEFAULT_WAKE_TIME_S
     spare = _choice("spare", d.get("spare", "consolidate"), SPARE_MODES)
-    return PowerSettings(mode, min_on, target, sleep_after, wake_time, spare)
+    sleep_margin = (check_number("sleep_margin", d["sleep_margin"], low_open=False) if "sleep_margin" in d
+                    else DEFAULT_SLEEP_MARGIN)
+    wake_margin = (check_number("wake_margin", d["wake_margin"], low_open=False) if "wake_margin" in d
+                   else DEFAULT_WAKE_MARGIN)
+    if wake_margin >= sleep_margin:
+        which = "wake_margin" if "wake_margin" in d else "sleep_margin"
+        raise InputError(f"{which}: {d.get(which, wake_margin)!r}: wake_margin ({wake_margin:g}) must be below "
+                         f"sleep_margin ({sleep_margin:g}), else a host could sleep and wake at once")
+    return PowerSettings(mode, min_on, target, sleep_after, wake_time, spare, sleep_margin, wake_margin)
 
 
 def host_power_from_dict(where: str, d: Any, fence: FenceConfig | None,
