@@ -30,8 +30,8 @@ $(STAMP): pyproject.toml setup.py vcsched/solvers/_mcbc.c scripts/install-system
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	# --no-compile: byte-compiling every installed module (scipy, cvxpy, ...) costs ~20 s of CPU; Python compiles
 	# what it imports on first use instead.  pip is not upgraded: any pip >= 21.3 installs editable from pyproject.
-	$(PY) -m pip install -q --no-compile -e '.[test,plot]'
+	$(PY) -m pip install -q --no-compile -e '.[test,plot,docs]'
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info site

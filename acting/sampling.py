@@ -19,6 +19,14 @@ after the previous one, and that sample, the latest of the window, decided
 whether a VM was at its cap: a busy guest then counted as below its cap
 interval after interval, and an idle one as at its cap now and then.
 
+Beside the CPU time each reading takes the VM's other counters
+(:meth:`~hypervisor.base.Hypervisor.cpu_counters`): the CFS periods its own
+cap throttled and the time its vCPUs waited for a host CPU, so a sample says
+whether what the VM used is its demand or a lower bound on it (a *censored*
+sample, docs/contention.md).  A signal a host does not provide is named in
+:attr:`CpuSampler.missing` (per host), never guessed: the estimate then
+falls back on "used about its cap" alone.
+
 The estimate itself is pure and lives in :mod:`vcsched.control.observe`.
 Probing (raising caps for a few seconds) changes hosts, so the caller holds
 the cluster lock and goes through the executor (:func:`raise_caps`).
@@ -32,12 +40,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from acting.executor import DONE, ApplyReport, StepResult, apply_plan
+from acting.restore import restore_journal
 from hypervisor import hazards
-from hypervisor.base import Hypervisor, HypervisorError
-from hypervisor.journal import PROBE, Journal, probe_caps_back, probe_entries, restore_journal
+from hypervisor.base import CpuCounters, Hypervisor, HypervisorError
+from hypervisor.journal import PROBE, Journal, probe_caps_back, probe_entries
 from vcsched.caps import same_cap
 from vcsched.control.observe import (
     DEFAULT_PARAMS,
@@ -51,6 +60,9 @@ from vcsched.control.observe import (
 )
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
+
+if TYPE_CHECKING:
+    from acting.unit_of_work import UnitOfWork
 
 
 class Clock(Protocol):
@@ -85,6 +97,41 @@ class _Reading:
     cpu_ns: int
     host: str
     cap: float | None
+    counters: CpuCounters | None = None
+
+
+def _rate(now: int | None, before: int | None, seconds: float) -> float | None:
+    """Cores' worth of a cumulative ns counter between two readings (None: not read both times)."""
+    if now is None or before is None or now < before:
+        return None
+    return (now - before) / 1e9 / seconds
+
+
+def _waited(now: CpuCounters, before: CpuCounters, seconds: float) -> float | None:
+    """Cores' worth of time its vCPUs were runnable but waited for a host CPU *not* because of its own cap.
+
+    The run-queue delay (``vcpu.N.delay``) also counts the time a throttled vCPU waits for its next CFS period
+    (measured on the lab: a busy guest capped at 0.3 core used 0.31 and was delayed 0.70), so the throttled
+    time is taken off it.  Without throttling counters the whole delay counts: a VM its own cap holds back then
+    reads as waiting too, which keeps its estimate from falling — the safe side.
+    """
+    delay = _rate(now.delay_ns, before.delay_ns, seconds)
+    throttled = _rate(now.throttled_ns, before.throttled_ns, seconds)
+    if delay is None:
+        return None
+    return max(0.0, delay - (throttled or 0.0))
+
+
+def _throttled_share(now: CpuCounters, before: CpuCounters) -> float | None:
+    """The share of its CFS periods in which the VM's own cap throttled it (None: not measured)."""
+    if None in (now.periods, before.periods, now.throttled_periods, before.throttled_periods):
+        return None
+    assert now.periods is not None and before.periods is not None
+    assert now.throttled_periods is not None and before.throttled_periods is not None
+    periods = now.periods - before.periods
+    if periods <= 0:
+        return 0.0 if periods == 0 else None
+    return min(1.0, max(0.0, (now.throttled_periods - before.throttled_periods) / periods))
 
 
 class CpuSampler:
@@ -100,6 +147,8 @@ class CpuSampler:
         self._last: dict[str, _Reading] = {}
         self.windows: dict[str, deque[Sample]] = {}
         self.errors: list[str] = []  # VMs that could not be read in the last round, with the reason
+        #: host -> the CPU signals its VMs' readings lacked in the last round (``CpuCounters.missing``)
+        self.missing: dict[str, tuple[str, ...]] = {}
 
     def sample(self, hv: Hypervisor, probe: Collection[str] = (), min_seconds: float | None = None,
                hosts: Collection[str] | None = None) -> Inventory:
@@ -111,12 +160,13 @@ class CpuSampler:
         wall = self.clock.time()
         seen = set()
         self.errors = []
+        missing: dict[str, set[str]] = {}
         up = inventory.up()
         vms = [v for v in up.vms if v.active and not v.in_doubt] if self.every_vm else up.managed()
         for v in vms:
             seen.add(v.name)
             try:
-                ns = hv.cpu_time_ns(v.host, v.name)
+                counters = hv.cpu_counters(v.host, v.name)
             except HypervisorError as exc:  # gone meanwhile, or its host stopped answering
                 self._last.pop(v.name, None)
                 self.errors.append(str(exc))
@@ -124,20 +174,27 @@ class CpuSampler:
             # Each reading has its own time: a slow libvirt call earlier in the round must not stretch or
             # shrink another VM's interval (a shared round time once made a VM capped at 0.33 "use" 1.12 cores).
             now = self.clock.monotonic()
-            if ns is None:
+            if counters is None:
                 continue
+            ns = counters.cpu_ns
+            missing.setdefault(v.host, set()).update(counters.missing())
             last = self._last.get(v.name)
             same = (last is not None and ns >= last.cpu_ns and last.host == v.host
                     and (last.cap is None) == (v.cap_cores is None)
                     and (last.cap is None or v.cap_cores is None or same_cap(last.cap, v.cap_cores, v.vcpus)))
             if same and last is not None and now - last.at < shortest:
                 continue  # too short to measure a capped vCPU: the earlier reading stays the baseline
-            self._last[v.name] = _Reading(now, ns, v.host, v.cap_cores)
+            self._last[v.name] = _Reading(now, ns, v.host, v.cap_cores, counters)
             if not same or last is None or now <= last.at:
                 continue
-            used = (ns - last.cpu_ns) / 1e9 / (now - last.at)
+            seconds = now - last.at
+            used = (ns - last.cpu_ns) / 1e9 / seconds
+            before = last.counters
+            throttled = None if before is None else _throttled_share(counters, before)
+            waited = None if before is None else _waited(counters, before, seconds)
             window = self.windows.setdefault(v.name, deque())
-            window.append(Sample(wall, now - last.at, used, v.cap_cores, v.vcpus, v.name in probe))
+            window.append(Sample(wall, seconds, used, v.cap_cores, v.vcpus, v.name in probe, throttled, waited))
+        self.missing = {host: tuple(sorted(names)) for host, names in missing.items() if names}
         for name in list(self._last):
             if name not in seen:
                 del self._last[name]
@@ -244,9 +301,11 @@ def probe_and_restore(hv: Hypervisor, sampler: CpuSampler, seconds: float, every
             estimate_all(after, sampler.samples(), params=params))
 
 
-def record_estimates(hv: Hypervisor, estimates: Mapping[str, Estimate],
-                     guard: Callable[[], None] | None = None) -> tuple[Plan, ApplyReport]:
-    """Write the estimates as the VMs' recorded needs (set-need steps through the executor, under the lock)."""
-    fresh = hv.inventory()
+def record_estimates(uow: UnitOfWork, estimates: Mapping[str, Estimate]) -> tuple[Plan, ApplyReport]:
+    """Write the estimates as the VMs' recorded needs: set-need steps through the unit of work (validated whole,
+    under its lock, and recorded in the definitions store, so a VM restarted elsewhere keeps its new need)."""
+    fresh = uow.inventory()
     plan = record_plan(fresh, [e for e in estimates.values() if fresh.vm(e.vm) is not None])
-    return plan, apply_plan(hv, plan, guard=guard)
+    report = uow.apply(plan)
+    assert report is not None  # no irreversible action: always a report
+    return plan, report

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from cli.app import EXIT_OK, console, emit_json, err_console
-from cli.common import apply_exit_code, cluster_lock, load_cluster, note_in_doubt, notice
+from cli.common import apply_exit_code, load_cluster, notice, reporting
 from cli.params import Duration, cluster_option, json_option, lock_options
+
+if TYPE_CHECKING:
+    from hypervisor.cpu_signals import HostPressure
 
 
 @click.command("observe")
@@ -36,9 +40,18 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     use plus 10 % and 0.03 core.  One at its cap may need more: its estimate
     is a lower bound (its cap plus headroom, or its declared need if higher)
     unless --probe gives it its host's unused capacity for a few seconds and
-    it uses less than that.  Prints the declared (recorded) need, the
-    estimate, a confidence (the share of samples below the cap) and whether
-    the VM is saturated.  Without --probe and --record nothing changes and
+    it uses less than that.  One whose vCPUs waited for a host CPU (starved:
+    the host is busy with other work) used less than it needs: its estimate
+    stays its declared need, raised to what it used if that is more.  Such
+    estimates are *censored* (a lower bound: the need may be higher).
+
+    
+    Prints per VM the CPU it used (90th percentile), the share of CFS
+    periods its own cap throttled it, the cores its vCPUs waited for a host
+    CPU, the declared (recorded) need, the estimate, whether it is censored,
+    and a confidence (the share of samples that neither hit the cap nor
+    waited).  A signal a host does not provide is named, not guessed
+    (docs/contention.md).  Without --probe and --record nothing changes and
     no lock is taken.
 
     \b
@@ -59,12 +72,14 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     """
     from acting.executor import ApplyReport
     from acting.sampling import CpuSampler, probe_and_restore, record_estimates
+    from acting.unit_of_work import for_cluster
     from cli.signals import stopping_on_signals
+    from hypervisor.cpu_signals import host_pressure
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.admission import HostsDown
     from vcsched.control.observe import estimate_all
 
-    every = sample if sample is not None else min(5.0, max(0.5, window / 12))
+    every = sample if sample is not None else sample_interval(window)
     cluster = load_cluster(cluster_file)
     stop = threading.Event()
     out: dict[str, Any] = {"cluster": cluster.name, "window": window, "sample": every}
@@ -74,17 +89,22 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
         sampler = CpuSampler(window + every, None)
         if not as_json:
             err_console.print(f"sampling CPU use every {every:g} s for {window:g} s ...", highlight=False)
+        pressure_before, started_at = host_pressure(), time.monotonic()
         inventory = sampler.sample_for(hv, window, every, stop)
         assert inventory is not None
+        out["machine"] = machine_pressure(pressure_before, host_pressure(), time.monotonic() - started_at)
+        out["signals_missing"] = {host: list(names) for host, names in sorted(sampler.missing.items())}
         _stop_if_asked(received, "nothing changed")
         if not inventory.up().hosts:
             raise HostsDown(f"every host of cluster {cluster.name!r} is down: "
                             + "; ".join(f"{h.name}: {h.down}" for h in inventory.hosts))
         estimates = estimate_all(inventory, sampler.samples())
-        if not changing:  # reading only: in-doubt VMs are reported, never settled
-            note_in_doubt(inventory)
-        with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=changing, hv=hv) as lock:
-            guard = lock.guard if lock is not None else None
+        work = for_cluster(cluster, hv, apply=changing, coordination=coordination, wait=wait, ttl=lock_ttl,
+                           reporting=reporting())
+        if work.dry_run:  # reading only: in-doubt VMs are reported, never settled
+            work.note_in_doubt(inventory)
+        with work as uow:
+            guard = uow.lock_guard if changing else None
             if probe:
                 restore_left_probes(hv, guard, quiet=as_json)
 
@@ -104,7 +124,7 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
                                       markup=False)
                 _stop_if_asked(received, _probe_outcome(done))
             if record:
-                plan, reports["record"] = record_estimates(hv, estimates, guard)
+                plan, reports["record"] = record_estimates(uow, estimates)
                 out["record"] = plan.to_dict()
     out["hosts_down"] = [{"host": h.name, "reason": h.down} for h in inventory.down_hosts()]
     out["vms"] = [{**e.to_dict(), "vc": inventory.vm(e.vm).cluster if inventory.vm(e.vm) else None}  # type: ignore[union-attr]
@@ -116,6 +136,19 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     else:
         _render(out)
     return max((apply_exit_code(r) for r in reports.values()), default=EXIT_OK)
+
+
+def machine_pressure(before: HostPressure, after: HostPressure, seconds: float) -> dict[str, float | None]:
+    """This machine's CPU pressure over ``seconds``: the share of time some task waited for a CPU
+    (/proc/pressure/cpu ``some``) and the cores stolen by the hypervisor below it (/proc/stat ``steal``, in
+    USER_HZ = 100 ticks a second); None where not available."""
+    def rate(a: int | None, b: int | None, per_second: float) -> float | None:
+        if a is None or b is None or seconds <= 0 or b < a:
+            return None
+        return round((b - a) / per_second / seconds, 4)
+
+    return {"cpu_pressure_some": rate(before.some_us, after.some_us, 1e6),
+            "steal_cores": rate(before.steal_ticks, after.steal_ticks, 100.0)}
 
 
 def _stop_if_asked(received: list[int], outcome: str) -> None:
@@ -140,7 +173,8 @@ def _probe_outcome(done: Any) -> str:
 def restore_left_probes(hv: Any, guard: Any, quiet: bool = False) -> None:
     """Put back the caps of probes whose process died before it could (SIGKILL, a crash), under the caller's
     lock (hypervisor.journal); says what it did on stderr."""
-    from hypervisor.journal import PROBE, restore_journal
+    from acting.restore import restore_journal
+    from hypervisor.journal import PROBE
 
     report = restore_journal(hv, kinds=(PROBE,), guard=guard)
     for line in report.restored:
@@ -157,19 +191,36 @@ def _render(out: dict[str, Any]) -> None:
         console.print(f"[yellow]host {h['host']} is down[/]: {h['reason']} (its VMs are not observed)")
     table = FitTable(title=f"cluster {out['cluster']!r}: needs over {out['window']:g} s "
                         f"(sample every {out['sample']:g} s), in cores")
-    for col in ("VM", "VC", "host", "cap", "used p90", "declared", "estimated", "confidence", "saturated", "basis"):
+    for col in ("VM", "VC", "host", "cap", "used p90", "throttled", "waited", "declared", "estimated", "censored",
+                "confidence", "basis"):
         table.add_column(col, justify="left" if col in ("VM", "VC", "host", "basis") else "right", key=col == "VM")
 
     def f(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
 
     for v in out["vms"]:
-        table.add_row(v["vm"], v["vc"] or "-", v["host"], f(v["cap_cores"]), f(v["used_cores"]),
-                      f(v["declared_need_cores"]), f(v["estimated_need_cores"]), f"{v['confidence']:.2f}",
-                      "yes" if v["saturated"] else "no", v["basis"])
+        throttled = "-" if v["throttled_share"] is None else f"{v['throttled_share']:.0%}"
+        table.add_row(v["vm"], v["vc"] or "-", v["host"], f(v["cap_cores"]), f(v["used_cores"]), throttled,
+                      f(v["waited_cores"]), f(v["declared_need_cores"]),
+                      ("≥" if v["censored"] else "") + f(v["estimated_need_cores"]),
+                      "yes" if v["censored"] else "no", f"{v['confidence']:.2f}", v["basis"])
     console.print(table)
+    for host, names in out.get("signals_missing", {}).items():
+        console.print(f"host {host}: not measured there: {', '.join(names)} (docs/contention.md)", highlight=False)
+    machine = out.get("machine", {})
+    if machine.get("cpu_pressure_some") is not None or machine.get("steal_cores") is not None:
+        some, steal = machine.get("cpu_pressure_some"), machine.get("steal_cores")
+        console.print("this machine: " + ", ".join(
+            part for part in (None if some is None else f"some task waited for a CPU {some:.0%} of the time",
+                              None if steal is None else f"{steal:.2f} core stolen") if part), highlight=False)
     for what, r in out["apply"].items():
         state = "done" if r["ok"] else f"[red]stopped[/]: {r['stopped'] or 'a step failed'}"
         console.print(f"{what}: {len(r['steps'])} steps, {state}")
     if "record" in out and not out["record"]["steps"]:
         console.print("record: every recorded need already matches its estimate")
+
+
+def sample_interval(window: float) -> float:
+    """``--sample``'s default: a twelfth of the window, between 0.5 and 5 s, to 0.01 s (a twelfth of 10 s is
+    said and used as 0.83 s, not 0.833333)."""
+    return round(min(5.0, max(0.5, window / 12)), 2)

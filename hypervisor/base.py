@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from vcsched.errors import VcschedError
 from vcsched.formats.throttles import MigrationThrottles
-from vcsched.inventory import Inventory, VmState
+from vcsched.inventory import Inventory, VmMeta, VmState
 from vcsched.iocaps import IoCaps, VmDevices
 from vcsched.plans.steps import CreateStep
 
 if TYPE_CHECKING:
-    from hypervisor.settlement import RepairReport
+    from vcsched.plans.repair import RepairReport
 
 
 class HypervisorError(VcschedError):
@@ -92,6 +92,20 @@ class Hypervisor(Protocol):
         """Rewrite the CPU need in a managed VM's metadata (live, and persistent config if it has one)."""
         ...
 
+    def adopt_vm(self, host: str, vm: str, meta: VmMeta, cap_cores: float) -> None:
+        """Make running unmanaged ``vm`` managed where it runs: write ``meta`` into it (live and persistent) and cap
+        it at ``cap_cores`` (docs/introducing.md).  Refuses a domain that is already managed."""
+        ...
+
+    def release_vm(self, host: str, vm: str) -> None:
+        """Make managed ``vm`` unmanaged: remove its CPU cap and vcsched's metadata; it keeps running untouched."""
+        ...
+
+    def domain_definition(self, host: str, vm: str) -> str:
+        """``vm``'s domain XML as libvirt would define it again (its persistent definition, else its live one):
+        what adopting it records for a restart elsewhere."""
+        ...
+
     def remove_vm(self, host: str, vm: str) -> None:
         """Stop a managed VM on ``host`` and forget it (undefine, if persistent); refuses unmanaged domains."""
         ...
@@ -134,6 +148,11 @@ class Hypervisor(Protocol):
         """Cumulative CPU time of the VM in ns (None where the backend cannot measure)."""
         ...
 
+    def cpu_counters(self, host: str, vm: str) -> CpuCounters | None:
+        """Cumulative CPU time, time held back by its cap and time waiting for a host CPU (docs/contention.md);
+        None where the backend cannot measure, a None field where that one signal is not available there."""
+        ...
+
     # ---- disk and network (vcsched.iocaps) ----
 
     def set_io_caps(self, host: str, vm: str, caps: IoCaps) -> None:
@@ -162,6 +181,31 @@ class Hypervisor(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class CpuCounters:
+    """A VM's cumulative CPU counters, in ns, read together (docs/contention.md says where each comes from).
+
+    ``cpu_ns``: what it used (libvirt ``cpu.time``).  ``throttled_ns`` / ``throttled_periods`` / ``periods``:
+    its vCPU cgroups' ``cpu.stat`` (``throttled_time``, ``nr_throttled``, ``nr_periods``): time and CFS periods
+    its own cap held it back.  ``delay_ns``: the sum of libvirt's ``vcpu.N.delay``, time its vCPU threads were
+    runnable but queued behind other work on a host CPU (the guest's steal time).  ``wait_ns``: the sum of
+    ``vcpu.N.wait`` (time a vCPU waited for I/O) where the driver reports it.  None: not available there —
+    the sampler names what is missing instead of guessing (:mod:`acting.sampling`).
+    """
+
+    cpu_ns: int
+    throttled_ns: int | None = None
+    throttled_periods: int | None = None
+    periods: int | None = None
+    delay_ns: int | None = None
+    wait_ns: int | None = None
+
+    def missing(self) -> tuple[str, ...]:
+        """The signals this reading lacks, by the names docs/contention.md uses."""
+        return tuple(name for name, value in (("throttled", self.throttled_periods), ("delay", self.delay_ns),
+                                              ("wait", self.wait_ns)) if value is None)
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,8 @@ class SimDomain:
     incoming: bool = False  # a migration's destination side before Finish: cancelled if its client goes
     migration: Migration | None = None  # the migration this domain is a side of
     cpu_ns: int = 0
+    #: Summed ``vcpu.N.delay`` (ns runnable but queued for a host CPU), reported as vCPU 0's: the contention fakes.
+    delay_ns: int = 0
     #: libvirt's reason for a paused state: VIR_DOMAIN_PAUSED_MIGRATION when a migration stopped it (its
     #: source at the switch-over, an incoming domain), VIR_DOMAIN_PAUSED_USER after ``suspend`` or an arrival
     #: kept paused by VIR_MIGRATE_PAUSED (per libvirt's qemu driver source; not observed in the lab yet).
@@ -379,6 +381,23 @@ class SimConnection:
         self._call("getAllDomainStats")
         return [(self._handle(d), {"state.state": d.state, "state.reason": d.reason if d.state == PAUSED else 1})
                 for d in self.host.domains.values()]
+
+    def domainListGetStats(self, doms: list[SimDomainHandle], stats: int = 0,
+                           flags: int = 0) -> list[tuple[SimDomainHandle, dict[str, Any]]]:
+        """CPU_TOTAL and VCPU fields as libvirt 9.0 reports them: ``cpu.time``, ``vcpu.N.time``/``delay``
+        (the whole delay on vCPU 0), no ``vcpu.N.wait`` (QEMU reports it only for some guests)."""
+        self._call("domainListGetStats")
+        out = []
+        for handle in doms:
+            d = self.host.by_name(handle.name())
+            if d is None:
+                continue
+            fields: dict[str, Any] = {"cpu.time": d.cpu_ns, "vcpu.current": d.vcpus, "vcpu.maximum": d.vcpus}
+            for i in range(d.vcpus):
+                fields[f"vcpu.{i}.time"] = d.cpu_ns // d.vcpus
+                fields[f"vcpu.{i}.delay"] = d.delay_ns if i == 0 else 0
+            out.append((self._handle(d), fields))
+        return out
 
     def lookupByName(self, name: str) -> SimDomainHandle:
         self._call("lookupByName", name)

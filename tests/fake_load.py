@@ -4,7 +4,9 @@
 each VM *wants* ``demand[vm](t)`` cores at fake time ``t`` and gets
 ``min(want, cap)``; a host whose VMs together want more than its cores
 shares them in proportion (only possible with uncapped VMs: caps never sum
-above cores).  Time moves only when the code under test waits
+above cores); the share a VM wanted and did not get is its run-queue delay
+(``CpuCounters.delay_ns``, as libvirt's ``vcpu.N.delay``), and what it wanted
+above its cap is its throttled time, in CFS periods of 100 ms.  Time moves only when the code under test waits
 (:class:`FakeClock`), so an hour of controller runs in milliseconds and no
 test asserts on real time.  :class:`FakeLocks` are exclusive locks in a dict,
 with a switch to make a holder lose its lease.
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from acting.lock import LockBusy, LockLost
+from hypervisor.base import CpuCounters
 from hypervisor.memory import MemoryHypervisor
 from vcsched.inventory import HostState, VmState
 
@@ -64,6 +67,8 @@ class LoadedHypervisor(MemoryHypervisor):
         self.clock = clock.time
         self.demand: dict[str, Demand] = dict(demand or {})
         self._cpu_ns: dict[str, float] = {}
+        self._delay_ns: dict[str, float] = {}
+        self._throttled_ns: dict[str, float] = {}
         self._t = clock.monotonic()
 
     def _account(self) -> None:
@@ -75,18 +80,29 @@ class LoadedHypervisor(MemoryHypervisor):
                 if h in self.down:
                     continue
                 on = [v for v in self.vms.values() if v.host == h and v.active]
-                want = {v.name: min(max(self.demand.get(v.name, lambda _t: 0.0)(t), 0.0), v.cap_or_vcpus,
-                                    float(v.vcpus)) for v in on}
+                wished = {v.name: min(max(self.demand.get(v.name, lambda _t: 0.0)(t), 0.0), float(v.vcpus))
+                          for v in on}
+                want = {v.name: min(wished[v.name], v.cap_or_vcpus) for v in on}
                 total = sum(want.values())
                 share = min(1.0, self.hosts[h].cores / total) if total > 0 else 1.0
                 for name, w in want.items():
                     self._cpu_ns[name] = self._cpu_ns.get(name, 0.0) + w * share * dt * 1e9
+                    self._delay_ns[name] = self._delay_ns.get(name, 0.0) + w * (1 - share) * dt * 1e9
+                    if wished[name] > w + 1e-9:
+                        self._throttled_ns[name] = self._throttled_ns.get(name, 0.0) + dt * 1e9
             self._t += dt
 
     def cpu_time_ns(self, host: str, vm: str) -> int | None:
         self._vm_on(host, vm)
         self._account()
         return int(self._cpu_ns.get(vm, 0.0))
+
+    def cpu_counters(self, host: str, vm: str) -> CpuCounters | None:
+        ns = self.cpu_time_ns(host, vm)
+        assert ns is not None
+        throttled = self._throttled_ns.get(vm, 0.0)
+        periods = int(self.fake.monotonic() / 0.1)
+        return CpuCounters(ns, 0, int(throttled / 1e8), periods, int(self._delay_ns.get(vm, 0.0)), None)
 
     def set_cap(self, host: str, vm: str, cap_cores: float) -> None:
         self._account()

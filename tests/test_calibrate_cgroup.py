@@ -258,7 +258,7 @@ def test_an_interrupt_during_a_measurement_still_cleans_up(cpu: int) -> None:
 
 
 def run_cli(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [*VCSCHED, "calibrate", *args]
+    cmd = [*VCSCHED, "calibrate", "--allow-unreliable", *args]
     if user is not None:
         cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]  # numeric ids
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
@@ -281,7 +281,7 @@ def run_cli(*args: str, user: str | None = None) -> subprocess.CompletedProcess[
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing(args: list[str], names: str) -> None:
-    r = CliRunner().invoke(cli, ["calibrate", *args])
+    r = CliRunner().invoke(cli, ["calibrate", "--allow-unreliable", *args])
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vcsched: error:"), r.stderr
@@ -310,7 +310,7 @@ def run_cli_as(uid: int, *args: str) -> tuple[int, str]:
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
-            r = CliRunner().invoke(cli, ["calibrate", *args])
+            r = CliRunner().invoke(cli, ["calibrate", "--allow-unreliable", *args])
             code = r.exit_code
             os.write(write_end, r.stderr.encode())
         except BaseException as exc:  # anything else is reported to the parent as the child's stderr
@@ -339,7 +339,7 @@ def test_no_permission_to_create_cgroups_is_one_line_exit_2() -> None:
 @needs_cgroup
 def test_sigterm_mid_run_removes_the_cgroup_and_the_workers() -> None:
     proc = subprocess.Popen(
-        [*VCSCHED, "calibrate", "--duration", "5", "--priority", "normal"],
+        [*VCSCHED, "calibrate", "--allow-unreliable", "--duration", "5", "--priority", "normal"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -364,7 +364,7 @@ def test_sigterm_mid_run_removes_the_cgroup_and_the_workers() -> None:
 @needs_cgroup
 def test_workers_die_with_a_killed_run_and_the_next_run_removes_its_group() -> None:
     proc = subprocess.Popen(
-        [*VCSCHED, "calibrate", "--duration", "5", "--priority", "normal"],
+        [*VCSCHED, "calibrate", "--allow-unreliable", "--duration", "5", "--priority", "normal"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=Path(__file__).parent.parent,
@@ -390,7 +390,8 @@ def test_workers_die_with_a_killed_run_and_the_next_run_removes_its_group() -> N
 @needs_cgroup
 @measures_cpu
 def test_a_short_run_reports_caps_that_hold() -> None:
-    r = CliRunner().invoke(cli, ["calibrate", "--caps", "0.5", "--duration", "0.4", "--pairs", "1", "--json"])
+    r = CliRunner().invoke(cli, ["calibrate", "--allow-unreliable", "--caps", "0.5", "--duration", "0.4",
+                                 "--pairs", "1", "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["backend"] == "cgroup" and doc["unit"] == "DGEMM/s"

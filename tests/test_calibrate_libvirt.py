@@ -113,7 +113,8 @@ def test_calibrate_command_on_a_lab_guest(guest: tuple[str, Any]) -> None:
     uri, dom = guest
     r = CliRunner().invoke(
         cli,
-        ["calibrate", "--backend", "libvirt", "--connect", uri, "--domain", dom.name(), "--force",
+        ["calibrate", "--allow-unreliable", "--backend", "libvirt", "--connect", uri, "--domain", dom.name(),
+         "--force",
          "--caps", "0.5", "--duration", "1.2", "--window", "0.5", "--pairs", "1", "--json"],
     )
     assert r.exit_code == 0, r.output
@@ -130,7 +131,8 @@ def test_calibrate_boots_its_own_guests_from_the_cluster_file_and_removes_them(l
     uri = lab2.hosts[0].connect_uri
     r = CliRunner().invoke(
         cli,
-        ["calibrate", "--backend", "libvirt", "--connect", uri, "--cluster", str(lab2.cluster_file),
+        ["calibrate", "--allow-unreliable", "--backend", "libvirt", "--connect", uri, "--cluster",
+         str(lab2.cluster_file),
          "--caps", "0.25", "--duration", "1.2", "--window", "0.5", "--pairs", "1", "--json"],
     )
     assert r.exit_code == 0, r.output

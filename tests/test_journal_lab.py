@@ -213,7 +213,8 @@ def test_a_probe_killed_by_sigkill_is_put_back_by_the_next_probe(lab: Lab, guest
 
 
 def calibrate(lab: Lab, state: Path, dom: Any, *extra: Any) -> subprocess.Popen[str]:
-    return vcsched(state, "calibrate", "--backend", "libvirt", "--connect", lab.hosts[0].connect_uri, "--domain",
+    return vcsched(state, "calibrate", "--allow-unreliable", "--backend", "libvirt", "--connect",
+                   lab.hosts[0].connect_uri, "--domain",
                    dom.name(), "--pairs", "1", "--window", "0.5", *extra)
 
 
@@ -280,7 +281,8 @@ def test_guests_a_killed_calibration_booted_are_destroyed_by_repair(lab: Lab, st
         return [d.name() for d in conn.listAllDomains(0) if d.name().startswith("vcsched-calib-")]
 
     try:
-        proc = vcsched(state, "calibrate", "--backend", "libvirt", "--connect", lab.hosts[0].connect_uri,
+        proc = vcsched(state, "calibrate", "--allow-unreliable", "--backend", "libvirt", "--connect",
+                   lab.hosts[0].connect_uri,
                        "--cluster", lab.cluster_file, "--caps", "0.25", "--duration", "1.2", "--pairs", "1",
                        "--window", "0.5", "--cpu", "0")
 

@@ -108,6 +108,7 @@ def test_observe_reports_every_managed_vm_and_none_here(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["cluster"] == "t" and doc["vms"] == [] and doc["hosts_down"] == []
+    assert set(doc["machine"]) == {"cpu_pressure_some", "steal_cores"} and doc["signals_missing"] == {}
 
 
 @contextlib.contextmanager
@@ -157,3 +158,13 @@ def test_a_controller_with_a_duration_stops_on_its_own(tmp_path: Path) -> None:
     ticks = [e for e in events if e["event"] == "interval"]
     assert 2 <= len(ticks) <= 8, len(ticks)  # about 1 s of 0.2 s intervals
     assert events[-1]["time"] - events[0]["time"] < 10
+
+
+def test_status_reads_the_controllers_estimates_from_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    log.write_text(json.dumps({"event": "observe", "vms": []}) + "\n")
+    r = invoke("status", "--cluster", cluster_file(tmp_path), "--sample", "0", "--events", log, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["estimates_from"] == str(log)
+    assert "--events" in one_line(invoke("status", "--cluster", cluster_file(tmp_path), "--events",
+                                         tmp_path / "none.jsonl"))

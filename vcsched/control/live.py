@@ -30,6 +30,7 @@ from vcsched.inventory import Inventory, VmState, snapshot_hash
 from vcsched.model import Instance, SolveOptions
 from vcsched.plans.migration import HostRoom, MigrationBlocked, MigrationOrder, VmChange, order_changes, plan_steps
 from vcsched.plans.plan import MEASURED, Plan, VmPrediction
+from vcsched.plans.reasons import yield_of
 from vcsched.plans.steps import RemoveStep, SetNeedStep
 from vcsched.policies.registry import allocate_policy
 from vcsched.units import CAP_TOLERANCE
@@ -160,7 +161,7 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         if not v.active or v.name in gone:
             continue
         used_mem[v.host] += v.memory_bytes
-        if v.managed:  # unmanaged domains are never capped: their CPU is not planned (as in admission)
+        if v.managed:  # unmanaged domains are never capped: their reservation is off their host (model_hosts)
             caps_used[v.host] += v.cap_or_vcpus
     cores_of: dict[str, float] = {}  # each staying VM's need in cores, after the changes
     renew: dict[str, float] = {}  # the changed needs to record in metadata
@@ -180,7 +181,7 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
                          "net_bps) to plan them")
     # The same whole-cluster instance as admission's (one job per virtual cluster and size), not pinned.
     existing = shared[2] if shared is not None else existing_jobs(inventory, managed, needs)
-    current_min = min((min(1.0, v.cap_or_vcpus / cores_of[v.name]) for v in managed), default=None)
+    current_min = min((yield_of(v.cap_or_vcpus, cores_of[v.name]) for v in managed), default=None)
     vms = list(existing.vms)
     stay = set(pinned)
     cordoned = cluster.cordoned if cluster is not None else frozenset()

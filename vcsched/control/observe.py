@@ -44,14 +44,33 @@ previous estimate (the recorded need when there is none):
    operator recorded) if that is higher: when measurement cannot tell, the
    owner's statement is the best guess there is.
 
+6. *starved*: not at its cap, but its vCPUs waited for a host CPU
+   (``vcpu.N.delay`` above ``max(wait_abs, wait_rel * used)``) in
+   ``saturated_share`` of the recent samples, or in so many of the window's
+   that fewer than ``min_samples`` are left without waiting: what it used is
+   *censored* — a lower bound on its need, never the need.  The estimate is
+   the previous one (the declared need at first), raised to what the waiting
+   samples show it needs at least; it never falls on such evidence.  In rule
+   2 samples that waited enter only as that lower bound.
+
 The result is rounded up to 0.01 core, kept between the smallest cap and the
 VM's vCPUs, and changed from the previous estimate only when it moves by
 more than ``max(0.02 core, 5 %)`` (a dead band, so noise does not re-cap).
 
-**Confidence** is the share of the window's samples that show demand (those
-below their cap), scaled down when the window holds fewer than
-``full_samples``: 1 for a VM measured below its cap all along, 0 for one at
-its cap throughout (its estimate is then a lower bound or a carry-over).
+**Censored and uncensored evidence.**  A sample in which the VM hit its cap
+(used its cap, or was throttled in ``throttled_share`` of its CFS periods) or
+waited for a host CPU says "needs at least this"; only the others say "needs
+this" (:func:`is_censored`).  An estimate reached by rules 3 (saturated at
+the probe), 4, 5 or 6 is *censored* (:attr:`Estimate.censored`): the need may
+be higher, so a yield computed with it is an upper bound, and no cap is
+lowered on it.  Which signals a host provides is in docs/contention.md; a
+host without delay counters cannot show starvation (the limit below).
+
+**Confidence** is the share of the window's samples that bound the need from
+both sides (uncensored), scaled down when the window holds fewer than
+``full_samples``: 1 for a VM measured below its cap without waiting all
+along, 0 for one at its cap or starved throughout (its estimate is then a
+lower bound or a carry-over).
 
 **Why half of at least three samples, the latest among them.**  A VM whose
 demand is above its cap uses its cap in nearly every sample, give or take a
@@ -71,8 +90,9 @@ decided at random (:mod:`acting.sampling` no longer takes them).
 its cap) leaves nothing to probe with: a squeezed VM whose demand fell, but
 not below its cap, keeps its estimate until it uses less than its cap (or
 moves).  A VM that gets less CPU than its cap because the *machine* is busy
-(other processes, an over-committed physical host) looks unsaturated, so its
-estimate follows what it actually gets.
+(other processes, an over-committed physical host) is told apart only by its
+vCPUs' run-queue delay (rule 6); where the host does not report it, such a VM
+looks unsaturated and its estimate follows what it actually gets.
 """
 
 from __future__ import annotations
@@ -80,6 +100,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from vcsched.caps import min_cap, realisable_cap
 from vcsched.errors import InputError
@@ -105,15 +126,20 @@ class ObserveParams:
     deadband_abs: float = 0.02
     deadband_rel: float = 0.05
     probe_min_raise: float = 0.05  # cores: a smaller raise is not worth a probe
+    throttled_share: float = 0.5  # of its CFS periods throttled: the sample hit its cap
+    wait_abs: float = 0.02  # cores of run-queue delay a sample may hold and still show demand ...
+    wait_rel: float = 0.10  # ... or this share of what it used, whichever is larger
 
     def __post_init__(self) -> None:
         if not 0 < self.percentile <= 100:
             raise InputError(f"percentile: {self.percentile!r} is not in (0, 100]")
         for name in ("headroom", "margin", "saturation_abs", "saturation_rel", "deadband_abs", "deadband_rel",
-                     "probe_min_raise"):
+                     "probe_min_raise", "wait_abs", "wait_rel"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise InputError(f"{name}: {value!r} is not a finite number >= 0")
+        if not 0 < self.throttled_share <= 1:
+            raise InputError(f"throttled_share: {self.throttled_share!r} is not in (0, 1]")
         if not 0 < self.saturated_share <= 1:
             raise InputError(f"saturated_share: {self.saturated_share!r} is not in (0, 1]")
         if self.min_samples < 1 or self.full_samples < 1:
@@ -132,7 +158,11 @@ class Sample:
     """Cores one VM used over ``seconds`` ending at ``time`` (Unix seconds), and the cap it had meanwhile.
 
     ``cap_cores`` None: uncapped.  ``probe``: taken while a probe had raised
-    the cap (:func:`probe_caps`).
+    the cap (:func:`probe_caps`).  ``throttled``: the share of its CFS
+    periods in which its own cap throttled it; ``waited_cores``: its vCPUs'
+    run-queue delay over the sample, in cores (time runnable but waiting for a
+    host CPU per second); None where the host does not provide them
+    (docs/contention.md).
     """
 
     time: float
@@ -141,6 +171,8 @@ class Sample:
     cap_cores: float | None
     vcpus: int = 1
     probe: bool = False
+    throttled: float | None = None
+    waited_cores: float | None = None
 
     @property
     def limit(self) -> float:
@@ -150,6 +182,21 @@ class Sample:
 
 def is_saturated(s: Sample, params: ObserveParams = DEFAULT_PARAMS) -> bool:
     return s.used_cores >= s.limit - params.tolerance(s.limit)
+
+
+def hit_cap(s: Sample, params: ObserveParams = DEFAULT_PARAMS) -> bool:
+    """Its own cap held it back: it used its cap, or was throttled in at least ``throttled_share`` of its periods."""
+    return is_saturated(s, params) or (s.throttled is not None and s.throttled >= params.throttled_share - 1e-9)
+
+
+def waited(s: Sample, params: ObserveParams = DEFAULT_PARAMS) -> bool:
+    """Its vCPUs were runnable but waited for a host CPU for more than ``max(wait_abs, wait_rel * used)``."""
+    return s.waited_cores is not None and s.waited_cores > max(params.wait_abs, params.wait_rel * s.used_cores)
+
+
+def is_censored(s: Sample, params: ObserveParams = DEFAULT_PARAMS) -> bool:
+    """What it used is only a lower bound on its need ("needs at least this"): it hit its cap or waited."""
+    return hit_cap(s, params) or waited(s, params)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -163,9 +210,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-#: How an estimate was reached (module docstring, rules 1-5).
-NO_SAMPLES, MEASURED, PROBED, PROBE_SATURATED, SQUEEZED, SATURATED = (
-    "too few samples", "measured", "probe", "saturated at probe", "squeezed", "saturated")
+#: How an estimate was reached (module docstring, rules 1-6).
+NO_SAMPLES, MEASURED, PROBED, PROBE_SATURATED, SQUEEZED, SATURATED, STARVED = (
+    "too few samples", "measured", "probe", "saturated at probe", "squeezed", "saturated", "starved")
+#: The bases whose estimate is a lower bound on the need (censored evidence only): a yield computed with it is an
+#: upper bound, and no cap is lowered on it.
+CENSORED_BASES = frozenset((PROBE_SATURATED, SQUEEZED, SATURATED, STARVED))
 
 
 @dataclass(frozen=True)
@@ -185,17 +235,43 @@ class Estimate:
     samples: int
     used_cores: float | None  # the percentile of the cores used over the window
     cap_cores: float | None  # the cap of the latest regular (non-probe) sample
+    uncensored: int = 0  # samples that bound the need from both sides (neither at the cap nor waiting)
+    throttled: float | None = None  # mean share of throttled CFS periods over the window (None: not measured)
+    waited_cores: float | None = None  # mean run-queue delay over the window, in cores (None: not measured)
+
+    @property
+    def censored(self) -> bool:
+        """The estimate is a lower bound ("needs at least this"): the need may be higher, a yield computed with it
+        is an upper bound, and it is never lowered on this evidence."""
+        return self.basis in CENSORED_BASES
 
     @property
     def wants_probe(self) -> bool:
         """At its cap with its full estimate: it may need more, and only a probe can tell."""
         return self.basis in (SATURATED, PROBE_SATURATED)
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Estimate:
+        """An estimate as :meth:`to_dict` wrote it (a controller's ``observe`` event; older events lack the
+        censoring fields: read as uncensored, as their estimator treated them)."""
+        def num(key: str) -> float | None:
+            return None if d.get(key) is None else float(d[key])
+
+        return cls(str(d["vm"]), str(d["host"]), int(d.get("vcpus", 1)), float(d["declared_need_cores"]),
+                   float(d.get("previous_cores", d["declared_need_cores"])), float(d["estimated_need_cores"]),
+                   float(d.get("raw_cores", d["estimated_need_cores"])), float(d.get("confidence", 0.0)),
+                   bool(d.get("saturated", False)), str(d.get("basis", MEASURED)), int(d.get("samples", 0)),
+                   num("used_cores"), num("cap_cores"), int(d.get("uncensored_samples", 0)), num("throttled_share"),
+                   num("waited_cores"))
+
     def to_dict(self) -> dict[str, object]:
-        return {"vm": self.vm, "host": self.host, "declared_need_cores": self.declared,
+        return {"vm": self.vm, "host": self.host, "vcpus": self.vcpus, "declared_need_cores": self.declared,
                 "estimated_need_cores": self.estimate, "previous_cores": self.previous, "raw_cores": self.raw,
                 "confidence": round(self.confidence, 4), "saturated": self.saturated, "basis": self.basis,
-                "samples": self.samples, "used_cores": self.used_cores, "cap_cores": self.cap_cores}
+                "samples": self.samples, "used_cores": self.used_cores, "cap_cores": self.cap_cores,
+                "censored": self.censored, "uncensored_samples": self.uncensored,
+                "throttled_share": None if self.throttled is None else round(self.throttled, 4),
+                "waited_cores": None if self.waited_cores is None else round(self.waited_cores, 4)}
 
 
 def _demand(values: Sequence[float], params: ObserveParams) -> float:
@@ -219,19 +295,35 @@ def estimate_need(vm: VmState, samples: Sequence[Sample], previous: float | None
     recent = regular_or_all[-max(params.min_samples, (len(regular_or_all) + 1) // 2):]
     saturated = (bool(recent) and is_saturated(recent[-1], params)
                  and sum(is_saturated(s, params) for s in recent) >= params.saturated_share * len(recent) - 1e-9)
-    revealing = sum(not is_saturated(s, params) for s in samples)
-    confidence = (revealing / n) * min(1.0, n / params.full_samples) if n else 0.0
+    # Censored samples ("needs at least this") and uncensored ones ("needs this") are kept apart: only the
+    # latter bound the need from above, so only they count for confidence and only they may lower an estimate.
+    uncensored = [s.used_cores for s in samples if not is_censored(s, params)]
+    # A sample at its cap enters the percentile at what it used (rule 2: about its cap, the window's top); one in
+    # which it waited for a host CPU does not, and only says what the need is at least (rule 6).
+    undelayed = [s.used_cores for s in samples if not waited(s, params)]
+    floor = max((s.used_cores for s in samples if waited(s, params)), default=None)
+    starved = bool(recent) and sum(waited(s, params) for s in recent) >= params.saturated_share * len(recent) - 1e-9
+    confidence = (len(uncensored) / n) * min(1.0, n / params.full_samples) if n else 0.0
+    throttles = [s.throttled for s in samples if s.throttled is not None]
+    waits = [s.waited_cores for s in samples if s.waited_cores is not None]
 
     def done(raw: float, basis: str) -> Estimate:
         raw = min(max(math.ceil(raw * 100 - 1e-9) / 100, min_cap(vm.vcpus)), float(vm.vcpus))
         moved = abs(raw - prev) > max(params.deadband_abs, params.deadband_rel * prev)
         return Estimate(vm.name, vm.host, vm.vcpus, declared, prev, raw if moved else prev, raw,
-                        confidence if basis != NO_SAMPLES else 0.0, saturated, basis, n, used, cap_now)
+                        confidence if basis != NO_SAMPLES else 0.0, saturated, basis, n, used, cap_now,
+                        len(uncensored), sum(throttles) / len(throttles) if throttles else None,
+                        sum(waits) / len(waits) if waits else None)
 
     if n < params.min_samples:
         return done(prev, NO_SAMPLES)
     if not saturated:
-        return done(_demand([s.used_cores for s in samples], params), MEASURED)
+        if starved or (floor is not None and len(undelayed) < params.min_samples):
+            # Rule 6: it got less than its cap because it waited for a host CPU (or too little of the window shows
+            # demand): what it used is a lower bound, so the estimate may rise to it and never falls.
+            return done(max(prev, _demand([floor], params) if floor is not None else 0.0), STARVED)
+        measured = _demand(undelayed, params)
+        return done(measured if floor is None else max(measured, _demand([floor], params)), MEASURED)
     probes = [s for s in samples if s.probe]
     if probes:
         if 2 * sum(is_saturated(s, params) for s in probes) < len(probes):
@@ -271,7 +363,7 @@ def probe_caps(inventory: Inventory, estimates: Mapping[str, Estimate],
     up = inventory.up()
     for h in up.hosts:
         on = [v for v in up.vms_on(h.name) if v.managed and v.active]
-        room = h.cores - sum(v.cap_or_vcpus for v in on)
+        room = up.usable_cores(h) - sum(v.cap_or_vcpus for v in on)  # unmanaged domains' reservation kept
         wanting = [v for v in on if v.name in estimates and estimates[v.name].wants_probe and v.cap_cores is not None
                    and v.cap_cores < v.vcpus]
         if not wanting or room < params.probe_min_raise:

@@ -10,13 +10,22 @@ computed on in, sentences and numbers out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vcsched.inventory import Inventory, VmState
 from vcsched.plans.plan import Plan
-from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
+from vcsched.plans.steps import (
+    AdoptStep,
+    CreateStep,
+    MigrateStep,
+    ReleaseStep,
+    RemoveStep,
+    SetCapStep,
+    SetNeedStep,
+    Step,
+)
 
 _EPS = 1e-9
 
@@ -37,13 +46,17 @@ def host_demand(inventory: Inventory, host: str, needs: Mapping[str, float]) -> 
     return sum(_need(v, needs) for v in inventory.vms_on(host) if v.managed and v.active)
 
 
-def _cores(inventory: Inventory, host: str) -> float:
-    h = next((h for h in inventory.hosts if h.name == host), None)
-    return float(h.cores) if h is not None else 0.0
-
-
 def _load(inventory: Inventory, host: str, needs: Mapping[str, float]) -> str:
-    return f"its VMs need {host_demand(inventory, host, needs):.2f} cores of its {_cores(inventory, host):g}"
+    """``its VMs need 0.80 cores of its 1``; with unmanaged domains there, of what they leave (what plans use)."""
+    h = next((h for h in inventory.hosts if h.name == host), None)
+    demand = host_demand(inventory, host, needs)
+    if h is None:
+        return f"its VMs need {demand:.2f} cores of its 0"
+    held = inventory.unmanaged_cores(host)
+    if held <= 0:
+        return f"its VMs need {demand:.2f} cores of its {h.cores:g}"
+    return (f"its VMs need {demand:.2f} cores of the {inventory.usable_cores(h):.2f} its unmanaged domains leave of "
+            f"its {h.cores:g}")
 
 
 def step_reason(step: Step, plan: Plan, inventory: Inventory, needs: Mapping[str, float],
@@ -81,6 +94,10 @@ def step_reason(step: Step, plan: Plan, inventory: Inventory, needs: Mapping[str
         return f"virtual cluster {step.cluster} departs"
     if isinstance(step, SetNeedStep):
         return f"records {step.vm}'s new need of {step.cpu_need_cores:.2f} cores in its metadata"
+    if isinstance(step, AdoptStep):
+        return f"{step.vm} joins virtual cluster {step.definition.cluster} where it runs (adopted)"
+    if isinstance(step, ReleaseStep):
+        return f"{step.vm} is handed back: it runs on, uncapped and unmanaged"
     return step.op
 
 
@@ -101,16 +118,27 @@ class Effect:
     mean_yield_after: float
     per_vm: Mapping[str, Mapping[str, Any]]  # vm -> host, cap and yield before and after (the VMs it touches)
     bytes_to_move: int
+    #: VMs whose need is a censored estimate (a lower bound): their yields, and a minimum they attain, are upper
+    #: bounds — predicted gains for them are not promises (docs/contention.md).
+    censored: tuple[str, ...] = ()
+    #: The minimum yields before / after are attained by a VM with a censored need: upper bounds.
+    min_before_upper_bound: bool = False
+    min_after_upper_bound: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"min_yield_before": self.min_yield_before, "min_yield_after": self.min_yield_after,
                 "mean_yield_before": self.mean_yield_before, "mean_yield_after": self.mean_yield_after,
-                "per_vm": {k: dict(v) for k, v in self.per_vm.items()}, "bytes_to_move": self.bytes_to_move}
+                "per_vm": {k: dict(v) for k, v in self.per_vm.items()}, "bytes_to_move": self.bytes_to_move,
+                "censored_vms": list(self.censored), "min_yield_before_upper_bound": self.min_before_upper_bound,
+                "min_yield_after_upper_bound": self.min_after_upper_bound}
 
 
-def effect(plan: Plan, inventory: Inventory, needs: Mapping[str, float] | None = None) -> Effect:
-    """Yields before (caps now over needs) and after (the plan's predictions), over the running managed VMs."""
+def effect(plan: Plan, inventory: Inventory, needs: Mapping[str, float] | None = None,
+           censored: Iterable[str] = ()) -> Effect:
+    """Yields before (caps now over needs) and after (the plan's predictions), over the running managed VMs.
+    ``censored``: VMs whose need is a lower bound; their yields are marked upper bounds."""
     needs = needs or {}
+    lower_bounded = frozenset(censored)
     before: dict[str, float] = {}
     after: dict[str, float] = {}
     for v in inventory.managed():
@@ -128,8 +156,14 @@ def effect(plan: Plan, inventory: Inventory, needs: Mapping[str, float] | None =
                         "host_after": p.host if p is not None else None,
                         "cap_before": was.cap_cores if was is not None else None,
                         "cap_after": p.cap_cores if p is not None else None,
-                        "yield_before": before.get(name), "yield_after": after.get(name)}
+                        "yield_before": before.get(name), "yield_after": after.get(name),
+                        "yield_upper_bound": name in lower_bounded}
     moved = sum(s.bytes for s in plan.steps if isinstance(s, MigrateStep))
     mean = (lambda d: sum(d.values()) / len(d) if d else 1.0)  # noqa: E731
-    return Effect(min(before.values(), default=1.0), min(after.values(), default=1.0), mean(before), mean(after),
-                  per_vm, moved)
+    low_before, low_after = min(before.values(), default=1.0), min(after.values(), default=1.0)
+
+    def bounded(ys: Mapping[str, float], low: float) -> bool:
+        return any(ys[v] <= low + _EPS for v in lower_bounded if v in ys)
+
+    return Effect(low_before, low_after, mean(before), mean(after), per_vm, moved,
+                  tuple(sorted(lower_bounded & set(before))), bounded(before, low_before), bounded(after, low_after))
