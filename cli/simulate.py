@@ -256,12 +256,31 @@ def plot(points: list[Any], label: str, path: str) -> None:
               help="Also solve the exact Markov chain (one host, exponential work, no phases, few classes) "
                    "and show its service rates (a permanent VC: its mean yield) beside the simulated ones.")
 @click.option("--list", "list_scenarios", is_flag=True, help="List the built-in scenarios and exit.")
+# --- power saving (docs/power.md): a study of its own, run when --power is given
+@click.option("--power", "power_opt", default=None, metavar="auto,threshold,off|all",
+              help="Power saving over a daily cycle instead of the policy study: vcsched's decision (auto), "
+                   "vSphere DPM's 45-81 % utilisation band (threshold), all hosts on (off); energy, yields, "
+                   "migrations, wakes and late wakes (docs/power.md).  --load is then the CPU load (daily mean).")
+@click.option("--hosts", type=click.IntRange(min=2), default=8, show_default=True,
+              help="With --power: hosts (the workload's host, repeated; its rates scaled to keep the load).")
+@click.option("--hours", type=FiniteFloatRange(min=0, min_open=True), default=48.0, show_default=True,
+              help="With --power: simulated hours measured (after 6 hours of warm-up).")
+@click.option("--wake-time", "wake_time_opt", default="5m", show_default=True, metavar="DURATION",
+              help="With --power: what a host really takes to wake (auto assumes 10 min until it measured one).")
+@click.option("--diurnal", type=FiniteFloatRange(min=0, max=1, max_open=True), default=0.6, show_default=True,
+              help="With --power: amplitude of the daily cycle of arrival rates, rate x (1 + A sin(2 pi t / 1 day)).")
+@click.option("--failures", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --power: failures_tolerated, the room for host failures auto keeps.")
+@click.option("--power-yield", type=FiniteFloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True,
+              help="With --power: the yield every VM must keep with a host asleep (auto), below which hosts wake.")
 def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, alpha: float | None, arrivals: int,
                  warmup: int, replications: int, seed: int, altruism: float, leftover: str, late_tolerance: float,
                  placement: str, migration_budget: str | None, adapt_algorithm: str, trace_file: str | None,
                  erlang: int,
                  registry: bool, as_json: bool, csv_file: str | None, plot_file: str | None, exact: bool,
-                 list_scenarios: bool) -> int:
+                 list_scenarios: bool, power_opt: str | None = None, hosts: int = 8, hours: float = 48.0,
+                 wake_time_opt: str = "5m", diurnal: float = 0.6, failures: int = 0,
+                 power_yield: float = 1.0) -> int:
     """Simulate virtual clusters arriving and leaving over time, under every sharing policy.
 
     \b
@@ -278,6 +297,12 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
       vcsched simulate phased --load 0.7 -p drf --altruism 1
       vcsched simulate br-tasks --erlang 20 --load 0.5 -n 2000 --warmup 200
       vcsched simulate cluster64 --load 0.7 -p all -r 3
+      vcsched simulate cluster64 --power auto,threshold --hosts 8 --load 0.4
+
+    With --power it runs power saving over a daily cycle instead: vcsched's
+    decision (auto) against vSphere DPM's utilisation band (threshold) and
+    all hosts on (off): energy, yields, migrations, wakes and late wakes
+    (docs/power.md).
 
     Loads outside the capacity region (some resource at load 1 or more) are
     refused: the number of VCs would grow without bound.
@@ -293,6 +318,14 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
         return EXIT_OK
     if workload is None:
         raise InputError("WORKLOAD: give a scenario name (see --list) or a workload file")
+    if power_opt is not None:
+        return _power(workload, power_opt, load_opt, hosts, hours, wake_time_opt, diurnal, failures, power_yield,
+                      migration_budget, seed, replications, as_json, csv_file, plot_file)
+    ctx = click.get_current_context()
+    for name, flag in (("hosts", "--hosts"), ("hours", "--hours"), ("wake_time_opt", "--wake-time"),
+                       ("diurnal", "--diurnal"), ("failures", "--failures"), ("power_yield", "--power-yield")):
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise InputError(f"{flag}: only with --power (power saving over a daily cycle)")
     policies = parse_policies(policy_opt)
     if alpha is not None and "alpha-fair" not in policies:
         raise InputError("--alpha: only the alpha-fair policy takes an alpha")
@@ -374,3 +407,33 @@ def simulate_cmd(workload: str | None, policy_opt: str, load_opt: str | None, al
         render(points, label, tasks=tasks, exact=chains)
         console.print(f"{len(points)} points, {replications} replications each, in {wall:.1f} s", highlight=False)
     return EXIT_OK
+
+
+def _power(workload: str, power_opt: str, load_opt: str | None, hosts: int, hours: float, wake_time_opt: str,
+           diurnal: float, failures: int, power_yield: float, migration_budget: str | None, seed: int,
+           replications: int, as_json: bool, csv_file: str | None, plot_file: str | None) -> int:
+    """``--power``: the options of the policy study that do not apply are refused, then cli/simulate_power.py."""
+    from cli.simulate_power import run_power
+    from vcsched.formats.duration import parse_duration
+    from vcsched.formats.units import parse_size
+
+    ctx = click.get_current_context()
+    for name, flag in (("policy_opt", "--policy"), ("alpha", "--alpha"), ("arrivals", "--arrivals"),
+                       ("warmup", "--warmup"), ("altruism", "--altruism"), ("leftover", "--leftover"),
+                       ("late_tolerance", "--late-tolerance"), ("placement", "--placement"),
+                       ("adapt_algorithm", "--adapt-algorithm"), ("trace_file", "--trace"), ("erlang", "--erlang"),
+                       ("registry", "--registry"), ("exact", "--exact")):
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise InputError(f"{flag}: not with --power (the power study allocates with vcsched's own yield "
+                             "objective and admission; --hours sets its length)")
+    if workload in TASK_SCENARIOS:
+        raise InputError(f"--power: {workload} is task-based; power saving runs on the fluid workloads")
+    for flag, out in (("--csv", csv_file), ("--plot", plot_file)):
+        if out is not None and not Path(out).resolve().parent.is_dir():
+            raise InputError(f"{flag} {out}: cannot write (no directory {str(Path(out).resolve().parent)!r})")
+    budget = None if migration_budget is None else parse_size("--migration-budget", migration_budget,
+                                                               allow_zero=True)
+    return run_power(workload, power_opt, loads=parse_loads(load_opt), hosts=hosts, hours=hours,
+                     wake_time=parse_duration("--wake-time", wake_time_opt), diurnal=diurnal, failures=failures,
+                     power_yield=power_yield, budget=budget, seed=seed, replications=replications, as_json=as_json,
+                     csv_file=csv_file, plot_file=plot_file)

@@ -19,8 +19,12 @@ names, unknown options ignored with a warning) and knows:
 * ``action=monitor``: exit 0 when the lab directory exists;
 * ``action=list``: one ``plug,alias`` line per lab host;
 * ``action=metadata``: the agent's description as XML;
-* ``action=on`` / ``reboot``: refused (exit 1): ``vcsched lab up`` brings a lab
-  host back, with its daemons in a fresh namespace.
+* ``action=on``: bring the host back as ``vcsched lab up`` repairs a host
+  whose daemons died: its daemons restarted in a fresh namespace, with its
+  identity (name, host UUID) and the lab's migration port block; exit 0 once
+  libvirt answers there (already on too).  Holds the lab's lock, so it never
+  interleaves with ``lab up`` or ``lab down``;
+* ``action=reboot``: refused (exit 1): vcsched never asks for it.
 
 Exit 1 with a ``Failed: ...`` line on stderr for anything else, as the
 fence-agents do.  Processes are found from the lab directory alone (the host's
@@ -45,7 +49,8 @@ OFF_WAIT_S = 20.0
 METADATA = f"""<?xml version="1.0" ?>
 <resource-agent name="{AGENT_NAME}" shortdesc="Fence agent for the hosts of a vcsched lab">
 <longdesc>Powers a lab host off as a power cut would: SIGKILL of every process in its mount namespace
-(libvirtd, virtlogd, QEMU). Status is on while any of them is left.</longdesc>
+(libvirtd, virtlogd, QEMU), and on again: its daemons restarted in a fresh namespace with its identity.
+Status is on while any of them is left.</longdesc>
 <parameters>
 \t<parameter name="action" unique="0" required="1">
 \t\t<getopt mixed="-o, --action=[action]" />
@@ -167,9 +172,39 @@ def main(stdin: str | None = None) -> int:
             if time.monotonic() > deadline:
                 return _fail(f"processes of lab host h{index} survived SIGKILL: {_left(layout, index)}")
             time.sleep(0.1)
-    if action in ("on", "reboot"):
-        return _fail(f"action {action}: a lab host is powered on by `vcsched lab up`")
-    return _fail(f"unknown action {action!r} (off, status, monitor, list, metadata)")
+    if action == "on":
+        return _power_on(layout, index)
+    if action == "reboot":
+        return _fail("action reboot: not supported (off, then on)")
+    return _fail(f"unknown action {action!r} (off, on, status, monitor, list, metadata)")
+
+
+def _power_on(layout: object, index: int) -> int:
+    """``on`` (module docstring): what ``lab up`` does for one host whose daemons died, under the lab's lock."""
+    # The lab's own helpers, private to it: the recorded shape and block, its lock, the liveness of a port claim.
+    from lab import _claim_live, _exclusive, _recorded_block, _recorded_shape, cgroups, daemons, ports
+    from lab.state import LabLayout
+    from vcsched.errors import VcschedError
+
+    assert isinstance(layout, LabLayout)
+    recorded = _recorded_block(layout)
+    if recorded is None:
+        return _fail(f"lab {layout.root} records no migration port block: run 'vcsched lab up' to repair it")
+    transport, shared = _recorded_shape(layout)
+    try:
+        with _exclusive(layout):
+            if daemons.daemon_pid(layout, index, "libvirtd") is not None and daemons.answers(layout.uri(index)):
+                print("Success: Already ON")
+                return EXIT_OK
+            block = ports.claim_block(layout.root, recorded, _claim_live)
+            if block != recorded:
+                return _fail(f"the lab's migration port block {recorded} is held by another lab (got {block})")
+            cgroups.create_partition(layout.partition(index))  # idempotent: a reboot may have removed it
+            daemons.repair_host(layout, index, block=block, tls=transport == "tls", shared=shared)
+    except (VcschedError, OSError) as e:
+        return _fail(f"lab host h{index}: {e}")
+    print("Success: Powered ON")
+    return EXIT_OK
 
 
 def script_text(python: str, repo: str) -> str:

@@ -68,6 +68,12 @@ Sharing policies (docs/policies.md), all optional::
     weight = 3.0
     parent = "org"
 
+Power saving (:mod:`vcsched.formats.power`, docs/power.md), all optional::
+
+    power_saving = "off"         # "off", "recommend" or "auto"; also min_hosts_on, power_yield, sleep_after,
+                                 # wake_time and spare = "consolidate" | "spread"
+    # per [[hosts]]: power = {agent = ...} (default: its fence agent), power_saving = false, idle_watts, peak_watts
+
 Parsing is pure: it takes the dict ``tomllib`` decoded (reading the file is
 the CLI's job) and raises :class:`InputError` naming the field and the value.
 """
@@ -85,6 +91,16 @@ from urllib.parse import parse_qs, urlsplit
 
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_fields, check_fraction, check_name, check_number, check_string
+from vcsched.formats.power import (
+    CLUSTER_POWER_FIELDS,
+    HOST_POWER_FIELDS,
+    NO_HOST_POWER,
+    NO_POWER,
+    HostPower,
+    PowerSettings,
+    host_power_from_dict,
+    power_from_dict,
+)
 from vcsched.formats.throttles import NO_THROTTLES, THROTTLE_FIELDS, MigrationThrottles, throttles_from_dict
 from vcsched.formats.units import parse_size
 from vcsched.formats.windows import ALWAYS, WINDOW_FIELDS, MaintenanceSchedule, schedule_from_dict
@@ -220,6 +236,8 @@ class ClusterHost:
     uuid: str | None = None
     #: The fence agent that powers it off when it fails (None: never restarted elsewhere automatically).
     fence: FenceConfig | None = None
+    #: Power saving (:mod:`vcsched.formats.power`, docs/power.md): its power agent, whether it may sleep, its watts.
+    power: HostPower = NO_HOST_POWER
 
     @property
     def migration_address(self) -> str:
@@ -257,6 +275,8 @@ class Cluster:
     #: A failed host's VM whose floor the survivors cannot meet: ``restart`` it below its floor (availability
     #: first) or ``strand`` it (its floor first: it stays down until room is made).  :data:`ON_FAILURE`.
     on_failure: str = "restart"
+    #: Power saving (:mod:`vcsched.formats.power`, docs/power.md): off, recommend or auto, and its knobs.
+    power: PowerSettings = NO_POWER
 
     def connect_uri(self, host: str) -> str:
         """The URI vcsched opens for ``host``: its URI, with the cluster's ``pki`` for TLS."""
@@ -288,7 +308,8 @@ class Cluster:
 
 def _host_from_dict(where: str, d: Any) -> ClusterHost:
     d = check_fields(where, d, {"name", "uri", "cores", "memory_reserved", "partition", "disk_bps", "net_bps",
-                                "address", "storage", "maintenance", "uuid", "fence"}, {"name", "uri"}, kind="table")
+                                "address", "storage", "maintenance", "uuid", "fence"} | HOST_POWER_FIELDS,
+                     {"name", "uri"}, kind="table")
     name = check_name(f"{where}.name", d["name"])
     uri = check_string(f"{where}.uri", d["uri"])
     scheme = uri_scheme(uri)
@@ -311,8 +332,9 @@ def _host_from_dict(where: str, d: Any) -> ClusterHost:
         raise InputError(f"{where}.maintenance: expected true or false, got {maintenance!r}")
     host_uuid = check_uuid(f"{where}.uuid", d["uuid"]) if "uuid" in d else None
     fence = _fence_from_dict(f"{where}.fence", d["fence"]) if "fence" in d else None
+    power = host_power_from_dict(where, d, fence, _fence_from_dict)
     return ClusterHost(name, uri, cores, reserved, partition, rates["disk_bps"], rates["net_bps"], address, storage,
-                       maintenance, host_uuid, fence)
+                       maintenance, host_uuid, fence, power=power)
 
 
 def _fence_from_dict(where: str, d: Any) -> FenceConfig:
@@ -387,7 +409,8 @@ def cluster_from_dict(d: Any) -> Cluster:
     """Validate a decoded cluster file; every error names the field and the value."""
     fields = {"name", "min_yield", "guest", "hosts", "coordination", "lock_ttl", "policy", "alpha", "tenants", "pki",
               "migration_tls", "host_timeout", "failure_timeout", "failures_tolerated", "on_failure"}
-    d = check_fields("cluster", d, fields | THROTTLE_FIELDS | WINDOW_FIELDS, {"name", "hosts"}, kind="table")
+    d = check_fields("cluster", d, fields | THROTTLE_FIELDS | WINDOW_FIELDS | CLUSTER_POWER_FIELDS, {"name", "hosts"},
+                     kind="table")
     name = check_name("name", d["name"])
     hosts_raw = d["hosts"]
     if not isinstance(hosts_raw, list) or not hosts_raw:
@@ -445,7 +468,7 @@ def cluster_from_dict(d: Any) -> Cluster:
     warnings = tuple(w for i, h in enumerate(hosts) for w in uri_warnings(f"hosts[{i}]", h.name, h.uri))
     return Cluster(name, hosts, min_yield, guest, coordination, policy, alpha, tenants, lock_ttl, pki,
                    migration_tls, host_timeout, failure_timeout, failures_tolerated, warnings,
-                   throttles_from_dict(d), schedule_from_dict(d), on_failure)
+                   throttles_from_dict(d), schedule_from_dict(d), on_failure, power=power_from_dict(d, len(hosts)))
 
 
 def _policy_from_dict(d: Any) -> tuple[str | None, float | None]:
