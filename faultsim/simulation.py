@@ -447,9 +447,10 @@ class Schedule:
                 self.violate(f"{name} runs on {' and '.join(running)} ({where})")
             if not copies:
                 self.violate(f"{name} is lost: no copy on any host ({where})")
-            if quiescent and (len(copies) != 1 or not running):
-                self.violate(f"{name} not settled after repair: "
-                             f"{[(h, _STATE.get(d.state, d.state)) for h, d in copies]} ({where})")
+            if quiescent:
+                self.runs_once(name, copies, where)
+        if w.stale:
+            self.violate(f"{w.stale[0]} ({where})")
         for h in w.hosts.values():
             # Unmanaged domains count for memory, not for CPU (vcsched never caps them: vcsched/plans/check.py).
             cap = sum(d.cap_cores() for d in h.domains.values() if d.state == RUNNING and d.meta is not None)
@@ -462,6 +463,22 @@ class Schedule:
         now = w.hosts[host].domains.get(uuid)
         if now is None or self._look(now) != look or any(uuid in h.domains for h in w.hosts.values() if h.name != host):
             self.violate(f"the unmanaged domain 'stranger' was changed ({where})")
+
+    def runs_once(self, name: str, copies: list[tuple[str, SimDomain]], where: str) -> None:
+        """At quiescence (after the final process's repair, and at the very end): every VM recorded as managed
+        (every UUID that ever carried vcsched's metadata) runs exactly once — none lost, none paused on every
+        host it is on, no stale copy left beside it."""
+        running = [h for h, d in copies if d.state == RUNNING]
+        if len(copies) == 1 and running:
+            return
+        seen = [(h, _STATE.get(d.state, d.state)) for h, d in copies]
+        if not copies:
+            why = "lost: no copy on any host"
+        elif not running:
+            why = f"paused everywhere, running nowhere: {seen}"
+        else:
+            why = f"not settled: {seen}"
+        self.violate(f"{name} does not run exactly once after repair: {why} ({where})")
 
     def after(self, c: Call) -> None:
         """After every call that changed a host: only the holder of a valid lease changes hosts, and the
@@ -768,6 +785,7 @@ class Schedule:
             self.rt.alive.discard(pid)
             self.note(f"p{pid} (final) ends: {result}")
             self.out.result = result
+            self.check("at the end", quiescent=True)
             if result in ("ok", "no plan"):
                 if not probing:
                     self.goal()

@@ -19,12 +19,21 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import libvirt
 
+from hypervisor import hazards
 from hypervisor.base import HypervisorError
-from hypervisor.domain_xml import metadata_xml, parse_metadata, rewrite_partition, set_cputune, stamp_migrated_at
+from hypervisor.domain_xml import (
+    metadata_of,
+    metadata_xml,
+    parse_metadata,
+    rewrite_partition,
+    set_cputune,
+    stamp_migrated_at,
+)
 from hypervisor.libvirt_calls import as_host_error, one_line, retrying
 from hypervisor.live_state import PAUSED_STATES, copy_state
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, quota_for
@@ -111,7 +120,8 @@ def migrate(hv: LibvirtHypervisor, vm: str, source: str, target: str, cap_cores:
         xml = rewrite_partition(xml, src_host.partition, dst_host.partition)
         if hv.driver(target).cap_in_xml:
             xml = set_cputune(xml, quota_for(cap_cores, vcpus))
-        xml = stamp_migrated_at(xml, hv.clock(), arriving_from=source)
+        generation = record_attempt(hv, dom, xml, vm, source, target)
+        xml = stamp_migrated_at(xml, hv.clock(), arriving_from=source, generation=generation)
         params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_URI: migration_uri(dst_host.migration_address),
                                   libvirt.VIR_MIGRATE_PARAM_DEST_XML: xml}
         bandwidth = cluster.throttles.bandwidth_mib
@@ -131,6 +141,56 @@ def migrate(hv: LibvirtHypervisor, vm: str, source: str, target: str, cap_cores:
             from None
     hv.drop(source, vm)
     resume_arrival(hv, vm, uuid, source, target)
+
+
+def record_attempt(hv: LibvirtHypervisor, dom: Any, xml: str, vm: str, source: str, target: str) -> int | None:
+    """Before a migration attempt: raise the source copy's generation (read from its domain XML ``xml``) and
+    name ``target`` in its ``migrating_to`` mark (one ``setMetadata``); the new generation, which the
+    destination's XML carries too (None: the domain has no vcsched metadata, nothing recorded).
+
+    Why before: the attempt may be cut at any point (the client killed, a host stopping), and whoever repairs
+    later must be able to order the copies by what they can have executed (:mod:`hypervisor.settlement`).  The
+    number only grows along the path the guest's state takes: a destination starts with its source's number,
+    and a source that libvirt resumes after a failed attempt (and that then runs past what its destination
+    holds) can only be paused for a migration again by a new attempt, which raises its number first.  A failure
+    here stops the migration before ``migrate3``: nothing moved.
+    """
+    if hazards.on(hazards.RESUME_WITHOUT_GENERATION):  # mutation switch (tests/test_faultsim.py)
+        return None
+    meta = metadata_of(xml)  # the domain XML just read: no second call
+    if meta is None:
+        return None
+    generation = meta.generation + 1
+    flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+    if dom.isPersistent():
+        flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+    hv.fence(source, f"migrate {vm!r} to {target}")
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
+                    metadata_xml(replace(meta, generation=generation, migrating_to=target), bare=True),
+                    METADATA_PREFIX, METADATA_NS, flags)
+    hv.drop(source, vm)
+    return generation
+
+
+def clear_attempt(hv: LibvirtHypervisor, host: str, vm: str, uuid: str) -> None:
+    """Drop the ``migrating_to`` mark of the copy on ``host`` once its attempt's destination is verified to hold
+    no copy (so an unrelated host stopping later does not hold the VM back).  Best effort: a mark left
+    behind only makes a later migration of the VM wait for that host to answer."""
+    if hazards.on(hazards.RESUME_WITHOUT_GENERATION):  # no mark was recorded (:func:`record_attempt`)
+        return
+    with contextlib.suppress(HypervisorError, libvirt.libvirtError):
+        dom = hv.conn(host).lookupByUUIDString(uuid)
+        meta = metadata_of(dom.XMLDesc(0))
+        if meta is None or meta.migrating_to is None:
+            return
+        flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+        if dom.isPersistent():
+            flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+        hv.fence(host, f"record that the migration of {vm!r} left no copy")
+        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
+                        metadata_xml(replace(meta, migrating_to=None), bare=True),
+                        METADATA_PREFIX, METADATA_NS, flags)
+        hv.drop(host, vm)
 
 
 def resume_arrival(hv: LibvirtHypervisor, vm: str, uuid: str, source: str, target: str) -> None:
@@ -186,12 +246,14 @@ def after_failure(hv: LibvirtHypervisor, vm: str, uuid: str, source: str, target
         return (f"it keeps running on {source}; {target} did not answer, so a paused copy may be left "
                 "there: `vcsched repair` removes it")
     if there == "gone":
+        clear_attempt(hv, source, vm, uuid)
         return f"it keeps running on {source}"
     if there in ("paused", "stopped"):
         try:
             destroy_copy(hv, target, vm, uuid)
         except HypervisorError as exc:
             return f"it keeps running on {source}; removing its {there} copy on {target} failed ({exc})"
+        clear_attempt(hv, source, vm, uuid)
         return f"it keeps running on {source}; its {there} copy on {target} was removed"
     return f"in doubt: it runs on both {source} and {target}; nothing is removed (reported until resolved)"
 

@@ -121,12 +121,15 @@ class RepairReport:
         return out
 
 
-def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset()) -> RepairPlan:
+def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
+                migration_paused: frozenset[tuple[str, str]] = frozenset()) -> RepairPlan:
     """What repair would do on ``inventory`` (a pure function: nothing is read or changed).
 
     Refused when any host is down: a host that did not answer may hold a copy of any VM.  ``interrupted``:
     the UUIDs of lone paused managed copies that libvirt paused for a migration (:func:`interrupted_copies`
-    reads them).
+    reads them); ``migration_paused``: ``(host, uuid)`` of the paused copies without an arrival mark of
+    in-doubt VMs that run nowhere which libvirt paused for a migration, no job holding them
+    (:func:`migration_paused_copies`).
     """
     doubts = inventory.in_doubt
     down = [h for h in inventory.hosts if h.down is not None]
@@ -152,18 +155,20 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset())
                                         f"its migration from {source} completed but it was left paused; {source} "
                                         "answered and has no copy"))
             continue
-        arrivals = [h for h, src in zip(d.hosts, d.arriving_from or (None,) * len(d.hosts), strict=True)
-                    if src is not None and src in d.hosts and src != h]
-        if not running and len(d.hosts) == 2 and len(arrivals) == 1:
-            target = arrivals[0]
-            source = next(h for h in d.hosts if h != target)
-            if all((c := by_copy.get((h, d.uuid))) is not None and c.meta is not None for h in d.hosts):
-                actions += [RepairAction(d.vm, d.uuid, source, DESTROY,
-                                         f"its migration to {target} completed (the arrival is there, paused, without "
-                                         "a job) but was never confirmed: the source copy is removed first"),
-                            RepairAction(d.vm, d.uuid, target, RESUME,
-                                         f"its migration from {source} completed; the source copy was removed")]
+        if not running:
+            newest = newest_paused(d, hosts, {h for h in d.hosts
+                                              if (c := by_copy.get((h, d.uuid))) is None or c.meta is None},
+                                   migration_paused)
+            if newest.host is None:
+                left.append(f"{d.vm}: on {where}: no copy runs: {newest.why}")
                 continue
+            actions += [RepairAction(d.vm, d.uuid, h, DESTROY,
+                                     f"an older paused copy (generation {g}); the newest is on {newest.host}, "
+                                     "removed first")
+                        for h, g in zip(d.hosts, d.generations or (0,) * len(d.hosts), strict=True)
+                        if h != newest.host]
+            actions.append(RepairAction(d.vm, d.uuid, newest.host, RESUME, newest.why))
+            continue
         if len(running) != 1:
             left.append(f"{d.vm}: on {where}: " + ("runs on several hosts: vcsched cannot tell which copy holds "
                                                     "the newer state" if running else
@@ -187,6 +192,81 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset())
     return RepairPlan(doubts, tuple(actions), tuple(left), interrupted=tuple(lone))
 
 
+@dataclass(frozen=True)
+class Newest:
+    """The copy :func:`newest_paused` names (``host``) and why, or None and why none can be named."""
+
+    host: str | None
+    why: str
+
+
+def newest_paused(d: InDoubt, hosts: set[str], unmanaged: set[str],
+                  migration_paused: frozenset[tuple[str, str]]) -> Newest:
+    """Which paused copy of an in-doubt VM that runs nowhere holds its newest state, if that can be told.
+
+    **Which paused copy is the newest.**  A copy executes guest code only while it runs, and at most one runs
+    at a time; the state moves between hosts only by migration.  Each migration attempt first raises the
+    source's generation, then creates the destination with that same number (:func:`hypervisor.migration.
+    record_attempt`), so the number only grows along the path the state takes:
+
+    * a copy with a *lower* generation than another cannot have run after that other's state was taken: to
+      run later it would have had to be the source of a later attempt (raising its number first) or a copy
+      resumed by vcsched, which resumes only the newest;
+    * an *equal* number is shared only by one attempt's source and its arrival (``arriving_from`` names the
+      source).  The arrival holds the state of the switch-over; the source holds the same unless libvirt
+      resumed it after the attempt failed.  A resumed source is paused again only by a new attempt (a higher
+      number) or by someone's ``suspend`` (reason ``VIR_DOMAIN_PAUSED_USER``): so when the source is paused
+      *for a migration* (``migration_paused``), it has not run since the switch-over and the arrival is whole
+      (Finish ran: the arrival has no job) — the migration is completed as it would have been.
+
+    The newest copy is resumed only when it is an arrival from a host of the cluster (the source's host is
+    read again before the resume: it must hold no copy then) or a copy libvirt paused for a migration (not
+    one someone paused).  Every other copy is older and is destroyed first.  Anything else — copies without
+    vcsched's metadata, several copies sharing the newest number other than a source and its arrival — is
+    left to the operator.  Copies from before generations existed read as generation 0: two such copies that
+    are a source and its arrival are ordered as above, more are left alone.
+    """
+    if unmanaged:
+        return Newest(None, f"its paused copy on {', '.join(sorted(unmanaged))} has no vcsched metadata")
+    blind = hazards.on(hazards.RESUME_WITHOUT_GENERATION)  # mutation switch (tests/test_faultsim.py)
+    gens = [0 if blind else (g or 0) for g in (d.generations or (0,) * len(d.hosts))]
+    top = max(gens)
+    tied = [h for h, g in zip(d.hosts, gens, strict=True) if g == top]
+    source_of = dict(zip(d.hosts, d.arriving_from or (None,) * len(d.hosts), strict=True))
+    if blind:  # the hazard: the rule before generations (an arrival beside its source wins, nothing else)
+        pair = [h for h in d.hosts if source_of[h] in d.hosts and source_of[h] != h]
+        if len(d.hosts) == 2 and len(pair) == 1:
+            return Newest(pair[0], f"its migration from {source_of[pair[0]]} completed but was never confirmed")
+        return Newest(None, "vcsched cannot tell which one to resume")
+    if len(tied) == 2 and sum(source_of[h] is not None for h in tied) == 1:
+        pick = next(h for h in tied if source_of[h] is not None)
+        source = next(h for h in tied if h != pick)
+        if source_of[pick] != source:
+            return Newest(None, f"its copies on {' and '.join(tied)} share generation {top} but the arrival "
+                                f"names {source_of[pick]} as its source: vcsched cannot tell which one to resume")
+        if (source, d.uuid) not in migration_paused:
+            return Newest(None, f"its source copy on {source} (generation {top}, like its arrival on {pick}) was "
+                                "not paused by the migration: it may have run after the arrival's copy was taken")
+        return Newest(pick, f"its migration from {source} (generation {top}) completed but was never confirmed "
+                            "(the arrival is there, paused, without a job): the newest copy")
+    if len(tied) != 1:
+        return Newest(None, f"copies on {', '.join(tied)} share the newest generation {top}: vcsched cannot tell "
+                            "which one to resume")
+    pick = tied[0]
+    arrived_from = source_of[pick]
+    older = f"; the copies on {', '.join(h for h in d.hosts if h != pick)} are older" if len(d.hosts) > 1 else ""
+    if arrived_from is not None:
+        if arrived_from not in hosts:
+            return Newest(None, f"its newest copy on {pick} is an arrival from {arrived_from!r}, not a host of "
+                                "this cluster: its source cannot be read")
+        return Newest(pick, f"the arrival of its newest migration (generation {top}, from {arrived_from}){older}")
+    if (pick, d.uuid) not in migration_paused:
+        return Newest(None, f"its newest copy on {pick} (generation {top}) was not paused by a migration "
+                            "(someone paused it): left to the operator")
+    return Newest(pick, f"its newest copy (generation {top}), paused by its migration, which ended before its "
+                        f"destination finished{older}")
+
+
 def interrupted_copies(hv: LibvirtHypervisor, inventory: Inventory) -> frozenset[str]:
     """UUIDs of the lone paused managed copies (no arrival mark, no other copy) that libvirt paused for a
     migration and that no job holds: one read per such copy, of which there are normally none."""
@@ -205,6 +285,27 @@ def interrupted_copies(hv: LibvirtHypervisor, inventory: Inventory) -> frozenset
     return frozenset(out)
 
 
+def migration_paused_copies(hv: LibvirtHypervisor, inventory: Inventory) -> frozenset[tuple[str, str]]:
+    """``(host, uuid)`` of the paused copies (no arrival mark) of in-doubt VMs that run nowhere which libvirt
+    paused for a migration and no job holds: one read per such copy (:func:`newest_paused` needs to know)."""
+    out: set[tuple[str, str]] = set()
+    if hazards.on(hazards.RESUME_WITHOUT_GENERATION):  # mutation switch: the rule before generations reads none
+        return frozenset()
+    for d in inventory.in_doubt:
+        if "running" in d.states:
+            continue
+        for h, src in zip(d.hosts, d.arriving_from or (None,) * len(d.hosts), strict=True):
+            if src is not None:
+                continue
+            try:
+                conn = hv.conn(h)
+                if paused_for_migration(conn, h, d.uuid) and not has_job(conn, h, d.uuid):
+                    out.add((h, d.uuid))
+            except HypervisorError:
+                continue  # cannot tell now: left for a later repair
+    return frozenset(out)
+
+
 def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = True,
            inventory: Inventory | None = None) -> RepairReport:
     """Plan the repair on a full inventory (read now unless given) and, with ``apply``, carry it out.
@@ -216,7 +317,8 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
     if {h.name for h in inv.hosts} != {h.name for h in hv.cluster.hosts}:
         raise ValueError("settle needs an inventory of every host of the cluster")
     full = all(h.down is None for h in inv.hosts)
-    plan = plan_repair(inv, interrupted_copies(hv, inv) if full else frozenset())
+    plan = plan_repair(inv, interrupted_copies(hv, inv) if full else frozenset(),
+                       migration_paused_copies(hv, inv) if full else frozenset())
     if not apply or plan.refused is not None:
         return RepairReport(plan, applied=False)
     outcomes = []
