@@ -421,6 +421,14 @@ class Schedule:
         w.add_domain(b, SimDomain(d.name, d.uuid, d.vcpus, d.memory_bytes, PAUSED, False, d.quota, d.period,
                                   dict(d.meta or {}, arriving_from=a), reason=libvirt.VIR_DOMAIN_PAUSED_USER))
         w.set_up(rng.choice([n for n in others if n != b]), False)
+        # Half the twins are what this vcsched's migration leaves (the attempt recorded on the source: generation
+        # 1 on both copies, ``migrating_to`` B on A); the others what an older vcsched left (neither mark).
+        if rng.random() < 0.5 and d.meta is not None:
+            d.meta = dict(d.meta, generation="1", migrating_to=b)
+            d.changed()
+            twin = w.hosts[b].domains[d.uuid]
+            twin.meta = dict(twin.meta or {}, generation="1")
+            twin.changed()
 
     # -------------------------------------------------------------- tracing
 

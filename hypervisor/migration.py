@@ -155,18 +155,20 @@ def record_attempt(hv: LibvirtHypervisor, dom: Any, xml: str, vm: str, source: s
     holds) can only be paused for a migration again by a new attempt, which raises its number first.  A failure
     here stops the migration before ``migrate3``: nothing moved.
     """
-    if hazards.on(hazards.RESUME_WITHOUT_GENERATION):  # mutation switch (tests/test_faultsim.py)
-        return None
+    # Mutation switches (tests/test_faultsim.py): each turns off what it names; both: no call at all.
+    count = not hazards.on(hazards.RESUME_WITHOUT_GENERATION)
+    mark = not hazards.on(hazards.MIGRATE_WHILE_HOLDER_DOWN)
     meta = metadata_of(xml)  # the domain XML just read: no second call
-    if meta is None:
+    if meta is None or not (count or mark):
         return None
-    generation = meta.generation + 1
+    generation = meta.generation + 1 if count else None
     flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
     if dom.isPersistent():
         flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
     hv.fence(source, f"migrate {vm!r} to {target}")
-    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
-                    metadata_xml(replace(meta, generation=generation, migrating_to=target), bare=True),
+    recorded = replace(meta, generation=meta.generation if generation is None else generation,
+                       migrating_to=target if mark else meta.migrating_to)
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata_xml(recorded, bare=True),
                     METADATA_PREFIX, METADATA_NS, flags)
     hv.drop(source, vm)
     return generation
@@ -176,7 +178,7 @@ def clear_attempt(hv: LibvirtHypervisor, host: str, vm: str, uuid: str) -> None:
     """Drop the ``migrating_to`` mark of the copy on ``host`` once its attempt's destination is verified to hold
     no copy (so an unrelated host stopping later does not hold the VM back).  Best effort: a mark left
     behind only makes a later migration of the VM wait for that host to answer."""
-    if hazards.on(hazards.RESUME_WITHOUT_GENERATION):  # no mark was recorded (:func:`record_attempt`)
+    if hazards.on(hazards.MIGRATE_WHILE_HOLDER_DOWN):  # no mark was recorded (:func:`record_attempt`)
         return
     with contextlib.suppress(HypervisorError, libvirt.libvirtError):
         dom = hv.conn(host).lookupByUUIDString(uuid)

@@ -15,11 +15,14 @@ from pathlib import Path
 import libvirt
 import pytest
 
+from acting.executor import FAILED, _run_group
 from faultsim.simulation import KINDS, hazards_on, replay, run_schedules
 from hypervisor import hazards
+from hypervisor.base import HypervisorError
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from hypervisor.simlibvirt import PAUSED, RUNNING, ProcessKilled, SimDomain, SimWorld
 from vcsched.formats.cluster import Cluster, ClusterHost
+from vcsched.plans.steps import MigrateStep
 
 MIB = 1 << 20
 
@@ -74,6 +77,36 @@ def test_the_first_copy_lookup_is_caught_once_the_in_doubt_marks_that_mask_it_ar
     for alone in pair:
         with hazards_on((alone,)):
             assert run_schedules(PAIR_SCHEDULES, seed=PAIR_SEED, first=PAIR_FIRST).violations == [], alone
+
+
+#: Issue 37's schedules: a VM left paused on several hosts, running nowhere, repair unable to name the copy to
+#: resume.  3585 of 424242 (a twin schedule): a drain migrated vc1-1 h0 -> h3 while its stale paused arrival sat on
+#: h1, and was killed at Confirm; 6108 of 20261127: vc0-1 migrated h2 -> h0 while h1, which may have held a
+#: stale copy from an earlier cut attempt, did not answer, and the lease was lost at Confirm.
+ISSUE_37 = ((424242, 3585), (20261127, 6108))
+GENERATIONS_OFF = (hazards.RESUME_WITHOUT_GENERATION, hazards.MIGRATE_WHILE_HOLDER_DOWN)
+
+
+@pytest.mark.parametrize(("seed", "index"), ISSUE_37)
+def test_issue_37s_schedules_leave_every_vm_running_exactly_once(seed: int, index: int) -> None:
+    out = replay(seed, index)
+    assert out.violations == [] and out.result == "ok"
+
+
+@pytest.mark.parametrize(("seed", "index"), ISSUE_37)
+def test_issue_37s_schedules_are_caught_with_generations_and_the_copy_holder_check_off(seed: int, index: int) -> None:
+    """Both switches on, the code acts as before the fix (the same libvirt calls: the schedule replays as it did
+    when it was found) and the VM ends paused everywhere."""
+    with hazards_on(GENERATIONS_OFF):
+        out = replay(seed, index)
+    assert any("paused everywhere, running nowhere" in v for v in out.violations), out.violations
+
+
+@pytest.mark.parametrize(("seed", "index"), ISSUE_37)
+def test_generations_alone_hold_when_migrations_ignore_a_copy_holder_that_is_down(seed: int, index: int) -> None:
+    """Defense in depth: with only the copy-holder check off, repair still names the newest copy."""
+    with hazards_on((hazards.MIGRATE_WHILE_HOLDER_DOWN,)):
+        assert replay(seed, index).violations == []
 
 
 def test_probe_schedules_leave_no_cap_raised() -> None:
@@ -217,3 +250,90 @@ def test_a_probe_whose_raised_caps_host_stops_answering_keeps_its_journal_and_sa
     world.set_up("h0", True)
     report = restore_journal(_hv(world, cluster, 2), kinds=(PROBE,), directory=tmp_path)
     assert report.restored and world.hosts["h0"].domains[uuid].cap_cores() == 0.5
+
+
+def _three_hosts() -> tuple[SimWorld, Cluster, str]:
+    world, cluster, uuid = _two_hosts()
+    world.add_host("h2", 4, 4096 * MIB)
+    return world, Cluster("sim", (*cluster.hosts, ClusterHost("h2", "sim://h2"))), uuid
+
+
+def _stale_arrival_on_h1(world: SimWorld, cluster: Cluster) -> None:
+    """A migration h0 -> h1 whose destination stops answering right after Finish: libvirt resumes the source
+    (it runs on, newer), h1 keeps a paused arrival, and h1 stays down."""
+    def hook(call: object) -> None:
+        if getattr(call, "method", None) == "migrate.finish-reply":
+            world.set_up("h1", False)
+
+    world.hook = hook
+    with pytest.raises(HypervisorError, match="h1 did not answer, so a paused copy may be left there"):
+        _hv(world, cluster, 1).migrate_vm("v", "h0", "h1", 0.5)
+    world.hook = None
+
+
+def test_a_vm_is_not_migrated_while_the_host_of_its_cut_attempt_does_not_answer() -> None:
+    """Issue 37's second schedule: the step's pre-condition refuses, naming the host and why."""
+    world, cluster, uuid = _three_hosts()
+    _stale_arrival_on_h1(world, cluster)
+    hv = _hv(world, cluster, 2)
+    assert [h.name for h in hv.inventory().down_hosts()] == ["h1"]  # as apply_plan reads first
+    (result,) = _run_group(hv, [MigrateStep("v", "h0", "h2", 256 * MIB, 0.5)], 0)
+    assert result.outcome == FAILED and "may still have a copy on host h1" in result.detail, result.detail
+    assert _states(world, uuid) == {"h0": "running", "h1": "paused"}  # nothing was done
+    world.set_up("h1", True)  # h1 answers: the stale arrival makes the VM in doubt, repair removes it
+    report = _hv(world, cluster, 3).repair(lambda: None)
+    assert [(a.action, a.host) for a, _, _ in report.outcomes] == [("destroy", "h1")]
+
+
+def test_after_a_stale_arrival_and_a_second_cut_migration_repair_resumes_the_newest_copy() -> None:
+    """Issue 37's first schedule, as the migrations alone make it (the plan check bypassed): the second attempt
+    h0 -> h2 is killed at Confirm; h0, h1 and h2 all hold paused copies.  Generations name h2's (the arrival of
+    the newest attempt): the two others are destroyed, h2's resumed, and no stale state ever runs."""
+    world, cluster, uuid = _three_hosts()
+    _stale_arrival_on_h1(world, cluster)
+    _kill_at(world, "migrate.confirm", process=2)
+    with pytest.raises(ProcessKilled):
+        _hv(world, cluster, 2).migrate_vm("v", "h0", "h2", 0.5)
+    world.hook = None
+    world.set_up("h1", True)
+    assert _states(world, uuid) == {"h0": "paused", "h1": "paused", "h2": "paused"}
+    assert {h: d.meta and d.meta.get("generation") for h, d in world.copies(uuid)} == {"h0": "2", "h1": "1",
+                                                                                       "h2": "2"}
+    report = _hv(world, cluster, 3).repair(lambda: None)
+    assert report.ok and [(a.action, a.host) for a, _, _ in report.outcomes] == [
+        ("destroy", "h0"), ("destroy", "h1"), ("resume", "h2")]
+    assert _states(world, uuid) == {"h2": "running"} and world.stale == []
+
+
+def _legacy_twin_then_cut_before_finish(world: SimWorld, cluster: Cluster, uuid: str) -> None:
+    """A twin an older vcsched left (a paused arrival on h1 from h0, no generation, no mark: the twin schedules'
+    legacy half), then a migration h0 -> h2 killed before Finish: h2 cancels its incoming copy, libvirt keeps
+    h0's copy paused (PERFORM3_DONE).  h0 ran after h1's copy was taken: h1's is stale."""
+    running = world.hosts["h0"].domains[uuid]
+    world.add_domain("h1", SimDomain("v", uuid, 1, 256 * MIB, PAUSED, False, 50000, 100000,
+                                     dict(running.meta or {}, arriving_from="h0"),
+                                     reason=libvirt.VIR_DOMAIN_PAUSED_USER))
+    _kill_at(world, "migrate.finish")
+    with pytest.raises(ProcessKilled):
+        _hv(world, cluster, 1).migrate_vm("v", "h0", "h2", 0.5)
+    world.hook = None
+    assert _states(world, uuid) == {"h0": "paused", "h1": "paused"}
+
+
+def test_repair_resumes_the_source_that_ran_after_a_legacy_twin_was_taken() -> None:
+    world, cluster, uuid = _three_hosts()
+    _legacy_twin_then_cut_before_finish(world, cluster, uuid)
+    report = _hv(world, cluster, 2).repair(lambda: None)
+    assert [(a.action, a.host) for a, _, _ in report.outcomes] == [("destroy", "h1"), ("resume", "h0")]
+    assert _states(world, uuid) == {"h0": "running"} and world.stale == []
+
+
+def test_repair_without_generations_resumes_the_stale_twin_and_the_simulation_catches_it() -> None:
+    """The rule before generations (an arrival beside its paused source wins) destroys the newer source and
+    resumes the stale twin; the simulated libvirt tells by the guest state each copy holds (SimDomain.version)."""
+    world, cluster, uuid = _three_hosts()
+    with hazards_on((hazards.RESUME_WITHOUT_GENERATION,)):
+        _legacy_twin_then_cut_before_finish(world, cluster, uuid)
+        _hv(world, cluster, 2).repair(lambda: None)
+    assert _states(world, uuid) == {"h1": "running"}
+    assert world.stale and "v resumed on h1 from a stale state" in world.stale[0]
