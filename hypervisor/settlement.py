@@ -18,16 +18,18 @@ What it may do:
   destination only after its source is gone, so the running copy holds the VM's state);
 * a lone paused arrival (``arriving_from``) whose source host answers and has no copy: resumed, its mark
   dropped (vcsched stopped between migrating and resuming);
-* a paused arrival and its paused source, neither with a job (the client went away after the destination's
-  Finish and before the source's Confirm: libvirt keeps both paused): the source copy is destroyed, then the
-  arrival resumed — the migration is completed as it would have been (the arrival holds the whole state:
-  Finish ran, and neither copy executed since the switch-over);
+* a VM whose copies are all paused (no copy runs): the copy holding the newest state is resumed and the
+  others destroyed first, when that copy can be named (:func:`newest_paused`, by the migration *generation*
+  each attempt records, :mod:`hypervisor.migration`): e.g. a paused arrival beside its source that libvirt
+  paused for the migration (the client went away after the destination's Finish and before the source's
+  Confirm: the migration is completed as it would have been), or, beside a stale arrival of an earlier cut
+  attempt, the arrival of the newest one (issue 37: found by the fault simulation, docs/faultsim.md);
 * a lone paused copy that libvirt paused for a migration (``VIR_DOMAIN_PAUSED_MIGRATION``, no job) while no
   other host has a copy (the client went away after the copy completed and before Finish: the destination
   cancelled its incoming domain, the source keeps its copy paused): resumed.  Found by the fault simulation
   (docs/faultsim.md); a copy paused by someone's ``suspend`` is never resumed.
 
-Everything else — two running copies, paused copies without a running one other than the above, an arrival
+Everything else — two running copies, paused copies whose newest cannot be named, an arrival
 whose source is not a host of the cluster, a copy without vcsched's metadata — is left to the operator and
 reported.
 """
