@@ -38,7 +38,7 @@ from hypervisor.libvirt_calls import as_host_error, one_line, retrying
 from hypervisor.live_state import PAUSED_STATES, copy_state
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, quota_for
 from vcsched.formats.cluster import Cluster, migration_uri
-from vcsched.inventory import METADATA_NS, METADATA_PREFIX
+from vcsched.inventory import METADATA_NS, METADATA_PREFIX, VmMeta
 
 if TYPE_CHECKING:
     from hypervisor.libvirt_backend import LibvirtHypervisor
@@ -162,14 +162,9 @@ def record_attempt(hv: LibvirtHypervisor, dom: Any, xml: str, vm: str, source: s
     if meta is None or not (count or mark):
         return None
     generation = meta.generation + 1 if count else None
-    flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
-    if dom.isPersistent():
-        flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
     hv.fence(source, f"migrate {vm!r} to {target}")
-    recorded = replace(meta, generation=meta.generation if generation is None else generation,
-                       migrating_to=target if mark else meta.migrating_to)
-    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata_xml(recorded, bare=True),
-                    METADATA_PREFIX, METADATA_NS, flags)
+    write_metadata(dom, replace(meta, generation=meta.generation if generation is None else generation,
+                                migrating_to=target if mark else meta.migrating_to))
     hv.drop(source, vm)
     return generation
 
@@ -185,13 +180,8 @@ def clear_attempt(hv: LibvirtHypervisor, host: str, vm: str, uuid: str) -> None:
         meta = metadata_of(dom.XMLDesc(0))
         if meta is None or meta.migrating_to is None:
             return
-        flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
-        if dom.isPersistent():
-            flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
         hv.fence(host, f"record that the migration of {vm!r} left no copy")
-        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
-                        metadata_xml(replace(meta, migrating_to=None), bare=True),
-                        METADATA_PREFIX, METADATA_NS, flags)
+        write_metadata(dom, replace(meta, migrating_to=None))
         hv.drop(host, vm)
 
 
@@ -219,11 +209,16 @@ def resume_marked(hv: LibvirtHypervisor, host: str, vm: str, uuid: str) -> None:
         raw = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0)
         meta = parse_metadata(raw)
         if meta is not None and "arriving_from" in raw:
-            flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
-            if dom.isPersistent():
-                flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
-            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata_xml(meta, bare=True), METADATA_PREFIX,
-                            METADATA_NS, flags)
+            write_metadata(dom, meta)  # rewritten from VmMeta: without the mark, with its generation
+
+
+def write_metadata(dom: Any, meta: VmMeta) -> None:
+    """Rewrite a domain's ``<vcsched:vm>`` element, live (and in its persistent definition, if it has one)."""
+    flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+    if dom.isPersistent():
+        flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata_xml(meta, bare=True), METADATA_PREFIX,
+                    METADATA_NS, flags)
 
 
 def after_failure(hv: LibvirtHypervisor, vm: str, uuid: str, source: str, target: str) -> str:
