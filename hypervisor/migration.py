@@ -169,16 +169,16 @@ def record_attempt(hv: LibvirtHypervisor, dom: Any, xml: str, vm: str, source: s
     return generation
 
 
-def clear_attempt(hv: LibvirtHypervisor, host: str, vm: str, uuid: str) -> None:
-    """Drop the ``migrating_to`` mark of the copy on ``host`` once its attempt's destination is verified to hold
-    no copy (so an unrelated host stopping later does not hold the VM back).  Best effort: a mark left
-    behind only makes a later migration of the VM wait for that host to answer."""
+def clear_attempt(hv: LibvirtHypervisor, host: str, vm: str, uuid: str, holder: str) -> None:
+    """Drop the ``migrating_to`` mark of the copy on ``host`` once its attempt's destination ``holder`` is
+    verified to hold no copy (so that host stopping later does not hold the VM back); a mark naming another host
+    is kept.  Best effort: a mark left behind only makes a later migration of the VM wait for that host."""
     if hazards.on(hazards.MIGRATE_WHILE_HOLDER_DOWN):  # no mark was recorded (:func:`record_attempt`)
         return
     with contextlib.suppress(HypervisorError, libvirt.libvirtError):
         dom = hv.conn(host).lookupByUUIDString(uuid)
         meta = metadata_of(dom.XMLDesc(0))
-        if meta is None or meta.migrating_to is None:
+        if meta is None or meta.migrating_to != holder:
             return
         hv.fence(host, f"record that the migration of {vm!r} left no copy")
         write_metadata(dom, replace(meta, migrating_to=None))
@@ -243,14 +243,14 @@ def after_failure(hv: LibvirtHypervisor, vm: str, uuid: str, source: str, target
         return (f"it keeps running on {source}; {target} did not answer, so a paused copy may be left "
                 "there: `vcsched repair` removes it")
     if there == "gone":
-        clear_attempt(hv, source, vm, uuid)
+        clear_attempt(hv, source, vm, uuid, target)
         return f"it keeps running on {source}"
     if there in ("paused", "stopped"):
         try:
             destroy_copy(hv, target, vm, uuid)
         except HypervisorError as exc:
             return f"it keeps running on {source}; removing its {there} copy on {target} failed ({exc})"
-        clear_attempt(hv, source, vm, uuid)
+        clear_attempt(hv, source, vm, uuid, target)
         return f"it keeps running on {source}; its {there} copy on {target} was removed"
     return f"in doubt: it runs on both {source} and {target}; nothing is removed (reported until resolved)"
 

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from hypervisor import hazards
 from hypervisor.base import HypervisorError
 from hypervisor.live_state import copy_state, has_job, paused_for_migration
-from hypervisor.migration import destroy_copy, resume_marked
+from hypervisor.migration import clear_attempt, destroy_copy, resume_marked
 from vcsched.inventory import InDoubt, Inventory
 
 if TYPE_CHECKING:
@@ -342,7 +342,24 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
             outcomes.append((a, "failed", str(exc)))
         else:
             outcomes.append((a, "done", ""))
+    forget_marks(hv, guard, inv, removed)
     return RepairReport(plan, True, tuple(outcomes))
+
+
+def forget_marks(hv: LibvirtHypervisor, guard: Callable[[], None], inv: Inventory,
+                 removed: set[tuple[str, str]]) -> None:
+    """Drop the ``migrating_to`` mark of every running managed copy whose marked host answered in ``inv`` (a full
+    inventory) and holds no copy of it now (none was there, or this repair destroyed it): the cut attempt left
+    nothing there, so that host stopping later must not keep the VM from migrating.  Bookkeeping, not a change
+    to any guest: not reported; ``guard`` before each."""
+    copies = {(v.host, v.uuid) for v in inv.vms if v.active} - removed
+    for v in inv.vms:
+        mark = v.meta.migrating_to if v.meta is not None else None
+        if mark is None or v.uuid is None or not v.active or v.paused or mark == v.host \
+                or mark not in {h.name for h in inv.hosts} or (mark, v.uuid) in copies:
+            continue
+        guard()
+        clear_attempt(hv, v.host, v.name, v.uuid, mark)
 
 
 def _recheck(hv: LibvirtHypervisor, a: RepairAction, d: InDoubt, removed: set[tuple[str, str]]) -> str | None:

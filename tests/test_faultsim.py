@@ -297,8 +297,16 @@ def test_a_vm_is_not_migrated_while_the_host_of_its_cut_attempt_does_not_answer(
     assert result.outcome == FAILED and "may still have a copy on host h1" in result.detail, result.detail
     assert _states(world, uuid) == {"h0": "running", "h1": "paused"}  # nothing was done
     world.set_up("h1", True)  # h1 answers: the stale arrival makes the VM in doubt, repair removes it
+    assert world.hosts["h0"].domains[uuid].meta["migrating_to"] == "h1"  # type: ignore[index]
     report = _hv(world, cluster, 3).repair(lambda: None)
     assert [(a.action, a.host) for a, _, _ in report.outcomes] == [("destroy", "h1")]
+    # Nothing of the cut attempt is left on h1: the mark goes, so h1 stopping later holds nothing back.
+    assert "migrating_to" not in (world.hosts["h0"].domains[uuid].meta or {})
+    world.set_up("h1", False)
+    hv = _hv(world, cluster, 4)
+    hv.inventory()
+    (result,) = _run_group(hv, [MigrateStep("v", "h0", "h2", 256 * MIB, 0.5)], 0)
+    assert result.outcome == "done", result.detail
 
 
 def test_after_a_stale_arrival_and_a_second_cut_migration_repair_resumes_the_newest_copy() -> None:
