@@ -180,6 +180,15 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
         if unmanaged:
             left.append(f"{d.vm}: on {where}: its paused copy on {', '.join(unmanaged)} has no vcsched metadata")
             continue
+        gens = dict(zip(d.hosts, d.generations or (0,) * len(d.hosts), strict=True))
+        newer = [h for h in paused if (gens[h] or 0) > (gens[running[0]] or 0)]
+        if newer and not hazards.on(hazards.RESUME_WITHOUT_GENERATION):
+            # Never reached by vcsched's own migrations (a copy runs only once it is the newest): a copy recorded
+            # newer than the running one means someone else resumed a copy, and destroying either may lose state.
+            left.append(f"{d.vm}: on {where}: its paused copy on {', '.join(newer)} has a newer migration "
+                        f"generation than the copy running on {running[0]}: vcsched cannot tell which holds the "
+                        "newer state")
+            continue
         actions += [RepairAction(d.vm, d.uuid, h, DESTROY,
                                  f"a paused copy that never ran since its migration began; it runs on {running[0]}")
                     for h in paused]

@@ -59,6 +59,11 @@ def test_a_paused_twin_of_a_vm_running_elsewhere_is_destroyed() -> None:
     assert [(a.action, a.host) for a in plan.actions] == [(DESTROY, "h1")] and plan.refused is None
 
 
+def test_a_paused_copy_recorded_newer_than_the_running_one_is_left_to_the_operator() -> None:
+    plan = plan_repair(inventory(copy("h0", meta=gen(1)), copy("h1", paused=True, arriving_from="h0", meta=gen(2))))
+    assert plan.actions == () and "newer migration generation" in plan.left[0]
+
+
 def test_two_running_copies_are_left_to_the_operator() -> None:
     plan = plan_repair(inventory(copy("h0"), copy("h1")))
     assert plan.actions == () and "runs on several hosts" in plan.left[0]
