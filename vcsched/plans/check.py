@@ -17,7 +17,9 @@ What is checked, per step: its host exists and is up; VM names obey the
 request rules; the VM is managed (vcsched touches nothing else); caps are on
 the quota grid's usable range (at least the minimum quota, at most the VM's
 vCPUs and the host's cores); needs are within the VM's vCPUs; memory fits
-where a VM arrives; no VM gets two steps in one wave; and after every step
+where a VM arrives; a VM migrates only while the host its last, cut-short
+migration may have left a copy on (``migrating_to``) answers; no VM gets two
+steps in one wave; and after every step
 (every wave, for migrations that run at once) no host's caps exceed its cores
 because of the plan.  Unmanaged domains count for memory, not for CPU: they
 are never capped, so the model does not plan their CPU.
