@@ -125,6 +125,16 @@ def test_generations_alone_hold_when_migrations_ignore_a_copy_holder_that_is_dow
         assert replay(seed, index).violations == []
 
 
+def test_libvirt_completing_a_migration_switched_over_under_the_lease_is_not_a_change_without_the_lock() -> None:
+    """Seed 7, schedule 3185: the process stalled between Finish and Confirm (another process's read ran in
+    between), its lease expired and another process took the lock; then its Confirm removed the source copy.
+    After the switch-over the migration cannot be aborted, and until Confirm the source's job keeps the new
+    holder's repair off the VM: libvirt completing it is no decision of vcsched (like Confirm(cancelled))."""
+    out = replay(7, 3185)
+    assert out.violations == [] and out.result == "ok"
+    assert out.faults["lease_lost"] and out.faults["actor"]
+
+
 def test_probe_schedules_leave_no_cap_raised() -> None:
     """Every fourth schedule runs `observe --probe` (busy guests, kills while caps are raised); after the final
     restore no cap differs from its starting one.  Schedule 143 of seed 1: the host of a raised cap stopped
