@@ -56,32 +56,57 @@ hosts.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from acting.definitions import StoreError, recorder
+from acting.definitions import StoreError
 from acting.events import EventLog
-from acting.executor import DONE, ApplyReport, StepResult, apply_plan
+from acting.executor import DONE, ApplyReport, StepResult
 from acting.failure import Failover, FailureState
 from acting.lock import LockBusy
-from acting.metrics import ControllerMetrics, HostMetrics, VmMetrics
+from acting.metrics import ControllerMetrics, HostMetrics, UnmanagedMetrics, VmMetrics
+from acting.restore import restore_journal
 from acting.sampling import Clock, CpuSampler, SystemClock
+from acting.unit_of_work import Reporting, UnitOfWork
 from hypervisor.base import Hypervisor
-from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries, restore_journal
-from vcsched.control.failover import plan_recovery
+from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entries
+from vcsched.control.audit import DEFAULT_SETTLE_WINDOWS, AuditLog, Pending, audit, interrupted, mean_used
+from vcsched.control.audit import add as add_audit
+from vcsched.control.audit import pending as pending_audit
+from vcsched.control.failover import plan_recovery, plan_restart
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
-from vcsched.control.recommend import Book, Recommendation, new_recommendation, record
+from vcsched.control.recommend import (
+    APPLIED,
+    Book,
+    new_recommendation,
+    note_needs,
+    recommendation_id,
+    record,
+    worth_proposing,
+)
+from vcsched.control.unmanaged import unmanaged_reserves
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
 from vcsched.plans.reasons import effect, step_reasons
 from vcsched.plans.steps import CreateStep, MigrateStep
+
+if TYPE_CHECKING:
+    from vcsched.plans.repair import RepairReport
+
+
+T = TypeVar("T")
+#: Intervals of each VM's mean use the controller keeps: an approval is audited against the last window that ended
+#: before it was approved, and applying it (its migrations) may take several intervals.
+USED_HISTORY = 16
 
 
 class Stopping(VcschedError):
@@ -95,7 +120,13 @@ class Recommendations(Protocol):
 
     def read(self) -> Book: ...
 
-    def update(self, change: Callable[[Book], tuple[Book, Recommendation]]) -> Recommendation: ...
+    def update(self, change: Callable[[Book], tuple[Book, T]]) -> T: ...
+
+
+class Audits(Protocol):
+    """What the controller needs of a :class:`acting.audits.AuditStore`."""
+
+    def update(self, change: Callable[[AuditLog], tuple[AuditLog, T]]) -> T: ...
 
 
 class Lock(Protocol):
@@ -126,6 +157,8 @@ class RunOptions:
     #: it (and never probe: nothing changes hosts).
     recommend: bool = False
     valid_for: float = 600.0  # seconds a recommendation stays valid
+    #: Windows an applied plan (or an approved recommendation) settles before it is audited (vcsched/control/audit.py).
+    audit_windows: int = DEFAULT_SETTLE_WINDOWS
 
     def __post_init__(self) -> None:
         if not self.interval > 0:
@@ -134,6 +167,8 @@ class RunOptions:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise InputError(f"--{name}: {value!r} must be above 0 seconds")
+        if self.audit_windows < 1:
+            raise InputError(f"--audit-after: {self.audit_windows!r} is below 1 window")
         for name in ("probe_seconds", "lock_wait"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
@@ -152,6 +187,10 @@ class RunOptions:
         return self.probe_seconds if self.probe_seconds is not None else min(5.0, self.interval / 3)
 
     @property
+    def audit_settle_s(self) -> float:
+        return self.audit_windows * self.window_s
+
+    @property
     def lock_wait_s(self) -> float:
         return self.lock_wait if self.lock_wait is not None else min(5.0, self.interval / 2)
 
@@ -161,6 +200,10 @@ class _Leadership:
     lock: Lock | None = None
     since: float = 0.0  # monotonic time it was taken
     state: str | None = None  # "leader" / "standby" as last logged
+
+
+#: Decision kinds that start VMs again rather than move or re-cap running ones.
+RESTARTS = frozenset({"restart", "recover"})
 
 
 def answered(inventory: Inventory) -> frozenset[str]:
@@ -188,6 +231,8 @@ class Controller:
     failover: Failover | None = None
     #: The recommendations book (vetoes are respected in both modes; recommend mode records there).
     recommendations: Recommendations | None = None
+    #: Where the audits of applied plans are kept (None: only their events and metrics).
+    audits: Audits | None = None
 
     def __post_init__(self) -> None:
         self._lead = _Leadership()
@@ -203,7 +248,8 @@ class Controller:
         o = self.options
         # One sampling period more than the window: the oldest sample of a window begins where the window does,
         # give or take the period, and one that began a moment before must not be dropped (as `observe` does).
-        self.sampler = CpuSampler(o.window_s + o.sample_s, self.clock, min_seconds=o.sample_s / 2)
+        # every_vm: unmanaged domains are sampled too, for their reservation (vcsched/control/unmanaged.py).
+        self.sampler = CpuSampler(o.window_s + o.sample_s, self.clock, min_seconds=o.sample_s / 2, every_vm=True)
         self.rebalancer = Rebalancer(o.rebalance)
         self.estimates: dict[str, Estimate] = {}
         self.planned: dict[str, float] = {}
@@ -216,6 +262,15 @@ class Controller:
         # times over (a 2 s interval took ~10 s in the lab), and with it failure detection and every decision.
         # It is asked again at the next interval's read, which is what failure detection counts.
         self.round_hosts: frozenset[str] | None = None
+        # Audits (vcsched/control/audit.py): plans applied and not yet settled, with when they are due (monotonic);
+        # the recommendations seen applied (None: not read yet: those applied before this leader are not
+        # audited); each VM's mean use over each recent interval's window, with when it ended (an act-mode plan's
+        # "before": the newest; an approval's: the newest that ended before it was approved).
+        self.pending_audits: list[tuple[float, Pending]] = []
+        self._known_applied: set[str] | None = None
+        self._used_prev: dict[str, float | None] = {}
+        self._used_history: collections.deque[tuple[float, dict[str, float | None]]] = collections.deque(
+            maxlen=USED_HISTORY)
 
     @property
     def leader(self) -> bool:
@@ -261,6 +316,7 @@ class Controller:
         lock, self._lead.lock = self._lead.lock, None
         self.metrics.set_vms(())
         self.metrics.set_hosts((), None)  # a standby reads no host: the leader's series are the ones to alert on
+        self.metrics.set_lost(None)
         self._log_state("standby", reason=reason)  # first: releasing may wait on a coordination service that hangs
         if lock is not None:
             with contextlib.suppress(Exception):
@@ -278,24 +334,22 @@ class Controller:
                 cluster_lock.guard()
         return guard
 
-    @contextlib.contextmanager
-    def _acting(self, what: str) -> Iterator[Lock | None]:
-        """The cluster lock while the block changes hosts (a dry run: no lock, None).  Busy: LockBusy."""
-        if self.options.dry_run:
-            yield None
-            return
-        lock = self.cluster_lock()
-        lock.acquire(self.options.lock_wait_s)
-        try:
-            self.hv.lease = lock.held
-            report = self.hv.repair(lock.guard)  # in-doubt VMs settled first, under the lock (docs/operations.md)
+    def _acting(self) -> UnitOfWork:
+        """The unit of work of one change of hosts (acting/unit_of_work.py): the cluster lock (busy: LockBusy),
+        in-doubt VMs settled first (each a ``repair`` event), every step under :meth:`_guard`, recorded in the
+        definitions store; a dry run takes no lock and changes nothing."""
+        def settled(report: RepairReport) -> None:
             for a, outcome, detail in report.outcomes:
                 self.events.emit("repair", vm=a.vm, host=a.host, action=a.action, outcome=outcome,
                                  detail=detail or a.why)
-            yield lock
-        finally:
-            self.hv.lease = None
-            lock.release()
+
+        def warn(line: str) -> None:
+            self.events.emit("error", during="definitions", error=line, type="StoreError")
+
+        return UnitOfWork(self.hv, None if self.options.dry_run else self.cluster_lock(),
+                          wait=self.options.lock_wait_s,
+                          store=self.failover.store if self.failover is not None else None,
+                          reporting=Reporting(note=warn, settled=settled), before_step=self._guard(None))
 
     # ------------------------------------------------------------------ the loop
 
@@ -398,24 +452,35 @@ class Controller:
                 self.failures.down_since.setdefault(h.name, self.clock.monotonic())
             self.down_intervals[h.name] = self.down_intervals.get(h.name, 0) + 1 if h.down is not None else 0
 
+    def _reserved(self, inventory: Inventory) -> Inventory:
+        """``inventory`` with its unmanaged domains' measured reservations (vcsched/control/unmanaged.py): every
+        plan the controller makes keeps that much of their hosts for them."""
+        return inventory.with_reserves(unmanaged_reserves(inventory, self.sampler.samples(), self.options.params))
+
     def _estimate(self, inventory: Inventory) -> dict[str, Estimate]:
         self.estimates = estimate_all(inventory, self.sampler.samples(), self.planned, self.options.params)
         return self.estimates
 
     def _work(self) -> None:
         o = self.options
-        inventory = self.sampler.sample(self.hv)  # a sampling round too: a new leader's first baseline
+        inventory = self._reserved(self.sampler.sample(self.hv))  # a sampling round too: a new leader's baseline
         self.round_hosts = answered(inventory)
         self._hosts(inventory)
+        if self.failover is not None:
+            self._restart_lost(inventory)  # first: a recovery below fences and restarts on this same inventory
         if self.failover is not None and inventory.down_hosts():
             self._failures(inventory)
         estimates = self._estimate(inventory)
+        self._used_prev = self._used()
+        self._used_history.append((self.clock.time(), self._used_prev))
+        self._audit_due()
         warming = self.clock.monotonic() - self._lead.since < o.window_s - o.sample_s / 2  # half a period late: on time
         if warming:
             self._publish(inventory, estimates)
             self.events.emit("observe", vms=[e.to_dict() for e in estimates.values()])
             self.events.emit("decision", kind=NOTHING, reason="new leader: sampling its first window")
             return
+        unprobed = inventory  # the caps the window's use was measured under: an audit's "before"
         if o.probe_s > 0 and not o.recommend and probe_caps(inventory, estimates, o.params):
             inventory, estimates = self._probe(inventory, estimates)
         self.events.emit("observe", vms=[e.to_dict() for e in estimates.values()])
@@ -424,7 +489,13 @@ class Controller:
         self._try_lead(renew=False)  # no network: a leader whose lease went stale stands down before asking the book
         if not self.leader:
             return
-        vetoed = self.recommendations.read().vetoed(self.clock.time()) if self.recommendations is not None else ()
+        book: Book | None = None
+        if self.recommendations is not None and o.recommend:  # one read-modify-write: the book, and the needs
+            book = self.recommendations.update(lambda b: (note_needs(b, needs, self.clock.time())[0], b))
+            self._audit_approved(book)  # the needs: what an approval checks floors with (vcsched.control.recommend)
+        elif self.recommendations is not None:
+            book = self.recommendations.read()
+        vetoed = book.vetoed(self.clock.time()) if book is not None else ()
         decision = self.rebalancer.decide(inventory, needs, self.clock.time(), vetoed=vetoed)
         self.events.emit("decision", **decision.to_dict())
         self._publish(inventory, estimates)
@@ -439,8 +510,8 @@ class Controller:
         if o.dry_run:
             return
         try:
-            with self._acting(decision.kind) as lock:
-                fresh = self.hv.inventory()  # planned again on what the hosts hold now, under the lock
+            with self._acting() as uow:
+                fresh = self._reserved(uow.inventory())  # planned again on what the hosts hold now, under the lock
                 live = self.rebalancer.plan_for(decision.kind, fresh, needs, decision.pinned)
                 if live.plan is None or not live.plan.steps:
                     if live.plan is not None:
@@ -448,13 +519,17 @@ class Controller:
                     self.events.emit("applied", kind=decision.kind, ok=True, steps=0, migrated_bytes=0,
                                      reason="nothing left to do on the fresh inventory")
                     return
-                report = self._apply(live.plan, lock, decision.kind, take_over=True)
+                report = self._apply(uow, live.plan, decision.kind, take_over=True)
+                if report is not None and report.ok and report.results:
+                    doc = live.plan.to_dict()
+                    self._audit_later(recommendation_id(self.cluster, doc, self.clock.time(), "p"), decision.kind,
+                                      "run", doc, effect(live.plan, unprobed, needs).to_dict(), self._used_prev)
         except LockBusy as exc:
             self.events.emit("lock-busy", action=decision.kind, reason=str(exc))
             return
-        if report.results:
+        if report is not None and report.results:
             self.sampler.restart([r.step.vm for r in report.results])
-            self._publish(self.hv.inventory(), self.estimates)
+            self._publish(self._reserved(self.hv.inventory()), self.estimates)
 
     def _recommend(self, decision: Decision, plan: Plan, inventory: Inventory, needs: dict[str, float]) -> None:
         """Record the plan the controller would apply as a recommendation (module docstring of
@@ -462,18 +537,28 @@ class Controller:
         if self.recommendations is None:
             raise VcschedError("recommend mode without a recommendations store")
         now = self.clock.time()
+        predicted = effect(plan, inventory, needs).to_dict()
+        # A restart of lost VMs is worth proposing whatever it does to the yields of those that run: it is about
+        # availability, not gain (the gain threshold is for re-caps and re-balancing).
+        withheld = None if decision.kind in RESTARTS else worth_proposing(predicted, self.options.rebalance.threshold)
+        if withheld is not None:
+            self.events.emit("recommendation", id=None, kind=decision.kind, new=False, withheld=withheld,
+                             steps=len(plan.steps), effect=predicted)
+            return
         rec = new_recommendation(decision.kind, self.cluster, decision.reason, plan.to_dict(),
-                                 step_reasons(plan, inventory, needs), effect(plan, inventory, needs).to_dict(), now,
+                                 step_reasons(plan, inventory, needs), predicted, now,
                                  self.options.valid_for, self.events.member)
         kept = self.recommendations.update(lambda book: record(book, rec))
         self.events.emit("recommendation", id=kept.id, kind=kept.kind, new=kept.id == rec.id, reason=kept.reason,
                          steps=len(plan.steps), effect=kept.effect, valid_until=kept.valid_until)
 
-    def _apply(self, plan: Plan, lock: Lock | None, kind: str, take_over: bool = False,
-               after_step: Callable[[StepResult], None] | None = None) -> ApplyReport:
-        """Apply ``plan`` under ``lock``; ``take_over``: a plan that sets every cap, which, applied whole, makes
-        this interval's probe caps its own (module docstring).  ``after_step`` runs as each step ends, so that
-        what a step did is said even when a stop (SIGTERM) ends the plan early."""
+    def _apply(self, uow: UnitOfWork, plan: Plan, kind: str, take_over: bool = False,
+               after_step: Callable[[StepResult], None] | None = None,
+               irreversible: Callable[[], bool] | None = None) -> ApplyReport | None:
+        """Apply ``plan`` through ``uow`` (each step an event and a metric); ``take_over``: a plan that sets every
+        cap, which, applied whole, makes this interval's probe caps its own (module docstring).  ``after_step``
+        runs as each step ends, so that what a step did is said even when a stop (SIGTERM) ends the plan early.
+        ``irreversible`` (fencing): run once the plan is validated whole; None when it failed (nothing applied)."""
         start = self.clock.monotonic()
 
         def on_step(r: StepResult) -> None:
@@ -483,11 +568,9 @@ class Controller:
             if after_step is not None:
                 after_step(r)
 
-        def warn(line: str) -> None:
-            self.events.emit("error", during="definitions", error=line, type="StoreError")
-
-        store = self.failover.store if self.failover is not None else None
-        report = apply_plan(self.hv, plan, guard=self._guard(lock), on_step=recorder(store, warn, on_step))
+        report = uow.apply(plan, irreversible=irreversible, on_step=on_step)
+        if report is None:
+            return None
         moved = sum(r.step.bytes for r in report.results
                     if isinstance(r.step, MigrateStep) and r.outcome == DONE)
         self.metrics.add_plan(report.ok, moved)
@@ -504,6 +587,72 @@ class Controller:
         if self.stop.is_set():
             raise Stopping("stopping")
         return report
+
+    # ------------------------------------------------------------------ audits (vcsched/control/audit.py)
+
+    def _used(self) -> dict[str, float | None]:
+        """Each sampled VM's mean use (cores) over the window the sampler holds."""
+        return {vm: mean_used(ss) for vm, ss in self.sampler.samples().items()}
+
+    def _audit_later(self, plan_id: str, kind: str, source: str, plan: Mapping[str, Any],
+                     predicted: Mapping[str, Any], used_before: Mapping[str, float | None]) -> None:
+        """Audit ``plan`` (just applied, predicting ``predicted``) once it has settled.  A pending audit of a VM
+        this plan touches again is dropped, and said so: it would measure this plan, not its own."""
+        touched = frozenset(str(s["vm"]) for s in plan.get("steps", []))
+        for due, p in list(self.pending_audits):
+            if interrupted(p, touched):
+                self.pending_audits.remove((due, p))
+                self.events.emit("audit", plan=p.plan_id, kind=p.kind, source=p.source, result="dropped",
+                                 reason=f"{plan_id} changed {', '.join(sorted(touched & {t.vm for t in p.vms}))} "
+                                        "before it settled")
+        settle = self.options.audit_settle_s
+        p = pending_audit(plan_id, kind, source, plan, predicted, used_before, self.clock.time(), settle)
+        if p.vms:
+            self.pending_audits.append((self.clock.monotonic() + settle, p))
+
+    def _used_before(self, vms: list[str], at: float) -> dict[str, float | None]:
+        """Each VM's mean use over the newest window that ended by ``at`` (Unix seconds) in which it was measured
+        (a VM being migrated has none at the interval during its move); None: none kept."""
+        out: dict[str, float | None] = {}
+        for vm in vms:
+            out[vm] = next((used[vm] for t, used in reversed(self._used_history)
+                            if t <= at and used.get(vm) is not None), None)
+        return out
+
+    def _audit_approved(self, book: Book) -> None:
+        """Recommendations an operator approved and vcsched applied since the last interval: audited once they
+        settle, measured from now (their VMs' samples start afresh: a migrated VM's CPU time restarts), against
+        their use over the last window that ended before they were approved."""
+        applied = {r.id: r for r in book.recommendations if r.state == APPLIED}
+        if self._known_applied is None:  # applied before this leader: not ours to audit
+            self._known_applied = set(applied)
+            return
+        for rec_id in sorted(applied.keys() - self._known_applied):
+            r = applied[rec_id]
+            vms = sorted({str(s["vm"]) for s in r.plan.get("steps", [])})
+            approved = r.decided_at if r.decided_at is not None else self.clock.time()
+            self._audit_later(r.id, r.kind, "approve", r.plan, r.effect, self._used_before(vms, approved))
+            self.sampler.restart(vms)
+        self._known_applied |= applied.keys()
+
+    def _audit_due(self) -> None:
+        """Audit the plans that have settled, on the samples of the window that just ended (half a sampling
+        period late: on time, as for a new leader's first window)."""
+        now = self.clock.monotonic() + self.options.sample_s / 2
+        due = [(d, p) for d, p in self.pending_audits if d <= now]
+        if not due:
+            return
+        self.pending_audits = [x for x in self.pending_audits if x not in due]
+        samples = self.sampler.samples()
+        for _, p in due:
+            a = audit(p, samples, self.clock.time())
+            self.metrics.add_audit(a.predicted_gain, a.achieved_gain, a.result)
+            self.events.emit("audit", **a.to_dict())
+            if self.audits is not None:
+                try:
+                    self.audits.update(functools.partial(add_audit, a=a))
+                except VcschedError as exc:  # the coordination service down: the event and metrics still say it
+                    self.events.emit("error", during="audit", error=str(exc), type=type(exc).__name__)
 
     # ------------------------------------------------------------------ failed hosts
 
@@ -545,8 +694,8 @@ class Controller:
         self.events.emit("plan", kind="recover", dry_run=self.options.dry_run, plan=recovery.plan.to_dict())
         if self.options.dry_run:
             return
-        with self._acting("recover") as lock:
-            fresh = self.hv.inventory()
+        with self._acting() as uow:
+            fresh = self._reserved(uow.inventory())
             if fresh.host(host).down is None:
                 self.events.emit("decision", kind="recover", reason=f"host {host} answers again: nothing restarted")
                 return
@@ -554,16 +703,27 @@ class Controller:
             self._stranded(host, recovery.stranded)
             if recovery.plan is None:
                 return
-            if host not in self.failures.fenced:
-                assert lock is not None
-                lock.guard()
-                result = self.failover.fence(cluster.host(host))
+            failover = self.failover
+
+            def fence() -> bool:
+                """Once the recovery plan is validated whole (acting/unit_of_work.py), once per failure."""
+                if host in self.failures.fenced:
+                    return True
+                result = failover.fence(cluster.host(host))
                 self.metrics.add_failure("fence_ok" if result.fenced else "fence_failed")
                 self.events.emit("host_fenced", **result.to_dict())
                 if not result.fenced:
-                    return  # its VMs may still run there: nothing is created; tried again next interval
+                    return False  # its VMs may still run there: nothing is created; tried again next interval
                 self.failures.fenced.add(host)
+                try:  # its VMs not restarted now count as lost (vcsched/control/lost.py)
+                    store.mark_fenced(host)
+                except StoreError as exc:
+                    self._error("definitions", exc)  # the host is off either way: its VMs restart below
+                return True
+
             detected = self.failures.failed_at.get(host, self.clock.monotonic())
+
+            below = {vm: (got, floor) for vm, got, floor in recovery.below_floor}
 
             def restarted(r: StepResult) -> None:
                 if isinstance(r.step, CreateStep) and r.outcome == DONE:
@@ -571,8 +731,70 @@ class Controller:
                     self.metrics.add_restart(seconds)
                     self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, failed_host=host,
                                      seconds_since_failed=round(seconds, 3))
+                    if r.step.vm in below:
+                        self._below_floor(r.step.vm, r.step.host, host, *below[r.step.vm])
 
-            self._apply(recovery.plan, lock, "recover", after_step=restarted)
+            self._apply(uow, recovery.plan, "recover", after_step=restarted, irreversible=fence)
+
+    def _restart_lost(self, inventory: Inventory) -> None:
+        """Start the lost VMs (vcsched/control/lost.py: recorded, running nowhere, not awaiting a recovery) again
+        from their records, as `vcsched restart` would but keeping to the cluster file's ``on_failure``; with
+        ``--mode recommend``, propose it (kind ``restart``).  Each lost VM is said once (``vm_lost``), each one
+        that cannot be restarted once (``vm_stranded``, its recorded host), each restart as it happens
+        (``vm_restarted`` with ``lost``)."""
+        assert self.failover is not None
+        cluster, store = self.failover.cluster, self.failover.store
+        try:
+            lost = store.lost(inventory)
+        except (StoreError, InputError) as exc:
+            self.metrics.set_lost(None)
+            self._error("definitions", exc)
+            return
+        self.metrics.set_lost(len(lost))
+        for x in lost:
+            if x.vm not in self.failures.said_lost:
+                self.events.emit("vm_lost", **x.to_dict())
+        self.failures.said_lost = {x.vm for x in lost}  # one that runs again and is lost later is said again
+        if not lost:
+            return
+        records = {x.vm: store.get(x.vm) for x in lost}
+        restart = plan_restart(cluster, inventory, [d.step for d in records.values() if d is not None])
+        recorded_on = {x.vm: x.host for x in lost}
+        for vm, why in restart.refused:  # said once per VM and failure of its host, as a recovery's strandings
+            self._stranded(recorded_on[vm], ((vm, why),))
+        if restart.plan is None:
+            return
+        reason = f"{len(restart.restarts)} lost VM(s) run nowhere: " + ", ".join(vm for vm, _ in restart.restarts)
+        if self.options.recommend:
+            self._recommend(Decision("restart", restart.plan, reason), restart.plan, inventory, {})
+            return
+        self.events.emit("plan", kind="restart", dry_run=self.options.dry_run, plan=restart.plan.to_dict())
+        if self.options.dry_run:
+            return
+        try:
+            with self._acting() as uow:
+                fresh = self._reserved(uow.inventory())  # under the lock: what another command did meanwhile ...
+                still = [store.get(x.vm) for x in store.lost(fresh)]  # ... is in it, and in its records
+                restart = plan_restart(cluster, fresh, [d.step for d in still if d is not None])
+                if restart.plan is None:
+                    return
+                below = {vm: (got, floor) for vm, got, floor in restart.below_floor}
+
+                def restarted(r: StepResult) -> None:
+                    if isinstance(r.step, CreateStep) and r.outcome == DONE:
+                        self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, lost=True)
+                        if r.step.vm in below:
+                            self._below_floor(r.step.vm, r.step.host, "", *below[r.step.vm])
+
+                self._apply(uow, restart.plan, "restart", after_step=restarted)
+        except LockBusy as exc:
+            self.events.emit("lock-busy", action="restart", reason=str(exc))
+
+    def _below_floor(self, vm: str, where: str, failed_host: str, got: float, floor: float) -> None:
+        """A VM restarted below its floor (on_failure = "restart"): said once per restart; the metrics' per-VM
+        yield and floor then fire VcschedVmBelowItsFloor until room is made."""
+        self.events.emit("vm_below_floor", vm=vm, host=where, failed_host=failed_host, **{"yield": round(got, 6)},
+                         min_yield=floor, reason="the survivors could not meet its floor; on_failure = \"restart\"")
 
     def _probe(self, inventory: Inventory, estimates: dict[str, Estimate]) -> tuple[Inventory, dict[str, Estimate]]:
         """Raise the caps of VMs that want a probe into unused capacity, sample, estimate again (module docstring)."""
@@ -582,8 +804,8 @@ class Controller:
             self.events.emit("probe", dry_run=True, caps=caps)
             return inventory, estimates
         try:
-            with self._acting("probe") as lock:
-                fresh = self.hv.inventory()
+            with self._acting() as uow:
+                fresh = self._reserved(uow.inventory())
                 caps = probe_caps(fresh, self._estimate(fresh), o.params)
                 if not caps:
                     return fresh, self.estimates
@@ -591,10 +813,11 @@ class Controller:
                 self.events.emit("probe", dry_run=False, caps=caps, before=before, seconds=o.probe_s)
                 self._journal.write(cluster=fresh.cluster, vms=probe_entries(fresh, caps))  # before raising
                 self._probe_open = True
-                report = self._apply(cap_plan(fresh, caps), lock, "probe")
+                report = self._apply(uow, cap_plan(fresh, caps), "probe")
         except LockBusy as exc:
             self.events.emit("lock-busy", action="probe", reason=str(exc))
             return inventory, estimates
+        assert report is not None  # no irreversible action: a report always
         raised = frozenset(r.step.vm for r in report.results if r.outcome == DONE)
         if not raised:
             return inventory, estimates
@@ -606,7 +829,7 @@ class Controller:
         # The probe's raised caps stay until this interval's plan sets every cap again (it reads them as they are),
         # or are put back when the interval ends otherwise (module docstring).
         self.sampler.restart(raised)
-        inventory = after if after is not None else self.hv.inventory()
+        inventory = self._reserved(after if after is not None else self.hv.inventory())
         return inventory, self._estimate(inventory)
 
     # ------------------------------------------------------------------ putting probe caps back
@@ -633,9 +856,9 @@ class Controller:
 
     def _restore(self, what: str, own: bool) -> None:
         try:
-            with self._acting(what) as lock:
+            with self._acting() as uow:
                 # Not the steps' guard: a stop (SIGTERM) must not stop this; only a lost cluster lock may.
-                guard = lock.guard if lock is not None else None
+                guard = None if uow.dry_run else uow.lock_guard
                 report = restore_journal(self.hv, kinds=(PROBE,), directory=self._journal.directory, guard=guard,
                                          own=own)
         except LockBusy as exc:
@@ -662,6 +885,10 @@ class Controller:
                                   last[-1].used_cores if last else None,
                                   min(1.0, v.cap_or_vcpus / est) if est > 0 else 1.0, v.meta.min_yield))
         self.metrics.set_vms(tuple(rows))
-        self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0))
+        self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0),
+                                                 inventory.unmanaged_cores(h.name))
                                      for h in inventory.hosts),
-                               sum(1 for d in inventory.in_doubt if d.resolved is None))
+                               sum(1 for d in inventory.in_doubt if d.resolved is None),
+                               tuple(UnmanagedMetrics(v.name, v.host, w[-1].used_cores if w else None, v.reserved)
+                                     for v in inventory.up().vms if v.unmanaged
+                                     for w in (samples.get(v.name),)))

@@ -3,7 +3,7 @@
 A VM's definition (its domain XML and vcsched's metadata) lives on its host.
 When that host dies, nothing else holds it, and ``vcsched recover`` or the
 controller could not restart the VM elsewhere.  So every command that
-creates, migrates, re-needs or removes a managed VM also writes its
+creates, adopts, migrates, re-needs, releases or removes a managed VM also writes its
 *definition record* here, under the cluster lock, right after the step is
 verified.
 
@@ -51,8 +51,10 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from acting.executor import DONE, SKIPPED, StepResult
+from vcsched.control.lost import Lost, lost_vms
 from vcsched.errors import InputError, VcschedError
-from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetNeedStep, Step
+from vcsched.inventory import Inventory
+from vcsched.plans.steps import AdoptStep, CreateStep, MigrateStep, ReleaseStep, RemoveStep, SetNeedStep, Step
 
 ETCD_PREFIX = "/vcsched/definitions/"
 
@@ -211,6 +213,44 @@ class DefinitionStore:
             items = list(self.backend.items(self.cluster))
         return {d.vm: d for d in (_parse(f"definition {k}", text) for k, text in items)}
 
+    def records(self) -> list[tuple[CreateStep, float]]:
+        """Every record as ``(create step, time written)``: what :func:`vcsched.control.lost.lost_vms` reads."""
+        return [(d.step, d.updated) for d in sorted(self.all().values(), key=lambda d: d.vm)]
+
+    # Fenced hosts: a recovery that powered a host off says so here, so that every command (status, restart)
+    # can tell a VM that runs nowhere for sure (lost) from one whose host may still run it (awaiting recovery).
+    # Kept beside the records, under a key no cluster name can take (names start with a letter or digit).
+
+    def _fence_key(self, host: str) -> str:
+        return f".fenced/{self.cluster}/{host}"
+
+    def mark_fenced(self, host: str, at: float | None = None) -> None:
+        """Record that ``host`` was fenced (powered off by its agent) at ``at`` (default: now)."""
+        with self._guard(f"record host {host} fenced"):
+            self.backend.put(self._fence_key(host), json.dumps({"host": host, "fenced": at or time.time()}))
+
+    def clear_fenced(self, host: str) -> None:
+        """``host`` answers again: it is no longer fenced."""
+        with self._guard(f"clear host {host} fenced"):
+            self.backend.delete(self._fence_key(host))
+
+    def fenced(self) -> dict[str, float]:
+        """The hosts a recovery fenced, and when (Unix seconds)."""
+        with self._guard("list fenced hosts"):
+            items = list(self.backend.items(f".fenced/{self.cluster}"))
+        out = {}
+        for key, text in items:
+            try:
+                doc = json.loads(text)
+                out[str(doc["host"])] = float(doc["fenced"])
+            except (ValueError, KeyError, TypeError):
+                raise InputError(f"fence record {key}: not a vcsched fence record") from None
+        return out
+
+    def lost(self, inventory: Inventory) -> tuple[Lost, ...]:
+        """The recorded VMs that run nowhere on ``inventory``'s answering hosts (:func:`lost_vms`)."""
+        return lost_vms(inventory, self.records(), self.fenced())
+
     def on(self, host: str) -> list[Definition]:
         """The records of VMs that ran on ``host`` when last written."""
         return sorted((d for d in self.all().values() if d.host == host), key=lambda d: d.vm)
@@ -220,7 +260,9 @@ class DefinitionStore:
         for step in steps:
             if isinstance(step, CreateStep):
                 self.put(step)
-            elif isinstance(step, RemoveStep):
+            elif isinstance(step, AdoptStep):  # its definition: its own XML, so a restart defines it again
+                self.put(step.definition)
+            elif isinstance(step, RemoveStep | ReleaseStep):
                 self.delete(step.vm)
             elif isinstance(step, MigrateStep | SetNeedStep):
                 old = self.get(step.vm)

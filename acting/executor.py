@@ -63,7 +63,16 @@ from vcsched.iocaps import IoCaps, VmDevices
 from vcsched.plans.check import batches, check_plan, replay_problems
 from vcsched.plans.claims import check_claims
 from vcsched.plans.plan import Plan
-from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
+from vcsched.plans.steps import (
+    AdoptStep,
+    CreateStep,
+    MigrateStep,
+    ReleaseStep,
+    RemoveStep,
+    SetCapStep,
+    SetNeedStep,
+    Step,
+)
 from vcsched.plans.throttle import admit
 from vcsched.units import CAP_TOLERANCE
 
@@ -318,6 +327,75 @@ class MigrateRunner:
             raise StepFailed(f"{step.vm} still exists on host {step.source} after migrating to {step.target}")
 
 
+class AdoptRunner:
+    """A running unmanaged domain made managed where it runs (docs/introducing.md).
+
+    Done when it is managed by the step's virtual cluster on the step's host with the step's cap; a domain
+    managed by the same virtual cluster but not yet at that cap (an interrupted earlier run) only gets its cap;
+    anything else (gone, elsewhere, stopped, managed by another virtual cluster) fails naming it."""
+
+    def _vm(self, hv: Hypervisor, step: AdoptStep) -> VmState:
+        v = hv.find_vm(step.vm)
+        if v is None:
+            raise StepFailed(f"{step.vm} is on no host (expected on {step.host})")
+        if v.host != step.host:
+            raise StepFailed(f"{step.vm} is on host {v.host}, the plan adopts it on {step.host}")
+        if not v.active:
+            raise StepFailed(f"{step.vm} on host {v.host} is not running")
+        if v.in_doubt:
+            raise StepFailed(f"{step.vm} is in doubt (on more than one host): `vcsched repair` settles it first")
+        if v.meta is not None and v.meta.cluster != step.definition.cluster:
+            raise StepFailed(f"{step.vm} on host {v.host} is already managed by vcsched (virtual cluster "
+                             f"{v.meta.cluster!r})")
+        return v
+
+    def already_done(self, hv: Hypervisor, step: AdoptStep) -> bool:
+        v = self._vm(hv, step)
+        return v.meta is not None and _cap_matches(hv, v, step.cap_cores)
+
+    def act(self, hv: Hypervisor, step: AdoptStep) -> None:
+        v = self._vm(hv, step)
+        if v.meta is None:
+            hv.adopt_vm(step.host, step.vm, step.definition.meta(), step.cap_cores)
+        else:
+            hv.set_cap(step.host, step.vm, step.cap_cores)
+
+    def verify(self, hv: Hypervisor, step: AdoptStep) -> None:
+        v = self._vm(hv, step)
+        if v.meta is None:
+            raise StepFailed(f"{step.vm} on host {step.host} is still unmanaged after adopting it")
+        _verify_cap(hv, step.host, step.vm, step.cap_cores)
+
+
+class ReleaseRunner:
+    """A managed VM handed back: uncapped and unmanaged, still running where it was.  Done once it has no
+    vcsched metadata; a VM of another virtual cluster (a reused name) is refused."""
+
+    def _vm(self, hv: Hypervisor, step: ReleaseStep) -> VmState:
+        v = hv.find_vm(step.vm)
+        if v is None:
+            raise StepFailed(f"{step.vm} is on no host (expected on {step.host})")
+        if v.host != step.host:
+            raise StepFailed(f"{step.vm} is on host {v.host}, the plan releases it on {step.host}")
+        if v.meta is not None and v.meta.cluster != step.cluster:
+            raise StepFailed(f"{step.vm} on host {v.host} belongs to virtual cluster {v.meta.cluster!r}, not "
+                             f"{step.cluster!r}; refusing to release it")
+        return v
+
+    def already_done(self, hv: Hypervisor, step: ReleaseStep) -> bool:
+        return self._vm(hv, step).meta is None
+
+    def act(self, hv: Hypervisor, step: ReleaseStep) -> None:
+        hv.release_vm(step.host, step.vm)
+
+    def verify(self, hv: Hypervisor, step: ReleaseStep) -> None:
+        v = self._vm(hv, step)
+        if v.meta is not None:
+            raise StepFailed(f"{step.vm} on host {step.host} still carries vcsched's metadata after releasing it")
+        if v.active and hv.read_cap(step.host, step.vm) is not None:
+            raise StepFailed(f"{step.vm} on host {step.host} is still capped after releasing it")
+
+
 #: How each step kind is carried out, by ``op``.
 RUNNERS: dict[str, StepRunner] = {
     CreateStep.op: CreateRunner(),
@@ -325,6 +403,8 @@ RUNNERS: dict[str, StepRunner] = {
     MigrateStep.op: MigrateRunner(),
     RemoveStep.op: RemoveRunner(),
     SetNeedStep.op: SetNeedRunner(),
+    AdoptStep.op: AdoptRunner(),
+    ReleaseStep.op: ReleaseRunner(),
 }
 
 
@@ -416,7 +496,7 @@ def _hosts_of(step: Step) -> tuple[str, ...]:
 def _snapshot_matches(inventory: Inventory, plan: Plan) -> bool:
     if inventory.cluster != plan.cluster:
         raise InputError(f"plan.cluster: plan is for cluster {plan.cluster!r}, this is {inventory.cluster!r}")
-    now = snapshot_hash(inventory, plan.created_vms() | plan.removed_vms(), plan.moved_vms(), plan.renewed_vms())
+    now = snapshot_hash(inventory, plan.snapshot_exclusions(), plan.moved_vms(), plan.renewed_vms())
     return now == plan.snapshot
 
 
@@ -433,24 +513,14 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
     return _snapshot_matches(hv.inventory(), plan)
 
 
-def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
-               on_step: Callable[[StepResult], None] | None = None,
-               guard: Callable[[], None] | None = None, threads: bool = True) -> ApplyReport:
-    """Run ``plan`` on ``hv``; returns what happened to every step (see the module docstring).
+def check_whole(hv: Hypervisor, plan: Plan, *, force: bool = False) -> tuple[Inventory, bool]:
+    """The plan checked whole against the live inventory, before its first step: the live inventory it was
+    checked on, and whether the snapshot matched (``force``: a mismatch is allowed, and said).
 
-    Raises (nothing changed): :class:`SnapshotMismatch` when the cluster
-    changed since the plan was computed (unless ``force``), and
-    :class:`PlanRefused` when the plan does not hold on the live cluster as a
-    whole (even with ``force``: that would over-commit); both exit 1.
-
-    ``guard`` is called before every step (every wave); if it raises a
-    :class:`VcschedError` (the cluster lock was lost) no further step starts
-    and the report says why.  Ctrl-C (KeyboardInterrupt) stops the plan the
-    same way: the report lists what was done, and the step that was running
-    is marked interrupted.
-
-    ``threads=False`` runs a wave's migrations one after the other, in plan order, in the caller's thread (a
-    deterministic simulation); by default they run at once.
+    Raises (nothing changed): :class:`SnapshotMismatch` (unless ``force``), :class:`PlanRefused` when the plan
+    replayed on the live cluster does not hold at some step, :class:`vcsched.plans.claims.PlanMismatch` for a
+    false claim, :class:`InputError` for a VM it cannot create.  :func:`apply_plan` runs it first; the unit of
+    work (acting/unit_of_work.py) runs it on its own before an irreversible action that the plan must follow.
     """
     for i, step in enumerate(plan.steps):
         if step.op not in RUNNERS:
@@ -467,6 +537,34 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
         raise PlanRefused(str(exc)) from None  # the message names the step and the field, as bad input does
     check_claims(plan, inventory)
     check_creates(hv, plan.steps, inventory)
+    return inventory, matched
+
+
+def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
+               on_step: Callable[[StepResult], None] | None = None,
+               guard: Callable[[], None] | None = None, threads: bool = True,
+               checked: tuple[Inventory, bool] | None = None) -> ApplyReport:
+    """Run ``plan`` on ``hv``; returns what happened to every step (see the module docstring).
+
+    Raises (nothing changed): :class:`SnapshotMismatch` when the cluster
+    changed since the plan was computed (unless ``force``), and
+    :class:`PlanRefused` when the plan does not hold on the live cluster as a
+    whole (even with ``force``: that would over-commit); both exit 1.
+
+    ``guard`` is called before every step (every wave); if it raises a
+    :class:`VcschedError` (the cluster lock was lost) no further step starts
+    and the report says why.  Ctrl-C (KeyboardInterrupt) stops the plan the
+    same way: the report lists what was done, and the step that was running
+    is marked interrupted.
+
+    ``threads=False`` runs a wave's migrations one after the other, in plan order, in the caller's thread (a
+    deterministic simulation); by default they run at once.
+
+    ``checked``: what :func:`check_whole` returned for this plan moments ago under the same lock (the unit of
+    work checks a plan before an irreversible action it must follow): not read and checked again, since reading
+    a host that does not answer — the failed host of a recovery — costs its whole ``host_timeout``.
+    """
+    inventory, matched = checked if checked is not None else check_whole(hv, plan, force=force)
     results: list[StepResult] = []
     failed = False
     stopped: str | None = None

@@ -15,7 +15,9 @@ controller's leader, once per interval (:meth:`acting.controller.Controller.tick
    are reported (``vm_stranded``, once each, with the reason: no fence agent,
    local disk, no room);
 3. under the cluster lock, on a fresh inventory (the host must still be
-   down): the host is fenced with its agent, once per failure (``host_fenced``
+   down), once the recovery plan is validated whole against it
+   (acting/unit_of_work.py: a plan refused fences nothing): the host is
+   fenced with its agent, once per failure (``host_fenced``
    with ``fenced`` true or false); when fencing fails or the agent does not say
    off, nothing is created and it is tried again next interval;
 4. the plan is applied through the executor like any other (every step under
@@ -55,6 +57,7 @@ class FailureState:
     failed_at: dict[str, float] = field(default_factory=dict)  # declared failed (host_failed emitted)
     fenced: set[str] = field(default_factory=set)
     said_stranded: set[tuple[str, str]] = field(default_factory=set)
+    said_lost: set[str] = field(default_factory=set)  # lost VMs (vcsched/control/lost.py) already said
 
     def up(self, host: str) -> bool:
         """Forget ``host``'s failure (it answers again); True if it had been declared failed."""

@@ -19,7 +19,11 @@ metric                                      meaning
 ``vcsched_cluster_min_yield_floor``         the cluster file's ``min_yield`` (0 when it has none)
 ``vcsched_host_up``                         1 while the host answers, 0 while it is down
 ``vcsched_host_down_intervals``             intervals in a row the host has been down (0 when up)
+``vcsched_host_unmanaged_reserved_cores``   cores every plan keeps for the host's unmanaged domains
+``vcsched_unmanaged_used_cores``            an unmanaged domain's cores over the latest sample (``vm``, ``host``)
+``vcsched_unmanaged_reserved_cores``        its reservation (docs/introducing.md): measured, else its cap or vCPUs
 ``vcsched_vms_in_doubt``                    VMs in doubt: active on two hosts at once, or a paused arrival
+``vcsched_vms_lost``                        VMs the definitions store records that run nowhere (docs/failures.md)
 ``vcsched_migrated_bytes_total``            bytes of the migrations applied since start
 ``vcsched_plans_applied_total{outcome}``    plans applied: ``ok`` or ``failed`` (stopped early)
 ``vcsched_steps_total{op,outcome}``         plan steps carried out, by kind and outcome
@@ -33,7 +37,7 @@ metric                                      meaning
 
 Per-VM metrics carry ``vm``, ``host`` and ``vc`` labels, per-host ones a
 ``host`` label; every metric a ``cluster`` label.  Only the leader reads the
-hosts: a standby exports ``vcsched_leader`` 0 and no VM, host or in-doubt
+hosts: a standby exports ``vcsched_leader`` 0 and no VM, host, in-doubt or lost
 series, so alerts on those follow whichever controller leads.
 
 The alert rules shipped in ``deploy/vcsched.rules.yml`` use these names (a
@@ -51,7 +55,7 @@ from vcsched.errors import InputError
 
 #: The steps' kinds and the outcomes counted in ``vcsched_steps_total``: every pair is exported from the start
 #: (at 0), so that ``increase()`` over a range sees the first failure (a series born at 1 shows no increase).
-STEP_OPS = ("create", "set-cap", "set-need", "migrate", "remove")
+STEP_OPS = ("create", "set-cap", "set-need", "migrate", "remove", "adopt", "release")
 STEP_OUTCOMES = ("done", "failed")
 FAILURE_COUNTERS = ("hosts_failed", "fence_ok", "fence_failed", "vms_restarted", "vms_stranded")
 
@@ -61,6 +65,17 @@ class HostMetrics:
     host: str
     up: bool
     down_intervals: int = 0
+    unmanaged_cores: float = 0.0  # its unmanaged domains' reservation (vcsched/control/unmanaged.py)
+
+
+@dataclass(frozen=True)
+class UnmanagedMetrics:
+    """One running unmanaged domain: what it used and what every plan keeps for it."""
+
+    vm: str
+    host: str
+    used: float | None
+    reserved: float
 
 
 @dataclass(frozen=True)
@@ -84,7 +99,9 @@ class ControllerMetrics:
     leader: bool = False
     vms: tuple[VmMetrics, ...] = ()
     hosts: tuple[HostMetrics, ...] = ()
+    unmanaged: tuple[UnmanagedMetrics, ...] = ()
     in_doubt: int | None = None  # None: not read (a standby)
+    lost: int | None = None  # recorded VMs running nowhere (vcsched/control/lost.py); None: not read
     min_yield: float | None = None
     avg_yield: float | None = None
     migrated_bytes: int = 0
@@ -95,12 +112,23 @@ class ControllerMetrics:
     #: Failed hosts (acting/failure.py): counters, and the seconds from failure to each restart (sum, count).
     failures: dict[str, int] = field(default_factory=lambda: {k: 0 for k in FAILURE_COUNTERS})
     restart_seconds: tuple[float, int] = (0.0, 0)
+    #: The last audited plan's gains of the lowest yield among its VMs (vcsched/control/audit.py), and how many
+    #: plans were audited, by result (met, short, unmeasured).
+    plan_gain_predicted: float | None = None
+    plan_gain_achieved: float | None = None
+    audits: dict[str, int] = field(default_factory=lambda: {"met": 0, "short": 0, "unmeasured": 0})
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def set_hosts(self, hosts: tuple[HostMetrics, ...], in_doubt: int | None) -> None:
+    def set_hosts(self, hosts: tuple[HostMetrics, ...], in_doubt: int | None,
+                  unmanaged: tuple[UnmanagedMetrics, ...] = ()) -> None:
         with self.lock:
             self.hosts = hosts
             self.in_doubt = in_doubt
+            self.unmanaged = unmanaged
+
+    def set_lost(self, lost: int | None) -> None:
+        with self.lock:
+            self.lost = lost
 
     def add_step(self, op: str, outcome: str) -> None:
         with self.lock:
@@ -122,6 +150,12 @@ class ControllerMetrics:
             self.failures["vms_restarted"] += 1
             total, n = self.restart_seconds
             self.restart_seconds = (total + seconds, n + 1)
+
+    def add_audit(self, predicted: float, achieved: float | None, result: str) -> None:
+        with self.lock:
+            self.plan_gain_predicted = predicted
+            self.plan_gain_achieved = achieved
+            self.audits[result] = self.audits.get(result, 0) + 1
 
     def add_plan(self, ok: bool, migrated_bytes: int) -> None:
         with self.lock:
@@ -170,6 +204,8 @@ class _Collector:
                                       m.min_yield_floor),
                                      ("vcsched_vms_in_doubt", "VMs in doubt: on two hosts at once, or a paused arrival",
                                       m.in_doubt),
+                                     ("vcsched_vms_lost", "VMs the definitions store records that run nowhere",
+                                      m.lost),
                                      ("vcsched_interval_duration_seconds", "wall time of the last interval's work",
                                       m.interval_seconds)):
                 fam = GaugeMetricFamily(name, doc, labels=["cluster"])
@@ -180,11 +216,26 @@ class _Collector:
                                    labels=["cluster", "host"])
             down = GaugeMetricFamily("vcsched_host_down_intervals", "intervals in a row the host has been down",
                                      labels=["cluster", "host"])
+            reserved = GaugeMetricFamily("vcsched_host_unmanaged_reserved_cores", "cores every plan keeps for the "
+                                         "host's unmanaged domains", labels=["cluster", "host"])
             for h in m.hosts:
                 up.add_metric([c, h.host], 1.0 if h.up else 0.0)
                 down.add_metric([c, h.host], float(h.down_intervals))
+                if h.up:
+                    reserved.add_metric([c, h.host], h.unmanaged_cores)
             yield up
             yield down
+            yield reserved
+            used = GaugeMetricFamily("vcsched_unmanaged_used_cores", "cores an unmanaged domain used over the latest "
+                                     "sample", labels=["cluster", "vm", "host"])
+            kept = GaugeMetricFamily("vcsched_unmanaged_reserved_cores", "cores reserved for an unmanaged domain",
+                                     labels=["cluster", "vm", "host"])
+            for u in m.unmanaged:
+                if u.used is not None:
+                    used.add_metric([c, u.vm, u.host], u.used)
+                kept.add_metric([c, u.vm, u.host], u.reserved)
+            yield used
+            yield kept
             moved = CounterMetricFamily("vcsched_migrated_bytes", "bytes moved by applied live migrations",
                                         labels=["cluster"])
             moved.add_metric([c], float(m.migrated_bytes))
@@ -194,6 +245,21 @@ class _Collector:
             for outcome, n in sorted(m.plans.items()):
                 plans.add_metric([c, outcome], float(n))
             yield plans
+            for name, doc, value in (
+                    ("vcsched_plan_gain_predicted", "the last audited plan's predicted gain of the lowest yield "
+                     "among the VMs it touched", m.plan_gain_predicted),
+                    ("vcsched_plan_gain_achieved", "the last audited plan's achieved gain of that yield, measured "
+                     "once it settled (use over need, after less before)", m.plan_gain_achieved)):
+                fam = GaugeMetricFamily(name, doc, labels=["cluster"])
+                if value is not None:
+                    fam.add_metric([c], float(value))
+                yield fam
+            audits = CounterMetricFamily("vcsched_plan_audits", "applied plans audited once settled, by result "
+                                         "(met, short: achieved gain under predicted, unmeasured)",
+                                         labels=["cluster", "result"])
+            for result, n in sorted(m.audits.items()):
+                audits.add_metric([c, result], float(n))
+            yield audits
             steps = CounterMetricFamily("vcsched_steps", "plan steps carried out, by kind and outcome",
                                         labels=["cluster", "op", "outcome"])
             for (op, outcome), n in sorted(m.steps.items()):

@@ -32,12 +32,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from acting.executor import DONE, ApplyReport, StepResult, apply_plan
+from acting.restore import restore_journal
 from hypervisor import hazards
 from hypervisor.base import Hypervisor, HypervisorError
-from hypervisor.journal import PROBE, Journal, probe_caps_back, probe_entries, restore_journal
+from hypervisor.journal import PROBE, Journal, probe_caps_back, probe_entries
 from vcsched.caps import same_cap
 from vcsched.control.observe import (
     DEFAULT_PARAMS,
@@ -51,6 +52,9 @@ from vcsched.control.observe import (
 )
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
+
+if TYPE_CHECKING:
+    from acting.unit_of_work import UnitOfWork
 
 
 class Clock(Protocol):
@@ -244,9 +248,11 @@ def probe_and_restore(hv: Hypervisor, sampler: CpuSampler, seconds: float, every
             estimate_all(after, sampler.samples(), params=params))
 
 
-def record_estimates(hv: Hypervisor, estimates: Mapping[str, Estimate],
-                     guard: Callable[[], None] | None = None) -> tuple[Plan, ApplyReport]:
-    """Write the estimates as the VMs' recorded needs (set-need steps through the executor, under the lock)."""
-    fresh = hv.inventory()
+def record_estimates(uow: UnitOfWork, estimates: Mapping[str, Estimate]) -> tuple[Plan, ApplyReport]:
+    """Write the estimates as the VMs' recorded needs: set-need steps through the unit of work (validated whole,
+    under its lock, and recorded in the definitions store, so a VM restarted elsewhere keeps its new need)."""
+    fresh = uow.inventory()
     plan = record_plan(fresh, [e for e in estimates.values() if fresh.vm(e.vm) is not None])
-    return plan, apply_plan(hv, plan, guard=guard)
+    report = uow.apply(plan)
+    assert report is not None  # no irreversible action: always a report
+    return plan, report

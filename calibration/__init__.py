@@ -13,5 +13,7 @@ assumption H5).  ``vcsched calibrate`` (cli/calibrate.py) drives:
 * ``report`` — the JSON document, Markdown summary and PNG plot.
 
 The libvirt backend lives in ``hypervisor.caps_probe`` (only ``hypervisor``
-imports libvirt).  docs/calibration.md has the method and the measured results.
+imports libvirt), with the guest it boots (``hypervisor.guest``) and the
+frames it sends (``hypervisor.frames``); calibration never imports the lab.
+docs/calibration.md has the method and the measured results.
 """

@@ -139,8 +139,8 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     --apply interrupted by Ctrl-C (after the running step).
     """
     from cli.common import (
+        acting_on,
         apply_exit_code,
-        deciding_on,
         hosts_down,
         load_cluster,
         render_moves,
@@ -148,6 +148,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
         render_report,
         run_apply,
         save_plan,
+        warn_floors_missed,
     )
     from vcsched.plans.migration import MigrationBlocked
     from vcsched.plans.reasons import step_reasons
@@ -163,8 +164,8 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     from vcsched.control.sharing import sharing_for
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
-    with deciding_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
-                     quiet=as_json) as (hv, lock, inventory):
+    with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
+                   quiet=as_json) as (uow, inventory):
         down = hosts_down(inventory)
         try:
             live = adapt_inventory(cluster.name, inventory, budget, needs=needs, depart=departing, algorithm=algorithm,
@@ -206,13 +207,11 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
                               f"{live.plan.min_yield:.4f}", highlight=False)
             render_plan(live.plan, inventory, reasons)
             render_moves(live)
-            for vc, got, floor in live.floors_missed:
-                console.print(f"[yellow]warning:[/] virtual cluster {vc!r} gets a yield of {got:.4f}, below the "
-                              f"min_yield {floor:g} it was admitted with (the best within this budget: "
-                              "raise --budget, or --depart a cluster)", highlight=False)
+            warn_floors_missed(live.floors_missed, " (the best within this budget: raise --budget, or --depart "
+                                                   "a cluster)")
         report = None
         if do_apply:
-            report = run_apply(hv, live.plan, force=False, quiet=as_json, lock=lock, planned_here=True)
+            report = run_apply(uow, live.plan, quiet=as_json, planned_here=True)
             out["apply"] = report.to_dict()
             if not as_json:
                 render_report(report)

@@ -9,17 +9,15 @@ import click
 
 from cli.app import console, emit_json, read_json_file, refuse
 from cli.common import (
+    acting_on,
     apply_exit_code,
-    cluster_lock,
     load_cluster,
-    notice,
-    render_hosts_down,
     render_plan,
     render_report,
     run_apply,
 )
 from cli.params import cluster_option, json_option, lock_options
-from hypervisor.libvirt_backend import LibvirtHypervisor
+from vcsched.formats.words import plural
 from vcsched.plans.plan import Plan, plan_from_dict
 
 if TYPE_CHECKING:
@@ -79,12 +77,10 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, allow_below
     cluster = load_cluster(str(path) if path is not None else cluster_file)
     if drain is not None:
         cluster.host(drain)  # a host of this cluster, or bad input naming the hosts
-    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
-            cluster_lock(cluster, coordination, wait, ttl=lock_ttl, hv=hv) as lock:
-        inventory = hv.inventory()
+    with acting_on(cluster, apply=True, coordination=coordination, wait=wait, ttl=lock_ttl,
+                   quiet=as_json) as (uow, inventory):
         if not as_json:
-            console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {len(plan.steps)} steps)")
-            render_hosts_down(inventory)
+            console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {plural(len(plan.steps), 'step')})")
             render_plan(plan, inventory)
         if drain is not None and path is not None:
             refused = _drain_refused(plan, inventory, allow_below_floor)
@@ -94,7 +90,7 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, allow_below
                 else:
                     console.print(f"[red]not applied[/]: {refused}", highlight=False)
                 return refuse(refused)
-        report = run_apply(hv, plan, force=force, quiet=as_json, lock=lock)
+        report = run_apply(uow, plan, force=force, quiet=as_json)
         if drain is not None and path is not None:
             # Still under the lock (which every command that plans onto a host takes), so nothing landed on it
             # meanwhile; a plan refused before its first step (exit 1) leaves the file alone.

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from calibration.cpus import check_cpu, conditions, cpu_busy, least_loaded_cpu
 from calibration.experiment import Config, Result, Subjects, measure, run
 from calibration.report import markdown, pct, plot, rate_text, require_matplotlib, result_to_dict, summary_rows
-from cli.app import console, emit_json, err_console
+from cli.app import console, emit_json, err_console, refuse
 from cli.params import FiniteFloatRange, cluster_option, json_option
 from cli.tables import FitTable
 from vcsched.errors import InputError, VcschedError
@@ -133,7 +133,8 @@ def _put_back_or_report(subjects: Any) -> Iterator[Any]:
 
 def restore_left_calibrations() -> None:
     """Put back what calibrations killed before they could (SIGKILL, a crash) left, and say so (hypervisor.journal)."""
-    from hypervisor.journal import CALIBRATION, GUESTS, restore_journal
+    from acting.restore import restore_journal
+    from hypervisor.journal import CALIBRATION, GUESTS
 
     report = restore_journal(kinds=(CALIBRATION, GUESTS))
     for line in report.restored:
@@ -438,7 +439,14 @@ def calibrate_cmd(
     vcsched-calib-<pid> cgroup, worker processes) is removed on exit, Ctrl-C
     or SIGTERM.
 
-    Exit codes: 0 measured, 1 a setting could not be put back (named on
+    A run that cannot be trusted is printed, then judged unreliable, each
+    reason named (calibration/verdict.py): a load average at least the
+    machine's CPUs, a busy measured CPU, measurements shorter than
+    1 s (ten CFS periods), uncapped work faster than bare, a bare rate that
+    drifted; --json says "reliable": false and lists them in "unreliable".
+
+    Exit codes: 0 measured, 1 the run was unreliable (its reasons on stdout,
+    one line on stderr) or a setting could not be put back (named on
     stderr), 2 bad input or a host that cannot cap the resource (nothing
     measured), 130 interrupted by Ctrl-C or SIGTERM (everything put back
     first).
@@ -488,6 +496,8 @@ def calibrate_cmd(
         cond["reference_bps"] = round(reference["single_bps"])
         cond["aggregate_bps"] = round(reference["aggregate_bps"])
     lines = cluster_lines(resource, reference, connect or "", cluster_file) if reference is not None else []
+    reasons = _unreliable(result, cond, busy.get(chosen) if backend == "cgroup" else None,
+                          workers if backend == "libvirt" else 0)
     if plot_path:
         plot(result, plot_path)
     if as_json:
@@ -495,11 +505,13 @@ def calibrate_cmd(
         if reference is not None:
             doc["reference"] = reference
             doc["cluster_lines"] = lines
-        emit_json(doc)
+        emit_json(doc | {"reliable": not reasons, "unreliable": reasons})
     elif as_markdown:
         click.echo(markdown(result, cond), nl=False)
         if lines:
             click.echo("\n```toml\n" + "\n".join(lines) + "\n```")
+        if reasons:
+            click.echo("\n**Unreliable run:**\n\n" + "".join(f"- {r}\n" for r in reasons))
     else:
         if reference is not None:
             each = ", ".join(f"{format_size(x)}/s" for x in reference["each_together_bps"])
@@ -511,7 +523,21 @@ def calibrate_cmd(
             console.print(f"plot written to {plot_path}")
         if lines:
             console.print("\n".join(lines), markup=False, highlight=False)
-    return 0
+        for r in reasons:
+            console.print(f"[red]unreliable run[/]: {r}", highlight=False)
+    return refuse("calibration unreliable: " + "; ".join(reasons)) if reasons else 0
+
+
+def _unreliable(result: Result, cond: dict[str, Any], busy: float | None, own: int) -> list[str]:
+    """Why this run cannot be trusted (calibration/verdict.py): ``busy``, the measured CPU's busy fraction
+    before the run where the run's subjects were not running yet; ``own``, those that were (a libvirt run's
+    guests).  The overhead is judged only where a bare rate was measured, not against a nominal one."""
+    from calibration.verdict import unreliable
+
+    return unreliable(load_1m=float(cond["loadavg_1m"]), cpus=int(cond.get("cpus") or 1), cpu=result.cpu,
+                      cpu_busy_before=busy, duration=result.config.duration,
+                      rate_overhead=result.rate_overhead if result.bare_before is not None else None,
+                      bare_drift=result.bare_drift, own=own)
 
 
 def _run_with_progress(subjects: Subjects, cfg: Config, backend: str, cpu: int) -> Result:

@@ -33,14 +33,16 @@ if TYPE_CHECKING:
     from rich.progress import ProgressColumn
 
     from acting.executor import ApplyReport
-    from acting.lock import ClusterLock
+    from acting.unit_of_work import Reporting, UnitOfWork
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.live import LiveAdaptation
+    from vcsched.control.lost import Lost
     from vcsched.experiments import OnProgress
     from vcsched.formats.cluster import Cluster
     from vcsched.formats.request import Request
-    from vcsched.inventory import Inventory
+    from vcsched.inventory import Inventory, VmState
     from vcsched.plans.plan import Plan
+    from vcsched.plans.steps import MigrateStep
 
 # ---------------------------------------------------------------------------------------------- input files
 
@@ -115,9 +117,10 @@ def load_request(path: str) -> Request:
 
 def check_request_boot(cluster: Cluster, request: Request, path: str) -> None:
     """What the request's VMs would boot, checked before any host is read (hypervisor/bootcheck.py): its template
-    is domain XML; its template, image or the cluster's ``[guest]`` files exist, are readable and fit its memory
-    when every host is on this machine (the lab).  Plans are checked again, on each target host, before their
-    first step."""
+    is domain XML; its template, image or the cluster's ``[guest]`` files exist, are readable, hold a kernel and
+    fit its memory when any host is on this machine — a VM placed there boots from these very files, so a problem
+    is the request's, said before the plan (not as ``plan.steps[5].boot.kernel`` after "admitted", when one other
+    host is remote).  Plans are checked again, on each target host, before their first step."""
     from hypervisor.bootcheck import boot_problems, files_local
     from vcsched.control.admission import boot_for
 
@@ -125,7 +128,7 @@ def check_request_boot(cluster: Cluster, request: Request, path: str) -> None:
         return  # admission names what is missing
     fields = {"path": "template" if request.template is not None else "image",
               "kernel": "guest.kernel (cluster file)", "initrd": "guest.initrd (cluster file)"}
-    local = all(files_local(h.uri) for h in cluster.hosts)
+    local = any(files_local(h.uri) for h in cluster.hosts)
     problems = boot_problems("request", boot_for(cluster, request), request.memory_bytes, local=local, fields=fields)
     if problems:
         raise InputError(f"request {path}: " + "; ".join(problems[:3]))
@@ -156,7 +159,7 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
     """The plan as a table, one row per step (with ``reasons``: a "why" column, vcsched.plans.reasons)."""
     from cli.tables import FitTable
     from vcsched.formats.units import format_size
-    from vcsched.plans.steps import CreateStep, RemoveStep
+    from vcsched.plans.steps import AdoptStep, CreateStep, MigrateStep, ReleaseStep, RemoveStep
 
     policy = plan.extra.get("policy")
     console.print(f"  predicted minimum yield [bold]{plan.min_yield:.4f}[/], average yield "
@@ -172,26 +175,27 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
     if not plan.steps:
         console.print("  nothing to do: every VM already has its cap")
         return
-    table = FitTable(title=f"plan ({len(plan.steps)} steps, in this order)")
+    from vcsched.formats.words import plural
+
+    table = FitTable(title=f"plan ({plural(len(plan.steps), 'step')}, in this order)")
     for col in ("#", "step", "VM", "host", "cap now", "cap after", "detail", *(("why",) if reasons else ())):
         table.add_column(col, justify="right" if col in ("#", "cap now", "cap after") else "left",
-                         key=col in ("#", "VM"))
+                         key=col in ("#", "VM"), wrap=col in ("detail", "why"))
     for i, step in enumerate(plan.steps):
         vm = inventory.vm(step.vm)
         now = "-" if vm is None or vm.cap_cores is None else f"{vm.cap_cores:.3f}"
-        after = step.to_dict().get("cap_cores")
+        after = getattr(step, "cap_cores", None)
         detail = ""
         if isinstance(step, CreateStep):
             detail = (f"{step.vcpus} vCPU, {format_size(step.memory_bytes)}, needs {step.cpu_need_cores:.3f} "
                       f"cores, boot: {step.boot.kind}")
         elif isinstance(step, RemoveStep):
             detail = f"{step.cluster} departs"
-        elif step.op == "migrate":
-            moved = int(getattr(step, "bytes", 0))
-            disk = moved - (vm.memory_bytes if vm is not None else moved)
-            detail = f"{format_size(moved)} moved" + (
-                f" (memory {format_size(vm.memory_bytes)} + disks {format_size(disk)}: other storage)"
-                if vm is not None and disk > 0 else "")
+        elif isinstance(step, AdoptStep | ReleaseStep):
+            detail = (f"joins {step.definition.cluster}, needs {step.definition.cpu_need_cores:.3f} cores"
+                      if isinstance(step, AdoptStep) else f"leaves {step.cluster}: uncapped, unmanaged")
+        elif isinstance(step, MigrateStep):
+            detail = migration_detail(step, vm, inventory)
         step_caps = getattr(step, "io_caps", None)
         if step_caps:
             shown = {"disk_bytes_sec": "disk {}/s", "disk_iops_sec": "{} IOPS", "net_bytes_sec": "net {}/s"}
@@ -201,6 +205,25 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
         table.add_row(str(i + 1), step.op, step.vm, step.host, now, "-" if after is None else f"{after:.3f}", detail,
                       *((reasons[i],) if reasons else ()))
     console.print(table)
+
+
+def migration_detail(step: MigrateStep, vm: VmState | None, inventory: Inventory) -> str:
+    """What a migration will copy, from the VM and its two hosts as they are (vcsched.plans.claims.move_bytes),
+    not only as the plan claims it: a hand-edited ``"bytes": 1`` reads "claims 1 B; moves 512 MiB" — the table
+    of a plan about to be refused for it does not say "1 B moved"."""
+    from vcsched.formats.units import format_size
+    from vcsched.plans.claims import move_bytes
+
+    claimed = int(step.bytes)
+    hosts = {h.name: h for h in inventory.hosts}
+    if vm is None or vm.host != step.source or step.source not in hosts or step.target not in hosts:
+        return f"{format_size(claimed)} to move"  # moved already (a re-run), or on a host that did not answer
+    actual = move_bytes(vm, hosts[step.source], hosts[step.target])
+    if actual != claimed:
+        return f"claims {format_size(claimed)}; moves {format_size(actual)}"
+    disk = actual - vm.memory_bytes
+    return f"{format_size(actual)} to move" + (
+        f" (memory {format_size(vm.memory_bytes)} + disks {format_size(disk)}: other storage)" if disk > 0 else "")
 
 
 def write_report(out_dir: Path, report: str, plots: list[Path]) -> None:
@@ -228,7 +251,10 @@ def render_moves(live: LiveAdaptation) -> None:
 
     if live.order is None or not live.order.moves:
         return
-    table = FitTable(title=f"live migrations ({live.order.waves} waves, {live.order.relays} relays)")
+    from vcsched.formats.words import plural
+
+    table = FitTable(title=f"live migrations ({plural(live.order.waves, 'wave')}, "
+                           f"{plural(live.order.relays, 'relay')})")
     for col in ("wave", "VM", "from", "to", "bytes", "cap on arrival"):
         table.add_column(col, justify="right" if col in ("wave", "bytes", "cap on arrival") else "left",
                          key=col in ("wave", "VM"))
@@ -238,80 +264,41 @@ def render_moves(live: LiveAdaptation) -> None:
     console.print(table)
 
 
-@contextmanager
-def cluster_lock(cluster: Cluster, coordination: str | None, wait: float, *, ttl: float | None = None,
-                 needed: bool = True, hv: LibvirtHypervisor | None = None,
-                 settle: bool = True) -> Iterator[ClusterLock | None]:
-    """The cluster's lock while the block runs (``needed=False``: a dry run, no lock); see acting.lock.
+def warn_floors_missed(missed: Sequence[tuple[str, float, float]], advice: str = "") -> None:
+    """One warning on stderr per virtual cluster an adapt or drain plan leaves below the min_yield it was
+    admitted with (docs/cli.md: warnings go to stderr, the plan to stdout)."""
+    from cli.app import err_console
 
-    The lock is named after the cluster's hosts — their libvirt identities, read through ``hv`` (else through
-    connections opened for the purpose) — not after the file's ``name`` (hypervisor/identity.py).
-
-    With ``hv`` (a command that changes hosts through it): once the lock is taken, in-doubt VMs are settled
-    first (:func:`settle_first`, what `vcsched repair --apply` does; ``settle=False``: the caller repairs), and
-    a migration that would outlive the lock's lease is aborted (``hv.lease``).
-    """
-    if not needed:
-        yield None
-        return
-    from acting.lock import DEFAULT_TTL, holding, resolve_url
-    from hypervisor.identity import lock_key
-
-    url = resolve_url(coordination, cluster.coordination)
-    key = lock_key(host_identities(cluster, hv).values())
-    with holding(url, cluster.name, wait, ttl or cluster.lock_ttl or DEFAULT_TTL, key=key) as lock:
-        if hv is not None:
-            hv.lease = lock.held
-            if settle:
-                settle_first(hv, lock.guard)
-        try:
-            yield lock
-        finally:
-            if hv is not None:
-                hv.lease = None
+    for vc, got, floor in missed:
+        err_console.print(f"vcsched: warning: virtual cluster {vc!r} gets a yield of {got:.4f}, below the "
+                          f"min_yield {floor:g} it was admitted with{advice}", highlight=False, markup=False)
 
 
-def note_in_doubt(inventory: Inventory) -> None:
-    """For commands that only read (dry runs, observe): each in-doubt VM and what `vcsched repair --apply` would
-    do about it, one note each on stderr.  Nothing is changed."""
-    from hypervisor.settlement import RepairReport, plan_repair
+def reporting() -> Reporting:
+    """How a command's unit of work speaks (acting/unit_of_work.py): notes on stderr (``--json`` keeps stdout one
+    document); what settling did is said by the adapter's own notices (``LibvirtHypervisor(on_notice=notice)``)."""
+    from acting.unit_of_work import Reporting
 
-    if not inventory.in_doubt:
-        return
-    for d in inventory.in_doubt:
-        where = ", ".join(f"{h} ({st})" for h, st in zip(d.hosts, d.states, strict=True))
-        notice(f"{d.vm} is in doubt (on {where}): nothing acts on it until `vcsched repair --apply` settles it")
-    for line in RepairReport(plan_repair(inventory), applied=False).lines():
-        notice(f"vcsched repair: {line}")
-
-
-def settle_first(hv: LibvirtHypervisor, guard: Callable[[], None]) -> None:
-    """At the start of a command that changes hosts, under its lock: settle the in-doubt VMs that can be (each
-    action one note on stderr).  With a host down nothing is settled: said in one note when some VM is in doubt,
-    and the command goes on (its plan leaves in-doubt VMs alone)."""
-    report = hv.repair(guard)
-    if report.plan.refused is not None and report.plan.in_doubt:
-        notice(f"{len(report.plan.in_doubt)} in-doubt VM(s) not settled: {report.plan.refused}; `vcsched repair` "
-               "settles them once every host answers")
+    return Reporting(note=notice)
 
 
 @contextmanager
-def deciding_on(cluster: Cluster, *, apply: bool, coordination: str | None, wait: float, ttl: float | None,
-                quiet: bool) -> Iterator[tuple[LibvirtHypervisor, ClusterLock | None, Inventory]]:
-    """The hosts of a command that decides and, with --apply, acts (place, adapt, drain): connections to them,
-    the cluster lock when it applies (a dry run takes none), and the inventory read under it.  A dry run reads
-    only: its in-doubt VMs are noted, never settled.  The hosts that are down are said first (unless ``quiet``:
-    --json says them in its document)."""
+def acting_on(cluster: Cluster, *, apply: bool, coordination: str | None, wait: float, ttl: float | None,
+              quiet: bool, settle: bool = True) -> Iterator[tuple[UnitOfWork, Inventory]]:
+    """The unit of work of a command that decides and, with --apply, acts (place, adapt, drain, apply, recover,
+    approve): connections to the hosts, the cluster lock when it applies (a dry run takes none, reads only and
+    notes its in-doubt VMs), and the inventory read under it.  The hosts that are down are said first (unless
+    ``quiet``: --json says them in its document)."""
+    from acting.unit_of_work import for_cluster
     from hypervisor.libvirt_backend import LibvirtHypervisor
 
     with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
-            cluster_lock(cluster, coordination, wait, ttl=ttl, needed=apply, hv=hv) as lock:
-        inventory = hv.inventory()
-        if lock is None:
-            note_in_doubt(inventory)
+            for_cluster(cluster, hv, apply=apply, coordination=coordination, wait=wait, ttl=ttl, settle=settle,
+                        reporting=reporting()) as uow:
+        inventory = uow.inventory()
         if not quiet:
             render_hosts_down(inventory)
-        yield hv, lock, inventory
+        yield uow, inventory
 
 
 def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> dict[str, str]:
@@ -325,42 +312,18 @@ def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> di
         return own.identities()
 
 
-def run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
-              lock: ClusterLock | None = None, planned_here: bool = False) -> ApplyReport:
-    """Apply with a progress bar (unless ``quiet``), one line per step as it finishes; under ``lock``.
-
-    ``planned_here``: the plan was computed by this command (``place``, ``adapt``, ``drain`` with ``--apply``)
-    from a read moments earlier.  If the cluster changed in between (a host stopped answering or came back:
-    seen by the lab chaos test), the command is refused (exit 1) and asked to be run again, instead of the
-    saved-plan advice ("compute a new one with `vcsched adapt`, or apply anyway with --force"), which these
-    commands cannot follow.
-
-    Every step that takes effect is recorded in the definitions store of the lock's coordination backend
-    (acting/definitions.py), so that the VMs it creates or moves can be restarted if their host fails.
-    """
-    from acting.executor import ClusterChangedMeanwhile, SnapshotMismatch
-
-    try:
-        return _run_apply(hv, plan, force=force, quiet=quiet, lock=lock)
-    except SnapshotMismatch:
-        if not planned_here:
-            raise
-        raise ClusterChangedMeanwhile(
-            f"cluster {plan.cluster!r} changed while this command ran (a host stopped answering or came back, or a "
-            "VM changed, between its planning read and its first step): nothing changed; run it again") from None
-
-
-def _run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
-               lock: ClusterLock | None) -> ApplyReport:
+def apply_shown(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False, planned_here: bool = False,
+                irreversible: Callable[[], bool] | None = None) -> ApplyReport | None:
+    """:meth:`acting.unit_of_work.UnitOfWork.apply`, with a progress bar (unless ``quiet``), one line per step as
+    it finishes.  ``planned_here``: the plan was computed by this command from a read moments earlier (``place``,
+    ``adapt``, ``drain``, ``recover`` with ``--apply``): a cluster that changed in between is refused (exit 1)
+    and the command asked to be run again, instead of the saved-plan advice (recompute, or --force)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from acting.definitions import DefinitionStore, recorder
-    from acting.executor import StepResult, apply_plan
+    from acting.executor import StepResult
 
-    guard = lock.guard if lock is not None else None
-    store = DefinitionStore.for_url(lock.url, hv.cluster.name) if lock is not None else None
     if quiet or not plan.steps:
-        return apply_plan(hv, plan, force=force, guard=guard, on_step=recorder(store, notice))
+        return uow.apply(plan, force=force, planned_here=planned_here, irreversible=irreversible)
     with Progress(TextColumn("applying"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   console=console, transient=True) as progress:
         task = progress.add_task("", total=len(plan.steps))
@@ -368,7 +331,15 @@ def _run_apply(hv: LibvirtHypervisor, plan: Plan, *, force: bool, quiet: bool,
         def on_step(r: StepResult) -> None:
             progress.update(task, advance=1, description=f"{r.step.op} {r.step.vm}: {r.outcome}")
 
-        return apply_plan(hv, plan, force=force, on_step=recorder(store, notice, on_step), guard=guard)
+        return uow.apply(plan, force=force, planned_here=planned_here, irreversible=irreversible, on_step=on_step)
+
+
+def run_apply(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False,
+              planned_here: bool = False) -> ApplyReport:
+    """:func:`apply_shown` of a plan with no irreversible action first: always a report."""
+    report = apply_shown(uow, plan, quiet=quiet, force=force, planned_here=planned_here)
+    assert report is not None  # only an irreversible action that fails applies nothing
+    return report
 
 
 def render_report(report: ApplyReport) -> None:
@@ -384,7 +355,8 @@ def render_report(report: ApplyReport) -> None:
         title = "[red]stopped at a failed step[/] (every VM left running)"
     table = FitTable(title=title)
     for col in ("#", "step", "VM", "host", "outcome", "time", "detail"):
-        table.add_column(col, justify="right" if col in ("#", "time") else "left", key=col in ("#", "VM"))
+        table.add_column(col, justify="right" if col in ("#", "time") else "left", key=col in ("#", "VM"),
+                         wrap=col == "detail")
     for i, r in enumerate(report.results):
         c = colour.get(r.outcome, "yellow")
         took = "-" if r.seconds is None else f"{r.seconds:.2f} s"
@@ -503,3 +475,17 @@ def notice(line: str) -> None:
     """What an inventory settled on its own (an in-doubt VM's paused copy removed, a paused arrival resumed):
     one line on stderr, so ``--json`` output stays one document."""
     err_console.print(f"[yellow]note:[/] {line}", highlight=False)
+
+
+def read_lost(cluster: Cluster, inventory: Inventory, coordination: str | None = None
+              ) -> tuple[tuple[Lost, ...], str | None]:
+    """The lost VMs (vcsched/control/lost.py), and why they are unknown when the definitions store cannot be read
+    (reported, not fatal: the hosts were read)."""
+    from acting.definitions import DefinitionStore, StoreError
+    from acting.lock import resolve_url
+
+    try:
+        store = DefinitionStore.for_url(resolve_url(coordination, cluster.coordination), cluster.name)
+        return store.lost(inventory), None
+    except (StoreError, InputError) as exc:
+        return (), str(exc)

@@ -8,9 +8,9 @@ import click
 
 from cli.app import EXIT_OK, console, emit_json, refuse
 from cli.common import (
+    acting_on,
     apply_exit_code,
     cluster_path,
-    deciding_on,
     hosts_down,
     load_cluster,
     render_moves,
@@ -18,12 +18,14 @@ from cli.common import (
     render_report,
     run_apply,
     save_plan,
+    warn_floors_missed,
 )
 from cli.maintenance import set_maintenance
 from cli.params import budget_option, cluster_option, json_option, lock_options, output_option, time_limit_option
 from vcsched.adaptation.solve import ALGORITHMS
-from vcsched.control.live import adapt_inventory
+from vcsched.control.live import LiveAdaptation, adapt_inventory
 from vcsched.formats.units import format_budget
+from vcsched.formats.words import plural
 from vcsched.model import SolveOptions
 from vcsched.plans.migration import MigrationBlocked
 from vcsched.plans.reasons import step_reasons
@@ -71,19 +73,21 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     blackouts: those only hold `vcsched run` back.
 
     A drain never lowers a virtual cluster below the min_yield it was
-    admitted with silently: the plan says so, and --apply refuses it unless
-    --allow-below-floor.  A pinned VM on HOST is bad input with a budget above 0.
+    admitted with silently: a warning says so (stderr), and --apply refuses
+    it unless --allow-below-floor; a dry run exits as --apply would.  A
+    pinned VM on HOST is bad input with a budget above 0.
 
     Exit codes: 0 host emptied (plan made, or applied), 1 the host cannot be
-    emptied (partial plan shown; with --apply, nothing applied) / no safe
+    emptied (partial plan shown; with --apply, nothing applied) / a virtual
+    cluster would end below its floor (without --allow-below-floor) / no safe
     order / a step failed / the cluster is locked, 2 bad input, 130 --apply
     interrupted by Ctrl-C (after the running step).
     """
     path = cluster_path(cluster_file)
     cluster = load_cluster(str(path))
     cluster.host(host)
-    with deciding_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
-                     quiet=as_json) as (hv, lock, inventory):
+    with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
+                   quiet=as_json) as (uow, inventory):
         down = hosts_down(inventory)
         try:
             live = adapt_inventory(cluster.name, inventory, budget, algorithm=algorithm, parallel=parallel,
@@ -122,9 +126,7 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
             render_plan(live.plan, inventory, reasons)
             render_moves(live)
             _render_stays(stays)
-            for vc, got, floor in live.floors_missed:
-                console.print(f"[yellow]warning:[/] virtual cluster {vc!r} gets a yield of {got:.4f}, below the "
-                              f"min_yield {floor:g} it was admitted with", highlight=False)
+            warn_floors_missed(live.floors_missed)
         report = None
         if do_apply:
             blocked = live.drain_blocked(allow_below_floor=allow_below_floor)
@@ -135,7 +137,7 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
                     emit_json(out | {"ok": False, "applied": None, "refused": blocked})
                 return refuse(f"not applied: {blocked}")
             set_maintenance(path, host, True)  # nothing new lands there from now on
-            report = run_apply(hv, live.plan, force=False, quiet=as_json, lock=lock, planned_here=True)
+            report = run_apply(uow, live.plan, quiet=as_json, planned_here=True)
             out["apply"] = report.to_dict()
             if not as_json:
                 console.print(f"{host} is in maintenance ({path})", highlight=False)
@@ -144,10 +146,20 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
             console.print("dry run: nothing changed (use --apply, or -o PLAN.json and `vcsched apply`)")
     code = apply_exit_code(report)
     if stays and code == EXIT_OK:
-        code = refuse(f"{host} cannot be emptied: {len(stays)} VM(s) stay ({', '.join(s['vm'] for s in stays)})")
+        staying = ", ".join(s["vm"] for s in stays)
+        code = refuse(f"{host} cannot be emptied: {plural(len(stays), 'VM')} stay ({staying})")
+    elif not do_apply:
+        code = _dry_run_code(live, allow_below_floor)
     if as_json:
         emit_json(out | {"ok": code == EXIT_OK})
     return code
+
+
+def _dry_run_code(live: LiveAdaptation, allow_below_floor: bool) -> int:
+    """A dry run exits as ``--apply`` would (docs/cli.md): 1, with --apply's reason, when it would refuse the plan
+    (a virtual cluster left below its floor without --allow-below-floor), else 0."""
+    blocked = live.drain_blocked(allow_below_floor=allow_below_floor)
+    return EXIT_OK if blocked is None else refuse(f"--apply would refuse this plan: {blocked}")
 
 
 def _render_stays(stays: list[dict[str, str]]) -> None:
@@ -157,7 +169,7 @@ def _render_stays(stays: list[dict[str, str]]) -> None:
 
     table = FitTable(title="VMs that stay on the host")
     for col in ("VM", "reason", "why"):
-        table.add_column(col)
+        table.add_column(col, key=col == "VM", wrap=col == "why")
     for s in stays:
         table.add_row(s["vm"], s["reason"], s["detail"])
     console.print(table)

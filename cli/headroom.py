@@ -39,27 +39,40 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
     Exit codes: 0 answered (even when none fits), 1 every host is down,
     2 bad input (an unknown key or a value the request would refuse).
     """
-    from cli.common import deciding_on, hosts_down, load_cluster
+    from cli.common import acting_on, hosts_down, load_cluster
     from vcsched.control.headroom import headroom_for
 
     cluster = load_cluster(cluster_file)
-    with deciding_on(cluster, apply=False, coordination=None, wait=0.0, ttl=None, quiet=as_json) as (_, _, inv):
+    with acting_on(cluster, apply=False, coordination=None, wait=0.0, ttl=None, quiet=as_json) as (_, inv):
         answer = headroom_for(cluster, inv, shape, failures=failures, min_yield=min_yield)
     if as_json:
-        emit_json({"ok": True, **answer.to_dict(), "hosts_down": hosts_down(inv)})
+        emit_json({"ok": True, **answer.to_dict(), "limit": said_plainly(answer.limit, answer.shape.name),
+                   "hosts_down": hosts_down(inv)})
         return EXIT_OK
     from vcsched.formats.units import format_size
+    from vcsched.formats.words import plural
 
     s = answer.shape
     cpu = f"{s.cpu_cores:g} cores" if s.cpu_cores is not None else f"cpu_need {s.cpu_need:g}"
     io = "".join(f", {r} {format_size(v)}/s" for r, v in (("disk", s.disk_bps), ("network", s.net_bps)) if v)
-    what = f"VMs of {s.vcpus} vCPU, {cpu}, {format_size(s.memory_bytes)}{io}"
-    room = f", keeping room for {answer.failures} host failure(s)" if answer.failures else ""
+    what = f"{'VM' if answer.count == 1 else 'VMs'} of {s.vcpus} vCPU, {cpu}, {format_size(s.memory_bytes)}{io}"
+    room = f", keeping room for {plural(answer.failures, 'host failure')}" if answer.failures else ""
     floor = f", every yield at least {answer.floor:g}" if answer.floor is not None else ""
     console.print(f"[bold]{answer.count}[/] more {what} fit{room}{floor}", highlight=False)
     if answer.count:
         console.print(f"  predicted minimum yield {answer.min_yield:.4f}, average {answer.avg_yield:.4f} "
                       "over the whole cluster", highlight=False)
         console.print("  per host: " + ", ".join(f"{h} {n}" for h, n in answer.per_host.items()), highlight=False)
-    console.print(f"  one more is refused: {answer.limit}", highlight=False)
+    console.print(f"  one more is refused: {said_plainly(answer.limit, s.name)}", highlight=False)
     return EXIT_OK
+
+
+def said_plainly(limit: str, request: str) -> str:
+    """Admission's reason for refusing one more, in the operator's words: the question is asked as a request
+    named ``request`` (``headroom``) whose VMs are ``headroom-1``, ``headroom-2``, ...; those names are
+    vcsched's, never the operator's, so a reason says "new VM 3" and "the new VMs" instead."""
+    import re
+
+    said = re.sub(rf"\b{re.escape(request)}-(\d+)\b", r"new VM \1", limit)
+    said = said.replace(f"request {request!r} min_yield", "the new VMs' min_yield")
+    return said.replace(f"request {request!r}", "the new VMs")

@@ -124,15 +124,47 @@ def up_cmd(n_hosts: int | None, cores: int | None, memory: str | None, recreate:
         lab = labmod.up(n_hosts, dir_, progress=step, cores=cores, memory_mib=memory_mib, recreate=recreate,
                         transport=transport, shared_storage=shared_storage, resize=resize)
         progress.update(task, completed=steps)
+    st = labmod.status(lab.dir)
+    dead, unknown = found_dead(lab, st)
     if as_json:
-        emit_json(_plain(asdict(lab)))
+        emit_json({**_plain(asdict(lab)), "found_dead": dead, "found_dead_unknown": unknown})
         return
     for warning in lab.warnings:
         err_console.print(f"[yellow]warning:[/] {warning}")
-    if lab.repaired:
-        console.print(f"repaired {', '.join(lab.repaired)}: daemons restarted, guests kept")
-    _render_status(labmod.status(lab.dir))
+    on = {h.name: h.domains for h in st.hosts}
+    for name in lab.repaired:
+        kept = ", ".join(on.get(name, ())) or "none"
+        line = f"repaired {name}: daemons restarted; guests kept: {kept}"
+        if dead.get(name):
+            line += (f"; [red]found dead[/]: {', '.join(dead[name])} (recorded there by vcsched, no longer running: "
+                     "lost, see `vcsched status`; `vcsched restart VM --apply` starts one again)")
+        console.print(line, highlight=False)
+    if unknown:
+        err_console.print(f"[yellow]warning:[/] guests found dead unknown: {unknown}")
+    _render_status(st)
     console.print(f"cluster file: [bold]{lab.cluster_file}[/]")
+
+
+def found_dead(lab: labmod.Lab, st: labmod.LabStatus) -> tuple[dict[str, list[str]], str | None]:
+    """Per repaired host, the VMs the definitions store records on it that no lab host runs now (a fence or a
+    power cut killed them while its daemons were down), and why that is unknown if the store cannot be read.
+
+    ``lab up`` restarts a dead host's daemons and libvirtd takes over the guests whose QEMU still runs; the
+    others are gone, and only the store remembers them (docs/failures.md, "Lost VMs")."""
+    if not lab.repaired:
+        return {}, None
+    from acting.definitions import DefinitionStore, StoreError
+    from acting.lock import resolve_url
+    from cli.common import load_cluster
+    from vcsched.errors import InputError
+
+    try:
+        cluster = load_cluster(str(lab.cluster_file))
+        store = DefinitionStore.for_url(resolve_url(None, cluster.coordination), cluster.name)
+        running = {d for h in st.hosts for d in h.domains}
+        return {h: [d.vm for d in store.on(h) if d.vm not in running] for h in lab.repaired}, None
+    except (StoreError, InputError) as exc:
+        return {}, str(exc)
 
 
 @lab_cmd.command("down")

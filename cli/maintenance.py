@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from cli.app import EXIT_OK, console, emit_json
-from cli.common import cluster_lock, cluster_path, load_cluster
+from cli.common import cluster_path, load_cluster, notice
 from cli.params import cluster_option, json_option, lock_options
 from hypervisor.files import write_atomic
 
@@ -47,7 +47,12 @@ def _cordon(host: str, cluster_file: str | None, on: bool, as_json: bool, wait: 
     path = cluster_path(cluster_file)
     cluster = load_cluster(str(path))
     cluster.host(host)
-    with cluster_lock(cluster, coordination, wait, ttl=lock_ttl):
+    from acting.unit_of_work import for_cluster
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+
+    # The lock only: nothing on the hosts changes, so in-doubt VMs are left to the next command that acts.
+    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
+            for_cluster(cluster, hv, apply=True, coordination=coordination, wait=wait, ttl=lock_ttl, settle=False):
         changed = set_maintenance(path, host, on)
     state = "in maintenance" if on else "back in service"
     if as_json:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from cli.app import EXIT_OK, console, emit_json, err_console
-from cli.common import apply_exit_code, cluster_lock, load_cluster, note_in_doubt, notice
+from cli.common import apply_exit_code, load_cluster, notice, reporting
 from cli.params import Duration, cluster_option, json_option, lock_options
 
 
@@ -59,12 +59,13 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
     """
     from acting.executor import ApplyReport
     from acting.sampling import CpuSampler, probe_and_restore, record_estimates
+    from acting.unit_of_work import for_cluster
     from cli.signals import stopping_on_signals
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.admission import HostsDown
     from vcsched.control.observe import estimate_all
 
-    every = sample if sample is not None else min(5.0, max(0.5, window / 12))
+    every = sample if sample is not None else sample_interval(window)
     cluster = load_cluster(cluster_file)
     stop = threading.Event()
     out: dict[str, Any] = {"cluster": cluster.name, "window": window, "sample": every}
@@ -81,10 +82,12 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
             raise HostsDown(f"every host of cluster {cluster.name!r} is down: "
                             + "; ".join(f"{h.name}: {h.down}" for h in inventory.hosts))
         estimates = estimate_all(inventory, sampler.samples())
-        if not changing:  # reading only: in-doubt VMs are reported, never settled
-            note_in_doubt(inventory)
-        with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=changing, hv=hv) as lock:
-            guard = lock.guard if lock is not None else None
+        work = for_cluster(cluster, hv, apply=changing, coordination=coordination, wait=wait, ttl=lock_ttl,
+                           reporting=reporting())
+        if work.dry_run:  # reading only: in-doubt VMs are reported, never settled
+            work.note_in_doubt(inventory)
+        with work as uow:
+            guard = uow.lock_guard if changing else None
             if probe:
                 restore_left_probes(hv, guard, quiet=as_json)
 
@@ -104,7 +107,7 @@ def observe_cmd(cluster_file: str | None, window: float, sample: float | None, p
                                       markup=False)
                 _stop_if_asked(received, _probe_outcome(done))
             if record:
-                plan, reports["record"] = record_estimates(hv, estimates, guard)
+                plan, reports["record"] = record_estimates(uow, estimates)
                 out["record"] = plan.to_dict()
     out["hosts_down"] = [{"host": h.name, "reason": h.down} for h in inventory.down_hosts()]
     out["vms"] = [{**e.to_dict(), "vc": inventory.vm(e.vm).cluster if inventory.vm(e.vm) else None}  # type: ignore[union-attr]
@@ -140,7 +143,8 @@ def _probe_outcome(done: Any) -> str:
 def restore_left_probes(hv: Any, guard: Any, quiet: bool = False) -> None:
     """Put back the caps of probes whose process died before it could (SIGKILL, a crash), under the caller's
     lock (hypervisor.journal); says what it did on stderr."""
-    from hypervisor.journal import PROBE, restore_journal
+    from acting.restore import restore_journal
+    from hypervisor.journal import PROBE
 
     report = restore_journal(hv, kinds=(PROBE,), guard=guard)
     for line in report.restored:
@@ -173,3 +177,9 @@ def _render(out: dict[str, Any]) -> None:
         console.print(f"{what}: {len(r['steps'])} steps, {state}")
     if "record" in out and not out["record"]["steps"]:
         console.print("record: every recorded need already matches its estimate")
+
+
+def sample_interval(window: float) -> float:
+    """``--sample``'s default: a twelfth of the window, between 0.5 and 5 s, to 0.01 s (a twelfth of 10 s is
+    said and used as 0.83 s, not 0.833333)."""
+    return round(min(5.0, max(0.5, window / 12)), 2)

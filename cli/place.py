@@ -6,9 +6,9 @@ import click
 
 from cli.app import console, emit_json, refuse
 from cli.common import (
+    acting_on,
     apply_exit_code,
     check_request_boot,
-    deciding_on,
     hosts_down,
     load_cluster,
     load_request,
@@ -99,8 +99,8 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     from vcsched.control.sharing import sharing_for
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
-    with deciding_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
-                     quiet=as_json) as (hv, lock, inventory):
+    with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
+                   quiet=as_json) as (uow, inventory):
         decision = keep_failover_room(cluster, inventory,
                                       admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing))
         report = None
@@ -110,7 +110,7 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
             if do_apply:
                 if not as_json:
                     render_decision(request, decision, inventory)
-                report = run_apply(hv, decision.plan, force=False, quiet=as_json, lock=lock, planned_here=True)
+                report = run_apply(uow, decision.plan, quiet=as_json, planned_here=True)
     if as_json:
         emit_json({"ok": decision.admitted and (report is None or report.ok), "admitted": decision.admitted,
                    "reason": decision.reason, "policy": sharing.policy,

@@ -12,15 +12,21 @@ from cli.app import EXIT_OK, console, emit_json
 from cli.params import Duration, check_coordination, cluster_option, json_option, lock_options
 
 
-def _store(cluster: Any, coordination: str | None, hv: Any = None) -> Any:
-    """The cluster's recommendations book, named like its lock (the hosts' identities)."""
+def shared_at(cluster: Any, coordination: str | None, hv: Any = None) -> tuple[str, str]:
+    """Where the cluster's shared documents live (recommendations, audits): the coordination URL and the key of
+    its lock (the hosts' identities)."""
     from acting.lock import resolve_url
-    from acting.recommendations import RecommendationStore
     from cli.common import host_identities
     from hypervisor.identity import lock_key
 
-    url = resolve_url(coordination, cluster.coordination)
-    return RecommendationStore(url, lock_key(host_identities(cluster, hv).values()))
+    return resolve_url(coordination, cluster.coordination), lock_key(host_identities(cluster, hv).values())
+
+
+def _store(cluster: Any, coordination: str | None, hv: Any = None) -> Any:
+    """The cluster's recommendations book, named like its lock (the hosts' identities)."""
+    from acting.recommendations import RecommendationStore
+
+    return RecommendationStore(*shared_at(cluster, coordination, hv))
 
 
 def _when(t: float | None) -> str:
@@ -32,8 +38,11 @@ def render_recommendation(doc: dict[str, Any]) -> None:
     from vcsched.formats.units import format_size
 
     e = doc["effect"]
-    console.print(f"[bold]{doc['id']}[/] {doc['kind']} [{doc['state']}] made {_when(doc['made_at'])} by "
-                  f"{doc['made_by'] or '?'}, valid until {_when(doc['valid_until'])}", highlight=False)
+    # Each time starts a line of its own: wrapped at 80 columns, a line never parts a date from its hour.
+    # The state is escaped: rich read "[open]" as a style and showed nothing.
+    console.print(f"[bold]{doc['id']}[/] {doc['kind']} \\[{doc['state']}]", highlight=False)
+    console.print(f"  made {_when(doc['made_at'])} by {doc['made_by'] or '?'}", highlight=False)
+    console.print(f"  valid until {_when(doc['valid_until'])}", highlight=False)
     console.print(f"  why: {doc['reason']}", highlight=False)
     console.print(f"  min yield {e['min_yield_before']:.3f} -> {e['min_yield_after']:.3f}, mean yield "
                   f"{e['mean_yield_before']:.3f} -> {e['mean_yield_after']:.3f}, moves "
@@ -42,7 +51,8 @@ def render_recommendation(doc: dict[str, Any]) -> None:
         console.print(f"  {doc['detail']}", highlight=False)
     table = FitTable(title=f"{doc['id']}: steps")
     for col in ("#", "step", "VM", "host", "cap", "yield before -> after", "why"):
-        table.add_column(col, justify="right" if col in ("#", "cap") else "left", key=col in ("#", "VM"))
+        table.add_column(col, justify="right" if col in ("#", "cap") else "left", key=col in ("#", "VM"),
+                         wrap=col == "why")
     for i, s in enumerate(doc["steps"]):
         per = e["per_vm"].get(s["vm"], {})
         host = f"{s['from']} -> {s['to']}" if s["op"] == "migrate" else str(s.get("host", ""))
@@ -91,6 +101,27 @@ def recommendations_cmd(cluster_file: str | None, show_all: bool, as_json: bool,
     return EXIT_OK
 
 
+def _check_floors(cluster: Any, inventory: Any, book: Any, rec: Any) -> None:
+    """Refuse ``rec`` if a VM it touches would end below its floor with the current needs
+    (:func:`vcsched.control.recommend.check_floors`); the floor: the VM's own, at least the cluster file's."""
+    from vcsched.control import recommend as rc
+    from vcsched.plans.plan import plan_from_dict
+
+    try:
+        plan = plan_from_dict(dict(rec.plan))
+    except Exception:
+        return  # not a plan any more: applying it says why (stale)
+    touched = {s.vm for s in plan.steps}
+    caps = {vm: p.cap_cores for vm, p in plan.per_vm.items() if vm in touched}
+    declared, floors = {}, {}
+    for v in inventory.managed():
+        if v.meta is not None:
+            declared[v.name] = v.meta.cpu_need_cores
+            floors[v.name] = max(v.meta.min_yield or 0.0, cluster.min_yield)
+    needs, source = rc.current_needs(book, declared, time.time())
+    rc.check_floors(rec, caps, needs, floors, source)
+
+
 @click.command("approve")
 @click.argument("rec_id", metavar="ID")
 @cluster_option()
@@ -107,14 +138,21 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     its validity or already approved, skipped or superseded is refused
     (exit 1, the reason on stderr), nothing changed.  An operator's approval
     is not bound by the maintenance windows; migrations keep to the
-    cluster file's throttles.
+    cluster file's throttles.  Every VM it touches is checked against its
+    floor (its min_yield, at least the cluster file's) with the running
+    controller's current estimates of the needs (the declared needs when no
+    controller wrote any in the last 10 minutes): one that would end below
+    it is refused, naming the VM.  An ID superseded by the same proposal
+    made again approves that one (and says so); superseded by a different
+    one, the refusal names it.
 
     Exit codes: 0 applied, 1 refused / a step failed / the cluster is
     locked, 2 bad input (an unknown ID), 130 interrupted (the running step
     finishes; the report says what was done).
     """
     from acting.lock import member_id
-    from cli.common import apply_exit_code, cluster_lock, load_cluster, notice, render_report, run_apply
+    from acting.unit_of_work import for_cluster
+    from cli.common import apply_exit_code, load_cluster, notice, render_report, reporting, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control import recommend as rc
     from vcsched.errors import InputError
@@ -125,11 +163,18 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     with LibvirtHypervisor(cluster, on_notice=notice) as hv:
         store = _store(cluster, coordination, hv)
         store.read().get(rec_id)  # an unknown id is bad input before any lock is taken
-        with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, hv=hv) as lock:
+        with for_cluster(cluster, hv, apply=True, coordination=coordination, wait=wait, ttl=lock_ttl,
+                         reporting=reporting()) as uow:
+            book = store.read()
+            target, note = rc.resolve(book, rec_id, time.time())
+            if note is not None and not as_json:
+                console.print(note, highlight=False)
+            _check_floors(cluster, uow.inventory(), book, target)
             rec = store.update(lambda book: rc.approve(book, rec_id, time.time(), member_id()))
+            rec_id = rec.id  # the same proposal made again, when rec_id was superseded by it
             try:
                 plan = plan_from_dict(dict(rec.plan))
-                report = run_apply(hv, plan, force=False, quiet=as_json, lock=lock)
+                report = run_apply(uow, plan, quiet=as_json)
             except (InputError, PlanMismatch) as exc:  # the snapshot, the plan replayed, its claims: no longer holds
                 why = f"the cluster changed since it was made: {exc}"
                 store.update(lambda book: rc.settle(book, rec_id, rc.STALE, why))
@@ -143,7 +188,8 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
             detail = "applied" if report.ok else (report.stopped or (bad.detail if bad is not None else "failed"))
             rec = store.update(lambda book: rc.settle(book, rec_id, state, detail))
     if as_json:
-        emit_json({"ok": report.ok, "recommendation": rec.to_dict(time.time()), "apply": report.to_dict()})
+        emit_json({"ok": report.ok, "recommendation": rec.to_dict(time.time()), "apply": report.to_dict(),
+                   "note": note})
     else:
         render_report(report)
         console.print(f"recommendation {rec_id}: {state}", highlight=False)
@@ -161,8 +207,12 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
 def skip_cmd(rec_id: str, cluster_file: str | None, veto_s: float, as_json: bool, coordination: str | None) -> int:
     """Veto recommendation ID: it is closed, and the controller does not move its VMs again for --for.
 
-    Changes no host.  Exit codes: 0 skipped, 1 already decided (approved,
-    applied, skipped, superseded), 2 bad input (an unknown ID).
+    An ID superseded by the same proposal made again skips that one (and
+    says so); superseded by a different one, the refusal names it.  Changes
+    no host.
+
+    Exit codes: 0 skipped, 1 already decided (approved, applied, skipped,
+    superseded by a different proposal), 2 bad input (an unknown ID).
     """
     from acting.lock import member_id
     from cli.common import load_cluster
@@ -170,9 +220,12 @@ def skip_cmd(rec_id: str, cluster_file: str | None, veto_s: float, as_json: bool
 
     cluster = load_cluster(cluster_file)
     store = _store(cluster, coordination)
+    _, note = rc.resolve(store.read(), rec_id, time.time())
     rec = store.update(lambda book: rc.skip(book, rec_id, time.time(), member_id(), veto_s))
     if as_json:
-        emit_json({"ok": True, "recommendation": rec.to_dict(time.time())})
+        emit_json({"ok": True, "recommendation": rec.to_dict(time.time()), "note": note})
     else:
-        console.print(f"recommendation {rec_id} skipped: {rec.detail}", highlight=False)
+        if note is not None:
+            console.print(note, highlight=False)
+        console.print(f"recommendation {rec.id} skipped: {rec.detail}", highlight=False)
     return EXIT_OK

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cli.app import EXIT_OK, console, emit_json, refuse
-from cli.common import cluster_lock
 from cli.params import cluster_option, json_option, lock_options
 
 if TYPE_CHECKING:
+    from acting.definitions import DefinitionStore
     from vcsched.control.failover import Recovery
 
 
@@ -36,46 +36,42 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
          first, and the survivors' caps re-set around them.
     A VM is stranded (not restarted, said why) when HOST has no fence agent,
     when it boots from a disk the survivors do not share (`storage`), or
-    when the survivors have no room for it.
+    when the survivors have no memory for it.  A VM whose floor (min_yield)
+    the survivors cannot meet restarts below it, said so, with the cluster
+    file's on_failure = "restart" (the default); on_failure = "strand"
+    strands it instead (docs/failures.md).
 
     \b
     Examples:
       vcsched recover h1              dry run: the fencing and the creates
       vcsched recover h1 --apply      under the cluster lock: fence, then create
 
-    --apply refuses to create anything when fencing fails or the agent does
-    not report the host off: its VMs may still run there.  A HOST that
+    --apply checks the plan whole against the live cluster before it fences
+    (a plan refused fences nothing), and refuses to create anything when
+    fencing fails or the agent does not report the host off: its VMs may
+    still run there.  A HOST that
     answers is not recovered (use `vcsched drain`).  Re-running converges:
     VMs already running elsewhere are left alone.
 
     Exit codes: 0 every VM of HOST runs (or will, dry run), 1 a VM is
-    stranded / HOST answers / fencing failed / a step failed / the cluster is
-    locked, 2 bad input, 130 interrupted (a running step finishes first).
+    stranded / HOST answers / the plan is refused / fencing failed / a step
+    failed / the cluster is locked, 2 bad input, 130 interrupted (a running
+    step finishes first).
     """
     from acting.definitions import DefinitionStore
-    from acting.fence import fence_host
+    from acting.executor import PlanRefused
+    from acting.fence import FenceResult, fence_host
     from acting.lock import resolve_url
-    from cli.common import (
-        apply_exit_code,
-        load_cluster,
-        note_in_doubt,
-        notice,
-        render_plan,
-        render_report,
-        run_apply,
-    )
-    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from cli.common import acting_on, apply_exit_code, apply_shown, load_cluster, render_plan, render_report
     from vcsched.control.failover import plan_recovery
+    from vcsched.plans.claims import PlanMismatch
 
     cluster = load_cluster(cluster_file)
     cluster.host(host)
     store = DefinitionStore.for_url(resolve_url(coordination, cluster.coordination), cluster.name)
     out: dict[str, Any] = {"host": host}
-    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
-            cluster_lock(cluster, coordination, wait, ttl=lock_ttl, needed=do_apply, hv=hv) as lock:
-        inventory = hv.inventory()
-        if lock is None:  # a dry run reads only: in-doubt VMs are reported, never settled
-            note_in_doubt(inventory)
+    with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
+                   quiet=True) as (uow, inventory):
         state = inventory.host(host)
         if state.down is None:
             reason = f"host {host} answers: it has not failed; nothing changed (`vcsched drain {host}` moves its VMs)"
@@ -91,20 +87,37 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
                 render_plan(recovery.plan, inventory)
         report = None
         if do_apply and recovery.plan is not None:
-            assert lock is not None
-            lock.guard()
-            fenced = fence_host(cluster.host(host))
-            out["fence"] = fenced.to_dict()
-            if not fenced.fenced:
-                return _refused(out, f"{fenced.detail}: nothing restarted", as_json)
-            if not as_json:
-                console.print(f"[green]fenced[/]: {fenced.detail} ({fenced.seconds:.1f} s)", highlight=False)
-            report = run_apply(hv, recovery.plan, force=False, quiet=as_json, lock=lock)
+            fenced: list[FenceResult] = []
+
+            def fence() -> bool:
+                fenced.append(fence_host(cluster.host(host)))
+                out["fence"] = fenced[0].to_dict()
+                if fenced[0].fenced:
+                    if not as_json:
+                        console.print(f"[green]fenced[/]: {fenced[0].detail} ({fenced[0].seconds:.1f} s)",
+                                      highlight=False)
+                    _mark_fenced(store, host)
+                return fenced[0].fenced
+
+            try:  # the plan is checked whole on the live cluster before the host is fenced (acting/unit_of_work.py)
+                report = apply_shown(uow, recovery.plan, quiet=as_json, planned_here=True, irreversible=fence)
+            except (PlanRefused, PlanMismatch) as exc:
+                done = f"{host} was fenced" if fenced else "nothing fenced"
+                return _refused(out, f"the recovery plan does not hold on the live cluster: {exc}; {done}, "
+                                "nothing restarted", as_json)
+            if report is None:
+                return _refused(out, f"{fenced[0].detail}: nothing restarted", as_json)
             out["apply"] = report.to_dict()
             if not as_json:
                 render_report(report)
-        elif not as_json and recovery.plan is not None:
-            console.print("dry run: nothing changed (use --apply to fence and create)")
+        elif recovery.plan is not None:
+            try:  # what --apply would check before fencing, so that the dry run exits as --apply would
+                uow.validate(recovery.plan, planned_here=True)
+            except (PlanRefused, PlanMismatch) as exc:
+                return _refused(out, f"--apply would refuse: the recovery plan does not hold on the live cluster: "
+                                f"{exc}; nothing fenced, nothing restarted", as_json)
+            if not as_json:
+                console.print("dry run: nothing changed (use --apply to fence and create)")
     code = apply_exit_code(report) if report is not None else EXIT_OK
     if as_json:
         emit_json({"ok": code == EXIT_OK and not recovery.stranded, **out})
@@ -112,6 +125,18 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
         return refuse(f"{len(recovery.stranded)} VM(s) of {host} stranded: "
                       + "; ".join(f"{vm}: {why}" for vm, why in recovery.stranded[:3]))
     return code
+
+
+def _mark_fenced(store: DefinitionStore, host: str) -> None:
+    """Say in the store that ``host`` is off, so that a VM not restarted counts as lost (docs/failures.md); a
+    store that cannot be written is said, and the recovery goes on (the host is off either way)."""
+    from acting.definitions import StoreError
+    from cli.common import notice
+
+    try:
+        store.mark_fenced(host)
+    except StoreError as exc:
+        notice(f"{exc}: its stranded VMs will not be listed as lost")
 
 
 def _refused(out: dict[str, Any], reason: str, as_json: bool) -> int:
@@ -133,5 +158,8 @@ def _render(host: str, down: str, recovery: Recovery, recorded: int) -> None:
         console.print(f"{vm}: already runs on {where}", highlight=False)
     for vm, why in recovery.stranded:
         console.print(f"[yellow]stranded[/]: {vm}: {why}", highlight=False)
+    for vm, got, floor in recovery.below_floor:
+        console.print(f"[yellow]below its floor[/]: {vm} at yield {got:.4f}, min_yield {floor:g} (on_failure = "
+                      '"restart": running below its floor rather than not at all)', highlight=False)
     if recovery.min_yield is not None:
         console.print(f"min yield after: {recovery.min_yield:.4f}", highlight=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from cli.app import EXIT_OK, console, emit_json, refuse
-from cli.common import cluster_lock, load_cluster
+from cli.common import load_cluster
 from cli.params import cluster_option, json_option, lock_options
 from hypervisor.libvirt_backend import LibvirtHypervisor
 
@@ -46,19 +46,21 @@ def repair_cmd(cluster_file: str | None, do_apply: bool, as_json: bool, wait: fl
     to the operator, or a journaled setting could not be put back; 2 bad
     input.
     """
-    from hypervisor.journal import JournalReport, describe_journal, restore_journal
+    from acting.restore import restore_journal
+    from acting.unit_of_work import for_cluster
+    from hypervisor.journal import JournalReport, describe_journal
 
     cluster = load_cluster(cluster_file)
     journal = JournalReport()
-    with LibvirtHypervisor(cluster) as hv:  # what it did is printed below, once (not as notes)
+    # settle=False: settling is this command's result, printed below once, not a first step noted on stderr
+    with LibvirtHypervisor(cluster) as hv, \
+            for_cluster(cluster, hv, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
+                        settle=False) as uow:
+        report = uow.settle_in_doubt()
         if do_apply:
-            with cluster_lock(cluster, coordination, wait, ttl=lock_ttl, hv=hv, settle=False) as lock:
-                assert lock is not None
-                report = hv.repair(lock.guard)
-                journal = restore_journal(hv, guard=lock.guard)
+            journal = restore_journal(hv, guard=uow.lock_guard)
             journaled = list(journal.restored) + [f"not put back: {p}" for p in journal.problems]
         else:
-            report = hv.repair(lambda: None, apply=False)
             journaled = describe_journal()
     troubled = report.plan.refused is not None or bool(report.plan.left) or not report.ok \
         or any(o != "done" for _, o, _ in report.outcomes) or bool(journal.problems)

@@ -57,6 +57,9 @@ def open_log(path: str | None) -> TextIO:
                    "ID`; change nothing (no probes).")
 @click.option("--valid-for", type=Duration(), default="10m", show_default=True,
               help="How long a recommendation may be approved after it was made.")
+@click.option("--audit-after", "audit_windows", type=click.IntRange(min=1), default=2, show_default=True,
+              metavar="WINDOWS", help="Audit each applied plan and each approved recommendation this many "
+              "windows after it was applied: predicted against achieved yield (`vcsched audit`).")
 @click.option("--duration", type=Duration(), default=None,
               help="Stop on its own after this long, as on SIGTERM (a trial: --dry-run --duration 1h, then read "
                    "the log).  Default: run until stopped.")
@@ -77,9 +80,9 @@ def open_log(path: str | None) -> TextIO:
                    "(default: half an interval, at most 5 s).")
 def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: float, settle: int, cooldown: float,
             window: float | None, sample: float | None, probe_seconds: float | None, algorithm: str, parallel: int,
-            dry_run: bool, mode: str, valid_for: float, duration: float | None, log_file: str | None,
-            metrics_port: int | None, metrics_addr: str, coordination: str | None, lock_ttl: float | None,
-            lock_wait: float | None) -> int:
+            dry_run: bool, mode: str, valid_for: float, audit_windows: int, duration: float | None,
+            log_file: str | None, metrics_port: int | None, metrics_addr: str, coordination: str | None,
+            lock_ttl: float | None, lock_wait: float | None) -> int:
     """Run the controller: measure needs, follow them with caps, re-balance within a byte budget per interval.
 
     \b
@@ -112,6 +115,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
 
     Exit codes: 0 stopped, 2 bad input (nothing started).
     """
+    from acting.audits import AuditStore
     from acting.controller import Controller, RunOptions
     from acting.definitions import DefinitionStore
     from acting.events import EventLog
@@ -128,7 +132,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     options = RunOptions(interval, RebalanceOptions(budget, threshold, settle, cooldown, algorithm, parallel,
                                                     storage=cluster, schedule=cluster.schedule),
                          window=window, sample=sample, probe_seconds=probe_seconds, lock_wait=lock_wait,
-                         dry_run=dry_run, recommend=mode == "recommend", valid_for=valid_for)
+                         dry_run=dry_run, recommend=mode == "recommend", valid_for=valid_for,
+                         audit_windows=audit_windows)
     url = resolve_url(coordination, cluster.coordination)
     books = RecommendationStore.supports(url)  # vetoes and recommendations live beside the lock
     if mode == "recommend" and not books:
@@ -160,7 +165,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
                 cluster_lock=lambda: ClusterLock(url, cluster.name, member, ttl, key=key),
                 events=events, metrics=metrics, clock=clock, stop=stop,
                 failover=Failover(cluster, DefinitionStore.for_url(url, cluster.name)),
-                recommendations=RecommendationStore(url, key, timeout=min(1.0, ttl / 10)) if books else None)
+                recommendations=RecommendationStore(url, key, timeout=min(1.0, ttl / 10)) if books else None,
+                audits=AuditStore(url, key, timeout=min(1.0, ttl / 10)) if books else None)
             metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
             controller.run(**metrics_at)
     finally:

@@ -8,16 +8,18 @@ from typing import Any
 import click
 
 from cli.app import EXIT_OK, console, emit_json, refuse
-from cli.common import load_cluster
+from cli.common import load_cluster, read_lost
 from cli.params import FiniteFloatRange, cluster_option, json_option, policy_options
 from cli.tables import FitTable
 from hypervisor.base import Usage, measure_usage
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from hypervisor.settlement import RepairReport, plan_repair
 from vcsched.control.status import below_floor, host_load, predicted_yield, virtual_clusters
+from vcsched.control.unmanaged import fills
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
+from vcsched.formats.words import plural
 from vcsched.inventory import Inventory, VmState
+from vcsched.plans.repair import RepairReport, plan_repair
 
 
 def _sum(values: list[float | None]) -> float | None:
@@ -52,9 +54,16 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
             "uri": conf.uri if conf else None, "address": conf.migration_address if conf else None,
             "storage": conf.storage_name if conf else None,
             "cores": h.cores, "memory_bytes": h.memory_bytes, "memory_reserved": h.memory_reserved,
+            "usable_memory": h.usable_memory,
             "memory_used_bytes": load.memory_used_bytes,
             "caps_cores": load.caps_cores,
             "measured_cores": load.measured_cores if load.measured_cores is not None else 0.0,
+            # What every plan keeps for its unmanaged domains (docs/introducing.md), and what they used.
+            "unmanaged_reserved_cores": round(inv.unmanaged_cores(h.name), 4),
+            "unmanaged_measured_cores": _sum([measured.get(v.name) for v in on if v.unmanaged]),
+            **{f"unmanaged_measured_{k}": _sum([used(v, k) for v in on if v.unmanaged])
+               for k in ("disk_bps", "net_rx_bps", "net_tx_bps")},
+            "unmanaged_full": h.down is None and fills(inv.unmanaged_cores(h.name), h.cores),
             "disk_bps": h.disk_bps, "net_bps": h.net_bps,
             "disk_caps_bps": sum(v.io_caps.disk_bytes_sec or 0 for v in capped),
             "net_caps_bps": sum(v.io_caps.net_bytes_sec or 0 for v in capped),
@@ -68,7 +77,9 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         "vcpus": v.vcpus, "memory_bytes": v.memory_bytes,
         "cpu_need_cores": v.meta.cpu_need_cores if v.meta else None, "cap_cores": v.cap_cores,
         "predicted_yield": predicted_yield(v), "min_yield": v.meta.min_yield if v.meta else None,
+        "below_floor": below_floor(predicted_yield(v), v.meta.min_yield if v.meta else None),
         "measured_cores": measured.get(v.name),
+        "reserved_cores": v.reserved if v.unmanaged else None,
         "disks": list(v.devices.disks), "interfaces": list(v.devices.nics),
         "disk_bytes_sec": v.io_caps.disk_bytes_sec, "disk_iops_sec": v.io_caps.disk_iops_sec,
         "net_bytes_sec": v.io_caps.net_bytes_sec,
@@ -79,11 +90,25 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
     out: dict[str, Any] = {"cluster": inv.cluster, "sample_seconds": seconds, "hosts": hosts, "vms": vms,
                            "in_doubt": [{"vm": d.vm, "uuid": d.uuid, "hosts": list(d.hosts), "states": list(d.states),
                                          "resolved": d.resolved} for d in inv.in_doubt],
-                           "repair": RepairReport(plan_repair(inv), applied=False).to_dict()}
+                           "repair": RepairReport(plan_repair(inv), applied=False).to_dict(),
+                           "violations": floor_violations(vms)}
     if policy is not None:
         out["policy"] = policy
-        out["virtual_clusters"] = clusters or []
+        out["virtual_clusters"] = [vc | {"below_floor": below_floor(vc["yield"], vc["min_yield"])}
+                                   for vc in clusters or []]
     return out
+
+
+def floor_violations(vms: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """One ``violations`` entry per virtual cluster with a VM below the floor it was admitted with (``rule``
+    ``min_yield``), beside the placement rules broken: a script reading ``violations`` sees both."""
+    below: dict[str, list[dict[str, Any]]] = {}
+    for v in vms:
+        if v["below_floor"]:
+            below.setdefault(str(v["cluster"]), []).append(v)
+    return [{"cluster": vc, "rule": f"min_yield ({low[0]['min_yield']:g})",
+             "problem": ", ".join(f"{v['name']} at yield {v['predicted_yield']:.3f}" for v in low)}
+            for vc, low in sorted(below.items())]
 
 
 def _vm_rules(v: VmState) -> list[str]:
@@ -93,6 +118,13 @@ def _vm_rules(v: VmState) -> list[str]:
     return ([f"spread{'' if v.meta.spread == 'required' else '?'}"] if v.meta.spread else []) + \
         ([f"together{'' if v.meta.together == 'required' else '?'}"] if v.meta.together else []) + \
         (["pinned"] if v.meta.pinned else [])
+
+
+def _unmanaged_cell(h: Mapping[str, Any], sampled: bool) -> str:
+    """``reserved (used)``: the cores kept for the host's unmanaged domains, and what they used (sampled)."""
+    used = h.get("unmanaged_measured_cores")
+    text = f"{h['unmanaged_reserved_cores']:.2f}" + (f" ({used:.2f})" if sampled and used is not None else "")
+    return f"[red]{text}[/]" if h.get("unmanaged_full") else text
 
 
 def _num(x: float | None, fmt: str = "{:.3f}") -> str:
@@ -115,20 +147,21 @@ def render_status(doc: dict[str, Any]) -> None:
     sampled = bool(doc["sample_seconds"])
     table = FitTable(title=f"cluster {doc['cluster']}: hosts")
     #: column -> priority (cli/tables.py: at 80 columns the higher numbers move to a second table first)
-    cols = {"host": 0, "cores": 3, "caps (cores)": 1, "measured (cores)": 2, "memory used / usable": 1}
+    # Two-line headers: with the unmanaged column the one-line headers alone were wider than 80 columns.
+    cols = {"host": 0, "cores": 3, "caps\n(cores)": 1, "measured\n(cores)": 2, "unmanaged\n(cores)": 2,
+            "memory\nused / usable": 1}
     if io:
         cols |= {"disk caps / disk_bps": 4, "disk used": 4, "net caps / net_bps": 5, "net in / out": 5}
     for col, priority in cols.items():
         table.add_column(col, justify="left" if col == "host" else "right", priority=priority, key=col == "host")
     for h in doc["hosts"]:
-        if h["down"] is not None:
-            table.add_row(f"[red]{h['name']} (down)[/]", "?", "?", "?", f"[red]{h['down']}[/]",
-                          *(["?"] * (len(cols) - 5)))
+        if h["down"] is not None:  # its reason goes below the table: a long one would widen a column of numbers
+            table.add_row(f"[red]{h['name']} (down)[/]", *(["?"] * (len(cols) - 1)))
             continue
-        usable = h["memory_bytes"] - h["memory_reserved"]
+        usable = h["usable_memory"]
         name = h["name"] + (" [yellow](maintenance)[/]" if h.get("maintenance") else "")
         row = [name, str(h["cores"]), f"{h['caps_cores']:.3f}",
-               _num(h["measured_cores"]) if sampled else "-",
+               _num(h["measured_cores"]) if sampled else "-", _unmanaged_cell(h, sampled),
                f"{format_size(h['memory_used_bytes'])} / {format_size(usable)}"]
         if io:
             row += [f"{_rate(h['disk_caps_bps'])} / {_rate(h['disk_bps'])}", _rate(h["measured_disk_bps"]),
@@ -136,10 +169,21 @@ def render_status(doc: dict[str, Any]) -> None:
                     f"{_rate(h['measured_net_rx_bps'])} / {_rate(h['measured_net_tx_bps'])}"]
         table.add_row(*row)
     console.print(table)
-    down = [h["name"] for h in doc["hosts"] if h["down"] is not None]
+    for h in doc["hosts"]:
+        if h.get("unmanaged_full"):
+            console.print(f"[red]host {h['name']}[/]: its unmanaged domains reserve "
+                          f"{h['unmanaged_reserved_cores']:.2f} of its {h['cores']} cores; nothing is planned onto it "
+                          "(docs/introducing.md)",
+                          highlight=False)
+    down = [h for h in doc["hosts"] if h["down"] is not None]
     if down:
-        console.print(f"[red]{len(down)} host(s) down[/] ({', '.join(down)}): their VMs are unknown, and nothing "
-                      "is planned onto or off them until they answer again.")
+        console.print(f"[red]{plural(len(down), 'host')} down[/] ({', '.join(h['name'] for h in down)}): their VMs "
+                      "are unknown, and nothing is planned onto or off them until they answer again.",
+                      highlight=False)
+        for h in down:  # libvirt's reasons name the host already ("host h1: did not answer ...")
+            reason, name = str(h["down"]), h["name"]
+            said = reason if reason.startswith(f"host {name}:") else f"host {name}: {reason}"
+            console.print(f"  [red]{said}[/]", highlight=False)
     for d in doc.get("in_doubt", []):
         where = ", ".join(f"{h} ({st})" for h, st in zip(d["hosts"], d["states"], strict=True))
         console.print(f"[red]in doubt[/]: {d['vm']} (uuid {d['uuid']}) is active on {where}: no plan touches it "
@@ -153,6 +197,7 @@ def render_status(doc: dict[str, Any]) -> None:
     for line in repair.get("left", []):
         console.print(f"  vcsched repair leaves to the operator: {line}", highlight=False)
     render_migrations(doc)
+    render_lost(doc)
     if not doc["vms"]:
         console.print("no VMs")
         return
@@ -170,7 +215,7 @@ def render_status(doc: dict[str, Any]) -> None:
         cluster = v["cluster"] or "[dim]unmanaged[/]"
         state = "" if v["active"] else " [dim](off)[/]"
         y, floor = v["predicted_yield"], v["min_yield"]
-        shown = f"[red]{y:.3f}[/]" if below_floor(y, floor) else _num(y)
+        shown = f"[red]{y:.3f} ![/]" if v["below_floor"] else _num(y)
         row = [v["host"], v["name"] + state, cluster, str(v["vcpus"]), format_size(v["memory_bytes"]),
                _num(v["cpu_need_cores"]), _num(v["cap_cores"]), _num(v["measured_cores"]), shown,
                _num(floor, "{:g}"), " ".join(v.get("rules", [])) or "-"]
@@ -186,8 +231,11 @@ def render_status(doc: dict[str, Any]) -> None:
     if io and any(v["net_bytes_sec"] for v in doc["vms"]):
         console.print("[dim]net out is what the guest sent: libvirt polices outbound traffic on the host, dropping "
                       "what exceeds the cap there, so a guest sending faster than its cap shows more than it.[/]")
+    if any(v["below_floor"] for v in doc["vms"]):
+        console.print("! below floor: the yield misses the min_yield the VM was admitted with", highlight=False)
     for bad in doc.get("violations", []):
-        console.print(f"[yellow]rule broken:[/] {bad['cluster']}: {bad['rule']}: {bad['problem']} "
+        said = "[red]below floor:[/]" if bad["rule"].startswith("min_yield") else "[yellow]rule broken:[/]"
+        console.print(f"{said} {bad['cluster']}: {bad['rule']}: {bad['problem']} "
                       "(`vcsched adapt --budget B` repairs it)", highlight=False)
     if doc.get("headroom"):
         render_headroom(doc)
@@ -195,6 +243,18 @@ def render_status(doc: dict[str, Any]) -> None:
         console.print(f"[dim]failover headroom not computed: {doc['headroom_skipped']}[/]", highlight=False)
     if "policy" in doc:
         render_virtual_clusters(doc)
+
+
+def render_lost(doc: dict[str, Any]) -> None:
+    """The recorded VMs that run nowhere (docs/failures.md), one line each, with the command that restarts them."""
+    import time
+
+    for lost in doc.get("lost") or []:
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(lost["since"]))
+        console.print(f"[red]lost[/]: {lost['vm']} ({lost['cluster']}) runs nowhere: recorded on {lost['host']}, "
+                      f"{lost['why']}, since {since} (`vcsched restart {lost['vm']} --apply`)", highlight=False)
+    if doc.get("lost_unknown"):
+        console.print(f"[yellow]lost VMs unknown[/]: {doc['lost_unknown']}", highlight=False)
 
 
 def render_headroom(doc: dict[str, Any]) -> None:
@@ -246,8 +306,9 @@ def render_virtual_clusters(doc: dict[str, Any]) -> None:
                          priority=priority, key=col == "virtual cluster")
     for vc in vcs:
         y, floor = vc["yield"], vc["min_yield"]
-        shown = f"[red]{y:.3f}[/]" if below_floor(y, floor) else f"{y:.3f}"
-        table.add_row(vc["name"], str(vc["vms"]), f"{vc['weight']:g}", vc["tenant"] or "-", shown,
+        shown = f"[red]{y:.3f} ![/]" if vc["below_floor"] else f"{y:.3f}"
+        count = str(vc["vms"]) + (f" [red](+{vc['lost']} lost)[/]" if vc.get("lost") else "")
+        table.add_row(vc["name"], count, f"{vc['weight']:g}", vc["tenant"] or "-", shown,
                       f"{vc['dominant_share']:.4f}", vc["dominant_pool"], _num(floor, "{:g}"))
     console.print(table)
 
@@ -265,12 +326,15 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
     """Show every host and VM of the cluster: caps, predicted yields and measured CPU, disk and network.
 
     \b
-    For each host: cores, the sum of caps, the cores its VMs used, memory;
+    For each host: cores, the sum of caps, the cores its VMs used, the
+    cores kept for its unmanaged domains ("unmanaged": every plan leaves them
+    that much; in brackets what they used), memory;
     with disks or interfaces around, also its disk and network caps against
     the capacity the cluster file declares (disk_bps, net_bps) and what its
     VMs moved.
     For each VM: its virtual cluster (or "unmanaged": not created by vcsched,
-    never touched), vCPUs, memory, CPU need and cap in cores, the cores it used
+    never touched; its CPU is reserved on its host, its cap or else every
+    vCPU, docs/introducing.md), vCPUs, memory, CPU need and cap in cores, the cores it used
     over the sample window (libvirt CPU time, vCPUs + emulator) and the yield
     its cap gives it (cap / need, paper section 2.3); its disk cap and the
     bytes per second read + written (libvirt blockStats), its network cap and
@@ -325,7 +389,7 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
         h["maintenance"] = h["name"] in cluster.cordoned
     doc["migrations"] = migrations
     doc["throttles"] = cluster.throttles.to_dict()
-    doc["violations"] = rule_violations(inv.up())
+    doc["violations"] = rule_violations(inv.up()) + doc["violations"]
     from vcsched.control.failover import HEADROOM_MAX_HOSTS, headroom
 
     doc["failures_tolerated"] = cluster.failures_tolerated
@@ -338,6 +402,10 @@ def status_cmd(cluster_file: str | None, seconds: float, as_json: bool, show_hea
                                    "headroom is one placement of the cluster (--headroom computes it)")
     else:
         doc["headroom"] = [f.to_dict() for f in headroom(cluster, inv)]
+    lost, doc["lost_unknown"] = read_lost(cluster, inv)
+    doc["lost"] = [x.to_dict() for x in lost]
+    for vc in doc.get("virtual_clusters", []):  # "1 VM" of a cluster of 2 whose other one runs nowhere: say so
+        vc["lost"] = sum(1 for x in lost if x.cluster == vc["name"])
     doc["ok"] = len(inv.down_hosts()) < len(inv.hosts)
     if as_json:
         emit_json(doc)

@@ -1,4 +1,4 @@
-"""Tables that fit the terminal: columns are dropped, or moved to a second table, by priority; nothing is cut.
+"""Tables that fit the terminal: columns move to a second table by priority, free text wraps; nothing is cut or lost.
 
 rich squeezes a table that is wider than the terminal by cutting its cells
 (``0.5…``, ``vCP…``): a number that is cut is a wrong number.  Instead, each
@@ -8,8 +8,12 @@ priority number (the rightmost among equals) leaves, and again, until the
 rest fits; :func:`keep_by_priority` is that rule, and ``vcsched top``'s screen
 (cli/top_view.py) uses it too.  What left goes to a second table beside the
 *key* columns (the ones that name a row: host, VM), fitted the same way, and
-what still does not fit to a third, and so on; a column too wide to stand
-beside the keys is named in a last line, so that nothing disappears unsaid.
+what still does not fit to a third, and so on.  A column of free text (a
+reason, a "why") is declared ``wrap=True``: it counts as at most
+:data:`WRAP_WIDTH` characters wide and rich wraps its cells, so a long reason
+stays beside its row instead of pushing the row's numbers away.  A column
+too wide to stand even beside the keys is printed below the tables, one line
+per row (``web-0 why: ...``): at any width every value is shown, in full.
 ``--json`` has every field.
 
 :class:`FitTable` is a drop-in for :class:`rich.table.Table` (``add_column``,
@@ -52,8 +56,11 @@ class _Column:
     priority: int
     key: bool
     style: str | None
+    wrap: bool = False
 
 
+#: The width a ``wrap=True`` column is counted at when the table is fitted: room for a few words a line.
+WRAP_WIDTH = 24
 #: What a rich table with the default box spends per column (a border and a space of padding each side) and
 #: once more for the closing border: ``│ a │ b │``.
 _PER_COLUMN, _EDGE = 3, 1
@@ -70,10 +77,12 @@ class FitTable:
     rows: list[tuple[Any, ...]] = field(default_factory=list)
 
     def add_column(self, header: str, *, justify: str = "left", priority: int | None = None, key: bool = False,
-                   style: str | None = None, **_ignored: Any) -> None:
-        """As :meth:`rich.table.Table.add_column`; ``priority`` (module docstring) and ``key`` (repeated in the
-        second table to name each row) besides.  rich's own sizing arguments are ignored: cells are never cut."""
-        self.columns.append(_Column(header, justify, len(self.columns) if priority is None else priority, key, style))
+                   style: str | None = None, wrap: bool = False, **_ignored: Any) -> None:
+        """As :meth:`rich.table.Table.add_column`; ``priority`` (module docstring), ``key`` (repeated in the
+        second table to name each row) and ``wrap`` (free text, wrapped rather than moved) besides.  rich's own
+        sizing arguments are ignored: cells are never cut."""
+        self.columns.append(_Column(header, justify, len(self.columns) if priority is None else priority, key, style,
+                                    wrap))
 
     def add_row(self, *cells: Any) -> None:
         self.rows.append(cells)
@@ -83,13 +92,18 @@ class FitTable:
             text = cell if isinstance(cell, Text) else Text.from_markup(str(cell))
             return max((len(line) for line in text.plain.splitlines()), default=0)
 
-        return [max([len(c.header), *(width(r[i]) for r in self.rows)]) for i, c in enumerate(self.columns)]
+        def fitted(i: int, c: _Column) -> int:
+            natural = max([*(len(line) for line in c.header.splitlines()), *(width(r[i]) for r in self.rows)])
+            return min(natural, WRAP_WIDTH) if c.wrap else natural
+
+        return [fitted(i, c) for i, c in enumerate(self.columns)]
 
     def _table(self, title: str | None, indexes: Sequence[int], caption: str | None = None) -> Table:
         table = Table(title=title, caption=caption)
         for i in indexes:
             c = self.columns[i]
-            table.add_column(c.header, justify=c.justify, style=c.style, no_wrap=True)  # type: ignore[arg-type]
+            table.add_column(c.header, justify=c.justify, style=c.style, no_wrap=not c.wrap,  # type: ignore[arg-type]
+                             overflow="fold" if c.wrap else "ellipsis")
         for row in self.rows:
             table.add_row(*(row[i] for i in indexes))
         return table
@@ -121,7 +135,15 @@ class FitTable:
         for n, indexes in enumerate(tables):
             last = n == len(tables) - 1 and not left_out
             yield self._table(self.title if n == 0 else more, indexes, self.caption if last else None)
-        if left_out:
-            names = ", ".join(self.columns[i].header for i in left_out)
-            yield Text(f"(not shown at {options.max_width} columns: {names}; a wider terminal or --json shows them)",
-                       style="dim")
+        yield from self._below(left_out)
+
+    def _below(self, left_out: Sequence[int]) -> RenderResult:
+        """The columns too wide for any table, one line per row and column: the row's keys, the header, the value
+        (wrapped by the console like any line)."""
+        keys = [i for i, c in enumerate(self.columns) if c.key] or [0]
+        for row in self.rows:
+            for i in left_out:
+                line = Text(" ".join(Text.from_markup(str(row[k])).plain for k in keys) + " ", style="bold")
+                line.append(f"{self.columns[i].header}: ", style="dim")
+                line.append(row[i] if isinstance(row[i], Text) else Text.from_markup(str(row[i])))
+                yield line

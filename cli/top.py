@@ -128,9 +128,13 @@ class Reader:
             except OSError as exc:
                 problems.append(f"--events {self.tail.path}: cannot read ({exc.strerror or exc})")
             controller = controller_state(self.tail.events)
-        return top_view(inventory, self.sharing.policy, samples, estimates, vcs, cordoned=self.cluster.cordoned,
+        from cli.common import read_lost
+
+        lost, unknown = read_lost(self.cluster, inventory)
+        view = top_view(inventory, self.sharing.policy, samples, estimates, vcs, cordoned=self.cluster.cordoned,
                         down_since=self.down_since, now=now, controller=controller,
-                        problem="; ".join(problems) or None)
+                        problem="; ".join(problems) or None, lost=lost)
+        return dataclasses.replace(view, lost_unknown=unknown)
 
 
 class Refresher(threading.Thread):
@@ -247,14 +251,17 @@ def top_cmd(cluster_file: str | None, interval: float, window: float, events_fil
 
     \b
     Full screen, read-only (no lock is taken, nothing changes):
-      hosts: cores, the sum of caps, the cores their VMs used, memory used /
-             usable, and DOWN (with libvirt's reason and for how long),
-             cordoned (maintenance) or failed (a step failed on it, or the
-             controller found it down: --events);
+      hosts: cores, the sum of caps, the cores their VMs used, the cores
+             kept for their unmanaged domains (UNMANAGED, measured over
+             --window; red and "full of unmanaged" when that is all of
+             them), memory used / usable, and DOWN (with libvirt's reason
+             and for how long), cordoned (maintenance) or failed (a step
+             failed on it, or the controller found it down: --events);
       VMs:   virtual cluster, host, cap, the cores used over the last
              interval, whether the cap binds (the VM uses all of it), its need
              as declared and as estimated from its use over --window (the
-             estimator of `vcsched observe` and `run`), its yield (cap / need)
+             estimator of `vcsched observe` and `run`; an unmanaged
+             domain's EST is its reservation), its yield (cap / need)
              against its floor, and IN DOUBT, migrating, paused or off;
       the policy in force and the virtual clusters' min and mean yield; with
       --events, the controller's state and last events.

@@ -8,8 +8,9 @@ display) and reads keys.
 **Fitting a narrow terminal.**  Each table column has a priority (0: always
 kept).  When a table is wider than the terminal, the column with the highest
 priority number (the rightmost among equals) is dropped, and again, until it
-fits: a value is never cut.  Free text (a host's reason for being down, an
-event) is wrapped or cut at a word, with "…".  When the VMs do not all fit
+fits: a value is never cut.  Free text is wrapped (a host's reason for being
+down, the summary's facts: "below floor: ..." stays at any width) or, for
+the controller's events, cut at a word with "…".  When the VMs do not all fit
 in the terminal's height, the first ones in the chosen order are shown and a
 line says how many more there are.
 """
@@ -17,6 +18,7 @@ line says how many more there are.
 from __future__ import annotations
 
 import re
+import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from typing import Any
 from cli.tables import keep_by_priority
 from vcsched.control.top import HostRow, TopView, VmRow
 from vcsched.formats.units import format_size
+from vcsched.formats.words import plural
 
 #: A piece of a line and its rich style ("" for none).
 Segment = tuple[str, str]
@@ -117,6 +120,8 @@ def host_marks(h: HostRow) -> str:
         marks.append("cordoned")
     if h.failed is not None:
         marks.append("failed")
+    if h.unmanaged_over:
+        marks.append("full of unmanaged")
     return ", ".join(marks)
 
 
@@ -130,6 +135,8 @@ def vm_marks(v: VmRow) -> str:
         marks.append("paused")
     if not v.active:
         marks.append("off")
+    if v.below_floor:  # in words as well as in red: a pipe or a file has no colours
+        marks.append("below floor")
     return ", ".join(marks)
 
 
@@ -142,6 +149,8 @@ HOST_COLUMNS: tuple[Column, ...] = (
     Column("CORES", 2, True, lambda h: str(h.cores)),
     Column("CAPS", 1, True, lambda h: "?" if h.down is not None else num(h.caps_cores)),
     Column("USED", 1, True, lambda h: "?" if h.down is not None else num(h.used_cores)),
+    Column("UNMANAGED", 2, True, lambda h: "?" if h.down is not None else num(h.unmanaged_cores),
+           lambda h: "bold red" if h.unmanaged_over else ""),
     Column("MEMORY USED / USABLE", 3, True, _memory),
     Column("VMS", 4, True, lambda h: "?" if h.down is not None else str(h.vms)),
     Column("STATE", 0, False, host_marks, lambda h: "red" if h.down is not None or h.failed else "yellow"),
@@ -160,12 +169,12 @@ VM_COLUMNS: tuple[Column, ...] = (
     Column("USED", 1, True, lambda v: num(v.used_cores)),
     Column("BINDS", 3, True, _binds, lambda v: "yellow" if v.saturated else ""),
     Column("NEED", 4, True, lambda v: num(v.need_cores)),
-    Column("EST", 3, True, lambda v: num(v.estimated_cores)),
+    Column("EST", 3, True, lambda v: num(v.estimated_cores if v.vc else v.reserved_cores)),
     Column("YIELD", 1, True, lambda v: num(v.yield_, 3), lambda v: "bold red" if v.below_floor else ""),
     Column("FLOOR", 6, True, lambda v: "-" if v.floor is None else f"{v.floor:g}"),
     Column("VCPUS", 7, True, lambda v: str(v.vcpus)),
     Column("BASIS", 8, False, lambda v: v.basis or "-", lambda _v: "dim"),
-    Column("STATE", 0, False, vm_marks, lambda v: "red" if v.in_doubt else "yellow"),
+    Column("STATE", 0, False, vm_marks, lambda v: "red" if v.in_doubt or v.below_floor else "yellow"),
 )
 
 
@@ -221,7 +230,7 @@ def event_text(e: Mapping[str, Any]) -> str:
         steps = (e.get("plan") or {}).get("steps") or []
         moves = sum(1 for s in steps if s.get("op") == "migrate")
         dry = " (dry run)" if e.get("dry_run") else ""
-        return f"plan {e.get('kind')}{dry}: {len(steps)} steps, {moves} migrations"
+        return f"plan {e.get('kind')}{dry}: {plural(len(steps), 'step')}, {plural(moves, 'migration')}"
     if kind == "step":
         where = f"{e.get('from')}>{e.get('to')}" if e.get("op") == "migrate" else e.get("host", "")
         cap = f" cap {e['cap_cores']:.2f}" if isinstance(e.get("cap_cores"), int | float) else ""
@@ -272,16 +281,15 @@ def summary(view: TopView) -> list[Segment]:
         worst = min(view.virtual_clusters, key=lambda vc: vc[1])[0]
         parts.append((f"min yield {view.min_yield:.3f} ({worst})", "bold red" if view.below_floor else "bold"))
         parts.append((f"mean yield {view.mean_yield:.3f}", ""))
-        n = len(view.virtual_clusters)
-        parts.append((f"{n} virtual cluster{'s' if n > 1 else ''}", ""))
+        parts.append((plural(len(view.virtual_clusters), "virtual cluster"), ""))
     else:
         parts.append(("no virtual cluster runs", "dim"))
     if view.below_floor:
         parts.append((f"below floor: {', '.join(view.below_floor)}", "bold red"))
     down = sum(1 for h in view.hosts if h.down is not None)
-    parts.append((f"{len(view.hosts)} hosts" + (f", {down} down" if down else ""), "red" if down else ""))
+    parts.append((plural(len(view.hosts), "host") + (f", {down} down" if down else ""), "red" if down else ""))
     running = sum(1 for v in view.vms if v.active)
-    parts.append((f"{running} VM{'' if running == 1 else 's'}", ""))
+    parts.append((plural(running, "VM"), ""))
     return parts
 
 
@@ -302,6 +310,18 @@ def joined(parts: Sequence[Segment], width: int, sep: str = " · ") -> Line:
     return tuple(out)
 
 
+def wrapped(parts: Sequence[Segment], width: int, sep: str = " · ") -> list[Line]:
+    """``parts`` joined with ``sep`` over as many lines as they take (a part never split across two, one wider
+    than ``width`` cut at a word): the summary's facts are all said, whatever the width."""
+    lines: list[Line] = []
+    rest = list(parts)
+    while rest:
+        line = joined(rest, width, sep)
+        lines.append(line)
+        rest = rest[max(1, (len(line) + 1) // 2):]  # joined() gives part, sep, part, ...: (n + 1) // 2 parts
+    return lines
+
+
 def footer(sort: Sort, width: int) -> Line:
     keys = [(f"{k} {label}", "bold" if name == sort.key else "") for name, (label, k) in SORT_KEYS.items()]
     keys += [("r reverse", "bold" if sort.reverse else ""), ("q quit", "")]
@@ -315,9 +335,9 @@ def frame(view: TopView, sort: Sort, width: int, height: int | None, refresh: Re
     head: list[Line] = []
     took = "" if refresh.reading_for is None else f", reading for {ago(refresh.reading_for)}"
     parts = summary(view)
-    head.append(joined([("vcsched top", "bold reverse"), *parts[:2],
-                        (f"{clock(refresh.read_at)} (every {refresh.interval:g}s{took})", "dim"), *parts[-2:]], width))
-    head.append(joined(parts[2:-2], width))
+    head += wrapped([("vcsched top", "bold reverse"), *parts[:2],
+                     (f"{clock(refresh.read_at)} (every {refresh.interval:g}s{took})", "dim"), *parts[-2:]], width)
+    head += wrapped(parts[2:-2], width)
     if view.problem:
         head.append(((cut(f"yields unknown: {view.problem}", width), "red"),))
     head.append(())
@@ -326,12 +346,20 @@ def frame(view: TopView, sort: Sort, width: int, height: int | None, refresh: Re
         for why in (h.down, h.failed):
             if why:  # libvirt's reasons name the host already ("host h1: did not answer ...")
                 text = why if why.startswith(f"host {h.name}:") else f"host {h.name}: {why}"
-                head.append(((cut(f"  {text}", width), "red"),))
+                # Wrapped, not cut: why a host is down is what the operator came to read.
+                head += [((line, "red"),) for line in textwrap.wrap(text, width, initial_indent="  ",
+                                                                    subsequent_indent="    ")]
     for d in view.in_doubt:
         where = ", ".join(f"{h} ({st})" for h, st in zip(d.hosts, d.states, strict=True))
         text = f"IN DOUBT: {d.vm} is active on {where}" + (f"; {d.resolved}" if d.resolved else
                                                             ": no plan touches it until one copy is left")
         head.append(((cut(text, width), "bold red"),))
+    for x in view.lost:
+        text = (f"LOST: {x.vm} ({x.cluster}) runs nowhere: recorded on {x.host}, {x.why}, since {clock(x.since)} "
+                f"(vcsched restart {x.vm} --apply)")
+        head.append(((cut(text, width), "bold red"),))
+    if view.lost_unknown:
+        head.append(((cut(f"lost VMs unknown: {view.lost_unknown}", width), "yellow"),))
     head.append(())
 
     ctl = view.controller
@@ -357,7 +385,8 @@ def frame(view: TopView, sort: Sort, width: int, height: int | None, refresh: Re
     shown_vms = vms if room is None or len(vms) <= room else vms[:max(room - 1, 0)]
     body = table(VM_COLUMNS, shown_vms, width) if view.vms else [(("no VMs", "dim"),)]
     if len(shown_vms) < len(vms):
-        body.append(((f"… {len(vms) - len(shown_vms)} more VMs (a taller terminal shows them)", "dim"),))
+        more = plural(len(vms) - len(shown_vms), "more VM", "more VMs")
+        body.append(((f"… {more} (a taller terminal shows them)", "dim"),))
     if tail and recent:
         free = MAX_EVENTS if height is None else height - len(head) - len(body) - len(tail) - 1
         for e in recent[-max(0, min(free, MAX_EVENTS)):] if free > 0 else []:

@@ -654,55 +654,60 @@ class Schedule:
             hv.inventory()
         hv.close()
 
-    def repair(self, hv: Any, lock: SimLock) -> None:
-        """The explicit repair every changing command starts with (``LibvirtHypervisor.repair``)."""
-        report = hv.repair(lock.guard)
-        self.note(f"p{self.rt.pid} repair: {'; '.join(report.lines()) or 'nothing in doubt'}")
-        self.check("after repair")
+    def unit_of_work(self, hv: Any, pid: int) -> Any:
+        """The real unit of work (acting/unit_of_work.py) of process ``pid``, on the simulated libvirt and lock:
+        the lock, the lease, in-doubt VMs settled first (each settlement noted, and the invariants checked right
+        after it), the whole-plan check, the executor."""
+        from acting.unit_of_work import Reporting, UnitOfWork
+
+        def settled(report: Any) -> None:
+            self.note(f"p{self.rt.pid} repair: {'; '.join(report.lines()) or 'nothing in doubt'}")
+            self.check("after repair")
+
+        return UnitOfWork(hv, SimLock(self.lock, pid), reporting=Reporting(settled=settled))
 
     def command(self, pid: int, *, repair_only: bool = False, final: bool = False) -> str:
-        """A command that changes hosts: the lock, a repair, then the plan through the real executor."""
-        from acting.executor import apply_plan
+        """A command that changes hosts (cli/common.py's ``acting_on``): its unit of work — the lock, a repair —
+        then the plan through it and the real executor."""
+        from acting.lock import LockBusy
 
-        lock = SimLock(self.lock, pid)
+        hv = self.hypervisor()
         try:
-            lock.acquire()
-        except VcschedError as exc:
+            with self.unit_of_work(hv, pid) as uow:
+                if self.workload == "probe":
+                    # `vcsched repair --apply` restores the journals of gone processes
+                    self.restore_probes(hv, uow.lock_guard)
+                if final:
+                    self.check("after the final repair", quiescent=True)
+                if repair_only:
+                    return "repaired"
+                if self.plan is None or not self.saved or (final and self.sc.command != "place"):
+                    self.plan = plan_on(self.sc, self.cluster, uow.inventory())
+                    if self.plan is None:
+                        return "no plan"
+                report = uow.apply(self.plan, force=self.saved and self.force, threads=False)
+                assert report is not None  # no irreversible action: always a report
+                if report.ok:
+                    return "ok"
+                failed = report.failed()
+                return f"stopped: {report.stopped or (failed.detail if failed else '?')}"
+        except LockBusy as exc:
             self.note(f"p{pid} refused: {exc}")
             return "locked"
-        hv = self.hypervisor()
-        hv.lease = lock.held
-        try:
-            self.repair(hv, lock)
-            if self.workload == "probe":
-                self.restore_probes(hv, lock)  # `vcsched repair --apply` restores the journals of gone processes
-            if final:
-                self.check("after the final repair", quiescent=True)
-            if repair_only:
-                return "repaired"
-            if self.plan is None or not self.saved or (final and self.sc.command != "place"):
-                self.plan = plan_on(self.sc, self.cluster, hv.inventory())
-                if self.plan is None:
-                    return "no plan"
-            report = apply_plan(hv, self.plan, guard=lock.guard, force=self.saved and self.force, threads=False)
-            if report.ok:
-                return "ok"
-            failed = report.failed()
-            return f"stopped: {report.stopped or (failed.detail if failed else '?')}"
         except VcschedError as exc:
             if getattr(exc, "exit_code", 1) == 70:  # vcsched says it is its own bug (HostReadBug): a violation
                 raise
             return f"refused: {type(exc).__name__}: {exc}"
         finally:
             hv.close()
-            lock.release()
 
-    def restore_probes(self, hv: Any, lock: SimLock) -> None:
+    def restore_probes(self, hv: Any, guard: Callable[[], None]) -> None:
         """What `vcsched run`, `observe --probe` and `repair --apply` do under the lock: put back the caps of
-        probes whose process is gone (:func:`hypervisor.journal.restore_journal`)."""
-        from hypervisor.journal import PROBE, restore_journal
+        probes whose process is gone (:func:`acting.restore.restore_journal`)."""
+        from acting.restore import restore_journal
+        from hypervisor.journal import PROBE
 
-        report = restore_journal(hv, kinds=(PROBE,), directory=self.journals, guard=lock.guard)
+        report = restore_journal(hv, kinds=(PROBE,), directory=self.journals, guard=guard)
         if report.restored or report.problems:
             self.note(f"p{self.rt.pid} journal: {'; '.join(report.restored + report.problems)}")
         self.check("after the journal's restore")
@@ -711,40 +716,37 @@ class Schedule:
         """``vcsched observe --probe`` (cli/observe.py): sample without the lock, take it, repair, put back the
         caps of killed probes, then probe (:func:`acting.sampling.probe_and_restore`) and put the caps back.
         The final process checks, after its restore, that no cap is left raised, then probes once more."""
+        from acting.lock import LockBusy
         from acting.sampling import CpuSampler, probe_and_restore
         from hypervisor.journal import PROBE, Journal
 
         hv = self.hypervisor()
         stop = threading.Event()
         sampler = CpuSampler(PROBE_WINDOW_S + PROBE_SAMPLE_S, SimClock(self.world))
-        lock = SimLock(self.lock, pid)
         try:
             sampler.sample_for(hv, PROBE_WINDOW_S, PROBE_SAMPLE_S, stop)
-            try:
-                lock.acquire()
-            except VcschedError as exc:
-                self.note(f"p{pid} refused: {exc}")
-                return "locked"
-            hv.lease = lock.held
-            self.repair(hv, lock)  # cluster_lock(hv=hv) settles in-doubt VMs first
-            self.restore_probes(hv, lock)
-            if final:
-                self.check("after the final restore", quiescent=True)
-                self.check_caps("after the final restore")
-            done, _inv, _est = probe_and_restore(hv, sampler, PROBE_SECONDS_S, PROBE_SAMPLE_S, stop, lock.guard,
-                                                 journal=Journal(PROBE, self.journals or Path("."), pid=pid))
-            self.note(f"p{pid} probed {dict(done.caps)}")
-            if final:
-                self.check_caps("after the final probe")
-            failed = [what for what, r in done.reports().items() if not r.ok]
-            return f"stopped: {', '.join(failed)} not ok" if failed else "ok"
+            with self.unit_of_work(hv, pid) as uow:  # in-doubt VMs settled first
+                self.restore_probes(hv, uow.lock_guard)
+                if final:
+                    self.check("after the final restore", quiescent=True)
+                    self.check_caps("after the final restore")
+                done, _inv, _est = probe_and_restore(hv, sampler, PROBE_SECONDS_S, PROBE_SAMPLE_S, stop,
+                                                     uow.lock_guard,
+                                                     journal=Journal(PROBE, self.journals or Path("."), pid=pid))
+                self.note(f"p{pid} probed {dict(done.caps)}")
+                if final:
+                    self.check_caps("after the final probe")
+                failed = [what for what, r in done.reports().items() if not r.ok]
+                return f"stopped: {', '.join(failed)} not ok" if failed else "ok"
+        except LockBusy as exc:
+            self.note(f"p{pid} refused: {exc}")
+            return "locked"
         except VcschedError as exc:
             if getattr(exc, "exit_code", 1) == 70:
                 raise
             return f"refused: {type(exc).__name__}: {exc}"
         finally:
             hv.close()
-            lock.release()
 
     def goal(self) -> None:
         """The plan's goal: each VM it predicts on its host, running once, with its cap."""

@@ -11,7 +11,11 @@ executor, the lock, the controller) is :mod:`acting`, which calls this package a
   :mod:`hypervisor.migration` and :mod:`hypervisor.settlement` (in-doubt VMs: ``vcsched repair``);
 * :mod:`hypervisor.memory`, :mod:`hypervisor.simlibvirt`, :mod:`hypervisor.testhosts` — fakes: in memory,
   a simulated libvirt (the fault simulation, the scale benchmark), libvirt's test driver;
-* :mod:`hypervisor.caps_probe` — calibration subjects.
+* :mod:`hypervisor.caps_probe` — calibration subjects, and what they boot and feed: :mod:`hypervisor.guest`
+  (the minimal guest, also the lab's) and :mod:`hypervisor.frames` (frames into a guest's tap).
+
+It imports none of :mod:`acting`, :mod:`lab`, :mod:`faultsim`, :mod:`calibration` or :mod:`cli`
+(tests/test_layers.py).
 
 Submodules are not imported here, so ``import hypervisor.memory`` never needs libvirt.
 """

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from vcsched.errors import VcschedError
 from vcsched.formats.throttles import MigrationThrottles
-from vcsched.inventory import Inventory, VmState
+from vcsched.inventory import Inventory, VmMeta, VmState
 from vcsched.iocaps import IoCaps, VmDevices
 from vcsched.plans.steps import CreateStep
 
 if TYPE_CHECKING:
-    from hypervisor.settlement import RepairReport
+    from vcsched.plans.repair import RepairReport
 
 
 class HypervisorError(VcschedError):
@@ -90,6 +90,20 @@ class Hypervisor(Protocol):
 
     def set_need(self, host: str, vm: str, cpu_need_cores: float) -> None:
         """Rewrite the CPU need in a managed VM's metadata (live, and persistent config if it has one)."""
+        ...
+
+    def adopt_vm(self, host: str, vm: str, meta: VmMeta, cap_cores: float) -> None:
+        """Make running unmanaged ``vm`` managed where it runs: write ``meta`` into it (live and persistent) and cap
+        it at ``cap_cores`` (docs/introducing.md).  Refuses a domain that is already managed."""
+        ...
+
+    def release_vm(self, host: str, vm: str) -> None:
+        """Make managed ``vm`` unmanaged: remove its CPU cap and vcsched's metadata; it keeps running untouched."""
+        ...
+
+    def domain_definition(self, host: str, vm: str) -> str:
+        """``vm``'s domain XML as libvirt would define it again (its persistent definition, else its live one):
+        what adopting it records for a restart elsewhere."""
         ...
 
     def remove_vm(self, host: str, vm: str) -> None:

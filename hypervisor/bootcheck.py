@@ -15,8 +15,9 @@ What is read, for each kind of boot (:class:`vcsched.plans.steps.Boot`):
 * ``kernel`` (the cluster's ``[guest]``): the kernel and initrd;
 * ``image``: the disk image.
 
-Each file must exist, be a regular file and be readable by vcsched.  The
-kernel and initrd must **fit the VM's memory**: the kernel's footprint — an
+Each file must exist, be a regular file and be readable by vcsched; the
+kernel must be one (:func:`kernel_problem`: a bzImage's boot header, or an
+ELF vmlinux).  The kernel and initrd must **fit the VM's memory**: the kernel's footprint — an
 ELF kernel (booted by its PVH entry) up to the end of its highest loaded
 segment, a bzImage from its preferred load address up to its ``init_size``
 (the memory it needs to decompress and run, boot protocol 2.10+), anything
@@ -45,7 +46,7 @@ import struct
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 
-from hypervisor.devices import read_template
+from hypervisor.devices import boot_root
 from vcsched.errors import InputError
 from vcsched.formats.units import format_size
 from vcsched.plans.steps import Boot
@@ -74,6 +75,19 @@ def file_problem(where: str, path: str | None) -> str | None:
     except OSError as exc:
         return f"{where}: {path!r} cannot be read ({exc.strerror})"
     return None
+
+
+def kernel_problem(where: str, path: str) -> str | None:
+    """Why ``path`` is not a kernel QEMU can boot directly, or None: a Linux bzImage carries its setup header's
+    magic ``HdrS`` at offset 0x202 (the x86 boot protocol), a vmlinux is an ELF (booted by its PVH entry), an
+    arm64 ``Image`` its magic ``ARM\\x64`` at 0x38.  Anything else (``kernel = "/etc/passwd"``) would pass every
+    other check and fail only when the VM starts, after the plan's earlier steps had run."""
+    with open(path, "rb") as f:
+        head = f.read(0x206)
+    if head[:4] == _ELF_MAGIC or head[0x202:0x206] == b"HdrS" or head[0x38:0x3C] == b"ARM\x64":
+        return None
+    return (f"{where}: {path!r} is not a Linux kernel (neither a bzImage, with its boot header \"HdrS\" at "
+            "offset 0x202, nor an ELF vmlinux, nor an arm64 Image)")
 
 
 def kernel_footprint(path: str) -> int:
@@ -161,24 +175,24 @@ def boot_problems(where: str, boot: Boot, memory_bytes: int, *, local: bool = Tr
     def missing(pairs: list[tuple[str, str | None]]) -> list[str]:
         return [p for field, path in pairs if (p := file_problem(field, path)) is not None]
 
-    if boot.kind == "template":
-        problem = file_problem(name["path"], boot.path)
+    if boot.kind in ("template", "domain"):
+        problem = file_problem(name["path"], boot.path) if boot.kind == "template" else None
         if problem is not None:
             return [problem]
         try:
-            root = read_template(boot.path or "")
+            root = boot_root(boot)
         except InputError as exc:
             return [f"{name['path']}: {exc}"]
         kernel, initrd, disks = _template_files(root)
         if not local:
             return []
-        named = f"{name['path']} (template {boot.path})"
+        named = f"{name['path']} (template {boot.path})" if boot.kind == "template" else f"{where}.boot.xml"
         files = [(f"{named} {tag}", path) for tag, path in (("<os><kernel>", kernel), ("<os><initrd>", initrd))
                  if path]
         out = missing([*files, *((f"{named} <disk><source>", d) for d in disks)])
         if kernel is not None and not out:
-            fit = fit_problem(named, kernel, initrd, memory_bytes)
-            out += [fit] if fit else []
+            bad = kernel_problem(f"{named} <os><kernel>", kernel) or fit_problem(named, kernel, initrd, memory_bytes)
+            out += [bad] if bad else []
         return out
     if not local:
         return []
@@ -186,8 +200,9 @@ def boot_problems(where: str, boot: Boot, memory_bytes: int, *, local: bool = Tr
         return missing([(name["path"], boot.path)])
     out = missing([(name["kernel"], boot.kernel), (name["initrd"], boot.initrd)])
     if not out and boot.kernel is not None:
-        fit = fit_problem(name["kernel"], boot.kernel, boot.initrd, memory_bytes)
-        out += [fit] if fit else []
+        bad = kernel_problem(name["kernel"], boot.kernel) or fit_problem(name["kernel"], boot.kernel, boot.initrd,
+                                                                         memory_bytes)
+        out += [bad] if bad else []
     return out
 
 

@@ -3,7 +3,7 @@
 This is the libvirt side of ``vcsched calibrate --backend libvirt`` (the
 calibration package itself never imports libvirt).  It implements
 ``calibration.experiment.Subjects`` for already-running guests that loop on
-their CPU (the lab's guest, ``lab.guest``).
+their CPU (the minimal guest, ``hypervisor.guest``).
 
 What is measured, and why: the host cannot see a guest's own progress without
 an agent inside it, so the observable is the guests' **vCPU time**: the sum of
@@ -40,9 +40,8 @@ from typing import Any
 
 import libvirt
 
+from hypervisor.guest import GUEST_CMDLINE, GuestError, GuestImage, start_guest, wait_for_boot
 from hypervisor.journal import GUESTS, CalibrationEntry, Journal, signals_held
-from lab.guest import GuestError, start_guest, wait_for_boot
-from lab.state import GUEST_CMDLINE, GuestImage
 from vcsched.caps import MIN_QUOTA_US, PERIOD_US, quota_for
 from vcsched.errors import InputError, VcschedError
 from vcsched.iocaps import IoCaps
@@ -450,7 +449,7 @@ class LibvirtIoSubjects:
 
     Observed: disk = bytes read + written (``blockStats``); net = bytes the
     guest received (``interfaceStats`` rx), with this machine writing frames
-    into each guest's tap while it runs (:mod:`calibration.frames`: inbound,
+    into each guest's tap while it runs (:mod:`hypervisor.frames`: inbound,
     the direction libvirt's counters can show a cap on).
     """
 
@@ -551,7 +550,7 @@ class LibvirtIoSubjects:
     def _make_floods(self) -> None:
         import xml.etree.ElementTree as ET
 
-        from calibration.frames import Flood
+        from hypervisor.frames import Flood
 
         for dom, devices in zip(self.doms, self.devices, strict=True):
             mac = ET.fromstring(dom.XMLDesc(0)).find("devices/interface/mac")
@@ -625,7 +624,7 @@ def io_guests(uri: str, count: int, image: GuestImage, partition: str | None, re
     Named ``vcsched-calib-<pid>-<i>``; their consoles and disk files go to a
     temporary directory removed with them.
     """
-    from lab.guest import make_disk
+    from hypervisor.guest import make_disk
 
     def extra(name: str, work: Path) -> dict[str, Any]:
         if resource == "disk":

@@ -69,10 +69,46 @@ def read_template(path: str) -> ET.Element:
     return root
 
 
+def boot_root(boot: Boot) -> ET.Element:
+    """The domain XML a ``template`` or ``domain`` boot starts from (a file, or an adopted domain's own XML)."""
+    if boot.kind == "domain":
+        try:
+            root = ET.fromstring(boot.xml or "")
+        except ET.ParseError as exc:
+            raise InputError(f"boot.xml: malformed domain XML ({exc})") from None
+        if root.tag != "domain":
+            raise InputError(f"boot.xml: root element is <{root.tag}>, expected <domain>")
+        return root
+    return read_template(boot.path or "")
+
+
 def boot_devices(boot: Boot) -> VmDevices:
     """The devices a VM created with ``boot`` will have (see the module docstring)."""
     if boot.kind == "image":
         return VmDevices(disks=("vda",))
-    if boot.kind == "template":
-        return devices_of(read_template(boot.path or ""))
+    if boot.kind in ("template", "domain"):
+        return devices_of(boot_root(boot))
     return VmDevices()
+
+
+#: Devices vcsched cannot live-migrate with a domain (libvirt refuses, or the device is bound to this host), each
+#: with what an operator reads: ``(XPath below <devices>, what it is)``.
+UNMIGRATABLE = (
+    ("hostdev", "a host device passed through (<hostdev>)"),
+    ("interface[@type='hostdev']", "a host network device passed through (<interface type='hostdev'>)"),
+    ("filesystem", "a host directory shared into the guest (<filesystem>: virtiofs or 9p)"),
+    ("redirdev", "a redirected USB device (<redirdev>)"),
+    ("smartcard[@mode='host']", "the host's smartcard (<smartcard mode='host'>)"),
+    ("shmem", "host shared memory (<shmem>)"),
+)
+
+
+def unmigratable_devices(xml: str) -> list[str]:
+    """What in a domain's XML vcsched cannot live-migrate or restart elsewhere (empty: nothing): ``vcsched adopt``
+    refuses such a domain (docs/introducing.md).  Disks are not among them: a disk on storage another host
+    shares moves with the memory, one on a host's own storage is copied (the cluster file's ``storage``)."""
+    root = ET.fromstring(xml)
+    devices = root.find("devices")
+    if devices is None:
+        return []
+    return [what for path, what in UNMIGRATABLE if devices.find(path) is not None]

@@ -12,7 +12,7 @@ import math
 import xml.etree.ElementTree as ET
 from xml.sax.saxutils import escape, quoteattr
 
-from hypervisor.devices import devices_of, read_template
+from hypervisor.devices import boot_root, devices_of
 from hypervisor.drivers import driver_of
 from hypervisor.throttle import IO_GROUP, io_caps_of
 from vcsched.caps import PERIOD_US, cores_from_quota, quota_for
@@ -149,7 +149,7 @@ def domain_xml(step: CreateStep, partition: str | None) -> str:
     """
     meta = metadata_xml(step.meta())
     quota = quota_for(step.cap_cores, step.vcpus)
-    if step.boot.kind == "template":
+    if step.boot.kind in ("template", "domain"):
         return _from_template(step, partition, meta, quota)
     xml = _built(step, partition, meta, quota)
     if not step.io_caps:
@@ -194,9 +194,12 @@ def _built(step: CreateStep, partition: str | None, meta: str, quota: int) -> st
 
 
 def _from_template(step: CreateStep, partition: str | None, meta: str, quota: int) -> str:
-    """The request's template with name, size, metadata, caps and partition set by vcsched (uuid dropped)."""
-    root = read_template(step.boot.path or "")
-    for tag in ("uuid", "name", "memory", "currentMemory", "vcpu", "metadata", "cputune"):
+    """The request's template (or an adopted domain's own XML) with name, size, metadata, caps and partition set
+    by vcsched (uuid dropped)."""
+    root = boot_root(step.boot)
+    # An adopted domain's own <resource> names the cgroup partition of the host it ran on: the target's replaces it.
+    dropped = ("resource",) if step.boot.kind == "domain" and partition else ()
+    for tag in ("uuid", "name", "memory", "currentMemory", "vcpu", "metadata", "cputune", *dropped):
         for el in root.findall(tag):
             root.remove(el)
     ET.SubElement(root, "name").text = step.vm

@@ -8,8 +8,8 @@ on return, on an error, on SIGTERM and SIGINT — but nothing runs after a
 SIGKILL, a machine crash or an OOM kill.  So before its first change such a
 command writes a *journal*: one small JSON file per process under
 ``<state dir>/journal/`` (``$VCSCHED_STATE_DIR``, see
-:func:`acting.lock.state_dir`), replaced atomically (write, fsync,
-rename), removed once everything is back.  :func:`restore_journal` reads the
+:func:`hypervisor.files.state_dir`), replaced atomically (write, fsync,
+rename), removed once everything is back.  :func:`acting.restore.restore_journal` reads the
 journals of processes that are gone and puts back what they recorded; ``vcsched
 observe --probe`` and ``vcsched run`` call it (probe journals of their
 cluster) before they probe, ``vcsched calibrate --backend libvirt``
@@ -58,7 +58,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,9 +74,9 @@ KINDS = (PROBE, CALIBRATION, GUESTS)
 
 
 def journal_dir(state: Path | None = None) -> Path:
-    """``<state dir>/journal`` (:func:`acting.lock.state_dir` unless ``state`` is given)."""
+    """``<state dir>/journal`` (:func:`hypervisor.files.state_dir` unless ``state`` is given)."""
     if state is None:
-        from acting.lock import state_dir
+        from hypervisor.files import state_dir
 
         state = state_dir()
     return state / "journal"
@@ -132,8 +132,8 @@ class CalibrationEntry:
 
 @dataclass(frozen=True)
 class JournalReport:
-    """What :func:`restore_journal` did: ``restored`` (one line per setting put back), ``problems`` (what it
-    could not put back: their journals stay), ``left`` (journals it did not touch, and why)."""
+    """What :func:`acting.restore.restore_journal` did: ``restored`` (one line per setting put back),
+    ``problems`` (what it could not put back: their journals stay), ``left`` (journals it did not touch, and why)."""
 
     restored: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
@@ -205,19 +205,21 @@ def _plain(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class _Found:
+class Found:
+    """A journal of a gone process (or this one's, asked for) and what it says."""
+
     path: Path
     doc: dict[str, Any]
 
 
 def pending(kind: str | None = None, directory: Path | None = None, *, own: bool = False) -> list[Path]:
     """Journals (of ``kind``, or every kind) whose process is gone — or this process's own, with ``own``."""
-    return [f.path for f in _journals(directory or journal_dir(), kind, own)[0]]
+    return [f.path for f in gone_journals(directory or journal_dir(), kind, own)[0]]
 
 
-def _journals(directory: Path, kind: str | None, own: bool) -> tuple[list[_Found], list[str]]:
+def gone_journals(directory: Path, kind: str | None, own: bool) -> tuple[list[Found], list[str]]:
     """(journals to restore, lines for those left alone)."""
-    found: list[_Found] = []
+    found: list[Found] = []
     left: list[str] = []
     try:
         paths = sorted(directory.glob("*.json"))
@@ -244,13 +246,14 @@ def _journals(directory: Path, kind: str | None, own: bool) -> tuple[list[_Found
             continue
         if mine and not own:
             continue
-        found.append(_Found(path, doc))
+        found.append(Found(path, doc))
     return found, left
 
 
 def describe_journal(directory: Path | None = None) -> list[str]:
-    """What :func:`restore_journal` would put back (one line per journal of a gone process), changing nothing."""
-    found, _left = _journals(directory or journal_dir(), None, own=False)
+    """What :func:`acting.restore.restore_journal` would put back (one line per journal of a gone process),
+    changing nothing."""
+    found, _left = gone_journals(directory or journal_dir(), None, own=False)
     out = []
     for f in found:
         if f.doc["kind"] == PROBE:
@@ -267,69 +270,6 @@ def describe_journal(directory: Path | None = None) -> list[str]:
             out.append(f"journal {f.path}: a killed calibration (pid {f.doc.get('pid')}) changed {doms or 'none'} "
                        "(pinning, running state, caps): each is put back")
     return out
-
-
-def restore_journal(hv: Any = None, *, kinds: Sequence[str] = KINDS, directory: Path | None = None,
-                    guard: Callable[[], None] | None = None, own: bool = False) -> JournalReport:
-    """Put back what the journals of gone processes recorded (module docstring); returns what it did.
-
-    ``hv`` (a :class:`hypervisor.base.Hypervisor` of one cluster) restores probe journals of that cluster,
-    through the executor: the caller holds the cluster lock and passes its ``guard``; without ``hv`` probe
-    journals are left.  Calibration journals are restored through libvirt directly, by URI.  ``own``: this
-    process's journals too (a controller whose earlier restore failed).  Raises nothing for what it cannot put
-    back: that is in the report's ``problems`` (and the journal stays).
-    """
-    directory = directory or journal_dir()
-    found, left = _journals(directory, None, own)
-    report = JournalReport(left=tuple(left))
-    for f in found:
-        kind = f.doc["kind"]
-        if kind not in kinds:
-            continue
-        if kind == PROBE:
-            report += _restore_probe(hv, f, guard)
-        elif kind == GUESTS:
-            report += _destroy_guests(f)
-        else:
-            report += _restore_calibration(f)
-    return report
-
-
-def _restore_probe(hv: Any, f: _Found, guard: Callable[[], None] | None) -> JournalReport:
-    from acting.executor import DONE, SKIPPED, apply_plan
-    from vcsched.control.observe import cap_plan
-
-    if hv is None:
-        return JournalReport(left=(f"journal {f.path}: probe caps of cluster {f.doc.get('cluster')!r} (restored "
-                                   "by `vcsched run`, `vcsched observe --probe` or `vcsched repair` there)",))
-    try:
-        entries = [ProbeEntry(str(e["host"]), str(e["vm"]), None if e.get("uuid") is None else str(e["uuid"]),
-                              float(e["before"]), float(e["raised"])) for e in f.doc.get("vms", [])]
-    except (KeyError, TypeError, ValueError) as exc:
-        return JournalReport(left=(f"journal {f.path}: malformed probe entry ({exc}); left as it is",))
-    inventory = hv.inventory()
-    if f.doc.get("cluster") != inventory.cluster:
-        return JournalReport(left=(f"journal {f.path}: probe caps of cluster {f.doc.get('cluster')!r}, not "
-                                   f"{inventory.cluster!r}",))
-    back, waiting = probe_caps_back(inventory, entries)
-    restored: list[str] = []
-    problems: list[str] = list(waiting)
-    if back:
-        try:
-            result = apply_plan(hv, cap_plan(inventory, back), guard=guard)
-        except VcschedError as exc:
-            problems.append(f"probe caps {', '.join(sorted(back))}: not put back ({exc})")
-        else:
-            for r in result.results:
-                if r.outcome in (DONE, SKIPPED):
-                    restored.append(f"{r.step.vm}: cap put back to {back[r.step.vm]:g} (a probe had raised it)")
-                else:
-                    problems.append(f"{r.step.vm}: probe cap not put back to {back[r.step.vm]:g} ({r.outcome}"
-                                    + (f": {r.detail}" if r.detail else "") + ")")
-    if not problems:
-        with contextlib.suppress(FileNotFoundError):
-            f.path.unlink()
-    return JournalReport(tuple(restored), tuple(problems))
 
 
 def probe_entries(inventory: Inventory, caps: Mapping[str, float]) -> list[ProbeEntry]:
@@ -366,7 +306,7 @@ def probe_caps_back(inventory: Inventory, entries: Sequence[ProbeEntry]) -> tupl
     return back, waiting
 
 
-def _destroy_guests(f: _Found) -> JournalReport:
+def destroy_guests(f: Found) -> JournalReport:
     from hypervisor.caps_probe import destroy_guest
 
     done: list[str] = []
@@ -388,7 +328,7 @@ def _destroy_guests(f: _Found) -> JournalReport:
     return JournalReport(tuple(done), tuple(problems))
 
 
-def _restore_calibration(f: _Found) -> JournalReport:
+def restore_calibration(f: Found) -> JournalReport:
     from hypervisor.caps_probe import restore_domain
 
     restored: list[str] = []

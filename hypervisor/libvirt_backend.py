@@ -71,7 +71,7 @@ from hypervisor.libvirt_calls import as_host_error, one_line, quiet, retrying
 from hypervisor.live_state import host_state, host_vms, migration_job, read_cap, read_io_caps, vm_state
 from hypervisor.migration import migrate
 from hypervisor.pool import inventory_workers, run_bounded
-from hypervisor.settlement import RepairReport, settle
+from hypervisor.settlement import settle
 from hypervisor.throttle import apply_io_caps, live_devices
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, PERIOD_US, quota_for, realisable_cap
 from vcsched.errors import InputError
@@ -89,6 +89,7 @@ from vcsched.inventory import (
     mark_in_doubt,
 )
 from vcsched.iocaps import DISK, NET, IoCaps, VmDevices, io_problem, realisable
+from vcsched.plans.repair import RepairReport
 from vcsched.plans.steps import CreateStep
 
 T = TypeVar("T")
@@ -101,6 +102,22 @@ def _copy_kind(v: VmState) -> str:
     if v.paused:
         return "paused arrival" if v.arriving_from is not None else "paused"
     return "running"
+
+
+def _affected(persistent: bool) -> list[int]:
+    """The flags to change a running domain with, one call each: the running domain (``AFFECT_LIVE``) and, for a
+    persistent one, its definition (``AFFECT_CONFIG``).  libvirt's QEMU driver refuses both in one
+    ``setMetadata`` or ``setSchedulerParametersFlags`` call ("Flags 'VIR_DOMAIN_AFFECT_LIVE' and
+    'VIR_DOMAIN_AFFECT_CONFIG' are mutually exclusive", measured on the lab capping a persistent domain:
+    vcsched's own are transient, an adopted one is not)."""
+    return [libvirt.VIR_DOMAIN_AFFECT_LIVE, *([libvirt.VIR_DOMAIN_AFFECT_CONFIG] if persistent else [])]
+
+
+def _set_metadata(dom: Any, element: str | None, persistent: bool) -> None:
+    """Write (``None``: remove) vcsched's ``<vcsched:vm>`` element, live and in the definition (:func:`_affected`)."""
+    prefix = METADATA_PREFIX if element is not None else None
+    for flag in _affected(persistent):
+        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, prefix, METADATA_NS, flag)
 
 
 class LibvirtHypervisor:
@@ -544,12 +561,10 @@ class LibvirtHypervisor:
                 raise HypervisorError(f"host {host}: cap {cap_cores:.4f} cores for {vm!r} is below libvirt's "
                                       f"minimum vcpu_quota ({MIN_QUOTA_US} µs per {PERIOD_US} µs per vCPU)")
             params = {"vcpu_period": PERIOD_US, "vcpu_quota": quota}
-        flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
-        if persistent:
-            flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
         with as_host_error(host, f"cap {vm!r}"):
             self.fence(host, f"cap {vm!r}")
-            self._retry(lambda: dom.setSchedulerParametersFlags(params, flags))
+            for flag in _affected(persistent):
+                self._retry(functools.partial(dom.setSchedulerParametersFlags, params, flag))
 
     def _refuse_io(self, host: str, vm: str, caps: IoCaps) -> None:
         """A driver that cannot cap a resource ``caps`` asks for: refused naming host, VM and value."""
@@ -602,12 +617,53 @@ class LibvirtHypervisor:
         """Rewrite the ``<vcsched:vm>`` element with the new need (the other fields as they are)."""
         with as_host_error(host, f"record the need of {vm!r}"):
             dom, meta = self._managed_domain(host, vm, "write metadata of")
-            flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
-            if dom.isPersistent():
-                flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+            persistent = bool(dom.isPersistent())
             element = metadata_xml(replace(meta, cpu_need_cores=cpu_need_cores), bare=True)
             self.fence(host, f"record the need of {vm!r}")
-            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, METADATA_PREFIX, METADATA_NS, flags)
+            _set_metadata(dom, element, persistent)
+
+    def adopt_vm(self, host: str, vm: str, meta: VmMeta, cap_cores: float) -> None:
+        """Write vcsched's metadata into running unmanaged ``vm`` (live, and persistent if defined), then cap it.
+
+        The metadata first: a cap that fails after it leaves a managed VM whose cap a re-run sets (the executor's
+        adopt runner), never a capped domain vcsched does not know as its own."""
+        self._refuse_uncappable(host)
+        with as_host_error(host, f"adopt {vm!r}"):
+            dom = self.domain(host, vm)
+            try:
+                found = parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0))
+            except libvirt.libvirtError:
+                found = None  # no vcsched metadata: unmanaged
+            if found is not None:
+                raise HypervisorError(f"host {host}: domain {vm!r} is already managed (virtual cluster "
+                                      f"{found.cluster!r})")
+            if not dom.isActive():
+                raise HypervisorError(f"host {host}: domain {vm!r} is not running")
+            persistent = bool(dom.isPersistent())
+            self.fence(host, f"adopt {vm!r}")
+            _set_metadata(dom, metadata_xml(meta, bare=True), persistent)
+        self.set_cap(host, vm, cap_cores)
+
+    def release_vm(self, host: str, vm: str) -> None:
+        """Lift ``vm``'s CPU cap (no quota; no credit cap on Xen), then remove vcsched's metadata (live and
+        persistent): the domain keeps running, unmanaged.  The cap first, so a failure in between leaves a
+        managed VM (a re-run finishes), never a capped domain nobody manages."""
+        with as_host_error(host, f"release {vm!r}"):
+            dom, _meta = self._managed_domain(host, vm, "release")
+            persistent = bool(dom.isPersistent())
+            self.fence(host, f"release {vm!r}")
+            kind = self.driver(host).cpu_cap
+            if kind is not None:
+                params = {"cap": 0} if kind == "credit" else {"vcpu_period": PERIOD_US, "vcpu_quota": -1}
+                for flag in _affected(persistent):
+                    self._retry(functools.partial(dom.setSchedulerParametersFlags, params, flag))
+            _set_metadata(dom, None, persistent)
+
+    def domain_definition(self, host: str, vm: str) -> str:
+        with as_host_error(host, f"read the definition of {vm!r}"):
+            dom = self.domain(host, vm)
+            flags = libvirt.VIR_DOMAIN_XML_INACTIVE if dom.isPersistent() else 0
+            return str(dom.XMLDesc(flags))
 
     def remove_vm(self, host: str, vm: str) -> None:
         """Destroy (hard stop: the cluster departed, its guests' state is not kept) and undefine if persistent."""

@@ -29,7 +29,7 @@ from vcsched.iocaps import IO_RESOURCES, IoCaps, VmDevices, io_problem, realisab
 from vcsched.plans.steps import CreateStep
 
 if TYPE_CHECKING:
-    from hypervisor.settlement import RepairReport
+    from vcsched.plans.repair import RepairReport
 
 
 class MemoryHypervisor:
@@ -54,6 +54,8 @@ class MemoryHypervisor:
         self.repairs = 0  # how many times repair ran (in-memory hosts hold one copy per VM: nothing to settle)
         self.throttles = NO_THROTTLES
         self.timeouts: dict[str, float | None] = {}  # vm -> the timeout its last migration was given
+        #: vm -> its domain XML (:meth:`domain_definition`); a VM not in it has a plain one (no devices).
+        self.definitions: dict[str, str] = {}
 
     def _add(self, v: VmState) -> None:
         if v.host not in self.hosts:
@@ -98,7 +100,7 @@ class MemoryHypervisor:
 
     def repair(self, guard: Callable[[], None], *, apply: bool = True) -> RepairReport:
         """Nothing is ever in doubt here (one copy per VM by construction): an empty report, counted."""
-        from hypervisor.settlement import RepairReport, plan_repair
+        from vcsched.plans.repair import RepairReport, plan_repair
 
         self.repairs += 1
         return RepairReport(plan_repair(self.inventory()), applied=apply)
@@ -178,6 +180,28 @@ class MemoryHypervisor:
         self._check_io(target, vm, v.devices, v.io_caps)  # its <iotune>/<bandwidth> travel in the domain XML
         meta = None if v.meta is None else replace(v.meta, migrated_at=self.clock(), generation=v.meta.generation + 1)
         self.vms[vm] = replace(v, host=target, cap_cores=self.realised_cap(target, v.vcpus, cap_cores), meta=meta)
+
+    def adopt_vm(self, host: str, vm: str, meta: VmMeta, cap_cores: float) -> None:
+        self._maybe_fail("adopt", vm)
+        v = self._vm_on(host, vm)
+        if v.meta is not None:
+            raise HypervisorError(f"host {host}: domain {vm!r} is already managed (virtual cluster "
+                                  f"{v.meta.cluster!r})")
+        if not v.active:
+            raise HypervisorError(f"host {host}: domain {vm!r} is not running")
+        self._check_cap(host, vm, v.vcpus, cap_cores)
+        self.vms[vm] = replace(v, meta=meta, cap_cores=self.realised_cap(host, v.vcpus, cap_cores))
+
+    def release_vm(self, host: str, vm: str) -> None:
+        self._maybe_fail("release", vm)
+        v, _meta = self._managed_on(host, vm, "release")
+        self.vms[vm] = replace(v, meta=None, cap_cores=None)  # disk and network caps stay, as libvirt's do
+
+    def domain_definition(self, host: str, vm: str) -> str:
+        v = self._vm_on(host, vm)
+        return self.definitions.get(vm) or (
+            f"<domain type='test'><name>{v.name}</name><memory unit='b'>{v.memory_bytes}</memory>"
+            f"<vcpu>{v.vcpus}</vcpu><os><type>hvm</type></os><devices/></domain>")
 
     def lists(self, host: str, vm: str) -> bool:
         v = self.vms.get(vm)

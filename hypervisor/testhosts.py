@@ -63,8 +63,10 @@ def write_scale_cluster(directory: Path, hosts: int, vms_per_host: int, scheme: 
     ``scheme="sim"``: the same node files served by the simulated libvirt (:mod:`hypervisor.simlibvirt`,
     ``sim:///DIR/hN.xml``) instead of libvirt's test driver, whose opens cost more than vcsched itself."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ("vmlinuz", "initrd.gz"):
-        (directory / name).write_bytes(b"")
+    # A kernel's boot header is checked before a plan's first step (hypervisor/bootcheck.py): the fake one carries
+    # a bzImage's "HdrS" at 0x202 and nothing else.
+    (directory / "vmlinuz").write_bytes(bytes(0x202) + b"HdrS")
+    (directory / "initrd.gz").write_bytes(b"")
     lines = ['name = "scale"', "", "[guest]", f'kernel = "{directory / "vmlinuz"}"',
              f'initrd = "{directory / "initrd.gz"}"', ""]
     for h in range(hosts):

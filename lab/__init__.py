@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hypervisor.files import write_atomic
+from hypervisor.guest import GuestImage
 from lab import cgroups, daemons, fence_agent, ports, qemucaps
 from lab.guest import boot_directly
 from lab.image import BUSYBOX, ensure_image, initramfs_recipe
 from lab.state import (
-    GuestImage,
     LabHost,
     LabLayout,
     default_lab_dir,

@@ -57,16 +57,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from hypervisor.files import write_atomic
-from lab.state import DEFAULT_LAB_DIR, GuestImage, guest_cmdline
+from hypervisor.guest import BOOT_MARKER, NO_DRIVER_MARKER, GuestImage
+from lab.state import DEFAULT_LAB_DIR, guest_cmdline
 from vcsched.errors import VcschedError
 
 #: The image cache's files are readable by everyone (the lab's daemons read them); several test sessions may
 #: fill one cache at once, so each file is written atomically (hypervisor/files.py).
 CACHE_MODE = 0o644
 
-BOOT_MARKER = "VCSCHED-GUEST-UP"
-#: Printed instead of the boot marker when an I/O workload finds no device or driver to run on.
-NO_DRIVER_MARKER = "VCSCHED-GUEST-NO-DEVICE"
 BUSYBOX = Path("/bin/busybox")
 #: Printed on the serial console at the start of each phase of a load pattern: ``VCSCHED-LOAD <percent> <seconds>``.
 LOAD_MARKER = "VCSCHED-LOAD"
@@ -102,8 +100,6 @@ if [ -n "$load" ]; then
   done
 fi
 """
-#: The workloads ``vcsched.work=`` selects (see the module docstring).
-WORKLOADS = ("cpu", "disk", "net", "sink")
 #: Destination of the packet sender: a locally administered unicast address no interface has, so the
 #: host's kernel drops every frame at layer 2 (PACKET_OTHERHOST) and nothing is routed or bridged anywhere.
 SINK_MAC = "02:00:5e:00:53:01"

@@ -23,21 +23,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypervisor.guest import GUEST_CMDLINE, GuestImage
 from vcsched.errors import InputError
 
 DEFAULT_LAB_DIR = Path("/var/tmp/vcsched-lab")
 LAB_DIR_ENV = "VCSCHED_LAB_DIR"
 SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 
-#: The guest kernel command line: serial console for the boot marker, reboot-free
-#: panic so a broken guest stops instead of looping.  ``no_timer_check``: a TCG vCPU
-#: starved by a loaded machine misses the early IO-APIC timer check, and the kernel
-#: panics ("IO-APIC + timer doesn't work!"); seen with five guests booting at once
-#: beside other work, where one never came up.  ``cryptomgr.notests``: the kernel's
-#: crypto self-tests were its slowest initcalls under TCG (crypto_algapi_init 0.76 s,
-#: crypto_kdf108_init 0.19 s); without them a boot took 5.6 s instead of 6.7 s (mean
-#: of 4 each, machine at load 6).  The guest runs no crypto worth testing.
-GUEST_CMDLINE = "console=ttyS0 panic=-1 quiet no_timer_check cryptomgr.notests"
 
 
 def clock_options(cpuinfo: str | None = None) -> str:
@@ -241,16 +233,6 @@ class LabHost:
     def connect_uri(self) -> str:
         """The URI to open this host with: ``uri``, plus ``pkipath`` on a TLS lab (the cluster file says ``pki``)."""
         return f"{self.uri}?pkipath={self.pki}" if self.pki and self.uri.startswith("qemu+tls") else self.uri
-
-
-@dataclass(frozen=True)
-class GuestImage:
-    """The default guest boot of a lab: a TCG-bootable kernel and busybox initramfs."""
-
-    kernel: Path
-    initrd: Path
-    cmdline: str = GUEST_CMDLINE
-    domain_type: str = "qemu"
 
 
 def memory_reserved_for(total_mib: int, n_hosts: int, floor_mib: int = 64) -> str:

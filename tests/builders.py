@@ -49,3 +49,20 @@ def request(name: str = "web", vms: int = 2, need: float = 0.5, mem: int = 128 *
 def memory_hypervisor(inv: Inventory) -> MemoryHypervisor:
     """An in-memory hypervisor holding ``inv``."""
     return MemoryHypervisor(inv.cluster, inv.hosts, inv.vms)
+
+
+def test_driver_node(vms: list[tuple[str, VmMeta]], cores: int, first: int) -> str:
+    """A libvirt test-driver host file (``test:///PATH``) of ``cores`` cores and 32 GiB running ``vms`` (name,
+    vcsched metadata) of 512 MiB and one vCPU each, capped at their need; UUIDs numbered from ``first`` + 1."""
+    import uuid
+
+    from hypervisor.domain_xml import metadata_xml
+
+    doms = "".join(
+        f"<domain type='test'><name>{name}</name><uuid>{uuid.UUID(int=first + k + 1)}</uuid>"
+        f"<metadata>{metadata_xml(meta)}</metadata><memory unit='MiB'>512</memory>"
+        f"<currentMemory unit='MiB'>512</currentMemory><vcpu>1</vcpu>"
+        f"<cputune><period>100000</period><quota>{int(meta.cpu_need_cores * 100000)}</quota></cputune>"
+        "<os><type>hvm</type></os><devices/></domain>" for k, (name, meta) in enumerate(vms))
+    return (f"<node><cpu><mhz>2000</mhz><model>t</model><active>{cores}</active><nodes>1</nodes><sockets>1</sockets>"
+            f"<cores>{cores}</cores><threads>1</threads></cpu><memory>{32 << 20}</memory>{doms}</node>\n")

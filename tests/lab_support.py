@@ -29,10 +29,10 @@ import psutil
 import pytest
 
 from hypervisor.base import Hypervisor, measure_cores
+from hypervisor.guest import start_guest, wait_for_boot
 from lab import Lab, down, guest_boot_check, prerequisites_problem, status, up
 from lab import cgroups as lab_cgroups
 from lab.daemons import namespace_holders
-from lab.guest import start_guest, wait_for_boot
 from lab.state import LabLayout
 from tests.skip_policy import patience, skip_or_fail
 from vcsched.inventory import VmState
@@ -253,3 +253,20 @@ def measure_against(hv: Hypervisor, vms: Iterable[VmState], expected: Mapping[st
         if CoreWindows(expected, window_s, tuple(windows)).reached():
             break
     return CoreWindows(expected, window_s, tuple(windows))
+
+
+def unbootable_kernel(path: Path) -> Path:
+    """A file that passes every check vcsched makes of a kernel before the first step — it exists, is readable,
+    is a kernel by its header (a bzImage's ``HdrS``, boot protocol 2.15), fits any VM of 32 MiB or more — and
+    that QEMU refuses when the VM starts ("invalid kernel header": its 255 setup sectors are longer than the
+    4 KiB file): a create step that fails at run time, after the plan's earlier steps."""
+    import struct
+
+    head = bytearray(bytes(range(256)) * 16)
+    head[0x1F1] = 0xFF
+    head[0x202:0x206] = b"HdrS"
+    struct.pack_into("<H", head, 0x206, 0x20F)
+    struct.pack_into("<Q", head, 0x258, 16 << 20)  # loaded at 16 MiB, 1 MiB to decompress
+    struct.pack_into("<I", head, 0x260, 1 << 20)
+    path.write_bytes(bytes(head))
+    return path

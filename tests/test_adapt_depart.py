@@ -21,11 +21,11 @@ from vcsched.plans.steps import MigrateStep, RemoveStep, SetCapStep
 def crowded() -> MemoryHypervisor:
     """Two 1-core hosts, each full of memory (4 GiB of 1 GiB VMs); everyone gets less CPU than it needs.
 
-    h0: web-0, web-1 (0.8 cores each), batch-0 (0.8) and an unmanaged VM;
+    h0: web-0, web-1 (0.8 cores each), batch-0 (0.8) and an unmanaged VM (measured idle: reserves no CPU);
     h1: batch-1..3 (0.8) and db-0 (0.2).
     """
     hosts = [HostState("h0", 1, 4 * GIB), HostState("h1", 1, 4 * GIB)]
-    unmanaged = VmState("other", "h0", 1, GIB, True, None, None)
+    unmanaged = VmState("other", "h0", 1, GIB, True, None, None, measured_reserve=0.0)  # measured idle
     return MemoryHypervisor("lab", hosts, [
         vm("web-0", "h0", 0.8, 0.3, "web"), vm("web-1", "h0", 0.8, 0.3, "web"),
         vm("batch-0", "h0", 0.8, 0.3, "batch"), unmanaged,

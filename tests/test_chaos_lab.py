@@ -52,9 +52,9 @@ from typing import Any
 
 import pytest
 
+from hypervisor.guest import guest_xml
 from lab import Lab, up
 from lab.daemons import answers, daemon_pid
-from lab.guest import guest_xml
 from lab.state import LabLayout
 from tests.lab_support import LAB_TRANSPORT, running_lab, skip_unless_lab_possible
 from vcsched.inventory import METADATA_NS

@@ -168,7 +168,7 @@ def test_a_refusal_exits_1_with_ok_false_and_its_reason_on_stderr(hosts: ScaleCl
     result = run("drain", "h0", "--budget", "0", "--cluster", c, "--json")
     doc = _json(result, 1)
     assert doc["ok"] is False and doc["complete"] is False
-    assert "vcsched: refused: h0 cannot be emptied: 2 VM(s) stay (vm0, vm1)" in result.stderr
+    assert "vcsched: refused: h0 cannot be emptied: 2 VMs stay (vm0, vm1)" in result.stderr
 
 
 def test_a_plan_that_no_longer_fits_the_live_cluster_is_refused_with_exit_1_not_2(hosts: ScaleCluster,
@@ -203,7 +203,8 @@ def _cluster_commands() -> list[list[str]]:
         ("drain",): ["h0", "--budget", "0"], ("cordon",): ["h0"],
         ("uncordon",): ["h0"], ("adapt",): ["--budget", "0"], ("run",): ["--budget-per-interval", "0"],
         ("status",): ["--sample", "0"], ("top",): ["--once"], ("observe",): ["--window", "1s"], ("repair",): [],
-        ("recover",): ["h0"], ("recommendations",): [], ("approve",): ["r00000000"], ("skip",): ["r00000000"]}
+        ("recover",): ["h0"], ("restart",): ["vm-0"], ("recommendations",): [], ("approve",): ["r00000000"],
+        ("skip",): ["r00000000"], ("audit",): [], ("adopt",): ["legacy", "--vc", "old"], ("release",): ["legacy"]}
     exempt = {("calibrate",)}  # reads --cluster only to boot guests, after connecting to --connect (lab tests)
     out = []
     for path, cmd in COMMANDS.items():

@@ -134,3 +134,94 @@ def test_a_stop_during_the_restart_still_says_which_vm_ran_again(tmp_path: Path)
     assert run.controller.stop.is_set() and hv.vms["b-0"].active
     assert [(r["vm"], r["failed_host"]) for r in run.events("vm_restarted")] == [("b-0", "h1")]
     assert run.controller.metrics.failures["vms_restarted"] == 1
+
+
+def test_a_recovery_plan_refused_whole_fences_nothing(tmp_path: Path) -> None:
+    """The recovery plan is validated whole before the host is fenced (acting/unit_of_work.py; issue 37,
+    measurement 1): here the recorded VM's boot files (/k, /i) are absent on the hosts (the in-memory hosts are
+    this machine), so the whole-plan check refuses its create, and the failed host is not fenced."""
+    fences = Fences()
+    run, hv = setup(tmp_path, fences)
+    hv.boot_files = True
+    run.cycles(2)
+    power_loss(hv, "h1")
+    run.cycles(6)
+    assert run.events("host_failed") and not fences.calls and not run.events("host_fenced")
+    assert "b-0" not in hv.vms and any("/k" in e.get("error", "") for e in run.events("error"))
+
+
+def test_a_vm_whose_floor_the_survivors_cannot_meet_restarts_below_it_with_an_event(tmp_path: Path) -> None:
+    """on_failure = "restart" (the default): b-0's floor (0.5 of 0.6 cores) does not fit beside a-0's and c-0's
+    (0.9 of 0.9 cores each, on one-core hosts), yet it runs again, and `vm_below_floor` says so."""
+    def floored(name: str, host: str, need: float, floor: float) -> Any:
+        v = managed(name, host, name[0], need, need)
+        assert v.meta is not None
+        return dataclasses.replace(v, meta=dataclasses.replace(v.meta, min_yield=floor))
+
+    hv, clock = loaded([floored("a-0", "h0", 0.9, 0.9), floored("b-0", "h1", 0.6, 0.5),
+                        floored("c-0", "h2", 0.9, 0.9)],
+                       {"a-0": busy(0.9), "b-0": busy(0.6), "c-0": busy(0.9)}, n_hosts=3)
+    store = DefinitionStore.for_url(f"file://{tmp_path}/coordination", "lab")
+    store.put(CreateStep("b-0", "h1", "b", 1, 128 << 20, 0.6, 0.6, Boot("kernel", "/k", "/i", "quiet"), 0.5))
+    run = Run(hv, clock, FakeLocks(), probe_seconds=0.0)
+    run.controller.failover = Failover(cluster(), store, Fences())
+    run.cycles(3)
+    power_loss(hv, "h1")
+    run.cycles(6)
+    assert [r["vm"] for r in run.events("vm_restarted")] == ["b-0"] and hv.vms["b-0"].active
+    (below,) = run.events("vm_below_floor")
+    assert below["vm"] == "b-0" and below["min_yield"] == 0.5 and below["yield"] < 0.5
+    assert below["host"] == hv.vms["b-0"].host and not run.events("vm_stranded")
+
+
+def lost_b0(tmp_path: Path, **options: Any) -> tuple[Run, Any, DefinitionStore]:
+    """b-0 is recorded on h1, which answers without it (killed outside vcsched, or fenced and back): lost."""
+    hv, clock = loaded([managed("a-0", "h0", "a", 0.3, 0.3), managed("c-0", "h2", "c", 0.3, 0.3)],
+                       {"a-0": busy(0.3), "b-0": busy(0.3), "c-0": busy(0.3)}, n_hosts=3)
+    store = DefinitionStore.for_url(f"file://{tmp_path}/coordination", "lab")
+    store.put(CreateStep("b-0", "h1", "b", 1, 128 << 20, 0.3, 0.3, Boot("kernel", "/k", "/i", "quiet")))
+    run = Run(hv, clock, FakeLocks(), probe_seconds=0.0, **options)
+    run.controller.failover = Failover(cluster(), store, Fences())
+    return run, hv, store
+
+
+def test_the_controller_restarts_a_lost_vm_once_and_says_so(tmp_path: Path) -> None:
+    run, hv, _ = lost_b0(tmp_path)
+    run.cycles(4)
+    (lost,) = run.events("vm_lost")
+    assert lost["vm"] == "b-0" and lost["host"] == "h1" and lost["why"] == "host answers without it"
+    assert [(r["vm"], r["lost"]) for r in run.events("vm_restarted")] == [("b-0", True)]
+    assert [v.name for v in hv.vms.values()].count("b-0") == 1 and hv.vms["b-0"].active
+    assert run.controller.metrics.lost == 0, "lost before the restart, none after"
+
+
+def test_in_recommend_mode_the_controller_proposes_the_restart_and_changes_nothing(tmp_path: Path) -> None:
+    from acting.recommendations import RecommendationStore
+    from vcsched.control import recommend as rc
+
+    run, hv, _ = lost_b0(tmp_path, recommend=True)
+    book = RecommendationStore(f"file://{tmp_path}", "lab")
+    run.controller.recommendations = book
+    run.cycles(3)
+    assert "b-0" not in hv.vms and not run.events("vm_restarted") and run.controller.metrics.lost == 1
+    (rec,) = [r for r in rc.open_ones(book.read(), run.clock.time()) if r.kind == "restart"]
+    assert [s["vm"] for s in rec.to_dict()["steps"] if s["op"] == "create"] == ["b-0"]
+    assert rec.reason == "1 lost VM(s) run nowhere: b-0"
+
+
+def test_with_on_failure_strand_a_lost_vm_whose_floor_cannot_be_met_stays_lost_said_once(tmp_path: Path) -> None:
+    def full(name: str, host: str) -> Any:  # needs 0.9 of its host's one core, and keeps it (floor 0.9)
+        v = managed(name, host, name[0], 0.9, 0.9)
+        return dataclasses.replace(v, meta=dataclasses.replace(v.meta, min_yield=0.9))
+
+    hv, clock = loaded([full("a-0", "h0"), full("d-0", "h1"), full("c-0", "h2")],
+                       {"a-0": busy(0.9), "d-0": busy(0.9), "c-0": busy(0.9)}, n_hosts=3)
+    store = DefinitionStore.for_url(f"file://{tmp_path}/coordination", "lab")
+    store.put(CreateStep("b-0", "h1", "b", 1, 128 << 20, 0.5, 0.5, Boot("kernel", "/k", "/i", "quiet"), 0.5))
+    run = Run(hv, clock, FakeLocks(), probe_seconds=0.0)
+    run.controller.failover = Failover(dataclasses.replace(cluster(), on_failure="strand"), store, Fences())
+    run.cycles(5)
+    assert "b-0" not in hv.vms and not run.events("vm_restarted") and run.controller.metrics.lost == 1
+    (stranded,) = run.events("vm_stranded")
+    assert stranded["vm"] == "b-0" and stranded["host"] == "h1" and "floors" in stranded["reason"]
+    assert len(run.events("vm_lost")) == 1

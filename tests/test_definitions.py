@@ -95,3 +95,13 @@ def test_etcd_holds_the_records_too(etcd: Etcd) -> None:  # noqa: F811
     assert {d.vm: d.host for d in store.all().values()} == {"web-0": "h0", "web-1": "h1"}
     store.delete("web-0")
     assert store.get("web-0") is None and [d.vm for d in store.on("h1")] == ["web-1"]
+
+
+def test_fenced_hosts_are_recorded_beside_the_records_and_never_read_as_one(tmp_path: Path) -> None:
+    store = file_store(tmp_path)
+    store.put(create("web-0", "h1"))
+    store.mark_fenced("h1", at=1000.0)
+    assert store.fenced() == {"h1": 1000.0} and list(store.all()) == ["web-0"]
+    assert DefinitionStore.for_url(f"file://{tmp_path}/coordination", "other").fenced() == {}
+    store.clear_fenced("h1")
+    assert store.fenced() == {}

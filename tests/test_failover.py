@@ -9,6 +9,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from acting.executor import apply_plan
@@ -18,6 +19,7 @@ from hypervisor.testhosts import write_scale_cluster
 from tests.builders import MiB, cluster_of, inventory_of, managed, memory_hypervisor, request
 from vcsched.control.admission import admit
 from vcsched.control.failover import (
+    NO_MEMORY,
     NO_ROOM,
     failover_refusal,
     headroom,
@@ -195,7 +197,9 @@ def test_most_important_first_and_the_rest_stranded_for_lack_of_room() -> None:
     hv = down_h1([managed("big", "h0", "big", 0.1, mem=900 * MiB)], n_hosts=2)
     recs = [record("low", "a", mem=100 * MiB, priority=0), record("high", "b", mem=100 * MiB, priority=9)]
     rec = plan_recovery(fenced(cluster_of(2), "h1"), hv.inventory(), "h1", recs)
-    assert rec.restarts == (("high", "h0"),) and rec.stranded == (("low", NO_ROOM),)
+    assert rec.restarts == (("high", "h0"),) and rec.stranded == (("low", NO_MEMORY),)
+    strand = dataclasses.replace(fenced(cluster_of(2), "h1"), on_failure="strand")
+    assert plan_recovery(strand, hv.inventory(), "h1", recs).stranded == (("low", NO_ROOM),)
 
 
 def test_a_vm_with_a_disk_on_unshared_storage_is_stranded() -> None:
@@ -238,3 +242,82 @@ def test_priority_round_trips_through_libvirt_metadata_and_is_left_out_when_0() 
     meta = VmMeta("web", 0.5, 128 * MiB, 1, priority=7)
     assert parse_metadata(metadata_xml(meta)) == meta
     assert "priority" not in metadata_xml(dataclasses.replace(meta, priority=0))
+
+
+def measurement_1() -> MemoryHypervisor:
+    """Issue 37's measurement 1 in data: h1 (batch-0, db-1) is down; db (spread, min_yield 0.5) keeps db-0 on h2,
+    so db-1 can only go to h0, where web-0 and web-1 need a core each."""
+    db0 = floored(dataclasses.replace(managed("db-0", "h2", "db", 0.6, cap=0.6)), 0.5)
+    assert db0.meta is not None
+    db0 = dataclasses.replace(db0, meta=dataclasses.replace(db0.meta, spread="required"))
+    return down_h1([managed("web-0", "h0", "web", 1.0, cap=0.5), managed("web-1", "h0", "web", 1.0, cap=0.5),
+                    managed("batch-0", "h2", "batch", 0.4, cap=0.4), db0])
+
+
+def db1(priority: int = 0) -> CreateStep:
+    return dataclasses.replace(record("db-1", "db", need=0.6, floor=0.5, priority=priority), spread="required")
+
+
+def test_recovery_caps_meet_the_floors_the_failover_was_searched_at() -> None:
+    """Measurement 1: the placement fits at the floors, so the caps must give db-1 its 0.5 (not 1/2.6 = 0.385),
+    and the whole-plan check (apply's) accepts the plan."""
+    hv = measurement_1()
+    rec = plan_recovery(fenced(cluster_of(3), "h1"), hv.inventory(), "h1", [db1()])
+    assert rec.restarts == (("db-1", "h0"),) and not rec.stranded and rec.plan is not None
+    per_vm = rec.plan.per_vm
+    assert per_vm["db-1"].yield_ >= 0.5 - 1e-6, per_vm["db-1"]
+    assert per_vm["web-0"].yield_ == pytest.approx((1.0 - 0.3) / 2.0, abs=0.02)  # floors first, then the rest
+    report = apply_plan(hv, rec.plan)
+    assert report.ok, report.to_dict()
+
+
+def short_of_cpu() -> MemoryHypervisor:
+    """Measurement 1 with web-1 needing more: db-1's floor (0.5 of 0.6 cores) no longer fits beside web-0 and
+    web-1 at their floor 0.5 each on h0 (0.5 + 0.5 + 0.3 > 1 core), and spread keeps db-1 off h2."""
+    hv = measurement_1()
+    for name in ("web-0", "web-1"):
+        v = hv.inventory().vm(name)
+        assert v is not None and v.meta is not None
+        hv.vms[name] = dataclasses.replace(v, meta=dataclasses.replace(v.meta, min_yield=0.5))
+    return hv
+
+
+def test_on_failure_restart_runs_a_vm_below_its_floor_and_the_plan_says_so_and_applies() -> None:
+    hv = short_of_cpu()
+    rec = plan_recovery(fenced(cluster_of(3), "h1"), hv.inventory(), "h1", [db1(), record("batch-1", "batch")])
+    assert not rec.stranded and rec.plan is not None
+    assert {vm for vm, _ in rec.restarts} == {"db-1", "batch-1"} and dict(rec.restarts)["db-1"] == "h0"
+    # h0 holds floors of 0.5 x (1 + 1 + 0.6) = 1.3 cores on 1: each floor is met to 1 / 1.3, together
+    below = {vm: (got, floor) for vm, got, floor in rec.below_floor}
+    # db-0 too: a virtual cluster's VMs of one need and size share one yield (docs/model.md)
+    assert set(below) == {"db-0", "db-1", "web-0", "web-1"} and rec.plan.extra["below_floor"] == sorted(below)
+    assert below["db-1"][0] == pytest.approx(0.5 / 1.3, abs=0.01) and below["db-1"][1] == 0.5
+    report = apply_plan(hv, rec.plan)
+    assert report.ok, report.to_dict()
+    assert {v.name for v in hv.inventory().vms if v.active} >= {"db-1", "batch-1"}
+
+
+def test_on_failure_strand_keeps_the_floor_and_strands_the_vm_saying_why() -> None:
+    hv = short_of_cpu()
+    cluster = dataclasses.replace(fenced(cluster_of(3), "h1"), on_failure="strand")
+    rec = plan_recovery(cluster, hv.inventory(), "h1", [db1(), record("batch-1", "batch")])
+    assert rec.stranded == (("db-1", NO_ROOM),) and rec.restarts == (("batch-1", "h2"),) and not rec.below_floor
+
+
+def test_only_a_recovery_plan_may_run_a_vm_below_its_floor() -> None:
+    from vcsched.plans.claims import claim_problems
+
+    hv = short_of_cpu()
+    rec = plan_recovery(fenced(cluster_of(3), "h1"), hv.inventory(), "h1", [db1()])
+    assert rec.plan is not None and claim_problems(rec.plan, hv.inventory()) == []
+    unmarked = dataclasses.replace(rec.plan, extra={"recover": "h1"})
+    assert any("min_yield: 0.5, but the plan predicts db-1" in p for p in claim_problems(unmarked, hv.inventory()))
+    as_place = dataclasses.replace(rec.plan, kind="place")
+    assert any("min_yield: 0.5" in p for p in claim_problems(as_place, hv.inventory()))
+
+
+def test_memory_short_restarts_the_higher_priority_vm() -> None:
+    hv = down_h1([managed("big", "h0", "big", 0.1, mem=800 * MiB)], n_hosts=2)
+    recs = [record("a-low", "a", mem=150 * MiB, priority=-5), record("z-high", "z", mem=150 * MiB, priority=7)]
+    rec = plan_recovery(fenced(cluster_of(2), "h1"), hv.inventory(), "h1", recs)
+    assert rec.restarts == (("z-high", "h0"),) and [vm for vm, _ in rec.stranded] == ["a-low"]

@@ -16,11 +16,11 @@ import libvirt
 import pytest
 
 from acting.executor import FAILED, _run_group
-from faultsim.simulation import KINDS, hazards_on, replay, run_schedules
+from faultsim.simulation import KINDS, Runtime, Schedule, Violation, hazards_on, replay, run_schedules
 from hypervisor import hazards
 from hypervisor.base import HypervisorError
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from hypervisor.simlibvirt import PAUSED, RUNNING, ProcessKilled, SimDomain, SimWorld
+from hypervisor.simlibvirt import PAUSED, RUNNING, Call, ProcessKilled, SimDomain, SimWorld
 from vcsched.formats.cluster import Cluster, ClusterHost
 from vcsched.plans.steps import MigrateStep, SetNeedStep
 
@@ -109,12 +109,13 @@ def test_issue_37s_schedules_leave_every_vm_running_exactly_once(seed: int, inde
     assert out.violations == [] and out.result == "ok"
 
 
-@pytest.mark.parametrize(("seed", "index"), ISSUE_37)
-def test_issue_37s_schedules_are_caught_with_generations_and_the_copy_holder_check_off(seed: int, index: int) -> None:
+def test_issue_37s_first_schedule_is_caught_with_generations_and_the_copy_holder_check_off() -> None:
     """Both switches on, the code acts as before the fix (the same libvirt calls: the schedule replays as it did
-    when it was found) and the VM ends paused everywhere."""
+    when it was found) and the VM ends paused everywhere.  (The second schedule no longer meets its migration:
+    reserving the unmanaged domain's CPU, issue 38, changed the plans it draws; the constructed
+    `test_a_vm_is_not_migrated_while_the_host_of_its_cut_attempt_does_not_answer` below stands for it.)"""
     with hazards_on(GENERATIONS_OFF):
-        out = replay(seed, index)
+        out = replay(*ISSUE_37[0])
     assert any("paused everywhere, running nowhere" in v for v in out.violations), out.violations
 
 
@@ -126,13 +127,21 @@ def test_generations_alone_hold_when_migrations_ignore_a_copy_holder_that_is_dow
 
 
 def test_libvirt_completing_a_migration_switched_over_under_the_lease_is_not_a_change_without_the_lock() -> None:
-    """Seed 7, schedule 3185: the process stalled between Finish and Confirm (another process's read ran in
-    between), its lease expired and another process took the lock; then its Confirm removed the source copy.
-    After the switch-over the migration cannot be aborted, and until Confirm the source's job keeps the new
-    holder's repair off the VM: libvirt completing it is no decision of vcsched (like Confirm(cancelled))."""
-    out = replay(7, 3185)
-    assert out.violations == [] and out.result == "ok"
-    assert out.faults["lease_lost"] and out.faults["actor"]
+    """Found at seed 7, schedule 3185 (before issue 38's merge changed that schedule's plans): the process stalled
+    between Finish and Confirm (another process's read ran in between), its lease expired and another process
+    took the lock; then its Confirm removed the source copy.  After the switch-over the migration cannot be
+    aborted, and until Confirm the source's job keeps the new holder's repair off the VM: libvirt completing it
+    is no decision of vcsched (like Confirm(cancelled)).  A phase before the switch-over is still a violation."""
+    rt = Runtime()
+    sched = Schedule(rt, 7, 0)
+    sched.lock.holder, sched.lock.expires = 3, None
+    sched.after(Call(3, "h0", "migrate.perform", "vc0-0"))  # the switch-over, under a valid lease
+    sched.lock.holder = 5  # the lease ran out; another process holds the lock now
+    sched.after(Call(3, "h1", "migrate.finish", "vc0-0"))
+    sched.after(Call(3, "h0", "migrate.confirm", "vc0-0"))
+    assert sched.out.violations == []
+    with pytest.raises(Violation, match=r"a host was changed without the lock: p3 h0\.migrate\.perform"):
+        sched.after(Call(3, "h0", "migrate.perform", "vc0-1"))  # a switch-over without the lease
 
 
 def test_probe_schedules_leave_no_cap_raised() -> None:
@@ -252,9 +261,10 @@ def test_a_probe_whose_raised_caps_host_stops_answering_keeps_its_journal_and_sa
     back; the probe cleared its journal, and the cap stayed raised for good."""
     from collections import deque
 
+    from acting.restore import restore_journal
     from acting.sampling import CpuSampler, probe_and_restore
     from cli.observe import _probe_outcome
-    from hypervisor.journal import PROBE, Journal, restore_journal
+    from hypervisor.journal import PROBE, Journal
     from vcsched.control.observe import Sample
 
     world, cluster, uuid = _two_hosts()

@@ -55,6 +55,17 @@ def test_failures_tolerated_one_of_two_hosts_is_accepted() -> None:
     assert cluster_from_dict(two_hosts(failures_tolerated=1)).failures_tolerated == 1
 
 
+def test_on_failure_defaults_to_restart_and_takes_strand() -> None:
+    assert cluster_from_dict(two_hosts()).on_failure == "restart"
+    assert cluster_from_dict(two_hosts(on_failure="strand")).on_failure == "strand"
+
+
+@pytest.mark.parametrize("value", ["Restart", "", 1, True, None])
+def test_on_failure_is_restart_or_strand(value: Any) -> None:
+    with pytest.raises(InputError, match=rf"on_failure: {value!r} is not one of 'restart', 'strand'"):
+        cluster_from_dict(two_hosts(on_failure=value))
+
+
 def test_fence_options_are_kept_as_text_in_order() -> None:
     d = two_hosts()
     d["hosts"][0]["fence"] = {"agent": "fence_ipmilan", "ip": "10.0.0.1", "lanplus": True, "ipport": 623,

@@ -366,7 +366,10 @@ def test_a_down_host_whose_uuid_a_command_here_has_read_still_names_the_lock(tmp
 
 def test_place_and_adapt_name_a_down_host_and_what_it_means(tmp_path: Path) -> None:
     cf = tmp_path / "cluster.toml"
-    cf.write_text(f'name = "t"\n[guest]\nkernel = "/k"\ninitrd = "/i"\n'
+    # Boot files that pass the request's checks: "far" is on this machine, so they are checked before planning.
+    bzimage(tmp_path / "k", 16 * MiB, 16 * MiB)
+    (tmp_path / "i").write_bytes(b"x")
+    cf.write_text(f'name = "t"\n[guest]\nkernel = "{tmp_path}/k"\ninitrd = "{tmp_path}/i"\n'
                   f'[[hosts]]\nname = "far"\nuri = "qemu+unix:///system?socket={tmp_path}/nope"\n'
                   '[[hosts]]\nname = "near"\nuri = "test:///default"\n')
     req = tmp_path / "web.toml"
@@ -387,7 +390,8 @@ def test_place_and_adapt_name_a_down_host_and_what_it_means(tmp_path: Path) -> N
 def test_lab_up_with_other_memory_on_a_running_lab_is_refused_naming_both_shapes_and_the_ways(tmp_path: Path) -> None:
     # Finding 5 of issue 32: `lab up --memory 256MiB` on a running lab rewrote every host's memory_reserved.
     import lab as labmod
-    from lab.state import GuestImage, LabHost, LabLayout, render_cluster_toml
+    from hypervisor.guest import GuestImage
+    from lab.state import LabHost, LabLayout, render_cluster_toml
 
     if labmod.prerequisites_problem():
         pytest.skip(f"lab prerequisites: {labmod.prerequisites_problem()}")
@@ -412,7 +416,8 @@ def test_lab_up_with_other_memory_on_a_running_lab_is_refused_naming_both_shapes
 
 
 def test_the_lab_cluster_file_declares_each_hosts_uuid() -> None:
-    from lab.state import GuestImage, LabHost, render_cluster_toml
+    from hypervisor.guest import GuestImage
+    from lab.state import LabHost, render_cluster_toml
 
     text = render_cluster_toml("lab", [LabHost("h0", "qemu:///system", "/p", uuid=U0)], GuestImage(Path("k"),
                                                                                                   Path("i")))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import tomllib
 import uuid
 from collections.abc import Iterator
@@ -36,7 +35,13 @@ from hypothesis import strategies as st
 from cli.main import cli
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from lab import Lab
-from tests.lab_support import destroy_everywhere, running_lab, skip_unless_lab_possible, start_lab_guest
+from tests.lab_support import (
+    destroy_everywhere,
+    running_lab,
+    skip_unless_lab_possible,
+    start_lab_guest,
+    unbootable_kernel,
+)
 from tests.plan_edits import claims_hold, edited, get, new_values, number_paths, same_bytes
 from vcsched.formats.cluster import Cluster, cluster_from_dict
 from vcsched.plans.steps import Boot, CreateStep
@@ -155,11 +160,10 @@ def test_a_request_that_cannot_boot_is_refused_before_any_cap_is_lowered(lab2: L
 
 def test_a_vm_that_fails_at_run_time_gets_the_caps_lowered_for_it_back_and_stderr_says_so(
         lab2: Lab, tmp_path: Path) -> None:
-    """A template whose kernel is no kernel passes every check vcsched can make (it exists, is readable, fits, and
-    libvirt validates the XML); QEMU refuses it when the VM starts."""
+    """A template whose kernel is no kernel but by its header passes every check vcsched can make (it exists, is
+    readable, has a bzImage's header, fits, and libvirt validates the XML); QEMU refuses it when the VM starts."""
     t = tag()
-    kernel = tmp_path / "not-a-kernel"
-    kernel.write_bytes(os.urandom(4096))
+    kernel = unbootable_kernel(tmp_path / "not-a-kernel")
     template = tmp_path / "vm.xml"
     template.write_text(f"<domain type='qemu'><os><type arch='x86_64'>hvm</type><kernel>{kernel}</kernel></os>"
                         "<devices><serial type='pty'/></devices></domain>")
@@ -251,7 +255,8 @@ def solo() -> Iterator[Lab]:
 
 def test_two_labs_named_lab_have_two_locks_and_two_files_for_one_lab_share_one(lab2: Lab, solo: Lab,
                                                                                  tmp_path: Path) -> None:
-    from cli.common import cluster_lock, load_cluster
+    from acting.unit_of_work import for_cluster
+    from cli.common import load_cluster
 
     assert cluster_of(lab2).name == cluster_of(solo).name == "lab"
     renamed = tomllib.loads(lab2.cluster_file.read_text())
@@ -262,7 +267,8 @@ def test_two_labs_named_lab_have_two_locks_and_two_files_for_one_lab_share_one(l
             h["uri"] = h["uri"].replace("/run/libvirt-sock", "/run/./libvirt-sock")
     other = tmp_path / "prod.toml"
     other.write_text(_toml(renamed))
-    with cluster_lock(load_cluster(str(lab2.cluster_file)), None, 0.0):
+    held = load_cluster(str(lab2.cluster_file))
+    with LibvirtHypervisor(held) as hv, for_cluster(held, hv, apply=True, settle=False):
         free = run("adapt", "--cluster", solo.cluster_file, "--budget", "0", "--apply")
         assert free.exit_code == 0, free.output  # another lab, also named "lab": not locked
         busy = run("adapt", "--cluster", other, "--budget", "0", "--apply")

@@ -660,8 +660,7 @@ def test_the_kernel_version_is_read_from_the_bzimage_header(tmp_path: Path) -> N
 
 
 def test_an_io_guest_has_its_disk_its_tap_nic_and_its_workload_on_the_command_line() -> None:
-    from lab.guest import GuestError, guest_xml
-    from lab.state import GuestImage
+    from hypervisor.guest import GuestError, GuestImage, guest_xml
 
     image = GuestImage(Path("/img/vmlinuz"), Path("/img/initrd.gz"))
     root = ET.fromstring(guest_xml("g", image, workload="disk", disk=Path("/d/g.img"), nic=True))

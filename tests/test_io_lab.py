@@ -18,7 +18,7 @@ own short-lived guests, at most two at once.
 
 Network: libvirt shapes a guest's *inbound* traffic with HTB on the host
 side of its tap, which the guest's receive counter shows; the traffic is
-written into the tap from this process (``calibration.frames``).  Where the
+written into the tap from this process (``hypervisor.frames``).  Where the
 host's kernel lacks what libvirt's tc commands need, the cap tests skip
 with libvirt's message, and the test of that failure runs instead.
 """
@@ -38,9 +38,9 @@ from pathlib import Path
 import pytest
 
 from acting.executor import DONE, FAILED, apply_plan
+from hypervisor.guest import guest_xml, make_disk, wait_for_boot
 from hypervisor.libvirt_backend import LibvirtHypervisor
 from lab import Lab, prerequisites_problem
-from lab.guest import guest_xml, make_disk, wait_for_boot
 from lab.image import io_workloads_problem
 from lab.state import LabLayout
 from tests.lab_support import destroy_everywhere, running_lab
@@ -430,7 +430,7 @@ def needs_shaping(reason: str | None) -> None:
 @pytest.mark.exclusive
 def test_frames_sent_into_a_guests_tap_show_in_its_receive_counter(iolab: IoLab, io_vms: IoVms) -> None:
     """The measurement the network tests rely on, uncapped: it works whether or not this host can shape."""
-    from calibration.frames import FRAME_BYTES, Flood
+    from hypervisor.frames import FRAME_BYTES, Flood
 
     s = sink_of(iolab, "net-rx")
     with Flood(s.tap, s.mac, rate=2 * MiB) as flood:
@@ -466,7 +466,7 @@ def test_a_net_cap_this_host_cannot_apply_fails_its_step_and_leaves_the_interfac
 def test_an_inbound_net_cap_well_below_the_offered_rate_is_met_within_5_percent(
         iolab: IoLab, shaping: str | None) -> None:
     needs_shaping(shaping)
-    from calibration.frames import Flood
+    from hypervisor.frames import Flood
 
     cap = 2_000_000
     with sink(iolab, "net-acc", IoCaps(net_bytes_sec=cap)) as s, Flood(s.tap, s.mac, rate=4 * cap):
@@ -479,7 +479,7 @@ def test_an_inbound_net_cap_well_below_the_offered_rate_is_met_within_5_percent(
 @pytest.mark.exclusive
 def test_a_live_net_cap_change_takes_effect_within_2_seconds(iolab: IoLab, shaping: str | None) -> None:
     needs_shaping(shaping)
-    from calibration.frames import Flood
+    from hypervisor.frames import Flood
 
     low, high = 1_000_000, 3_000_000
     with sink(iolab, "net-step", IoCaps(net_bytes_sec=low)) as s, Flood(s.tap, s.mac, rate=2 * high):
@@ -493,7 +493,7 @@ def test_a_live_net_cap_change_takes_effect_within_2_seconds(iolab: IoLab, shapi
 @pytest.mark.exclusive
 def test_two_vms_with_net_caps_in_ratio_1_to_3_receive_1_to_3(iolab: IoLab, shaping: str | None) -> None:
     needs_shaping(shaping)
-    from calibration.frames import Flood
+    from hypervisor.frames import Flood
 
     a, b = 1_000_000, 3_000_000
     with sink(iolab, "net-1", IoCaps(net_bytes_sec=a)) as one, sink(iolab, "net-3", IoCaps(net_bytes_sec=b)) as three, \

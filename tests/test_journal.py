@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from acting.restore import restore_journal
 from acting.sampling import CpuSampler, probe_and_restore
 from hypervisor.journal import (
     CALIBRATION,
@@ -26,7 +27,6 @@ from hypervisor.journal import (
     ProbeEntry,
     pending,
     process_started,
-    restore_journal,
     signals_held,
 )
 from hypervisor.memory import MemoryHypervisor

@@ -20,10 +20,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cli.main import cli
+from hypervisor.guest import BOOT_MARKER, guest_xml
 from lab import Lab, daemons, default_cluster_file, down, status, up
 from lab import cgroups as lab_cgroups
-from lab.guest import guest_xml
-from lab.image import BOOT_MARKER, BUSYBOX, build_initramfs, ensure_image, has_pvh_entry
+from lab.image import BUSYBOX, build_initramfs, ensure_image, has_pvh_entry
 from lab.ports import held_blocks, migration_ports, preferred_block
 from lab.state import (
     GuestImage,

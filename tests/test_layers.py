@@ -87,3 +87,26 @@ def test_no_import_hides_inside_a_function_but_a_commented_lazy_heavy_library() 
             if not (lazy and commented):
                 wrong.append(f"{path.relative_to(ROOT.parent)}:{line}: import {target} inside a function")
     assert wrong == []
+
+
+#: The packages around the core and what each may not import (docs/architecture.md): data flows one way,
+#: CLI/controller → core decides → plan → unit of work (acting) → adapter (hypervisor).  The lab, the fault
+#: simulation and calibration are harnesses and subjects built on top; nothing below imports them.
+FORBIDDEN = {
+    "vcsched": ("hypervisor", "acting", "lab", "faultsim", "calibration", "cli"),
+    "hypervisor": ("acting", "lab", "faultsim", "calibration", "cli"),
+    "acting": ("lab", "faultsim", "cli"),
+}
+
+
+def test_each_package_imports_nothing_above_it() -> None:
+    """Every import counts, inside functions and under ``TYPE_CHECKING`` too: a lazy import of a harness from
+    production code is still a dependency on it (calibration needed the lab through hypervisor/caps_probe.py,
+    the journal the executor through hypervisor/journal.py)."""
+    wrong = []
+    for package, forbidden in FORBIDDEN.items():
+        for path in sorted((ROOT.parent / package).rglob("*.py")):
+            for line, target, _ in imports(path):
+                if target.split(".")[0] in forbidden:
+                    wrong.append(f"{path.relative_to(ROOT.parent)}:{line}: {package} imports {target}")
+    assert wrong == []

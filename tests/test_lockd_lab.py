@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from hypervisor.guest import guest_xml, make_disk
 from lab import Lab
-from lab.guest import guest_xml, make_disk
 from lab.state import LabLayout
 from tests.lab_support import running_lab, skip_unless_lab_possible
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from acting.executor import apply_plan
@@ -229,13 +231,16 @@ def test_a_migrating_domain_xml_is_stamped_with_the_time_of_its_move() -> None:
 # ---------------------------------------------------------------------------------------------- vcsched observe
 
 
-def test_observe_samples_probes_puts_caps_back_and_records_on_a_loaded_cluster() -> None:
+def test_observe_samples_probes_puts_caps_back_and_records_on_a_loaded_cluster(tmp_path: Path) -> None:
     """`vcsched observe --probe --record`'s library path, with CPU load on a fake clock (no real time passes)."""
     import threading
 
+    from acting.definitions import DefinitionStore
     from acting.sampling import CpuSampler, probe_and_restore, record_estimates
-    from tests.fake_load import FakeClock, LoadedHypervisor, busy
+    from acting.unit_of_work import UnitOfWork
+    from tests.fake_load import FakeClock, FakeLocks, LoadedHypervisor, busy
     from vcsched.control.observe import estimate_all
+    from vcsched.plans.steps import Boot, CreateStep
 
     clock = FakeClock()
     inv = inventory_of([managed("hungry", "h0", "a", 0.2, 0.2), managed("light", "h0", "b", 0.5, 0.5),
@@ -258,8 +263,13 @@ def test_observe_samples_probes_puts_caps_back_and_records_on_a_loaded_cluster()
     e = estimates["hungry"]
     assert e.basis == "saturated at probe" and e.estimate == pytest.approx(0.58)  # filled 0.5 too: a lower bound
 
-    plan, report = record_estimates(hv, estimates)
+    store = DefinitionStore.for_url(f"file://{tmp_path}/coordination", "lab")
+    store.put(CreateStep("light", "h0", "b", 1, 128 << 20, 0.5, 0.5, Boot("kernel", "/k", "/i", "quiet")))
+    with UnitOfWork(hv, FakeLocks().lock("lab", "me"), store=store) as uow:
+        plan, report = record_estimates(uow, estimates)
     assert report.ok and {s.vm for s in plan.steps} == {"hungry", "light", "away"}
+    recorded = store.get("light")
+    assert recorded is not None and recorded.step.cpu_need_cores == pytest.approx(0.14), "a restart keeps the need"
     assert hv.vms["light"].meta.cpu_need_cores == pytest.approx(0.14)  # type: ignore[union-attr]
     assert hv.vms["hungry"].cap_cores == pytest.approx(0.2)  # recording changes no cap
     assert inventory.vm("hungry") is not None

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from lab import Lab
-from tests.lab_support import CAP_TOLERANCE_CORES, destroy_everywhere, measure_against
+from tests.lab_support import CAP_TOLERANCE_CORES, destroy_everywhere, measure_against, unbootable_kernel
 
 pytestmark = pytest.mark.lab
 
@@ -142,12 +142,11 @@ def test_a_failed_step_stops_the_plan_and_a_fixed_rerun_converges(lab2: Lab, tmp
         assert run("place", req, "--cluster", lab2.cluster_file, "-o", plan_file).exit_code == 0
         good = json.loads(plan_file.read_text())
         broken = json.loads(json.dumps(good))
-        # A kernel that is none passes every check made before the first step (it exists, is readable, fits, and
-        # libvirt validates the XML); QEMU refuses it when the VM starts ("linux kernel too old to load a ram
-        # disk").  A missing kernel is refused before any step (tests/test_inputs_lab.py).
-        garbage = tmp_path / "not-a-kernel"
-        garbage.write_bytes(bytes(range(256)) * 16)
-        broken["steps"][1]["boot"]["kernel"] = str(garbage)
+        # A kernel that is none but by its header passes every check made before the first step (it exists, is
+        # readable, is a kernel by its header, fits, and libvirt validates the XML); QEMU refuses it when the VM
+        # starts.  A missing kernel, or a file that is no kernel at all, is refused before any step
+        # (tests/test_inputs_lab.py, tests/test_dry_run_predicts.py).
+        broken["steps"][1]["boot"]["kernel"] = str(unbootable_kernel(tmp_path / "not-a-kernel"))
         plan_file.write_text(json.dumps(broken))
 
         result = run("apply", plan_file, "--cluster", lab2.cluster_file, "--json")

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from acting.executor import apply_plan
+from acting.executor import PlanRefused, apply_plan
 from hypervisor.memory import MemoryHypervisor
 from tests.builders import GiB, MiB, cluster_of, managed, request
 from tests.plan_edits import claims_hold, edited, get, new_values, number_paths, same_bytes
@@ -111,7 +111,11 @@ def test_a_cap_off_the_quota_grid_is_refused_naming_what_the_host_would_hold() -
     doc = place_plan(hv).to_dict()
     i = next(i for i, s in enumerate(doc["steps"]) if s["op"] == "set-cap")
     doc["steps"][i]["cap_cores"] += 1e-7
-    refused_unchanged(hv, doc, rf"plan\.steps\[{i}\]\.cap_cores: .* is not a cap a 1-vCPU VM can hold .* it would hold")
+    before = state(hv)
+    with pytest.raises(PlanRefused, match=rf"plan\.steps\[{i}\]\.cap_cores: .* cores is off the quota grid: a "
+                                          r"1-vCPU VM's caps are multiples of 1e-05 cores .* it would hold") as caught:
+        apply_plan(hv, plan_from_dict(doc))
+    assert state(hv) == before and hv.calls == [] and caught.value.exit_code == 1
 
 
 def test_a_cap_moved_to_another_grid_point_contradicts_the_prediction() -> None:

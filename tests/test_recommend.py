@@ -3,6 +3,7 @@ respecting vetoes (in memory, fake clock), approving exactly the recorded steps,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -305,3 +306,162 @@ def test_recommend_mode_needs_a_backend_that_keeps_recommendations(tmp_path: Pat
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr.strip() == ("vcsched: error: --mode recommend: coordination zookeeper://127.0.0.1:2181 keeps no "
                                 "recommendations (use file:///DIR or etcd3+http://HOST:2379)")
+
+
+# ---------------------------------------------------------------- recommendations an operator can act on (#39)
+
+
+def recap(cap: float, snapshot: str = "s", now: float = 1000.0, vm: str = "a-0") -> rc.Recommendation:
+    plan = {"steps": [{"op": "set-cap", "vm": vm, "host": "h0", "cap_cores": cap}], "snapshot": snapshot}
+    effect = {"min_yield_before": 0.5, "min_yield_after": 0.8, "mean_yield_before": 0.5, "mean_yield_after": 0.8,
+              "per_vm": {}, "bytes_to_move": 0}
+    return rc.new_recommendation("re-cap", "lab", "caps follow needs", plan, ["why"], effect, now, 600, "m1")
+
+
+def test_the_same_proposal_keeps_its_id_when_caps_wobble_and_the_snapshot_changes() -> None:
+    book, first = rc.record(rc.Book(), recap(0.400, "s1", now=1000.0))
+    book, again = rc.record(book, recap(0.432, "s2", now=1010.0))  # 0.032 cores apart: estimates of a steady load
+    assert again.id == first.id and again.made_at == 1000.0 and again.valid_until == 1610.0
+    assert again.plan["snapshot"] == "s2" and again.plan["steps"][0]["cap_cores"] == 0.432  # approving: the newest
+    assert len(book.recommendations) == 1
+    book, other = rc.record(book, recap(0.600, "s3", now=1020.0))  # a different proposal: a new id
+    assert other.id != first.id and book.get(first.id).superseded_by == other.id
+
+
+def test_a_zero_gain_proposal_is_not_worth_an_operators_time() -> None:
+    flat = {"min_yield_before": 1.0, "min_yield_after": 1.0, "mean_yield_before": 1.0, "mean_yield_after": 1.0}
+    assert "under the threshold 0.05: not proposed" in str(rc.worth_proposing(flat, 0.05))
+    small = {**flat, "min_yield_before": 0.5, "min_yield_after": 0.52, "mean_yield_before": 0.5,
+             "mean_yield_after": 0.52}
+    assert rc.worth_proposing(small, 0.05) is not None
+    lifts = {**small, "mean_yield_after": 0.7}  # the lowest stays, starved VMs rise: a gain
+    assert rc.worth_proposing(lifts, 0.05) is None
+    lowers = {**lifts, "min_yield_after": 0.45}  # the lowest falls: no gain, whatever the mean does
+    assert rc.predicted_gain(lowers) == 0.0 and rc.worth_proposing(lowers, 0.05) is not None
+
+
+def test_skipping_or_approving_a_superseded_id_names_what_superseded_it() -> None:
+    book, a = rc.record(rc.Book(), recap(0.400, now=1000.0))
+    book, b = rc.record(book, recap(0.700, now=1010.0))
+    with pytest.raises(rc.Refused, match=rf"^recommendation {a.id} was superseded by {b.id} at .*, {b.id} now open "
+                                         r"and a different proposal \(set-cap a-0 0.700\); nothing changed"):
+        rc.skip(book, a.id, 1011, "alice", 60)
+    with pytest.raises(rc.Refused, match=rf"superseded by {b.id}"):
+        rc.approve(book, a.id, 1011, "alice")
+    assert book.get(b.id).state == rc.OPEN
+
+
+def test_a_superseded_id_whose_proposal_is_made_again_acts_on_its_successor_and_says_so() -> None:
+    book, a = rc.record(rc.Book(), recap(0.400, now=1000.0))
+    book, b = rc.record(book, recap(0.700, now=1010.0))
+    book, c = rc.record(book, recap(0.405, now=1020.0))  # a's proposal again, after b
+    target, note = rc.resolve(book, a.id, 1021)
+    assert target.id == c.id and note == (f"recommendation {a.id} was superseded by {b.id} -> {c.id}, the same "
+                                          f"proposal made again: acting on {c.id}")
+    skipped_book, skipped = rc.skip(book, a.id, 1021, "alice", 60)
+    assert skipped.id == c.id and skipped_book.get(c.id).state == rc.SKIPPED
+    _, approved = rc.approve(book, a.id, 1021, "alice")
+    assert approved.id == c.id and approved.state == rc.APPROVED
+
+
+def test_floors_are_checked_with_the_current_estimates_naming_the_vm() -> None:
+    r = recap(0.11, vm="web-0")
+    book, _ = rc.note_needs(rc.Book(), {"web-0": 0.8}, 1000.0)
+    needs, source = rc.current_needs(book, {"web-0": 0.5, "db-0": 1.0}, 1100.0)
+    assert needs == {"web-0": 0.8, "db-0": 1.0} and source.startswith("the controller's estimates of ")
+    with pytest.raises(rc.Refused, match=rf"^recommendation {r.id} would put web-0 below its floor: cap 0.110 cores "
+                                         r"over need 0.800 \(the controller's estimates of .*\) is yield 0.137, "
+                                         r"under its min_yield 0.3; nothing changed$"):
+        rc.check_floors(r, {"web-0": 0.11}, needs, {"web-0": 0.3}, source)
+    rc.check_floors(r, {"web-0": 0.30}, needs, {"web-0": 0.3}, source)  # 0.375: above its floor
+    stale, why = rc.current_needs(book, {"web-0": 0.5}, 1000.0 + rc.NEEDS_FRESH_S + 1)
+    assert stale == {"web-0": 0.5} and why.startswith("the declared needs")
+
+
+def test_recommend_mode_keeps_one_id_while_the_load_wobbles(tmp_path: Path) -> None:
+    from tests.fake_load import phases
+
+    hv, run, store = recommending(tmp_path)
+    hv.demand["c-0"] = phases((0.06, 20.0), (0.10, 20.0))  # h1's light VM wobbles: the re-balance's caps move a bit
+    run.cycles(16)
+    ids = {e["id"] for e in run.events("recommendation") if e["kind"] == "re-balance"}
+    made = [e for e in run.events("recommendation") if e["kind"] == "re-balance"]
+    assert len(made) >= 3 and len(ids) == 1, made
+    assert [r.state for r in store.read().recommendations if r.kind == "re-balance"] == [rc.OPEN]  # none superseded
+
+
+def test_recommend_mode_does_not_propose_a_re_cap_that_gains_nothing(tmp_path: Path) -> None:
+    _, run, store = recommending(tmp_path)
+    run.controller.options = dataclasses.replace(
+        run.controller.options, rebalance=dataclasses.replace(run.controller.options.rebalance, budget=0))
+    run.controller.rebalancer.options = run.controller.options.rebalance
+    run.cycles(6)  # caps only: c-0 (idle) would come down to its need; a-0 and b-0 stay at 0.5: min yield 0.5 -> 0.5
+    assert any(d["kind"] == "re-cap" and d["steps"] for d in run.events("decision"))
+    assert not store.read().recommendations
+    withheld = [e for e in run.events("recommendation") if e.get("withheld")]
+    assert withheld and "under the threshold 0.05: not proposed" in withheld[0]["withheld"]
+
+
+def test_the_controller_writes_its_estimates_for_the_floor_check(tmp_path: Path) -> None:
+    _, run, store = recommending(tmp_path)
+    run.cycles(3)
+    book = store.read()
+    assert book.needs_at is not None and set(book.needs) == {"a-0", "b-0", "c-0"}
+    assert book.needs == {n: e.estimate for n, e in run.controller.estimates.items()}
+    assert book.needs["c-0"] < 0.5  # c-0 idles: measured, not its declared 1.0
+
+
+def test_approve_refuses_a_recommendation_that_puts_a_vm_below_its_floor(tmp_path: Path) -> None:
+    pytest.importorskip("libvirt", reason="libvirt-python is not installed")
+    import time
+
+    from cli.common import load_cluster
+    from cli.recommend import _store
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from hypervisor.testhosts import write_scale_cluster
+
+    scale = write_scale_cluster(tmp_path / "hosts", 1, 2)  # vm0, vm1: need 0.5, cap 0.5
+    text = scale.cluster_file.read_text()
+    scale.cluster_file.write_text(text.replace('name = "scale"', f'name = "scale"\nmin_yield = 0.6\n'
+                                                                 f'coordination = "file://{tmp_path / "coord"}"'))
+    cluster = load_cluster(str(scale.cluster_file))
+    with LibvirtHypervisor(cluster) as hv:
+        store = _store(cluster, None, hv)
+    plan = {"version": 1, "kind": "adapt", "cluster": "scale", "snapshot": "0" * 64,
+            "predicted": {"min_yield": 0.2, "avg_yield": 0.6, "per_vm": {
+                "vm0": {"host": "h0", "cluster": "vc0", "cpu_need_cores": 0.5, "cap_cores": 0.1, "yield": 0.2}}},
+            "steps": [{"op": "set-cap", "vm": "vm0", "host": "h0", "cap_cores": 0.1}]}
+    now = time.time()
+    r = rc.new_recommendation("re-cap", "scale", "r", plan, ["why"], {"min_yield_before": 0.5, "min_yield_after": 1,
+                              "mean_yield_before": 0.5, "mean_yield_after": 1, "per_vm": {}, "bytes_to_move": 0},
+                              now, 600, "m1")
+    store.update(lambda book: rc.record(book, r))
+    store.update(lambda book: rc.note_needs(book, {"vm0": 0.5, "vm1": 0.5}, now))
+    refused = invoke("approve", r.id, "--cluster", scale.cluster_file)
+    assert refused.exit_code == 1, refused.output
+    assert f"recommendation {r.id} would put vm0 below its floor: cap 0.100 cores over need 0.500" in refused.stderr
+    assert store.read().get(r.id).state == rc.OPEN  # nothing changed: it may be approved when it holds
+
+
+def test_the_cli_skips_the_same_proposal_that_superseded_an_id_and_says_so(tmp_path: Path) -> None:
+    import time
+
+    path = cluster_file(tmp_path)
+    store = cli_store(tmp_path)
+    now = time.time()
+    a, b, c = recap(0.400, now=now), recap(0.700, now=now + 1), recap(0.405, now=now + 2)
+    for r in (a, b, c):
+        store.update(lambda book, r=r: rc.record(book, r))  # type: ignore[misc]
+    skipped = invoke("skip", a.id, "--cluster", path, "--json")
+    assert skipped.exit_code == 0, skipped.output
+    doc = json.loads(skipped.stdout)
+    assert doc["recommendation"]["id"] == c.id and doc["recommendation"]["state"] == rc.SKIPPED
+    assert doc["note"] == (f"recommendation {a.id} was superseded by {b.id} -> {c.id}, the same proposal made "
+                           f"again: acting on {c.id}")
+    different = invoke("skip", b.id, "--cluster", path)  # b was superseded by c, which proposes something else
+    assert different.exit_code == 1
+    assert f"recommendation {b.id} was superseded by {c.id} at " in different.stderr
+    assert "a different proposal (set-cap a-0 0.405)" in different.stderr
+    again = invoke("skip", a.id, "--cluster", path)  # its successor, the same proposal, is skipped now
+    assert again.exit_code == 1
+    assert f"{c.id} now skipped and the same proposal made again; nothing changed" in again.stderr

@@ -2,7 +2,8 @@
 cluster records a re-balance with reasons and predicted yields and changes nothing; a skipped move is not proposed
 again while its veto holds (the other VM's move is proposed instead); `vcsched approve` applies exactly its steps
 (libvirt holds the predicted hosts and caps), and the CPU the VMs use, over their need, moves from the predicted
-yields before to the predicted yields after within the calibration's tolerance; approving it again, or a
+yields before to the predicted yields after within the calibration's tolerance, and the controller, still
+running, audits the approval (predicted against achieved gain, `vcsched audit`); approving it again, or a
 recommendation made before the cluster changed, is refused (exit 1) with nothing changed.
 
 Two busy guests (``vcsched.load=100:600``) declared to need :data:`NEED` core each, capped at 0.1 on h0 (1 core):
@@ -19,7 +20,7 @@ cores (:data:`tests.lab_support.CAP_TOLERANCE_CORES`), so in yield it is that ov
 
 It measures CPU time, so the module runs alone (scripts/test, pass 2), on the session's shared lab (``lab2``);
 one controller run (interval 4 s, settle 1, no probes) serves every test, and is stopped as soon as it has
-recommended what the tests need.  The tests read one flow, in file order; the last one changes the cluster.
+audited the approval.  The tests read one flow, in file order; the last one changes the cluster.
 """
 
 from __future__ import annotations
@@ -163,18 +164,22 @@ def flow(lab2: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
             return next((r["id"] for d, r in decided_with(ev) if vetoed <= set(d.get("pinned", ()))), None)
 
         second = wait_for(log, proc, "re-balance recommendation decided under the veto", under_veto)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, proc.communicate()
         after_run = placement(path, names)
         listed = invoke("recommendations", "--cluster", path, "--json")
         assert listed.exit_code == 0, listed.output
         rec = next(r for r in json.loads(listed.stdout)["recommendations"] if r["id"] == second)
 
+        # The controller keeps running (recommend mode changes nothing): it audits the approval once it settled.
         measured_before = measure(path, predicted(rec, "before"))
         done = invoke("approve", second, "--cluster", path, "--json")
         after_approve = placement(path, names)
         time.sleep(SETTLE_S)
         measured_after = measure(path, predicted(rec, "after"))
+        approved_id = json.loads(done.stdout)["recommendation"]["id"] if done.exit_code == 0 else second
+        wait_for(log, proc, f"audit of {approved_id}", lambda ev: next(
+            (e["plan"] for e in ev if e["event"] == "audit" and e["plan"] == approved_id), None))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, proc.communicate()
         yield Flow(path, names, before_run, after_run, events_of(log), first, rec, measured_before, done,
                    after_approve, measured_after)
     finally:
@@ -244,6 +249,30 @@ def test_the_measured_yields_move_as_predicted_within_the_calibration_tolerance(
             assert got[vm] == pytest.approx(want[vm], abs=CAP_TOLERANCE_CORES / needs[vm]), lines
         assert min(got.values()) == pytest.approx(effect[f"min_yield_{when}"],
                                                   abs=CAP_TOLERANCE_CORES / min(needs.values())), lines
+
+
+def test_the_approved_recommendation_is_audited_predicted_against_achieved(flow: Flow) -> None:
+    """The recommending controller audits the approval once it settled (``--audit-after`` 2 windows of one
+    interval): the predicted gain is the recommendation's, and on a machine with the CPU to give the guests their
+    caps the achieved gain is within the calibration's tolerance of it (in yield: the tolerance over the need)."""
+    rec = flow.approved
+    approved_id = json.loads(flow.approve.stdout)["recommendation"]["id"]
+    (a,) = [e for e in flow.events if e["event"] == "audit" and e["plan"] == approved_id]
+    assert a["source"] == "approve" and a["kind"] == "re-balance" and {v["vm"] for v in a["vms"]} == set(flow.names)
+    assert a["predicted_gain"] == pytest.approx(rec["effect"]["min_yield_after"] - rec["effect"]["min_yield_before"],
+                                                abs=0.01)
+    listed = invoke("audit", "--cluster", flow.path, "--json")
+    assert listed.exit_code == 0, listed.output
+    (logged,) = [x for x in json.loads(listed.stdout)["audits"] if x["plan"] == approved_id]
+    assert logged["achieved_gain"] == pytest.approx(a["achieved_gain"])
+    assert all(v["achieved_before"] is not None and v["achieved_after"] is not None for v in a["vms"]), a
+    print(f"audit {approved_id}: predicted gain {a['predicted_gain']:.3f}, achieved {a['achieved_gain']:.3f} "
+          f"({a['result']}); " + ", ".join(
+              f"{v['vm']}: predicted {v['predicted_before']:.3f} -> {v['predicted_after']:.3f}, achieved "
+              f"{v['achieved_before']:.3f} -> {v['achieved_after']:.3f}" for v in a["vms"]))
+    flow.measured_after.checked()  # skipped (CI: failed) where the machine left the guests too little CPU
+    need = min(p["cpu_need_cores"] for p in rec["plan"]["predicted"]["per_vm"].values())
+    assert a["achieved_gain"] == pytest.approx(a["predicted_gain"], abs=CAP_TOLERANCE_CORES / need), a
 
 
 def test_approving_it_again_is_refused(flow: Flow) -> None:

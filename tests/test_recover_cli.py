@@ -65,8 +65,11 @@ def test_a_dry_run_prints_fence_then_creates_most_important_first(tmp_path: Path
     recorded(state, "web-0", "web-1")
     c = cluster(tmp_path, agent(tmp_path, 2))
     r = run("h1", "--cluster", c, "--json")
-    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+    # The test driver cannot cap CPU, so --apply would refuse the plan before fencing: the dry run says so too
+    # (exit 1), after showing the plan.
+    assert r.exit_code == 1, r.output  # type: ignore[attr-defined]
     doc = json.loads(r.stdout)  # type: ignore[attr-defined]
+    assert "--apply would refuse" in doc["refused"]
     assert [x["vm"] for x in doc["recovery"]["restarts"]] == ["web-1", "web-0"]
     assert {s["op"] for s in doc["plan"]["steps"]} == {"create"} and "fence" not in doc
     assert not (tmp_path / "called").exists(), "a dry run does not fence"
@@ -89,13 +92,29 @@ def test_a_host_that_answers_is_not_recovered(tmp_path: Path, state: Path) -> No
     assert not (tmp_path / "called").exists()
 
 
-def test_a_fence_agent_that_reports_the_host_on_restarts_nothing(tmp_path: Path, state: Path) -> None:
+def test_a_recovery_plan_the_live_cluster_refuses_fences_nothing(tmp_path: Path, state: Path) -> None:
+    """The plan is validated whole before the host is fenced (issue 37, measurement 1: it was fenced, then its
+    plan refused, and its VMs were dead with nothing restarted).  The test driver cannot cap CPU, so the whole-plan
+    check refuses the creates' caps: the fence agent must not be called.  Fencing that fails restarts nothing:
+    tests/test_unit_of_work.py."""
     recorded(state, "web-0")
-    r = run("h1", "--cluster", cluster(tmp_path, agent(tmp_path, 0)), "--apply", "--json")
+    r = run("h1", "--cluster", cluster(tmp_path, agent(tmp_path, 2)), "--apply", "--json")
     assert r.exit_code == 1, r.output  # type: ignore[attr-defined]
     doc = json.loads(r.stdout)  # type: ignore[attr-defined]
-    assert not doc["fence"]["fenced"] and "nothing restarted" in doc["refused"] and "apply" not in doc
-    assert (tmp_path / "called").read_text().split() == ["action=off", "action=status"]
+    assert "cannot cap CPU" in doc["refused"] and "nothing fenced" in doc["refused"], doc["refused"]
+    assert "fence" not in doc and "apply" not in doc
+    assert not (tmp_path / "called").exists(), "the host was fenced before its recovery plan was validated"
+
+
+def test_a_dry_run_exits_as_apply_would_when_the_live_cluster_refuses_the_plan(tmp_path: Path, state: Path) -> None:
+    """The dry run checks the recovery plan whole as --apply does before fencing, so both exit 1 (issue 40: dry
+    runs predict); it fences nothing either."""
+    recorded(state, "web-0")
+    r = run("h1", "--cluster", cluster(tmp_path, agent(tmp_path, 2)), "--json")
+    assert r.exit_code == 1, r.output  # type: ignore[attr-defined]
+    doc = json.loads(r.stdout)  # type: ignore[attr-defined]
+    assert "--apply would refuse" in doc["refused"] and "cannot cap CPU" in doc["refused"], doc["refused"]
+    assert not (tmp_path / "called").exists()
 
 
 def test_an_unknown_host_is_bad_input(tmp_path: Path) -> None:

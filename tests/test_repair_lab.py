@@ -32,9 +32,9 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from hypervisor.domain_xml import metadata_xml, stamp_migrated_at
+from hypervisor.guest import guest_xml
 from lab import Lab
 from lab.daemons import daemon_pid
-from lab.guest import guest_xml
 from lab.state import LabLayout
 from tests.lab_support import destroy_everywhere
 from vcsched.inventory import METADATA_NS, METADATA_PREFIX, VmMeta

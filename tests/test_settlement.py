@@ -20,9 +20,9 @@ from acting.executor import FAILED, _run_group
 from hypervisor.base import HostReadBug, HypervisorError, VmInDoubt
 from hypervisor.domain_xml import metadata_xml
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from hypervisor.settlement import DESTROY, RESUME, plan_repair
 from vcsched.formats.cluster import Cluster, ClusterHost, cluster_from_dict
 from vcsched.inventory import HostState, Inventory, VmMeta, VmState, find_in_doubt, mark_in_doubt
+from vcsched.plans.repair import DESTROY, RESUME, plan_repair
 from vcsched.plans.steps import SetNeedStep
 
 MiB = 1 << 20

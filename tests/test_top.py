@@ -290,7 +290,7 @@ def test_a_frame_shows_hosts_vms_marks_yields_and_the_controller() -> None:
     vm_lines = {line.split()[0]: line for line in text.splitlines() if line.startswith(("web-0", "db-0", "other"))}
     assert "migrating h0>h1" in vm_lines["db-0"] and "paused" in vm_lines["db-0"]
     assert "unmanaged" in vm_lines["other"]
-    assert "controller · leader m1" in text and "plan re-balance: 1 steps, 1 migrations" in text
+    assert "controller · leader m1" in text and "plan re-balance: 1 step, 1 migration" in text
 
 
 # ---------------------------------------------------------------------------------------------- the command
@@ -397,3 +397,15 @@ def test_a_down_host_is_retried_in_the_background_and_the_others_keep_refreshing
     view = reader.read()
     assert hv.asked[-1] == ["h0", "h1"] and [h.down for h in view.hosts] == [None, None]
     assert {v.name for v in view.vms} == {"a-0", "b-0"}
+
+
+def test_a_frame_lists_each_lost_vm_with_why_and_how_to_restart_it() -> None:
+    from vcsched.control.lost import HOST_FENCED, Lost
+
+    view = view_of(lost=[Lost("db-1", "db", "h2", HOST_FENCED, T0 + 10)])
+    text = plain(frame(view, Sort("host"), 160, None, Refresh(T0 + 74, 2.0), T0 + 75))
+    assert (f"LOST: db-1 (db) runs nowhere: recorded on h2, host fenced, not restarted, since "
+            f"{time.strftime('%H:%M:%S', time.localtime(T0 + 10))} (vcsched restart db-1 --apply)") in text
+    unknown = dataclasses.replace(view_of(), lost_unknown="definitions store file:///x: cannot list definitions")
+    assert "lost VMs unknown: definitions store" in plain(frame(unknown, Sort("host"), 160, None,
+                                                                Refresh(T0 + 74, 2.0), T0 + 75))

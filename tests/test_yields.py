@@ -123,3 +123,59 @@ def test_an_lp_answer_over_capacity_is_scaled_back_until_every_host_holds(monkey
     load = np.bincount(hosts, weights=np.asarray(alloc.cpu)[inst.task_job], minlength=inst.n_hosts)  # type: ignore
     assert np.all(load <= inst.host_cpu)  # type: ignore[attr-defined]
     assert alloc.notes == ()
+
+
+def test_floors_first_then_the_common_level_then_the_average_phase() -> None:
+    # One host, needs 1.0, 1.0 and 0.6 (1/2.6 each in common); the 0.6 job's floor 0.5 takes 0.3 first, the
+    # other two share the 0.7 left at the common level 0.35.
+    inst = make_instance([(1.0, 0.1), (1.0, 0.1), (0.6, 0.1)], n_hosts=1)
+    plain = allocate(inst, np.array([0, 0, 0])).yields(inst)
+    assert plain == pytest.approx([1 / 2.6] * 3)
+    floored = allocate(inst, np.array([0, 0, 0]), floors=np.array([0.0, 0.0, 0.5]))
+    check_allocation(inst, floored)
+    assert floored.yields(inst) == pytest.approx([0.35, 0.35, 0.5]) and not floored.notes
+
+
+def test_a_floor_below_the_common_level_changes_nothing_and_floors_that_overflow_shrink_together_saying_so() -> None:
+    inst = make_instance([(0.8, 0.1), (0.9, 0.1), (0.4, 0.1)], n_hosts=2)
+    hosts = np.array([0, 0, 1])
+    plain = allocate(inst, hosts)
+    low = allocate(inst, hosts, floors=np.array([0.1, 0.1, 0.1]))
+    assert low.cpu == pytest.approx(plain.cpu) and not low.notes
+    # 0.9 x (0.8 + 0.9) = 1.53 on h0's one core: both floors scaled by 1 / 1.53 together, not one starved.
+    over = allocate(inst, hosts, floors=np.array([0.9, 0.6, 0.0]))
+    check_allocation(inst, over)
+    theta = 1 / (0.9 * 0.8 + 0.6 * 0.9)
+    assert over.yields(inst)[:2] == pytest.approx([0.9 * theta, 0.6 * theta])
+    assert over.notes == (f"floors scaled to {theta:.4f} of themselves where they do not all fit this placement",)
+
+
+def test_floors_give_way_only_on_the_host_where_they_do_not_fit() -> None:
+    # h0: floors 0.9 x 1.0 + 0.5 x 0.6 = 1.2 > 1 core: both scaled by 1 / 1.2.  h1: 0.9 x 0.9 = 0.81 fits beside
+    # a 0.5 VM without a floor: it keeps 0.9 (a global scaling would leave it 0.5 / 0.9, the spare going to the
+    # smaller VM first).
+    inst = make_instance([(1.0, 0.1), (0.6, 0.1), (0.9, 0.1), (0.5, 0.1)], n_hosts=2)
+    alloc = allocate(inst, np.array([0, 0, 1, 1]), floors=np.array([0.9, 0.5, 0.9, 0.0]))
+    check_allocation(inst, alloc)
+    y = alloc.yields(inst)
+    assert y[:2] == pytest.approx([0.9 / 1.2, 0.5 / 1.2]) and y[2] >= 0.9 - 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(jobs=jobs_strategy, n_hosts=st.integers(1, 4), data=st.data())
+def test_floored_allocations_are_valid_and_keep_every_floor_that_fits(jobs, n_hosts, data) -> None:  # type: ignore[no-untyped-def]
+    inst = make_instance(jobs, n_hosts=n_hosts)
+    hosts = np.array([data.draw(st.integers(0, n_hosts - 1)) for _ in range(inst.n_tasks)])
+    floors = np.array([data.draw(st.sampled_from([0.0, 0.2, 0.5, 0.9])) for _ in range(inst.n_jobs)])
+    alloc = allocate(inst, hosts, floors=floors)
+    from vcsched.validate import allocation_problems
+
+    assert [p for p in allocation_problems(inst, alloc) if "memory" not in p] == []  # memory is not its concern
+    y = alloc.yields(inst)
+    if not alloc.notes:  # every floor held
+        assert np.all(y >= floors - 1e-6)
+    else:  # the floors shrank together where they did not fit: no job below the least fraction of its floor
+        theta = float(alloc.notes[0].split()[3])
+        assert np.all(y >= floors * theta - 1e-3)
+    if not floors.any():  # no floor: the plain allocation
+        assert alloc.cpu == pytest.approx(allocate(inst, hosts).cpu, abs=1e-6)

@@ -55,6 +55,22 @@ def same_cap(a: float, b: float, vcpus: int) -> bool:
     return quota_for(a, vcpus) == quota_for(b, vcpus)
 
 
+def off_grid(cap: float, vcpus: int) -> bool:
+    """Whether ``cap`` is not a point of a ``vcpus``-vCPU VM's quota grid (the hypervisor would hold another)."""
+    return abs(realisable_cap(cap, vcpus) - cap) > CAP_TOLERANCE
+
+
+def grid_problem(where: str, cap: float, vcpus: int) -> str | None:
+    """Why ``cap`` cannot be held by a ``vcpus``-vCPU VM because it is off the quota grid, naming the grid and
+    what the hypervisor would hold instead; None on the grid.  A hand-edited ``0.3000004`` would otherwise show
+    up later as a sum of caps a hair above a host's cores, the real defect unsaid."""
+    if not off_grid(cap, vcpus):
+        return None
+    return (f"{where}: {cap!r} cores is off the quota grid: a {vcpus}-vCPU VM's caps are multiples of "
+            f"{grid_step(vcpus):g} cores (one µs of quota per {PERIOD_US} µs period per vCPU); it would hold "
+            f"{realisable_cap(cap, vcpus)!r}")
+
+
 def min_cap(vcpus: int) -> float:
     """The smallest cap a ``vcpus``-vCPU VM can have (the minimum quota on every vCPU thread)."""
     return cores_from_quota(MIN_QUOTA_US, PERIOD_US, vcpus)

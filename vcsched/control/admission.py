@@ -10,8 +10,11 @@ usable memory; host ``h`` has ``C_h = cores_h / n_ref`` and
 ``M_h = (usable_h - memory of unmanaged VMs on h) / mem_ref``.  Every running
 managed virtual cluster is one job whose tasks are its VMs (section 5: a
 parallel job's VMs all get the same CPU fraction); the request is one more job
-with ``k = vms`` tasks.  Unmanaged domains are never capped, so their CPU is
-not modelled; their memory is taken off their host.
+with ``k = vms`` tasks.  Unmanaged domains are never capped or moved, so their
+memory and their CPU reservation (:meth:`vcsched.inventory.Inventory.usable_cores`:
+measured by the controller, else the most they can use) are taken off their host:
+``C_h = usable_cores_h / n_ref`` (``n_ref`` stays the largest host's cores, so a
+request's need in cores means the same whatever runs beside it).
 
 **Pinning existing VMs.**  Moving running VMs is migration, which is the
 adaptation's job (section 6.1, under a byte budget: :mod:`vcsched.control.live`).  Here existing VMs
@@ -176,7 +179,9 @@ def unmanaged_memory(inventory: Inventory) -> defaultdict[str, int]:
 
 def model_hosts(inventory: Inventory, capacity: Mapping[str, Amounts] | None = None,
                 cordoned: frozenset[str] = frozenset()) -> tuple[Host, ...]:
-    """The hosts in model units (module docstring): cores and usable memory less unmanaged domains' memory.
+    """The hosts in model units (module docstring): cores and usable memory less what unmanaged domains reserve.
+
+    Every planning path builds its hosts here, so the unmanaged reservation is honoured by one mechanism.
 
     ``capacity``: each host's extra fluid capacities (:func:`vcsched.control.sharing.host_capacities`);
     ``cordoned``: the hosts in maintenance (the cluster file's ``maintenance = true``, docs/rules.md).
@@ -184,8 +189,9 @@ def model_hosts(inventory: Inventory, capacity: Mapping[str, Amounts] | None = N
     n_ref, mem_ref = inventory.reference_cores, inventory.reference_memory
     unmanaged_mem = unmanaged_memory(inventory)
     extra = capacity or {}
-    return tuple(Host(h.name, h.cores / n_ref, max(h.usable_memory - unmanaged_mem[h.name], 0) / mem_ref,
-                      extra.get(h.name, ()), h.name in cordoned)
+    return tuple(Host(h.name, inventory.usable_cores(h) / n_ref,
+                      max(h.usable_memory - unmanaged_mem[h.name], 0) / mem_ref, extra.get(h.name, ()),
+                      h.name in cordoned)
                  for h in inventory.hosts)
 
 
@@ -323,8 +329,8 @@ def _admission_placer(rho: np.ndarray | None, algorithm: str, options: SolveOpti
     def place(attempt: Instance, _: SolveOptions) -> Placement:
         room = ResidualRoom(attempt, None, rho)
         upper = room.ceiling()
-        if upper is None:  # memory does not fit even fractionally
-            return Placement(hosts=None)
+        if upper is None or upper <= 0:  # memory does not fit even fractionally; or running VMs sit on a host
+            return Placement(hosts=None)  # with no CPU left for them (its unmanaged domains fill it): no yield > 0
         probe = room.probe(algorithm) if algorithm in VARIANTS else _solve_probe(room, algorithm, options)
         # Upper end first (often nothing binds); then the floor, where a failure refuses the request at once.
         search = bisect_yield(probe, SEARCH_FLOOR * upper, upper, upper * 2.0 ** -SEARCH_STEPS,
@@ -386,8 +392,8 @@ def _decide(cluster: Cluster, full: Inventory, inventory: Inventory, request: Re
     if request.min_yield is not None and request.min_yield > floor:
         floor, who = request.min_yield, f"request {request.name!r} min_yield"
     if min_y < floor - YIELD_TOLERANCE:
-        return Decision(False, f"the minimum yield would be {min_y:.4f}, below {who} {floor:g}", None,
-                        min_y, avg_y)
+        return Decision(False, f"the minimum yield would be {min_y:.4f}, below {who} {floor:g}"
+                        + unmanaged_note(inventory), None, min_y, avg_y)
     yields = allocation.yields(instance)
     missed = floors_missed(existing.vms, {v.name: float(yields[int(instance.task_job[t])])
                                           for t, v in enumerate(existing.vms)})
@@ -468,9 +474,17 @@ def _refusal(placing: Instance, rho: np.ndarray | None, algorithm: str, options:
     if placing.has_rules:
         unruled = _admission_placer(rho, algorithm, options)(_unruled(placing), options)
         if unruled.hosts is not None:
-            return _rules_reason(request, placing) or str(report.get("infeasible", "the placement rules"))
+            return _rules_reason(request, placing, inventory) or str(report.get("infeasible", "the placement rules"))
     return (f"cpu: no placement of {request.vms} VMs of {request.need_cores(inventory.reference_cores):g} cores "
-            f"reaches a yield of {SEARCH_FLOOR:g} of the bound in the CPU the running VMs leave")
+            f"reaches a yield of {SEARCH_FLOOR:g} of the bound in the CPU the running VMs leave"
+            + unmanaged_note(inventory))
+
+
+def unmanaged_note(inventory: Inventory) -> str:
+    """``" (unmanaged domains reserve h1 1 of 1 cores)"``: the CPU a refusal could not use, said, or ""."""
+    held = [(h.name, inventory.unmanaged_cores(h.name), h.cores) for h in inventory.hosts]
+    said = [f"{name} {r:.2f} of {cores}" for name, r, cores in held if r > 0]
+    return f" (unmanaged domains reserve {', '.join(said)} cores)" if said else ""
 
 
 #: What a refusal calls each extra fluid resource.
@@ -492,7 +506,7 @@ def _memory_fits(memory: np.ndarray, memory_left: np.ndarray) -> bool:
                   np.asarray(memory_left, dtype=float), None) is not None
 
 
-def _rules_reason(request: Request, instance: Instance) -> str | None:
+def _rules_reason(request: Request, instance: Instance, inventory: Inventory) -> str | None:
     """Why a request with placement rules found no room, when its rules are the likely cause."""
     rules = [f"{k} = {v!r}" for k, v in (("spread", request.spread), ("together", request.together)) if v]
     cordoned = [h.name for h in instance.hosts if h.maintenance]
@@ -500,7 +514,7 @@ def _rules_reason(request: Request, instance: Instance) -> str | None:
         return None
     where = f" ({len(cordoned)} host(s) in maintenance: {', '.join(cordoned)})" if cordoned else ""
     return (f"no placement of {request.vms} VMs honours {' and '.join(rules) or 'maintenance'}{where} in the room "
-            "the running VMs leave")
+            "the running VMs leave" + unmanaged_note(inventory))
 
 
 def floors_missed(vms: Iterable[VmState], yields: Mapping[str, float]) -> list[tuple[str, float, float]]:

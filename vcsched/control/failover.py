@@ -30,7 +30,9 @@ virtual cluster on a survivor) through the one rule loop
 VMs on both sides keeps its spread rule only when its surviving VMs honour it
 already, and never a together rule (its VMs were on one host, which is gone).
 The min yield after the loss is :func:`vcsched.yields.allocate` of that
-placement with the real needs.
+placement with the real needs, floors first (every VM gets its floor, then
+the common level above them: the caps a recovery writes, so that the plan
+keeps the floors it was placed at).
 
 Disk and network bytes/s are not part of the question (a failed host's VMs
 restart with their recorded caps); CPU and memory are.
@@ -40,24 +42,29 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from vcsched.caps import realisable_cap, same_cap
+from vcsched.caps import min_cap, realisable_cap, same_cap
 from vcsched.control.admission import Decision, current_caps, existing_jobs, model_hosts
+from vcsched.control.unmanaged import full_hosts
+from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import format_size
 from vcsched.inventory import Inventory, VmMeta, VmState, snapshot_hash
 from vcsched.model import Instance, SolveOptions
 from vcsched.plans.ordering import order_steps
-from vcsched.plans.plan import Plan, VmPrediction
+from vcsched.plans.plan import BELOW_FLOOR, Plan, VmPrediction
 from vcsched.plans.steps import CreateStep, SetCapStep, Step
 from vcsched.solvers.algorithm import Placement
 from vcsched.solvers.registry import place_with_rules
 from vcsched.solvers.search import ResidualRoom
 from vcsched.solvers.yield_search import bisect_yield
+from vcsched.units import YIELD_TOLERANCE
 from vcsched.yields import allocate
 
 #: ``status`` computes every host's headroom up to this many hosts (measured: 100 hosts of 10 VMs 0.6 s, 250 hosts
@@ -69,6 +76,11 @@ LEVEL_PRECISION = 1e-3
 
 #: Why a displaced VM that the survivors cannot take is stranded.
 NO_ROOM = "no room on the survivors (memory, and CPU at the virtual clusters' floors)"
+
+#: Why one is stranded when the cluster restarts VMs below their floors (``on_failure = "restart"``): CPU is no
+#: longer the reason, memory (or a required placement rule) is.
+NO_MEMORY = ("not enough memory on the survivors, even below its floor (or a required spread/together rule keeps "
+             "it off the hosts that have it)")
 
 
 def floor_of(cluster: Cluster, meta: VmMeta) -> float:
@@ -82,7 +94,8 @@ class Failover:
 
     ``placed``: ``(vm, survivor)`` for the VMs that fit, in the order tried (most important first);
     ``stranded``: ``(vm, why)`` for the others; ``min_yield``: the lowest yield of every managed VM after the
-    failover (None: none would run).
+    failover (None: none would run); ``floorless``: the placed VMs whose floor was dropped to place them
+    (only when asked: ``below_floor_ok``).
     """
 
     host: str
@@ -90,6 +103,7 @@ class Failover:
     placed: tuple[tuple[str, str], ...]
     stranded: tuple[tuple[str, str], ...]
     min_yield: float | None
+    floorless: tuple[str, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -108,10 +122,11 @@ def without_hosts(inventory: Inventory, gone: Sequence[str]) -> Inventory:
                      tuple(v for v in inventory.vms if v.host not in out), inventory.in_doubt)
 
 
-def _place(cluster: Cluster, survivors: Inventory,
-           displaced: Sequence[VmState]) -> tuple[np.ndarray, float | None] | None:
+def _place(cluster: Cluster, survivors: Inventory, displaced: Sequence[VmState],
+           floorless: frozenset[str] = frozenset()) -> tuple[np.ndarray, float | None] | None:
     """Hosts (indexes into ``survivors.hosts``) of ``displaced`` around the survivors' VMs at the floors, and the
-    min yield after; None when they do not fit."""
+    min yield after; None when they do not fit.  A job holding a VM of ``floorless`` is placed at floor 0 (its
+    memory must still fit)."""
     if not survivors.hosts:
         return None
     fixed = survivors.managed()
@@ -120,7 +135,7 @@ def _place(cluster: Cluster, survivors: Inventory,
     existing = existing_jobs(survivors, (*fixed, *pool))
     moving = {v.name for v in displaced}
     pins = tuple(-1 if v.name in moving else h for v, h in zip(existing.vms, existing.hosts, strict=True))
-    hosts = model_hosts(survivors, cordoned=cluster.cordoned)
+    hosts = model_hosts(survivors, cordoned=cluster.cordoned | full_hosts(survivors))
     real = Instance(hosts, existing.jobs, pinned=pins)
     floors, rules = [], []
     for j, job in enumerate(existing.jobs):
@@ -128,7 +143,8 @@ def _place(cluster: Cluster, survivors: Inventory,
         meta = existing.vms[first].meta
         assert meta is not None
         fixed_at = [p for p in pins[first:first + job.tasks] if p >= 0]
-        floors.append(floor_of(cluster, meta))
+        members = existing.vms[first:first + job.tasks]
+        floors.append(0.0 if any(v.name in floorless for v in members) else floor_of(cluster, meta))
         rules.append((job.spread if len(set(fixed_at)) == len(fixed_at) else None,
                       job.together if not fixed_at else None))
 
@@ -149,9 +165,25 @@ def _place(cluster: Cluster, survivors: Inventory,
     task_hosts = np.asarray(search.found, dtype=np.int64)
     ruled = dataclasses.replace(real, jobs=tuple(dataclasses.replace(j, spread=None, together=None)
                                                  for j in real.jobs), pinned=())
-    min_yield = allocate(ruled, task_hosts).min_yield(ruled) if real.n_tasks else None
+    min_yield = allocate(ruled, task_hosts, floors=np.asarray(floors)).min_yield(ruled) if real.n_tasks else None
     by_name = {v.name: int(task_hosts[t]) for t, v in enumerate(existing.vms)}
     return np.asarray([by_name[v.name] for v in displaced], dtype=np.int64), min_yield
+
+
+def job_floors(cluster: Cluster, instance: Instance, vms: Sequence[VmState], n_ref: int) -> np.ndarray:
+    """Each job's floor (:func:`floor_of` its first VM), the yields a failover is placed at and its caps give
+    first (:func:`vcsched.yields.allocate`'s ``floors``).
+
+    A VM without a floor is placed as needing no CPU, so on a host its neighbours' floors fill it would get a
+    cap of 0, which no hypervisor holds: every job's floor is at least twice the smallest cap of its VMs (one
+    quota step above it after rounding down to the grid)."""
+    out = np.zeros(instance.n_jobs)
+    for j in range(instance.n_jobs):
+        vm = vms[int(instance.job_first_task[j])]
+        need = float(instance.jobs[j].cpu_need) * n_ref
+        least = min(1.0, 2 * min_cap(vm.vcpus) / need) if need > 0 else 0.0
+        out[j] = max(least, 0.0 if vm.meta is None else floor_of(cluster, vm.meta))
+    return out
 
 
 def importance(vm: VmState) -> tuple[int, str]:
@@ -159,23 +191,45 @@ def importance(vm: VmState) -> tuple[int, str]:
     return (-(vm.meta.priority if vm.meta is not None else 0), vm.name)
 
 
-def failover(cluster: Cluster, survivors: Inventory, host: str, displaced: Sequence[VmState]) -> Failover:
+def failover(cluster: Cluster, survivors: Inventory, host: str, displaced: Sequence[VmState], *,
+             below_floor_ok: bool = False) -> Failover:
     """Place ``displaced`` (the managed VMs of failed ``host``) on ``survivors``, most important first.
 
     When they do not all fit, the least important ones are left out one at a time until the rest fits; those
-    are stranded (:data:`NO_ROOM`).
+    are stranded (:data:`NO_ROOM`).  With ``below_floor_ok`` (a recovery under ``on_failure = "restart"``) the
+    ones left out are then added back, most important first, at floor 0 — as many as memory and the required
+    rules allow; only the rest are stranded (:data:`NO_MEMORY`).  (The caps then share the shortfall: on a
+    host where the floors do not all fit, every floor there gives way together, :func:`_recovery_plan`.)
     """
     survivors = survivors.up()
     ordered = sorted(displaced, key=importance)
     names = tuple(v.name for v in ordered)
+    if not survivors.hosts:
+        return Failover(host, names, (), tuple((v.name, "no host survives") for v in ordered), None)
+    found: tuple[np.ndarray, float | None] | None = None
     for keep in range(len(ordered), -1, -1):
         found = _place(cluster, survivors, ordered[:keep])
         if found is not None:
-            where, min_yield = found
-            placed = tuple((v.name, survivors.hosts[int(h)].name) for v, h in zip(ordered[:keep], where, strict=True))
-            return Failover(host, names, placed, tuple((v.name, NO_ROOM) for v in ordered[keep:]), min_yield)
-    return Failover(host, names, (), tuple((v.name, NO_ROOM if survivors.hosts else "no host survives")
-                                           for v in ordered), None)
+            break
+    # None even with nothing displaced: the survivors miss their own floors already.
+    keep = keep if found is not None else 0
+    floorless: frozenset[str] = frozenset()
+    why = NO_ROOM
+    if below_floor_ok and keep < len(ordered):
+        why = NO_MEMORY
+        missed = frozenset(v.name for v in survivors.managed()) if found is None else frozenset()
+        for more in range(len(ordered), keep, -1):
+            dropped = frozenset(v.name for v in ordered[keep:more])
+            relaxed = _place(cluster, survivors, ordered[:more], dropped | missed)
+            if relaxed is not None:
+                found, keep, floorless = relaxed, more, dropped
+                break
+    if found is None:
+        return Failover(host, names, (), tuple((v.name, why) for v in ordered), None)
+    where, min_yield = found
+    placed = tuple((v.name, survivors.hosts[int(h)].name) for v, h in zip(ordered[:keep], where, strict=True))
+    return Failover(host, names, placed, tuple((v.name, why) for v in ordered[keep:]), min_yield,
+                    tuple(sorted(floorless)))
 
 
 class _Cluster:
@@ -188,7 +242,7 @@ class _Cluster:
         self.cluster = cluster
         self.inventory = inventory
         self.existing = existing_jobs(inventory)
-        self.hosts = model_hosts(inventory, cordoned=cluster.cordoned)
+        self.hosts = model_hosts(inventory, cordoned=cluster.cordoned | full_hosts(inventory))
         self.pins = np.asarray(self.existing.hosts, dtype=np.int64)
         first = np.cumsum([0, *(j.tasks for j in self.existing.jobs)])[:-1]
         self.first = first
@@ -229,7 +283,7 @@ class _Cluster:
         plain = Instance(hosts, tuple(dataclasses.replace(j, spread=None, together=None) for j in jobs))
         names = self.inventory.hosts
         moved = {self.existing.vms[int(t)].name: names[int(found[t])].name for t in np.flatnonzero(pins < 0)}
-        return True, allocate(plain, found).min_yield(plain), moved
+        return True, allocate(plain, found, floors=np.asarray(self.floors)).min_yield(plain), moved
 
 
 def host_failover(cluster: Cluster, inventory: Inventory, host: str) -> Failover:
@@ -317,7 +371,9 @@ class Recovery:
     """What recovering failed host ``host`` takes: fence it (``fence``: it has an agent), then ``plan``
     (creates of its VMs on the survivors, most important first, and the survivors' caps re-set so that
     floors hold where they can).  ``stranded``: ``(vm, why)`` for the VMs that are not restarted;
-    ``running``: ``(vm, host)`` for VMs recorded on ``host`` that already run elsewhere (restarted before)."""
+    ``running``: ``(vm, host)`` for VMs recorded on ``host`` that already run elsewhere (restarted before);
+    ``below_floor``: ``(vm, predicted yield, floor)`` for the restarted VMs the plan runs below their floor
+    (``on_failure = "restart"``: the survivors could not meet it; the plan says so in ``extra``)."""
 
     host: str
     fence: bool
@@ -326,16 +382,22 @@ class Recovery:
     running: tuple[tuple[str, str], ...]
     plan: Plan | None
     min_yield: float | None
+    below_floor: tuple[tuple[str, float, float], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {"host": self.host, "fence": self.fence, "restarts": [{"vm": vm, "host": h} for vm, h in self.restarts],
                 "stranded": [{"vm": vm, "reason": why} for vm, why in self.stranded],
                 "running": [{"vm": vm, "host": h} for vm, h in self.running],
+                "below_floor": [{"vm": vm, "yield": round(y, 6), "min_yield": f} for vm, y, f in self.below_floor],
                 "min_yield_after": self.min_yield}
 
 
 def has_disk(step: CreateStep) -> bool:
-    """Whether a VM boots from a disk (an image, or a template that may name disks) rather than a kernel alone."""
+    """Whether a VM boots from a disk (an image, or a template that may name disks) rather than a kernel alone;
+    an adopted domain (boot ``domain``) has one when its own XML names a disk."""
+    if step.boot.kind == "domain":
+        disks = ET.fromstring(step.boot.xml or "<domain/>").findall("devices/disk")
+        return any(d.get("device", "disk") == "disk" for d in disks)
     return step.boot.kind != "kernel"
 
 
@@ -344,7 +406,10 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
 
     A VM is stranded when the host has no fence agent (it may still run there: restarting it would make two
     writers), when it has a disk that the survivors do not share (the host's ``storage``), or when the
-    survivors have no room for it at the floors (:func:`failover`, least important first).
+    survivors have no room for it (:func:`failover`, least important first): no memory, or — with the cluster
+    file's ``on_failure = "strand"`` — no CPU at the floors.  With ``on_failure = "restart"`` (the default) a VM
+    whose floor cannot be met restarts below it, listed in ``below_floor`` and in the plan's ``extra``, which
+    is what lets the whole-plan check accept the plan (:mod:`vcsched.plans.claims`).
     """
     survivors = without_hosts(inventory, [host]).up()
     elsewhere = {v.name: v.host for v in survivors.vms if v.active}
@@ -364,27 +429,102 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
                                    f"({cluster.host(host).storage_name!r}), which {', '.join(unshared)} do not share"))
         else:
             candidates.append(r)
-    displaced = [VmState(r.vm, host, r.vcpus, r.memory_bytes, True, r.meta(), r.cap_cores) for r in candidates]
-    f = failover(cluster, survivors, host, displaced)
-    stranded += f.stranded
+    placed, more, plan, below = restart_records(cluster, inventory, survivors, host, candidates, {"recover": host},
+                                                cluster.on_failure == "restart")
+    return Recovery(host, True, placed, (*stranded, *more), running, plan, None if plan is None else plan.min_yield,
+                    below)
+
+
+def restart_records(cluster: Cluster, inventory: Inventory, survivors: Inventory, host: str,
+                    records: Sequence[CreateStep], extra: Mapping[str, Any], below_floor_ok: bool
+                    ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], Plan | None,
+                               tuple[tuple[str, float, float], ...]]:
+    """Where ``records`` (VMs of ``host`` that run nowhere) start again on ``survivors``, and the plan that does
+    it: ``(placed, stranded, plan, below floor)``.  The one mechanism behind a failed host's recovery and
+    ``vcsched restart``: :func:`failover` places them most important first (below their floors if
+    ``below_floor_ok``), :func:`_recovery_plan` caps floors first; ``extra`` goes into the
+    plan (what it recovers), with :data:`vcsched.plans.plan.BELOW_FLOOR` when a VM runs below its floor."""
+    displaced = [VmState(r.vm, host, r.vcpus, r.memory_bytes, True, r.meta(), r.cap_cores) for r in records]
+    f = failover(cluster, survivors, host, displaced, below_floor_ok=below_floor_ok)
     if not f.placed:
-        return Recovery(host, True, (), tuple(stranded), running, None, None)
-    by_name = {r.vm: r for r in candidates}
+        return (), f.stranded, None, ()
+    by_name = {r.vm: r for r in records}
     where = dict(f.placed)
     restarted = tuple(VmState(vm, where[vm], by_name[vm].vcpus, by_name[vm].memory_bytes, True, by_name[vm].meta())
                       for vm, _ in f.placed)
-    plan = _recovery_plan(cluster, inventory, survivors, restarted, by_name, host)
-    return Recovery(host, True, f.placed, tuple(stranded), running, plan, plan.min_yield)
+    plan = _recovery_plan(cluster, inventory, survivors, restarted, by_name, extra)
+    floors = {v.name: floor_of(cluster, v.meta) for v in (*survivors.managed(), *restarted) if v.meta is not None}
+    below = tuple((vm, p.yield_, floors[vm]) for vm, p in sorted(plan.per_vm.items())
+                  if p.yield_ < floors[vm] - YIELD_TOLERANCE)
+    if below:
+        plan = dataclasses.replace(plan, extra={**plan.extra, BELOW_FLOOR: [vm for vm, _, _ in below]})
+    return f.placed, f.stranded, plan, below
+
+
+@dataclass(frozen=True)
+class Restart:
+    """What ``vcsched restart`` does with lost VMs: ``restarts`` ``(vm, host)`` by ``plan``, ``refused``
+    ``(vm, why)`` for the rest (no room, a local disk), ``below_floor`` as :class:`Recovery`'s."""
+
+    restarts: tuple[tuple[str, str], ...]
+    refused: tuple[tuple[str, str], ...]
+    plan: Plan | None
+    below_floor: tuple[tuple[str, float, float], ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {"restarts": [{"vm": vm, "host": h} for vm, h in self.restarts],
+                "refused": [{"vm": vm, "reason": why} for vm, why in self.refused],
+                "below_floor": [{"vm": vm, "yield": round(y, 6), "min_yield": f} for vm, y, f in self.below_floor],
+                "min_yield_after": None if self.plan is None else self.plan.min_yield}
+
+
+def plan_restart(cluster: Cluster, inventory: Inventory, records: Sequence[CreateStep], *,
+                 below_floor_ok: bool | None = None) -> Restart:
+    """Start ``records`` — lost VMs (:mod:`vcsched.control.lost`), run nowhere — again on the hosts that answer,
+    as a failed host's recovery would (:func:`restart_records`), most important first.  A VM that boots from a
+    disk is refused unless every host that answers shares its recorded host's storage (where else would its
+    disk be?).  ``below_floor_ok``: whether a VM whose floor cannot be met restarts below it; default the
+    cluster file's ``on_failure`` (the controller), and an operator's ``vcsched restart`` says True: naming the
+    VM is choosing that it runs."""
+    if below_floor_ok is None:
+        below_floor_ok = cluster.on_failure == "restart"
+    up = inventory.up()
+    refused: list[tuple[str, str]] = []
+    ok: list[CreateStep] = []
+    for r in sorted(records, key=lambda r: (-r.priority, r.vm)):
+        unshared = [h.name for h in up.hosts if r.host != h.name and not _shares(cluster, r.host, h.name)]
+        if has_disk(r) and unshared:
+            refused.append((r.vm, f"local disk: it boots from a {r.boot.kind} on {r.host}'s storage, which "
+                                  f"{', '.join(unshared)} do not share"))
+        else:
+            ok.append(r)
+    if not ok:
+        return Restart((), tuple(refused), None)
+    # One placement of them all (their recorded hosts only name the VMs' origin: any host that answers may take them).
+    placed, more, plan, below = restart_records(cluster, inventory, up, ok[0].host, ok, {"restart": [r.vm for r in ok]},
+                                                below_floor_ok)
+    return Restart(placed, (*refused, *more), plan, below)
+
+
+def _shares(cluster: Cluster, a: str, b: str) -> bool:
+    """Whether hosts ``a`` and ``b`` share storage; a host the cluster file no longer lists shares with none."""
+    try:
+        return cluster.shares_storage(a, b)
+    except InputError:
+        return False
 
 
 def _recovery_plan(cluster: Cluster, full: Inventory, survivors: Inventory, restarted: Sequence[VmState],
-                   records: Mapping[str, CreateStep], host: str) -> Plan:
+                   records: Mapping[str, CreateStep], extra: Mapping[str, Any]) -> Plan:
     """Creates of ``restarted`` where they are, and set-cap steps for the survivors' VMs whose caps change: the
-    allocation (min yield, then average yield) of the cluster with them, as admission's plans."""
+    allocation of the cluster with them — floors first, then the common level, then the average yield — so that
+    the caps keep the floors the restarts were placed at (and, when a VM was placed below its floor, every
+    floor on its host gives way together: :func:`vcsched.yields.floored_lows`)."""
     after = Inventory(survivors.cluster, survivors.hosts, (*survivors.vms, *restarted), survivors.in_doubt)
     existing = existing_jobs(after)
     instance = Instance(model_hosts(after, cordoned=cluster.cordoned), existing.jobs)
-    allocation = allocate(instance, np.asarray(existing.hosts, dtype=np.int64))
+    allocation = allocate(instance, np.asarray(existing.hosts, dtype=np.int64),
+                          floors=job_floors(cluster, instance, existing.vms, after.reference_cores))
     yields = allocation.yields(instance)
     n_ref = after.reference_cores
     new = {v.name for v in restarted}
@@ -402,4 +542,4 @@ def _recovery_plan(cluster: Cluster, full: Inventory, survivors: Inventory, rest
             steps.append(SetCapStep(v.name, where, cap))
     ordered = order_steps(steps, current_caps(survivors), {h.name: float(h.cores) for h in survivors.hosts})
     return Plan("recover", cluster.name, snapshot_hash(full), allocation.min_yield(instance),
-                allocation.avg_yield(instance), per_vm, ordered, extra={"recover": host})
+                allocation.avg_yield(instance), per_vm, ordered, extra=dict(extra))

@@ -160,7 +160,7 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         if not v.active or v.name in gone:
             continue
         used_mem[v.host] += v.memory_bytes
-        if v.managed:  # unmanaged domains are never capped: their CPU is not planned (as in admission)
+        if v.managed:  # unmanaged domains are never capped: their reservation is off their host (model_hosts)
             caps_used[v.host] += v.cap_or_vcpus
     cores_of: dict[str, float] = {}  # each staying VM's need in cores, after the changes
     renew: dict[str, float] = {}  # the changed needs to record in metadata

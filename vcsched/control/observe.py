@@ -271,7 +271,7 @@ def probe_caps(inventory: Inventory, estimates: Mapping[str, Estimate],
     up = inventory.up()
     for h in up.hosts:
         on = [v for v in up.vms_on(h.name) if v.managed and v.active]
-        room = h.cores - sum(v.cap_or_vcpus for v in on)
+        room = up.usable_cores(h) - sum(v.cap_or_vcpus for v in on)  # unmanaged domains' reservation kept
         wanting = [v for v in on if v.name in estimates and estimates[v.name].wants_probe and v.cap_cores is not None
                    and v.cap_cores < v.vcpus]
         if not wanting or room < params.probe_min_raise:

@@ -20,7 +20,26 @@ Lifecycle (every transition a pure function of the book, applied atomically by t
     open --(past valid_until)--> expired (shown so; approving it is refused)
 
 Only one open recommendation of each kind (re-cap, re-balance) exists at a time: the controller's next
-decision supersedes the previous one, or keeps it (same steps) and extends its validity.
+decision supersedes the previous one, or keeps it and extends its validity.
+
+**One proposal, one id.**  An operator lists, reads, then types an id; an id
+that changed in between (every interval, as estimates wobble by a few hundredths
+of a core) makes every approve a race.  So a recommendation's identity is
+its *effect*, not its bytes: the same steps on the same VMs and hosts, every
+cap within :data:`SAME_CAP_CORES` or :data:`SAME_CAP_FRACTION` of the other
+(:func:`same_proposal`).  The same proposal made again keeps its id, its plan
+renewed to the newest (what approving it applies).  An id that *was*
+superseded still answers: approve and skip name what superseded it, and act
+on the successor when it is the same proposal made again (:func:`resolve`).
+
+**Only proposals worth an operator's time.**  A proposal whose predicted
+gain (:func:`predicted_gain`) is under the controller's rebalance threshold
+(a re-cap "min yield 1.000 -> 1.000") is not recorded (:func:`worth_proposing`).
+
+**Floors checked when approved, not only when made.**  The controller writes
+its newest estimates of the VMs' needs into the book every interval
+(:func:`note_needs`); approving re-checks every VM the plan touches against
+its floor with them (:func:`check_floors`) and refuses, naming the VM.
 """
 
 from __future__ import annotations
@@ -33,12 +52,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vcsched.errors import InputError, VcschedError
+from vcsched.units import YIELD_TOLERANCE
 
 OPEN, APPROVED, APPLIED, FAILED, STALE, SKIPPED, SUPERSEDED, EXPIRED = (
     "open", "approved", "applied", "failed", "stale", "skipped", "superseded", "expired")
 
 #: How many closed recommendations a book keeps (the newest), so that it does not grow for ever.
 KEEP_CLOSED = 50
+#: Two caps are "the same" for a proposal's identity when within this many cores of each other, or within this
+#: fraction of the larger: the estimates a plan follows move by about that much between windows of a steady
+#: load (a twentieth of a core: what separates a small VM's windows in the lab).
+SAME_CAP_CORES = 0.05
+SAME_CAP_FRACTION = 0.05
+#: Seconds the controller's estimates in the book stay current for an approval's floor check; older (no
+#: controller running), the VMs' declared needs are used.
+NEEDS_FRESH_S = 600.0
 
 
 class Refused(VcschedError):
@@ -63,6 +91,7 @@ class Recommendation:
     decided_at: float | None = None
     decided_by: str | None = None
     detail: str = ""  # why it was refused, skipped or failed; what applying it did
+    superseded_by: str | None = None  # the id of the recommendation that superseded it
 
     @property
     def moves(self) -> tuple[tuple[str, str], ...]:
@@ -83,14 +112,15 @@ class Recommendation:
                                                              strict=True)],
                 "effect": dict(self.effect), "made_at": self.made_at, "valid_until": self.valid_until,
                 "made_by": self.made_by, "decided_at": self.decided_at, "decided_by": self.decided_by,
-                "detail": self.detail, "plan": dict(self.plan)}
+                "detail": self.detail, "superseded_by": self.superseded_by, "plan": dict(self.plan)}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Recommendation:
         return Recommendation(str(d["id"]), str(d["kind"]), str(d["cluster"]), str(d["reason"]),
                               tuple(str(s.get("reason", "")) for s in d["steps"]), d["plan"], d["effect"],
                               float(d["made_at"]), float(d["valid_until"]), str(d.get("made_by", "")),
-                              str(d["state"]), d.get("decided_at"), d.get("decided_by"), str(d.get("detail", "")))
+                              str(d["state"]), d.get("decided_at"), d.get("decided_by"), str(d.get("detail", "")),
+                              d.get("superseded_by"))
 
 
 @dataclass(frozen=True)
@@ -107,10 +137,13 @@ class Veto:
 
 @dataclass(frozen=True)
 class Book:
-    """Every recommendation of one cluster (newest first) and the vetoes in force."""
+    """Every recommendation of one cluster (newest first), the vetoes in force, and the controller's newest
+    estimates of the VMs' needs (cores) with when it made them (for an approval's floor check)."""
 
     recommendations: tuple[Recommendation, ...] = ()
     vetoes: tuple[Veto, ...] = field(default=())
+    needs: Mapping[str, float] = field(default_factory=dict)
+    needs_at: float | None = None
 
     def get(self, rec_id: str) -> Recommendation:
         for r in self.recommendations:
@@ -126,49 +159,154 @@ class Book:
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": 1, "recommendations": [r.to_dict() for r in self.recommendations],
-                "vetoes": [v.to_dict() for v in self.vetoes]}
+                "vetoes": [v.to_dict() for v in self.vetoes], "needs": dict(self.needs), "needs_at": self.needs_at}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Book:
         return Book(tuple(Recommendation.from_dict(r) for r in d.get("recommendations", [])),
-                    tuple(Veto(str(v["id"]), tuple(v["vms"]), float(v["until"])) for v in d.get("vetoes", [])))
+                    tuple(Veto(str(v["id"]), tuple(v["vms"]), float(v["until"])) for v in d.get("vetoes", [])),
+                    {str(k): float(v) for k, v in d.get("needs", {}).items()}, d.get("needs_at"))
 
     def _with(self, rec: Recommendation) -> Book:
         return replace(self, recommendations=tuple(rec if r.id == rec.id else r for r in self.recommendations))
 
 
-def recommendation_id(cluster: str, plan: Mapping[str, Any], made_at: float) -> str:
-    """Short and unique enough to type: 8 hex digits of the plan and the moment it was made."""
+def recommendation_id(cluster: str, plan: Mapping[str, Any], made_at: float, prefix: str = "r") -> str:
+    """Short and unique enough to type: 8 hex digits of the plan and the moment it was made (``prefix`` "p": a
+    plan the controller applied itself, as its audit names it)."""
     text = json.dumps({"c": cluster, "p": plan, "t": made_at}, sort_keys=True)
-    return "r" + hashlib.sha256(text.encode()).hexdigest()[:8]
+    return prefix + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def _same_steps(a: Recommendation, b: Recommendation) -> bool:
-    return list(a.plan.get("steps", [])) == list(b.plan.get("steps", [])) and \
-        a.plan.get("snapshot") == b.plan.get("snapshot")
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return abs(a - b) <= max(SAME_CAP_CORES, SAME_CAP_FRACTION * max(abs(a), abs(b)))
+    return bool(a == b)
+
+
+def same_proposal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether plans ``a`` and ``b`` (as dicts) propose the same thing: the same steps in the same order (op, VM,
+    hosts), every number (a cap) within tolerance (module docstring).  The snapshot is left out: it is the
+    inventory's, not the proposal's."""
+    sa, sb = list(a.get("steps", [])), list(b.get("steps", []))
+    return len(sa) == len(sb) and all(
+        x.keys() == y.keys() and all(_same_value(x[k], y[k]) for k in x) for x, y in zip(sa, sb, strict=True))
 
 
 def record(book: Book, rec: Recommendation) -> tuple[Book, Recommendation]:
-    """Add ``rec`` to the book: an open one of the same kind with the same steps is kept (its validity extended,
-    its reason and effect renewed); any other open one of that kind is superseded.  Returns what is open now."""
+    """Add ``rec`` to the book: an open one of the same kind proposing the same (:func:`same_proposal`) is kept,
+    its id and when it was first made, renewed with ``rec``'s plan, reasons, effect and validity; any other open
+    one of that kind is superseded by ``rec``.  Returns what is open now."""
     kept = []
     for r in book.recommendations:
-        if r.kind == rec.kind and r.state == OPEN and r.state_at(rec.made_at) == OPEN and _same_steps(r, rec):
-            rec = replace(r, valid_until=rec.valid_until, reason=rec.reason, effect=rec.effect,
-                          step_reasons=rec.step_reasons)
+        if r.kind == rec.kind and r.state == OPEN and r.state_at(rec.made_at) == OPEN and \
+                same_proposal(r.plan, rec.plan):
+            rec = replace(rec, id=r.id, made_at=r.made_at, made_by=r.made_by)
             continue
-        if r.kind == rec.kind and r.state == OPEN:
-            r = replace(r, state=SUPERSEDED, decided_at=rec.made_at, detail=f"superseded by {rec.id}")
         kept.append(r)
+    kept = [replace(r, state=SUPERSEDED, decided_at=rec.made_at, superseded_by=rec.id,
+                    detail=f"superseded by {rec.id} at {_clock(rec.made_at)}")
+            if r.kind == rec.kind and r.state == OPEN else r for r in kept]
     closed = [r for r in kept if r.state != OPEN][:KEEP_CLOSED]
     still_open = [r for r in kept if r.state == OPEN]
     vetoes = tuple(v for v in book.vetoes if v.until > rec.made_at)
-    return Book((rec, *still_open, *closed), vetoes), rec
+    return replace(book, recommendations=(rec, *still_open, *closed), vetoes=vetoes), rec
+
+
+def note_needs(book: Book, needs: Mapping[str, float], now: float) -> tuple[Book, None]:
+    """The controller's newest estimates of the VMs' needs, for the floor check of an approval."""
+    return replace(book, needs={k: float(v) for k, v in needs.items()}, needs_at=now), None
+
+
+def current_needs(book: Book, declared: Mapping[str, float], now: float) -> tuple[dict[str, float], str]:
+    """The needs an approval checks floors with, and where they come from: the controller's estimates when it
+    wrote them less than :data:`NEEDS_FRESH_S` ago (declared needs for VMs it did not estimate), else the declared
+    needs."""
+    if book.needs_at is not None and now - book.needs_at <= NEEDS_FRESH_S:
+        return {**declared, **book.needs}, f"the controller's estimates of {_clock(book.needs_at)}"
+    return dict(declared), "the declared needs (no current estimate from a running controller)"
+
+
+def predicted_gain(effect: Mapping[str, Any]) -> float:
+    """What a proposal is predicted to gain: the rise of the minimum yield or, when the minimum stays, of the
+    mean (a re-cap that lifts starved VMs without moving the lowest one still gains); 0 when it lowers the
+    minimum (it is then no gain, whatever the mean does)."""
+    lo = float(effect.get("min_yield_after", 0.0)) - float(effect.get("min_yield_before", 0.0))
+    mean = float(effect.get("mean_yield_after", 0.0)) - float(effect.get("mean_yield_before", 0.0))
+    return 0.0 if lo < -YIELD_TOLERANCE else max(lo, mean, 0.0)
+
+
+def worth_proposing(effect: Mapping[str, Any], threshold: float) -> str | None:
+    """None when a proposal with ``effect`` is worth an operator's time; else why not, in words."""
+    gain = predicted_gain(effect)
+    if gain <= YIELD_TOLERANCE or gain < threshold - YIELD_TOLERANCE:
+        return (f"predicted gain {gain:.4f} (min yield {effect.get('min_yield_before', 0):.3f} -> "
+                f"{effect.get('min_yield_after', 0):.3f}) under the threshold {threshold:g}: not proposed")
+    return None
+
+
+def check_floors(rec: Recommendation, caps: Mapping[str, float], needs: Mapping[str, float],
+                 floors: Mapping[str, float], source: str) -> None:
+    """Refuse (naming the VM) a recommendation whose caps ``caps`` (VM -> cores after it) would put a VM below
+    its floor with ``needs`` (from ``source``, said in the refusal).  ``floors``: VM -> min_yield."""
+    for vm in sorted(caps):
+        need, floor = needs.get(vm), floors.get(vm, 0.0)
+        if need is None or need <= YIELD_TOLERANCE or floor <= 0:
+            continue
+        got = min(1.0, caps[vm] / need)
+        if got < floor - 1e-6:
+            raise Refused(f"recommendation {rec.id} would put {vm} below its floor: cap {caps[vm]:.3f} cores over "
+                          f"need {need:.3f} ({source}) is yield {got:.3f}, under its min_yield {floor:g}; "
+                          "nothing changed")
+
+
+def resolve(book: Book, rec_id: str, now: float) -> tuple[Recommendation, str | None]:
+    """The recommendation an approve or skip of ``rec_id`` acts on, and a note when that is not ``rec_id``.
+
+    A superseded id is followed to what superseded it (and on, to the newest): when that is open and proposes
+    the same (:func:`same_proposal`), it is the one acted on, and the note says so; otherwise the refusal names
+    it, its state and its steps."""
+    r = book.get(rec_id)
+    if r.state != SUPERSEDED:
+        return r, None
+    chain = [r]
+    while chain[-1].superseded_by is not None and len(chain) <= len(book.recommendations):
+        try:
+            chain.append(book.get(chain[-1].superseded_by))
+        except InputError:
+            break  # dropped from the book (KEEP_CLOSED): the last one known is named
+    last = chain[-1]
+    via = " -> ".join(x.id for x in chain[1:]) or "?"
+    if last is not r and last.state_at(now) == OPEN and same_proposal(r.plan, last.plan):
+        return last, (f"recommendation {rec_id} was superseded by {via}, the same proposal made again: "
+                      f"acting on {last.id}")
+    if last is r:
+        raise Refused(f"recommendation {rec_id} was {r.detail or 'superseded'}, which is no longer in the book; "
+                      "nothing changed (`vcsched recommendations` lists the open ones)")
+    what = "the same proposal made again" if same_proposal(r.plan, last.plan) else \
+        f"a different proposal ({summary(last)})"
+    raise Refused(f"recommendation {rec_id} was superseded by {via} at {_clock(r.decided_at)}, {last.id} now "
+                  f"{last.state_at(now)} and {what}; nothing changed (`vcsched recommendations --all` shows it)")
+
+
+def summary(rec: Recommendation) -> str:
+    """Its steps in a few words: ``set-cap a-0 0.400, migrate b-0 h0->h1``."""
+    parts = []
+    for s in rec.plan.get("steps", []):
+        if s.get("op") == "migrate":
+            parts.append(f"migrate {s.get('vm')} {s.get('from')}->{s.get('to')}")
+        elif s.get("cap_cores") is not None:
+            parts.append(f"{s.get('op')} {s.get('vm')} {float(s['cap_cores']):.3f}")
+        else:
+            parts.append(f"{s.get('op')} {s.get('vm')}")
+    return ", ".join(parts) or "no step"
 
 
 def approve(book: Book, rec_id: str, now: float, who: str) -> tuple[Book, Recommendation]:
-    """Mark ``rec_id`` approved (it is then applied); refused when it is not open, or past its validity."""
-    r = book.get(rec_id)
+    """Mark ``rec_id`` (or the same proposal that superseded it: :func:`resolve`) approved (it is then applied);
+    refused when it is not open, or past its validity."""
+    r, _ = resolve(book, rec_id, now)
+    rec_id = r.id
     state = r.state_at(now)
     if state == EXPIRED:
         raise Refused(f"recommendation {rec_id} is stale: it was valid until {_clock(r.valid_until)}; nothing "
@@ -189,8 +327,10 @@ def settle(book: Book, rec_id: str, state: str, detail: str) -> tuple[Book, Reco
 
 
 def skip(book: Book, rec_id: str, now: float, who: str, veto_s: float) -> tuple[Book, Recommendation]:
-    """Skip ``rec_id``: it is closed, and the VMs it would move stay put for ``veto_s`` seconds."""
-    r = book.get(rec_id)
+    """Skip ``rec_id`` (or the same proposal that superseded it: :func:`resolve`): it is closed, and the VMs it
+    would move stay put for ``veto_s`` seconds."""
+    r, _ = resolve(book, rec_id, now)
+    rec_id = r.id
     if r.state != OPEN:
         raise Refused(f"recommendation {rec_id} is already {r.state}; nothing changed")
     vms = tuple(vm for vm, _ in r.moves)

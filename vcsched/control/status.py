@@ -19,11 +19,12 @@ say what the deciding commands would see:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.sparse import csr_matrix, diags
 
 from vcsched.constraints import capacities
 from vcsched.control.admission import existing_jobs, model_hosts
@@ -31,7 +32,7 @@ from vcsched.control.sharing import Sharing, check_vms, host_capacities, needed_
 from vcsched.formats.cluster import Cluster
 from vcsched.inventory import Inventory, VmState
 from vcsched.model import Instance
-from vcsched.policies.shares import dominant_shares, pool_shares
+from vcsched.policies.shares import cluster_shares
 from vcsched.units import YIELD_TOLERANCE
 
 
@@ -70,7 +71,12 @@ def host_load(inv: Inventory, host: str, measured: Mapping[str, float | None]) -
 
 def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing) -> list[dict[str, Any]]:
     """Each running virtual cluster's yield (its VMs' lowest cap / need), weight, tenant and dominant share
-    (module docstring), one dict each, in the order of :func:`vcsched.control.admission.existing_jobs`."""
+    (module docstring), one dict each, in the order of :func:`vcsched.control.admission.existing_jobs`.
+
+    A virtual cluster is known by its name: the model splits one whose VMs differ in need or memory into
+    several jobs (``web/0.5/134217728``, ``web/0.8/134217728``: a job's tasks are alike), and they are put back
+    together here, its share summed over its jobs on each resource (or pool) before the largest is taken.
+    """
     up = inv.up()
     managed = up.managed()
     if not managed:
@@ -79,24 +85,63 @@ def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing) -> list
     refs = references(cluster, up, needed_resources(v.meta for v in managed if v.meta is not None))
     existing = existing_jobs(up, managed, refs=refs)
     instance = Instance(model_hosts(up, host_capacities(cluster, up, refs)), existing.jobs)
-    if sharing.policy == "drf-pools":
-        caps = capacities(instance, np.asarray(existing.hosts, dtype=np.int64))
-        per_unit, where = pool_shares(caps, instance.n_jobs)
-        pools = [caps.pair_name(instance, int(p)) if p >= 0 else "-" for p in where]
-    else:
-        per_unit, where = dominant_shares(instance)
-        pools = [instance.resources[int(r)] for r in where]
     of_job: list[list[VmState]] = [[] for _ in instance.jobs]
     for t, v in enumerate(existing.vms):
         of_job[int(instance.task_job[t])].append(v)
+    jobs_of: dict[str, list[int]] = {}  # virtual cluster -> its jobs, in job order (one pass: 1,000s of jobs)
+    for j, vms in enumerate(of_job):
+        jobs_of.setdefault(str(vms[0].cluster), []).append(j)
+    names = list(jobs_of)
+    group = np.empty(instance.n_jobs, dtype=np.int64)
+    for g, jobs in enumerate(jobs_of.values()):
+        group[jobs] = g
+    job_yield = np.array([min(predicted_yield(v) or 0.0 for v in vms) for vms in of_job])
+    # weights[j, g]: job j's yield if it belongs to virtual cluster g, so that shares @ weights sums each
+    # virtual cluster's jobs, every one at its own yield.
+    weights = csr_matrix((job_yield, (np.arange(instance.n_jobs), group)), shape=(instance.n_jobs, len(names)))
+    if sharing.policy == "drf-pools":
+        share, top, pool_of, nothing_held = _pool_dominance(instance, existing.hosts, weights)
+    else:
+        dense = np.asarray((weights.T @ cluster_shares(instance)).T, dtype=float)  # resources x virtual clusters
+        top = np.argmax(dense, axis=0) if dense.size else np.zeros(len(names), dtype=np.int64)
+        share = dense.max(axis=0) if dense.size else np.zeros(len(names))
+        pool_of = list(instance.resources)
+        nothing_held = pool_of[0] if pool_of else "-"  # as numpy's argmax of zeros names the first resource
     out = []
-    for j, job in enumerate(instance.jobs):
-        vms = of_job[j]
-        y = min(predicted_yield(v) or 0.0 for v in vms)
+    for g, (name, jobs) in enumerate(jobs_of.items()):
+        vms = [v for j in jobs for v in of_job[j]]
         meta = vms[0].meta
         assert meta is not None
-        share = float(y * per_unit[j]) if np.isfinite(per_unit[j]) else 0.0
-        out.append({"name": job.name, "vms": len(vms), "weight": job.weight, "tenant": job.tenant,
-                    "yield": y, "dominant_share": share, "dominant_pool": pools[j], "min_yield": meta.min_yield,
+        held = float(share[g])
+        first = instance.jobs[jobs[0]]
+        out.append({"name": name, "vms": len(vms), "weight": first.weight, "tenant": first.tenant,
+                    "yield": min(float(job_yield[j]) for j in jobs),
+                    "dominant_share": held if np.isfinite(held) else 0.0,
+                    "dominant_pool": pool_of[int(top[g])] if held != 0 else nothing_held,
+                    "min_yield": meta.min_yield,
                     **{k: v for k, v in (("disk_bps", meta.disk_bps), ("net_bps", meta.net_bps)) if v is not None}})
     return out
+
+
+def _pool_dominance(instance: Instance, hosts: Sequence[int], weights: csr_matrix
+                    ) -> tuple[np.ndarray, np.ndarray, list[str], str]:
+    """Under ``drf-pools``: each virtual cluster's largest share of one (host, resource) pair — its jobs' loads
+    on the pair over the pair's capacity (``inf`` on a pair of capacity 0 it needs) — and which pair, among
+    equals the last, as :func:`vcsched.policies.shares.pool_shares` names it; sparse throughout (1,000 hosts)."""
+    caps = capacities(instance, np.asarray(hosts, dtype=np.int64))
+    per_unit = 1.0 / np.where(caps.capacity > 0, caps.capacity, 1.0)
+    held = (diags(per_unit) @ caps.matrix @ weights).tocsr()[::-1].tocsc()  # pairs (last first) x clusters
+    n = weights.shape[1]
+    share = np.asarray(held.max(axis=0).todense(), dtype=float).ravel() if held.shape[0] else np.zeros(n)
+    top = np.asarray(held.argmax(axis=0), dtype=np.int64).ravel() if held.shape[0] else np.zeros(n, np.int64)
+    top = held.shape[0] - 1 - top  # back to the pairs' own order
+    needs_none = caps.capacity <= 0
+    if needs_none.any():  # a pair of capacity 0 that a virtual cluster needs: an infinite share
+        ones = weights.copy()
+        ones.data[:] = 1.0
+        on_none = (caps.matrix[needs_none] @ ones).tocsc()
+        rows = np.flatnonzero(needs_none)
+        for g in np.flatnonzero(np.asarray(on_none.max(axis=0).todense()).ravel() > 0):
+            share[g] = np.inf
+            top[g] = rows[int(on_none[:, g].argmax())]
+    return share, top, caps.pair_names(instance), "-"

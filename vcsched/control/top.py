@@ -4,6 +4,8 @@
 per VM, :mod:`acting.sampling`), and this module turns what it read into
 rows, with no formula of its own:
 
+* an unmanaged domain's *reservation* (and its host's sum) is the one every
+  plan keeps for it (:mod:`vcsched.control.unmanaged`), over ``top``'s window;
 * a VM's *use* is its latest sample, and its *estimated need*, whether its
   cap *binds* (saturated) and how the estimate was reached are the need
   estimator's (:func:`vcsched.control.observe.estimate_all`, the one
@@ -28,8 +30,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vcsched.control.lost import Lost
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, Sample, is_saturated
 from vcsched.control.status import below_floor, host_load, predicted_yield
+from vcsched.control.unmanaged import fills, unmanaged_reserves
 from vcsched.inventory import InDoubt, Inventory
 
 #: Controller events that say what happened (the others, ``interval`` and ``observe``, come every interval).
@@ -50,6 +54,13 @@ class HostRow:
     down_for: float | None = None  # seconds top has seen it down
     cordoned: bool = False  # in maintenance (the cluster file)
     failed: str | None = None  # what the controller's log says went wrong on it (module docstring)
+    #: Cores kept for its unmanaged domains (vcsched/control/unmanaged.py, over top's window).
+    unmanaged_cores: float = 0.0
+
+    @property
+    def unmanaged_over(self) -> bool:
+        """Its unmanaged domains reserve all its cores: nothing is planned onto it."""
+        return fills(self.unmanaged_cores, self.cores)
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,7 @@ class VmRow:
     paused: bool = False
     in_doubt: bool = False
     migrating: str | None = None  # "h0>h1": a migration in flight (libvirt's arriving copy, or the controller's plan)
+    reserved_cores: float | None = None  # an unmanaged domain's reservation on its host (None: managed)
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,9 @@ class TopView:
     in_doubt: tuple[InDoubt, ...] = ()
     controller: Controller | None = None
     problem: str | None = None  # why the yields could not be computed (e.g. a tenant no longer in the file)
+    #: Recorded VMs that run nowhere (vcsched/control/lost.py), read from the definitions store.
+    lost: tuple[Lost, ...] = ()
+    lost_unknown: str | None = None  # why they could not be read (the definitions store did not answer)
 
     @property
     def min_yield(self) -> float | None:
@@ -168,7 +183,7 @@ def top_view(inventory: Inventory, policy: str, samples: Mapping[str, Sequence[S
              estimates: Mapping[str, Estimate], virtual_clusters: Sequence[Mapping[str, Any]], *,
              cordoned: Iterable[str] = (), down_since: Mapping[str, float] | None = None, now: float = 0.0,
              controller: Controller | None = None, problem: str | None = None,
-             params: ObserveParams = DEFAULT_PARAMS) -> TopView:
+             params: ObserveParams = DEFAULT_PARAMS, lost: Sequence[Lost] = ()) -> TopView:
     """One refresh's :class:`TopView`.
 
     ``samples``: each VM's window of CPU samples (the latest is its use);
@@ -180,6 +195,7 @@ def top_view(inventory: Inventory, policy: str, samples: Mapping[str, Sequence[S
     """
     down_since = down_since or {}
     cordoned = frozenset(cordoned)
+    inventory = inventory.with_reserves(unmanaged_reserves(inventory, samples, params))
     used = {name: w[-1].used_cores for name, w in samples.items() if w}
     hosts = []
     for h in inventory.hosts:
@@ -192,7 +208,8 @@ def top_view(inventory: Inventory, policy: str, samples: Mapping[str, Sequence[S
         load = host_load(inventory, h.name, used)
         hosts.append(HostRow(h.name, h.cores, load.caps_cores, load.measured_cores, load.memory_used_bytes,
                              h.usable_memory, sum(1 for v in inventory.vms_on(h.name) if v.active),
-                             cordoned=h.name in cordoned, failed=failed))
+                             cordoned=h.name in cordoned, failed=failed,
+                             unmanaged_cores=inventory.unmanaged_cores(h.name)))
     moving = dict(controller.migrating) if controller is not None else {}
     vms = []
     for v in inventory.vms:
@@ -208,7 +225,8 @@ def top_view(inventory: Inventory, policy: str, samples: Mapping[str, Sequence[S
                          saturated if v.active else None,
                          v.meta.cpu_need_cores if v.meta is not None else None,
                          e.estimate if e is not None else None, e.basis if e is not None else None,
-                         y, floor, below_floor(y, floor), v.paused, v.in_doubt, migrating))
+                         y, floor, below_floor(y, floor), v.paused, v.in_doubt, migrating,
+                         v.reserved if v.unmanaged else None))
     vcs = tuple((str(vc["name"]), float(vc["yield"]), vc.get("min_yield")) for vc in virtual_clusters)
     return TopView(inventory.cluster, policy, tuple(hosts), tuple(vms), vcs, inventory.in_doubt, controller,
-                   problem)
+                   problem, tuple(lost))

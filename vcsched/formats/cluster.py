@@ -33,6 +33,8 @@ When a host dies (docs/operations.md, "When a host dies"), all optional::
     failure_timeout = 90         # seconds a host must stay down before it counts as failed (default: 90 s, three
                                  # default controller intervals, and never below host_timeout)
     failures_tolerated = 0       # admission keeps room for this many host failures (0 or 1 ... below the hosts)
+    on_failure = "restart"       # "restart": a failed host's VM whose floor the survivors cannot meet still
+                                 # restarts, below its floor (docs/failures.md); "strand": it is left down
 
 Across machines (docs/operations.md, "Running across machines"), all optional::
 
@@ -101,6 +103,10 @@ DEFAULT_HOST_TIMEOUT_S = 15.0
 #: Seconds a host must stay down before the controller counts it failed, when the file does not say: three of
 #: ``vcsched run``'s default 30 s intervals, so that one missed reading (or two) is never a failure.
 DEFAULT_FAILURE_TIMEOUT_S = 90.0
+
+#: What recovery does with a failed host's VM whose floor (min_yield) the survivors cannot meet: restart it below
+#: its floor (the default: a VM that runs slowly beats one that does not run), or leave it stranded.
+ON_FAILURE = ("restart", "strand")
 
 #: Fence-agent option names (fence-agents' ``--long-option`` spellings, ``_`` for ``-``) and what vcsched sets
 #: itself: the action is vcsched's to choose (off, then status), never the file's.
@@ -248,6 +254,9 @@ class Cluster:
     throttles: MigrationThrottles = NO_THROTTLES
     #: When `vcsched run` may migrate (:mod:`vcsched.formats.windows`); operators' commands are not bound by it.
     schedule: MaintenanceSchedule = ALWAYS
+    #: A failed host's VM whose floor the survivors cannot meet: ``restart`` it below its floor (availability
+    #: first) or ``strand`` it (its floor first: it stays down until room is made).  :data:`ON_FAILURE`.
+    on_failure: str = "restart"
 
     def connect_uri(self, host: str) -> str:
         """The URI vcsched opens for ``host``: its URI, with the cluster's ``pki`` for TLS."""
@@ -377,7 +386,7 @@ def _guest_from_dict(d: Any) -> GuestDefaults:
 def cluster_from_dict(d: Any) -> Cluster:
     """Validate a decoded cluster file; every error names the field and the value."""
     fields = {"name", "min_yield", "guest", "hosts", "coordination", "lock_ttl", "policy", "alpha", "tenants", "pki",
-              "migration_tls", "host_timeout", "failure_timeout", "failures_tolerated"}
+              "migration_tls", "host_timeout", "failure_timeout", "failures_tolerated", "on_failure"}
     d = check_fields("cluster", d, fields | THROTTLE_FIELDS | WINDOW_FIELDS, {"name", "hosts"}, kind="table")
     name = check_name("name", d["name"])
     hosts_raw = d["hosts"]
@@ -430,10 +439,13 @@ def cluster_from_dict(d: Any) -> Cluster:
     if failures_tolerated >= len(hosts):
         raise InputError(f"failures_tolerated: {failures_tolerated!r} is not below the number of hosts "
                          f"({len(hosts)}): some host must survive to take the VMs")
+    on_failure = d.get("on_failure", "restart")
+    if on_failure not in ON_FAILURE:
+        raise InputError(f"on_failure: {on_failure!r} is not one of {', '.join(map(repr, ON_FAILURE))}")
     warnings = tuple(w for i, h in enumerate(hosts) for w in uri_warnings(f"hosts[{i}]", h.name, h.uri))
     return Cluster(name, hosts, min_yield, guest, coordination, policy, alpha, tenants, lock_ttl, pki,
                    migration_tls, host_timeout, failure_timeout, failures_tolerated, warnings,
-                   throttles_from_dict(d), schedule_from_dict(d))
+                   throttles_from_dict(d), schedule_from_dict(d), on_failure)
 
 
 def _policy_from_dict(d: Any) -> tuple[str | None, float | None]:

@@ -21,8 +21,13 @@ where a VM arrives; a VM migrates only while the host its last, cut-short
 migration may have left a copy on (``migrating_to``) answers; no VM gets two
 steps in one wave; and after every step
 (every wave, for migrations that run at once) no host's caps exceed its cores
-because of the plan.  Unmanaged domains count for memory, not for CPU: they
-are never capped, so the model does not plan their CPU.
+because of the plan.  Unmanaged domains count for memory here, not for CPU:
+their CPU reservation is a planning input (measured by the controller, else
+their cap or vCPUs: :meth:`vcsched.inventory.Inventory.usable_cores`), which
+a one-shot read would over-state for a plan the controller made; the hard
+bound checked here is the managed VMs' caps within the host's cores.  An
+``adopt`` step makes an unmanaged domain managed where it runs (its cap then
+counts), a ``release`` step the reverse.
 
 Disk and network caps (:mod:`vcsched.iocaps`) are checked the same way: the
 host's driver can cap that resource, the host declares its capacity for it
@@ -39,13 +44,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from vcsched.caps import CAP_TOLERANCE, min_cap
+from vcsched.caps import CAP_TOLERANCE, grid_problem, min_cap
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_name
 from vcsched.inventory import HostState, Inventory
 from vcsched.iocaps import IO_RESOURCES, STEP_FIELDS, IoCaps, VmDevices, io_problem, realisable
 from vcsched.plans.ordering import IO_TOLERANCE
-from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
+from vcsched.plans.steps import (
+    AdoptStep,
+    CreateStep,
+    MigrateStep,
+    ReleaseStep,
+    RemoveStep,
+    SetCapStep,
+    SetNeedStep,
+    Step,
+)
 
 MAX_SHOWN = 5
 
@@ -180,6 +194,10 @@ class _Replay:
         if cap > vcpus + CAP_TOLERANCE:
             self.problems.append(f"{where}.cap_cores: {cap:.10g} cores is more than the VM's {vcpus} vCPUs can use")
             return False
+        off = grid_problem(f"{where}.cap_cores", cap, vcpus)
+        if off is not None:
+            self.problems.append(off)
+            return False
         if cap > host.cores + CAP_TOLERANCE:
             self.problems.append(f"{where}.cap_cores: {cap:.10g} cores is more than host {host.name}'s {host.cores}")
             return False
@@ -219,6 +237,10 @@ class _Replay:
                 self.problems.append(f"{where}: VM {s.vm!r} is on host {v.host}, the plan removes it from {s.host}")
             else:
                 del self.vms[s.vm]
+        elif isinstance(s, AdoptStep):
+            self._adopt(where, s)
+        elif isinstance(s, ReleaseStep):
+            self._release(where, s)
         elif isinstance(s, SetNeedStep):
             v = self.managed_vm(where, s.vm, s.host)
             if v is not None and not 0 < s.cpu_need_cores <= v.vcpus + CAP_TOLERANCE:
@@ -257,6 +279,49 @@ class _Replay:
                                  f"{h.usable_memory - self.memory(s.host)} free")
         self.vms[s.vm] = _Vm(s.host, s.vcpus, s.memory_bytes, True, True, s.cluster, s.cap_cores, devices,
                              realisable(s.io_caps, devices))
+
+    def _adopt(self, where: str, s: AdoptStep) -> None:
+        """A running unmanaged domain becomes managed where it is, with the cap and size its definition says."""
+        d = s.definition
+        h = self.host_ok(where, s.host)
+        v = self.vms.get(s.vm)
+        if h is None:
+            return
+        if v is None:
+            self.problems.append(f"{where}: VM {s.vm!r} is on no host of the cluster")
+        elif v.host != s.host:
+            self.problems.append(f"{where}: VM {s.vm!r} is on host {v.host}, not {s.host}")
+        elif not v.active:
+            self.problems.append(f"{where}: VM {s.vm!r} on host {v.host} is not running")
+        elif v.managed and v.cluster != d.cluster:
+            self.problems.append(f"{where}: VM {s.vm!r} on host {v.host} is already managed by vcsched "
+                                 f"(virtual cluster {v.cluster!r})")
+        elif (v.vcpus, v.memory) != (d.vcpus, d.memory_bytes):
+            self.problems.append(f"{where}.definition: VM {s.vm!r} has {v.vcpus} vCPUs and {v.memory} bytes, the "
+                                 f"definition {d.vcpus} and {d.memory_bytes}")
+        elif self.cap_ok(where, d.cap_cores, v.vcpus, h):
+            try:
+                check_name(f"{where}.definition.cluster", d.cluster)
+            except InputError as exc:
+                self.problems.append(str(exc))
+                return
+            if d.cluster in self.vms:
+                self.problems.append(f"{where}.definition.cluster: {d.cluster!r} is already the name of a VM")
+                return
+            self.vms[s.vm] = replace(v, managed=True, cluster=d.cluster, cap=d.cap_cores)
+
+    def _release(self, where: str, s: ReleaseStep) -> None:
+        """A managed VM of the step's virtual cluster becomes unmanaged and uncapped; it keeps running."""
+        v = self.vms.get(s.vm)
+        if v is None:
+            self.problems.append(f"{where}: VM {s.vm!r} is on no host of the cluster")
+        elif v.host != s.host:
+            self.problems.append(f"{where}: VM {s.vm!r} is on host {v.host}, not {s.host}")
+        elif v.managed and v.cluster != s.cluster:
+            self.problems.append(f"{where}: VM {s.vm!r} on host {v.host} belongs to virtual cluster {v.cluster!r}, "
+                                 f"not {s.cluster!r}")
+        elif v.managed:
+            self.vms[s.vm] = replace(v, managed=False, cluster=None, cap=None)
 
     def _migrate(self, where: str, s: MigrateStep) -> None:
         v = self.vms.get(s.vm)
@@ -335,7 +400,7 @@ def replay_problems(steps: Sequence[Step], inventory: Inventory, *, first_index:
             if caps > caps_before[h] + CAP_TOLERANCE and caps > state.cores + CAP_TOLERANCE:
                 first = batch[0][0] + first_index
                 r.problems.append(f"plan.steps[{first}] ({batch[0][1].op} {batch[0][1].vm}): host {h} would have "
-                                  f"caps of {caps:.5f} cores on {state.cores} cores")
+                                  f"caps of {caps:.10g} cores on {state.cores} cores")
             for res in IO_RESOURCES:
                 total, capacity = r.io_total(h, res), state.capacity(res)
                 if capacity is not None and total > io_before[(h, res)] + IO_TOLERANCE \

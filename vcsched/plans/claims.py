@@ -32,7 +32,8 @@ the claimed and the real value:
   capping them caps them at exactly that; ``min_yield`` is the least of the
   VMs' yields and ``avg_yield`` the mean over jobs (a virtual cluster's VMs of
   one need and size, docs/model.md); a created VM's floor (``min_yield``) is
-  met by its own predicted yield.
+  met by its own predicted yield — except for the VMs a recovery plan lists
+  as restarted below their floors (:data:`vcsched.plans.plan.BELOW_FLOOR`).
 
 What cannot be computed — the request's own numbers a ``create`` step
 carries (vCPUs, memory, need, weight) — is applied exactly as written, after
@@ -48,12 +49,12 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vcsched.caps import CAP_TOLERANCE, grid_step, realisable_cap, same_cap
+from vcsched.caps import CAP_TOLERANCE, grid_problem, grid_step, off_grid, realisable_cap, same_cap
 from vcsched.errors import VcschedError
 from vcsched.formats.units import format_size
 from vcsched.inventory import HostState, Inventory, VmState
-from vcsched.plans.plan import MEASURED, Plan
-from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep
+from vcsched.plans.plan import BELOW_FLOOR, MEASURED, Plan
+from vcsched.plans.steps import AdoptStep, CreateStep, MigrateStep, ReleaseStep, RemoveStep, SetCapStep, SetNeedStep
 
 #: Yields and needs read back from JSON are the floats written: only rounding of arithmetic is tolerated.
 YIELD_TOLERANCE = 1e-9
@@ -83,11 +84,6 @@ def move_bytes(vm: VmState, source: HostState, target: HostState) -> int:
     hosts do not share storage (hosts of an unknown ``storage`` are taken to share it, as a plan computed without
     the cluster file costs a move: memory only)."""
     return vm.memory_bytes + (0 if source.storage == target.storage else vm.disk_bytes)
-
-
-def off_grid(cap: float, vcpus: int) -> bool:
-    """Whether ``cap`` is not a point of a ``vcpus``-vCPU VM's quota grid (the hypervisor would hold another)."""
-    return abs(realisable_cap(cap, vcpus) - cap) > CAP_TOLERANCE
 
 
 def claim_problems(plan: Plan, inventory: Inventory) -> list[str]:
@@ -170,10 +166,9 @@ def _after(plan: Plan, vms: Mapping[str, VmState], problems: list[str]) -> dict[
            for name, v in vms.items() if v.meta is not None}
 
     def grid(i: int, field: str, cap: float, vcpus: int, vm: str) -> None:
-        if off_grid(cap, vcpus):
-            problems.append(f"plan.steps[{i}].{field}: {cap!r} cores is not a cap a {vcpus}-vCPU VM can hold "
-                            f"(VM {vm!r}: caps are multiples of {grid_step(vcpus):g} cores, the quota grid); it "
-                            f"would hold {realisable_cap(cap, vcpus)!r}")
+        off = grid_problem(f"plan.steps[{i}].{field} (VM {vm!r})", cap, vcpus)
+        if off is not None:
+            problems.append(off)
 
     for i, s in enumerate(plan.steps):
         now = out.get(s.vm)
@@ -184,8 +179,15 @@ def _after(plan: Plan, vms: Mapping[str, VmState], problems: list[str]) -> dict[
                                 f"VM's {s.vcpus} vCPUs can use")
             io = {r: v for r, v in (("disk", s.disk_bps), ("net", s.net_bps)) if v is not None}
             out[s.vm] = _After(s.host, s.cluster, s.vcpus, s.cpu_need_cores, s.cap_cores, io)
+        elif isinstance(s, AdoptStep):  # an unmanaged domain becomes managed where it runs
+            d = s.definition
+            grid(i, "definition.cap_cores", d.cap_cores, d.vcpus, s.vm)
+            io = {r: v for r, v in (("disk", d.disk_bps), ("net", d.net_bps)) if v is not None}
+            out[s.vm] = _After(d.host, d.cluster, d.vcpus, d.cpu_need_cores, d.cap_cores, io)
         elif now is None:
             continue  # a VM the replay will name (unknown, unmanaged, or removed earlier)
+        elif isinstance(s, ReleaseStep):
+            del out[s.vm]
         elif isinstance(s, SetCapStep):
             if s.cap_cores is not None:
                 grid(i, "cap_cores", s.cap_cores, now.vcpus, s.vm)
@@ -209,6 +211,8 @@ def _prediction_problems(plan: Plan, inventory: Inventory, after: Mapping[str, _
     memory.update({s.vm: s.memory_bytes for s in plan.steps if isinstance(s, CreateStep)})
     io_caps: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)  # vm -> resource -> (step, bytes/s)
     floors: dict[str, tuple[int, float]] = {}
+    # A recovery under on_failure = "restart" says which VMs it runs below their floors; no other plan may.
+    below_ok = frozenset(plan.extra.get(BELOW_FLOOR, ())) if plan.kind == "recover" else frozenset()
     for i, s in enumerate(plan.steps):
         if isinstance(s, CreateStep | SetCapStep):
             for r, amount in (("disk", s.disk_bytes_sec), ("net", s.net_bytes_sec)):
@@ -258,7 +262,7 @@ def _prediction_problems(plan: Plan, inventory: Inventory, after: Mapping[str, _
             if r in predicted_io and predicted_io[r] != amount:
                 problems.append(f"plan.steps[{i}].{r}_bytes_sec: caps {name} at {amount} B/s, the plan predicts "
                                 f"{predicted_io[r]}")
-        if name in floors and p.yield_ < floors[name][1] - YIELD_TOLERANCE:
+        if name in floors and p.yield_ < floors[name][1] - YIELD_TOLERANCE and name not in below_ok:
             i, floor = floors[name]
             problems.append(f"plan.steps[{i}].min_yield: {floor!r}, but the plan predicts {name} a yield of "
                             f"{p.yield_!r}, below it")

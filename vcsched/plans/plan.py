@@ -4,7 +4,7 @@ A plan is computed by the pure core (:mod:`vcsched.control.admission`,
 :mod:`vcsched.control.live`) and applied by :mod:`acting.executor`.  JSON format
 (version 1, the contract between the libvirt-side modules)::
 
-    {"version": 1, "kind": "place" | "adapt" | "recover", "cluster": NAME,
+    {"version": 1, "kind": "place" | "adapt" | "recover" | "adopt" | "release", "cluster": NAME,
      "snapshot": "<sha256 of the canonical inventory it was computed from>",
      "predicted": {"min_yield": .., "avg_yield": .., "per_vm": {VM: {...}}},
      "steps": [{"op": "create", "vm": .., "host": .., ...},
@@ -37,7 +37,7 @@ from vcsched.formats.fields import check_fields, check_number, check_string
 from vcsched.plans.steps import MigrateStep, Step, step_from_dict
 
 PLAN_VERSION = 1
-PLAN_KINDS = ("place", "adapt", "recover")
+PLAN_KINDS = ("place", "adapt", "recover", "adopt", "release")
 
 _str = check_string
 _num = check_number
@@ -51,6 +51,11 @@ def _fields(where: str, d: Any, required: set[str], optional: frozenset[str] | s
 #: ``"needs": "measured"``: the plan was computed on needs it does not record (the controller's measurements), so
 #: its predictions' ``cpu_need_cores`` are those rather than the VMs' recorded needs.
 MEASURED = "measured"
+
+#: ``"below_floor": [vm, ...]``: a recovery plan (kind ``recover``) restarts these VMs below the floor their
+#: ``create`` step records — the cluster file's ``on_failure = "restart"`` put running them before their floor —
+#: so the whole-plan check accepts their yield (docs/failures.md).  Any other plan must meet every floor.
+BELOW_FLOOR = "below_floor"
 
 #: Optional per-VM predictions of the extra fluid resources, bytes per second.
 IO_PREDICTIONS = frozenset({"disk_bytes_sec", "net_bytes_sec"})
@@ -100,6 +105,14 @@ class Plan:
         """VMs whose recorded CPU need the plan rewrites: steps of a kind with ``renews = True``."""
         return frozenset(s.vm for s in self.steps if s.renews)
 
+    def owned_vms(self) -> frozenset[str]:
+        """VMs the plan adopts or releases: steps of a kind with ``owns = True`` (docs/introducing.md)."""
+        return frozenset(s.vm for s in self.steps if s.owns)
+
+    def snapshot_exclusions(self) -> frozenset[str]:
+        """The VMs the snapshot leaves out: what a half-applied plan has created, removed, adopted or released."""
+        return self.created_vms() | self.removed_vms() | self.owned_vms()
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "version": self.version,
@@ -117,7 +130,8 @@ class Plan:
 def plan_from_dict(d: Any) -> Plan:
     """Validate a decoded plan document (a saved plan may have been edited by hand)."""
     d = _fields("plan", d, {"version", "kind", "cluster", "snapshot", "predicted", "steps"},
-                {"request", "budget", "migrated_bytes", "policy", "needs", "drain", "stays"})
+                {"request", "budget", "migrated_bytes", "policy", "needs", "drain", "stays", "recover", "restart",
+                 BELOW_FLOOR})
     if isinstance(d["version"], bool) or not isinstance(d["version"], int) or d["version"] != PLAN_VERSION:
         raise InputError(f"plan.version: {d['version']!r} is not supported (this vcsched reads {PLAN_VERSION})")
     if d["kind"] not in PLAN_KINDS:
@@ -154,10 +168,30 @@ def plan_from_dict(d: Any) -> Plan:
         extra.update(_budget(d, steps))
     if "drain" in d or "stays" in d:
         extra.update(_drain(d))
+    extra.update(_recovered(d))
     return Plan(d["kind"], _str("plan.cluster", d["cluster"]), snapshot,
                 _num("plan.predicted.min_yield", pred["min_yield"], low_open=False),
                 _num("plan.predicted.avg_yield", pred["avg_yield"], low_open=False), per_vm, tuple(steps),
                 extra=extra)
+
+
+def _recovered(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A recovery plan's host (``recover``), the lost VMs it restarts (``restart``) and those it runs below their
+    floors (:data:`BELOW_FLOOR`): a ``recover`` plan's only, VM names each (a recommendation's plan is read back
+    through here when approved)."""
+    out: dict[str, Any] = {}
+    for key in ("recover", "restart", BELOW_FLOOR):
+        if key not in d:
+            continue
+        if d["kind"] != "recover":
+            raise InputError(f"plan.{key}: only a recover plan has it (this one is {d['kind']!r})")
+        if key == "recover":
+            out[key] = _str("plan.recover", d[key])
+        elif not isinstance(d[key], list) or not all(isinstance(vm, str) for vm in d[key]):
+            raise InputError(f"plan.{key}: expected a list of VM names, got {d[key]!r}")
+        else:
+            out[key] = list(d[key])
+    return out
 
 
 def _drain(d: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,16 @@ from typing import Any
 
 from vcsched.inventory import Inventory, VmState
 from vcsched.plans.plan import Plan
-from vcsched.plans.steps import CreateStep, MigrateStep, RemoveStep, SetCapStep, SetNeedStep, Step
+from vcsched.plans.steps import (
+    AdoptStep,
+    CreateStep,
+    MigrateStep,
+    ReleaseStep,
+    RemoveStep,
+    SetCapStep,
+    SetNeedStep,
+    Step,
+)
 
 _EPS = 1e-9
 
@@ -37,13 +46,17 @@ def host_demand(inventory: Inventory, host: str, needs: Mapping[str, float]) -> 
     return sum(_need(v, needs) for v in inventory.vms_on(host) if v.managed and v.active)
 
 
-def _cores(inventory: Inventory, host: str) -> float:
-    h = next((h for h in inventory.hosts if h.name == host), None)
-    return float(h.cores) if h is not None else 0.0
-
-
 def _load(inventory: Inventory, host: str, needs: Mapping[str, float]) -> str:
-    return f"its VMs need {host_demand(inventory, host, needs):.2f} cores of its {_cores(inventory, host):g}"
+    """``its VMs need 0.80 cores of its 1``; with unmanaged domains there, of what they leave (what plans use)."""
+    h = next((h for h in inventory.hosts if h.name == host), None)
+    demand = host_demand(inventory, host, needs)
+    if h is None:
+        return f"its VMs need {demand:.2f} cores of its 0"
+    held = inventory.unmanaged_cores(host)
+    if held <= 0:
+        return f"its VMs need {demand:.2f} cores of its {h.cores:g}"
+    return (f"its VMs need {demand:.2f} cores of the {inventory.usable_cores(h):.2f} its unmanaged domains leave of "
+            f"its {h.cores:g}")
 
 
 def step_reason(step: Step, plan: Plan, inventory: Inventory, needs: Mapping[str, float],
@@ -81,6 +94,10 @@ def step_reason(step: Step, plan: Plan, inventory: Inventory, needs: Mapping[str
         return f"virtual cluster {step.cluster} departs"
     if isinstance(step, SetNeedStep):
         return f"records {step.vm}'s new need of {step.cpu_need_cores:.2f} cores in its metadata"
+    if isinstance(step, AdoptStep):
+        return f"{step.vm} joins virtual cluster {step.definition.cluster} where it runs (adopted)"
+    if isinstance(step, ReleaseStep):
+        return f"{step.vm} is handed back: it runs on, uncapped and unmanaged"
     return step.op
 
 

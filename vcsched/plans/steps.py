@@ -15,7 +15,8 @@ written before disk and network caps existed loads and means what it meant:
 CPU only.  Three class-level flags tell
 the snapshot check (:mod:`vcsched.inventory`) what a half-applied
 plan may already have changed: ``moves`` (the VM's host), ``removes`` (the
-VM itself), ``renews`` (the VM's recorded CPU need).
+VM itself), ``renews`` (the VM's recorded CPU need); ``owns`` (whether
+vcsched manages it: ``adopt`` and ``release``, docs/introducing.md).
 
 How a step is carried out lives on the other side of the data flow, in
 :mod:`acting.executor`, which has one runner per ``op``.
@@ -28,7 +29,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from vcsched.errors import InputError
-from vcsched.formats.fields import MAX_VCPUS, check_count, check_fields, check_fraction, check_number, check_string
+from vcsched.formats.fields import (
+    MAX_VCPUS,
+    check_count,
+    check_fields,
+    check_fraction,
+    check_name,
+    check_number,
+    check_string,
+)
 from vcsched.formats.units import check_vm_memory
 from vcsched.inventory import VmMeta
 from vcsched.iocaps import DISK, NET, IoCaps
@@ -40,6 +49,7 @@ class Step(Protocol):
     moves: ClassVar[bool]
     removes: ClassVar[bool]
     renews: ClassVar[bool]
+    owns: ClassVar[bool]
 
     @property
     def vm(self) -> str: ...
@@ -66,11 +76,12 @@ class Step(Protocol):
 
 
 class _Flags:
-    """The defaults of the three flags: a step changes none of host, existence or need unless it says so."""
+    """The defaults of the four flags: a step changes none of host, existence, need or owner unless it says so."""
 
     moves: ClassVar[bool] = False
     removes: ClassVar[bool] = False
     renews: ClassVar[bool] = False
+    owns: ClassVar[bool] = False
 
     def io_changes(self) -> tuple[tuple[str, str, str, float], ...]:
         return ()
@@ -115,7 +126,8 @@ _int = check_count
 @dataclass(frozen=True)
 class Boot:
     """How a created VM boots: ``kernel`` (direct kernel+initrd, the cluster's [guest]),
-    ``template`` (a domain XML file the request names) or ``image`` (a disk image)."""
+    ``template`` (a domain XML file the request names), ``image`` (a disk image) or ``domain`` (an adopted
+    domain's own XML, held in ``xml``: a restart elsewhere defines it again as it was, like a template)."""
 
     kind: str
     kernel: str | None = None
@@ -123,18 +135,25 @@ class Boot:
     cmdline: str = ""
     domain_type: str = "qemu"
     path: str | None = None
+    xml: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         if self.kind == "kernel":
             return {"kind": "kernel", "kernel": self.kernel, "initrd": self.initrd, "cmdline": self.cmdline,
                     "domain_type": self.domain_type}
+        if self.kind == "domain":
+            return {"kind": "domain", "xml": self.xml, "domain_type": self.domain_type}
         return {"kind": self.kind, "path": self.path, "domain_type": self.domain_type}
 
     @staticmethod
     def from_dict(where: str, d: Any) -> Boot:
-        if not isinstance(d, Mapping) or d.get("kind") not in ("kernel", "template", "image"):
-            raise InputError(f"{where}.kind: expected 'kernel', 'template' or 'image', got "
+        if not isinstance(d, Mapping) or d.get("kind") not in ("kernel", "template", "image", "domain"):
+            raise InputError(f"{where}.kind: expected 'kernel', 'template', 'image' or 'domain', got "
                              f"{d.get('kind') if isinstance(d, Mapping) else d!r}")
+        if d["kind"] == "domain":
+            d = _fields(where, d, {"kind", "xml"}, {"domain_type"})
+            return Boot("domain", xml=_str(f"{where}.xml", d["xml"]),
+                        domain_type=_str(f"{where}.domain_type", d.get("domain_type", "qemu")))
         if d["kind"] == "kernel":
             d = _fields(where, d, {"kind", "kernel", "initrd"}, {"cmdline", "domain_type"})
             return Boot("kernel", _str(f"{where}.kernel", d["kernel"]), _str(f"{where}.initrd", d["initrd"]),
@@ -237,8 +256,8 @@ class CreateStep(_IoFields, _Flags):
     def from_dict(where: str, d: Mapping[str, Any]) -> CreateStep:
         d = _fields(where, d, {"op", "vm", "host", "cluster", "vcpus", "memory_bytes", "cpu_need_cores",
                                "cap_cores", "boot"}, {"min_yield", *META_FIELDS, *IO_FIELDS})
-        step = CreateStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
-                          _str(f"{where}.cluster", d["cluster"]), _int(f"{where}.vcpus", d["vcpus"]),
+        step = CreateStep(check_name(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+                          check_name(f"{where}.cluster", d["cluster"]), _int(f"{where}.vcpus", d["vcpus"]),
                           _int(f"{where}.memory_bytes", d["memory_bytes"]),
                           _num(f"{where}.cpu_need_cores", d["cpu_need_cores"]),
                           _num(f"{where}.cap_cores", d["cap_cores"]), Boot.from_dict(f"{where}.boot", d["boot"]),
@@ -282,7 +301,7 @@ class SetCapStep(_IoFields, _Flags):
         if "cap_cores" not in d and not IO_FIELDS & set(d):
             raise InputError(f"{where}: a set-cap step sets at least one of cap_cores, "
                              f"{', '.join(sorted(IO_FIELDS))}")
-        return SetCapStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+        return SetCapStep(check_name(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
                           _num(f"{where}.cap_cores", d["cap_cores"]) if "cap_cores" in d else None,
                           **_io_from_dict(where, d))
 
@@ -311,8 +330,8 @@ class RemoveStep(_Flags):
     @staticmethod
     def from_dict(where: str, d: Mapping[str, Any]) -> RemoveStep:
         d = _fields(where, d, {"op", "vm", "host", "cluster"})
-        return RemoveStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
-                          _str(f"{where}.cluster", d["cluster"]))
+        return RemoveStep(check_name(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+                          check_name(f"{where}.cluster", d["cluster"]))
 
 
 @dataclass(frozen=True)
@@ -341,7 +360,7 @@ class SetNeedStep(_Flags):
     @staticmethod
     def from_dict(where: str, d: Mapping[str, Any]) -> SetNeedStep:
         d = _fields(where, d, {"op", "vm", "host", "cpu_need_cores"})
-        return SetNeedStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+        return SetNeedStep(check_name(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
                            _num(f"{where}.cpu_need_cores", d["cpu_need_cores"]))
 
 
@@ -394,12 +413,80 @@ class MigrateStep(_Flags):
         squeezed = d.get("squeezed", False)
         if not isinstance(squeezed, bool):
             raise InputError(f"{where}.squeezed: expected true or false, got {squeezed!r}")
-        step = MigrateStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.from", d["from"]),
+        step = MigrateStep(check_name(f"{where}.vm", d["vm"]), _str(f"{where}.from", d["from"]),
                            _str(f"{where}.to", d["to"]), _int(f"{where}.bytes", d["bytes"]),
                            _num(f"{where}.cap_cores", d["cap_cores"]), final, wave, squeezed)
         if step.source == step.target:
             raise InputError(f"{where}.to: {step.target!r} is also the source host")
         return step
+
+
+@dataclass(frozen=True)
+class AdoptStep(_Flags):
+    """Bring a running unmanaged domain under management where it runs (docs/introducing.md): write vcsched's
+    metadata into it and cap it.  ``definition`` is what vcsched records of it (a create step whose boot is the
+    domain's own XML): its metadata fields, its cap and its host, and what a restart elsewhere creates.
+
+    ``owns = True`` tells the snapshot to leave the domain out: a half-applied plan has made it managed."""
+
+    op: ClassVar[str] = "adopt"
+    owns: ClassVar[bool] = True
+    definition: CreateStep
+
+    @property
+    def vm(self) -> str:
+        return self.definition.vm
+
+    @property
+    def host(self) -> str:
+        return self.definition.host
+
+    @property
+    def cap_cores(self) -> float:
+        return self.definition.cap_cores
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "vm": self.vm, "host": self.host, "definition": self.definition.to_dict()}
+
+    def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
+        return ((self.host, self.vm, self.cap_cores),)
+
+    @staticmethod
+    def from_dict(where: str, d: Mapping[str, Any]) -> AdoptStep:
+        d = _fields(where, d, {"op", "vm", "host", "definition"})
+        inner = d["definition"]
+        if not isinstance(inner, Mapping):
+            raise InputError(f"{where}.definition: expected a create step, got {inner!r}")
+        definition = CreateStep.from_dict(f"{where}.definition", {**inner, "op": "create"})
+        if (definition.vm, definition.host) != (d["vm"], d["host"]):
+            raise InputError(f"{where}.definition: names VM {definition.vm!r} on {definition.host!r}, the step "
+                             f"{d['vm']!r} on {d['host']!r}")
+        return AdoptStep(definition)
+
+
+@dataclass(frozen=True)
+class ReleaseStep(_Flags):
+    """Hand a managed VM back (``vcsched release``): remove its caps and vcsched's metadata; it keeps running.
+
+    ``cluster`` is recorded so a reused name in another virtual cluster is not released by an old plan."""
+
+    op: ClassVar[str] = "release"
+    owns: ClassVar[bool] = True
+    vm: str
+    host: str
+    cluster: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "vm": self.vm, "host": self.host, "cluster": self.cluster}
+
+    def cap_changes(self) -> tuple[tuple[str, str, float | None], ...]:
+        return ((self.host, self.vm, None),)  # no longer among the host's managed caps
+
+    @staticmethod
+    def from_dict(where: str, d: Mapping[str, Any]) -> ReleaseStep:
+        d = _fields(where, d, {"op", "vm", "host", "cluster"})
+        return ReleaseStep(_str(f"{where}.vm", d["vm"]), _str(f"{where}.host", d["host"]),
+                           _str(f"{where}.cluster", d["cluster"]))
 
 
 def _check_cap(where: str, cap: float, vcpus: int) -> None:
@@ -418,6 +505,8 @@ STEP_PARSERS: Mapping[str, StepParser] = {
     MigrateStep.op: MigrateStep.from_dict,
     RemoveStep.op: RemoveStep.from_dict,
     SetNeedStep.op: SetNeedStep.from_dict,
+    AdoptStep.op: AdoptStep.from_dict,
+    ReleaseStep.op: ReleaseStep.from_dict,
 }
 
 

@@ -1,0 +1,277 @@
+"""The one sequence through which everything that changes hosts goes: a unit of work.
+
+Cosmic Python's service layer and unit of work (chapters 4 and 6): every command that changes hosts (`place`,
+`adapt`, `drain`, `apply`, `recover`, `repair`, `approve`, `observe --probe`, `cordon`), the controller's
+intervals (probe, rebalance, recovery, putting probe caps back) and the fault simulation open one
+:class:`UnitOfWork` and go through it, in this order:
+
+1. take the cluster lock (named by the hosts' identities, acting/lock.py) and keep its lease on the
+   adapter (``hv.lease``: a migration that would outlive the lease is aborted);
+2. settle the in-doubt VMs that can be (``hv.repair``, docs/operations.md "A VM never runs twice");
+3. read the live inventory (:meth:`UnitOfWork.inventory`), on which the caller decides its plan (a pure
+   function of the core);
+4. validate the whole plan against the live inventory (:func:`acting.executor.check_whole`);
+5. only then an irreversible action the plan must follow (fencing a failed host; later, powering hosts):
+   "fence, then discover the restart is refused" is what this ordering prevents (Pacemaker's ordering
+   constraints);
+6. apply it step by step through the executor, each step under the guard (the lock still ours, and the
+   caller's own conditions: the controller's leadership and SIGTERM);
+7. record each step that took effect in the definitions store (acting/definitions.py), so that a VM it
+   created or moved can be restarted if its host fails.
+
+What happens is said through :class:`Reporting`'s callbacks: the CLI turns them into notes and a progress bar,
+the controller into events and metrics.  A dry run (``lock=None``) goes through the same object: it takes no
+lock, settles nothing (the in-doubt VMs are noted with what `vcsched repair --apply` would do), and refuses to
+act; so a dry run and ``--apply`` read, decide and validate along one code path.
+
+Adapters are passed in (the hypervisor, the lock, the definitions store), so tests and the fault simulation
+give it the in-memory hypervisor (hypervisor/memory.py) and a fake lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol
+
+from acting.definitions import recorder
+from acting.executor import ApplyReport, ClusterChangedMeanwhile, SnapshotMismatch, StepResult, apply_plan, check_whole
+from vcsched.errors import VcschedError
+
+if TYPE_CHECKING:
+    from acting.definitions import DefinitionStore
+    from hypervisor.base import Hypervisor
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from vcsched.formats.cluster import Cluster
+    from vcsched.inventory import Inventory
+    from vcsched.plans.plan import Plan
+    from vcsched.plans.repair import RepairReport
+
+
+class Lock(Protocol):
+    """What the unit of work needs of a :class:`acting.lock.ClusterLock` (tests and the simulation pass fakes)."""
+
+    def acquire(self, wait: float = 0.0) -> None: ...
+
+    def guard(self) -> None: ...
+
+    def held(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+class DryRun(VcschedError):
+    """A unit of work that cannot act (a dry run, or one not entered) was asked to change hosts: a bug in the
+    caller (vcsched's own), never the operator's."""
+
+    exit_code = 70
+
+
+def _nothing(*_: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """Where the unit of work says what it does (every callback optional).
+
+    ``note``: a line for a person (a definitions record that could not be written, an in-doubt VM a dry run
+    leaves alone, in-doubt VMs that could not be settled); ``settled``: what settling the in-doubt VMs did,
+    right after the lock was taken; ``step``: each step of a plan as it ends (the progress bar; the
+    controller's events and metrics)."""
+
+    note: Callable[[str], None] = _nothing
+    settled: Callable[[RepairReport], None] = _nothing
+    step: Callable[[StepResult], None] = _nothing
+
+
+class UnitOfWork:
+    """One change of hosts, or one dry run of it (module docstring).  Use as a context manager::
+
+        with UnitOfWork(hv, lock, wait=5, store=store, reporting=Reporting(note=notice)) as uow:
+            inventory = uow.inventory()
+            plan = decide(inventory)               # the core, pure
+            report = uow.apply(plan)               # validated whole, applied, recorded
+
+    ``lock``: an unacquired cluster lock, taken on entry (waiting up to ``wait`` seconds; busy:
+    :class:`acting.lock.LockBusy`) and released on exit; None: a dry run.  ``settle=False``: the caller settles
+    in-doubt VMs itself (`vcsched repair`, which reports them as its result), or there is nothing to settle for
+    (`cordon`).  ``before_step``: the caller's own condition checked before every step, besides the lock (the
+    controller: not stopping, still the leader).  ``store``: where each step that took effect is recorded
+    (None: nowhere).
+    """
+
+    def __init__(self, hv: Hypervisor, lock: Lock | None, *, wait: float = 0.0, settle: bool = True,
+                 store: DefinitionStore | None = None, reporting: Reporting = Reporting(),
+                 before_step: Callable[[], None] | None = None) -> None:
+        self.hv = hv
+        self.lock = lock
+        self.wait = wait
+        self.settle = settle
+        self.store = store
+        self.reporting = reporting
+        self.before_step = before_step
+        self._open = False
+
+    @property
+    def dry_run(self) -> bool:
+        return self.lock is None
+
+    # ------------------------------------------------------------------ 1–2: lock, lease, settle
+
+    def __enter__(self) -> UnitOfWork:
+        if self.lock is not None:
+            self.lock.acquire(self.wait)
+            try:
+                self.hv.lease = self.lock.held
+                if self.settle:
+                    self.settle_in_doubt()
+            except BaseException:
+                self._close()
+                raise
+        self._open = True
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        self._open = False
+        if self.lock is not None:
+            self.hv.lease = None
+            self.lock.release()
+
+    def settle_in_doubt(self) -> RepairReport:
+        """The in-doubt VMs that can be settled, settled under the lock (done on entry unless ``settle=False``);
+        with a host down nothing is settled (said in one note), and the work goes on (its plan leaves in-doubt VMs
+        alone).  A dry run settles nothing: what would be done is reported, never done."""
+        report = self.hv.repair(self.lock_guard, apply=not self.dry_run)
+        self.reporting.settled(report)
+        # A refused repair reports applied=False (hypervisor/settlement.py): what says it was meant to act is
+        # that this is no dry run.
+        if not self.dry_run and report.plan.refused is not None and report.plan.in_doubt:
+            self.reporting.note(f"{len(report.plan.in_doubt)} in-doubt VM(s) not settled: {report.plan.refused}; "
+                                "`vcsched repair` settles them once every host answers")
+        return report
+
+    def lock_guard(self) -> None:
+        """The lock is still ours (renewing its lease); a dry run holds none, so has nothing to lose."""
+        if self.lock is not None:
+            self.lock.guard()
+
+    def guard(self) -> None:
+        """Before every step: the caller's condition (``before_step``), then the lock."""
+        if self.before_step is not None:
+            self.before_step()
+        self.lock_guard()
+
+    # ------------------------------------------------------------------ 3: read
+
+    def inventory(self) -> Inventory:
+        """The live inventory, read now (under the lock when there is one).  A dry run notes each in-doubt VM and
+        what `vcsched repair --apply` would do about it: it reads only, so nothing is settled."""
+        inventory = self.hv.inventory()
+        if self.dry_run:
+            self.note_in_doubt(inventory)
+        return inventory
+
+    def note_in_doubt(self, inventory: Inventory) -> None:
+        """Each in-doubt VM of ``inventory`` and what `vcsched repair --apply` would do about it, one note each
+        (what a dry run says instead of settling; `observe` reads its inventory by sampling)."""
+        from vcsched.plans.repair import RepairReport, plan_repair
+
+        if not inventory.in_doubt:
+            return
+        for d in inventory.in_doubt:
+            where = ", ".join(f"{h} ({st})" for h, st in zip(d.hosts, d.states, strict=True))
+            self.reporting.note(f"{d.vm} is in doubt (on {where}): nothing acts on it until "
+                                "`vcsched repair --apply` settles it")
+        for line in RepairReport(plan_repair(inventory), applied=False).lines():
+            self.reporting.note(f"vcsched repair: {line}")
+
+    # ------------------------------------------------------------------ 4: validate
+
+    def validate(self, plan: Plan, *, force: bool = False, planned_here: bool = False) -> bool:
+        """The whole plan checked against the live inventory (:func:`acting.executor.check_whole`); whether its
+        snapshot matched.  Raises what it raises (nothing changed).  A dry run may validate too: it only reads.
+
+        ``planned_here``: the plan was computed by this unit of work from a read moments earlier, so a snapshot
+        that no longer matches means the cluster changed meanwhile (a host stopped answering or came back):
+        :class:`acting.executor.ClusterChangedMeanwhile` ("run it again"), not a saved plan's advice
+        (recompute, or ``--force``), which such a command cannot follow."""
+        with _changed_meanwhile(plan, planned_here):
+            return check_whole(self.hv, plan, force=force)[1]
+
+    # ------------------------------------------------------------------ 5–7: act, apply, record
+
+    def apply(self, plan: Plan, *, force: bool = False, planned_here: bool = False,
+              irreversible: Callable[[], bool] | None = None,
+              on_step: Callable[[StepResult], None] | None = None, threads: bool = True) -> ApplyReport | None:
+        """Validate ``plan`` whole, then (with ``irreversible``) perform the irreversible action it must follow,
+        then apply it step by step under :meth:`guard`, recording each step that took effect.  The plan is checked
+        whole once: by the executor before its first step, or, with ``irreversible``, before that action (the
+        lock held throughout; each step still checks its own pre-condition on the hosts it touches).
+
+        ``irreversible`` runs only once the plan is known to hold on the live cluster, under the guard; it
+        returns whether it succeeded: False (fencing failed, the host may still run its VMs) applies nothing
+        and returns None.  ``on_step``: this plan's own callback, after the reporting's ``step``.
+        Raises as :meth:`validate` before anything changed; :class:`DryRun` in a dry run."""
+        if not self._open:
+            raise DryRun("the unit of work is not open: enter it (`with UnitOfWork(...)`) before applying")
+        if self.dry_run:
+            raise DryRun("a dry run does not apply: a unit of work without a lock only reads")
+        checked = None
+        if irreversible is not None:  # else the executor's own whole-plan check, below, is the one before acting
+            with _changed_meanwhile(plan, planned_here):
+                checked = check_whole(self.hv, plan, force=force)
+            self.guard()
+            if not irreversible():
+                return None
+
+        def then(result: StepResult) -> None:
+            self.reporting.step(result)
+            if on_step is not None:
+                on_step(result)
+
+        with _changed_meanwhile(plan, planned_here):
+            return apply_plan(self.hv, plan, force=force, guard=self.guard, threads=threads, checked=checked,
+                              on_step=recorder(self.store, self.reporting.note, then))
+
+
+@contextmanager
+def _changed_meanwhile(plan: Plan, planned_here: bool) -> Iterator[None]:
+    """A snapshot mismatch of a plan this command computed moments earlier (:meth:`UnitOfWork.validate`)."""
+    try:
+        yield
+    except SnapshotMismatch:
+        if not planned_here:
+            raise
+        raise ClusterChangedMeanwhile(
+            f"cluster {plan.cluster!r} changed while this command ran (a host stopped answering or came back, "
+            "or a VM changed, between its planning read and its first step): nothing changed; run it again"
+        ) from None
+
+
+def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordination: str | None = None,
+                wait: float = 0.0, ttl: float | None = None, settle: bool = True,
+                reporting: Reporting = Reporting(), before_step: Callable[[], None] | None = None) -> UnitOfWork:
+    """The unit of work of a command on ``cluster`` through ``hv`` (``apply=False``: a dry run, no lock).
+
+    The lock is the cluster's on ``coordination`` (else the cluster file's, else the default; acting/lock.py),
+    named after its hosts — their libvirt identities, read through ``hv`` (``hv.identities()``) — not after the
+    file's ``name`` (hypervisor/identity.py); its TTL is ``ttl``, else the cluster file's ``lock_ttl``.  Steps
+    are recorded in the definitions store of the same coordination backend."""
+    if not apply:
+        return UnitOfWork(hv, None, reporting=reporting, before_step=before_step)
+    from acting.definitions import DefinitionStore
+    from acting.lock import DEFAULT_TTL, ClusterLock, resolve_url
+    from hypervisor.identity import lock_key
+
+    identities = hv.identities()
+    lock = ClusterLock(resolve_url(coordination, cluster.coordination), cluster.name,
+                       ttl=ttl or cluster.lock_ttl or DEFAULT_TTL, key=lock_key(identities.values()))
+    return UnitOfWork(hv, lock, wait=wait, settle=settle, store=DefinitionStore.for_url(lock.url, cluster.name),
+                      reporting=reporting, before_step=before_step)

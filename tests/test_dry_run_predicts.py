@@ -1,0 +1,189 @@
+"""A dry run predicts ``--apply`` (issue 40): it exits with the code ``--apply`` would, its warnings on stderr
+(docs/cli.md), and what only a later step would have found — a kernel that is no kernel, a request that
+cannot boot on this machine — is found before anything is planned.  Hosts are libvirt's test driver
+(hypervisor/testhosts.py) or unreachable local URIs (the request is refused before any host is read).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cli
+from tests.builders import test_driver_node as node
+from vcsched.inventory import VmMeta
+
+MiB = 1 << 20
+
+
+def run(*args: Any) -> Any:
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture
+def floors(tmp_path: Path) -> Path:
+    """Two one-core hosts, each full with two VMs of 0.5 cores; gold's are admitted with a floor of 1: emptying
+    h0 onto h1 would halve every yield."""
+    gold = VmMeta("gold", 0.5, 512 * MiB, 1, min_yield=1.0)
+    web = VmMeta("web", 0.5, 512 * MiB, 1)
+    (tmp_path / "h0.xml").write_text(node([("gold-0", gold), ("gold-1", gold)], 1, 0))
+    (tmp_path / "h1.xml").write_text(node([("web-0", web), ("web-1", web)], 1, 2))
+    c = tmp_path / "cluster.toml"
+    c.write_text('name = "floors"\n' + "".join(f'[[hosts]]\nname = "h{i}"\nuri = "test://{tmp_path}/h{i}.xml"\n'
+                                               for i in range(2)))
+    return c
+
+
+def test_a_drain_that_apply_would_refuse_below_a_floor_exits_1_as_a_dry_run_too(floors: Path,
+                                                                                  tmp_path: Path) -> None:
+    """Issue: the dry run printed its floor warning on stdout and exited 0; --apply refused with 1."""
+    lock = f"file://{tmp_path}/lock"
+    dry = run("drain", "h0", "--budget", "unlimited", "--cluster", floors)
+    applied = run("drain", "h0", "--budget", "unlimited", "--cluster", floors, "--apply", "--coordination", lock)
+    assert (dry.exit_code, applied.exit_code) == (1, 1), (dry.stdout, dry.stderr, applied.stdout, applied.stderr)
+    assert "warning: virtual cluster 'gold'" in dry.stderr and "warning" not in dry.stdout
+    assert "--allow-below-floor" in dry.stderr.strip().splitlines()[-1]
+    allowed = run("drain", "h0", "--budget", "unlimited", "--cluster", floors, "--allow-below-floor")
+    assert allowed.exit_code == 0, (allowed.stdout, allowed.stderr)  # as --apply --allow-below-floor would go on
+
+
+def test_a_drain_dry_run_json_says_ok_false_when_apply_would_refuse(floors: Path) -> None:
+    import json
+
+    r = run("drain", "h0", "--budget", "unlimited", "--cluster", floors, "--json")
+    assert r.exit_code == 1 and json.loads(r.stdout)["ok"] is False
+
+
+def mixed_cluster(tmp_path: Path, kernel: Path) -> Path:
+    """h0 on this machine (a socket nobody listens on: never read), h1 on another machine."""
+    initrd = tmp_path / "initrd"
+    initrd.write_bytes(b"x" * MiB)
+    c = tmp_path / "cluster.toml"
+    c.write_text(f'name = "mixed"\n[guest]\nkernel = "{kernel}"\ninitrd = "{initrd}"\n'
+                 f'[[hosts]]\nname = "h0"\nuri = "qemu+unix:///system?socket={tmp_path}/nowhere"\n'
+                 '[[hosts]]\nname = "h1"\nuri = "qemu+ssh://h1.example.invalid/system"\n')
+    return c
+
+
+def bzimage(path: Path, init_size: int) -> Path:
+    """A kernel file with the x86 boot protocol's header: "HdrS" at 0x202, version 2.15, loaded at 16 MiB."""
+    import struct
+
+    head = bytearray(0x300)
+    head[0x202:0x206] = b"HdrS"
+    struct.pack_into("<H", head, 0x206, 0x20F)
+    struct.pack_into("<Q", head, 0x258, 16 * MiB)
+    struct.pack_into("<I", head, 0x260, init_size)
+    path.write_bytes(bytes(head))
+    return path
+
+
+def request_file(tmp_path: Path, memory: str) -> Path:
+    req = tmp_path / "web.toml"
+    req.write_text(f'name = "web"\nvms = 6\nvcpus = 1\nmemory = "{memory}"\ncpu_cores = 0.5\n')
+    return req
+
+
+@pytest.mark.parametrize("apply", [False, True])
+def test_a_request_that_cannot_boot_here_is_bad_input_before_planning_even_with_a_remote_host(
+        apply: bool, tmp_path: Path) -> None:
+    """Issue: with one non-local host the request's files were not checked; `place` printed "admitted" and the
+    plan, then exited 2 on plan.steps[5].boot.kernel."""
+    c = mixed_cluster(tmp_path, bzimage(tmp_path / "vmlinuz", 70 * MiB))
+    args = ["place", request_file(tmp_path, "64MiB"), "--cluster", c]
+    r = run(*args, *(["--apply", "--coordination", f"file://{tmp_path}/lock"] if apply else []))
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert r.stdout == ""  # nothing planned, nothing said to be admitted
+    assert "guest.kernel (cluster file): the kernel 86 MiB" in r.stderr
+
+
+@pytest.mark.parametrize("apply", [False, True])
+def test_a_kernel_that_is_not_a_kernel_is_bad_input_before_anything_happens(apply: bool, tmp_path: Path) -> None:
+    """Issue: kernel=/etc/passwd passed every check and failed only when the VM started, after other caps were
+    lowered for it."""
+    c = mixed_cluster(tmp_path, Path("/etc/passwd"))
+    args = ["place", request_file(tmp_path, "128MiB"), "--cluster", c]
+    r = run(*args, *(["--apply", "--coordination", f"file://{tmp_path}/lock"] if apply else []))
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert "'/etc/passwd' is not a Linux kernel" in r.stderr and "HdrS" in r.stderr
+
+
+def test_a_bzimage_and_an_elf_vmlinux_are_kernels_and_nothing_else_is(tmp_path: Path) -> None:
+    from hypervisor.bootcheck import kernel_problem
+
+    elf = tmp_path / "vmlinux"
+    elf.write_bytes(b"\x7fELF\x02" + bytes(100))
+    text = tmp_path / "notes"
+    text.write_text("x" * 4096)
+    assert kernel_problem("k", str(bzimage(tmp_path / "vmlinuz", MiB))) is None
+    arm64 = tmp_path / "Image"
+    arm64.write_bytes(bytes(0x38) + b"ARM\x64" + bytes(100))
+    assert kernel_problem("k", str(elf)) is None and kernel_problem("k", str(arm64)) is None
+    assert kernel_problem("k", str(text)) == (f"k: '{text}' is not a Linux kernel (neither a bzImage, with its "
+                                              "boot header \"HdrS\" at offset 0x202, nor an ELF vmlinux, nor an "
+                                              "arm64 Image)")
+
+
+def test_a_cap_off_the_quota_grid_is_named_as_such_not_as_a_sum_a_hair_above_the_host() -> None:
+    """Issue: set-cap 0.3000004 on a full host was refused as "caps of 1.00000 cores on 1 cores"."""
+    from acting.executor import PlanRefused, apply_plan
+    from tests.builders import inventory_of, memory_hypervisor
+    from vcsched.inventory import snapshot_hash
+    from vcsched.plans.plan import Plan
+    from vcsched.plans.steps import SetCapStep
+
+    hv = memory_hypervisor(inventory_of([managed_vm("a-0", 0.7), managed_vm("b-0", 0.3)], n_hosts=1))
+    plan = Plan("adapt", "lab", snapshot_hash(hv.inventory()), 1.0, 1.0, {}, (SetCapStep("b-0", "h0", 0.3000004),))
+    with pytest.raises(PlanRefused) as caught:
+        apply_plan(hv, plan)
+    assert str(caught.value).startswith("plan.steps[0].cap_cores: 0.3000004 cores is off the quota grid: a 1-vCPU "
+                                        "VM's caps are multiples of 1e-05 cores")
+    assert "it would hold 0.3" in str(caught.value) and "caps of" not in str(caught.value)
+    assert hv.calls == []
+
+
+def managed_vm(name: str, cap: float) -> Any:
+    from tests.builders import managed
+
+    return managed(name, "h0", name.split("-")[0], cap, cap)
+
+
+def test_a_malformed_vm_name_in_a_plan_is_bad_input(tmp_path: Path) -> None:
+    """Issue: a plan naming VM "bad name!" exited 1 ("on no host of the cluster"), not 2."""
+    import json
+
+    from hypervisor.testhosts import write_scale_cluster
+
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2)
+    plan = tmp_path / "plan.json"
+    made = run("adapt", "--budget", "0", "--set-need", "vm0=0.3", "--cluster", hosts.cluster_file, "-o", plan)
+    assert made.exit_code == 0, (made.stdout, made.stderr)
+    doc = json.loads(plan.read_text())
+    doc["steps"][0]["vm"] = "bad name!"
+    plan.write_text(json.dumps(doc))
+    r = run("apply", plan, "--cluster", hosts.cluster_file, "--coordination", f"file://{tmp_path}/lock")
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert "plan.steps[0].vm: 'bad name!' is not a name" in r.stderr
+
+
+def test_a_refused_plans_table_says_what_a_migration_would_move_not_its_claim(tmp_path: Path) -> None:
+    """Issue: a plan refused for a migration's "bytes": 1 still showed "1 B moved" in its table."""
+    import json
+
+    from hypervisor.testhosts import write_scale_cluster
+
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2)
+    plan = tmp_path / "plan.json"
+    made = run("drain", "h0", "--budget", "unlimited", "--cluster", hosts.cluster_file, "-o", plan)
+    assert made.exit_code == 0, (made.stdout, made.stderr)
+    assert "512 MiB to move" in made.stdout
+    doc = json.loads(plan.read_text())
+    doc["steps"][0]["bytes"] = 1
+    doc["migrated_bytes"] = sum(s["bytes"] for s in doc["steps"] if s["op"] == "migrate")
+    plan.write_text(json.dumps(doc))
+    r = run("apply", plan, "--cluster", hosts.cluster_file, "--coordination", f"file://{tmp_path}/lock")
+    assert r.exit_code == 1, (r.stdout, r.stderr)
+    assert "claims 1 B; moves 512 MiB" in r.stdout and "1 B moved" not in r.stdout

@@ -1,0 +1,82 @@
+"""Lost VMs: the managed VMs the definitions store records that run nowhere, in the pure core.
+
+Every command that creates, migrates or removes a managed VM records it in the
+definitions store (acting/definitions.py), so the store is the list of VMs
+vcsched promised to keep running.  A recorded VM that no host that answered
+holds is one of three things (docs/failures.md):
+
+* **awaiting recovery**: its recorded host does not answer and was not fenced.
+  It may still run there (a network split, a daemon restart): nobody may start
+  it elsewhere yet.  ``status`` shows the host down; the controller (or
+  ``vcsched recover HOST``) fences the host and restarts it.  Not lost.
+* **lost, its host was fenced**: the host does not answer and vcsched powered it
+  off (a recovery fenced it), yet the VM was not restarted elsewhere (stranded:
+  ``on_failure = "strand"``, no memory, a local disk).  It runs nowhere for
+  sure.  ``since``: when the host was fenced.  A fence older than the VM's
+  record does not count (the host came back and took the VM after it): the
+  VM awaits recovery again.
+* **lost, its host answers without it**: the host it was recorded on answers and
+  holds no domain of that name (the fence killed it and the host came back, or
+  it was destroyed outside vcsched).  ``since``: the record's last write, the
+  last moment vcsched knew it ran.
+
+A recorded VM whose recorded host has left the cluster file is lost too (its
+host "is not in the cluster file").  A VM with any domain of its name on a host
+that answered — running, paused, shut off, or a copy in doubt — is not lost:
+it is there, and ``repair`` or the operator settles it.
+
+``vcsched restart VM`` and the controller start lost VMs again from their
+records (:func:`vcsched.control.failover.failover` places them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from vcsched.inventory import Inventory
+from vcsched.plans.steps import CreateStep
+
+#: ``why`` of a lost VM whose recorded host answers without it.
+HOST_ANSWERS = "host answers without it"
+#: ``why`` of a lost VM whose recorded host was fenced and that was not restarted.
+HOST_FENCED = "host fenced, not restarted"
+#: ``why`` of a lost VM recorded on a host the cluster file no longer lists.
+HOST_GONE = "host not in the cluster file"
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A recorded VM that runs nowhere: its virtual cluster, the host it was recorded on, why it counts as lost,
+    and since when (Unix seconds: the fence, or the record's last write)."""
+
+    vm: str
+    cluster: str
+    host: str
+    why: str
+    since: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {"vm": self.vm, "cluster": self.cluster, "host": self.host, "why": self.why,
+                "since": round(self.since, 3)}
+
+
+def lost_vms(inventory: Inventory, records: Iterable[tuple[CreateStep, float]],
+             fenced: Mapping[str, float] | None = None) -> tuple[Lost, ...]:
+    """Every record (``(create step, time written)``) whose VM no answering host holds and that is not awaiting
+    recovery, in name order.  ``fenced``: hosts a recovery fenced, and when."""
+    fenced = fenced or {}
+    present = {v.name for v in inventory.vms} | {d.vm for d in inventory.in_doubt}
+    hosts = {h.name: h for h in inventory.hosts}
+    out = []
+    for step, updated in records:
+        if step.vm in present:
+            continue
+        host = hosts.get(step.host)
+        if host is None:
+            out.append(Lost(step.vm, step.cluster, step.host, HOST_GONE, updated))
+        elif host.down is None:
+            out.append(Lost(step.vm, step.cluster, step.host, HOST_ANSWERS, updated))
+        elif fenced.get(step.host, -1.0) >= updated:  # a fence older than the record: the host came back since
+            out.append(Lost(step.vm, step.cluster, step.host, HOST_FENCED, fenced[step.host]))
+    return tuple(sorted(out, key=lambda lost: lost.vm))
