@@ -144,6 +144,14 @@ def test_libvirt_completing_a_migration_switched_over_under_the_lease_is_not_a_c
         sched.after(Call(3, "h0", "migrate.perform", "vc0-1"))  # a switch-over without the lease
 
 
+def test_a_paused_arrival_in_doubt_keeps_its_cap_reserved_on_its_host() -> None:
+    """Seed 7, schedule 9024: repair destroyed a cut migration's source but could not re-read the arrival, left
+    paused on h1 (in doubt); an adapt then filled h1, the plan check not counting the arrival's cap, and the
+    next repair's resume over-committed h1 (5 cores of caps on 4)."""
+    out = replay(7, 9024)
+    assert out.violations == [] and out.result == "ok"
+
+
 def test_probe_schedules_leave_no_cap_raised() -> None:
     """Every fourth schedule runs `observe --probe` (busy guests, kills while caps are raised); after the final
     restore no cap differs from its starting one.  Schedule 143 of seed 1: the host of a raised cap stopped
