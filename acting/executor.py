@@ -55,6 +55,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hypervisor import hazards
 from hypervisor.base import HostReadBug, Hypervisor, HypervisorError, VmInDoubt
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory, VmState, snapshot_hash
@@ -458,18 +459,34 @@ def check_creates(hv: Hypervisor, steps: Sequence[Step], inventory: Inventory) -
         raise InputError("; ".join(problems[:3]) + more)
 
 
-def _precondition(hv: Hypervisor, group: Sequence[Step], first: int) -> str | None:
-    """The group's steps replayed on the hosts they touch as they are *now*; the first problem, or None."""
+def _precondition(hv: Hypervisor, group: Sequence[Step], first: int,
+                  cluster_hosts: frozenset[str] | None = None) -> str | None:
+    """The group's steps replayed on the hosts they touch as they are *now*; the first problem, or None.
+
+    A migrating VM's ``migrating_to`` host (where its last, cut-short attempt may have left a copy) is read
+    too, so that the replay can refuse the migration while that host does not answer
+    (:meth:`vcsched.plans.check._Replay.holder_answers`); ``cluster_hosts``: the hosts such a mark may name
+    (a mark naming another host cannot be read and holds nothing back)."""
     try:
-        where = {v.host for v in (hv.find_vm(step.vm) for step in group) if v is not None}
-        now = hv.inventory(sorted(where | {h for step in group for h in _hosts_of(step)}))
+        found = [v for v in (hv.find_vm(step.vm) for step in group) if v is not None]
+        marks = {v.meta.migrating_to for v in found
+                 if v.meta is not None and v.meta.migrating_to is not None
+                 and (cluster_hosts is None or v.meta.migrating_to in cluster_hosts)
+                 and any(isinstance(s, MigrateStep) and s.vm == v.name for s in group)}
+        now = hv.inventory(sorted({v.host for v in found} | marks | {h for step in group for h in _hosts_of(step)}))
         created = created_devices(hv, group)
     except VmInDoubt as exc:
         return f"pre-condition: {exc} (nothing was done)"
     except (HypervisorError, InputError) as exc:
         return f"pre-condition: cannot read the hosts it touches: {exc}"
-    problems = replay_problems(group, now, first_index=first, created=created)
+    problems = replay_problems(group, now, first_index=first, created=created, copy_holders=_copy_holders())
     return None if not problems else f"pre-condition: {problems[0]} (the cluster changed; nothing was done)"
+
+
+def _copy_holders() -> bool:
+    """Whether a migration waits for the host that may hold another copy of its VM (always, but for the fault
+    simulation's mutation switch :data:`hypervisor.hazards.MIGRATE_WHILE_HOLDER_DOWN`)."""
+    return not hazards.on(hazards.MIGRATE_WHILE_HOLDER_DOWN)
 
 
 def _hosts_of(step: Step) -> tuple[str, ...]:
@@ -515,7 +532,7 @@ def check_whole(hv: Hypervisor, plan: Plan, *, force: bool = False) -> tuple[Inv
         raise SnapshotMismatch(f"plan.snapshot: cluster {plan.cluster!r} changed since this plan was computed "
                                f"(compute a new one with `vcsched {again}`, or apply anyway with --force)")
     try:
-        check_plan(plan.steps, inventory, created=created_devices(hv, plan.steps))
+        check_plan(plan.steps, inventory, created=created_devices(hv, plan.steps), copy_holders=_copy_holders())
     except InputError as exc:
         raise PlanRefused(str(exc)) from None  # the message names the step and the field, as bad input does
     check_claims(plan, inventory)
@@ -559,7 +576,7 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
         try:
             if guard is not None:
                 guard()
-            done = _run_group(hv, group, batch[0][0], threads, guard)
+            done = _run_group(hv, group, batch[0][0], threads, guard, frozenset(h.name for h in inventory.hosts))
         except HostReadBug:
             raise  # a bug in vcsched's reading code: reported as such (exit 70), not as a stopped plan
         except WaveStopped as exc:
@@ -630,9 +647,10 @@ def restore_lowered(hv: Hypervisor, before: Inventory, results: Sequence[StepRes
 
 
 def _run_group(hv: Hypervisor, group: list[Step], first: int, threads: bool = True,
-               guard: Callable[[], None] | None = None) -> list[StepResult]:
+               guard: Callable[[], None] | None = None,
+               cluster_hosts: frozenset[str] | None = None) -> list[StepResult]:
     """One step, or one wave of migrations at once, after its pre-condition on the hosts as they are now."""
-    problem = _precondition(hv, group, first)
+    problem = _precondition(hv, group, first, cluster_hosts)
     if problem is not None:
         return [StepResult(step, FAILED, problem, 0.0) for step in group]
     if len(group) == 1 or not threads:

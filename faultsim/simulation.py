@@ -387,6 +387,8 @@ class Schedule:
         self.depth = 0
         self.next_pid = 1
         self.live_lock: SimLock | None = None
+        #: (process, VM) of migrations whose switch-over (Perform) was made under a valid lease, until Confirm.
+        self.switched: set[tuple[int, str | None]] = set()
         self.tracked = {d.uuid: d.name for h in self.world.hosts.values() for d in h.domains.values()
                         if d.meta is not None}
         stranger = next(d for d in self.world.hosts["h0"].domains.values() if d.name == "stranger")
@@ -421,6 +423,14 @@ class Schedule:
         w.add_domain(b, SimDomain(d.name, d.uuid, d.vcpus, d.memory_bytes, PAUSED, False, d.quota, d.period,
                                   dict(d.meta or {}, arriving_from=a), reason=libvirt.VIR_DOMAIN_PAUSED_USER))
         w.set_up(rng.choice([n for n in others if n != b]), False)
+        # Half the twins are what this vcsched's migration leaves (the attempt recorded on the source: generation
+        # 1 on both copies, ``migrating_to`` B on A); the others what an older vcsched left (neither mark).
+        if rng.random() < 0.5 and d.meta is not None:
+            d.meta = dict(d.meta, generation="1", migrating_to=b)
+            d.changed()
+            twin = w.hosts[b].domains[d.uuid]
+            twin.meta = dict(twin.meta or {}, generation="1")
+            twin.changed()
 
     # -------------------------------------------------------------- tracing
 
@@ -447,9 +457,10 @@ class Schedule:
                 self.violate(f"{name} runs on {' and '.join(running)} ({where})")
             if not copies:
                 self.violate(f"{name} is lost: no copy on any host ({where})")
-            if quiescent and (len(copies) != 1 or not running):
-                self.violate(f"{name} not settled after repair: "
-                             f"{[(h, _STATE.get(d.state, d.state)) for h, d in copies]} ({where})")
+            if quiescent:
+                self.runs_once(name, copies, where)
+        if w.stale:
+            self.violate(f"{w.stale[0]} ({where})")
         for h in w.hosts.values():
             # Unmanaged domains count for memory, not for CPU (vcsched never caps them: vcsched/plans/check.py).
             cap = sum(d.cap_cores() for d in h.domains.values() if d.state == RUNNING and d.meta is not None)
@@ -463,14 +474,40 @@ class Schedule:
         if now is None or self._look(now) != look or any(uuid in h.domains for h in w.hosts.values() if h.name != host):
             self.violate(f"the unmanaged domain 'stranger' was changed ({where})")
 
+    def runs_once(self, name: str, copies: list[tuple[str, SimDomain]], where: str) -> None:
+        """At quiescence (after the final process's repair, and at the very end): every VM recorded as managed
+        (every UUID that ever carried vcsched's metadata) runs exactly once — none lost, none paused on every
+        host it is on, no stale copy left beside it."""
+        running = [h for h, d in copies if d.state == RUNNING]
+        if len(copies) == 1 and running:
+            return
+        seen = [(h, _STATE.get(d.state, d.state)) for h, d in copies]
+        if not copies:
+            why = "lost: no copy on any host"
+        elif not running:
+            why = f"paused everywhere, running nowhere: {seen}"
+        else:
+            why = f"not settled: {seen}"
+        self.violate(f"{name} does not run exactly once after repair: {why} ({where})")
+
     def after(self, c: Call) -> None:
         """After every call that changed a host: only the holder of a valid lease changes hosts, and the
         invariants hold."""
         where = f"p{c.process} {c.host}.{c.method}({c.vm or ''})"
-        # (Confirm(cancelled) is libvirt's client library finishing a failed migration, not a decision of vcsched.)
-        if not self.lock.valid(c.process) and c.method != "migrate.confirm-cancelled":
+        valid = self.lock.valid(c.process)
+        if c.method == "migrate.perform" and valid:
+            self.switched.add((c.process, c.vm))
+        # Exempt: libvirt's client library completing a migration, not a decision of vcsched — Confirm(cancelled)
+        # of a failed one, and Finish and Confirm of one whose switch-over was made under a valid lease (after the
+        # switch-over the job cannot be aborted; until Confirm the source's job keeps every other process's repair
+        # and steps off the VM).  Found at seed 7, schedule 3185: the process stalled 5 s between Finish and
+        # Confirm (another process's read ran in between) and its lease expired meanwhile.
+        completing = c.method in ("migrate.finish", "migrate.confirm") and (c.process, c.vm) in self.switched
+        if not valid and c.method != "migrate.confirm-cancelled" and not completing:
             who = "without the lock" if self.lock.holder != c.process else "after its lease ran out"
             self.violate(f"a host was changed {who}: {where}")
+        if c.method == "migrate.confirm":
+            self.switched.discard((c.process, c.vm))
         self.check(f"after {where}")
 
     def violate(self, what: str) -> None:
@@ -770,6 +807,7 @@ class Schedule:
             self.rt.alive.discard(pid)
             self.note(f"p{pid} (final) ends: {result}")
             self.out.result = result
+            self.check("at the end", quiescent=True)
             if result in ("ok", "no plan"):
                 if not probing:
                     self.goal()

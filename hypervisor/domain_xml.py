@@ -94,6 +94,10 @@ def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
         extra += ' pinned="true"'
     if meta.priority:  # restart order after a host failure (docs/operations.md, "When a host dies")
         extra += f' priority="{meta.priority}"'
+    if meta.generation:  # migration attempts so far (hypervisor/migration.py): kept by every rewrite
+        extra += f' generation="{meta.generation}"'
+    if meta.migrating_to is not None:  # a host its last migration attempt may have left a copy on
+        extra += f" migrating_to={quoteattr(meta.migrating_to)}"
     return (f'<{tag} cluster={quoteattr(meta.cluster)} cpu_need_cores="{meta.cpu_need_cores!r}" '
             f'memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"{floor}{extra}/>')
 
@@ -130,7 +134,8 @@ def parse_metadata_element(el: ET.Element) -> VmMeta | None:
         moved = float(a["migrated_at"]) if "migrated_at" in a else None
         return VmMeta(a["cluster"], float(a["cpu_need_cores"]), int(a["memory_bytes"]), int(a["vcpus"]), floor,
                       disk, net, weight, a.get("tenant"), spread, together, a.get("pinned") == "true",
-                      migrated_at=moved, priority=int(a.get("priority", "0")))
+                      migrated_at=moved, priority=int(a.get("priority", "0")),
+                      generation=max(int(a.get("generation", "0")), 0), migrating_to=a.get("migrating_to"))
     except (KeyError, ValueError):
         return None
 
@@ -242,12 +247,22 @@ def rewrite_partition(xml: str, source_partition: str | None, target_partition: 
 
 
 
-def stamp_migrated_at(xml: str, when: float, arriving_from: str | None = None) -> str:
+def metadata_of(xml: str) -> VmMeta | None:
+    """The vcsched metadata of a whole domain XML (None: none, or unusable)."""
+    el = ET.fromstring(xml).find(f"metadata/{{{METADATA_NS}}}vm")
+    return parse_metadata_element(el) if el is not None else None
+
+
+def stamp_migrated_at(xml: str, when: float, arriving_from: str | None = None,
+                      generation: int | None = None) -> str:
     """The domain XML with ``migrated_at`` set on its vcsched metadata (a domain without it is left as is).
 
     The VM arrives carrying the time of its move, so whichever controller runs
     next knows it was just moved (the cool-down of `vcsched run`) without a
-    database of its own.
+    database of its own.  ``generation``: the migration's generation (the one
+    the source was raised to before the attempt); the arrival never carries
+    the source's ``migrating_to`` mark (a copy that arrived is not the one a
+    failed attempt may have left).
     """
     root = ET.fromstring(xml)
     el = root.find(f"metadata/{{{METADATA_NS}}}vm")
@@ -256,6 +271,9 @@ def stamp_migrated_at(xml: str, when: float, arriving_from: str | None = None) -
     el.set("migrated_at", repr(float(when)))
     if arriving_from is not None:  # paused on arrival until vcsched resumes it (and drops this mark)
         el.set("arriving_from", arriving_from)
+    if generation is not None:
+        el.set("generation", str(generation))
+    el.attrib.pop("migrating_to", None)
     ET.register_namespace(METADATA_PREFIX, METADATA_NS)
     return ET.tostring(root, encoding="unicode")
 

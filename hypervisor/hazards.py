@@ -22,8 +22,17 @@ PROBE_NO_RESTORE = "probe-no-restore"
 #: each step's pre-condition may name it: the defense in front of :data:`FIRST_COPY_LOOKUP`.
 IN_DOUBT_PLANNABLE = "in-doubt-plannable"
 
+#: Migrations record no generation and no ``migrating_to`` mark, and repair orders paused copies without them:
+#: when no copy runs it resumes the first paused arrival by host order (issue 37's repair before generations).
+RESUME_WITHOUT_GENERATION = "resume-without-generation"
+
+#: The plan check and each step's pre-condition let a VM migrate while the host its last, cut-short migration
+#: attempt may have left a copy on does not answer (issue 37's second schedule): the defense in front of
+#: :data:`RESUME_WITHOUT_GENERATION`.
+MIGRATE_WHILE_HOLDER_DOWN = "migrate-while-holder-down"
+
 KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP, PROBE_NO_RESTORE,
-                   IN_DOUBT_PLANNABLE})
+                   IN_DOUBT_PLANNABLE, RESUME_WITHOUT_GENERATION, MIGRATE_WHILE_HOLDER_DOWN})
 
 #: The hazards switched on (empty in production).
 HAZARDS: set[str] = set()

@@ -178,7 +178,7 @@ class MemoryHypervisor:
             raise HypervisorError(f"host {target}: does not answer ({self.down[target]})")
         self._check_cap(target, vm, v.vcpus, cap_cores)
         self._check_io(target, vm, v.devices, v.io_caps)  # its <iotune>/<bandwidth> travel in the domain XML
-        meta = None if v.meta is None else replace(v.meta, migrated_at=self.clock())
+        meta = None if v.meta is None else replace(v.meta, migrated_at=self.clock(), generation=v.meta.generation + 1)
         self.vms[vm] = replace(v, host=target, cap_cores=self.realised_cap(target, v.vcpus, cap_cores), meta=meta)
 
     def adopt_vm(self, host: str, vm: str, meta: VmMeta, cap_cores: float) -> None:

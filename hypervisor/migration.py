@@ -19,17 +19,26 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import libvirt
 
+from hypervisor import hazards
 from hypervisor.base import HypervisorError
-from hypervisor.domain_xml import metadata_xml, parse_metadata, rewrite_partition, set_cputune, stamp_migrated_at
+from hypervisor.domain_xml import (
+    metadata_of,
+    metadata_xml,
+    parse_metadata,
+    rewrite_partition,
+    set_cputune,
+    stamp_migrated_at,
+)
 from hypervisor.libvirt_calls import as_host_error, one_line, retrying
 from hypervisor.live_state import PAUSED_STATES, copy_state
 from vcsched.caps import CAP_TOLERANCE, MIN_QUOTA_US, quota_for
 from vcsched.formats.cluster import Cluster, migration_uri
-from vcsched.inventory import METADATA_NS, METADATA_PREFIX
+from vcsched.inventory import METADATA_NS, METADATA_PREFIX, VmMeta
 
 if TYPE_CHECKING:
     from hypervisor.libvirt_backend import LibvirtHypervisor
@@ -111,7 +120,8 @@ def migrate(hv: LibvirtHypervisor, vm: str, source: str, target: str, cap_cores:
         xml = rewrite_partition(xml, src_host.partition, dst_host.partition)
         if hv.driver(target).cap_in_xml:
             xml = set_cputune(xml, quota_for(cap_cores, vcpus))
-        xml = stamp_migrated_at(xml, hv.clock(), arriving_from=source)
+        generation = record_attempt(hv, dom, xml, vm, source, target)
+        xml = stamp_migrated_at(xml, hv.clock(), arriving_from=source, generation=generation)
         params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_URI: migration_uri(dst_host.migration_address),
                                   libvirt.VIR_MIGRATE_PARAM_DEST_XML: xml}
         bandwidth = cluster.throttles.bandwidth_mib
@@ -131,6 +141,48 @@ def migrate(hv: LibvirtHypervisor, vm: str, source: str, target: str, cap_cores:
             from None
     hv.drop(source, vm)
     resume_arrival(hv, vm, uuid, source, target)
+
+
+def record_attempt(hv: LibvirtHypervisor, dom: Any, xml: str, vm: str, source: str, target: str) -> int | None:
+    """Before a migration attempt: raise the source copy's generation (read from its domain XML ``xml``) and
+    name ``target`` in its ``migrating_to`` mark (one ``setMetadata``); the new generation, which the
+    destination's XML carries too (None: the domain has no vcsched metadata, nothing recorded).
+
+    Why before: the attempt may be cut at any point (the client killed, a host stopping), and whoever repairs
+    later must be able to order the copies by what they can have executed (:mod:`hypervisor.settlement`).  The
+    number only grows along the path the guest's state takes: a destination starts with its source's number,
+    and a source that libvirt resumes after a failed attempt (and that then runs past what its destination
+    holds) can only be paused for a migration again by a new attempt, which raises its number first.  A failure
+    here stops the migration before ``migrate3``: nothing moved.
+    """
+    # Mutation switches (tests/test_faultsim.py): each turns off what it names; both: no call at all.
+    count = not hazards.on(hazards.RESUME_WITHOUT_GENERATION)
+    mark = not hazards.on(hazards.MIGRATE_WHILE_HOLDER_DOWN)
+    meta = metadata_of(xml)  # the domain XML just read: no second call
+    if meta is None or not (count or mark):
+        return None
+    generation = meta.generation + 1 if count else None
+    hv.fence(source, f"migrate {vm!r} to {target}")
+    write_metadata(dom, replace(meta, generation=meta.generation if generation is None else generation,
+                                migrating_to=target if mark else meta.migrating_to))
+    hv.drop(source, vm)
+    return generation
+
+
+def clear_attempt(hv: LibvirtHypervisor, host: str, vm: str, uuid: str, holder: str) -> None:
+    """Drop the ``migrating_to`` mark of the copy on ``host`` once its attempt's destination ``holder`` is
+    verified to hold no copy (so that host stopping later does not hold the VM back); a mark naming another host
+    is kept.  Best effort: a mark left behind only makes a later migration of the VM wait for that host."""
+    if hazards.on(hazards.MIGRATE_WHILE_HOLDER_DOWN):  # no mark was recorded (:func:`record_attempt`)
+        return
+    with contextlib.suppress(HypervisorError, libvirt.libvirtError):
+        dom = hv.conn(host).lookupByUUIDString(uuid)
+        meta = metadata_of(dom.XMLDesc(0))
+        if meta is None or meta.migrating_to != holder:
+            return
+        hv.fence(host, f"record that the migration of {vm!r} left no copy")
+        write_metadata(dom, replace(meta, migrating_to=None))
+        hv.drop(host, vm)
 
 
 def resume_arrival(hv: LibvirtHypervisor, vm: str, uuid: str, source: str, target: str) -> None:
@@ -157,11 +209,16 @@ def resume_marked(hv: LibvirtHypervisor, host: str, vm: str, uuid: str) -> None:
         raw = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0)
         meta = parse_metadata(raw)
         if meta is not None and "arriving_from" in raw:
-            flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
-            if dom.isPersistent():
-                flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
-            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata_xml(meta, bare=True), METADATA_PREFIX,
-                            METADATA_NS, flags)
+            write_metadata(dom, meta)  # rewritten from VmMeta: without the mark, with its generation
+
+
+def write_metadata(dom: Any, meta: VmMeta) -> None:
+    """Rewrite a domain's ``<vcsched:vm>`` element, live (and in its persistent definition, if it has one)."""
+    flags = libvirt.VIR_DOMAIN_AFFECT_LIVE
+    if dom.isPersistent():
+        flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, metadata_xml(meta, bare=True), METADATA_PREFIX,
+                    METADATA_NS, flags)
 
 
 def after_failure(hv: LibvirtHypervisor, vm: str, uuid: str, source: str, target: str) -> str:
@@ -186,12 +243,14 @@ def after_failure(hv: LibvirtHypervisor, vm: str, uuid: str, source: str, target
         return (f"it keeps running on {source}; {target} did not answer, so a paused copy may be left "
                 "there: `vcsched repair` removes it")
     if there == "gone":
+        clear_attempt(hv, source, vm, uuid, target)
         return f"it keeps running on {source}"
     if there in ("paused", "stopped"):
         try:
             destroy_copy(hv, target, vm, uuid)
         except HypervisorError as exc:
             return f"it keeps running on {source}; removing its {there} copy on {target} failed ({exc})"
+        clear_attempt(hv, source, vm, uuid, target)
         return f"it keeps running on {source}; its {there} copy on {target} was removed"
     return f"in doubt: it runs on both {source} and {target}; nothing is removed (reported until resolved)"
 

@@ -18,16 +18,19 @@ What it may do:
   destination only after its source is gone, so the running copy holds the VM's state);
 * a lone paused arrival (``arriving_from``) whose source host answers and has no copy: resumed, its mark
   dropped (vcsched stopped between migrating and resuming);
-* a paused arrival and its paused source, neither with a job (the client went away after the destination's
-  Finish and before the source's Confirm: libvirt keeps both paused): the source copy is destroyed, then the
-  arrival resumed — the migration is completed as it would have been (the arrival holds the whole state:
-  Finish ran, and neither copy executed since the switch-over);
+* a VM whose copies are all paused (no copy runs): the copy holding the newest state is resumed and the
+  others destroyed first, when that copy can be named (:func:`vcsched.plans.repair.newest_paused`, by the
+  migration *generation* each attempt records, :mod:`hypervisor.migration`): e.g. a paused arrival beside
+  its source that libvirt paused for the migration (the client went away after the destination's Finish and
+  before the source's Confirm: the migration is completed as it would have been), or, beside a stale arrival
+  of an earlier cut attempt, the arrival of the newest one (issue 37: found by the fault simulation,
+  docs/faultsim.md);
 * a lone paused copy that libvirt paused for a migration (``VIR_DOMAIN_PAUSED_MIGRATION``, no job) while no
   other host has a copy (the client went away after the copy completed and before Finish: the destination
   cancelled its incoming domain, the source keeps its copy paused): resumed.  Found by the fault simulation
   (docs/faultsim.md); a copy paused by someone's ``suspend`` is never resumed.
 
-Everything else — two running copies, paused copies without a running one other than the above, an arrival
+Everything else — two running copies, paused copies whose newest cannot be named, an arrival
 whose source is not a host of the cluster, a copy without vcsched's metadata — is left to the operator and
 reported.
 """
@@ -40,7 +43,7 @@ from typing import TYPE_CHECKING
 from hypervisor import hazards
 from hypervisor.base import HypervisorError
 from hypervisor.live_state import copy_state, has_job, paused_for_migration
-from hypervisor.migration import destroy_copy, resume_marked
+from hypervisor.migration import clear_attempt, destroy_copy, resume_marked
 from vcsched.inventory import InDoubt, Inventory
 from vcsched.plans.repair import DESTROY, RESUME, RepairAction, RepairReport, plan_repair
 
@@ -65,6 +68,27 @@ def interrupted_copies(hv: LibvirtHypervisor, inventory: Inventory) -> frozenset
     return frozenset(out)
 
 
+def migration_paused_copies(hv: LibvirtHypervisor, inventory: Inventory) -> frozenset[tuple[str, str]]:
+    """``(host, uuid)`` of the paused copies (no arrival mark) of in-doubt VMs that run nowhere which libvirt
+    paused for a migration and no job holds: one read per such copy (:func:`newest_paused` needs to know)."""
+    out: set[tuple[str, str]] = set()
+    if hazards.on(hazards.RESUME_WITHOUT_GENERATION):  # mutation switch: the rule before generations reads none
+        return frozenset()
+    for d in inventory.in_doubt:
+        if "running" in d.states:
+            continue
+        for h, src in zip(d.hosts, d.arriving_from or (None,) * len(d.hosts), strict=True):
+            if src is not None:
+                continue
+            try:
+                conn = hv.conn(h)
+                if paused_for_migration(conn, h, d.uuid) and not has_job(conn, h, d.uuid):
+                    out.add((h, d.uuid))
+            except HypervisorError:
+                continue  # cannot tell now: left for a later repair
+    return frozenset(out)
+
+
 def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = True,
            inventory: Inventory | None = None) -> RepairReport:
     """Plan the repair on a full inventory (read now unless given) and, with ``apply``, carry it out.
@@ -77,7 +101,9 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
         raise ValueError("settle needs an inventory of every host of the cluster")
     full = all(h.down is None for h in inv.hosts)
     plan = plan_repair(inv, interrupted_copies(hv, inv) if full else frozenset(),
-                       unread_hosts=hazards.on(hazards.RESUME_UNREAD_SOURCE))  # mutation switch (test_faultsim.py)
+                       migration_paused_copies(hv, inv) if full else frozenset(),
+                       unread_hosts=hazards.on(hazards.RESUME_UNREAD_SOURCE),  # mutation switches (test_faultsim.py)
+                       ignore_generations=hazards.on(hazards.RESUME_WITHOUT_GENERATION))
     if not apply or plan.refused is not None:
         return RepairReport(plan, applied=False)
     outcomes = []
@@ -99,7 +125,24 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
             outcomes.append((a, "failed", str(exc)))
         else:
             outcomes.append((a, "done", ""))
+    forget_marks(hv, guard, inv, removed)
     return RepairReport(plan, True, tuple(outcomes))
+
+
+def forget_marks(hv: LibvirtHypervisor, guard: Callable[[], None], inv: Inventory,
+                 removed: set[tuple[str, str]]) -> None:
+    """Drop the ``migrating_to`` mark of every running managed copy whose marked host answered in ``inv`` (a full
+    inventory) and holds no copy of it now (none was there, or this repair destroyed it): the cut attempt left
+    nothing there, so that host stopping later must not keep the VM from migrating.  Bookkeeping, not a change
+    to any guest: not reported; ``guard`` before each."""
+    copies = {(v.host, v.uuid) for v in inv.vms if v.active} - removed
+    for v in inv.vms:
+        mark = v.meta.migrating_to if v.meta is not None else None
+        if mark is None or v.uuid is None or not v.active or v.paused or mark == v.host \
+                or mark not in {h.name for h in inv.hosts} or (mark, v.uuid) in copies:
+            continue
+        guard()
+        clear_attempt(hv, v.host, v.name, v.uuid, mark)
 
 
 def _recheck(hv: LibvirtHypervisor, a: RepairAction, d: InDoubt, removed: set[tuple[str, str]]) -> str | None:

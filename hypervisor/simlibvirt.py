@@ -99,6 +99,9 @@ class SimDomain:
     #: source at the switch-over, an incoming domain), VIR_DOMAIN_PAUSED_USER after ``suspend`` or an arrival
     #: kept paused by VIR_MIGRATE_PAUSED (per libvirt's qemu driver source; not observed in the lab yet).
     reason: int = 0
+    #: Which guest state this copy holds: a new number each time it starts executing guest code, its source's
+    #: number when a migration copies the state into it (:meth:`SimWorld.started`: resuming a stale copy).
+    version: int = 0
     _xml: str | None = field(default=None, repr=False)
 
     @property
@@ -191,6 +194,12 @@ class SimWorld:
         #: Whether the client ``process``'s lease watch would abort its migration now (the simulation's stand-in
         #: for the watch thread of :func:`hypervisor.migration.lease_watch`, polled at every migration phase).
         self.abort_wanted: Callable[[int], bool] = lambda _process: False
+        #: Per UUID, the newest guest state (a :attr:`SimDomain.version`): the one a copy last executed from.
+        self.latest: dict[str, int] = {}
+        self._versions = itertools.count(1)
+        #: Copies that started executing from a state older than their VM's newest (the guest lost what
+        #: another copy executed since): the simulation's "resumed the wrong copy" check reads this.
+        self.stale: list[str] = []
 
     # ---------------------------------------------------------------- set-up
 
@@ -205,7 +214,19 @@ class SimWorld:
 
     def add_domain(self, host: str, dom: SimDomain) -> SimDomain:
         self.hosts[host].domains[dom.uuid] = dom
+        if dom.state == RUNNING:
+            self.started(host, dom)
         return dom
+
+    def started(self, host: str, d: SimDomain) -> None:
+        """``d`` starts executing guest code (created, resumed): it must hold its VM's newest state, and from
+        now on it holds a newer one than any copy taken before."""
+        newest = self.latest.get(d.uuid)
+        if newest is not None and d.version != newest:
+            self.stale.append(f"{d.name} resumed on {host} from a stale state (another copy executed after this "
+                              "one's state was taken: the guest lost what it did)")
+        d.version = next(self._versions)
+        self.latest[d.uuid] = d.version
 
     # ---------------------------------------------------------------- calls
 
@@ -294,6 +315,7 @@ class SimWorld:
                 d.job, d.migration = JOB_NONE, None
                 if m.phase == "abandoned" and d.state == PAUSED:
                     d.state = RUNNING
+                    self.started(host.name, d)
                 d.changed()
 
     def copies(self, uuid: str) -> list[tuple[str, SimDomain]]:
@@ -427,6 +449,7 @@ class SimConnection:
         self._call("createXML", d.name)
         self._admit(d)
         self.host.domains[d.uuid] = d
+        self.world.started(self.host.name, d)
         self._done("createXML", d.name)
         return self._handle(d)
 
@@ -545,6 +568,7 @@ class SimDomainHandle:
             raise sim_error(libvirt.VIR_ERR_OPERATION_INVALID, "Requested operation is not valid: domain has an "
                             "incoming migration job")
         d.state = RUNNING
+        self.conn.world.started(self.conn.host.name, d)
         self._done("resume")
         return 0
 
@@ -630,6 +654,7 @@ class SimDomainHandle:
                 raise sim_error(libvirt.VIR_ERR_OPERATION_FAILED, "operation failed: migration out job: "
                                 "unexpectedly failed")
             d.state, d.reason = PAUSED, libvirt.VIR_DOMAIN_PAUSED_MIGRATION
+            new.version = d.version  # the switch-over: the destination holds the state the source stopped at
             m.phase = "performed"
             src._done("migrate.perform", d.name)
             # Finish: the destination keeps it paused (VIR_MIGRATE_PAUSED) and ends its job.
@@ -638,6 +663,7 @@ class SimDomainHandle:
             new.reason = libvirt.VIR_DOMAIN_PAUSED_USER
             if not flags & libvirt.VIR_MIGRATE_PAUSED:
                 new.state = RUNNING
+                world.started(dst.host.name, new)
             new.changed()
             m.phase = "finished"
             dst._done("migrate.finish", d.name)
@@ -689,7 +715,9 @@ class SimDomainHandle:
             src.world._resolve_pending(src.host)
         else:  # Confirm(cancelled)
             src_dom.job, src_dom.migration = JOB_NONE, None
-            src_dom.state = RUNNING
+            if src_dom.state != RUNNING:
+                src_dom.state = RUNNING
+                src.world.started(src.host.name, src_dom)
             src_dom.changed()
         src.world.done(src.process, src.host, "migrate.confirm-cancelled", m.vm)
 

@@ -9,6 +9,7 @@ fakes handed in through the backend's connection factory.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,12 @@ def inventory(*copies: VmState, down: tuple[str, ...] = ()) -> Inventory:
     return Inventory("t", hosts, mark_in_doubt(vms, doubts), doubts)
 
 
+def inventory4(*copies: VmState) -> Inventory:
+    hosts = tuple(HostState(h, 4, 8 << 30) for h in ("h0", "h1", "h2", "h3"))
+    doubts = find_in_doubt(copies)
+    return Inventory("t", hosts, mark_in_doubt(copies, doubts), doubts)
+
+
 def copy(host: str, *, paused: bool = False, meta: VmMeta | None = META, arriving_from: str | None = None) -> VmState:
     return VmState("v", host, 1, 128 * MiB, True, meta, uuid=UUID, paused=paused, arriving_from=arriving_from)
 
@@ -50,6 +57,11 @@ def copy(host: str, *, paused: bool = False, meta: VmMeta | None = META, arrivin
 def test_a_paused_twin_of_a_vm_running_elsewhere_is_destroyed() -> None:
     plan = plan_repair(inventory(copy("h0"), copy("h1", paused=True, arriving_from="h0")))
     assert [(a.action, a.host) for a in plan.actions] == [(DESTROY, "h1")] and plan.refused is None
+
+
+def test_a_paused_copy_recorded_newer_than_the_running_one_is_left_to_the_operator() -> None:
+    plan = plan_repair(inventory(copy("h0", meta=gen(1)), copy("h1", paused=True, arriving_from="h0", meta=gen(2))))
+    assert plan.actions == () and "newer migration generation" in plan.left[0]
 
 
 def test_two_running_copies_are_left_to_the_operator() -> None:
@@ -65,8 +77,60 @@ def test_paused_copies_with_none_running_are_left_to_the_operator() -> None:
 def test_a_paused_arrival_beside_its_paused_source_completes_the_migration() -> None:
     """libvirt's PERFORM3_DONE clean-up (the client gone between Finish and Confirm) leaves both paused, the
     arrival whole: the source is removed first, then the arrival resumed (found by tests/test_faultsim.py)."""
-    plan = plan_repair(inventory(copy("h0", paused=True), copy("h1", paused=True, arriving_from="h0")))
+    plan = plan_repair(inventory(copy("h0", paused=True), copy("h1", paused=True, arriving_from="h0")),
+                       migration_paused=frozenset({("h0", UUID)}))
     assert [(a.action, a.host) for a in plan.actions] == [(DESTROY, "h0"), (RESUME, "h1")] and plan.left == ()
+
+
+def test_an_arrival_beside_a_source_someone_paused_is_left_to_the_operator() -> None:
+    """The source may have been resumed by libvirt after the attempt failed, run, then been suspended: it may
+    hold newer state than the arrival, although both carry the same generation."""
+    plan = plan_repair(inventory(copy("h0", paused=True), copy("h1", paused=True, arriving_from="h0")))
+    assert plan.actions == () and "not paused by the migration" in plan.left[0]
+
+
+def gen(n: int, **where: str) -> VmMeta:
+    return replace(META, generation=n, **where)
+
+
+def test_with_no_copy_running_the_newest_generation_is_resumed_and_the_older_copies_destroyed() -> None:
+    """scripts/faultsim --seed 424242 --replay 3585 (before generations): a stale arrival on h1 from an earlier
+    attempt, then the drain's migration h0 -> h3 killed at Confirm; all three copies paused."""
+    inv = inventory4(copy("h0", paused=True, meta=gen(2, migrating_to="h3")),
+                     copy("h1", paused=True, arriving_from="h0", meta=gen(1)),
+                     copy("h3", paused=True, arriving_from="h0", meta=gen(2)))
+    plan = plan_repair(inv, migration_paused=frozenset({("h0", UUID)}))
+    assert [(a.action, a.host) for a in plan.actions] == [(DESTROY, "h0"), (DESTROY, "h1"), (RESUME, "h3")]
+    assert plan.left == ()
+
+
+def test_two_arrivals_from_one_gone_source_the_newer_generation_wins() -> None:
+    """scripts/faultsim --seed 20261127 --replay 6108: the source h2 confirmed its migration to h0 and is gone;
+    h1 still holds the paused arrival of an earlier attempt."""
+    plan = plan_repair(inventory(copy("h0", paused=True, arriving_from="h2", meta=gen(2)),
+                                 copy("h1", paused=True, arriving_from="h2", meta=gen(1))))
+    assert [(a.action, a.host) for a in plan.actions] == [(DESTROY, "h1"), (RESUME, "h0")]
+
+
+def test_a_source_that_started_a_later_attempt_is_newer_than_its_old_arrival() -> None:
+    """The rule before generations would resume the arrival beside its source; the source's higher generation
+    says it ran after that arrival's state was taken (then a later attempt paused it and was cut short)."""
+    plan = plan_repair(inventory(copy("h0", paused=True, meta=gen(2, migrating_to="h2")),
+                                 copy("h1", paused=True, arriving_from="h0", meta=gen(1))),
+                       migration_paused=frozenset({("h0", UUID)}))
+    assert [(a.action, a.host) for a in plan.actions] == [(DESTROY, "h1"), (RESUME, "h0")]
+
+
+def test_a_newest_copy_someone_paused_is_never_resumed() -> None:
+    plan = plan_repair(inventory(copy("h0", paused=True, meta=gen(2)),
+                                 copy("h1", paused=True, arriving_from="h0", meta=gen(1))))
+    assert plan.actions == () and "someone paused it" in plan.left[0]
+
+
+def test_copies_sharing_the_newest_generation_without_being_source_and_arrival_are_left_alone() -> None:
+    plan = plan_repair(inventory(copy("h0", paused=True, meta=gen(1)), copy("h1", paused=True, meta=gen(1))),
+                       migration_paused=frozenset({("h0", UUID), ("h1", UUID)}))
+    assert plan.actions == () and "share the newest generation 1" in plan.left[0]
 
 
 def test_a_paused_twin_without_vcsched_metadata_is_left_alone() -> None:
@@ -235,6 +299,10 @@ class Dom:
     def isPersistent(self) -> bool:
         return False
 
+    def setMetadata(self, _type: int, metadata: str, _prefix: str, _uri: str, _flags: int) -> int:
+        self.recorded = metadata  # the migration attempt (generation, migrating_to) recorded on the source
+        return 0
+
     def migrate3(self, _dst: Any, _params: dict[str, Any], _flags: int) -> None:
         assert self.aborted.wait(5), "the migration was not aborted"
         raise libvirt.libvirtError("operation aborted: migration out job: canceled by client")
@@ -286,11 +354,14 @@ def test_a_migration_that_would_outlive_the_lease_is_aborted_and_the_vm_keeps_ru
     conns = {"qemu:///h0": Conn({"v": src}), "qemu:///h1": Conn({})}
     c = Cluster("t", (ClusterHost("h0", "qemu:///h0"), ClusterHost("h1", "qemu:///h1")))
     with LibvirtHypervisor(c, connect=conns.__getitem__) as hv:
-        answers = iter([True])  # the lease holds when the migration starts (the fence before it, hv.fence) ...
+        # The lease holds when the migration starts (the fences before recording the attempt and before
+        # migrate3, hv.fence) ...
+        answers = iter([True, True])
         hv.lease = lambda: next(answers, False)  # ... then the lock's renewals fail: it may expire during the copy
         with pytest.raises(HypervisorError, match=r"lease could expire .* aborted it.*it keeps running on h0"):
             hv.migrate_vm("v", "h0", "h1", 0.5)
         assert src.aborted.is_set()
+        assert 'generation="1"' in src.recorded and 'migrating_to="h1"' in src.recorded  # recorded before
 
 
 def test_no_change_starts_once_the_lease_may_run_out() -> None:

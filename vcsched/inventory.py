@@ -56,6 +56,15 @@ class VmMeta:
     migrated_at: float | None = None
     #: Restart order after a host failure (higher first), from its request; kept in the definitions store.
     priority: int = 0
+    #: How many migration attempts the VM's state has been through (0: never migrated, or metadata older than
+    #: generations).  Raised on the source *before* each attempt and written, the same number, into the
+    #: destination's XML (:mod:`hypervisor.migration`), so that after interrupted migrations repair can name the
+    #: copy holding the newest state (:mod:`hypervisor.settlement`, "Which paused copy is the newest").
+    generation: int = 0
+    #: The destination of the VM's last migration attempt while that attempt may have left a copy there (set on
+    #: the source with the generation, cleared once the attempt's destination is verified clean): no step
+    #: migrates the VM again while that host does not answer (:func:`vcsched.plans.check.copy_holder_down`).
+    migrating_to: str | None = None
 
     def io_needs(self) -> dict[str, int]:
         """``{"disk": bytes/s, "net": bytes/s}`` for the extra resources this VM needs."""
@@ -170,6 +179,8 @@ class InDoubt:
     resolved: str | None = None
     #: Per host: the source host a paused arrival names (``arriving_from``), else None.
     arriving_from: tuple[str | None, ...] = ()
+    #: Per host: the copy's migration generation (:attr:`VmMeta.generation`; None: no vcsched metadata).
+    generations: tuple[int | None, ...] = ()
 
 
 def find_in_doubt(vms: tuple[VmState, ...]) -> tuple[InDoubt, ...]:
@@ -180,7 +191,8 @@ def find_in_doubt(vms: tuple[VmState, ...]) -> tuple[InDoubt, ...]:
             by_uuid.setdefault(v.uuid, []).append(v)
     out = [InDoubt(copies[0].name, u, tuple(c.host for c in copies),
                    tuple("paused" if c.paused else "running" for c in copies),
-                   arriving_from=tuple(c.arriving_from if c.paused else None for c in copies))
+                   arriving_from=tuple(c.arriving_from if c.paused else None for c in copies),
+                   generations=tuple(c.meta.generation if c.meta is not None else None for c in copies))
            for u, copies in by_uuid.items()
            if len({c.host for c in copies}) > 1 or any(c.paused and c.arriving_from is not None for c in copies)]
     return tuple(sorted(out, key=lambda d: (d.vm, d.uuid)))

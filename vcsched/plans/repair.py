@@ -87,15 +87,20 @@ class RepairReport:
         return out
 
 
-def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(), *,
-                unread_hosts: bool = False) -> RepairPlan:
+def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
+                migration_paused: frozenset[tuple[str, str]] = frozenset(), *, unread_hosts: bool = False,
+                ignore_generations: bool = False) -> RepairPlan:
     """What repair would do on ``inventory`` (a pure function: nothing is read or changed).
 
     Refused when any host is down: a host that did not answer may hold a copy of any VM.  ``interrupted``:
     the UUIDs of lone paused managed copies that libvirt paused for a migration
-    (:func:`hypervisor.settlement.interrupted_copies` reads them).  ``unread_hosts``: plan despite hosts that
-    did not answer — only ever the fault simulation's mutation switch ``resume-unread-source``
-    (hypervisor/hazards.py), which shows the simulation catches the hazard.
+    (:func:`hypervisor.settlement.interrupted_copies` reads them); ``migration_paused``: ``(host, uuid)`` of the
+    paused copies without an arrival mark of in-doubt VMs that run nowhere which libvirt paused for a migration,
+    no job holding them (:func:`hypervisor.settlement.migration_paused_copies`; a dry run that did not read them
+    leaves such a source and its arrival to the operator).  ``unread_hosts`` and ``ignore_generations``: only
+    ever the fault simulation's mutation switches ``resume-unread-source`` (plan despite hosts that did not
+    answer) and ``resume-without-generation`` (the rule before generations), hypervisor/hazards.py, which show
+    the simulation catches each hazard.
     """
     doubts = inventory.in_doubt
     down = [h for h in inventory.hosts if h.down is not None]
@@ -121,18 +126,20 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
                                         f"its migration from {source} completed but it was left paused; {source} "
                                         "answered and has no copy"))
             continue
-        arrivals = [h for h, src in zip(d.hosts, d.arriving_from or (None,) * len(d.hosts), strict=True)
-                    if src is not None and src in d.hosts and src != h]
-        if not running and len(d.hosts) == 2 and len(arrivals) == 1:
-            target = arrivals[0]
-            source = next(h for h in d.hosts if h != target)
-            if all((c := by_copy.get((h, d.uuid))) is not None and c.meta is not None for h in d.hosts):
-                actions += [RepairAction(d.vm, d.uuid, source, DESTROY,
-                                         f"its migration to {target} completed (the arrival is there, paused, without "
-                                         "a job) but was never confirmed: the source copy is removed first"),
-                            RepairAction(d.vm, d.uuid, target, RESUME,
-                                         f"its migration from {source} completed; the source copy was removed")]
+        if not running:
+            newest = newest_paused(d, hosts, {h for h in d.hosts
+                                              if (c := by_copy.get((h, d.uuid))) is None or c.meta is None},
+                                   migration_paused, ignore_generations)
+            if newest.host is None:
+                left.append(f"{d.vm}: on {where}: no copy runs: {newest.why}")
                 continue
+            actions += [RepairAction(d.vm, d.uuid, h, DESTROY,
+                                     f"an older paused copy (generation {g}); the newest is on {newest.host}, "
+                                     "removed first")
+                        for h, g in zip(d.hosts, d.generations or (0,) * len(d.hosts), strict=True)
+                        if h != newest.host]
+            actions.append(RepairAction(d.vm, d.uuid, newest.host, RESUME, newest.why))
+            continue
         if len(running) != 1:
             left.append(f"{d.vm}: on {where}: " + ("runs on several hosts: vcsched cannot tell which copy holds "
                                                     "the newer state" if running else
@@ -141,6 +148,15 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
         unmanaged = [h for h in paused if (c := by_copy.get((h, d.uuid))) is None or c.meta is None]
         if unmanaged:
             left.append(f"{d.vm}: on {where}: its paused copy on {', '.join(unmanaged)} has no vcsched metadata")
+            continue
+        gens = dict(zip(d.hosts, d.generations or (0,) * len(d.hosts), strict=True))
+        newer = [h for h in paused if (gens[h] or 0) > (gens[running[0]] or 0)]
+        if newer and not ignore_generations:
+            # Never reached by vcsched's own migrations (a copy runs only once it is the newest): a copy recorded
+            # newer than the running one means someone else resumed a copy, and destroying either may lose state.
+            left.append(f"{d.vm}: on {where}: its paused copy on {', '.join(newer)} has a newer migration "
+                        f"generation than the copy running on {running[0]}: vcsched cannot tell which holds the "
+                        "newer state")
             continue
         actions += [RepairAction(d.vm, d.uuid, h, DESTROY,
                                  f"a paused copy that never ran since its migration began; it runs on {running[0]}")
@@ -154,3 +170,78 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
                                         "a migration paused it and ended before its destination finished (no other "
                                         "host has a copy)"))
     return RepairPlan(doubts, tuple(actions), tuple(left), interrupted=tuple(lone))
+
+
+@dataclass(frozen=True)
+class Newest:
+    """The copy :func:`newest_paused` names (``host``) and why, or None and why none can be named."""
+
+    host: str | None
+    why: str
+
+
+def newest_paused(d: InDoubt, hosts: set[str], unmanaged: set[str],
+                  migration_paused: frozenset[tuple[str, str]], ignore_generations: bool = False) -> Newest:
+    """Which paused copy of an in-doubt VM that runs nowhere holds its newest state, if that can be told.
+
+    **Which paused copy is the newest.**  A copy executes guest code only while it runs, and at most one runs
+    at a time; the state moves between hosts only by migration.  Each migration attempt first raises the
+    source's generation, then creates the destination with that same number (:func:`hypervisor.migration.
+    record_attempt`), so the number only grows along the path the state takes:
+
+    * a copy with a *lower* generation than another cannot have run after that other's state was taken: to
+      run later it would have had to be the source of a later attempt (raising its number first) or a copy
+      resumed by vcsched, which resumes only the newest;
+    * an *equal* number is shared only by one attempt's source and its arrival (``arriving_from`` names the
+      source).  The arrival holds the state of the switch-over; the source holds the same unless libvirt
+      resumed it after the attempt failed.  A resumed source is paused again only by a new attempt (a higher
+      number) or by someone's ``suspend`` (reason ``VIR_DOMAIN_PAUSED_USER``): so when the source is paused
+      *for a migration* (``migration_paused``), it has not run since the switch-over and the arrival is whole
+      (Finish ran: the arrival has no job) — the migration is completed as it would have been.
+
+    The newest copy is resumed only when it is an arrival from a host of the cluster (the source's host is
+    read again before the resume: it must hold no copy then) or a copy libvirt paused for a migration (not
+    one someone paused).  Every other copy is older and is destroyed first.  Anything else — copies without
+    vcsched's metadata, several copies sharing the newest number other than a source and its arrival — is
+    left to the operator.  Copies from before generations existed read as generation 0: two such copies that
+    are a source and its arrival are ordered as above, more are left alone.
+    """
+    if unmanaged:
+        return Newest(None, f"its paused copy on {', '.join(sorted(unmanaged))} has no vcsched metadata")
+    blind = ignore_generations  # the mutation switch resume-without-generation (tests/test_faultsim.py)
+    gens = [0 if blind else (g or 0) for g in (d.generations or (0,) * len(d.hosts))]
+    top = max(gens)
+    tied = [h for h, g in zip(d.hosts, gens, strict=True) if g == top]
+    source_of = dict(zip(d.hosts, d.arriving_from or (None,) * len(d.hosts), strict=True))
+    if blind:  # the hazard: the rule before generations (an arrival beside its source wins, nothing else)
+        pair = [h for h in d.hosts if source_of[h] in d.hosts and source_of[h] != h]
+        if len(d.hosts) == 2 and len(pair) == 1:
+            return Newest(pair[0], f"its migration from {source_of[pair[0]]} completed but was never confirmed")
+        return Newest(None, "vcsched cannot tell which one to resume")
+    if len(tied) == 2 and sum(source_of[h] is not None for h in tied) == 1:
+        pick = next(h for h in tied if source_of[h] is not None)
+        source = next(h for h in tied if h != pick)
+        if source_of[pick] != source:
+            return Newest(None, f"its copies on {' and '.join(tied)} share generation {top} but the arrival "
+                                f"names {source_of[pick]} as its source: vcsched cannot tell which one to resume")
+        if (source, d.uuid) not in migration_paused:
+            return Newest(None, f"its source copy on {source} (generation {top}, like its arrival on {pick}) was "
+                                "not paused by the migration: it may have run after the arrival's copy was taken")
+        return Newest(pick, f"its migration from {source} (generation {top}) completed but was never confirmed "
+                            "(the arrival is there, paused, without a job): the newest copy")
+    if len(tied) != 1:
+        return Newest(None, f"copies on {', '.join(tied)} share the newest generation {top}: vcsched cannot tell "
+                            "which one to resume")
+    pick = tied[0]
+    arrived_from = source_of[pick]
+    older = f"; the copies on {', '.join(h for h in d.hosts if h != pick)} are older" if len(d.hosts) > 1 else ""
+    if arrived_from is not None:
+        if arrived_from not in hosts:
+            return Newest(None, f"its newest copy on {pick} is an arrival from {arrived_from!r}, not a host of "
+                                "this cluster: its source cannot be read")
+        return Newest(pick, f"the arrival of its newest migration (generation {top}, from {arrived_from}){older}")
+    if (pick, d.uuid) not in migration_paused:
+        return Newest(None, f"its newest copy on {pick} (generation {top}) was not paused by a migration "
+                            "(someone paused it): left to the operator")
+    return Newest(pick, f"its newest copy (generation {top}), paused by its migration, which ended before its "
+                        f"destination finished{older}")
