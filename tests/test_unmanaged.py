@@ -300,3 +300,32 @@ def test_a_request_needing_io_fits_where_unmanaged_io_leaves_room_or_was_not_mea
     assert nothing.unmanaged_io("h0", resource) == 0.0  # not measured: nothing reserved
     assert host_capacities(io_cluster(), nothing, {resource: RATE})["h0"] == ((resource, 1.0),)
     assert admit(io_cluster(), nothing, spread).admitted
+
+
+def test_the_controllers_sampler_measures_unmanaged_io_and_its_reservation_follows() -> None:
+    """The controller's samples (acting/sampling.py, ``every_vm``) carry an unmanaged domain's disk and network
+    rates; a managed VM's I/O is not read.  Disk 10 MiB/s; network 1 MiB/s in, 3 MiB/s out (the busier counts)."""
+    from acting.sampling import CpuSampler
+    from hypervisor.base import IoCounters
+    from tests.fake_load import FakeClock, LoadedHypervisor
+
+    class IoHypervisor(LoadedHypervisor):
+        def io_counters(self, host: str, vm: str) -> IoCounters | None:
+            self._vm_on(host, vm)
+            t = self.fake.monotonic()
+            return IoCounters(int(10 * MiB * t), int(MiB * t), int(3 * MiB * t))
+
+    clock = FakeClock()
+    inv = inventory_of([legacy("h0"), managed("a-0", "h1", "a", 0.5, 0.5)], n_hosts=2)
+    hv = IoHypervisor("lab", inv.hosts, inv.vms, clock)
+    sampler = CpuSampler(60, clock, every_vm=True)
+    for _ in range(6):
+        sampler.sample(hv)
+        clock.now += 5.0
+    windows = sampler.samples()
+    assert {(s.disk_bps, s.net_bps) for s in windows["legacy"]} == {(10.0 * MiB, 3.0 * MiB)}
+    assert {(s.disk_bps, s.net_bps) for s in windows["a-0"]} == {(None, None)}
+    reserved = inv.with_reserves({}, unmanaged_io_reserves(inv, windows))
+    assert reserved.unmanaged_io("h0", "disk") == pytest.approx(11 * MiB, abs=1)  # p99 plus 10 % headroom
+    assert reserved.unmanaged_io("h0", "net") == pytest.approx(3.3 * MiB, abs=1)
+    assert reserved.unmanaged_io("h1", "disk") == 0.0

@@ -35,7 +35,7 @@ from typing import Any
 from vcsched.control.lost import Lost
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, Sample, is_saturated
 from vcsched.control.status import below_floor, host_load, vm_yield
-from vcsched.control.unmanaged import fills, unmanaged_reserves
+from vcsched.control.unmanaged import fills, unmanaged_io_reserves, unmanaged_reserves
 from vcsched.inventory import InDoubt, Inventory
 
 #: Controller events that say what happened (the others, ``interval`` and ``observe``, come every interval).
@@ -208,7 +208,8 @@ def top_view(inventory: Inventory, policy: str, samples: Mapping[str, Sequence[S
     """
     down_since = down_since or {}
     cordoned = frozenset(cordoned)
-    inventory = inventory.with_reserves(unmanaged_reserves(inventory, samples, params))
+    inventory = inventory.with_reserves(unmanaged_reserves(inventory, samples, params),
+                                        unmanaged_io_reserves(inventory, samples, params))
     used = {name: w[-1].used_cores for name, w in samples.items() if w}
     hosts = []
     for h in inventory.hosts:
