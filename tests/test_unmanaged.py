@@ -329,3 +329,17 @@ def test_the_controllers_sampler_measures_unmanaged_io_and_its_reservation_follo
     assert reserved.unmanaged_io("h0", "disk") == pytest.approx(11 * MiB, abs=1)  # p99 plus 10 % headroom
     assert reserved.unmanaged_io("h0", "net") == pytest.approx(3.3 * MiB, abs=1)
     assert reserved.unmanaged_io("h1", "disk") == 0.0
+
+
+def test_top_marks_a_host_whose_unmanaged_io_takes_its_declared_rate() -> None:
+    from cli.top_view import host_marks
+    from vcsched.control.top import top_view
+
+    inv = io_inventory(())
+    busy_disk = [io_sample(float(i), 120.0 * MiB, 1.0 * MiB) for i in range(5)]  # more than h0's 100 MiB/s
+    view = top_view(inv, "yield", {"legacy": busy_disk}, {}, [])
+    h0, h1 = view.hosts
+    assert h0.unmanaged_io_full == ("disk",) and host_marks(h0) == "full of unmanaged disk"
+    assert h1.unmanaged_io_full == () and host_marks(h1) == ""
+    idle = top_view(inv, "yield", {"legacy": [io_sample(float(i), 1.0 * MiB, None) for i in range(5)]}, {}, [])
+    assert idle.hosts[0].unmanaged_io_full == ()

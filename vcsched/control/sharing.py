@@ -5,7 +5,8 @@ The multi-resource model (docs/policies.md) meets the live cluster here:
 * **Units.**  Like CPU (``n_ref`` = the most cores of any host), each extra
   resource has a reference: the largest capacity any host of the cluster file
   declares (``disk_bps``, ``net_bps``, bytes per second).  A host's capacity
-  is its declared rate over the reference; a host that declares none has
+  is its declared rate, less what its unmanaged domains were measured to use
+  (docs/introducing.md), over the reference; a host that declares none has
   capacity 0 there (nothing needing it is placed on it).  A VM needing
   ``disk_bps`` bytes/s alone needs ``disk_bps / reference`` of the resource.
 * **Which resources.**  Only the resources some VM (running or requested)
