@@ -183,7 +183,6 @@ class CpuSampler:
             seen.add(v.name)
             try:
                 counters = hv.cpu_counters(v.host, v.name)
-                io = hv.io_counters(v.host, v.name) if v.meta is None else None
             except HypervisorError as exc:  # gone meanwhile, or its host stopped answering
                 self._last.pop(v.name, None)
                 self.errors.append(str(exc))
@@ -193,6 +192,10 @@ class CpuSampler:
             now = self.clock.monotonic()
             if counters is None:
                 continue
+            io = None
+            if v.meta is None:
+                with contextlib.suppress(HypervisorError):  # unread I/O makes no I/O rate; the CPU sample stays
+                    io = hv.io_counters(v.host, v.name)
             ns = counters.cpu_ns
             missing.setdefault(v.host, set()).update(counters.missing())
             last = self._last.get(v.name)

@@ -306,7 +306,7 @@ def test_the_controllers_sampler_measures_unmanaged_io_and_its_reservation_follo
     """The controller's samples (acting/sampling.py, ``every_vm``) carry an unmanaged domain's disk and network
     rates; a managed VM's I/O is not read.  Disk 10 MiB/s; network 1 MiB/s in, 3 MiB/s out (the busier counts)."""
     from acting.sampling import CpuSampler
-    from hypervisor.base import IoCounters
+    from hypervisor.base import HypervisorError, IoCounters
     from tests.fake_load import FakeClock, LoadedHypervisor
 
     class IoHypervisor(LoadedHypervisor):
@@ -329,6 +329,19 @@ def test_the_controllers_sampler_measures_unmanaged_io_and_its_reservation_follo
     assert reserved.unmanaged_io("h0", "disk") == pytest.approx(11 * MiB, abs=1)  # p99 plus 10 % headroom
     assert reserved.unmanaged_io("h0", "net") == pytest.approx(3.3 * MiB, abs=1)
     assert reserved.unmanaged_io("h1", "disk") == 0.0
+
+    class Unreadable(IoHypervisor):
+        def io_counters(self, host: str, vm: str) -> IoCounters | None:
+            raise HypervisorError(f"host {host}: blockStats failed")
+
+    hv = Unreadable("lab", inv.hosts, inv.vms, clock)
+    sampler = CpuSampler(60, clock, every_vm=True)
+    for _ in range(4):
+        sampler.sample(hv)
+        clock.now += 5.0
+    windows = sampler.samples()  # I/O unread: its CPU is still sampled, and no I/O is reserved
+    assert len(windows["legacy"]) == 3 and {(s.disk_bps, s.net_bps) for s in windows["legacy"]} == {(None, None)}
+    assert unmanaged_io_reserves(inv, windows) == {}
 
 
 def test_top_marks_a_host_whose_unmanaged_io_takes_its_declared_rate() -> None:
