@@ -93,7 +93,7 @@ from vcsched.control.recommend import (
     worth_proposing,
 )
 from vcsched.control.status import vm_yield
-from vcsched.control.unmanaged import unmanaged_reserves
+from vcsched.control.unmanaged import unmanaged_io_reserves, unmanaged_reserves
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
@@ -459,9 +459,11 @@ class Controller:
             self.down_intervals[h.name] = self.down_intervals.get(h.name, 0) + 1 if h.down is not None else 0
 
     def _reserved(self, inventory: Inventory) -> Inventory:
-        """``inventory`` with its unmanaged domains' measured reservations (vcsched/control/unmanaged.py): every
-        plan the controller makes keeps that much of their hosts for them."""
-        return inventory.with_reserves(unmanaged_reserves(inventory, self.sampler.samples(), self.options.params))
+        """``inventory`` with its unmanaged domains' measured reservations, CPU and disk/network
+        (vcsched/control/unmanaged.py): every plan the controller makes keeps that much of their hosts for them."""
+        samples, params = self.sampler.samples(), self.options.params
+        return inventory.with_reserves(unmanaged_reserves(inventory, samples, params),
+                                       unmanaged_io_reserves(inventory, samples, params))
 
     def _estimate(self, inventory: Inventory) -> dict[str, Estimate]:
         if self.sampler.missing != self.signals_missing:  # probed at start: what cannot be measured is said once

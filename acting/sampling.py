@@ -27,6 +27,11 @@ sample, docs/contention.md).  A signal a host does not provide is named in
 :attr:`CpuSampler.missing` (per host), never guessed: the estimate then
 falls back on "used about its cap" alone.
 
+An *unmanaged* domain's reading (``every_vm``) also takes its disk and network byte counters
+(:meth:`~hypervisor.base.Hypervisor.io_counters`), so its samples carry the rates whose high percentile is
+reserved off its host's declared ``disk_bps``/``net_bps`` (:func:`vcsched.control.unmanaged.io_reservation`).
+Managed VMs' I/O is not read: their declared needs and caps bound it.
+
 The estimate itself is pure and lives in :mod:`vcsched.control.observe`.
 Probing (raising caps for a few seconds) changes hosts, so the caller holds
 the cluster lock and goes through the executor (:func:`raise_caps`).
@@ -45,7 +50,7 @@ from typing import TYPE_CHECKING, Protocol
 from acting.executor import DONE, ApplyReport, StepResult, apply_plan
 from acting.restore import restore_journal
 from hypervisor import hazards
-from hypervisor.base import CpuCounters, Hypervisor, HypervisorError
+from hypervisor.base import CpuCounters, Hypervisor, HypervisorError, IoCounters
 from hypervisor.journal import PROBE, Journal, probe_caps_back, probe_entries
 from vcsched.caps import same_cap
 from vcsched.control.observe import (
@@ -98,6 +103,7 @@ class _Reading:
     host: str
     cap: float | None
     counters: CpuCounters | None = None
+    io: IoCounters | None = None  # unmanaged domains only (module docstring)
 
 
 def _rate(now: int | None, before: int | None, seconds: float) -> float | None:
@@ -105,6 +111,16 @@ def _rate(now: int | None, before: int | None, seconds: float) -> float | None:
     if now is None or before is None or now < before:
         return None
     return (now - before) / 1e9 / seconds
+
+
+def _io_rates(now: IoCounters | None, before: IoCounters | None, seconds: float) -> tuple[float | None, float | None]:
+    """Disk bytes/s and network bytes/s (the busier direction) between two readings; None: not read both times,
+    or a counter went backwards (the domain restarted)."""
+    if now is None or before is None:
+        return None, None
+    disk = now.disk_bytes - before.disk_bytes
+    rx, tx = now.net_rx_bytes - before.net_rx_bytes, now.net_tx_bytes - before.net_tx_bytes
+    return (disk / seconds if disk >= 0 else None), (max(rx, tx) / seconds if min(rx, tx) >= 0 else None)
 
 
 def _waited(now: CpuCounters, before: CpuCounters, seconds: float) -> float | None:
@@ -176,6 +192,10 @@ class CpuSampler:
             now = self.clock.monotonic()
             if counters is None:
                 continue
+            io = None
+            if v.meta is None:
+                with contextlib.suppress(HypervisorError):  # unread I/O makes no I/O rate; the CPU sample stays
+                    io = hv.io_counters(v.host, v.name)
             ns = counters.cpu_ns
             missing.setdefault(v.host, set()).update(counters.missing())
             last = self._last.get(v.name)
@@ -184,7 +204,7 @@ class CpuSampler:
                     and (last.cap is None or v.cap_cores is None or same_cap(last.cap, v.cap_cores, v.vcpus)))
             if same and last is not None and now - last.at < shortest:
                 continue  # too short to measure a capped vCPU: the earlier reading stays the baseline
-            self._last[v.name] = _Reading(now, ns, v.host, v.cap_cores, counters)
+            self._last[v.name] = _Reading(now, ns, v.host, v.cap_cores, counters, io)
             if not same or last is None or now <= last.at:
                 continue
             seconds = now - last.at
@@ -193,7 +213,9 @@ class CpuSampler:
             throttled = None if before is None else _throttled_share(counters, before)
             waited = None if before is None else _waited(counters, before, seconds)
             window = self.windows.setdefault(v.name, deque())
-            window.append(Sample(wall, seconds, used, v.cap_cores, v.vcpus, v.name in probe, throttled, waited))
+            disk, net = _io_rates(io, last.io, seconds)
+            window.append(Sample(wall, seconds, used, v.cap_cores, v.vcpus, v.name in probe, throttled, waited,
+                                 disk, net))
         self.missing = {host: tuple(sorted(names)) for host, names in missing.items() if names}
         for name in list(self._last):
             if name not in seen:

@@ -254,7 +254,8 @@ def top_cmd(cluster_file: str | None, interval: float, window: float, events_fil
       hosts: cores, the sum of caps, the cores their VMs used, the cores
              kept for their unmanaged domains (UNMANAGED, measured over
              --window; red and "full of unmanaged" when that is all of
-             them), memory used / usable, and DOWN (with libvirt's reason
+             them; "full of unmanaged disk" / "net" when their measured
+             I/O takes a declared disk_bps / net_bps whole), memory used / usable, and DOWN (with libvirt's reason
              and for how long), cordoned (maintenance) or failed (a step
              failed on it, or the controller found it down: --events);
       VMs:   virtual cluster, host, cap, the cores used over the last

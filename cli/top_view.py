@@ -122,6 +122,7 @@ def host_marks(h: HostRow) -> str:
         marks.append("failed")
     if h.unmanaged_over:
         marks.append("full of unmanaged")
+    marks += [f"full of unmanaged {r}" for r in h.unmanaged_io_full]
     return ", ".join(marks)
 
 

@@ -16,7 +16,16 @@ from vcsched.control.failover import plan_recovery
 from vcsched.control.headroom import headroom_for
 from vcsched.control.live import adapt_inventory
 from vcsched.control.observe import Sample, probe_caps
-from vcsched.control.unmanaged import RESERVE_PERCENTILE, fills, reservation, unmanaged_reserves
+from vcsched.control.sharing import host_capacities
+from vcsched.control.unmanaged import (
+    RESERVE_PERCENTILE,
+    fills,
+    io_full,
+    io_reservation,
+    reservation,
+    unmanaged_io_reserves,
+    unmanaged_reserves,
+)
 from vcsched.formats.cluster import FenceConfig
 from vcsched.inventory import VmState
 from vcsched.plans.steps import Boot, CreateStep, MigrateStep
@@ -227,3 +236,123 @@ def test_step_reasons_count_the_room_unmanaged_domains_leave() -> None:
     assert live.plan is not None
     said = " ".join(step_reasons(live.plan, inv))
     assert "h1 has room (its VMs need 0.00 cores of the 0.75 its unmanaged domains leave of its 1)" in said, said
+
+
+# --- disk and network: the measured rates of unmanaged domains are reserved off the declared ones -----------
+
+RATE = 100 * MiB  # bytes/s each host declares for disk and for network
+
+
+def io_cluster(n_hosts: int = 2, min_yield: float = 1.0) -> Any:
+    """``cluster_of`` with every host declaring ``disk_bps`` and ``net_bps`` of :data:`RATE`."""
+    c = cluster_of(n_hosts, min_yield)
+    return dataclasses.replace(c, hosts=tuple(dataclasses.replace(h, disk_bps=RATE, net_bps=RATE) for h in c.hosts))
+
+
+def io_inventory(io: tuple[tuple[str, float], ...]) -> Any:
+    """Two 4-core hosts declaring :data:`RATE`; on h0 an idle unmanaged domain whose measured I/O is ``io``."""
+    inv = inventory_of([dataclasses.replace(legacy("h0", reserve=0.1), measured_io=io)], n_hosts=2, cores=4,
+                       memory=4 * GiB)
+    return dataclasses.replace(inv, hosts=tuple(dataclasses.replace(h, disk_bps=RATE, net_bps=RATE)
+                                                for h in inv.hosts))
+
+
+def io_sample(t: float, disk: float | None, net: float | None) -> Sample:
+    return Sample(t, 5.0, 0.05, None, 1, disk_bps=disk, net_bps=net)
+
+
+def test_an_unmanaged_domains_io_reservation_is_a_high_percentile_of_its_window() -> None:
+    samples = [io_sample(float(i), float(MiB * (1 + i % 10)), None) for i in range(100)]
+    got = io_reservation(samples, "disk")
+    assert got is not None and got >= 10 * MiB and got == float(int(got))  # its peak, plus headroom, whole B/s
+    assert io_reservation(samples, "net") is None  # not measured: nothing to reserve
+    assert io_reservation(samples[:1], "disk") is None  # too few samples
+    inv = inventory_of([legacy("h0")], n_hosts=1)
+    windows = {"legacy": samples}
+    assert unmanaged_io_reserves(inv, windows) == {"legacy": (("disk", got),)}
+    reserved = inv.with_reserves({}, unmanaged_io_reserves(inv, windows))
+    assert reserved.unmanaged_io("h0", "disk") == got and reserved.unmanaged_io("h0", "net") == 0.0
+
+
+@pytest.mark.parametrize("resource", ["disk", "net"])
+def test_a_request_needing_io_is_kept_off_a_host_whose_unmanaged_io_leaves_too_little(resource: str) -> None:
+    need = {f"{resource}_bps": 40 * MiB}
+    busy = io_inventory(((resource, 80.0 * MiB),))  # h0 keeps 20 MiB/s of its 100 for the new VMs
+    one = admit(io_cluster(), busy, request("io", vms=1, need=0.1, **need))
+    assert one.admitted and one.plan is not None
+    assert [s.host for s in one.plan.steps if isinstance(s, CreateStep)] == ["h1"]
+    two = admit(io_cluster(), busy, request("io", vms=2, need=0.1, spread="required", **need))
+    assert not two.admitted
+    assert f"h0 83.89 of 104.86 MB/s {resource}" in str(two.reason)
+    assert io_full(busy) == {}
+    full = io_inventory(((resource, 120.0 * MiB),))  # more than the host declares: reported, capacity 0
+    assert io_full(full) == {"h0": (resource,)}
+    assert host_capacities(io_cluster(), full, {resource: RATE})["h0"] == ((resource, 0.0),)
+    assert not admit(io_cluster(), full, request("io", vms=2, need=0.1, spread="required", **need)).admitted
+
+
+@pytest.mark.parametrize("resource", ["disk", "net"])
+def test_a_request_needing_io_fits_where_unmanaged_io_leaves_room_or_was_not_measured(resource: str) -> None:
+    need = {f"{resource}_bps": 40 * MiB}
+    spread = request("io", vms=2, need=0.1, spread="required", **need)
+    assert admit(io_cluster(), io_inventory(((resource, 50.0 * MiB),)), spread).admitted  # 50 of 100 left: fits
+    nothing = io_inventory(())
+    assert nothing.unmanaged_io("h0", resource) == 0.0  # not measured: nothing reserved
+    assert host_capacities(io_cluster(), nothing, {resource: RATE})["h0"] == ((resource, 1.0),)
+    assert admit(io_cluster(), nothing, spread).admitted
+
+
+def test_the_controllers_sampler_measures_unmanaged_io_and_its_reservation_follows() -> None:
+    """The controller's samples (acting/sampling.py, ``every_vm``) carry an unmanaged domain's disk and network
+    rates; a managed VM's I/O is not read.  Disk 10 MiB/s; network 1 MiB/s in, 3 MiB/s out (the busier counts)."""
+    from acting.sampling import CpuSampler
+    from hypervisor.base import HypervisorError, IoCounters
+    from tests.fake_load import FakeClock, LoadedHypervisor
+
+    class IoHypervisor(LoadedHypervisor):
+        def io_counters(self, host: str, vm: str) -> IoCounters | None:
+            self._vm_on(host, vm)
+            t = self.fake.monotonic()
+            return IoCounters(int(10 * MiB * t), int(MiB * t), int(3 * MiB * t))
+
+    clock = FakeClock()
+    inv = inventory_of([legacy("h0"), managed("a-0", "h1", "a", 0.5, 0.5)], n_hosts=2)
+    hv = IoHypervisor("lab", inv.hosts, inv.vms, clock)
+    sampler = CpuSampler(60, clock, every_vm=True)
+    for _ in range(6):
+        sampler.sample(hv)
+        clock.now += 5.0
+    windows = sampler.samples()
+    assert {(s.disk_bps, s.net_bps) for s in windows["legacy"]} == {(10.0 * MiB, 3.0 * MiB)}
+    assert {(s.disk_bps, s.net_bps) for s in windows["a-0"]} == {(None, None)}
+    reserved = inv.with_reserves({}, unmanaged_io_reserves(inv, windows))
+    assert reserved.unmanaged_io("h0", "disk") == pytest.approx(11 * MiB, abs=1)  # p99 plus 10 % headroom
+    assert reserved.unmanaged_io("h0", "net") == pytest.approx(3.3 * MiB, abs=1)
+    assert reserved.unmanaged_io("h1", "disk") == 0.0
+
+    class Unreadable(IoHypervisor):
+        def io_counters(self, host: str, vm: str) -> IoCounters | None:
+            raise HypervisorError(f"host {host}: blockStats failed")
+
+    hv = Unreadable("lab", inv.hosts, inv.vms, clock)
+    sampler = CpuSampler(60, clock, every_vm=True)
+    for _ in range(4):
+        sampler.sample(hv)
+        clock.now += 5.0
+    windows = sampler.samples()  # I/O unread: its CPU is still sampled, and no I/O is reserved
+    assert len(windows["legacy"]) == 3 and {(s.disk_bps, s.net_bps) for s in windows["legacy"]} == {(None, None)}
+    assert unmanaged_io_reserves(inv, windows) == {}
+
+
+def test_top_marks_a_host_whose_unmanaged_io_takes_its_declared_rate() -> None:
+    from cli.top_view import host_marks
+    from vcsched.control.top import top_view
+
+    inv = io_inventory(())
+    busy_disk = [io_sample(float(i), 120.0 * MiB, 1.0 * MiB) for i in range(5)]  # more than h0's 100 MiB/s
+    view = top_view(inv, "yield", {"legacy": busy_disk}, {}, [])
+    h0, h1 = view.hosts
+    assert h0.unmanaged_io_full == ("disk",) and host_marks(h0) == "full of unmanaged disk"
+    assert h1.unmanaged_io_full == () and host_marks(h1) == ""
+    idle = top_view(inv, "yield", {"legacy": [io_sample(float(i), 1.0 * MiB, None) for i in range(5)]}, {}, [])
+    assert idle.hosts[0].unmanaged_io_full == ()

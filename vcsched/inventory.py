@@ -96,6 +96,10 @@ class VmState:
     #: a high percentile of its use over a sampling window).  None: not measured; :attr:`reserved` then takes
     #: the most it can use (its cap, else every vCPU).  Ignored for managed VMs, whose caps bound them.
     measured_reserve: float | None = None
+    #: An unmanaged domain's measured disk and network reservations, ``(resource, bytes/s)``
+    #: (:func:`vcsched.control.unmanaged.io_reservation`).  Empty: not measured, and then nothing is reserved
+    #: (unlike CPU: a domain's most possible I/O is unbounded, docs/introducing.md).
+    measured_io: tuple[tuple[str, float], ...] = ()
 
     @property
     def managed(self) -> bool:
@@ -260,17 +264,40 @@ class Inventory:
                 out[v.host] = out.get(v.host, 0.0) + v.reserved
         return out
 
+    def unmanaged_io(self, host: str, resource: str) -> float:
+        """Bytes/s of ``resource`` (``disk``/``net``) reserved on ``host`` for its running unmanaged domains'
+        measured I/O; :func:`vcsched.control.sharing.host_capacities` takes it off the host's declared rate."""
+        return self._unmanaged_io_by_host.get((host, resource), 0.0)
+
+    @functools.cached_property
+    def _unmanaged_io_by_host(self) -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for v in self.vms:
+            if v.active and v.meta is None:
+                for r, bps in v.measured_io:
+                    out[(v.host, r)] = out.get((v.host, r), 0.0) + bps
+        return out
+
     def usable_cores(self, host: HostState) -> float:
         """``host``'s cores less its unmanaged reservation (never below 0: a host its unmanaged domains fill
         gets nothing planned onto it)."""
         return max(host.cores - self.unmanaged_cores(host.name), 0.0)
 
-    def with_reserves(self, reserves: dict[str, float]) -> Inventory:
-        """This inventory with the measured reservations of some unmanaged domains (name -> cores)."""
-        if not reserves:
+    def with_reserves(self, reserves: dict[str, float],
+                      io: dict[str, tuple[tuple[str, float], ...]] | None = None) -> Inventory:
+        """This inventory with the measured reservations of some unmanaged domains: ``reserves`` name -> cores,
+        ``io`` name -> ``(resource, bytes/s)`` pairs."""
+        io = io or {}
+        if not reserves and not io:
             return self
-        vms = tuple(replace(v, measured_reserve=reserves[v.name]) if v.name in reserves and v.meta is None else v
-                    for v in self.vms)
+
+        def measured(v: VmState) -> VmState:
+            if v.meta is not None or (v.name not in reserves and v.name not in io):
+                return v
+            return replace(v, measured_reserve=reserves.get(v.name, v.measured_reserve),
+                           measured_io=io.get(v.name, v.measured_io))
+
+        vms = tuple(measured(v) for v in self.vms)
         return Inventory(self.cluster, self.hosts, vms, self.in_doubt)
 
     def up(self) -> Inventory:

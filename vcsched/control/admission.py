@@ -489,10 +489,17 @@ def _refusal(placing: Instance, rho: np.ndarray | None, algorithm: str, options:
 
 
 def unmanaged_note(inventory: Inventory) -> str:
-    """``" (unmanaged domains reserve h1 1 of 1 cores)"``: the CPU a refusal could not use, said, or ""."""
+    """``" (unmanaged domains reserve h1 1 of 1 cores; h1 40 of 50 MB/s disk)"``: the CPU, and the measured
+    disk and network rates, a refusal could not use, said, or ""."""
     held = [(h.name, inventory.unmanaged_cores(h.name), h.cores) for h in inventory.hosts]
     said = [f"{name} {r:.2f} of {cores}" for name, r, cores in held if r > 0]
-    return f" (unmanaged domains reserve {', '.join(said)} cores)" if said else ""
+    parts = [f"{', '.join(said)} cores"] if said else []
+    for res in ("disk", "net"):
+        io = [f"{h.name} {u / 1e6:.2f} of {c / 1e6:.2f} MB/s" for h in inventory.hosts
+              if (c := h.capacity(res)) is not None and (u := inventory.unmanaged_io(h.name, res)) > 0]
+        if io:
+            parts.append(f"{', '.join(io)} {res}")
+    return f" (unmanaged domains reserve {'; '.join(parts)})" if parts else ""
 
 
 #: What a refusal calls each extra fluid resource.

@@ -173,6 +173,10 @@ class Sample:
     probe: bool = False
     throttled: float | None = None
     waited_cores: float | None = None
+    #: Disk bytes/s (read + written) and network bytes/s (the busier direction: a host's ``net_bps`` is per
+    #: direction) over the sample; sampled for unmanaged domains only (their I/O is reserved), else None.
+    disk_bps: float | None = None
+    net_bps: float | None = None
 
     @property
     def limit(self) -> float:

@@ -5,7 +5,8 @@ The multi-resource model (docs/policies.md) meets the live cluster here:
 * **Units.**  Like CPU (``n_ref`` = the most cores of any host), each extra
   resource has a reference: the largest capacity any host of the cluster file
   declares (``disk_bps``, ``net_bps``, bytes per second).  A host's capacity
-  is its declared rate over the reference; a host that declares none has
+  is its declared rate, less what its unmanaged domains were measured to use
+  (docs/introducing.md), over the reference; a host that declares none has
   capacity 0 there (nothing needing it is placed on it).  A VM needing
   ``disk_bps`` bytes/s alone needs ``disk_bps / reference`` of the resource.
 * **Which resources.**  Only the resources some VM (running or requested)
@@ -82,12 +83,15 @@ def references(cluster: Cluster, inventory: Inventory, needed: Iterable[str]) ->
 
 
 def host_capacities(cluster: Cluster, inventory: Inventory, refs: Mapping[str, int]) -> dict[str, Amounts]:
-    """Each host's extra capacities in model units (declared rate / reference); undeclared: absent (0)."""
+    """Each host's extra capacities in model units: its declared rate less its unmanaged domains' measured I/O
+    reservation (:meth:`vcsched.inventory.Inventory.unmanaged_io`, never below 0), over the reference;
+    undeclared: absent (0).  The reference stays the largest *declared* rate, like ``n_ref`` for CPU."""
     out: dict[str, Amounts] = {}
     for h in inventory.hosts:
         ch = cluster.host(h.name)
-        out[h.name] = tuple((r, getattr(ch, IO_FIELDS[r]) / ref) for r, ref in sorted(refs.items())
-                            if getattr(ch, IO_FIELDS[r]) is not None)
+        out[h.name] = tuple((r, max(rate - inventory.unmanaged_io(h.name, r), 0.0) / ref)
+                            for r, ref in sorted(refs.items())
+                            if (rate := getattr(ch, IO_FIELDS[r])) is not None)
     return out
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from vcsched.control.lost import Lost
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, Sample, is_saturated
 from vcsched.control.status import below_floor, host_load, vm_yield
-from vcsched.control.unmanaged import fills, unmanaged_reserves
+from vcsched.control.unmanaged import fills, io_full, unmanaged_io_reserves, unmanaged_reserves
 from vcsched.inventory import InDoubt, Inventory
 
 #: Controller events that say what happened (the others, ``interval`` and ``observe``, come every interval).
@@ -58,6 +58,9 @@ class HostRow:
     failed: str | None = None  # what the controller's log says went wrong on it (module docstring)
     #: Cores kept for its unmanaged domains (vcsched/control/unmanaged.py, over top's window).
     unmanaged_cores: float = 0.0
+    #: The declared rates (``disk``, ``net``) its unmanaged domains' measured I/O takes whole
+    #: (:func:`vcsched.control.unmanaged.io_full`): nothing needing them is planned onto it.
+    unmanaged_io_full: tuple[str, ...] = ()
 
     @property
     def unmanaged_over(self) -> bool:
@@ -208,8 +211,10 @@ def top_view(inventory: Inventory, policy: str, samples: Mapping[str, Sequence[S
     """
     down_since = down_since or {}
     cordoned = frozenset(cordoned)
-    inventory = inventory.with_reserves(unmanaged_reserves(inventory, samples, params))
+    inventory = inventory.with_reserves(unmanaged_reserves(inventory, samples, params),
+                                        unmanaged_io_reserves(inventory, samples, params))
     used = {name: w[-1].used_cores for name, w in samples.items() if w}
+    io_filled = io_full(inventory)
     hosts = []
     for h in inventory.hosts:
         failed = controller.failed.get(h.name) if controller is not None else None
@@ -222,7 +227,8 @@ def top_view(inventory: Inventory, policy: str, samples: Mapping[str, Sequence[S
         hosts.append(HostRow(h.name, h.cores, load.caps_cores, load.measured_cores, load.memory_used_bytes,
                              h.usable_memory, sum(1 for v in inventory.vms_on(h.name) if v.active),
                              cordoned=h.name in cordoned, failed=failed,
-                             unmanaged_cores=inventory.unmanaged_cores(h.name)))
+                             unmanaged_cores=inventory.unmanaged_cores(h.name),
+                             unmanaged_io_full=io_filled.get(h.name, ())))
     moving = dict(controller.migrating) if controller is not None else {}
     vms = []
     for v in inventory.vms:

@@ -19,8 +19,14 @@ have: each host's usable cores are its cores less its unmanaged domains' *reserv
   ``headroom`` and ``recover``): the most it can use, its cap or else every vCPU.  Conservative on
   purpose: a single read says nothing about its next minute, and under-reserving breaks promises.
 
-Disk and network use of unmanaged domains is shown (``status``) but not reserved: declared disk and
-network capacities are rare, and the policies that use them read the managed VMs' declared needs.
+**Disk and network.**  Where a host declares ``disk_bps``/``net_bps`` (the cluster file), the policies
+that plan those resources take the unmanaged domains' measured I/O reservation off the declared rate
+(:func:`vcsched.control.sharing.host_capacities`, never below 0).  One domain's reservation
+(:func:`io_reservation`) is built like its CPU one: the :data:`RESERVE_PERCENTILE`-th percentile of its
+rates over the controller's window plus the estimator's headroom, rounded up to a whole byte/s; network
+is its busier direction per sample (a host's ``net_bps`` is per direction).  Unlike CPU, a domain whose
+I/O was not measured (one-shot commands, too few samples) reserves *nothing*: its most possible I/O is
+not bounded by anything vcsched reads, so "all it could use" would be every host's whole declared rate.
 """
 
 from __future__ import annotations
@@ -41,6 +47,32 @@ def reservation(vm: VmState, samples: Sequence[Sample], params: ObserveParams = 
         return None
     used = percentile([s.used_cores for s in samples], RESERVE_PERCENTILE) * (1 + params.headroom) + params.margin
     return min(math.ceil(used * 100 - 1e-9) / 100, vm.cap_or_vcpus)
+
+
+def io_reservation(samples: Sequence[Sample], resource: str,
+                   params: ObserveParams = DEFAULT_PARAMS) -> float | None:
+    """Bytes/s of ``resource`` (``disk``/``net``) to reserve for an unmanaged domain from its window of samples;
+    None: fewer than ``min_samples`` samples measured that resource."""
+    rates = [r for r in (getattr(s, f"{resource}_bps") for s in samples) if r is not None]
+    if len(rates) < params.min_samples:
+        return None
+    return float(math.ceil(percentile(rates, RESERVE_PERCENTILE) * (1 + params.headroom) - 1e-9))
+
+
+def unmanaged_io_reserves(inventory: Inventory, windows: Mapping[str, Sequence[Sample]],
+                          params: ObserveParams = DEFAULT_PARAMS) -> dict[str, tuple[tuple[str, float], ...]]:
+    """Measured disk and network reservations of the running unmanaged domains (name -> ``(resource, B/s)``).
+
+    Not scaled like :func:`beside_managed`: the managed VMs' I/O caps are not taken back from them by it (the
+    controller does not re-cap I/O), it only leaves less of the declared rate to plan with."""
+    out = {}
+    for v in inventory.vms:
+        if v.unmanaged:
+            got = tuple((r, b) for r in ("disk", "net")
+                        if (b := io_reservation(windows.get(v.name, ()), r, params)) is not None)
+            if got:
+                out[v.name] = got
+    return out
 
 
 def unmanaged_reserves(inventory: Inventory, windows: Mapping[str, Sequence[Sample]],
@@ -85,6 +117,20 @@ def beside_managed(inventory: Inventory, reserves: Mapping[str, float]) -> dict[
 def fills(reserved_cores: float, cores: int) -> bool:
     """Whether unmanaged domains reserving ``reserved_cores`` leave a host of ``cores`` nothing to plan with."""
     return reserved_cores > 0 and reserved_cores >= cores - 1e-9
+
+
+def io_full(inventory: Inventory) -> dict[str, tuple[str, ...]]:
+    """Answering hosts whose unmanaged domains' measured I/O reserves all of a declared rate (host -> resources).
+
+    Nothing needing that resource is placed there (its capacity is 0); VMs needing CPU alone still are, so they
+    are reported, not cordoned like :func:`full_hosts`."""
+    out = {}
+    for h in inventory.hosts:
+        full = tuple(r for r in ("disk", "net") if h.down is None
+                     and (c := h.capacity(r)) is not None and fills(inventory.unmanaged_io(h.name, r), c))
+        if full:
+            out[h.name] = full
+    return out
 
 
 def full_hosts(inventory: Inventory) -> frozenset[str]:
