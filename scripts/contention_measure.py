@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.common import load_cluster
 from hypervisor.cpu_signals import host_pressure
+from hypervisor.guest import wait_for_boot
 from hypervisor.libvirt_backend import LibvirtHypervisor
-from lab.guest import wait_for_boot
 from lab.state import LabLayout
 from tests.lab_support import destroy_everywhere, running_lab, start_lab_guest
 from tests.test_contention_lab import BOOT_SETTLE_S, cpu_priority, create_managed, sample_windows
