@@ -145,7 +145,7 @@ def _refused(reason: str, as_json: bool) -> int:
 def _carry_out(uow: UnitOfWork, inventory: Inventory, plan: Plan, do_apply: bool, as_json: bool,
                done: str, said: dict[str, Any] | None = None) -> int:
     """Print the plan, apply it with --apply (its steps recorded in the definitions store), say the outcome."""
-    from cli.common import apply_exit_code, render_plan, render_report, run_apply
+    from cli.common import apply_exit_code, apply_would_refuse, render_plan, render_report, run_apply
 
     if not as_json:
         render_plan(plan, inventory)
@@ -154,8 +154,12 @@ def _carry_out(uow: UnitOfWork, inventory: Inventory, plan: Plan, do_apply: bool
         report = run_apply(uow, plan, quiet=as_json, planned_here=True)
         if not as_json:
             render_report(report)
-    elif not as_json:
-        console.print(f"dry run: nothing changed (use --apply to have them {done})")
+    else:
+        why = apply_would_refuse(uow, plan)  # the dry run exits as --apply would (docs/cli.md)
+        if why is not None:
+            return _refused(f"--apply would refuse: {why}", as_json)
+        if not as_json:
+            console.print(f"dry run: nothing changed (use --apply to have them {done})")
     code = apply_exit_code(report) if report is not None else EXIT_OK
     if as_json:
         emit_json({"ok": code == EXIT_OK, **(said or {}), "plan": plan.to_dict(),

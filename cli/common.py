@@ -334,6 +334,21 @@ def apply_shown(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False
         return uow.apply(plan, force=force, planned_here=planned_here, irreversible=irreversible, on_step=on_step)
 
 
+def apply_would_refuse(uow: UnitOfWork, plan: Plan) -> str | None:
+    """Why ``--apply`` would refuse ``plan`` before its first step, or None: the same whole-plan check on the
+    live cluster (:meth:`acting.unit_of_work.UnitOfWork.validate`, of a plan this command computed).  A dry run
+    runs it so that it exits with the code ``--apply`` would (docs/cli.md: 1 where --apply refuses); it only
+    reads."""
+    from acting.executor import PlanRefused
+    from vcsched.plans.claims import PlanMismatch
+
+    try:
+        uow.validate(plan, planned_here=True)
+    except (PlanRefused, PlanMismatch) as exc:
+        return str(exc)
+    return None
+
+
 def run_apply(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False,
               planned_here: bool = False) -> ApplyReport:
     """:func:`apply_shown` of a plan with no irreversible action first: always a report."""

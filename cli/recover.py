@@ -62,7 +62,15 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
     from acting.executor import PlanRefused
     from acting.fence import FenceResult, fence_host
     from acting.lock import resolve_url
-    from cli.common import acting_on, apply_exit_code, apply_shown, load_cluster, render_plan, render_report
+    from cli.common import (
+        acting_on,
+        apply_exit_code,
+        apply_shown,
+        apply_would_refuse,
+        load_cluster,
+        render_plan,
+        render_report,
+    )
     from vcsched.control.failover import plan_recovery
     from vcsched.plans.claims import PlanMismatch
 
@@ -111,11 +119,10 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
             if not as_json:
                 render_report(report)
         elif recovery.plan is not None:
-            try:  # what --apply would check before fencing, so that the dry run exits as --apply would
-                uow.validate(recovery.plan, planned_here=True)
-            except (PlanRefused, PlanMismatch) as exc:
+            why = apply_would_refuse(uow, recovery.plan)  # as --apply checks before fencing
+            if why is not None:
                 return _refused(out, f"--apply would refuse: the recovery plan does not hold on the live cluster: "
-                                f"{exc}; nothing fenced, nothing restarted", as_json)
+                                f"{why}; nothing fenced, nothing restarted", as_json)
             if not as_json:
                 console.print("dry run: nothing changed (use --apply to fence and create)")
     code = apply_exit_code(report) if report is not None else EXIT_OK

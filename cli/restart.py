@@ -59,7 +59,15 @@ def restart_cmd(vms: tuple[str, ...], cluster_file: str | None, do_apply: bool, 
     """
     from acting.definitions import DefinitionStore
     from acting.lock import resolve_url
-    from cli.common import acting_on, apply_exit_code, load_cluster, render_plan, render_report, run_apply
+    from cli.common import (
+        acting_on,
+        apply_exit_code,
+        apply_would_refuse,
+        load_cluster,
+        render_plan,
+        render_report,
+        run_apply,
+    )
     from vcsched.control.failover import plan_restart
     from vcsched.errors import InputError
 
@@ -88,9 +96,19 @@ def restart_cmd(vms: tuple[str, ...], cluster_file: str | None, do_apply: bool, 
             out["apply"] = report.to_dict()
             if not as_json:
                 render_report(report)
-        elif not as_json and restart.plan is not None:
-            console.print("dry run: nothing changed (use --apply to create)")
+        elif restart.plan is not None:
+            why = apply_would_refuse(uow, restart.plan)  # the dry run exits as --apply would (docs/cli.md)
+            if why is not None:
+                out["refused"] = f"--apply would refuse: {why}; nothing created"
+            elif not as_json:
+                console.print("dry run: nothing changed (use --apply to create)")
     code = apply_exit_code(report) if report is not None else EXIT_OK
+    if "refused" in out:
+        if as_json:
+            emit_json({"ok": False, **out})
+        else:
+            console.print(f"[red]not restarted[/]: {out['refused']}", highlight=False)
+        return refuse(out["refused"])
     if as_json:
         emit_json({"ok": code == EXIT_OK and not refused, **out})
     if refused:

@@ -7,12 +7,14 @@ display) and reads keys.
 
 **Fitting a narrow terminal.**  Each table column has a priority (0: always
 kept).  When a table is wider than the terminal, the column with the highest
-priority number (the rightmost among equals) is dropped, and again, until it
-fits: a value is never cut.  Free text is wrapped (a host's reason for being
-down, the summary's facts: "below floor: ..." stays at any width) or, for
-the controller's events, cut at a word with "…".  When the VMs do not all fit
-in the terminal's height, the first ones in the chosen order are shown and a
-line says how many more there are.
+priority number (the rightmost among equals) leaves the table, and again, until
+it fits: a value is never cut.  A VM's values in the columns that left are not
+lost: they go on a second, indented line under its row ("floor 0.6 · vcpus 1 ·
+basis measured"), so at 80 columns every value of every VM is on the screen.
+Free text is wrapped (a host's reason for being down, the summary's facts:
+"below floor: ..." stays at any width) or, for the controller's events, cut at a
+word with "…". When the VMs do not all fit in the terminal's height, the first
+ones in the chosen order are shown and a line says how many more there are.
 """
 
 from __future__ import annotations
@@ -187,9 +189,10 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[Any], width: int) -> l
     return [(columns[i], widths[i]) for i in keep_by_priority([c.priority for c in columns], widths, width, GAP)]
 
 
-def table(columns: Sequence[Column], rows: Sequence[Any], width: int) -> list[Line]:
-    """A header line and one line per row, in the columns that fit (:func:`fit_columns`)."""
-    fitted = fit_columns(columns, rows, width)
+def table(columns: Sequence[Column], rows: Sequence[Any], width: int,
+          fitted: Sequence[tuple[Column, int]] | None = None) -> list[Line]:
+    """A header line and one line per row, in the columns that fit (:func:`fit_columns`, or ``fitted``)."""
+    fitted = fit_columns(columns, rows, width) if fitted is None else fitted
 
     def line(cells: list[tuple[str, str]]) -> Line:
         out: list[Segment] = []
@@ -203,6 +206,13 @@ def table(columns: Sequence[Column], rows: Sequence[Any], width: int) -> list[Li
     lines = [line([(c.header, "bold") for c, _ in fitted])]
     lines += [line([(c.cell(r), c.style(r)) for c, _ in fitted]) for r in rows]
     return lines
+
+
+def left_out(columns: Sequence[Column], row: Any, kept: Sequence[Column], width: int) -> list[Line]:
+    """A row's values in the columns that did not fit, as indented lines under its row ("floor 0.6 · vcpus 1"):
+    a narrow terminal moves a value, it never hides one (issue 40).  None when every column fits."""
+    parts = [(f"{c.header.lower()} {c.cell(row)}", "dim") for c in columns if c not in kept]
+    return [(("  ", ""), *line) for line in wrapped(parts, width - 2)] if parts else []
 
 
 # ---------------------------------------------------------------------------------------------- free text
@@ -381,11 +391,26 @@ def frame(view: TopView, sort: Sort, width: int, height: int | None, refresh: Re
     footer_line = footer(sort, width)
 
     # The VMs first (at least MIN_EVENTS events stay in view), then the controller's events fill the rest.
+    # The columns are fitted to every VM, shown or not, so that scrolling the sort does not move them.
     vms = sort_vms(view.vms, sort)
+    fitted = fit_columns(VM_COLUMNS, vms, width)
+    kept = [c for c, _ in fitted]
+    rows = [(v, left_out(VM_COLUMNS, v, kept, width)) for v in vms]
     events_min = min(len(recent), MIN_EVENTS)
     room = None if height is None else max(0, height - len(head) - len(tail) - events_min - 2)  # VM header, footer
-    shown_vms = vms if room is None or len(vms) <= room else vms[:max(room - 1, 0)]
-    body = table(VM_COLUMNS, shown_vms, width) if view.vms else [(("no VMs", "dim"),)]
+    if room is not None and sum(1 + len(extra) for _, extra in rows) > room:
+        taken, used = [], 1  # the "… more VMs" line
+        for v, extra in rows:
+            if used + 1 + len(extra) > room:
+                break
+            taken.append((v, extra))
+            used += 1 + len(extra)
+        rows = taken
+    shown_vms = [v for v, _ in rows]
+    body: list[Line] = [(("no VMs", "dim"),)]
+    if view.vms:
+        header, *lines = table(VM_COLUMNS, shown_vms, width, fitted)
+        body = [header, *(x for line, (_, extra) in zip(lines, rows, strict=True) for x in (line, *extra))]
     if len(shown_vms) < len(vms):
         more = plural(len(vms) - len(shown_vms), "more VM", "more VMs")
         body.append(((f"… {more} (a taller terminal shows them)", "dim"),))

@@ -6,6 +6,7 @@ cannot boot on this machine — is found before anything is planned.  Hosts are 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from tests.builders import test_driver_node as node
+from tests.test_adopt import test_hosts  # noqa: F401  (fixture: test-driver hosts with "stranger" and "old-0")
 from vcsched.inventory import VmMeta
 
 MiB = 1 << 20
@@ -187,3 +189,59 @@ def test_a_refused_plans_table_says_what_a_migration_would_move_not_its_claim(tm
     r = run("apply", plan, "--cluster", hosts.cluster_file, "--coordination", f"file://{tmp_path}/lock")
     assert r.exit_code == 1, (r.stdout, r.stderr)
     assert "claims 1 B; moves 512 MiB" in r.stdout and "1 B moved" not in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------- the whole-plan check
+
+
+def test_a_restart_dry_run_exits_1_where_apply_refuses_the_plan_whole(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue: `restart VM` planned and exited 0 as a dry run, where --apply's whole-plan check refused (exit 1).
+    h1 is down and fenced, web-0 lost; h0 and h2 are libvirt's test driver, which cannot cap CPU."""
+    from acting.definitions import DefinitionStore
+    from tests.test_recover_cli import agent, cluster, recorded
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("VCSCHED_STATE_DIR", str(state))
+    monkeypatch.delenv("VCSCHED_COORDINATION", raising=False)
+    recorded(state, "web-0")
+    DefinitionStore.for_url(f"file://{state}/coordination", "t").mark_fenced("h1", at=2e9)
+    args = ["restart", "web-0", "--cluster", cluster(tmp_path, agent(tmp_path, 2))]
+    dry, applied = run(*args), run(*args, "--apply")
+    assert (dry.exit_code, applied.exit_code) == (1, 1), (dry.output, applied.output)
+    assert "cannot cap CPU" in applied.stderr
+    assert dry.stderr.startswith("vcsched: refused: --apply would refuse: ") and "cannot cap CPU" in dry.stderr
+    assert "use --apply" not in dry.stdout
+    doc = json.loads(run(*args, "--json").stdout)
+    assert doc["ok"] is False and doc["plan"]["restart"] == ["web-0"]  # the plan is still shown
+
+
+@pytest.mark.parametrize("argv", [["adopt", "stranger", "--vc", "old", "--need", "0.5"], ["release", "old-0"]])
+def test_adopt_and_release_dry_runs_exit_as_apply_when_the_whole_plan_check_refuses(
+        argv: list[str], test_hosts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The dry run runs --apply's whole-plan check (acting.executor.check_whole) on its plan.  Made to refuse
+    here, as it would for a cluster whose live state the plan does not fit: both exit 1, nothing changed."""
+    import dataclasses
+
+    import acting.executor
+    from hypervisor.drivers import DRIVERS, TEST
+    from vcsched.errors import InputError
+
+    before = (tmp_path / "h0.xml").read_text()
+    args = [*argv, "--cluster", test_hosts, "--coordination", f"file://{tmp_path}/coord"]
+    if argv[0] == "adopt":  # the test driver cannot cap CPU: adopt refuses such a host itself; say it can
+        monkeypatch.setitem(DRIVERS, "test", dataclasses.replace(TEST, cpu_cap="quota"))
+    ok = run(*args)
+    assert ok.exit_code == 0, (ok.stdout, ok.stderr)  # the check holds: the dry run goes through
+
+    def refused(*_a: Any, **_k: Any) -> None:
+        raise InputError("plan.steps[0]: a refusal of the whole-plan check")
+
+    monkeypatch.setattr(acting.executor, "check_plan", refused)
+    dry, applied = run(*args), run(*args, "--apply")
+    assert (dry.exit_code, applied.exit_code) == (1, 1), (dry.output, applied.output)
+    assert dry.stderr.strip() == ("vcsched: refused: --apply would refuse: plan.steps[0]: a refusal of the "
+                                  "whole-plan check"), dry.stderr
+    doc = json.loads(run(*args, "--json").stdout)
+    assert doc["ok"] is False and "--apply would refuse" in doc["refused"]
+    assert (tmp_path / "h0.xml").read_text() == before

@@ -209,6 +209,34 @@ def test_top_keeps_below_floor_and_down_hosts_in_its_summary_and_marks_the_vm_in
     shown(text, width, [LONG_REASON])  # why h1 is down, wrapped whole
 
 
+@pytest.mark.parametrize("width", WIDTHS)
+def test_top_shows_every_vms_floor_vcpus_and_basis(width: int) -> None:
+    """Issue: at 80 columns the VM table dropped FLOOR, VCPUS and BASIS (the screen's height is fixed, so they
+    could not be printed below it); what does not fit in the row is on an indented line under it."""
+    from cli.top_view import Refresh, Sort, frame, plain
+    from vcsched.control.top import top_view
+
+    inv = status_inventory()
+    probed = {"web-0"}
+    view = top_view(inv, "yield", {}, {}, [{"name": "gold", "yield": 0.5, "min_yield": 0.6}], now=100.0)
+    view = dataclasses.replace(view, vms=tuple(
+        dataclasses.replace(v, vcpus=i + 2, basis="probe-saturated" if v.name in probed else v.basis)
+        for i, v in enumerate(view.vms)))
+    for height in (None, 40):
+        lines = plain(frame(view, Sort("host"), width, height, Refresh(100.0, 2.0), 100.0)).splitlines()
+        assert max(len(line) for line in lines) <= width
+        for v in view.vms:
+            row = next(i for i, line in enumerate(lines) if line.startswith(v.name + " "))
+            said = " ".join(lines[row:row + 2])  # its row, and the line under it when columns were left out
+            header = next(line for line in lines[:row][::-1] if line.startswith("VM "))
+            floor = "-" if v.floor is None else f"{v.floor:g}"
+            for column, value in (("FLOOR", floor), ("VCPUS", str(v.vcpus)), ("BASIS", v.basis or "-")):
+                if column in header.split():  # it fits: the value is in the row
+                    assert value in lines[row].split(), (column, lines[row])
+                else:
+                    assert f"{column.lower()} {value}" in said, (column, said)
+
+
 # ---------------------------------------------------------------------------------------------- any table
 
 

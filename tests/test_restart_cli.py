@@ -51,8 +51,11 @@ def test_restart_dry_run_plans_a_lost_vm_on_a_host_that_answers(tmp_path: Path, 
     recorded(state, "web-0")
     DefinitionStore.for_url(f"file://{state}/coordination", "t").mark_fenced("h1", at=2e9)
     r = invoke("restart", "web-0", "--cluster", cluster(tmp_path, agent(tmp_path, 2)), "--json")
-    assert r.exit_code == 0, r.output  # type: ignore[attr-defined]
+    # The test driver cannot cap CPU, so --apply would refuse the plan before its first step: the dry run exits 1
+    # as --apply would (issue 40: dry runs predict), after planning, with the plan in its document.
+    assert r.exit_code == 1, r.output  # type: ignore[attr-defined]
     doc = json.loads(r.stdout)  # type: ignore[attr-defined]
+    assert doc["ok"] is False and "--apply would refuse" in doc["refused"] and "cannot cap CPU" in doc["refused"]
     (where,) = doc["restart"]["restarts"]
     assert where["vm"] == "web-0" and where["host"] in ("h0", "h2") and "apply" not in doc
     assert [s["op"] for s in doc["plan"]["steps"]] == ["create"] and doc["plan"]["restart"] == ["web-0"]
