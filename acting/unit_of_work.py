@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from acting.definitions import recorder
 from acting.executor import ApplyReport, ClusterChangedMeanwhile, SnapshotMismatch, StepResult, apply_plan, check_whole
+from hypervisor import hazards
 from vcsched.errors import VcschedError
 
 if TYPE_CHECKING:
@@ -71,6 +72,10 @@ class DryRun(VcschedError):
 
 def _nothing(*_: object) -> None:
     return None
+
+
+def _done() -> bool:
+    return True
 
 
 @dataclass(frozen=True)
@@ -225,6 +230,11 @@ class UnitOfWork:
             raise DryRun("a dry run does not apply: a unit of work without a lock only reads")
         checked = None
         if irreversible is not None:  # else the executor's own whole-plan check, below, is the one before acting
+            if hazards.on(hazards.FENCE_BEFORE_VALIDATE):  # a mutation switch (tests only): the old order
+                self.guard()
+                if not irreversible():
+                    return None
+                irreversible = _done
             with _changed_meanwhile(plan, planned_here):
                 checked = check_whole(self.hv, plan, force=force)
             self.guard()

@@ -84,6 +84,13 @@ MIGRATION_BOOST = 8
 PROBE_EVERY = 4
 #: Schedules whose index is TWIN_AT modulo TWIN_EVERY start with a VM in doubt (:meth:`Schedule.twin`).
 TWIN_EVERY, TWIN_AT = 8, 1
+#: Schedules whose index is RECOVER_AT modulo RECOVER_EVERY run ``vcsched recover HOST --apply``
+#: (:meth:`Schedule.recover`).
+RECOVER_EVERY, RECOVER_AT = 8, 5
+#: Per fencing under faults, the chance that the simulated agent fails (off exits 1: the host stays on), hangs
+#: (killed at its timeout; it may have switched the host off all the same), or the process is killed right after
+#: the power went off (nothing restarted, nothing recorded as fenced).
+FENCE_FAIL, FENCE_HANG, FENCE_KILL = 0.1, 0.1, 0.05
 #: ``observe --window 4s --sample 1s --probe --probe-seconds 2s`` (simulated seconds).
 PROBE_WINDOW_S, PROBE_SAMPLE_S, PROBE_SECONDS_S = 4.0, 1.0, 2.0
 
@@ -94,6 +101,42 @@ class Violation(BaseException):
     A BaseException, like :class:`hypervisor.simlibvirt.ProcessKilled`: it is raised inside the code under
     test (at the call that broke the invariant) and must reach the schedule unchanged, not be turned into a
     host error or a "down host" by an ``except Exception`` on its way."""
+
+
+# ------------------------------------------------------------------------------------------ the stores
+
+
+class MemoryBackend:
+    """The definitions store's backend (:class:`acting.definitions.Backend`) in memory: the coordination backend
+    outlives every simulated process and host, as etcd does."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, str] = {}
+
+    def put(self, key: str, text: str) -> None:
+        self.keys[key] = text
+
+    def get(self, key: str) -> str | None:
+        return self.keys.get(key)
+
+    def delete(self, key: str) -> None:
+        self.keys.pop(key, None)
+
+    def items(self, prefix: str) -> Iterator[tuple[str, str]]:
+        yield from sorted((k, v) for k, v in self.keys.items() if k.startswith(prefix + "/"))
+
+
+def store_for(sc: Scenario) -> Any:
+    """The definitions store of a scenario's cluster, holding a record of each VM it starts with (as if vcsched's
+    ``place`` had created them): what ``recover`` reads, and what every step of the simulated commands updates."""
+    from acting.definitions import DefinitionStore
+    from vcsched.plans.steps import Boot, CreateStep
+
+    store = DefinitionStore(MemoryBackend(), "sim", "memory://sim")
+    boot = Boot("kernel", "/sim/vmlinuz", "/sim/initrd")
+    for name, host, vcpus, mib, need, cap, vc in sc.vms:
+        store.put(CreateStep(name, host, vc, vcpus, mib * MIB, need, cap, boot))
+    return store
 
 
 # ------------------------------------------------------------------------------------------ the lock
@@ -302,9 +345,12 @@ def build_world(sc: Scenario) -> SimWorld:
 
 
 def cluster_for(sc: Scenario) -> Any:
-    from vcsched.formats.cluster import Cluster, ClusterHost, GuestDefaults
+    from vcsched.formats.cluster import Cluster, ClusterHost, FenceConfig, GuestDefaults
 
-    hosts = tuple(ClusterHost(f"h{i}", f"sim://h{i}") for i in range(sc.hosts))
+    # Every host has a fence agent (the simulated one, :meth:`Schedule.fence_agent`); the VMs boot from a kernel
+    # (no disk), so a recovery strands a VM only for lack of room.
+    hosts = tuple(ClusterHost(f"h{i}", f"sim://h{i}", fence=FenceConfig("fence_sim"))
+                  for i in range(sc.hosts))
     return Cluster("sim", hosts, 0.0, GuestDefaults("/sim/vmlinuz", "/sim/initrd"), host_timeout=HOST_TIMEOUT_S)
 
 
@@ -400,6 +446,20 @@ class Schedule:
         self.caps = {d.uuid: d.cap_cores() for h in self.world.hosts.values() for d in h.domains.values()
                      if d.meta is not None}
         self.journals: Path | None = None  # the probe journals' directory (the state dir's journal/)
+        #: The definitions store (in memory, outliving processes): every command records its steps there.
+        self.store = store_for(self.sc)
+        #: ``recover``: the host that fails (the one, h0 aside, with most managed VMs; h0 holds the unmanaged
+        #: domain, which a fence would take along) and the UUIDs a fence took away (no copy left: awaiting their
+        #: restart), and the VMs the last recovery stranded, with why (legitimately not running at the end).
+        self.target = ""
+        self.fenced_away: set[str] = set()
+        self.powered_off = False  # the target was switched off by a fence (it comes back with no guest)
+        self.stranded: dict[str, str] = {}
+        if index % RECOVER_EVERY == RECOVER_AT and self.workload != "probe":
+            self.workload = "recover"
+            per_host = collections.Counter(v[1] for v in self.sc.vms if v[1] != "h0")
+            self.target = max((f"h{i}" for i in range(1, self.sc.hosts)), key=lambda h: (per_host[h], h))
+            self.world.set_up(self.target, False)
         self.burnt = 0.0  # the simulated time up to which the guests' CPU time is counted
 
     def twin(self, rng: random.Random) -> None:
@@ -455,10 +515,16 @@ class Schedule:
             running = [h for h, d in copies if d.state == RUNNING]
             if len(running) > 1:
                 self.violate(f"{name} runs on {' and '.join(running)} ({where})")
-            if not copies:
+            if not copies and uuid not in self.fenced_away:
                 self.violate(f"{name} is lost: no copy on any host ({where})")
             if quiescent:
                 self.runs_once(name, copies, where)
+        if self.fenced_away:  # a restart defines the VM again (a new UUID): a VM is its name across UUIDs
+            by_name = collections.Counter(d.name for h in w.hosts.values() for d in h.domains.values()
+                                          if d.meta is not None and d.state == RUNNING)
+            twice = sorted(n for n, k in by_name.items() if k > 1)
+            if twice:
+                self.violate(f"{twice[0]} runs twice, as two domains ({where})")
         if w.stale:
             self.violate(f"{w.stale[0]} ({where})")
         for h in w.hosts.values():
@@ -481,6 +547,13 @@ class Schedule:
         running = [h for h, d in copies if d.state == RUNNING]
         if len(copies) == 1 and running:
             return
+        if not copies and self.fenced_away:
+            # A fenced copy: the VM must run again as another domain (itself checked), or be stranded with a reason.
+            if name in self.stranded or any(d.name == name and d.meta is not None for h in self.world.hosts.values()
+                                            for d in h.domains.values()):
+                return
+            self.violate(f"{name} does not run after its host was fenced, and no recovery stranded it: lost "
+                         f"({where})")
         seen = [(h, _STATE.get(d.state, d.state)) for h, d in copies]
         if not copies:
             why = "lost: no copy on any host"
@@ -597,10 +670,14 @@ class Schedule:
 
     def _host_up(self) -> None:
         down = sorted(n for n, h in self.world.hosts.items() if not h.up)
+        if self.target in down and not self.powered_off and self.rng.random() < 0.8:
+            down.remove(self.target)  # the failed host mostly stays failed until recovered (else nothing to recover)
         if not down:
             return
         name = self.rng.choice(down)
         self.fault("host_up", f"{name} answers again")
+        if name == self.target and self.powered_off:
+            self.fault("fenced_back", f"{name}, fenced, is powered on again: it answers with no guest")
         self.world.set_up(name, True)
         self.check(f"after {name} came back")
 
@@ -664,7 +741,7 @@ class Schedule:
             self.note(f"p{self.rt.pid} repair: {'; '.join(report.lines()) or 'nothing in doubt'}")
             self.check("after repair")
 
-        return UnitOfWork(hv, SimLock(self.lock, pid), reporting=Reporting(settled=settled))
+        return UnitOfWork(hv, SimLock(self.lock, pid), store=self.store, reporting=Reporting(settled=settled))
 
     def command(self, pid: int, *, repair_only: bool = False, final: bool = False) -> str:
         """A command that changes hosts (cli/common.py's ``acting_on``): its unit of work — the lock, a repair —
@@ -700,6 +777,96 @@ class Schedule:
             return f"refused: {type(exc).__name__}: {exc}"
         finally:
             hv.close()
+
+    def recover(self, pid: int, *, final: bool = False) -> str:
+        """``vcsched recover HOST --apply`` (cli/recover.py): its unit of work (the lock, a repair), the recovery
+        planned from the definitions store's records (:func:`vcsched.control.failover.plan_recovery`), then applied
+        through the unit of work with the fence as its irreversible action: validated whole first, then fenced
+        (:meth:`fence_agent`), then the creates.  A fence followed by a refused plan loses the host's VMs: that
+        is a violation here (the order the unit of work enforces; the switch ``fence-before-validate``)."""
+        from acting.executor import PlanRefused
+        from acting.lock import LockBusy
+        from vcsched.control.failover import plan_recovery
+        from vcsched.plans.claims import PlanMismatch
+
+        hv = self.hypervisor()
+        fenced: list[bool] = []
+        try:
+            with self.unit_of_work(hv, pid) as uow:
+                inventory = uow.inventory()
+                if inventory.host(self.target).down is None:
+                    return f"refused: host {self.target} answers: it has not failed"
+                records = [d.step for d in self.store.on(self.target)]
+                recovery = plan_recovery(self.cluster, inventory, self.target, records)
+                self.stranded = dict(recovery.stranded)
+                self.note(f"p{pid} recovery of {self.target}: restarts {list(recovery.restarts)}, "
+                          f"stranded {recovery.stranded}, running {list(recovery.running)}")
+                if recovery.plan is None:
+                    return f"stranded: {recovery.stranded}" if recovery.stranded else "ok"
+
+                def fence() -> bool:
+                    result = self.fence_agent(self.target, final=final)
+                    fenced.append(self.powered_off)
+                    if result:
+                        self.store.mark_fenced(self.target)
+                    return result
+
+                try:
+                    report = uow.apply(recovery.plan, planned_here=True, irreversible=fence, threads=False)
+                except (PlanRefused, PlanMismatch) as exc:
+                    if fenced and fenced[-1]:
+                        self.violate(f"{self.target} fenced, then its recovery plan refused: its VMs "
+                                     f"{[r.vm for r in records]} run nowhere ({type(exc).__name__}: {exc})")
+                    return f"refused: {type(exc).__name__}: {exc}"
+                if report is None:
+                    return "not fenced: nothing restarted"
+                if report.ok:
+                    return "ok" if not recovery.stranded else f"stranded: {recovery.stranded}"
+                failed = report.failed()
+                return f"stopped: {report.stopped or (failed.detail if failed else '?')}"
+        except LockBusy as exc:
+            self.note(f"p{pid} refused: {exc}")
+            return "locked"
+        except VcschedError as exc:
+            if getattr(exc, "exit_code", 1) == 70:
+                raise
+            return f"refused: {type(exc).__name__}: {exc}"
+        finally:
+            hv.close()
+
+    def fence_agent(self, host: str, *, final: bool = False) -> bool:
+        """The fence agent of ``host`` (cli/recover.py runs :func:`acting.fence.fence_host`: ``off``, then
+        ``status``), simulated: it switches the host off (:meth:`SimWorld.power_off`: its guests gone) and says
+        so.  Under faults it may fail (the host stays on, its guests run), hang (killed at its timeout, the clock
+        jumps; the host may be off all the same, but vcsched cannot know), or the process may die right after
+        the power went off.  Returns whether the fence is confirmed (``FenceResult.fenced``)."""
+        from acting.fence import DEFAULT_AGENT_TIMEOUT_S
+
+        roll = self.rng.random() if self.injecting and not final else 1.0
+        if roll < FENCE_FAIL:
+            self.fault("fence_fail", f"the fence agent of {host}: off exits 1")
+            return False
+        if roll < FENCE_FAIL + FENCE_HANG:
+            self.world.now += DEFAULT_AGENT_TIMEOUT_S
+            off = self.rng.random() < 0.5
+            self.fault("fence_hang", f"the fence agent of {host} killed at its timeout"
+                       + (" (it had switched the host off)" if off else ""))
+            if off:
+                self._power_off(host)
+            return False
+        self._power_off(host)
+        self.note(f"p{self.rt.pid} fenced {host}: off, then status off")
+        if roll < FENCE_FAIL + FENCE_HANG + FENCE_KILL:
+            self.fault("kill", f"process {self.rt.pid} killed right after {host} was fenced")
+            self.world.process_died(self.rt.pid)
+            raise ProcessKilled(self.rt.pid)
+        return True
+
+    def _power_off(self, host: str) -> None:
+        self.fenced_away |= {d.uuid for d in self.world.hosts[host].domains.values() if d.meta is not None}
+        self.world.power_off(host)
+        self.powered_off = True
+        self.check(f"after {host} was fenced")
 
     def restore_probes(self, hv: Any, guard: Callable[[], None]) -> None:
         """What `vcsched run`, `observe --probe` and `repair --apply` do under the lock: put back the caps of
@@ -776,7 +943,9 @@ class Schedule:
         if probing:
             self.journals = Path(tempfile.mkdtemp(prefix="vcsched-faultsim-journal-"))
             self.note("workload: observe --probe")
-        run = self.observe_probe if probing else self.command
+        run = {"probe": self.observe_probe, "recover": self.recover}.get(self.workload, self.command)
+        if self.workload == "recover":
+            self.note(f"workload: recover {self.target} ({self.target} does not answer)")
         try:
             result = ""
             for _ in range(MAX_PROCESSES):
@@ -801,6 +970,8 @@ class Schedule:
             for name in sorted(w.hosts):
                 w.set_up(name, True)
             self.check("after every host answers again")
+            if self.workload == "recover":  # the host fails again (or still), and a last `recover` restarts its VMs
+                w.set_up(self.target, False)
             self.lock.holder = None
             pid = self.new_pid()
             result = run(pid, final=True)
@@ -808,7 +979,12 @@ class Schedule:
             self.note(f"p{pid} (final) ends: {result}")
             self.out.result = result
             self.check("at the end", quiescent=True)
-            if result in ("ok", "no plan"):
+            if self.workload == "recover":
+                w.set_up(self.target, True)  # powered on again: a fenced host comes back with no guest
+                self.check(f"after {self.target} answers again", quiescent=True)
+                if not (result == "ok" or result.startswith("stranded")):
+                    self.violate(f"did not converge: the final recovery {result}")
+            elif result in ("ok", "no plan"):
                 if not probing:
                     self.goal()
             elif not result.startswith("refused"):
