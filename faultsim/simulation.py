@@ -85,8 +85,11 @@ PROBE_EVERY = 4
 #: Schedules whose index is TWIN_AT modulo TWIN_EVERY start with a VM in doubt (:meth:`Schedule.twin`).
 TWIN_EVERY, TWIN_AT = 8, 1
 #: Schedules whose index is RECOVER_AT modulo RECOVER_EVERY run ``vcsched recover HOST --apply``
-#: (:meth:`Schedule.recover`).
+#: (:meth:`Schedule.recover`), except every other one (RESTART_AT modulo RESTART_EVERY), which starts after a
+#: recovery that fenced a host and restarted nothing, and runs ``vcsched restart VM... --apply``
+#: (:meth:`Schedule.restart`).
 RECOVER_EVERY, RECOVER_AT = 8, 5
+RESTART_EVERY, RESTART_AT = 16, 13
 #: Per fencing under faults, the chance that the simulated agent fails (off exits 1: the host stays on), hangs
 #: (killed at its timeout; it may have switched the host off all the same), or the process is killed right after
 #: the power went off (nothing restarted, nothing recorded as fenced).
@@ -460,6 +463,10 @@ class Schedule:
             per_host = collections.Counter(v[1] for v in self.sc.vms if v[1] != "h0")
             self.target = max((f"h{i}" for i in range(1, self.sc.hosts)), key=lambda h: (per_host[h], h))
             self.world.set_up(self.target, False)
+            if index % RESTART_EVERY == RESTART_AT:  # fenced, nothing restarted: its VMs are lost
+                self.workload = "restart"
+                self._power_off(self.target)
+                self.store.mark_fenced(self.target)
         self.burnt = 0.0  # the simulated time up to which the guests' CPU time is counted
 
     def twin(self, rng: random.Random) -> None:
@@ -834,6 +841,41 @@ class Schedule:
         finally:
             hv.close()
 
+    def restart(self, pid: int, *, final: bool = False) -> str:
+        """``vcsched restart VM... --apply`` (cli/restart.py) for every VM the store says is lost: its unit of work,
+        the lost records (:meth:`acting.definitions.DefinitionStore.lost`), :func:`vcsched.control.failover.
+        plan_restart` (below floors allowed: naming a VM is choosing that it runs), applied through the unit of
+        work.  The VMs it refuses (no room) are stranded, with the reason."""
+        from acting.lock import LockBusy
+        from vcsched.control.failover import plan_restart
+
+        hv = self.hypervisor()
+        try:
+            with self.unit_of_work(hv, pid) as uow:
+                inventory = uow.inventory()
+                lost = {x.vm for x in self.store.lost(inventory)}
+                records = [d.step for vm, d in sorted(self.store.all().items()) if vm in lost]
+                restart = plan_restart(self.cluster, inventory, records, below_floor_ok=True)
+                self.stranded = dict(restart.refused)
+                self.note(f"p{pid} restart of {sorted(lost)}: {list(restart.restarts)}, refused {restart.refused}")
+                if restart.plan is None:
+                    return f"stranded: {restart.refused}" if restart.refused else "ok"
+                report = uow.apply(restart.plan, planned_here=True, threads=False)
+                assert report is not None  # no irreversible action: always a report
+                if report.ok:
+                    return "ok" if not restart.refused else f"stranded: {restart.refused}"
+                failed = report.failed()
+                return f"stopped: {report.stopped or (failed.detail if failed else '?')}"
+        except LockBusy as exc:
+            self.note(f"p{pid} refused: {exc}")
+            return "locked"
+        except VcschedError as exc:
+            if getattr(exc, "exit_code", 1) == 70:
+                raise
+            return f"refused: {type(exc).__name__}: {exc}"
+        finally:
+            hv.close()
+
     def fence_agent(self, host: str, *, final: bool = False) -> bool:
         """The fence agent of ``host`` (cli/recover.py runs :func:`acting.fence.fence_host`: ``off``, then
         ``status``), simulated: it switches the host off (:meth:`SimWorld.power_off`: its guests gone) and says
@@ -943,9 +985,11 @@ class Schedule:
         if probing:
             self.journals = Path(tempfile.mkdtemp(prefix="vcsched-faultsim-journal-"))
             self.note("workload: observe --probe")
-        run = {"probe": self.observe_probe, "recover": self.recover}.get(self.workload, self.command)
-        if self.workload == "recover":
-            self.note(f"workload: recover {self.target} ({self.target} does not answer)")
+        run = {"probe": self.observe_probe, "recover": self.recover, "restart": self.restart}.get(self.workload,
+                                                                                                 self.command)
+        if self.workload in ("recover", "restart"):
+            self.note(f"workload: {self.workload} ({self.target} does not answer"
+                      f"{', fenced, nothing restarted' if self.workload == 'restart' else ''})")
         try:
             result = ""
             for _ in range(MAX_PROCESSES):
@@ -977,13 +1021,19 @@ class Schedule:
             result = run(pid, final=True)
             self.rt.alive.discard(pid)
             self.note(f"p{pid} (final) ends: {result}")
+            if self.workload == "recover" and (result == "ok" or result.startswith("stranded")):
+                # What the operator runs next (`status` lists them): a restart of the VMs that are lost (a recovery's
+                # create cut short leaves its VM recorded on the host it was created on, which may not hold it).
+                result = self.restart(self.new_pid(), final=True)
+                self.rt.alive.discard(self.rt.pid)
+                self.note(f"p{self.rt.pid} (final restart) ends: {result}")
             self.out.result = result
             self.check("at the end", quiescent=True)
-            if self.workload == "recover":
+            if self.workload in ("recover", "restart"):
                 w.set_up(self.target, True)  # powered on again: a fenced host comes back with no guest
                 self.check(f"after {self.target} answers again", quiescent=True)
                 if not (result == "ok" or result.startswith("stranded")):
-                    self.violate(f"did not converge: the final recovery {result}")
+                    self.violate(f"did not converge: the final {self.workload} {result}")
             elif result in ("ok", "no plan"):
                 if not probing:
                     self.goal()
