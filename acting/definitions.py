@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from acting.executor import DONE, FAILED, INTERRUPTED, SKIPPED, StepResult
+from acting.executor import DONE, SKIPPED, StepResult
 from vcsched.control.lost import Lost, lost_vms
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
@@ -291,17 +291,6 @@ def _failing_as(message: str) -> Iterator[None]:
         raise StoreError(f"{message}: {exc}") from None
 
 
-def _may_have_started(store: DefinitionStore, result: StepResult) -> bool:
-    """Whether a create that did not succeed may still have started a recorded VM (a restart: created, then its
-    verification failed or was interrupted, e.g. its host stopped answering).  Its record then names that host, so
-    that no later restart (``vcsched restart``, a recovery) starts it a second time elsewhere while the host does
-    not answer: the VM is awaiting that host's recovery, not lost (:func:`vcsched.control.lost.lost_vms`).  If
-    nothing was created, the host answering again shows it lost, and a restart runs it.  Found by the fault
-    simulation (docs/faultsim.md): seed 1, schedule 1837."""
-    return (isinstance(result.step, CreateStep) and result.outcome in (FAILED, INTERRUPTED)
-            and store.get(result.step.vm) is not None)
-
-
 def recorder(store: DefinitionStore | None, warn: Callable[[str], None],
              then: Callable[[StepResult], None] | None = None) -> Callable[[StepResult], None]:
     """An ``on_step`` for :func:`acting.executor.apply_plan`: each step that took effect is recorded as it
@@ -309,7 +298,7 @@ def recorder(store: DefinitionStore | None, warn: Callable[[str], None],
     ``warn`` (the step itself stands: the VM runs, only its restart elsewhere would lack the record)."""
 
     def on_step(result: StepResult) -> None:
-        if store is not None and (result.outcome in (DONE, SKIPPED) or _may_have_started(store, result)):
+        if store is not None and result.outcome in (DONE, SKIPPED):
             try:
                 store.record([result.step])
             except (StoreError, InputError) as exc:

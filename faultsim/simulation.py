@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import random
 import shutil
 import tempfile
@@ -90,6 +91,14 @@ TWIN_EVERY, TWIN_AT = 8, 1
 #: (:meth:`Schedule.restart`).
 RECOVER_EVERY, RECOVER_AT = 8, 5
 RESTART_EVERY, RESTART_AT = 16, 13
+#: Of the other recover schedules, every other one (CONTROLLER_AT modulo CONTROLLER_EVERY) runs ``vcsched run``'s
+#: controller instead (:meth:`Schedule.controller`): its intervals detect the failure, fence, restart, probe and
+#: rebalance.
+CONTROLLER_EVERY, CONTROLLER_AT = 32, 21
+#: The controller's options (simulated seconds): ``--interval 4 --sample 1 --probe-seconds 1``, a host failed
+#: after 8 s down, and the intervals one process runs (it may be killed before).
+CONTROLLER_INTERVAL_S, CONTROLLER_SAMPLE_S, CONTROLLER_PROBE_S, CONTROLLER_FAILURE_S = 4.0, 1.0, 1.0, 8.0
+CONTROLLER_CYCLES = 5
 #: Per fencing under faults, the chance that the simulated agent fails (off exits 1: the host stays on), hangs
 #: (killed at its timeout; it may have switched the host off all the same), or the process is killed right after
 #: the power went off (nothing restarted, nothing recorded as fenced).
@@ -456,13 +465,19 @@ class Schedule:
         #: restart), and the VMs the last recovery stranded, with why (legitimately not running at the end).
         self.target = ""
         self.fenced_away: set[str] = set()
-        self.powered_off = False  # the target was switched off by a fence (it comes back with no guest)
+        self.powered: set[str] = set()  # hosts a fence switched off (each comes back, if ever, with no guest)
         self.stranded: dict[str, str] = {}
+        self.leader: SimLockService | None = None  # the controller's leader lock
         if index % RECOVER_EVERY == RECOVER_AT and self.workload != "probe":
             self.workload = "recover"
             per_host = collections.Counter(v[1] for v in self.sc.vms if v[1] != "h0")
             self.target = max((f"h{i}" for i in range(1, self.sc.hosts)), key=lambda h: (per_host[h], h))
             self.world.set_up(self.target, False)
+            if index % CONTROLLER_EVERY == CONTROLLER_AT:
+                self.workload = "controller"
+                self.leader = SimLockService(self.world)
+                self.cluster = dataclasses.replace(self.cluster, failure_timeout=CONTROLLER_FAILURE_S)
+                self.journals = Path(tempfile.mkdtemp(prefix="vcsched-faultsim-journal-"))
             if index % RESTART_EVERY == RESTART_AT:  # fenced, nothing restarted: its VMs are lost
                 self.workload = "restart"
                 self._power_off(self.target)
@@ -543,6 +558,8 @@ class Schedule:
             if mem > h.memory_bytes:
                 self.violate(f"host {h.name}: memory {mem >> 20} MiB > {h.memory_bytes >> 20} MiB ({where})")
         host, uuid, look = self.stranger
+        if host in self.powered:  # a fence took it along, as it takes every guest of its host
+            return
         now = w.hosts[host].domains.get(uuid)
         if now is None or self._look(now) != look or any(uuid in h.domains for h in w.hosts.values() if h.name != host):
             self.violate(f"the unmanaged domain 'stranger' was changed ({where})")
@@ -601,7 +618,7 @@ class Schedule:
     def hook(self, c: Call) -> None:
         if self.keep_trace:
             self.note(f"p{c.process} {c.host}.{c.method}({c.vm or ''})")
-        if self.workload == "probe":
+        if self.workload in ("probe", "controller"):
             self._burn()
         if not self.injecting or self.depth:
             return
@@ -677,13 +694,13 @@ class Schedule:
 
     def _host_up(self) -> None:
         down = sorted(n for n, h in self.world.hosts.items() if not h.up)
-        if self.target in down and not self.powered_off and self.rng.random() < 0.8:
+        if self.target in down and self.target not in self.powered and self.rng.random() < 0.8:
             down.remove(self.target)  # the failed host mostly stays failed until recovered (else nothing to recover)
         if not down:
             return
         name = self.rng.choice(down)
         self.fault("host_up", f"{name} answers again")
-        if name == self.target and self.powered_off:
+        if name in self.powered:
             self.fault("fenced_back", f"{name}, fenced, is powered on again: it answers with no guest")
         self.world.set_up(name, True)
         self.check(f"after {name} came back")
@@ -813,7 +830,7 @@ class Schedule:
 
                 def fence() -> bool:
                     result = self.fence_agent(self.target, final=final)
-                    fenced.append(self.powered_off)
+                    fenced.append(self.target in self.powered)
                     if result:
                         self.store.mark_fenced(self.target)
                     return result
@@ -840,6 +857,57 @@ class Schedule:
             return f"refused: {type(exc).__name__}: {exc}"
         finally:
             hv.close()
+
+    def controller(self, pid: int, *, final: bool = False) -> str:
+        """``vcsched run`` (acting/controller.py's :class:`Controller`, act mode) for :data:`CONTROLLER_CYCLES`
+        intervals (the final process: enough for the failed host to be declared failed, fenced and its VMs
+        restarted): each interval samples, restarts lost VMs, detects the failed host and recovers it (fencing
+        with :meth:`fence_agent`), probes and rebalances, through its unit of work.  The VMs it strands (its
+        ``vm_stranded`` events) may legitimately not run at the end."""
+        import io
+        import json
+
+        from acting.controller import Controller, RunOptions
+        from acting.events import EventLog
+        from acting.failure import Failover
+        from acting.fence import FenceResult
+        from acting.metrics import ControllerMetrics
+        from vcsched.control.rebalance import RebalanceOptions
+        from vcsched.formats.windows import ALWAYS
+
+        assert self.leader is not None
+        leader = self.leader
+        hv = self.hypervisor()
+        clock = SimClock(self.world)
+        stream = io.StringIO()
+
+        def fence(host: Any) -> FenceResult:
+            ok = self.fence_agent(host.name, final=final)
+            return FenceResult(host.name, "fence_sim", ok, "off, then status off" if ok else "the agent failed", 0.0)
+
+        options = RunOptions(CONTROLLER_INTERVAL_S, RebalanceOptions(1 << 40, 0.05, 1, 0.0, schedule=ALWAYS),
+                             sample=CONTROLLER_SAMPLE_S, probe_seconds=CONTROLLER_PROBE_S)
+        ctl = Controller("sim", hv, options, leader_lock=lambda: SimLock(leader, pid),
+                         cluster_lock=lambda: SimLock(self.lock, pid), events=EventLog(stream, f"p{pid}", clock.time),
+                         metrics=ControllerMetrics("sim"), clock=clock, journals=self.journals,
+                         failover=Failover(self.cluster, self.store, fence=fence))
+        try:
+            for _ in range(CONTROLLER_CYCLES * (3 if final else 1)):
+                ctl.cycle()
+        finally:
+            hv.close()
+            events = [json.loads(line) for line in stream.getvalue().splitlines()]
+            for e in events:
+                if e["event"] == "vm_stranded":
+                    self.stranded[e["vm"]] = e["reason"]
+                elif e["event"] in ("vm_restarted", "host_fenced", "applied", "host_failed", "error"):
+                    self.note(f"p{pid} event {e['event']}: " + json.dumps({k: v for k, v in e.items()
+                                                                          if k not in ("time", "member", "event")}))
+            if leader.holder == pid:
+                leader.holder = None
+            if self.lock.holder == pid:
+                self.lock.holder = None
+        return "ok"
 
     def restart(self, pid: int, *, final: bool = False) -> str:
         """``vcsched restart VM... --apply`` (cli/restart.py) for every VM the store says is lost: its unit of work,
@@ -907,7 +975,7 @@ class Schedule:
     def _power_off(self, host: str) -> None:
         self.fenced_away |= {d.uuid for d in self.world.hosts[host].domains.values() if d.meta is not None}
         self.world.power_off(host)
-        self.powered_off = True
+        self.powered.add(host)
         self.check(f"after {host} was fenced")
 
     def restore_probes(self, hv: Any, guard: Callable[[], None]) -> None:
@@ -985,9 +1053,9 @@ class Schedule:
         if probing:
             self.journals = Path(tempfile.mkdtemp(prefix="vcsched-faultsim-journal-"))
             self.note("workload: observe --probe")
-        run = {"probe": self.observe_probe, "recover": self.recover, "restart": self.restart}.get(self.workload,
-                                                                                                 self.command)
-        if self.workload in ("recover", "restart"):
+        run = {"probe": self.observe_probe, "recover": self.recover, "restart": self.restart,
+               "controller": self.controller}.get(self.workload, self.command)
+        if self.workload in ("recover", "restart", "controller"):
             self.note(f"workload: {self.workload} ({self.target} does not answer"
                       f"{', fenced, nothing restarted' if self.workload == 'restart' else ''})")
         try:
@@ -1001,6 +1069,8 @@ class Schedule:
                     self.note(f"p{pid} killed")
                     w.process_died(pid)
                     self.lock.holder = None if self.lock.holder == pid else self.lock.holder
+                    if self.leader is not None and self.leader.holder == pid:
+                        self.leader.holder = None
                     self.check(f"after p{pid} was killed")
                 finally:
                     self.rt.alive.discard(pid)
@@ -1014,7 +1084,7 @@ class Schedule:
             for name in sorted(w.hosts):
                 w.set_up(name, True)
             self.check("after every host answers again")
-            if self.workload == "recover":  # the host fails again (or still), and a last `recover` restarts its VMs
+            if self.workload in ("recover", "controller"):  # the host fails again (or still): a last recovery
                 w.set_up(self.target, False)
             self.lock.holder = None
             pid = self.new_pid()
@@ -1029,7 +1099,7 @@ class Schedule:
                 self.note(f"p{self.rt.pid} (final restart) ends: {result}")
             self.out.result = result
             self.check("at the end", quiescent=True)
-            if self.workload in ("recover", "restart"):
+            if self.workload in ("recover", "restart", "controller"):
                 w.set_up(self.target, True)  # powered on again: a fenced host comes back with no guest
                 self.check(f"after {self.target} answers again", quiescent=True)
                 if not (result == "ok" or result.startswith("stranded")):

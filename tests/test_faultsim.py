@@ -70,7 +70,7 @@ def test_a_schedule_replays_exactly() -> None:
     (hazards.PROBE_NO_RESTORE, 1, 100, 0.02),
     # A recover schedule (every eighth): the host fenced, then the plan refused (the fenced host answered again, or
     # another host stopped answering, between the planning read and the check): its VMs run nowhere.
-    (hazards.FENCE_BEFORE_VALIDATE, 1, 100, 0.02),
+    (hazards.FENCE_BEFORE_VALIDATE, 1, 120, 0.02),
 ])
 def test_a_known_hazard_switched_back_on_is_caught(hazard: str, seed: int, schedules: int, rate: float) -> None:
     with hazards_on((hazard,)):
