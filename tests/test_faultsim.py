@@ -468,10 +468,11 @@ def test_a_restart_after_a_recovery_that_restarted_nothing_runs_every_lost_vm_on
     assert all(running[vm] == 1 for vm in lost), running
 
 
-@pytest.mark.parametrize(("seed", "index"), [(1, 1837), (11, 93)])
+@pytest.mark.parametrize(("seed", "index"), [(1, 1837), (11, 93), (1, 6941)])
 def test_a_restart_cut_short_is_not_restarted_again_while_its_host_does_not_answer(seed: int, index: int) -> None:
     """Restart schedules: a create cut short after libvirt started the VM (its host then stopped answering) left the
     record on the fenced host, so the next process saw the VM lost and started it a second time elsewhere ("vc1-0
-    runs twice, as two domains").  The record now names the host it was created on (acting/definitions.py)."""
+    runs twice, as two domains"); 6941: the same, the process killed before its step's record.  A restart's record
+    now names the host it is created on before the create (UnitOfWork.apply's write-ahead)."""
     out = replay(seed, index)
     assert out.violations == [] and out.result == "ok", out.violations
