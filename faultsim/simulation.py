@@ -809,13 +809,11 @@ class Schedule:
         (:meth:`fence_agent`), then the creates.  A fence followed by a refused plan loses the host's VMs: that
         is a violation here (the order the unit of work enforces; the switch ``fence-before-validate``)."""
         from acting.executor import PlanRefused
-        from acting.lock import LockBusy
         from vcsched.control.failover import plan_recovery
         from vcsched.plans.claims import PlanMismatch
 
-        hv = self.hypervisor()
-        fenced: list[bool] = []
-        try:
+        def body(hv: Any) -> str:
+            fenced: list[bool] = []
             with self.unit_of_work(hv, pid) as uow:
                 inventory = uow.inventory()
                 if inventory.host(self.target).down is None:
@@ -842,21 +840,9 @@ class Schedule:
                         self.violate(f"{self.target} fenced, then its recovery plan refused: its VMs "
                                      f"{[r.vm for r in records]} run nowhere ({type(exc).__name__}: {exc})")
                     return f"refused: {type(exc).__name__}: {exc}"
-                if report is None:
-                    return "not fenced: nothing restarted"
-                if report.ok:
-                    return "ok" if not recovery.stranded else f"stranded: {recovery.stranded}"
-                failed = report.failed()
-                return f"stopped: {report.stopped or (failed.detail if failed else '?')}"
-        except LockBusy as exc:
-            self.note(f"p{pid} refused: {exc}")
-            return "locked"
-        except VcschedError as exc:
-            if getattr(exc, "exit_code", 1) == 70:
-                raise
-            return f"refused: {type(exc).__name__}: {exc}"
-        finally:
-            hv.close()
+                return "not fenced: nothing restarted" if report is None else _ended(report, recovery.stranded)
+
+        return self.process(pid, body)
 
     def controller(self, pid: int, *, final: bool = False) -> str:
         """``vcsched run`` (acting/controller.py's :class:`Controller`, act mode) for :data:`CONTROLLER_CYCLES`
@@ -914,11 +900,9 @@ class Schedule:
         the lost records (:meth:`acting.definitions.DefinitionStore.lost`), :func:`vcsched.control.failover.
         plan_restart` (below floors allowed: naming a VM is choosing that it runs), applied through the unit of
         work.  The VMs it refuses (no room) are stranded, with the reason."""
-        from acting.lock import LockBusy
         from vcsched.control.failover import plan_restart
 
-        hv = self.hypervisor()
-        try:
+        def body(hv: Any) -> str:
             with self.unit_of_work(hv, pid) as uow:
                 inventory = uow.inventory()
                 lost = {x.vm for x in self.store.lost(inventory)}
@@ -930,10 +914,18 @@ class Schedule:
                     return f"stranded: {restart.refused}" if restart.refused else "ok"
                 report = uow.apply(restart.plan, planned_here=True, threads=False)
                 assert report is not None  # no irreversible action: always a report
-                if report.ok:
-                    return "ok" if not restart.refused else f"stranded: {restart.refused}"
-                failed = report.failed()
-                return f"stopped: {report.stopped or (failed.detail if failed else '?')}"
+                return _ended(report, restart.refused)
+
+        return self.process(pid, body)
+
+    def process(self, pid: int, body: Callable[[Any], str]) -> str:
+        """A vcsched process that acts: ``body`` on a fresh adapter; what the CLI turns into exit 1 (the lock busy,
+        a refusal) is its result, a bug of vcsched's own (exit 70) a violation."""
+        from acting.lock import LockBusy
+
+        hv = self.hypervisor()
+        try:
+            return body(hv)
         except LockBusy as exc:
             self.note(f"p{pid} refused: {exc}")
             return "locked"
@@ -993,14 +985,12 @@ class Schedule:
         """``vcsched observe --probe`` (cli/observe.py): sample without the lock, take it, repair, put back the
         caps of killed probes, then probe (:func:`acting.sampling.probe_and_restore`) and put the caps back.
         The final process checks, after its restore, that no cap is left raised, then probes once more."""
-        from acting.lock import LockBusy
         from acting.sampling import CpuSampler, probe_and_restore
         from hypervisor.journal import PROBE, Journal
 
-        hv = self.hypervisor()
-        stop = threading.Event()
-        sampler = CpuSampler(PROBE_WINDOW_S + PROBE_SAMPLE_S, SimClock(self.world))
-        try:
+        def body(hv: Any) -> str:
+            stop = threading.Event()
+            sampler = CpuSampler(PROBE_WINDOW_S + PROBE_SAMPLE_S, SimClock(self.world))
             sampler.sample_for(hv, PROBE_WINDOW_S, PROBE_SAMPLE_S, stop)
             with self.unit_of_work(hv, pid) as uow:  # in-doubt VMs settled first
                 self.restore_probes(hv, uow.lock_guard)
@@ -1015,15 +1005,8 @@ class Schedule:
                     self.check_caps("after the final probe")
                 failed = [what for what, r in done.reports().items() if not r.ok]
                 return f"stopped: {', '.join(failed)} not ok" if failed else "ok"
-        except LockBusy as exc:
-            self.note(f"p{pid} refused: {exc}")
-            return "locked"
-        except VcschedError as exc:
-            if getattr(exc, "exit_code", 1) == 70:
-                raise
-            return f"refused: {type(exc).__name__}: {exc}"
-        finally:
-            hv.close()
+
+        return self.process(pid, body)
 
     def goal(self) -> None:
         """The plan's goal: each VM it predicts on its host, running once, with its cap."""
@@ -1123,6 +1106,14 @@ class Schedule:
             if self.journals is not None:
                 shutil.rmtree(self.journals, ignore_errors=True)
         return self.out
+
+
+def _ended(report: Any, stranded: tuple[tuple[str, str], ...]) -> str:
+    """A recovery's or a restart's result from its apply report and the VMs it stranded."""
+    if report.ok:
+        return f"stranded: {stranded}" if stranded else "ok"
+    failed = report.failed()
+    return f"stopped: {report.stopped or (failed.detail if failed else '?')}"
 
 
 _STATE = {RUNNING: "running", PAUSED: "paused", libvirt.VIR_DOMAIN_SHUTOFF: "shut off"}
