@@ -36,9 +36,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
-from acting.definitions import recorder
+from acting.definitions import StoreError, recorder
 from acting.executor import ApplyReport, ClusterChangedMeanwhile, SnapshotMismatch, StepResult, apply_plan, check_whole
-from vcsched.errors import VcschedError
+from hypervisor import hazards
+from vcsched.errors import InputError, VcschedError
+from vcsched.plans.steps import CreateStep
 
 if TYPE_CHECKING:
     from acting.definitions import DefinitionStore
@@ -224,12 +226,20 @@ class UnitOfWork:
         if self.dry_run:
             raise DryRun("a dry run does not apply: a unit of work without a lock only reads")
         checked = None
-        if irreversible is not None:  # else the executor's own whole-plan check, below, is the one before acting
+        restarts = self._recorded_creates(plan)
+        if irreversible is not None or restarts:  # else the executor's own whole-plan check is the one before acting
+            if irreversible is not None and hazards.on(hazards.FENCE_BEFORE_VALIDATE):  # a mutation switch (tests)
+                self.guard()
+                if not irreversible():
+                    return None
+                irreversible = None
             with _changed_meanwhile(plan, planned_here):
                 checked = check_whole(self.hv, plan, force=force)
             self.guard()
-            if not irreversible():
+            if irreversible is not None and not irreversible():
                 return None
+            if restarts:
+                self._record_ahead(restarts)
 
         def then(result: StepResult) -> None:
             self.reporting.step(result)
@@ -239,6 +249,30 @@ class UnitOfWork:
         with _changed_meanwhile(plan, planned_here):
             return apply_plan(self.hv, plan, force=force, guard=self.guard, threads=threads, checked=checked,
                               on_step=recorder(self.store, self.reporting.note, then))
+
+
+    def _recorded_creates(self, plan: Plan) -> list[CreateStep]:
+        """The plan's creates of VMs the store already records: restarts (`recover`, `restart`, the controller)."""
+        if self.store is None:
+            return []
+        creates = [s for s in plan.steps if isinstance(s, CreateStep)]
+        if not creates:
+            return []
+        recorded = self.store.all()
+        return [s for s in creates if s.vm in recorded]
+
+    def _record_ahead(self, restarts: list[CreateStep]) -> None:
+        """Before a restart creates a VM, its record names the host it is created on (a write-ahead): a create cut
+        short (its process killed, its host no longer answering before the step is verified) may have started the
+        VM there, and a record still naming the failed host would make it *lost* to the next command, which would
+        start it a second time elsewhere while that host does not answer (found by the fault simulation,
+        docs/faultsim.md).  If nothing was created, the host answering without it shows it lost, and a restart
+        runs it; while the host does not answer, the VM awaits that host's recovery."""
+        assert self.store is not None
+        try:
+            self.store.record(restarts)
+        except (StoreError, InputError) as exc:
+            self.reporting.note(f"{exc}: a restart cut short could be started twice")
 
 
 @contextmanager

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import random
 import shutil
 import tempfile
@@ -84,6 +85,24 @@ MIGRATION_BOOST = 8
 PROBE_EVERY = 4
 #: Schedules whose index is TWIN_AT modulo TWIN_EVERY start with a VM in doubt (:meth:`Schedule.twin`).
 TWIN_EVERY, TWIN_AT = 8, 1
+#: Schedules whose index is RECOVER_AT modulo RECOVER_EVERY run ``vcsched recover HOST --apply``
+#: (:meth:`Schedule.recover`), except every other one (RESTART_AT modulo RESTART_EVERY), which starts after a
+#: recovery that fenced a host and restarted nothing, and runs ``vcsched restart VM... --apply``
+#: (:meth:`Schedule.restart`).
+RECOVER_EVERY, RECOVER_AT = 8, 5
+RESTART_EVERY, RESTART_AT = 16, 13
+#: Of the other recover schedules, every other one (CONTROLLER_AT modulo CONTROLLER_EVERY) runs ``vcsched run``'s
+#: controller instead (:meth:`Schedule.controller`): its intervals detect the failure, fence, restart, probe and
+#: rebalance.
+CONTROLLER_EVERY, CONTROLLER_AT = 32, 21
+#: The controller's options (simulated seconds): ``--interval 4 --sample 1 --probe-seconds 1``, a host failed
+#: after 8 s down, and the intervals one process runs (it may be killed before).
+CONTROLLER_INTERVAL_S, CONTROLLER_SAMPLE_S, CONTROLLER_PROBE_S, CONTROLLER_FAILURE_S = 4.0, 1.0, 1.0, 8.0
+CONTROLLER_CYCLES = 5
+#: Per fencing under faults, the chance that the simulated agent fails (off exits 1: the host stays on), hangs
+#: (killed at its timeout; it may have switched the host off all the same), or the process is killed right after
+#: the power went off (nothing restarted, nothing recorded as fenced).
+FENCE_FAIL, FENCE_HANG, FENCE_KILL = 0.1, 0.1, 0.05
 #: ``observe --window 4s --sample 1s --probe --probe-seconds 2s`` (simulated seconds).
 PROBE_WINDOW_S, PROBE_SAMPLE_S, PROBE_SECONDS_S = 4.0, 1.0, 2.0
 
@@ -94,6 +113,42 @@ class Violation(BaseException):
     A BaseException, like :class:`hypervisor.simlibvirt.ProcessKilled`: it is raised inside the code under
     test (at the call that broke the invariant) and must reach the schedule unchanged, not be turned into a
     host error or a "down host" by an ``except Exception`` on its way."""
+
+
+# ------------------------------------------------------------------------------------------ the stores
+
+
+class MemoryBackend:
+    """The definitions store's backend (:class:`acting.definitions.Backend`) in memory: the coordination backend
+    outlives every simulated process and host, as etcd does."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, str] = {}
+
+    def put(self, key: str, text: str) -> None:
+        self.keys[key] = text
+
+    def get(self, key: str) -> str | None:
+        return self.keys.get(key)
+
+    def delete(self, key: str) -> None:
+        self.keys.pop(key, None)
+
+    def items(self, prefix: str) -> Iterator[tuple[str, str]]:
+        yield from sorted((k, v) for k, v in self.keys.items() if k.startswith(prefix + "/"))
+
+
+def store_for(sc: Scenario) -> Any:
+    """The definitions store of a scenario's cluster, holding a record of each VM it starts with (as if vcsched's
+    ``place`` had created them): what ``recover`` reads, and what every step of the simulated commands updates."""
+    from acting.definitions import DefinitionStore
+    from vcsched.plans.steps import Boot, CreateStep
+
+    store = DefinitionStore(MemoryBackend(), "sim", "memory://sim")
+    boot = Boot("kernel", "/sim/vmlinuz", "/sim/initrd")
+    for name, host, vcpus, mib, need, cap, vc in sc.vms:
+        store.put(CreateStep(name, host, vc, vcpus, mib * MIB, need, cap, boot))
+    return store
 
 
 # ------------------------------------------------------------------------------------------ the lock
@@ -302,9 +357,12 @@ def build_world(sc: Scenario) -> SimWorld:
 
 
 def cluster_for(sc: Scenario) -> Any:
-    from vcsched.formats.cluster import Cluster, ClusterHost, GuestDefaults
+    from vcsched.formats.cluster import Cluster, ClusterHost, FenceConfig, GuestDefaults
 
-    hosts = tuple(ClusterHost(f"h{i}", f"sim://h{i}") for i in range(sc.hosts))
+    # Every host has a fence agent (the simulated one, :meth:`Schedule.fence_agent`); the VMs boot from a kernel
+    # (no disk), so a recovery strands a VM only for lack of room.
+    hosts = tuple(ClusterHost(f"h{i}", f"sim://h{i}", fence=FenceConfig("fence_sim"))
+                  for i in range(sc.hosts))
     return Cluster("sim", hosts, 0.0, GuestDefaults("/sim/vmlinuz", "/sim/initrd"), host_timeout=HOST_TIMEOUT_S)
 
 
@@ -400,6 +458,30 @@ class Schedule:
         self.caps = {d.uuid: d.cap_cores() for h in self.world.hosts.values() for d in h.domains.values()
                      if d.meta is not None}
         self.journals: Path | None = None  # the probe journals' directory (the state dir's journal/)
+        #: The definitions store (in memory, outliving processes): every command records its steps there.
+        self.store = store_for(self.sc)
+        #: ``recover``: the host that fails (the one, h0 aside, with most managed VMs; h0 holds the unmanaged
+        #: domain, which a fence would take along) and the UUIDs a fence took away (no copy left: awaiting their
+        #: restart), and the VMs the last recovery stranded, with why (legitimately not running at the end).
+        self.target = ""
+        self.fenced_away: set[str] = set()
+        self.powered: set[str] = set()  # hosts a fence switched off (each comes back, if ever, with no guest)
+        self.stranded: dict[str, str] = {}
+        self.leader: SimLockService | None = None  # the controller's leader lock
+        if index % RECOVER_EVERY == RECOVER_AT and self.workload != "probe":
+            self.workload = "recover"
+            per_host = collections.Counter(v[1] for v in self.sc.vms if v[1] != "h0")
+            self.target = max((f"h{i}" for i in range(1, self.sc.hosts)), key=lambda h: (per_host[h], h))
+            self.world.set_up(self.target, False)
+            if index % CONTROLLER_EVERY == CONTROLLER_AT:
+                self.workload = "controller"
+                self.leader = SimLockService(self.world)
+                self.cluster = dataclasses.replace(self.cluster, failure_timeout=CONTROLLER_FAILURE_S)
+                self.journals = Path(tempfile.mkdtemp(prefix="vcsched-faultsim-journal-"))
+            if index % RESTART_EVERY == RESTART_AT:  # fenced, nothing restarted: its VMs are lost
+                self.workload = "restart"
+                self._power_off(self.target)
+                self.store.mark_fenced(self.target)
         self.burnt = 0.0  # the simulated time up to which the guests' CPU time is counted
 
     def twin(self, rng: random.Random) -> None:
@@ -455,10 +537,16 @@ class Schedule:
             running = [h for h, d in copies if d.state == RUNNING]
             if len(running) > 1:
                 self.violate(f"{name} runs on {' and '.join(running)} ({where})")
-            if not copies:
+            if not copies and uuid not in self.fenced_away:
                 self.violate(f"{name} is lost: no copy on any host ({where})")
             if quiescent:
                 self.runs_once(name, copies, where)
+        if self.fenced_away:  # a restart defines the VM again (a new UUID): a VM is its name across UUIDs
+            by_name = collections.Counter(d.name for h in w.hosts.values() for d in h.domains.values()
+                                          if d.meta is not None and d.state == RUNNING)
+            twice = sorted(n for n, k in by_name.items() if k > 1)
+            if twice:
+                self.violate(f"{twice[0]} runs twice, as two domains ({where})")
         if w.stale:
             self.violate(f"{w.stale[0]} ({where})")
         for h in w.hosts.values():
@@ -470,6 +558,8 @@ class Schedule:
             if mem > h.memory_bytes:
                 self.violate(f"host {h.name}: memory {mem >> 20} MiB > {h.memory_bytes >> 20} MiB ({where})")
         host, uuid, look = self.stranger
+        if host in self.powered:  # a fence took it along, as it takes every guest of its host
+            return
         now = w.hosts[host].domains.get(uuid)
         if now is None or self._look(now) != look or any(uuid in h.domains for h in w.hosts.values() if h.name != host):
             self.violate(f"the unmanaged domain 'stranger' was changed ({where})")
@@ -481,6 +571,13 @@ class Schedule:
         running = [h for h, d in copies if d.state == RUNNING]
         if len(copies) == 1 and running:
             return
+        if not copies and self.fenced_away:
+            # A fenced copy: the VM must run again as another domain (itself checked), or be stranded with a reason.
+            if name in self.stranded or any(d.name == name and d.meta is not None for h in self.world.hosts.values()
+                                            for d in h.domains.values()):
+                return
+            self.violate(f"{name} does not run after its host was fenced, and no recovery stranded it: lost "
+                         f"({where})")
         seen = [(h, _STATE.get(d.state, d.state)) for h, d in copies]
         if not copies:
             why = "lost: no copy on any host"
@@ -521,7 +618,7 @@ class Schedule:
     def hook(self, c: Call) -> None:
         if self.keep_trace:
             self.note(f"p{c.process} {c.host}.{c.method}({c.vm or ''})")
-        if self.workload == "probe":
+        if self.workload in ("probe", "controller"):
             self._burn()
         if not self.injecting or self.depth:
             return
@@ -597,10 +694,14 @@ class Schedule:
 
     def _host_up(self) -> None:
         down = sorted(n for n, h in self.world.hosts.items() if not h.up)
+        if self.target in down and self.target not in self.powered and self.rng.random() < 0.8:
+            down.remove(self.target)  # the failed host mostly stays failed until recovered (else nothing to recover)
         if not down:
             return
         name = self.rng.choice(down)
         self.fault("host_up", f"{name} answers again")
+        if name in self.powered:
+            self.fault("fenced_back", f"{name}, fenced, is powered on again: it answers with no guest")
         self.world.set_up(name, True)
         self.check(f"after {name} came back")
 
@@ -664,7 +765,7 @@ class Schedule:
             self.note(f"p{self.rt.pid} repair: {'; '.join(report.lines()) or 'nothing in doubt'}")
             self.check("after repair")
 
-        return UnitOfWork(hv, SimLock(self.lock, pid), reporting=Reporting(settled=settled))
+        return UnitOfWork(hv, SimLock(self.lock, pid), store=self.store, reporting=Reporting(settled=settled))
 
     def command(self, pid: int, *, repair_only: bool = False, final: bool = False) -> str:
         """A command that changes hosts (cli/common.py's ``acting_on``): its unit of work — the lock, a repair —
@@ -701,6 +802,174 @@ class Schedule:
         finally:
             hv.close()
 
+    def recover(self, pid: int, *, final: bool = False) -> str:
+        """``vcsched recover HOST --apply`` (cli/recover.py): its unit of work (the lock, a repair), the recovery
+        planned from the definitions store's records (:func:`vcsched.control.failover.plan_recovery`), then applied
+        through the unit of work with the fence as its irreversible action: validated whole first, then fenced
+        (:meth:`fence_agent`), then the creates.  A fence followed by a refused plan loses the host's VMs: that
+        is a violation here (the order the unit of work enforces; the switch ``fence-before-validate``)."""
+        from acting.executor import PlanRefused
+        from vcsched.control.failover import plan_recovery
+        from vcsched.plans.claims import PlanMismatch
+
+        def body(hv: Any) -> str:
+            fenced: list[bool] = []
+            with self.unit_of_work(hv, pid) as uow:
+                inventory = uow.inventory()
+                if inventory.host(self.target).down is None:
+                    return f"refused: host {self.target} answers: it has not failed"
+                records = [d.step for d in self.store.on(self.target)]
+                recovery = plan_recovery(self.cluster, inventory, self.target, records)
+                self.stranded = dict(recovery.stranded)
+                self.note(f"p{pid} recovery of {self.target}: restarts {list(recovery.restarts)}, "
+                          f"stranded {recovery.stranded}, running {list(recovery.running)}")
+                if recovery.plan is None:
+                    return f"stranded: {recovery.stranded}" if recovery.stranded else "ok"
+
+                def fence() -> bool:
+                    result = self.fence_agent(self.target, final=final)
+                    fenced.append(self.target in self.powered)
+                    if result:
+                        self.store.mark_fenced(self.target)
+                    return result
+
+                try:
+                    report = uow.apply(recovery.plan, planned_here=True, irreversible=fence, threads=False)
+                except (PlanRefused, PlanMismatch) as exc:
+                    if fenced and fenced[-1]:
+                        self.violate(f"{self.target} fenced, then its recovery plan refused: its VMs "
+                                     f"{[r.vm for r in records]} run nowhere ({type(exc).__name__}: {exc})")
+                    return f"refused: {type(exc).__name__}: {exc}"
+                return "not fenced: nothing restarted" if report is None else _ended(report, recovery.stranded)
+
+        return self.process(pid, body)
+
+    def controller(self, pid: int, *, final: bool = False) -> str:
+        """``vcsched run`` (acting/controller.py's :class:`Controller`, act mode) for :data:`CONTROLLER_CYCLES`
+        intervals (the final process: enough for the failed host to be declared failed, fenced and its VMs
+        restarted): each interval samples, restarts lost VMs, detects the failed host and recovers it (fencing
+        with :meth:`fence_agent`), probes and rebalances, through its unit of work.  The VMs it strands (its
+        ``vm_stranded`` events) may legitimately not run at the end."""
+        import io
+        import json
+
+        from acting.controller import Controller, RunOptions
+        from acting.events import EventLog
+        from acting.failure import Failover
+        from acting.fence import FenceResult
+        from acting.metrics import ControllerMetrics
+        from vcsched.control.rebalance import RebalanceOptions
+        from vcsched.formats.windows import ALWAYS
+
+        assert self.leader is not None
+        leader = self.leader
+        hv = self.hypervisor()
+        clock = SimClock(self.world)
+        stream = io.StringIO()
+
+        def fence(host: Any) -> FenceResult:
+            ok = self.fence_agent(host.name, final=final)
+            return FenceResult(host.name, "fence_sim", ok, "off, then status off" if ok else "the agent failed", 0.0)
+
+        options = RunOptions(CONTROLLER_INTERVAL_S, RebalanceOptions(1 << 40, 0.05, 1, 0.0, schedule=ALWAYS),
+                             sample=CONTROLLER_SAMPLE_S, probe_seconds=CONTROLLER_PROBE_S)
+        ctl = Controller("sim", hv, options, leader_lock=lambda: SimLock(leader, pid),
+                         cluster_lock=lambda: SimLock(self.lock, pid), events=EventLog(stream, f"p{pid}", clock.time),
+                         metrics=ControllerMetrics("sim"), clock=clock, journals=self.journals,
+                         failover=Failover(self.cluster, self.store, fence=fence))
+        try:
+            for _ in range(CONTROLLER_CYCLES * (3 if final else 1)):
+                ctl.cycle()
+        finally:
+            hv.close()
+            events = [json.loads(line) for line in stream.getvalue().splitlines()]
+            for e in events:
+                if e["event"] == "vm_stranded":
+                    self.stranded[e["vm"]] = e["reason"]
+                elif e["event"] in ("vm_restarted", "host_fenced", "applied", "host_failed", "error"):
+                    self.note(f"p{pid} event {e['event']}: " + json.dumps({k: v for k, v in e.items()
+                                                                          if k not in ("time", "member", "event")}))
+            if leader.holder == pid:
+                leader.holder = None
+            if self.lock.holder == pid:
+                self.lock.holder = None
+        return "ok"
+
+    def restart(self, pid: int, *, final: bool = False) -> str:
+        """``vcsched restart VM... --apply`` (cli/restart.py) for every VM the store says is lost: its unit of work,
+        the lost records (:meth:`acting.definitions.DefinitionStore.lost`), :func:`vcsched.control.failover.
+        plan_restart` (below floors allowed: naming a VM is choosing that it runs), applied through the unit of
+        work.  The VMs it refuses (no room) are stranded, with the reason."""
+        from vcsched.control.failover import plan_restart
+
+        def body(hv: Any) -> str:
+            with self.unit_of_work(hv, pid) as uow:
+                inventory = uow.inventory()
+                lost = {x.vm for x in self.store.lost(inventory)}
+                records = [d.step for vm, d in sorted(self.store.all().items()) if vm in lost]
+                restart = plan_restart(self.cluster, inventory, records, below_floor_ok=True)
+                self.stranded = dict(restart.refused)
+                self.note(f"p{pid} restart of {sorted(lost)}: {list(restart.restarts)}, refused {restart.refused}")
+                if restart.plan is None:
+                    return f"stranded: {restart.refused}" if restart.refused else "ok"
+                report = uow.apply(restart.plan, planned_here=True, threads=False)
+                assert report is not None  # no irreversible action: always a report
+                return _ended(report, restart.refused)
+
+        return self.process(pid, body)
+
+    def process(self, pid: int, body: Callable[[Any], str]) -> str:
+        """A vcsched process that acts: ``body`` on a fresh adapter; what the CLI turns into exit 1 (the lock busy,
+        a refusal) is its result, a bug of vcsched's own (exit 70) a violation."""
+        from acting.lock import LockBusy
+
+        hv = self.hypervisor()
+        try:
+            return body(hv)
+        except LockBusy as exc:
+            self.note(f"p{pid} refused: {exc}")
+            return "locked"
+        except VcschedError as exc:
+            if getattr(exc, "exit_code", 1) == 70:
+                raise
+            return f"refused: {type(exc).__name__}: {exc}"
+        finally:
+            hv.close()
+
+    def fence_agent(self, host: str, *, final: bool = False) -> bool:
+        """The fence agent of ``host`` (cli/recover.py runs :func:`acting.fence.fence_host`: ``off``, then
+        ``status``), simulated: it switches the host off (:meth:`SimWorld.power_off`: its guests gone) and says
+        so.  Under faults it may fail (the host stays on, its guests run), hang (killed at its timeout, the clock
+        jumps; the host may be off all the same, but vcsched cannot know), or the process may die right after
+        the power went off.  Returns whether the fence is confirmed (``FenceResult.fenced``)."""
+        from acting.fence import DEFAULT_AGENT_TIMEOUT_S
+
+        roll = self.rng.random() if self.injecting and not final else 1.0
+        if roll < FENCE_FAIL:
+            self.fault("fence_fail", f"the fence agent of {host}: off exits 1")
+            return False
+        if roll < FENCE_FAIL + FENCE_HANG:
+            self.world.now += DEFAULT_AGENT_TIMEOUT_S
+            off = self.rng.random() < 0.5
+            self.fault("fence_hang", f"the fence agent of {host} killed at its timeout"
+                       + (" (it had switched the host off)" if off else ""))
+            if off:
+                self._power_off(host)
+            return False
+        self._power_off(host)
+        self.note(f"p{self.rt.pid} fenced {host}: off, then status off")
+        if roll < FENCE_FAIL + FENCE_HANG + FENCE_KILL:
+            self.fault("kill", f"process {self.rt.pid} killed right after {host} was fenced")
+            self.world.process_died(self.rt.pid)
+            raise ProcessKilled(self.rt.pid)
+        return True
+
+    def _power_off(self, host: str) -> None:
+        self.fenced_away |= {d.uuid for d in self.world.hosts[host].domains.values() if d.meta is not None}
+        self.world.power_off(host)
+        self.powered.add(host)
+        self.check(f"after {host} was fenced")
+
     def restore_probes(self, hv: Any, guard: Callable[[], None]) -> None:
         """What `vcsched run`, `observe --probe` and `repair --apply` do under the lock: put back the caps of
         probes whose process is gone (:func:`acting.restore.restore_journal`)."""
@@ -716,14 +985,12 @@ class Schedule:
         """``vcsched observe --probe`` (cli/observe.py): sample without the lock, take it, repair, put back the
         caps of killed probes, then probe (:func:`acting.sampling.probe_and_restore`) and put the caps back.
         The final process checks, after its restore, that no cap is left raised, then probes once more."""
-        from acting.lock import LockBusy
         from acting.sampling import CpuSampler, probe_and_restore
         from hypervisor.journal import PROBE, Journal
 
-        hv = self.hypervisor()
-        stop = threading.Event()
-        sampler = CpuSampler(PROBE_WINDOW_S + PROBE_SAMPLE_S, SimClock(self.world))
-        try:
+        def body(hv: Any) -> str:
+            stop = threading.Event()
+            sampler = CpuSampler(PROBE_WINDOW_S + PROBE_SAMPLE_S, SimClock(self.world))
             sampler.sample_for(hv, PROBE_WINDOW_S, PROBE_SAMPLE_S, stop)
             with self.unit_of_work(hv, pid) as uow:  # in-doubt VMs settled first
                 self.restore_probes(hv, uow.lock_guard)
@@ -738,15 +1005,8 @@ class Schedule:
                     self.check_caps("after the final probe")
                 failed = [what for what, r in done.reports().items() if not r.ok]
                 return f"stopped: {', '.join(failed)} not ok" if failed else "ok"
-        except LockBusy as exc:
-            self.note(f"p{pid} refused: {exc}")
-            return "locked"
-        except VcschedError as exc:
-            if getattr(exc, "exit_code", 1) == 70:
-                raise
-            return f"refused: {type(exc).__name__}: {exc}"
-        finally:
-            hv.close()
+
+        return self.process(pid, body)
 
     def goal(self) -> None:
         """The plan's goal: each VM it predicts on its host, running once, with its cap."""
@@ -776,7 +1036,11 @@ class Schedule:
         if probing:
             self.journals = Path(tempfile.mkdtemp(prefix="vcsched-faultsim-journal-"))
             self.note("workload: observe --probe")
-        run = self.observe_probe if probing else self.command
+        run = {"probe": self.observe_probe, "recover": self.recover, "restart": self.restart,
+               "controller": self.controller}.get(self.workload, self.command)
+        if self.workload in ("recover", "restart", "controller"):
+            self.note(f"workload: {self.workload} ({self.target} does not answer"
+                      f"{', fenced, nothing restarted' if self.workload == 'restart' else ''})")
         try:
             result = ""
             for _ in range(MAX_PROCESSES):
@@ -788,6 +1052,8 @@ class Schedule:
                     self.note(f"p{pid} killed")
                     w.process_died(pid)
                     self.lock.holder = None if self.lock.holder == pid else self.lock.holder
+                    if self.leader is not None and self.leader.holder == pid:
+                        self.leader.holder = None
                     self.check(f"after p{pid} was killed")
                 finally:
                     self.rt.alive.discard(pid)
@@ -801,14 +1067,27 @@ class Schedule:
             for name in sorted(w.hosts):
                 w.set_up(name, True)
             self.check("after every host answers again")
+            if self.workload in ("recover", "controller"):  # the host fails again (or still): a last recovery
+                w.set_up(self.target, False)
             self.lock.holder = None
             pid = self.new_pid()
             result = run(pid, final=True)
             self.rt.alive.discard(pid)
             self.note(f"p{pid} (final) ends: {result}")
+            if self.workload == "recover" and (result == "ok" or result.startswith("stranded")):
+                # What the operator runs next (`status` lists them): a restart of the VMs that are lost (a recovery's
+                # create cut short leaves its VM recorded on the host it was created on, which may not hold it).
+                result = self.restart(self.new_pid(), final=True)
+                self.rt.alive.discard(self.rt.pid)
+                self.note(f"p{self.rt.pid} (final restart) ends: {result}")
             self.out.result = result
             self.check("at the end", quiescent=True)
-            if result in ("ok", "no plan"):
+            if self.workload in ("recover", "restart", "controller"):
+                w.set_up(self.target, True)  # powered on again: a fenced host comes back with no guest
+                self.check(f"after {self.target} answers again", quiescent=True)
+                if not (result == "ok" or result.startswith("stranded")):
+                    self.violate(f"did not converge: the final {self.workload} {result}")
+            elif result in ("ok", "no plan"):
                 if not probing:
                     self.goal()
             elif not result.startswith("refused"):
@@ -827,6 +1106,14 @@ class Schedule:
             if self.journals is not None:
                 shutil.rmtree(self.journals, ignore_errors=True)
         return self.out
+
+
+def _ended(report: Any, stranded: tuple[tuple[str, str], ...]) -> str:
+    """A recovery's or a restart's result from its apply report and the VMs it stranded."""
+    if report.ok:
+        return f"stranded: {stranded}" if stranded else "ok"
+    failed = report.failed()
+    return f"stopped: {report.stopped or (failed.detail if failed else '?')}"
 
 
 _STATE = {RUNNING: "running", PAUSED: "paused", libvirt.VIR_DOMAIN_SHUTOFF: "shut off"}

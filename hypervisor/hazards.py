@@ -31,8 +31,13 @@ RESUME_WITHOUT_GENERATION = "resume-without-generation"
 #: :data:`RESUME_WITHOUT_GENERATION`.
 MIGRATE_WHILE_HOLDER_DOWN = "migrate-while-holder-down"
 
+#: The unit of work performs an irreversible action (fencing a failed host) before it validates the plan that must
+#: follow it, the order of issue 37's first report: a plan refused after the fence leaves the host's VMs dead.
+FENCE_BEFORE_VALIDATE = "fence-before-validate"
+
 KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP, PROBE_NO_RESTORE,
-                   IN_DOUBT_PLANNABLE, RESUME_WITHOUT_GENERATION, MIGRATE_WHILE_HOLDER_DOWN})
+                   IN_DOUBT_PLANNABLE, RESUME_WITHOUT_GENERATION, MIGRATE_WHILE_HOLDER_DOWN,
+                   FENCE_BEFORE_VALIDATE})
 
 #: The hazards switched on (empty in production).
 HAZARDS: set[str] = set()

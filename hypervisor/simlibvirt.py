@@ -275,6 +275,14 @@ class SimWorld:
         if up:
             self._resolve_pending(host)
 
+    def power_off(self, name: str) -> None:
+        """A fence agent switched host ``name`` off: every guest on it is gone (a running or paused guest dies with
+        its host; a migration's job with it), and it does not answer until powered on again, then with no guest
+        (the simulated domains are transient, as vcsched's are; none autostarts)."""
+        host = self.hosts[name]
+        host.domains.clear()
+        host.up = False
+
     def process_died(self, process: int) -> None:
         """The client ``process`` is gone: its connections close, and libvirt cleans up its migrations."""
         self.dead.add(process)
