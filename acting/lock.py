@@ -130,7 +130,7 @@ def leader_lock_name(key: str) -> str:
 
 
 def cluster_lock_name(key: str) -> str:
-    """The cluster lock of the cluster whose hosts have lock key ``key`` (:func:`hypervisor.identity.lock_key`)."""
+    """The cluster lock of key ``key``: the key its hosts are claimed by (acting/lock_names.py)."""
     return f"vcsched-cluster-{key}"
 
 
@@ -153,8 +153,8 @@ class ClusterLock:
         self.url = with_ttl(url, self.ttl)
         self.cluster = cluster
         self.member = member or member_id()
-        #: The lock's name on the backend: the cluster lock of the hosts' ``key`` (their identities,
-        #: hypervisor/identity.py; a bare cluster name only in tests of the lock itself); ``vcsched run``'s
+        #: The lock's name on the backend: the cluster lock of ``key``, the key the hosts are claimed by
+        #: (acting/lock_names.py; a bare cluster name only in tests of the lock itself); ``vcsched run``'s
         #: leadership is a second lock of the same kind (:func:`leader_lock_name`).
         self.name = name or cluster_lock_name(key or cluster)
         self._coordinator: Any = None
