@@ -81,6 +81,21 @@ def test_a_never_seen_host_without_uuid_is_down_and_the_others_commands_work(sim
     assert len(claims) == 2 and len(set(claims.values())) == 1  # h0 and h1, one lock; far has no identity
 
 
+def test_a_controller_runs_beside_a_never_seen_host_and_status_reads_its_window(sim: ScaleCluster, tmp_path: Path,
+                                                                               own_state: Path) -> None:
+    # `vcsched run` refused to start ("cannot name the lock"); `status` without --sample shows its last window.
+    log = tmp_path / "run.jsonl"
+    r = run("run", "--cluster", sim.cluster_file, "--budget-per-interval", "0", "--interval", "3s", "--duration",
+            "4s", "--log", log, "--coordination", f"file://{tmp_path}/coordination")
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["host"] for e in events if e["event"] == "host-down"] == ["far"]
+    assert sum(e["event"] == "interval" for e in events) >= 2
+    doc = json.loads(run("status", "--cluster", sim.cluster_file, "--json").stdout)
+    assert doc["measured_from"] == "controller window" and doc["sample_seconds"] == 0
+    assert all(v["measured_cores"] is not None for v in doc["vms"])
+
+
 def test_without_host_claims_a_host_with_no_identity_still_refuses(sim: ScaleCluster, own_state: Path) -> None:
     # A tooz backend other than file and etcd keeps no documents, so no claims: the old rule stands there.
     result = run("cordon", "h1", "--cluster", sim.cluster_file, "--coordination", "zookeeper://127.0.0.1:1")
