@@ -10,6 +10,7 @@ answered" is a socket path where nothing listens, or a node file that is not the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import subprocess
@@ -179,22 +180,28 @@ def test_a_command_that_saw_a_host_and_one_that_never_did_contend_for_one_lock(
     assert run("cordon", "h0", "--cluster", hosts.cluster_file, "--coordination", url).exit_code == 0
 
 
-def test_a_host_that_answers_only_after_the_lock_was_named_is_left_out_unless_the_lock_covers_it(
-        third: tuple[ScaleCluster, Path], tmp_path: Path, own_state: Path) -> None:
+@contextlib.contextmanager
+def named_while_h2_away(third: tuple[ScaleCluster, Path], url: str) \
+        -> Iterator[tuple[LibvirtHypervisor, Identities, tuple[str, ...]]]:
+    """A command's connections, identities and lock keys, named while h2 did not answer; h2 answers again."""
     hosts, h2 = third
-    url = f"file://{tmp_path}/coordination"
     away = h2.with_suffix(".away")
     h2.rename(away)
-    cluster = load_cluster(hosts.cluster_file)
-    with LibvirtHypervisor(cluster) as hv:
+    with LibvirtHypervisor(load_cluster(str(hosts.cluster_file))) as hv:
         ids = hv.identities()
-        assert set(ids.known) == {"h0", "h1"} and list(ids.unknown) == ["h2"]
-        keys = lock_keys(url, cluster.name, ids)
-        hv.act_only_as(ids.known)  # no admission: a newcomer stays out
+        keys = lock_keys(url, hv.cluster.name, ids)
         away.rename(h2)
+        yield hv, ids, keys
+
+
+def test_a_host_that_answers_only_after_the_lock_was_named_is_left_out_unless_the_lock_covers_it(
+        third: tuple[ScaleCluster, Path], tmp_path: Path, own_state: Path) -> None:
+    url = f"file://{tmp_path}/coordination"
+    with named_while_h2_away(third, url) as (hv, ids, keys):
+        assert set(ids.known) == {"h0", "h1"} and list(ids.unknown) == ["h2"]
+        hv.act_only_as(ids.known)  # no admission: a newcomer stays out
         inv = hv.inventory()
-        assert inv.host("h2").down is not None and "had no identity when this command named the cluster lock" \
-            in inv.host("h2").down
+        assert "had no identity when this command named the cluster lock" in (inv.host("h2").down or "")
         assert all(v.host != "h2" for v in inv.vms)
         hv.act_only_as(ids.known, admission(url, keys))  # admitted: claimed under the lock this command holds
         inv = hv.inventory()
@@ -205,16 +212,9 @@ def test_a_host_that_answers_only_after_the_lock_was_named_is_left_out_unless_th
 
 def test_a_newcomer_claimed_under_another_lock_is_left_out(third: tuple[ScaleCluster, Path], tmp_path: Path,
                                                            own_state: Path) -> None:
-    hosts, h2 = third
     url = f"file://{tmp_path}/coordination"
-    away = h2.with_suffix(".away")
-    h2.rename(away)
-    cluster = load_cluster(hosts.cluster_file)
-    with LibvirtHypervisor(cluster) as hv:
-        ids = hv.identities()
-        keys = lock_keys(url, cluster.name, ids)
-        away.rename(h2)
-        h2_id = LibvirtHypervisor(cluster).identities().known["h2"]
+    with named_while_h2_away(third, url) as (hv, ids, keys):
+        h2_id = LibvirtHypervisor(hv.cluster).identities().known["h2"]
         HostClaims(url).update(lambda c: ({**c, h2_id: "elsewhere"}, None))  # another cluster's command got it first
         hv.act_only_as(ids.known, admission(url, keys))
         assert "not acted on" in (hv.inventory().host("h2").down or "")
