@@ -348,7 +348,8 @@ class LibvirtHypervisor:
         """Why an answering host is left out of this command (None: the lock covers it; :meth:`act_only_as`)."""
         if self._named is None:
             return None
-        now = identity(state.uuid, self.cluster.connect_uri(state.name))
+        declared = self.cluster.host(state.name).uuid  # as :meth:`identities` names it (a mismatch is refused)
+        now = identity(declared if declared is not None else state.uuid, self.cluster.connect_uri(state.name))
         then = self._named.get(state.name)
         if then == now:
             return None

@@ -220,6 +220,18 @@ def test_a_newcomer_claimed_under_another_lock_is_left_out(third: tuple[ScaleClu
         assert "not acted on" in (hv.inventory().host("h2").down or "")
 
 
+def test_a_host_is_acted_on_as_the_identity_its_lock_was_named_with(tmp_path: Path, own_state: Path) -> None:
+    # A declared uuid names the host, also where its driver reports none (the test driver): the same identity
+    # when the lock is named and when the host is read, so it is not left out.
+    cf = tmp_path / "cluster.toml"
+    cf.write_text('name = "t"\n[[hosts]]\nname = "h0"\nuri = "test:///default"\n'
+                  'uuid = "0a6f5ad8-1111-2222-3333-444455556666"\n')
+    with LibvirtHypervisor(load_cluster(str(cf))) as hv:
+        ids = hv.identities()
+        hv.act_only_as(ids.known)  # no admission: only the identity it was named with
+        assert hv.inventory().host("h0").down is None
+
+
 # ---------------------------------------------------------------------------------------------- the rule
 
 
