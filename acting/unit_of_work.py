@@ -296,16 +296,20 @@ def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordin
 
     The lock is the cluster's on ``coordination`` (else the cluster file's, else the default; acting/lock.py),
     named after its hosts — their libvirt identities, read through ``hv`` (``hv.identities()``) — not after the
-    file's ``name`` (hypervisor/identity.py); its TTL is ``ttl``, else the cluster file's ``lock_ttl``.  Steps
-    are recorded in the definitions store of the same coordination backend."""
+    file's ``name`` (hypervisor/identity.py): the lock of every key those hosts are claimed by
+    (acting/lock_names.py), and ``hv`` then acts only on the hosts those locks cover (a host with no identity is
+    down for the command); its TTL is ``ttl``, else the cluster file's ``lock_ttl``.  Steps are recorded in the
+    definitions store of the same coordination backend."""
     if not apply:
         return UnitOfWork(hv, None, reporting=reporting, before_step=before_step)
     from acting.definitions import DefinitionStore
-    from acting.lock import DEFAULT_TTL, ClusterLock, resolve_url
-    from hypervisor.identity import lock_key
+    from acting.lock import DEFAULT_TTL, resolve_url
+    from acting.lock_names import admission, cluster_locks, lock_keys
 
+    url = resolve_url(coordination, cluster.coordination)
     identities = hv.identities()
-    lock = ClusterLock(resolve_url(coordination, cluster.coordination), cluster.name,
-                       ttl=ttl or cluster.lock_ttl or DEFAULT_TTL, key=lock_key(identities.values()))
+    keys = lock_keys(url, cluster.name, identities)
+    hv.act_only_as(identities.known, admission(url, keys))
+    lock = cluster_locks(url, cluster.name, keys, ttl=ttl or cluster.lock_ttl or DEFAULT_TTL)
     return UnitOfWork(hv, lock, wait=wait, settle=settle, store=DefinitionStore.for_url(lock.url, cluster.name),
                       reporting=reporting, before_step=before_step)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from acting.executor import ApplyReport
     from acting.unit_of_work import Reporting, UnitOfWork
+    from hypervisor.identity import Identities
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.live import LiveAdaptation
     from vcsched.control.lost import Lost
@@ -301,7 +302,7 @@ def acting_on(cluster: Cluster, *, apply: bool, coordination: str | None, wait: 
         yield uow, inventory
 
 
-def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> dict[str, str]:
+def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> Identities:
     """Each host's identity (:meth:`hypervisor.libvirt_backend.LibvirtHypervisor.identities`), through ``hv`` or
     connections of its own."""
     if hv is not None:
