@@ -445,7 +445,8 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     new_b = load[b] - at + au
     new_h = load[hosts[others]][None, ...] - au + at
     floor = 0.0 if vec else -np.inf  # CPU alone: plain division, as always (0 / 0 only on the vector)
-    gain = np.minimum(np.minimum(host_ratio(cap[b], new_b, vec, floor), host_ratio(cap[hu], new_h, vec, floor)), 1.0) - y_b
+    gain = np.minimum(np.minimum(host_ratio(cap[b], new_b, vec, floor), host_ratio(cap[hu], new_h, vec, floor)),
+                      1.0) - y_b
     smaller = np.any(au < at, axis=-1) if vec else au < at
     ok = (smaller & (gain > YIELD_TOLERANCE) & (spent + dc <= problem.budget)
           & (mem[b] - mt + mu <= inst.host_mem[b] + MEMORY_TOLERANCE)

@@ -155,7 +155,7 @@ def spend_spare(problem: AdaptProblem, adapted: AdaptResult, spare: Spare, algor
     elif spare.accept is not None and (refused := spare.accept(first)) is not None:
         why = f"the placement already breaks what must hold ({refused})"
     if why is not None:
-        return _with_report(adapted, {**report, "after": report["before"], "moves": 0, "bytes": 0, "skipped": why})
+        return with_spare_report(adapted, {**report, "after": report["before"], "moves": 0, "bytes": 0, "skipped": why})
     check = _Check(problem, first, y0, spare.accept)
     if spare.mode == SPREAD:
         hosts = spread(problem, first, check)
@@ -166,15 +166,29 @@ def spend_spare(problem: AdaptProblem, adapted: AdaptResult, spare: Spare, algor
                   bytes=move_cost(problem, hosts) - adapted.migrated_bytes, refused=check.refused[:5],
                   seconds=round(time.perf_counter() - start, 3))
     if not moves:
-        return _with_report(adapted, report)
+        return with_spare_report(adapted, report)
     final = adapt_result(problem, hosts, result.algorithm, dict(result.detail), start - result.runtime_s,
                          result.optimal)
     if final.result.min_yield is None or final.result.min_yield < y0 - YIELD_TOLERANCE:
         raise AssertionError(f"spare {spare.mode} lowered the minimum yield from {y0} to {final.result.min_yield}")
-    return _with_report(final, report)
+    return with_spare_report(final, report)
 
 
-def _with_report(adapted: AdaptResult, report: dict[str, Any]) -> AdaptResult:
+def spare_bought(report: object) -> str | None:
+    """What a ``spare`` report (:func:`spend_spare`'s detail) bought, in words, or None when nothing: hosts
+    emptied (consolidate) or a lower spread score (spread)."""
+    if not isinstance(report, dict) or not report.get("moves") or "after" not in report:
+        return None
+    before, after = report["now"], report["after"]
+    if report["mode"] == CONSOLIDATE:
+        emptied = after["hosts_empty"] - before["hosts_empty"]
+        return f"spare consolidate: {emptied} more host(s) empty" if emptied > 0 else None
+    drop = before["score"] - after["score"]
+    return f"spare spread: score {before['score']:.4f} -> {after['score']:.4f}" if drop > YIELD_TOLERANCE else None
+
+
+def with_spare_report(adapted: AdaptResult, report: dict[str, Any]) -> AdaptResult:
+    """``adapted`` with ``report`` as ``spare`` in its detail (and its result's, which ``--json`` prints)."""
     detail = {**adapted.detail, "spare": report}
     return dataclasses.replace(adapted, detail=detail,
                                result=dataclasses.replace(adapted.result, detail={**adapted.result.detail,
