@@ -230,6 +230,19 @@ def test_adapt_json_carries_the_score_before_and_after(tmp_path: Path) -> None:
     assert spare["mode"] == "spread" and spare["moves"] > 0
     assert spare["after"]["free_memory_stddev"] < spare["now"]["free_memory_stddev"]
     assert out["migrated_bytes"] <= 8 * GiB
+    assert all("spare room" in r["reason"] for r in out["reasons"] if r["op"] == "migrate")
     r = adapt_cli(tmp_path, "spread", "--spare", "consolidate")
     out = json.loads(r.stdout)
     assert out["spare"]["mode"] == "consolidate" and out["spare"]["after"]["hosts_empty"] >= 2
+
+
+def test_the_dry_run_prints_the_score_before_and_after(tmp_path: Path) -> None:
+    adapt_cli(tmp_path, "spread")
+    from cli.main import cli
+
+    r = CliRunner().invoke(cli, ["adapt", "--cluster", str(tmp_path / "cluster.toml"), "--budget", "8GiB"])
+    assert r.exit_code == 0, r.output
+    assert "spare room (spread): score 0.2631 -> 0.0000" in r.output and "dry run" in r.output
+    r = CliRunner().invoke(cli, ["adapt", "--cluster", str(tmp_path / "cluster.toml"), "--budget", "8GiB",
+                                 "--spare", "none", "--json"])
+    assert json.loads(r.stdout)["spare"] is None and json.loads(r.stdout)["migrated_bytes"] == 0
