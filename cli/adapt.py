@@ -23,6 +23,7 @@ from vcsched.adaptation.solve import ALGORITHMS
 from vcsched.control.live import adapt_inventory
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_number
+from vcsched.formats.power import SPARE_MODES
 from vcsched.formats.units import format_budget
 from vcsched.model import SolveOptions
 
@@ -85,7 +86,7 @@ def _changes_file(path: str | None) -> Changes:
 @click.option("-a", "--algorithm", type=click.Choice(ALGORITHMS), default="heuristic", show_default=True,
               help="heuristic; heuristic-best (its re-placement by the anytime search `best`, 0.1 s); "
                    "or milp (section 6.1; small clusters).")
-@click.option("--spare", type=click.Choice(["consolidate", "spread", "none"]), default=None,
+@click.option("--spare", type=click.Choice([*SPARE_MODES, "none"]), default=None,
               help="What the budget left buys once every floor and the target yield (power_yield) hold: "
                    "consolidate (empty hosts), spread (even the hosts' free memory and CPU) or none.  Default: "
                    "the cluster file's spare (docs/power.md, \"Spread or consolidate\").")

@@ -49,13 +49,14 @@ from vcsched.adaptation.heuristic import CANDIDATE_HOSTS, fluid_layout, host_rat
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult, move_cost
 from vcsched.adaptation.solve import adapt_result, capacities_only, solve_adapt
 from vcsched.errors import InputError
+from vcsched.formats.power import SPARE_MODES
 from vcsched.model import SolveOptions
 from vcsched.rules import spread_groups
 from vcsched.solvers.registry import allocation_of
 from vcsched.units import MEMORY_TOLERANCE, YIELD_TOLERANCE
 from vcsched.yields import placement_min_yield
 
-CONSOLIDATE, SPREAD = "consolidate", "spread"
+CONSOLIDATE, SPREAD = SPARE_MODES
 #: Score points (sum of the two standard deviations) a spread move must lower the score by: below it a move
 #: costs a migration for an evenness nobody can see (hbal stops on a minimum gain too, ``--min-gain``).
 SPREAD_MIN_GAIN = 0.005
@@ -76,8 +77,8 @@ class Spare:
     accept: Accept | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in (CONSOLIDATE, SPREAD):
-            raise InputError(f"spare: {self.mode!r} is not one of 'consolidate', 'spread'")
+        if self.mode not in SPARE_MODES:
+            raise InputError(f"spare: {self.mode!r} is not one of {', '.join(repr(m) for m in SPARE_MODES)}")
         if not 0 < self.target_yield <= 1:
             raise InputError(f"power_yield: {self.target_yield!r} is not in (0, 1]")
 
