@@ -22,7 +22,7 @@ hbal sees each VM's vCPUs (its score balances the vCPU ratio); vcsched sees its 
 fraction of its vCPUs).  ``hbal -U`` is also run with each VM's need as its CPU load (``-U`` takes dynamic
 utilisation, normalised per instance to [0, 1]: need / host cores), so that hbal balances what vcsched does.
 
-    .venv/bin/python scripts/spare_vs_hbal.py [--json] [--budget 64GiB]
+    .venv/bin/python scripts/spare_vs_hbal.py [--json] [--budget 64GiB] [--large 1000 10000 --repeat 1]
 """
 
 from __future__ import annotations
@@ -89,17 +89,19 @@ def eight_nodes() -> Case:
     return Case("8 nodes", 16, 64, 8, tuple(vms))
 
 
-def sixteen_nodes() -> Case:
-    rng = random.Random(16)
+def at_random(n_hosts: int = 16, n_vms: int = 120, seed: int = 16) -> Case:
+    """``n_vms`` VMs of 2 to 8 GiB on hosts of 16 cores and 64 GiB, each host chosen at random (within 60 GiB and
+    its cores: every VM at yield 1.0)."""
+    rng = random.Random(seed)
     vms: list[Vm] = []
-    used, cpu = [0] * 16, [0.0] * 16
-    while len(vms) < 120:
-        h = rng.randrange(16)
+    used, cpu = [0] * n_hosts, [0.0] * n_hosts
+    while len(vms) < n_vms:
+        h = rng.randrange(n_hosts)
         v = _vm(rng, len(vms), h, (2, 4, 8), (1, 2, 4))
-        if used[h] + v.memory_gib <= 60 and cpu[h] + v.need <= 16:  # every VM at yield 1.0
+        if used[h] + v.memory_gib <= 60 and cpu[h] + v.need <= 16:
             vms.append(v)
             used[h], cpu[h] = used[h] + v.memory_gib, cpu[h] + v.need
-    return Case("16 nodes", 16, 64, 16, tuple(vms))
+    return Case(f"{n_hosts} nodes", 16, 64, n_hosts, tuple(vms))
 
 
 def four_big() -> Case:
@@ -200,12 +202,18 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--budget", default="unlimited", help="vcsched's migration budget (default unlimited)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs of each; the median is reported")
+    parser.add_argument("--large", type=int, nargs=2, metavar=("HOSTS", "VMS"),
+                        help="only vcsched, on one cluster of HOSTS hosts and VMS VMs placed at random (its time)")
     args = parser.parse_args()
     budget = parse_budget("--budget", args.budget)
     hbal = shutil.which("hbal")
     run_vcsched(four_big(), "spread", budget)  # once untimed: the imports (scipy) are not the adaptation's time
     rows = []
-    for case in (eight_nodes(), sixteen_nodes(), four_big()):
+    cases = (eight_nodes(), at_random(), four_big())
+    if args.large:
+        cases = (at_random(args.large[0], args.large[1], seed=1),)  # vcsched only: hbal is not run at that size
+        hbal = None
+    for case in cases:
         now = {v.name: v.host for v in case.vms}
         runs: list[tuple[str, dict[str, int], float, float | None]] = [("as placed", now, 0.0, None)]
         if hbal is not None:

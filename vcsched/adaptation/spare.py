@@ -19,7 +19,7 @@ something else.  The cluster file's ``spare`` says what (docs/power.md,
   plus that of its free CPU fraction ``1 − CPU need placed / cores`` (needs,
   not caps: what the VMs would use at yield 1).  Lower is better.  Single
   moves, as hbal's, each the one that lowers the score most, until none lowers
-  it by :data:`SPREAD_MIN_GAIN` within the budget left.
+  it by :data:`SPREAD_MIN_GAIN` over the number of open hosts within the budget left.
 
 Guarantees, for both: no VM's yield goes down and so no floor breaks (a move
 keeps every host's load within what the minimum yield already found allows,
@@ -57,9 +57,11 @@ from vcsched.units import MEMORY_TOLERANCE, YIELD_TOLERANCE
 from vcsched.yields import placement_min_yield
 
 CONSOLIDATE, SPREAD = SPARE_MODES
-#: Score points (sum of the two standard deviations) a spread move must lower the score by: below it a move
-#: costs a migration for an evenness nobody can see (hbal stops on a minimum gain too, ``--min-gain``).
-SPREAD_MIN_GAIN = 0.005
+#: Score points (sum of the two standard deviations) a spread move must lower the score by, times the number of
+#: open hosts: below it a move costs a migration for an evenness nobody can see (hbal stops on a minimum gain
+#: too, ``--min-gain``).  Per host because one move changes two hosts, whose share of a standard deviation
+#: over ``n`` hosts shrinks as ``1 / n``: 0.005 on 8 hosts, 0.0004 on 100.
+SPREAD_MIN_GAIN = 0.04
 #: (task, destination) pairs tried per spread step when the cluster is large: those of the hosts furthest
 #: from the mean, as the improvement moves restrict theirs (:data:`vcsched.adaptation.heuristic.CANDIDATE_HOSTS`).
 MAX_PAIRS = 2_000_000
@@ -263,7 +265,7 @@ def spread(problem: AdaptProblem, hosts: np.ndarray, check: _Check) -> np.ndarra
         cost = (np.where(running & (cur != d), problem.move_bytes(tasks[:, None], d), 0.0)
                 - np.where(running & (cur != src), problem.move_bytes(tasks[:, None], src), 0.0))
         a = need[tasks][:, None, ...]
-        ok = ((d != src) & (gain >= SPREAD_MIN_GAIN) & (spent + cost <= problem.budget)
+        ok = ((d != src) & (gain >= SPREAD_MIN_GAIN / n) & (spent + cost <= problem.budget)
               & (mem[d] + dm <= inst.host_mem[d] + MEMORY_TOLERANCE)
               & (host_ratio(cap[dests][None, ...], load[dests][None, ...] + a, vec) >= check.floor - YIELD_TOLERANCE))
         if refused:
