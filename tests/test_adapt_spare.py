@@ -125,7 +125,8 @@ def test_a_cluster_already_short_of_the_failures_room_is_left_alone() -> None:
 
 
 def test_spread_moves_on_a_large_cluster_too() -> None:
-    """200 hosts, half with 3 VMs, half with 1.  A move's share of a standard deviation over n hosts shrinks as 1 / n: the minimum gain does too."""
+    """200 hosts, half with 3 VMs, half with 1.  A move's share of a standard deviation over n hosts shrinks as
+    1 / n: the minimum gain does too."""
     layout = tuple(h for h in range(200) for _ in range(3 if h < 100 else 1))
     vms = tuple(VmState(f"v{i}", f"h{h}", 1, 2 * GiB, True, VmMeta(f"vc{i}", 0.5, 2 * GiB, 1), 0.5)
                 for i, h in enumerate(layout))
