@@ -270,3 +270,11 @@ def test_the_dry_run_prints_the_score_before_and_after(tmp_path: Path) -> None:
     r = CliRunner().invoke(cli, ["adapt", "--cluster", str(tmp_path / "cluster.toml"), "--budget", "8GiB",
                                  "--spare", "none", "--json"])
     assert json.loads(r.stdout)["spare"] is None and json.loads(r.stdout)["migrated_bytes"] == 0
+
+
+def test_the_controller_consolidates_within_its_budget_per_interval() -> None:
+    r = Rebalancer(RebalanceOptions(2 * GiB, settle=1, spare="consolidate"))
+    d = r.decide(uneven(), {}, 1_700_000_000.0)
+    assert d.kind == REBALANCE and d.plan is not None and "spare consolidate: 1 more host(s) empty" in d.reason
+    assert d.moves == (("v7", "h0"),) or d.moves == (("v7", "h1"),)
+    assert d.plan.extra["migrated_bytes"] == 2 * GiB
