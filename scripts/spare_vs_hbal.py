@@ -7,8 +7,9 @@ adapt`` and the controller call, :func:`vcsched.control.live.adapt_inventory`) o
 inventory.  Both final placements are then measured the same way (docs/power.md, "Spread or consolidate"):
 the population standard deviation over the hosts of the free memory fraction and of the free CPU fraction
 (CPU needs placed over cores), the hosts left empty, the migrations, the GiB they move (each VM's memory) and
-the wall time (median of ``--repeat`` runs; hbal's is its whole process, vcsched's the adaptation
-in-process, the inventory given: neither reads a live cluster).
+hbal's own cluster score of the placement (``hbal -t FILE -l 0``'s "Initial score": the weighted sum of its
+components, lower is better), the wall time (median of ``--repeat`` runs; hbal's is its whole process,
+vcsched's the adaptation in-process, the inventory given: neither reads a live cluster).
 
 The clusters (seeded, so the table can be rebuilt):
 
@@ -122,16 +123,18 @@ def four_big() -> Case:
 DISK_MIB = 1024  # each instance's disk: rbd (externally mirrored, so hbal may move it to any node); never binds
 
 
-def ganeti_text(case: Case) -> str:
-    """The cluster in Ganeti's text format: nodes (memory, none kept for the node, cores), running rbd instances."""
+def ganeti_text(case: Case, where: dict[str, int] | None = None) -> str:
+    """The cluster in Ganeti's text format: nodes (memory, none kept for the node, cores), running rbd instances,
+    each where ``where`` puts it (default: where it runs)."""
+    at = where or {v.name: v.host for v in case.vms}
     tmem, tdsk = case.memory_gib * 1024, 1 << 20
     nodes = []
     for h in range(case.n_hosts):
-        on = [v for v in case.vms if v.host == h]
+        on = [v for v in case.vms if at[v.name] == h]
         fmem = tmem - sum(v.memory_gib * 1024 for v in on)
         nodes.append(f"h{h}|{tmem}|0|{fmem}|{tdsk}|{tdsk - DISK_MIB * len(on)}|{case.cores}|"
                      f"{'M' if h == 0 else 'N'}|{GROUP}|1||N|1|0|1.0")
-    instances = [f"{v.name}|{v.memory_gib * 1024}|{DISK_MIB}|{v.vcpus}|running|Y|h{v.host}||rbd||1|-"
+    instances = [f"{v.name}|{v.memory_gib * 1024}|{DISK_MIB}|{v.vcpus}|running|Y|h{at[v.name]}||rbd||1|-"
                  for v in case.vms]
     big = f"{tmem},{case.cores},{tdsk},{case.cores},8,12"
     policy = f"|128,1,1024,1,1,1|{big};4096,1,1024,1,1,1|rbd,plain,drbd|64.0|32.0"
@@ -157,6 +160,19 @@ def run_hbal(case: Case, hbal: str, utilisation: bool) -> tuple[dict[str, int], 
         f = line.split("|")
         where[f[0]] = int(f[6].removeprefix("h"))
     return where, seconds
+
+
+def hbal_score(case: Case, hbal: str, where: dict[str, int], *, dynamic: bool = True) -> float:
+    """hbal's own cluster score of a placement (its "Initial score", moves not computed: ``-l 0``).  Without a
+    utilisation file hbal counts every instance as a load of 1 on CPU, memory, disk and network, so four of its
+    components are the standard deviation of the number of instances per node; ``dynamic=False``
+    (``--ignore-dynu``) leaves them out."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "cluster.txt"
+        data.write_text(ganeti_text(case, where))
+        argv = [hbal, "-t", str(data), "-l", "0", *([] if dynamic else ["--ignore-dynu"])]
+        out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return float(next(line for line in out.splitlines() if line.startswith("Initial score:")).split(":")[1])
 
 
 # --- vcsched --------------------------------------------------------------------------------------------
@@ -197,6 +213,10 @@ def measure(case: Case, where: dict[str, int]) -> dict[str, float]:
             "gib_moved": float(sum(v.memory_gib for v in moved))}
 
 
+def _score(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
@@ -227,19 +247,25 @@ def main() -> int:
             runs.append((f"vcsched adapt, spare {spare or 'none'}", done[0][0], seconds, done[0][2] / GIB))
         for name, where, seconds, planned in runs:
             m = measure(case, where)
+            if hbal is not None:
+                m["hbal_score"] = hbal_score(case, hbal, where)
+                m["hbal_score_static"] = hbal_score(case, hbal, where, dynamic=False)
             rows.append({"cluster": case.name, "hosts": case.n_hosts, "vms": len(case.vms), "run": name, **m,
                          "planned_gib": planned, "seconds": round(seconds, 3)})
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         print()
         return 0
-    print("| cluster | run | free memory stddev | free CPU stddev | hosts empty | migrations | GiB moved | time (s) |")
-    print("|---|---|---|---|---|---|---|---|")  # GiB moved: VMs on another host at the end (+ relays in the plan)
+    print("| cluster | run | free memory stddev | free CPU stddev | hbal's score | without instance counts | "
+          "hosts empty | migrations | GiB moved | time (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")  # GiB moved: VMs moved at the end (+ relays in the plan)
     for r in rows:
         planned = r["planned_gib"]
         relays = "" if planned is None or planned == r["gib_moved"] else f" ({planned:g} in the plan)"
         print(f"| {r['cluster']} ({r['hosts']} hosts, {r['vms']} VMs) | {r['run']} | {r['free_memory_stddev']:.3f} | "
-              f"{r['free_cpu_stddev']:.3f} | {r['hosts_empty']} | {r['migrations']} | {r['gib_moved']:g}{relays} | "
+              f"{r['free_cpu_stddev']:.3f} | {_score(r.get('hbal_score'))} | "
+              f"{_score(r.get('hbal_score_static'))} | {r['hosts_empty']} | "
+              f"{r['migrations']} | {r['gib_moved']:g}{relays} | "
               f"{r['seconds']:.3f} |")
     return 0
 
