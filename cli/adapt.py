@@ -89,7 +89,8 @@ def _changes_file(path: str | None) -> Changes:
 @click.option("--spare", type=click.Choice([*SPARE_MODES, "none"]), default=None,
               help="What the budget left buys once every floor and the target yield (power_yield) hold: "
                    "consolidate (empty hosts), spread (even the hosts' free memory and CPU) or none.  Default: "
-                   "the cluster file's spare (docs/power.md, \"Spread or consolidate\").")
+                   "the cluster file's spare when it sets one or power_saving is on, else none (docs/power.md, "
+                   "\"Spread or consolidate\").")
 @click.option("--parallel", type=click.IntRange(min=1, max=16), default=1, show_default=True,
               help="Most live migrations running at once between one pair of hosts.  The plan groups migrations "
                    "into waves that fit in memory together; apply runs each wave's migrations at once.")
