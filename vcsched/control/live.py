@@ -294,9 +294,9 @@ def _spend_spare(adapted: AdaptResult, problem: AdaptProblem, mode: str, cluster
         index = {v.name: t for t, v in enumerate(vms)}
 
         def room(hosts: np.ndarray) -> str | None:
-            """The ``failures_tolerated`` room on the cluster as ``hosts`` leaves it."""
+            """The ``failures_tolerated`` room on the cluster as ``hosts`` leaves it (departing VMs gone)."""
             moved = tuple(dataclasses.replace(v, host=names[int(hosts[index[v.name]])]) if v.name in index else v
-                          for v in inventory.vms)
+                          for v in inventory.vms if v.name in index or not v.managed)
             return failover_refusal(cluster, dataclasses.replace(inventory, vms=moved), explain=False)
 
         accept = room
