@@ -12,7 +12,7 @@ import dataclasses
 import os
 import platform
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,6 +263,24 @@ def render_moves(live: LiveAdaptation) -> None:
         table.add_row(str(m.wave), m.vm + (" (relay)" if m.relay else ""), m.source, m.target, format_size(m.bytes),
                       f"{m.cap_cores:.3f}")
     console.print(table)
+
+
+def render_spare(report: object) -> None:
+    """What the budget left over bought (``adapt``'s ``spare`` detail): the score before and after, or why not."""
+    if not isinstance(report, Mapping):
+        return
+    mode = report["mode"]
+    if "skipped" in report:
+        console.print(f"  spare room ({mode}): nothing done: {report['skipped']}", highlight=False)
+        return
+    before, after = report["now"], report["after"]
+    from vcsched.formats.units import format_size
+
+    console.print(f"  spare room ({mode}): score {before['score']:.4f} -> {after['score']:.4f} (stddev of free "
+                  f"memory {before['free_memory_stddev']:.4f} -> {after['free_memory_stddev']:.4f}, of free CPU "
+                  f"{before['free_cpu_stddev']:.4f} -> {after['free_cpu_stddev']:.4f}); hosts empty "
+                  f"{before['hosts_empty']} -> {after['hosts_empty']}; {report['moves']} more move(s), "
+                  f"{format_size(max(int(report['bytes']), 0))}", highlight=False)
 
 
 def warn_floors_missed(missed: Sequence[tuple[str, float, float]], advice: str = "") -> None:

@@ -132,7 +132,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
 
     cluster = load_cluster(cluster_file)
     options = RunOptions(interval, RebalanceOptions(budget, threshold, settle, cooldown, algorithm, parallel,
-                                                    storage=cluster, schedule=cluster.schedule),
+                                                    storage=cluster, schedule=cluster.schedule,
+                                                    spare=cluster.power.spare_goal),
                          window=window, sample=sample, probe_seconds=probe_seconds, lock_wait=lock_wait,
                          dry_run=dry_run, recommend=mode == "recommend", valid_for=valid_for,
                          audit_windows=audit_windows)
