@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from acting.definitions import DefinitionStore
     from hypervisor.base import Hypervisor
     from hypervisor.libvirt_backend import LibvirtHypervisor
+    from vcsched.control.power import PowerState
     from vcsched.formats.cluster import Cluster
     from vcsched.inventory import Inventory
     from vcsched.plans.plan import Plan
@@ -102,13 +103,16 @@ class UnitOfWork:
     in-doubt VMs itself (`vcsched repair`, which reports them as its result), or there is nothing to settle for
     (`cordon`).  ``before_step``: the caller's own condition checked before every step, besides the lock (the
     controller: not stopping, still the leader).  ``store``: where each step that took effect is recorded
-    (None: nowhere).
+    (None: nowhere).  ``power``: reads the cluster's power record (acting/power.py), so that a host that does not
+    answer because vcsched put it to sleep is read as asleep, not down (None: no record).
     """
 
     def __init__(self, hv: Hypervisor, lock: Lock | None, *, wait: float = 0.0, settle: bool = True,
                  store: DefinitionStore | None = None, reporting: Reporting = Reporting(),
-                 before_step: Callable[[], None] | None = None) -> None:
+                 before_step: Callable[[], None] | None = None,
+                 power: Callable[[], PowerState] | None = None) -> None:
         self.hv = hv
+        self.power = power
         self.lock = lock
         self.wait = wait
         self.settle = settle
@@ -175,10 +179,24 @@ class UnitOfWork:
     def inventory(self) -> Inventory:
         """The live inventory, read now (under the lock when there is one).  A dry run notes each in-doubt VM and
         what `vcsched repair --apply` would do about it: it reads only, so nothing is settled."""
-        inventory = self.hv.inventory()
+        inventory = self.asleep(self.hv.inventory())
         if self.dry_run:
             self.note_in_doubt(inventory)
         return inventory
+
+    def asleep(self, inventory: Inventory) -> Inventory:
+        """``inventory`` with the hosts vcsched put to sleep marked so (:func:`vcsched.control.power.mark_asleep`):
+        not failed hosts, never fenced.  The record is read only when a host is down; a record that cannot be
+        read is said in a note and the hosts stay down (as they were before power saving existed)."""
+        if self.power is None or not inventory.down_hosts():
+            return inventory
+        from vcsched.control.power import mark_asleep
+
+        try:
+            return mark_asleep(inventory, self.power())
+        except VcschedError as exc:
+            self.reporting.note(f"the power record cannot be read ({exc}): hosts down are not known to be asleep")
+            return inventory
 
     def note_in_doubt(self, inventory: Inventory) -> None:
         """Each in-doubt VM of ``inventory`` and what `vcsched repair --apply` would do about it, one note each
@@ -298,8 +316,20 @@ def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordin
     named after its hosts — their libvirt identities, read through ``hv`` (``hv.identities()``) — not after the
     file's ``name`` (hypervisor/identity.py); its TTL is ``ttl``, else the cluster file's ``lock_ttl``.  Steps
     are recorded in the definitions store of the same coordination backend."""
+    from acting.power import store_for
+    from vcsched.control.power import PowerState
+
     if not apply:
-        return UnitOfWork(hv, None, reporting=reporting, before_step=before_step)
+        def power() -> PowerState:  # only when a host is down: the lock's naming asks every host
+            from hypervisor.identity import LockUnnamed
+
+            try:
+                identities = hv.identities()
+            except LockUnnamed:  # a host down no command here ever read: nothing here put it to sleep
+                return PowerState()
+            return store_for(cluster, identities, coordination).read()
+
+        return UnitOfWork(hv, None, reporting=reporting, before_step=before_step, power=power)
     from acting.definitions import DefinitionStore
     from acting.lock import DEFAULT_TTL, ClusterLock, resolve_url
     from hypervisor.identity import lock_key
@@ -308,4 +338,5 @@ def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordin
     lock = ClusterLock(resolve_url(coordination, cluster.coordination), cluster.name,
                        ttl=ttl or cluster.lock_ttl or DEFAULT_TTL, key=lock_key(identities.values()))
     return UnitOfWork(hv, lock, wait=wait, settle=settle, store=DefinitionStore.for_url(lock.url, cluster.name),
-                      reporting=reporting, before_step=before_step)
+                      reporting=reporting, before_step=before_step,
+                      power=store_for(cluster, identities, coordination).read)

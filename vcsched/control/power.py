@@ -50,7 +50,7 @@ import numpy as np
 from vcsched.control.admission import admit, existing_jobs, model_hosts
 from vcsched.control.failover import after_plan, failover_refusal, without_hosts
 from vcsched.control.live import LiveAdaptation, adapt_inventory
-from vcsched.errors import VcschedError
+from vcsched.errors import InputError, VcschedError
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.power import HostPower as HostPowerConfig
 from vcsched.formats.request import Request
@@ -71,8 +71,11 @@ class HostPower:
 
     ``since``: when it entered ``state``; ``ready_since``: since when the sleep condition has held without
     a break (None: it does not hold now); ``wake_s``: its longest measured wake (None: never measured);
-    ``failed``: its last wake failed (never chosen again until cleared); ``cores``/``memory_bytes``: its
-    size when it went to sleep, the capacity a wake brings back.
+    ``failed``: its last wake failed (never chosen again until cleared), ``reason`` why; ``cores``/
+    ``memory_bytes``: its size when it went to sleep, the capacity a wake brings back; ``uuid``: its libvirt host
+    UUID when it went to sleep (a wake counts only when the host answers with this one: another machine behind
+    the same URI is not the host that slept).  Times are the caller's clock: the acting side's wall time (the
+    record outlives the process), the simulator's seconds.
     """
 
     host: str
@@ -84,6 +87,24 @@ class HostPower:
     cores: int = 0
     memory_bytes: int = 0
     memory_reserved: int = 0
+    uuid: str | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(where: str, d: object) -> HostPower:
+        """A record as :meth:`to_dict` wrote it; :class:`InputError` naming the field otherwise."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("host"), str):
+            raise InputError(f"{where}: not a host power record (no host name)")
+        if d.get("state", ON) not in (ON, SLEEPING, WAKING):
+            raise InputError(f"{where}.state: {d.get('state')!r} is not one of {ON!r}, {SLEEPING!r}, {WAKING!r}")
+        known = {f.name for f in dataclasses.fields(HostPower)}
+        try:
+            return HostPower(**{k: v for k, v in d.items() if k in known})
+        except TypeError as exc:
+            raise InputError(f"{where}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -100,6 +121,16 @@ class PowerState:
 
     def in_state(self, state: str) -> tuple[str, ...]:
         return tuple(h.host for h in self.hosts if h.state == state)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"version": 1, "hosts": [h.to_dict() for h in self.hosts]}
+
+    @staticmethod
+    def from_dict(d: object) -> PowerState:
+        if not isinstance(d, Mapping) or d.get("version") != 1 or not isinstance(d.get("hosts"), list):
+            raise InputError("power state: not a vcsched power record (version 1)")
+        return PowerState(tuple(sorted((HostPower.from_dict(f"power state hosts[{i}]", h)
+                                        for i, h in enumerate(d["hosts"])), key=lambda h: h.host)))
 
 
 @dataclass(frozen=True)
@@ -156,7 +187,8 @@ def slept(state: PowerState, host: HostState, now: float) -> PowerState:
     """``host`` is powered off (``status`` said off) at ``now``: remember its size for the wake."""
     old = state.of(host.name)
     return state.with_host(dataclasses.replace(old, state=SLEEPING, since=now, ready_since=None, cores=host.cores,
-                                               memory_bytes=host.memory_bytes, memory_reserved=host.memory_reserved))
+                                               memory_bytes=host.memory_bytes, memory_reserved=host.memory_reserved,
+                                               uuid=host.uuid or old.uuid))
 
 
 def waking(state: PowerState, host: str, now: float) -> PowerState:
@@ -168,18 +200,41 @@ def woke(state: PowerState, host: str, now: float) -> PowerState:
     """``host`` answers again (with its own UUID) at ``now``: its wake time measured (the longest kept)."""
     old = state.of(host)
     took = now - old.since
-    return state.with_host(dataclasses.replace(old, state=ON, since=now, ready_since=None,
+    return state.with_host(dataclasses.replace(old, state=ON, since=now, ready_since=None, failed=False, reason=None,
                                                wake_s=took if old.wake_s is None else max(old.wake_s, took)))
 
 
-def wake_failed(state: PowerState, host: str, now: float) -> PowerState:
-    """``host`` did not come back: asleep (as far as anyone knows) and never chosen again until cleared."""
-    return state.with_host(dataclasses.replace(state.of(host), state=SLEEPING, since=now, failed=True))
+def wake_failed(state: PowerState, host: str, now: float, reason: str = "") -> PowerState:
+    """``host`` did not come back (``reason``): asleep (as far as anyone knows) and never chosen again until
+    cleared."""
+    return state.with_host(dataclasses.replace(state.of(host), state=SLEEPING, since=now, failed=True,
+                                               reason=reason or None))
 
 
 def cleared(state: PowerState, host: str) -> PowerState:
     """An operator cleared ``host``'s failed wake."""
-    return state.with_host(dataclasses.replace(state.of(host), failed=False))
+    return state.with_host(dataclasses.replace(state.of(host), failed=False, reason=None))
+
+
+def describe(h: HostPower) -> str:
+    """One word for ``h``'s state as an operator reads it: on, sleeping, waking or wake-failed."""
+    return "wake-failed" if h.failed else h.state
+
+
+def mark_asleep(inventory: Inventory, state: PowerState) -> Inventory:
+    """``inventory`` with each host that does not answer *because vcsched put it to sleep* (``state`` says
+    sleeping or waking) marked :attr:`HostState.asleep`, at the size it slept with: it is not a failed host
+    (recovery never fences it, status says sleeping), and still gets nothing planned onto it.  A host recorded
+    asleep that answers is left as read (it is awake, whatever the record says)."""
+    hosts = []
+    for h in inventory.hosts:
+        p = state.of(h.name)
+        if h.down is not None and p.state in (SLEEPING, WAKING):
+            h = dataclasses.replace(h, asleep=True, down=f"{describe(p)} (powered off by vcsched power saving)",
+                                    cores=p.cores or h.cores, memory_bytes=p.memory_bytes or h.memory_bytes,
+                                    uuid=p.uuid or h.uuid)
+        hosts.append(h)
+    return dataclasses.replace(inventory, hosts=tuple(hosts))
 
 
 def wake_time(cluster: Cluster, state: PowerState, host: str) -> float:
