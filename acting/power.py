@@ -40,17 +40,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from acting.executor import ApplyReport
 from acting.fence import DEFAULT_AGENT_TIMEOUT_S, AgentRun, FenceResult, run_agent, switch_off
 from acting.recommendations import SharedDocument
-from acting.unit_of_work import UnitOfWork
 from vcsched.control.power import (
     ON,
     PowerState,
     cleared,
     describe,
+    mark_asleep,
     slept,
     wake_failed,
     wake_time,
@@ -59,7 +58,12 @@ from vcsched.control.power import (
 )
 from vcsched.errors import VcschedError
 from vcsched.formats.cluster import Cluster
+from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
+
+if TYPE_CHECKING:
+    from acting.executor import ApplyReport
+    from acting.unit_of_work import UnitOfWork
 
 #: A wake may take this many times the host's wake time (measured, else the cluster's ``wake_time``) before it
 #: counts as failed: a host a little slower than its slowest wake is not marked failed for it.
@@ -121,6 +125,21 @@ def store_for(cluster: Cluster, identities: Mapping[str, str], coordination: str
     from hypervisor.identity import lock_key
 
     return PowerStore(resolve_url(coordination, cluster.coordination), lock_key(identities.values()))
+
+
+def asleep_in(inventory: Inventory, power: Callable[[], PowerState] | None,
+              note: Callable[[str], object]) -> Inventory:
+    """``inventory`` with the hosts vcsched put to sleep marked so (:func:`vcsched.control.power.mark_asleep`):
+    not failed hosts, never fenced.  ``power`` reads the record, only when a host is down; a record that cannot
+    be read is said to ``note`` and the hosts stay down (as they were before power saving existed).  The one
+    place every reader (the unit of work, the controller's sampling rounds) turns "down" into "asleep"."""
+    if power is None or not inventory.down_hosts():
+        return inventory
+    try:
+        return mark_asleep(inventory, power())
+    except VcschedError as exc:
+        note(f"the power record cannot be read ({exc}): hosts down are not known to be asleep")
+        return inventory
 
 
 def clear_host(store: PowerStore, host: str) -> PowerState:

@@ -185,18 +185,11 @@ class UnitOfWork:
         return inventory
 
     def asleep(self, inventory: Inventory) -> Inventory:
-        """``inventory`` with the hosts vcsched put to sleep marked so (:func:`vcsched.control.power.mark_asleep`):
-        not failed hosts, never fenced.  The record is read only when a host is down; a record that cannot be
-        read is said in a note and the hosts stay down (as they were before power saving existed)."""
-        if self.power is None or not inventory.down_hosts():
-            return inventory
-        from vcsched.control.power import mark_asleep
+        """``inventory`` with the hosts vcsched put to sleep read as asleep, not down
+        (:func:`acting.power.asleep_in`)."""
+        from acting.power import asleep_in
 
-        try:
-            return mark_asleep(inventory, self.power())
-        except VcschedError as exc:
-            self.reporting.note(f"the power record cannot be read ({exc}): hosts down are not known to be asleep")
-            return inventory
+        return asleep_in(inventory, self.power, self.reporting.note)
 
     def note_in_doubt(self, inventory: Inventory) -> None:
         """Each in-doubt VM of ``inventory`` and what `vcsched repair --apply` would do about it, one note each
