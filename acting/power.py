@@ -40,7 +40,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from acting.fence import DEFAULT_AGENT_TIMEOUT_S, AgentRun, FenceResult, run_agent, switch_off
 from acting.recommendations import SharedDocument
@@ -75,6 +75,10 @@ WAKE_POLL_S = 2.0
 Agent = Callable[[str, str], AgentRun]
 #: ``emit(event, **fields)``: where events go (the controller's :meth:`acting.events.EventLog.emit`).
 Emit = Callable[..., Any]
+
+
+class HasIdentities(Protocol):
+    def identities(self) -> dict[str, str]: ...
 
 
 class PowerRefused(VcschedError):
@@ -140,6 +144,23 @@ def asleep_in(inventory: Inventory, power: Callable[[], PowerState] | None,
     except VcschedError as exc:
         note(f"the power record cannot be read ({exc}): hosts down are not known to be asleep")
         return inventory
+
+
+def record_reader(cluster: Cluster, hv: HasIdentities, coordination: str | None = None
+                  ) -> Callable[[], PowerState]:
+    """What reads the cluster's power record when a host is down, for a command that takes no lock (a dry run,
+    `status`): the record's key is the lock's, named by asking every host (``hv.identities()``) only then.  A
+    host down that no command here ever read cannot be one this machine put to sleep: an empty record."""
+    def read() -> PowerState:
+        from hypervisor.identity import LockUnnamed
+
+        try:
+            identities = hv.identities()
+        except LockUnnamed:
+            return PowerState()
+        return store_for(cluster, identities, coordination).read()
+
+    return read
 
 
 def clear_host(store: PowerStore, host: str) -> PowerState:

@@ -309,19 +309,10 @@ def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordin
     named after its hosts — their libvirt identities, read through ``hv`` (``hv.identities()``) — not after the
     file's ``name`` (hypervisor/identity.py); its TTL is ``ttl``, else the cluster file's ``lock_ttl``.  Steps
     are recorded in the definitions store of the same coordination backend."""
-    from acting.power import store_for
-    from vcsched.control.power import PowerState
+    from acting.power import record_reader, store_for
 
     if not apply:
-        def power() -> PowerState:  # only when a host is down: the lock's naming asks every host
-            from hypervisor.identity import LockUnnamed
-
-            try:
-                identities = hv.identities()
-            except LockUnnamed:  # a host down no command here ever read: nothing here put it to sleep
-                return PowerState()
-            return store_for(cluster, identities, coordination).read()
-
+        power = record_reader(cluster, hv, coordination)  # read only when a host is down
         return UnitOfWork(hv, None, reporting=reporting, before_step=before_step, power=power)
     from acting.definitions import DefinitionStore
     from acting.lock import DEFAULT_TTL, ClusterLock, resolve_url

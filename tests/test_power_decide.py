@@ -29,7 +29,7 @@ from vcsched.formats.cluster import Cluster, FenceConfig
 from vcsched.formats.power import HostPower as HostPowerConfig
 from vcsched.formats.power import PowerSettings
 from vcsched.formats.windows import MaintenanceSchedule, parse_spec
-from vcsched.inventory import Inventory, VmState
+from vcsched.inventory import HostState, Inventory, VmState
 
 AGENT = FenceConfig("fence_dummy")
 BUDGET = 1 << 40
@@ -307,3 +307,18 @@ def test_a_host_wakes_on_the_wake_margin_before_any_vm_slows_down() -> None:
     assert decide(powered(), inv, state, 100.0, budget=BUDGET).action != WAKE
     d = decide(powered(sleep_margin=0.3, wake_margin=0.2), inv, state, 100.0, budget=BUDGET)
     assert (d.action, d.host) == (WAKE, "h2") and "20 % more CPU demand" in d.reason
+
+
+def test_energy_saved_counts_idle_watts_for_the_sleeps_inside_the_window() -> None:
+    from vcsched.control.power import energy_saved
+
+    c = powered()  # idle 100 W
+    h2 = HostState("h2", 4, 1 << 30)
+    state = slept(PowerState(), h2, 1000.0)
+    state = woke(waking(state, "h2", 4600.0), "h2", 4700.0)  # asleep 1000-4600 (1 h)
+    state = slept(state, h2, 8000.0)  # asleep again since 8000
+    assert energy_saved(c, state, 9000.0, 9000.0) == pytest.approx(100.0 * (3600 + 1000))
+    assert energy_saved(c, state, 9000.0, 2000.0) == pytest.approx(100.0 * 1000)  # the window: 7000-9000
+    failed = wake_failed(waking(state, "h2", 9000.0), "h2", 9100.0, "no answer")
+    assert energy_saved(c, failed, 20000.0, 20000.0) == pytest.approx(100.0 * (3600 + 1000))  # nothing after
+    assert PowerState.from_dict(failed.to_dict()) == failed

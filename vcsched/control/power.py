@@ -59,6 +59,8 @@ from vcsched.model import Instance
 from vcsched.yields import allocate
 
 ON, SLEEPING, WAKING = "on", "sleeping", "waking"
+#: Finished sleeps kept per host: a month of two a day, for the energy saved over a window.
+SLEEPS_KEPT = 64
 SLEEP, WAKE, NONE = "sleep", "wake", "none"
 
 #: Yields are compared with this slack: a plan's yields come from LPs solved to about 1e-9.
@@ -89,6 +91,9 @@ class HostPower:
     memory_reserved: int = 0
     uuid: str | None = None
     reason: str | None = None
+    #: Its last finished sleeps, ``(powered off, woken)`` (the newest :data:`SLEEPS_KEPT`): the energy it saved
+    #: (:func:`energy_saved`).
+    sleeps: tuple[tuple[float, float], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -102,7 +107,9 @@ class HostPower:
             raise InputError(f"{where}.state: {d.get('state')!r} is not one of {ON!r}, {SLEEPING!r}, {WAKING!r}")
         known = {f.name for f in dataclasses.fields(HostPower)}
         try:
-            return HostPower(**{k: v for k, v in d.items() if k in known})
+            fields = {k: v for k, v in d.items() if k in known}
+            fields["sleeps"] = tuple((float(a), float(b)) for a, b in fields.get("sleeps", ()))
+            return HostPower(**fields)
         except TypeError as exc:
             raise InputError(f"{where}: {exc}") from None
 
@@ -180,6 +187,22 @@ def watts(power: HostPowerConfig, utilisation: float, *, asleep: bool = False) -
     return power.idle_watts + (power.peak_watts - power.idle_watts) * u
 
 
+def energy_saved(cluster: Cluster, state: PowerState, now: float, window: float) -> float:
+    """Joules power saving saved over the ``window`` seconds before ``now``: each host's ``idle_watts`` for the
+    time it slept in it (a host asleep draws ~0 W, and the load it shed draws the same on the hosts that took
+    it, energy being linear in utilisation).  A host whose wake failed counts nothing from then on (what it
+    draws is unknown), nor does a host without ``idle_watts``."""
+    start = now - window
+    total = 0.0
+    for h in state.hosts:
+        idle = cluster.host(h.host).power.idle_watts if h.host in cluster.host_names else None
+        if idle is None:
+            continue
+        spans = list(h.sleeps) + ([(h.since, now)] if h.state == SLEEPING and not h.failed else [])
+        total += idle * sum(max(0.0, min(b, now) - max(a, start)) for a, b in spans)
+    return total
+
+
 # --- state transitions the acting side (or the simulator) reports ---------------------------------
 
 
@@ -192,8 +215,13 @@ def slept(state: PowerState, host: HostState, now: float) -> PowerState:
 
 
 def waking(state: PowerState, host: str, now: float) -> PowerState:
-    """``host``'s agent was told ``on`` at ``now``."""
-    return state.with_host(dataclasses.replace(state.of(host), state=WAKING, since=now, ready_since=None))
+    """``host``'s agent was told ``on`` at ``now``: its sleep (unless its last wake failed: what it drew since is
+    unknown) ends here."""
+    old = state.of(host)
+    sleeps = old.sleeps
+    if old.state == SLEEPING and not old.failed:
+        sleeps = (*sleeps, (old.since, now))[-SLEEPS_KEPT:]
+    return state.with_host(dataclasses.replace(old, state=WAKING, since=now, ready_since=None, sleeps=sleeps))
 
 
 def woke(state: PowerState, host: str, now: float) -> PowerState:
