@@ -10,7 +10,6 @@ with the same host UUID; the lab's agent must do that on real lab hosts (lab/fen
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,24 +26,15 @@ from lab import Lab
 from lab.daemons import daemon_pid, namespace_holders
 from lab.fence_agent import power_on_fault
 from lab.state import LabLayout
-from tests.lab_support import own_lab
+from tests.lab_support import own_lab, state_dir_of_its_own
 
 pytestmark = pytest.mark.lab
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    state = tmp_path_factory.mktemp("power-state")  # the power record and the lock: this module's own
-    old = os.environ.get("VCSCHED_STATE_DIR")
-    os.environ["VCSCHED_STATE_DIR"] = str(state)
-    try:
-        with own_lab(3) as lab:
-            yield lab
-    finally:
-        if old is None:
-            os.environ.pop("VCSCHED_STATE_DIR", None)
-        else:
-            os.environ["VCSCHED_STATE_DIR"] = old
+    with state_dir_of_its_own(tmp_path_factory.mktemp("power-state")), own_lab(3) as lab:  # the power record too
+        yield lab
 
 
 def run(*args: object) -> object:
@@ -115,6 +105,10 @@ def test_a_host_sleeps_emptied_and_wakes_as_itself_when_a_request_needs_it_and_a
     assert not any(v["below_floor"] for v in vms.values()), vms  # no VM below its floor
     power = ok("power", "status", "--cluster", cf)
     assert {h["host"]: h["state"] for h in power["hosts"]} == {"h0": "on", "h1": "on", "h2": "sleeping"}  # type: ignore[attr-defined]
+    text = run("power", "status", "--cluster", cf)
+    assert text.exit_code == 0 and "sleeping since" in text.stdout, text.stdout  # type: ignore[attr-defined]
+    shown = run("status", "--cluster", cf, "--sample", 0)
+    assert "h2 (sleeping)" in shown.stdout and "1 host asleep (h2)" in shown.stdout, shown.stdout  # type: ignore[attr-defined]
 
     room = ok("headroom", "--vm", "cpu_cores=0.5,memory=128MiB", "--cluster", cf)
     assert room["with_wakes"]["hosts"] == ["h2"] and room["with_wakes"]["count"] > room["count"], room  # type: ignore[index]
