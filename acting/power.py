@@ -241,6 +241,12 @@ def sleep_host(uow: UnitOfWork, cluster: Cluster, host: str, evacuation: Plan, *
         store.change(lambda s: s.with_host(record))
         return refused(f"{off.detail}: the host is not recorded asleep (it is empty; `vcsched power status` "
                        "shows what its agent says)", report, off)
+    from hypervisor import down_hosts
+    from hypervisor.files import state_dir
+
+    # Every later command gives it one short probe, never its host_timeout (hypervisor/down_hosts.py).
+    down_hosts.asleep(state_dir(), cluster.connect_uri(host), f"asleep since {time.strftime('%H:%M:%S')} (vcsched "
+                      "power saving)")
     emit("power_slept", host=host, seconds=round(off.seconds, 3), uuid=read.uuid)
     return SleepResult(host, True, f"host {host} is asleep ({off.detail})", report, off)
 
