@@ -110,6 +110,8 @@ def test_a_host_sleeps_emptied_and_wakes_as_itself_when_a_request_needs_it_and_a
     shown = run("status", "--cluster", cf, "--sample", 0)
     assert "h2 (sleeping)" in shown.stdout and "1 host asleep (h2)" in shown.stdout, shown.stdout  # type: ignore[attr-defined]
 
+    never = ok("recover", "h2", "--cluster", cf, "--apply", code=1)  # asleep is not failed: never fenced
+    assert "is asleep" in str(never["refused"]) and not namespace_holders(layout, 2), never
     room = ok("headroom", "--vm", "cpu_cores=0.5,memory=128MiB", "--cluster", cf)
     assert room["with_wakes"]["hosts"] == ["h2"] and room["with_wakes"]["count"] > room["count"], room  # type: ignore[index]
 
