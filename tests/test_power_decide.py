@@ -338,3 +338,10 @@ def test_place_wakes_the_sleeping_host_whose_wake_alone_admits_never_one_whose_w
     assert {s.host for s in found[1].plan.steps} == {"h0", "h1", "h2"}  # type: ignore[union-attr]
     failed = wake_failed(waking(state, "h2", 10.0), "h2", 20.0, "no answer")
     assert wake_to_admit(c, mark_asleep(inv, failed), failed, lambda woken: admit(c, woken, wide)) is None
+
+
+def test_a_host_holding_a_domain_that_does_not_run_may_not_sleep() -> None:
+    inv = light()
+    inv = dataclasses.replace(inv, vms=(*inv.vms, VmState("old-template", "h2", 1, 256 * MiB, False)))
+    why = refusal(decide(powered(), inv, PowerState(), 0.0, budget=BUDGET), "h2")
+    assert why.startswith("holds domains that do not run (old-template)"), why

@@ -11,7 +11,9 @@ layer's; the simulator (:mod:`vcsched.simulate.power`) calls the very same funct
   (``power``, else ``fence``), is on and answers, is not in maintenance, and is not one of the last
   ``min_hosts_on`` hosts on;
 * it runs no VM vcsched may not move: no unmanaged VM (never touched), no VM in doubt, no pinned VM, no
-  VM with disks on storage no other host on shares (the peers' failed wakes come from local storage);
+  VM with disks on storage no other host on shares (the peers' failed wakes come from local storage); and
+  it holds no domain that does not run (an evacuation moves running VMs only, and the power-off must find
+  the host without any domain at all);
 * migrations are allowed now (the cluster's windows and blackouts), and nothing is waiting for room;
 * its drain (:func:`vcsched.control.live.adapt_inventory` with ``drain``, the planner ``vcsched drain``
   uses) empties it within the migration budget, leaving no virtual cluster below its floor and every VM
@@ -352,6 +354,9 @@ def never_sleeps(cluster: Cluster, inventory: Inventory, state: PowerState, host
     vms = [v for v in inventory.vms_on(host) if v.active]
     if unmanaged := sorted(v.name for v in vms if v.meta is None):
         return f"runs unmanaged VMs ({', '.join(unmanaged[:3])}): vcsched never moves them"
+    if stopped := sorted(v.name for v in inventory.vms_on(host) if not v.active):
+        # An evacuation moves running VMs only, and the power-off must find the host without any domain at all.
+        return f"holds domains that do not run ({', '.join(stopped[:3])}): a power-off would take them along"
     if doubtful := sorted(v.name for v in vms if v.in_doubt):
         return f"runs VMs in doubt ({', '.join(doubtful[:3])})"
     if pinned := sorted(v.name for v in vms if v.meta is not None and v.meta.pinned):
