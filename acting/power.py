@@ -54,8 +54,8 @@ from vcsched.control.power import (
     describe,
     mark_asleep,
     slept,
+    wake_deadline,
     wake_failed,
-    wake_time,
     waking,
     woke,
 )
@@ -68,9 +68,6 @@ if TYPE_CHECKING:
     from acting.executor import ApplyReport
     from acting.unit_of_work import UnitOfWork
 
-#: A wake may take this many times the host's wake time (measured, else the cluster's ``wake_time``) before it
-#: counts as failed: a host a little slower than its slowest wake is not marked failed for it.
-WAKE_DEADLINE_FACTOR = 2.0
 #: Seconds between two reads of a waking host.
 WAKE_POLL_S = 2.0
 
@@ -169,11 +166,6 @@ def record_reader(cluster: Cluster, hv: HasIdentities, coordination: str | None 
 def clear_host(store: PowerStore, host: str) -> PowerState:
     """An operator cleared ``host``'s failed wake: it may be chosen again (to sleep, or to be woken for room)."""
     return store.change(lambda s: cleared(s, host))
-
-
-def wake_deadline(cluster: Cluster, state: PowerState, host: str) -> float:
-    """Seconds a wake of ``host`` may take before it counts as failed (:data:`WAKE_DEADLINE_FACTOR`)."""
-    return WAKE_DEADLINE_FACTOR * wake_time(cluster, state, host)
 
 
 # ------------------------------------------------------------------------------------------------ sleeping

@@ -276,6 +276,24 @@ def wake_time(cluster: Cluster, state: PowerState, host: str) -> float:
     return cluster.power.wake_time if measured is None else measured
 
 
+#: A wake may take this many times the host's wake time (measured, else the cluster's ``wake_time``) before it
+#: counts as failed: a host a little slower than its slowest wake is not marked failed for it.
+WAKE_DEADLINE_FACTOR = 2.0
+
+
+def wake_deadline(cluster: Cluster, state: PowerState, host: str) -> float:
+    """Seconds a wake of ``host`` may take before it counts as failed (:data:`WAKE_DEADLINE_FACTOR`)."""
+    return WAKE_DEADLINE_FACTOR * wake_time(cluster, state, host)
+
+
+def overdue(cluster: Cluster, state: PowerState, now: float) -> tuple[str, ...]:
+    """Hosts recorded waking for longer than their deadline: a wake cut short (its process killed), which no
+    decision resolves by itself (a host waking holds every sleep back) — a wake of it does (its agent answers
+    ``on`` at once if it is on)."""
+    return tuple(h.host for h in state.hosts if h.state == WAKING and h.host in cluster.host_names
+                 and now - h.since > wake_deadline(cluster, state, h.host))
+
+
 # --- the room --------------------------------------------------------------------------------------
 
 
