@@ -228,7 +228,11 @@ def sleep_host(uow: UnitOfWork, cluster: Cluster, host: str, evacuation: Plan, *
     at = clock()
     store.change(lambda s: slept(s, read, at))  # written ahead: a process killed during the power-off leaves it
     config = cluster.host(host).power.agent
-    off = switch_off(host, config.agent if config is not None else "(none)", lambda action: agent(host, action))
+    try:
+        off = switch_off(host, config.agent if config is not None else "(none)", lambda action: agent(host, action))
+    except VcschedError as exc:  # the agent could not be run at all (none, not executable): nothing was switched
+        store.change(lambda s: s.with_host(record))
+        return refused(f"host {host}: its power agent cannot be run ({exc}): the host stays on", report)
     if not off.fenced:
         store.change(lambda s: s.with_host(record))
         return refused(f"{off.detail}: the host is not recorded asleep (it is empty; `vcsched power status` "

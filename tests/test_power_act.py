@@ -242,3 +242,14 @@ def test_the_power_record_round_trips(store: PowerStore) -> None:
     assert put_to_sleep(hv, Agent(hv), store).slept  # type: ignore[attr-defined]
     state = store.read()
     assert PowerState.from_dict(state.to_dict()) == state
+
+
+def test_an_agent_that_cannot_run_leaves_the_host_on_and_recorded_on(store: PowerStore) -> None:
+    hv = hypervisor()
+
+    def missing(host: str, action: str) -> AgentRun:
+        raise PowerRefused(f"host {host} has no power agent")
+
+    result = put_to_sleep(hv, missing, store)  # type: ignore[arg-type]
+    assert not result.slept and "cannot be run" in result.reason  # type: ignore[attr-defined]
+    assert store.read().of("h2").state == ON and "h2" not in hv.down
