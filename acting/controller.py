@@ -72,6 +72,7 @@ from acting.executor import DONE, ApplyReport, StepResult
 from acting.failure import Failover, FailureState
 from acting.lock import LockBusy
 from acting.metrics import ControllerMetrics, HostMetrics, UnmanagedMetrics, VmMetrics
+from acting.power import asleep_in
 from acting.restore import restore_journal
 from acting.sampling import Clock, CpuSampler, SystemClock
 from acting.unit_of_work import Reporting, UnitOfWork
@@ -101,6 +102,7 @@ from vcsched.plans.reasons import effect, step_reasons
 from vcsched.plans.steps import CreateStep, MigrateStep
 
 if TYPE_CHECKING:
+    from vcsched.control.power import PowerState
     from vcsched.plans.repair import RepairReport
 
 
@@ -237,6 +239,9 @@ class Controller:
     #: Where the leader publishes what each managed VM used over its last sample, after each interval
     #: (acting/window.py: `status` shows it instead of sampling again); None: not published.
     window: Callable[[Mapping[str, float | None]], None] | None = None
+    #: Reads the cluster's power record (acting/power.py): a host vcsched put to sleep is read as asleep, not
+    #: down — never declared failed, never fenced.  None: no record (every host that does not answer is down).
+    power: Callable[[], PowerState] | None = None
 
     def __post_init__(self) -> None:
         self._lead = _Leadership()
@@ -355,7 +360,8 @@ class Controller:
         return UnitOfWork(self.hv, None if self.options.dry_run else self.cluster_lock(),
                           wait=self.options.lock_wait_s,
                           store=self.failover.store if self.failover is not None else None,
-                          reporting=Reporting(note=warn, settled=settled), before_step=self._guard(None))
+                          reporting=Reporting(note=warn, settled=settled), before_step=self._guard(None),
+                          power=self.power)
 
     # ------------------------------------------------------------------ the loop
 
@@ -448,20 +454,23 @@ class Controller:
     def _hosts(self, inventory: Inventory) -> None:
         """Once per interval: log hosts that went down or came back, and count the intervals each stays down."""
         for h in inventory.hosts:
-            if h.down is not None and h.name not in self.down:
-                self.down[h.name] = h.down
-                self.events.emit("host-down", host=h.name, reason=h.down)
-            elif h.down is None and h.name in self.down:
+            down = None if h.asleep else h.down  # a host vcsched put to sleep is not down (docs/power.md)
+            if down is not None and h.name not in self.down:
+                self.down[h.name] = down
+                self.events.emit("host-down", host=h.name, reason=down)
+            elif down is None and h.name in self.down:
                 del self.down[h.name]
                 self.events.emit("host-up", host=h.name, was_failed=self.failures.up(h.name))
-            if h.down is not None:
+            if down is not None:
                 self.failures.down_since.setdefault(h.name, self.clock.monotonic())
-            self.down_intervals[h.name] = self.down_intervals.get(h.name, 0) + 1 if h.down is not None else 0
+            self.down_intervals[h.name] = self.down_intervals.get(h.name, 0) + 1 if down is not None else 0
 
     def _reserved(self, inventory: Inventory) -> Inventory:
         """``inventory`` with its unmanaged domains' measured reservations, CPU and disk/network
         (vcsched/control/unmanaged.py): every plan the controller makes keeps that much of their hosts for them."""
         samples, params = self.sampler.samples(), self.options.params
+        inventory = asleep_in(inventory, self.power, lambda line: self.events.emit("error", during="power",
+                                                                                    error=line, type="StoreError"))
         return inventory.with_reserves(unmanaged_reserves(inventory, samples, params),
                                        unmanaged_io_reserves(inventory, samples, params))
 

@@ -33,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,11 +141,35 @@ def _failed(run: AgentRun, timeout_s: float) -> str:
     return f"action={run.action} exited {run.returncode}: {run.said()}"
 
 
+def run_state(run: AgentRun) -> str:
+    """``"on" | "off" | "unknown"`` from an ``action=status`` run's exit code (module docstring)."""
+    return {STATUS_ON: "on", STATUS_OFF: "off"}.get(run.returncode if run.returncode is not None else -1, "unknown")
+
+
 def power_status(fence: FenceConfig, timeout_s: float = DEFAULT_AGENT_TIMEOUT_S) -> tuple[str, AgentRun]:
     """``("on" | "off" | "unknown", run)`` from ``action=status``'s exit code (module docstring)."""
     run = run_agent(fence, "status", timeout_s)
-    state = {STATUS_ON: "on", STATUS_OFF: "off"}.get(run.returncode if run.returncode is not None else -1, "unknown")
-    return state, run
+    return run_state(run), run
+
+
+def switch_off(host: str, agent: str, run: Callable[[str], AgentRun],
+               timeout_s: float = DEFAULT_AGENT_TIMEOUT_S) -> FenceResult:
+    """``off``, then ``status``, through ``run`` (one agent run of the action it is given): ``fenced`` only when
+    ``off`` exited 0 and ``status`` then said off.  The one place both fencing and power saving's power-off
+    (acting/power.py) judge an agent."""
+    start = time.monotonic()
+    off = run("off")
+    if off.returncode != 0:
+        return FenceResult(host, agent, False, f"host {host}: fence agent {agent}: {_failed(off, timeout_s)}",
+                           time.monotonic() - start)
+    status = run("status")
+    state = run_state(status)
+    if state != "off":
+        why = "still on" if state == "on" else f"status unknown ({_failed(status, timeout_s)})"
+        return FenceResult(host, agent, False, f"host {host}: fence agent {agent}: off exited 0 but the host is "
+                           f"{why}", time.monotonic() - start)
+    return FenceResult(host, agent, True, f"host {host} is off (fence agent {agent}: off, then status off)",
+                       time.monotonic() - start)
 
 
 def fence_host(host: ClusterHost, timeout_s: float = DEFAULT_AGENT_TIMEOUT_S) -> FenceResult:
@@ -153,18 +178,8 @@ def fence_host(host: ClusterHost, timeout_s: float = DEFAULT_AGENT_TIMEOUT_S) ->
     A host without an agent is never fenced (``fenced`` False, said why): vcsched cannot know its guests
     stopped, so none of them may run elsewhere.
     """
-    start = time.monotonic()
     if host.fence is None:
         return FenceResult(host.name, "", False, f"host {host.name} has no fence agent (cluster file: "
                            "fence = {agent = ...}): its VMs may still run there", 0.0)
-    off = run_agent(host.fence, "off", timeout_s)
-    if off.returncode != 0:
-        return FenceResult(host.name, host.fence.agent, False, f"host {host.name}: fence agent "
-                           f"{host.fence.agent}: {_failed(off, timeout_s)}", time.monotonic() - start)
-    state, status = power_status(host.fence, timeout_s)
-    if state != "off":
-        why = "still on" if state == "on" else f"status unknown ({_failed(status, timeout_s)})"
-        return FenceResult(host.name, host.fence.agent, False, f"host {host.name}: fence agent "
-                           f"{host.fence.agent}: off exited 0 but the host is {why}", time.monotonic() - start)
-    return FenceResult(host.name, host.fence.agent, True, f"host {host.name} is off (fence agent "
-                       f"{host.fence.agent}: off, then status off)", time.monotonic() - start)
+    fence = host.fence
+    return switch_off(host.name, fence.agent, lambda action: run_agent(fence, action, timeout_s), timeout_s)

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from acting.definitions import DefinitionStore
     from hypervisor.base import Hypervisor
     from hypervisor.libvirt_backend import LibvirtHypervisor
+    from vcsched.control.power import PowerState
     from vcsched.formats.cluster import Cluster
     from vcsched.inventory import Inventory
     from vcsched.plans.plan import Plan
@@ -102,13 +103,16 @@ class UnitOfWork:
     in-doubt VMs itself (`vcsched repair`, which reports them as its result), or there is nothing to settle for
     (`cordon`).  ``before_step``: the caller's own condition checked before every step, besides the lock (the
     controller: not stopping, still the leader).  ``store``: where each step that took effect is recorded
-    (None: nowhere).
+    (None: nowhere).  ``power``: reads the cluster's power record (acting/power.py), so that a host that does not
+    answer because vcsched put it to sleep is read as asleep, not down (None: no record).
     """
 
     def __init__(self, hv: Hypervisor, lock: Lock | None, *, wait: float = 0.0, settle: bool = True,
                  store: DefinitionStore | None = None, reporting: Reporting = Reporting(),
-                 before_step: Callable[[], None] | None = None) -> None:
+                 before_step: Callable[[], None] | None = None,
+                 power: Callable[[], PowerState] | None = None) -> None:
         self.hv = hv
+        self.power = power
         self.lock = lock
         self.wait = wait
         self.settle = settle
@@ -175,10 +179,17 @@ class UnitOfWork:
     def inventory(self) -> Inventory:
         """The live inventory, read now (under the lock when there is one).  A dry run notes each in-doubt VM and
         what `vcsched repair --apply` would do about it: it reads only, so nothing is settled."""
-        inventory = self.hv.inventory()
+        inventory = self.asleep(self.hv.inventory())
         if self.dry_run:
             self.note_in_doubt(inventory)
         return inventory
+
+    def asleep(self, inventory: Inventory) -> Inventory:
+        """``inventory`` with the hosts vcsched put to sleep read as asleep, not down
+        (:func:`acting.power.asleep_in`)."""
+        from acting.power import asleep_in
+
+        return asleep_in(inventory, self.power, self.reporting.note)
 
     def note_in_doubt(self, inventory: Inventory) -> None:
         """Each in-doubt VM of ``inventory`` and what `vcsched repair --apply` would do about it, one note each
@@ -300,8 +311,15 @@ def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordin
     (acting/lock_names.py), and ``hv`` then acts only on the hosts those locks cover (a host with no identity is
     down for the command); its TTL is ``ttl``, else the cluster file's ``lock_ttl``.  Steps are recorded in the
     definitions store of the same coordination backend."""
+    def power() -> PowerState:  # read only when a host is down (acting/power.py, imported only then: numpy)
+        from acting.power import record_reader, store_for
+
+        if not apply:
+            return record_reader(cluster, hv, coordination)()
+        return store_for(cluster, identities, coordination).read()
+
     if not apply:
-        return UnitOfWork(hv, None, reporting=reporting, before_step=before_step)
+        return UnitOfWork(hv, None, reporting=reporting, before_step=before_step, power=power)
     from acting.definitions import DefinitionStore
     from acting.lock import DEFAULT_TTL, resolve_url
     from acting.lock_names import admission, cluster_locks, lock_keys
@@ -312,4 +330,4 @@ def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordin
     hv.act_only_as(identities.known, admission(url, keys))
     lock = cluster_locks(url, cluster.name, keys, ttl=ttl or cluster.lock_ttl or DEFAULT_TTL)
     return UnitOfWork(hv, lock, wait=wait, settle=settle, store=DefinitionStore.for_url(lock.url, cluster.name),
-                      reporting=reporting, before_step=before_step)
+                      reporting=reporting, before_step=before_step, power=power)

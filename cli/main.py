@@ -64,6 +64,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "Veto recommendation ID: it is closed, and the controller does not move its VMs again for --for."),
     "audit": ("cli.audit:audit_cmd",
               "Show how the last plans did: predicted against achieved yield, per plan and per VM."),
+    "power": ("cli.power:power_cmd",
+              "Power saving: which hosts sleep, the energy saved, the next decision; sleep, wake or clear a host."),
     "top": ("cli.top:top_cmd",
             "Watch the cluster live: hosts, VMs, caps, use, needs and yields, refreshed every --interval."),
 }

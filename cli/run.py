@@ -123,6 +123,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     from acting.lock import DEFAULT_TTL, member_id, resolve_url
     from acting.lock_names import admission, cluster_locks, leader_locks, lock_keys
     from acting.metrics import ControllerMetrics, MetricsServer
+    from acting.power import PowerStore
     from acting.recommendations import RecommendationStore
     from acting.sampling import SystemClock
     from acting.window import publish as publish_window
@@ -173,7 +174,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
                 failover=Failover(cluster, DefinitionStore.for_url(url, cluster.name)),
                 recommendations=RecommendationStore(url, key, timeout=min(1.0, ttl / 10)) if books else None,
                 audits=AuditStore(url, key, timeout=min(1.0, ttl / 10)) if books else None,
-                window=lambda used: publish_window(state_dir(), cluster, options.interval, used))
+                window=lambda used: publish_window(state_dir(), cluster, options.interval, used),
+                power=PowerStore(url, key, timeout=min(1.0, ttl / 10)).read if books else None)
             metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
             controller.run(**metrics_at)
     finally:

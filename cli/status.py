@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from cli.app import EXIT_OK, console, emit_json, refuse
-from cli.common import load_cluster, read_lost
+from cli.common import load_cluster, notice, read_lost
 from cli.params import FiniteFloatRange, cluster_option, json_option, policy_options
 from cli.tables import FitTable
 from hypervisor.base import Usage, measure_usage
@@ -61,7 +61,7 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         load = host_load(inv, h.name, measured)
         conf = cluster.host(h.name) if cluster is not None and h.name in names else None
         hosts.append({
-            "name": h.name, "down": h.down, "uuid": h.uuid,
+            "name": h.name, "down": h.down, "asleep": h.asleep, "uuid": h.uuid,
             "uri": conf.uri if conf else None, "address": conf.migration_address if conf else None,
             "storage": conf.storage_name if conf else None,
             "cores": h.cores, "memory_bytes": h.memory_bytes, "memory_reserved": h.memory_reserved,
@@ -186,6 +186,9 @@ def render_status(doc: dict[str, Any]) -> None:
     for col, priority in cols.items():
         table.add_column(col, justify="left" if col == "host" else "right", priority=priority, key=col == "host")
     for h in doc["hosts"]:
+        if h.get("asleep"):
+            table.add_row(f"[blue]{h['name']} (sleeping)[/]", str(h["cores"]), *(["-"] * (len(cols) - 2)))
+            continue
         if h["down"] is not None:  # its reason goes below the table: a long one would widen a column of numbers
             table.add_row(f"[red]{h['name']} (down)[/]", *(["?"] * (len(cols) - 1)))
             continue
@@ -206,7 +209,12 @@ def render_status(doc: dict[str, Any]) -> None:
                           f"{h['unmanaged_reserved_cores']:.2f} of its {h['cores']} cores; nothing is planned onto it "
                           "(docs/introducing.md)",
                           highlight=False)
-    down = [h for h in doc["hosts"] if h["down"] is not None]
+    asleep = [h["name"] for h in doc["hosts"] if h.get("asleep")]
+    if asleep:
+        console.print(f"[blue]{plural(len(asleep), 'host')} asleep[/] ({', '.join(asleep)}): powered off by vcsched "
+                      "power saving, empty; `vcsched power status` says since when, `vcsched power wake` wakes one.",
+                      highlight=False)
+    down = [h for h in doc["hosts"] if h["down"] is not None and not h.get("asleep")]
     if down:
         console.print(f"[red]{plural(len(down), 'host')} down[/] ({', '.join(h['name'] for h in down)}): their VMs "
                       "are unknown, and nothing is planned onto or off them until they answer again.",
@@ -405,7 +413,8 @@ def status_cmd(cluster_file: str | None, seconds: float | None, as_json: bool, s
     the virtual clusters' floors) and the minimum yield after; computed up to
     100 hosts (above, with --headroom: each host is one placement).
 
-    A host that does not answer is shown as down, with libvirt's reason; the
+    A host that does not answer is shown as down, with libvirt's reason (one
+    that vcsched's power saving put to sleep as sleeping, docs/power.md); the
     others are shown as usual.  Exit codes: 0 shown (even with hosts down),
     1 every host is down, 2 bad input.
     """
@@ -424,7 +433,9 @@ def status_cmd(cluster_file: str | None, seconds: float | None, as_json: bool, s
 
         window = last_window(state_dir(), cluster)
     with hv:
-        inv = reading()
+        from acting.power import asleep_in, record_reader
+
+        inv = asleep_in(reading(), record_reader(cluster, hv), notice)  # a host vcsched put to sleep is not down
         migrations = hv.migrations(inv)
         usage: dict[str, Usage] = {}
         if seconds and inv.vms:
@@ -467,7 +478,7 @@ def status_cmd(cluster_file: str | None, seconds: float | None, as_json: bool, s
     doc["lost"] = [x.to_dict() for x in lost]
     for vc in doc.get("virtual_clusters", []):  # "1 VM" of a cluster of 2 whose other one runs nowhere: say so
         vc["lost"] = sum(1 for x in lost if x.cluster == vc["name"])
-    doc["ok"] = len(inv.down_hosts()) < len(inv.hosts)
+    doc["ok"] = any(h.down is None for h in inv.hosts)
     if as_json:
         emit_json(doc)
     else:

@@ -266,13 +266,15 @@ class LibvirtHypervisor:
         return dom
 
     def forget(self, host: str) -> None:
-        """Drop a host's connection after a failure, so the next call reconnects (the daemon may be back).
+        """Drop a host's connection (and the UUID read through it) after a failure, so the next call reconnects
+        (the daemon may be back) and reads who answers.
 
         Closed in the background: closing a connection to a hung host blocks.
         """
         with self._lock:
             conn = self._conns.pop(host, None)
             self._doms.pop(host, None)
+            self._uuids.pop(host, None)  # a host that comes back may be another machine (a wake checks it)
         if conn is None:
             return
         if self._workers == 1:  # deterministic mode: nothing leaves the caller's thread

@@ -225,3 +225,16 @@ def test_with_on_failure_strand_a_lost_vm_whose_floor_cannot_be_met_stays_lost_s
     (stranded,) = run.events("vm_stranded")
     assert stranded["vm"] == "b-0" and stranded["host"] == "h1" and "floors" in stranded["reason"]
     assert len(run.events("vm_lost")) == 1
+
+
+def test_a_host_vcsched_put_to_sleep_is_never_declared_failed_nor_fenced(tmp_path: Path) -> None:
+    from vcsched.control.power import PowerState, slept
+
+    fences = Fences()
+    run, hv = setup(tmp_path, fences)
+    run.cycles(2)
+    run.controller.power = lambda: slept(PowerState(), hv.hosts["h1"], 0.0)  # the power record: h1 asleep
+    power_loss(hv, "h1")
+    run.cycles(8)
+    assert not run.events("host_failed") and not fences.calls and not run.events("vm_restarted")
+    assert not run.events("host-down")  # asleep, not down

@@ -29,7 +29,7 @@ from vcsched.formats.cluster import Cluster, FenceConfig
 from vcsched.formats.power import HostPower as HostPowerConfig
 from vcsched.formats.power import PowerSettings
 from vcsched.formats.windows import MaintenanceSchedule, parse_spec
-from vcsched.inventory import Inventory, VmState
+from vcsched.inventory import HostState, Inventory, VmState
 
 AGENT = FenceConfig("fence_dummy")
 BUDGET = 1 << 40
@@ -307,3 +307,49 @@ def test_a_host_wakes_on_the_wake_margin_before_any_vm_slows_down() -> None:
     assert decide(powered(), inv, state, 100.0, budget=BUDGET).action != WAKE
     d = decide(powered(sleep_margin=0.3, wake_margin=0.2), inv, state, 100.0, budget=BUDGET)
     assert (d.action, d.host) == (WAKE, "h2") and "20 % more CPU demand" in d.reason
+
+
+def test_energy_saved_counts_idle_watts_for_the_sleeps_inside_the_window() -> None:
+    from vcsched.control.power import energy_saved
+
+    c = powered()  # idle 100 W
+    h2 = HostState("h2", 4, 1 << 30)
+    state = slept(PowerState(), h2, 1000.0)
+    state = woke(waking(state, "h2", 4600.0), "h2", 4700.0)  # asleep 1000-4600 (1 h)
+    state = slept(state, h2, 8000.0)  # asleep again since 8000
+    assert energy_saved(c, state, 9000.0, 9000.0) == pytest.approx(100.0 * (3600 + 1000))
+    assert energy_saved(c, state, 9000.0, 2000.0) == pytest.approx(100.0 * 1000)  # the window: 7000-9000
+    failed = wake_failed(waking(state, "h2", 9000.0), "h2", 9100.0, "no answer")
+    assert energy_saved(c, failed, 20000.0, 20000.0) == pytest.approx(100.0 * (3600 + 1000))  # nothing after
+    assert PowerState.from_dict(failed.to_dict()) == failed
+
+
+def test_place_wakes_the_sleeping_host_whose_wake_alone_admits_never_one_whose_wake_failed() -> None:
+    from vcsched.control.admission import admit
+    from vcsched.control.power import mark_asleep, wake_to_admit
+
+    inv, state = two_on_one_asleep(0.3)
+    inv = mark_asleep(inv, state)
+    assert [h.name for h in inv.asleep_hosts()] == ["h2"] and not inv.down_hosts()
+    c, wide = powered(), request("wide", 3, 0.2, spread="required")  # one VM per host: needs h2
+    assert not admit(c, inv, wide).admitted
+    found = wake_to_admit(c, inv, state, lambda woken: admit(c, woken, wide))
+    assert found is not None and found[0] == "h2" and found[1].admitted
+    assert {s.host for s in found[1].plan.steps} == {"h0", "h1", "h2"}  # type: ignore[union-attr]
+    failed = wake_failed(waking(state, "h2", 10.0), "h2", 20.0, "no answer")
+    assert wake_to_admit(c, mark_asleep(inv, failed), failed, lambda woken: admit(c, woken, wide)) is None
+
+
+def test_a_host_holding_a_domain_that_does_not_run_may_not_sleep() -> None:
+    inv = light()
+    inv = dataclasses.replace(inv, vms=(*inv.vms, VmState("old-template", "h2", 1, 256 * MiB, False)))
+    why = refusal(decide(powered(), inv, PowerState(), 0.0, budget=BUDGET), "h2")
+    assert why.startswith("holds domains that do not run (old-template)"), why
+
+
+def test_a_wake_cut_short_is_overdue_past_twice_its_wake_time() -> None:
+    from vcsched.control.power import overdue
+
+    _, state = two_on_one_asleep(0.3)
+    state = waking(state, "h2", 100.0)  # wake_time 60 s (powered()): overdue after 120 s
+    assert overdue(powered(), state, 220.0) == () and overdue(powered(), state, 221.0) == ("h2",)

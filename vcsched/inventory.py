@@ -152,6 +152,9 @@ class HostState:
     #: libvirt's UUID of the host (capabilities ``<host><uuid>``): who the host *is*, however its URI is spelled.
     #: None: not read, or its driver reports none (libvirt's test driver).
     uuid: str | None = None
+    #: Powered off by vcsched's power saving (docs/power.md; ``down`` then says so): not a failed host — never
+    #: fenced, nothing of it restarted — and, like a down host, nothing planned onto it.
+    asleep: bool = False
 
     def capacity(self, resource: str) -> int | None:
         """Declared bytes per second of ``disk`` or ``net`` (None: the cluster file does not say)."""
@@ -309,7 +312,12 @@ class Inventory:
         return Inventory(self.cluster, hosts, tuple(v for v in self.vms if v.host in names), self.in_doubt)
 
     def down_hosts(self) -> tuple[HostState, ...]:
-        return tuple(h for h in self.hosts if h.down is not None)
+        """The hosts that did not answer and are not asleep (docs/power.md): failed, or failing."""
+        return tuple(h for h in self.hosts if h.down is not None and not h.asleep)
+
+    def asleep_hosts(self) -> tuple[HostState, ...]:
+        """The hosts vcsched's power saving powered off (:attr:`HostState.asleep`)."""
+        return tuple(h for h in self.hosts if h.asleep)
 
     def clusters(self) -> tuple[str, ...]:
         return tuple(sorted({v.cluster for v in self.vms if v.cluster is not None}))

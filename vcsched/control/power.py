@@ -11,7 +11,9 @@ layer's; the simulator (:mod:`vcsched.simulate.power`) calls the very same funct
   (``power``, else ``fence``), is on and answers, is not in maintenance, and is not one of the last
   ``min_hosts_on`` hosts on;
 * it runs no VM vcsched may not move: no unmanaged VM (never touched), no VM in doubt, no pinned VM, no
-  VM with disks on storage no other host on shares (the peers' failed wakes come from local storage);
+  VM with disks on storage no other host on shares (the peers' failed wakes come from local storage); and
+  it holds no domain that does not run (an evacuation moves running VMs only, and the power-off must find
+  the host without any domain at all);
 * migrations are allowed now (the cluster's windows and blackouts), and nothing is waiting for room;
 * its drain (:func:`vcsched.control.live.adapt_inventory` with ``drain``, the planner ``vcsched drain``
   uses) empties it within the migration budget, leaving no virtual cluster below its floor and every VM
@@ -42,15 +44,16 @@ its CPU utilisation; a sleeping host is counted at 0 W.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 from vcsched.control.admission import admit, existing_jobs, model_hosts
 from vcsched.control.failover import after_plan, failover_refusal, without_hosts
 from vcsched.control.live import LiveAdaptation, adapt_inventory
-from vcsched.errors import VcschedError
+from vcsched.errors import InputError, VcschedError
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.power import HostPower as HostPowerConfig
 from vcsched.formats.request import Request
@@ -59,7 +62,11 @@ from vcsched.model import Instance
 from vcsched.yields import allocate
 
 ON, SLEEPING, WAKING = "on", "sleeping", "waking"
+#: Finished sleeps kept per host: a month of two a day, for the energy saved over a window.
+SLEEPS_KEPT = 64
 SLEEP, WAKE, NONE = "sleep", "wake", "none"
+
+T = TypeVar("T")
 
 #: Yields are compared with this slack: a plan's yields come from LPs solved to about 1e-9.
 YIELD_TOLERANCE = 1e-6
@@ -71,8 +78,11 @@ class HostPower:
 
     ``since``: when it entered ``state``; ``ready_since``: since when the sleep condition has held without
     a break (None: it does not hold now); ``wake_s``: its longest measured wake (None: never measured);
-    ``failed``: its last wake failed (never chosen again until cleared); ``cores``/``memory_bytes``: its
-    size when it went to sleep, the capacity a wake brings back.
+    ``failed``: its last wake failed (never chosen again until cleared), ``reason`` why; ``cores``/
+    ``memory_bytes``: its size when it went to sleep, the capacity a wake brings back; ``uuid``: its libvirt host
+    UUID when it went to sleep (a wake counts only when the host answers with this one: another machine behind
+    the same URI is not the host that slept).  Times are the caller's clock: the acting side's wall time (the
+    record outlives the process), the simulator's seconds.
     """
 
     host: str
@@ -84,6 +94,29 @@ class HostPower:
     cores: int = 0
     memory_bytes: int = 0
     memory_reserved: int = 0
+    uuid: str | None = None
+    reason: str | None = None
+    #: Its last finished sleeps, ``(powered off, woken)`` (the newest :data:`SLEEPS_KEPT`): the energy it saved
+    #: (:func:`energy_saved`).
+    sleeps: tuple[tuple[float, float], ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(where: str, d: object) -> HostPower:
+        """A record as :meth:`to_dict` wrote it; :class:`InputError` naming the field otherwise."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("host"), str):
+            raise InputError(f"{where}: not a host power record (no host name)")
+        if d.get("state", ON) not in (ON, SLEEPING, WAKING):
+            raise InputError(f"{where}.state: {d.get('state')!r} is not one of {ON!r}, {SLEEPING!r}, {WAKING!r}")
+        known = {f.name for f in dataclasses.fields(HostPower)}
+        try:
+            fields = {k: v for k, v in d.items() if k in known}
+            fields["sleeps"] = tuple((float(a), float(b)) for a, b in fields.get("sleeps", ()))
+            return HostPower(**fields)
+        except TypeError as exc:
+            raise InputError(f"{where}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -100,6 +133,16 @@ class PowerState:
 
     def in_state(self, state: str) -> tuple[str, ...]:
         return tuple(h.host for h in self.hosts if h.state == state)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"version": 1, "hosts": [h.to_dict() for h in self.hosts]}
+
+    @staticmethod
+    def from_dict(d: object) -> PowerState:
+        if not isinstance(d, Mapping) or d.get("version") != 1 or not isinstance(d.get("hosts"), list):
+            raise InputError("power state: not a vcsched power record (version 1)")
+        return PowerState(tuple(sorted((HostPower.from_dict(f"power state hosts[{i}]", h)
+                                        for i, h in enumerate(d["hosts"])), key=lambda h: h.host)))
 
 
 @dataclass(frozen=True)
@@ -149,6 +192,22 @@ def watts(power: HostPowerConfig, utilisation: float, *, asleep: bool = False) -
     return power.idle_watts + (power.peak_watts - power.idle_watts) * u
 
 
+def energy_saved(cluster: Cluster, state: PowerState, now: float, window: float) -> float:
+    """Joules power saving saved over the ``window`` seconds before ``now``: each host's ``idle_watts`` for the
+    time it slept in it (a host asleep draws ~0 W, and the load it shed draws the same on the hosts that took
+    it, energy being linear in utilisation).  A host whose wake failed counts nothing from then on (what it
+    draws is unknown), nor does a host without ``idle_watts``."""
+    start = now - window
+    total = 0.0
+    for h in state.hosts:
+        idle = cluster.host(h.host).power.idle_watts if h.host in cluster.host_names else None
+        if idle is None:
+            continue
+        spans = list(h.sleeps) + ([(h.since, now)] if h.state == SLEEPING and not h.failed else [])
+        total += idle * sum(max(0.0, min(b, now) - max(a, start)) for a, b in spans)
+    return total
+
+
 # --- state transitions the acting side (or the simulator) reports ---------------------------------
 
 
@@ -156,36 +215,83 @@ def slept(state: PowerState, host: HostState, now: float) -> PowerState:
     """``host`` is powered off (``status`` said off) at ``now``: remember its size for the wake."""
     old = state.of(host.name)
     return state.with_host(dataclasses.replace(old, state=SLEEPING, since=now, ready_since=None, cores=host.cores,
-                                               memory_bytes=host.memory_bytes, memory_reserved=host.memory_reserved))
+                                               memory_bytes=host.memory_bytes, memory_reserved=host.memory_reserved,
+                                               uuid=host.uuid or old.uuid))
 
 
 def waking(state: PowerState, host: str, now: float) -> PowerState:
-    """``host``'s agent was told ``on`` at ``now``."""
-    return state.with_host(dataclasses.replace(state.of(host), state=WAKING, since=now, ready_since=None))
+    """``host``'s agent was told ``on`` at ``now``: its sleep (unless its last wake failed: what it drew since is
+    unknown) ends here."""
+    old = state.of(host)
+    sleeps = old.sleeps
+    if old.state == SLEEPING and not old.failed:
+        sleeps = (*sleeps, (old.since, now))[-SLEEPS_KEPT:]
+    return state.with_host(dataclasses.replace(old, state=WAKING, since=now, ready_since=None, sleeps=sleeps))
 
 
 def woke(state: PowerState, host: str, now: float) -> PowerState:
     """``host`` answers again (with its own UUID) at ``now``: its wake time measured (the longest kept)."""
     old = state.of(host)
     took = now - old.since
-    return state.with_host(dataclasses.replace(old, state=ON, since=now, ready_since=None,
+    return state.with_host(dataclasses.replace(old, state=ON, since=now, ready_since=None, failed=False, reason=None,
                                                wake_s=took if old.wake_s is None else max(old.wake_s, took)))
 
 
-def wake_failed(state: PowerState, host: str, now: float) -> PowerState:
-    """``host`` did not come back: asleep (as far as anyone knows) and never chosen again until cleared."""
-    return state.with_host(dataclasses.replace(state.of(host), state=SLEEPING, since=now, failed=True))
+def wake_failed(state: PowerState, host: str, now: float, reason: str = "") -> PowerState:
+    """``host`` did not come back (``reason``): asleep (as far as anyone knows) and never chosen again until
+    cleared."""
+    return state.with_host(dataclasses.replace(state.of(host), state=SLEEPING, since=now, failed=True,
+                                               reason=reason or None))
 
 
 def cleared(state: PowerState, host: str) -> PowerState:
     """An operator cleared ``host``'s failed wake."""
-    return state.with_host(dataclasses.replace(state.of(host), failed=False))
+    return state.with_host(dataclasses.replace(state.of(host), failed=False, reason=None))
+
+
+def describe(h: HostPower) -> str:
+    """One word for ``h``'s state as an operator reads it: on, sleeping, waking or wake-failed."""
+    return "wake-failed" if h.failed else h.state
+
+
+def mark_asleep(inventory: Inventory, state: PowerState) -> Inventory:
+    """``inventory`` with each host that does not answer *because vcsched put it to sleep* (``state`` says
+    sleeping or waking) marked :attr:`HostState.asleep`, at the size it slept with: it is not a failed host
+    (recovery never fences it, status says sleeping), and still gets nothing planned onto it.  A host recorded
+    asleep that answers is left as read (it is awake, whatever the record says)."""
+    hosts = []
+    for h in inventory.hosts:
+        p = state.of(h.name)
+        if h.down is not None and p.state in (SLEEPING, WAKING):
+            h = dataclasses.replace(h, asleep=True, down=f"{describe(p)} (powered off by vcsched power saving)",
+                                    cores=p.cores or h.cores, memory_bytes=p.memory_bytes or h.memory_bytes,
+                                    uuid=p.uuid or h.uuid)
+        hosts.append(h)
+    return dataclasses.replace(inventory, hosts=tuple(hosts))
 
 
 def wake_time(cluster: Cluster, state: PowerState, host: str) -> float:
     """Seconds ``host`` takes to wake: measured, else the cluster's ``wake_time``."""
     measured = state.of(host).wake_s
     return cluster.power.wake_time if measured is None else measured
+
+
+#: A wake may take this many times the host's wake time (measured, else the cluster's ``wake_time``) before it
+#: counts as failed: a host a little slower than its slowest wake is not marked failed for it.
+WAKE_DEADLINE_FACTOR = 2.0
+
+
+def wake_deadline(cluster: Cluster, state: PowerState, host: str) -> float:
+    """Seconds a wake of ``host`` may take before it counts as failed (:data:`WAKE_DEADLINE_FACTOR`)."""
+    return WAKE_DEADLINE_FACTOR * wake_time(cluster, state, host)
+
+
+def overdue(cluster: Cluster, state: PowerState, now: float) -> tuple[str, ...]:
+    """Hosts recorded waking for longer than their deadline: a wake cut short (its process killed), which no
+    decision resolves by itself (a host waking holds every sleep back) — a wake of it does (its agent answers
+    ``on`` at once if it is on)."""
+    return tuple(h.host for h in state.hosts if h.state == WAKING and h.host in cluster.host_names
+                 and now - h.since > wake_deadline(cluster, state, h.host))
 
 
 # --- the room --------------------------------------------------------------------------------------
@@ -266,6 +372,9 @@ def never_sleeps(cluster: Cluster, inventory: Inventory, state: PowerState, host
     vms = [v for v in inventory.vms_on(host) if v.active]
     if unmanaged := sorted(v.name for v in vms if v.meta is None):
         return f"runs unmanaged VMs ({', '.join(unmanaged[:3])}): vcsched never moves them"
+    if stopped := sorted(v.name for v in inventory.vms_on(host) if not v.active):
+        # An evacuation moves running VMs only, and the power-off must find the host without any domain at all.
+        return f"holds domains that do not run ({', '.join(stopped[:3])}): a power-off would take them along"
     if doubtful := sorted(v.name for v in vms if v.in_doubt):
         return f"runs VMs in doubt ({', '.join(doubtful[:3])})"
     if pinned := sorted(v.name for v in vms if v.meta is not None and v.meta.pinned):
@@ -354,6 +463,35 @@ def _with_awake(on: Inventory, state: PowerState, host: str) -> Inventory:
     """``on`` plus sleeping ``host`` awake and empty, at the size it slept with."""
     h = state.of(host)
     return dataclasses.replace(on, hosts=(*on.hosts, HostState(host, h.cores, h.memory_bytes, h.memory_reserved)))
+
+
+def woken(inventory: Inventory, state: PowerState, hosts: Sequence[str]) -> Inventory:
+    """``inventory`` as it would be with sleeping ``hosts`` awake: each up and empty, at the size it slept with (what
+    `place` and `headroom` count as capacity that costs a wake)."""
+    names = set(hosts)
+    return dataclasses.replace(inventory, hosts=tuple(
+        HostState(h.name, state.of(h.name).cores or h.cores, state.of(h.name).memory_bytes or h.memory_bytes,
+                  state.of(h.name).memory_reserved or h.memory_reserved, disk_bps=h.disk_bps, net_bps=h.net_bps,
+                  cannot_cap=h.cannot_cap, storage=h.storage, uuid=state.of(h.name).uuid or h.uuid)
+        if h.name in names else h for h in inventory.hosts))
+
+
+def wakeable(cluster: Cluster, inventory: Inventory, state: PowerState) -> tuple[str, ...]:
+    """The hosts of :func:`wake_candidates` that ``inventory`` reads asleep (not answering): the quickest first."""
+    asleep = {h.name for h in inventory.asleep_hosts()}
+    return tuple(h for h in wake_candidates(cluster, state) if h in asleep)
+
+
+def wake_to_admit(cluster: Cluster, inventory: Inventory, state: PowerState,
+                  admit_on: Callable[[Inventory], T]) -> tuple[str, T] | None:
+    """The sleeping host whose wake alone lets ``admit_on`` admit (its decision's ``admitted``), quickest to wake
+    first, with that decision; None when no one wake does.  For `place` when the hosts on refuse a request: a wake
+    is the only way to admit, and a host whose wake failed is never chosen (:func:`wake_candidates`)."""
+    for h in wakeable(cluster, inventory, state):
+        decision = admit_on(woken(inventory, state, [h]))
+        if getattr(decision, "admitted", False):
+            return h, decision
+    return None
 
 
 def wake_candidates(cluster: Cluster, state: PowerState) -> tuple[str, ...]:
