@@ -513,9 +513,12 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
     return _snapshot_matches(hv.inventory(), plan)
 
 
-def check_whole(hv: Hypervisor, plan: Plan, *, force: bool = False) -> tuple[Inventory, bool]:
+def check_whole(hv: Hypervisor, plan: Plan, *, force: bool = False,
+                inventory: Inventory | None = None) -> tuple[Inventory, bool]:
     """The plan checked whole against the live inventory, before its first step: the live inventory it was
-    checked on, and whether the snapshot matched (``force``: a mismatch is allowed, and said).
+    checked on, and whether the snapshot matched (``force``: a mismatch is allowed, and said).  ``inventory``:
+    the one a dry run read moments ago and planned on (it holds no lock, so a second read of every host would
+    only cost time); applying always reads afresh, under the lock.
 
     Raises (nothing changed): :class:`SnapshotMismatch` (unless ``force``), :class:`PlanRefused` when the plan
     replayed on the live cluster does not hold at some step, :class:`vcsched.plans.claims.PlanMismatch` for a
@@ -525,7 +528,8 @@ def check_whole(hv: Hypervisor, plan: Plan, *, force: bool = False) -> tuple[Inv
     for i, step in enumerate(plan.steps):
         if step.op not in RUNNERS:
             raise InputError(f"plan.steps[{i}].op: no runner for {step.op!r} in this vcsched")
-    inventory = hv.inventory()
+    if inventory is None:
+        inventory = hv.inventory()
     matched = _snapshot_matches(inventory, plan)
     if not matched and not force:
         again = "place" if plan.kind == "place" else "adapt"

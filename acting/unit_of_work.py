@@ -196,16 +196,21 @@ class UnitOfWork:
 
     # ------------------------------------------------------------------ 4: validate
 
-    def validate(self, plan: Plan, *, force: bool = False, planned_here: bool = False) -> bool:
+    def validate(self, plan: Plan, *, force: bool = False, planned_here: bool = False,
+                 inventory: Inventory | None = None) -> bool:
         """The whole plan checked against the live inventory (:func:`acting.executor.check_whole`); whether its
-        snapshot matched.  Raises what it raises (nothing changed).  A dry run may validate too: it only reads.
+        snapshot matched.  Raises what it raises (nothing changed).  A dry run may validate too: it only reads,
+        and may pass the ``inventory`` it read with :meth:`inventory` (it holds no lock: reading every host again
+        would only cost time); a unit of work that acts always checks on a read of its own, under the lock.
 
         ``planned_here``: the plan was computed by this unit of work from a read moments earlier, so a snapshot
         that no longer matches means the cluster changed meanwhile (a host stopped answering or came back):
         :class:`acting.executor.ClusterChangedMeanwhile` ("run it again"), not a saved plan's advice
         (recompute, or ``--force``), which such a command cannot follow."""
+        if inventory is not None and not self.dry_run:
+            raise DryRun("only a dry run validates on an inventory it read before: acting reads under the lock")
         with _changed_meanwhile(plan, planned_here):
-            return check_whole(self.hv, plan, force=force)[1]
+            return check_whole(self.hv, plan, force=force, inventory=inventory)[1]
 
     # ------------------------------------------------------------------ 5–7: act, apply, record
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -10,6 +10,7 @@ from cli.app import EXIT_OK, console, emit_json, refuse
 from cli.common import (
     acting_on,
     apply_exit_code,
+    apply_would_refuse,
     cluster_path,
     hosts_down,
     load_cluster,
@@ -29,6 +30,10 @@ from vcsched.formats.words import plural
 from vcsched.model import SolveOptions
 from vcsched.plans.migration import MigrationBlocked
 from vcsched.plans.reasons import step_reasons
+
+if TYPE_CHECKING:
+    from acting.unit_of_work import UnitOfWork
+    from vcsched.inventory import Inventory
 
 
 @click.command("drain")
@@ -142,24 +147,34 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
             if not as_json:
                 console.print(f"{host} is in maintenance ({path})", highlight=False)
                 render_report(report)
-        elif not as_json:
-            console.print("dry run: nothing changed (use --apply, or -o PLAN.json and `vcsched apply`)")
+        else:
+            why = _dry_run_refusal(uow, live, inventory, allow_below_floor)
+            if why is not None:
+                out["refused"] = why
+            elif not as_json:
+                console.print("dry run: nothing changed (use --apply, or -o PLAN.json and `vcsched apply`)")
     code = apply_exit_code(report)
     if stays and code == EXIT_OK:
         staying = ", ".join(s["vm"] for s in stays)
         code = refuse(f"{host} cannot be emptied: {plural(len(stays), 'VM')} stay ({staying})")
-    elif not do_apply:
-        code = _dry_run_code(live, allow_below_floor)
+    elif "refused" in out:
+        code = refuse(out["refused"])
     if as_json:
         emit_json(out | {"ok": code == EXIT_OK})
     return code
 
 
-def _dry_run_code(live: LiveAdaptation, allow_below_floor: bool) -> int:
-    """A dry run exits as ``--apply`` would (docs/cli.md): 1, with --apply's reason, when it would refuse the plan
-    (a virtual cluster left below its floor without --allow-below-floor), else 0."""
+def _dry_run_refusal(uow: UnitOfWork, live: LiveAdaptation, inventory: Inventory,
+                     allow_below_floor: bool) -> str | None:
+    """Why ``--apply`` would refuse this drain, or None (docs/cli.md: a dry run exits as --apply would): its own
+    refusal first (a virtual cluster left below its floor without --allow-below-floor), then the whole-plan check
+    it runs before the first step (:func:`cli.common.apply_would_refuse`)."""
+    assert live.plan is not None
     blocked = live.drain_blocked(allow_below_floor=allow_below_floor)
-    return EXIT_OK if blocked is None else refuse(f"--apply would refuse this plan: {blocked}")
+    if blocked is not None:
+        return f"--apply would refuse this plan: {blocked}"
+    why = apply_would_refuse(uow, live.plan, inventory)
+    return None if why is None else f"--apply would refuse: {why}"
 
 
 def _render_stays(stays: list[dict[str, str]]) -> None:

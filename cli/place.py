@@ -8,6 +8,7 @@ from cli.app import console, emit_json, refuse
 from cli.common import (
     acting_on,
     apply_exit_code,
+    apply_would_refuse,
     check_request_boot,
     hosts_down,
     load_cluster,
@@ -104,6 +105,7 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
         decision = keep_failover_room(cluster, inventory,
                                       admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing))
         report = None
+        would_refuse = None
         if decision.plan is not None:
             if output:
                 save_plan(decision.plan, output)
@@ -111,20 +113,28 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                 if not as_json:
                     render_decision(request, decision, inventory)
                 report = run_apply(uow, decision.plan, quiet=as_json, planned_here=True)
+            else:  # the dry run exits as --apply would (docs/cli.md): the same whole-plan check, reading only
+                would_refuse = apply_would_refuse(uow, decision.plan, inventory)
     if as_json:
-        emit_json({"ok": decision.admitted and (report is None or report.ok), "admitted": decision.admitted,
+        emit_json({"ok": decision.admitted and would_refuse is None and (report is None or report.ok),
+                   "admitted": decision.admitted,
                    "reason": decision.reason, "policy": sharing.policy,
                    "detail": decision.detail, "min_yield": decision.min_yield,
                    "avg_yield": decision.avg_yield,
                    "hosts_down": hosts_down(inventory),
                    "plan": decision.plan.to_dict() if decision.plan else None,
+                   **({"refused": f"--apply would refuse: {would_refuse}"} if would_refuse is not None else {}),
                    "applied": report.to_dict() if report else None})
     else:
         if report is None:
             render_decision(request, decision, inventory)
-            if decision.plan is not None and not do_apply:
+            if decision.plan is not None and not do_apply and would_refuse is None:
                 console.print(f"dry run: nothing changed{f'; plan saved to {output}' if output else ''} "
                               "(--apply to carry it out)")
         else:
             render_report(report)
-    return apply_exit_code(report) if decision.admitted else refuse(f"{request.name}: {decision.reason}")
+    if not decision.admitted:
+        return refuse(f"{request.name}: {decision.reason}")
+    if would_refuse is not None:
+        return refuse(f"--apply would refuse: {would_refuse}")
+    return apply_exit_code(report)

@@ -1,7 +1,8 @@
 """A dry run predicts ``--apply`` (issue 40): it exits with the code ``--apply`` would, its warnings on stderr
 (docs/cli.md), and what only a later step would have found — a kernel that is no kernel, a request that
 cannot boot on this machine — is found before anything is planned.  Hosts are libvirt's test driver
-(hypervisor/testhosts.py) or unreachable local URIs (the request is refused before any host is read).
+(hypervisor/testhosts.py), the simulated libvirt (``sim://``, hypervisor/simlibvirt.py: hosts that cap CPU) or
+unreachable local URIs (the request is refused before any host is read).
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ def run(*args: Any) -> Any:
 
 @pytest.fixture
 def floors(tmp_path: Path) -> Path:
-    """Two one-core hosts, each full with two VMs of 0.5 cores; gold's are admitted with a floor of 1: emptying
-    h0 onto h1 would halve every yield."""
+    """Two one-core simulated hosts (``sim://``: they cap CPU), each full with two VMs of 0.5 cores; gold's are
+    admitted with a floor of 1: emptying h0 onto h1 would halve every yield."""
     gold = VmMeta("gold", 0.5, 512 * MiB, 1, min_yield=1.0)
     web = VmMeta("web", 0.5, 512 * MiB, 1)
     (tmp_path / "h0.xml").write_text(node([("gold-0", gold), ("gold-1", gold)], 1, 0))
     (tmp_path / "h1.xml").write_text(node([("web-0", web), ("web-1", web)], 1, 2))
     c = tmp_path / "cluster.toml"
-    c.write_text('name = "floors"\n' + "".join(f'[[hosts]]\nname = "h{i}"\nuri = "test://{tmp_path}/h{i}.xml"\n'
+    c.write_text('name = "floors"\n' + "".join(f'[[hosts]]\nname = "h{i}"\nuri = "sim://{tmp_path}/h{i}.xml"\n'
                                                for i in range(2)))
     return c
 
@@ -159,7 +160,7 @@ def test_a_malformed_vm_name_in_a_plan_is_bad_input(tmp_path: Path) -> None:
 
     from hypervisor.testhosts import write_scale_cluster
 
-    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2)
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2, scheme="sim")
     plan = tmp_path / "plan.json"
     made = run("adapt", "--budget", "0", "--set-need", "vm0=0.3", "--cluster", hosts.cluster_file, "-o", plan)
     assert made.exit_code == 0, (made.stdout, made.stderr)
@@ -177,7 +178,7 @@ def test_a_refused_plans_table_says_what_a_migration_would_move_not_its_claim(tm
 
     from hypervisor.testhosts import write_scale_cluster
 
-    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2)
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2, scheme="sim")
     plan = tmp_path / "plan.json"
     made = run("drain", "h0", "--budget", "unlimited", "--cluster", hosts.cluster_file, "-o", plan)
     assert made.exit_code == 0, (made.stdout, made.stderr)
