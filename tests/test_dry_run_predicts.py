@@ -246,3 +246,109 @@ def test_adopt_and_release_dry_runs_exit_as_apply_when_the_whole_plan_check_refu
     doc = json.loads(run(*args, "--json").stdout)
     assert doc["ok"] is False and "--apply would refuse" in doc["refused"]
     assert (tmp_path / "h0.xml").read_text() == before
+
+
+# ---------------------------------------------------------------------------------------------- dry run = --apply
+
+
+def _deciding(command: str, hosts: Any) -> list[Any]:
+    """The command line of a deciding command on ``hosts`` (hypervisor/testhosts.py), without --apply."""
+    c = ["--cluster", hosts.cluster_file]
+    return {"place": ["place", hosts.request_file, *c],
+            "adapt": ["adapt", "--budget", "0", "--set-need", "vm0=0.3", *c],
+            "drain": ["drain", "h0", "--budget", "unlimited", *c]}[command]
+
+
+@pytest.mark.parametrize("command", ["place", "adapt", "drain"])
+def test_the_dry_run_of_place_adapt_and_drain_exits_as_apply_does(command: str, tmp_path: Path) -> None:
+    """Issue: the dry run did not run --apply's whole-plan check, so it exited 0 where --apply refused.  On
+    libvirt's test driver, which cannot cap CPU, --apply refuses every plan here (exit 1, nothing changed), and so
+    does the dry run, saying why; on the simulated libvirt (``sim://``), whose hosts cap CPU, both go on (0)."""
+    from hypervisor.testhosts import write_scale_cluster
+
+    for scheme, refuses in (("test", True), ("sim", False)):
+        hosts = write_scale_cluster(tmp_path / scheme, hosts=2, vms_per_host=2, scheme=scheme)
+        args = _deciding(command, hosts)
+        dry, doc = run(*args), json.loads(run(*args, "--json").stdout)
+        applied = run(*args, "--apply", "--coordination", f"file://{tmp_path}/lock")
+        assert (dry.exit_code, applied.exit_code) == ((1, 1) if refuses else (0, 0)), (scheme, dry.output,
+                                                                                         applied.output)
+        assert doc["ok"] is not refuses and doc["plan"]["steps"]  # --json carries the verdict beside the plan
+        if refuses:
+            assert "cannot set CPU caps" in applied.stderr
+            assert dry.stderr.strip().splitlines()[-1].startswith("vcsched: refused: --apply would refuse: "
+                                                                  "plan.steps[")
+            assert "cannot set CPU caps" in dry.stderr and doc["refused"].startswith("--apply would refuse: ")
+            assert "--apply to carry it out" not in dry.stdout and "use --apply" not in dry.stdout
+        else:
+            assert "refused" not in doc and "would refuse" not in dry.stderr
+
+
+def test_apply_dry_run_exits_as_apply_does(tmp_path: Path) -> None:
+    """`vcsched apply PLAN --dry-run` runs the check applying runs (the snapshot, then the whole plan against the
+    live cluster) and changes nothing: 1 where applying refuses (the test driver cannot cap CPU), 0 where it
+    would act (the simulated libvirt's hosts cap CPU)."""
+    from hypervisor.testhosts import write_scale_cluster
+
+    for scheme, refuses in (("test", True), ("sim", False)):
+        hosts = write_scale_cluster(tmp_path / scheme, hosts=2, vms_per_host=2, scheme=scheme)
+        plan = tmp_path / f"{scheme}.json"
+        run("adapt", "--budget", "0", "--set-need", "vm0=0.3", "--cluster", hosts.cluster_file, "-o", plan)
+        args = ["apply", plan, "--cluster", hosts.cluster_file, "--coordination", f"file://{tmp_path}/lock"]
+        dry, doc = run(*args, "--dry-run"), json.loads(run(*args, "--dry-run", "--json").stdout)
+        again = run(*args, "--dry-run")  # nothing changed: the same verdict
+        applied = run(*args)
+        assert (dry.exit_code, again.exit_code, applied.exit_code) == ((1, 1, 1) if refuses else (0, 0, 0)), \
+            (scheme, dry.output, applied.output)
+        assert doc["ok"] is not refuses and doc["dry_run"] is True and doc["applied"] is None
+        if refuses:
+            assert "cannot set CPU caps" in applied.stderr and "cannot set CPU caps" in doc["refused"]
+            assert dry.stderr.strip().startswith("vcsched: refused: --apply would refuse: plan.steps[0]")
+        else:
+            assert "dry run: nothing changed" in dry.stdout and "applied" in applied.stdout
+
+
+def test_apply_dry_run_of_a_stale_plan_exits_1_as_apply_does_and_with_force_0(tmp_path: Path) -> None:
+    from hypervisor.testhosts import write_scale_cluster
+
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2, scheme="sim")
+    plan = tmp_path / "plan.json"
+    run("adapt", "--budget", "0", "--set-need", "vm0=0.3", "--cluster", hosts.cluster_file, "-o", plan)
+    doc = json.loads(plan.read_text())
+    doc["snapshot"] = "0" * 64  # computed on another cluster state
+    plan.write_text(json.dumps(doc))
+    args = ["apply", plan, "--cluster", hosts.cluster_file, "--dry-run"]
+    stale = run(*args)
+    assert stale.exit_code == 1 and "changed since this plan was computed" in stale.stderr, stale.output
+    assert run(*args, "--force").exit_code == 0
+
+
+@pytest.mark.parametrize("command", ["place", "adapt", "drain", "apply"])
+def test_the_dry_run_refuses_with_the_very_check_apply_runs(command: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """One validator: made to refuse (acting.executor.check_plan, inside UnitOfWork.validate), the dry run and
+    --apply refuse alike, with the same reason, on hosts where both would otherwise act."""
+    import acting.executor
+    from hypervisor.testhosts import write_scale_cluster
+    from vcsched.errors import InputError
+
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2, scheme="sim")
+    lock = ["--coordination", f"file://{tmp_path}/lock"]
+    if command == "apply":
+        plan = tmp_path / "plan.json"
+        run("adapt", "--budget", "0", "--set-need", "vm0=0.3", "--cluster", hosts.cluster_file, "-o", plan)
+        dry_args, apply_args = ["apply", plan, "--cluster", hosts.cluster_file, "--dry-run"], \
+            ["apply", plan, "--cluster", hosts.cluster_file, *lock]
+    else:
+        dry_args = _deciding(command, hosts)
+        apply_args = [*dry_args, "--apply", *lock]
+
+    def refused(*_a: Any, **_k: Any) -> None:
+        raise InputError("plan.steps[0]: a refusal of the whole-plan check")
+
+    monkeypatch.setattr(acting.executor, "check_plan", refused)
+    dry, applied = run(*dry_args), run(*apply_args)
+    assert (dry.exit_code, applied.exit_code) == (1, 1), (dry.output, applied.output)
+    assert dry.stderr.strip().splitlines()[-1] == ("vcsched: refused: --apply would refuse: plan.steps[0]: a refusal "
+                                                   "of the whole-plan check")
+    assert "plan.steps[0]: a refusal of the whole-plan check" in applied.stderr
