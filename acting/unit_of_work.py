@@ -44,6 +44,7 @@ from vcsched.plans.steps import CreateStep
 
 if TYPE_CHECKING:
     from acting.definitions import DefinitionStore
+    from acting.lock import ClusterLock
     from hypervisor.base import Hypervisor
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.formats.cluster import Cluster
@@ -306,11 +307,21 @@ def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordin
     if not apply:
         return UnitOfWork(hv, None, reporting=reporting, before_step=before_step)
     from acting.definitions import DefinitionStore
+
+    lock = cluster_lock(cluster, hv, coordination, ttl)
+    return UnitOfWork(hv, lock, wait=wait, settle=settle, store=DefinitionStore.for_url(lock.url, cluster.name),
+                      reporting=reporting, before_step=before_step)
+
+
+def cluster_lock(cluster: Cluster, hv: LibvirtHypervisor, coordination: str | None = None,
+                 ttl: float | None = None) -> ClusterLock:
+    """The (unacquired) lock of ``cluster`` on ``coordination`` (else the cluster file's, else the default;
+    acting/lock.py), named after its hosts' libvirt identities read through ``hv``, not after the file's
+    ``name`` (hypervisor/identity.py); its TTL is ``ttl``, else the cluster file's ``lock_ttl``.  The lock of
+    every unit of work of the cluster (:func:`for_cluster`), and of what else changes its VMs (`vcsched
+    calibrate --domain` of a VM it manages)."""
     from acting.lock import DEFAULT_TTL, ClusterLock, resolve_url
     from hypervisor.identity import lock_key
 
-    identities = hv.identities()
-    lock = ClusterLock(resolve_url(coordination, cluster.coordination), cluster.name,
-                       ttl=ttl or cluster.lock_ttl or DEFAULT_TTL, key=lock_key(identities.values()))
-    return UnitOfWork(hv, lock, wait=wait, settle=settle, store=DefinitionStore.for_url(lock.url, cluster.name),
-                      reporting=reporting, before_step=before_step)
+    return ClusterLock(resolve_url(coordination, cluster.coordination), cluster.name,
+                       ttl=ttl or cluster.lock_ttl or DEFAULT_TTL, key=lock_key(hv.identities().values()))
