@@ -352,3 +352,33 @@ def test_the_dry_run_refuses_with_the_very_check_apply_runs(command: str, tmp_pa
     assert dry.stderr.strip().splitlines()[-1] == ("vcsched: refused: --apply would refuse: plan.steps[0]: a refusal "
                                                    "of the whole-plan check")
     assert "plan.steps[0]: a refusal of the whole-plan check" in applied.stderr
+
+
+@pytest.mark.parametrize("command", ["recover", "restart"])
+def test_recover_and_restart_dry_runs_exit_as_apply_does(command: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """h1 is down with web-0 recorded on it; h0 and h2 answer.  On libvirt's test driver, which cannot cap CPU,
+    --apply refuses the plan (before fencing), and so does the dry run (1); on the simulated libvirt, whose hosts
+    cap CPU, both go on (0), and --apply runs web-0 again."""
+    from acting.definitions import DefinitionStore
+    from tests.test_recover_cli import agent, cluster, recorded
+
+    for scheme, refuses in (("test", True), ("sim", False)):
+        where = tmp_path / scheme
+        where.mkdir()
+        state = where / "state"
+        monkeypatch.setenv("VCSCHED_STATE_DIR", str(state))
+        monkeypatch.delenv("VCSCHED_COORDINATION", raising=False)
+        recorded(state, "web-0")
+        if command == "restart":
+            DefinitionStore.for_url(f"file://{state}/coordination", "t").mark_fenced("h1", at=2e9)
+        args = [command, "h1" if command == "recover" else "web-0",
+                "--cluster", cluster(where, agent(where, 2), scheme=scheme)]
+        dry, doc = run(*args), json.loads(run(*args, "--json").stdout)
+        applied = run(*args, "--apply")
+        assert (dry.exit_code, applied.exit_code) == ((1, 1) if refuses else (0, 0)), (scheme, dry.output,
+                                                                                         applied.output)
+        assert doc["ok"] is not refuses and doc["plan"]["steps"]
+        assert ("--apply would refuse" in dry.stderr) is refuses
+        if not refuses:
+            assert "web-0" in applied.stdout and "applied" in applied.stdout
