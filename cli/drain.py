@@ -48,7 +48,7 @@ if TYPE_CHECKING:
               help="Apply even when a virtual cluster ends below the min_yield it was admitted with.")
 @output_option("Save the plan for `vcsched apply`.", "PLAN.json")
 @click.option("--apply", "do_apply", is_flag=True,
-              help="Cordon HOST in the cluster file and carry the plan out now (default: dry run).")
+              help="Carry the plan out now, then cordon HOST in the cluster file (default: dry run).")
 @json_option("Print one JSON object (plan, VMs that stay, apply report).")
 @time_limit_option()
 @lock_options()
@@ -69,7 +69,7 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     \b
     Examples:
       vcsched drain h1 --budget 1GiB              dry run: the plan, the bytes, who stays
-      vcsched drain h1 --budget 1GiB --apply      cordon h1, then migrate
+      vcsched drain h1 --budget 1GiB --apply      migrate, then cordon h1 (under the lock)
       vcsched uncordon h1                         when the maintenance is over
 
     Migrations keep to the cluster file's throttles (max_migrations,
@@ -141,8 +141,10 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
                 else:
                     emit_json(out | {"ok": False, "applied": None, "refused": blocked})
                 return refuse(f"not applied: {blocked}")
-            set_maintenance(path, host, True)  # nothing new lands there from now on
             report = run_apply(uow, live.plan, quiet=as_json, planned_here=True)
+            # Still under the cluster lock (which every command that plans onto a host takes), so nothing landed
+            # on it meanwhile; a plan refused before its first step (exit 1) leaves the file alone, as `apply` does.
+            set_maintenance(path, host, True)
             out["apply"] = report.to_dict()
             if not as_json:
                 console.print(f"{host} is in maintenance ({path})", highlight=False)

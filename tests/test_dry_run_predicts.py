@@ -276,12 +276,14 @@ def test_the_dry_run_of_place_adapt_and_drain_exits_as_apply_does(command: str, 
         assert doc["ok"] is not refuses and doc["plan"]["steps"]  # --json carries the verdict beside the plan
         if refuses:
             assert "cannot set CPU caps" in applied.stderr
+            assert "maintenance" not in hosts.cluster_file.read_text()  # refused: nothing changed, h0 not cordoned
             assert dry.stderr.strip().splitlines()[-1].startswith("vcsched: refused: --apply would refuse: "
                                                                   "plan.steps[")
             assert "cannot set CPU caps" in dry.stderr and doc["refused"].startswith("--apply would refuse: ")
             assert "--apply to carry it out" not in dry.stdout and "use --apply" not in dry.stdout
         else:
             assert "refused" not in doc and "would refuse" not in dry.stderr
+            assert ("maintenance = true" in hosts.cluster_file.read_text()) is (command == "drain")
 
 
 def test_apply_dry_run_exits_as_apply_does(tmp_path: Path) -> None:
