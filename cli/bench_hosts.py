@@ -238,8 +238,9 @@ def scale_markdown(rows: Sequence[ScaleRow], repeat: int) -> list[str]:
              "left is vcsched's own cost plus that row's (CPU seconds of reading the files).  `place`'s dry run "
              "runs the whole-plan check `--apply` runs: on the test driver's hosts, which cannot cap CPU, it ends "
              "in the refusal `--apply` would make (exit 1, at the first cap step); on the simulated hosts it goes "
-             "on to have each new VM's domain XML validated on its host (a define and an undefine).  The hspace row, when "
-             "Ganeti's htools are installed, is `hspace -t FILE --standard-alloc 1024,4096,1` on the same cluster "
+             "on to have each new VM's domain XML validated on its host (a define and an undefine).  "
+             "The hspace row, when Ganeti's htools are installed, is `hspace -t FILE --standard-alloc "
+             "1024,4096,1` on the same cluster "
              "written in Ganeti's text format (the same nodes and instances; disk and vCPUs do not bind; hspace "
              "keeps N+1 room, so its count is `headroom --failures 1`'s), "
              f"whole processes like vcsched's, each run bounded by {HSPACE_TIMEOUT_S:g} s.", "",
