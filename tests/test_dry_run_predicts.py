@@ -222,16 +222,14 @@ def test_adopt_and_release_dry_runs_exit_as_apply_when_the_whole_plan_check_refu
         argv: list[str], test_hosts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """The dry run runs --apply's whole-plan check (acting.executor.check_whole) on its plan.  Made to refuse
     here, as it would for a cluster whose live state the plan does not fit: both exit 1, nothing changed."""
-    import dataclasses
-
     import acting.executor
-    from hypervisor.drivers import DRIVERS, TEST
     from vcsched.errors import InputError
 
     before = (tmp_path / "h0.xml").read_text()
+    # The test driver cannot cap CPU, and adopt refuses such a host itself: the same host files, served by the
+    # simulated libvirt, whose hosts cap CPU.
+    test_hosts.write_text(test_hosts.read_text().replace('"test://', '"sim://'))
     args = [*argv, "--cluster", test_hosts, "--coordination", f"file://{tmp_path}/coord"]
-    if argv[0] == "adopt":  # the test driver cannot cap CPU: adopt refuses such a host itself; say it can
-        monkeypatch.setitem(DRIVERS, "test", dataclasses.replace(TEST, cpu_cap="quota"))
     ok = run(*args)
     assert ok.exit_code == 0, (ok.stdout, ok.stderr)  # the check holds: the dry run goes through
 
