@@ -91,25 +91,23 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, allow_below
         if not as_json:
             console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {plural(len(plan.steps), 'step')})")
             render_plan(plan, inventory)
-        refused = None
-        if drain is not None and path is not None:
-            refused = _drain_refused(plan, inventory, allow_below_floor)
-        if dry_run and refused is None:  # the same whole-plan check applying runs first; it only reads
+        refused = _drain_refused(plan, inventory, allow_below_floor) if drain is not None else None
+        if refused is None and dry_run:  # the same whole-plan check applying runs first; it only reads
             why = apply_would_refuse(uow, plan, inventory, force=force, planned_here=False)
             refused = None if why is None else f"--apply would refuse: {why}"
-        if refused is not None or dry_run:
-            if refused is None:
-                if as_json:
-                    emit_json({"ok": True, "applied": None, "dry_run": True})
-                else:
-                    console.print("dry run: nothing changed (run it again without --dry-run to apply it)")
-                return EXIT_OK
+        if refused is not None:
             if as_json:
-                emit_json({"ok": False, "applied": None, "refused": refused,
-                           **({"drain": drain} if drain is not None else {}), **({"dry_run": True} if dry_run else {})})
+                emit_json({"ok": False, "applied": None, "refused": refused, "dry_run": dry_run,
+                           **({"drain": drain} if drain is not None else {})})
             else:
                 console.print(f"[red]not applied[/]: {refused}", highlight=False)
             return refuse(refused)
+        if dry_run:
+            if as_json:
+                emit_json({"ok": True, "applied": None, "dry_run": True})
+            else:
+                console.print("dry run: nothing changed (run it again without --dry-run to apply it)")
+            return EXIT_OK
         report = run_apply(uow, plan, force=force, quiet=as_json)
         if drain is not None and path is not None:
             # Still under the lock (which every command that plans onto a host takes), so nothing landed on it

@@ -128,9 +128,9 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     else:
         if report is None:
             render_decision(request, decision, inventory)
-            if decision.plan is not None and not do_apply and would_refuse is None:
-                console.print(f"dry run: nothing changed{f'; plan saved to {output}' if output else ''} "
-                              "(--apply to carry it out)")
+            if decision.plan is not None and not do_apply:
+                console.print(f"dry run: nothing changed{f'; plan saved to {output}' if output else ''}"
+                              + (" (--apply to carry it out)" if would_refuse is None else ""))
         else:
             render_report(report)
     if not decision.admitted:
