@@ -154,6 +154,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     from cli.common import (
         acting_on,
         apply_exit_code,
+        apply_would_refuse,
         hosts_down,
         load_cluster,
         render_moves,
@@ -232,9 +233,13 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
             out["apply"] = report.to_dict()
             if not as_json:
                 render_report(report)
-        elif not as_json:
-            console.print("dry run: nothing changed (use --apply, or -o PLAN.json and `vcsched apply`)")
-    code = apply_exit_code(report)
+        else:
+            why = apply_would_refuse(uow, live.plan, inventory)  # the dry run exits as --apply would (docs/cli.md)
+            if why is not None:
+                out["refused"] = f"--apply would refuse: {why}"
+            elif not as_json:
+                console.print("dry run: nothing changed (use --apply, or -o PLAN.json and `vcsched apply`)")
+    code = apply_exit_code(report) if "refused" not in out else refuse(out["refused"])
     if as_json:
         emit_json(out | {"ok": code == EXIT_OK})
     return code

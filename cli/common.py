@@ -353,16 +353,18 @@ def apply_shown(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False
         return uow.apply(plan, force=force, planned_here=planned_here, irreversible=irreversible, on_step=on_step)
 
 
-def apply_would_refuse(uow: UnitOfWork, plan: Plan) -> str | None:
+def apply_would_refuse(uow: UnitOfWork, plan: Plan, inventory: Inventory | None = None, *, force: bool = False,
+                       planned_here: bool = True) -> str | None:
     """Why ``--apply`` would refuse ``plan`` before its first step, or None: the same whole-plan check on the
-    live cluster (:meth:`acting.unit_of_work.UnitOfWork.validate`, of a plan this command computed).  A dry run
-    runs it so that it exits with the code ``--apply`` would (docs/cli.md: 1 where --apply refuses); it only
-    reads."""
+    live cluster (:meth:`acting.unit_of_work.UnitOfWork.validate`; ``planned_here``: a plan this command computed,
+    else a saved one, `vcsched apply --dry-run`, whose snapshot ``force`` lets differ).  A dry run runs it so that
+    it exits with the code ``--apply`` would (docs/cli.md: 1 where --apply refuses); it only reads, on the
+    ``inventory`` it planned on when given (no second read of every host)."""
     from acting.executor import PlanRefused
     from vcsched.plans.claims import PlanMismatch
 
     try:
-        uow.validate(plan, planned_here=True)
+        uow.validate(plan, force=force, planned_here=planned_here, inventory=inventory)
     except (PlanRefused, PlanMismatch) as exc:
         return str(exc)
     return None

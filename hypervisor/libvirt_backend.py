@@ -591,11 +591,13 @@ class LibvirtHypervisor:
             raise HypervisorError(f"host {host}: the libvirt test driver ({self.cluster.host(host).uri}) "
                                   "cannot set CPU caps")
 
-    def create_problems(self, step: CreateStep, where: str) -> list[str]:
+    def create_problems(self, step: CreateStep, where: str, *, define: bool = True) -> list[str]:
         """What would stop ``step`` from creating its VM, checked before a plan's first step
         (:mod:`hypervisor.bootcheck`): its boot files (on a host of this machine), then its domain XML as
         libvirt's own define-time validation on the target host's driver sees it.  That validation defines the
-        XML under a throw-away name (:func:`hypervisor.bootcheck.validation_xml`) and undefines it at once."""
+        XML under a throw-away name (:func:`hypervisor.bootcheck.validation_xml`) and undefines it at once: a
+        change on the host, so a dry run (``define=False``: it holds no lock, and reading never acts) checks the
+        XML only as vcsched parses it, and ``--apply`` has libvirt validate it before its first step."""
         h = self.cluster.host(step.host)
         problems = boot_problems(where, step.boot, step.memory_bytes, local=files_local(h.uri))
         if problems:
@@ -604,6 +606,8 @@ class LibvirtHypervisor:
             xml = validation_xml(domain_xml(step, h.partition), os.urandom(6).hex())
         except (InputError, ET.ParseError) as exc:
             return [f"{where}.boot: {exc}"]
+        if not define:
+            return []
         self.fence(step.host, f"check the domain XML of {step.vm!r}")
         try:
             dom = self.conn(step.host).defineXMLFlags(xml, libvirt.VIR_DOMAIN_DEFINE_VALIDATE)
