@@ -129,9 +129,9 @@ def start_lab_guest(lab: Lab, host: int = 0, name: str | None = None, *, vcpus: 
 
 
 def guest_console(lab: Lab, host: int, name: str) -> Path:
-    """The serial console file of guest ``name`` started by :func:`start_lab_guest` on ``lab.hosts[host]``: guests
-    started with ``wait=False`` side by side boot at once, and each is then awaited on its own file
-    (:func:`hypervisor.guest.wait_for_boot`)."""
+    """Where guest ``name`` on ``lab.hosts[host]`` writes its serial console (:func:`start_lab_guest`'s guests, or a
+    template's): guests started with ``wait=False`` side by side boot at once, and each is then awaited on its
+    own file (:func:`hypervisor.guest.wait_for_boot`)."""
     return LabLayout(lab.dir).host_dir(host) / "console" / f"{name}.log"
 
 
