@@ -134,13 +134,20 @@ def start_lab_guest(lab: Lab, host: int = 0, name: str | None = None, *, vcpus: 
 
     h = lab.hosts[host]
     name = name or f"t-{uuid.uuid4().hex[:8]}"
-    console = LabLayout(lab.dir).host_dir(host) / "console" / f"{name}.log"
+    console = guest_console(lab, host, name)
     conn = libvirt.open(h.connect_uri)
     dom = start_guest(conn, name, lab.guest, partition=h.partition, console_log=console, vcpus=vcpus,
                       memory_mib=memory_mib)
     if wait:
         wait_for_boot(console)
     return dom
+
+
+def guest_console(lab: Lab, host: int, name: str) -> Path:
+    """Where guest ``name`` on ``lab.hosts[host]`` writes its serial console (:func:`start_lab_guest`'s guests, or a
+    template's): guests started with ``wait=False`` side by side boot at once, and each is then awaited on its
+    own file (:func:`hypervisor.guest.wait_for_boot`)."""
+    return LabLayout(lab.dir).host_dir(host) / "console" / f"{name}.log"
 
 
 def copies(lab: Lab, name: str) -> list[tuple[str, bool]]:
