@@ -28,7 +28,7 @@ so a crash leaves the old record or the new one, never half of one.
 **Why not libvirt on a survivor.**  Defining a copy of every VM on another
 host would leave an inactive domain with the same UUID and name there: an
 operator's ``virsh start``, an autostart flag or a careless tool starts a
-second copy, which is exactly what must never happen (docs/operations.md,
+second copy, which is exactly what must never happen (docs/repair.md,
 "A VM never runs twice"); every migration would have to rewrite copies on
 hosts that may be down themselves; and inventories would list the copies.
 The coordination backend holds records, not domains: nothing can start them.

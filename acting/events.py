@@ -3,7 +3,7 @@
 Every line has ``"event"`` (what happened), ``"time"`` (Unix seconds) and
 ``"member"`` (which controller: ``user@host:pid``, the name it holds locks
 under), plus the event's own fields.  The events `vcsched run` writes are
-listed in docs/operations.md.  :class:`EventLog` writes it; :class:`EventTail`
+listed in docs/controller.md.  :class:`EventLog` writes it; :class:`EventTail`
 follows it as it grows.
 """
 

@@ -1,6 +1,6 @@
 """What `vcsched run` needs to handle failed hosts: the cluster file, the definitions store, the fence runner.
 
-Failure handling (docs/operations.md, "When a host dies") runs on the
+Failure handling (docs/failures.md, "When a host dies") runs on the
 controller's leader, once per interval (:meth:`acting.controller.Controller.tick`):
 
 1. a host found down is timed from the first interval this leader saw it

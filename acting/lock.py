@@ -14,7 +14,7 @@ mechanism covers one machine and several:
   ``fcntl`` lock on a file, which the kernel releases when the holder dies
   (even by SIGKILL).  It protects only commands started on this machine.
 * ``etcd3+http://HOST:2379`` (or ``etcd3+https``): a lease in etcd, for
-  operators and controllers on several machines (docs/operations.md).
+  operators and controllers on several machines (docs/plans.md).
 
 Who holds the lock (member ``user@host:pid``, since when) is written next to
 it (a file beside the lock; a key on the lock's lease in etcd), so a refused

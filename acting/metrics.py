@@ -10,7 +10,7 @@ metric                                      meaning
 ``vcsched_leader``                          1 on the active controller, 0 on a standby
 ``vcsched_vm_need_cores``                   the need recorded in the VM's metadata (declared)
 ``vcsched_vm_estimated_need_cores``         the measured need the controller plans with
-``vcsched_vm_estimate_confidence``          0..1 (docs/operations.md, need discovery)
+``vcsched_vm_estimate_confidence``          0..1 (docs/needs.md, need discovery)
 ``vcsched_vm_cap_cores``                    the VM's cap (absent when uncapped)
 ``vcsched_vm_used_cores``                   cores used over the latest sample
 ``vcsched_vm_yield``                        cap over estimated need, at most 1 (the one yield: docs/contention.md)

@@ -1,4 +1,4 @@
-"""Where recommendations live: the cluster's coordination backend, beside its lock (docs/operations.md).
+"""Where recommendations live: the cluster's coordination backend, beside its lock (docs/recommendations.md).
 
 * ``file://DIR`` (the default, DIR = the state directory's ``coordination``): ``DIR/recommendations-KEY.json``,
   read-modify-written under an ``fcntl`` lock on ``DIR/recommendations-KEY.lock`` and replaced atomically

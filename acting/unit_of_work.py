@@ -7,7 +7,7 @@ intervals (probe, rebalance, recovery, putting probe caps back) and the fault si
 
 1. take the cluster lock (named by the hosts' identities, acting/lock.py) and keep its lease on the
    adapter (``hv.lease``: a migration that would outlive the lease is aborted);
-2. settle the in-doubt VMs that can be (``hv.repair``, docs/operations.md "A VM never runs twice");
+2. settle the in-doubt VMs that can be (``hv.repair``, docs/repair.md "A VM never runs twice");
 3. read the live inventory (:meth:`UnitOfWork.inventory`), on which the caller decides its plan (a pure
    function of the core);
 4. validate the whole plan against the live inventory (:func:`acting.executor.check_whole`);

@@ -1,4 +1,4 @@
-"""``vcsched observe``: sample what the managed VMs use and estimate their needs (docs/operations.md)."""
+"""``vcsched observe``: sample what the managed VMs use and estimate their needs (docs/needs.md)."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ class VmShape(click.ParamType):
 #: A wall-clock limit in seconds: finite and above 0 (``--time-limit nan``, ``0`` and ``inf`` are bad input).
 TIME_LIMIT = FiniteFloatRange(min=0, min_open=True)
 
-CLUSTER_HELP = ("Cluster file (TOML: hosts and their libvirt URIs; see docs/operations.md). "
+CLUSTER_HELP = ("Cluster file (TOML: hosts and their libvirt URIs; see docs/files.md). "
                 "Default: the running lab's (`vcsched lab up`).")
 
 
@@ -165,7 +165,7 @@ def lock_options() -> Decorator:
         f = click.option("--coordination", metavar="URL", default=None, callback=check_coordination,
                          help="Where the cluster lock lives (tooz URL: file:///DIR, etcd3+http://HOST:2379). "
                               "Default: $VCSCHED_COORDINATION, the cluster file's 'coordination', else a "
-                              "file lock under /var/lib/vcsched (docs/operations.md).")(f)
+                              "file lock under /var/lib/vcsched (docs/plans.md).")(f)
         f = click.option("--lock-ttl", "lock_ttl", type=FiniteFloatRange(min=1), default=None, metavar="SECONDS",
                          help="etcd: seconds the lock outlives a holder that died (default: the cluster file's "
                               "lock_ttl, else 10).")(f)

@@ -84,7 +84,7 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     With --apply the command holds the cluster lock from reading the hosts to
     the last step, so a second operator's command waits (--wait) or is refused
     naming the holder; the plan is checked whole before its first step and
-    each step again right before it acts (docs/operations.md).
+    each step again right before it acts (docs/plans.md).
 
     Exit codes: 0 admitted (and applied), 1 refused, a step failed or the
     cluster is locked, 2 bad input (nothing changed), 130 --apply

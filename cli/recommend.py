@@ -1,5 +1,5 @@
 """``vcsched recommendations`` / ``approve`` / ``skip``: an operator in the loop of `vcsched run --mode recommend`
-(docs/operations.md, *Recommendations*)."""
+(docs/recommendations.md)."""
 
 from __future__ import annotations
 

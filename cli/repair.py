@@ -31,7 +31,7 @@ def repair_cmd(cluster_file: str | None, do_apply: bool, as_json: bool, wait: fl
     Without --apply nothing changes: it prints what it would do and why.
     With --apply it holds the cluster lock and reads every copy's host again
     right before each action; a copy that changed meanwhile is skipped.
-    Every command that changes hosts does the same first (docs/operations.md,
+    Every command that changes hosts does the same first (docs/repair.md,
     "A VM never runs twice").
 
     It also puts back what a vcsched process killed by SIGKILL (or a crash)

@@ -1,4 +1,4 @@
-"""``vcsched run``: the controller as a foreground daemon (docs/operations.md, *Running the controller*)."""
+"""``vcsched run``: the controller as a foreground daemon (docs/controller.md)."""
 
 from __future__ import annotations
 

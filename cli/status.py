@@ -226,7 +226,7 @@ def render_status(doc: dict[str, Any]) -> None:
     for d in doc.get("in_doubt", []):
         where = ", ".join(f"{h} ({st})" for h, st in zip(d["hosts"], d["states"], strict=True))
         console.print(f"[red]in doubt[/]: {d['vm']} (uuid {d['uuid']}) is active on {where}: no plan touches it "
-                      "until `vcsched repair --apply` settles it (docs/operations.md, \"A VM never runs twice\").",
+                      "until `vcsched repair --apply` settles it (docs/repair.md, \"A VM never runs twice\").",
                       highlight=False)
     repair = doc.get("repair") or {}
     if repair.get("refused") and doc.get("in_doubt"):
@@ -408,7 +408,7 @@ def status_cmd(cluster_file: str | None, seconds: float | None, as_json: bool, s
     VM's rules are shown (spread, together, pinned; "?" = preferred), and
     every rule the running VMs break is listed (`vcsched adapt` repairs it).
 
-    Failover headroom (docs/operations.md, "When a host dies"): for each host,
+    Failover headroom (docs/capacity.md, "Room for failures"): for each host,
     whether its VMs would fit on the others if it failed (memory, and CPU at
     the virtual clusters' floors) and the minimum yield after; computed up to
     100 hosts (above, with --headroom: each host is one placement).

@@ -234,7 +234,7 @@ def clock(t: float) -> str:
 
 
 def event_text(e: Mapping[str, Any]) -> str:
-    """One controller event as a short line (docs/operations.md lists the events and their fields)."""
+    """One controller event as a short line (docs/controller.md lists the events and their fields)."""
     kind = e.get("event", "?")
     if kind == "decision":
         return f"decision {e.get('kind')}: {e.get('reason', '')}"

@@ -34,7 +34,7 @@ class HypervisorError(VcschedError):
 
 class VmInDoubt(HypervisorError):
     """A step was asked to act on a VM that is in doubt (copies on several hosts, or a paused arrival): refused,
-    naming its copies; ``vcsched repair`` settles it (docs/operations.md, "A VM never runs twice")."""
+    naming its copies; ``vcsched repair`` settles it (docs/repair.md, "A VM never runs twice")."""
 
 
 class HostReadBug(VcschedError):

@@ -1,6 +1,6 @@
 """Connections to many hosts that a hung host cannot block: an event loop, keepalive, bounded opens.
 
-Measured with libvirt 9.0 (docs/operations.md, "Running across machines"):
+Measured with libvirt 9.0 (docs/across-machines.md):
 a stopped ``libvirtd`` (SIGSTOP, a hung machine, a dead network path) blocks
 ``libvirt.open`` and every call on an open connection for as long as it is
 stopped.  Two things bound that:

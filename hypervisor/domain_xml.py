@@ -92,7 +92,7 @@ def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
             extra += f' {k}="{getattr(meta, k)}"'
     if meta.pinned:
         extra += ' pinned="true"'
-    if meta.priority:  # restart order after a host failure (docs/operations.md, "When a host dies")
+    if meta.priority:  # restart order after a host failure (docs/failures.md, "Priority")
         extra += f' priority="{meta.priority}"'
     if meta.generation:  # migration attempts so far (hypervisor/migration.py): kept by every rewrite
         extra += f' generation="{meta.generation}"'

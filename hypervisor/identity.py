@@ -19,7 +19,7 @@ that; libvirt can: every host has a UUID, in its capabilities
 * the cluster lock is named after the set of the hosts' identities
   (:func:`lock_key`), so two files for the same hosts share one lock whatever
   they are called, and unrelated clusters — every lab is named "lab" — never
-  do (docs/operations.md, "What is locked").  A host that does not answer
+  do (docs/plans.md, "What is locked").  A host that does not answer
   when the lock is taken is named by the ``uuid`` the cluster file declares,
   else by the one a changing command on this machine last read for its URI
   (:data:`KNOWN_HOSTS`, like ssh's known_hosts); with neither, the command

@@ -20,7 +20,7 @@ connections (and what is cached per command) and puts them together:
 * :mod:`hypervisor.settlement` — settling in-doubt VMs (``vcsched repair``);
 * :mod:`hypervisor.libvirt_calls` — host errors, retries of transient errors.
 
-Caps (the project's contract, docs/operations.md):
+Caps (the project's contract, docs/caps.md):
 
 * QEMU/KVM: ``vcpu_period`` = 100000 µs and ``vcpu_quota`` =
   round(cores / vcpus * period) µs *per vCPU thread* (libvirt applies the
@@ -443,7 +443,7 @@ class LibvirtHypervisor:
         if len(active) > 1 or any(c.paused and c.arriving_from is not None for c in active):
             where = ", ".join(f"{c.host} ({_copy_kind(c)})" for c in active)
             raise VmInDoubt(f"{name} is in doubt: copies on {where}; no step acts on it until `vcsched repair` "
-                            "settles it (docs/operations.md, \"A VM never runs twice\")")
+                            "settles it (docs/repair.md, \"A VM never runs twice\")")
         return active[0] if active else (copies[0] if copies else None)
 
     def _gone(self, host: str, vm: str) -> bool:

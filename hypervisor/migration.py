@@ -1,4 +1,4 @@
-"""Live migration so that a VM never runs on two hosts at once (docs/operations.md, "A VM never runs twice").
+"""Live migration so that a VM never runs on two hosts at once (docs/repair.md, "A VM never runs twice").
 
 ``migrate3`` from the source connection, LIVE | PAUSED, to the destination's ``address`` (``tcp://ADDRESS``;
 ``migration_tls`` adds VIR_MIGRATE_TLS; hosts with different ``storage`` add VIR_MIGRATE_NON_SHARED_DISK,

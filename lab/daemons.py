@@ -62,7 +62,7 @@ def qemu_conf(address: str | None = None, ports: tuple[int, int] | None = None) 
     guest only once virtlockd holds a lease on each of its disks, in a lockspace
     directory all lab hosts share (:func:`lockd_conf`), so a second copy of a
     VM whose disk another host still leases is refused by libvirt itself — the
-    second line of defence beside fencing (docs/operations.md).
+    second line of defence beside fencing (docs/failures.md).
 
     ``ports``: the host's own incoming-migration port range (:func:`lab.ports.migration_ports`).
 

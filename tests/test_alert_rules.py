@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "vcsched.rules.yml"
 RULE_TESTS = ROOT / "tests" / "data" / "vcsched.rules.test.yml"
 UNIT = ROOT / "deploy" / "vcsched@.service"
-OPERATIONS = ROOT / "docs" / "operations.md"
+RUNBOOKS = "docs/metrics.md"  # the page of the runbook sections, one per alert (its section "Alerts")
+SERVICE_DOC = ROOT / "docs" / "controller.md"  # "Installing it as a service" shows the unit
 
 #: PromQL's keywords and modifiers: words in an expression that are not metric names.
 PROMQL_WORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and",
@@ -84,7 +85,7 @@ def test_each_alert_fires_when_it_should_and_not_otherwise() -> None:
 
 def test_every_alert_has_a_summary_a_description_and_a_runbook_section_that_exists() -> None:
     headings, fenced = set(), False
-    for line in OPERATIONS.read_text().splitlines():
+    for line in (ROOT / RUNBOOKS).read_text().splitlines():
         fenced ^= line.startswith("```")
         if line.startswith("#") and not fenced:  # GitHub's anchor of a heading
             headings.add(re.sub(r"[^a-z0-9 _-]", "", line.lstrip("#").strip().lower()).replace(" ", "-"))
@@ -92,11 +93,11 @@ def test_every_alert_has_a_summary_a_description_and_a_runbook_section_that_exis
         a = r["annotations"]
         assert a["summary"] and a["description"], r["alert"]
         page, _, anchor = a["runbook_url"].partition("#")
-        assert page == "docs/operations.md" and anchor in headings, (r["alert"], a["runbook_url"])
+        assert page == RUNBOOKS and anchor in headings, (r["alert"], a["runbook_url"])
 
 
 def test_the_unit_in_the_docs_is_the_shipped_one() -> None:
-    text = OPERATIONS.read_text()
+    text = SERVICE_DOC.read_text()
     block = text.split("```ini\n", 1)[1].split("```", 1)[0]
     assert block == UNIT.read_text()
 

@@ -175,7 +175,7 @@ class InDoubt:
 
     Either active on more than one host, or a lone paused *arrival* (a migration's destination copy that
     vcsched has not resumed: its source may still hold a copy, on a host that was not read).  ``vcsched
-    repair`` settles what it safely can (docs/operations.md); reading never does.  ``resolved``: kept for the
+    repair`` settles what it safely can (docs/repair.md); reading never does.  ``resolved``: kept for the
     reports' shape, always None in an inventory (reading settles nothing).
     """
 

@@ -119,7 +119,7 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
     declared disk and network capacity, as the placing algorithms do), and
     the policy then allocates every fluid resource on that placement.
 
-    What a move costs (docs/operations.md, "Running across machines"): its
+    What a move costs (docs/migrations.md, "Shared and local storage"): its
     memory, plus its disks when source and target do not share ``storage``
     in the cluster file (``cluster``, or ``storage`` alone for a caller that
     wants only that from the file, like the controller).

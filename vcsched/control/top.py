@@ -17,7 +17,7 @@ rows, with no formula of its own:
   yield under the policy in force, and each host's caps, use and memory are
   `status`'s (:mod:`vcsched.control.status`);
 * the *controller's* view comes from its event log (``vcsched run --log``,
-  docs/operations.md): who leads, its last decision, the migrations of a plan
+  docs/controller.md): who leads, its last decision, the migrations of a plan
   it has started and not finished (a VM *migrating*), and the hosts it found
   down or on which a step failed since (a host *failed*).
 

@@ -1,6 +1,6 @@
 """The cluster file: which hosts vcsched manages, how to reach them, how to boot a default guest.
 
-Format (TOML, written by ``vcsched lab up`` or by hand; docs/operations.md)::
+Format (TOML, written by ``vcsched lab up`` or by hand; docs/files.md)::
 
     name = "lab"                 # cluster name
     min_yield = 0.0              # optional floor on the whole cluster's minimum yield
@@ -28,7 +28,7 @@ Format (TOML, written by ``vcsched lab up`` or by hand; docs/operations.md)::
                                  # optional: how to power the host off when it fails (a ClusterLabs fence agent,
                                  # by name on PATH or absolute path; the other keys go to it as options on stdin)
 
-When a host dies (docs/operations.md, "When a host dies"), all optional::
+When a host dies (docs/failures.md), all optional::
 
     failure_timeout = 90         # seconds a host must stay down before it counts as failed (default: 90 s, three
                                  # default controller intervals, and never below host_timeout)
@@ -36,7 +36,7 @@ When a host dies (docs/operations.md, "When a host dies"), all optional::
     on_failure = "restart"       # "restart": a failed host's VM whose floor the survivors cannot meet still
                                  # restarts, below its floor (docs/failures.md); "strand": it is left down
 
-Across machines (docs/operations.md, "Running across machines"), all optional::
+Across machines (docs/across-machines.md), all optional::
 
     pki = "/etc/vcsched/pki"     # client certificates (cacert.pem, clientcert.pem, clientkey.pem), added to
                                  # every qemu+tls URI as pkipath
@@ -254,7 +254,7 @@ class Cluster:
     hosts: tuple[ClusterHost, ...]
     min_yield: float = 0.0
     guest: GuestDefaults | None = None
-    coordination: str | None = None  # tooz URL of the cluster lock; None: the default (docs/operations.md)
+    coordination: str | None = None  # tooz URL of the cluster lock; None: the default (docs/plans.md)
     policy: str | None = None  # the sharing policy in force (docs/policies.md); None: "yield"
     alpha: float | None = None  # alpha-fair's exponent
     tenants: tuple[Tenant, ...] = ()  # the tenant tree (hdrf); requests name a leaf with tenant = "..."
@@ -504,7 +504,7 @@ def _tenants_from_dict(raw: Any) -> tuple[Tenant, ...]:
     return tenants
 
 
-#: tooz backends vcsched is tested against; the others tooz knows are accepted as untested (docs/operations.md).
+#: tooz backends vcsched is tested against; the others tooz knows are accepted as untested (docs/plans.md).
 TESTED_COORDINATION = ("file", "etcd3+http", "etcd3+https")
 UNTESTED_COORDINATION = ("zookeeper", "kazoo", "redis", "memcached", "mysql", "postgresql", "consul", "kubernetes")
 

@@ -57,7 +57,7 @@ class Request:
     spread: str | None = None  # REQUIRED / PREFERRED (docs/rules.md)
     together: str | None = None
     pinned: bool = False
-    #: Restart order after a host failure (docs/operations.md, "When a host dies"): higher first.
+    #: Restart order after a host failure (docs/failures.md, "Priority"): higher first.
     priority: int = 0
 
     def io_needs(self) -> dict[str, int]:

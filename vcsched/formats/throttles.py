@@ -1,6 +1,6 @@
 """Migration throttles: how many live migrations may run at once, how fast, and for how long (cluster file).
 
-All optional, top-level keys of the cluster file (docs/operations.md, *Migration throttles*)::
+All optional, top-level keys of the cluster file (docs/migrations.md, *Migration throttles*)::
 
     max_migrations = 4               # live migrations in flight in the whole cluster
     max_migrations_per_host = 1      # in flight on one host, arriving and leaving counted together
