@@ -122,7 +122,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     from acting.failure import Failover
     from acting.lock import DEFAULT_TTL, ClusterLock, leader_lock_name, member_id, resolve_url
     from acting.metrics import ControllerMetrics, MetricsServer
-    from acting.power import PowerStore
+    from acting.power import PowerStore, agents
+    from acting.power_saving import PowerSaving
     from acting.recommendations import RecommendationStore
     from acting.sampling import SystemClock
     from acting.window import publish as publish_window
@@ -142,6 +143,9 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     if mode == "recommend" and not books:
         raise InputError(f"--mode recommend: coordination {url} keeps no recommendations (use file:///DIR or "
                          "etcd3+http://HOST:2379)")
+    if cluster.power.mode != "off" and not books:
+        raise InputError(f"power_saving: {cluster.power.mode!r}: coordination {url} keeps no power record (use "
+                         "file:///DIR or etcd3+http://HOST:2379)")
     ttl = lock_ttl or cluster.lock_ttl or DEFAULT_TTL
     member = member_id()
     metrics = ControllerMetrics(cluster.name, cluster.min_yield)
@@ -171,7 +175,9 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
                 recommendations=RecommendationStore(url, key, timeout=min(1.0, ttl / 10)) if books else None,
                 audits=AuditStore(url, key, timeout=min(1.0, ttl / 10)) if books else None,
                 window=lambda used: publish_window(state_dir(), cluster, options.interval, used),
-                power=PowerStore(url, key, timeout=min(1.0, ttl / 10)).read if books else None)
+                power=PowerStore(url, key, timeout=min(1.0, ttl / 10)).read if books else None,
+                power_saving=PowerSaving(cluster, PowerStore(url, key, timeout=min(1.0, ttl / 10)),
+                                         agents(cluster), budget) if books else None)
             metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
             controller.run(**metrics_at)
     finally:
