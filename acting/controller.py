@@ -638,10 +638,22 @@ class Controller:
     # ------------------------------------------------------------------ power saving (acting/power_saving.py)
 
     def _power(self, inventory: Inventory, estimates: dict[str, Estimate], needs: dict[str, float]) -> bool:
+        """:meth:`_power_step`, then the power metrics again when it acted (a wake that failed is alerted on at
+        once, not an interval later)."""
+        acted = self._power_step(inventory, estimates, needs)
+        if acted:
+            assert self.power_saving is not None
+            try:
+                self._power_metrics(self.power_saving.store.read(), inventory, needs, self.clock.time())
+            except VcschedError as exc:
+                self._error("power", exc)
+        return acted
+
+    def _power_step(self, inventory: Inventory, estimates: dict[str, Estimate], needs: dict[str, float]) -> bool:
         """This interval's power decision (docs/power.md §7): settle wakes cut short, count the energy saved, then
         decide on the measured needs and their trend, and act (``auto``), propose (``recommend``) or run the
         periodic wake test.  True when a host slept or woke (the hosts changed under this interval's plans)."""
-        from vcsched.control.power import NONE, SLEEP, WAKE, decide, demand_trend
+        from vcsched.control.power import NONE, WAKE, decide, demand_trend
 
         ps = self.power_saving
         assert ps is not None
@@ -655,8 +667,7 @@ class Controller:
         self._power_metrics(state, inventory, needs, now)
         if cluster.power.mode == "off":
             return False
-        for h in state.hosts:  # this leader's count of the sleep condition (None: it does not hold)
-            state = state.with_host(dataclasses.replace(h, ready_since=self.ready_since.get(h.host)))
+        state = self._with_ready(state)
         decision = decide(cluster, inventory, state, now, budget=ps.budget, demand=demand_trend(self.needs_history),
                           needs=needs)
         below = [v.name for v in inventory.up().managed() if v.meta is not None
@@ -665,12 +676,13 @@ class Controller:
         held = sleep_held(inventory, below, self.metrics.lost)
         if held is not None:  # the condition is broken: every count starts again
             self.ready_since = {}
-            if decision.action == SLEEP:
+            if decision.action != WAKE:
                 self.events.emit("power_decision", action=NONE, host=None, reason=f"no sleep now: {held}")
                 return False
         else:
             self.ready_since = {h.host: h.ready_since for h in decision.state.hosts}
         if decision.action == NONE:
+            self.events.emit("power_decision", **decision.to_dict())
             due = wake_test_due(cluster, state, now)
             if due is None or self.options.recommend or cluster.power.mode != "auto" or self.options.dry_run:
                 return False
@@ -684,9 +696,7 @@ class Controller:
         try:
             with self._acting() as uow:
                 fresh = self._reserved(uow.inventory())
-                state = ps.store.read()
-                for h in state.hosts:
-                    state = state.with_host(dataclasses.replace(h, ready_since=self.ready_since.get(h.host)))
+                state = self._with_ready(ps.store.read())
                 live = decide(cluster, fresh, state, self.clock.time(), budget=ps.budget,
                               demand=demand_trend(self.needs_history), needs=needs)
                 if (live.action, live.host) != (decision.action, decision.host):
@@ -702,11 +712,19 @@ class Controller:
                 result = sleep_host(uow, cluster, live.host, live.plan.plan, store=ps.store, agent=ps.agent,
                                     clock=self.clock.time, emit=self.events.emit)
                 self._power_steps(result.report)
-                self.ready_since.pop(live.host, None)
+                self.ready_since = {}  # with one host fewer on, every other host's condition is a new question
                 return True
         except LockBusy as exc:
             self.events.emit("lock-busy", action=f"power-{decision.action}", reason=str(exc))
             return False
+
+    def _with_ready(self, state: PowerState) -> PowerState:
+        """``state`` with this leader's count of each host's sleep condition (:attr:`ready_since`; the record's own is
+        not used: a new leader did not watch the condition hold)."""
+        assert self.power_saving is not None
+        for name in self.power_saving.cluster.host_names:
+            state = state.with_host(dataclasses.replace(state.of(name), ready_since=self.ready_since.get(name)))
+        return state
 
     def _wake(self, uow: UnitOfWork, host: str) -> bool:
         """Wake ``host`` through ``uow`` (its wake measured, or it is marked wake-failed: acting/power.py)."""

@@ -415,8 +415,8 @@ def sleep_check(cluster: Cluster, inventory: Inventory, state: PowerState, host:
     if lacking is not None:
         return lacking, None
     try:
-        evacuation = adapt_inventory(cluster.name, on, budget, cluster=cluster, drain=host, needs=needs,
-                                     record_needs=False)
+        evacuation = adapt_inventory(cluster.name, _off_marked(inventory, state), budget, cluster=cluster,
+                                     drain=host, needs=needs, record_needs=False)
     except VcschedError as e:
         return f"cannot be emptied: {e}", None
     if evacuation.plan is None:
@@ -457,6 +457,16 @@ def _on(inventory: Inventory, state: PowerState) -> Inventory:
     """The hosts on: up in ``inventory`` and neither sleeping nor waking in ``state``."""
     off = [h.name for h in inventory.hosts if state.of(h.name).state != ON]
     return without_hosts(inventory, off).up() if off else inventory.up()
+
+
+def _off_marked(inventory: Inventory, state: PowerState) -> Inventory:
+    """``inventory`` with every host not on in ``state`` down (nothing is planned onto it) but still there: a plan's
+    snapshot is of the whole cluster as read, so that it matches the live read its first step is checked against
+    (a host asleep is in that read, down)."""
+    hosts = tuple(h if h.down is not None or state.of(h.name).state == ON
+                  else dataclasses.replace(h, down=f"{describe(state.of(h.name))} (power saving)")
+                  for h in inventory.hosts)
+    return dataclasses.replace(inventory, hosts=hosts)
 
 
 def _moved(inventory: Inventory, evacuation: LiveAdaptation) -> Inventory:
