@@ -638,18 +638,6 @@ class Controller:
     # ------------------------------------------------------------------ power saving (acting/power_saving.py)
 
     def _power(self, inventory: Inventory, estimates: dict[str, Estimate], needs: dict[str, float]) -> bool:
-        """:meth:`_power_step`, then the power metrics again when it acted (a wake that failed is alerted on at
-        once, not an interval later)."""
-        acted = self._power_step(inventory, estimates, needs)
-        if acted:
-            assert self.power_saving is not None
-            try:
-                self._power_metrics(self.power_saving.store.read(), inventory, needs, self.clock.time())
-            except VcschedError as exc:
-                self._error("power", exc)
-        return acted
-
-    def _power_step(self, inventory: Inventory, estimates: dict[str, Estimate], needs: dict[str, float]) -> bool:
         """This interval's power decision (docs/power.md §7): settle wakes cut short, count the energy saved, then
         decide on the measured needs and their trend, and act (``auto``), propose (``recommend``) or run the
         periodic wake test.  True when a host slept or woke (the hosts changed under this interval's plans)."""
@@ -664,7 +652,6 @@ class Controller:
         except VcschedError as exc:  # the coordination service down: nothing is decided without the record
             self._error("power", exc)
             return False
-        self._power_metrics(state, inventory, needs, now)
         if cluster.power.mode == "off":
             return False
         state = self._with_ready(state)
@@ -783,13 +770,21 @@ class Controller:
         self.events.emit("power_proposed", id=kept.id, kind=kind, host=decision.host, new=kept.id == rec.id,
                          reason=kept.reason, effect=kept.effect, valid_until=kept.valid_until)
 
-    def _power_metrics(self, state: PowerState, inventory: Inventory, needs: dict[str, float], now: float) -> None:
-        """The power metrics (acting/metrics.py): hosts sleeping, each host's longest wake and failed wake, the
-        energy saved since the last interval (:func:`vcsched.control.power.energy_saved`), the failover room."""
+    def _power_metrics(self, inventory: Inventory, needs: dict[str, float]) -> None:
+        """The power metrics (acting/metrics.py), with every other metric (:meth:`_publish`): hosts sleeping, each
+        host's longest wake and failed wake, the energy saved since they were last counted
+        (:func:`vcsched.control.power.energy_saved`), the failover room."""
         from vcsched.control.power import SLEEPING, energy_saved
 
         ps = self.power_saving
-        assert ps is not None
+        if ps is None:
+            return
+        try:
+            state = ps.store.read()
+        except VcschedError as exc:
+            self._error("power", exc)
+            return
+        now = self.clock.time()
         since = self.energy_counted_at
         saved = 0.0 if since is None else energy_saved(ps.cluster, state, now, now - since)
         self.energy_counted_at = now
@@ -1097,6 +1092,7 @@ class Controller:
                                   last[-1].used_cores if last else None, y.value, v.meta.min_yield,
                                   y.upper_bound))
         self.metrics.set_vms(tuple(rows))
+        self._power_metrics(inventory, {name: e.estimate for name, e in estimates.items()})
         if self.window is not None:
             self.window({r.vm: r.used for r in rows})
         self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0),
