@@ -478,15 +478,16 @@ class Controller:
     def _hosts(self, inventory: Inventory) -> None:
         """Once per interval: log hosts that went down or came back, and count the intervals each stays down."""
         for h in inventory.hosts:
-            if h.down is not None and h.name not in self.down:
-                self.down[h.name] = h.down
-                self.events.emit("host-down", host=h.name, reason=h.down)
-            elif h.down is None and h.name in self.down:
+            down = None if h.asleep else h.down  # a host vcsched put to sleep is not down (docs/power.md)
+            if down is not None and h.name not in self.down:
+                self.down[h.name] = down
+                self.events.emit("host-down", host=h.name, reason=down)
+            elif down is None and h.name in self.down:
                 del self.down[h.name]
                 self.events.emit("host-up", host=h.name, was_failed=self.failures.up(h.name))
-            if h.down is not None:
+            if down is not None:
                 self.failures.down_since.setdefault(h.name, self.clock.monotonic())
-            self.down_intervals[h.name] = self.down_intervals.get(h.name, 0) + 1 if h.down is not None else 0
+            self.down_intervals[h.name] = self.down_intervals.get(h.name, 0) + 1 if down is not None else 0
 
     def _reserved(self, inventory: Inventory) -> Inventory:
         """``inventory`` with its unmanaged domains' measured reservations, CPU and disk/network

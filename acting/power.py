@@ -15,7 +15,10 @@ why — nothing is powered off with a VM on it:
 3. the lock still ours (:meth:`UnitOfWork.guard`), then ``off`` through the host's ``power`` agent (its
    fence agent by default) and ``status`` must then say off (:func:`acting.fence.switch_off`, the very check
    fencing uses);
-4. the record: sleeping since now, with the size and the libvirt host UUID it slept with.
+4. the record says sleeping, with the size and the libvirt host UUID it slept with — written *ahead* of the
+   power-off, and put back if the agent fails: a process killed during the power-off leaves a host recorded
+   sleeping, which, if it still answers, is read as it is (awake) and is made on again by a wake (its agent
+   answers ``on`` at once), rather than a host powered off and recorded on, which would be read as failed.
 
 **Wake** (:func:`wake_host`): the record says waking; ``on`` through the agent; then the host is read until
 libvirt answers with **the UUID it slept with** (another machine behind the same URI is not that host), within
@@ -230,12 +233,20 @@ def sleep_host(uow: UnitOfWork, cluster: Cluster, host: str, evacuation: Plan, *
         return refused(f"host {host} is not empty after its evacuation ({len(left)} domain(s): {names}): nothing "
                        "is powered off with a VM on it", report)
     uow.guard()  # the lock still ours just before the one step that cannot be undone by vcsched alone
+    at = clock()
+    store.change(lambda s: slept(s, read, at))  # written ahead: a process killed during the power-off leaves it
     config = cluster.host(host).power.agent
     off = switch_off(host, config.agent if config is not None else "(none)", lambda action: agent(host, action))
     if not off.fenced:
+        store.change(lambda s: s.with_host(record))
         return refused(f"{off.detail}: the host is not recorded asleep (it is empty; `vcsched power status` "
                        "shows what its agent says)", report, off)
-    store.change(lambda s: slept(s, read, clock()))
+    from hypervisor import down_hosts
+    from hypervisor.files import state_dir
+
+    # Every later command gives it one short probe, never its host_timeout (hypervisor/down_hosts.py).
+    down_hosts.asleep(state_dir(), cluster.connect_uri(host), f"asleep since {time.strftime('%H:%M:%S')} (vcsched "
+                      "power saving)")
     emit("power_slept", host=host, seconds=round(off.seconds, 3), uuid=read.uuid)
     return SleepResult(host, True, f"host {host} is asleep ({off.detail})", report, off)
 

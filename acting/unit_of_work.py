@@ -309,10 +309,14 @@ def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordin
     named after its hosts — their libvirt identities, read through ``hv`` (``hv.identities()``) — not after the
     file's ``name`` (hypervisor/identity.py); its TTL is ``ttl``, else the cluster file's ``lock_ttl``.  Steps
     are recorded in the definitions store of the same coordination backend."""
-    from acting.power import record_reader, store_for
+    def power() -> PowerState:  # read only when a host is down (acting/power.py, imported only then: numpy)
+        from acting.power import record_reader, store_for
+
+        if not apply:
+            return record_reader(cluster, hv, coordination)()
+        return store_for(cluster, identities, coordination).read()
 
     if not apply:
-        power = record_reader(cluster, hv, coordination)  # read only when a host is down
         return UnitOfWork(hv, None, reporting=reporting, before_step=before_step, power=power)
     from acting.definitions import DefinitionStore
     from acting.lock import DEFAULT_TTL, ClusterLock, resolve_url
@@ -322,5 +326,4 @@ def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordin
     lock = ClusterLock(resolve_url(coordination, cluster.coordination), cluster.name,
                        ttl=ttl or cluster.lock_ttl or DEFAULT_TTL, key=lock_key(identities.values()))
     return UnitOfWork(hv, lock, wait=wait, settle=settle, store=DefinitionStore.for_url(lock.url, cluster.name),
-                      reporting=reporting, before_step=before_step,
-                      power=store_for(cluster, identities, coordination).read)
+                      reporting=reporting, before_step=before_step, power=power)

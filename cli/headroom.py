@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import click
 
 from cli.app import EXIT_OK, console, emit_json
 from cli.params import FiniteFloatRange, VmShape, cluster_option, json_option
 from vcsched.formats.request import Request
+
+if TYPE_CHECKING:
+    from acting.unit_of_work import UnitOfWork
+    from vcsched.control.headroom import Headroom
+    from vcsched.formats.cluster import Cluster
+    from vcsched.inventory import Inventory
 
 
 @click.command("headroom")
@@ -42,6 +51,10 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
     managed VM has now (1 when none runs).  Without one a CPU-bound shape
     would be counted by memory alone, at whatever yield is left.
 
+    Hosts that vcsched's power saving put to sleep are capacity that costs a
+    wake (docs/power.md): counted apart, as how many more fit with them woken
+    ("with_wakes" in --json; never a host whose wake failed).
+
     Exit codes: 0 answered (even when none fits), 1 every host is down,
     2 bad input (an unknown key or a value the request would refuse).
     """
@@ -49,11 +62,13 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
     from vcsched.control.headroom import headroom_for
 
     cluster = load_cluster(cluster_file)
-    with acting_on(cluster, apply=False, coordination=None, wait=0.0, ttl=None, quiet=as_json) as (_, inv):
+    with acting_on(cluster, apply=False, coordination=None, wait=0.0, ttl=None, quiet=as_json) as (uow, inv):
         answer = headroom_for(cluster, inv, shape, failures=failures, min_yield=min_yield)
+        wakes = _with_wakes(cluster, uow, inv, lambda woken: headroom_for(cluster, woken, shape, failures=failures,
+                                                                          min_yield=min_yield))
     if as_json:
         emit_json({"ok": True, **answer.to_dict(), "limit": said_plainly(answer.limit, answer.shape.name),
-                   "hosts_down": hosts_down(inv)})
+                   "hosts_down": hosts_down(inv), "with_wakes": wakes})
         return EXIT_OK
     from vcsched.formats.units import format_size
     from vcsched.formats.words import plural
@@ -70,7 +85,28 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
                       "over the whole cluster", highlight=False)
         console.print("  per host: " + ", ".join(f"{h} {n}" for h, n in answer.per_host.items()), highlight=False)
     console.print(f"  one more is refused: {said_plainly(answer.limit, s.name)}", highlight=False)
+    if wakes is not None:
+        console.print(f"  with {', '.join(str(h) for h in wakes['hosts'])} woken (asleep; a wake takes up to "  # type: ignore[attr-defined]
+                      f"{wakes['wake_s']:.0f} s): [bold]{wakes['count']}[/] more "
+                      "(`vcsched place --apply` wakes one when that is the only way to admit)", highlight=False)
     return EXIT_OK
+
+
+def _with_wakes(cluster: Cluster, uow: UnitOfWork, inventory: Inventory,
+                count: Callable[[Inventory], Headroom]) -> dict[str, object] | None:
+    """The headroom with every sleeping host that may be woken awake: capacity that costs a wake (docs/power.md),
+    counted apart; None when no host sleeps."""
+    if not inventory.asleep_hosts() or uow.power is None:
+        return None
+    from vcsched.control.power import wake_time, wakeable, woken
+
+    state = uow.power()
+    hosts = wakeable(cluster, inventory, state)
+    if not hosts:
+        return None
+    answer = count(woken(inventory, state, hosts))
+    return {"hosts": list(hosts), "count": answer.count, "per_host": answer.per_host,
+            "wake_s": max(wake_time(cluster, state, h) for h in hosts)}
 
 
 def said_plainly(limit: str, request: str) -> str:

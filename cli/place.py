@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import click
 
 from cli.app import console, emit_json, refuse
@@ -25,6 +29,10 @@ from vcsched.formats.units import format_size
 from vcsched.inventory import Inventory
 from vcsched.model import SolveOptions
 from vcsched.solvers.registry import algorithms
+
+if TYPE_CHECKING:
+    from acting.unit_of_work import UnitOfWork
+    from vcsched.formats.cluster import Cluster
 
 
 def render_decision(request: Request, decision: Decision, inventory: Inventory) -> None:
@@ -86,8 +94,14 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     naming the holder; the plan is checked whole before its first step and
     each step again right before it acts (docs/plans.md).
 
-    Exit codes: 0 admitted (and applied), 1 refused, a step failed or the
-    cluster is locked, 2 bad input (nothing changed), 130 --apply
+    When the hosts on refuse the request and waking one host that vcsched's
+    power saving put to sleep would admit it (docs/power.md), --apply wakes
+    that host first (the quickest to wake; never one whose wake failed), waits
+    until it answers as itself, and admits on the cluster as it then is; the
+    dry run names the host it would wake.
+
+    Exit codes: 0 admitted (and applied), 1 refused, the wake failed, a step
+    failed or the cluster is locked, 2 bad input (nothing changed), 130 --apply
     interrupted by Ctrl-C (after the running step).
     """
     if algorithm not in algorithms():
@@ -99,13 +113,20 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     from vcsched.control.sharing import sharing_for
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
+    def decide(inventory: Inventory) -> Decision:
+        return keep_failover_room(cluster, inventory,
+                                  admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing))
+
+    wake: dict[str, object] | None = None
     with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
                    quiet=as_json) as (uow, inventory):
-        decision = keep_failover_room(cluster, inventory,
-                                      admit(cluster, inventory, request, algorithm, SolveOptions(seed=seed), sharing))
+        decision = decide(inventory)
         report = None
+        if not decision.admitted and inventory.asleep_hosts():
+            decision, inventory, wake = _by_waking(cluster, uow, inventory, decision, decide, do_apply, as_json,
+                                                   coordination)
         if decision.plan is not None:
-            if output:
+            if output and wake is None:  # a plan onto a host still asleep could not be applied later
                 save_plan(decision.plan, output)
             if do_apply:
                 if not as_json:
@@ -116,15 +137,49 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                    "reason": decision.reason, "policy": sharing.policy,
                    "detail": decision.detail, "min_yield": decision.min_yield,
                    "avg_yield": decision.avg_yield,
-                   "hosts_down": hosts_down(inventory),
+                   "hosts_down": hosts_down(inventory), "wake": wake,
                    "plan": decision.plan.to_dict() if decision.plan else None,
                    "applied": report.to_dict() if report else None})
     else:
         if report is None:
             render_decision(request, decision, inventory)
-            if decision.plan is not None and not do_apply:
+            if wake is not None and not do_apply:
+                console.print(f"dry run: --apply would wake {wake['host']} first (the hosts on refuse: "
+                              f"{wake['refused_on']}), then create the VMs", highlight=False)
+            elif decision.plan is not None and not do_apply:
                 console.print(f"dry run: nothing changed{f'; plan saved to {output}' if output else ''} "
                               "(--apply to carry it out)")
         else:
             render_report(report)
     return apply_exit_code(report) if decision.admitted else refuse(f"{request.name}: {decision.reason}")
+
+
+def _by_waking(cluster: Cluster, uow: UnitOfWork, inventory: Inventory, refused: Decision,
+               decide: Callable[[Inventory], Decision], do_apply: bool, quiet: bool, coordination: str | None
+               ) -> tuple[Decision, Inventory, dict[str, object] | None]:
+    """The decision when the hosts on refuse: with the sleeping host whose wake alone admits (docs/power.md), the
+    decision on the cluster with it awake — a dry run's as it would be, --apply's on the cluster read again once
+    the host answers (it is woken under this command's lock).  ``(refused, inventory, None)`` when no wake
+    helps; a wake that fails is a refusal naming it (the host is then wake-failed)."""
+    from acting.power import agents, store_for, wake_host
+    from cli.common import host_identities
+    from vcsched.control.power import wake_to_admit
+
+    store = store_for(cluster, host_identities(cluster, uow.hv), coordination)  # type: ignore[arg-type]
+    found = wake_to_admit(cluster, inventory, store.read(), decide)
+    if found is None:
+        return refused, inventory, None
+    host, decision = found
+    wake: dict[str, object] = {"host": host, "refused_on": refused.reason, "woke": None}
+    if not do_apply:
+        return decision, inventory, wake
+    if not quiet:
+        console.print(f"waking {host}: the hosts on refuse ({refused.reason})", highlight=False)
+    result = wake_host(uow, cluster, host, store=store, agent=agents(cluster))
+    wake |= result.to_dict()
+    if not result.woke:
+        return dataclasses.replace(refused, reason=f"{refused.reason}; waking {host} failed: {result.reason} "
+                                                   f"(it is wake-failed until `vcsched power clear {host}`)"), \
+            inventory, wake
+    fresh = uow.inventory()
+    return decide(fresh), fresh, wake

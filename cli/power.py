@@ -42,6 +42,10 @@ def power_cmd() -> None:
       vcsched power sleep h2 --apply             evacuate, verify empty, power off, verify off
       vcsched power wake h2 --apply              power on, wait for the same host to answer
       vcsched power clear h2                     after an operator fixed a host whose wake failed
+
+    Exit codes (every power command): 0 done (a dry run: --apply would act),
+    1 refused (the reason on stderr: the host may not sleep, its wake failed,
+    the cluster is locked), 2 bad input.
     """
 
 

@@ -54,7 +54,7 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
     VMs already running elsewhere are left alone.
 
     Exit codes: 0 every VM of HOST runs (or will, dry run), 1 a VM is
-    stranded / HOST answers / the plan is refused / fencing failed / a step
+    stranded / HOST answers or is asleep (docs/power.md) / the plan is refused / fencing failed / a step
     failed / the cluster is locked, 2 bad input, 130 interrupted (a running
     step finishes first).
     """
@@ -83,6 +83,10 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
         state = inventory.host(host)
         if state.down is None:
             reason = f"host {host} answers: it has not failed; nothing changed (`vcsched drain {host}` moves its VMs)"
+            return _refused(out, reason, as_json)
+        if state.asleep:  # powered off by vcsched, empty: not a failure (docs/power.md)
+            reason = (f"host {host} is asleep (vcsched power saving put it to sleep, empty): it has not failed; "
+                      f"nothing changed (`vcsched power wake {host} --apply` wakes it)")
             return _refused(out, reason, as_json)
         out["down"] = state.down
         records = [d.step for d in store.on(host)]

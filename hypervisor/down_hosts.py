@@ -19,6 +19,10 @@ command waits the full ``host_timeout`` again.  So a slow host (one that
 answers in more than a probe but within ``host_timeout``) is read in full at
 least once per :data:`DOWN_MEMORY_S`, and is never kept down by probes alone.
 
+A host vcsched's power saving powered off (acting/power.py) is recorded the same way, marked ``asleep``
+(:func:`asleep`): that record does not age — a sleeping host costs every command one short probe however long
+it sleeps, never a full ``host_timeout`` — and is dropped, like any, once the host answers.
+
 The record is a hint, never a decision: a host is down for a command only
 because that command's own read (probe or full) got no answer.  An unreadable
 or unwritable record is ignored (the commands then wait as they did without it).
@@ -49,6 +53,8 @@ class KnownDown:
 
     since: float
     reason: str
+    #: Powered off by vcsched's power saving: the record does not age (module docstring).
+    asleep: bool = False
 
     def describe(self, probe_s: float) -> str:
         """How a host known to be down is named when its probe gets no answer either."""
@@ -59,14 +65,15 @@ class KnownDown:
 def _read(state: Path) -> dict[str, KnownDown]:
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError, AttributeError):
         doc = json.loads((state / FILE).read_text())
-        return {str(uri): KnownDown(float(r["since"]), str(r["reason"])) for uri, r in doc.items()}
+        return {str(uri): KnownDown(float(r["since"]), str(r["reason"]), bool(r.get("asleep", False)))
+                for uri, r in doc.items()}
     return {}
 
 
 def known_down(state: Path, now: float | None = None) -> dict[str, KnownDown]:
-    """The URIs a full wait found down within :data:`DOWN_MEMORY_S` of ``now``."""
+    """The URIs a full wait found down within :data:`DOWN_MEMORY_S` of ``now``, and those recorded asleep."""
     now = time.time() if now is None else now
-    return {uri: k for uri, k in _read(state).items() if 0 <= now - k.since <= DOWN_MEMORY_S}
+    return {uri: k for uri, k in _read(state).items() if k.asleep or 0 <= now - k.since <= DOWN_MEMORY_S}
 
 
 def probe_timeouts(state: Path, uris: Mapping[str, str], host_timeout: float,
@@ -89,9 +96,21 @@ def update(state: Path, found_down: Mapping[str, str], answered: Iterable[str], 
     before = _read(state)
     after = {uri: k for uri, k in before.items() if uri not in set(answered)}
     after.update({uri: KnownDown(now, reason) for uri, reason in found_down.items()})
-    if after == before:
-        return
-    doc = {uri: {"since": k.since, "reason": k.reason} for uri, k in sorted(after.items())}
+    if after != before:
+        _write(state, after)
+
+
+def asleep(state: Path, uri: str, reason: str, now: float | None = None) -> None:
+    """Record the host of ``uri`` powered off by vcsched's power saving: one short probe per command from now on,
+    until it answers (module docstring)."""
+    records = _read(state)
+    records[uri] = KnownDown(time.time() if now is None else now, reason, asleep=True)
+    _write(state, records)
+
+
+def _write(state: Path, records: Mapping[str, KnownDown]) -> None:
+    doc = {uri: {"since": k.since, "reason": k.reason, **({"asleep": True} if k.asleep else {})}
+           for uri, k in sorted(records.items())}
     with contextlib.suppress(OSError):
         state.mkdir(parents=True, exist_ok=True)
         write_atomic(state / FILE, json.dumps(doc, indent=1) + "\n")

@@ -23,7 +23,10 @@ names, unknown options ignored with a warning) and knows:
   whose daemons died: its daemons restarted in a fresh namespace, with its
   identity (name, host UUID) and the lab's migration port block; exit 0 once
   libvirt answers there (already on too).  Holds the lab's lock, so it never
-  interleaves with ``lab up`` or ``lab down``;
+  interleaves with ``lab up`` or ``lab down``.  A fault for tests of failed
+  wakes: while ``<lab_dir>/hN/power-on-fails`` exists (:func:`power_on_fault`),
+  ``on`` fails for that host (exit 1, the file's text in its ``Failed:``
+  line), as a BMC that does not answer would;
 * ``action=reboot``: refused (exit 1): vcsched never asks for it.
 
 Exit 1 with a ``Failed: ...`` line on stderr for anything else, as the
@@ -179,6 +182,16 @@ def main(stdin: str | None = None) -> int:
     return _fail(f"unknown action {action!r} (off, on, status, monitor, list, metadata)")
 
 
+#: The file whose presence makes ``on`` fail for its host (module docstring).
+POWER_ON_FAULT = "power-on-fails"
+
+
+def power_on_fault(host_dir: Path) -> Path:
+    """The fault file of the lab host whose directory is ``host_dir`` (``LabLayout.host_dir``): while it exists,
+    ``on`` fails for that host."""
+    return host_dir / POWER_ON_FAULT
+
+
 def _power_on(layout: object, index: int) -> int:
     """``on`` (module docstring): what ``lab up`` does for one host whose daemons died, under the lab's lock."""
     # The lab's own helpers, private to it: the recorded shape and block, its lock, the liveness of a port claim.
@@ -187,6 +200,9 @@ def _power_on(layout: object, index: int) -> int:
     from vcsched.errors import VcschedError
 
     assert isinstance(layout, LabLayout)
+    fault = power_on_fault(layout.host_dir(index))
+    if fault.exists():
+        return _fail(f"lab host h{index}: {fault.read_text().strip() or 'power on refused'} (lab fault: {fault})")
     recorded = _recorded_block(layout)
     if recorded is None:
         return _fail(f"lab {layout.root} records no migration port block: run 'vcsched lab up' to repair it")

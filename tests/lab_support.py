@@ -89,6 +89,21 @@ def running_lab(n_hosts: int, transport: str = "unix", **options: Any) -> Iterat
 
 
 @contextlib.contextmanager
+def state_dir_of_its_own(path: Path) -> Iterator[Path]:
+    """``$VCSCHED_STATE_DIR`` set to ``path`` for the ``with`` block (a module-scoped fixture cannot use
+    monkeypatch): the lock, the records and the known hosts of the commands it runs are its own."""
+    old = os.environ.get("VCSCHED_STATE_DIR")
+    os.environ["VCSCHED_STATE_DIR"] = str(path)
+    try:
+        yield path
+    finally:
+        if old is None:
+            os.environ.pop("VCSCHED_STATE_DIR", None)
+        else:
+            os.environ["VCSCHED_STATE_DIR"] = old
+
+
+@contextlib.contextmanager
 def own_lab(n_hosts: int, **options: Any) -> Iterator[Lab]:
     """A lab a module keeps to itself (its tests signal, kill or measure what a shared lab's other users would
     feel): skipped with the missing prerequisite's reason, else :func:`running_lab`."""

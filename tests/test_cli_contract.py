@@ -204,7 +204,8 @@ def _cluster_commands() -> list[list[str]]:
         ("uncordon",): ["h0"], ("adapt",): ["--budget", "0"], ("run",): ["--budget-per-interval", "0"],
         ("status",): ["--sample", "0"], ("top",): ["--once"], ("observe",): ["--window", "1s"], ("repair",): [],
         ("recover",): ["h0"], ("restart",): ["vm-0"], ("recommendations",): [], ("approve",): ["r00000000"],
-        ("skip",): ["r00000000"], ("audit",): [], ("adopt",): ["legacy", "--vc", "old"], ("release",): ["legacy"]}
+        ("skip",): ["r00000000"], ("audit",): [], ("adopt",): ["legacy", "--vc", "old"], ("release",): ["legacy"],
+        ("power", "status"): [], ("power", "sleep"): ["h0"], ("power", "wake"): ["h0"], ("power", "clear"): ["h0"]}
     exempt = {("calibrate",)}  # reads --cluster only to boot guests, after connecting to --connect (lab tests)
     out = []
     for path, cmd in COMMANDS.items():

@@ -237,3 +237,4 @@ def test_a_host_vcsched_put_to_sleep_is_never_declared_failed_nor_fenced(tmp_pat
     power_loss(hv, "h1")
     run.cycles(8)
     assert not run.events("host_failed") and not fences.calls and not run.events("vm_restarted")
+    assert not run.events("host-down")  # asleep, not down

@@ -130,3 +130,12 @@ def test_each_task_is_abandoned_at_its_own_deadline() -> None:
     took = time.monotonic() - t0
     gate.set()
     assert got == {"slow": 1, "ok": 2} and took < 3.0
+
+
+def test_a_host_recorded_asleep_keeps_its_short_probe_however_long_it_sleeps(tmp_path: Path) -> None:
+    down_hosts.asleep(tmp_path, "qemu+tcp://h9/system", "asleep (vcsched power saving)", now=0.0)
+    later = down_hosts.DOWN_MEMORY_S * 10
+    limits, known = down_hosts.probe_timeouts(tmp_path, {"h9": "qemu+tcp://h9/system"}, 15.0, now=later)
+    assert limits == {"h9": down_hosts.PROBE_S} and known["h9"].asleep
+    down_hosts.update(tmp_path, {}, ["qemu+tcp://h9/system"])  # it answers: forgotten
+    assert down_hosts.known_down(tmp_path, now=later) == {}

@@ -52,10 +52,14 @@ class Agent:
         self.on_fails = False
         self.comes_back = True
         self.other_uuid: str | None = None
+        self.store: PowerStore | None = None
+        self.recorded_at_off: str | None = None
 
     def __call__(self, host: str, action: str) -> AgentRun:
         self.calls.append(action)
         if action == "off":
+            if self.store is not None:
+                self.recorded_at_off = self.store.read().of(host).state
             if self.off_fails:
                 return AgentRun(action, 1, "", "Failed: Unable to connect/login to fencing device", 0.0)
             if not self.still_on:
@@ -102,9 +106,11 @@ def put_to_sleep(hv: MemoryHypervisor, agent: Agent, store: PowerStore, host: st
 def test_a_host_sleeps_emptied_switched_off_and_seen_off_and_is_read_as_asleep_not_down(store: PowerStore) -> None:
     hv = hypervisor()
     agent = Agent(hv)
+    agent.store = store
     result = put_to_sleep(hv, agent, store)
     assert result.slept, result.reason  # type: ignore[attr-defined]
     assert agent.calls == ["off", "status"]
+    assert agent.recorded_at_off == SLEEPING  # written ahead: a process killed meanwhile leaves no host off and "on"
     assert not [v for v in hv.vms.values() if v.host == "h2"] and len(hv.vms) == 3  # moved, none lost
     record = store.read().of("h2")
     assert (record.state, record.since, record.uuid, record.cores) == (SLEEPING, 1000.0, UUIDS["h2"], 4)
@@ -127,7 +133,9 @@ def test_an_agent_whose_off_fails_leaves_the_host_on_and_recorded_on(store: Powe
     hv = hypervisor()
     agent = Agent(hv)
     agent.off_fails = True
+    agent.store = store
     result = put_to_sleep(hv, agent, store)
+    assert agent.recorded_at_off == SLEEPING
     assert not result.slept and "Unable to connect" in result.reason  # type: ignore[attr-defined]
     assert agent.calls == ["off"] and store.read().of("h2").state == ON
 

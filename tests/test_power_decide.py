@@ -322,3 +322,19 @@ def test_energy_saved_counts_idle_watts_for_the_sleeps_inside_the_window() -> No
     failed = wake_failed(waking(state, "h2", 9000.0), "h2", 9100.0, "no answer")
     assert energy_saved(c, failed, 20000.0, 20000.0) == pytest.approx(100.0 * (3600 + 1000))  # nothing after
     assert PowerState.from_dict(failed.to_dict()) == failed
+
+
+def test_place_wakes_the_sleeping_host_whose_wake_alone_admits_never_one_whose_wake_failed() -> None:
+    from vcsched.control.admission import admit
+    from vcsched.control.power import mark_asleep, wake_to_admit
+
+    inv, state = two_on_one_asleep(0.3)
+    inv = mark_asleep(inv, state)
+    assert [h.name for h in inv.asleep_hosts()] == ["h2"] and not inv.down_hosts()
+    c, wide = powered(), request("wide", 3, 0.2, spread="required")  # one VM per host: needs h2
+    assert not admit(c, inv, wide).admitted
+    found = wake_to_admit(c, inv, state, lambda woken: admit(c, woken, wide))
+    assert found is not None and found[0] == "h2" and found[1].admitted
+    assert {s.host for s in found[1].plan.steps} == {"h0", "h1", "h2"}  # type: ignore[union-attr]
+    failed = wake_failed(waking(state, "h2", 10.0), "h2", 20.0, "no answer")
+    assert wake_to_admit(c, mark_asleep(inv, failed), failed, lambda woken: admit(c, woken, wide)) is None

@@ -42,8 +42,9 @@ its CPU utilisation; a sleeping host is counted at 0 W.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -62,6 +63,8 @@ ON, SLEEPING, WAKING = "on", "sleeping", "waking"
 #: Finished sleeps kept per host: a month of two a day, for the energy saved over a window.
 SLEEPS_KEPT = 64
 SLEEP, WAKE, NONE = "sleep", "wake", "none"
+
+T = TypeVar("T")
 
 #: Yields are compared with this slack: a plan's yields come from LPs solved to about 1e-9.
 YIELD_TOLERANCE = 1e-6
@@ -484,6 +487,35 @@ def _with_awake(on: Inventory, state: PowerState, host: str) -> Inventory:
     """``on`` plus sleeping ``host`` awake and empty, at the size it slept with."""
     h = state.of(host)
     return dataclasses.replace(on, hosts=(*on.hosts, HostState(host, h.cores, h.memory_bytes, h.memory_reserved)))
+
+
+def woken(inventory: Inventory, state: PowerState, hosts: Sequence[str]) -> Inventory:
+    """``inventory`` as it would be with sleeping ``hosts`` awake: each up and empty, at the size it slept with (what
+    `place` and `headroom` count as capacity that costs a wake)."""
+    names = set(hosts)
+    return dataclasses.replace(inventory, hosts=tuple(
+        HostState(h.name, state.of(h.name).cores or h.cores, state.of(h.name).memory_bytes or h.memory_bytes,
+                  state.of(h.name).memory_reserved or h.memory_reserved, disk_bps=h.disk_bps, net_bps=h.net_bps,
+                  cannot_cap=h.cannot_cap, storage=h.storage, uuid=state.of(h.name).uuid or h.uuid)
+        if h.name in names else h for h in inventory.hosts))
+
+
+def wakeable(cluster: Cluster, inventory: Inventory, state: PowerState) -> tuple[str, ...]:
+    """The hosts of :func:`wake_candidates` that ``inventory`` reads asleep (not answering): the quickest first."""
+    asleep = {h.name for h in inventory.asleep_hosts()}
+    return tuple(h for h in wake_candidates(cluster, state) if h in asleep)
+
+
+def wake_to_admit(cluster: Cluster, inventory: Inventory, state: PowerState,
+                  admit_on: Callable[[Inventory], T]) -> tuple[str, T] | None:
+    """The sleeping host whose wake alone lets ``admit_on`` admit (its decision's ``admitted``), quickest to wake
+    first, with that decision; None when no one wake does.  For `place` when the hosts on refuse a request: a wake
+    is the only way to admit, and a host whose wake failed is never chosen (:func:`wake_candidates`)."""
+    for h in wakeable(cluster, inventory, state):
+        decision = admit_on(woken(inventory, state, [h]))
+        if getattr(decision, "admitted", False):
+            return h, decision
+    return None
 
 
 def wake_candidates(cluster: Cluster, state: PowerState) -> tuple[str, ...]:

@@ -1,0 +1,97 @@
+"""``vcsched power`` on libvirt's test driver with a fake agent: the exit codes, --json, and a whole sleep/wake
+record cycle through the commands (the real cycle, with live migration and a powered-off host, is
+tests/test_power_lab.py)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cli
+from hypervisor.testhosts import node_xml
+
+
+@pytest.fixture(autouse=True)
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("VCSCHED_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("VCSCHED_COORDINATION", raising=False)
+    return tmp_path / "state"
+
+
+def agent(tmp_path: Path, on_exit: int = 0) -> Path:
+    """A fake power agent: each action logged; off 0, status 2 (off), on ``on_exit``."""
+    path = tmp_path / "fence_fake"
+    path.write_text(f"#!/bin/sh\nin=$(cat)\necho \"$in\" | grep action= >> {tmp_path}/called\n"
+                    "case \"$in\" in *action=status*) exit 2;; "
+                    f"*action=on*) echo 'Failed: the BMC does not answer' >&2; exit {on_exit};; esac\nexit 0\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def cluster(tmp_path: Path, power: Path | None) -> Path:
+    """h0 runs 2 VMs, h1 none (test-driver files); only h1 has a power agent."""
+    for i, vms in ((0, 2), (1, 0)):
+        (tmp_path / f"h{i}.xml").write_text(node_xml(i, vms))
+    lines = ['name = "t"', "power_saving = \"recommend\"", 'wake_time = "1s"']
+    for i in (0, 1):
+        lines += ["[[hosts]]", f'name = "h{i}"', f'uri = "test://{tmp_path}/h{i}.xml"']
+        if i == 1 and power is not None:
+            lines.append(f'power = {{agent = "{power}", plug = "h1"}}')
+    path = tmp_path / "cluster.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run(*args: object, code: int) -> dict[str, object]:
+    r = CliRunner().invoke(cli, ["power", *map(str, args), "--json"])
+    assert r.exit_code == code, (r.stdout, r.stderr)
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+def test_a_host_without_an_agent_may_not_sleep_dry_run_and_apply_alike(tmp_path: Path) -> None:
+    c = cluster(tmp_path, None)
+    for apply in ([], ["--apply"]):
+        doc = run("sleep", "h1", "--cluster", c, *apply, code=1)
+        assert "no agent to power it on" in str(doc["reason"]) and not doc["slept"]
+
+
+def test_sleep_then_wake_through_the_commands_records_each_state(tmp_path: Path) -> None:
+    c = cluster(tmp_path, agent(tmp_path))
+    dry = run("sleep", "h1", "--cluster", c, code=0)
+    assert not dry["slept"] and not (tmp_path / "called").exists(), "a dry run runs no agent"
+    assert run("wake", "h1", "--cluster", c, code=1)["reason"] == \
+        "host h1 is on (not put to sleep by vcsched): nothing to wake"
+    slept = run("sleep", "h1", "--cluster", c, "--apply", code=0)
+    assert slept["slept"] and slept["off"]["fenced"]  # type: ignore[index]
+    assert (tmp_path / "called").read_text().split() == ["action=off", "action=status"]
+    status = run("status", "--cluster", c, code=0)
+    states = {h["host"]: h["state"] for h in status["hosts"]}  # type: ignore[attr-defined]
+    assert states == {"h0": "on", "h1": "sleeping"} and status["decision"]["action"] in ("none", "wake")  # type: ignore[index]
+    woke = run("wake", "h1", "--cluster", c, "--apply", code=0)  # the test driver answers at once, as itself
+    assert woke["woke"], woke
+    after = {h["host"]: h for h in run("status", "--cluster", c, code=0)["hosts"]}  # type: ignore[attr-defined]
+    assert after["h1"]["state"] == "on" and after["h1"]["wake_s"] is not None
+
+
+def test_a_failed_wake_exits_1_and_sticks_until_cleared(tmp_path: Path) -> None:
+    c = cluster(tmp_path, agent(tmp_path, on_exit=1))
+    run("sleep", "h1", "--cluster", c, "--apply", code=0)
+    failed = run("wake", "h1", "--cluster", c, "--apply", code=1)
+    assert not failed["woke"] and "the BMC does not answer" in str(failed["reason"])
+    h1 = {h["host"]: h for h in run("status", "--cluster", c, code=0)["hosts"]}["h1"]  # type: ignore[attr-defined]
+    assert h1["state"] == "wake-failed" and "the BMC does not answer" in h1["reason"]
+    assert run("clear", "h1", "--cluster", c, code=0)["cleared"]
+    assert run("clear", "h1", "--cluster", c, code=0)["cleared"] is False  # nothing left to clear: still 0
+    h1 = {h["host"]: h for h in run("status", "--cluster", c, code=0)["hosts"]}["h1"]  # type: ignore[attr-defined]
+    assert h1["state"] == "sleeping"
+
+
+def test_an_unknown_host_is_bad_input(tmp_path: Path) -> None:
+    c = cluster(tmp_path, None)
+    for command in ("sleep", "wake", "clear"):
+        r = CliRunner().invoke(cli, ["power", command, "h9", "--cluster", str(c)])
+        assert r.exit_code == 2 and "h9" in r.stderr, (command, r.stderr)
