@@ -329,3 +329,28 @@ def test_power_state_is_left_as_is_by_a_controller_without_power_saving(tmp_path
     s.run.cycles(12)
     assert not s.run.events("power_slept") and not s.agent.calls
     assert s.store.read() == PowerState()
+
+
+def test_wake_test_every_is_off_by_default_read_as_a_duration_and_checked() -> None:
+    from vcsched.errors import InputError
+    from vcsched.formats.cluster import cluster_from_dict
+
+    base: dict[str, Any] = {"name": "c", "hosts": [{"name": "h0", "uri": "test:///default"}]}
+    assert cluster_from_dict(base).power.wake_test_every is None
+    assert cluster_from_dict(base | {"wake_test_every": "7d"}).power.wake_test_every == 7 * 86400.0
+    assert cluster_from_dict(base | {"wake_test_every": "168h"}).power.wake_test_every == 7 * 86400.0
+    for value, said in (("often", "wake_test_every: 'often' is not a duration"),
+                        (0, "wake_test_every: 0 must be above 0 seconds"),
+                        ("5m", "wake_test_every: '5m' is shorter than wake_time (600 s)")):
+        with pytest.raises(InputError) as exc:
+            cluster_from_dict(base | {"wake_test_every": value})
+        assert str(exc.value).startswith(said), str(exc.value)
+
+
+def test_the_demand_trend_is_each_vms_least_squares_slope_of_its_measured_needs() -> None:
+    from vcsched.control.power import demand_trend
+
+    history = [(0.0, {"a": 1.0, "b": 2.0}), (10.0, {"a": 1.2, "b": 1.0}), (20.0, {"a": 1.4, "c": 0.5})]
+    d = demand_trend(history)
+    assert d.trend["a"] == pytest.approx(0.02) and d.trend["b"] == pytest.approx(-0.1)
+    assert "c" not in d.trend and d.pending == () and d.growth == 0.0, "one measurement is no trend"
