@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -167,8 +169,6 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     from cli.common import apply_exit_code, load_cluster, notice, render_report, reporting, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control import recommend as rc
-    from vcsched.errors import InputError
-    from vcsched.plans.claims import PlanMismatch
     from vcsched.plans.plan import plan_from_dict
 
     cluster = load_cluster(cluster_file)
@@ -186,17 +186,9 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
             rec_id = rec.id  # the same proposal made again, when rec_id was superseded by it
             if power_target(rec.plan) is not None:
                 return _approve_power(cluster, uow, store, rec, coordination, as_json, note)
-            try:
+            with _settled_if_not_applied(store, rec_id):
                 plan = plan_from_dict(dict(rec.plan))
                 report = run_apply(uow, plan, quiet=as_json)
-            except (InputError, PlanMismatch) as exc:  # the snapshot, the plan replayed, its claims: no longer holds
-                why = f"the cluster changed since it was made: {exc}"
-                store.update(lambda book: rc.settle(book, rec_id, rc.STALE, why))
-                raise rc.Refused(f"recommendation {rec_id} is stale: {why}") from None
-            except BaseException as exc:  # a host down, the lock lost, Ctrl-C: not applied; said in the book
-                failed = f"not applied: {exc or type(exc).__name__}"
-                store.update(lambda book: rc.settle(book, rec_id, rc.FAILED, failed))
-                raise
             state = rc.APPLIED if report.ok else rc.FAILED
             bad = report.failed()
             detail = "applied" if report.ok else (report.stopped or (bad.detail if bad is not None else "failed"))
@@ -210,35 +202,47 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     return apply_exit_code(report)
 
 
+@contextlib.contextmanager
+def _settled_if_not_applied(store: Any, rec_id: str) -> Iterator[None]:
+    """An approved recommendation that is not carried out is settled in the book: **stale** when it no longer holds
+    on the live inventory (the snapshot, the plan replayed, its claims; a power proposal's host) — refused, exit 1,
+    nothing changed — and **failed** on anything else (a host down, the lock lost, Ctrl-C), re-raised."""
+    from acting.power_saving import Stale
+    from vcsched.control import recommend as rc
+    from vcsched.errors import InputError
+    from vcsched.plans.claims import PlanMismatch
+
+    try:
+        yield
+    except (InputError, PlanMismatch, Stale) as exc:
+        why = f"the cluster changed since it was made: {exc}"
+        store.update(lambda book: rc.settle(book, rec_id, rc.STALE, why))
+        raise rc.Refused(f"recommendation {rec_id} is stale: {why}") from None
+    except BaseException as exc:
+        failed = f"not applied: {exc or type(exc).__name__}"
+        store.update(lambda book: rc.settle(book, rec_id, rc.FAILED, failed))
+        raise
+
+
 def _approve_power(cluster: Any, uow: Any, store: Any, rec: Any, coordination: str | None, as_json: bool,
                    note: str | None) -> int:
     """Carry out an approved sleep or wake (acting/power_saving.py), re-validated on the live inventory under the
     lock held by ``uow``: stale (exit 1, nothing changed) when the host may no longer sleep, no longer sleeps, or
     its evacuation no longer holds; otherwise through the same sleep_host / wake_host as `vcsched run`."""
     from acting.power import agents, store_for
-    from acting.power_saving import Stale, carry_out
+    from acting.power_saving import carry_out
     from cli.common import host_identities
     from vcsched.control import recommend as rc
-    from vcsched.errors import InputError
-    from vcsched.plans.claims import PlanMismatch
 
     declared = {v.name: v.meta.cpu_need_cores for v in uow.inventory().managed() if v.meta is not None}
     needs, _ = rc.current_needs(store.read(), declared, time.time())
     power = store_for(cluster, host_identities(cluster, uow.hv), coordination)
-    try:
+    with _settled_if_not_applied(store, rec.id):
         if as_json:
             result = carry_out(uow, cluster, rec.plan, store=power, agent=agents(cluster), needs=needs)
         else:
             with console.status(f"{rec.kind} {rec.plan['power']['host']} ..."):
                 result = carry_out(uow, cluster, rec.plan, store=power, agent=agents(cluster), needs=needs)
-    except (InputError, PlanMismatch, Stale) as exc:
-        why = f"the cluster changed since it was made: {exc}"
-        store.update(lambda book: rc.settle(book, rec.id, rc.STALE, why))
-        raise rc.Refused(f"recommendation {rec.id} is stale: {why}") from None
-    except BaseException as exc:  # a host down, the lock lost, Ctrl-C: said in the book
-        failed = f"not applied: {exc or type(exc).__name__}"
-        store.update(lambda book: rc.settle(book, rec.id, rc.FAILED, failed))
-        raise
     ok = bool(getattr(result, "slept", False) or getattr(result, "woke", False))
     done = store.update(lambda book: rc.settle(book, rec.id, rc.APPLIED if ok else rc.FAILED, result.reason))
     if as_json:
