@@ -159,6 +159,14 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     made again approves that one (and says so); superseded by a different
     one, the refusal names it.
 
+    \b
+    A sleep or a wake proposed under power_saving = "recommend" is
+    re-validated the same way (the host may still sleep and its
+    evacuation still holds; or the host still sleeps, its wake not
+    failed), then carried out as `vcsched run` would: evacuate, verify
+    empty, power off and verify off; or power on and wait for the host to
+    answer as itself (docs/power.md).  A sleep or wake that fails exits 1.
+
     Exit codes: 0 applied, 1 refused / a step failed / the cluster is
     locked, 2 bad input (an unknown ID), 130 interrupted (the running step
     finishes; the report says what was done).
