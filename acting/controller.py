@@ -9,15 +9,17 @@ Per interval, on the leader (see *Leadership* below):
 3. *probe*: VMs at their cap with their full estimate get their host's unused
    capacity for ``probe_seconds`` (a set-cap plan through the executor, under
    the cluster lock), sampled, and estimated again;
-4. decide (:class:`vcsched.control.rebalance.Rebalancer`): re-cap to the
+4. power saving (:attr:`Controller.power_saving`, docs/power.md §8): a host may be put to sleep or woken (or
+   that proposed); an interval that did either ends there, re-balancing on the hosts as they are next time;
+5. decide (:class:`vcsched.control.rebalance.Rebalancer`): re-cap to the
    measured needs, or re-balance with migrations within the per-interval
    budget when the gain beats the threshold for long enough and no VM in its
    cool-down moves;
-5. apply: take the cluster lock, read the inventory again, compute the same
+6. apply: take the cluster lock, read the inventory again, compute the same
    kind of plan on it, and apply it through the executor with a guard that
    stops before the next step if leadership or the cluster lock is lost or
    the process was asked to stop;
-6. sample CPU use until the next interval.
+7. sample CPU use until the next interval.
 
 The first interval of a new leader only samples (it has no window yet):
 caps, needs and cool-downs are all in libvirt (the VMs' caps and metadata),
@@ -254,7 +256,7 @@ class Controller:
     #: down — never declared failed, never fenced.  None: no record (every host that does not answer is down).
     power: Callable[[], PowerState] | None = None
     #: Power saving (acting/power_saving.py): with the cluster file's ``power_saving`` "auto" hosts are put to sleep
-    #: and woken, with "recommend" (or ``--mode recommend``) proposed; None: never (docs/power.md §7).
+    #: and woken, with "recommend" (or ``--mode recommend``) proposed; None: never (docs/power.md §8).
     power_saving: PowerSaving | None = None
 
     def __post_init__(self) -> None:
@@ -639,9 +641,9 @@ class Controller:
     # ------------------------------------------------------------------ power saving (acting/power_saving.py)
 
     def _power(self, inventory: Inventory, estimates: dict[str, Estimate], needs: dict[str, float]) -> bool:
-        """This interval's power decision (docs/power.md §7): settle wakes cut short, count the energy saved, then
-        decide on the measured needs and their trend, and act (``auto``), propose (``recommend``) or run the
-        periodic wake test.  True when a host slept or woke (the hosts changed under this interval's plans)."""
+        """This interval's power decision (docs/power.md §8): settle wakes cut short, then decide on the measured
+        needs and their trend (no sleep while :func:`acting.power_saving.sleep_held` says why not), and act
+        (``auto``), propose (``recommend``) or run the periodic wake test.  True when a host slept or woke (the hosts changed under this interval's plans)."""
         from vcsched.control.power import NONE, WAKE, decide, demand_trend
 
         ps = self.power_saving

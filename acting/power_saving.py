@@ -3,7 +3,7 @@
 
 The decision is pure (:func:`vcsched.control.power.decide`), and so is acting on one host
 (:mod:`acting.power`: :func:`sleep_host`, :func:`wake_host`, through the unit of work); this module holds what
-sits between them and the controller (acting/controller.py calls it once an interval, docs/power.md §7):
+sits between them and the controller (acting/controller.py calls it once an interval, docs/power.md §8):
 
 * **when not to sleep at all** (:func:`sleep_held`): while a host is down (it may be failing: recovery first,
   and its VMs need the room), while recorded VMs are lost, while a VM is in doubt, and while any managed VM
