@@ -643,7 +643,8 @@ class Controller:
     def _power(self, inventory: Inventory, estimates: dict[str, Estimate], needs: dict[str, float]) -> bool:
         """This interval's power decision (docs/power.md §8): settle wakes cut short, then decide on the measured
         needs and their trend (no sleep while :func:`acting.power_saving.sleep_held` says why not), and act
-        (``auto``), propose (``recommend``) or run the periodic wake test.  True when a host slept or woke (the hosts changed under this interval's plans)."""
+        (``auto``), propose (``recommend``) or run the periodic wake test.  True when a host slept or woke (the
+        hosts changed under this interval's plans)."""
         from vcsched.control.power import NONE, WAKE, decide, demand_trend
 
         ps = self.power_saving
