@@ -354,3 +354,13 @@ def test_the_demand_trend_is_each_vms_least_squares_slope_of_its_measured_needs(
     d = demand_trend(history)
     assert d.trend["a"] == pytest.approx(0.02) and d.trend["b"] == pytest.approx(-0.1)
     assert "c" not in d.trend and d.pending == () and d.growth == 0.0, "one measurement is no trend"
+
+
+def test_the_power_metrics_are_the_leaders_and_a_standby_exports_none(tmp_path: Path) -> None:
+    s = setup(tmp_path, power_cluster())
+    s.run.cycles(9)
+    body = scrape(s.run.controller.metrics)
+    assert 'vcsched_hosts_sleeping{cluster="lab"} 1.0' in body and "vcsched_failover_room_short" in body
+    s.run.controller._step_down("test: lease lost")
+    body = scrape(s.run.controller.metrics)
+    assert "vcsched_hosts_sleeping{" not in body and "vcsched_host_wake_failed{" not in body
