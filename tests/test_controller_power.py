@@ -364,3 +364,17 @@ def test_the_power_metrics_are_the_leaders_and_a_standby_exports_none(tmp_path: 
     s.run.controller._step_down("test: lease lost")
     body = scrape(s.run.controller.metrics)
     assert "vcsched_hosts_sleeping{" not in body and "vcsched_host_wake_failed{" not in body
+
+
+def test_vcsched_run_with_power_saving_needs_a_backend_that_keeps_the_power_record(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    path = tmp_path / "cluster.toml"
+    path.write_text('name = "t"\npower_saving = "auto"\n[[hosts]]\nname = "h0"\nuri = "test:///default"\n')
+    r = CliRunner().invoke(cli, ["run", "--cluster", str(path), "--budget-per-interval", "0", "--coordination",
+                                 "zookeeper://127.0.0.1:2181"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip() == ("vcsched: error: power_saving: 'auto': coordination zookeeper://127.0.0.1:2181 keeps "
+                                "no power record (use file:///DIR or etcd3+http://HOST:2379)")
