@@ -177,7 +177,7 @@ def test_vcsched_run_puts_an_idle_host_to_sleep_and_wakes_it_when_demand_rises(l
     before = ok("status", "--cluster", cf, "--sample", 0)
     gone = sorted({v["cluster"] for v in before["vms"] if v["managed"]})  # type: ignore[attr-defined]
     if gone:  # the module's earlier tests' virtual clusters spin flat out: they leave
-        ok("adapt", "--cluster", cf, *[a for vc in gone for a in ("--depart", vc)], "--apply")
+        ok("adapt", "--cluster", cf, "--budget", "0", *[a for vc in gone for a in ("--depart", vc)], "--apply")
     calm = tmp_path / "calm.toml"
     calm.write_text('name = "calm"\nvms = 3\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = 0.2\nmin_yield = 0.9\n'
                     'spread = "preferred"\n')
