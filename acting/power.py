@@ -54,8 +54,8 @@ from vcsched.control.power import (
     describe,
     mark_asleep,
     slept,
+    wake_deadline,
     wake_failed,
-    wake_time,
     waking,
     woke,
 )
@@ -68,9 +68,6 @@ if TYPE_CHECKING:
     from acting.executor import ApplyReport
     from acting.unit_of_work import UnitOfWork
 
-#: A wake may take this many times the host's wake time (measured, else the cluster's ``wake_time``) before it
-#: counts as failed: a host a little slower than its slowest wake is not marked failed for it.
-WAKE_DEADLINE_FACTOR = 2.0
 #: Seconds between two reads of a waking host.
 WAKE_POLL_S = 2.0
 
@@ -171,11 +168,6 @@ def clear_host(store: PowerStore, host: str) -> PowerState:
     return store.change(lambda s: cleared(s, host))
 
 
-def wake_deadline(cluster: Cluster, state: PowerState, host: str) -> float:
-    """Seconds a wake of ``host`` may take before it counts as failed (:data:`WAKE_DEADLINE_FACTOR`)."""
-    return WAKE_DEADLINE_FACTOR * wake_time(cluster, state, host)
-
-
 # ------------------------------------------------------------------------------------------------ sleeping
 
 
@@ -236,7 +228,11 @@ def sleep_host(uow: UnitOfWork, cluster: Cluster, host: str, evacuation: Plan, *
     at = clock()
     store.change(lambda s: slept(s, read, at))  # written ahead: a process killed during the power-off leaves it
     config = cluster.host(host).power.agent
-    off = switch_off(host, config.agent if config is not None else "(none)", lambda action: agent(host, action))
+    try:
+        off = switch_off(host, config.agent if config is not None else "(none)", lambda action: agent(host, action))
+    except VcschedError as exc:  # the agent could not be run at all (none, not executable): nothing was switched
+        store.change(lambda s: s.with_host(record))
+        return refused(f"host {host}: its power agent cannot be run ({exc}): the host stays on", report)
     if not off.fenced:
         store.change(lambda s: s.with_host(record))
         return refused(f"{off.detail}: the host is not recorded asleep (it is empty; `vcsched power status` "

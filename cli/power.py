@@ -86,7 +86,8 @@ def status_cmd(cluster_file: str | None, window: float, budget: int, coordinatio
 
     \b
     States: on; sleeping since T (powered off by vcsched, empty); waking
-    since T; wake-failed since T with the reason (never chosen again until
+    since T (past its deadline: a wake cut short, which a wake resolves);
+    wake-failed since T with the reason (never chosen again until
     `vcsched power clear`).  "wake" is the longest wake measured for the host
     (the decision plans with it; the cluster's wake_time until one was).
     "watts" is the host's draw now by the energy model (idle_watts to
@@ -105,7 +106,7 @@ def status_cmd(cluster_file: str | None, window: float, budget: int, coordinatio
     read, 2 bad input.
     """
     from acting.power import store_for
-    from vcsched.control.power import decide, energy_saved, watts
+    from vcsched.control.power import decide, energy_saved, overdue, watts
 
     cluster = load_cluster(cluster_file)
     now = time.time()
@@ -113,6 +114,7 @@ def status_cmd(cluster_file: str | None, window: float, budget: int, coordinatio
         state = store_for(cluster, host_identities(cluster, uow.hv), coordination).read()  # type: ignore[arg-type]
     decision = decide(cluster, inv, state, now, budget=budget)
     saved = energy_saved(cluster, state, now, window)
+    late = overdue(cluster, state, now)
     hosts = []
     for name in cluster.host_names:
         h = state.of(name)
@@ -123,7 +125,9 @@ def status_cmd(cluster_file: str | None, window: float, budget: int, coordinatio
                       "uuid": h.uuid, "answers": inv.host(name).down is None,
                       "watts": None if conf.idle_watts is None else round(watts(conf, _utilisation(inv, name),
                                                                                   asleep=asleep), 1),
-                      "text": _describe(h)})
+                      "overdue": name in late,
+                      "text": _describe(h) + (f" (past its deadline: a wake cut short? `vcsched power wake {name} "
+                                              "--apply`)" if name in late else "")})
     doc = {"cluster": cluster.name, "mode": cluster.power.mode, "hosts": hosts,
            "energy": {"window_s": window, "saved_joules": round(saved, 1), "saved_kwh": round(saved / J_PER_KWH, 3)},
            "decision": decision.to_dict(), "ok": True}
@@ -262,7 +266,8 @@ def wake_cmd(host: str, cluster_file: str | None, timeout: float | None, do_appl
     Exit codes: 0 HOST may be woken (dry run) / answers again, 1 it is on
     already, its wake failed, or the cluster is locked, 2 bad input.
     """
-    from acting.power import PowerRefused, agents, store_for, wake_deadline, wake_host
+    from acting.power import PowerRefused, agents, store_for, wake_host
+    from vcsched.control.power import wake_deadline
 
     cluster = load_cluster(cluster_file)
     cluster.host(host)

@@ -94,12 +94,15 @@ def store(tmp_path: Path) -> PowerStore:
     return PowerStore(f"file://{tmp_path}", "k")
 
 
-def put_to_sleep(hv: MemoryHypervisor, agent: Agent, store: PowerStore, host: str = "h2", clock: Clock | None = None
-                 ) -> object:
+def put_to_sleep(hv: MemoryHypervisor, agent: Agent, store: PowerStore, host: str = "h2", clock: Clock | None = None,
+                 meanwhile: VmState | None = None) -> object:
+    """``host`` put to sleep by the decision's plan; ``meanwhile``: a domain defined there after the decision."""
     cluster = powered()
     with UnitOfWork(hv, Lock(), power=store.read) as uow:
         why, evacuation = sleep_check(cluster, uow.inventory(), store.read(), host, 0.0, 1 << 40)
         assert why is None and evacuation is not None and evacuation.plan is not None
+        if meanwhile is not None:
+            hv.vms[meanwhile.name] = meanwhile
         return sleep_host(uow, cluster, host, evacuation.plan, store=store, agent=agent, clock=clock or Clock())
 
 
@@ -121,9 +124,9 @@ def test_a_host_sleeps_emptied_switched_off_and_seen_off_and_is_read_as_asleep_n
 
 
 def test_a_domain_left_on_the_host_even_defined_only_stops_the_power_off(store: PowerStore) -> None:
-    hv = hypervisor(VmState("old-template", "h2", 1, 256 * MiB, False))  # unmanaged, defined, not running
-    agent = Agent(hv)
-    result = put_to_sleep(hv, agent, store)
+    hv = hypervisor()
+    agent = Agent(hv)  # an operator defines a domain there after the decision: unmanaged, not running
+    result = put_to_sleep(hv, agent, store, meanwhile=VmState("old-template", "h2", 1, 256 * MiB, False))
     assert not result.slept  # type: ignore[attr-defined]
     assert "not empty" in result.reason and "old-template (unmanaged, defined, not running)" in result.reason  # type: ignore[attr-defined]
     assert agent.calls == [] and store.read().of("h2").state == ON and "h2" not in hv.down
@@ -239,3 +242,14 @@ def test_the_power_record_round_trips(store: PowerStore) -> None:
     assert put_to_sleep(hv, Agent(hv), store).slept  # type: ignore[attr-defined]
     state = store.read()
     assert PowerState.from_dict(state.to_dict()) == state
+
+
+def test_an_agent_that_cannot_run_leaves_the_host_on_and_recorded_on(store: PowerStore) -> None:
+    hv = hypervisor()
+
+    def missing(host: str, action: str) -> AgentRun:
+        raise PowerRefused(f"host {host} has no power agent")
+
+    result = put_to_sleep(hv, missing, store)  # type: ignore[arg-type]
+    assert not result.slept and "cannot be run" in result.reason  # type: ignore[attr-defined]
+    assert store.read().of("h2").state == ON and "h2" not in hv.down

@@ -338,3 +338,18 @@ def test_place_wakes_the_sleeping_host_whose_wake_alone_admits_never_one_whose_w
     assert {s.host for s in found[1].plan.steps} == {"h0", "h1", "h2"}  # type: ignore[union-attr]
     failed = wake_failed(waking(state, "h2", 10.0), "h2", 20.0, "no answer")
     assert wake_to_admit(c, mark_asleep(inv, failed), failed, lambda woken: admit(c, woken, wide)) is None
+
+
+def test_a_host_holding_a_domain_that_does_not_run_may_not_sleep() -> None:
+    inv = light()
+    inv = dataclasses.replace(inv, vms=(*inv.vms, VmState("old-template", "h2", 1, 256 * MiB, False)))
+    why = refusal(decide(powered(), inv, PowerState(), 0.0, budget=BUDGET), "h2")
+    assert why.startswith("holds domains that do not run (old-template)"), why
+
+
+def test_a_wake_cut_short_is_overdue_past_twice_its_wake_time() -> None:
+    from vcsched.control.power import overdue
+
+    _, state = two_on_one_asleep(0.3)
+    state = waking(state, "h2", 100.0)  # wake_time 60 s (powered()): overdue after 120 s
+    assert overdue(powered(), state, 220.0) == () and overdue(powered(), state, 221.0) == ("h2",)

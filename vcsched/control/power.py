@@ -11,7 +11,9 @@ layer's; the simulator (:mod:`vcsched.simulate.power`) calls the very same funct
   (``power``, else ``fence``), is on and answers, is not in maintenance, and is not one of the last
   ``min_hosts_on`` hosts on;
 * it runs no VM vcsched may not move: no unmanaged VM (never touched), no VM in doubt, no pinned VM, no
-  VM with disks on storage no other host on shares (the peers' failed wakes come from local storage);
+  VM with disks on storage no other host on shares (the peers' failed wakes come from local storage); and
+  it holds no domain that does not run (an evacuation moves running VMs only, and the power-off must find
+  the host without any domain at all);
 * migrations are allowed now (the cluster's windows and blackouts), and nothing is waiting for room;
 * its drain (:func:`vcsched.control.live.adapt_inventory` with ``drain``, the planner ``vcsched drain``
   uses) empties it within the migration budget, leaving no virtual cluster below its floor and every VM
@@ -274,6 +276,24 @@ def wake_time(cluster: Cluster, state: PowerState, host: str) -> float:
     return cluster.power.wake_time if measured is None else measured
 
 
+#: A wake may take this many times the host's wake time (measured, else the cluster's ``wake_time``) before it
+#: counts as failed: a host a little slower than its slowest wake is not marked failed for it.
+WAKE_DEADLINE_FACTOR = 2.0
+
+
+def wake_deadline(cluster: Cluster, state: PowerState, host: str) -> float:
+    """Seconds a wake of ``host`` may take before it counts as failed (:data:`WAKE_DEADLINE_FACTOR`)."""
+    return WAKE_DEADLINE_FACTOR * wake_time(cluster, state, host)
+
+
+def overdue(cluster: Cluster, state: PowerState, now: float) -> tuple[str, ...]:
+    """Hosts recorded waking for longer than their deadline: a wake cut short (its process killed), which no
+    decision resolves by itself (a host waking holds every sleep back) — a wake of it does (its agent answers
+    ``on`` at once if it is on)."""
+    return tuple(h.host for h in state.hosts if h.state == WAKING and h.host in cluster.host_names
+                 and now - h.since > wake_deadline(cluster, state, h.host))
+
+
 # --- the room --------------------------------------------------------------------------------------
 
 
@@ -383,6 +403,9 @@ def never_sleeps(cluster: Cluster, inventory: Inventory, state: PowerState, host
     vms = [v for v in inventory.vms_on(host) if v.active]
     if unmanaged := sorted(v.name for v in vms if v.meta is None):
         return f"runs unmanaged VMs ({', '.join(unmanaged[:3])}): vcsched never moves them"
+    if stopped := sorted(v.name for v in inventory.vms_on(host) if not v.active):
+        # An evacuation moves running VMs only, and the power-off must find the host without any domain at all.
+        return f"holds domains that do not run ({', '.join(stopped[:3])}): a power-off would take them along"
     if doubtful := sorted(v.name for v in vms if v.in_doubt):
         return f"runs VMs in doubt ({', '.join(doubtful[:3])})"
     if pinned := sorted(v.name for v in vms if v.meta is not None and v.meta.pinned):
