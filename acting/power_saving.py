@@ -30,14 +30,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from acting.power import Agent, Emit, PowerStore, SleepResult, WakeResult, sleep_host, wake_deadline, wake_host
+from acting.power import Agent, Emit, PowerStore, SleepResult, WakeResult, sleep_host, wake_host
 from vcsched.control.power import (
     SLEEP,
     SLEEPING,
     WAKING,
     PowerDecision,
     PowerState,
+    overdue,
     sleep_check,
+    wake_deadline,
     wake_failed,
     wake_time,
     with_needs,
@@ -99,7 +101,7 @@ def sleep_held(inventory: Inventory, below_floor: list[str], lost: int | None) -
 def settle_waking(cluster: Cluster, store: PowerStore, inventory: Inventory, now: float, emit: Emit) -> PowerState:
     """Settle hosts recorded *waking* that no wake is waiting for any more (module docstring): on when they answer
     with the UUID they slept with (the wake's time counted to now: an over-estimate, on the safe side), wake-failed
-    once :func:`acting.power.wake_deadline` has passed.  Returns the record after."""
+    once :func:`vcsched.control.power.overdue` (past twice their wake time).  Returns the record after."""
     state = store.read()
     for host in state.in_state(WAKING):
         record = state.of(host)
@@ -108,11 +110,12 @@ def settle_waking(cluster: Cluster, store: PowerStore, inventory: Inventory, now
             state = store.change(functools.partial(woke, host=host, now=now))
             emit("power_woke", host=host, seconds=round(now - record.since, 3), longest=state.of(host).wake_s,
                  settled=True)
-        elif now - record.since > wake_deadline(cluster, state, host):
-            why = (f"its wake was cut short and it did not answer as {record.uuid or 'itself'} within "
-                   f"{wake_deadline(cluster, state, host):g} s")
-            state = store.change(functools.partial(wake_failed, host=host, now=now, reason=why))
-            emit("power_wake_failed", host=host, reason=why, seconds=round(now - record.since, 3))
+    for host in overdue(cluster, state, now):
+        record = state.of(host)
+        why = (f"its wake was cut short and it did not answer as {record.uuid or 'itself'} within "
+               f"{wake_deadline(cluster, state, host):g} s")
+        state = store.change(functools.partial(wake_failed, host=host, now=now, reason=why))
+        emit("power_wake_failed", host=host, reason=why, seconds=round(now - record.since, 3))
     return state
 
 

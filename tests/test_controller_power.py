@@ -258,8 +258,14 @@ def test_a_wake_cut_short_is_settled_by_the_next_interval(tmp_path: Path) -> Non
     s = setup(tmp_path, power_cluster("off"))
     s.store.change(lambda st: st.with_host(HostPower("h1", WAKING, s.clock.time(), uuid=UUIDS["h1"], cores=2,
                                                      memory_bytes=2048 * MiB)))
+    s.hv.down["h2"] = "powered off"  # and h2 recorded waking since long before its deadline, not answering
+    s.store.change(lambda st: st.with_host(HostPower("h2", WAKING, s.clock.time() - 1000.0, uuid=UUIDS["h2"],
+                                                     cores=2, memory_bytes=2048 * MiB)))
     s.run.cycles(2)
     assert s.store.read().of("h1").state == ON and s.run.events("power_woke")[0]["settled"]
+    h2 = s.store.read().of("h2")
+    assert h2.failed and h2.state == SLEEPING and "cut short" in str(h2.reason)
+    assert [e["host"] for e in s.run.events("power_wake_failed")] == ["h2"] and not s.run.events("host_failed")
 
 
 # ---------------------------------------------------------------------------------------------- recommend
