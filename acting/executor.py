@@ -448,12 +448,13 @@ def created_devices(hv: Hypervisor, steps: Sequence[Step]) -> dict[str, VmDevice
     return {s.vm: hv.planned_devices(s) for s in steps if isinstance(s, CreateStep) and s.io_caps}
 
 
-def check_creates(hv: Hypervisor, steps: Sequence[Step], inventory: Inventory) -> None:
+def check_creates(hv: Hypervisor, steps: Sequence[Step], inventory: Inventory, *, define: bool = True) -> None:
     """Raise :class:`InputError` when a VM the plan creates could not be (its boot files, its domain XML:
     :meth:`hypervisor.base.Hypervisor.create_problems`), before anything changes.  A VM that exists already (an
-    earlier run created it) is not checked again."""
+    earlier run created it) is not checked again.  ``define=False``: a dry run's check, which changes nothing on
+    any host (:meth:`hypervisor.base.Hypervisor.create_problems`)."""
     problems = [p for i, s in enumerate(steps) if isinstance(s, CreateStep) and inventory.vm(s.vm) is None
-                for p in hv.create_problems(s, f"plan.steps[{i}]")]
+                for p in hv.create_problems(s, f"plan.steps[{i}]", define=define)]
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         raise InputError("; ".join(problems[:3]) + more)
@@ -513,9 +514,12 @@ def check_snapshot(hv: Hypervisor, plan: Plan) -> bool:
     return _snapshot_matches(hv.inventory(), plan)
 
 
-def check_whole(hv: Hypervisor, plan: Plan, *, force: bool = False) -> tuple[Inventory, bool]:
+def check_whole(hv: Hypervisor, plan: Plan, *, force: bool = False,
+                inventory: Inventory | None = None, define: bool = True) -> tuple[Inventory, bool]:
     """The plan checked whole against the live inventory, before its first step: the live inventory it was
-    checked on, and whether the snapshot matched (``force``: a mismatch is allowed, and said).
+    checked on, and whether the snapshot matched (``force``: a mismatch is allowed, and said).  ``inventory``:
+    the one a dry run read moments ago and planned on (it holds no lock, so a second read of every host would
+    only cost time); applying always reads afresh, under the lock.
 
     Raises (nothing changed): :class:`SnapshotMismatch` (unless ``force``), :class:`PlanRefused` when the plan
     replayed on the live cluster does not hold at some step, :class:`vcsched.plans.claims.PlanMismatch` for a
@@ -525,7 +529,8 @@ def check_whole(hv: Hypervisor, plan: Plan, *, force: bool = False) -> tuple[Inv
     for i, step in enumerate(plan.steps):
         if step.op not in RUNNERS:
             raise InputError(f"plan.steps[{i}].op: no runner for {step.op!r} in this vcsched")
-    inventory = hv.inventory()
+    if inventory is None:
+        inventory = hv.inventory()
     matched = _snapshot_matches(inventory, plan)
     if not matched and not force:
         again = "place" if plan.kind == "place" else "adapt"
@@ -536,7 +541,7 @@ def check_whole(hv: Hypervisor, plan: Plan, *, force: bool = False) -> tuple[Inv
     except InputError as exc:
         raise PlanRefused(str(exc)) from None  # the message names the step and the field, as bad input does
     check_claims(plan, inventory)
-    check_creates(hv, plan.steps, inventory)
+    check_creates(hv, plan.steps, inventory, define=define)
     return inventory, matched
 
 

@@ -40,7 +40,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,7 +130,7 @@ def leader_lock_name(key: str) -> str:
 
 
 def cluster_lock_name(key: str) -> str:
-    """The cluster lock of the cluster whose hosts have lock key ``key`` (:func:`hypervisor.identity.lock_key`)."""
+    """The cluster lock of key ``key``: the key its hosts are claimed by (acting/lock_names.py)."""
     return f"vcsched-cluster-{key}"
 
 
@@ -153,8 +153,8 @@ class ClusterLock:
         self.url = with_ttl(url, self.ttl)
         self.cluster = cluster
         self.member = member or member_id()
-        #: The lock's name on the backend: the cluster lock of the hosts' ``key`` (their identities,
-        #: hypervisor/identity.py; a bare cluster name only in tests of the lock itself); ``vcsched run``'s
+        #: The lock's name on the backend: the cluster lock of ``key``, the key the hosts are claimed by
+        #: (acting/lock_names.py; a bare cluster name only in tests of the lock itself); ``vcsched run``'s
         #: leadership is a second lock of the same kind (:func:`leader_lock_name`).
         self.name = name or cluster_lock_name(key or cluster)
         self._coordinator: Any = None
@@ -296,6 +296,51 @@ class ClusterLock:
             with contextlib.suppress(Exception):
                 self._coordinator.stop()
             self._coordinator = None
+
+
+class LockSet:
+    """Several locks of one kind held as one (acting/lock_names.py: a command holds the lock of every key its
+    hosts are claimed by; usually one).  Taken in the order of their names, so two commands that need some of
+    the same ones never hold one each waiting for the other; a refusal of any releases those already taken."""
+
+    def __init__(self, url: str, cluster: str, names: Sequence[str], member: str | None = None,
+                 ttl: float = DEFAULT_TTL) -> None:
+        if not names:
+            raise ValueError("a lock set needs at least one lock")
+        member = member or member_id()
+        self.locks = [ClusterLock(url, cluster, member, ttl, name=n) for n in sorted(set(names))]
+        self.member = member
+        self.cluster = cluster
+        self.url = self.locks[0].url
+        self.ttl = self.locks[0].ttl
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(lock.name for lock in self.locks)
+
+    def acquire(self, wait: float = 0.0) -> None:
+        """Take every lock, all within ``wait`` seconds; :class:`LockBusy` (naming the holder) otherwise."""
+        deadline = time.monotonic() + wait
+        taken: list[ClusterLock] = []
+        try:
+            for lock in self.locks:
+                lock.acquire(max(deadline - time.monotonic(), 0.0) if wait > 0 else 0.0)
+                taken.append(lock)
+        except BaseException:
+            for lock in reversed(taken):
+                lock.release()
+            raise
+
+    def guard(self) -> None:
+        for lock in self.locks:
+            lock.guard()
+
+    def held(self) -> bool:
+        return all(lock.held() for lock in self.locks)
+
+    def release(self) -> None:
+        for lock in reversed(self.locks):
+            lock.release()
 
 
 @contextlib.contextmanager

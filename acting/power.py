@@ -41,7 +41,7 @@ recovery never fences it and status says sleeping — and still gets nothing pla
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -67,6 +67,7 @@ from vcsched.plans.plan import Plan
 if TYPE_CHECKING:
     from acting.executor import ApplyReport
     from acting.unit_of_work import UnitOfWork
+    from hypervisor.identity import Identities
 
 #: Seconds between two reads of a waking host.
 WAKE_POLL_S = 2.0
@@ -78,7 +79,7 @@ Emit = Callable[..., Any]
 
 
 class HasIdentities(Protocol):
-    def identities(self) -> dict[str, str]: ...
+    def identities(self) -> Identities: ...
 
 
 class PowerRefused(VcschedError):
@@ -122,13 +123,15 @@ class PowerStore(SharedDocument[PowerState]):
         return self.update(step)
 
 
-def store_for(cluster: Cluster, identities: Mapping[str, str], coordination: str | None = None) -> PowerStore:
-    """The cluster's power record, on its coordination backend, keyed by its hosts' ``identities``
-    (``hv.identities()``), as its lock is."""
+def store_for(cluster: Cluster, identities: Identities, coordination: str | None = None) -> PowerStore:
+    """The cluster's power record, on its coordination backend, named like its lock: the first key its hosts'
+    ``identities`` (``hv.identities()``) are claimed under (acting/lock_names.py), as the recommendations are.
+    Only looks at the claims: the changing command that holds the lock has already written them."""
     from acting.lock import resolve_url
-    from hypervisor.identity import lock_key
+    from acting.lock_names import lock_keys
 
-    return PowerStore(resolve_url(coordination, cluster.coordination), lock_key(identities.values()))
+    url = resolve_url(coordination, cluster.coordination)
+    return PowerStore(url, lock_keys(url, cluster.name, identities, record=False)[0])
 
 
 def asleep_in(inventory: Inventory, power: Callable[[], PowerState] | None,
@@ -155,10 +158,9 @@ def record_reader(cluster: Cluster, hv: HasIdentities, coordination: str | None 
         from hypervisor.identity import LockUnnamed
 
         try:
-            identities = hv.identities()
+            return store_for(cluster, hv.identities(), coordination).read()
         except LockUnnamed:
             return PowerState()
-        return store_for(cluster, identities, coordination).read()
 
     return read
 

@@ -7,9 +7,9 @@
   ``replace``: the new book is written only if the key still holds the book it was computed from), so every
   operator and a standby controller on any machine see one list.
 
-``KEY`` is the cluster lock's key (the hosts' identities, hypervisor/identity.py), so two files for the same
-hosts share one book, as they share one lock.  The book itself and every transition are pure
-(:mod:`vcsched.control.recommend`); this module only reads and writes it.
+``KEY`` is the cluster lock's key (the key its hosts are claimed by, acting/lock_names.py; the first, when they
+are claimed by several), so two files for the same hosts share one book, as they share one lock.  The book
+itself and every transition are pure (:mod:`vcsched.control.recommend`); this module only reads and writes it.
 
 The same mechanism keeps every other document a cluster's controllers and operators share on that backend
 (:class:`SharedDocument`): the audits of applied plans (acting/audits.py) live beside the book, as

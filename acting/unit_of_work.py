@@ -44,6 +44,7 @@ from vcsched.plans.steps import CreateStep
 
 if TYPE_CHECKING:
     from acting.definitions import DefinitionStore
+    from acting.lock import LockSet
     from hypervisor.base import Hypervisor
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.power import PowerState
@@ -207,16 +208,21 @@ class UnitOfWork:
 
     # ------------------------------------------------------------------ 4: validate
 
-    def validate(self, plan: Plan, *, force: bool = False, planned_here: bool = False) -> bool:
+    def validate(self, plan: Plan, *, force: bool = False, planned_here: bool = False,
+                 inventory: Inventory | None = None) -> bool:
         """The whole plan checked against the live inventory (:func:`acting.executor.check_whole`); whether its
-        snapshot matched.  Raises what it raises (nothing changed).  A dry run may validate too: it only reads.
+        snapshot matched.  Raises what it raises (nothing changed).  A dry run may validate too: it only reads,
+        and may pass the ``inventory`` it read with :meth:`inventory` (it holds no lock: reading every host again
+        would only cost time); a unit of work that acts always checks on a read of its own, under the lock.
 
         ``planned_here``: the plan was computed by this unit of work from a read moments earlier, so a snapshot
         that no longer matches means the cluster changed meanwhile (a host stopped answering or came back):
         :class:`acting.executor.ClusterChangedMeanwhile` ("run it again"), not a saved plan's advice
         (recompute, or ``--force``), which such a command cannot follow."""
+        if inventory is not None and not self.dry_run:
+            raise DryRun("only a dry run validates on an inventory it read before: acting reads under the lock")
         with _changed_meanwhile(plan, planned_here):
-            return check_whole(self.hv, plan, force=force)[1]
+            return check_whole(self.hv, plan, force=force, inventory=inventory, define=not self.dry_run)[1]
 
     # ------------------------------------------------------------------ 5–7: act, apply, record
 
@@ -307,23 +313,39 @@ def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordin
 
     The lock is the cluster's on ``coordination`` (else the cluster file's, else the default; acting/lock.py),
     named after its hosts — their libvirt identities, read through ``hv`` (``hv.identities()``) — not after the
-    file's ``name`` (hypervisor/identity.py); its TTL is ``ttl``, else the cluster file's ``lock_ttl``.  Steps
-    are recorded in the definitions store of the same coordination backend."""
+    file's ``name`` (hypervisor/identity.py): the lock of every key those hosts are claimed by
+    (acting/lock_names.py), and ``hv`` then acts only on the hosts those locks cover (a host with no identity is
+    down for the command); its TTL is ``ttl``, else the cluster file's ``lock_ttl``.  Steps are recorded in the
+    definitions store of the same coordination backend."""
     def power() -> PowerState:  # read only when a host is down (acting/power.py, imported only then: numpy)
         from acting.power import record_reader, store_for
 
         if not apply:
             return record_reader(cluster, hv, coordination)()
-        return store_for(cluster, identities, coordination).read()
+        return store_for(cluster, hv.identities(), coordination).read()
 
     if not apply:
         return UnitOfWork(hv, None, reporting=reporting, before_step=before_step, power=power)
     from acting.definitions import DefinitionStore
-    from acting.lock import DEFAULT_TTL, ClusterLock, resolve_url
-    from hypervisor.identity import lock_key
 
-    identities = hv.identities()
-    lock = ClusterLock(resolve_url(coordination, cluster.coordination), cluster.name,
-                       ttl=ttl or cluster.lock_ttl or DEFAULT_TTL, key=lock_key(identities.values()))
+    lock = cluster_lock(cluster, hv, coordination, ttl)
     return UnitOfWork(hv, lock, wait=wait, settle=settle, store=DefinitionStore.for_url(lock.url, cluster.name),
                       reporting=reporting, before_step=before_step, power=power)
+
+
+def cluster_lock(cluster: Cluster, hv: LibvirtHypervisor, coordination: str | None = None,
+                 ttl: float | None = None) -> LockSet:
+    """The (unacquired) lock of ``cluster`` on ``coordination`` (else the cluster file's, else the default;
+    acting/lock.py): the lock of every key its hosts' identities, read through ``hv``, are claimed by
+    (acting/lock_names.py), not a lock named after the file's ``name`` (hypervisor/identity.py); ``hv`` then acts
+    only on the hosts those locks cover.  Its TTL is ``ttl``, else the cluster file's ``lock_ttl``.  The lock of
+    every unit of work of the cluster (:func:`for_cluster`), and of what else changes its VMs (`vcsched
+    calibrate --domain` of a VM it manages)."""
+    from acting.lock import DEFAULT_TTL, resolve_url
+    from acting.lock_names import admission, cluster_locks, lock_keys
+
+    url = resolve_url(coordination, cluster.coordination)
+    identities = hv.identities()
+    keys = lock_keys(url, cluster.name, identities)
+    hv.act_only_as(identities.known, admission(url, keys))
+    return cluster_locks(url, cluster.name, keys, ttl=ttl or cluster.lock_ttl or DEFAULT_TTL)

@@ -23,6 +23,7 @@ from vcsched.adaptation.solve import ALGORITHMS
 from vcsched.control.live import adapt_inventory
 from vcsched.errors import InputError
 from vcsched.formats.fields import check_number
+from vcsched.formats.power import SPARE_MODES
 from vcsched.formats.units import format_budget
 from vcsched.model import SolveOptions
 
@@ -85,6 +86,11 @@ def _changes_file(path: str | None) -> Changes:
 @click.option("-a", "--algorithm", type=click.Choice(ALGORITHMS), default="heuristic", show_default=True,
               help="heuristic; heuristic-best (its re-placement by the anytime search `best`, 0.1 s); "
                    "or milp (section 6.1; small clusters).")
+@click.option("--spare", type=click.Choice([*SPARE_MODES, "none"]), default=None,
+              help="What the budget left buys once every floor and the target yield (power_yield) hold: "
+                   "consolidate (empty hosts), spread (even the hosts' free memory and CPU) or none.  Default: "
+                   "the cluster file's spare when it sets one or power_saving is on, else none (docs/power.md, "
+                   "\"Spread or consolidate\").")
 @click.option("--parallel", type=click.IntRange(min=1, max=16), default=1, show_default=True,
               help="Most live migrations running at once between one pair of hosts.  The plan groups migrations "
                    "into waves that fit in memory together; apply runs each wave's migrations at once.")
@@ -96,7 +102,7 @@ def _changes_file(path: str | None) -> Changes:
 @lock_options()
 def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], depart: tuple[str, ...],
               changes_file: str | None,
-              algorithm: str, parallel: int, output: str | None, do_apply: bool, as_json: bool,
+              algorithm: str, spare: str | None, parallel: int, output: str | None, do_apply: bool, as_json: bool,
               time_limit: float | None, policy: str | None, alpha: float | None, wait: float,
               coordination: str | None, lock_ttl: float | None) -> int:
     """Re-balance a running cluster: re-cap every managed VM and live-migrate a few, within --budget bytes.
@@ -118,12 +124,19 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
       vcsched adapt --budget 1GiB --depart batch   batch leaves; the rest grow
       vcsched adapt --budget 2GiB -o plan.json && vcsched apply plan.json
       vcsched adapt --budget 2GiB --apply
+      vcsched adapt --budget 64GiB --spare spread   every VM at yield 1: even the hosts
 
     Under a sharing policy (--policy, else the cluster file's policy = "...")
     or when VMs need disk or network bandwidth, the byte-budgeted search
     places on every resource (CPU, memory and the hosts' declared disk_bps /
     net_bps) and the policy then allocates every resource on that placement
     (docs/policies.md).
+
+    Once every floor and the target yield hold, the budget left buys what
+    --spare (else the cluster file's spare) asks: consolidate empties hosts,
+    spread evens their free memory and CPU (the score, the standard deviations
+    of the hosts' free fractions, is printed before and after); no VM's yield
+    goes down and the failures_tolerated room is kept.
 
     Applying is idempotent and stops at the first failure with every VM
     running (a failed migration leaves its VM on the source); run it again to
@@ -141,11 +154,13 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     from cli.common import (
         acting_on,
         apply_exit_code,
+        apply_would_refuse,
         hosts_down,
         load_cluster,
         render_moves,
         render_plan,
         render_report,
+        render_spare,
         run_apply,
         save_plan,
         warn_floors_missed,
@@ -164,13 +179,14 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
     from vcsched.control.sharing import sharing_for
 
     sharing = sharing_for(cluster, policy, alpha)  # bad input before any host is read
+    goal = cluster.power.spare_goal if spare is None else None if spare == "none" else spare
     with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
                    quiet=as_json) as (uow, inventory):
         down = hosts_down(inventory)
         try:
             live = adapt_inventory(cluster.name, inventory, budget, needs=needs, depart=departing, algorithm=algorithm,
                                    parallel=parallel, options=SolveOptions(time_limit=time_limit), cluster=cluster,
-                                   sharing=sharing)
+                                   sharing=sharing, spare=goal)
         except MigrationBlocked as exc:
             if as_json:
                 emit_json({"ok": False, "feasible": False, "reason": str(exc), "hosts_down": down})
@@ -179,6 +195,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
             return refuse(f"no safe plan: {exc}")
         out: dict[str, Any] = adapt_result_to_dict(live.problem, live.adapted)
         out["policy"] = sharing.policy
+        out["spare"] = live.adapted.detail.get("spare")
         out["hosts_down"] = down
         if live.plan is None:
             if as_json:
@@ -205,6 +222,7 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
             if live.current_min_yield is not None:
                 console.print(f"  minimum yield now {live.current_min_yield:.4f} (caps / needs), planned "
                               f"{live.plan.min_yield:.4f}", highlight=False)
+            render_spare(live.adapted.detail.get("spare"))
             render_plan(live.plan, inventory, reasons)
             render_moves(live)
             warn_floors_missed(live.floors_missed, " (the best within this budget: raise --budget, or --depart "
@@ -215,9 +233,13 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
             out["apply"] = report.to_dict()
             if not as_json:
                 render_report(report)
-        elif not as_json:
-            console.print("dry run: nothing changed (use --apply, or -o PLAN.json and `vcsched apply`)")
-    code = apply_exit_code(report)
+        else:
+            why = apply_would_refuse(uow, live.plan, inventory)  # the dry run exits as --apply would (docs/cli.md)
+            if why is not None:
+                out["refused"] = f"--apply would refuse: {why}"
+            elif not as_json:
+                console.print("dry run: nothing changed (use --apply, or -o PLAN.json and `vcsched apply`)")
+    code = apply_exit_code(report) if "refused" not in out else refuse(out["refused"])
     if as_json:
         emit_json(out | {"ok": code == EXIT_OK})
     return code

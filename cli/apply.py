@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cli.app import console, emit_json, read_json_file, refuse
+from cli.app import EXIT_OK, console, emit_json, read_json_file, refuse
 from cli.common import (
     acting_on,
     apply_exit_code,
+    apply_would_refuse,
     load_cluster,
     render_plan,
     render_report,
@@ -31,10 +32,13 @@ if TYPE_CHECKING:
               help="Apply even if the cluster changed since the plan was computed (its snapshot differs).")
 @click.option("--allow-below-floor", is_flag=True,
               help="A drain plan: apply even when a virtual cluster ends below the min_yield it was admitted with.")
+@click.option("--dry-run", is_flag=True,
+              help="Check the plan as applying would, whole against the live cluster, and change nothing "
+                   "(no lock taken): exit 1 where applying would refuse it, 0 where it would act.")
 @json_option("Print the apply report as one JSON object.")
 @lock_options()
-def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, allow_below_floor: bool, as_json: bool,
-              wait: float, coordination: str | None, lock_ttl: float | None) -> int:
+def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, allow_below_floor: bool, dry_run: bool,
+              as_json: bool, wait: float, coordination: str | None, lock_ttl: float | None) -> int:
     """Apply a plan saved by `vcsched place`, `adapt` or `drain` with -o PLAN.json.
 
     \b
@@ -64,6 +68,11 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, allow_below
     The command holds the cluster lock throughout (--wait to wait for another
     holder).  Ctrl-C stops after the running step and reports what was done.
 
+    With --dry-run nothing changes and no lock is taken: the plan is read,
+    checked as above (the snapshot, a drain plan's own refusals, the same
+    whole-plan check) and the command exits as applying it now would: 1
+    with `vcsched: refused: --apply would refuse: ...`, else 0.
+
     Exit codes: 0 applied (or nothing to do), 1 refused (the cluster changed,
     the plan no longer fits, the cluster is locked, a drain plan that would
     leave VMs or break a floor; nothing done) or a step
@@ -77,19 +86,28 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, allow_below
     cluster = load_cluster(str(path) if path is not None else cluster_file)
     if drain is not None:
         cluster.host(drain)  # a host of this cluster, or bad input naming the hosts
-    with acting_on(cluster, apply=True, coordination=coordination, wait=wait, ttl=lock_ttl,
+    with acting_on(cluster, apply=not dry_run, coordination=coordination, wait=wait, ttl=lock_ttl,
                    quiet=as_json) as (uow, inventory):
         if not as_json:
             console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {plural(len(plan.steps), 'step')})")
             render_plan(plan, inventory)
-        if drain is not None and path is not None:
-            refused = _drain_refused(plan, inventory, allow_below_floor)
-            if refused is not None:
-                if as_json:
-                    emit_json({"ok": False, "applied": None, "refused": refused, "drain": drain})
-                else:
-                    console.print(f"[red]not applied[/]: {refused}", highlight=False)
-                return refuse(refused)
+        refused = _drain_refused(plan, inventory, allow_below_floor) if drain is not None else None
+        if refused is None and dry_run:  # the same whole-plan check applying runs first; it only reads
+            why = apply_would_refuse(uow, plan, inventory, force=force, planned_here=False)
+            refused = None if why is None else f"--apply would refuse: {why}"
+        if refused is not None:
+            if as_json:
+                emit_json({"ok": False, "applied": None, "refused": refused, "dry_run": dry_run,
+                           **({"drain": drain} if drain is not None else {})})
+            else:
+                console.print(f"[red]not applied[/]: {refused}", highlight=False)
+            return refuse(refused)
+        if dry_run:
+            if as_json:
+                emit_json({"ok": True, "applied": None, "dry_run": True})
+            else:
+                console.print("dry run: nothing changed (run it again without --dry-run to apply it)")
+            return EXIT_OK
         report = run_apply(uow, plan, force=force, quiet=as_json)
         if drain is not None and path is not None:
             # Still under the lock (which every command that plans onto a host takes), so nothing landed on it

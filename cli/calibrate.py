@@ -17,7 +17,7 @@ from calibration.cpus import check_cpu, conditions, cpu_busy, least_loaded_cpu
 from calibration.experiment import Config, Result, Subjects, measure, run
 from calibration.report import markdown, pct, plot, rate_text, require_matplotlib, result_to_dict, summary_rows
 from cli.app import console, emit_json, err_console, refuse
-from cli.params import FiniteFloatRange, cluster_option, json_option
+from cli.params import FiniteFloatRange, cluster_option, json_option, lock_options
 from cli.tables import FitTable
 from vcsched.errors import InputError, VcschedError
 from vcsched.formats.units import format_size
@@ -79,8 +79,10 @@ def open_subjects(
     cluster: str | None,
     resource: str = "cpu",
     force: bool = False,
+    managed: bool = False,
 ) -> Any:
-    """The backend's subjects, as a context manager that removes everything it created."""
+    """The backend's subjects, as a context manager that removes everything it created.  ``managed``: domains
+    vcsched manages may be taken (the caller holds their cluster's lock: :func:`cluster_locked`)."""
     if resource != "cpu":
         if backend != "libvirt":
             raise InputError(f"--resource {resource}: only the libvirt backend caps disk and network "
@@ -90,10 +92,11 @@ def open_subjects(
         if domains and len(domains) < workers:
             raise InputError(f"--domain: {workers} worker(s) need {workers} running {resource} guest(s), "
                              f"got {len(domains)}")
-        return _libvirt_io_subjects(connect, domains[:workers], workers, cluster, resource, force)
+        return _libvirt_io_subjects(connect, domains[:workers], workers, cluster, resource, force, managed)
     if backend == "cgroup":
-        if connect or domains or cluster or force:
-            raise InputError("--connect/--domain/--cluster/--force: only meaningful with --backend libvirt")
+        if connect or domains or cluster or force or managed:
+            raise InputError("--connect/--domain/--cluster/--force/--allow-managed: only meaningful with --backend "
+                             "libvirt")
         from calibration.cgroup_backend import CgroupSubjects
 
         return CgroupSubjects(workers, cpu, high_priority=high_priority)
@@ -104,7 +107,7 @@ def open_subjects(
             f"--domain: {workers} worker(s) need {workers} running CPU-loop guest(s), got {len(domains)} "
             "(give --domain NAME once per guest, or none to boot them from --cluster)"
         )
-    return _libvirt_subjects(connect, domains[:workers], workers, cpu, cluster, force)
+    return _libvirt_subjects(connect, domains[:workers], workers, cpu, cluster, force, managed)
 
 
 class NotPutBack(VcschedError):
@@ -145,7 +148,8 @@ def restore_left_calibrations() -> None:
 
 @contextlib.contextmanager
 def _libvirt_subjects(
-    uri: str, domains: tuple[str, ...], workers: int, cpu: int, cluster: str | None, force: bool = False
+    uri: str, domains: tuple[str, ...], workers: int, cpu: int, cluster: str | None, force: bool = False,
+    managed: bool = False,
 ) -> Iterator[Subjects]:
     from hypervisor.caps_probe import LibvirtSubjects, loop_guest_boot, loop_guests
     from hypervisor.journal import CALIBRATION, Journal
@@ -166,13 +170,14 @@ def _libvirt_subjects(
             with err_console.status(f"booting {workers} CPU-loop guest(s) on {uri} ..."):
                 names = stack.enter_context(loop_guests(uri, workers, image, partition))
         own = not domains  # guests it booted itself are its own to pin and pause
-        subjects = LibvirtSubjects(uri, names, cpu=cpu, force=force or own, journal=Journal(CALIBRATION))
+        subjects = LibvirtSubjects(uri, names, cpu=cpu, force=force or own, managed=managed,
+                                   journal=Journal(CALIBRATION))
         yield stack.enter_context(_put_back_or_report(subjects))
 
 
 @contextlib.contextmanager
 def _libvirt_io_subjects(uri: str, domains: tuple[str, ...], workers: int, cluster: str | None, resource: str,
-                         force: bool = False) -> Iterator[Subjects]:
+                         force: bool = False, managed: bool = False) -> Iterator[Subjects]:
     from hypervisor.caps_probe import LibvirtIoSubjects, io_guests, loop_guest_boot
     from hypervisor.journal import CALIBRATION, Journal
 
@@ -196,8 +201,30 @@ def _libvirt_io_subjects(uri: str, domains: tuple[str, ...], workers: int, clust
                 raise InputError(f"--resource {resource}: {problem}")
             with err_console.status(f"booting {workers} {resource} guest(s) on {uri} ..."):
                 names = stack.enter_context(io_guests(uri, workers, image, partition, resource))
-        subjects = LibvirtIoSubjects(uri, names, resource, force=force or not domains, journal=Journal(CALIBRATION))
+        subjects = LibvirtIoSubjects(uri, names, resource, force=force or not domains, managed=managed,
+                                     journal=Journal(CALIBRATION))
         yield stack.enter_context(_put_back_or_report(subjects))
+
+
+@contextlib.contextmanager
+def cluster_locked(cluster_file: str, connect: str | None, coordination: str | None, wait: float,
+                   ttl: float | None) -> Iterator[None]:
+    """The lock of the cluster of ``cluster_file``, held through a unit of work (acting/unit_of_work.py: the same
+    lock, named by the hosts' identities, that place, adapt, drain and the controller hold while they cap its
+    VMs), for a calibration of ``--domain`` guests vcsched manages on its host ``connect``.  Busy: exit 1 naming
+    the holder, nothing touched."""
+    from acting.unit_of_work import UnitOfWork, cluster_lock
+    from cli.common import load_cluster, notice
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+
+    cluster = load_cluster(cluster_file)
+    uris = {h.uri: h.name for h in cluster.hosts}
+    if connect not in uris:
+        raise InputError(f"--connect: {connect!r} is not a host of cluster file {cluster_file} (its hosts: "
+                         + ", ".join(f"{name} {uri}" for uri, name in uris.items()) + ")")
+    with LibvirtHypervisor(cluster, on_notice=notice) as hv, \
+            UnitOfWork(hv, cluster_lock(cluster, hv, coordination, ttl), wait=wait, settle=False):
+        yield
 
 
 def measure_reference(subjects: Any, duration: float, settle: float) -> dict[str, Any]:
@@ -302,9 +329,15 @@ def render(result: Result, cond: dict[str, Any]) -> None:
     help="Calibrate a --domain vcsched does not manage (no vcsched metadata); without it such a domain is "
     "refused, since a calibration pins, pauses and re-caps it.",
 )
+@click.option(
+    "--allow-managed",
+    is_flag=True,
+    help="Calibrate a --domain vcsched manages: only with --cluster FILE naming its host, whose cluster lock is "
+    "held for the whole run (without it such a domain is refused, exit 1).",
+)
 @cluster_option(
-    "Cluster file whose [guest] boots the CPU-loop guests (libvirt backend without --domain). "
-    "Default: the running lab's."
+    "Cluster file whose [guest] boots the CPU-loop guests (libvirt backend without --domain); with --domain, "
+    "the cluster whose lock the run holds. Default: the running lab's."
 )
 @click.option(
     "--caps",
@@ -385,12 +418,14 @@ def render(result: Result, cond: dict[str, Any]) -> None:
 @json_option("Print every measurement as one JSON object.")
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print the summary as Markdown (for docs).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), help="Write a PNG plot here.")
+@lock_options()
 def calibrate_cmd(
     resource: str,
     backend: str | None,
     connect: str | None,
     domains: tuple[str, ...],
     force: bool,
+    allow_managed: bool,
     cluster_file: str | None,
     caps: tuple[float, ...] | None,
     workers: int,
@@ -406,6 +441,9 @@ def calibrate_cmd(
     as_json: bool,
     as_markdown: bool,
     plot_path: str | None,
+    wait: float,
+    coordination: str | None,
+    lock_ttl: float | None,
 ) -> int:
     """Measure how precisely and how quickly CPU, disk and network caps take effect.
 
@@ -433,8 +471,12 @@ def calibrate_cmd(
       vcsched calibrate --backend libvirt --connect URI_OF_LAB_HOST --workers 2   # boots its own guests
       vcsched calibrate --resource disk --connect URI_OF_LAB_HOST --workers 2 --plot disk.png
 
-    With --domain, only a domain vcsched manages is calibrated unless
-    --force.  What the libvirt backend changes on a domain (its CPU pinning,
+    With --domain, a domain vcsched does not manage is refused unless
+    --force.  One it manages is refused (exit 1) unless --cluster FILE names
+    its host and --allow-managed is given: the run then holds that cluster's
+    lock from before it touches the domain until everything is put back, as
+    `place`, `adapt`, `drain` and `vcsched run` hold it while they set caps
+    (busy: exit 1 naming the holder; --wait to wait).  What the libvirt backend changes on a domain (its CPU pinning,
     running state, vcpu_quota/period or disk/network limit) is written to a
     journal under the state directory before it is changed and put back on
     exit, Ctrl-C or SIGTERM, each setting on its own: a domain is never left
@@ -453,8 +495,9 @@ def calibrate_cmd(
     drifted; --json says "reliable": false and lists them in "unreliable".
 
     Exit codes: 0 measured, 1 the run was unreliable (its reasons on stdout,
-    one line on stderr; 0 with --allow-unreliable) or a setting could not be put back (named on
-    stderr), 2 bad input or a host that cannot cap the resource (nothing
+    one line on stderr; 0 with --allow-unreliable), a setting could not be put back (named on
+    stderr), a --domain vcsched manages without --cluster/--allow-managed,
+    or the cluster is locked (nothing touched), 2 bad input or a host that cannot cap the resource (nothing
     measured), 130 interrupted by Ctrl-C or SIGTERM (everything put back
     first).
     """
@@ -482,21 +525,19 @@ def calibrate_cmd(
 
         for c in (*caps, *steps):
             quota_for(c)  # CFS's 1 ms minimum quota (libvirt's too): fail before creating anything
+    locked = backend == "libvirt" and bool(domains) and cluster_file is not None
+    if allow_managed and not locked:
+        raise InputError("--allow-managed: only with --backend libvirt, --domain and --cluster FILE (the cluster "
+                         "whose lock the run holds)")
     busy = cpu_busy()
     chosen = check_cpu(cpu) if cpu is not None else least_loaded_cpu(busy)
     cond = conditions(busy, chosen)
-    reference: dict[str, Any] | None = None
-    with sigterm_as_interrupt(), open_subjects(
-        backend, workers, chosen, connect, domains, priority == "high", cluster_file, resource, force
-    ) as subjects:
-        if resource != "cpu":
-            reference = measure_reference(subjects, duration, cfg.settle)
-            if reference["single_bps"] <= 0:
-                raise InputError(f"--domain: the guests moved no {resource} bytes uncapped (is their workload "
-                                 "running?)")
-            subjects.scale = reference["single_bps"]
-            subjects.unit = f"x {format_size(reference['single_bps'])}/s"
-        result = _run_with_progress(subjects, cfg, backend, chosen)
+    with contextlib.ExitStack() as held:
+        if locked:
+            assert cluster_file is not None
+            held.enter_context(cluster_locked(cluster_file, connect, coordination, wait, lock_ttl))
+        result, reference = _calibrate(backend, workers, chosen, connect, domains, priority == "high",
+                                       cluster_file, resource, force, allow_managed and locked, cfg, duration)
     cond["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     if reference is not None:
         cond["resource"] = resource
@@ -535,6 +576,25 @@ def calibrate_cmd(
     if reasons and allow_unreliable:
         return 0
     return refuse("calibration unreliable: " + "; ".join(reasons)) if reasons else 0
+
+
+def _calibrate(backend: str, workers: int, cpu: int, connect: str | None, domains: tuple[str, ...],
+               high_priority: bool, cluster_file: str | None, resource: str, force: bool, managed: bool,
+               cfg: Config, duration: float) -> tuple[Result, dict[str, Any] | None]:
+    """The measurements, on subjects opened and put back around them (SIGTERM unwinds as Ctrl-C); for disk and
+    net, the uncapped reference the caps are fractions of."""
+    reference: dict[str, Any] | None = None
+    with sigterm_as_interrupt(), open_subjects(
+        backend, workers, cpu, connect, domains, high_priority, cluster_file, resource, force, managed
+    ) as subjects:
+        if resource != "cpu":
+            reference = measure_reference(subjects, duration, cfg.settle)
+            if reference["single_bps"] <= 0:
+                raise InputError(f"--domain: the guests moved no {resource} bytes uncapped (is their workload "
+                                 "running?)")
+            subjects.scale = reference["single_bps"]
+            subjects.unit = f"x {format_size(reference['single_bps'])}/s"
+        return _run_with_progress(subjects, cfg, backend, cpu), reference
 
 
 def _unreliable(result: Result, cond: dict[str, Any], busy: float | None, own: int) -> list[str]:

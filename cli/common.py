@@ -12,7 +12,7 @@ import dataclasses
 import os
 import platform
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from acting.executor import ApplyReport
     from acting.unit_of_work import Reporting, UnitOfWork
+    from hypervisor.identity import Identities
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.live import LiveAdaptation
     from vcsched.control.lost import Lost
@@ -264,6 +265,24 @@ def render_moves(live: LiveAdaptation) -> None:
     console.print(table)
 
 
+def render_spare(report: object) -> None:
+    """What the budget left over bought (``adapt``'s ``spare`` detail): the score before and after, or why not."""
+    if not isinstance(report, Mapping):
+        return
+    mode = report["mode"]
+    if "skipped" in report:
+        console.print(f"  spare room ({mode}): nothing done: {report['skipped']}", highlight=False)
+        return
+    before, after = report["now"], report["after"]
+    from vcsched.formats.units import format_size
+
+    console.print(f"  spare room ({mode}): score {before['score']:.4f} -> {after['score']:.4f} (stddev of free "
+                  f"memory {before['free_memory_stddev']:.4f} -> {after['free_memory_stddev']:.4f}, of free CPU "
+                  f"{before['free_cpu_stddev']:.4f} -> {after['free_cpu_stddev']:.4f}); hosts empty "
+                  f"{before['hosts_empty']} -> {after['hosts_empty']}; {report['moves']} more move(s), "
+                  f"{format_size(max(int(report['bytes']), 0))}", highlight=False)
+
+
 def warn_floors_missed(missed: Sequence[tuple[str, float, float]], advice: str = "") -> None:
     """One warning on stderr per virtual cluster an adapt or drain plan leaves below the min_yield it was
     admitted with (docs/cli.md: warnings go to stderr, the plan to stdout)."""
@@ -301,7 +320,7 @@ def acting_on(cluster: Cluster, *, apply: bool, coordination: str | None, wait: 
         yield uow, inventory
 
 
-def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> dict[str, str]:
+def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> Identities:
     """Each host's identity (:meth:`hypervisor.libvirt_backend.LibvirtHypervisor.identities`), through ``hv`` or
     connections of its own."""
     if hv is not None:
@@ -334,16 +353,18 @@ def apply_shown(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False
         return uow.apply(plan, force=force, planned_here=planned_here, irreversible=irreversible, on_step=on_step)
 
 
-def apply_would_refuse(uow: UnitOfWork, plan: Plan) -> str | None:
+def apply_would_refuse(uow: UnitOfWork, plan: Plan, inventory: Inventory | None = None, *, force: bool = False,
+                       planned_here: bool = True) -> str | None:
     """Why ``--apply`` would refuse ``plan`` before its first step, or None: the same whole-plan check on the
-    live cluster (:meth:`acting.unit_of_work.UnitOfWork.validate`, of a plan this command computed).  A dry run
-    runs it so that it exits with the code ``--apply`` would (docs/cli.md: 1 where --apply refuses); it only
-    reads."""
+    live cluster (:meth:`acting.unit_of_work.UnitOfWork.validate`; ``planned_here``: a plan this command computed,
+    else a saved one, `vcsched apply --dry-run`, whose snapshot ``force`` lets differ).  A dry run runs it so that
+    it exits with the code ``--apply`` would (docs/cli.md: 1 where --apply refuses); it only reads, on the
+    ``inventory`` it planned on when given (no second read of every host)."""
     from acting.executor import PlanRefused
     from vcsched.plans.claims import PlanMismatch
 
     try:
-        uow.validate(plan, planned_here=True)
+        uow.validate(plan, force=force, planned_here=planned_here, inventory=inventory)
     except (PlanRefused, PlanMismatch) as exc:
         return str(exc)
     return None

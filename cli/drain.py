@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -10,6 +10,7 @@ from cli.app import EXIT_OK, console, emit_json, refuse
 from cli.common import (
     acting_on,
     apply_exit_code,
+    apply_would_refuse,
     cluster_path,
     hosts_down,
     load_cluster,
@@ -30,6 +31,10 @@ from vcsched.model import SolveOptions
 from vcsched.plans.migration import MigrationBlocked
 from vcsched.plans.reasons import step_reasons
 
+if TYPE_CHECKING:
+    from acting.unit_of_work import UnitOfWork
+    from vcsched.inventory import Inventory
+
 
 @click.command("drain")
 @click.argument("host")
@@ -43,7 +48,7 @@ from vcsched.plans.reasons import step_reasons
               help="Apply even when a virtual cluster ends below the min_yield it was admitted with.")
 @output_option("Save the plan for `vcsched apply`.", "PLAN.json")
 @click.option("--apply", "do_apply", is_flag=True,
-              help="Cordon HOST in the cluster file and carry the plan out now (default: dry run).")
+              help="Carry the plan out now, then cordon HOST in the cluster file (default: dry run).")
 @json_option("Print one JSON object (plan, VMs that stay, apply report).")
 @time_limit_option()
 @lock_options()
@@ -64,7 +69,7 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     \b
     Examples:
       vcsched drain h1 --budget 1GiB              dry run: the plan, the bytes, who stays
-      vcsched drain h1 --budget 1GiB --apply      cordon h1, then migrate
+      vcsched drain h1 --budget 1GiB --apply      migrate, then cordon h1 (under the lock)
       vcsched uncordon h1                         when the maintenance is over
 
     Migrations keep to the cluster file's throttles (max_migrations,
@@ -136,30 +141,42 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
                 else:
                     emit_json(out | {"ok": False, "applied": None, "refused": blocked})
                 return refuse(f"not applied: {blocked}")
-            set_maintenance(path, host, True)  # nothing new lands there from now on
             report = run_apply(uow, live.plan, quiet=as_json, planned_here=True)
+            # Still under the cluster lock (which every command that plans onto a host takes), so nothing landed
+            # on it meanwhile; a plan refused before its first step (exit 1) leaves the file alone, as `apply` does.
+            set_maintenance(path, host, True)
             out["apply"] = report.to_dict()
             if not as_json:
                 console.print(f"{host} is in maintenance ({path})", highlight=False)
                 render_report(report)
-        elif not as_json:
-            console.print("dry run: nothing changed (use --apply, or -o PLAN.json and `vcsched apply`)")
+        else:
+            why = _dry_run_refusal(uow, live, inventory, allow_below_floor)
+            if why is not None:
+                out["refused"] = why
+            elif not as_json:
+                console.print("dry run: nothing changed (use --apply, or -o PLAN.json and `vcsched apply`)")
     code = apply_exit_code(report)
     if stays and code == EXIT_OK:
         staying = ", ".join(s["vm"] for s in stays)
         code = refuse(f"{host} cannot be emptied: {plural(len(stays), 'VM')} stay ({staying})")
-    elif not do_apply:
-        code = _dry_run_code(live, allow_below_floor)
+    elif "refused" in out:
+        code = refuse(out["refused"])
     if as_json:
         emit_json(out | {"ok": code == EXIT_OK})
     return code
 
 
-def _dry_run_code(live: LiveAdaptation, allow_below_floor: bool) -> int:
-    """A dry run exits as ``--apply`` would (docs/cli.md): 1, with --apply's reason, when it would refuse the plan
-    (a virtual cluster left below its floor without --allow-below-floor), else 0."""
+def _dry_run_refusal(uow: UnitOfWork, live: LiveAdaptation, inventory: Inventory,
+                     allow_below_floor: bool) -> str | None:
+    """Why ``--apply`` would refuse this drain, or None (docs/cli.md: a dry run exits as --apply would): its own
+    refusal first (a virtual cluster left below its floor without --allow-below-floor), then the whole-plan check
+    it runs before the first step (:func:`cli.common.apply_would_refuse`)."""
+    assert live.plan is not None
     blocked = live.drain_blocked(allow_below_floor=allow_below_floor)
-    return EXIT_OK if blocked is None else refuse(f"--apply would refuse this plan: {blocked}")
+    if blocked is not None:
+        return f"--apply would refuse this plan: {blocked}"
+    why = apply_would_refuse(uow, live.plan, inventory)
+    return None if why is None else f"--apply would refuse: {why}"
 
 
 def _render_stays(stays: list[dict[str, str]]) -> None:

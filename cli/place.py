@@ -12,6 +12,7 @@ from cli.app import console, emit_json, refuse
 from cli.common import (
     acting_on,
     apply_exit_code,
+    apply_would_refuse,
     check_request_boot,
     hosts_down,
     load_cluster,
@@ -122,6 +123,7 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                    quiet=as_json) as (uow, inventory):
         decision = decide(inventory)
         report = None
+        would_refuse = None
         if not decision.admitted and inventory.asleep_hosts():
             decision, inventory, wake = _by_waking(cluster, uow, inventory, decision, decide, do_apply, as_json,
                                                    coordination)
@@ -132,13 +134,18 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                 if not as_json:
                     render_decision(request, decision, inventory)
                 report = run_apply(uow, decision.plan, quiet=as_json, planned_here=True)
+            elif wake is None:  # the dry run exits as --apply would (docs/cli.md): the same whole-plan check,
+                # reading only (a plan onto a host still asleep is checked by --apply once the host answers)
+                would_refuse = apply_would_refuse(uow, decision.plan, inventory)
     if as_json:
-        emit_json({"ok": decision.admitted and (report is None or report.ok), "admitted": decision.admitted,
+        emit_json({"ok": decision.admitted and would_refuse is None and (report is None or report.ok),
+                   "admitted": decision.admitted,
                    "reason": decision.reason, "policy": sharing.policy,
                    "detail": decision.detail, "min_yield": decision.min_yield,
                    "avg_yield": decision.avg_yield,
                    "hosts_down": hosts_down(inventory), "wake": wake,
                    "plan": decision.plan.to_dict() if decision.plan else None,
+                   **({"refused": f"--apply would refuse: {would_refuse}"} if would_refuse is not None else {}),
                    "applied": report.to_dict() if report else None})
     else:
         if report is None:
@@ -147,11 +154,15 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
                 console.print(f"dry run: --apply would wake {wake['host']} first (the hosts on refuse: "
                               f"{wake['refused_on']}), then create the VMs", highlight=False)
             elif decision.plan is not None and not do_apply:
-                console.print(f"dry run: nothing changed{f'; plan saved to {output}' if output else ''} "
-                              "(--apply to carry it out)")
+                console.print(f"dry run: nothing changed{f'; plan saved to {output}' if output else ''}"
+                              + (" (--apply to carry it out)" if would_refuse is None else ""))
         else:
             render_report(report)
-    return apply_exit_code(report) if decision.admitted else refuse(f"{request.name}: {decision.reason}")
+    if not decision.admitted:
+        return refuse(f"{request.name}: {decision.reason}")
+    if would_refuse is not None:
+        return refuse(f"--apply would refuse: {would_refuse}")
+    return apply_exit_code(report)
 
 
 def _by_waking(cluster: Cluster, uow: UnitOfWork, inventory: Inventory, refused: Decision,

@@ -18,10 +18,11 @@ def shared_at(cluster: Any, coordination: str | None, hv: Any = None) -> tuple[s
     """Where the cluster's shared documents live (recommendations, audits): the coordination URL and the key of
     its lock (the hosts' identities)."""
     from acting.lock import resolve_url
+    from acting.lock_names import lock_keys
     from cli.common import host_identities
-    from hypervisor.identity import lock_key
 
-    return resolve_url(coordination, cluster.coordination), lock_key(host_identities(cluster, hv).values())
+    url = resolve_url(coordination, cluster.coordination)
+    return url, lock_keys(url, cluster.name, host_identities(cluster, hv), record=False)[0]
 
 
 def _store(cluster: Any, coordination: str | None, hv: Any = None) -> Any:

@@ -120,7 +120,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     from acting.definitions import DefinitionStore
     from acting.events import EventLog
     from acting.failure import Failover
-    from acting.lock import DEFAULT_TTL, ClusterLock, leader_lock_name, member_id, resolve_url
+    from acting.lock import DEFAULT_TTL, member_id, resolve_url
+    from acting.lock_names import admission, cluster_locks, leader_locks, lock_keys
     from acting.metrics import ControllerMetrics, MetricsServer
     from acting.power import PowerStore, agents
     from acting.power_saving import PowerSaving
@@ -128,13 +129,13 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     from acting.sampling import SystemClock
     from acting.window import publish as publish_window
     from hypervisor.files import state_dir
-    from hypervisor.identity import lock_key
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.rebalance import RebalanceOptions
 
     cluster = load_cluster(cluster_file)
     options = RunOptions(interval, RebalanceOptions(budget, threshold, settle, cooldown, algorithm, parallel,
-                                                    storage=cluster, schedule=cluster.schedule),
+                                                    storage=cluster, schedule=cluster.schedule,
+                                                    spare=cluster.power.spare_goal),
                          window=window, sample=sample, probe_seconds=probe_seconds, lock_wait=lock_wait,
                          dry_run=dry_run, recommend=mode == "recommend", valid_for=valid_for,
                          audit_windows=audit_windows)
@@ -165,11 +166,14 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
             timer.daemon = True
             timer.start()
         with stopping_on_signals(stop), LibvirtHypervisor(cluster, on_notice=notice) as hv:
-            key = lock_key(hv.identities().values())  # the locks are the hosts', not the file name's
+            identities = hv.identities()  # the locks are the hosts', not the file name's (acting/lock_names.py)
+            keys = lock_keys(url, cluster.name, identities)
+            hv.act_only_as(identities.known, admission(url, keys))
+            key = keys[0]  # where the shared documents are
             controller = Controller(
                 cluster.name, hv, options,
-                leader_lock=lambda: ClusterLock(url, cluster.name, member, ttl, name=leader_lock_name(key)),
-                cluster_lock=lambda: ClusterLock(url, cluster.name, member, ttl, key=key),
+                leader_lock=lambda: leader_locks(url, cluster.name, keys, member, ttl),
+                cluster_lock=lambda: cluster_locks(url, cluster.name, keys, member, ttl),
                 events=events, metrics=metrics, clock=clock, stop=stop,
                 failover=Failover(cluster, DefinitionStore.for_url(url, cluster.name)),
                 recommendations=RecommendationStore(url, key, timeout=min(1.0, ttl / 10)) if books else None,

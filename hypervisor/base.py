@@ -75,9 +75,11 @@ class Hypervisor(Protocol):
         """
         ...
 
-    def create_problems(self, step: CreateStep, where: str) -> list[str]:
+    def create_problems(self, step: CreateStep, where: str, *, define: bool = True) -> list[str]:
         """Why ``step`` could not create its VM, found before a plan's first step (its boot files, its domain
-        XML as the target host's driver validates it); each problem names ``where`` (``plan.steps[3]``)."""
+        XML as the target host's driver validates it); each problem names ``where`` (``plan.steps[3]``).
+        ``define=False`` (a dry run, which holds no lock and so changes nothing on any host): not the driver's
+        validation, which defines a throw-away domain; ``--apply`` runs it before its first step."""
         ...
 
     def create_vm(self, step: CreateStep) -> None:

@@ -208,10 +208,11 @@ def boot_problems(where: str, boot: Boot, memory_bytes: int, *, local: bool = Tr
 
 def files_local(uri: str) -> bool:
     """Whether the boot files of a VM on the host of ``uri`` are this machine's: a host of this machine (no host
-    name, or a loopback address) whose driver boots something (libvirt's test driver reads no file)."""
+    name, or a loopback address) whose driver boots something (libvirt's test driver and the simulated libvirt,
+    ``sim://``, read no file)."""
     from vcsched.formats.cluster import uri_host, uri_scheme
 
-    return uri_scheme(uri) != "test" and is_local(uri_host(uri))
+    return uri_scheme(uri) not in ("test", "sim") and is_local(uri_host(uri))
 
 
 def is_local(uri_host: str | None) -> bool:

@@ -68,20 +68,35 @@ def vcpu_quota_for(cap: float | None, vcpus: int) -> int:
     return quota
 
 
-def check_managed(dom: Any, uri: str, force: bool) -> None:
-    """A domain vcsched does not manage (no vcsched metadata) is refused unless ``force``: vcsched touches only
-    what it manages, and a calibration pins, pauses and re-caps its domains."""
+class ManagedDomain(VcschedError):
+    """A ``--domain`` that vcsched manages, asked for without its cluster's lock (exit 1: nothing was changed)."""
+
+    exit_code = 1
+
+
+def check_managed(dom: Any, uri: str, force: bool, managed: bool = False) -> None:
+    """Whether a calibration may take ``dom``, which it pins, pauses and re-caps.
+
+    A domain vcsched does not manage (no vcsched metadata) is refused unless ``force``: vcsched touches only what
+    it manages.  One it manages is refused unless ``managed``: the caller holds the lock of the domain's cluster
+    and the operator asked for it (``--cluster FILE --allow-managed``).  Its cluster's commands and controller
+    set its cap too, and each holds that lock while it does: a calibration without it would race them (a plan's
+    cap written over the calibration's, or the calibration's left on a VM the plan had just capped)."""
     from hypervisor.domain_xml import METADATA_NS, parse_metadata
 
-    if force:
-        return
     try:
-        if parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0)) is not None:
-            return
+        meta = parse_metadata(dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0))
     except libvirt.libvirtError:  # no such metadata element: not ours
-        pass
-    raise InputError(f"--domain {dom.name()}: not managed by vcsched on {uri} (no vcsched metadata); a calibration "
-                     "pins, pauses and re-caps it: pass --force to calibrate it anyway")
+        meta = None
+    if meta is None:
+        if force:
+            return
+        raise InputError(f"--domain {dom.name()}: not managed by vcsched on {uri} (no vcsched metadata); a "
+                         "calibration pins, pauses and re-caps it: pass --force to calibrate it anyway")
+    if not managed:
+        raise ManagedDomain(f"--domain {dom.name()}: managed by vcsched (virtual cluster {meta.cluster!r}) on {uri}; "
+                            "a calibration pins, pauses and re-caps it, so only under its cluster's lock: pass "
+                            "--cluster FILE --allow-managed")
 
 
 def put_back(dom: Any, entry: CalibrationEntry) -> tuple[list[str], list[str]]:
@@ -180,8 +195,9 @@ def running_domain(conn: Any, uri: str, name: str, why: str = "") -> Any:
 class LibvirtSubjects:
     """Running CPU-loop guests on one libvirt host, optionally pinned to one host CPU.
 
-    Only domains vcsched manages (its metadata), unless ``force``: a calibration pins, pauses and re-caps what
-    it measures.  What it is about to change is written to ``journal`` first (:mod:`hypervisor.journal`), so a
+    Domains vcsched does not manage only with ``force``, and those it manages only with ``managed`` (the caller
+    holds their cluster's lock): a calibration pins, pauses and re-caps what it measures (:func:`check_managed`).
+    What it is about to change is written to ``journal`` first (:mod:`hypervisor.journal`), so a
     calibration killed by SIGKILL is put back by the next one or by ``vcsched repair``; :meth:`close` puts
     everything back itself and clears it.
     """
@@ -191,7 +207,7 @@ class LibvirtSubjects:
     default_window = 1.0
 
     def __init__(self, uri: str, domains: Sequence[str], cpu: int | None = None, *, force: bool = False,
-                 journal: Journal | None = None):
+                 managed: bool = False, journal: Journal | None = None):
         _quiet_libvirt()
         self.uri = uri
         self.count = len(domains)
@@ -204,7 +220,7 @@ class LibvirtSubjects:
         except libvirt.libvirtError as exc:
             raise InputError(f"--connect {uri}: cannot connect ({exc.get_error_message()})") from None
         try:
-            self._adopt(domains, force)
+            self._adopt(domains, force, managed)
             if cpu is not None:
                 self._check_cpu(cpu)
             self._record(cpu is not None)
@@ -216,10 +232,10 @@ class LibvirtSubjects:
             self.close()
             raise
 
-    def _adopt(self, names: Sequence[str], force: bool) -> None:
+    def _adopt(self, names: Sequence[str], force: bool, managed: bool) -> None:
         for name in names:
             dom = running_domain(self.conn, self.uri, name, " (calibration needs a CPU-loop guest)")
-            check_managed(dom, self.uri, force)
+            check_managed(dom, self.uri, force, managed)
             try:
                 params = dom.schedulerParametersFlags(libvirt.VIR_DOMAIN_AFFECT_LIVE)
             except libvirt.libvirtError as exc:
@@ -458,7 +474,7 @@ class LibvirtIoSubjects:
     resource: str
 
     def __init__(self, uri: str, domains: Sequence[str], resource: str, *, force: bool = False,
-                 journal: Journal | None = None):
+                 managed: bool = False, journal: Journal | None = None):
         from hypervisor.drivers import io_support
 
         _quiet_libvirt()
@@ -484,7 +500,7 @@ class LibvirtIoSubjects:
             refused = dict(io_support(str(self.conn.getType()).lower(), uri))
             if resource in refused:
                 raise InputError(f"host {uri}: cannot cap {resource}: {refused[resource]}")
-            self._adopt(domains, force)
+            self._adopt(domains, force, managed)
             if self.journal is not None and self.entries:
                 self.journal.write(domains=self.entries)
             self._probe()
@@ -496,12 +512,12 @@ class LibvirtIoSubjects:
             self.close()
             raise
 
-    def _adopt(self, names: Sequence[str], force: bool) -> None:
+    def _adopt(self, names: Sequence[str], force: bool, managed: bool) -> None:
         from hypervisor.throttle import live_devices
 
         for name in names:
             dom = running_domain(self.conn, self.uri, name)
-            check_managed(dom, self.uri, force)
+            check_managed(dom, self.uri, force, managed)
             devices = live_devices(dom)
             if not devices.count(self.resource):
                 what = "disk" if self.resource == "disk" else "network interface libvirt can shape"

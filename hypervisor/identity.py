@@ -16,14 +16,15 @@ that; libvirt can: every host has a UUID, in its capabilities
   naming both entries and the UUID), whatever their URIs look like;
 * a host the cluster file declares a ``uuid`` for must answer with that UUID
   (a file pointing at the wrong machine is refused the same way);
-* the cluster lock is named after the set of the hosts' identities
-  (:func:`lock_key`), so two files for the same hosts share one lock whatever
-  they are called, and unrelated clusters — every lab is named "lab" — never
-  do (docs/plans.md, "What is locked").  A host that does not answer
-  when the lock is taken is named by the ``uuid`` the cluster file declares,
+* the cluster lock is named after the hosts' identities, so two files for the
+  same hosts share one lock whatever they are called, and unrelated clusters —
+  every lab is named "lab" — never do (docs/hosts-down.md, "Which lock").  A
+  host that does not answer is named by the ``uuid`` the cluster file declares,
   else by the one a changing command on this machine last read for its URI
-  (:data:`KNOWN_HOSTS`, like ssh's known_hosts); with neither, the command
-  refuses rather than take a lock another command could not find.
+  (:data:`KNOWN_HOSTS`, like ssh's known_hosts); with neither it has no
+  identity for this command (:class:`Identities`): it is down, and the lock is
+  named by the hosts that have one, through their *claims*
+  (:func:`claim`, acting/lock_names.py).
 
 libvirt's test driver reports no host UUID (its capabilities have no
 ``<uuid>``); a test-driver host is identified by its URI, the only name it
@@ -41,6 +42,7 @@ import json
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypervisor.files import write_atomic
@@ -49,8 +51,8 @@ from vcsched.formats.cluster import Cluster
 
 
 class LockUnnamed(VcschedError):
-    """The cluster's lock cannot be named: a host is down and the cluster file does not declare its UUID (exit 1:
-    nothing changed)."""
+    """The cluster's lock cannot be named: no host has an identity, or a host has none and the coordination
+    backend keeps no claims (exit 1: nothing changed)."""
 
     exit_code = 1
 
@@ -72,6 +74,16 @@ def uuid_from_capabilities(xml: str) -> str | None:
 def identity(uuid: str | None, uri: str) -> str:
     """A host's identity: its UUID, or for a driver that reports none its URI (see the module docstring)."""
     return f"uuid:{uuid}" if uuid is not None else f"uri:{uri}"
+
+
+@dataclass(frozen=True)
+class Identities:
+    """The hosts' identities as a command found them: ``known`` (host name -> identity: declared, answered, or
+    remembered for a host that does not answer) and ``unknown`` (host name -> why it has none: it does not
+    answer, and neither the cluster file nor a command here says who it is)."""
+
+    known: Mapping[str, str]
+    unknown: Mapping[str, str] = field(default_factory=dict)
 
 
 def check_distinct(cluster: Cluster, uuids: Mapping[str, str | None]) -> None:
@@ -125,3 +137,23 @@ def lock_key(identities: Iterable[str]) -> str:
     """The cluster lock's key: a digest of the set of its hosts' identities (order and repeats do not matter)."""
     text = "\n".join(sorted(set(identities)))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def claim(claims: Mapping[str, str], known: Iterable[str]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The claims after a command that knows the identities ``known`` names its lock, and the lock keys it holds.
+
+    ``claims`` maps a host identity to the key of the lock that protects it; an entry, once written, never
+    changes.  The unclaimed identities of ``known`` are claimed under the smallest key its claimed ones already
+    have, else under :func:`lock_key` of ``known`` (what the lock of a cluster whose hosts all answer was always
+    named, so a cluster's first claims keep its lock and its shared documents where they were).  The command
+    holds the lock of every key its identities are claimed under: usually one, more when ``known`` spans hosts
+    first claimed apart (two files with host lists that overlap).  So two commands that could act on a host —
+    each knows its identity, or it would be down for it — both hold the lock of that host's claim, whatever
+    else each knows (docs/hosts-down.md, "Which lock").
+    """
+    known = sorted(set(known))
+    held = sorted({claims[i] for i in known if i in claims})
+    key = held[0] if held else lock_key(known)
+    after = dict(claims)
+    after.update({i: key for i in known if i not in claims})
+    return after, tuple(sorted({after[i] for i in known}))

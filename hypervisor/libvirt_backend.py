@@ -53,7 +53,7 @@ import os
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -67,7 +67,7 @@ from hypervisor.connections import CallCounter, Counted, close_quietly, open_bou
 from hypervisor.devices import boot_devices
 from hypervisor.domain_xml import domain_xml, metadata_xml, parse_metadata
 from hypervisor.drivers import Driver, driver_of
-from hypervisor.identity import LockUnnamed, check_distinct, identity, remember, remembered, uuid_from_capabilities
+from hypervisor.identity import Identities, check_distinct, identity, remember, remembered, uuid_from_capabilities
 from hypervisor.libvirt_calls import as_host_error, one_line, quiet, retrying
 from hypervisor.live_state import (
     PARSE_ERRORS,
@@ -167,6 +167,9 @@ class LibvirtHypervisor:
         #: Lines worth telling the operator (one each), for the CLI to show; ``on_notice`` hears each as it happens.
         self.notices: list[str] = []
         self._on_notice = on_notice
+        #: The hosts the cluster lock was named for, and the check of a newcomer (:meth:`act_only_as`).
+        self._named: dict[str, str] | None = None
+        self._admit: Callable[[str], bool] | None = None
 
     def _notice(self, line: str) -> None:
         self.notices.append(line)
@@ -296,12 +299,12 @@ class LibvirtHypervisor:
         with self._lock:
             return self._uuids.setdefault(host, got)
 
-    def identities(self) -> dict[str, str]:
+    def identities(self) -> Identities:
         """Every host's identity for the cluster lock (:mod:`hypervisor.identity`): its UUID as the cluster file
-        declares it, else as the host answers (all asked at once, within ``host_timeout``).
+        declares it, else as the host answers (all asked at once, within ``host_timeout``; a host known down gets
+        one probe), else as a command here last read it; a host with none is ``unknown``, with the reason.
 
-        Raises :class:`hypervisor.identity.LockUnnamed` for a host that neither answers nor has a declared UUID,
-        and :class:`InputError` for two entries that are one host.
+        Raises :class:`InputError` for two entries that are one host.
         """
         from hypervisor.files import state_dir
 
@@ -313,6 +316,7 @@ class LibvirtHypervisor:
         known = remembered(state_dir())
         uuids: dict[str, str | None] = {}
         out: dict[str, str] = {}
+        unknown: dict[str, str] = {}
         for h in hosts:
             uri = self.cluster.connect_uri(h.name)
             if h.uuid is not None:
@@ -324,16 +328,41 @@ class LibvirtHypervisor:
                     out[h.name] = identity(known[uri], uri)
                     continue
                 why = one_line(answer) if isinstance(answer, Exception) else "it did not answer in time"
-                raise LockUnnamed(f"cannot name the lock of cluster {self.cluster.name!r}: host {h.name} does not "
-                                  f"answer ({why}), the cluster file declares no uuid for it and no command here "
-                                  "has read it; nothing changed (declare its libvirt host UUID as `uuid = \"...\"` "
-                                  "in its [[hosts]] table — `vcsched status --json` shows it while the host "
-                                  "answers — or retry)")
+                unknown[h.name] = (f"host {h.name} does not answer ({why}), the cluster file declares no uuid for "
+                                   "it and no command here has read it")
+                continue
             uuids[h.name] = answer
             out[h.name] = identity(answer, uri)
         check_distinct(self.cluster, uuids)
         remember(state_dir(), {self.cluster.connect_uri(n): u for n, u in uuids.items() if u is not None})
-        return out
+        return Identities(out, unknown)
+
+    def act_only_as(self, named: Mapping[str, str], admit: Callable[[str], bool] | None = None) -> None:
+        """Read only the hosts the cluster lock was named for, as who they were then (``named``: host name ->
+        identity, :meth:`identities`' ``known``); every later :meth:`inventory` shows any other host — one that had
+        no identity then, or that now answers as another host — as down, so no plan acts on a host the lock does
+        not cover (docs/hosts-down.md, "Which lock").  ``admit(identity)``: whether the lock the caller holds
+        covers a host that has since answered (it claims the host under that lock when nothing else has)."""
+        self._named = dict(named)
+        self._admit = admit
+
+    def _unnamed_reason(self, state: HostState) -> str | None:
+        """Why an answering host is left out of this command (None: the lock covers it; :meth:`act_only_as`)."""
+        if self._named is None:
+            return None
+        declared = self.cluster.host(state.name).uuid  # as :meth:`identities` names it (a mismatch is refused)
+        now = identity(declared if declared is not None else state.uuid, self.cluster.connect_uri(state.name))
+        then = self._named.get(state.name)
+        if then == now:
+            return None
+        if self._admit is not None and self._admit(now):
+            self._named[state.name] = now
+            return None
+        if then is None:
+            return (f"host {state.name}: had no identity when this command named the cluster lock (it did not "
+                    "answer) and the lock it holds does not cover it; not acted on (run the command again)")
+        return (f"host {state.name}: answers as {now}, the cluster lock was named with it as {then}; not acted on "
+                "(run the command again)")
 
     def _read_host(self, h: ClusterHost) -> tuple[HostState, list[VmState]]:
         state = self._retry(functools.partial(self.host_state, h))
@@ -396,6 +425,14 @@ class LibvirtHypervisor:
         down_hosts.update(state_dir(), found_down, [uris[st.name] for st in states if st.down is None])
         # Before anything is made of the VMs: two entries reaching one host would show its VMs on "two hosts".
         check_distinct(self.cluster, {st.name: st.uuid for st in states if st.down is None})
+        left_out = {st.name: why for st in states if st.down is None
+                    and (why := self._unnamed_reason(st)) is not None}
+        if left_out:  # answering, but not covered by the lock this command holds: down for it
+            with self._lock:
+                self._down.update(left_out)
+            states = [HostState(st.name, self.cluster.host(st.name).cores or 0, 0, st.memory_reserved,
+                                down=left_out[st.name]) if st.name in left_out else st for st in states]
+            vms = [v for v in vms if v.host not in left_out]
         all_vms = tuple(sorted(vms, key=lambda v: (v.host, v.name)))
         doubts = find_in_doubt(all_vms)
         if hazards.on(hazards.IN_DOUBT_PLANNABLE):  # mutation switch (tests/test_faultsim.py)
@@ -554,11 +591,13 @@ class LibvirtHypervisor:
             raise HypervisorError(f"host {host}: the libvirt test driver ({self.cluster.host(host).uri}) "
                                   "cannot set CPU caps")
 
-    def create_problems(self, step: CreateStep, where: str) -> list[str]:
+    def create_problems(self, step: CreateStep, where: str, *, define: bool = True) -> list[str]:
         """What would stop ``step`` from creating its VM, checked before a plan's first step
         (:mod:`hypervisor.bootcheck`): its boot files (on a host of this machine), then its domain XML as
         libvirt's own define-time validation on the target host's driver sees it.  That validation defines the
-        XML under a throw-away name (:func:`hypervisor.bootcheck.validation_xml`) and undefines it at once."""
+        XML under a throw-away name (:func:`hypervisor.bootcheck.validation_xml`) and undefines it at once: a
+        change on the host, so a dry run (``define=False``: it holds no lock, and reading never acts) checks the
+        XML only as vcsched parses it, and ``--apply`` has libvirt validate it before its first step."""
         h = self.cluster.host(step.host)
         problems = boot_problems(where, step.boot, step.memory_bytes, local=files_local(h.uri))
         if problems:
@@ -567,6 +606,8 @@ class LibvirtHypervisor:
             xml = validation_xml(domain_xml(step, h.partition), os.urandom(6).hex())
         except (InputError, ET.ParseError) as exc:
             return [f"{where}.boot: {exc}"]
+        if not define:
+            return []
         self.fence(step.host, f"check the domain XML of {step.vm!r}")
         try:
             dom = self.conn(step.host).defineXMLFlags(xml, libvirt.VIR_DOMAIN_DEFINE_VALIDATE)

@@ -109,7 +109,7 @@ class MemoryHypervisor:
         v = self.vms.get(name)
         return None if v is None or v.host in self.down else v
 
-    def create_problems(self, step: CreateStep, where: str) -> list[str]:
+    def create_problems(self, step: CreateStep, where: str, *, define: bool = True) -> list[str]:
         """The boot's template is read (vcsched reads it, wherever the host is); its other files only with
         :attr:`boot_files` (the in-memory hosts have no files of their own unless a test says they are this
         machine's)."""

@@ -246,8 +246,12 @@ def test_the_hosts_rows_time_status_and_place_and_count_libvirt_calls_per_host(t
     assert all(r.wall_median > 0 and r.cpu_median > 0 for r in got)
     assert len(hspace) == (shutil.which("hspace") is not None) and all(not r.unfinished for r in hspace)
     assert [target_of(r.command) for r in got] == [1.0, 1.0, None, 1.0, 1.0, 2.0, 5.0, None]
-    # The simulated libvirt (sim:///) answers the same calls as the test driver: the same count per host.
-    assert [r.calls_per_host for r in got[3:5]] == [r.calls_per_host for r in got[:2]]
+    # The simulated libvirt (sim:///) answers the same calls as the test driver: the same count per host for
+    # status.  place's dry run runs --apply's whole-plan check, but only reads: libvirt's define-time validation of
+    # each new VM's domain XML (a define and an undefine) is left to --apply, so the dry run makes the calls status
+    # makes, on the simulated hosts as on the test driver (where the check stops at the first cap step, exit 1).
+    assert got[3].calls_per_host == got[0].calls_per_host
+    assert got[4].calls_per_host == got[1].calls_per_host
     assert "| headroom --failures 1 [sim] | 3 | 6 |" in "\n".join(scale_markdown(got, 1))
     four = {scheme: _calls(["status", "--cluster", str(write_scale_cluster(tmp_path / scheme, 3, 4, scheme=scheme)
                                                         .cluster_file), "--sample", "0", "--json"], 3)

@@ -154,3 +154,101 @@ def test_a_cluster_file_without_a_guest_section_is_refused(tmp_path: Any) -> Non
     )
     assert r.exit_code == 2
     assert "no [guest]" in r.stderr and str(f) in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------- a managed domain
+
+
+@pytest.fixture
+def managed_host(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A test-driver host running web-0, a VM vcsched manages, in a cluster file; its own state directory."""
+    from tests.builders import test_driver_node
+    from vcsched.inventory import VmMeta
+
+    monkeypatch.setenv("VCSCHED_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("VCSCHED_COORDINATION", raising=False)
+    (tmp_path / "h0.xml").write_text(test_driver_node([("web-0", VmMeta("web", 0.5, 512 << 20, 1))], 2, 0))
+    uri = f"test://{tmp_path}/h0.xml"
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text(f'name = "c"\n[[hosts]]\nname = "h0"\nuri = "{uri}"\n')
+    return uri, cluster, f"file://{tmp_path}/coord"
+
+
+def calibrate(uri: str, *args: Any) -> Any:
+    return CliRunner().invoke(cli, ["calibrate", "--backend", "libvirt", "--connect", uri, "--domain", "web-0",
+                                    "--duration", "2", *[str(a) for a in args]])
+
+
+@pytest.mark.parametrize("extra", [[], ["--force"]])
+def test_a_managed_domain_is_refused_without_its_clusters_lock(managed_host: Any, extra: list[str]) -> None:
+    """Issue 37: `calibrate --domain D` re-capped a VM vcsched manages without the cluster lock, racing the
+    commands and the controller that cap it under that lock.  Without --cluster it is refused (exit 1), one line;
+    --force is for domains vcsched does not manage and does not lift it."""
+    uri, _, _ = managed_host
+    r = calibrate(uri, *extra)
+    assert r.exit_code == 1, r.output
+    assert r.stderr.strip() == (f"vcsched: error: --domain web-0: managed by vcsched (virtual cluster 'web') on "
+                                f"{uri}; a calibration pins, pauses and re-caps it, so only under its cluster's "
+                                "lock: pass --cluster FILE --allow-managed")
+
+
+def test_with_its_cluster_a_managed_domain_still_needs_allow_managed(managed_host: Any) -> None:
+    uri, cluster, coord = managed_host
+    r = calibrate(uri, "--cluster", cluster, "--coordination", coord)
+    assert r.exit_code == 1 and "pass --cluster FILE --allow-managed" in r.stderr, r.output
+
+
+def test_with_allow_managed_the_calibration_holds_the_cluster_lock_throughout(managed_host: Any,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the calibration has its domain, the lock every command that changes the cluster's hosts takes is
+    busy; once it is over, it is free again.  (The test driver then refuses the caps themselves: exit 2.)"""
+    import cli.calibrate as command
+    from acting.lock import LockBusy
+
+    uri, cluster, coord = managed_host
+    real = command.open_subjects
+    during: list[str] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        try:
+            the_lock(cluster, coord).acquire()
+        except LockBusy as exc:
+            during.append(str(exc))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(command, "open_subjects", spy)
+    r = calibrate(uri, "--cluster", cluster, "--allow-managed", "--coordination", coord)
+    assert r.exit_code == 2 and "cannot set caps" in r.stderr, r.output  # past the managed check, under the lock
+    assert len(during) == 1 and during[0].startswith("cluster 'c' is locked by "), during
+    after = CliRunner().invoke(cli, ["cordon", "h0", "--cluster", str(cluster), "--coordination", coord])
+    assert after.exit_code == 0, after.output
+
+
+def the_lock(cluster_file: Any, coord: str) -> Any:
+    """The cluster lock of ``cluster_file``, as the unit of work of every command that changes its hosts takes it."""
+    from acting.unit_of_work import cluster_lock
+    from cli.common import load_cluster
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+
+    cluster = load_cluster(str(cluster_file))
+    with LibvirtHypervisor(cluster) as hv:
+        return cluster_lock(cluster, hv, coord)
+
+
+def test_a_calibration_is_refused_while_the_cluster_is_locked(managed_host: Any) -> None:
+    uri, cluster_file, coord = managed_host
+    lock = the_lock(cluster_file, coord)
+    lock.acquire()
+    try:
+        r = calibrate(uri, "--cluster", cluster_file, "--allow-managed", "--coordination", coord)
+    finally:
+        lock.release()
+    assert r.exit_code == 1 and "cluster 'c' is locked by" in r.stderr and "nothing changed" in r.stderr, r.output
+
+
+def test_allow_managed_without_a_cluster_or_a_host_outside_it_is_bad_input(managed_host: Any) -> None:
+    uri, cluster, coord = managed_host
+    r = calibrate(uri, "--allow-managed")
+    assert r.exit_code == 2 and "--allow-managed: only with" in r.stderr, r.output
+    r = calibrate("test:///default", "--cluster", cluster, "--allow-managed", "--coordination", coord)
+    assert r.exit_code == 2 and "--connect: 'test:///default' is not a host of cluster file" in r.stderr, r.output

@@ -130,7 +130,9 @@ def test_drain_time_limit_nan_is_bad_input() -> None:
 
 @pytest.fixture
 def hosts(tmp_path: Path) -> ScaleCluster:
-    return write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2)
+    """Two simulated hosts (``sim://``, hypervisor/simlibvirt.py): they cap CPU, so a dry run exits 0 where
+    --apply would act (libvirt's test driver cannot, and --apply, so the dry run, refuses a cap there)."""
+    return write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2, scheme="sim")
 
 
 def _json(result: Any, code: int) -> dict[str, Any]:
@@ -171,10 +173,12 @@ def test_a_refusal_exits_1_with_ok_false_and_its_reason_on_stderr(hosts: ScaleCl
     assert "vcsched: refused: h0 cannot be emptied: 2 VMs stay (vm0, vm1)" in result.stderr
 
 
-def test_a_plan_that_no_longer_fits_the_live_cluster_is_refused_with_exit_1_not_2(hosts: ScaleCluster,
-                                                                                   tmp_path: Path) -> None:
+def test_a_plan_that_no_longer_fits_the_live_cluster_is_refused_with_exit_1_not_2(tmp_path: Path) -> None:
+    # libvirt's test driver: each connection reads the host files afresh, so rewriting them changes the cluster.
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2)
     plan = tmp_path / "plan.json"
-    assert run("place", hosts.request_file, "--cluster", hosts.cluster_file, "-o", plan).exit_code == 0
+    made = run("place", hosts.request_file, "--cluster", hosts.cluster_file, "-o", plan)
+    assert made.exit_code == 1 and "cannot set CPU caps" in made.stderr and plan.exists()  # as --apply would
     for h in range(2):  # the hosts fill up: 62 VMs of 512 MiB on each 32 GiB host leave no room for the plan's 8
         (hosts.cluster_file.parent / f"h{h}.xml").write_text(node_xml(h, 62))
     stale = one_line(run("apply", plan, "--cluster", hosts.cluster_file), 1)

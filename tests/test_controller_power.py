@@ -42,7 +42,7 @@ def power_cluster(mode: str = "auto", *, failures_tolerated: int = 0, wake_test_
                   for h in c.hosts)
     return dataclasses.replace(c, hosts=hosts, failures_tolerated=failures_tolerated,
                                power=PowerSettings(mode, min_hosts_on, 1.0, SLEEP_AFTER, 60.0, "consolidate",
-                                                   sleep_margin, wake_margin, wake_test_every))
+                                                   sleep_margin, wake_margin, wake_test_every=wake_test_every))
 
 
 class Agent:

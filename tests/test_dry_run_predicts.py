@@ -1,7 +1,8 @@
 """A dry run predicts ``--apply`` (issue 40): it exits with the code ``--apply`` would, its warnings on stderr
 (docs/cli.md), and what only a later step would have found — a kernel that is no kernel, a request that
 cannot boot on this machine — is found before anything is planned.  Hosts are libvirt's test driver
-(hypervisor/testhosts.py) or unreachable local URIs (the request is refused before any host is read).
+(hypervisor/testhosts.py), the simulated libvirt (``sim://``, hypervisor/simlibvirt.py: hosts that cap CPU) or
+unreachable local URIs (the request is refused before any host is read).
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ def run(*args: Any) -> Any:
 
 @pytest.fixture
 def floors(tmp_path: Path) -> Path:
-    """Two one-core hosts, each full with two VMs of 0.5 cores; gold's are admitted with a floor of 1: emptying
-    h0 onto h1 would halve every yield."""
+    """Two one-core simulated hosts (``sim://``: they cap CPU), each full with two VMs of 0.5 cores; gold's are
+    admitted with a floor of 1: emptying h0 onto h1 would halve every yield."""
     gold = VmMeta("gold", 0.5, 512 * MiB, 1, min_yield=1.0)
     web = VmMeta("web", 0.5, 512 * MiB, 1)
     (tmp_path / "h0.xml").write_text(node([("gold-0", gold), ("gold-1", gold)], 1, 0))
     (tmp_path / "h1.xml").write_text(node([("web-0", web), ("web-1", web)], 1, 2))
     c = tmp_path / "cluster.toml"
-    c.write_text('name = "floors"\n' + "".join(f'[[hosts]]\nname = "h{i}"\nuri = "test://{tmp_path}/h{i}.xml"\n'
+    c.write_text('name = "floors"\n' + "".join(f'[[hosts]]\nname = "h{i}"\nuri = "sim://{tmp_path}/h{i}.xml"\n'
                                                for i in range(2)))
     return c
 
@@ -159,7 +160,7 @@ def test_a_malformed_vm_name_in_a_plan_is_bad_input(tmp_path: Path) -> None:
 
     from hypervisor.testhosts import write_scale_cluster
 
-    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2)
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2, scheme="sim")
     plan = tmp_path / "plan.json"
     made = run("adapt", "--budget", "0", "--set-need", "vm0=0.3", "--cluster", hosts.cluster_file, "-o", plan)
     assert made.exit_code == 0, (made.stdout, made.stderr)
@@ -177,7 +178,7 @@ def test_a_refused_plans_table_says_what_a_migration_would_move_not_its_claim(tm
 
     from hypervisor.testhosts import write_scale_cluster
 
-    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2)
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2, scheme="sim")
     plan = tmp_path / "plan.json"
     made = run("drain", "h0", "--budget", "unlimited", "--cluster", hosts.cluster_file, "-o", plan)
     assert made.exit_code == 0, (made.stdout, made.stderr)
@@ -221,16 +222,14 @@ def test_adopt_and_release_dry_runs_exit_as_apply_when_the_whole_plan_check_refu
         argv: list[str], test_hosts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """The dry run runs --apply's whole-plan check (acting.executor.check_whole) on its plan.  Made to refuse
     here, as it would for a cluster whose live state the plan does not fit: both exit 1, nothing changed."""
-    import dataclasses
-
     import acting.executor
-    from hypervisor.drivers import DRIVERS, TEST
     from vcsched.errors import InputError
 
     before = (tmp_path / "h0.xml").read_text()
+    # The test driver cannot cap CPU, and adopt refuses such a host itself: the same host files, served by the
+    # simulated libvirt, whose hosts cap CPU.
+    test_hosts.write_text(test_hosts.read_text().replace('"test://', '"sim://'))
     args = [*argv, "--cluster", test_hosts, "--coordination", f"file://{tmp_path}/coord"]
-    if argv[0] == "adopt":  # the test driver cannot cap CPU: adopt refuses such a host itself; say it can
-        monkeypatch.setitem(DRIVERS, "test", dataclasses.replace(TEST, cpu_cap="quota"))
     ok = run(*args)
     assert ok.exit_code == 0, (ok.stdout, ok.stderr)  # the check holds: the dry run goes through
 
@@ -245,3 +244,141 @@ def test_adopt_and_release_dry_runs_exit_as_apply_when_the_whole_plan_check_refu
     doc = json.loads(run(*args, "--json").stdout)
     assert doc["ok"] is False and "--apply would refuse" in doc["refused"]
     assert (tmp_path / "h0.xml").read_text() == before
+
+
+# ---------------------------------------------------------------------------------------------- dry run = --apply
+
+
+def _deciding(command: str, hosts: Any) -> list[Any]:
+    """The command line of a deciding command on ``hosts`` (hypervisor/testhosts.py), without --apply."""
+    c = ["--cluster", hosts.cluster_file]
+    return {"place": ["place", hosts.request_file, *c],
+            "adapt": ["adapt", "--budget", "0", "--set-need", "vm0=0.3", *c],
+            "drain": ["drain", "h0", "--budget", "unlimited", *c]}[command]
+
+
+@pytest.mark.parametrize("command", ["place", "adapt", "drain"])
+def test_the_dry_run_of_place_adapt_and_drain_exits_as_apply_does(command: str, tmp_path: Path) -> None:
+    """Issue: the dry run did not run --apply's whole-plan check, so it exited 0 where --apply refused.  On
+    libvirt's test driver, which cannot cap CPU, --apply refuses every plan here (exit 1, nothing changed), and so
+    does the dry run, saying why; on the simulated libvirt (``sim://``), whose hosts cap CPU, both go on (0)."""
+    from hypervisor.testhosts import write_scale_cluster
+
+    for scheme, refuses in (("test", True), ("sim", False)):
+        hosts = write_scale_cluster(tmp_path / scheme, hosts=2, vms_per_host=2, scheme=scheme)
+        args = _deciding(command, hosts)
+        dry, doc = run(*args), json.loads(run(*args, "--json").stdout)
+        applied = run(*args, "--apply", "--coordination", f"file://{tmp_path}/lock")
+        assert (dry.exit_code, applied.exit_code) == ((1, 1) if refuses else (0, 0)), (scheme, dry.output,
+                                                                                         applied.output)
+        assert doc["ok"] is not refuses and doc["plan"]["steps"]  # --json carries the verdict beside the plan
+        if refuses:
+            assert "cannot set CPU caps" in applied.stderr
+            assert "maintenance" not in hosts.cluster_file.read_text()  # refused: nothing changed, h0 not cordoned
+            assert dry.stderr.strip().splitlines()[-1].startswith("vcsched: refused: --apply would refuse: "
+                                                                  "plan.steps[")
+            assert "cannot set CPU caps" in dry.stderr and doc["refused"].startswith("--apply would refuse: ")
+            assert "--apply to carry it out" not in dry.stdout and "use --apply" not in dry.stdout
+        else:
+            assert "refused" not in doc and "would refuse" not in dry.stderr
+            assert ("maintenance = true" in hosts.cluster_file.read_text()) is (command == "drain")
+
+
+def test_apply_dry_run_exits_as_apply_does(tmp_path: Path) -> None:
+    """`vcsched apply PLAN --dry-run` runs the check applying runs (the snapshot, then the whole plan against the
+    live cluster) and changes nothing: 1 where applying refuses (the test driver cannot cap CPU), 0 where it
+    would act (the simulated libvirt's hosts cap CPU)."""
+    from hypervisor.testhosts import write_scale_cluster
+
+    for scheme, refuses in (("test", True), ("sim", False)):
+        hosts = write_scale_cluster(tmp_path / scheme, hosts=2, vms_per_host=2, scheme=scheme)
+        plan = tmp_path / f"{scheme}.json"
+        run("adapt", "--budget", "0", "--set-need", "vm0=0.3", "--cluster", hosts.cluster_file, "-o", plan)
+        args = ["apply", plan, "--cluster", hosts.cluster_file, "--coordination", f"file://{tmp_path}/lock"]
+        dry, doc = run(*args, "--dry-run"), json.loads(run(*args, "--dry-run", "--json").stdout)
+        again = run(*args, "--dry-run")  # nothing changed: the same verdict
+        applied = run(*args)
+        assert (dry.exit_code, again.exit_code, applied.exit_code) == ((1, 1, 1) if refuses else (0, 0, 0)), \
+            (scheme, dry.output, applied.output)
+        assert doc["ok"] is not refuses and doc["dry_run"] is True and doc["applied"] is None
+        if refuses:
+            assert "cannot set CPU caps" in applied.stderr and "cannot set CPU caps" in doc["refused"]
+            assert dry.stderr.strip().startswith("vcsched: refused: --apply would refuse: plan.steps[0]")
+        else:
+            assert "dry run: nothing changed" in dry.stdout and "applied" in applied.stdout
+
+
+def test_apply_dry_run_of_a_stale_plan_exits_1_as_apply_does_and_with_force_0(tmp_path: Path) -> None:
+    from hypervisor.testhosts import write_scale_cluster
+
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2, scheme="sim")
+    plan = tmp_path / "plan.json"
+    run("adapt", "--budget", "0", "--set-need", "vm0=0.3", "--cluster", hosts.cluster_file, "-o", plan)
+    doc = json.loads(plan.read_text())
+    doc["snapshot"] = "0" * 64  # computed on another cluster state
+    plan.write_text(json.dumps(doc))
+    args = ["apply", plan, "--cluster", hosts.cluster_file, "--dry-run"]
+    stale = run(*args)
+    assert stale.exit_code == 1 and "changed since this plan was computed" in stale.stderr, stale.output
+    assert run(*args, "--force").exit_code == 0
+
+
+@pytest.mark.parametrize("command", ["place", "adapt", "drain", "apply"])
+def test_the_dry_run_refuses_with_the_very_check_apply_runs(command: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """One validator: made to refuse (acting.executor.check_plan, inside UnitOfWork.validate), the dry run and
+    --apply refuse alike, with the same reason, on hosts where both would otherwise act."""
+    import acting.executor
+    from hypervisor.testhosts import write_scale_cluster
+    from vcsched.errors import InputError
+
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2, scheme="sim")
+    lock = ["--coordination", f"file://{tmp_path}/lock"]
+    if command == "apply":
+        plan = tmp_path / "plan.json"
+        run("adapt", "--budget", "0", "--set-need", "vm0=0.3", "--cluster", hosts.cluster_file, "-o", plan)
+        dry_args, apply_args = ["apply", plan, "--cluster", hosts.cluster_file, "--dry-run"], \
+            ["apply", plan, "--cluster", hosts.cluster_file, *lock]
+    else:
+        dry_args = _deciding(command, hosts)
+        apply_args = [*dry_args, "--apply", *lock]
+
+    def refused(*_a: Any, **_k: Any) -> None:
+        raise InputError("plan.steps[0]: a refusal of the whole-plan check")
+
+    monkeypatch.setattr(acting.executor, "check_plan", refused)
+    dry, applied = run(*dry_args), run(*apply_args)
+    assert (dry.exit_code, applied.exit_code) == (1, 1), (dry.output, applied.output)
+    assert dry.stderr.strip().splitlines()[-1] == ("vcsched: refused: --apply would refuse: plan.steps[0]: a refusal "
+                                                   "of the whole-plan check")
+    assert "plan.steps[0]: a refusal of the whole-plan check" in applied.stderr
+
+
+@pytest.mark.parametrize("command", ["recover", "restart"])
+def test_recover_and_restart_dry_runs_exit_as_apply_does(command: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """h1 is down with web-0 recorded on it; h0 and h2 answer.  On libvirt's test driver, which cannot cap CPU,
+    --apply refuses the plan (before fencing), and so does the dry run (1); on the simulated libvirt, whose hosts
+    cap CPU, both go on (0), and --apply runs web-0 again."""
+    from acting.definitions import DefinitionStore
+    from tests.test_recover_cli import agent, cluster, recorded
+
+    for scheme, refuses in (("test", True), ("sim", False)):
+        where = tmp_path / scheme
+        where.mkdir()
+        state = where / "state"
+        monkeypatch.setenv("VCSCHED_STATE_DIR", str(state))
+        monkeypatch.delenv("VCSCHED_COORDINATION", raising=False)
+        recorded(state, "web-0")
+        if command == "restart":
+            DefinitionStore.for_url(f"file://{state}/coordination", "t").mark_fenced("h1", at=2e9)
+        args = [command, "h1" if command == "recover" else "web-0",
+                "--cluster", cluster(where, agent(where, 2), scheme=scheme)]
+        dry, doc = run(*args), json.loads(run(*args, "--json").stdout)
+        applied = run(*args, "--apply")
+        assert (dry.exit_code, applied.exit_code) == ((1, 1) if refuses else (0, 0)), (scheme, dry.output,
+                                                                                         applied.output)
+        assert doc["ok"] is not refuses and doc["plan"]["steps"]
+        assert ("--apply would refuse" in dry.stderr) is refuses
+        if not refuses:
+            assert "web-0" in applied.stdout and "applied" in applied.stdout

@@ -115,9 +115,9 @@ def test_failures_tolerated_refuses_naming_the_host_whose_loss_could_not_be_abso
 
 
 def full_cluster(tmp_path: Path, tolerated: int) -> tuple[Path, Path]:
-    """3 test-driver hosts of 32 GiB with 40 VMs of 512 MiB each (12 GiB free each), and a request of one 6 GiB
-    VM: after it, no host's VMs fit on the other two (20 GiB into 6 + 12 GiB)."""
-    sc = write_scale_cluster(tmp_path, 3, 40)
+    """3 simulated hosts (``sim://``: they cap CPU) of 32 GiB with 40 VMs of 512 MiB each (12 GiB free each), and
+    a request of one 6 GiB VM: after it, no host's VMs fit on the other two (20 GiB into 6 + 12 GiB)."""
+    sc = write_scale_cluster(tmp_path, 3, 40, scheme="sim")
     text = sc.cluster_file.read_text().replace('name = "scale"', f'name = "scale"\nfailures_tolerated = {tolerated}')
     sc.cluster_file.write_text(text)
     req = tmp_path / "big.toml"

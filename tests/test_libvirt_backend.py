@@ -194,9 +194,11 @@ def one_line_error(result: Any, code: int = 2) -> str:
 def test_place_dry_run_prints_a_plan_and_changes_nothing(tmp_path: Path, lab_cluster: Path) -> None:
     out = tmp_path / "plan.json"
     result = run("place", write_request(tmp_path, WEB), "--cluster", lab_cluster, "--output", out, "--json")
-    assert result.exit_code == 0, result.output
+    # Admitted and planned; the test driver cannot cap CPU, so --apply would refuse, and the dry run exits 1 too.
+    assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
     assert doc["admitted"] and [s["op"] for s in doc["plan"]["steps"]] == ["create", "create"]
+    assert doc["ok"] is False and "cannot set CPU caps" in doc["refused"]
     assert json.loads(out.read_text()) == doc["plan"]
 
 
@@ -269,7 +271,7 @@ def test_status_json_lists_unmanaged_domains(lab_cluster: Path) -> None:
 
 def test_apply_refuses_a_plan_for_a_changed_cluster(tmp_path: Path, lab_cluster: Path) -> None:
     out = tmp_path / "plan.json"
-    assert run("place", write_request(tmp_path, WEB), "--cluster", lab_cluster, "-o", out).exit_code == 0
+    assert run("place", write_request(tmp_path, WEB), "--cluster", lab_cluster, "-o", out).exit_code == 1  # no caps
     (tmp_path / "h1.xml").write_text(node_xml(1, 1 << 20, domain_of("newcomer")))
     line = one_line_error(run("apply", out, "--cluster", lab_cluster), 1)  # a stale plan is refused: exit 1
     assert "changed since this plan was computed" in line

@@ -134,7 +134,8 @@ def test_status_json_of_the_cli_has_below_floor_and_usable_memory(tmp_path: Path
 
 @pytest.fixture
 def hosts(tmp_path: Path) -> ScaleCluster:
-    return write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2)
+    """Two simulated hosts (``sim://``): they cap CPU, so a dry run of a plan --apply would carry out exits 0."""
+    return write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2, scheme="sim")
 
 
 @pytest.mark.parametrize("width", WIDTHS)

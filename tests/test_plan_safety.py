@@ -277,3 +277,23 @@ def test_a_lost_lock_starts_no_further_step() -> None:
     report = apply_plan(hv, d.plan, guard=guard)
     assert [r.outcome for r in report.results] == [DONE, NOT_RUN]
     assert report.stopped == "cluster 'lab': cannot renew the lock" and "web-1" not in hv.vms
+
+
+def test_the_whole_plan_check_sums_only_the_hosts_a_step_changes() -> None:
+    """Issue 40: every dry run now runs the whole-plan check, which summed every host's caps, I/O and memory for
+    every step: 22 s of CPU for 20 set-caps on 1,000 hosts of 10 VMs (45 s for `place`'s 8 creates there).  Only
+    the hosts a step changes are summed; measured 0.04 s.  The bound is loose for a loaded machine."""
+    import time
+
+    from vcsched.plans.check import check_plan
+
+    inv = inventory_of([managed(f"vm{h}-{k}", f"h{h}", "vc", 0.5, 0.5) for h in range(1000) for k in range(10)],
+                       n_hosts=1000, cores=8, memory=32 << 30)
+    steps = [SetCapStep(f"vm{h}-0", f"h{h}", 0.25) for h in range(20)]
+    start = time.process_time()
+    check_plan(steps, inv)
+    assert time.process_time() - start < 2.0
+    # Still refused where a host it changes would be over-committed (h1: 7 VMs at 1 core and 3 at 0.5, on 8).
+    with pytest.raises(InputError, match=r"^plan\.steps\[7\] \(set-cap vm1-6\): host h1 would have caps of 8\.5 "
+                                         r"cores on 8 cores$"):
+        check_plan([steps[0], *[SetCapStep(f"vm1-{k}", "h1", 1.0) for k in range(10)]], inv)

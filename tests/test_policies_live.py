@@ -214,17 +214,18 @@ def test_a_create_step_records_the_requests_fields_and_an_old_step_still_loads()
     assert step_from_dict("s", plain).meta() == VmMeta("db", 0.5, 64 * MiB, 1)
 
 
-# --- the CLI on libvirt's test driver ------------------------------------------------------------------
+# --- the CLI on simulated hosts ---------------------------------------------------------------------------
 
 
 def disk_cluster(tmp_path: Path, extra: str = "", h0_disk: str = '"100MiB"', tenants: str = "") -> Path:
-    """Two test-driver hosts; h0 declares disk_bps and runs a managed VM needing disk; h1 declares none."""
+    """Two simulated hosts (``sim://``, hypervisor/simlibvirt.py: they cap CPU; their VMs have no disk device);
+    h0 declares disk_bps and runs a managed VM needing disk; h1 declares none."""
     meta = VmMeta("db", 0.5, 128 * MiB, 1, None, 50 * MiB, None, 2.0, None)
     (tmp_path / "h0.xml").write_text(node_xml(1, 1 << 20, domain_of("db-0", meta)))
     (tmp_path / "h1.xml").write_text(node_xml(1, 1 << 20))
     text = (f'name = "t"\n{extra}\n[guest]\nkernel = "/k"\ninitrd = "/i"\n'
-            f'[[hosts]]\nname = "h0"\nuri = "test://{tmp_path}/h0.xml"\ndisk_bps = {h0_disk}\n'
-            f'[[hosts]]\nname = "h1"\nuri = "test://{tmp_path}/h1.xml"\n{tenants}')
+            f'[[hosts]]\nname = "h0"\nuri = "sim://{tmp_path}/h0.xml"\ndisk_bps = {h0_disk}\n'
+            f'[[hosts]]\nname = "h1"\nuri = "sim://{tmp_path}/h1.xml"\n{tenants}')
     p = tmp_path / "cluster.toml"
     p.write_text(text)
     return p
@@ -233,10 +234,15 @@ def disk_cluster(tmp_path: Path, extra: str = "", h0_disk: str = '"100MiB"', ten
 IO = 'name = "io"\nvms = 1\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = 0.2\ndisk_bps = "75MiB"\n'
 
 
+#: What --apply (and so the dry run) says of a plan capping db-0's disk on a simulated host, whose VMs have no disk.
+NO_DISK = "--apply would refuse: plan.steps[0]: VM 'db-0' on host h0: disk_bytes_sec 52428800: it has no disk"
+
+
 def test_cli_place_under_drf_plans_the_disk_and_names_the_policy(tmp_path: Path) -> None:
     r = run("place", write_request(tmp_path, IO), "--cluster", disk_cluster(tmp_path), "--policy", "drf", "--json")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # admitted; the dry run exits as --apply would
     doc = json.loads(r.stdout)
+    assert doc["admitted"] and doc["refused"] == NO_DISK
     assert doc["policy"] == "drf" and doc["plan"]["policy"] == "drf"
     per_vm = doc["plan"]["predicted"]["per_vm"]
     assert per_vm["io-0"]["host"] == "h0"  # h1 declares no disk
@@ -245,7 +251,7 @@ def test_cli_place_under_drf_plans_the_disk_and_names_the_policy(tmp_path: Path)
 
 def test_cli_place_reads_the_policy_from_the_cluster_file_and_prints_it(tmp_path: Path) -> None:
     r = run("place", write_request(tmp_path, IO), "--cluster", disk_cluster(tmp_path, 'policy = "asset"'))
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1 and NO_DISK in r.stderr, r.output
     assert "policy asset" in r.stdout and "disk" in r.stdout
 
 

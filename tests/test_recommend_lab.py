@@ -284,8 +284,8 @@ def test_approving_it_again_is_refused(flow: Flow) -> None:
 def test_approving_a_stale_recommendation_is_refused_and_changes_nothing(flow: Flow) -> None:
     """The same plan, recorded again (as if made before the move), once the cluster changed under it: a VM arrived
     on h1 since.  Applying it would now be applying it to another cluster: refused as stale, nothing changed."""
+    from acting.lock_names import lock_keys
     from acting.recommendations import RecommendationStore
-    from hypervisor.identity import lock_key
     from vcsched.control import recommend as rc
 
     rec, path, names = flow.approved, flow.path, flow.names
@@ -294,7 +294,8 @@ def test_approving_a_stale_recommendation_is_refused_and_changes_nothing(flow: F
     assert g is not None and cluster.coordination is not None
     names.append(f"{names[0][:-4]}c-0")
     with LibvirtHypervisor(cluster) as hv:
-        store = RecommendationStore(cluster.coordination, lock_key(hv.identities().values()))
+        store = RecommendationStore(cluster.coordination,
+                                    lock_keys(cluster.coordination, cluster.name, hv.identities())[0])
         hv.create_vm(CreateStep(names[-1], "h1", names[-1][:-2], 1, 128 * MIB, 0.1, 0.1,
                                 Boot("kernel", kernel=g.kernel, initrd=g.initrd, cmdline=g.cmdline,
                                      domain_type=g.domain_type)))

@@ -34,13 +34,14 @@ def agent(tmp_path: Path, status_exit: int) -> Path:
     return path
 
 
-def cluster(tmp_path: Path, fence: Path | None, h1_alive: bool = False) -> Path:
-    """h0 and h2 answer (test-driver files); h1 is a file that does not exist: down."""
+def cluster(tmp_path: Path, fence: Path | None, h1_alive: bool = False, scheme: str = "test") -> Path:
+    """h0 and h2 answer (test-driver files; ``scheme="sim"``: the same files served by the simulated libvirt,
+    whose hosts cap CPU); h1 is a file that does not exist: down."""
     for h in ("h0", "h2") + (("h1",) if h1_alive else ()):
         (tmp_path / f"{h}.xml").write_text(node_xml({"h0": 0, "h1": 1, "h2": 2}[h], 1))
     lines = ['name = "t"', "host_timeout = 5"]
     for h in ("h0", "h1", "h2"):
-        lines += ["[[hosts]]", f'name = "{h}"', f'uri = "test://{tmp_path}/{h}.xml"']
+        lines += ["[[hosts]]", f'name = "{h}"', f'uri = "{scheme}://{tmp_path}/{h}.xml"']
         if h == "h1":  # names the cluster lock while h1 is down (hypervisor/identity.py)
             lines.append('uuid = "6d1b8a52-3f0e-4c59-9a52-8c0f1e0b7a11"')
         if h == "h1" and fence is not None:

@@ -18,7 +18,7 @@ from tests.builders import cluster_of, inventory_of, managed, memory_hypervisor
 from vcsched.control.failover import plan_recovery
 from vcsched.control.observe import cap_plan
 from vcsched.formats.cluster import FenceConfig
-from vcsched.plans.steps import Boot, CreateStep
+from vcsched.plans.steps import Boot, CreateStep, SetCapStep
 
 
 class Lock:
@@ -79,6 +79,25 @@ def test_a_dry_run_takes_no_lock_settles_nothing_and_refuses_to_apply() -> None:
         with pytest.raises(DryRun):
             uow.apply(plan)
     assert hv.repairs == 0 and hv.vms["a-0"].cap_cores == 0.5
+
+
+def test_a_dry_run_validates_on_the_inventory_it_planned_on_and_only_a_dry_run_may() -> None:
+    """The dry runs of place, adapt, drain and apply check their plan on the inventory they read (no lock: a second
+    read of every host would only cost time); a unit of work that acts always reads afresh, under its lock."""
+    from unittest import mock
+
+    hv = hypervisor()
+    with UnitOfWork(hv, None) as uow:
+        inventory = uow.inventory()
+        plan = cap_plan(inventory, {"a-0": 0.25})
+        with mock.patch.object(hv, "inventory", wraps=hv.inventory) as read:
+            assert uow.validate(plan, inventory=inventory) is True
+        assert read.call_count == 0
+        too_much = dataclasses.replace(plan, steps=(SetCapStep("a-0", "h0", 3.0),))
+        with pytest.raises(PlanRefused, match=r"plan\.steps\[0\]\.cap_cores: 3 cores is more than the VM's 1"):
+            uow.validate(too_much, inventory=inventory)
+    with UnitOfWork(hv, Lock()) as uow, pytest.raises(DryRun, match="acting reads under the lock"):
+        uow.validate(plan, inventory=inventory)
 
 
 def test_a_plan_is_applied_under_the_guard_and_each_step_reported() -> None:

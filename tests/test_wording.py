@@ -26,7 +26,7 @@ def test_a_count_of_one_is_singular() -> None:
 
 
 def test_one_wave_of_migrations_is_said_in_the_singular(tmp_path: Path) -> None:
-    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2)
+    hosts = write_scale_cluster(tmp_path / "hosts", hosts=2, vms_per_host=2, scheme="sim")  # hosts that cap CPU
     r = run("drain", "h0", "--budget", "unlimited", "--parallel", "2", "--cluster", hosts.cluster_file)
     assert r.exit_code == 0, (r.stdout, r.stderr)
     assert "(1 wave, 0 relays)" in r.stdout and "1 waves" not in r.stdout

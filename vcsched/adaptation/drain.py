@@ -81,6 +81,14 @@ def cordon(problem: AdaptProblem, host: int) -> AdaptProblem:
     return dataclasses.replace(problem, instance=dataclasses.replace(inst, hosts=hosts), leave=())
 
 
+def evacuation(problem: AdaptProblem, host: int) -> AdaptProblem:
+    """The problem of emptying ``host``: in maintenance, every task on it not pinned in ``leave``.  A drain's
+    first try, and each step of consolidating the spare room (:mod:`vcsched.adaptation.spare`)."""
+    base = cordon(problem, host)
+    on = np.flatnonzero(base.current == host)
+    return dataclasses.replace(base, leave=tuple(int(t) for t in on[base.instance.task_pinned[on] < 0]))
+
+
 def drain(problem: AdaptProblem, host: int, algorithm: str = "heuristic",
           options: SolveOptions | None = None) -> DrainResult:
     """Empty ``host`` within ``problem.budget`` (module docstring), or the best partial drain and why VMs stay."""
@@ -92,7 +100,7 @@ def drain(problem: AdaptProblem, host: int, algorithm: str = "heuristic",
     stays = [Stay(int(t), PINNED, f"{_vm(base, int(t))} is pinned to this host") for t in pinned]
     if not len(movable):
         return DrainResult(base, solve_adapt(base, algorithm, options, improve_s=IMPROVE_S), tuple(stays), host)
-    full = dataclasses.replace(base, leave=tuple(int(t) for t in movable))
+    full = evacuation(problem, host)
     result = solve_adapt(full, algorithm, options, improve_s=IMPROVE_S)
     if result.result.feasible:
         return DrainResult(full, result, tuple(stays), host)

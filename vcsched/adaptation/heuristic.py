@@ -76,7 +76,7 @@ def _yield_of(instance: Instance, cpu_load: np.ndarray) -> float:
     return common_yield(instance.host_cpu if cpu_load.ndim == 1 else instance.host_capacity, cpu_load)
 
 
-def _fluid(instance: Instance) -> tuple[np.ndarray, np.ndarray, bool]:
+def fluid_layout(instance: Instance) -> tuple[np.ndarray, np.ndarray, bool]:
     """``(capacity, need per task, vector)``: hosts x and tasks x fluid resources on the resource vector,
     else the flat ``host_cpu`` and ``task_alpha`` (the CPU-only arithmetic and speed, unchanged)."""
     if instance.has_extra_resources:
@@ -84,14 +84,14 @@ def _fluid(instance: Instance) -> tuple[np.ndarray, np.ndarray, bool]:
     return instance.host_cpu, instance.task_alpha, False
 
 
-def _placed(instance: Instance, hosts: np.ndarray) -> np.ndarray:
-    """The fluid loads of a placement in :func:`_fluid`'s layout."""
+def placed_loads(instance: Instance, hosts: np.ndarray) -> np.ndarray:
+    """The fluid loads of a placement in :func:`fluid_layout`'s layout."""
     if instance.has_extra_resources:
         return fluid_loads(instance, hosts)
     return np.bincount(hosts, weights=instance.task_alpha, minlength=instance.n_hosts)
 
 
-def _ratio(cap: np.ndarray, load: np.ndarray, vector: bool, floor: float = 0.0) -> np.ndarray:
+def host_ratio(cap: np.ndarray, load: np.ndarray, vector: bool, floor: float = 0.0) -> np.ndarray:
     """``C / L`` (``min_r C_r / L_r`` over the last axis when ``vector``), ``inf`` where a load is at most ``floor``."""
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(load > floor, cap / load, np.inf)
@@ -147,7 +147,7 @@ def pack_residual(
         if not room.any():
             ok = False
             break
-        ratio = np.where(room, _ratio(cap, load + need[i], True), -np.inf)
+        ratio = np.where(room, host_ratio(cap, load + need[i], True), -np.inf)
         h = int(np.argmax(ratio))
         greedy[pool[i]] = h
         load[h] += need[i]
@@ -308,8 +308,8 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     """
     inst = problem.instance
     hosts = np.asarray(hosts, dtype=np.int64).copy()
-    cap, need, vec = _fluid(inst)
-    load = _placed(inst, hosts)
+    cap, need, vec = fluid_layout(inst)
+    load = placed_loads(inst, hosts)
     mem = np.bincount(hosts, weights=inst.task_mem, minlength=inst.n_hosts)
     spent = move_cost(problem, hosts)
     history: list[tuple[int, int, int]] = []  # (task, from, to)
@@ -320,7 +320,7 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     if groups is not None and not (groups >= 0).any():
         groups = None
     while len(history) < limit and (deadline is None or time.perf_counter() < deadline):
-        ratio = _ratio(cap, load, vec)
+        ratio = host_ratio(cap, load, vec)
         b = int(np.argmin(ratio))
         if ratio[b] >= 1.0:
             break
@@ -368,7 +368,7 @@ def improve(problem: AdaptProblem, hosts: np.ndarray, max_moves: int | None = No
     return hosts
 
 
-def _rule_ok(problem: AdaptProblem, hosts: np.ndarray, tasks: np.ndarray, dests: np.ndarray,
+def move_allowed(problem: AdaptProblem, hosts: np.ndarray, tasks: np.ndarray, dests: np.ndarray,
              groups: np.ndarray | None) -> np.ndarray:
     """``ok[i, k]``: task ``tasks[i]`` may move to ``dests[k]`` (maintenance, pins, drain, resources, and its
     spread job not there already).  ``groups``: :func:`vcsched.rules.spread_groups`, None when no job is spread."""
@@ -392,8 +392,8 @@ def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int,
                groups: np.ndarray | None = None) -> tuple[int, int, int] | None:
     """The move of a task on ``b`` to one of ``dests`` that buys the most yield per byte: (task, host, bytes)."""
     inst = problem.instance
-    cap, need, vec = _fluid(inst)
-    y_b = _ratio(cap[b], load[b], vec)
+    cap, need, vec = fluid_layout(inst)
+    y_b = host_ratio(cap[b], load[b], vec)
     a = need[on][:, None, ...]
     m = inst.task_mem[on][:, None]
     to_dest = problem.move_bytes(on[:, None], dests[None, :])  # what moving there costs, disks included
@@ -402,13 +402,13 @@ def _best_move(problem: AdaptProblem, load: np.ndarray, mem: np.ndarray, b: int,
     running = cur >= 0
     dest = dests[None, :]
     dc = np.where(running & (cur != dest), to_dest, 0.0) - np.where(running & (cur != b), at_b, 0.0)
-    after_b = _ratio(cap[b], load[b] - a, vec, floor=1e-12)
-    after_h = _ratio(cap[dests][None, ...], load[dests][None, ...] + a, vec)  # 0 where a needed resource is absent
+    after_b = host_ratio(cap[b], load[b] - a, vec, floor=1e-12)
+    after_h = host_ratio(cap[dests][None, ...], load[dests][None, ...] + a, vec)  # 0 where a needed resource is absent
     gain = np.minimum(np.minimum(after_b, after_h), 1.0) - y_b
     ok = ((mem[dests][None, :] + m <= inst.host_mem[dests][None, :] + MEMORY_TOLERANCE) & (dest != b)
           & (spent + dc <= problem.budget) & (gain > YIELD_TOLERANCE))
     if inst.has_rules and hosts is not None and ok.any():
-        ok &= _rule_ok(problem, hosts, on, dests, groups)
+        ok &= move_allowed(problem, hosts, on, dests, groups)
     if not ok.any():
         return None
     free = ok & (dc <= 0)
@@ -432,7 +432,7 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     if not len(others) or not len(on):
         return None
     hu = hosts[others][None, :]
-    cap, need, vec = _fluid(inst)
+    cap, need, vec = fluid_layout(inst)
     at, au = need[on][:, None, ...], need[others][None, ...]
     mt, mu = inst.task_mem[on][:, None], inst.task_mem[others][None, :]
     ct, cu = problem.current[on][:, None], problem.current[others][None, :]
@@ -441,11 +441,12 @@ def _best_swap(problem: AdaptProblem, hosts: np.ndarray, load: np.ndarray, mem: 
     # Byte cost change: t goes b -> hu, u goes hu -> b (each relative to where it runs now).
     dc = (np.where((ct >= 0) & (ct != hu), t_to_h, 0.0) - np.where((ct >= 0) & (ct != b), t_at_b, 0.0)
           + np.where((cu >= 0) & (cu != b), u_to_b, 0.0) - np.where((cu >= 0) & (cu != hu), u_at_h, 0.0))
-    y_b = _ratio(cap[b], load[b], vec)
+    y_b = host_ratio(cap[b], load[b], vec)
     new_b = load[b] - at + au
     new_h = load[hosts[others]][None, ...] - au + at
     floor = 0.0 if vec else -np.inf  # CPU alone: plain division, as always (0 / 0 only on the vector)
-    gain = np.minimum(np.minimum(_ratio(cap[b], new_b, vec, floor), _ratio(cap[hu], new_h, vec, floor)), 1.0) - y_b
+    gain = np.minimum(np.minimum(host_ratio(cap[b], new_b, vec, floor), host_ratio(cap[hu], new_h, vec, floor)),
+                      1.0) - y_b
     smaller = np.any(au < at, axis=-1) if vec else au < at
     ok = (smaller & (gain > YIELD_TOLERANCE) & (spent + dc <= problem.budget)
           & (mem[b] - mt + mu <= inst.host_mem[b] + MEMORY_TOLERANCE)
@@ -467,7 +468,7 @@ def _swap_rule_ok(problem: AdaptProblem, hosts: np.ndarray, b: int, on: np.ndarr
                   groups: np.ndarray | None) -> np.ndarray:
     """``ok[i, k]``: swapping ``on[i]`` (on ``b``) with ``others[k]`` keeps every rule.
 
-    ``groups`` as in :func:`_rule_ok`.
+    ``groups`` as in :func:`move_allowed`.
     """
     inst = problem.instance
     hu = hosts[others]

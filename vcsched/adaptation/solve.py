@@ -55,6 +55,15 @@ def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
     if hosts is None:
         runtime = time.perf_counter() - start
         return AdaptResult(SolveResult(algorithm, False, None, None, None, runtime, optimal, detail=detail))
+    return adapt_result(problem, hosts, algorithm, detail, start, optimal)
+
+
+def adapt_result(problem: AdaptProblem, hosts: np.ndarray, algorithm: str, detail: dict[str, object],
+                 start: float, optimal: bool | None = None) -> AdaptResult:
+    """A placement of ``problem`` validated (memory, budget, rules, the allocation) and turned into its result:
+    the one check every adaptation answer passes, the solvers' and the spare room's
+    (:mod:`vcsched.adaptation.spare`).  ``start``: the :func:`time.perf_counter` value the work began at."""
+    inst = problem.instance
     hosts = np.asarray(hosts, dtype=np.int64)
     if not fits(inst, hosts):
         raise AssertionError(f"adapt {algorithm} returned a placement that overcommits memory "
@@ -66,7 +75,7 @@ def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
         broken = adapt_rule_problems(_without_rules_left(problem, detail), hosts)
         if broken:
             raise AllocationError([f"adapt {algorithm}: {p}" for p in broken])
-        inst = _plain(inst)  # the allocation is then checked for capacities alone
+        inst = capacities_only(inst)  # the allocation is then checked for capacities alone
     allocation = allocation_of(inst, hosts)  # every fluid resource, not CPU alone
     runtime = time.perf_counter() - start
     min_y, avg_y = allocation.min_yield(inst), allocation.avg_yield(inst)
@@ -77,7 +86,7 @@ def solve_adapt(problem: AdaptProblem, algorithm: str = "heuristic",
     return AdaptResult(result, tuple(migrations(problem, hosts)), cost, detail)
 
 
-def _plain(instance: Instance) -> Instance:
+def capacities_only(instance: Instance) -> Instance:
     """The instance without rules (its allocation is checked for capacities; the rules separately)."""
     return dataclasses.replace(instance, pinned=(), hosts=tuple(dataclasses.replace(h, maintenance=False)
                                                                for h in instance.hosts),

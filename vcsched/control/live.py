@@ -13,8 +13,10 @@ import numpy as np
 from vcsched.adaptation.drain import drain
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult
 from vcsched.adaptation.solve import solve_adapt
+from vcsched.adaptation.spare import Spare, spend_spare, with_spare_report
 from vcsched.caps import min_cap, realisable_cap, same_cap
 from vcsched.control.admission import Existing, HostsDown, existing_jobs, floors_missed, model_hosts
+from vcsched.control.failover import failover_refusal
 from vcsched.control.sharing import (
     Sharing,
     check_vms,
@@ -91,7 +93,7 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
                     options: SolveOptions | None = None, cluster: Cluster | None = None,
                     sharing: Sharing | None = None, pinned: Iterable[str] = (),
                     record_needs: bool = True, drain: str | None = None,
-                    storage: Cluster | None = None) -> LiveAdaptation:
+                    storage: Cluster | None = None, spare: str | None = None) -> LiveAdaptation:
     """Adapt the running managed VMs of ``inventory``  within ``budget``.
 
     Units as in admission (docs/model.md): hosts in fractions of the reference
@@ -133,6 +135,12 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
 
     ``pinned`` VMs also stay where they are (`vcsched run`'s cool-down after a
     migration), as if their metadata pinned them.
+
+    ``spare`` (``"consolidate"`` or ``"spread"``, the cluster file's ``spare``; None: nothing): what the budget
+    left buys once every floor and the target yield (the file's ``power_yield``) hold
+    (:mod:`vcsched.adaptation.spare`), never breaking the ``failures_tolerated`` room.  Not with a drain (its
+    own goal) nor under a sharing policy or extra resources (the policy re-allocates afterwards); the result's
+    detail says why it did nothing.
     """
     full, inventory = inventory, inventory.up()
     if not inventory.hosts:
@@ -204,6 +212,9 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
         problem, adapted, stays = _drain(cluster_name, inventory, full, vms, problem, drain, algorithm, options)
     else:
         adapted = solve_adapt(problem, algorithm, options)
+        if spare is not None:
+            adapted = _spend_spare(adapted, problem, spare, layout, inventory, vms, shared is not None, algorithm,
+                                   options)
     if adapted.result.allocation is None:
         return LiveAdaptation(adapted, None, None, problem, current_min_yield=current_min, drained=drain, stays=stays)
     if shared is not None:  # the policy's yields on the placement found (the search maximised the minimum yield)
@@ -257,6 +268,40 @@ def adapt_inventory(cluster_name: str, inventory: Inventory, budget: int, *, nee
                        **({"drain": drain, "stays": [list(s) for s in stays]} if drain is not None else {})})
     missed = floors_missed(vms, {name: p.yield_ for name, p in per_vm.items()})
     return LiveAdaptation(adapted, plan, order, problem, tuple(missed), current_min, drain, stays)
+
+
+def _spend_spare(adapted: AdaptResult, problem: AdaptProblem, mode: str, cluster: Cluster | None,
+                 inventory: Inventory, vms: Sequence[VmState], policy: bool, algorithm: str,
+                 options: SolveOptions | None) -> AdaptResult:
+    """``adapted`` with its spare room used as ``mode`` says (:func:`adapt_inventory`), when every floor holds."""
+    alloc = adapted.result.allocation
+    if alloc is None:
+        return adapted
+    skipped = None
+    if policy:
+        skipped = "a sharing policy or extra resources: the policy allocates after the placement"
+    else:
+        yields = alloc.yields(problem.instance)
+        missed = floors_missed(vms, {v.name: float(yields[int(problem.instance.task_job[t])])
+                                     for t, v in enumerate(vms)})
+        if missed:
+            skipped = f"{missed[0][0]} is below its floor {missed[0][2]:g}"
+    if skipped is not None:
+        return with_spare_report(adapted, {"mode": mode, "moves": 0, "bytes": 0, "skipped": skipped})
+    names = [h.name for h in inventory.hosts]
+    accept = None
+    if cluster is not None and cluster.failures_tolerated > 0:
+        index = {v.name: t for t, v in enumerate(vms)}
+
+        def room(hosts: np.ndarray) -> str | None:
+            """The ``failures_tolerated`` room on the cluster as ``hosts`` leaves it (departing VMs gone)."""
+            moved = tuple(dataclasses.replace(v, host=names[int(hosts[index[v.name]])]) if v.name in index else v
+                          for v in inventory.vms if v.name in index or not v.managed)
+            return failover_refusal(cluster, dataclasses.replace(inventory, vms=moved), explain=False)
+
+        accept = room
+    target = cluster.power.target_yield if cluster is not None else 1.0
+    return spend_spare(problem, adapted, Spare(mode, target, accept), algorithm, options)
 
 
 def _drain(cluster_name: str, inventory: Inventory, full: Inventory, vms: list[VmState], problem: AdaptProblem,

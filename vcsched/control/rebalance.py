@@ -34,6 +34,12 @@ The re-balance is applied only when all of these hold, otherwise the re-cap is:
    ``migrated_at`` its libvirt metadata carries (set when it arrived), so a
    restarted controller or a new leader keeps to it without a database.
 
+With ``spare`` (the cluster file's, :mod:`vcsched.adaptation.spare`), a
+re-balance whose minimum yield gains nothing (every VM is at the target
+yield already) is gainful when it empties a host (``consolidate``) or
+evens the hosts (``spread``, by at least its minimum gain per move), under
+the same hysteresis, windows and cool-down.
+
 The budget is per interval: one plan per interval, and a plan never moves
 more than its budget (:func:`adapt_inventory` refuses an order that would).
 """
@@ -44,6 +50,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vcsched.adaptation.spare import spare_bought
 from vcsched.control.live import LiveAdaptation, adapt_inventory
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
@@ -69,6 +76,9 @@ class RebalanceOptions:
     storage: Cluster | None = None
     #: When migrations are allowed (the cluster file's windows and blackouts); outside, caps only.
     schedule: MaintenanceSchedule = ALWAYS
+    #: What the budget left buys once every floor and the target yield hold (the cluster file's ``spare``:
+    #: "consolidate", "spread"; None: nothing).  Its moves are gainful by their own measure (module docstring).
+    spare: str | None = None
 
     def __post_init__(self) -> None:
         if self.budget < 0:
@@ -148,7 +158,8 @@ class Rebalancer:
         o = self.options
         budget = o.budget if kind == REBALANCE else 0
         return adapt_inventory(inventory.cluster, inventory, budget, needs=needs, algorithm=o.algorithm,
-                               parallel=o.parallel, pinned=tuple(pinned), record_needs=False, storage=o.storage)
+                               parallel=o.parallel, pinned=tuple(pinned), record_needs=False, storage=o.storage,
+                               spare=o.spare if kind == REBALANCE else None)
 
     def decide(self, inventory: Inventory, needs: Mapping[str, float], now: float,
                vetoed: Iterable[str] = ()) -> Decision:
@@ -192,15 +203,21 @@ class Rebalancer:
         gain = moved.plan.min_yield - recap.plan.min_yield
         moves = moves_of(moved.plan)
         base = replace(base, rebalance_min_yield=moved.plan.min_yield, gain=gain, moves=moves)
+        what = f"gain {gain:.4f}"
         if gain <= YIELD_TOLERANCE or gain < o.threshold - YIELD_TOLERANCE:
-            self._reset()
-            return replace(base, reason=f"gain {gain:.4f} below the threshold {o.threshold:g}")
+            spare = spare_bought(moved.adapted.detail.get("spare"))
+            if spare is None or gain < -YIELD_TOLERANCE:
+                self._reset()
+                return replace(base, reason=f"gain {gain:.4f} below the threshold {o.threshold:g}")
+            what = spare  # every yield at the target already: the spare room's own gain
+        else:
+            what += f" >= threshold {o.threshold:g}"
         self._streak = self._streak + 1 if moves == self._moves else 1
         self._moves = moves
         streak = self._streak
         if streak < o.settle:
-            return replace(base, streak=streak, reason=f"gain {gain:.4f}: the same moves proposed {streak} of "
+            return replace(base, streak=streak, reason=f"{what}: the same moves proposed {streak} of "
                            f"{o.settle} intervals in a row; waiting")
         self._reset()
         return replace(base, kind=REBALANCE, plan=moved.plan, streak=streak,
-                       reason=f"gain {gain:.4f} >= threshold {o.threshold:g} for {streak} intervals in a row")
+                       reason=f"{what} for {streak} intervals in a row")

@@ -8,7 +8,8 @@ Cluster level, all optional::
     sleep_after = "40m"          # the sleep condition must hold this long first (default 40 min, vSphere DPM's)
     wake_time = "10m"            # what a host is assumed to take to wake until one wake was measured
     spare = "consolidate"        # room left once every floor and the target yield hold: "consolidate"
-                                 # (empty hosts, for sleeping) or "spread" (even the hosts' free room)
+                                 # (empty hosts, for sleeping) or "spread" (even the hosts' free room);
+                                 # unset with power_saving = "off": adapt leaves the room as it is
     sleep_margin = 0.3           # a host sleeps only if the others have room for 30 % more CPU demand ...
     wake_margin = 0.1            # ... and one wakes once the hosts on lack room for 10 % more (below sleep_margin)
     wake_test_every = "7d"       # wake a host asleep this long and put it back: it still wakes (default: never)
@@ -70,9 +71,18 @@ class PowerSettings:
     sleep_margin: float = DEFAULT_SLEEP_MARGIN
     #: ... and below which a host wakes (``wake_margin < sleep_margin``: the hysteresis band).
     wake_margin: float = DEFAULT_WAKE_MARGIN
+    #: Whether the file sets ``spare`` (else it is the default, which applies only with power saving on).
+    spare_given: bool = False
     #: Seconds a host may sleep before the controller wakes it and puts it back, to prove it still wakes (a host
     #: that fails to wake is better found by a test than by the demand that needed it); None: never.
     wake_test_every: float | None = None
+
+    @property
+    def spare_goal(self) -> str | None:
+        """What ``adapt`` does with the room above the floors and the target yield: ``spare`` when the file sets
+        it or power saving is on; else None, the room left as it is (clusters that never asked for either keep
+        the adaptation they had)."""
+        return self.spare if self.spare_given or self.mode != "off" else None
 
 
 @dataclass(frozen=True)
@@ -122,7 +132,8 @@ def power_from_dict(d: Any, n_hosts: int) -> PowerSettings:
     if wake_test is not None and wake_test < wake_time:
         raise InputError(f"wake_test_every: {d['wake_test_every']!r} is shorter than wake_time ({wake_time:g} s): "
                          "a host would be tested again before it could have woken")
-    return PowerSettings(mode, min_on, target, sleep_after, wake_time, spare, sleep_margin, wake_margin, wake_test)
+    return PowerSettings(mode, min_on, target, sleep_after, wake_time, spare, sleep_margin, wake_margin,
+                         "spare" in d, wake_test)
 
 
 def host_power_from_dict(where: str, d: Any, fence: FenceConfig | None,

@@ -75,6 +75,13 @@ def step_reason(step: Step, plan: Plan, inventory: Inventory, needs: Mapping[str
             return f"{step.vm} must leave {drain}, which is being drained for maintenance{change}"
         if step.squeezed:
             return f"{step.vm} arrives on {step.target} squeezed until the VM it swaps with has left{change}"
+        src = next((h for h in inventory.hosts if h.name == step.source), None)
+        if (src is not None and before is not None and before >= 1 - _EPS and after is not None
+                and after.yield_ >= 1 - _EPS
+                and host_demand(inventory, step.source, needs) <= inventory.usable_cores(src) + _EPS):
+            return (f"spare room (every VM at its yield already; the cluster's spare): {step.source} "
+                    f"({_load(inventory, step.source, needs)}) to {step.target} "
+                    f"({_load(inventory, step.target, needs)}){change}")
         return (f"{step.source} is over-committed ({_load(inventory, step.source, needs)}); {step.target} has room "
                 f"({_load(inventory, step.target, needs)}){change}")
     if isinstance(step, SetCapStep) and step.cap_cores is not None and v is not None:
