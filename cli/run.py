@@ -170,6 +170,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
             keys = lock_keys(url, cluster.name, identities)
             hv.act_only_as(identities.known, admission(url, keys))
             key = keys[0]  # where the shared documents are
+            record = PowerStore(url, key, timeout=min(1.0, ttl / 10)) if books else None  # the power record
             controller = Controller(
                 cluster.name, hv, options,
                 leader_lock=lambda: leader_locks(url, cluster.name, keys, member, ttl),
@@ -179,9 +180,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
                 recommendations=RecommendationStore(url, key, timeout=min(1.0, ttl / 10)) if books else None,
                 audits=AuditStore(url, key, timeout=min(1.0, ttl / 10)) if books else None,
                 window=lambda used: publish_window(state_dir(), cluster, options.interval, used),
-                power=PowerStore(url, key, timeout=min(1.0, ttl / 10)).read if books else None,
-                power_saving=PowerSaving(cluster, PowerStore(url, key, timeout=min(1.0, ttl / 10)),
-                                         agents(cluster), budget) if books else None)
+                power=record.read if record is not None else None,
+                power_saving=PowerSaving(cluster, record, agents(cluster), budget) if record is not None else None)
             metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
             controller.run(**metrics_at)
     finally:
