@@ -102,7 +102,12 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     With --mode recommend it changes nothing: each plan it would apply is
     recorded as a recommendation (`vcsched recommendations`, `vcsched
     approve ID`, `vcsched skip ID`).  Vetoes recorded by `vcsched skip` are
-    respected in both modes.  Plans go through the executor's checks under
+    respected in both modes.  With power_saving = "auto" in the cluster
+    file it also puts a host to sleep when the others hold every VM at
+    power_yield with the failover room kept (evacuated, seen empty, powered
+    off through its agent), and wakes one before demand needs it; with
+    "recommend" it proposes those for `vcsched approve ID` (docs/power.md).
+    Plans go through the executor's checks under
     the cluster lock.  One
     controller per cluster acts: the holder of the leader lock (etcd lease,
     --lock-ttl); the others stand by and take over within a TTL and an
