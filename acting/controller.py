@@ -9,15 +9,17 @@ Per interval, on the leader (see *Leadership* below):
 3. *probe*: VMs at their cap with their full estimate get their host's unused
    capacity for ``probe_seconds`` (a set-cap plan through the executor, under
    the cluster lock), sampled, and estimated again;
-4. decide (:class:`vcsched.control.rebalance.Rebalancer`): re-cap to the
+4. power saving (:attr:`Controller.power_saving`, docs/power.md §8): a host may be put to sleep or woken (or
+   that proposed); an interval that did either ends there, re-balancing on the hosts as they are next time;
+5. decide (:class:`vcsched.control.rebalance.Rebalancer`): re-cap to the
    measured needs, or re-balance with migrations within the per-interval
    budget when the gain beats the threshold for long enough and no VM in its
    cool-down moves;
-5. apply: take the cluster lock, read the inventory again, compute the same
+6. apply: take the cluster lock, read the inventory again, compute the same
    kind of plan on it, and apply it through the executor with a guard that
    stops before the next step if leadership or the cluster lock is lost or
    the process was asked to stop;
-6. sample CPU use until the next interval.
+7. sample CPU use until the next interval.
 
 The first interval of a new leader only samples (it has no window yet):
 caps, needs and cool-downs are all in libvirt (the VMs' caps and metadata),
@@ -58,6 +60,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import math
 import threading
@@ -72,7 +75,17 @@ from acting.executor import DONE, ApplyReport, StepResult
 from acting.failure import Failover, FailureState
 from acting.lock import LockBusy
 from acting.metrics import ControllerMetrics, HostMetrics, UnmanagedMetrics, VmMetrics
-from acting.power import asleep_in
+from acting.power import asleep_in, sleep_host, wake_host
+from acting.power_saving import (
+    TREND_INTERVALS,
+    PowerSaving,
+    empty_plan,
+    proposal,
+    room_short_now,
+    settle_waking,
+    sleep_held,
+    wake_test_due,
+)
 from acting.restore import restore_journal
 from acting.sampling import Clock, CpuSampler, SystemClock
 from acting.unit_of_work import Reporting, UnitOfWork
@@ -102,7 +115,7 @@ from vcsched.plans.reasons import effect, step_reasons
 from vcsched.plans.steps import CreateStep, MigrateStep
 
 if TYPE_CHECKING:
-    from vcsched.control.power import PowerState
+    from vcsched.control.power import PowerDecision, PowerState
     from vcsched.plans.repair import RepairReport
 
 
@@ -242,8 +255,13 @@ class Controller:
     #: Reads the cluster's power record (acting/power.py): a host vcsched put to sleep is read as asleep, not
     #: down — never declared failed, never fenced.  None: no record (every host that does not answer is down).
     power: Callable[[], PowerState] | None = None
+    #: Power saving (acting/power_saving.py): with the cluster file's ``power_saving`` "auto" hosts are put to sleep
+    #: and woken, with "recommend" (or ``--mode recommend``) proposed; None: never (docs/power.md §8).
+    power_saving: PowerSaving | None = None
 
     def __post_init__(self) -> None:
+        if self.power_saving is not None and self.power is None:
+            self.power = self.power_saving.store.read
         self._lead = _Leadership()
         self._fresh_state()
         self._next_tick: float | None = None
@@ -277,6 +295,13 @@ class Controller:
         # the recommendations seen applied (None: not read yet: those applied before this leader are not
         # audited); each VM's mean use over each recent interval's window, with when it ended (an act-mode plan's
         # "before": the newest; an approval's: the newest that ended before it was approved).
+        # Power saving: since when each host's sleep condition has held without a break (a new leader counts again
+        # from nothing: it did not watch), the measured needs of the last intervals (the demand's trend), and when
+        # the energy saved was last counted.
+        self.ready_since: dict[str, float | None] = {}
+        self.needs_history: collections.deque[tuple[float, dict[str, float]]] = collections.deque(
+            maxlen=TREND_INTERVALS)
+        self.energy_counted_at: float | None = None
         self.pending_audits: list[tuple[float, Pending]] = []
         self._known_applied: set[str] | None = None
         self._used_prev: dict[str, float | None] = {}
@@ -328,6 +353,7 @@ class Controller:
         self.metrics.set_vms(())
         self.metrics.set_hosts((), None)  # a standby reads no host: the leader's series are the ones to alert on
         self.metrics.set_lost(None)
+        self.metrics.clear_power()
         self._log_state("standby", reason=reason)  # first: releasing may wait on a coordination service that hangs
         if lock is not None:
             with contextlib.suppress(Exception):
@@ -515,6 +541,9 @@ class Controller:
             self._audit_approved(book)  # the needs: what an approval checks floors with (vcsched.control.recommend)
         elif self.recommendations is not None:
             book = self.recommendations.read()
+        if self.power_saving is not None and self._power(inventory, estimates, needs):
+            self._publish(self._reserved(self.hv.inventory()), self.estimates)
+            return  # a host slept or woke: re-balancing plans on the hosts as they are now, next interval
         vetoed = book.vetoed(self.clock.time()) if book is not None else ()
         decision = self.rebalancer.decide(inventory, needs, self.clock.time(), vetoed=vetoed)
         self.events.emit("decision", **decision.to_dict())
@@ -608,6 +637,166 @@ class Controller:
         if self.stop.is_set():
             raise Stopping("stopping")
         return report
+
+    # ------------------------------------------------------------------ power saving (acting/power_saving.py)
+
+    def _power(self, inventory: Inventory, estimates: dict[str, Estimate], needs: dict[str, float]) -> bool:
+        """This interval's power decision (docs/power.md §8): settle wakes cut short, then decide on the measured
+        needs and their trend (no sleep while :func:`acting.power_saving.sleep_held` says why not), and act
+        (``auto``), propose (``recommend``) or run the periodic wake test.  True when a host slept or woke (the
+        hosts changed under this interval's plans)."""
+        from vcsched.control.power import NONE, WAKE, decide, demand_trend
+
+        ps = self.power_saving
+        assert ps is not None
+        cluster, now = ps.cluster, self.clock.time()
+        self.needs_history.append((now, dict(needs)))
+        try:
+            state = settle_waking(cluster, ps.store, inventory, now, self.events.emit)
+        except VcschedError as exc:  # the coordination service down: nothing is decided without the record
+            self._error("power", exc)
+            return False
+        if cluster.power.mode == "off":
+            return False
+        state = self._with_ready(state)
+        decision = decide(cluster, inventory, state, now, budget=ps.budget, demand=demand_trend(self.needs_history),
+                          needs=needs)
+        below = [v.name for v in inventory.up().managed() if v.meta is not None
+                 for y in (vm_yield(v, estimates.get(v.name)),)
+                 if y is not None and y.value < max(v.meta.min_yield or 0.0, cluster.min_yield) - 1e-6]
+        held = sleep_held(inventory, below, self.metrics.lost)
+        if held is not None:  # the condition is broken: every count starts again
+            self.ready_since = {}
+            if decision.action != WAKE:
+                self.events.emit("power_decision", action=NONE, host=None, reason=f"no sleep now: {held}")
+                return False
+        else:
+            self.ready_since = {h.host: h.ready_since for h in decision.state.hosts}
+        if decision.action == NONE:
+            self.events.emit("power_decision", **decision.to_dict())
+            due = wake_test_due(cluster, state, now)
+            if due is None or self.options.recommend or cluster.power.mode != "auto" or self.options.dry_run:
+                return False
+            return self._wake_test(due)
+        self.events.emit("power_decision", **decision.to_dict())
+        if self.options.recommend or cluster.power.mode == "recommend":
+            self._propose_power(decision, inventory, needs, state)
+            return False
+        if self.options.dry_run:
+            return False
+        try:
+            with self._acting() as uow:
+                fresh = self._reserved(uow.inventory())
+                state = self._with_ready(ps.store.read())
+                live = decide(cluster, fresh, state, self.clock.time(), budget=ps.budget,
+                              demand=demand_trend(self.needs_history), needs=needs)
+                if (live.action, live.host) != (decision.action, decision.host):
+                    self.events.emit("power_decision", action=NONE, host=None,
+                                     reason=f"on the hosts as they are now: {live.action} {live.host or ''}: "
+                                            f"{live.reason}")
+                    return False
+                if live.action == WAKE:
+                    assert live.host is not None
+                    self._wake(uow, live.host)
+                    return True
+                assert live.host is not None and live.plan is not None and live.plan.plan is not None
+                result = sleep_host(uow, cluster, live.host, live.plan.plan, store=ps.store, agent=ps.agent,
+                                    clock=self.clock.time, emit=self.events.emit)
+                self._power_steps(result.report)
+                self.ready_since = {}  # with one host fewer on, every other host's condition is a new question
+                return True
+        except LockBusy as exc:
+            self.events.emit("lock-busy", action=f"power-{decision.action}", reason=str(exc))
+            return False
+
+    def _with_ready(self, state: PowerState) -> PowerState:
+        """``state`` with this leader's count of each host's sleep condition (:attr:`ready_since`; the record's own is
+        not used: a new leader did not watch the condition hold)."""
+        assert self.power_saving is not None
+        for name in self.power_saving.cluster.host_names:
+            state = state.with_host(dataclasses.replace(state.of(name), ready_since=self.ready_since.get(name)))
+        return state
+
+    def _wake(self, uow: UnitOfWork, host: str) -> bool:
+        """Wake ``host`` through ``uow`` (its wake measured, or it is marked wake-failed: acting/power.py)."""
+        ps = self.power_saving
+        assert ps is not None
+        def pause(seconds: float) -> None:
+            self.clock.wait(seconds, self.stop)  # a stop ends the wait; the guard then stops the wake
+
+        result = wake_host(uow, ps.cluster, host, store=ps.store, agent=ps.agent, clock=self.clock.time,
+                           sleep=pause, emit=self.events.emit)
+        return result.woke
+
+    def _wake_test(self, host: str) -> bool:
+        """The periodic wake test (``wake_test_every``): wake ``host`` and, once it answers as itself, put it back
+        to sleep (it is empty: nothing was planned onto it meanwhile, the lock held throughout)."""
+        ps = self.power_saving
+        assert ps is not None
+        self.events.emit("power_wake_test", host=host, every=ps.cluster.power.wake_test_every)
+        try:
+            with self._acting() as uow:
+                if not self._wake(uow, host):
+                    self.events.emit("power_wake_test", host=host, ok=False)
+                    return True
+                result = sleep_host(uow, ps.cluster, host, empty_plan(ps.cluster), store=ps.store, agent=ps.agent,
+                                    clock=self.clock.time, emit=self.events.emit)
+                self.events.emit("power_wake_test", host=host, ok=True, asleep_again=result.slept,
+                                 reason=result.reason)
+                return True
+        except LockBusy as exc:
+            self.events.emit("lock-busy", action="power-wake-test", reason=str(exc))
+            return False
+
+    def _power_steps(self, report: ApplyReport | None) -> None:
+        """An evacuation's steps, each an event and a metric, as every other plan's (:meth:`_apply`)."""
+        if report is None:
+            return
+        for r in report.results:
+            self.metrics.add_step(r.step.op, r.outcome)
+            self.events.emit("step", kind="power-sleep", outcome=r.outcome, seconds=r.seconds, detail=r.detail,
+                             **r.step.to_dict())
+        moved = sum(r.step.bytes for r in report.results if isinstance(r.step, MigrateStep) and r.outcome == DONE)
+        self.metrics.add_plan(report.ok, moved)
+        if report.results:
+            self.sampler.restart([r.step.vm for r in report.results])
+
+    def _propose_power(self, decision: PowerDecision, inventory: Inventory, needs: dict[str, float],
+                       state: PowerState) -> None:
+        """Record a sleep or a wake as a recommendation (acting/power_saving.py) and say so (``power_proposed``)."""
+        if self.recommendations is None:
+            raise VcschedError("power_saving = \"recommend\" without a recommendations store")
+        assert self.power_saving is not None
+        kind, plan, reasons, predicted = proposal(self.power_saving.cluster, decision, inventory, needs, state)
+        rec = new_recommendation(kind, self.cluster, decision.reason, plan, reasons, predicted, self.clock.time(),
+                                 self.options.valid_for, self.events.member)
+        kept = self.recommendations.update(lambda book: record(book, rec))
+        self.events.emit("power_proposed", id=kept.id, kind=kind, host=decision.host, new=kept.id == rec.id,
+                         reason=kept.reason, effect=kept.effect, valid_until=kept.valid_until)
+
+    def _power_metrics(self, inventory: Inventory, needs: dict[str, float]) -> None:
+        """The power metrics (acting/metrics.py), with every other metric (:meth:`_publish`): hosts sleeping, each
+        host's longest wake and failed wake, the energy saved since they were last counted
+        (:func:`vcsched.control.power.energy_saved`), the failover room."""
+        from vcsched.control.power import SLEEPING, energy_saved
+
+        ps = self.power_saving
+        if ps is None:
+            return
+        try:
+            state = ps.store.read()
+        except VcschedError as exc:
+            self._error("power", exc)
+            return
+        now = self.clock.time()
+        since = self.energy_counted_at
+        saved = 0.0 if since is None else energy_saved(ps.cluster, state, now, now - since)
+        self.energy_counted_at = now
+        self.metrics.set_power(sleeping=sum(1 for h in state.hosts if h.state == SLEEPING and not h.failed),
+                               wake_seconds={h.host: h.wake_s for h in state.hosts if h.wake_s is not None},
+                               wake_failed={h: state.of(h).failed for h in ps.cluster.host_names},
+                               saved_joules=saved,
+                               room_short=room_short_now(ps.cluster, inventory, needs))
 
     # ------------------------------------------------------------------ audits (vcsched/control/audit.py)
 
@@ -907,6 +1096,7 @@ class Controller:
                                   last[-1].used_cores if last else None, y.value, v.meta.min_yield,
                                   y.upper_bound))
         self.metrics.set_vms(tuple(rows))
+        self._power_metrics(inventory, {name: e.estimate for name, e in estimates.items()})
         if self.window is not None:
             self.window({r.vm: r.used for r in rows})
         self.metrics.set_hosts(tuple(HostMetrics(h.name, h.down is None, self.down_intervals.get(h.name, 0),

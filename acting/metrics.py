@@ -34,6 +34,11 @@ metric                                      meaning
 ``vcsched_vms_restarted_total``             VMs of failed hosts created again on the survivors
 ``vcsched_vms_stranded_total``              VMs of failed hosts that could not be restarted (said once each)
 ``vcsched_restart_seconds``                 summary: from a host declared failed to each of its VMs running
+``vcsched_hosts_sleeping``                  hosts vcsched put to sleep (power saving, docs/power.md), not wake-failed
+``vcsched_energy_saved_joules_total``       energy saved while this leader led: each sleeping host's idle_watts × s
+``vcsched_host_wake_seconds``               a host's longest measured wake (``host``; absent until one was measured)
+``vcsched_host_wake_failed``                1 while a host's wake has failed (until `vcsched power clear`), else 0
+``vcsched_failover_room_short``             1 while the hosts on lack the room for ``failures_tolerated`` failures
 ==========================================  =====================================================
 
 Per-VM metrics carry ``vm``, ``host`` and ``vc`` labels, per-host ones a
@@ -119,7 +124,30 @@ class ControllerMetrics:
     plan_gain_predicted: float | None = None
     plan_gain_achieved: float | None = None
     audits: dict[str, int] = field(default_factory=lambda: {"met": 0, "short": 0, "unmeasured": 0})
+    #: Power saving (None / empty: not managed): hosts sleeping, each host's longest measured wake and whether its
+    #: wake failed, the joules saved since start, whether the failover room is short now.
+    hosts_sleeping: int | None = None
+    wake_seconds: dict[str, float] = field(default_factory=dict)
+    wake_failed: dict[str, bool] = field(default_factory=dict)
+    energy_saved_joules: float = 0.0
+    failover_room_short: bool | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def set_power(self, sleeping: int, wake_seconds: dict[str, float], wake_failed: dict[str, bool],
+                  saved_joules: float, room_short: bool) -> None:
+        """One interval's power view; ``saved_joules``: the energy saved since the last (added to the counter)."""
+        with self.lock:
+            self.hosts_sleeping = sleeping
+            self.wake_seconds = dict(wake_seconds)
+            self.wake_failed = dict(wake_failed)
+            self.energy_saved_joules += max(saved_joules, 0.0)
+            self.failover_room_short = room_short
+
+    def clear_power(self) -> None:
+        """A standby reads no power record: no power series (the counter keeps its value for a later lead)."""
+        with self.lock:
+            self.hosts_sleeping = None
+            self.wake_seconds, self.wake_failed, self.failover_room_short = {}, {}, None
 
     def set_hosts(self, hosts: tuple[HostMetrics, ...], in_doubt: int | None,
                   unmanaged: tuple[UnmanagedMetrics, ...] = ()) -> None:
@@ -285,6 +313,39 @@ class _Collector:
                                           "of its VMs running again", labels=["cluster"])
             restart.add_metric([c], count_value=n, sum_value=total)
             yield restart
+            yield from self._power(c)
+
+    def _power(self, c: str) -> Iterator[Any]:
+        """The power-saving families: exported only by a leader that manages power (``hosts_sleeping`` read)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        m = self.m
+        if m.hosts_sleeping is None:
+            return
+        sleeping = GaugeMetricFamily("vcsched_hosts_sleeping", "hosts vcsched put to sleep (not wake-failed)",
+                                     labels=["cluster"])
+        sleeping.add_metric([c], float(m.hosts_sleeping))
+        yield sleeping
+        short = GaugeMetricFamily("vcsched_failover_room_short", "1 while the hosts on lack the room for "
+                                  "failures_tolerated host failures", labels=["cluster"])
+        short.add_metric([c], 1.0 if m.failover_room_short else 0.0)
+        yield short
+        saved = CounterMetricFamily("vcsched_energy_saved_joules", "energy saved by sleeping hosts while this "
+                                    "controller led: each one's idle_watts times the seconds it slept",
+                                    labels=["cluster"])
+        saved.add_metric([c], m.energy_saved_joules)
+        yield saved
+        wake = GaugeMetricFamily("vcsched_host_wake_seconds", "the longest wake measured for the host (seconds "
+                                 "from power on to libvirt answering as the host that slept)",
+                                 labels=["cluster", "host"])
+        for host, seconds in sorted(m.wake_seconds.items()):
+            wake.add_metric([c, host], seconds)
+        yield wake
+        failed = GaugeMetricFamily("vcsched_host_wake_failed", "1 while the host's wake has failed (never chosen "
+                                   "again until `vcsched power clear`)", labels=["cluster", "host"])
+        for host, bad in sorted(m.wake_failed.items()):
+            failed.add_metric([c, host], 1.0 if bad else 0.0)
+        yield failed
 
 
 class MetricsServer:

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import click
 
-from cli.app import EXIT_OK, console, emit_json
+from cli.app import EXIT_OK, console, emit_json, refuse
 from cli.params import Duration, check_coordination, cluster_option, json_option, lock_options
 
 
@@ -52,6 +54,12 @@ def render_recommendation(doc: dict[str, Any]) -> None:
                   f"{le('min_yield_after')}{e['min_yield_after']:.3f}, mean yield "
                   f"{e['mean_yield_before']:.3f} -> {e['mean_yield_after']:.3f}, moves "
                   f"{format_size(e['bytes_to_move'])}", highlight=False)
+    power = e.get("power")
+    if power:  # a sleep or a wake (acting/power_saving.py)
+        what = (f"saves {power['watts_saved']:g} W while asleep" if power.get("watts_saved") is not None
+                else "no idle_watts declared") if power["action"] == "sleep" else \
+            f"wakes in {power['wake_s']:.0f} s ({'measured' if power.get('measured') else 'assumed: wake_time'})"
+        console.print(f"  {power['action']} host {power['host']}: {what}", highlight=False)
     if doc.get("detail"):
         console.print(f"  {doc['detail']}", highlight=False)
     table = FitTable(title=f"{doc['id']}: steps")
@@ -114,7 +122,7 @@ def _check_floors(cluster: Any, inventory: Any, book: Any, rec: Any) -> None:
     from vcsched.plans.plan import plan_from_dict
 
     try:
-        plan = plan_from_dict(dict(rec.plan))
+        plan = plan_from_dict({k: v for k, v in rec.plan.items() if k != "power"})  # a sleep: its evacuation
     except Exception:
         return  # not a plan any more: applying it says why (stale)
     touched = {s.vm for s in plan.steps}
@@ -152,17 +160,24 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     made again approves that one (and says so); superseded by a different
     one, the refusal names it.
 
+    \b
+    A sleep or a wake proposed under power_saving = "recommend" is
+    re-validated the same way (the host may still sleep and its
+    evacuation still holds; or the host still sleeps, its wake not
+    failed), then carried out as `vcsched run` would: evacuate, verify
+    empty, power off and verify off; or power on and wait for the host to
+    answer as itself (docs/power.md).  A sleep or wake that fails exits 1.
+
     Exit codes: 0 applied, 1 refused / a step failed / the cluster is
     locked, 2 bad input (an unknown ID), 130 interrupted (the running step
     finishes; the report says what was done).
     """
     from acting.lock import member_id
+    from acting.power_saving import power_target
     from acting.unit_of_work import for_cluster
     from cli.common import apply_exit_code, load_cluster, notice, render_report, reporting, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control import recommend as rc
-    from vcsched.errors import InputError
-    from vcsched.plans.claims import PlanMismatch
     from vcsched.plans.plan import plan_from_dict
 
     cluster = load_cluster(cluster_file)
@@ -178,17 +193,11 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
             _check_floors(cluster, uow.inventory(), book, target)
             rec = store.update(lambda book: rc.approve(book, rec_id, time.time(), member_id()))
             rec_id = rec.id  # the same proposal made again, when rec_id was superseded by it
-            try:
+            if power_target(rec.plan) is not None:
+                return _approve_power(cluster, uow, store, rec, coordination, as_json, note)
+            with _settled_if_not_applied(store, rec_id):
                 plan = plan_from_dict(dict(rec.plan))
                 report = run_apply(uow, plan, quiet=as_json)
-            except (InputError, PlanMismatch) as exc:  # the snapshot, the plan replayed, its claims: no longer holds
-                why = f"the cluster changed since it was made: {exc}"
-                store.update(lambda book: rc.settle(book, rec_id, rc.STALE, why))
-                raise rc.Refused(f"recommendation {rec_id} is stale: {why}") from None
-            except BaseException as exc:  # a host down, the lock lost, Ctrl-C: not applied; said in the book
-                failed = f"not applied: {exc or type(exc).__name__}"
-                store.update(lambda book: rc.settle(book, rec_id, rc.FAILED, failed))
-                raise
             state = rc.APPLIED if report.ok else rc.FAILED
             bad = report.failed()
             detail = "applied" if report.ok else (report.stopped or (bad.detail if bad is not None else "failed"))
@@ -200,6 +209,56 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
         render_report(report)
         console.print(f"recommendation {rec_id}: {state}", highlight=False)
     return apply_exit_code(report)
+
+
+@contextlib.contextmanager
+def _settled_if_not_applied(store: Any, rec_id: str) -> Iterator[None]:
+    """An approved recommendation that is not carried out is settled in the book: **stale** when it no longer holds
+    on the live inventory (the snapshot, the plan replayed, its claims; a power proposal's host) — refused, exit 1,
+    nothing changed — and **failed** on anything else (a host down, the lock lost, Ctrl-C), re-raised."""
+    from acting.power_saving import Stale
+    from vcsched.control import recommend as rc
+    from vcsched.errors import InputError
+    from vcsched.plans.claims import PlanMismatch
+
+    try:
+        yield
+    except (InputError, PlanMismatch, Stale) as exc:
+        why = f"the cluster changed since it was made: {exc}"
+        store.update(lambda book: rc.settle(book, rec_id, rc.STALE, why))
+        raise rc.Refused(f"recommendation {rec_id} is stale: {why}") from None
+    except BaseException as exc:
+        failed = f"not applied: {exc or type(exc).__name__}"
+        store.update(lambda book: rc.settle(book, rec_id, rc.FAILED, failed))
+        raise
+
+
+def _approve_power(cluster: Any, uow: Any, store: Any, rec: Any, coordination: str | None, as_json: bool,
+                   note: str | None) -> int:
+    """Carry out an approved sleep or wake (acting/power_saving.py), re-validated on the live inventory under the
+    lock held by ``uow``: stale (exit 1, nothing changed) when the host may no longer sleep, no longer sleeps, or
+    its evacuation no longer holds; otherwise through the same sleep_host / wake_host as `vcsched run`."""
+    from acting.power import agents, store_for
+    from acting.power_saving import carry_out
+    from cli.common import host_identities
+    from vcsched.control import recommend as rc
+
+    declared = {v.name: v.meta.cpu_need_cores for v in uow.inventory().managed() if v.meta is not None}
+    needs, _ = rc.current_needs(store.read(), declared, time.time())
+    power = store_for(cluster, host_identities(cluster, uow.hv), coordination)
+    with _settled_if_not_applied(store, rec.id):
+        if as_json:
+            result = carry_out(uow, cluster, rec.plan, store=power, agent=agents(cluster), needs=needs)
+        else:
+            with console.status(f"{rec.kind} {rec.plan['power']['host']} ..."):
+                result = carry_out(uow, cluster, rec.plan, store=power, agent=agents(cluster), needs=needs)
+    ok = bool(getattr(result, "slept", False) or getattr(result, "woke", False))
+    done = store.update(lambda book: rc.settle(book, rec.id, rc.APPLIED if ok else rc.FAILED, result.reason))
+    if as_json:
+        emit_json({"ok": ok, "recommendation": done.to_dict(time.time()), "power": result.to_dict(), "note": note})
+    else:
+        console.print(f"recommendation {rec.id}: {done.state}: {result.reason}", highlight=False)
+    return EXIT_OK if ok else refuse(f"recommendation {rec.id} failed: {result.reason}")
 
 
 @click.command("skip")

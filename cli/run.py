@@ -102,7 +102,12 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     With --mode recommend it changes nothing: each plan it would apply is
     recorded as a recommendation (`vcsched recommendations`, `vcsched
     approve ID`, `vcsched skip ID`).  Vetoes recorded by `vcsched skip` are
-    respected in both modes.  Plans go through the executor's checks under
+    respected in both modes.  With power_saving = "auto" in the cluster
+    file it also puts a host to sleep when the others hold every VM at
+    power_yield with the failover room kept (evacuated, seen empty, powered
+    off through its agent), and wakes one before demand needs it; with
+    "recommend" it proposes those for `vcsched approve ID` (docs/power.md).
+    Plans go through the executor's checks under
     the cluster lock.  One
     controller per cluster acts: the holder of the leader lock (etcd lease,
     --lock-ttl); the others stand by and take over within a TTL and an
@@ -123,7 +128,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     from acting.lock import DEFAULT_TTL, member_id, resolve_url
     from acting.lock_names import admission, cluster_locks, leader_locks, lock_keys
     from acting.metrics import ControllerMetrics, MetricsServer
-    from acting.power import PowerStore
+    from acting.power import PowerStore, agents
+    from acting.power_saving import PowerSaving
     from acting.recommendations import RecommendationStore
     from acting.sampling import SystemClock
     from acting.window import publish as publish_window
@@ -143,6 +149,9 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     if mode == "recommend" and not books:
         raise InputError(f"--mode recommend: coordination {url} keeps no recommendations (use file:///DIR or "
                          "etcd3+http://HOST:2379)")
+    if cluster.power.mode != "off" and not books:
+        raise InputError(f"power_saving: {cluster.power.mode!r}: coordination {url} keeps no power record (use "
+                         "file:///DIR or etcd3+http://HOST:2379)")
     ttl = lock_ttl or cluster.lock_ttl or DEFAULT_TTL
     member = member_id()
     metrics = ControllerMetrics(cluster.name, cluster.min_yield)
@@ -166,6 +175,7 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
             keys = lock_keys(url, cluster.name, identities)
             hv.act_only_as(identities.known, admission(url, keys))
             key = keys[0]  # where the shared documents are
+            record = PowerStore(url, key, timeout=min(1.0, ttl / 10)) if books else None  # the power record
             controller = Controller(
                 cluster.name, hv, options,
                 leader_lock=lambda: leader_locks(url, cluster.name, keys, member, ttl),
@@ -175,7 +185,8 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
                 recommendations=RecommendationStore(url, key, timeout=min(1.0, ttl / 10)) if books else None,
                 audits=AuditStore(url, key, timeout=min(1.0, ttl / 10)) if books else None,
                 window=lambda used: publish_window(state_dir(), cluster, options.interval, used),
-                power=PowerStore(url, key, timeout=min(1.0, ttl / 10)).read if books else None)
+                power=record.read if record is not None else None,
+                power_saving=PowerSaving(cluster, record, agents(cluster), budget) if record is not None else None)
             metrics_at = {"metrics": {"addr": server.addr, "port": server.port}} if server is not None else {}
             controller.run(**metrics_at)
     finally:

@@ -141,3 +141,90 @@ def test_a_host_sleeps_emptied_and_wakes_as_itself_when_a_request_needs_it_and_a
     power = ok("power", "status", "--cluster", cf)
     h2p = next(h for h in power["hosts"] if h["host"] == "h2")  # type: ignore[attr-defined]
     assert h2p["state"] == "on" and h2p["wake_s"] is not None and h2p["wake_s"] > 0, h2p
+
+
+#: The controller's lab run: its interval, and the longest the test waits for each of its steps.  The cluster file's
+#: power fields: sleep_margin 3.0, a host sleeps only while the others could take four times the measured demand
+#: (idle guests); wake_margin 2.5, one wakes once the hosts on lack room for 3.5 times it, which guests spinning
+#: flat out pass even when a loaded machine gives each of them a fifth of a core.
+RUN_INTERVAL_S, RUN_STEP_S = 2.0, 90.0
+RUN_POWER = ('power_saving = "auto"\nmin_hosts_on = 2\nsleep_after = "2s"\nwake_time = "5s"\n'
+             "sleep_margin = 3.0\nwake_margin = 2.5\n")
+
+
+def controller_cluster(lab: Lab, tmp_path: Path) -> Path:
+    """The lab's cluster file with power saving on, and guests that stay idle (the lab's spin flat out)."""
+    text = lab.cluster_file.read_text()
+    head, sep, rest = text.partition("\n[guest]\n")
+    cmdline = next(line for line in rest.splitlines() if line.startswith("cmdline = "))
+    rest = rest.replace(cmdline, f'{cmdline[:-1]} vcsched.load=idle:3600"', 1)
+    path = tmp_path / "power-auto.toml"
+    path.write_text(head + "\n" + RUN_POWER + sep + rest)
+    return path
+
+
+def test_vcsched_run_puts_an_idle_host_to_sleep_and_wakes_it_when_demand_rises(lab: Lab, tmp_path: Path) -> None:
+    """`vcsched run` with power_saving = "auto" on three idle VMs, one per host: it evacuates one host and powers
+    it off (its daemons gone, no VM below its floor); then three VMs that spin flat out arrive on the two hosts on
+    (placed there: they fit by their declared needs) and, their measured demand lacking the room, it wakes the
+    host, as itself."""
+    import os
+    import subprocess
+    import sys
+
+    layout = LabLayout(lab.dir)
+    cf = controller_cluster(lab, tmp_path)
+    before = ok("status", "--cluster", cf, "--sample", 0)
+    gone = sorted({v["cluster"] for v in before["vms"] if v["managed"]})  # type: ignore[attr-defined]
+    if gone:  # the module's earlier tests' virtual clusters spin flat out: they leave
+        ok("adapt", "--cluster", cf, "--budget", "0", *[a for vc in gone for a in ("--depart", vc)], "--apply")
+    calm = tmp_path / "calm.toml"
+    calm.write_text('name = "calm"\nvms = 3\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = 0.2\nmin_yield = 0.9\n'
+                    'spread = "preferred"\n')
+    ok("place", calm, "--cluster", cf, "--apply")
+    log = tmp_path / "run.jsonl"
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--cluster", str(cf), "--interval",
+                             f"{RUN_INTERVAL_S:g}s", "--budget-per-interval", "1GiB", "--log", str(log)],
+                            cwd=Path(__file__).resolve().parents[1], env=dict(os.environ),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def events(kind: str) -> list[dict[str, object]]:
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+    def until(kind: str) -> dict[str, object]:
+        deadline = time.monotonic() + RUN_STEP_S
+        while time.monotonic() < deadline:
+            if events(kind):
+                return events(kind)[0]
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        raise AssertionError(f"no {kind} within {RUN_STEP_S:g} s: " + json.dumps(events("power_decision")[-3:]))
+
+    try:
+        slept = until("power_slept")
+        host = str(slept["host"])
+        print(f"vcsched run: {host} asleep {time.monotonic() - start:.1f} s after it started")
+        assert not namespace_holders(layout, int(host[1:])), "its daemons are gone"
+        status = ok("status", "--cluster", cf, "--sample", 0, "--events", log)  # on the controller's estimates
+        vms = [v for v in status["vms"] if v["cluster"] == "calm"]  # type: ignore[attr-defined]
+        assert len(vms) == 3 and all(v["active"] and v["host"] != host for v in vms), vms
+        assert not any(v["below_floor"] for v in vms), vms
+
+        burst = tmp_path / "burst.toml"  # the lab's own guests: they spin flat out
+        burst.write_text('name = "burst"\nvms = 3\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = 0.1\n'
+                         'spread = "preferred"\n')
+        placed = ok("place", burst, "--cluster", lab.cluster_file, "--apply")
+        assert placed["wake"] is None, "they fit on the hosts on: no wake by place"
+        arrived = time.monotonic()
+        woke = until("power_woke")
+        print(f"vcsched run: {woke['host']} woke {time.monotonic() - arrived:.1f} s after the demand arrived "
+              f"(the wake: {woke['seconds']} s)")
+        assert woke["host"] == host and not events("power_wake_failed")
+        power = ok("power", "status", "--cluster", cf)
+        assert {h["host"]: h["state"] for h in power["hosts"]}[host] == "on", power  # type: ignore[attr-defined]
+        assert not events("host_failed"), "a host put to sleep is never a failed host"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

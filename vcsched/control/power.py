@@ -312,6 +312,37 @@ def predicted(inventory: Inventory, demand: Demand, horizon: float, margin: floa
     return dataclasses.replace(inventory, vms=tuple(vms))
 
 
+def with_needs(inventory: Inventory, needs: Mapping[str, float] | None) -> Inventory:
+    """``inventory`` with each managed VM's CPU need replaced by its measured one in ``needs`` (a copy to judge the
+    room on: plans are made on the inventory as read, with ``needs`` beside it, so that their snapshot matches)."""
+    if not needs:
+        return inventory
+    vms = tuple(dataclasses.replace(v, meta=dataclasses.replace(v.meta, cpu_need_cores=needs[v.name]))
+                if v.meta is not None and v.name in needs else v for v in inventory.vms)
+    return dataclasses.replace(inventory, vms=vms)
+
+
+def demand_trend(history: Sequence[tuple[float, Mapping[str, float]]]) -> Demand:
+    """The demand to come from a history of measured needs, ``(time, {VM: cores})`` oldest first: each VM's trend
+    is the least-squares slope of its needs over the times it was measured (cores per second; 0 with fewer than
+    two measurements).  A rising need wakes a host one wake time before it would break the room; a falling one
+    counts as flat (:func:`predicted` never goes below today's need)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for t, needs in history:
+        for vm, need in needs.items():
+            series.setdefault(vm, []).append((t, need))
+    trend = {}
+    for vm, points in series.items():
+        if len(points) < 2:
+            continue
+        ts = np.array([p[0] for p in points])
+        ys = np.array([p[1] for p in points])
+        spread = float(((ts - ts.mean()) ** 2).sum())
+        if spread > 0:
+            trend[vm] = float(((ts - ts.mean()) * (ys - ys.mean())).sum() / spread)
+    return Demand(trend=trend)
+
+
 def vm_yields(inventory: Inventory) -> dict[str, float]:
     """Each running managed VM's yield where it runs now: admission's allocation (min yield, then average)."""
     inv = inventory.up()
@@ -390,8 +421,12 @@ def _disk_stuck(cluster: Cluster, on: Sequence[str], vm: VmState) -> bool:
 
 
 def sleep_check(cluster: Cluster, inventory: Inventory, state: PowerState, host: str, now: float, budget: int,
-                demand: Demand = NO_DEMAND) -> tuple[str | None, LiveAdaptation | None]:
-    """``(None, evacuation)`` when ``host`` may sleep now (module docstring), else ``(why not, None)``."""
+                demand: Demand = NO_DEMAND, needs: Mapping[str, float] | None = None
+                ) -> tuple[str | None, LiveAdaptation | None]:
+    """``(None, evacuation)`` when ``host`` may sleep now (module docstring), else ``(why not, None)``.
+
+    ``needs``: the VMs' measured CPU needs in cores (`vcsched run`'s estimates), which the evacuation is planned
+    with and the room judged on, instead of the needs recorded in their metadata (which the plan leaves alone)."""
     never = never_sleeps(cluster, inventory, state, host)
     if never is not None:
         return never, None
@@ -401,11 +436,13 @@ def sleep_check(cluster: Cluster, inventory: Inventory, state: PowerState, host:
     if demand.pending:
         return f"{len(demand.pending)} request(s) wait for room", None
     on = _on(inventory, state)
-    lacking = _capacity_short(cluster, on, host)
+    seen = with_needs(on, needs)
+    lacking = _capacity_short(cluster, seen, host)
     if lacking is not None:
         return lacking, None
     try:
-        evacuation = adapt_inventory(cluster.name, on, budget, cluster=cluster, drain=host)
+        evacuation = adapt_inventory(cluster.name, _off_marked(inventory, state), budget, cluster=cluster,
+                                     drain=host, needs=needs, record_needs=False)
     except VcschedError as e:
         return f"cannot be emptied: {e}", None
     if evacuation.plan is None:
@@ -420,7 +457,7 @@ def sleep_check(cluster: Cluster, inventory: Inventory, state: PowerState, host:
     if evacuation.plan.min_yield < target - YIELD_TOLERANCE:
         low = evacuation.plan.min_yield
         return f"with it asleep the min yield would be {low:.3f}, below power_yield {target:g}", None
-    after = without_hosts(_moved(on, evacuation), [host])
+    after = without_hosts(_moved(seen, evacuation), [host])
     short = room_short(cluster, after, demand, wake_time(cluster, state, host), cluster.power.sleep_margin)
     if short is not None:
         return f"with it asleep: {short}", None
@@ -446,6 +483,16 @@ def _on(inventory: Inventory, state: PowerState) -> Inventory:
     """The hosts on: up in ``inventory`` and neither sleeping nor waking in ``state``."""
     off = [h.name for h in inventory.hosts if state.of(h.name).state != ON]
     return without_hosts(inventory, off).up() if off else inventory.up()
+
+
+def _off_marked(inventory: Inventory, state: PowerState) -> Inventory:
+    """``inventory`` with every host not on in ``state`` down (nothing is planned onto it) but still there: a plan's
+    snapshot is of the whole cluster as read, so that it matches the live read its first step is checked against
+    (a host asleep is in that read, down)."""
+    hosts = tuple(h if h.down is not None or state.of(h.name).state == ON
+                  else dataclasses.replace(h, down=f"{describe(state.of(h.name))} (power saving)")
+                  for h in inventory.hosts)
+    return dataclasses.replace(inventory, hosts=hosts)
 
 
 def _moved(inventory: Inventory, evacuation: LiveAdaptation) -> Inventory:
@@ -501,15 +548,16 @@ def wake_candidates(cluster: Cluster, state: PowerState) -> tuple[str, ...]:
     return tuple(sorted(sleeping, key=lambda h: (wake_time(cluster, state, h), -state.of(h).cores, h)))
 
 
-def wake_check(cluster: Cluster, inventory: Inventory, state: PowerState, demand: Demand = NO_DEMAND
-               ) -> tuple[str | None, str]:
-    """``(host, why)``: the sleeping host to wake now and why, or ``(None, why not)``."""
+def wake_check(cluster: Cluster, inventory: Inventory, state: PowerState, demand: Demand = NO_DEMAND,
+               needs: Mapping[str, float] | None = None) -> tuple[str | None, str]:
+    """``(host, why)``: the sleeping host to wake now and why, or ``(None, why not)`` (``needs`` as for
+    :func:`sleep_check`)."""
     candidates = wake_candidates(cluster, state)
     if not candidates:
         return None, "no host to wake"
     horizon = max(wake_time(cluster, state, h) for h in candidates)
     coming = state.in_state(WAKING)
-    on = _on(inventory, state)
+    on = with_needs(_on(inventory, state), needs)
     for h in coming:  # hosts already waking count as room that is coming
         on = _with_awake(on, state, h)
     margin = cluster.power.wake_margin
@@ -527,15 +575,16 @@ def wake_check(cluster: Cluster, inventory: Inventory, state: PowerState, demand
 
 
 def decide(cluster: Cluster, inventory: Inventory, state: PowerState, now: float, *, budget: int,
-           demand: Demand = NO_DEMAND) -> PowerDecision:
+           demand: Demand = NO_DEMAND, needs: Mapping[str, float] | None = None) -> PowerDecision:
     """The next power action at ``now`` (module docstring): a wake before any sleep, at most one of either.
 
-    ``budget``: the bytes an evacuation may migrate.  The returned state carries the hysteresis forward; a
-    sleep or a wake is not in it until the caller reports it (:func:`slept`, :func:`waking`).
+    ``budget``: the bytes an evacuation may migrate; ``needs``: the VMs' measured needs (:func:`sleep_check`;
+    None: those recorded in their metadata).  The returned state carries the hysteresis forward; a sleep or a
+    wake is not in it until the caller reports it (:func:`slept`, :func:`waking`).
     """
     if cluster.power.mode == "off":
         return PowerDecision(NONE, None, "power_saving is off", state)
-    host, why = wake_check(cluster, inventory, state, demand)
+    host, why = wake_check(cluster, inventory, state, demand, needs)
     if host is not None:
         reset = state
         for h in cluster.host_names:
@@ -550,7 +599,7 @@ def decide(cluster: Cluster, inventory: Inventory, state: PowerState, now: float
     for name in cluster.host_names:
         if state.of(name).state != ON:
             continue
-        why_not, evacuation = sleep_check(cluster, inventory, state, name, now, budget, demand)
+        why_not, evacuation = sleep_check(cluster, inventory, state, name, now, budget, demand, needs)
         old = state.of(name)
         if why_not is not None:
             refusals.append((name, why_not))

@@ -186,10 +186,11 @@ def _same_value(a: Any, b: Any) -> bool:
 
 def same_proposal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether plans ``a`` and ``b`` (as dicts) propose the same thing: the same steps in the same order (op, VM,
-    hosts), every number (a cap) within tolerance (module docstring).  The snapshot is left out: it is the
-    inventory's, not the proposal's."""
+    hosts), every number (a cap) within tolerance (module docstring), and the same host to sleep or wake (a power
+    proposal's ``power``: a wake has no step).  The snapshot is left out: it is the inventory's, not the
+    proposal's."""
     sa, sb = list(a.get("steps", [])), list(b.get("steps", []))
-    return len(sa) == len(sb) and all(
+    return a.get("power") == b.get("power") and len(sa) == len(sb) and all(
         x.keys() == y.keys() and all(_same_value(x[k], y[k]) for k in x) for x, y in zip(sa, sb, strict=True))
 
 

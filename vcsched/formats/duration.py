@@ -1,4 +1,4 @@
-"""Durations on the command line: ``30``, ``30s``, ``500ms``, ``2m``, ``1h`` (seconds when bare)."""
+"""Durations on the command line: ``30``, ``30s``, ``500ms``, ``2m``, ``1h``, ``7d`` (seconds when bare)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from vcsched.errors import InputError
 
-_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
+_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _RE = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*)")
 
 

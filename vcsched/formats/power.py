@@ -12,6 +12,7 @@ Cluster level, all optional::
                                  # unset with power_saving = "off": adapt leaves the room as it is
     sleep_margin = 0.3           # a host sleeps only if the others have room for 30 % more CPU demand ...
     wake_margin = 0.1            # ... and one wakes once the hosts on lack room for 10 % more (below sleep_margin)
+    wake_test_every = "7d"       # wake a host asleep this long and put it back: it still wakes (default: never)
 
 Per host, all optional::
 
@@ -49,7 +50,7 @@ DEFAULT_SLEEP_AFTER_S = 2400.0
 DEFAULT_WAKE_TIME_S = 600.0
 
 CLUSTER_POWER_FIELDS = frozenset({"power_saving", "min_hosts_on", "power_yield", "sleep_after", "wake_time",
-                                  "spare", "sleep_margin", "wake_margin"})
+                                  "spare", "sleep_margin", "wake_margin", "wake_test_every"})
 #: The band between them is the hysteresis that keeps a host from sleeping and waking on every fluctuation, and
 #: wakes a host while the room still holds (as vSphere DPM's band from 45 % to 81 % utilisation does).
 DEFAULT_SLEEP_MARGIN, DEFAULT_WAKE_MARGIN = 0.3, 0.1
@@ -72,6 +73,9 @@ class PowerSettings:
     wake_margin: float = DEFAULT_WAKE_MARGIN
     #: Whether the file sets ``spare`` (else it is the default, which applies only with power saving on).
     spare_given: bool = False
+    #: Seconds a host may sleep before the controller wakes it and puts it back, to prove it still wakes (a host
+    #: that fails to wake is better found by a test than by the demand that needed it); None: never.
+    wake_test_every: float | None = None
 
     @property
     def spare_goal(self) -> str | None:
@@ -124,8 +128,12 @@ def power_from_dict(d: Any, n_hosts: int) -> PowerSettings:
         which = "wake_margin" if "wake_margin" in d else "sleep_margin"
         raise InputError(f"{which}: {d.get(which, wake_margin)!r}: wake_margin ({wake_margin:g}) must be below "
                          f"sleep_margin ({sleep_margin:g}), else a host could sleep and wake at once")
+    wake_test = parse_duration("wake_test_every", d["wake_test_every"]) if "wake_test_every" in d else None
+    if wake_test is not None and wake_test < wake_time:
+        raise InputError(f"wake_test_every: {d['wake_test_every']!r} is shorter than wake_time ({wake_time:g} s): "
+                         "a host would be tested again before it could have woken")
     return PowerSettings(mode, min_on, target, sleep_after, wake_time, spare, sleep_margin, wake_margin,
-                         "spare" in d)
+                         "spare" in d, wake_test)
 
 
 def host_power_from_dict(where: str, d: Any, fence: FenceConfig | None,
