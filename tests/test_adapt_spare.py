@@ -228,7 +228,8 @@ initrd = "/i"
 
 
 def adapt_cli(tmp_path: Path, spare: str, *args: str) -> Any:
-    """`vcsched adapt --json` on the uneven cluster served by libvirt's test driver."""
+    """`vcsched adapt --json` on the uneven cluster served by the simulated libvirt (``sim://``: its hosts cap CPU,
+    so the dry run's whole-plan check accepts what --apply would do)."""
     from tests.builders import test_driver_node
 
     hosts = ""
@@ -238,7 +239,7 @@ def adapt_cli(tmp_path: Path, spare: str, *args: str) -> Any:
         node = tmp_path / f"h{h}.xml"
         node.write_text(test_driver_node(vms, 4, first))
         first += len(vms)
-        hosts += f'[[hosts]]\nname = "h{h}"\nuri = "test://{node}"\n'
+        hosts += f'[[hosts]]\nname = "h{h}"\nuri = "sim://{node}"\n'
     cluster = tmp_path / "cluster.toml"
     cluster.write_text(CLUSTER_TOML.format(spare=spare, hosts=hosts))
     from cli.main import cli
