@@ -260,9 +260,11 @@ def test_status_top_and_the_controllers_metrics_give_one_number_for_the_same_est
     published = ControllerMetrics("lab")
 
     class Host:
+        _power_metrics = Controller._power_metrics  # the real one: without power saving it publishes nothing
+
         def __init__(self) -> None:
             self.metrics, self.down_intervals, self.sampler = published, {}, CpuSampler(10.0)
-            self.window = None
+            self.window, self.power_saving = None, None
 
     Controller._publish(Host(), inv, est)  # type: ignore[arg-type]
     assert {v.vm: (v.yield_, v.upper_bound) for v in published.vms} == status_yields
