@@ -263,7 +263,8 @@ def mark_asleep(inventory: Inventory, state: PowerState) -> Inventory:
     for h in inventory.hosts:
         p = state.of(h.name)
         if h.down is not None and p.state in (SLEEPING, WAKING):
-            h = dataclasses.replace(h, asleep=True, down=f"{describe(p)} (powered off by vcsched power saving)",
+            h = dataclasses.replace(h, asleep=True, power=describe(p),
+                                    down=f"{describe(p)} (powered off by vcsched power saving)",
                                     cores=p.cores or h.cores, memory_bytes=p.memory_bytes or h.memory_bytes,
                                     uuid=p.uuid or h.uuid)
         hosts.append(h)
