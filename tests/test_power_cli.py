@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -95,3 +96,38 @@ def test_an_unknown_host_is_bad_input(tmp_path: Path) -> None:
     for command in ("sleep", "wake", "clear"):
         r = CliRunner().invoke(cli, ["power", command, "h9", "--cluster", str(c)])
         assert r.exit_code == 2 and "h9" in r.stderr, (command, r.stderr)
+
+
+def with_dead_host(tmp_path: Path) -> Path:
+    """h0 on the test driver; far behind a socket nobody listens on (refused at once: down, no wait)."""
+    (tmp_path / "h0.xml").write_text(node_xml(0, 2))
+    path = tmp_path / "dead.toml"
+    path.write_text(f'name = "t"\n[[hosts]]\nname = "h0"\nuri = "test://{tmp_path}/h0.xml"\n'
+                    f'[[hosts]]\nname = "far"\nuri = "qemu+unix:///system?socket={tmp_path}/none.sock"\n')
+    return path
+
+
+def run_dead(tmp_path: Path, *args: str) -> Any:
+    return CliRunner().invoke(cli, ["power", *args, "--cluster", str(with_dead_host(tmp_path)),
+                                    "--coordination", f"file://{tmp_path}/coordination"], env={"COLUMNS": "80"})
+
+
+def test_power_status_says_a_host_that_does_not_answer_is_down_not_plainly_on(tmp_path: Path) -> None:
+    """Issue (QA on the lab, libvirtd stopped with SIGSTOP): `power status` showed the dead host as "on", like the
+    others; only --json's "answers" said otherwise."""
+    r = run_dead(tmp_path, "status")
+    assert r.exit_code == 0, r.output
+    far = next(line for line in r.stdout.splitlines() if line.startswith("│ far "))
+    assert "on, but down (not asleep)" in far, r.stdout
+    doc = json.loads(run_dead(tmp_path, "status", "--json").stdout)
+    (h,) = [h for h in doc["hosts"] if h["host"] == "far"]
+    assert h["state"] == "on" and h["answers"] is False and "but down (not asleep)" in h["text"]
+
+
+def test_waking_a_host_that_is_down_not_asleep_says_so_and_points_at_recover(tmp_path: Path) -> None:
+    """Issue: `power wake` of a dead host answered "host far is on (... ): nothing to wake"."""
+    r = run_dead(tmp_path, "wake", "far")
+    assert r.exit_code == 1
+    assert "host far was not put to sleep by vcsched: it is down (" in r.stderr, r.stderr
+    assert "`vcsched recover far`" in r.stderr and "is on" not in r.stderr
+    assert "is on (not put to sleep by vcsched): nothing to wake" in run_dead(tmp_path, "wake", "h0").stderr
