@@ -320,7 +320,7 @@ def _drain(cluster_name: str, inventory: Inventory, full: Inventory, vms: list[V
         raise InputError(f"drain {host}: {', '.join(pinned)} {'is' if len(pinned) == 1 else 'are'} pinned (pinned = "
                          "true) and can never leave; move it by hand or unpin it first (--budget 0 shows what "
                          "would stay)")
-    result = drain(problem, index, algorithm, options)
+    result = drain(problem, index, algorithm, options, names=[v.name for v in vms])
     stays = tuple((vms[s.task].name, s.reason, s.detail) for s in result.stays)
     return result.problem, result.adapted, stays
 
