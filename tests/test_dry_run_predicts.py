@@ -53,6 +53,21 @@ def test_a_drain_that_apply_would_refuse_below_a_floor_exits_1_as_a_dry_run_too(
     assert allowed.exit_code == 0, (allowed.stdout, allowed.stderr)  # as --apply --allow-below-floor would go on
 
 
+def test_a_saved_drain_plan_below_a_floor_names_the_virtual_cluster_and_its_dry_run_says_apply_would_refuse(
+        floors: Path, tmp_path: Path) -> None:
+    """Issue (QA on the lab): `apply PLAN --dry-run` of such a plan said only "a virtual cluster would end below its
+    min_yield" — not which one, nor (as its --help and docs/cli.md promise) "--apply would refuse"."""
+    plan = tmp_path / "plan.json"
+    assert run("drain", "h0", "--budget", "unlimited", "--cluster", floors, "-o", plan).exit_code == 1
+    why = "virtual cluster 'gold' would end at yield 0.500, below the min_yield 1 it was admitted with"
+    dry = run("apply", plan, "--dry-run", "--cluster", floors)
+    assert dry.exit_code == 1
+    assert dry.stderr.strip().splitlines()[-1] == (f"vcsched: refused: --apply would refuse this plan: {why} "
+                                                    "(--allow-below-floor to apply anyway)"), dry.stderr
+    applied = run("apply", plan, "--cluster", floors, "--coordination", f"file://{tmp_path}/lock")
+    assert applied.exit_code == 1 and f"vcsched: refused: {why}" in applied.stderr, applied.stderr
+
+
 def test_a_drain_dry_run_json_says_ok_false_when_apply_would_refuse(floors: Path) -> None:
     import json
 

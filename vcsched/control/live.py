@@ -84,7 +84,9 @@ def drain_blocked(host: str, stays: Sequence[Sequence[str]], missed: Sequence[tu
     if stays:
         return f"{host} cannot be emptied within these rules and budget"
     if missed and not allow_below_floor:
-        return "a virtual cluster would end below its min_yield (--allow-below-floor to apply anyway)"
+        below = "; ".join(f"virtual cluster {vc!r} would end at yield {y:.3f}, below the min_yield {floor:g} it was "
+                          "admitted with" for vc, y, floor in missed)
+        return f"{below} (--allow-below-floor to apply anyway)"
     return None
 
 
