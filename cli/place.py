@@ -27,6 +27,7 @@ from vcsched.control.admission import Decision, admit
 from vcsched.control.failover import keep_failover_room
 from vcsched.formats.request import Request
 from vcsched.formats.units import format_size
+from vcsched.formats.words import plural
 from vcsched.inventory import Inventory
 from vcsched.model import SolveOptions
 from vcsched.solvers.registry import algorithms
@@ -41,8 +42,8 @@ def render_decision(request: Request, decision: Decision, inventory: Inventory) 
         console.print(f"[red]refused[/] {request.name}: {decision.reason}")
         return
     assert decision.plan is not None
-    console.print(f"[green]admitted[/] {request.name}: {request.vms} VMs of {request.vcpus} vCPU, "
-                  f"{format_size(request.memory_bytes)}")
+    console.print(f"[green]admitted[/] {request.name}: {plural(request.vms, 'VM')} of {plural(request.vcpus, 'vCPU')}"
+                  f", {format_size(request.memory_bytes)}")
     for unmet in decision.detail.get("unmet_preferred", []):  # type: ignore[attr-defined]
         console.print(f"[yellow]note[/]: preferred rule not honoured: {unmet}", highlight=False)
     for note in decision.detail.get("fallback", []):  # type: ignore[attr-defined]

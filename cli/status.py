@@ -223,8 +223,10 @@ def render_status(doc: dict[str, Any]) -> None:
                       highlight=False)
     down = [h for h in doc["hosts"] if h["down"] is not None and not h.get("asleep")]
     if down:
-        console.print(f"[red]{plural(len(down), 'host')} down[/] ({', '.join(h['name'] for h in down)}): their VMs "
-                      "are unknown, and nothing is planned onto or off them until they answer again.",
+        console.print(f"[red]{plural(len(down), 'host')} down[/] ({', '.join(h['name'] for h in down)}): "
+                      + ("its VMs are unknown, and nothing is planned onto or off it until it answers again."
+                         if len(down) == 1 else
+                         "their VMs are unknown, and nothing is planned onto or off them until they answer again."),
                       highlight=False)
         for h in down:  # libvirt's reasons name the host already ("host h1: did not answer ...")
             reason, name = str(h["down"]), h["name"]

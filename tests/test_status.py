@@ -77,3 +77,27 @@ def test_a_host_whose_wake_failed_is_named_so_with_how_to_clear_it_not_shown_mer
     with console.capture() as cap:
         render_status(status_dict(asleep, {}, 0.0))
     assert "h2 (sleeping)" in cap.get() and "failed to wake" not in cap.get()
+
+
+def test_one_host_down_is_said_in_the_singular() -> None:
+    """Issue (QA on the lab): "1 host down (h1): their VMs are unknown, and nothing is planned onto or off them"."""
+    inv = Inventory("lab", (*inventory().hosts, HostState("h1", 1, 0, down="did not answer")), inventory().vms)
+    with console.capture() as cap:
+        render_status(status_dict(inv, {}, 0.0))
+    assert "1 host down (h1): its VMs are unknown, and nothing is planned onto or off it until it answers" in \
+        " ".join(cap.get().split())
+
+
+def test_place_says_one_vm_in_the_singular(tmp_path: Path) -> None:
+    """Issue (QA on the lab): "admitted big: 1 VMs of 1 vCPU, 128 MiB"."""
+    from click.testing import CliRunner
+
+    from cli.main import cli
+    from hypervisor.testhosts import write_scale_cluster
+
+    hosts = write_scale_cluster(tmp_path, 2, 0, scheme="sim")
+    one = tmp_path / "one.toml"
+    one.write_text('name = "big"\nvms = 1\nvcpus = 2\nmemory = "128MiB"\ncpu_cores = 1\n')
+    r = CliRunner().invoke(cli, ["place", str(one), "--cluster", str(hosts.cluster_file)])
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    assert "admitted big: 1 VM of 2 vCPUs, 128 MiB" in r.stdout, r.stdout
