@@ -175,12 +175,16 @@ def _by_waking(cluster: Cluster, uow: UnitOfWork, inventory: Inventory, refused:
     helps; a wake that fails is a refusal naming it (the host is then wake-failed)."""
     from acting.power import agents, store_for, wake_host
     from cli.common import host_identities
-    from vcsched.control.power import wake_to_admit
+    from vcsched.control.power import unwakeable, wake_to_admit
 
     store = store_for(cluster, host_identities(cluster, uow.hv), coordination)  # type: ignore[arg-type]
-    found = wake_to_admit(cluster, inventory, store.read(), decide)
+    state = store.read()
+    found = wake_to_admit(cluster, inventory, state, decide)
     if found is None:
-        return refused, inventory, None
+        left_out = "; ".join(f"{h} is asleep: {why}"
+                             for h, why in unwakeable(cluster, inventory, state).items())
+        return (dataclasses.replace(refused, reason=f"{refused.reason}; {left_out}") if left_out else refused,
+                inventory, None)
     host, decision = found
     wake: dict[str, object] = {"host": host, "refused_on": refused.reason, "woke": None}
     if not do_apply:

@@ -340,6 +340,43 @@ def test_place_wakes_the_sleeping_host_whose_wake_alone_admits_never_one_whose_w
     assert wake_to_admit(c, mark_asleep(inv, failed), failed, lambda woken: admit(c, woken, wide)) is None
 
 
+def test_a_sleeping_host_no_wake_chooses_is_named_with_why_by_headroom_and_place() -> None:
+    """Issue (QA on the lab): with h2's wake failed, `headroom` dropped its "with h2 woken" line and `place` refused
+    on the hosts on, neither saying that a host sleeps which no wake will choose until it is cleared."""
+    from types import SimpleNamespace
+
+    from cli.headroom import _with_wakes
+    from vcsched.control.headroom import headroom_for
+    from vcsched.control.power import mark_asleep, unwakeable
+
+    inv, state = two_on_one_asleep(0.3)
+    c = powered()
+    assert unwakeable(c, mark_asleep(inv, state), state) == {}  # it may be woken: nothing to say
+    failed = wake_failed(waking(state, "h2", 10.0), "h2", 20.0, "no answer")
+    asleep = mark_asleep(inv, failed)
+    why = "its last wake failed: not woken until `vcsched power clear h2`"
+    assert unwakeable(c, asleep, failed) == {"h2": why}
+    shape = request("x", 1, 0.2)
+    wakes = _with_wakes(c, SimpleNamespace(power=lambda: failed), asleep,  # type: ignore[arg-type]
+                        lambda i: headroom_for(c, i, shape, min_yield=0.5))
+    assert wakes == {"hosts": [], "count": 0, "per_host": {}, "wake_s": None, "not_counted": {"h2": why}}
+    import acting.power
+    import cli.common
+    from cli.place import _by_waking
+    from vcsched.control.admission import admit
+
+    wide = request("wide", 3, 0.2, spread="required")  # one VM per host: needs h2
+    refused = admit(c, asleep, wide)
+    with pytest.MonkeyPatch.context() as m:  # the record as the store reads it; no host asked for its identity
+        m.setattr(acting.power, "store_for", lambda *_: SimpleNamespace(read=lambda: failed))
+        m.setattr(cli.common, "host_identities", lambda *_: None)
+        said, _, wake = _by_waking(c, SimpleNamespace(hv=None), asleep, refused,  # type: ignore[arg-type]
+                                   lambda i: admit(c, i, wide), False, True, None)
+    assert wake is None and not said.admitted and said.reason == f"{refused.reason}; h2 is asleep: {why}"
+    no_agent = host_change(c, "h2", power=dataclasses.replace(c.host("h2").power, agent=None))
+    assert unwakeable(no_agent, mark_asleep(inv, state), state) == {"h2": "it has no power agent to wake it"}
+
+
 def test_a_host_holding_a_domain_that_does_not_run_may_not_sleep() -> None:
     inv = light()
     inv = dataclasses.replace(inv, vms=(*inv.vms, VmState("old-template", "h2", 1, 256 * MiB, False)))

@@ -483,6 +483,24 @@ def wakeable(cluster: Cluster, inventory: Inventory, state: PowerState) -> tuple
     return tuple(h for h in wake_candidates(cluster, state) if h in asleep)
 
 
+def unwakeable(cluster: Cluster, inventory: Inventory, state: PowerState) -> dict[str, str]:
+    """The hosts ``inventory`` reads asleep that no wake for room chooses (:func:`wake_candidates`), each with why
+    in words: capacity `place` and `headroom` do not count, which they must say rather than leave out silently."""
+    chosen = set(wakeable(cluster, inventory, state))
+    out = {}
+    for h in inventory.asleep_hosts():
+        p = state.of(h.name)
+        if h.name in chosen:
+            continue
+        if p.failed:
+            out[h.name] = f"its last wake failed: not woken until `vcsched power clear {h.name}`"
+        elif h.name in cluster.host_names and cluster.host(h.name).power.agent is None:
+            out[h.name] = "it has no power agent to wake it"
+        elif p.state == WAKING:
+            out[h.name] = "it is waking already"
+    return out
+
+
 def wake_to_admit(cluster: Cluster, inventory: Inventory, state: PowerState,
                   admit_on: Callable[[Inventory], T]) -> tuple[str, T] | None:
     """The sleeping host whose wake alone lets ``admit_on`` admit (its decision's ``admitted``), quickest to wake
