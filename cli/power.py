@@ -237,8 +237,14 @@ def sleep_cmd(host: str, cluster_file: str | None, budget: int, do_apply: bool, 
     out |= result.to_dict()
     if as_json:
         emit_json(out | {"ok": result.slept})
-    elif result.slept:
-        console.print(f"[blue]{result.reason}[/]", highlight=False)
+    else:
+        if result.report is not None:  # what the evacuation did, step by step, as every apply shows it
+            from cli.common import render_report
+
+            render_report(result.report)
+        if result.slept and result.off is not None:
+            console.print(f"[blue]{host} is asleep[/]: emptied, then powered off through {result.off.agent} "
+                          "(off, then status said off)", highlight=False)
     return EXIT_OK if result.slept else refuse(result.reason)
 
 

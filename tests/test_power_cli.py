@@ -131,3 +131,13 @@ def test_waking_a_host_that_is_down_not_asleep_says_so_and_points_at_recover(tmp
     assert "host far was not put to sleep by vcsched: it is down (" in r.stderr, r.stderr
     assert "`vcsched recover far`" in r.stderr and "is on" not in r.stderr
     assert "is on (not put to sleep by vcsched): nothing to wake" in run_dead(tmp_path, "wake", "h0").stderr
+
+
+def test_a_sleep_says_in_one_plain_sentence_that_the_host_is_asleep(tmp_path: Path) -> None:
+    """Issue (QA on the lab): "host h2 is asleep (host h2 is off (fence agent /var/...: off, then status off))"."""
+    fake = agent(tmp_path)
+    r = CliRunner().invoke(cli, ["power", "sleep", "h1", "--cluster", str(cluster(tmp_path, fake)), "--apply"],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    assert f"h1 is asleep: emptied, then powered off through {fake} (off, then status said off)" in r.stdout
+    assert "((" not in r.stdout and "))" not in r.stdout
