@@ -104,7 +104,9 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
 
     Exit codes: 0 admitted (and applied), 1 refused, the wake failed, a step
     failed or the cluster is locked, 2 bad input (nothing changed), 130 --apply
-    interrupted by Ctrl-C (after the running step).
+    interrupted by Ctrl-C (after the running step).  A dry run exits as --apply
+    would: 1 where --apply would refuse its plan ("--apply would refuse: ...",
+    docs/cli.md, "Dry runs").
     """
     if algorithm not in algorithms():
         raise click.BadParameter(f"unknown algorithm {algorithm!r} (known: {', '.join(sorted(algorithms()))})",

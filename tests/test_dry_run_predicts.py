@@ -397,3 +397,11 @@ def test_recover_and_restart_dry_runs_exit_as_apply_does(command: str, tmp_path:
         assert ("--apply would refuse" in dry.stderr) is refuses
         if not refuses:
             assert "web-0" in applied.stdout and "applied" in applied.stdout
+
+
+@pytest.mark.parametrize("command", ["place", "adapt", "drain"])
+def test_the_help_of_each_planning_command_says_its_dry_run_exits_as_apply_would(command: str) -> None:
+    """Issue (QA): their "Exit codes" listed 1 for --apply's refusals only; a script reading the help could not
+    know the dry run exits 1 too where --apply would refuse (docs/cli.md, "Dry runs")."""
+    r = CliRunner().invoke(cli, [command, "--help"], env={"COLUMNS": "200"})
+    assert "A dry run exits as --apply would: 1 where --apply would refuse its plan" in " ".join(r.stdout.split())
