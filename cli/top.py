@@ -307,8 +307,10 @@ def top_cmd(cluster_file: str | None, interval: float, window: float, events_fil
     Keys: y sort by yield (lowest first), u by use (busiest first), h by host,
     r reverses, q quits.  A host that hangs is shown down after the cluster's
     host_timeout; the screen keeps answering meanwhile.  On a narrow terminal
-    the least important columns are left out rather than cut.  Without a
-    terminal (piped) it prints one frame and exits (as --once).
+    the least important columns leave the row rather than being cut: a VM's
+    values in them go on an indented line under it (floor 0.6 · vcpus 1),
+    so nothing is hidden.  Without a terminal (piped) it prints one frame and
+    exits (as --once).
 
     \b
     Examples:

@@ -440,3 +440,10 @@ def test_a_host_vcsched_put_to_sleep_is_shown_asleep_not_down() -> None:
     view = Reader(cluster, mem, sharing_for(cluster), 1.0, 30.0, None).read()  # no record: down, as before
     assert view.hosts[1].asleep is None and "1 down" in plain(frame(view, Sort("host"), 80, None,
                                                                     Refresh(T0 + 74, 2.0), T0 + 75))
+
+
+def test_the_help_says_narrow_columns_go_under_the_row_not_that_they_are_left_out() -> None:
+    """Issue (QA): --help said the least important columns "are left out", where docs/cli.md (and the screen)
+    put their values on a line under the VM's row: nothing hidden."""
+    text = " ".join(CliRunner().invoke(cli, ["top", "--help"], env={"COLUMNS": "200"}).stdout.split())
+    assert "left out" not in text and "go on an indented line under it" in text
