@@ -131,8 +131,14 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
             decision, inventory, wake = _by_waking(cluster, uow, inventory, decision, decide, do_apply, as_json,
                                                    coordination)
         if decision.plan is not None:
-            if output and wake is None:  # a plan onto a host still asleep could not be applied later
+            if output and wake is None:
                 save_plan(decision.plan, output)
+            elif output and wake is not None and not do_apply:  # a plan onto a host asleep could not be applied
+                from cli.common import notice
+
+                notice(f"plan not saved to {output}: it needs {wake['host']} woken first (`vcsched apply` wakes "
+                       "no host); `vcsched place --apply` wakes it and places, or wake it with `vcsched power "
+                       f"wake {wake['host']} --apply` and plan again")
             if do_apply:
                 if not as_json:
                     render_decision(request, decision, inventory)
