@@ -121,6 +121,8 @@ def status_cmd(cluster_file: str | None, window: float, budget: int, coordinatio
         conf = cluster.host(name).power
         asleep = inv.host(name).asleep
         down = None if asleep else inv.host(name).down  # recorded on, but not answering: failed, not asleep
+        # Recorded asleep, yet it answers: powered on outside vcsched (by hand, its BMC, `lab up`); read as awake.
+        answers_anyway = h.state != "on" and inv.host(name).down is None
         hosts.append({"host": name, "state": _describe(h).split(" since ")[0], "since": None if h.state == "on"
                       else h.since, "failed": h.failed, "reason": h.reason, "wake_s": h.wake_s,
                       "uuid": h.uuid, "answers": inv.host(name).down is None,
@@ -129,7 +131,9 @@ def status_cmd(cluster_file: str | None, window: float, budget: int, coordinatio
                       "overdue": name in late,
                       "text": _describe(h) + (f" (past its deadline: a wake cut short? `vcsched power wake {name} "
                                               "--apply`)" if name in late else "")
-                      + (f", but down (not asleep): {down}" if down is not None else "")})
+                      + (f", but down (not asleep): {down}" if down is not None else "")
+                      + (f", but it answers (powered on outside vcsched? `vcsched power wake {name} --apply` records "
+                         "it on)" if answers_anyway else "")})
     doc = {"cluster": cluster.name, "mode": cluster.power.mode, "hosts": hosts,
            "energy": {"window_s": window, "saved_joules": round(saved, 1), "saved_kwh": round(saved / J_PER_KWH, 3)},
            "decision": decision.to_dict(), "ok": True}

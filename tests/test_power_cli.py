@@ -171,3 +171,15 @@ def test_a_place_dry_run_that_needs_a_wake_says_its_plan_was_not_saved(tmp_path:
     assert r.exit_code == 0, (r.stdout, r.stderr)
     assert "--apply would wake h2 first" in r.stdout and not plan.exists()
     assert f"note: plan not saved to {plan}: it needs h2 woken first" in " ".join(r.stderr.split()), r.stderr
+
+
+def test_power_status_says_a_host_recorded_asleep_that_answers_was_powered_on_outside_vcsched(tmp_path: Path) -> None:
+    """Issue (QA on the lab): after `vcsched lab up` restarted a sleeping host's daemons, `power status` still said
+    "sleeping since T" with nothing else, while every other command read the host as awake.  (The fake agent's
+    `off` leaves the test-driver host answering, as a host switched on again by hand.)"""
+    c = cluster(tmp_path, agent(tmp_path))
+    run("sleep", "h1", "--cluster", c, "--apply", code=0)
+    h1 = {h["host"]: h for h in run("status", "--cluster", c, code=0)["hosts"]}["h1"]  # type: ignore[attr-defined]
+    assert h1["state"] == "sleeping" and h1["answers"] is True
+    assert h1["text"].endswith(", but it answers (powered on outside vcsched? `vcsched power wake h1 --apply` "
+                               "records it on)"), h1
