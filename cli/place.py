@@ -205,5 +205,7 @@ def _by_waking(cluster: Cluster, uow: UnitOfWork, inventory: Inventory, refused:
         return dataclasses.replace(refused, reason=f"{refused.reason}; waking {host} failed: {result.reason} "
                                                    f"(it is wake-failed until `vcsched power clear {host}`)"), \
             inventory, wake
+    if not quiet:
+        console.print(result.reason, highlight=False)  # "host h2 answers again as UUID after S s"
     fresh = uow.inventory()
     return decide(fresh), fresh, wake

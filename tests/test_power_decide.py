@@ -390,3 +390,32 @@ def test_a_wake_cut_short_is_overdue_past_twice_its_wake_time() -> None:
     _, state = two_on_one_asleep(0.3)
     state = waking(state, "h2", 100.0)  # wake_time 60 s (powered()): overdue after 120 s
     assert overdue(powered(), state, 220.0) == () and overdue(powered(), state, 221.0) == ("h2",)
+
+
+def test_place_apply_says_the_host_it_woke_answered_and_after_how_long() -> None:
+    """Issue (QA on the lab): `place --apply` printed "waking h2: ..." and then the plan, never that h2 answered
+    (nor how long the wake took, which --json has)."""
+    from types import SimpleNamespace
+
+    import acting.power
+    import cli.common
+    from acting.power import WakeResult
+    from cli.app import console
+    from cli.place import _by_waking
+    from vcsched.control.admission import admit
+    from vcsched.control.power import mark_asleep, woken
+
+    inv, state = two_on_one_asleep(0.3)
+    c, asleep = powered(), mark_asleep(inv, state)
+    wide = request("wide", 3, 0.2, spread="required")  # one VM per host: needs h2
+    awake = woken(asleep, state, ["h2"])
+    said = "host h2 answers again as 00000000-0000-0000-0000-000000000002 after 1.2 s"
+    with pytest.MonkeyPatch.context() as m, console.capture() as cap:
+        m.setattr(acting.power, "store_for", lambda *_: SimpleNamespace(read=lambda: state))
+        m.setattr(cli.common, "host_identities", lambda *_: None)
+        m.setattr(acting.power, "agents", lambda *_: None)
+        m.setattr(acting.power, "wake_host", lambda *_, **__: WakeResult("h2", True, said, 1.2))
+        decision, _, wake = _by_waking(c, SimpleNamespace(hv=None, inventory=lambda: awake),  # type: ignore[arg-type]
+                                       asleep, admit(c, asleep, wide), lambda i: admit(c, i, wide), True, False, None)
+    assert decision.admitted and wake is not None and wake["woke"] is True
+    assert said in " ".join(cap.get().split()), cap.get()
