@@ -61,7 +61,7 @@ def test_a_saved_drain_plan_below_a_floor_names_the_virtual_cluster_and_its_dry_
     assert run("drain", "h0", "--budget", "unlimited", "--cluster", floors, "-o", plan).exit_code == 1
     why = "virtual cluster 'gold' would end at yield 0.500, below the min_yield 1 it was admitted with"
     dry = run("apply", plan, "--dry-run", "--cluster", floors)
-    assert dry.exit_code == 1
+    assert dry.exit_code == 1 and "plan for cluster floors (drain h0, " in dry.stdout, dry.stdout  # not "adapt"
     assert dry.stderr.strip().splitlines()[-1] == (f"vcsched: refused: --apply would refuse this plan: {why} "
                                                     "(--allow-below-floor to apply anyway)"), dry.stderr
     applied = run("apply", plan, "--cluster", floors, "--coordination", f"file://{tmp_path}/lock")
