@@ -405,3 +405,11 @@ def test_the_help_of_each_planning_command_says_its_dry_run_exits_as_apply_would
     know the dry run exits 1 too where --apply would refuse (docs/cli.md, "Dry runs")."""
     r = CliRunner().invoke(cli, [command, "--help"], env={"COLUMNS": "200"})
     assert "A dry run exits as --apply would: 1 where --apply would refuse its plan" in " ".join(r.stdout.split())
+
+
+def test_a_drain_that_moves_nothing_does_not_say_nothing_to_do(floors: Path) -> None:
+    """Issue (QA on the lab): `drain h0 --budget 100MiB` said "0 of 2 VMs leave" and then "nothing to do: every VM
+    already has its cap", above the table of the VMs that stay."""
+    r = run("drain", "h0", "--budget", "0", "--cluster", floors)
+    assert r.exit_code == 1 and "0 of 2 VMs leave" in r.stdout, (r.stdout, r.stderr)
+    assert "nothing to do" not in r.stdout and "the plan has no step" in r.stdout, r.stdout
