@@ -53,7 +53,8 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
 
     Hosts that vcsched's power saving put to sleep are capacity that costs a
     wake (docs/power.md): counted apart, as how many more fit with them woken
-    ("with_wakes" in --json; never a host whose wake failed).
+    ("with_wakes" in --json; never a host whose wake failed: such a host is
+    named, with why, as not counted).
 
     Exit codes: 0 answered (even when none fits), 1 every host is down,
     2 bad input (an unknown key or a value the request would refuse).

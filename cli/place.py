@@ -100,7 +100,9 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     power saving put to sleep would admit it (docs/power.md), --apply wakes
     that host first (the quickest to wake; never one whose wake failed), waits
     until it answers as itself, and admits on the cluster as it then is; the
-    dry run names the host it would wake.
+    dry run names the host it would wake (its plan is not saved with -o: a
+    saved plan wakes no host).  A refusal names each sleeping host no wake
+    chooses, with why (its last wake failed: `vcsched power clear HOST`).
 
     Exit codes: 0 admitted (and applied), 1 refused, the wake failed, a step
     failed or the cluster is locked, 2 bad input (nothing changed), 130 --apply
