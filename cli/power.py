@@ -286,13 +286,13 @@ def wake_cmd(host: str, cluster_file: str | None, timeout: float | None, do_appl
     cluster.host(host)
     out: dict[str, Any] = {"host": host, "applied": do_apply}
     with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
-                   quiet=as_json) as (uow, _inventory):
+                   quiet=as_json) as (uow, inventory):
         store = store_for(cluster, host_identities(cluster, uow.hv), coordination)  # type: ignore[arg-type]
         state = store.read()
         record = state.of(host)
         limit = timeout if timeout is not None else wake_deadline(cluster, state, host)
         if record.state == "on":
-            down = _inventory.host(host).down
+            down = inventory.host(host).down
             reason = (f"host {host} is on (not put to sleep by vcsched): nothing to wake" if down is None else
                       f"host {host} was not put to sleep by vcsched: it is down ({down}), not asleep; a power "
                       f"wake is for hosts vcsched powered off (a failed host: `vcsched recover {host}`)")

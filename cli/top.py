@@ -70,7 +70,6 @@ class Reader:
         self._lock = threading.Lock()
         #: Reads the power record (docs/power.md): a host vcsched put to sleep is shown asleep, not down.
         self.power = power
-        self.power_problem: str | None = None
 
     def _hosts(self) -> Inventory:
         with self._lock:
@@ -110,9 +109,6 @@ class Reader:
         self._probing = threading.Thread(target=retry, name="top-retry", daemon=True)
         self._probing.start()
 
-    def _power_note(self, text: str) -> None:
-        self.power_problem = text
-
     def retrying(self) -> bool:
         """A background try is still waiting on a host."""
         return self._probing is not None and self._probing.is_alive()
@@ -120,8 +116,8 @@ class Reader:
     def read(self) -> TopView:
         from acting.power import asleep_in
 
-        self.power_problem = None
-        inventory = asleep_in(self._hosts(), self.power, self._power_note)
+        # A record that cannot be read leaves the hosts down, each with libvirt's reason (as before power saving).
+        inventory = asleep_in(self._hosts(), self.power, lambda _note: None)
         now = time.time()
         for h in inventory.hosts:
             if h.down is None:
@@ -131,7 +127,7 @@ class Reader:
         samples = self.sampler.samples()
         estimates = estimate_all(inventory, samples, self.previous)
         self.previous = {name: e.estimate for name, e in estimates.items()}
-        problems = [self.power_problem] if self.power_problem else []
+        problems = []
         try:
             vcs = virtual_clusters(self.cluster, inventory, self.sharing, estimates)
         except VcschedError as exc:  # e.g. a VM's tenant no longer in the cluster file: shown, not fatal
