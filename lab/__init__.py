@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -589,8 +590,6 @@ def _keep_or_write(path: Path, text: str) -> None:
     """Write the running lab's cluster file ``text``, unless the file there already says all that ``text`` says:
     what an operator added to it — `vcsched cordon`'s ``maintenance = true``, power settings, throttles — survives
     `lab up` repairing the lab (it was silently dropped: a cordoned host took VMs again)."""
-    import tomllib
-
     with contextlib.suppress(OSError, ValueError):
         if says_all(tomllib.loads(path.read_text()), tomllib.loads(text)):
             return
