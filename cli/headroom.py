@@ -87,8 +87,10 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
         console.print("  per host: " + ", ".join(f"{h} {n}" for h, n in answer.per_host.items()), highlight=False)
     console.print(f"  one more is refused: {said_plainly(answer.limit, s.name)}", highlight=False)
     if wakes is not None and wakes["hosts"]:
-        console.print(f"  with {', '.join(str(h) for h in wakes['hosts'])} woken (asleep; a wake takes up to "  # type: ignore[attr-defined]
-                      f"{wakes['wake_s']:.0f} s): [bold]{wakes['count']}[/] more "
+        took = (f"a wake takes up to {wakes['wake_s']:.0f} s" if wakes["wake_measured"] else
+                f"a wake assumed to take {wakes['wake_s']:.0f} s, the cluster's wake_time: none measured yet")
+        console.print(f"  with {', '.join(str(h) for h in wakes['hosts'])} woken (asleep; {took}): "  # type: ignore[attr-defined]
+                      f"[bold]{wakes['count']}[/] more "
                       "(`vcsched place --apply` wakes one when that is the only way to admit)", highlight=False)
     for host, why in (wakes or {}).get("not_counted", {}).items():  # type: ignore[attr-defined]
         console.print(f"  {host} is asleep, not counted: {why}", highlight=False)
@@ -107,11 +109,12 @@ def _with_wakes(cluster: Cluster, uow: UnitOfWork, inventory: Inventory,
     hosts = wakeable(cluster, inventory, state)
     left_out = unwakeable(cluster, inventory, state)
     if not hosts:
-        return {"hosts": [], "count": 0, "per_host": {}, "wake_s": None, "not_counted": left_out} if left_out \
-            else None
+        return {"hosts": [], "count": 0, "per_host": {}, "wake_s": None, "wake_measured": False,
+                "not_counted": left_out} if left_out else None
     answer = count(woken(inventory, state, hosts))
     return {"hosts": list(hosts), "count": answer.count, "per_host": answer.per_host,
-            "wake_s": max(wake_time(cluster, state, h) for h in hosts), "not_counted": left_out}
+            "wake_s": max(wake_time(cluster, state, h) for h in hosts),
+            "wake_measured": all(state.of(h).wake_s is not None for h in hosts), "not_counted": left_out}
 
 
 def said_plainly(limit: str, request: str) -> str:

@@ -143,9 +143,9 @@ def test_a_sleep_says_in_one_plain_sentence_that_the_host_is_asleep(tmp_path: Pa
     assert "((" not in r.stdout and "))" not in r.stdout
 
 
-def test_a_place_dry_run_that_needs_a_wake_says_its_plan_was_not_saved(tmp_path: Path) -> None:
-    """Issue (QA on the lab): `place REQ -o PLAN.json` whose plan needs a sleeping host woken printed the plan and
-    "--apply would wake h2 first", exit 0, and silently wrote no file (a saved plan cannot wake a host)."""
+def asleep_h2(tmp_path: Path) -> Path:
+    """Simulated hosts (``sim://``: they cap CPU): h0 and h1 full at yield 1, h2 recorded asleep (its URI answers
+    nothing), its record where every command looks by default (the state directory, per test); the cluster file."""
     from acting.power import store_for
     from cli.common import load_cluster
     from hypervisor.libvirt_backend import LibvirtHypervisor
@@ -158,16 +158,33 @@ def test_a_place_dry_run_that_needs_a_wake_says_its_plan_was_not_saved(tmp_path:
     text += (f'[[hosts]]\nname = "h2"\nuri = "sim://{tmp_path}/asleep.xml"\n'  # asleep: its URI answers nothing
              'uuid = "00000000-0000-0000-0000-000000000002"\npower = {agent = "fence_dummy"}\n')
     hosts.cluster_file.write_text(text)
-    coordination = f"file://{tmp_path}/coordination"
     cluster = load_cluster(str(hosts.cluster_file))
     with LibvirtHypervisor(cluster) as hv:
-        store = store_for(cluster, hv.identities(), coordination)
+        store = store_for(cluster, hv.identities())
     store.change(lambda s: slept(s, HostState("h2", CORES, HOST_MEMORY_MIB << 20), 1.0))
+    return hosts.cluster_file
+
+
+def test_headroom_says_a_wake_time_is_assumed_until_one_was_measured(tmp_path: Path) -> None:
+    """Issue (QA on the lab): "with h2 woken (asleep; a wake takes up to 600 s)" where 600 s is only the cluster's
+    wake_time, no wake of h2 having been measured."""
+    cluster_file = asleep_h2(tmp_path)
+    r = CliRunner().invoke(cli, ["headroom", "--vm", "cpu_cores=0.5,memory=512MiB", "--cluster", str(cluster_file)],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    assert "with h2 woken (asleep; a wake assumed to take 600 s, the cluster's wake_time: none measured yet)" in \
+        " ".join(r.stdout.split()), r.stdout
+
+
+def test_a_place_dry_run_that_needs_a_wake_says_its_plan_was_not_saved(tmp_path: Path) -> None:
+    """Issue (QA on the lab): `place REQ -o PLAN.json` whose plan needs a sleeping host woken printed the plan and
+    "--apply would wake h2 first", exit 0, and silently wrote no file (a saved plan cannot wake a host)."""
+    cluster_file = asleep_h2(tmp_path)
     request = tmp_path / "more.toml"
     request.write_text('name = "more"\nvms = 2\nvcpus = 1\nmemory = "512MiB"\ncpu_cores = 0.5\nmin_yield = 1.0\n')
     plan = tmp_path / "plan.json"
-    r = CliRunner().invoke(cli, ["place", str(request), "--cluster", str(hosts.cluster_file), "-o", str(plan),
-                                 "--coordination", coordination], env={"COLUMNS": "200"})
+    r = CliRunner().invoke(cli, ["place", str(request), "--cluster", str(cluster_file), "-o", str(plan)],
+                           env={"COLUMNS": "200"})
     assert r.exit_code == 0, (r.stdout, r.stderr)
     assert "--apply would wake h2 first" in r.stdout and not plan.exists()
     assert f"note: plan not saved to {plan}: it needs h2 woken first" in " ".join(r.stderr.split()), r.stderr

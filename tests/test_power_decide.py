@@ -359,7 +359,8 @@ def test_a_sleeping_host_no_wake_chooses_is_named_with_why_by_headroom_and_place
     shape = request("x", 1, 0.2)
     wakes = _with_wakes(c, SimpleNamespace(power=lambda: failed), asleep,  # type: ignore[arg-type]
                         lambda i: headroom_for(c, i, shape, min_yield=0.5))
-    assert wakes == {"hosts": [], "count": 0, "per_host": {}, "wake_s": None, "not_counted": {"h2": why}}
+    assert wakes == {"hosts": [], "count": 0, "per_host": {}, "wake_s": None, "wake_measured": False,
+                     "not_counted": {"h2": why}}
     import acting.power
     import cli.common
     from cli.place import _by_waking
