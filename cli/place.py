@@ -185,15 +185,20 @@ def _by_waking(cluster: Cluster, uow: UnitOfWork, inventory: Inventory, refused:
     helps; a wake that fails is a refusal naming it (the host is then wake-failed)."""
     from acting.power import agents, store_for, wake_host
     from cli.common import host_identities
-    from vcsched.control.power import unwakeable, wake_to_admit
+    from vcsched.control.power import unwakeable, wake_to_admit, wakeable, woken
 
     store = store_for(cluster, host_identities(cluster, uow.hv), coordination)  # type: ignore[arg-type]
     state = store.read()
     found = wake_to_admit(cluster, inventory, state, decide)
-    if found is None:
-        left_out = "; ".join(f"{h} is asleep: {why}"
-                             for h, why in unwakeable(cluster, inventory, state).items())
-        return (dataclasses.replace(refused, reason=f"{refused.reason}; {left_out}") if left_out else refused,
+    if found is None:  # said, so that no one wakes a host by hand for nothing (or wonders why none was woken)
+        notes = [f"{h} is asleep: {why}" for h, why in unwakeable(cluster, inventory, state).items()]
+        could = wakeable(cluster, inventory, state)
+        if could:
+            every = decide(woken(inventory, state, could))
+            notes.append(f"it needs more than one of {', '.join(could)} woken, which place does not do: wake them "
+                         "with `vcsched power wake HOST --apply`, then place again" if every.admitted else
+                         f"waking {', '.join(could)} would not admit it either ({every.reason})")
+        return (dataclasses.replace(refused, reason="; ".join([str(refused.reason), *notes])) if notes else refused,
                 inventory, None)
     host, decision = found
     wake: dict[str, object] = {"host": host, "refused_on": refused.reason, "woke": None}

@@ -420,3 +420,52 @@ def test_place_apply_says_the_host_it_woke_answered_and_after_how_long() -> None
                                        asleep, admit(c, asleep, wide), lambda i: admit(c, i, wide), True, False, None)
     assert decision.admitted and wake is not None and wake["woke"] is True
     assert said in " ".join(cap.get().split()), cap.get()
+
+
+def test_a_place_refused_even_with_the_sleeping_hosts_woken_says_so() -> None:
+    """Issue (QA on the lab): `headroom` counted "with h2 woken: 2 more" at one floor; `place` of a request with a
+    higher floor was refused with the hosts on's reason alone, leaving the operator to wonder whether waking h2 by
+    hand would do."""
+    from types import SimpleNamespace
+
+    import acting.power
+    import cli.common
+    from cli.place import _by_waking
+    from vcsched.control.admission import admit
+    from vcsched.control.power import mark_asleep
+
+    inv, state = two_on_one_asleep(0.3)
+    c, asleep = powered(), mark_asleep(inv, state)
+    wider = request("wider", 4, 0.2, spread="required")  # one VM per host, on 4 of 3 hosts: never
+    refused = admit(c, asleep, wider)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(acting.power, "store_for", lambda *_: SimpleNamespace(read=lambda: state))
+        m.setattr(cli.common, "host_identities", lambda *_: None)
+        said, _, wake = _by_waking(c, SimpleNamespace(hv=None), asleep, refused,  # type: ignore[arg-type]
+                                   lambda i: admit(c, i, wider), False, True, None)
+    assert wake is None and not said.admitted
+    assert said.reason.startswith(f"{refused.reason}; waking h2 would not admit it either ("), said.reason
+
+
+def test_a_place_that_needs_two_hosts_woken_says_to_wake_them_by_hand() -> None:
+    from types import SimpleNamespace
+
+    import acting.power
+    import cli.common
+    from cli.place import _by_waking
+    from vcsched.control.admission import admit
+    from vcsched.control.power import mark_asleep
+
+    full = inventory_of([managed("v0", "h0", "v0", 0.3), managed("v1", "h1", "v1", 0.3)], n_hosts=4)
+    state = slept(slept(PowerState(), full.hosts[2], 0.0), full.hosts[3], 0.0)
+    asleep = mark_asleep(dataclasses.replace(full, hosts=(*full.hosts[:2], *(
+        dataclasses.replace(h, down="asleep") for h in full.hosts[2:]))), state)
+    c = powered(4)
+    four = request("four", 4, 0.2, spread="required")  # one VM per host: both h2 and h3 needed
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(acting.power, "store_for", lambda *_: SimpleNamespace(read=lambda: state))
+        m.setattr(cli.common, "host_identities", lambda *_: None)
+        said, _, wake = _by_waking(c, SimpleNamespace(hv=None), asleep, admit(c, asleep, four),  # type: ignore[arg-type]
+                                   lambda i: admit(c, i, four), False, True, None)
+    assert wake is None and "it needs more than one of h2, h3 woken, which place does not do" in said.reason, \
+        said.reason
