@@ -149,7 +149,9 @@ def adapt_cmd(cluster_file: str | None, budget: int, set_need: tuple[str, ...], 
 
     Exit codes: 0 planned (and applied), 1 nothing within the budget / no
     safe order / a step failed / the cluster is locked, 2 bad input, 130
-    --apply interrupted by Ctrl-C (after the running step).
+    --apply interrupted by Ctrl-C (after the running step).  A dry run exits as
+    --apply would: 1 where --apply would refuse its plan ("--apply would
+    refuse: ...", docs/cli.md, "Dry runs").
     """
     from cli.common import (
         acting_on,

@@ -89,9 +89,12 @@ def apply_cmd(plan_file: str, cluster_file: str | None, force: bool, allow_below
     with acting_on(cluster, apply=not dry_run, coordination=coordination, wait=wait, ttl=lock_ttl,
                    quiet=as_json) as (uow, inventory):
         if not as_json:
-            console.print(f"plan for cluster [bold]{plan.cluster}[/] ({plan.kind}, {plural(len(plan.steps), 'step')})")
+            kind = plan.kind if drain is None else f"drain {drain}"  # a drain's plan is an adaptation's kind
+            console.print(f"plan for cluster [bold]{plan.cluster}[/] ({kind}, {plural(len(plan.steps), 'step')})")
             render_plan(plan, inventory)
         refused = _drain_refused(plan, inventory, allow_below_floor) if drain is not None else None
+        if refused is not None and dry_run:  # as drain's dry run says it (docs/cli.md, "Dry runs")
+            refused = f"--apply would refuse this plan: {refused}"
         if refused is None and dry_run:  # the same whole-plan check applying runs first; it only reads
             why = apply_would_refuse(uow, plan, inventory, force=force, planned_here=False)
             refused = None if why is None else f"--apply would refuse: {why}"

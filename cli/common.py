@@ -174,7 +174,8 @@ def render_plan(plan: Plan, inventory: Inventory, reasons: Sequence[str] | None 
             f"{vm} " + ", ".join(f"{r} {format_size(v)}/s" for r, v in p.io_bytes_sec)
             for vm, p in sorted(plan.per_vm.items()) if p.io_bytes_sec), highlight=False)
     if not plan.steps:
-        console.print("  nothing to do: every VM already has its cap")
+        # Not "nothing to do": a drain whose VMs all stay has no step either, and still has its work undone.
+        console.print("  the plan has no step: every VM keeps its host and its cap")
         return
     from vcsched.formats.words import plural
 

@@ -86,7 +86,9 @@ def drain_cmd(host: str, cluster_file: str | None, budget: int, algorithm: str, 
     emptied (partial plan shown; with --apply, nothing applied) / a virtual
     cluster would end below its floor (without --allow-below-floor) / no safe
     order / a step failed / the cluster is locked, 2 bad input, 130 --apply
-    interrupted by Ctrl-C (after the running step).
+    interrupted by Ctrl-C (after the running step).  A dry run exits as --apply
+    would: 1 where --apply would refuse its plan ("--apply would refuse: ...",
+    docs/cli.md, "Dry runs").
     """
     path = cluster_path(cluster_file)
     cluster = load_cluster(str(path))

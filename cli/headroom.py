@@ -53,7 +53,8 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
 
     Hosts that vcsched's power saving put to sleep are capacity that costs a
     wake (docs/power.md): counted apart, as how many more fit with them woken
-    ("with_wakes" in --json; never a host whose wake failed).
+    ("with_wakes" in --json; never a host whose wake failed: such a host is
+    named, with why, as not counted).
 
     Exit codes: 0 answered (even when none fits), 1 every host is down,
     2 bad input (an unknown key or a value the request would refuse).
@@ -85,10 +86,14 @@ def headroom_cmd(shape: Request, failures: int | None, min_yield: float | None, 
                       "over the whole cluster", highlight=False)
         console.print("  per host: " + ", ".join(f"{h} {n}" for h, n in answer.per_host.items()), highlight=False)
     console.print(f"  one more is refused: {said_plainly(answer.limit, s.name)}", highlight=False)
-    if wakes is not None:
-        console.print(f"  with {', '.join(str(h) for h in wakes['hosts'])} woken (asleep; a wake takes up to "  # type: ignore[attr-defined]
-                      f"{wakes['wake_s']:.0f} s): [bold]{wakes['count']}[/] more "
+    if wakes is not None and wakes["hosts"]:
+        took = (f"a wake takes up to {wakes['wake_s']:.0f} s" if wakes["wake_measured"] else
+                f"a wake assumed to take {wakes['wake_s']:.0f} s, the cluster's wake_time: none measured yet")
+        console.print(f"  with {', '.join(str(h) for h in wakes['hosts'])} woken (asleep; {took}): "  # type: ignore[attr-defined]
+                      f"[bold]{wakes['count']}[/] more "
                       "(`vcsched place --apply` wakes one when that is the only way to admit)", highlight=False)
+    for host, why in (wakes or {}).get("not_counted", {}).items():  # type: ignore[attr-defined]
+        console.print(f"  {host} is asleep, not counted: {why}", highlight=False)
     return EXIT_OK
 
 
@@ -98,15 +103,18 @@ def _with_wakes(cluster: Cluster, uow: UnitOfWork, inventory: Inventory,
     counted apart; None when no host sleeps."""
     if not inventory.asleep_hosts() or uow.power is None:
         return None
-    from vcsched.control.power import wake_time, wakeable, woken
+    from vcsched.control.power import unwakeable, wake_time, wakeable, woken
 
     state = uow.power()
     hosts = wakeable(cluster, inventory, state)
+    left_out = unwakeable(cluster, inventory, state)
     if not hosts:
-        return None
+        return {"hosts": [], "count": 0, "per_host": {}, "wake_s": None, "wake_measured": False,
+                "not_counted": left_out} if left_out else None
     answer = count(woken(inventory, state, hosts))
     return {"hosts": list(hosts), "count": answer.count, "per_host": answer.per_host,
-            "wake_s": max(wake_time(cluster, state, h) for h in hosts)}
+            "wake_s": max(wake_time(cluster, state, h) for h in hosts),
+            "wake_measured": all(state.of(h).wake_s is not None for h in hosts), "not_counted": left_out}
 
 
 def said_plainly(limit: str, request: str) -> str:

@@ -27,6 +27,7 @@ from vcsched.control.admission import Decision, admit
 from vcsched.control.failover import keep_failover_room
 from vcsched.formats.request import Request
 from vcsched.formats.units import format_size
+from vcsched.formats.words import plural
 from vcsched.inventory import Inventory
 from vcsched.model import SolveOptions
 from vcsched.solvers.registry import algorithms
@@ -41,8 +42,8 @@ def render_decision(request: Request, decision: Decision, inventory: Inventory) 
         console.print(f"[red]refused[/] {request.name}: {decision.reason}")
         return
     assert decision.plan is not None
-    console.print(f"[green]admitted[/] {request.name}: {request.vms} VMs of {request.vcpus} vCPU, "
-                  f"{format_size(request.memory_bytes)}")
+    console.print(f"[green]admitted[/] {request.name}: {plural(request.vms, 'VM')} of {plural(request.vcpus, 'vCPU')}"
+                  f", {format_size(request.memory_bytes)}")
     for unmet in decision.detail.get("unmet_preferred", []):  # type: ignore[attr-defined]
         console.print(f"[yellow]note[/]: preferred rule not honoured: {unmet}", highlight=False)
     for note in decision.detail.get("fallback", []):  # type: ignore[attr-defined]
@@ -99,11 +100,15 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
     power saving put to sleep would admit it (docs/power.md), --apply wakes
     that host first (the quickest to wake; never one whose wake failed), waits
     until it answers as itself, and admits on the cluster as it then is; the
-    dry run names the host it would wake.
+    dry run names the host it would wake (its plan is not saved with -o: a
+    saved plan wakes no host).  A refusal names each sleeping host no wake
+    chooses, with why (its last wake failed: `vcsched power clear HOST`).
 
     Exit codes: 0 admitted (and applied), 1 refused, the wake failed, a step
     failed or the cluster is locked, 2 bad input (nothing changed), 130 --apply
-    interrupted by Ctrl-C (after the running step).
+    interrupted by Ctrl-C (after the running step).  A dry run exits as --apply
+    would: 1 where --apply would refuse its plan ("--apply would refuse: ...",
+    docs/cli.md, "Dry runs").
     """
     if algorithm not in algorithms():
         raise click.BadParameter(f"unknown algorithm {algorithm!r} (known: {', '.join(sorted(algorithms()))})",
@@ -128,8 +133,14 @@ def place_cmd(request_file: str, cluster_file: str | None, algorithm: str, outpu
             decision, inventory, wake = _by_waking(cluster, uow, inventory, decision, decide, do_apply, as_json,
                                                    coordination)
         if decision.plan is not None:
-            if output and wake is None:  # a plan onto a host still asleep could not be applied later
+            if output and wake is None:
                 save_plan(decision.plan, output)
+            elif output and wake is not None and not do_apply:  # a plan onto a host asleep could not be applied
+                from cli.common import notice
+
+                notice(f"plan not saved to {output}: it needs {wake['host']} woken first (`vcsched apply` wakes "
+                       "no host); `vcsched place --apply` wakes it and places, or wake it with `vcsched power "
+                       f"wake {wake['host']} --apply` and plan again")
             if do_apply:
                 if not as_json:
                     render_decision(request, decision, inventory)
@@ -174,12 +185,21 @@ def _by_waking(cluster: Cluster, uow: UnitOfWork, inventory: Inventory, refused:
     helps; a wake that fails is a refusal naming it (the host is then wake-failed)."""
     from acting.power import agents, store_for, wake_host
     from cli.common import host_identities
-    from vcsched.control.power import wake_to_admit
+    from vcsched.control.power import unwakeable, wake_to_admit, wakeable, woken
 
     store = store_for(cluster, host_identities(cluster, uow.hv), coordination)  # type: ignore[arg-type]
-    found = wake_to_admit(cluster, inventory, store.read(), decide)
-    if found is None:
-        return refused, inventory, None
+    state = store.read()
+    found = wake_to_admit(cluster, inventory, state, decide)
+    if found is None:  # said, so that no one wakes a host by hand for nothing (or wonders why none was woken)
+        notes = [f"{h} is asleep: {why}" for h, why in unwakeable(cluster, inventory, state).items()]
+        could = wakeable(cluster, inventory, state)
+        if could:
+            every = decide(woken(inventory, state, could))
+            notes.append(f"it needs more than one of {', '.join(could)} woken, which place does not do: wake them "
+                         "with `vcsched power wake HOST --apply`, then place again" if every.admitted else
+                         f"waking {', '.join(could)} would not admit it either ({every.reason})")
+        return (dataclasses.replace(refused, reason="; ".join([str(refused.reason), *notes])) if notes else refused,
+                inventory, None)
     host, decision = found
     wake: dict[str, object] = {"host": host, "refused_on": refused.reason, "woke": None}
     if not do_apply:
@@ -192,5 +212,7 @@ def _by_waking(cluster: Cluster, uow: UnitOfWork, inventory: Inventory, refused:
         return dataclasses.replace(refused, reason=f"{refused.reason}; waking {host} failed: {result.reason} "
                                                    f"(it is wake-failed until `vcsched power clear {host}`)"), \
             inventory, wake
+    if not quiet:
+        console.print(result.reason, highlight=False)  # "host h2 answers again as UUID after S s"
     fresh = uow.inventory()
     return decide(fresh), fresh, wake

@@ -120,6 +120,9 @@ def status_cmd(cluster_file: str | None, window: float, budget: int, coordinatio
         h = state.of(name)
         conf = cluster.host(name).power
         asleep = inv.host(name).asleep
+        down = None if asleep else inv.host(name).down  # recorded on, but not answering: failed, not asleep
+        # Recorded asleep, yet it answers: powered on outside vcsched (by hand, its BMC, `lab up`); read as awake.
+        answers_anyway = h.state != "on" and inv.host(name).down is None
         hosts.append({"host": name, "state": _describe(h).split(" since ")[0], "since": None if h.state == "on"
                       else h.since, "failed": h.failed, "reason": h.reason, "wake_s": h.wake_s,
                       "uuid": h.uuid, "answers": inv.host(name).down is None,
@@ -127,7 +130,10 @@ def status_cmd(cluster_file: str | None, window: float, budget: int, coordinatio
                                                                                   asleep=asleep), 1),
                       "overdue": name in late,
                       "text": _describe(h) + (f" (past its deadline: a wake cut short? `vcsched power wake {name} "
-                                              "--apply`)" if name in late else "")})
+                                              "--apply`)" if name in late else "")
+                      + (f", but down (not asleep): {down}" if down is not None else "")
+                      + (f", but it answers (powered on outside vcsched? `vcsched power wake {name} --apply` records "
+                         "it on)" if answers_anyway else "")})
     doc = {"cluster": cluster.name, "mode": cluster.power.mode, "hosts": hosts,
            "energy": {"window_s": window, "saved_joules": round(saved, 1), "saved_kwh": round(saved / J_PER_KWH, 3)},
            "decision": decision.to_dict(), "ok": True}
@@ -146,7 +152,8 @@ def _render_status(cluster: Cluster, doc: dict[str, Any], window: float) -> None
         table.add_column(col, key=col == "host", justify="left" if col in ("host", "state") else "right",
                          wrap=col == "state")
     for h in doc["hosts"]:
-        colour = {"on": "", "sleeping": "blue", "waking": "yellow", "wake-failed": "red"}[h["state"]]
+        colour = "red" if not h["answers"] and h["state"] == "on" else \
+            {"on": "", "sleeping": "blue", "waking": "yellow", "wake-failed": "red"}[h["state"]]
         text = f"[{colour}]{h['text']}[/]" if colour else h["text"]
         table.add_row(h["host"], text, "-" if h["wake_s"] is None else f"{h['wake_s']:.0f} s",
                       "-" if h["watts"] is None else f"{h['watts']:.0f} W")
@@ -234,8 +241,14 @@ def sleep_cmd(host: str, cluster_file: str | None, budget: int, do_apply: bool, 
     out |= result.to_dict()
     if as_json:
         emit_json(out | {"ok": result.slept})
-    elif result.slept:
-        console.print(f"[blue]{result.reason}[/]", highlight=False)
+    else:
+        if result.report is not None:  # what the evacuation did, step by step, as every apply shows it
+            from cli.common import render_report
+
+            render_report(result.report)
+        if result.slept and result.off is not None:
+            console.print(f"[blue]{host} is asleep[/]: emptied, then powered off through {result.off.agent} "
+                          "(off, then status said off)", highlight=False)
     return EXIT_OK if result.slept else refuse(result.reason)
 
 
@@ -273,13 +286,16 @@ def wake_cmd(host: str, cluster_file: str | None, timeout: float | None, do_appl
     cluster.host(host)
     out: dict[str, Any] = {"host": host, "applied": do_apply}
     with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
-                   quiet=as_json) as (uow, _inventory):
+                   quiet=as_json) as (uow, inventory):
         store = store_for(cluster, host_identities(cluster, uow.hv), coordination)  # type: ignore[arg-type]
         state = store.read()
         record = state.of(host)
         limit = timeout if timeout is not None else wake_deadline(cluster, state, host)
         if record.state == "on":
-            reason = f"host {host} is on (not put to sleep by vcsched): nothing to wake"
+            down = inventory.host(host).down
+            reason = (f"host {host} is on (not put to sleep by vcsched): nothing to wake" if down is None else
+                      f"host {host} was not put to sleep by vcsched: it is down ({down}), not asleep; a power "
+                      f"wake is for hosts vcsched powered off (a failed host: `vcsched recover {host}`)")
             if as_json:
                 emit_json(out | {"ok": False, "woke": False, "reason": reason})
             return refuse(reason)

@@ -61,7 +61,7 @@ def status_dict(inv: Inventory, measured: Mapping[str, float | None], seconds: f
         load = host_load(inv, h.name, measured)
         conf = cluster.host(h.name) if cluster is not None and h.name in names else None
         hosts.append({
-            "name": h.name, "down": h.down, "asleep": h.asleep, "uuid": h.uuid,
+            "name": h.name, "down": h.down, "asleep": h.asleep, "power": h.power, "uuid": h.uuid,
             "uri": conf.uri if conf else None, "address": conf.migration_address if conf else None,
             "storage": conf.storage_name if conf else None,
             "cores": h.cores, "memory_bytes": h.memory_bytes, "memory_reserved": h.memory_reserved,
@@ -187,7 +187,9 @@ def render_status(doc: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col == "host" else "right", priority=priority, key=col == "host")
     for h in doc["hosts"]:
         if h.get("asleep"):
-            table.add_row(f"[blue]{h['name']} (sleeping)[/]", str(h["cores"]), *(["-"] * (len(cols) - 2)))
+            word = h.get("power") or "sleeping"
+            colour = "red" if word == "wake-failed" else "blue"
+            table.add_row(f"[{colour}]{h['name']} ({word})[/]", str(h["cores"]), *(["-"] * (len(cols) - 2)))
             continue
         if h["down"] is not None:  # its reason goes below the table: a long one would widen a column of numbers
             table.add_row(f"[red]{h['name']} (down)[/]", *(["?"] * (len(cols) - 1)))
@@ -214,10 +216,17 @@ def render_status(doc: dict[str, Any]) -> None:
         console.print(f"[blue]{plural(len(asleep), 'host')} asleep[/] ({', '.join(asleep)}): powered off by vcsched "
                       "power saving, empty; `vcsched power status` says since when, `vcsched power wake` wakes one.",
                       highlight=False)
+    failed = [h["name"] for h in doc["hosts"] if h.get("power") == "wake-failed"]
+    if failed:  # never chosen again (to sleep, or to be woken for room) until an operator clears it
+        console.print(f"[red]{plural(len(failed), 'host')} failed to wake[/] ({', '.join(failed)}): not woken for "
+                      "room until cleared; `vcsched power status` says why, `vcsched power clear HOST` once fixed.",
+                      highlight=False)
     down = [h for h in doc["hosts"] if h["down"] is not None and not h.get("asleep")]
     if down:
-        console.print(f"[red]{plural(len(down), 'host')} down[/] ({', '.join(h['name'] for h in down)}): their VMs "
-                      "are unknown, and nothing is planned onto or off them until they answer again.",
+        console.print(f"[red]{plural(len(down), 'host')} down[/] ({', '.join(h['name'] for h in down)}): "
+                      + ("its VMs are unknown, and nothing is planned onto or off it until it answers again."
+                         if len(down) == 1 else
+                         "their VMs are unknown, and nothing is planned onto or off them until they answer again."),
                       highlight=False)
         for h in down:  # libvirt's reasons name the host already ("host h1: did not answer ...")
             reason, name = str(h["down"]), h["name"]

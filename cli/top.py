@@ -17,7 +17,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Group
@@ -31,12 +33,16 @@ from cli.params import Duration, cluster_option, policy_options
 from cli.top_view import Line, Refresh, Sort, frame, on_key
 from hypervisor.base import Hypervisor
 from vcsched.control.observe import estimate_all
+from vcsched.control.power import PowerState
 from vcsched.control.sharing import Sharing
 from vcsched.control.status import virtual_clusters
 from vcsched.control.top import TopView, controller_state, top_view
 from vcsched.errors import VcschedError
 from vcsched.formats.cluster import Cluster
 from vcsched.inventory import HostState, Inventory
+
+if TYPE_CHECKING:
+    from acting.power import HasIdentities
 
 
 class Reader:
@@ -50,7 +56,8 @@ class Reader:
     """
 
     def __init__(self, cluster: Cluster, hv: Hypervisor, sharing: Sharing, interval: float, window: float,
-                 events: Path | None, prober: Hypervisor | None = None) -> None:
+                 events: Path | None, prober: Hypervisor | None = None,
+                 power: Callable[[], PowerState] | None = None) -> None:
         self.cluster, self.hv, self.sharing = cluster, hv, sharing
         # A sample needs at least half an interval, as the controller's (acting/sampling.py says why).
         self.sampler = CpuSampler(window + interval, min_seconds=interval / 2, every_vm=True)
@@ -61,6 +68,8 @@ class Reader:
         self.suspect: dict[str, HostState] = {}  # host -> its down row, while it is retried in the background
         self._probing: threading.Thread | None = None
         self._lock = threading.Lock()
+        #: Reads the power record (docs/power.md): a host vcsched put to sleep is shown asleep, not down.
+        self.power = power
 
     def _hosts(self) -> Inventory:
         with self._lock:
@@ -105,7 +114,10 @@ class Reader:
         return self._probing is not None and self._probing.is_alive()
 
     def read(self) -> TopView:
-        inventory = self._hosts()
+        from acting.power import asleep_in
+
+        # A record that cannot be read leaves the hosts down, each with libvirt's reason (as before power saving).
+        inventory = asleep_in(self._hosts(), self.power, lambda _note: None)
         now = time.time()
         for h in inventory.hosts:
             if h.down is None:
@@ -135,6 +147,26 @@ class Reader:
                         down_since=self.down_since, now=now, controller=controller,
                         problem="; ".join(problems) or None, lost=lost)
         return dataclasses.replace(view, lost_unknown=unknown)
+
+
+def _power_record(cluster: Cluster, hv: HasIdentities) -> Callable[[], PowerState]:
+    """What reads the cluster's power record at each refresh that finds a host down.  Its store is named once (its
+    key asks every host without a declared UUID for its identity, which a hung one would make every refresh wait
+    for); reading it is then a file or etcd read."""
+    from acting.power import PowerStore, store_for
+    from hypervisor.identity import LockUnnamed
+
+    stores: list[PowerStore] = []
+
+    def read() -> PowerState:
+        if not stores:
+            try:
+                stores.append(store_for(cluster, hv.identities()))
+            except LockUnnamed:  # a host down that no command here ever read: none this machine put to sleep
+                return PowerState()
+        return stores[0].read()
+
+    return read
 
 
 class Refresher(threading.Thread):
@@ -256,8 +288,10 @@ def top_cmd(cluster_file: str | None, interval: float, window: float, events_fil
              --window; red and "full of unmanaged" when that is all of
              them; "full of unmanaged disk" / "net" when their measured
              I/O takes a declared disk_bps / net_bps whole), memory used / usable, and DOWN (with libvirt's reason
-             and for how long), cordoned (maintenance) or failed (a step
-             failed on it, or the controller found it down: --events);
+             and for how long), sleeping / waking / wake-failed (powered off
+             by vcsched's power saving, docs/power.md: not down), cordoned
+             (maintenance) or failed (a step failed on it, or the controller
+             found it down: --events);
       VMs:   virtual cluster, host, cap, the cores used over the last
              interval, whether the cap binds (the VM uses all of it), its need
              as declared and as estimated from its use over --window (the
@@ -269,8 +303,10 @@ def top_cmd(cluster_file: str | None, interval: float, window: float, events_fil
     Keys: y sort by yield (lowest first), u by use (busiest first), h by host,
     r reverses, q quits.  A host that hangs is shown down after the cluster's
     host_timeout; the screen keeps answering meanwhile.  On a narrow terminal
-    the least important columns are left out rather than cut.  Without a
-    terminal (piped) it prints one frame and exits (as --once).
+    the least important columns leave the row rather than being cut: a VM's
+    values in them go on an indented line under it (floor 0.6 · vcpus 1),
+    so nothing is hidden.  Without a terminal (piped) it prints one frame and
+    exits (as --once).
 
     \b
     Examples:
@@ -288,7 +324,8 @@ def top_cmd(cluster_file: str | None, interval: float, window: float, events_fil
     sharing = sharing_for(cluster, policy, alpha)  # bad input: exit 2 before anything is read
     sort = Sort(sort_key)
     hv = LibvirtHypervisor(cluster)  # reading only (reads never act)
-    reader = Reader(cluster, hv, sharing, interval, window, Path(events_file) if events_file else None)
+    reader = Reader(cluster, hv, sharing, interval, window, Path(events_file) if events_file else None,
+                    power=_power_record(cluster, hv))
     if once or not console.is_terminal:
         with hv:
             reader.read()

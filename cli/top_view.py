@@ -116,7 +116,9 @@ def ago(seconds: float) -> str:
 
 def host_marks(h: HostRow) -> str:
     marks = []
-    if h.down is not None:
+    if h.asleep is not None:  # powered off by vcsched, empty: not a failure
+        marks.append(h.asleep)
+    elif h.down is not None:
         marks.append("DOWN" + (f" {ago(h.down_for)}" if h.down_for is not None else ""))
     if h.cordoned:
         marks.append("cordoned")
@@ -298,8 +300,10 @@ def summary(view: TopView) -> list[Segment]:
         parts.append(("no virtual cluster runs", "dim"))
     if view.below_floor:
         parts.append((f"below floor: {', '.join(view.below_floor)}", "bold red"))
-    down = sum(1 for h in view.hosts if h.down is not None)
-    parts.append((plural(len(view.hosts), "host") + (f", {down} down" if down else ""), "red" if down else ""))
+    down = sum(1 for h in view.hosts if h.down is not None and h.asleep is None)
+    asleep = sum(1 for h in view.hosts if h.asleep is not None)
+    parts.append((plural(len(view.hosts), "host") + (f", {down} down" if down else "")
+                  + (f", {asleep} asleep" if asleep else ""), "red" if down else ""))
     running = sum(1 for v in view.vms if v.active)
     parts.append((plural(running, "VM"), ""))
     return parts

@@ -33,11 +33,11 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypervisor.files import write_atomic
+from hypervisor.files import exclusive, write_atomic
 
 #: The record's file name in the state directory.
 FILE = "hosts-down.json"
@@ -93,19 +93,33 @@ def update(state: Path, found_down: Mapping[str, str], answered: Iterable[str], 
     when something changed; a state directory that cannot be written is ignored.
     """
     now = time.time() if now is None else now
-    before = _read(state)
-    after = {uri: k for uri, k in before.items() if uri not in set(answered)}
-    after.update({uri: KnownDown(now, reason) for uri, reason in found_down.items()})
-    if after != before:
-        _write(state, after)
+    with _changing(state):
+        before = _read(state)
+        after = {uri: k for uri, k in before.items() if uri not in set(answered)}
+        after.update({uri: KnownDown(now, reason) for uri, reason in found_down.items()})
+        if after != before:
+            _write(state, after)
 
 
 def asleep(state: Path, uri: str, reason: str, now: float | None = None) -> None:
     """Record the host of ``uri`` powered off by vcsched's power saving: one short probe per command from now on,
     until it answers (module docstring)."""
-    records = _read(state)
-    records[uri] = KnownDown(time.time() if now is None else now, reason, asleep=True)
-    _write(state, records)
+    with _changing(state):
+        records = _read(state)
+        records[uri] = KnownDown(time.time() if now is None else now, reason, asleep=True)
+        _write(state, records)
+
+
+@contextlib.contextmanager
+def _changing(state: Path) -> Iterator[None]:
+    """The record's read-modify-write, one process at a time (every command and the controller change it: without
+    this, two that found different hosts down at once would each write their own view, and one finding — an
+    asleep mark among them — would be lost).  A lock that cannot be taken is ignored, like the record itself."""
+    with contextlib.ExitStack() as held:
+        with contextlib.suppress(OSError):
+            state.mkdir(parents=True, exist_ok=True)
+            held.enter_context(exclusive(state / (FILE + ".lock")))
+        yield
 
 
 def _write(state: Path, records: Mapping[str, KnownDown]) -> None:

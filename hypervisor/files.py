@@ -17,9 +17,11 @@ It lives here, outside the pure core (:mod:`vcsched` does no I/O), where both
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,19 @@ def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = None
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def exclusive(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` of ``path`` (created if missing) for a read-modify-write of the file it guards:
+    two processes that both read, change and :func:`write_atomic` one document would otherwise each write their
+    own view, and the first one's change would be lost.  Raises :class:`OSError` when the file cannot be opened."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def write_output(where: str, path: str | Path, data: str | bytes) -> None:

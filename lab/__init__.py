@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -332,9 +333,9 @@ def _repair(layout: LabLayout, existing: tuple[list[LabHost], GuestImage, int], 
         assert new_reserved is not None
         hosts = [dataclasses.replace(h, memory_reserved=new_reserved) for h in hosts]
     _write_state(layout, hosts, guest, machine_mib, transport, shared, block)
-    write_atomic(layout.cluster_file, render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
-                                                     migration_tls=tls, fence_agent=fence_agent.install(layout.root),
-                                                     lab_dir=layout.root))
+    _keep_or_write(layout.cluster_file, render_cluster_toml("lab", hosts, guest, pki=layout.pki_dir if tls else None,
+                                                       migration_tls=tls, fence_agent=fence_agent.install(layout.root),
+                                                       lab_dir=layout.root))
     return Lab(layout.root, layout.id, tuple(hosts), guest, layout.cluster_file, tuple(repaired), warnings,
                machine_mib, transport, shared, block)
 
@@ -583,6 +584,27 @@ def _probe(uri: str) -> tuple[bool, tuple[str, ...], int | None, int | None]:
         return False, (), None, None
     finally:
         conn.close()
+
+
+def _keep_or_write(path: Path, text: str) -> None:
+    """Write the running lab's cluster file ``text``, unless the file there already says all that ``text`` says:
+    what an operator added to it — `vcsched cordon`'s ``maintenance = true``, power settings, throttles — survives
+    `lab up` repairing the lab (it was silently dropped: a cordoned host took VMs again)."""
+    with contextlib.suppress(OSError, ValueError):
+        if says_all(tomllib.loads(path.read_text()), tomllib.loads(text)):
+            return
+    write_atomic(path, text)
+
+
+def says_all(old: object, new: object) -> bool:
+    """Whether the parsed TOML ``old`` has every key of ``new`` with the same value (tables recursively, arrays of
+    tables element by element, of the same length): ``old`` is ``new`` with additions only."""
+    if isinstance(new, dict):
+        return isinstance(old, dict) and all(k in old and says_all(old[k], v) for k, v in new.items())
+    if isinstance(new, list):
+        return isinstance(old, list) and len(old) == len(new) and all(
+            says_all(o, n) for o, n in zip(old, new, strict=True))
+    return old == new
 
 
 def default_cluster_file() -> Path | None:

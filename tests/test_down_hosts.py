@@ -116,6 +116,31 @@ def test_a_record_older_than_its_memory_costs_the_full_wait_again(tmp_path: Path
     assert limits == {"a": 0.5}  # never longer than host_timeout
 
 
+def test_two_commands_recording_at_once_lose_neither_finding(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue (QA, several commands on one machine): the record was read, changed and written with no lock, so two
+    commands that found different hosts down at once each wrote their own view and one finding was lost — a
+    sleeping host's asleep mark among them (each lost finding costs a later command the full host_timeout)."""
+    state = tmp_path / "state"
+    slow_read = down_hosts._read
+
+    def read(where: Path) -> dict[str, down_hosts.KnownDown]:
+        got = slow_read(where)
+        time.sleep(0.3)  # both read before either writes, unless the second waits for the first
+        return got
+
+    monkeypatch.setattr(down_hosts, "_read", read)
+    writers = [threading.Thread(target=down_hosts.update, args=(state, {"qemu:///a": "refused"}, [])),
+               threading.Thread(target=down_hosts.asleep, args=(state, "qemu:///b", "powered off"))]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    monkeypatch.setattr(down_hosts, "_read", slow_read)
+    known = down_hosts.known_down(state)
+    assert set(known) == {"qemu:///a", "qemu:///b"} and known["qemu:///b"].asleep
+
+
 def test_an_unreadable_record_is_ignored(tmp_path: Path) -> None:
     (tmp_path / down_hosts.FILE).write_text("{not json")
     assert down_hosts.known_down(tmp_path) == {}

@@ -47,6 +47,18 @@ def test_partial_drain_says_why_each_vm_stays(algorithm: str) -> None:
     assert r.adapted.migrated_bytes == GIB and not r.complete
 
 
+def test_a_vm_that_stays_is_named_by_its_vm_name_and_the_bytes_in_units() -> None:
+    """Issue (QA on the lab): `drain h0 --budget 100MiB` said "task 1 of 'batch' needs 134217728 bytes;
+    104857600 of the budget are left" beside VM batch-1."""
+    p = problem((Job("a", 0.2, 0.2, 3), Job("p", 0.2, 0.2)), [0, 0, 0, 0], GIB // 2, pinned=(-1, -1, -1, 0))
+    r = drain(p, 0, names=["a-7", "a-8", "a-9", "p-0"])
+    details = sorted(s.detail for s in r.stays)
+    assert details == ["a-7 needs 1 GiB to move; 512 MiB of the budget are left",
+                       "a-8 needs 1 GiB to move; 512 MiB of the budget are left",
+                       "a-9 needs 1 GiB to move; 512 MiB of the budget are left", "p-0 is pinned to this host"]
+    assert drain(p, 0).stays[-1].detail == "task 0 of 'p' is pinned to this host"  # no names: the job's index
+
+
 def test_rule_and_no_room_reasons() -> None:
     # sp's other VMs fill h1's spread slot; h2 has no memory left: no host keeps the rule with room.
     p = problem((Job("sp", 0.1, 0.3, 2, spread=REQUIRED), Job("big", 0.1, 0.9)), [0, 1, 2], 10 * GIB, memory=1.0)
@@ -120,3 +132,14 @@ def test_improvement_moves_stop_at_their_deadline() -> None:
     detail = solve_adapt(p, improve_s=0.0).detail
     assert detail.get("improve_stopped") == "improvement moves stopped after 0 s"
     assert "improve_stopped" not in solve_adapt(p).detail
+
+
+def test_drain_of_live_vms_names_each_one_that_stays_by_its_name() -> None:
+    """The same through the live adaptation `vcsched drain` runs: VM names that are not the job's indices."""
+    from tests.builders import inventory_of, managed
+    from vcsched.control.live import adapt_inventory
+
+    inv = inventory_of([managed("web-5", "h0", "web", 0.25), managed("web-9", "h0", "web", 0.25)])
+    live = adapt_inventory("lab", inv, 100 << 20, drain="h0")
+    assert sorted(live.stays) == [("web-5", BUDGET, "web-5 needs 128 MiB to move; 100 MiB of the budget are left"),
+                                  ("web-9", BUDGET, "web-9 needs 128 MiB to move; 100 MiB of the budget are left")]

@@ -53,6 +53,21 @@ def test_a_drain_that_apply_would_refuse_below_a_floor_exits_1_as_a_dry_run_too(
     assert allowed.exit_code == 0, (allowed.stdout, allowed.stderr)  # as --apply --allow-below-floor would go on
 
 
+def test_a_saved_drain_plan_below_a_floor_names_the_virtual_cluster_and_its_dry_run_says_apply_would_refuse(
+        floors: Path, tmp_path: Path) -> None:
+    """Issue (QA on the lab): `apply PLAN --dry-run` of such a plan said only "a virtual cluster would end below its
+    min_yield" — not which one, nor (as its --help and docs/cli.md promise) "--apply would refuse"."""
+    plan = tmp_path / "plan.json"
+    assert run("drain", "h0", "--budget", "unlimited", "--cluster", floors, "-o", plan).exit_code == 1
+    why = "virtual cluster 'gold' would end at yield 0.500, below the min_yield 1 it was admitted with"
+    dry = run("apply", plan, "--dry-run", "--cluster", floors)
+    assert dry.exit_code == 1 and "plan for cluster floors (drain h0, " in dry.stdout, dry.stdout  # not "adapt"
+    assert dry.stderr.strip().splitlines()[-1] == (f"vcsched: refused: --apply would refuse this plan: {why} "
+                                                    "(--allow-below-floor to apply anyway)"), dry.stderr
+    applied = run("apply", plan, "--cluster", floors, "--coordination", f"file://{tmp_path}/lock")
+    assert applied.exit_code == 1 and f"vcsched: refused: {why}" in applied.stderr, applied.stderr
+
+
 def test_a_drain_dry_run_json_says_ok_false_when_apply_would_refuse(floors: Path) -> None:
     import json
 
@@ -382,3 +397,19 @@ def test_recover_and_restart_dry_runs_exit_as_apply_does(command: str, tmp_path:
         assert ("--apply would refuse" in dry.stderr) is refuses
         if not refuses:
             assert "web-0" in applied.stdout and "applied" in applied.stdout
+
+
+@pytest.mark.parametrize("command", ["place", "adapt", "drain"])
+def test_the_help_of_each_planning_command_says_its_dry_run_exits_as_apply_would(command: str) -> None:
+    """Issue (QA): their "Exit codes" listed 1 for --apply's refusals only; a script reading the help could not
+    know the dry run exits 1 too where --apply would refuse (docs/cli.md, "Dry runs")."""
+    r = CliRunner().invoke(cli, [command, "--help"], env={"COLUMNS": "200"})
+    assert "A dry run exits as --apply would: 1 where --apply would refuse its plan" in " ".join(r.stdout.split())
+
+
+def test_a_drain_that_moves_nothing_does_not_say_nothing_to_do(floors: Path) -> None:
+    """Issue (QA on the lab): `drain h0 --budget 100MiB` said "0 of 2 VMs leave" and then "nothing to do: every VM
+    already has its cap", above the table of the VMs that stay."""
+    r = run("drain", "h0", "--budget", "0", "--cluster", floors)
+    assert r.exit_code == 1 and "0 of 2 VMs leave" in r.stdout, (r.stdout, r.stderr)
+    assert "nothing to do" not in r.stdout and "the plan has no step" in r.stdout, r.stdout

@@ -221,6 +221,21 @@ def test_guest_xml_escapes_names() -> None:
     assert ET.fromstring(guest_xml("a<&>b", image)).findtext("name") == "a<&>b"
 
 
+def test_the_running_labs_cluster_file_is_kept_when_it_says_all_the_lab_would_write() -> None:
+    """A repair (`lab up` on a running lab) kept nothing an operator added to cluster.toml (QA: `maintenance = true`
+    from `vcsched cordon` and power settings vanished): the file is rewritten only when it no longer says what the
+    lab would write."""
+    from lab import says_all
+
+    lab = {"name": "lab", "hosts": [{"name": "h0", "uri": "u0"}, {"name": "h1", "uri": "u1"}]}
+    edited = {"name": "lab", "power_yield": 0.5, "hosts": [{"name": "h0", "uri": "u0", "maintenance": True},
+                                                           {"name": "h1", "uri": "u1"}]}
+    assert says_all(edited, lab) and says_all(lab, lab)
+    assert not says_all(lab, edited)  # the other way round: additions missing
+    assert not says_all({**edited, "hosts": edited["hosts"][:1]}, lab)  # a host fewer
+    assert not says_all({**edited, "hosts": [{"name": "h0", "uri": "other"}, lab["hosts"][1]]}, lab)  # changed
+
+
 def test_lab_up_rejects_a_host_count_out_of_range() -> None:
     for n in ("0", "9"):
         r = CliRunner().invoke(cli, ["lab", "up", "--hosts", n])
@@ -506,11 +521,17 @@ def test_lab_down_leaves_nothing_and_up_repairs_a_crash_keeping_guests_or_recrea
         for cg in lab_cgroups.partition_dirs(layout.partition(0)):
             guest_pids |= lab_cgroups.procs_in(cg)
         assert guest_pids
+        from cli.maintenance import set_maintenance
+
+        set_maintenance(lab.cluster_file, "h0", True)  # an operator's edits of the cluster file: `cordon h0` ...
+        edited = lab.cluster_file.read_text().replace('name = "lab"\n', 'name = "lab"\npower_yield = 0.5\n', 1)
+        lab.cluster_file.write_text(edited)  # ... and a setting of their own
         for pid in pids:  # a crash: daemons die, the guest and the partition stay
             os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
         lab = up(1, d)  # on a lab that exists: a repair, which keeps the guest
         assert status(d).running and lab.repaired == ("h0",)
+        assert lab.cluster_file.read_text() == edited, "the repair dropped the operator's cordon and setting"
         assert not any(lab_cgroups.pid_gone(p) for p in guest_pids), "the repair lost the guest"
         assert len(status(d).hosts[0].domains) == 1  # the new libvirtd took it over
         lab = up(1, d, recreate=True)  # asked for: a fresh lab, the old guest destroyed

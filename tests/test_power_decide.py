@@ -340,6 +340,44 @@ def test_place_wakes_the_sleeping_host_whose_wake_alone_admits_never_one_whose_w
     assert wake_to_admit(c, mark_asleep(inv, failed), failed, lambda woken: admit(c, woken, wide)) is None
 
 
+def test_a_sleeping_host_no_wake_chooses_is_named_with_why_by_headroom_and_place() -> None:
+    """Issue (QA on the lab): with h2's wake failed, `headroom` dropped its "with h2 woken" line and `place` refused
+    on the hosts on, neither saying that a host sleeps which no wake will choose until it is cleared."""
+    from types import SimpleNamespace
+
+    from cli.headroom import _with_wakes
+    from vcsched.control.headroom import headroom_for
+    from vcsched.control.power import mark_asleep, unwakeable
+
+    inv, state = two_on_one_asleep(0.3)
+    c = powered()
+    assert unwakeable(c, mark_asleep(inv, state), state) == {}  # it may be woken: nothing to say
+    failed = wake_failed(waking(state, "h2", 10.0), "h2", 20.0, "no answer")
+    asleep = mark_asleep(inv, failed)
+    why = "its last wake failed: not woken until `vcsched power clear h2`"
+    assert unwakeable(c, asleep, failed) == {"h2": why}
+    shape = request("x", 1, 0.2)
+    wakes = _with_wakes(c, SimpleNamespace(power=lambda: failed), asleep,  # type: ignore[arg-type]
+                        lambda i: headroom_for(c, i, shape, min_yield=0.5))
+    assert wakes == {"hosts": [], "count": 0, "per_host": {}, "wake_s": None, "wake_measured": False,
+                     "not_counted": {"h2": why}}
+    import acting.power
+    import cli.common
+    from cli.place import _by_waking
+    from vcsched.control.admission import admit
+
+    wide = request("wide", 3, 0.2, spread="required")  # one VM per host: needs h2
+    refused = admit(c, asleep, wide)
+    with pytest.MonkeyPatch.context() as m:  # the record as the store reads it; no host asked for its identity
+        m.setattr(acting.power, "store_for", lambda *_: SimpleNamespace(read=lambda: failed))
+        m.setattr(cli.common, "host_identities", lambda *_: None)
+        said, _, wake = _by_waking(c, SimpleNamespace(hv=None), asleep, refused,  # type: ignore[arg-type]
+                                   lambda i: admit(c, i, wide), False, True, None)
+    assert wake is None and not said.admitted and said.reason == f"{refused.reason}; h2 is asleep: {why}"
+    no_agent = host_change(c, "h2", power=dataclasses.replace(c.host("h2").power, agent=None))
+    assert unwakeable(no_agent, mark_asleep(inv, state), state) == {"h2": "it has no power agent to wake it"}
+
+
 def test_a_host_holding_a_domain_that_does_not_run_may_not_sleep() -> None:
     inv = light()
     inv = dataclasses.replace(inv, vms=(*inv.vms, VmState("old-template", "h2", 1, 256 * MiB, False)))
@@ -353,3 +391,81 @@ def test_a_wake_cut_short_is_overdue_past_twice_its_wake_time() -> None:
     _, state = two_on_one_asleep(0.3)
     state = waking(state, "h2", 100.0)  # wake_time 60 s (powered()): overdue after 120 s
     assert overdue(powered(), state, 220.0) == () and overdue(powered(), state, 221.0) == ("h2",)
+
+
+def test_place_apply_says_the_host_it_woke_answered_and_after_how_long() -> None:
+    """Issue (QA on the lab): `place --apply` printed "waking h2: ..." and then the plan, never that h2 answered
+    (nor how long the wake took, which --json has)."""
+    from types import SimpleNamespace
+
+    import acting.power
+    import cli.common
+    from acting.power import WakeResult
+    from cli.app import console
+    from cli.place import _by_waking
+    from vcsched.control.admission import admit
+    from vcsched.control.power import mark_asleep, woken
+
+    inv, state = two_on_one_asleep(0.3)
+    c, asleep = powered(), mark_asleep(inv, state)
+    wide = request("wide", 3, 0.2, spread="required")  # one VM per host: needs h2
+    awake = woken(asleep, state, ["h2"])
+    said = "host h2 answers again as 00000000-0000-0000-0000-000000000002 after 1.2 s"
+    with pytest.MonkeyPatch.context() as m, console.capture() as cap:
+        m.setattr(acting.power, "store_for", lambda *_: SimpleNamespace(read=lambda: state))
+        m.setattr(cli.common, "host_identities", lambda *_: None)
+        m.setattr(acting.power, "agents", lambda *_: None)
+        m.setattr(acting.power, "wake_host", lambda *_, **__: WakeResult("h2", True, said, 1.2))
+        decision, _, wake = _by_waking(c, SimpleNamespace(hv=None, inventory=lambda: awake),  # type: ignore[arg-type]
+                                       asleep, admit(c, asleep, wide), lambda i: admit(c, i, wide), True, False, None)
+    assert decision.admitted and wake is not None and wake["woke"] is True
+    assert said in " ".join(cap.get().split()), cap.get()
+
+
+def test_a_place_refused_even_with_the_sleeping_hosts_woken_says_so() -> None:
+    """Issue (QA on the lab): `headroom` counted "with h2 woken: 2 more" at one floor; `place` of a request with a
+    higher floor was refused with the hosts on's reason alone, leaving the operator to wonder whether waking h2 by
+    hand would do."""
+    from types import SimpleNamespace
+
+    import acting.power
+    import cli.common
+    from cli.place import _by_waking
+    from vcsched.control.admission import admit
+    from vcsched.control.power import mark_asleep
+
+    inv, state = two_on_one_asleep(0.3)
+    c, asleep = powered(), mark_asleep(inv, state)
+    wider = request("wider", 4, 0.2, spread="required")  # one VM per host, on 4 of 3 hosts: never
+    refused = admit(c, asleep, wider)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(acting.power, "store_for", lambda *_: SimpleNamespace(read=lambda: state))
+        m.setattr(cli.common, "host_identities", lambda *_: None)
+        said, _, wake = _by_waking(c, SimpleNamespace(hv=None), asleep, refused,  # type: ignore[arg-type]
+                                   lambda i: admit(c, i, wider), False, True, None)
+    assert wake is None and not said.admitted
+    assert said.reason.startswith(f"{refused.reason}; waking h2 would not admit it either ("), said.reason
+
+
+def test_a_place_that_needs_two_hosts_woken_says_to_wake_them_by_hand() -> None:
+    from types import SimpleNamespace
+
+    import acting.power
+    import cli.common
+    from cli.place import _by_waking
+    from vcsched.control.admission import admit
+    from vcsched.control.power import mark_asleep
+
+    full = inventory_of([managed("v0", "h0", "v0", 0.3), managed("v1", "h1", "v1", 0.3)], n_hosts=4)
+    state = slept(slept(PowerState(), full.hosts[2], 0.0), full.hosts[3], 0.0)
+    asleep = mark_asleep(dataclasses.replace(full, hosts=(*full.hosts[:2], *(
+        dataclasses.replace(h, down="asleep") for h in full.hosts[2:]))), state)
+    c = powered(4)
+    four = request("four", 4, 0.2, spread="required")  # one VM per host: both h2 and h3 needed
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(acting.power, "store_for", lambda *_: SimpleNamespace(read=lambda: state))
+        m.setattr(cli.common, "host_identities", lambda *_: None)
+        said, _, wake = _by_waking(c, SimpleNamespace(hv=None), asleep, admit(c, asleep, four),  # type: ignore[arg-type]
+                                   lambda i: admit(c, i, four), False, True, None)
+    assert wake is None and "it needs more than one of h2, h3 woken, which place does not do" in said.reason, \
+        said.reason

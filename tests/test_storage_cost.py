@@ -105,7 +105,7 @@ def test_a_drain_pays_for_the_disks_unless_a_host_shares_the_storage(algorithm: 
     jobs = (Job("a", 0.3, 0.3),)
     local = disk_problem(jobs, [0], 120, [40], [0, 1, 2])  # memory (100) fits, memory + disk (140) does not
     r = drain(local, 0, algorithm)
-    assert not r.complete and [(s.reason, "needs 140 bytes" in s.detail) for s in r.stays] == [(BUDGET, True)]
+    assert not r.complete and [(s.reason, "needs 140 B to move" in s.detail) for s in r.stays] == [(BUDGET, True)]
     done = drain(local.with_budget(140), 0, algorithm)
     assert done.complete and done.adapted.migrated_bytes == 140
     # h2 shares h0's storage: leaving there costs the memory only, and the drain takes it.

@@ -412,3 +412,38 @@ def test_a_frame_lists_each_lost_vm_with_why_and_how_to_restart_it() -> None:
     unknown = dataclasses.replace(view_of(), lost_unknown="definitions store file:///x: cannot list definitions")
     assert "lost VMs unknown: definitions store" in plain(frame(unknown, Sort("host"), 160, None,
                                                                 Refresh(T0 + 74, 2.0), T0 + 75))
+
+
+def test_a_host_vcsched_put_to_sleep_is_shown_asleep_not_down() -> None:
+    """Issue (QA on the lab): after `vcsched power sleep h2 --apply`, `top` showed h2 "DOWN 2s" with libvirt's
+    "Connection refused" and counted "3 hosts, 1 down", where `status` says "h2 (sleeping)"."""
+    from cli.top import Reader
+    from tests.builders import cluster_of
+    from vcsched.control.power import PowerState, slept, wake_failed
+    from vcsched.control.sharing import sharing_for
+
+    inv = inventory_of([managed("a-0", "h0", "a", 0.5, 0.5)])
+    mem = memory_hypervisor(inv)
+    mem.down["h1"] = "host h1: cannot connect: Connection refused"
+    cluster = cluster_of(2)
+    record = slept(PowerState(), HostState("h1", 1, 1024 << 20), T0)
+    reader = Reader(cluster, mem, sharing_for(cluster), 1.0, 30.0, None, power=lambda: record)
+    view = reader.read()
+    assert view.hosts[1].asleep == "sleeping"
+    text = plain(frame(view, Sort("host"), 80, None, Refresh(T0 + 74, 2.0), T0 + 75))
+    assert "2 hosts, 1 asleep" in text and "down" not in text.split("\n")[0], text
+    h1 = next(line for line in text.splitlines() if line.startswith("h1 "))
+    assert "sleeping" in h1 and "DOWN" not in h1, text
+    record = wake_failed(record, "h1", T0 + 5, "on exited 1")
+    view = Reader(cluster, mem, sharing_for(cluster), 1.0, 30.0, None, power=lambda: record).read()
+    assert view.hosts[1].asleep == "wake-failed"
+    view = Reader(cluster, mem, sharing_for(cluster), 1.0, 30.0, None).read()  # no record: down, as before
+    assert view.hosts[1].asleep is None and "1 down" in plain(frame(view, Sort("host"), 80, None,
+                                                                    Refresh(T0 + 74, 2.0), T0 + 75))
+
+
+def test_the_help_says_narrow_columns_go_under_the_row_not_that_they_are_left_out() -> None:
+    """Issue (QA): --help said the least important columns "are left out", where docs/cli.md (and the screen)
+    put their values on a line under the VM's row: nothing hidden."""
+    text = " ".join(CliRunner().invoke(cli, ["top", "--help"], env={"COLUMNS": "200"}).stdout.split())
+    assert "left out" not in text and "go on an indented line under it" in text

@@ -155,6 +155,9 @@ class HostState:
     #: Powered off by vcsched's power saving (docs/power.md; ``down`` then says so): not a failed host — never
     #: fenced, nothing of it restarted — and, like a down host, nothing planned onto it.
     asleep: bool = False
+    #: For a host :attr:`asleep`, the power record's word for it: ``sleeping``, ``waking`` or ``wake-failed`` (its
+    #: last wake failed: not chosen again until ``vcsched power clear``).  None for a host not asleep.
+    power: str | None = None
 
     def capacity(self, resource: str) -> int | None:
         """Declared bytes per second of ``disk`` or ``net`` (None: the cluster file does not say)."""

@@ -36,6 +36,7 @@ they finish long before (docs/rules.md).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,7 @@ import numpy as np
 from vcsched.adaptation.problem import AdaptProblem, AdaptResult, task_allowed
 from vcsched.adaptation.solve import solve_adapt
 from vcsched.errors import InputError
+from vcsched.formats.units import format_size
 from vcsched.model import REQUIRED, SolveOptions
 from vcsched.units import MEMORY_TOLERANCE, UNLIMITED
 
@@ -90,14 +92,17 @@ def evacuation(problem: AdaptProblem, host: int) -> AdaptProblem:
 
 
 def drain(problem: AdaptProblem, host: int, algorithm: str = "heuristic",
-          options: SolveOptions | None = None) -> DrainResult:
-    """Empty ``host`` within ``problem.budget`` (module docstring), or the best partial drain and why VMs stay."""
+          options: SolveOptions | None = None, names: Sequence[str] | None = None) -> DrainResult:
+    """Empty ``host`` within ``problem.budget`` (module docstring), or the best partial drain and why VMs stay.
+
+    ``names``: each task's VM name, for the reasons (an operator knows ``web-1``, not "task 1 of 'web'", which
+    need not even be the same VM); without it tasks are named by their index in their job."""
     base = cordon(problem, host)
     inst = base.instance
     on = np.flatnonzero(base.current == host)
     pinned = on[inst.task_pinned[on] >= 0]
     movable = on[inst.task_pinned[on] < 0]
-    stays = [Stay(int(t), PINNED, f"{_vm(base, int(t))} is pinned to this host") for t in pinned]
+    stays = [Stay(int(t), PINNED, f"{_vm(base, int(t), names)} is pinned to this host") for t in pinned]
     if not len(movable):
         return DrainResult(base, solve_adapt(base, algorithm, options, improve_s=IMPROVE_S), tuple(stays), host)
     full = evacuation(problem, host)
@@ -113,8 +118,8 @@ def drain(problem: AdaptProblem, host: int, algorithm: str = "heuristic",
     for t in order:
         spent = sum(least[c] for c in chosen)
         if spent + least[t] > base.budget:
-            stays.append(Stay(t, BUDGET, f"{_vm(base, t)} needs {least[t]} bytes; "
-                                         f"{base.budget - spent} of the budget are left"))
+            stays.append(Stay(t, BUDGET, f"{_vm(base, t, names)} needs {format_size(least[t])} to move; "
+                                         f"{format_size(base.budget - spent)} of the budget are left"))
             continue
         trial = dataclasses.replace(base, leave=(*chosen, t))
         r = solve_adapt(trial, algorithm, options, improve_s=IMPROVE_S)
@@ -122,17 +127,20 @@ def drain(problem: AdaptProblem, host: int, algorithm: str = "heuristic",
             chosen.append(t)
             best_problem, best = trial, r
             continue
-        stays.append(_why(trial, t, algorithm, options))
+        stays.append(_why(trial, t, algorithm, options, names))
     return DrainResult(best_problem, best, tuple(sorted(stays, key=lambda s: s.task)), host)
 
 
-def _vm(problem: AdaptProblem, t: int) -> str:
+def _vm(problem: AdaptProblem, t: int, names: Sequence[str] | None = None) -> str:
+    if names is not None:
+        return names[t]
     inst = problem.instance
     j = int(inst.task_job[t])
     return f"task {t - int(inst.job_first_task[j])} of {inst.jobs[j].name!r}"
 
 
-def _why(trial: AdaptProblem, t: int, algorithm: str, options: SolveOptions | None) -> Stay:
+def _why(trial: AdaptProblem, t: int, algorithm: str, options: SolveOptions | None,
+         names: Sequence[str] | None = None) -> Stay:
     """Why task ``t`` could not leave in ``trial`` (module docstring)."""
     inst = trial.instance
     run = trial.running
@@ -145,7 +153,8 @@ def _why(trial: AdaptProblem, t: int, algorithm: str, options: SolveOptions | No
         first = int(inst.job_first_task[j])
         mates = trial.current[first:first + inst.jobs[j].tasks]
         if not (room & ~np.isin(np.arange(inst.n_hosts), mates)).any():
-            return Stay(t, RULE, f"{_vm(trial, t)}: every host with room holds a VM of its spread virtual cluster")
+            return Stay(t, RULE, f"{_vm(trial, t, names)}: every host with room holds a VM of its spread "
+                                 "virtual cluster")
     if solve_adapt(trial.with_budget(UNLIMITED), algorithm, options, improve_s=IMPROVE_S).result.feasible:
-        return Stay(t, BUDGET, f"{_vm(trial, t)} could leave only by moving other VMs too, beyond the budget")
-    return Stay(t, NO_ROOM, f"{_vm(trial, t)}: no other host can take it, whatever the budget")
+        return Stay(t, BUDGET, f"{_vm(trial, t, names)} could leave only by moving other VMs too, beyond the budget")
+    return Stay(t, NO_ROOM, f"{_vm(trial, t, names)}: no other host can take it, whatever the budget")

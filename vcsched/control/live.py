@@ -84,7 +84,9 @@ def drain_blocked(host: str, stays: Sequence[Sequence[str]], missed: Sequence[tu
     if stays:
         return f"{host} cannot be emptied within these rules and budget"
     if missed and not allow_below_floor:
-        return "a virtual cluster would end below its min_yield (--allow-below-floor to apply anyway)"
+        below = "; ".join(f"virtual cluster {vc!r} would end at yield {y:.3f}, below the min_yield {floor:g} it was "
+                          "admitted with" for vc, y, floor in missed)
+        return f"{below} (--allow-below-floor to apply anyway)"
     return None
 
 
@@ -320,7 +322,7 @@ def _drain(cluster_name: str, inventory: Inventory, full: Inventory, vms: list[V
         raise InputError(f"drain {host}: {', '.join(pinned)} {'is' if len(pinned) == 1 else 'are'} pinned (pinned = "
                          "true) and can never leave; move it by hand or unpin it first (--budget 0 shows what "
                          "would stay)")
-    result = drain(problem, index, algorithm, options)
+    result = drain(problem, index, algorithm, options, names=[v.name for v in vms])
     stays = tuple((vms[s.task].name, s.reason, s.detail) for s in result.stays)
     return result.problem, result.adapted, stays
 

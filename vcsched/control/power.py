@@ -263,7 +263,8 @@ def mark_asleep(inventory: Inventory, state: PowerState) -> Inventory:
     for h in inventory.hosts:
         p = state.of(h.name)
         if h.down is not None and p.state in (SLEEPING, WAKING):
-            h = dataclasses.replace(h, asleep=True, down=f"{describe(p)} (powered off by vcsched power saving)",
+            h = dataclasses.replace(h, asleep=True, power=describe(p),
+                                    down=f"{describe(p)} (powered off by vcsched power saving)",
                                     cores=p.cores or h.cores, memory_bytes=p.memory_bytes or h.memory_bytes,
                                     uuid=p.uuid or h.uuid)
         hosts.append(h)
@@ -527,6 +528,24 @@ def wakeable(cluster: Cluster, inventory: Inventory, state: PowerState) -> tuple
     """The hosts of :func:`wake_candidates` that ``inventory`` reads asleep (not answering): the quickest first."""
     asleep = {h.name for h in inventory.asleep_hosts()}
     return tuple(h for h in wake_candidates(cluster, state) if h in asleep)
+
+
+def unwakeable(cluster: Cluster, inventory: Inventory, state: PowerState) -> dict[str, str]:
+    """The hosts ``inventory`` reads asleep that no wake for room chooses (:func:`wake_candidates`), each with why
+    in words: capacity `place` and `headroom` do not count, which they must say rather than leave out silently."""
+    chosen = set(wakeable(cluster, inventory, state))
+    out = {}
+    for h in inventory.asleep_hosts():
+        p = state.of(h.name)
+        if h.name in chosen:
+            continue
+        if p.failed:
+            out[h.name] = f"its last wake failed: not woken until `vcsched power clear {h.name}`"
+        elif h.name in cluster.host_names and cluster.host(h.name).power.agent is None:
+            out[h.name] = "it has no power agent to wake it"
+        elif p.state == WAKING:
+            out[h.name] = "it is waking already"
+    return out
 
 
 def wake_to_admit(cluster: Cluster, inventory: Inventory, state: PowerState,

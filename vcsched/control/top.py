@@ -61,6 +61,9 @@ class HostRow:
     #: The declared rates (``disk``, ``net``) its unmanaged domains' measured I/O takes whole
     #: (:func:`vcsched.control.unmanaged.io_full`): nothing needing them is planned onto it.
     unmanaged_io_full: tuple[str, ...] = ()
+    #: Powered off by vcsched's power saving (docs/power.md): the power record's word for it (``sleeping``,
+    #: ``waking``, ``wake-failed``), shown instead of DOWN — it has not failed.  None: not asleep.
+    asleep: str | None = None
 
     @property
     def unmanaged_over(self) -> bool:
@@ -221,7 +224,8 @@ def top_view(inventory: Inventory, policy: str, samples: Mapping[str, Sequence[S
         if h.down is not None:
             since = down_since.get(h.name)
             hosts.append(HostRow(h.name, h.cores, 0.0, None, 0, 0, 0, h.down,
-                                 None if since is None else max(0.0, now - since), h.name in cordoned, failed))
+                                 None if since is None else max(0.0, now - since), h.name in cordoned, failed,
+                                 asleep=(h.power or "sleeping") if h.asleep else None))
             continue
         load = host_load(inventory, h.name, used)
         hosts.append(HostRow(h.name, h.cores, load.caps_cores, load.measured_cores, load.memory_used_bytes,
