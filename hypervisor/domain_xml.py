@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
-from xml.sax.saxutils import escape, quoteattr
 
 from hypervisor.devices import boot_root, devices_of
 from hypervisor.drivers import driver_of
 from hypervisor.throttle import IO_GROUP, io_caps_of
+from hypervisor.xmltext import escape, quoteattr
 from vcsched.caps import PERIOD_US, cores_from_quota, quota_for
 from vcsched.inventory import METADATA_NS, METADATA_PREFIX, VmMeta, VmState
 from vcsched.iocaps import IoCaps, VmDevices, net_units
