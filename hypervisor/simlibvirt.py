@@ -244,9 +244,8 @@ class SimWorld:
             raise ProcessKilled(process)
         self.calls += 1
         self.now += CALL_S
-        c = Call(process, host.name, method, vm)
         if self.hook is not None:
-            self.hook(c)
+            self.hook(Call(process, host.name, method, vm))
         if not host.up:
             self.now += self.host_timeout
             raise sim_error(libvirt.VIR_ERR_INTERNAL_ERROR, "internal error: connection closed due to keepalive "
