@@ -293,13 +293,16 @@ def set_cputune(xml: str, quota_us: int) -> str:
     return ET.tostring(root, encoding="unicode")
 
 
+#: libvirt's size units (lower case) in bytes.
+_SIZE_UNITS = {"b": 1, "bytes": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+               "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+
+
 def _size_bytes(el: ET.Element | None) -> int:
     """A libvirt ``<memory unit='KiB'>N</memory>``-style element in bytes (0 when absent)."""
     if el is None or not (el.text or "").strip():
         return 0
-    units = {"b": 1, "bytes": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
-             "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
-    return int(el.text or 0) * units.get(el.get("unit", "KiB").lower(), 1024)
+    return int(el.text or 0) * _SIZE_UNITS.get(el.get("unit", "KiB").lower(), 1024)
 
 
 def cap_from_xml(root: ET.Element, vcpus: int) -> float | None:
