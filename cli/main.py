@@ -91,9 +91,14 @@ WATCHING, WATCHING_GC_THRESHOLDS = frozenset({"run", "top"}), (50_000, 10, 10)
 BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}
 
 
+def gc_thresholds(args: list[str]) -> tuple[int, int, int]:
+    """The collector's thresholds for a command line (its first word that is not an option names the command)."""
+    command = next((a for a in args if not a.startswith("-")), None)
+    return WATCHING_GC_THRESHOLDS if command in WATCHING else GC_THRESHOLDS
+
+
 def main() -> None:
-    command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
-    gc.set_threshold(*(WATCHING_GC_THRESHOLDS if command in WATCHING else GC_THRESHOLDS))
+    gc.set_threshold(*gc_thresholds(sys.argv[1:]))
     for name, value in BLAS_THREADS.items():  # before any command imports numpy
         os.environ.setdefault(name, value)
     with stdout_for_vcsched_only():
