@@ -9,6 +9,8 @@ with the first paragraph of its docstring (tests/test_cli_main.py checks both).
 from __future__ import annotations
 
 import gc
+import os
+import sys
 
 from cli.app import cli, stdout_for_vcsched_only
 
@@ -76,13 +78,31 @@ for _name, (_where, _summary) in COMMANDS.items():
 
 #: The cyclic collector's thresholds for a command (Python's default: 700, 10, 10).  A command builds tens of
 #: thousands of objects that live until it ends and form few cycles (the inventory of 1,000 hosts and 10,000 VMs:
-#: parsed XML, one VmState each); at 700 that was ~350 collections, 0.13 s of a `status`.  Still bounded for the
-#: long-running `vcsched run`: a full collection every 5 million net allocations.
-GC_THRESHOLDS = (50_000, 10, 10)
+#: parsed XML, one VmState each, and the documents made of them); at 700 that was ~350 collections, 0.13 s of a
+#: `status`, and at 50,000 still two collections of 0.035 s of CPU in all (in-process, docs/benchmarks.md); at
+#: 250,000 a `status` or `place` of 10,000 VMs runs none.
+GC_THRESHOLDS = (250_000, 10, 10)
+#: The commands that watch a cluster until stopped collect more often: what a long run leaves in cycles is
+#: bounded lower (a full collection every 5 million net allocations).
+WATCHING, WATCHING_GC_THRESHOLDS = frozenset({"run", "top"}), (50_000, 10, 10)
+
+
+#: numpy's BLAS on one thread unless the caller says otherwise: OpenBLAS starts a thread per core when numpy is
+#: imported, which costs every command ~0.03 s of CPU and up to 0.1 s of wall time on two cores (measured at
+#: start-up, docs/benchmarks.md), and vcsched's arrays are too small for threads to pay (its LPs run in HiGHS).
+BLAS_THREADS = {"OPENBLAS_NUM_THREADS": "1"}
+
+
+def gc_thresholds(args: list[str]) -> tuple[int, int, int]:
+    """The collector's thresholds for a command line (its first word that is not an option names the command)."""
+    command = next((a for a in args if not a.startswith("-")), None)
+    return WATCHING_GC_THRESHOLDS if command in WATCHING else GC_THRESHOLDS
 
 
 def main() -> None:
-    gc.set_threshold(*GC_THRESHOLDS)
+    gc.set_threshold(*gc_thresholds(sys.argv[1:]))
+    for name, value in BLAS_THREADS.items():  # before any command imports numpy
+        os.environ.setdefault(name, value)
     with stdout_for_vcsched_only():
         try:
             cli(prog_name="vcsched")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
-from xml.sax.saxutils import escape, quoteattr
 
 from hypervisor.devices import boot_root, devices_of
 from hypervisor.drivers import driver_of
 from hypervisor.throttle import IO_GROUP, io_caps_of
+from hypervisor.xmltext import escape, quoteattr
 from vcsched.caps import PERIOD_US, cores_from_quota, quota_for
 from vcsched.inventory import METADATA_NS, METADATA_PREFIX, VmMeta, VmState
 from vcsched.iocaps import IoCaps, VmDevices, net_units
@@ -293,13 +293,16 @@ def set_cputune(xml: str, quota_us: int) -> str:
     return ET.tostring(root, encoding="unicode")
 
 
+#: libvirt's size units (lower case) in bytes.
+_SIZE_UNITS = {"b": 1, "bytes": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+               "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+
+
 def _size_bytes(el: ET.Element | None) -> int:
     """A libvirt ``<memory unit='KiB'>N</memory>``-style element in bytes (0 when absent)."""
     if el is None or not (el.text or "").strip():
         return 0
-    units = {"b": 1, "bytes": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
-             "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
-    return int(el.text or 0) * units.get(el.get("unit", "KiB").lower(), 1024)
+    return int(el.text or 0) * _SIZE_UNITS.get(el.get("unit", "KiB").lower(), 1024)
 
 
 def cap_from_xml(root: ET.Element, vcpus: int) -> float | None:

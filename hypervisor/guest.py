@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import escape, quoteattr
 
+from hypervisor.xmltext import escape, quoteattr
 from vcsched.errors import VcschedError
 
 #: The guest kernel command line: serial console for the boot marker, reboot-free

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.sparse import csr_matrix, diags
 
 from vcsched.constraints import capacities
 from vcsched.control.admission import existing_jobs, model_hosts
@@ -41,6 +40,9 @@ from vcsched.model import Instance
 from vcsched.plans.reasons import yield_of
 from vcsched.policies.shares import cluster_shares
 from vcsched.units import YIELD_TOLERANCE
+
+if TYPE_CHECKING:  # scipy is imported by drf-pools alone: loading it costs ~0.2 s of every status (docs/benchmarks.md)
+    from scipy.sparse import csr_matrix
 
 
 @dataclass(frozen=True)
@@ -140,13 +142,19 @@ def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing,
         ys = [vy for v in vms if (vy := vm_yield(v, estimates.get(v.name))) is not None]
         lowest_of_job.append(min(ys, key=lambda vy: (vy.value, not vy.upper_bound)) if ys else None)
     job_yield = np.array([vy.value if vy is not None else 0.0 for vy in lowest_of_job])
-    # weights[j, g]: job j's yield if it belongs to virtual cluster g, so that shares @ weights sums each
-    # virtual cluster's jobs, every one at its own yield.
-    weights = csr_matrix((job_yield, (np.arange(instance.n_jobs), group)), shape=(instance.n_jobs, len(names)))
     if sharing.policy == "drf-pools":
+        from scipy.sparse import csr_matrix
+
+        # weights[j, g]: job j's yield if it belongs to virtual cluster g, so that shares @ weights sums each
+        # virtual cluster's jobs, every one at its own yield.
+        weights = csr_matrix((job_yield, (np.arange(instance.n_jobs), group)), shape=(instance.n_jobs, len(names)))
         share, top, pool_of, nothing_held = _pool_dominance(instance, existing.hosts, weights)
     else:
-        dense = np.asarray((weights.T @ cluster_shares(instance)).T, dtype=float)  # resources x virtual clusters
+        # Each virtual cluster's jobs summed, every one at its own yield: resources x virtual clusters.
+        shares = cluster_shares(instance)
+        summed = np.zeros((len(names), shares.shape[1]))
+        np.add.at(summed, group, job_yield[:, None] * shares)
+        dense = summed.T
         top = np.argmax(dense, axis=0) if dense.size else np.zeros(len(names), dtype=np.int64)
         share = dense.max(axis=0) if dense.size else np.zeros(len(names))
         pool_of = list(instance.resources)
@@ -175,6 +183,8 @@ def _pool_dominance(instance: Instance, hosts: Sequence[int], weights: csr_matri
     """Under ``drf-pools``: each virtual cluster's largest share of one (host, resource) pair — its jobs' loads
     on the pair over the pair's capacity (``inf`` on a pair of capacity 0 it needs) — and which pair, among
     equals the last, as :func:`vcsched.policies.shares.pool_shares` names it; sparse throughout (1,000 hosts)."""
+    from scipy.sparse import diags
+
     caps = capacities(instance, np.asarray(hosts, dtype=np.int64))
     per_unit = 1.0 / np.where(caps.capacity > 0, caps.capacity, 1.0)
     held = (diags(per_unit) @ caps.matrix @ weights).tocsr()[::-1].tocsc()  # pairs (last first) x clusters
