@@ -103,24 +103,30 @@ def main() -> None:
     gc.set_threshold(*gc_thresholds(sys.argv[1:]))
     for name, value in BLAS_THREADS.items():  # before any command imports numpy
         os.environ.setdefault(name, value)
+    before = _abandoned_now()
     with stdout_for_vcsched_only():
         try:
             cli(prog_name="vcsched")
         except SystemExit as exc:
-            _exit_past_hung_hosts(exc.code)
+            _exit_past_hung_hosts(exc.code, before)
             raise
 
 
-def _exit_past_hung_hosts(code: object) -> None:
-    """End at once (output flushed) when threads are still blocked on hosts that did not answer.
+def _abandoned_now() -> int:
+    conns = sys.modules.get("hypervisor.connections")
+    return 0 if conns is None else int(conns.abandoned_threads())
+
+
+def _exit_past_hung_hosts(code: object, before: int = 0) -> None:
+    """End at once (output flushed) when this command left threads blocked on hosts that did not answer.
 
     A command must return within the cluster's host_timeout of a hung host;
-    the interpreter's clean-up would spend time on those threads.
+    the interpreter's clean-up would spend time on those threads.  Only the
+    threads this command left (more than ``before``, the count when it
+    started) end the process: a process that calls :func:`main` again (a test
+    run) must not be ended, with its exit code, by threads an earlier call left.
     """
-    import sys
-
-    conns = sys.modules.get("hypervisor.connections")
-    if conns is None or not conns.abandoned_threads() or not (code is None or isinstance(code, int)):
+    if _abandoned_now() <= before or not (code is None or isinstance(code, int)):
         return
     import os
 

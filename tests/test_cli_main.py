@@ -119,3 +119,30 @@ def test_highs_printing_during_solve_json_leaves_stdout_one_json_document(
     out = capfd.readouterr()
     assert json.loads(out.out)["feasible"] is True
     assert "transformNewIntegerFeasibleSolution" in out.err
+
+
+def test_main_is_not_ended_by_threads_an_earlier_command_of_the_process_left(
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    # main() ends its process at once (os._exit) when the command left threads blocked on a hung host.  A thread an
+    # earlier call left (an earlier test of the same pytest worker) must not end this one: before, the whole test
+    # session ended here with this command's exit code, 0, and every later test silently never ran.
+    import hypervisor.connections as connections
+    from cli.main import main
+
+    monkeypatch.setattr(connections, "_abandoned", [1])  # an earlier command's hung host
+    ended: list[int] = []
+    monkeypatch.setattr(os, "_exit", lambda code: ended.append(code))
+    monkeypatch.setattr(sys, "argv", ["vcsched", "--help"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code in (0, None) and ended == []
+    assert "Usage" in capfd.readouterr().out
+
+    def hangs() -> None:  # this command leaves a thread on a hung host: it still ends at once
+        connections._abandoned[0] += 1
+        raise SystemExit(0)
+
+    monkeypatch.setattr("cli.main.cli", lambda **_: hangs())
+    with pytest.raises(SystemExit):
+        main()
+    assert ended == [0]
