@@ -149,7 +149,7 @@ def test_a_host_sleeps_emptied_and_wakes_as_itself_when_a_request_needs_it_and_a
 #: flat out pass even when a loaded machine gives each of them a fifth of a core.
 RUN_INTERVAL_S, RUN_STEP_S = 2.0, 90.0
 RUN_POWER = ('power_saving = "auto"\nmin_hosts_on = 2\nsleep_after = "2s"\nwake_time = "5s"\n'
-             "sleep_margin = 3.0\nwake_margin = 2.5\n")
+             "sleep_margin = 3.0\nwake_margin = 2.5\nfailures_tolerated = 1\n")
 
 
 def controller_cluster(lab: Lab, tmp_path: Path) -> Path:
@@ -211,6 +211,9 @@ def test_vcsched_run_puts_an_idle_host_to_sleep_and_wakes_it_when_demand_rises(l
         vms = [v for v in status["vms"] if v["cluster"] == "calm"]  # type: ignore[attr-defined]
         assert len(vms) == 3 and all(v["active"] and v["host"] != host for v in vms), vms
         assert not any(v["below_floor"] for v in vms), vms
+        # N+1 kept with the host asleep (failures_tolerated = 1): either host on may fail, its VMs fit on the other
+        assert status["failures_tolerated"] == 1 and status["headroom"], status  # type: ignore[index]
+        assert all(f["fits"] for f in status["headroom"]), status["headroom"]  # type: ignore[index]
 
         burst = tmp_path / "burst.toml"  # the lab's own guests: they spin flat out
         burst.write_text('name = "burst"\nvms = 3\nvcpus = 1\nmemory = "128MiB"\ncpu_cores = 0.1\n'
