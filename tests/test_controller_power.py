@@ -268,6 +268,18 @@ def test_a_wake_cut_short_is_settled_by_the_next_interval(tmp_path: Path) -> Non
     assert [e["host"] for e in s.run.events("power_wake_failed")] == ["h2"] and not s.run.events("host_failed")
 
 
+
+def test_a_wake_cut_short_and_settled_late_counts_at_most_its_deadline(tmp_path: Path) -> None:
+    """Found on the lab: a controller stopped mid-wake and started 41 s later recorded a 41 s wake for a host
+    that wakes in 1 s, kept as its longest for good; after an hour's stop, an hour.  Bounded by the deadline."""
+    s = setup(tmp_path, power_cluster("off"))
+    s.store.change(lambda st: st.with_host(HostPower("h1", WAKING, s.clock.time() - 3600.0, uuid=UUIDS["h1"],
+                                                     cores=2, memory_bytes=2048 * MiB)))
+    s.run.cycles(2)
+    h1 = s.store.read().of("h1")
+    assert h1.state == ON and h1.wake_s == pytest.approx(2 * 60.0), "twice wake_time (60 s), not 3600 s"
+
+
 # ---------------------------------------------------------------------------------------------- recommend
 
 

@@ -229,10 +229,12 @@ def waking(state: PowerState, host: str, now: float) -> PowerState:
     return state.with_host(dataclasses.replace(old, state=WAKING, since=now, ready_since=None, sleeps=sleeps))
 
 
-def woke(state: PowerState, host: str, now: float) -> PowerState:
-    """``host`` answers again (with its own UUID) at ``now``: its wake time measured (the longest kept)."""
+def woke(state: PowerState, host: str, now: float, most: float | None = None) -> PowerState:
+    """``host`` answers again (with its own UUID) at ``now``: its wake time measured (the longest kept), at most
+    ``most`` seconds when given (a wake cut short and settled later: the time since is the controller's absence,
+    not the host's wake)."""
     old = state.of(host)
-    took = now - old.since
+    took = now - old.since if most is None else min(now - old.since, most)
     return state.with_host(dataclasses.replace(old, state=ON, since=now, ready_since=None, failed=False, reason=None,
                                                wake_s=took if old.wake_s is None else max(old.wake_s, took)))
 
