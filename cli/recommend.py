@@ -62,6 +62,9 @@ def render_recommendation(doc: dict[str, Any]) -> None:
         console.print(f"  {power['action']} host {power['host']}: {what}", highlight=False)
     if doc.get("detail"):
         console.print(f"  {doc['detail']}", highlight=False)
+    if not doc["steps"]:  # a sleep of an empty host, a wake: an empty table said nothing
+        console.print("  steps: none (no VM moves)", highlight=False)
+        return
     table = FitTable(title=f"{doc['id']}: steps")
     for col in ("#", "step", "VM", "host", "cap", "yield before -> after", "why"):
         table.add_column(col, justify="right" if col in ("#", "cap") else "left", key=col in ("#", "VM"),
