@@ -297,8 +297,10 @@ class Controller:
         # "before": the newest; an approval's: the newest that ended before it was approved).
         # Power saving: since when each host's sleep condition has held without a break (a new leader counts again
         # from nothing: it did not watch), the measured needs of the last intervals (the demand's trend), and when
-        # the energy saved was last counted.
+        # the energy saved was last counted; the hosts on when the counts were last taken (a host slept or woke
+        # by someone else — an approved proposal, `vcsched power`, `place --apply` — starts every count again).
         self.ready_since: dict[str, float | None] = {}
+        self.counted_on: frozenset[str] | None = None
         self.needs_history: collections.deque[tuple[float, dict[str, float]]] = collections.deque(
             maxlen=TREND_INTERVALS)
         self.energy_counted_at: float | None = None
@@ -541,7 +543,7 @@ class Controller:
             self._audit_approved(book)  # the needs: what an approval checks floors with (vcsched.control.recommend)
         elif self.recommendations is not None:
             book = self.recommendations.read()
-        if self.power_saving is not None and self._power(inventory, estimates, needs):
+        if self.power_saving is not None and self._power(inventory, estimates, needs, book):
             self._publish(self._reserved(self.hv.inventory()), self.estimates)
             return  # a host slept or woke: re-balancing plans on the hosts as they are now, next interval
         vetoed = book.vetoed(self.clock.time()) if book is not None else ()
@@ -640,12 +642,13 @@ class Controller:
 
     # ------------------------------------------------------------------ power saving (acting/power_saving.py)
 
-    def _power(self, inventory: Inventory, estimates: dict[str, Estimate], needs: dict[str, float]) -> bool:
+    def _power(self, inventory: Inventory, estimates: dict[str, Estimate], needs: dict[str, float],
+               book: Book | None = None) -> bool:
         """This interval's power decision (docs/power.md §8): settle wakes cut short, then decide on the measured
-        needs and their trend (no sleep while :func:`acting.power_saving.sleep_held` says why not), and act
-        (``auto``), propose (``recommend``) or run the periodic wake test.  True when a host slept or woke (the
-        hosts changed under this interval's plans)."""
-        from vcsched.control.power import NONE, WAKE, decide, demand_trend
+        needs and their trend (no sleep while :func:`acting.power_saving.sleep_held` says why not; no host that
+        a skipped sleep in ``book`` keeps on), and act (``auto``), propose (``recommend``) or run the periodic
+        wake test.  True when a host slept or woke (the hosts changed under this interval's plans)."""
+        from vcsched.control.power import NONE, ON, WAKE, decide, demand_trend
 
         ps = self.power_saving
         assert ps is not None
@@ -658,9 +661,13 @@ class Controller:
             return False
         if cluster.power.mode == "off":
             return False
+        on = frozenset(h for h in cluster.host_names if state.of(h).state == ON)
+        if on != self.counted_on:  # a host slept or woke since the counts were taken: each is a new question
+            self.ready_since, self.counted_on = {}, on
         state = self._with_ready(state)
+        kept_on = book.kept_on(now) if book is not None else None
         decision = decide(cluster, inventory, state, now, budget=ps.budget, demand=demand_trend(self.needs_history),
-                          needs=needs)
+                          needs=needs, kept_on=kept_on)
         below = [v.name for v in inventory.up().managed() if v.meta is not None
                  for y in (vm_yield(v, estimates.get(v.name)),)
                  if y is not None and y.value < max(v.meta.min_yield or 0.0, cluster.min_yield) - 1e-6]
@@ -689,7 +696,7 @@ class Controller:
                 fresh = self._reserved(uow.inventory())
                 state = self._with_ready(ps.store.read())
                 live = decide(cluster, fresh, state, self.clock.time(), budget=ps.budget,
-                              demand=demand_trend(self.needs_history), needs=needs)
+                              demand=demand_trend(self.needs_history), needs=needs, kept_on=kept_on)
                 if (live.action, live.host) != (decision.action, decision.host):
                     self.events.emit("power_decision", action=NONE, host=None,
                                      reason=f"on the hosts as they are now: {live.action} {live.host or ''}: "

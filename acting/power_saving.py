@@ -100,14 +100,17 @@ def sleep_held(inventory: Inventory, below_floor: list[str], lost: int | None) -
 
 def settle_waking(cluster: Cluster, store: PowerStore, inventory: Inventory, now: float, emit: Emit) -> PowerState:
     """Settle hosts recorded *waking* that no wake is waiting for any more (module docstring): on when they answer
-    with the UUID they slept with (the wake's time counted to now: an over-estimate, on the safe side), wake-failed
-    once :func:`vcsched.control.power.overdue` (past twice their wake time).  Returns the record after."""
+    with the UUID they slept with (the wake's time counted to now, an over-estimate on the safe side — but at most
+    its deadline: a controller stopped for an hour mid-wake would otherwise record an hour's wake, kept as the
+    host's longest for good), wake-failed once :func:`vcsched.control.power.overdue` (past twice their wake time).
+    Returns the record after."""
     state = store.read()
     for host in state.in_state(WAKING):
         record = state.of(host)
         read = next((h for h in inventory.hosts if h.name == host), None)
         if read is not None and read.down is None and read.uuid in (None, record.uuid) and not read.asleep:
-            state = store.change(functools.partial(woke, host=host, now=now))
+            state = store.change(functools.partial(woke, host=host, now=now,
+                                                   most=wake_deadline(cluster, state, host)))
             emit("power_woke", host=host, seconds=round(now - record.since, 3), longest=state.of(host).wake_s,
                  settled=True)
     for host in overdue(cluster, state, now):

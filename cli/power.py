@@ -100,19 +100,22 @@ def status_cmd(cluster_file: str | None, window: float, budget: int, coordinatio
     hosts without idle_watts count nothing.  The next decision is the one
     `vcsched run` would take now on this inventory (vcsched/control/power.py),
     without its demand trend and hysteresis: a host may sleep only once the
-    condition has held for sleep_after.
+    condition has held for sleep_after; a host whose sleep was skipped
+    (`vcsched skip`) is kept on until its veto ends.
 
     Reads only (no lock).  Exit codes: 0 shown, 1 the power record cannot be
     read, 2 bad input.
     """
     from acting.power import store_for
+    from cli.recommend import _store
     from vcsched.control.power import decide, energy_saved, overdue, watts
 
     cluster = load_cluster(cluster_file)
     now = time.time()
     with acting_on(cluster, apply=False, coordination=coordination, wait=0.0, ttl=None, quiet=True) as (uow, inv):
         state = store_for(cluster, host_identities(cluster, uow.hv), coordination).read()  # type: ignore[arg-type]
-    decision = decide(cluster, inv, state, now, budget=budget)
+        kept_on = _store(cluster, coordination, uow.hv).read().kept_on(now)  # skipped sleeps (`vcsched skip`)
+    decision = decide(cluster, inv, state, now, budget=budget, kept_on=kept_on)
     saved = energy_saved(cluster, state, now, window)
     late = overdue(cluster, state, now)
     hosts = []

@@ -62,6 +62,9 @@ def render_recommendation(doc: dict[str, Any]) -> None:
         console.print(f"  {power['action']} host {power['host']}: {what}", highlight=False)
     if doc.get("detail"):
         console.print(f"  {doc['detail']}", highlight=False)
+    if not doc["steps"]:  # a sleep of an empty host, a wake: an empty table said nothing
+        console.print("  steps: none (no VM moves)", highlight=False)
+        return
     table = FitTable(title=f"{doc['id']}: steps")
     for col in ("#", "step", "VM", "host", "cap", "yield before -> after", "why"):
         table.add_column(col, justify="right" if col in ("#", "cap") else "left", key=col in ("#", "VM"),
@@ -265,16 +268,19 @@ def _approve_power(cluster: Any, uow: Any, store: Any, rec: Any, coordination: s
 @click.argument("rec_id", metavar="ID")
 @cluster_option()
 @click.option("--for", "veto_s", type=Duration(), default="1h", show_default=True,
-              help="How long the controller keeps the VMs it would have moved where they are.")
+              help="How long the controller keeps the VMs it would have moved where they are (and a skipped "
+                   "sleep's host on).")
 @json_option("Print one JSON object: ok, the recommendation.")
 @click.option("--coordination", metavar="URL", default=None, callback=check_coordination,
               help="Where the recommendations live (as for the cluster lock; default: the cluster file's).")
 def skip_cmd(rec_id: str, cluster_file: str | None, veto_s: float, as_json: bool, coordination: str | None) -> int:
     """Veto recommendation ID: it is closed, and the controller does not move its VMs again for --for.
 
-    An ID superseded by the same proposal made again skips that one (and
-    says so); superseded by a different one, the refusal names it.  Changes
-    no host.
+    A skipped sleep (power saving, docs/power.md) also keeps its host on for
+    --for: it is not proposed, nor put to sleep, again until then.  A
+    skipped wake is only closed (the room it was for comes first).  An ID
+    superseded by the same proposal made again skips that one (and says so);
+    superseded by a different one, the refusal names it.  Changes no host.
 
     Exit codes: 0 skipped, 1 already decided (approved, applied, skipped,
     superseded by a different proposal), 2 bad input (an unknown ID).

@@ -88,7 +88,9 @@ def run_cmd(cluster_file: str | None, interval: float, budget: int, threshold: f
     \b
     A foreground daemon (stop it with SIGTERM or Ctrl-C: the running step
     finishes, no further one starts, caps a probe raised are put back, and
-    it exits 0).  Every --interval, as the leader:
+    it exits 0; a host's wake is not waited for: it stays recorded waking,
+    and the next leader records it on once it answers as itself).  Every
+    --interval, as the leader:
       1. estimate each managed VM's CPU need from its use over the last
          --window (probing a VM that uses its whole cap with its host's
          unused capacity for --probe-seconds),

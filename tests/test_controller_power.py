@@ -268,6 +268,18 @@ def test_a_wake_cut_short_is_settled_by_the_next_interval(tmp_path: Path) -> Non
     assert [e["host"] for e in s.run.events("power_wake_failed")] == ["h2"] and not s.run.events("host_failed")
 
 
+
+def test_a_wake_cut_short_and_settled_late_counts_at_most_its_deadline(tmp_path: Path) -> None:
+    """Found on the lab: a controller stopped mid-wake and started 41 s later recorded a 41 s wake for a host
+    that wakes in 1 s, kept as its longest for good; after an hour's stop, an hour.  Bounded by the deadline."""
+    s = setup(tmp_path, power_cluster("off"))
+    s.store.change(lambda st: st.with_host(HostPower("h1", WAKING, s.clock.time() - 3600.0, uuid=UUIDS["h1"],
+                                                     cores=2, memory_bytes=2048 * MiB)))
+    s.run.cycles(2)
+    h1 = s.store.read().of("h1")
+    assert h1.state == ON and h1.wake_s == pytest.approx(2 * 60.0), "twice wake_time (60 s), not 3600 s"
+
+
 # ---------------------------------------------------------------------------------------------- recommend
 
 
@@ -316,6 +328,45 @@ def test_a_wake_proposal_is_refused_once_the_host_no_longer_sleeps(tmp_path: Pat
     plan = {"steps": [], "power": {"action": "wake", "host": "h1"}}
     with UnitOfWork(s.hv, Lock(), power=s.store.read) as uow, pytest.raises(Stale, match="no longer asleep"):
         carry_out(uow, power_cluster("recommend"), plan, store=s.store, agent=s.agent, clock=s.clock.time)
+
+
+def test_a_skipped_sleep_is_not_proposed_again_while_its_veto_lasts(tmp_path: Path) -> None:
+    """`vcsched skip` of a sleep keeps that host on for --for: without it the same sleep came back at the next
+    interval (found on the lab: an empty host's sleep vetoes no VM, so nothing held it)."""
+    s = setup(tmp_path, power_cluster("recommend"))
+    s.run.cycles(9)
+    rec = rc.open_ones(s.book.read(), s.clock.time())[0]
+    host = rec.plan["power"]["host"]
+    skipped = s.book.update(lambda b: rc.skip(b, rec.id, s.clock.time(), "op", 3600.0))
+    assert f"{host} is not put to sleep" in skipped.detail
+    s.run.cycles(9)  # longer than sleep_after again
+    again = [e for e in s.run.events("power_proposed") if e["host"] == host and e["id"] != rec.id]
+    assert not again, "the skipped sleep was proposed again"
+    assert "its sleep was skipped" in s.run.events("power_decision")[-1]["refusals"][host]
+    book = s.book.read()
+    assert book.kept_on(s.clock.time() + 3600.0) == {}, "the veto ends with --for"
+    auto = setup(tmp_path / "auto", power_cluster())  # and in auto mode (vetoes hold in both modes)
+    auto.book.update(lambda b: (rc.Book(vetoes=book.vetoes), None))
+    auto.run.cycles(12)
+    assert auto.asleep() and host not in auto.asleep()
+
+
+def test_a_sleep_approved_outside_the_controller_starts_every_other_hosts_count_again(tmp_path: Path) -> None:
+    """Hosts sleep sleep_after apart at least (docs/power.md §8), also when the sleep was an approval: the other
+    hosts' counts, held while the proposal waited, were carried on, and the next sleep came one interval later."""
+    s = setup(tmp_path, power_cluster("recommend"))
+    s.run.cycles(9)
+    rec = rc.open_ones(s.book.read(), s.clock.time())[0]
+    s.book.update(lambda b: rc.approve(b, rec.id, s.clock.time(), "op"))
+    with UnitOfWork(s.hv, Lock(), power=s.store.read) as uow:
+        assert carry_out(uow, power_cluster("recommend"), rec.plan, store=s.store, agent=s.agent,
+                         clock=s.clock.time).slept  # type: ignore[union-attr]
+    approved_at = s.clock.time() - s.clock.start
+    s.run.cycles(4)  # 40 s < sleep_after
+    early = [e for e in s.run.events("power_proposed") if s.run.at(e) > approved_at]
+    assert not early, f"proposed less than sleep_after after the last sleep: {early}"
+    s.run.cycles(4)
+    assert [e for e in s.run.events("power_proposed") if s.run.at(e) > approved_at + SLEEP_AFTER]
 
 
 # ---------------------------------------------------------------------------------------------- pieces

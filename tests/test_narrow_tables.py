@@ -191,6 +191,17 @@ def test_a_recommendation_shows_its_state_times_and_reasons_and_never_splits_a_t
         assert any(_when(t) in line for line in text.splitlines()), text
 
 
+def test_a_sleep_that_moves_nothing_says_so_instead_of_an_empty_steps_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli.recommend import render_recommendation
+
+    doc = recommendation() | {"kind": "sleep", "steps": []}
+    doc["effect"] = doc["effect"] | {"bytes_to_move": 0, "per_vm": {},
+                                     "power": {"action": "sleep", "host": "h2", "watts_saved": 95.0}}
+    text = rendered(100, lambda: render_recommendation(doc), monkeypatch)
+    assert "sleep host h2: saves 95 W while asleep" in text and "steps: none (no VM moves)" in text, text
+    assert "┏" not in text and "steps\n" not in text, text
+
+
 # ---------------------------------------------------------------------------------------------- top
 
 

@@ -200,3 +200,16 @@ def test_power_status_says_a_host_recorded_asleep_that_answers_was_powered_on_ou
     assert h1["state"] == "sleeping" and h1["answers"] is True
     assert h1["text"].endswith(", but it answers (powered on outside vcsched? `vcsched power wake h1 --apply` "
                                "records it on)"), h1
+
+
+def test_power_status_keeps_on_a_host_whose_sleep_was_skipped(tmp_path: Path) -> None:
+    """The next decision `power status` shows is the controller's: a skipped sleep's veto keeps the host on."""
+    from cli.common import load_cluster
+    from cli.recommend import _store
+    from vcsched.control import recommend as rc
+
+    c = cluster(tmp_path, agent(tmp_path))
+    book = _store(load_cluster(str(c)), None)
+    book.update(lambda b: (rc.Book(vetoes=(rc.Veto("r1", (), 4e9, ("h1",)),)), None))
+    refusals = run("status", "--cluster", c, code=0)["decision"]["refusals"]  # type: ignore[index]
+    assert "its sleep was skipped (r1)" in refusals["h1"], refusals  # type: ignore[index]

@@ -229,10 +229,12 @@ def waking(state: PowerState, host: str, now: float) -> PowerState:
     return state.with_host(dataclasses.replace(old, state=WAKING, since=now, ready_since=None, sleeps=sleeps))
 
 
-def woke(state: PowerState, host: str, now: float) -> PowerState:
-    """``host`` answers again (with its own UUID) at ``now``: its wake time measured (the longest kept)."""
+def woke(state: PowerState, host: str, now: float, most: float | None = None) -> PowerState:
+    """``host`` answers again (with its own UUID) at ``now``: its wake time measured (the longest kept), at most
+    ``most`` seconds when given (a wake cut short and settled later: the time since is the controller's absence,
+    not the host's wake)."""
     old = state.of(host)
-    took = now - old.since
+    took = now - old.since if most is None else min(now - old.since, most)
     return state.with_host(dataclasses.replace(old, state=ON, since=now, ready_since=None, failed=False, reason=None,
                                                wake_s=took if old.wake_s is None else max(old.wake_s, took)))
 
@@ -594,12 +596,15 @@ def wake_check(cluster: Cluster, inventory: Inventory, state: PowerState, demand
 
 
 def decide(cluster: Cluster, inventory: Inventory, state: PowerState, now: float, *, budget: int,
-           demand: Demand = NO_DEMAND, needs: Mapping[str, float] | None = None) -> PowerDecision:
+           demand: Demand = NO_DEMAND, needs: Mapping[str, float] | None = None,
+           kept_on: Mapping[str, str] | None = None) -> PowerDecision:
     """The next power action at ``now`` (module docstring): a wake before any sleep, at most one of either.
 
     ``budget``: the bytes an evacuation may migrate; ``needs``: the VMs' measured needs (:func:`sleep_check`;
-    None: those recorded in their metadata).  The returned state carries the hysteresis forward; a sleep or a
-    wake is not in it until the caller reports it (:func:`slept`, :func:`waking`).
+    None: those recorded in their metadata); ``kept_on``: hosts an operator's veto keeps on (a skipped sleep,
+    `vcsched skip`), each with why: they are never chosen to sleep, and their count starts again.  The
+    returned state carries the hysteresis forward; a sleep or a wake is not in it until the caller reports it
+    (:func:`slept`, :func:`waking`).
     """
     if cluster.power.mode == "off":
         return PowerDecision(NONE, None, "power_saving is off", state)
@@ -618,7 +623,9 @@ def decide(cluster: Cluster, inventory: Inventory, state: PowerState, now: float
     for name in cluster.host_names:
         if state.of(name).state != ON:
             continue
-        why_not, evacuation = sleep_check(cluster, inventory, state, name, now, budget, demand, needs)
+        kept = (kept_on or {}).get(name)
+        why_not, evacuation = (kept, None) if kept is not None else \
+            sleep_check(cluster, inventory, state, name, now, budget, demand, needs)
         old = state.of(name)
         if why_not is not None:
             refusals.append((name, why_not))
@@ -630,7 +637,7 @@ def decide(cluster: Cluster, inventory: Inventory, state: PowerState, now: float
         if old.ready_since is None:
             nxt = nxt.with_host(dataclasses.replace(old, ready_since=now))
         if now - since < cluster.power.sleep_after:
-            refusals.append((name, f"may sleep for {now - since:.0f} s of sleep_after = "
+            refusals.append((name, f"not yet: ready for {now - since:.0f} s of sleep_after = "
                                    f"{cluster.power.sleep_after:.0f} s"))
             continue
         moved = int(evacuation.plan.extra.get("migrated_bytes", 0))

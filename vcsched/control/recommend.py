@@ -125,14 +125,17 @@ class Recommendation:
 
 @dataclass(frozen=True)
 class Veto:
-    """A skipped recommendation's moves: their VMs stay where they are until ``until`` (the controller pins them)."""
+    """A skipped recommendation's moves: their VMs stay where they are until ``until`` (the controller pins them);
+    a skipped sleep's host (``stays_on``) is not put to sleep again until then either — an empty host's sleep
+    moves no VM, so without it the same sleep would be proposed again at the next interval."""
 
     id: str
     vms: tuple[str, ...]
     until: float
+    stays_on: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "vms": list(self.vms), "until": self.until}
+        return {"id": self.id, "vms": list(self.vms), "until": self.until, "stays_on": list(self.stays_on)}
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,11 @@ class Book:
         """VMs a veto in force keeps where they are."""
         return frozenset(vm for v in self.vetoes if v.until > now for vm in v.vms)
 
+    def kept_on(self, now: float) -> dict[str, str]:
+        """Hosts a skipped sleep in force keeps on, each with why (for the power decision's refusals)."""
+        return {host: f"its sleep was skipped ({v.id}): kept on until {_clock(v.until)}"
+                for v in sorted(self.vetoes, key=lambda v: v.until) if v.until > now for host in v.stays_on}
+
     def to_dict(self) -> dict[str, Any]:
         return {"version": 1, "recommendations": [r.to_dict() for r in self.recommendations],
                 "vetoes": [v.to_dict() for v in self.vetoes], "needs": dict(self.needs), "needs_at": self.needs_at}
@@ -164,7 +172,8 @@ class Book:
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Book:
         return Book(tuple(Recommendation.from_dict(r) for r in d.get("recommendations", [])),
-                    tuple(Veto(str(v["id"]), tuple(v["vms"]), float(v["until"])) for v in d.get("vetoes", [])),
+                    tuple(Veto(str(v["id"]), tuple(v["vms"]), float(v["until"]), tuple(v.get("stays_on", ())))
+                          for v in d.get("vetoes", [])),
                     {str(k): float(v) for k, v in d.get("needs", {}).items()}, d.get("needs_at"))
 
     def _with(self, rec: Recommendation) -> Book:
@@ -335,9 +344,13 @@ def skip(book: Book, rec_id: str, now: float, who: str, veto_s: float) -> tuple[
     if r.state != OPEN:
         raise Refused(f"recommendation {rec_id} is already {r.state}; nothing changed")
     vms = tuple(vm for vm, _ in r.moves)
+    power = r.plan.get("power")
+    stays_on = (str(power["host"]),) if isinstance(power, Mapping) and power.get("action") == "sleep" else ()
+    said = [f"{', '.join(vms)} stay put"] if vms else []
+    said += [f"{stays_on[0]} is not put to sleep"] if stays_on else []
     r = replace(r, state=SKIPPED, decided_at=now, decided_by=who,
-                detail=f"vetoed until {_clock(now + veto_s)}" + (f": {', '.join(vms)} stay put" if vms else ""))
-    vetoes = book.vetoes + ((Veto(rec_id, vms, now + veto_s),) if vms else ())
+                detail=f"vetoed until {_clock(now + veto_s)}" + (f": {'; '.join(said)}" if said else ""))
+    vetoes = book.vetoes + ((Veto(rec_id, vms, now + veto_s, stays_on),) if vms or stays_on else ())
     return replace(book._with(r), vetoes=vetoes), r
 
 
