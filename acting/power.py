@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from acting.fence import DEFAULT_AGENT_TIMEOUT_S, AgentRun, FenceResult, run_agent, switch_off
+from acting.fence import DEFAULT_AGENT_TIMEOUT_S, AgentRun, FenceResult, run_agent, run_state, switch_off
 from acting.recommendations import SharedDocument
 from vcsched.control.power import (
     ON,
@@ -230,15 +230,27 @@ def sleep_host(uow: UnitOfWork, cluster: Cluster, host: str, evacuation: Plan, *
     at = clock()
     store.change(lambda s: slept(s, read, at))  # written ahead: a process killed during the power-off leaves it
     config = cluster.host(host).power.agent
+    runs: list[AgentRun] = []
+
+    def run(action: str) -> AgentRun:
+        runs.append(agent(host, action))
+        return runs[-1]
+
     try:
-        off = switch_off(host, config.agent if config is not None else "(none)", lambda action: agent(host, action))
+        off = switch_off(host, config.agent if config is not None else "(none)", run)
     except VcschedError as exc:  # the agent could not be run at all (none, not executable): nothing was switched
         store.change(lambda s: s.with_host(record))
         return refused(f"host {host}: its power agent cannot be run ({exc}): the host stays on", report)
     if not off.fenced:
-        store.change(lambda s: s.with_host(record))
-        return refused(f"{off.detail}: the host is not recorded asleep (it is empty; `vcsched power status` "
-                       "shows what its agent says)", report, off)
+        if _says_on(host, runs, agent):
+            store.change(lambda s: s.with_host(record))
+            return refused(f"{off.detail}: the host is not recorded asleep (it is empty; `vcsched power status` "
+                           "shows what its agent says)", report, off)
+        # An agent killed at its timeout, or a status that cannot say, may have left the host off: the record
+        # written ahead stays (a host off and recorded on would be read as failed); it is read as it is while it
+        # answers, and a wake makes it on again.
+        return refused(f"{off.detail}: its agent does not say the host is on, so it stays recorded asleep "
+                       "(empty; a wake powers it on and records it on)", report, off)
     from hypervisor import down_hosts
     from hypervisor.files import state_dir
 
@@ -247,6 +259,18 @@ def sleep_host(uow: UnitOfWork, cluster: Cluster, host: str, evacuation: Plan, *
                       "power saving)")
     emit("power_slept", host=host, seconds=round(off.seconds, 3), uuid=read.uuid)
     return SleepResult(host, True, f"host {host} is asleep ({off.detail})", report, off)
+
+
+def _says_on(host: str, runs: list[AgentRun], agent: Agent) -> bool:
+    """Whether ``host``'s agent says it is on after a power-off that was not confirmed: its last ``status`` of
+    ``runs``, else one asked now.  Only this puts the record written ahead back to on (the module docstring)."""
+    said = next((run_state(r) for r in reversed(runs) if r.action == "status"), None)
+    if said is None:
+        try:
+            said = run_state(agent(host, "status"))
+        except VcschedError:
+            said = "unknown"
+    return said == "on"
 
 
 # ------------------------------------------------------------------------------------------------ waking
