@@ -40,6 +40,7 @@ recovery never fences it and status says sleeping — and still gets nothing pla
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from acting.fence import DEFAULT_AGENT_TIMEOUT_S, AgentRun, FenceResult, run_agent, run_state, switch_off
 from acting.recommendations import SharedDocument
+from hypervisor import hazards
 from vcsched.control.power import (
     ON,
     PowerState,
@@ -137,16 +139,35 @@ def store_for(cluster: Cluster, identities: Identities, coordination: str | None
 def asleep_in(inventory: Inventory, power: Callable[[], PowerState] | None,
               note: Callable[[str], object]) -> Inventory:
     """``inventory`` with the hosts vcsched put to sleep marked so (:func:`vcsched.control.power.mark_asleep`):
-    not failed hosts, never fenced.  ``power`` reads the record, only when a host is down; a record that cannot
-    be read is said to ``note`` and the hosts stay down (as they were before power saving existed).  The one
-    place every reader (the unit of work, the controller's sampling rounds) turns "down" into "asleep"."""
-    if power is None or not inventory.down_hosts():
+    not failed hosts, never fenced.  ``power`` reads the record, only when a host is down or answers empty; a
+    record that cannot be read is said to ``note`` and the hosts stay down (as they were before power saving
+    existed).  The one place every reader (the unit of work, the controller's sampling rounds) turns "down" into
+    "asleep".
+
+    A host recorded sleeping, waking or wake-failed that answers with no domain at all is asleep too (nothing
+    is planned onto it): a process killed during its power-off or its wake, a host that came back on its own,
+    or one whose wake failed (another machine behind its URI, a wake past its deadline) is used again only
+    once a wake records it on (:func:`wake_host`, ``vcsched power wake``; a failed one once cleared).  So a host
+    read asleep never holds a copy of a VM, and repair need not wait for it (hypervisor/settlement.py)."""
+    if power is None:
+        return inventory
+    occupied = {v.host for v in inventory.vms}
+    empty = [h.name for h in inventory.hosts if h.down is None and h.name not in occupied]
+    if not inventory.down_hosts() and not empty:
         return inventory
     try:
-        return mark_asleep(inventory, power())
+        state = power()
     except VcschedError as exc:
         note(f"the power record cannot be read ({exc}): hosts down are not known to be asleep")
         return inventory
+    inventory = mark_asleep(inventory, state)
+    idle = {h for h in empty if state.of(h).state != ON}
+    if not idle:
+        return inventory
+    return dataclasses.replace(inventory, hosts=tuple(
+        dataclasses.replace(h, asleep=True, down=f"{describe(state.of(h.name))} (vcsched power saving): it "
+                            "answers, empty; a wake records it on before it is used")
+        if h.name in idle else h for h in inventory.hosts))
 
 
 def record_reader(cluster: Cluster, hv: HasIdentities, coordination: str | None = None
@@ -220,7 +241,7 @@ def sleep_host(uow: UnitOfWork, cluster: Cluster, host: str, evacuation: Plan, *
         return refused(f"host {host} does not answer after its evacuation ({read.down}): it cannot be seen empty, "
                        "so it is not powered off", report)
     left = [v for v in fresh.vms if v.host == host]
-    if left:
+    if left and not hazards.on(hazards.POWER_OFF_UNCHECKED):  # mutation switch (tests/test_faultsim_power.py)
         names = ", ".join(f"{v.name} ({'managed' if v.meta is not None else 'unmanaged'}, "
                           f"{'paused' if v.paused else 'running' if v.active else 'defined, not running'})"
                           for v in left[:5])
@@ -335,7 +356,7 @@ def wake_host(uow: UnitOfWork, cluster: Cluster, host: str, *, store: PowerStore
         uow.guard()
         read = uow.hv.inventory([host]).hosts[0]
         if read.down is None:
-            if expected is not None and read.uuid != expected:
+            if expected is not None and read.uuid != expected and not hazards.on(hazards.WAKE_ANY_UUID):
                 return failed(f"answers as libvirt host UUID {read.uuid}, it slept as {expected}: another machine "
                               "behind its URI; not used")
             return _woke(store, host, start, clock(), read.uuid, emit)

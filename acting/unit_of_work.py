@@ -154,7 +154,10 @@ class UnitOfWork:
         """The in-doubt VMs that can be settled, settled under the lock (done on entry unless ``settle=False``);
         with a host down nothing is settled (said in one note), and the work goes on (its plan leaves in-doubt VMs
         alone).  A dry run settles nothing: what would be done is reported, never done."""
-        report = self.hv.repair(self.lock_guard, apply=not self.dry_run)
+        if self.power is None:
+            report = self.hv.repair(self.lock_guard, apply=not self.dry_run)
+        else:  # a host asleep holds no copy: it does not hold the settlement back (docs/power.md)
+            report = self.hv.repair(self.lock_guard, apply=not self.dry_run, inventory=self.asleep(self.hv.inventory()))
         self.reporting.settled(report)
         # A refused repair reports applied=False (hypervisor/settlement.py): what says it was meant to act is
         # that this is no dry run.

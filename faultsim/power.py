@@ -323,18 +323,15 @@ class PowerWork:
         from acting.power import wake_host
         from vcsched.control.power import ON
 
-        inv = uow.inventory()
         state = self.store.read()
-        woke = False
-        for h in inv.hosts:
+        for h in uow.hv.inventory().hosts:  # as libvirt answers (the unit of work reads such a host asleep)
             rec = state.of(h.name)
             if rec.state != ON and not rec.failed and h.down is None:
                 o = self._options()
                 r = wake_host(uow, self.s.cluster, h.name, store=o["store"], agent=o["agent"], clock=o["clock"],
                               sleep=o["sleep"], emit=o["emit"])
                 self.s.note(f"p{self.s.rt.pid} {h.name} answers, recorded {rec.state}: woken again: {r.reason}")
-                woke = True
-        return uow.inventory() if woke else inv
+        return uow.inventory()
 
     def _sleep(self, hv: Any, pid: int, *, final: bool) -> str:
         """``vcsched power sleep HOST --apply`` (or the controller's sleep): the decision's evacuation (else a

@@ -469,6 +469,8 @@ class Schedule:
         self.powered: set[str] = set()  # hosts a fence switched off (each comes back, if ever, with no guest)
         self.stranded: dict[str, str] = {}
         self.leader: SimLockService | None = None  # the controller's leader lock
+        #: ``sleep`` / ``wake``: a power schedule (faultsim/power.py: the host, the record, the agent, the checks).
+        self.powerwork: Any = None
         if index % RECOVER_EVERY == RECOVER_AT and self.workload != "probe":
             self.workload = "recover"
             per_host = collections.Counter(v[1] for v in self.sc.vms if v[1] != "h0")
@@ -483,8 +485,6 @@ class Schedule:
                 self.workload = "restart"
                 self._power_off(self.target)
                 self.store.mark_fenced(self.target)
-        #: ``sleep`` / ``wake``: a power schedule (faultsim/power.py: the host, the record, the agent, the checks).
-        self.powerwork: Any = None
         from faultsim.power import kind_of
 
         if (kind := kind_of(index)) is not None and self.workload != "probe":

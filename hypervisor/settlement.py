@@ -99,7 +99,7 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
     inv = inventory if inventory is not None else hv.inventory()
     if {h.name for h in inv.hosts} != {h.name for h in hv.cluster.hosts}:
         raise ValueError("settle needs an inventory of every host of the cluster")
-    full = all(h.down is None for h in inv.hosts)
+    full = all(h.down is None or h.asleep for h in inv.hosts)  # asleep: powered off empty (docs/power.md)
     plan = plan_repair(inv, interrupted_copies(hv, inv) if full else frozenset(),
                        migration_paused_copies(hv, inv) if full else frozenset(),
                        unread_hosts=hazards.on(hazards.RESUME_UNREAD_SOURCE),  # mutation switches (test_faultsim.py)
