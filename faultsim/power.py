@@ -75,10 +75,12 @@ def kind_of(index: int) -> str | None:
 
 def power_cluster(cluster: Cluster) -> Cluster:
     """``cluster`` with power saving on: every host's power agent is its (simulated) fence agent."""
+    from faultsim.simulation import CONTROLLER_FAILURE_S
     from vcsched.formats.power import HostPower, PowerSettings
 
     hosts = tuple(dataclasses.replace(h, power=HostPower(h.fence)) for h in cluster.hosts)
-    return dataclasses.replace(cluster, hosts=hosts, power=PowerSettings(
+    # A host down (not asleep) for the controller's failure_timeout is failed: fenced, its VMs restarted.
+    return dataclasses.replace(cluster, hosts=hosts, failure_timeout=CONTROLLER_FAILURE_S, power=PowerSettings(
         "auto", 1, POWER_YIELD, 0.0, WAKE_TIME_S, "consolidate", 0.1, 0.0))
 
 
@@ -123,8 +125,18 @@ class PowerWork:
             if v[1] != "h0":
                 memory[v[1]] += v[3]
         self.host = min(memory, key=lambda h: (memory[h], h))
-        #: What each process runs besides its power action, in its own unit of work (None: nothing).
-        self.companion = s.rng.choice(("command", "command", "recover", None))
+        #: What each process runs besides its power action, in its own unit of work (None: nothing): the scenario's
+        #: command, ``recover`` of the power host then ``restart`` of what the store says is lost, or ``vcsched
+        #: run``'s controller (failover on, reading the power record) for its intervals.
+        self.companion = s.rng.choice(("command", "command", "recover", "controller", None))
+        if self.companion == "controller":
+            import tempfile
+            from pathlib import Path
+
+            from faultsim.simulation import SimLockService
+
+            s.leader = SimLockService(s.world)
+            s.journals = Path(tempfile.mkdtemp(prefix="vcsched-faultsim-journal-"))
         #: Hosts the simulated agent switched off (and nothing has powered on since).
         self.off: set[str] = set()
         #: Hosts that answer as another machine since a wake (their old libvirt UUID).
@@ -300,6 +312,9 @@ class PowerWork:
         if self.companion == "recover":
             s.target = self.host
             s.note(f"p{pid} then: recover {self.host} -> {s.recover(pid)}")
+            s.note(f"p{pid} then: restart -> {s.restart(pid)}")
+        elif self.companion == "controller":
+            s.note(f"p{pid} then: the controller -> {s.controller(pid)}")
         else:
             s.note(f"p{pid} then: {s.sc.command} -> {s.command(pid)}")
         return result

@@ -897,7 +897,8 @@ class Schedule:
         ctl = Controller("sim", hv, options, leader_lock=lambda: SimLock(leader, pid),
                          cluster_lock=lambda: SimLock(self.lock, pid), events=EventLog(stream, f"p{pid}", clock.time),
                          metrics=ControllerMetrics("sim"), clock=clock, journals=self.journals,
-                         failover=Failover(self.cluster, self.store, fence=fence))
+                         failover=Failover(self.cluster, self.store, fence=fence),
+                         power=None if self.powerwork is None else self.powerwork.store.read)
         try:
             for _ in range(CONTROLLER_CYCLES * (3 if final else 1)):
                 ctl.cycle()
