@@ -150,7 +150,7 @@ class PowerWork:
     # -------------------------------------------------------------- the simulated agent
 
     def agent(self, host: str, action: str) -> AgentRun:
-        from acting.fence import DEFAULT_AGENT_TIMEOUT_S, STATUS_OFF, STATUS_ON, AgentRun
+        from acting.fence import STATUS_OFF, STATUS_ON, AgentRun
 
         s, w = self.s, self.s.world
         pid = s.rt.pid
@@ -167,28 +167,18 @@ class PowerWork:
                 s.fault("power_off_fail", f"the power agent of {host}: off exits 1")
                 return AgentRun(action, 1, "", "Failed: Unable to connect/login to fencing device", 0.0)
             if roll < edges[1]:
-                w.now += DEFAULT_AGENT_TIMEOUT_S
-                did = s.rng.random() < 0.5
-                s.fault("power_off_hang", f"the power agent of {host} killed at its timeout"
-                        + (" (it had switched the host off)" if did else ""))
-                if did:
-                    self.switch_off(host)
-                return AgentRun(action, None, "", "", DEFAULT_AGENT_TIMEOUT_S)
+                return self._hang(host, action, self.switch_off)
             if roll < edges[2]:
                 s.fault("power_still_on", f"the power agent of {host}: off exits 0, the host stays on")
                 return AgentRun(action, 0, "Success: Powered OFF", "", 0.0)
             if roll < edges[4] and roll >= edges[3]:
-                s.fault("kill", f"process {pid} killed between the evacuation of {host} and its power-off")
-                w.process_died(pid)
-                raise ProcessKilled(pid)
+                self._kill(f"between the evacuation of {host} and its power-off")
             self.switch_off(host)
             if roll < edges[3]:
                 s.fault("power_status_unknown", f"the power agent of {host}: status cannot say")
                 self.unknown = True
             elif roll < edges[5]:
-                s.fault("kill", f"process {pid} killed right after {host} was powered off")
-                w.process_died(pid)
-                raise ProcessKilled(pid)
+                self._kill(f"right after {host} was powered off")
             return AgentRun(action, 0, "Success: Powered OFF", "", 0.0)
         assert action == "on", action
         edges = _edges(ON_FAIL, ON_HANG, ON_OTHER_UUID, ON_NEVER, KILL_AFTER_ON)
@@ -196,13 +186,7 @@ class PowerWork:
             s.fault("power_on_fail", f"the power agent of {host}: on exits 1")
             return AgentRun(action, 1, "", "Failed: Timed out waiting to power ON", 0.0)
         if roll < edges[1]:
-            w.now += DEFAULT_AGENT_TIMEOUT_S
-            did = s.rng.random() < 0.5
-            s.fault("power_on_hang", f"the power agent of {host} killed at its timeout"
-                    + (" (it had switched the host on)" if did else ""))
-            if did:
-                self.switch_on(host)
-            return AgentRun(action, None, "", "", DEFAULT_AGENT_TIMEOUT_S)
+            return self._hang(host, action, self.switch_on)
         if edges[1] <= roll < edges[2] and host in self.off:
             old = w.hosts[host].uuid
             w.hosts[host].uuid = w.new_uuid()
@@ -214,12 +198,30 @@ class PowerWork:
             return AgentRun(action, 0, "Success: Powered ON", "", 0.0)
         self.switch_on(host)
         if edges[3] <= roll < edges[4]:
-            s.fault("kill", f"process {pid} killed right after {host} was powered on")
-            w.process_died(pid)
-            raise ProcessKilled(pid)
+            self._kill(f"right after {host} was powered on")
         return AgentRun(action, 0, "Success: Powered ON", "", 0.0)
 
+    #: The last ``off`` switched the host off, but ``status`` cannot say so.
     unknown = False
+
+    def _hang(self, host: str, action: str, switch: Callable[[str], None]) -> AgentRun:
+        """The agent does not finish within its timeout and is killed; half the time it had done its action."""
+        from acting.fence import DEFAULT_AGENT_TIMEOUT_S, AgentRun
+
+        s = self.s
+        s.world.now += DEFAULT_AGENT_TIMEOUT_S
+        did = s.rng.random() < 0.5
+        s.fault(f"power_{action}_hang", f"the power agent of {host} killed at its timeout"
+                + (f" (it had switched the host {action})" if did else ""))
+        if did:
+            switch(host)
+        return AgentRun(action, None, "", "", DEFAULT_AGENT_TIMEOUT_S)
+
+    def _kill(self, when: str) -> None:
+        pid = self.s.rt.pid
+        self.s.fault("kill", f"process {pid} killed {when}")
+        self.s.world.process_died(pid)
+        raise ProcessKilled(pid)
 
     def switch_off(self, host: str) -> None:
         """The agent switches ``host`` off: nothing may be on it, and only under a valid lease."""
