@@ -308,6 +308,11 @@ class PowerWork:
         """One process: the power action, then (not in the final process) perhaps its companion."""
         s = self.s
         body = self._sleep if self.kind == "sleep" else self._wake
+        if final and s.fenced_away:  # a companion fenced a host: what the operator runs next (`status` lists them)
+            restarted = s.restart(pid, final=True)
+            s.note(f"p{pid} (final) restart of the lost VMs: {restarted}")
+            if not (restarted == "ok" or restarted.startswith("stranded")):
+                s.violate(f"did not converge: the final restart {restarted}")
         result = s.process(pid, lambda hv: body(hv, pid, final=final))
         if final or self.companion is None or s.rng.random() < 0.5:
             return result

@@ -172,3 +172,12 @@ def test_a_host_recorded_asleep_that_answers_empty_is_not_planned_onto(failed: b
     on = asleep_in(hv.inventory(), lambda: PowerState(), lambda _line: None)
     assert not on.host("h2").asleep and on.host("h2").down is None
 
+
+
+def test_repair_does_not_read_again_the_source_of_an_arrival_whose_host_is_asleep() -> None:
+    """Seed 1, schedule 6290: a cut migration h2 -> h0 left vc1-1's arrival paused on h0; repair destroyed the
+    older copy on h2 but could not re-read h0, then h2 went to sleep, empty; every later repair planned the
+    arrival's resume and skipped it, its re-check failing to read h2 ("cannot be read again"): the VM stayed
+    paused for as long as h2 slept.  The re-check no longer reads a host asleep for a copy it expects gone."""
+    out = replay(1, 6290)
+    assert out.violations == [] and out.result == "ok", out.violations
