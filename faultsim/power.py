@@ -267,7 +267,7 @@ class PowerWork:
     # -------------------------------------------------------------- invariants
 
     def check(self, where: str) -> None:
-        from vcsched.control.power import ON
+        from vcsched.control.power import ON, describe
 
         s = self.s
         state = self.store.read()
@@ -278,6 +278,10 @@ class PowerWork:
                 continue
             if state.of(host).state == ON:
                 s.violate(f"{host} is powered off and its power record says on ({where})")
+        for name, rec in ((h.host, h) for h in state.hosts if h.state != ON):
+            held = sorted(d.name for d in s.world.hosts[name].domains.values() if d.meta is not None)
+            if held:  # nothing is planned onto a host recorded asleep until a wake records it on (wake-failed: cleared)
+                s.violate(f"{name}, recorded {describe(rec)}, holds managed VMs {held} ({where})")
         for host in sorted(s.powered - self.fenced_seen):
             self.fenced_seen.add(host)
             if state.of(host).state != ON:

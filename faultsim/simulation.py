@@ -12,7 +12,9 @@ One seeded :class:`random.Random` per schedule decides everything: the starting 
 and at every simulated libvirt call whether to inject one fault of :data:`KINDS`.  By index, every
 :data:`PROBE_EVERY`-th schedule runs ``vcsched observe --probe`` instead (:meth:`Schedule.observe_probe`:
 busy guests, the probe journal, the next process's restore; no cap may stay raised), and every
-:data:`TWIN_EVERY`-th starts with a VM in doubt and a host down (:meth:`Schedule.twin`).  The faults:
+:data:`TWIN_EVERY`-th starts with a VM in doubt and a host down (:meth:`Schedule.twin`); power schedules (a host
+put to sleep, or woken, through acting/power.py, with their own faults and invariants) are in
+:mod:`faultsim.power`.  The faults:
 
 * ``error``: the call fails with a libvirt error (some transient: the backend retries those);
 * ``hang``: the call does not answer within ``host_timeout`` (the clock jumps; keepalive closes the

@@ -181,3 +181,12 @@ def test_repair_does_not_read_again_the_source_of_an_arrival_whose_host_is_aslee
     paused for as long as h2 slept.  The re-check no longer reads a host asleep for a copy it expects gone."""
     out = replay(1, 6290)
     assert out.violations == [] and out.result == "ok", out.violations
+
+
+def test_a_host_whose_wake_failed_gets_no_vm_until_cleared() -> None:
+    """Seed 1, schedule 90 (with the old reading rule): h1, asleep, came back on its own, then its wake's `on`
+    failed, so it was recorded wake-failed while it answered; read as it was, the next command's plan migrated
+    vc0-0 onto it.  It is now read asleep (empty, recorded wake-failed) and nothing is planned onto it."""
+    out = replay(1, 90)
+    assert out.workload == "wake" and out.violations == [], out.violations
+    assert {"slept_back", "power_on_fail"} <= set(out.faults)
