@@ -172,13 +172,13 @@ class PowerWork:
                 s.fault("power_still_on", f"the power agent of {host}: off exits 0, the host stays on")
                 return AgentRun(action, 0, "Success: Powered OFF", "", 0.0)
             if roll < edges[4] and roll >= edges[3]:
-                self._kill(f"between the evacuation of {host} and its power-off")
+                self._kill("before_off", f"between the evacuation of {host} and its power-off")
             self.switch_off(host)
             if roll < edges[3]:
                 s.fault("power_status_unknown", f"the power agent of {host}: status cannot say")
                 self.unknown = True
             elif roll < edges[5]:
-                self._kill(f"right after {host} was powered off")
+                self._kill("after_off", f"right after {host} was powered off")
             return AgentRun(action, 0, "Success: Powered OFF", "", 0.0)
         assert action == "on", action
         edges = _edges(ON_FAIL, ON_HANG, ON_OTHER_UUID, ON_NEVER, KILL_AFTER_ON)
@@ -198,7 +198,7 @@ class PowerWork:
             return AgentRun(action, 0, "Success: Powered ON", "", 0.0)
         self.switch_on(host)
         if edges[3] <= roll < edges[4]:
-            self._kill(f"right after {host} was powered on")
+            self._kill("after_on", f"right after {host} was powered on")
         return AgentRun(action, 0, "Success: Powered ON", "", 0.0)
 
     #: The last ``off`` switched the host off, but ``status`` cannot say so.
@@ -217,9 +217,9 @@ class PowerWork:
             switch(host)
         return AgentRun(action, None, "", "", DEFAULT_AGENT_TIMEOUT_S)
 
-    def _kill(self, when: str) -> None:
+    def _kill(self, kind: str, when: str) -> None:
         pid = self.s.rt.pid
-        self.s.fault("kill", f"process {pid} killed {when}")
+        self.s.fault(f"power_kill_{kind}", f"process {pid} killed {when}")
         self.s.world.process_died(pid)
         raise ProcessKilled(pid)
 
