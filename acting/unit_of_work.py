@@ -30,7 +30,7 @@ give it the in-memory hypervisor (hypervisor/memory.py) and a fake lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -248,7 +248,7 @@ class UnitOfWork:
                     return None
                 irreversible = None
             with _changed_meanwhile(plan, planned_here):
-                checked = check_whole(self.hv, plan, force=force)
+                checked = check_whole(self._reading(), plan, force=force)
             self.guard()
             if irreversible is not None and not irreversible():
                 return None
@@ -261,9 +261,17 @@ class UnitOfWork:
                 on_step(result)
 
         with _changed_meanwhile(plan, planned_here):
-            return apply_plan(self.hv, plan, force=force, guard=self.guard, threads=threads, checked=checked,
+            return apply_plan(self._reading(), plan, force=force, guard=self.guard, threads=threads, checked=checked,
                               on_step=recorder(self.store, self.reporting.note, then))
 
+
+    def _reading(self) -> Hypervisor:
+        """The adapter the executor reads the hosts through: its inventories marked as :meth:`inventory`'s are
+        (hosts asleep), so that a plan made on the unit of work's inventory is checked against the same view —
+        else a host asleep (its size from the record, or answering empty) reads "changed meanwhile"."""
+        if self.power is None:
+            return self.hv
+        return _Marked(self.hv, self.asleep)  # type: ignore[return-value]
 
     def _recorded_creates(self, plan: Plan) -> list[CreateStep]:
         """The plan's creates of VMs the store already records: restarts (`recover`, `restart`, the controller)."""
@@ -334,3 +342,18 @@ def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordin
     lock = cluster_locks(url, cluster.name, keys, ttl=ttl or cluster.lock_ttl or DEFAULT_TTL)
     return UnitOfWork(hv, lock, wait=wait, settle=settle, store=DefinitionStore.for_url(lock.url, cluster.name),
                       reporting=reporting, before_step=before_step, power=power)
+
+
+class _Marked:
+    """A hypervisor whose inventories carry the power record's marks (:meth:`UnitOfWork._reading`); everything
+    else is the adapter's own."""
+
+    def __init__(self, hv: Hypervisor, mark: Callable[[Inventory], Inventory]) -> None:
+        self._hv = hv
+        self._mark = mark
+
+    def inventory(self, hosts: Iterable[str] | None = None) -> Inventory:
+        return self._mark(self._hv.inventory(hosts))
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._hv, name)
