@@ -190,3 +190,23 @@ def test_a_host_whose_wake_failed_gets_no_vm_until_cleared() -> None:
     out = replay(1, 90)
     assert out.workload == "wake" and out.violations == [], out.violations
     assert {"slept_back", "power_on_fail"} <= set(out.faults)
+
+
+def test_a_vm_recorded_on_a_host_asleep_is_lost_and_restarted() -> None:
+    """Seed 7, schedule 9810: the controller fenced h2 (down) and was killed before it restarted anything; h2 came
+    back empty and was put to sleep; its VMs' records still named h2, and a host that does not answer "awaits its
+    recovery" — which a host asleep never gets: vc1-1 ran nowhere for good.  A host asleep was seen empty, so a VM
+    recorded there is lost, and the final restart runs it (through the unit of work, whose executor now reads the
+    hosts with the same power marks as the plan: else the host asleep read "changed meanwhile")."""
+    from vcsched.control.lost import HOST_ASLEEP, lost_vms
+    from vcsched.plans.steps import Boot, CreateStep
+
+    inv = hypervisor().inventory()
+    step = CreateStep("gone", "h2", "vc", 1, 256 * MIB, 0.5, 0.5, Boot("kernel", "/k", "/i"))
+    asleep = dataclasses.replace(inv, hosts=(*inv.hosts[:2], dataclasses.replace(inv.hosts[2], down="sleeping",
+                                                                                 asleep=True)))
+    assert [x.why for x in lost_vms(asleep, [(step, 1.0)])] == [HOST_ASLEEP]
+    down = dataclasses.replace(inv, hosts=(*inv.hosts[:2], dataclasses.replace(inv.hosts[2], down="no answer")))
+    assert lost_vms(down, [(step, 1.0)]) == ()  # awaits its recovery
+    out = replay(7, 9810)
+    assert out.violations == [] and out.result == "ok", out.violations
