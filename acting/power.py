@@ -40,13 +40,15 @@ recovery never fences it and status says sleeping — and still gets nothing pla
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from acting.fence import DEFAULT_AGENT_TIMEOUT_S, AgentRun, FenceResult, run_agent, switch_off
+from acting.fence import DEFAULT_AGENT_TIMEOUT_S, AgentRun, FenceResult, run_agent, run_state, switch_off
 from acting.recommendations import SharedDocument
+from hypervisor import hazards
 from vcsched.control.power import (
     ON,
     PowerState,
@@ -137,16 +139,35 @@ def store_for(cluster: Cluster, identities: Identities, coordination: str | None
 def asleep_in(inventory: Inventory, power: Callable[[], PowerState] | None,
               note: Callable[[str], object]) -> Inventory:
     """``inventory`` with the hosts vcsched put to sleep marked so (:func:`vcsched.control.power.mark_asleep`):
-    not failed hosts, never fenced.  ``power`` reads the record, only when a host is down; a record that cannot
-    be read is said to ``note`` and the hosts stay down (as they were before power saving existed).  The one
-    place every reader (the unit of work, the controller's sampling rounds) turns "down" into "asleep"."""
-    if power is None or not inventory.down_hosts():
+    not failed hosts, never fenced.  ``power`` reads the record, only when a host is down or answers empty; a
+    record that cannot be read is said to ``note`` and the hosts stay down (as they were before power saving
+    existed).  The one place every reader (the unit of work, the controller's sampling rounds) turns "down" into
+    "asleep".
+
+    A host recorded sleeping, waking or wake-failed that answers with no domain at all is asleep too (nothing
+    is planned onto it): a process killed during its power-off or its wake, a host that came back on its own,
+    or one whose wake failed (another machine behind its URI, a wake past its deadline) is used again only
+    once a wake records it on (:func:`wake_host`, ``vcsched power wake``; a failed one once cleared).  So a host
+    read asleep never holds a copy of a VM, and repair need not wait for it (hypervisor/settlement.py)."""
+    if power is None:
+        return inventory
+    occupied = {v.host for v in inventory.vms}
+    empty = [h.name for h in inventory.hosts if h.down is None and h.name not in occupied]
+    if not inventory.down_hosts() and not empty:
         return inventory
     try:
-        return mark_asleep(inventory, power())
+        state = power()
     except VcschedError as exc:
         note(f"the power record cannot be read ({exc}): hosts down are not known to be asleep")
         return inventory
+    inventory = mark_asleep(inventory, state)
+    idle = {h for h in empty if state.of(h).state != ON}
+    if not idle:
+        return inventory
+    return dataclasses.replace(inventory, hosts=tuple(
+        dataclasses.replace(h, asleep=True, down=f"{describe(state.of(h.name))} (vcsched power saving): it "
+                            "answers, empty; a wake records it on before it is used")
+        if h.name in idle else h for h in inventory.hosts))
 
 
 def record_reader(cluster: Cluster, hv: HasIdentities, coordination: str | None = None
@@ -220,7 +241,7 @@ def sleep_host(uow: UnitOfWork, cluster: Cluster, host: str, evacuation: Plan, *
         return refused(f"host {host} does not answer after its evacuation ({read.down}): it cannot be seen empty, "
                        "so it is not powered off", report)
     left = [v for v in fresh.vms if v.host == host]
-    if left:
+    if left and not hazards.on(hazards.POWER_OFF_UNCHECKED):  # mutation switch (tests/test_faultsim_power.py)
         names = ", ".join(f"{v.name} ({'managed' if v.meta is not None else 'unmanaged'}, "
                           f"{'paused' if v.paused else 'running' if v.active else 'defined, not running'})"
                           for v in left[:5])
@@ -230,15 +251,27 @@ def sleep_host(uow: UnitOfWork, cluster: Cluster, host: str, evacuation: Plan, *
     at = clock()
     store.change(lambda s: slept(s, read, at))  # written ahead: a process killed during the power-off leaves it
     config = cluster.host(host).power.agent
+    runs: list[AgentRun] = []
+
+    def run(action: str) -> AgentRun:
+        runs.append(agent(host, action))
+        return runs[-1]
+
     try:
-        off = switch_off(host, config.agent if config is not None else "(none)", lambda action: agent(host, action))
+        off = switch_off(host, config.agent if config is not None else "(none)", run)
     except VcschedError as exc:  # the agent could not be run at all (none, not executable): nothing was switched
         store.change(lambda s: s.with_host(record))
         return refused(f"host {host}: its power agent cannot be run ({exc}): the host stays on", report)
     if not off.fenced:
-        store.change(lambda s: s.with_host(record))
-        return refused(f"{off.detail}: the host is not recorded asleep (it is empty; `vcsched power status` "
-                       "shows what its agent says)", report, off)
+        if _says_on(host, runs, agent):
+            store.change(lambda s: s.with_host(record))
+            return refused(f"{off.detail}: the host is not recorded asleep (it is empty; `vcsched power status` "
+                           "shows what its agent says)", report, off)
+        # An agent killed at its timeout, or a status that cannot say, may have left the host off: the record
+        # written ahead stays (a host off and recorded on would be read as failed); it is read as it is while it
+        # answers, and a wake makes it on again.
+        return refused(f"{off.detail}: its agent does not say the host is on, so it stays recorded asleep "
+                       "(empty; a wake powers it on and records it on)", report, off)
     from hypervisor import down_hosts
     from hypervisor.files import state_dir
 
@@ -247,6 +280,18 @@ def sleep_host(uow: UnitOfWork, cluster: Cluster, host: str, evacuation: Plan, *
                       "power saving)")
     emit("power_slept", host=host, seconds=round(off.seconds, 3), uuid=read.uuid)
     return SleepResult(host, True, f"host {host} is asleep ({off.detail})", report, off)
+
+
+def _says_on(host: str, runs: list[AgentRun], agent: Agent) -> bool:
+    """Whether ``host``'s agent says it is on after a power-off that was not confirmed: its last ``status`` of
+    ``runs``, else one asked now.  Only this puts the record written ahead back to on (the module docstring)."""
+    said = next((run_state(r) for r in reversed(runs) if r.action == "status"), None)
+    if said is None:
+        try:
+            said = run_state(agent(host, "status"))
+        except VcschedError:
+            said = "unknown"
+    return said == "on"
 
 
 # ------------------------------------------------------------------------------------------------ waking
@@ -311,7 +356,7 @@ def wake_host(uow: UnitOfWork, cluster: Cluster, host: str, *, store: PowerStore
         uow.guard()
         read = uow.hv.inventory([host]).hosts[0]
         if read.down is None:
-            if expected is not None and read.uuid != expected:
+            if expected is not None and read.uuid != expected and not hazards.on(hazards.WAKE_ANY_UUID):
                 return failed(f"answers as libvirt host UUID {read.uuid}, it slept as {expected}: another machine "
                               "behind its URI; not used")
             return _woke(store, host, start, clock(), read.uuid, emit)

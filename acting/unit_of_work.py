@@ -30,7 +30,7 @@ give it the in-memory hypervisor (hypervisor/memory.py) and a fake lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -155,7 +155,10 @@ class UnitOfWork:
         """The in-doubt VMs that can be settled, settled under the lock (done on entry unless ``settle=False``);
         with a host down nothing is settled (said in one note), and the work goes on (its plan leaves in-doubt VMs
         alone).  A dry run settles nothing: what would be done is reported, never done."""
-        report = self.hv.repair(self.lock_guard, apply=not self.dry_run)
+        if self.power is None:
+            report = self.hv.repair(self.lock_guard, apply=not self.dry_run)
+        else:  # a host asleep holds no copy: it does not hold the settlement back (docs/power.md)
+            report = self.hv.repair(self.lock_guard, apply=not self.dry_run, inventory=self.asleep(self.hv.inventory()))
         self.reporting.settled(report)
         # A refused repair reports applied=False (hypervisor/settlement.py): what says it was meant to act is
         # that this is no dry run.
@@ -251,7 +254,7 @@ class UnitOfWork:
                     return None
                 irreversible = None
             with _changed_meanwhile(plan, planned_here):
-                checked = check_whole(self.hv, plan, force=force)
+                checked = check_whole(self._reading(), plan, force=force)
             self.guard()
             if irreversible is not None and not irreversible():
                 return None
@@ -264,9 +267,17 @@ class UnitOfWork:
                 on_step(result)
 
         with _changed_meanwhile(plan, planned_here):
-            return apply_plan(self.hv, plan, force=force, guard=self.guard, threads=threads, checked=checked,
+            return apply_plan(self._reading(), plan, force=force, guard=self.guard, threads=threads, checked=checked,
                               on_step=recorder(self.store, self.reporting.note, then))
 
+
+    def _reading(self) -> Hypervisor:
+        """The adapter the executor reads the hosts through: its inventories marked as :meth:`inventory`'s are
+        (hosts asleep), so that a plan made on the unit of work's inventory is checked against the same view —
+        else a host asleep (its size from the record, or answering empty) reads "changed meanwhile"."""
+        if self.power is None:
+            return self.hv
+        return _Marked(self.hv, self.asleep)  # type: ignore[return-value]
 
     def _recorded_creates(self, plan: Plan) -> list[CreateStep]:
         """The plan's creates of VMs the store already records: restarts (`recover`, `restart`, the controller)."""
@@ -349,3 +360,18 @@ def cluster_lock(cluster: Cluster, hv: LibvirtHypervisor, coordination: str | No
     keys = lock_keys(url, cluster.name, identities)
     hv.act_only_as(identities.known, admission(url, keys))
     return cluster_locks(url, cluster.name, keys, ttl=ttl or cluster.lock_ttl or DEFAULT_TTL)
+
+
+class _Marked:
+    """A hypervisor whose inventories carry the power record's marks (:meth:`UnitOfWork._reading`); everything
+    else is the adapter's own."""
+
+    def __init__(self, hv: Hypervisor, mark: Callable[[Inventory], Inventory]) -> None:
+        self._hv = hv
+        self._mark = mark
+
+    def inventory(self, hosts: Iterable[str] | None = None) -> Inventory:
+        return self._mark(self._hv.inventory(hosts))
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._hv, name)

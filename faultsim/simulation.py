@@ -12,7 +12,9 @@ One seeded :class:`random.Random` per schedule decides everything: the starting 
 and at every simulated libvirt call whether to inject one fault of :data:`KINDS`.  By index, every
 :data:`PROBE_EVERY`-th schedule runs ``vcsched observe --probe`` instead (:meth:`Schedule.observe_probe`:
 busy guests, the probe journal, the next process's restore; no cap may stay raised), and every
-:data:`TWIN_EVERY`-th starts with a VM in doubt and a host down (:meth:`Schedule.twin`).  The faults:
+:data:`TWIN_EVERY`-th starts with a VM in doubt and a host down (:meth:`Schedule.twin`); power schedules (a host
+put to sleep, or woken, through acting/power.py, with their own faults and invariants) are in
+:mod:`faultsim.power`.  The faults:
 
 * ``error``: the call fails with a libvirt error (some transient: the backend retries those);
 * ``hang``: the call does not answer within ``host_timeout`` (the clock jumps; keepalive closes the
@@ -366,13 +368,13 @@ def cluster_for(sc: Scenario) -> Any:
     return Cluster("sim", hosts, 0.0, GuestDefaults("/sim/vmlinuz", "/sim/initrd"), host_timeout=HOST_TIMEOUT_S)
 
 
-_PLANS: dict[tuple[int, Any], Any] = {}
+_PLANS: dict[tuple[int, Any, Any], Any] = {}
 
 
 def plan_on(sc: Scenario, cluster: Any, inv: Any) -> Any:
     """:func:`plan_for` remembered by scenario and inventory (the planners are pure: the same inventory gives
     the same plan, and re-planning the same few states costs most of a schedule's time)."""
-    key = (sc.index, inv)
+    key = (sc.index, cluster.power, inv)  # power schedules plan with power saving on (faultsim/power.py)
     if key not in _PLANS:
         if len(_PLANS) > 20000:
             _PLANS.clear()
@@ -414,6 +416,7 @@ class Outcome:
     trace: list[str] = field(default_factory=list)
     calls: int = 0
     result: str = ""
+    workload: str = ""
 
 
 class Schedule:
@@ -468,6 +471,8 @@ class Schedule:
         self.powered: set[str] = set()  # hosts a fence switched off (each comes back, if ever, with no guest)
         self.stranded: dict[str, str] = {}
         self.leader: SimLockService | None = None  # the controller's leader lock
+        #: ``sleep`` / ``wake``: a power schedule (faultsim/power.py: the host, the record, the agent, the checks).
+        self.powerwork: Any = None
         if index % RECOVER_EVERY == RECOVER_AT and self.workload != "probe":
             self.workload = "recover"
             per_host = collections.Counter(v[1] for v in self.sc.vms if v[1] != "h0")
@@ -482,6 +487,15 @@ class Schedule:
                 self.workload = "restart"
                 self._power_off(self.target)
                 self.store.mark_fenced(self.target)
+        from faultsim.power import kind_of
+
+        if (kind := kind_of(index)) is not None and self.workload != "probe":
+            from faultsim.power import PowerWork, power_cluster
+
+            self.workload = kind
+            self.cluster = power_cluster(self.cluster)
+            self.powerwork = PowerWork(self, kind)
+        self.out.workload = self.workload
         self.burnt = 0.0  # the simulated time up to which the guests' CPU time is counted
 
     def twin(self, rng: random.Random) -> None:
@@ -549,6 +563,8 @@ class Schedule:
                 self.violate(f"{twice[0]} runs twice, as two domains ({where})")
         if w.stale:
             self.violate(f"{w.stale[0]} ({where})")
+        if self.powerwork is not None:
+            self.powerwork.check(where)
         for h in w.hosts.values():
             # Unmanaged domains count for memory, not for CPU (vcsched never caps them: vcsched/plans/check.py).
             cap = sum(d.cap_cores() for d in h.domains.values() if d.state == RUNNING and d.meta is not None)
@@ -622,6 +638,8 @@ class Schedule:
             self._burn()
         if not self.injecting or self.depth:
             return
+        if self.powerwork is not None:
+            self.powerwork.hook(c)
         if self.lock.expires is not None and self.lock.free() and self.rng.random() < 0.2:
             self.fault("actor", "after the lease ran out")  # someone takes the lock the old holder lost
             self.second(act=True)
@@ -696,6 +714,8 @@ class Schedule:
         down = sorted(n for n, h in self.world.hosts.items() if not h.up)
         if self.target in down and self.target not in self.powered and self.rng.random() < 0.8:
             down.remove(self.target)  # the failed host mostly stays failed until recovered (else nothing to recover)
+        if self.powerwork is not None and self.powerwork.off & set(down) and self.rng.random() < 0.8:
+            down = [n for n in down if n not in self.powerwork.off]  # a host asleep mostly stays asleep
         if not down:
             return
         name = self.rng.choice(down)
@@ -765,7 +785,8 @@ class Schedule:
             self.note(f"p{self.rt.pid} repair: {'; '.join(report.lines()) or 'nothing in doubt'}")
             self.check("after repair")
 
-        return UnitOfWork(hv, SimLock(self.lock, pid), store=self.store, reporting=Reporting(settled=settled))
+        return UnitOfWork(hv, SimLock(self.lock, pid), store=self.store, reporting=Reporting(settled=settled),
+                          power=None if self.powerwork is None else self.powerwork.store.read)
 
     def command(self, pid: int, *, repair_only: bool = False, final: bool = False) -> str:
         """A command that changes hosts (cli/common.py's ``acting_on``): its unit of work — the lock, a repair —
@@ -818,6 +839,8 @@ class Schedule:
                 inventory = uow.inventory()
                 if inventory.host(self.target).down is None:
                     return f"refused: host {self.target} answers: it has not failed"
+                if inventory.host(self.target).asleep:  # cli/recover.py: powered off by vcsched, empty
+                    return f"refused: host {self.target} is asleep: it has not failed"
                 records = [d.step for d in self.store.on(self.target)]
                 recovery = plan_recovery(self.cluster, inventory, self.target, records)
                 self.stranded = dict(recovery.stranded)
@@ -876,7 +899,8 @@ class Schedule:
         ctl = Controller("sim", hv, options, leader_lock=lambda: SimLock(leader, pid),
                          cluster_lock=lambda: SimLock(self.lock, pid), events=EventLog(stream, f"p{pid}", clock.time),
                          metrics=ControllerMetrics("sim"), clock=clock, journals=self.journals,
-                         failover=Failover(self.cluster, self.store, fence=fence))
+                         failover=Failover(self.cluster, self.store, fence=fence),
+                         power=None if self.powerwork is None else self.powerwork.store.read)
         try:
             for _ in range(CONTROLLER_CYCLES * (3 if final else 1)):
                 ctl.cycle()
@@ -1038,10 +1062,15 @@ class Schedule:
             self.note("workload: observe --probe")
         run = {"probe": self.observe_probe, "recover": self.recover, "restart": self.restart,
                "controller": self.controller}.get(self.workload, self.command)
+        if self.powerwork is not None:
+            run = self.powerwork.run
+            self.note(f"workload: {self.workload} {self.powerwork.host} (with {self.powerwork.companion})")
         if self.workload in ("recover", "restart", "controller"):
             self.note(f"workload: {self.workload} ({self.target} does not answer"
                       f"{', fenced, nothing restarted' if self.workload == 'restart' else ''})")
         try:
+            if self.powerwork is not None:
+                self.powerwork.start()
             result = ""
             for _ in range(MAX_PROCESSES):
                 pid = self.new_pid()
@@ -1065,7 +1094,8 @@ class Schedule:
             # The end: faults stop, every host answers, a fresh process repairs and re-runs the command.
             self.injecting = False
             for name in sorted(w.hosts):
-                w.set_up(name, True)
+                if self.powerwork is None or name not in self.powerwork.off:  # a host asleep stays off
+                    w.set_up(name, True)
             self.check("after every host answers again")
             if self.workload in ("recover", "controller"):  # the host fails again (or still): a last recovery
                 w.set_up(self.target, False)
@@ -1087,6 +1117,8 @@ class Schedule:
                 self.check(f"after {self.target} answers again", quiescent=True)
                 if not (result == "ok" or result.startswith("stranded")):
                     self.violate(f"did not converge: the final {self.workload} {result}")
+            elif self.powerwork is not None:
+                self.powerwork.final(result)
             elif result in ("ok", "no plan"):
                 if not probing:
                     self.goal()
@@ -1125,10 +1157,12 @@ class Summary:
     faults: collections.Counter[str]
     violations: list[dict[str, Any]]
     calls: int
+    #: Schedules per workload (place, drain, adapt, probe, recover, restart, controller, sleep, wake).
+    workloads: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schedules": self.schedules, "faults": dict(sorted(self.faults.items())),
-                "violations": self.violations, "calls": self.calls}
+                "violations": self.violations, "calls": self.calls, "workloads": dict(sorted(self.workloads.items()))}
 
 
 @contextlib.contextmanager
@@ -1154,18 +1188,21 @@ def run_schedules(n: int, seed: int, *, rate: float = DEFAULT_RATE, first: int =
     faults: collections.Counter[str] = collections.Counter()
     violations: list[dict[str, Any]] = []
     calls = 0
+    workloads: collections.Counter[str] = collections.Counter()
     with rt.installed():
         for i in range(first, first + n):
             out = Schedule(rt, seed, i, rate=rate).run()
             faults.update(out.faults)
             calls += out.calls
+            workloads[out.workload] += 1
             if out.violations:
-                violations.append({"seed": seed, "schedule": i, "violations": out.violations})
+                violations.append({"seed": seed, "schedule": i, "workload": out.workload,
+                                   "violations": out.violations})
                 if on_violation is not None:
                     on_violation(out)
                 if stop_at_first:
-                    return Summary(i - first + 1, faults, violations, calls)
-    return Summary(n, faults, violations, calls)
+                    return Summary(i - first + 1, faults, violations, calls, workloads)
+    return Summary(n, faults, violations, calls, workloads)
 
 
 def replay(seed: int, index: int, *, rate: float = DEFAULT_RATE) -> Outcome:
@@ -1213,7 +1250,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def shown(o: Outcome) -> None:
             if not args.json:
-                print(f"VIOLATION seed {o.seed} schedule {o.index}: {'; '.join(o.violations)}\n"
+                print(f"VIOLATION seed {o.seed} schedule {o.index} ({o.workload}): {'; '.join(o.violations)}\n"
                       f"  replay: scripts/faultsim --seed {o.seed} --replay {o.index}"
                       + (f" --rate {args.rate:g}" if args.rate != DEFAULT_RATE else "")
                       + "".join(f" --hazard {h}" for h in args.hazard), file=sys.stderr)
@@ -1229,6 +1266,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{s.schedules} schedules (seed {args.seed}, from {args.first}) in {wall:.1f} s ({cpu:.1f} s CPU, "
               f"{doc['schedules_per_s']} schedules/s), {s.calls} simulated libvirt calls")
+        print("workloads: " + ", ".join(f"{k} {v}" for k, v in sorted(s.workloads.items())))
         print("faults injected: " + ", ".join(f"{k} {v}" for k, v in sorted(s.faults.items())))
         print(f"violations: {len(s.violations)}" + (f" (hazards on: {', '.join(args.hazard)})" if args.hazard else ""))
     return 1 if s.violations else 0

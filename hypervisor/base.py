@@ -128,10 +128,12 @@ class Hypervisor(Protocol):
         """
         ...
 
-    def repair(self, guard: Callable[[], None], *, apply: bool = True) -> RepairReport:
+    def repair(self, guard: Callable[[], None], *, apply: bool = True,
+               inventory: Inventory | None = None) -> RepairReport:
         """Settle in-doubt VMs (:mod:`hypervisor.settlement`): only under the cluster lock (``guard``, called
-        before every action), only on a full inventory in which every host answered.  ``apply=False``: what it
-        would do."""
+        before every action), only on a full inventory in which every host answered or is asleep (powered off
+        empty by vcsched: ``inventory`` read now with the power record's marks, else read here).
+        ``apply=False``: what it would do."""
         ...
 
     def realised_cap(self, host: str, vcpus: int, cap_cores: float) -> float:

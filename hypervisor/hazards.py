@@ -35,9 +35,17 @@ MIGRATE_WHILE_HOLDER_DOWN = "migrate-while-holder-down"
 #: follow it, the order of issue 37's first report: a plan refused after the fence leaves the host's VMs dead.
 FENCE_BEFORE_VALIDATE = "fence-before-validate"
 
+#: Power saving's sleep (acting/power.py, ``sleep_host``) powers the host off without reading it again after its
+#: evacuation: whatever is still there, or arrived meanwhile, goes down with it.
+POWER_OFF_UNCHECKED = "power-off-unchecked"
+
+#: Power saving's wake (``wake_host``) takes whichever machine answers behind the host's URI as the host that
+#: slept, without comparing its libvirt host UUID.
+WAKE_ANY_UUID = "wake-any-uuid"
+
 KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP, PROBE_NO_RESTORE,
                    IN_DOUBT_PLANNABLE, RESUME_WITHOUT_GENERATION, MIGRATE_WHILE_HOLDER_DOWN,
-                   FENCE_BEFORE_VALIDATE})
+                   FENCE_BEFORE_VALIDATE, POWER_OFF_UNCHECKED, WAKE_ANY_UUID})
 
 #: The hazards switched on (empty in production).
 HAZARDS: set[str] = set()

@@ -378,7 +378,10 @@ class LibvirtHypervisor:
         A failure of vcsched's own reading code on a host's answer is :class:`HostReadBug` (a bug, exit 70),
         never a down host.
         """
-        wanted = self.cluster.hosts if hosts is None else tuple(self.cluster.host(h) for h in hosts)
+        # In the cluster's order whatever ``hosts`` is (a set's order changes with each process's hash seed: the
+        # fault simulation, reading inline, would not replay the controller's sampling rounds).
+        names = None if hosts is None else {self.cluster.host(h).name for h in hosts}
+        wanted = self.cluster.hosts if names is None else tuple(h for h in self.cluster.hosts if h.name in names)
         with self._lock:
             for h in wanted:
                 self._down.pop(h.name, None)

@@ -98,12 +98,13 @@ class MemoryHypervisor:
         return Inventory(self.cluster, states,
                          tuple(sorted((v for v in self.vms.values() if v.host in up), key=lambda v: (v.host, v.name))))
 
-    def repair(self, guard: Callable[[], None], *, apply: bool = True) -> RepairReport:
+    def repair(self, guard: Callable[[], None], *, apply: bool = True,
+               inventory: Inventory | None = None) -> RepairReport:
         """Nothing is ever in doubt here (one copy per VM by construction): an empty report, counted."""
         from vcsched.plans.repair import RepairReport, plan_repair
 
         self.repairs += 1
-        return RepairReport(plan_repair(self.inventory()), applied=apply)
+        return RepairReport(plan_repair(inventory if inventory is not None else self.inventory()), applied=apply)
 
     def find_vm(self, name: str) -> VmState | None:
         v = self.vms.get(name)

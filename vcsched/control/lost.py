@@ -20,6 +20,11 @@ holds is one of three things (docs/failures.md):
   it was destroyed outside vcsched).  ``since``: the record's last write, the
   last moment vcsched knew it ran.
 
+* **lost, its host is asleep**: vcsched's power saving put the host it was
+  recorded on to sleep (docs/power.md), which it does only once it saw the host
+  hold no domain at all: the VM is not there (a fence that took it, before the
+  host came back and slept, left nothing to restart it from but this record).
+
 A recorded VM whose recorded host has left the cluster file is lost too (its
 host "is not in the cluster file").  A VM with any domain of its name on a host
 that answered — running, paused, shut off, or a copy in doubt — is not lost:
@@ -41,6 +46,8 @@ from vcsched.plans.steps import CreateStep
 HOST_ANSWERS = "host answers without it"
 #: ``why`` of a lost VM whose recorded host was fenced and that was not restarted.
 HOST_FENCED = "host fenced, not restarted"
+#: ``why`` of a lost VM whose recorded host is asleep (powered off empty by vcsched's power saving).
+HOST_ASLEEP = "host asleep without it"
 #: ``why`` of a lost VM recorded on a host the cluster file no longer lists.
 HOST_GONE = "host not in the cluster file"
 
@@ -77,6 +84,8 @@ def lost_vms(inventory: Inventory, records: Iterable[tuple[CreateStep, float]],
             out.append(Lost(step.vm, step.cluster, step.host, HOST_GONE, updated))
         elif host.down is None:
             out.append(Lost(step.vm, step.cluster, step.host, HOST_ANSWERS, updated))
+        elif host.asleep:  # seen empty before its power-off (found by the fault simulation: seed 7, schedule 9810)
+            out.append(Lost(step.vm, step.cluster, step.host, HOST_ASLEEP, updated))
         elif fenced.get(step.host, -1.0) >= updated:  # a fence older than the record: the host came back since
             out.append(Lost(step.vm, step.cluster, step.host, HOST_FENCED, fenced[step.host]))
     return tuple(sorted(out, key=lambda lost: lost.vm))
