@@ -165,8 +165,9 @@ def asleep_in(inventory: Inventory, power: Callable[[], PowerState] | None,
     if not idle:
         return inventory
     return dataclasses.replace(inventory, hosts=tuple(
-        dataclasses.replace(h, asleep=True, down=f"{describe(state.of(h.name))} (vcsched power saving): it "
-                            "answers, empty; a wake records it on before it is used")
+        dataclasses.replace(h, asleep=True, answers_asleep=True, power=describe(state.of(h.name)),
+                            down=f"{describe(state.of(h.name))} (vcsched power saving): it answers, empty; a wake "
+                            "records it on before it is used")
         if h.name in idle else h for h in inventory.hosts))
 
 

@@ -125,10 +125,11 @@ def status_cmd(cluster_file: str | None, window: float, budget: int, coordinatio
         asleep = inv.host(name).asleep
         down = None if asleep else inv.host(name).down  # recorded on, but not answering: failed, not asleep
         # Recorded asleep, yet it answers: powered on outside vcsched (by hand, its BMC, `lab up`); read as awake.
-        answers_anyway = h.state != "on" and inv.host(name).down is None
+        answers = inv.host(name).down is None or inv.host(name).answers_asleep
+        answers_anyway = h.state != "on" and answers
         hosts.append({"host": name, "state": _describe(h).split(" since ")[0], "since": None if h.state == "on"
                       else h.since, "failed": h.failed, "reason": h.reason, "wake_s": h.wake_s,
-                      "uuid": h.uuid, "answers": inv.host(name).down is None,
+                      "uuid": h.uuid, "answers": answers,
                       "watts": None if conf.idle_watts is None else round(watts(conf, _utilisation(inv, name),
                                                                                   asleep=asleep), 1),
                       "overdue": name in late,

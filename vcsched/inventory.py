@@ -158,6 +158,9 @@ class HostState:
     #: For a host :attr:`asleep`, the power record's word for it: ``sleeping``, ``waking`` or ``wake-failed`` (its
     #: last wake failed: not chosen again until ``vcsched power clear``).  None for a host not asleep.
     power: str | None = None
+    #: For a host :attr:`asleep`: it answers all the same, with no domain (switched on outside vcsched, or its
+    #: power-off or wake cut short); still read as asleep — nothing planned onto it — until a wake records it on.
+    answers_asleep: bool = False
 
     def capacity(self, resource: str) -> int | None:
         """Declared bytes per second of ``disk`` or ``net`` (None: the cluster file does not say)."""
