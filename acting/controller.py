@@ -477,6 +477,8 @@ class Controller:
         inventory = self._reserved(self.sampler.sample(self.hv))  # a sampling round too: a new leader's baseline
         self.round_hosts = answered(inventory)
         self._hosts(inventory)
+        if inventory.in_doubt or any(v.paused and v.meta is not None for v in inventory.vms):
+            self._settle()
         if self.failover is not None:
             self._restart_lost(inventory)  # first: a recovery below fences and restarts on this same inventory
         if self.failover is not None and inventory.down_hosts():
@@ -699,7 +701,7 @@ class Controller:
         """Plan the recovery of failed ``host``; fence it and create its VMs (not in a dry run)."""
         assert self.failover is not None
         cluster, store = self.failover.cluster, self.failover.store
-        recovery = plan_recovery(cluster, inventory, host, [d.step for d in store.on(host)])
+        recovery = plan_recovery(cluster, inventory, host, store.to_recover(host, inventory))
         self._stranded(host, recovery.stranded)
         if recovery.plan is None:
             return
@@ -711,7 +713,7 @@ class Controller:
             if fresh.host(host).down is None:
                 self.events.emit("decision", kind="recover", reason=f"host {host} answers again: nothing restarted")
                 return
-            recovery = plan_recovery(cluster, fresh, host, [d.step for d in store.on(host)])
+            recovery = plan_recovery(cluster, fresh, host, store.to_recover(host, fresh))
             self._stranded(host, recovery.stranded)
             if recovery.plan is None:
                 return
@@ -801,6 +803,19 @@ class Controller:
                 self._apply(uow, restart.plan, "restart", after_step=restarted)
         except LockBusy as exc:
             self.events.emit("lock-busy", action="restart", reason=str(exc))
+
+    def _settle(self) -> None:
+        """Settle the VMs in doubt (or a copy a cut migration left paused) now, through the unit of work's repair,
+        rather than only when a plan happens to act: an interval with nothing to change would otherwise leave a
+        copy paused everywhere and running nowhere for as long as nothing else changes (found by the fault
+        simulation, docs/faultsim.md).  Not in a dry run nor in recommend mode, which change no host."""
+        if self.options.dry_run or self.options.recommend:
+            return
+        try:
+            with self._acting():
+                pass  # entering it settles (its ``repair`` events say what was done)
+        except LockBusy as exc:
+            self.events.emit("lock-busy", action="repair", reason=str(exc))
 
     def _below_floor(self, vm: str, where: str, failed_host: str, got: float, floor: float) -> None:
         """A VM restarted below its floor (on_failure = "restart"): said once per restart; the metrics' per-VM

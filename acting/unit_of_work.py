@@ -157,6 +157,9 @@ class UnitOfWork:
         if not self.dry_run and report.plan.refused is not None and report.plan.in_doubt:
             self.reporting.note(f"{len(report.plan.in_doubt)} in-doubt VM(s) not settled: {report.plan.refused}; "
                                 "`vcsched repair` settles them once every host answers")
+        elif not self.dry_run and report.plan.waiting:
+            self.reporting.note(f"{len(report.plan.waiting)} in-doubt VM(s) not settled yet: "
+                                + "; ".join(report.plan.waiting))
         return report
 
     def lock_guard(self) -> None:
@@ -178,7 +181,25 @@ class UnitOfWork:
         inventory = self.hv.inventory()
         if self.dry_run:
             self.note_in_doubt(inventory)
+        else:
+            self._seen_answering(inventory)
         return inventory
+
+    def _seen_answering(self, inventory: Inventory) -> None:
+        """Clear the fence mark of every host that answered ``inventory``, read under the lock: a mark says that its
+        host holds no VM (it was powered off and has not answered since, vcsched/control/lost.py), which stops
+        being true the moment it answers and anything may be placed there.  Done on every read a plan is decided
+        or checked on, so no step reaches a host that is still marked.  A mark that cannot be cleared is said: it
+        would make a VM moved there count as lost, and be started twice, if that host stopped answering again."""
+        if self.store is None or hazards.on(hazards.STALE_FENCE_MARK):  # the mutation switch (tests/test_faultsim.py)
+            return
+        try:
+            fenced = self.store.fenced()
+            for h in inventory.hosts:
+                if h.down is None and h.name in fenced:
+                    self.store.clear_fenced(h.name)
+        except (StoreError, InputError) as exc:
+            self.reporting.note(f"{exc}: a host fenced earlier answers again but is still marked fenced")
 
     def note_in_doubt(self, inventory: Inventory) -> None:
         """Each in-doubt VM of ``inventory`` and what `vcsched repair --apply` would do about it, one note each
@@ -225,16 +246,16 @@ class UnitOfWork:
             raise DryRun("the unit of work is not open: enter it (`with UnitOfWork(...)`) before applying")
         if self.dry_run:
             raise DryRun("a dry run does not apply: a unit of work without a lock only reads")
-        checked = None
         restarts = self._recorded_creates(plan)
-        if irreversible is not None or restarts:  # else the executor's own whole-plan check is the one before acting
-            if irreversible is not None and hazards.on(hazards.FENCE_BEFORE_VALIDATE):  # a mutation switch (tests)
-                self.guard()
-                if not irreversible():
-                    return None
-                irreversible = None
-            with _changed_meanwhile(plan, planned_here):
-                checked = check_whole(self.hv, plan, force=force)
+        if irreversible is not None and hazards.on(hazards.FENCE_BEFORE_VALIDATE):  # a mutation switch (tests)
+            self.guard()
+            if not irreversible():
+                return None
+            irreversible = None
+        with _changed_meanwhile(plan, planned_here):
+            checked = check_whole(self.hv, plan, force=force)
+        self._seen_answering(checked[0])  # the hosts the steps may reach: no longer fenced
+        if irreversible is not None or restarts:
             self.guard()
             if irreversible is not None and not irreversible():
                 return None

@@ -85,7 +85,7 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
             reason = f"host {host} answers: it has not failed; nothing changed (`vcsched drain {host}` moves its VMs)"
             return _refused(out, reason, as_json)
         out["down"] = state.down
-        records = [d.step for d in store.on(host)]
+        records = store.to_recover(host, inventory)
         recovery = plan_recovery(cluster, inventory, host, records)
         out["recovery"] = recovery.to_dict()
         out["plan"] = None if recovery.plan is None else recovery.plan.to_dict()

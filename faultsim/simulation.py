@@ -818,7 +818,7 @@ class Schedule:
                 inventory = uow.inventory()
                 if inventory.host(self.target).down is None:
                     return f"refused: host {self.target} answers: it has not failed"
-                records = [d.step for d in self.store.on(self.target)]
+                records = self.store.to_recover(self.target, inventory)
                 recovery = plan_recovery(self.cluster, inventory, self.target, records)
                 self.stranded = dict(recovery.stranded)
                 self.note(f"p{pid} recovery of {self.target}: restarts {list(recovery.restarts)}, "

@@ -347,7 +347,11 @@ class LibvirtHypervisor:
         A failure of vcsched's own reading code on a host's answer is :class:`HostReadBug` (a bug, exit 70),
         never a down host.
         """
-        wanted = self.cluster.hosts if hosts is None else tuple(self.cluster.host(h) for h in hosts)
+        # In the cluster file's order whatever ``hosts`` is (a set's order changes with every process's hash seed):
+        # which host is read first decides what the reads see when one stops answering meanwhile, so a fault
+        # simulation schedule replays the same only in a fixed order (docs/faultsim.md).
+        picked = set() if hosts is None else {self.cluster.host(h).name for h in hosts}
+        wanted = self.cluster.hosts if hosts is None else tuple(h for h in self.cluster.hosts if h.name in picked)
         with self._lock:
             for h in wanted:
                 self._down.pop(h.name, None)

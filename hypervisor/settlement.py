@@ -5,8 +5,11 @@ or a lone paused arrival whose source may still hold a copy.  Reading an invento
 module is the one place that destroys a paused twin or resumes an orphaned arrival, and only:
 
 * under the cluster lock — :func:`settle` takes the lock's ``guard`` and calls it before every action;
-* on a **full** inventory in which **every** host answered (a host that did not may hold a copy: nothing is
-  done, the repair is refused);
+* on an inventory in which every host that **may hold another copy** of the VM answered (the hosts its copies'
+  migration marks name, or every host for copies from before migration generations:
+  :func:`vcsched.plans.repair.may_hold`); while one does not answer, that VM waits (a host that did not answer
+  may hold a copy), and the others are settled — one host down no longer leaves every copy in doubt paused for
+  as long as it is down (found by the fault simulation, docs/faultsim.md);
 * after re-reading, right before each action, every copy's host: each copy must still be in the state the
   plan saw and have no libvirt job (a migration holds one on both sides until its source is confirmed gone);
   an arrival is resumed only once its source host, read in this same action, has no copy.
@@ -91,7 +94,7 @@ def migration_paused_copies(hv: LibvirtHypervisor, inventory: Inventory) -> froz
 
 def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = True,
            inventory: Inventory | None = None) -> RepairReport:
-    """Plan the repair on a full inventory (read now unless given) and, with ``apply``, carry it out.
+    """Plan the repair on an inventory of every host (read now unless given) and, with ``apply``, carry it out.
 
     ``guard`` is the cluster lock's: called before every action, it raises when the lock is no longer ours
     (then nothing more is done).  The dry run (``apply=False``) reads only.
@@ -99,9 +102,7 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
     inv = inventory if inventory is not None else hv.inventory()
     if {h.name for h in inv.hosts} != {h.name for h in hv.cluster.hosts}:
         raise ValueError("settle needs an inventory of every host of the cluster")
-    full = all(h.down is None for h in inv.hosts)
-    plan = plan_repair(inv, interrupted_copies(hv, inv) if full else frozenset(),
-                       migration_paused_copies(hv, inv) if full else frozenset(),
+    plan = plan_repair(inv, interrupted_copies(hv, inv), migration_paused_copies(hv, inv),
                        unread_hosts=hazards.on(hazards.RESUME_UNREAD_SOURCE),  # mutation switches (test_faultsim.py)
                        ignore_generations=hazards.on(hazards.RESUME_WITHOUT_GENERATION))
     if not apply or plan.refused is not None:
@@ -109,9 +110,10 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
     outcomes = []
     doubts = {d.uuid: d for d in (*plan.in_doubt, *plan.interrupted)}
     removed: set[tuple[str, str]] = set()  # (host, uuid) of the copies this repair destroyed
+    answered = frozenset(h.name for h in inv.hosts if h.down is None)
     for a in plan.actions:
         guard()
-        problem = _recheck(hv, a, doubts[a.uuid], removed)
+        problem = _recheck(hv, a, doubts[a.uuid], removed, answered)
         if problem is not None:
             outcomes.append((a, "skipped", problem))
             continue
@@ -131,31 +133,35 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
 
 def forget_marks(hv: LibvirtHypervisor, guard: Callable[[], None], inv: Inventory,
                  removed: set[tuple[str, str]]) -> None:
-    """Drop the ``migrating_to`` mark of every running managed copy whose marked host answered in ``inv`` (a full
-    inventory) and holds no copy of it now (none was there, or this repair destroyed it): the cut attempt left
-    nothing there, so that host stopping later must not keep the VM from migrating.  Bookkeeping, not a change
-    to any guest: not reported; ``guard`` before each."""
+    """Drop the ``migrating_to`` mark of every running managed copy whose marked host answered in ``inv`` and holds
+    no copy of it now (none was there, or this repair destroyed it): the cut attempt left nothing there, so that
+    host stopping later must not keep the VM from migrating.  A mark naming a host that did not answer stays (it
+    may hold a copy).  Bookkeeping, not a change to any guest: not reported; ``guard`` before each."""
     copies = {(v.host, v.uuid) for v in inv.vms if v.active} - removed
+    answered = {h.name for h in inv.hosts if h.down is None}
     for v in inv.vms:
         mark = v.meta.migrating_to if v.meta is not None else None
         if mark is None or v.uuid is None or not v.active or v.paused or mark == v.host \
-                or mark not in {h.name for h in inv.hosts} or (mark, v.uuid) in copies:
+                or mark not in answered or (mark, v.uuid) in copies:
             continue
         guard()
         clear_attempt(hv, v.host, v.name, v.uuid, mark)
 
 
-def _recheck(hv: LibvirtHypervisor, a: RepairAction, d: InDoubt, removed: set[tuple[str, str]]) -> str | None:
+def _recheck(hv: LibvirtHypervisor, a: RepairAction, d: InDoubt, removed: set[tuple[str, str]],
+             answered: frozenset[str]) -> str | None:
     """Every copy's host read again right before ``a``: None if it may go ahead, else why not.
 
     A copy this repair already destroyed (``removed``: a VM with two paused twins) is expected gone: found by
     the fault simulation (seed 1, schedule 9915), where the second twin was skipped for the first's absence.
+    A resume also expects no copy on every other host that ``answered`` the plan's read (the plan waited for
+    every host that may hold one: :func:`vcsched.plans.repair.may_hold`).
     """
     expected = {h: "gone" if (h, d.uuid) in removed else st for h, st in zip(d.hosts, d.states, strict=True)}
     if a.action == RESUME:
         source = next((src for h, src in zip(d.hosts, d.arriving_from or (), strict=False) if h == a.host), None)
         if source is None:  # a lone copy a migration left paused: no other host may have one
-            expected |= {h.name: "gone" for h in hv.cluster.hosts if h.name != a.host}
+            expected |= {h: "gone" for h in answered if h != a.host}
         elif hazards.on(hazards.RESUME_UNREAD_SOURCE):  # mutation switch (tests/test_faultsim.py)
             expected.pop(source, None)
         else:

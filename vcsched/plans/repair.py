@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vcsched.inventory import InDoubt, Inventory
+from vcsched.inventory import InDoubt, Inventory, VmMeta
 
 DESTROY, RESUME = "destroy", "resume"
 
@@ -38,11 +38,14 @@ class RepairPlan:
     actions: tuple[RepairAction, ...] = ()
     #: In-doubt VMs repair does not touch, one line each (why).
     left: tuple[str, ...] = ()
-    #: Why repair does nothing at all (a host did not answer), or None.
+    #: Why repair does nothing at all (every VM in doubt waits for a host that did not answer), or None.
     refused: str | None = None
     #: Lone paused copies that a migration stopped and nothing resumed (not in ``in_doubt``: an inventory cannot
     #: tell them from a copy someone paused), one each, for the re-checks of their resume actions.
     interrupted: tuple[InDoubt, ...] = ()
+    #: In-doubt VMs not settled now because a host that may hold another copy of them did not answer, one line each
+    #: (settled by a later repair, once that host answers).
+    waiting: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class RepairReport:
                              for d in self.plan.in_doubt],
                 "actions": [{**a.to_dict(), **({"outcome": o, "detail": why} if self.applied else {})}
                             for a, o, why in self._rows()],
-                "left": list(self.plan.left)}
+                "left": list(self.plan.left), "waiting": list(self.plan.waiting)}
 
     def _rows(self) -> list[tuple[RepairAction, str, str]]:
         if self.applied:
@@ -84,6 +87,8 @@ class RepairReport:
             else:
                 out.append(f"{a.vm} on {a.host}: {outcome} ({detail})")
         out += [f"left to the operator: {line}" for line in self.plan.left]
+        if self.plan.refused is None:
+            out += [f"not settled yet: {line}" for line in self.plan.waiting]
         return out
 
 
@@ -92,7 +97,10 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
                 ignore_generations: bool = False) -> RepairPlan:
     """What repair would do on ``inventory`` (a pure function: nothing is read or changed).
 
-    Refused when any host is down: a host that did not answer may hold a copy of any VM.  ``interrupted``:
+    An in-doubt VM waits (``waiting``) while a host that may hold another copy of it does not answer
+    (:func:`may_hold`); the others are settled as if every host answered, so that one host down does not leave
+    a copy paused everywhere and running nowhere for as long as it is down (found by the fault simulation,
+    docs/faultsim.md).  Refused (nothing at all done) when every VM in doubt waits.  ``interrupted``:
     the UUIDs of lone paused managed copies that libvirt paused for a migration
     (:func:`hypervisor.settlement.interrupted_copies` reads them); ``migration_paused``: ``(host, uuid)`` of the
     paused copies without an arrival mark of in-doubt VMs that run nowhere which libvirt paused for a migration,
@@ -103,17 +111,28 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
     the simulation catches each hazard.
     """
     doubts = inventory.in_doubt
-    down = [h for h in inventory.hosts if h.down is not None]
-    if down and not unread_hosts:
-        names = ", ".join(h.name for h in down)
-        return RepairPlan(doubts, refused=f"host(s) {names} did not answer: a copy there cannot be ruled out, so "
-                                          "no in-doubt VM is settled (nothing changed)")
+    # The mutation switch resume-unread-source plans as if every host had answered.
+    down = frozenset() if unread_hosts else frozenset(h.name for h in inventory.hosts if h.down is not None)
     hosts = {h.name for h in inventory.hosts}
     actions: list[RepairAction] = []
     left: list[str] = []
+    waiting: list[str] = []
+    blocked: set[str] = set()
     by_copy = {(v.host, v.uuid): v for v in inventory.vms if v.uuid is not None}
+
+    def waits(vm: str, where: str, holders: frozenset[str], why: str) -> bool:
+        unread = sorted(holders & down)
+        if unread:
+            blocked.update(unread)
+            waiting.append(f"{vm}: on {where}: {', '.join(unread)} did not answer and may hold a copy ({why})")
+        return bool(unread)
+
     for d in doubts:
         where = ", ".join(f"{h} ({st})" for h, st in zip(d.hosts, d.states, strict=True))
+        marks = tuple(c.meta for h in d.hosts if (c := by_copy.get((h, d.uuid))) is not None and c.meta is not None)
+        if waits(d.vm, where, *may_hold(d.hosts, d.generations or (None,) * len(d.hosts), d.arriving_from, marks,
+                                        hosts)):
+            continue
         running = [h for h, st in zip(d.hosts, d.states, strict=True) if st == "running"]
         paused = [h for h, st in zip(d.hosts, d.states, strict=True) if st == "paused"]
         if len(d.hosts) == 1:
@@ -165,11 +184,37 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
     for v in inventory.vms:
         if v.uuid in interrupted and v.paused and v.meta is not None and v.arriving_from is None \
                 and v.uuid not in {d.uuid for d in doubts}:
+            if waits(v.name, f"{v.host} (paused)", *may_hold((v.host,), (v.meta.generation,), (None,), (v.meta,),
+                                                              hosts)):
+                continue
             lone.append(InDoubt(v.name, v.uuid, (v.host,), ("paused",), arriving_from=(None,)))
             actions.append(RepairAction(v.name, v.uuid, v.host, RESUME,
                                         "a migration paused it and ended before its destination finished (no other "
                                         "host has a copy)"))
-    return RepairPlan(doubts, tuple(actions), tuple(left), interrupted=tuple(lone))
+    refused = None
+    if waiting and not actions:
+        refused = (f"host(s) {', '.join(sorted(blocked))} did not answer: a copy there cannot be ruled out, so no "
+                   "in-doubt VM is settled (nothing changed)")
+    return RepairPlan(doubts, tuple(actions), tuple(left), refused, tuple(lone), tuple(waiting))
+
+
+def may_hold(copies: tuple[str, ...], generations: tuple[int | None, ...], arriving_from: tuple[str | None, ...],
+             metas: tuple[VmMeta, ...], hosts: set[str]) -> tuple[frozenset[str], str]:
+    """The hosts other than ``copies`` (the hosts a VM has copies on) that may hold another copy of it, and why.
+
+    vcsched makes a second copy of a VM only by migrating it, and every attempt names its destination on the
+    source before it starts (``migrating_to``, with the new generation: :func:`hypervisor.migration.
+    record_attempt`); the destination's copy names its source (``arriving_from``).  A mark stays until the
+    attempt's destination is verified to hold no copy, and no step migrates a VM while the host its mark names
+    does not answer (:func:`vcsched.plans.check.holder_answers`), so a copy elsewhere is always named by a mark
+    on a copy that can be read, or by an arrival's source.  Copies from before generations (generation 0, or
+    no metadata: a VM in doubt has been the source of an attempt, which raises its number to 1 at least) carry
+    no such marks: any host may hold another copy of them.
+    """
+    if any(not g for g in generations):
+        return frozenset(hosts) - set(copies), "a copy without a migration generation: any host may hold another"
+    named = {src for src in arriving_from if src} | {m.migrating_to for m in metas if m.migrating_to}
+    return frozenset(named & hosts) - set(copies), "named by its copies' migration marks"
 
 
 @dataclass(frozen=True)
