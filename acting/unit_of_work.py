@@ -150,7 +150,7 @@ class UnitOfWork:
         """The in-doubt VMs that can be settled, settled under the lock (done on entry unless ``settle=False``);
         with a host down nothing is settled (said in one note), and the work goes on (its plan leaves in-doubt VMs
         alone).  A dry run settles nothing: what would be done is reported, never done."""
-        report = self.hv.repair(self.lock_guard, apply=not self.dry_run)
+        report = self.hv.repair(self.lock_guard, apply=not self.dry_run, fenced=self._fenced())
         self.reporting.settled(report)
         # A refused repair reports applied=False (hypervisor/settlement.py): what says it was meant to act is
         # that this is no dry run.
@@ -161,6 +161,17 @@ class UnitOfWork:
             self.reporting.note(f"{len(report.plan.waiting)} in-doubt VM(s) not settled yet: "
                                 + "; ".join(report.plan.waiting))
         return report
+
+    def _fenced(self) -> frozenset[str]:
+        """The hosts the definitions store marks fenced: off since, holding no copy of any VM (a mark is cleared when
+        its host is seen answering, :meth:`_seen_answering`).  Unreadable: none (repair then waits for them)."""
+        if self.store is None:
+            return frozenset()
+        try:
+            return frozenset(self.store.fenced())
+        except (StoreError, InputError) as exc:
+            self.reporting.note(f"{exc}: in-doubt VMs wait for every host that does not answer")
+            return frozenset()
 
     def lock_guard(self) -> None:
         """The lock is still ours (renewing its lease); a dry run holds none, so has nothing to lose."""

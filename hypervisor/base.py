@@ -126,10 +126,12 @@ class Hypervisor(Protocol):
         """
         ...
 
-    def repair(self, guard: Callable[[], None], *, apply: bool = True) -> RepairReport:
+    def repair(self, guard: Callable[[], None], *, apply: bool = True,
+               fenced: frozenset[str] = frozenset()) -> RepairReport:
         """Settle in-doubt VMs (:mod:`hypervisor.settlement`): only under the cluster lock (``guard``, called
-        before every action), only on a full inventory in which every host answered.  ``apply=False``: what it
-        would do."""
+        before every action), each once every host that may hold another copy of it answered.  ``apply=False``:
+        what it would do.  ``fenced``: hosts a recovery powered off that have not answered since (they hold no
+        copy: the definitions store's fence marks)."""
         ...
 
     def realised_cap(self, host: str, vcpus: int, cap_cores: float) -> float:

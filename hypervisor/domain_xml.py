@@ -98,6 +98,8 @@ def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
         extra += f' generation="{meta.generation}"'
     if meta.migrating_to is not None:  # a host its last migration attempt may have left a copy on
         extra += f" migrating_to={quoteattr(meta.migrating_to)}"
+    if meta.completed:  # a paused arrival whose migration libvirt reported complete
+        extra += ' completed="true"'
     return (f'<{tag} cluster={quoteattr(meta.cluster)} cpu_need_cores="{meta.cpu_need_cores!r}" '
             f'memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"{floor}{extra}/>')
 
@@ -135,7 +137,8 @@ def parse_metadata_element(el: ET.Element) -> VmMeta | None:
         return VmMeta(a["cluster"], float(a["cpu_need_cores"]), int(a["memory_bytes"]), int(a["vcpus"]), floor,
                       disk, net, weight, a.get("tenant"), spread, together, a.get("pinned") == "true",
                       migrated_at=moved, priority=int(a.get("priority", "0")),
-                      generation=max(int(a.get("generation", "0")), 0), migrating_to=a.get("migrating_to"))
+                      generation=max(int(a.get("generation", "0")), 0), migrating_to=a.get("migrating_to"),
+                      completed=a.get("completed") == "true")
     except (KeyError, ValueError):
         return None
 
@@ -274,6 +277,7 @@ def stamp_migrated_at(xml: str, when: float, arriving_from: str | None = None,
     if generation is not None:
         el.set("generation", str(generation))
     el.attrib.pop("migrating_to", None)
+    el.attrib.pop("completed", None)
     ET.register_namespace(METADATA_PREFIX, METADATA_NS)
     return ET.tostring(root, encoding="unicode")
 

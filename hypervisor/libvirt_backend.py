@@ -408,12 +408,12 @@ class LibvirtHypervisor:
             settle(self, lambda: None, inventory=inventory)
         return inventory
 
-    def repair(self, guard: Callable[[], None], *, apply: bool = True,
+    def repair(self, guard: Callable[[], None], *, apply: bool = True, fenced: frozenset[str] = frozenset(),
                inventory: Inventory | None = None) -> RepairReport:
         """Settle in-doubt VMs (:func:`hypervisor.settlement.settle`): only under the cluster lock (``guard`` is
-        its check, called before every action), only on a full inventory in which every host answered; each
-        action is one notice.  ``apply=False``: what it would do, changing nothing."""
-        report = settle(self, guard, apply=apply, inventory=inventory)
+        its check, called before every action), each once every host that may hold another copy of it answered
+        (or was ``fenced``); each action is one notice.  ``apply=False``: what it would do, changing nothing."""
+        report = settle(self, guard, apply=apply, inventory=inventory, fenced=fenced)
         if report.applied:
             for line in report.lines():
                 self._notice(line)

@@ -98,7 +98,8 @@ class MemoryHypervisor:
         return Inventory(self.cluster, states,
                          tuple(sorted((v for v in self.vms.values() if v.host in up), key=lambda v: (v.host, v.name))))
 
-    def repair(self, guard: Callable[[], None], *, apply: bool = True) -> RepairReport:
+    def repair(self, guard: Callable[[], None], *, apply: bool = True,
+               fenced: frozenset[str] = frozenset()) -> RepairReport:
         """Nothing is ever in doubt here (one copy per VM by construction): an empty report, counted."""
         from vcsched.plans.repair import RepairReport, plan_repair
 

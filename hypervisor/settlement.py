@@ -93,7 +93,7 @@ def migration_paused_copies(hv: LibvirtHypervisor, inventory: Inventory) -> froz
 
 
 def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = True,
-           inventory: Inventory | None = None) -> RepairReport:
+           inventory: Inventory | None = None, fenced: frozenset[str] = frozenset()) -> RepairReport:
     """Plan the repair on an inventory of every host (read now unless given) and, with ``apply``, carry it out.
 
     ``guard`` is the cluster lock's: called before every action, it raises when the lock is no longer ours
@@ -102,7 +102,7 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
     inv = inventory if inventory is not None else hv.inventory()
     if {h.name for h in inv.hosts} != {h.name for h in hv.cluster.hosts}:
         raise ValueError("settle needs an inventory of every host of the cluster")
-    plan = plan_repair(inv, interrupted_copies(hv, inv), migration_paused_copies(hv, inv),
+    plan = plan_repair(inv, interrupted_copies(hv, inv), migration_paused_copies(hv, inv), fenced=fenced,
                        unread_hosts=hazards.on(hazards.RESUME_UNREAD_SOURCE),  # mutation switches (test_faultsim.py)
                        ignore_generations=hazards.on(hazards.RESUME_WITHOUT_GENERATION))
     if not apply or plan.refused is not None:
@@ -166,6 +166,8 @@ def _recheck(hv: LibvirtHypervisor, a: RepairAction, d: InDoubt, removed: set[tu
             expected.pop(source, None)
         else:
             expected[source] = "gone"
+        for host in a.unread:  # fenced, or the source of an arrival libvirt reported complete: nothing there runs
+            expected.pop(host, None)
     for host, state in expected.items():
         try:
             now = copy_state(hv.conn(host), host, a.uuid)

@@ -176,7 +176,7 @@ def test_in_doubt_vms_a_refused_repair_leaves_are_said_once_with_why() -> None:
     from vcsched.plans.repair import RepairPlan, RepairReport
 
     class Refusing(MemoryHypervisor):
-        def repair(self, guard, *, apply=True):  # type: ignore[no-untyped-def]
+        def repair(self, guard, *, apply=True, fenced=frozenset()):  # type: ignore[no-untyped-def]
             doubt = InDoubt("a-0", "u-a", ("h1",), ("paused",), arriving_from=("h0",))
             return RepairReport(RepairPlan((doubt,), refused="host h0 did not answer"), applied=False)
 

@@ -14,6 +14,13 @@ from typing import Any
 from vcsched.inventory import InDoubt, Inventory, VmMeta
 
 DESTROY, RESUME = "destroy", "resume"
+#: Why a paused arrival whose source host was fenced is destroyed rather than resumed.  libvirt resumes a
+#: migration's source when the attempt fails after the destination finished (Confirm cancelled), and the source
+#: may then have run past the arrival's state; only the source's paused reason could tell, and the fence took it.
+#: Resuming the arrival could run the VM from a stale state against a disk its source wrote since; with no copy
+#: left the VM is lost and restarted from its record (a fresh boot, as every VM of a fenced host).
+SOURCE_FENCED = ("its source host {source} was fenced, and the copy there may have run after this arrival's state "
+                 "was taken: resuming it could run the VM from a stale state; the VM is restarted from its record")
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,9 @@ class RepairAction:
     host: str
     action: str
     why: str
+    #: Hosts the re-check right before a resume does not read (``hypervisor.settlement._recheck``): they do not
+    #: answer, and hold no copy that can run — fenced, or the source of an arrival libvirt reported complete.
+    unread: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, str]:
         return {"vm": self.vm, "uuid": self.uuid, "host": self.host, "action": self.action, "why": self.why}
@@ -93,14 +103,17 @@ class RepairReport:
 
 
 def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
-                migration_paused: frozenset[tuple[str, str]] = frozenset(), *, unread_hosts: bool = False,
-                ignore_generations: bool = False) -> RepairPlan:
+                migration_paused: frozenset[tuple[str, str]] = frozenset(), *, fenced: frozenset[str] = frozenset(),
+                unread_hosts: bool = False, ignore_generations: bool = False) -> RepairPlan:
     """What repair would do on ``inventory`` (a pure function: nothing is read or changed).
 
     An in-doubt VM waits (``waiting``) while a host that may hold another copy of it does not answer
     (:func:`may_hold`); the others are settled as if every host answered, so that one host down does not leave
     a copy paused everywhere and running nowhere for as long as it is down (found by the fault simulation,
-    docs/faultsim.md).  Refused (nothing at all done) when every VM in doubt waits.  ``interrupted``:
+    docs/faultsim.md).  Refused (nothing at all done) when every VM in doubt waits.  ``fenced``: hosts that do not
+    answer because a recovery powered them off (the definitions store's fence marks, cleared once a host answers
+    again): they hold no copy, so nothing waits for them; but a copy there may have been the newest, so an
+    arrival whose source was fenced is not resumed (:data:`SOURCE_FENCED`).  ``interrupted``:
     the UUIDs of lone paused managed copies that libvirt paused for a migration
     (:func:`hypervisor.settlement.interrupted_copies` reads them); ``migration_paused``: ``(host, uuid)`` of the
     paused copies without an arrival mark of in-doubt VMs that run nowhere which libvirt paused for a migration,
@@ -112,7 +125,8 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
     """
     doubts = inventory.in_doubt
     # The mutation switch resume-unread-source plans as if every host had answered.
-    down = frozenset() if unread_hosts else frozenset(h.name for h in inventory.hosts if h.down is not None)
+    unanswered = frozenset(h.name for h in inventory.hosts if h.down is not None)
+    down = frozenset() if unread_hosts else unanswered - fenced
     hosts = {h.name for h in inventory.hosts}
     actions: list[RepairAction] = []
     left: list[str] = []
@@ -129,9 +143,13 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
 
     for d in doubts:
         where = ", ".join(f"{h} ({st})" for h, st in zip(d.hosts, d.states, strict=True))
-        marks = tuple(c.meta for h in d.hosts if (c := by_copy.get((h, d.uuid))) is not None and c.meta is not None)
-        if waits(d.vm, where, *may_hold(d.hosts, d.generations or (None,) * len(d.hosts), d.arriving_from, marks,
-                                        hosts)):
+        metas = {h: c.meta for h in d.hosts if (c := by_copy.get((h, d.uuid))) is not None and c.meta is not None}
+        source_of = dict(zip(d.hosts, d.arriving_from or (None,) * len(d.hosts), strict=True))
+        # The source of an arrival libvirt reported complete never runs again: its copy, if any, does not matter.
+        done_sources = {source_of[h] for h, m in metas.items() if m.completed and source_of[h] is not None}
+        holders, why = may_hold(d.hosts, d.generations or (None,) * len(d.hosts), d.arriving_from,
+                                tuple(metas.values()), hosts)
+        if waits(d.vm, where, holders - done_sources, why):
             continue
         running = [h for h, st in zip(d.hosts, d.states, strict=True) if st == "running"]
         paused = [h for h, st in zip(d.hosts, d.states, strict=True) if st == "paused"]
@@ -140,6 +158,13 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
             if source is None or source not in hosts:
                 left.append(f"{d.vm}: paused arrival on {d.hosts[0]} from {source!r}, not a host of this cluster: "
                             "its source cannot be read")
+                continue
+            if source in fenced and source not in done_sources:
+                actions.append(RepairAction(d.vm, d.uuid, d.hosts[0], DESTROY, SOURCE_FENCED.format(source=source)))
+                continue
+            if source in unanswered:
+                actions.append(RepairAction(d.vm, d.uuid, d.hosts[0], RESUME, _unread_source(source, fenced),
+                                            unread=(source,)))
                 continue
             actions.append(RepairAction(d.vm, d.uuid, d.hosts[0], RESUME,
                                         f"its migration from {source} completed but it was left paused; {source} "
@@ -152,12 +177,20 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
             if newest.host is None:
                 left.append(f"{d.vm}: on {where}: no copy runs: {newest.why}")
                 continue
+            source = source_of[newest.host]
+            if source in fenced and source not in done_sources:
+                actions += [RepairAction(d.vm, d.uuid, h, DESTROY, SOURCE_FENCED.format(source=source))
+                            for h in d.hosts]
+                continue
             actions += [RepairAction(d.vm, d.uuid, h, DESTROY,
                                      f"an older paused copy (generation {g}); the newest is on {newest.host}, "
                                      "removed first")
                         for h, g in zip(d.hosts, d.generations or (0,) * len(d.hosts), strict=True)
                         if h != newest.host]
-            actions.append(RepairAction(d.vm, d.uuid, newest.host, RESUME, newest.why))
+            unread = (source,) if source in unanswered else ()
+            actions.append(RepairAction(d.vm, d.uuid, newest.host, RESUME,
+                                        f"{newest.why}; {_unread_source(source, fenced)}" if unread else newest.why,
+                                        unread=unread))
             continue
         if len(running) != 1:
             left.append(f"{d.vm}: on {where}: " + ("runs on several hosts: vcsched cannot tell which copy holds "
@@ -196,6 +229,14 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
         refused = (f"host(s) {', '.join(sorted(blocked))} did not answer: a copy there cannot be ruled out, so no "
                    "in-doubt VM is settled (nothing changed)")
     return RepairPlan(doubts, tuple(actions), tuple(left), refused, tuple(lone), tuple(waiting))
+
+
+def _unread_source(source: str | None, fenced: frozenset[str]) -> str:
+    """Why an arrival is resumed although its source's host does not answer."""
+    if source in fenced:
+        return f"its source host {source} does not answer: a recovery fenced it (it holds no copy)"
+    return (f"its source host {source} does not answer, but libvirt reported this migration complete: the source "
+            "never runs again")
 
 
 def may_hold(copies: tuple[str, ...], generations: tuple[int | None, ...], arriving_from: tuple[str | None, ...],
