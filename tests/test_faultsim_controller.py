@@ -15,6 +15,9 @@ import pytest
 
 from faultsim.simulation import CONTROLLER_AT, CONTROLLER_EVERY, hazards_on, replay
 from hypervisor import hazards
+from hypervisor.base import HypervisorError
+from hypervisor.simlibvirt import Call, ProcessKilled
+from tests.test_faultsim import _hv, _kill_at, _states, _two_hosts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,9 +32,13 @@ RUNS_TWICE = ((1, 2709), (90210, 6229), (1, 8245))
 #: the end.  2069 of seed 90210: the resume of a migration's arrival failed (its source's copy gone); 3573 of seed
 #: 1: the migration killed at Confirm, the source's copy destroyed by a repair, the arrival left paused.
 PAUSED_EVERYWHERE = ((90210, 2069), (1, 3573))
+#: "Paused everywhere" with the arrival's source host fenced: a migration's arrival left paused (3541 of seed 7:
+#: the client killed at Confirm; 4501: libvirt reported the migration complete, then the source's host stopped
+#: answering before vcsched could see its copy gone) and that host fenced: repair waited for it for ever.
+SOURCE_FENCED = ((7, 3541), (7, 4501))
 
 
-@pytest.mark.parametrize(("seed", "index"), RUNS_TWICE + PAUSED_EVERYWHERE)
+@pytest.mark.parametrize(("seed", "index"), RUNS_TWICE + PAUSED_EVERYWHERE + SOURCE_FENCED)
 def test_the_controller_schedules_that_found_a_defect_leave_every_vm_running_exactly_once(seed: int,
                                                                                           index: int) -> None:
     assert index % CONTROLLER_EVERY == CONTROLLER_AT
@@ -63,3 +70,44 @@ def test_a_schedule_replays_the_same_whatever_the_hash_seed() -> None:
     (seed 1, schedule 7861: a violation in the run of 10,000, none in its replay).  Hosts are read in the cluster
     file's order."""
     assert _replayed(1, 7861, "0") == _replayed(1, 7861, "5")
+
+
+def test_an_arrival_libvirt_reported_complete_is_resumed_while_its_source_host_does_not_answer() -> None:
+    """scripts/faultsim --seed 7 --replay 4501 built by hand: migrate3 returns (Finish ran, the source confirmed),
+    then h0 stops answering before vcsched reads that its copy is gone: the arrival stays paused, marked
+    ``completed``.  libvirt never resumes a confirmed source, so repair resumes the arrival without reading h0
+    (before: it waited for h0, and h0 was fenced: paused everywhere, running nowhere)."""
+    world, cluster, uuid = _two_hosts()
+    confirmed: list[Call] = []
+
+    def hook(c: Call) -> None:
+        if c.method == "migrate.confirm":
+            confirmed.append(c)
+        elif confirmed and c.host == "h0":
+            world.set_up("h0", False)
+
+    world.hook = hook
+    with pytest.raises(HypervisorError, match="stays paused"):
+        _hv(world, cluster, 1).migrate_vm("v", "h0", "h1", 0.5)
+    world.hook = None
+    assert _states(world, uuid) == {"h1": "paused"}
+    assert (world.hosts["h1"].domains[uuid].meta or {}).get("completed") == "true"
+    report = _hv(world, cluster, 2).repair(lambda: None)
+    assert [(a.action, a.host, o) for a, o, _ in report.outcomes] == [("resume", "h1", "done")], report.lines()
+    assert _states(world, uuid) == {"h1": "running"} and not world.stale
+    assert "completed" not in (world.hosts["h1"].domains[uuid].meta or {})
+
+
+def test_an_arrival_whose_source_may_have_run_is_not_resumed_once_the_source_host_is_fenced() -> None:
+    """scripts/faultsim --seed 7 --replay 3541 built by hand: the client killed at Confirm (both copies paused),
+    then h0 fenced.  libvirt reported nothing, so the source may have been resumed (a failed Finish) and run past
+    the arrival: the arrival is destroyed, and the VM — lost — is restarted from its record."""
+    world, cluster, uuid = _two_hosts()
+    _kill_at(world, "migrate.confirm")
+    with pytest.raises(ProcessKilled):
+        _hv(world, cluster, 1).migrate_vm("v", "h0", "h1", 0.5)
+    world.hook = None
+    world.power_off("h0")
+    report = _hv(world, cluster, 2).repair(lambda: None, fenced=frozenset({"h0"}))
+    assert [(a.action, a.host, o) for a, o, _ in report.outcomes] == [("destroy", "h1", "done")], report.lines()
+    assert "was fenced" in report.outcomes[0][0].why and _states(world, uuid) == {}

@@ -511,3 +511,25 @@ def test_repair_resumes_an_arrival_whose_source_answers_while_an_unrelated_host_
         report = hv.repair(no_lock)
         assert [(a.action, a.host, o) for a, o, _ in report.outcomes] == [(RESUME, "h1", "done")], report.lines()
         assert states(hv) == [("h1", "running")]
+
+
+def test_an_arrival_whose_source_host_was_fenced_is_resumed_only_if_libvirt_reported_it_complete() -> None:
+    """A fenced host holds no copy, so nothing waits for it; but the source libvirt resumes after a failed Finish
+    may have run past its arrival, and the fence took what would tell: such an arrival is destroyed (the VM is
+    restarted from its record).  One marked ``completed`` (migrate3 returned) holds the newest state."""
+    arrival = copy("h1", paused=True, arriving_from="h0", meta=gen(1))
+    plan = plan_repair(inventory(arrival, down=("h0",)), fenced=frozenset({"h0"}))
+    assert [(a.action, a.host) for a in plan.actions] == [(DESTROY, "h1")] and "was fenced" in plan.actions[0].why
+    done = copy("h1", paused=True, arriving_from="h0", meta=replace(gen(1), completed=True))
+    for fenced in (frozenset({"h0"}), frozenset()):
+        plan = plan_repair(inventory(done, down=("h0",)), fenced=fenced)
+        assert [(a.action, a.host, a.unread) for a in plan.actions] == [(RESUME, "h1", ("h0",))], plan
+
+
+def test_the_completed_mark_is_kept_beside_the_arrival_mark_and_dropped_on_arrival() -> None:
+    from hypervisor.domain_xml import parse_metadata, stamp_migrated_at
+
+    marked = metadata_xml(replace(META, generation=1, completed=True), bare=True, arriving_from="h0")
+    assert 'arriving_from="h0"' in marked and parse_metadata(marked) == replace(META, generation=1, completed=True)
+    dom = f"<domain><metadata>{metadata_xml(replace(META, completed=True))}</metadata></domain>"
+    assert "completed" not in stamp_migrated_at(dom, 1.0, arriving_from="h0", generation=2)
