@@ -12,7 +12,19 @@ module is the one place that destroys a paused twin or resumes an orphaned arriv
   as long as it is down (found by the fault simulation, docs/faultsim.md);
 * after re-reading, right before each action, every copy's host: each copy must still be in the state the
   plan saw and have no libvirt job (a migration holds one on both sides until its source is confirmed gone);
-  an arrival is resumed only once its source host, read in this same action, has no copy.
+  an arrival is resumed only once its source host, read in this same action, has no copy — unless libvirt
+  reported the arrival's migration complete (below: its source never runs again).
+
+A host that a recovery *fenced* (powered off; the definitions store's mark, cleared once it answers again) holds
+no copy: nothing waits for it.  But the copy it held may have been the newest: libvirt resumes a migration's
+source when Finish failed (Confirm cancelled), and that source may have run past its paused arrival.  So:
+
+* an arrival marked ``completed`` (``migrate3`` returned: the source was confirmed, never to run again,
+  :func:`hypervisor.migration.mark_completed`) holds the newest state: resumed without reading its source's
+  host, whether that host was fenced or does not answer;
+* an arrival whose source's host was fenced and that carries no such mark is destroyed, not resumed: the VM is
+  then lost and restarted from its definition record (a fresh boot, as every VM of a fenced host), never run
+  from a state its source may have run past (found by the fault simulation: seed 7, schedules 3541 and 4501).
 
 What it may do:
 
