@@ -246,6 +246,9 @@ class Controller:
         self._journal = Journal(PROBE, self.journals or journal_dir())
         #: Probe caps are raised and this interval's plan has not (yet) taken them over (module docstring).
         self._probe_open = False
+        #: The hosts in-doubt VMs waited for at the last settlement (a recovery fences such a host even with
+        #: nothing to restart: :func:`vcsched.control.failover.plan_recovery`'s ``waited_on``).
+        self._blocked: frozenset[str] = frozenset()
 
     def _fresh_state(self) -> None:
         """What a new leader knows: nothing but libvirt (module docstring)."""
@@ -345,6 +348,7 @@ class Controller:
         in-doubt VMs settled first (each a ``repair`` event), every step under :meth:`_guard`, recorded in the
         definitions store; a dry run takes no lock and changes nothing."""
         def settled(report: RepairReport) -> None:
+            self._blocked = frozenset(report.plan.blocked)
             for a, outcome, detail in report.outcomes:
                 self.events.emit("repair", vm=a.vm, host=a.host, action=a.action, outcome=outcome,
                                  detail=detail or a.why)
@@ -701,7 +705,8 @@ class Controller:
         """Plan the recovery of failed ``host``; fence it and create its VMs (not in a dry run)."""
         assert self.failover is not None
         cluster, store = self.failover.cluster, self.failover.store
-        recovery = plan_recovery(cluster, inventory, host, store.to_recover(host, inventory))
+        recovery = plan_recovery(cluster, inventory, host, store.to_recover(host, inventory),
+                                 waited_on=host in self._blocked)
         self._stranded(host, recovery.stranded)
         if recovery.plan is None:
             return
@@ -713,7 +718,7 @@ class Controller:
             if fresh.host(host).down is None:
                 self.events.emit("decision", kind="recover", reason=f"host {host} answers again: nothing restarted")
                 return
-            recovery = plan_recovery(cluster, fresh, host, store.to_recover(host, fresh))
+            recovery = plan_recovery(cluster, fresh, host, store.to_recover(host, fresh), waited_on=uow.waits_for(host))
             self._stranded(host, recovery.stranded)
             if recovery.plan is None:
                 return

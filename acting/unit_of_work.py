@@ -116,6 +116,9 @@ class UnitOfWork:
         self.reporting = reporting
         self.before_step = before_step
         self._open = False
+        #: What settling the in-doubt VMs found on entry (None: not settled here): a recovery reads which hosts
+        #: in-doubt VMs wait for (``plan.blocked``).
+        self.repaired: RepairReport | None = None
 
     @property
     def dry_run(self) -> bool:
@@ -151,6 +154,7 @@ class UnitOfWork:
         with a host down nothing is settled (said in one note), and the work goes on (its plan leaves in-doubt VMs
         alone).  A dry run settles nothing: what would be done is reported, never done."""
         report = self.hv.repair(self.lock_guard, apply=not self.dry_run, fenced=self._fenced())
+        self.repaired = report
         self.reporting.settled(report)
         # A refused repair reports applied=False (hypervisor/settlement.py): what says it was meant to act is
         # that this is no dry run.
@@ -185,6 +189,11 @@ class UnitOfWork:
         self.lock_guard()
 
     # ------------------------------------------------------------------ 3: read
+
+    def waits_for(self, host: str) -> bool:
+        """Whether an in-doubt VM waits for ``host`` to answer (or be fenced) before it can be settled, as the
+        settlement on entry found (a dry run settles nothing: False)."""
+        return self.repaired is not None and host in self.repaired.plan.blocked
 
     def inventory(self) -> Inventory:
         """The live inventory, read now (under the lock when there is one).  A dry run notes each in-doubt VM and

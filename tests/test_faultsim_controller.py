@@ -36,9 +36,13 @@ PAUSED_EVERYWHERE = ((90210, 2069), (1, 3573))
 #: the client killed at Confirm; 4501: libvirt reported the migration complete, then the source's host stopped
 #: answering before vcsched could see its copy gone) and that host fenced: repair waited for it for ever.
 SOURCE_FENCED = ((7, 3541), (7, 4501))
+#: "Paused everywhere" waiting for a failed host nothing was recorded on: 3285 of seed 90210, a migration h1 -> h2
+#: killed at Finish (the source paused for it, its mark naming h2), then h2 failed: with nothing to restart the
+#: recovery did not fence h2, and repair waited for it for ever.  A recovery now fences a host a repair waits for.
+WAITED_ON = ((90210, 3285),)
 
 
-@pytest.mark.parametrize(("seed", "index"), RUNS_TWICE + PAUSED_EVERYWHERE + SOURCE_FENCED)
+@pytest.mark.parametrize(("seed", "index"), RUNS_TWICE + PAUSED_EVERYWHERE + SOURCE_FENCED + WAITED_ON)
 def test_the_controller_schedules_that_found_a_defect_leave_every_vm_running_exactly_once(seed: int,
                                                                                           index: int) -> None:
     assert index % CONTROLLER_EVERY == CONTROLLER_AT
@@ -72,11 +76,12 @@ def test_a_schedule_replays_the_same_whatever_the_hash_seed() -> None:
     assert _replayed(1, 7861, "0") == _replayed(1, 7861, "5")
 
 
-def test_an_arrival_libvirt_reported_complete_is_resumed_while_its_source_host_does_not_answer() -> None:
+def test_an_arrival_libvirt_reported_complete_is_resumed_once_its_source_host_is_fenced() -> None:
     """scripts/faultsim --seed 7 --replay 4501 built by hand: migrate3 returns (Finish ran, the source confirmed),
     then h0 stops answering before vcsched reads that its copy is gone: the arrival stays paused, marked
-    ``completed``.  libvirt never resumes a confirmed source, so repair resumes the arrival without reading h0
-    (before: it waited for h0, and h0 was fenced: paused everywhere, running nowhere)."""
+    ``completed``.  While h0 is only down the arrival waits (vcsched resumes an arrival only once its source is
+    gone); once h0 is fenced (it holds nothing) repair resumes it without reading h0 (before: it waited for ever,
+    paused everywhere, running nowhere)."""
     world, cluster, uuid = _two_hosts()
     confirmed: list[Call] = []
 
@@ -92,7 +97,10 @@ def test_an_arrival_libvirt_reported_complete_is_resumed_while_its_source_host_d
     world.hook = None
     assert _states(world, uuid) == {"h1": "paused"}
     assert (world.hosts["h1"].domains[uuid].meta or {}).get("completed") == "true"
-    report = _hv(world, cluster, 2).repair(lambda: None)
+    waits = _hv(world, cluster, 2).repair(lambda: None)
+    assert waits.plan.refused is not None and waits.plan.blocked == ("h0",)
+    world.power_off("h0")
+    report = _hv(world, cluster, 3).repair(lambda: None, fenced=frozenset({"h0"}))
     assert [(a.action, a.host, o) for a, o, _ in report.outcomes] == [("resume", "h1", "done")], report.lines()
     assert _states(world, uuid) == {"h1": "running"} and not world.stale
     assert "completed" not in (world.hosts["h1"].domains[uuid].meta or {})

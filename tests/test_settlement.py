@@ -521,9 +521,10 @@ def test_an_arrival_whose_source_host_was_fenced_is_resumed_only_if_libvirt_repo
     plan = plan_repair(inventory(arrival, down=("h0",)), fenced=frozenset({"h0"}))
     assert [(a.action, a.host) for a in plan.actions] == [(DESTROY, "h1")] and "was fenced" in plan.actions[0].why
     done = copy("h1", paused=True, arriving_from="h0", meta=replace(gen(1), completed=True))
-    for fenced in (frozenset({"h0"}), frozenset()):
-        plan = plan_repair(inventory(done, down=("h0",)), fenced=fenced)
-        assert [(a.action, a.host, a.unread) for a in plan.actions] == [(RESUME, "h1", ("h0",))], plan
+    plan = plan_repair(inventory(done, down=("h0",)), fenced=frozenset({"h0"}))
+    assert [(a.action, a.host, a.unread) for a in plan.actions] == [(RESUME, "h1", ("h0",))], plan
+    plan = plan_repair(inventory(done, down=("h0",)))  # only down: its source is not known gone
+    assert plan.actions == () and plan.blocked == ("h0",)
 
 
 def test_the_completed_mark_is_kept_beside_the_arrival_mark_and_dropped_on_arrival() -> None:

@@ -56,6 +56,8 @@ class RepairPlan:
     #: In-doubt VMs not settled now because a host that may hold another copy of them did not answer, one line each
     #: (settled by a later repair, once that host answers).
     waiting: tuple[str, ...] = ()
+    #: The hosts those VMs wait for: fencing one (a recovery) lets repair settle them.
+    blocked: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,11 +147,11 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
         where = ", ".join(f"{h} ({st})" for h, st in zip(d.hosts, d.states, strict=True))
         metas = {h: c.meta for h in d.hosts if (c := by_copy.get((h, d.uuid))) is not None and c.meta is not None}
         source_of = dict(zip(d.hosts, d.arriving_from or (None,) * len(d.hosts), strict=True))
-        # The source of an arrival libvirt reported complete never runs again: its copy, if any, does not matter.
+        # A fenced source of an arrival libvirt reported complete never ran past it (module docstring of
+        # hypervisor.settlement): that arrival holds the newest state.
         done_sources = {source_of[h] for h, m in metas.items() if m.completed and source_of[h] is not None}
-        holders, why = may_hold(d.hosts, d.generations or (None,) * len(d.hosts), d.arriving_from,
-                                tuple(metas.values()), hosts)
-        if waits(d.vm, where, holders - done_sources, why):
+        if waits(d.vm, where, *may_hold(d.hosts, d.generations or (None,) * len(d.hosts), d.arriving_from,
+                                        tuple(metas.values()), hosts)):
             continue
         running = [h for h, st in zip(d.hosts, d.states, strict=True) if st == "running"]
         paused = [h for h, st in zip(d.hosts, d.states, strict=True) if st == "paused"]
@@ -162,8 +164,8 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
             if source in fenced and source not in done_sources:
                 actions.append(RepairAction(d.vm, d.uuid, d.hosts[0], DESTROY, SOURCE_FENCED.format(source=source)))
                 continue
-            if source in unanswered:
-                actions.append(RepairAction(d.vm, d.uuid, d.hosts[0], RESUME, _unread_source(source, fenced),
+            if source in unanswered:  # fenced (or the mutation switch resume-unread-source)
+                actions.append(RepairAction(d.vm, d.uuid, d.hosts[0], RESUME, _unread_source(source),
                                             unread=(source,)))
                 continue
             actions.append(RepairAction(d.vm, d.uuid, d.hosts[0], RESUME,
@@ -189,7 +191,7 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
                         if h != newest.host]
             unread = (source,) if source in unanswered else ()
             actions.append(RepairAction(d.vm, d.uuid, newest.host, RESUME,
-                                        f"{newest.why}; {_unread_source(source, fenced)}" if unread else newest.why,
+                                        f"{newest.why}; {_unread_source(source)}" if unread else newest.why,
                                         unread=unread))
             continue
         if len(running) != 1:
@@ -228,15 +230,13 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
     if waiting and not actions:
         refused = (f"host(s) {', '.join(sorted(blocked))} did not answer: a copy there cannot be ruled out, so no "
                    "in-doubt VM is settled (nothing changed)")
-    return RepairPlan(doubts, tuple(actions), tuple(left), refused, tuple(lone), tuple(waiting))
+    return RepairPlan(doubts, tuple(actions), tuple(left), refused, tuple(lone), tuple(waiting), tuple(sorted(blocked)))
 
 
-def _unread_source(source: str | None, fenced: frozenset[str]) -> str:
+def _unread_source(source: str | None) -> str:
     """Why an arrival is resumed although its source's host does not answer."""
-    if source in fenced:
-        return f"its source host {source} does not answer: a recovery fenced it (it holds no copy)"
-    return (f"its source host {source} does not answer, but libvirt reported this migration complete: the source "
-            "never runs again")
+    return (f"its source host {source} was fenced (it holds no copy) and libvirt had reported this migration "
+            "complete: the source never ran past it")
 
 
 def may_hold(copies: tuple[str, ...], generations: tuple[int | None, ...], arriving_from: tuple[str | None, ...],
