@@ -32,8 +32,8 @@ class RepairAction:
     host: str
     action: str
     why: str
-    #: Hosts the re-check right before a resume does not read (``hypervisor.settlement._recheck``): they do not
-    #: answer, and hold no copy that can run — fenced, or the source of an arrival libvirt reported complete.
+    #: Hosts the re-check right before a resume does not read (``hypervisor.settlement._recheck``): the fenced
+    #: source host of an arrival libvirt reported complete (off: it holds no copy).
     unread: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, str]:
