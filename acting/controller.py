@@ -378,12 +378,17 @@ class Controller:
             while not self.stop.is_set():
                 self.cycle()
         finally:
-            if self._probe_open or self._journal.exists():
-                self._put_back_probe()
-            was_leader = self.leader
-            if was_leader:
-                self._step_down("stopping")
-            self.events.emit("stop", cluster=self.cluster, was_leader=was_leader)
+            self.finish()
+
+    def finish(self) -> None:
+        """The way out of :meth:`run` (stopped, or an error): put back this process's probe caps still raised, stand
+        down as leader, say ``stop``.  The fault simulation calls it after a SIGTERM (docs/faultsim.md)."""
+        if self._probe_open or self._journal.exists():
+            self._put_back_probe()
+        was_leader = self.leader
+        if was_leader:
+            self._step_down("stopping")
+        self.events.emit("stop", cluster=self.cluster, was_leader=was_leader)
 
     def cycle(self) -> None:
         """One interval: leadership, the interval's work (leader), then sampling (leader) or waiting until the next."""

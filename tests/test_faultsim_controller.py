@@ -13,7 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from faultsim.simulation import CONTROLLER_AT, CONTROLLER_EVERY, hazards_on, replay
+from faultsim.simulation import (
+    CONTROLLER_AT,
+    CONTROLLER_EVERY,
+    FLOOR,
+    Extras,
+    Runtime,
+    Schedule,
+    hazards_on,
+    replay,
+    run_schedules,
+)
 from hypervisor import hazards
 from hypervisor.base import HypervisorError
 from hypervisor.simlibvirt import Call, ProcessKilled
@@ -119,3 +129,34 @@ def test_an_arrival_whose_source_may_have_run_is_not_resumed_once_the_source_hos
     report = _hv(world, cluster, 2).repair(lambda: None, fenced=frozenset({"h0"}))
     assert [(a.action, a.host, o) for a, o, _ in report.outcomes] == [("destroy", "h1", "done")], report.lines()
     assert "was fenced" in report.outcomes[0][0].why and _states(world, uuid) == {}
+
+
+def test_a_sigterm_mid_step_stops_the_controller_after_that_step_and_every_vm_runs_once() -> None:
+    """``--sigterm`` (docs/faultsim.md): seed 5 schedule 181, a SIGTERM while the controller restarts lost VMs: the
+    running step finishes, no further step starts (the plan stops, saying why), run()'s way out puts back probe
+    caps and stands down, and the next processes converge with every VM running once."""
+    extras = Extras(sigterm=True)
+    out = replay(5, 181, extras=extras)
+    assert out.faults["sigterm"] == 1 and out.violations == [] and out.result == "ok", out.violations
+    stopped = [line for line in out.trace if "stopped (SIGTERM)" in line or '"stopped": "' in line]
+    assert any("restart" in line and "no further step" in line for line in out.trace), stopped
+    assert replay(5, 181).faults["sigterm"] == 0  # without the option the schedule is the plain one
+
+
+def test_floors_give_the_failure_workloads_virtual_clusters_a_min_yield_and_the_invariants_hold() -> None:
+    """``--floors``: every virtual cluster but vc0 has min_yield 0.5 in the recover, restart and controller schedules
+    (in the VMs' metadata and their records); the other schedules are the plain ones."""
+    rt = Runtime()
+    s = Schedule(rt, 5, 181, extras=Extras(floors=True))
+    floors = {d.name: (d.meta or {}).get("min_yield") for h in s.world.hosts.values() for d in h.domains.values()
+              if d.meta is not None}
+    assert floors and all((f is None) == name.startswith("vc0-") for name, f in floors.items()), floors
+    assert all(d.step.min_yield == (None if vm.startswith("vc0-") else FLOOR) for vm, d in s.store.all().items())
+    assert not Schedule(rt, 5, 180, extras=Extras(floors=True)).floored
+    with rt.installed():
+        assert s.run().violations == []
+
+
+def test_only_runs_the_schedules_of_the_workloads_named() -> None:
+    summary = run_schedules(64, 5, extras=Extras(only=frozenset({"controller"})))
+    assert summary.schedules == 2  # 21 and 53
