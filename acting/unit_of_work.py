@@ -289,7 +289,7 @@ class UnitOfWork:
 
         with _changed_meanwhile(plan, planned_here):
             return apply_plan(self.hv, plan, force=force, guard=self.guard, threads=threads, checked=checked,
-                              on_step=recorder(self.store, self.reporting.note, then))
+                              on_step=recorder(self.store, self.reporting.note, then), restore_guard=self.lock_guard)
 
 
     def _recorded_creates(self, plan: Plan) -> list[CreateStep]:
