@@ -98,6 +98,7 @@ from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
 from vcsched.plans.reasons import effect, step_reasons
+from vcsched.plans.repair import plan_repair
 from vcsched.plans.steps import CreateStep, MigrateStep
 
 if TYPE_CHECKING:
@@ -348,7 +349,7 @@ class Controller:
         in-doubt VMs settled first (each a ``repair`` event), every step under :meth:`_guard`, recorded in the
         definitions store; a dry run takes no lock and changes nothing."""
         def settled(report: RepairReport) -> None:
-            self._blocked = frozenset(report.plan.blocked)
+            self._blocked = frozenset((*report.plan.blocked, *report.plan.leftovers))
             for a, outcome, detail in report.outcomes:
                 self.events.emit("repair", vm=a.vm, host=a.host, action=a.action, outcome=outcome,
                                  detail=detail or a.why)
@@ -710,8 +711,9 @@ class Controller:
         """Plan the recovery of failed ``host``; fence it and create its VMs (not in a dry run)."""
         assert self.failover is not None
         cluster, store = self.failover.cluster, self.failover.store
+        leftovers = plan_repair(inventory, fenced=frozenset(store.fenced())).leftovers  # marks read, nothing more
         recovery = plan_recovery(cluster, inventory, host, store.to_recover(host, inventory),
-                                 waited_on=host in self._blocked)
+                                 waited_on=host in self._blocked or host in leftovers)
         self._stranded(host, recovery.stranded)
         if recovery.plan is None:
             return

@@ -191,9 +191,10 @@ class UnitOfWork:
     # ------------------------------------------------------------------ 3: read
 
     def waits_for(self, host: str) -> bool:
-        """Whether an in-doubt VM waits for ``host`` to answer (or be fenced) before it can be settled, as the
-        settlement on entry found (a dry run settles nothing: False)."""
-        return self.repaired is not None and host in self.repaired.plan.blocked
+        """Whether an in-doubt VM waits for ``host`` to answer (or be fenced) before it can be settled, or a cut
+        migration may have left a copy there (``plan.leftovers``), as the settlement on entry found (a dry run
+        settles nothing: False)."""
+        return self.repaired is not None and host in (*self.repaired.plan.blocked, *self.repaired.plan.leftovers)
 
     def inventory(self) -> Inventory:
         """The live inventory, read now (under the lock when there is one).  A dry run notes each in-doubt VM and

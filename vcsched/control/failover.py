@@ -454,8 +454,9 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
     """The recovery of ``host`` (down in ``inventory``) from the definition ``records`` of its VMs.
 
     ``waited_on``: a VM in doubt waits for ``host`` to settle (:attr:`vcsched.plans.repair.RepairPlan.blocked`:
-    it may hold another copy).  Then the host is fenced even with nothing to restart — the plan re-sets only the
-    survivors' caps — since while it is merely down that VM stays paused everywhere, running nowhere; fenced, it
+    it may hold another copy), or a running VM's cut migration may have left a paused copy there (``leftovers``).
+    Then the host is fenced even with nothing to restart — the plan re-sets only the survivors' caps — since while
+    it is merely down that VM stays paused everywhere, running nowhere (or its leftover copy stays); fenced, it
     holds nothing and repair settles the VM (found by the fault simulation, docs/faultsim.md).
 
     A VM is stranded when the host has no fence agent (it may still run there: restarting it would make two

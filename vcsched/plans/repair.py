@@ -58,6 +58,10 @@ class RepairPlan:
     waiting: tuple[str, ...] = ()
     #: The hosts those VMs wait for: fencing one (a recovery) lets repair settle them.
     blocked: tuple[str, ...] = ()
+    #: Hosts that do not answer (and were not fenced) that a running VM's ``migrating_to`` mark names: its cut
+    #: migration may have left a paused copy there, which only that host answering (then repair destroys it) or
+    #: its fence removes.
+    leftovers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -226,11 +230,15 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
             actions.append(RepairAction(v.name, v.uuid, v.host, RESUME,
                                         "a migration paused it and ended before its destination finished (no other "
                                         "host has a copy)"))
+    doubtful = {d.uuid for d in doubts}
+    leftovers = sorted({mark for v in inventory.vms if v.meta is not None and v.active and not v.paused
+                        and v.uuid not in doubtful and (mark := v.meta.migrating_to) is not None and mark in down})
     refused = None
     if waiting and not actions:
         refused = (f"host(s) {', '.join(sorted(blocked))} did not answer: a copy there cannot be ruled out, so no "
                    "in-doubt VM is settled (nothing changed)")
-    return RepairPlan(doubts, tuple(actions), tuple(left), refused, tuple(lone), tuple(waiting), tuple(sorted(blocked)))
+    return RepairPlan(doubts, tuple(actions), tuple(left), refused, tuple(lone), tuple(waiting), tuple(sorted(blocked)),
+                      tuple(leftovers))
 
 
 def _unread_source(source: str | None) -> str:
