@@ -112,6 +112,7 @@ from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
 from vcsched.plans.plan import Plan
 from vcsched.plans.reasons import effect, step_reasons
+from vcsched.plans.repair import plan_repair
 from vcsched.plans.steps import CreateStep, MigrateStep
 
 if TYPE_CHECKING:
@@ -269,6 +270,9 @@ class Controller:
         self._journal = Journal(PROBE, self.journals or journal_dir())
         #: Probe caps are raised and this interval's plan has not (yet) taken them over (module docstring).
         self._probe_open = False
+        #: The hosts in-doubt VMs waited for at the last settlement (a recovery fences such a host even with
+        #: nothing to restart: :func:`vcsched.control.failover.plan_recovery`'s ``waited_on``).
+        self._blocked: frozenset[str] = frozenset()
 
     def _fresh_state(self) -> None:
         """What a new leader knows: nothing but libvirt (module docstring)."""
@@ -378,6 +382,7 @@ class Controller:
         in-doubt VMs settled first (each a ``repair`` event), every step under :meth:`_guard`, recorded in the
         definitions store; a dry run takes no lock and changes nothing."""
         def settled(report: RepairReport) -> None:
+            self._blocked = frozenset((*report.plan.blocked, *report.plan.leftovers))
             for a, outcome, detail in report.outcomes:
                 self.events.emit("repair", vm=a.vm, host=a.host, action=a.action, outcome=outcome,
                                  detail=detail or a.why)
@@ -408,12 +413,17 @@ class Controller:
             while not self.stop.is_set():
                 self.cycle()
         finally:
-            if self._probe_open or self._journal.exists():
-                self._put_back_probe()
-            was_leader = self.leader
-            if was_leader:
-                self._step_down("stopping")
-            self.events.emit("stop", cluster=self.cluster, was_leader=was_leader)
+            self.finish()
+
+    def finish(self) -> None:
+        """The way out of :meth:`run` (stopped, or an error): put back this process's probe caps still raised, stand
+        down as leader, say ``stop``.  The fault simulation calls it after a SIGTERM (docs/faultsim.md)."""
+        if self._probe_open or self._journal.exists():
+            self._put_back_probe()
+        was_leader = self.leader
+        if was_leader:
+            self._step_down("stopping")
+        self.events.emit("stop", cluster=self.cluster, was_leader=was_leader)
 
     def cycle(self) -> None:
         """One interval: leadership, the interval's work (leader), then sampling (leader) or waiting until the next."""
@@ -514,6 +524,8 @@ class Controller:
         inventory = self._reserved(self.sampler.sample(self.hv))  # a sampling round too: a new leader's baseline
         self.round_hosts = answered(inventory)
         self._hosts(inventory)
+        if inventory.in_doubt or any(v.paused and v.meta is not None for v in inventory.vms):
+            self._settle()
         if self.failover is not None:
             self._restart_lost(inventory)  # first: a recovery below fences and restarts on this same inventory
         if self.failover is not None and inventory.down_hosts():
@@ -904,7 +916,9 @@ class Controller:
         """Plan the recovery of failed ``host``; fence it and create its VMs (not in a dry run)."""
         assert self.failover is not None
         cluster, store = self.failover.cluster, self.failover.store
-        recovery = plan_recovery(cluster, inventory, host, [d.step for d in store.on(host)])
+        leftovers = plan_repair(inventory, fenced=frozenset(store.fenced())).leftovers  # marks read, nothing more
+        recovery = plan_recovery(cluster, inventory, host, store.to_recover(host, inventory),
+                                 waited_on=host in self._blocked or host in leftovers)
         self._stranded(host, recovery.stranded)
         if recovery.plan is None:
             return
@@ -916,7 +930,7 @@ class Controller:
             if fresh.host(host).down is None:
                 self.events.emit("decision", kind="recover", reason=f"host {host} answers again: nothing restarted")
                 return
-            recovery = plan_recovery(cluster, fresh, host, [d.step for d in store.on(host)])
+            recovery = plan_recovery(cluster, fresh, host, store.to_recover(host, fresh), waited_on=uow.waits_for(host))
             self._stranded(host, recovery.stranded)
             if recovery.plan is None:
                 return
@@ -1006,6 +1020,19 @@ class Controller:
                 self._apply(uow, restart.plan, "restart", after_step=restarted)
         except LockBusy as exc:
             self.events.emit("lock-busy", action="restart", reason=str(exc))
+
+    def _settle(self) -> None:
+        """Settle the VMs in doubt (or a copy a cut migration left paused) now, through the unit of work's repair,
+        rather than only when a plan happens to act: an interval with nothing to change would otherwise leave a
+        copy paused everywhere and running nowhere for as long as nothing else changes (found by the fault
+        simulation, docs/faultsim.md).  Not in a dry run nor in recommend mode, which change no host."""
+        if self.options.dry_run or self.options.recommend:
+            return
+        try:
+            with self._acting():
+                pass  # entering it settles (its ``repair`` events say what was done)
+        except LockBusy as exc:
+            self.events.emit("lock-busy", action="repair", reason=str(exc))
 
     def _below_floor(self, vm: str, where: str, failed_host: str, got: float, floor: float) -> None:
         """A VM restarted below its floor (on_failure = "restart"): said once per restart; the metrics' per-VM

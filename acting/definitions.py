@@ -51,7 +51,8 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from acting.executor import DONE, SKIPPED, StepResult
-from vcsched.control.lost import Lost, lost_vms
+from hypervisor import hazards
+from vcsched.control.lost import Lost, awaiting, lost_vms
 from vcsched.errors import InputError, VcschedError
 from vcsched.inventory import Inventory
 from vcsched.plans.steps import AdoptStep, CreateStep, MigrateStep, ReleaseStep, RemoveStep, SetNeedStep, Step
@@ -249,11 +250,18 @@ class DefinitionStore:
 
     def lost(self, inventory: Inventory) -> tuple[Lost, ...]:
         """The recorded VMs that run nowhere on ``inventory``'s answering hosts (:func:`lost_vms`)."""
-        return lost_vms(inventory, self.records(), self.fenced())
+        return lost_vms(inventory, self.records(), self.fenced(),
+                        ignore_down_hosts=hazards.on(hazards.LOST_WHILE_HOLDER_DOWN))  # a mutation switch (tests)
 
     def on(self, host: str) -> list[Definition]:
         """The records of VMs that ran on ``host`` when last written."""
         return sorted((d for d in self.all().values() if d.host == host), key=lambda d: d.vm)
+
+    def to_recover(self, host: str, inventory: Inventory) -> list[CreateStep]:
+        """What a recovery of failed ``host`` reads: the records of VMs that ran on it when last written, and of
+        those that await it (:func:`vcsched.control.lost.awaiting`: only that host may still hold them)."""
+        extra = awaiting(inventory, self.records(), self.fenced(), host)
+        return [d.step for d in self.on(host)] + sorted(extra, key=lambda step: step.vm)
 
     def record(self, steps: Iterable[Step]) -> None:
         """Bring the records up to date with steps that took effect (done or already in place)."""

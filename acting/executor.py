@@ -548,7 +548,8 @@ def check_whole(hv: Hypervisor, plan: Plan, *, force: bool = False,
 def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
                on_step: Callable[[StepResult], None] | None = None,
                guard: Callable[[], None] | None = None, threads: bool = True,
-               checked: tuple[Inventory, bool] | None = None) -> ApplyReport:
+               checked: tuple[Inventory, bool] | None = None,
+               restore_guard: Callable[[], None] | None = None) -> ApplyReport:
     """Run ``plan`` on ``hv``; returns what happened to every step (see the module docstring).
 
     Raises (nothing changed): :class:`SnapshotMismatch` when the cluster
@@ -564,6 +565,10 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
 
     ``threads=False`` runs a wave's migrations one after the other, in plan order, in the caller's thread (a
     deterministic simulation); by default they run at once.
+
+    ``restore_guard``: checked instead of ``guard`` before putting back the caps a failed plan lowered
+    (:func:`restore_lowered`): only the lock's, since a clean-up must still run when the caller's own condition
+    (the controller's SIGTERM) refuses further steps.  Default: ``guard``.
 
     ``checked``: what :func:`check_whole` returned for this plan moments ago under the same lock (the unit of
     work checks a plan before an irreversible action it must follow): not read and checked again, since reading
@@ -604,8 +609,9 @@ def apply_plan(hv: Hypervisor, plan: Plan, *, force: bool = False,
     restored: tuple[StepResult, ...] = ()
     if failed and stopped is None and not any(r.outcome == INTERRUPTED for r in results):
         try:
-            if guard is not None:
-                guard()  # only while the lock is still ours
+            cleanup_guard = restore_guard if restore_guard is not None else guard
+            if cleanup_guard is not None:
+                cleanup_guard()  # only while the lock is still ours
             restored = restore_lowered(hv, inventory, results)
         except VcschedError as exc:
             stopped = f"the caps lowered for the VMs not created were not put back: {exc}"

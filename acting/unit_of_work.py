@@ -121,6 +121,9 @@ class UnitOfWork:
         self.reporting = reporting
         self.before_step = before_step
         self._open = False
+        #: What settling the in-doubt VMs found on entry (None: not settled here): a recovery reads which hosts
+        #: in-doubt VMs wait for (``plan.blocked``).
+        self.repaired: RepairReport | None = None
 
     @property
     def dry_run(self) -> bool:
@@ -156,16 +159,32 @@ class UnitOfWork:
         with a host down nothing is settled (said in one note), and the work goes on (its plan leaves in-doubt VMs
         alone).  A dry run settles nothing: what would be done is reported, never done."""
         if self.power is None:
-            report = self.hv.repair(self.lock_guard, apply=not self.dry_run)
-        else:  # a host asleep holds no copy: it does not hold the settlement back (docs/power.md)
-            report = self.hv.repair(self.lock_guard, apply=not self.dry_run, inventory=self.asleep(self.hv.inventory()))
+            report = self.hv.repair(self.lock_guard, apply=not self.dry_run, fenced=self._fenced())
+        else:  # a host asleep holds no copy: it holds no settlement back (docs/power.md)
+            report = self.hv.repair(self.lock_guard, apply=not self.dry_run, fenced=self._fenced(),
+                                    inventory=self.asleep(self.hv.inventory()))
+        self.repaired = report
         self.reporting.settled(report)
         # A refused repair reports applied=False (hypervisor/settlement.py): what says it was meant to act is
         # that this is no dry run.
         if not self.dry_run and report.plan.refused is not None and report.plan.in_doubt:
             self.reporting.note(f"{len(report.plan.in_doubt)} in-doubt VM(s) not settled: {report.plan.refused}; "
                                 "`vcsched repair` settles them once every host answers")
+        elif not self.dry_run and report.plan.waiting:
+            self.reporting.note(f"{len(report.plan.waiting)} in-doubt VM(s) not settled yet: "
+                                + "; ".join(report.plan.waiting))
         return report
+
+    def _fenced(self) -> frozenset[str]:
+        """The hosts the definitions store marks fenced: off since, holding no copy of any VM (a mark is cleared when
+        its host is seen answering, :meth:`_seen_answering`).  Unreadable: none (repair then waits for them)."""
+        if self.store is None:
+            return frozenset()
+        try:
+            return frozenset(self.store.fenced())
+        except (StoreError, InputError) as exc:
+            self.reporting.note(f"{exc}: in-doubt VMs wait for every host that does not answer")
+            return frozenset()
 
     def lock_guard(self) -> None:
         """The lock is still ours (renewing its lease); a dry run holds none, so has nothing to lose."""
@@ -180,12 +199,20 @@ class UnitOfWork:
 
     # ------------------------------------------------------------------ 3: read
 
+    def waits_for(self, host: str) -> bool:
+        """Whether an in-doubt VM waits for ``host`` to answer (or be fenced) before it can be settled, or a cut
+        migration may have left a copy there (``plan.leftovers``), as the settlement on entry found (a dry run
+        settles nothing: False)."""
+        return self.repaired is not None and host in (*self.repaired.plan.blocked, *self.repaired.plan.leftovers)
+
     def inventory(self) -> Inventory:
         """The live inventory, read now (under the lock when there is one).  A dry run notes each in-doubt VM and
         what `vcsched repair --apply` would do about it: it reads only, so nothing is settled."""
         inventory = self.asleep(self.hv.inventory())
         if self.dry_run:
             self.note_in_doubt(inventory)
+        else:
+            self._seen_answering(inventory)
         return inventory
 
     def asleep(self, inventory: Inventory) -> Inventory:
@@ -194,6 +221,22 @@ class UnitOfWork:
         from acting.power import asleep_in
 
         return asleep_in(inventory, self.power, self.reporting.note)
+
+    def _seen_answering(self, inventory: Inventory) -> None:
+        """Clear the fence mark of every host that answered ``inventory``, read under the lock: a mark says that its
+        host holds no VM (it was powered off and has not answered since, vcsched/control/lost.py), which stops
+        being true the moment it answers and anything may be placed there.  Done on every read a plan is decided
+        or checked on, so no step reaches a host that is still marked.  A mark that cannot be cleared is said: it
+        would make a VM moved there count as lost, and be started twice, if that host stopped answering again."""
+        if self.store is None or hazards.on(hazards.STALE_FENCE_MARK):  # the mutation switch (tests/test_faultsim.py)
+            return
+        try:
+            fenced = self.store.fenced()
+            for h in inventory.hosts:
+                if h.down is None and h.name in fenced:
+                    self.store.clear_fenced(h.name)
+        except (StoreError, InputError) as exc:
+            self.reporting.note(f"{exc}: a host fenced earlier answers again but is still marked fenced")
 
     def note_in_doubt(self, inventory: Inventory) -> None:
         """Each in-doubt VM of ``inventory`` and what `vcsched repair --apply` would do about it, one note each
@@ -245,16 +288,16 @@ class UnitOfWork:
             raise DryRun("the unit of work is not open: enter it (`with UnitOfWork(...)`) before applying")
         if self.dry_run:
             raise DryRun("a dry run does not apply: a unit of work without a lock only reads")
-        checked = None
         restarts = self._recorded_creates(plan)
-        if irreversible is not None or restarts:  # else the executor's own whole-plan check is the one before acting
-            if irreversible is not None and hazards.on(hazards.FENCE_BEFORE_VALIDATE):  # a mutation switch (tests)
-                self.guard()
-                if not irreversible():
-                    return None
-                irreversible = None
-            with _changed_meanwhile(plan, planned_here):
-                checked = check_whole(self._reading(), plan, force=force)
+        if irreversible is not None and hazards.on(hazards.FENCE_BEFORE_VALIDATE):  # a mutation switch (tests)
+            self.guard()
+            if not irreversible():
+                return None
+            irreversible = None
+        with _changed_meanwhile(plan, planned_here):
+            checked = check_whole(self._reading(), plan, force=force)
+        self._seen_answering(checked[0])  # the hosts the steps may reach: no longer fenced
+        if irreversible is not None or restarts:
             self.guard()
             if irreversible is not None and not irreversible():
                 return None
@@ -268,7 +311,7 @@ class UnitOfWork:
 
         with _changed_meanwhile(plan, planned_here):
             return apply_plan(self._reading(), plan, force=force, guard=self.guard, threads=threads, checked=checked,
-                              on_step=recorder(self.store, self.reporting.note, then))
+                              on_step=recorder(self.store, self.reporting.note, then), restore_guard=self.lock_guard)
 
 
     def _reading(self) -> Hypervisor:

@@ -89,8 +89,8 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
                       f"nothing changed (`vcsched power wake {host} --apply` wakes it)")
             return _refused(out, reason, as_json)
         out["down"] = state.down
-        records = [d.step for d in store.on(host)]
-        recovery = plan_recovery(cluster, inventory, host, records)
+        records = store.to_recover(host, inventory)
+        recovery = plan_recovery(cluster, inventory, host, records, waited_on=uow.waits_for(host))
         out["recovery"] = recovery.to_dict()
         out["plan"] = None if recovery.plan is None else recovery.plan.to_dict()
         if not as_json:

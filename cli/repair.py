@@ -62,7 +62,8 @@ def repair_cmd(cluster_file: str | None, do_apply: bool, as_json: bool, wait: fl
             journaled = list(journal.restored) + [f"not put back: {p}" for p in journal.problems]
         else:
             journaled = describe_journal()
-    troubled = report.plan.refused is not None or bool(report.plan.left) or not report.ok \
+    troubled = report.plan.refused is not None or bool(report.plan.left) or bool(report.plan.waiting) \
+        or not report.ok \
         or any(o != "done" for _, o, _ in report.outcomes) or bool(journal.problems)
     if as_json:
         emit_json({"ok": not troubled, **report.to_dict(),
@@ -81,6 +82,8 @@ def repair_cmd(cluster_file: str | None, do_apply: bool, as_json: bool, wait: fl
         return refuse(report.plan.refused)
     if report.plan.left:
         return refuse("VMs left to the operator: " + ", ".join(report.plan.left))
+    if report.plan.waiting:
+        return refuse("VMs not settled yet: " + "; ".join(report.plan.waiting))
     if journal.problems:
         return refuse("journaled settings not put back: " + "; ".join(journal.problems))
     return refuse("an action failed or was skipped")

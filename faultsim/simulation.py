@@ -105,8 +105,31 @@ CONTROLLER_CYCLES = 5
 #: (killed at its timeout; it may have switched the host off all the same), or the process is killed right after
 #: the power went off (nothing restarted, nothing recorded as fenced).
 FENCE_FAIL, FENCE_HANG, FENCE_KILL = 0.1, 0.1, 0.05
+#: With ``--sigterm``: in a controller schedule, the chance that a ``kill`` fault is a SIGTERM instead.
+SIGTERM_SHARE = 0.5
+#: With ``--floors``: the floor (``min_yield``) of every virtual cluster but the first in the recover, restart and
+#: controller schedules.
+FLOOR = 0.5
 #: ``observe --window 4s --sample 1s --probe --probe-seconds 2s`` (simulated seconds).
 PROBE_WINDOW_S, PROBE_SAMPLE_S, PROBE_SECONDS_S = 4.0, 1.0, 2.0
+
+
+@dataclass(frozen=True)
+class Extras:
+    """Workloads and faults a run adds only when asked (so that the schedules of a plain run stay the ones measured
+    and pinned, docs/faultsim.md): ``sigterm``, SIGTERM to the controller (:data:`SIGTERM_SHARE` of its kills);
+    ``floors``, virtual clusters with floors in the recover, restart and controller schedules (:data:`FLOOR`)."""
+
+    sigterm: bool = False
+    floors: bool = False
+    #: Only the schedules whose workload (:func:`workload_of`; "command" for place/drain/adapt) is one of these
+    #: (empty: all): the others are skipped, not run.
+    only: frozenset[str] = frozenset()
+
+    def runs(self, index: int) -> bool:
+        from faultsim.power import kind_of
+
+        return not self.only or (workload_of(index) or kind_of(index) or "command") in self.only
 
 
 class Violation(BaseException):
@@ -140,7 +163,28 @@ class MemoryBackend:
         yield from sorted((k, v) for k, v in self.keys.items() if k.startswith(prefix + "/"))
 
 
-def store_for(sc: Scenario) -> Any:
+#: The workloads in which a host fails (and that ``--floors`` gives floors).
+FAILURE_WORKLOADS = ("recover", "restart", "controller")
+
+
+def workload_of(index: int) -> str | None:
+    """What schedule ``index`` runs, by its index alone: ``probe``, one of :data:`FAILURE_WORKLOADS`, or None (its
+    scenario's command: place, drain or adapt)."""
+    if index % PROBE_EVERY == PROBE_EVERY - 1:
+        return "probe"
+    if index % RECOVER_EVERY != RECOVER_AT:
+        return None
+    if index % CONTROLLER_EVERY == CONTROLLER_AT:
+        return "controller"
+    return "restart" if index % RESTART_EVERY == RESTART_AT else "recover"
+
+
+def floor_of(vc: str, floors: bool) -> float | None:
+    """The floor of virtual cluster ``vc`` with ``--floors`` (every one but vc0, which keeps none): None without."""
+    return FLOOR if floors and vc != "vc0" else None
+
+
+def store_for(sc: Scenario, floors: bool = False) -> Any:
     """The definitions store of a scenario's cluster, holding a record of each VM it starts with (as if vcsched's
     ``place`` had created them): what ``recover`` reads, and what every step of the simulated commands updates."""
     from acting.definitions import DefinitionStore
@@ -149,7 +193,7 @@ def store_for(sc: Scenario) -> Any:
     store = DefinitionStore(MemoryBackend(), "sim", "memory://sim")
     boot = Boot("kernel", "/sim/vmlinuz", "/sim/initrd")
     for name, host, vcpus, mib, need, cap, vc in sc.vms:
-        store.put(CreateStep(name, host, vc, vcpus, mib * MIB, need, cap, boot))
+        store.put(CreateStep(name, host, vc, vcpus, mib * MIB, need, cap, boot, floor_of(vc, floors)))
     return store
 
 
@@ -341,7 +385,7 @@ def scenario(index: int) -> Scenario:
     return Scenario(index, command, n_hosts, tuple(vms), drain)
 
 
-def build_world(sc: Scenario) -> SimWorld:
+def build_world(sc: Scenario, floors: bool = False) -> SimWorld:
     from hypervisor.libvirt_backend import metadata_xml
 
     world = SimWorld(host_timeout=HOST_TIMEOUT_S)
@@ -350,7 +394,8 @@ def build_world(sc: Scenario) -> SimWorld:
     import xml.etree.ElementTree as ET
 
     for name, host, vcpus, mib, need, cap, vc in sc.vms:
-        meta = dict(ET.fromstring(metadata_xml(VmMeta(vc, need, mib * MIB, vcpus), bare=True)).attrib)
+        meta = dict(ET.fromstring(metadata_xml(VmMeta(vc, need, mib * MIB, vcpus, floor_of(vc, floors)),
+                                               bare=True)).attrib)
         world.add_domain(host, SimDomain(name, world.new_uuid(), vcpus, mib * MIB, RUNNING, False,
                                          round(cap / vcpus * 100000), 100000, meta))
     # One domain vcsched does not manage: nothing may change it.
@@ -423,8 +468,11 @@ class Schedule:
     """One seeded run: a scenario, its command under faults, then a fault-free repair and re-run."""
 
     def __init__(self, rt: Runtime, seed: int, index: int, *, rate: float = DEFAULT_RATE,
-                 keep_trace: bool = False) -> None:
+                 keep_trace: bool = False, extras: Extras = Extras()) -> None:
         self.rt = rt
+        self.extras = extras
+        #: The controller of the running process (a SIGTERM sets its ``stop``).
+        self.ctl: Any = None
         self.rng = random.Random(f"{seed}/{index}")
         self.sc = scenario(self.rng.randrange(SCENARIOS))
         #: The plan the command works on.  ``place`` saves the plan it computed and later processes apply it
@@ -436,7 +484,10 @@ class Schedule:
         #: Whether a saved plan is re-applied with ``--force`` (the operator read "changed since this plan was
         #: computed ... or apply anyway with --force" and did).
         self.force = self.rng.random() < 0.3
-        self.world = build_world(self.sc)
+        #: ``--floors``: this schedule's virtual clusters (all but vc0) have floors (a recover, restart or controller
+        #: schedule: the workloads that restart VMs, where floors decide who restarts below them).
+        self.floored = extras.floors and workload_of(index) in FAILURE_WORKLOADS
+        self.world = build_world(self.sc, self.floored)
         if index % TWIN_EVERY == TWIN_AT:
             self.twin(random.Random(f"twin/{seed}/{index}"))
         self.cluster = cluster_for(self.sc)
@@ -456,13 +507,14 @@ class Schedule:
         self.stranger = ("h0", stranger.uuid, self._look(stranger))
         #: ``probe``: this schedule runs ``vcsched observe --probe`` (every guest busy at its cap, so each one
         #: capped below its vCPUs on a host with room is probed); else the scenario's command.
-        self.workload = "probe" if index % PROBE_EVERY == PROBE_EVERY - 1 else self.sc.command
+        kind = workload_of(index)
+        self.workload = kind if kind == "probe" else self.sc.command
         #: The caps vcsched set (the starting ones: a probe schedule changes no cap for good).
         self.caps = {d.uuid: d.cap_cores() for h in self.world.hosts.values() for d in h.domains.values()
                      if d.meta is not None}
         self.journals: Path | None = None  # the probe journals' directory (the state dir's journal/)
         #: The definitions store (in memory, outliving processes): every command records its steps there.
-        self.store = store_for(self.sc)
+        self.store = store_for(self.sc, self.floored)
         #: ``recover``: the host that fails (the one, h0 aside, with most managed VMs; h0 holds the unmanaged
         #: domain, which a fence would take along) and the UUIDs a fence took away (no copy left: awaiting their
         #: restart), and the VMs the last recovery stranded, with why (legitimately not running at the end).
@@ -473,17 +525,17 @@ class Schedule:
         self.leader: SimLockService | None = None  # the controller's leader lock
         #: ``sleep`` / ``wake``: a power schedule (faultsim/power.py: the host, the record, the agent, the checks).
         self.powerwork: Any = None
-        if index % RECOVER_EVERY == RECOVER_AT and self.workload != "probe":
+        if kind in FAILURE_WORKLOADS:
             self.workload = "recover"
             per_host = collections.Counter(v[1] for v in self.sc.vms if v[1] != "h0")
             self.target = max((f"h{i}" for i in range(1, self.sc.hosts)), key=lambda h: (per_host[h], h))
             self.world.set_up(self.target, False)
-            if index % CONTROLLER_EVERY == CONTROLLER_AT:
+            if kind == "controller":
                 self.workload = "controller"
                 self.leader = SimLockService(self.world)
                 self.cluster = dataclasses.replace(self.cluster, failure_timeout=CONTROLLER_FAILURE_S)
                 self.journals = Path(tempfile.mkdtemp(prefix="vcsched-faultsim-journal-"))
-            if index % RESTART_EVERY == RESTART_AT:  # fenced, nothing restarted: its VMs are lost
+            if kind == "restart":  # fenced, nothing restarted: its VMs are lost
                 self.workload = "restart"
                 self._power_off(self.target)
                 self.store.mark_fenced(self.target)
@@ -677,6 +729,11 @@ class Schedule:
                     conn.closed = True
             raise sim_error(libvirt.VIR_ERR_INTERNAL_ERROR, "internal error: connection closed due to keepalive "
                             "timeout")
+        if kind == "kill" and self.ctl is not None and self.extras.sigterm and self.rng.random() < SIGTERM_SHARE:
+            if not self.ctl.stop.is_set():
+                self.fault("sigterm", f"process {c.process} receives SIGTERM at {c.host}.{c.method}")
+                self.ctl.stop.set()  # the running step finishes; no further step starts
+            return
         if kind == "kill":
             self.fault(kind, f"process {c.process} killed at {c.host}.{c.method}")
             self.world.process_died(c.process)  # from here on, nothing of it reaches a host
@@ -841,8 +898,9 @@ class Schedule:
                     return f"refused: host {self.target} answers: it has not failed"
                 if inventory.host(self.target).asleep:  # cli/recover.py: powered off by vcsched, empty
                     return f"refused: host {self.target} is asleep: it has not failed"
-                records = [d.step for d in self.store.on(self.target)]
-                recovery = plan_recovery(self.cluster, inventory, self.target, records)
+                records = self.store.to_recover(self.target, inventory)
+                recovery = plan_recovery(self.cluster, inventory, self.target, records,
+                                         waited_on=uow.waits_for(self.target))
                 self.stranded = dict(recovery.stranded)
                 self.note(f"p{pid} recovery of {self.target}: restarts {list(recovery.restarts)}, "
                           f"stranded {recovery.stranded}, running {list(recovery.running)}")
@@ -901,10 +959,18 @@ class Schedule:
                          metrics=ControllerMetrics("sim"), clock=clock, journals=self.journals,
                          failover=Failover(self.cluster, self.store, fence=fence),
                          power=None if self.powerwork is None else self.powerwork.store.read)
+        self.ctl = ctl
         try:
             for _ in range(CONTROLLER_CYCLES * (3 if final else 1)):
+                if ctl.stop.is_set():
+                    break
                 ctl.cycle()
+            if ctl.stop.is_set():  # SIGTERM: run()'s way out, then the process ends
+                ctl.finish()
+                self.note(f"p{pid} stopped (SIGTERM)")
+                self.check(f"after p{pid} stopped")
         finally:
+            self.ctl = None
             hv.close()
             events = [json.loads(line) for line in stream.getvalue().splitlines()]
             for e in events:
@@ -917,7 +983,7 @@ class Schedule:
                 leader.holder = None
             if self.lock.holder == pid:
                 self.lock.holder = None
-        return "ok"
+        return "stopped (SIGTERM)" if ctl.stop.is_set() else "ok"
 
     def restart(self, pid: int, *, final: bool = False) -> str:
         """``vcsched restart VM... --apply`` (cli/restart.py) for every VM the store says is lost: its unit of work,
@@ -1181,17 +1247,21 @@ def hazards_on(names: Iterator[str] | tuple[str, ...] | frozenset[str] = ()) -> 
         hazards.HAZARDS |= before
 
 
-def run_schedules(n: int, seed: int, *, rate: float = DEFAULT_RATE, first: int = 0,
+def run_schedules(n: int, seed: int, *, rate: float = DEFAULT_RATE, first: int = 0, extras: Extras = Extras(),
                   on_violation: Callable[[Outcome], None] | None = None, stop_at_first: bool = False) -> Summary:
-    """Schedules ``first`` .. ``first + n - 1`` of ``seed``; each violation with its seed and index."""
+    """Schedules ``first`` .. ``first + n - 1`` of ``seed`` (those ``extras.only`` keeps: the count says how many
+    ran); each violation with its seed and index."""
     rt = Runtime()
     faults: collections.Counter[str] = collections.Counter()
     violations: list[dict[str, Any]] = []
-    calls = 0
+    calls = ran = 0
     workloads: collections.Counter[str] = collections.Counter()
     with rt.installed():
         for i in range(first, first + n):
-            out = Schedule(rt, seed, i, rate=rate).run()
+            if not extras.runs(i):
+                continue
+            ran += 1
+            out = Schedule(rt, seed, i, rate=rate, extras=extras).run()
             faults.update(out.faults)
             calls += out.calls
             workloads[out.workload] += 1
@@ -1201,15 +1271,15 @@ def run_schedules(n: int, seed: int, *, rate: float = DEFAULT_RATE, first: int =
                 if on_violation is not None:
                     on_violation(out)
                 if stop_at_first:
-                    return Summary(i - first + 1, faults, violations, calls, workloads)
-    return Summary(n, faults, violations, calls, workloads)
+                    return Summary(ran, faults, violations, calls, workloads)
+    return Summary(ran, faults, violations, calls, workloads)
 
 
-def replay(seed: int, index: int, *, rate: float = DEFAULT_RATE) -> Outcome:
+def replay(seed: int, index: int, *, rate: float = DEFAULT_RATE, extras: Extras = Extras()) -> Outcome:
     """Schedule ``index`` of ``seed`` again, with its trace."""
     rt = Runtime()
     with rt.installed():
-        return Schedule(rt, seed, index, rate=rate, keep_trace=True).run()
+        return Schedule(rt, seed, index, rate=rate, keep_trace=True, extras=extras).run()
 
 
 
@@ -1231,13 +1301,26 @@ def main(argv: list[str] | None = None) -> int:
                     help="switch a known hazard back on (a mutation, to see it caught); repeatable")
     ap.add_argument("--replay", type=int, metavar="INDEX", help="replay schedule INDEX of --seed and print its trace")
     ap.add_argument("--stop", action="store_true", help="stop at the first violation")
+    ap.add_argument("--sigterm", action="store_true",
+                    help=f"controller schedules: {SIGTERM_SHARE:.0%} of the kills are a SIGTERM instead")
+    ap.add_argument("--only", default="", metavar="WORKLOADS",
+                    help="run only these workloads' schedules, comma-separated (probe, recover, restart, controller, "
+                         "sleep, wake, command); the others are skipped")
+    ap.add_argument("--floors", action="store_true",
+                    help=f"recover, restart and controller schedules: every virtual cluster but vc0 has min_yield "
+                         f"{FLOOR}")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = ap.parse_args(argv)
     if args.schedules < 1 or not 0 <= args.rate <= 1:
         ap.error("--schedules must be at least 1 and --rate within [0, 1]")
+    only = frozenset(w for w in args.only.split(",") if w)
+    if only - {"probe", "command", "sleep", "wake", *FAILURE_WORKLOADS}:
+        ap.error(f"--only: {args.only!r}: the workloads are probe, recover, restart, controller, sleep, wake and "
+                 "command")
+    extras = Extras(sigterm=args.sigterm, floors=args.floors, only=only)
     with hazards_on(tuple(args.hazard)):
         if args.replay is not None:
-            out = replay(args.seed, args.replay, rate=args.rate)
+            out = replay(args.seed, args.replay, rate=args.rate, extras=extras)
             if args.json:
                 print(json.dumps({"seed": out.seed, "schedule": out.index, "faults": dict(out.faults),
                                   "violations": out.violations, "result": out.result, "trace": out.trace}))
@@ -1252,13 +1335,15 @@ def main(argv: list[str] | None = None) -> int:
             if not args.json:
                 print(f"VIOLATION seed {o.seed} schedule {o.index} ({o.workload}): {'; '.join(o.violations)}\n"
                       f"  replay: scripts/faultsim --seed {o.seed} --replay {o.index}"
+                      + (" --sigterm" if args.sigterm else "") + (" --floors" if args.floors else "")
                       + (f" --rate {args.rate:g}" if args.rate != DEFAULT_RATE else "")
                       + "".join(f" --hazard {h}" for h in args.hazard), file=sys.stderr)
 
         s = run_schedules(args.schedules, args.seed, rate=args.rate, first=args.first, on_violation=shown,
-                          stop_at_first=args.stop)
+                          stop_at_first=args.stop, extras=extras)
         wall, cpu = time.monotonic() - wall, time.process_time() - cpu
     doc = s.to_dict() | {"seed": args.seed, "first": args.first, "rate": args.rate, "hazards": sorted(args.hazard),
+                         "sigterm": args.sigterm, "floors": args.floors, "only": sorted(only),
                          "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
                          "schedules_per_s": round(s.schedules / wall, 1) if wall > 0 else None}
     if args.json:

@@ -129,11 +129,12 @@ class Hypervisor(Protocol):
         ...
 
     def repair(self, guard: Callable[[], None], *, apply: bool = True,
-               inventory: Inventory | None = None) -> RepairReport:
+               inventory: Inventory | None = None, fenced: frozenset[str] = frozenset()) -> RepairReport:
         """Settle in-doubt VMs (:mod:`hypervisor.settlement`): only under the cluster lock (``guard``, called
-        before every action), only on a full inventory in which every host answered or is asleep (powered off
-        empty by vcsched: ``inventory`` read now with the power record's marks, else read here).
-        ``apply=False``: what it would do."""
+        before every action), each once every host that may hold another copy of it answered or is asleep
+        (powered off empty by vcsched: ``inventory`` read now with the power record's marks, else read here).
+        ``apply=False``: what it would do.  ``fenced``: hosts a recovery powered off that have not answered since
+        (they hold no copy: the definitions store's fence marks)."""
         ...
 
     def realised_cap(self, host: str, vcpus: int, cap_cores: float) -> float:

@@ -69,8 +69,9 @@ def add_io_caps(root: ET.Element, caps: IoCaps) -> None:
             nic.append(bandwidth_element(average))
 
 
-def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
-    """The ``<vcsched:vm>`` element for a domain's XML; ``bare``: without the namespace, for ``setMetadata``.
+def metadata_xml(meta: VmMeta, *, bare: bool = False, arriving_from: str | None = None) -> str:
+    """The ``<vcsched:vm>`` element for a domain's XML; ``bare``: without the namespace, for ``setMetadata``;
+    ``arriving_from``: the mark of a paused arrival (kept by a rewrite of its metadata that does not resume it).
 
     ``setMetadata`` puts the element in the namespace itself and refuses one
     that already declares it ("failed to create a new XML namespace").
@@ -98,6 +99,10 @@ def metadata_xml(meta: VmMeta, *, bare: bool = False) -> str:
         extra += f' generation="{meta.generation}"'
     if meta.migrating_to is not None:  # a host its last migration attempt may have left a copy on
         extra += f" migrating_to={quoteattr(meta.migrating_to)}"
+    if arriving_from is not None:
+        extra += f" arriving_from={quoteattr(arriving_from)}"
+    if meta.completed:  # a paused arrival whose migration libvirt reported complete
+        extra += ' completed="true"'
     return (f'<{tag} cluster={quoteattr(meta.cluster)} cpu_need_cores="{meta.cpu_need_cores!r}" '
             f'memory_bytes="{meta.memory_bytes}" vcpus="{meta.vcpus}"{floor}{extra}/>')
 
@@ -135,7 +140,8 @@ def parse_metadata_element(el: ET.Element) -> VmMeta | None:
         return VmMeta(a["cluster"], float(a["cpu_need_cores"]), int(a["memory_bytes"]), int(a["vcpus"]), floor,
                       disk, net, weight, a.get("tenant"), spread, together, a.get("pinned") == "true",
                       migrated_at=moved, priority=int(a.get("priority", "0")),
-                      generation=max(int(a.get("generation", "0")), 0), migrating_to=a.get("migrating_to"))
+                      generation=max(int(a.get("generation", "0")), 0), migrating_to=a.get("migrating_to"),
+                      completed=a.get("completed") == "true")
     except (KeyError, ValueError):
         return None
 
@@ -274,6 +280,7 @@ def stamp_migrated_at(xml: str, when: float, arriving_from: str | None = None,
     if generation is not None:
         el.set("generation", str(generation))
     el.attrib.pop("migrating_to", None)
+    el.attrib.pop("completed", None)
     ET.register_namespace(METADATA_PREFIX, METADATA_NS)
     return ET.tostring(root, encoding="unicode")
 

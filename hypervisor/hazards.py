@@ -43,9 +43,19 @@ POWER_OFF_UNCHECKED = "power-off-unchecked"
 #: slept, without comparing its libvirt host UUID.
 WAKE_ANY_UUID = "wake-any-uuid"
 
+#: A VM whose recorded host answers without it counts as lost although a host that does not answer, and was not
+#: fenced, may run it (a migration cut after its switch-over, before its step was recorded): the rule before
+#: docs/faultsim.md's "runs twice" fix.
+LOST_WHILE_HOLDER_DOWN = "lost-while-holder-down"
+
+#: A fence mark is never cleared when its host answers again: once that host stops answering again, a VM moved
+#: there since counts as lost (the mark's lifetime before docs/faultsim.md's "runs twice" fix).
+STALE_FENCE_MARK = "stale-fence-mark"
+
 KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP, PROBE_NO_RESTORE,
                    IN_DOUBT_PLANNABLE, RESUME_WITHOUT_GENERATION, MIGRATE_WHILE_HOLDER_DOWN,
-                   FENCE_BEFORE_VALIDATE, POWER_OFF_UNCHECKED, WAKE_ANY_UUID})
+                   FENCE_BEFORE_VALIDATE, POWER_OFF_UNCHECKED, WAKE_ANY_UUID, LOST_WHILE_HOLDER_DOWN,
+                   STALE_FENCE_MARK})
 
 #: The hazards switched on (empty in production).
 HAZARDS: set[str] = set()

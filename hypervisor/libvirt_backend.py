@@ -378,10 +378,11 @@ class LibvirtHypervisor:
         A failure of vcsched's own reading code on a host's answer is :class:`HostReadBug` (a bug, exit 70),
         never a down host.
         """
-        # In the cluster's order whatever ``hosts`` is (a set's order changes with each process's hash seed: the
-        # fault simulation, reading inline, would not replay the controller's sampling rounds).
-        names = None if hosts is None else {self.cluster.host(h).name for h in hosts}
-        wanted = self.cluster.hosts if names is None else tuple(h for h in self.cluster.hosts if h.name in names)
+        # In the cluster file's order whatever ``hosts`` is (a set's order changes with every process's hash seed):
+        # which host is read first decides what the reads see when one stops answering meanwhile, so a fault
+        # simulation schedule replays the same only in a fixed order (docs/faultsim.md).
+        picked = set() if hosts is None else {self.cluster.host(h).name for h in hosts}
+        wanted = self.cluster.hosts if hosts is None else tuple(h for h in self.cluster.hosts if h.name in picked)
         with self._lock:
             for h in wanted:
                 self._down.pop(h.name, None)
@@ -446,12 +447,12 @@ class LibvirtHypervisor:
             settle(self, lambda: None, inventory=inventory)
         return inventory
 
-    def repair(self, guard: Callable[[], None], *, apply: bool = True,
+    def repair(self, guard: Callable[[], None], *, apply: bool = True, fenced: frozenset[str] = frozenset(),
                inventory: Inventory | None = None) -> RepairReport:
         """Settle in-doubt VMs (:func:`hypervisor.settlement.settle`): only under the cluster lock (``guard`` is
-        its check, called before every action), only on a full inventory in which every host answered; each
-        action is one notice.  ``apply=False``: what it would do, changing nothing."""
-        report = settle(self, guard, apply=apply, inventory=inventory)
+        its check, called before every action), each once every host that may hold another copy of it answered
+        (or was ``fenced``); each action is one notice.  ``apply=False``: what it would do, changing nothing."""
+        report = settle(self, guard, apply=apply, inventory=inventory, fenced=fenced)
         if report.applied:
             for line in report.lines():
                 self._notice(line)

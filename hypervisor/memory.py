@@ -99,12 +99,13 @@ class MemoryHypervisor:
                          tuple(sorted((v for v in self.vms.values() if v.host in up), key=lambda v: (v.host, v.name))))
 
     def repair(self, guard: Callable[[], None], *, apply: bool = True,
-               inventory: Inventory | None = None) -> RepairReport:
+               inventory: Inventory | None = None, fenced: frozenset[str] = frozenset()) -> RepairReport:
         """Nothing is ever in doubt here (one copy per VM by construction): an empty report, counted."""
         from vcsched.plans.repair import RepairReport, plan_repair
 
         self.repairs += 1
-        return RepairReport(plan_repair(inventory if inventory is not None else self.inventory()), applied=apply)
+        return RepairReport(plan_repair(inventory if inventory is not None else self.inventory(), fenced=fenced),
+                            applied=apply)
 
     def find_vm(self, name: str) -> VmState | None:
         v = self.vms.get(name)

@@ -5,11 +5,26 @@ or a lone paused arrival whose source may still hold a copy.  Reading an invento
 module is the one place that destroys a paused twin or resumes an orphaned arrival, and only:
 
 * under the cluster lock — :func:`settle` takes the lock's ``guard`` and calls it before every action;
-* on a **full** inventory in which **every** host answered (a host that did not may hold a copy: nothing is
-  done, the repair is refused);
+* on an inventory in which every host that **may hold another copy** of the VM answered (the hosts its copies'
+  migration marks name, or every host for copies from before migration generations:
+  :func:`vcsched.plans.repair.may_hold`); while one does not answer, that VM waits (a host that did not answer
+  may hold a copy), and the others are settled — one host down no longer leaves every copy in doubt paused for
+  as long as it is down (found by the fault simulation, docs/faultsim.md);
 * after re-reading, right before each action, every copy's host: each copy must still be in the state the
   plan saw and have no libvirt job (a migration holds one on both sides until its source is confirmed gone);
-  an arrival is resumed only once its source host, read in this same action, has no copy.
+  an arrival is resumed only once its source host, read in this same action, has no copy — unless libvirt
+  reported the arrival's migration complete (below: its source never runs again).
+
+A host that a recovery *fenced* (powered off; the definitions store's mark, cleared once it answers again) holds
+no copy: nothing waits for it.  But the copy it held may have been the newest: libvirt resumes a migration's
+source when Finish failed (Confirm cancelled), and that source may have run past its paused arrival.  So:
+
+* an arrival marked ``completed`` (``migrate3`` returned: the source was confirmed, never to run again,
+  :func:`hypervisor.migration.mark_completed`) holds the newest state: resumed without reading its source's
+  host, whether that host was fenced or does not answer;
+* an arrival whose source's host was fenced and that carries no such mark is destroyed, not resumed: the VM is
+  then lost and restarted from its definition record (a fresh boot, as every VM of a fenced host), never run
+  from a state its source may have run past (found by the fault simulation: seed 7, schedules 3541 and 4501).
 
 What it may do:
 
@@ -90,8 +105,8 @@ def migration_paused_copies(hv: LibvirtHypervisor, inventory: Inventory) -> froz
 
 
 def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = True,
-           inventory: Inventory | None = None) -> RepairReport:
-    """Plan the repair on a full inventory (read now unless given) and, with ``apply``, carry it out.
+           inventory: Inventory | None = None, fenced: frozenset[str] = frozenset()) -> RepairReport:
+    """Plan the repair on an inventory of every host (read now unless given) and, with ``apply``, carry it out.
 
     ``guard`` is the cluster lock's: called before every action, it raises when the lock is no longer ours
     (then nothing more is done).  The dry run (``apply=False``) reads only.
@@ -99,9 +114,7 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
     inv = inventory if inventory is not None else hv.inventory()
     if {h.name for h in inv.hosts} != {h.name for h in hv.cluster.hosts}:
         raise ValueError("settle needs an inventory of every host of the cluster")
-    full = all(h.down is None or h.asleep for h in inv.hosts)  # asleep: powered off empty (docs/power.md)
-    plan = plan_repair(inv, interrupted_copies(hv, inv) if full else frozenset(),
-                       migration_paused_copies(hv, inv) if full else frozenset(),
+    plan = plan_repair(inv, interrupted_copies(hv, inv), migration_paused_copies(hv, inv), fenced=fenced,
                        unread_hosts=hazards.on(hazards.RESUME_UNREAD_SOURCE),  # mutation switches (test_faultsim.py)
                        ignore_generations=hazards.on(hazards.RESUME_WITHOUT_GENERATION))
     if not apply or plan.refused is not None:
@@ -109,10 +122,11 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
     outcomes = []
     doubts = {d.uuid: d for d in (*plan.in_doubt, *plan.interrupted)}
     removed: set[tuple[str, str]] = set()  # (host, uuid) of the copies this repair destroyed
+    answered = frozenset(h.name for h in inv.hosts if h.down is None)
     asleep = frozenset(h.name for h in inv.asleep_hosts())
     for a in plan.actions:
         guard()
-        problem = _recheck(hv, a, doubts[a.uuid], removed, asleep)
+        problem = _recheck(hv, a, doubts[a.uuid], removed, answered, asleep)
         if problem is not None:
             outcomes.append((a, "skipped", problem))
             continue
@@ -132,37 +146,42 @@ def settle(hv: LibvirtHypervisor, guard: Callable[[], None], *, apply: bool = Tr
 
 def forget_marks(hv: LibvirtHypervisor, guard: Callable[[], None], inv: Inventory,
                  removed: set[tuple[str, str]]) -> None:
-    """Drop the ``migrating_to`` mark of every running managed copy whose marked host answered in ``inv`` (a full
-    inventory) and holds no copy of it now (none was there, or this repair destroyed it): the cut attempt left
-    nothing there, so that host stopping later must not keep the VM from migrating.  Bookkeeping, not a change
-    to any guest: not reported; ``guard`` before each."""
+    """Drop the ``migrating_to`` mark of every running managed copy whose marked host answered in ``inv`` and holds
+    no copy of it now (none was there, or this repair destroyed it): the cut attempt left nothing there, so that
+    host stopping later must not keep the VM from migrating.  A mark naming a host that did not answer stays (it
+    may hold a copy).  Bookkeeping, not a change to any guest: not reported; ``guard`` before each."""
     copies = {(v.host, v.uuid) for v in inv.vms if v.active} - removed
+    answered = {h.name for h in inv.hosts if h.down is None}
     for v in inv.vms:
         mark = v.meta.migrating_to if v.meta is not None else None
         if mark is None or v.uuid is None or not v.active or v.paused or mark == v.host \
-                or mark not in {h.name for h in inv.hosts} or (mark, v.uuid) in copies:
+                or mark not in answered or (mark, v.uuid) in copies:
             continue
         guard()
         clear_attempt(hv, v.host, v.name, v.uuid, mark)
 
 
 def _recheck(hv: LibvirtHypervisor, a: RepairAction, d: InDoubt, removed: set[tuple[str, str]],
-             asleep: frozenset[str] = frozenset()) -> str | None:
+             answered: frozenset[str], asleep: frozenset[str] = frozenset()) -> str | None:
     """Every copy's host read again right before ``a``: None if it may go ahead, else why not.  The hosts
     ``asleep`` (powered off empty by vcsched's power saving, docs/power.md) hold no copy and are not read.
 
     A copy this repair already destroyed (``removed``: a VM with two paused twins) is expected gone: found by
     the fault simulation (seed 1, schedule 9915), where the second twin was skipped for the first's absence.
+    A resume also expects no copy on every other host that ``answered`` the plan's read (the plan waited for
+    every host that may hold one: :func:`vcsched.plans.repair.may_hold`).
     """
     expected = {h: "gone" if (h, d.uuid) in removed else st for h, st in zip(d.hosts, d.states, strict=True)}
     if a.action == RESUME:
         source = next((src for h, src in zip(d.hosts, d.arriving_from or (), strict=False) if h == a.host), None)
         if source is None:  # a lone copy a migration left paused: no other host may have one
-            expected |= {h.name: "gone" for h in hv.cluster.hosts if h.name != a.host}
+            expected |= {h: "gone" for h in answered if h != a.host}
         elif hazards.on(hazards.RESUME_UNREAD_SOURCE):  # mutation switch (tests/test_faultsim.py)
             expected.pop(source, None)
         else:
             expected[source] = "gone"
+        for host in a.unread:  # fenced, or the source of an arrival libvirt reported complete: nothing there runs
+            expected.pop(host, None)
     for host, state in expected.items():
         if state == "gone" and host in asleep:  # powered off empty: nothing to read there (seed 1, schedule 6290)
             continue

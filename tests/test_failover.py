@@ -321,3 +321,15 @@ def test_memory_short_restarts_the_higher_priority_vm() -> None:
     recs = [record("a-low", "a", mem=150 * MiB, priority=-5), record("z-high", "z", mem=150 * MiB, priority=7)]
     rec = plan_recovery(fenced(cluster_of(2), "h1"), hv.inventory(), "h1", recs)
     assert rec.restarts == (("z-high", "h0"),) and [vm for vm, _ in rec.stranded] == ["a-low"]
+
+
+def test_a_host_an_in_doubt_vm_waits_for_is_fenced_with_nothing_to_restart() -> None:
+    """scripts/faultsim --seed 90210 --replay 3285: nothing recorded on failed h1, but a VM in doubt (a source
+    paused by a migration to h1 that was cut) waits for h1; not fenced, h1 kept it paused for ever.  With
+    ``waited_on`` the recovery's plan restarts nothing and exists, so the host is fenced once it validates."""
+    hv = down_h1([managed("old-0", "h0", "old", 1.0, cap=1.0)])
+    assert plan_recovery(fenced(cluster_of(3), "h1"), hv.inventory(), "h1", []).plan is None
+    rec = plan_recovery(fenced(cluster_of(3), "h1"), hv.inventory(), "h1", [], waited_on=True)
+    assert rec.fence and rec.restarts == () and rec.plan is not None
+    assert not rec.plan.created_vms() and apply_plan(hv, rec.plan).ok
+    assert plan_recovery(cluster_of(3), hv.inventory(), "h1", [], waited_on=True).plan is None  # no agent: never

@@ -286,13 +286,13 @@ def test_a_cluster_changing_while_a_command_plans_and_applies_is_a_refusal_to_ru
     follow.  It is a race: exit 1, nothing changed, run it again.  Here a domain appears on h1 meanwhile."""
     import acting.unit_of_work as unit_of_work
 
-    real = unit_of_work.apply_plan
+    real = unit_of_work.check_whole  # the unit of work's whole-plan check, before the first step
 
     def meanwhile(hv: LibvirtHypervisor, plan: Any, **kwargs: Any) -> Any:
         hv.conn("h1").createXML(domain_of("newcomer"), 0)
         return real(hv, plan, **kwargs)
 
-    monkeypatch.setattr(unit_of_work, "apply_plan", meanwhile)
+    monkeypatch.setattr(unit_of_work, "check_whole", meanwhile)
     args = {"place": ["place", write_request(tmp_path, WEB)], "adapt": ["adapt", "--budget", "0"],
             "drain": ["drain", "h0", "--budget", "unlimited"]}[command]
     line = one_line_error(run(*args, "--cluster", lab_cluster, "--apply"), code=1)

@@ -473,3 +473,73 @@ def test_repair_leaves_two_running_copies_to_the_operator_exit_1(tmp_path: Path)
 def test_nothing_in_doubt_is_nothing_to_do(tmp_path: Path) -> None:
     r = repair_cli("--cluster", cluster_file(tmp_path, h0=node(domain("v"))))
     assert r.exit_code == 0 and "nothing in doubt" in r.stdout, r.output
+
+
+def test_a_host_down_that_may_hold_no_copy_does_not_keep_a_vm_paused() -> None:
+    """scripts/faultsim --seed 90210 --replay 2069: the resume of a migration's arrival failed (h0's copy gone) and
+    h2, unrelated, did not answer at the end: repair refused for every VM, the arrival stayed paused everywhere,
+    running nowhere.  Only the hosts its copies' marks name may hold another copy (vcsched.plans.repair.may_hold)."""
+    arrival = copy("h1", paused=True, arriving_from="h0", meta=gen(1))
+    plan = plan_repair(inventory(arrival, down=("h2",)))
+    assert [(a.action, a.host) for a in plan.actions] == [(RESUME, "h1")] and plan.refused is None
+    assert plan.waiting == ()
+
+
+def test_a_vm_waits_while_a_host_its_marks_name_does_not_answer_and_the_others_are_settled() -> None:
+    """A source paused by a migration cut before Finish (its mark names h1): resumed while h2 is down, not while h1
+    is; a copy without a generation (from before them) waits for every host."""
+    source = copy("h0", paused=True, meta=gen(1, migrating_to="h1"))
+    assert [(a.action, a.host) for a in plan_repair(inventory(source, down=("h2",)),
+                                                    interrupted=frozenset({UUID})).actions] == [(RESUME, "h0")]
+    waits = plan_repair(inventory(source, down=("h1",)), interrupted=frozenset({UUID}))
+    assert waits.actions == () and "h1 did not answer and may hold a copy" in waits.waiting[0]
+    assert waits.refused is not None and "h1" in waits.refused
+    legacy = plan_repair(inventory(copy("h1", paused=True, arriving_from="h0"), down=("h2",)))
+    assert legacy.actions == () and "h2 did not answer" in legacy.waiting[0] and "without a migration generation" \
+        in legacy.waiting[0]
+
+
+def test_repair_resumes_an_arrival_whose_source_answers_while_an_unrelated_host_is_down(tmp_path: Path) -> None:
+    """On libvirt's test driver: the arrival (generation 1, from h0) is resumed with h2 down; the re-check before
+    the resume reads the source and every other host that answered, not the one that did not."""
+    arrival = metadata_xml(replace(META, generation=1)).replace("/>", ' arriving_from="h0"/>')
+    dom = (f"<domain type='test'><name>v</name><uuid>{UUID}</uuid><memory unit='MiB'>128</memory><vcpu>1</vcpu>"
+           f"<os><type>hvm</type></os><metadata>{arrival}</metadata></domain>")
+    c = hosts(tmp_path, h0=node(), h1=node(dom), h2=None)
+    with LibvirtHypervisor(c) as hv:
+        hv.conn("h1").lookupByName("v").suspend()
+        report = hv.repair(no_lock)
+        assert [(a.action, a.host, o) for a, o, _ in report.outcomes] == [(RESUME, "h1", "done")], report.lines()
+        assert states(hv) == [("h1", "running")]
+
+
+def test_an_arrival_whose_source_host_was_fenced_is_resumed_only_if_libvirt_reported_it_complete() -> None:
+    """A fenced host holds no copy, so nothing waits for it; but the source libvirt resumes after a failed Finish
+    may have run past its arrival, and the fence took what would tell: such an arrival is destroyed (the VM is
+    restarted from its record).  One marked ``completed`` (migrate3 returned) holds the newest state."""
+    arrival = copy("h1", paused=True, arriving_from="h0", meta=gen(1))
+    plan = plan_repair(inventory(arrival, down=("h0",)), fenced=frozenset({"h0"}))
+    assert [(a.action, a.host) for a in plan.actions] == [(DESTROY, "h1")] and "was fenced" in plan.actions[0].why
+    done = copy("h1", paused=True, arriving_from="h0", meta=replace(gen(1), completed=True))
+    plan = plan_repair(inventory(done, down=("h0",)), fenced=frozenset({"h0"}))
+    assert [(a.action, a.host, a.unread) for a in plan.actions] == [(RESUME, "h1", ("h0",))], plan
+    plan = plan_repair(inventory(done, down=("h0",)))  # only down: its source is not known gone
+    assert plan.actions == () and plan.blocked == ("h0",)
+
+
+def test_the_completed_mark_is_kept_beside_the_arrival_mark_and_dropped_on_arrival() -> None:
+    from hypervisor.domain_xml import parse_metadata, stamp_migrated_at
+
+    marked = metadata_xml(replace(META, generation=1, completed=True), bare=True, arriving_from="h0")
+    assert 'arriving_from="h0"' in marked and parse_metadata(marked) == replace(META, generation=1, completed=True)
+    dom = f"<domain><metadata>{metadata_xml(replace(META, completed=True))}</metadata></domain>"
+    assert "completed" not in stamp_migrated_at(dom, 1.0, arriving_from="h0", generation=2)
+
+
+def test_a_host_a_running_vms_mark_names_that_does_not_answer_may_hold_a_leftover_copy() -> None:
+    """Nothing is in doubt on the hosts that answer, but the mark of vc's running copy names h1, which does not
+    answer: a paused copy may be left there (seed 424242 schedule 3669); fenced, it holds none."""
+    running = copy("h0", meta=gen(1, migrating_to="h1"))
+    assert plan_repair(inventory(running, down=("h1",))).leftovers == ("h1",)
+    assert plan_repair(inventory(running, down=("h1",)), fenced=frozenset({"h1"})).leftovers == ()
+    assert plan_repair(inventory(running, down=("h2",))).leftovers == ()

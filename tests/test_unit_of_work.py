@@ -195,7 +195,7 @@ def test_in_doubt_vms_a_refused_repair_leaves_are_said_once_with_why() -> None:
     from vcsched.plans.repair import RepairPlan, RepairReport
 
     class Refusing(MemoryHypervisor):
-        def repair(self, guard, *, apply=True):  # type: ignore[no-untyped-def]
+        def repair(self, guard, *, apply=True, fenced=frozenset()):  # type: ignore[no-untyped-def]
             doubt = InDoubt("a-0", "u-a", ("h1",), ("paused",), arriving_from=("h0",))
             return RepairReport(RepairPlan((doubt,), refused="host h0 did not answer"), applied=False)
 
@@ -206,3 +206,26 @@ def test_in_doubt_vms_a_refused_repair_leaves_are_said_once_with_why() -> None:
     with UnitOfWork(refusing, Lock(), reporting=Reporting(note=notes.append)):
         pass
     assert len(notes) == 1 and "not settled" in notes[0] and "h0" in notes[0]
+
+
+def test_a_fence_mark_lives_until_its_host_answers_under_the_lock(tmp_path: Path) -> None:
+    """A mark says its host holds no VM (vcsched/control/lost.py).  Left after the host answered again, a VM moved
+    there since counted as lost once the host stopped answering again, and was started a second time (scripts/
+    faultsim --seed 90210 --replay 6229).  Cleared by the read a plan is decided on, and by the whole-plan check
+    before any step (a saved plan applied without a planning read); a dry run, which places nothing, keeps it."""
+    hv = hypervisor()
+    hv.down["h0"] = "fenced: off"
+    store = DefinitionStore.for_url(f"file://{tmp_path}/coordination", "lab")
+    store.mark_fenced("h0")
+    store.mark_fenced("h1")
+    with UnitOfWork(hv, None, store=store) as uow:
+        uow.inventory()
+    assert set(store.fenced()) == {"h0", "h1"}
+    with UnitOfWork(hv, Lock(), store=store) as uow:
+        uow.inventory()
+    assert set(store.fenced()) == {"h0"}, "h0 does not answer: still off"
+    store.mark_fenced("h1")
+    plan = cap_plan(hv.inventory(), {"b-0": 0.25})  # read outside any unit of work: a saved plan
+    with UnitOfWork(hv, Lock(), store=store) as uow:
+        report = uow.apply(plan)
+    assert report is not None and report.ok and set(store.fenced()) == {"h0"}

@@ -65,6 +65,11 @@ class VmMeta:
     #: the source with the generation, cleared once the attempt's destination is verified clean): no step
     #: migrates the VM again while that host does not answer (:func:`vcsched.plans.check.copy_holder_down`).
     migrating_to: str | None = None
+    #: Set on a paused arrival once libvirt reported its migration complete (``migrate3`` returned: the destination
+    #: finished and the source was confirmed, not cancelled, so libvirt never resumes the source): this copy holds
+    #: the newest state whatever becomes of the source's host (:func:`hypervisor.migration.mark_completed`);
+    #: dropped with ``arriving_from`` when the arrival is resumed.
+    completed: bool = False
 
     def io_needs(self) -> dict[str, int]:
         """``{"disk": bytes/s, "net": bytes/s}`` for the extra resources this VM needs."""

@@ -449,8 +449,15 @@ def has_disk(step: CreateStep) -> bool:
     return step.boot.kind != "kernel"
 
 
-def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Sequence[CreateStep]) -> Recovery:
+def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Sequence[CreateStep], *,
+                  waited_on: bool = False) -> Recovery:
     """The recovery of ``host`` (down in ``inventory``) from the definition ``records`` of its VMs.
+
+    ``waited_on``: a VM in doubt waits for ``host`` to settle (:attr:`vcsched.plans.repair.RepairPlan.blocked`:
+    it may hold another copy), or a running VM's cut migration may have left a paused copy there (``leftovers``).
+    Then the host is fenced even with nothing to restart — the plan re-sets only the survivors' caps — since while
+    it is merely down that VM stays paused everywhere, running nowhere (or its leftover copy stays); fenced, it
+    holds nothing and repair settles the VM (found by the fault simulation, docs/faultsim.md).
 
     A VM is stranded when the host has no fence agent (it may still run there: restarting it would make two
     writers), when it has a disk that the survivors do not share (the host's ``storage``), or when the
@@ -479,6 +486,8 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
             candidates.append(r)
     placed, more, plan, below = restart_records(cluster, inventory, survivors, host, candidates, {"recover": host},
                                                 cluster.on_failure == "restart")
+    if plan is None and waited_on:
+        plan = _recovery_plan(cluster, inventory, survivors, (), {}, {"recover": host})
     return Recovery(host, True, placed, (*stranded, *more), running, plan, None if plan is None else plan.min_yield,
                     below)
 

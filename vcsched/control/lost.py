@@ -30,6 +30,21 @@ host "is not in the cluster file").  A VM with any domain of its name on a host
 that answered — running, paused, shut off, or a copy in doubt — is not lost:
 it is there, and ``repair`` or the operator settles it.
 
+**No VM is lost while a host that may hold it does not answer.**  The record
+names where a VM ran when last written, not where it runs now: a migration cut
+after its switch-over and before its step was recorded leaves the VM running
+on the migration's destination while the record still names its source.  If
+that destination then stops answering, "the recorded host answers without it"
+is true and the VM runs all the same (found by the fault simulation: seed 1,
+schedule 2709, docs/faultsim.md).  So every host that does not answer is taken
+to hold any VM, unless it is *fenced*: a recovery powered it off and it has
+not answered since, so it holds none.  A fence mark lives exactly that long:
+the unit of work clears it as soon as it sees the host answer under the lock
+(acting/unit_of_work.py), before anything can be placed there; a mark left
+after the host came back would make a VM migrated to it count as lost once it
+stopped answering again, and be started a second time (seed 90210, schedule
+6229).
+
 ``vcsched restart VM`` and the controller start lost VMs again from their
 records (:func:`vcsched.control.failover.failover` places them).
 """
@@ -69,10 +84,17 @@ class Lost:
 
 
 def lost_vms(inventory: Inventory, records: Iterable[tuple[CreateStep, float]],
-             fenced: Mapping[str, float] | None = None) -> tuple[Lost, ...]:
+             fenced: Mapping[str, float] | None = None, *, ignore_down_hosts: bool = False) -> tuple[Lost, ...]:
     """Every record (``(create step, time written)``) whose VM no answering host holds and that is not awaiting
-    recovery, in name order.  ``fenced``: hosts a recovery fenced, and when."""
+    recovery, in name order.  ``fenced``: hosts a recovery fenced, and when (a mark lives until the host is seen
+    answering again: module docstring).  None while a host that does not answer is not fenced: it may hold any
+    of them.  ``ignore_down_hosts``: only ever the fault simulation's mutation switch ``lost-while-holder-down``
+    (hypervisor/hazards.py), the rule before."""
     fenced = fenced or {}
+    # A host asleep was seen empty before its power-off (acting/power.py): it holds none of them.
+    if not ignore_down_hosts and any(h.down is not None and not h.asleep and h.name not in fenced
+                                     for h in inventory.hosts):
+        return ()
     present = {v.name for v in inventory.vms} | {d.vm for d in inventory.in_doubt}
     hosts = {h.name: h for h in inventory.hosts}
     out = []
@@ -89,3 +111,16 @@ def lost_vms(inventory: Inventory, records: Iterable[tuple[CreateStep, float]],
         elif fenced.get(step.host, -1.0) >= updated:  # a fence older than the record: the host came back since
             out.append(Lost(step.vm, step.cluster, step.host, HOST_FENCED, fenced[step.host]))
     return tuple(sorted(out, key=lambda lost: lost.vm))
+
+
+def awaiting(inventory: Inventory, records: Iterable[tuple[CreateStep, float]], fenced: Mapping[str, float],
+             host: str) -> tuple[CreateStep, ...]:
+    """The records a recovery of ``host`` (down in ``inventory``) starts again besides those recorded on it: the VMs
+    that no answering host holds and that only ``host`` may still hold — lost once it is fenced, awaiting it until
+    then (e.g. a VM whose migration to ``host`` was cut before its step was recorded: its record names the source,
+    which answers without it).  Without them a recovery with nothing recorded on the host would fence nothing and
+    they would wait for ever (found by the fault simulation, docs/faultsim.md)."""
+    records = list(records)
+    once_fenced = lost_vms(inventory, records, {**fenced, host: float("inf")})
+    mine = {x.vm for x in once_fenced if x.host != host}
+    return tuple(step for step, _ in records if step.vm in mine)

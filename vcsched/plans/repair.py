@@ -11,9 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vcsched.inventory import InDoubt, Inventory
+from vcsched.inventory import InDoubt, Inventory, VmMeta
 
 DESTROY, RESUME = "destroy", "resume"
+#: Why a paused arrival whose source host was fenced is destroyed rather than resumed.  libvirt resumes a
+#: migration's source when the attempt fails after the destination finished (Confirm cancelled), and the source
+#: may then have run past the arrival's state; only the source's paused reason could tell, and the fence took it.
+#: Resuming the arrival could run the VM from a stale state against a disk its source wrote since; with no copy
+#: left the VM is lost and restarted from its record (a fresh boot, as every VM of a fenced host).
+SOURCE_FENCED = ("its source host {source} was fenced, and the copy there may have run after this arrival's state "
+                 "was taken: resuming it could run the VM from a stale state; the VM is restarted from its record")
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,9 @@ class RepairAction:
     host: str
     action: str
     why: str
+    #: Hosts the re-check right before a resume does not read (``hypervisor.settlement._recheck``): the fenced
+    #: source host of an arrival libvirt reported complete (off: it holds no copy).
+    unread: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, str]:
         return {"vm": self.vm, "uuid": self.uuid, "host": self.host, "action": self.action, "why": self.why}
@@ -38,11 +48,20 @@ class RepairPlan:
     actions: tuple[RepairAction, ...] = ()
     #: In-doubt VMs repair does not touch, one line each (why).
     left: tuple[str, ...] = ()
-    #: Why repair does nothing at all (a host did not answer), or None.
+    #: Why repair does nothing at all (every VM in doubt waits for a host that did not answer), or None.
     refused: str | None = None
     #: Lone paused copies that a migration stopped and nothing resumed (not in ``in_doubt``: an inventory cannot
     #: tell them from a copy someone paused), one each, for the re-checks of their resume actions.
     interrupted: tuple[InDoubt, ...] = ()
+    #: In-doubt VMs not settled now because a host that may hold another copy of them did not answer, one line each
+    #: (settled by a later repair, once that host answers).
+    waiting: tuple[str, ...] = ()
+    #: The hosts those VMs wait for: fencing one (a recovery) lets repair settle them.
+    blocked: tuple[str, ...] = ()
+    #: Hosts that do not answer (and were not fenced) that a running VM's ``migrating_to`` mark names: its cut
+    #: migration may have left a paused copy there, which only that host answering (then repair destroys it) or
+    #: its fence removes.
+    leftovers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,7 +83,7 @@ class RepairReport:
                              for d in self.plan.in_doubt],
                 "actions": [{**a.to_dict(), **({"outcome": o, "detail": why} if self.applied else {})}
                             for a, o, why in self._rows()],
-                "left": list(self.plan.left)}
+                "left": list(self.plan.left), "waiting": list(self.plan.waiting)}
 
     def _rows(self) -> list[tuple[RepairAction, str, str]]:
         if self.applied:
@@ -84,15 +103,23 @@ class RepairReport:
             else:
                 out.append(f"{a.vm} on {a.host}: {outcome} ({detail})")
         out += [f"left to the operator: {line}" for line in self.plan.left]
+        if self.plan.refused is None:
+            out += [f"not settled yet: {line}" for line in self.plan.waiting]
         return out
 
 
 def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
-                migration_paused: frozenset[tuple[str, str]] = frozenset(), *, unread_hosts: bool = False,
-                ignore_generations: bool = False) -> RepairPlan:
+                migration_paused: frozenset[tuple[str, str]] = frozenset(), *, fenced: frozenset[str] = frozenset(),
+                unread_hosts: bool = False, ignore_generations: bool = False) -> RepairPlan:
     """What repair would do on ``inventory`` (a pure function: nothing is read or changed).
 
-    Refused when any host is down: a host that did not answer may hold a copy of any VM.  ``interrupted``:
+    An in-doubt VM waits (``waiting``) while a host that may hold another copy of it does not answer
+    (:func:`may_hold`); the others are settled as if every host answered, so that one host down does not leave
+    a copy paused everywhere and running nowhere for as long as it is down (found by the fault simulation,
+    docs/faultsim.md).  Refused (nothing at all done) when every VM in doubt waits.  ``fenced``: hosts that do not
+    answer because a recovery powered them off (the definitions store's fence marks, cleared once a host answers
+    again): they hold no copy, so nothing waits for them; but a copy there may have been the newest, so an
+    arrival whose source was fenced is not resumed (:data:`SOURCE_FENCED`).  ``interrupted``:
     the UUIDs of lone paused managed copies that libvirt paused for a migration
     (:func:`hypervisor.settlement.interrupted_copies` reads them); ``migration_paused``: ``(host, uuid)`` of the
     paused copies without an arrival mark of in-doubt VMs that run nowhere which libvirt paused for a migration,
@@ -103,19 +130,35 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
     the simulation catches each hazard.
     """
     doubts = inventory.in_doubt
-    # A host vcsched put to sleep was seen empty before its power-off and is never planned onto until a wake
-    # records it on (acting/power.py): it holds no copy, and holds no repair back for as long as it sleeps.
-    down = [h for h in inventory.hosts if h.down is not None and not h.asleep]
-    if down and not unread_hosts:
-        names = ", ".join(h.name for h in down)
-        return RepairPlan(doubts, refused=f"host(s) {names} did not answer: a copy there cannot be ruled out, so "
-                                          "no in-doubt VM is settled (nothing changed)")
+    # The mutation switch resume-unread-source plans as if every host had answered.  A host vcsched put to sleep
+    # was seen empty before its power-off and is never planned onto until a wake records it on (acting/power.py):
+    # it holds no copy, and holds no repair back for as long as it sleeps.
+    unanswered = frozenset(h.name for h in inventory.hosts if h.down is not None and not h.asleep)
+    down = frozenset() if unread_hosts else unanswered - fenced
     hosts = {h.name for h in inventory.hosts}
     actions: list[RepairAction] = []
     left: list[str] = []
+    waiting: list[str] = []
+    blocked: set[str] = set()
     by_copy = {(v.host, v.uuid): v for v in inventory.vms if v.uuid is not None}
+
+    def waits(vm: str, where: str, holders: frozenset[str], why: str) -> bool:
+        unread = sorted(holders & down)
+        if unread:
+            blocked.update(unread)
+            waiting.append(f"{vm}: on {where}: {', '.join(unread)} did not answer and may hold a copy ({why})")
+        return bool(unread)
+
     for d in doubts:
         where = ", ".join(f"{h} ({st})" for h, st in zip(d.hosts, d.states, strict=True))
+        metas = {h: c.meta for h in d.hosts if (c := by_copy.get((h, d.uuid))) is not None and c.meta is not None}
+        source_of = dict(zip(d.hosts, d.arriving_from or (None,) * len(d.hosts), strict=True))
+        # A fenced source of an arrival libvirt reported complete never ran past it (module docstring of
+        # hypervisor.settlement): that arrival holds the newest state.
+        done_sources = {source_of[h] for h, m in metas.items() if m.completed and source_of[h] is not None}
+        if waits(d.vm, where, *may_hold(d.hosts, d.generations or (None,) * len(d.hosts), d.arriving_from,
+                                        tuple(metas.values()), hosts)):
+            continue
         running = [h for h, st in zip(d.hosts, d.states, strict=True) if st == "running"]
         paused = [h for h, st in zip(d.hosts, d.states, strict=True) if st == "paused"]
         if len(d.hosts) == 1:
@@ -123,6 +166,13 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
             if source is None or source not in hosts:
                 left.append(f"{d.vm}: paused arrival on {d.hosts[0]} from {source!r}, not a host of this cluster: "
                             "its source cannot be read")
+                continue
+            if source in fenced and source not in done_sources:
+                actions.append(RepairAction(d.vm, d.uuid, d.hosts[0], DESTROY, SOURCE_FENCED.format(source=source)))
+                continue
+            if source in unanswered:  # fenced (or the mutation switch resume-unread-source)
+                actions.append(RepairAction(d.vm, d.uuid, d.hosts[0], RESUME, _unread_source(source),
+                                            unread=(source,)))
                 continue
             actions.append(RepairAction(d.vm, d.uuid, d.hosts[0], RESUME,
                                         f"its migration from {source} completed but it was left paused; {source} "
@@ -135,12 +185,20 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
             if newest.host is None:
                 left.append(f"{d.vm}: on {where}: no copy runs: {newest.why}")
                 continue
+            source = source_of[newest.host]
+            if source in fenced and source not in done_sources:
+                actions += [RepairAction(d.vm, d.uuid, h, DESTROY, SOURCE_FENCED.format(source=source))
+                            for h in d.hosts]
+                continue
             actions += [RepairAction(d.vm, d.uuid, h, DESTROY,
                                      f"an older paused copy (generation {g}); the newest is on {newest.host}, "
                                      "removed first")
                         for h, g in zip(d.hosts, d.generations or (0,) * len(d.hosts), strict=True)
                         if h != newest.host]
-            actions.append(RepairAction(d.vm, d.uuid, newest.host, RESUME, newest.why))
+            unread = (source,) if source in unanswered else ()
+            actions.append(RepairAction(d.vm, d.uuid, newest.host, RESUME,
+                                        f"{newest.why}; {_unread_source(source)}" if unread else newest.why,
+                                        unread=unread))
             continue
         if len(running) != 1:
             left.append(f"{d.vm}: on {where}: " + ("runs on several hosts: vcsched cannot tell which copy holds "
@@ -167,11 +225,47 @@ def plan_repair(inventory: Inventory, interrupted: frozenset[str] = frozenset(),
     for v in inventory.vms:
         if v.uuid in interrupted and v.paused and v.meta is not None and v.arriving_from is None \
                 and v.uuid not in {d.uuid for d in doubts}:
+            if waits(v.name, f"{v.host} (paused)", *may_hold((v.host,), (v.meta.generation,), (None,), (v.meta,),
+                                                              hosts)):
+                continue
             lone.append(InDoubt(v.name, v.uuid, (v.host,), ("paused",), arriving_from=(None,)))
             actions.append(RepairAction(v.name, v.uuid, v.host, RESUME,
                                         "a migration paused it and ended before its destination finished (no other "
                                         "host has a copy)"))
-    return RepairPlan(doubts, tuple(actions), tuple(left), interrupted=tuple(lone))
+    doubtful = {d.uuid for d in doubts}
+    leftovers = sorted({mark for v in inventory.vms if v.meta is not None and v.active and not v.paused
+                        and v.uuid not in doubtful and (mark := v.meta.migrating_to) is not None and mark in down})
+    refused = None
+    if waiting and not actions:
+        refused = (f"host(s) {', '.join(sorted(blocked))} did not answer: a copy there cannot be ruled out, so no "
+                   "in-doubt VM is settled (nothing changed)")
+    return RepairPlan(doubts, tuple(actions), tuple(left), refused, tuple(lone), tuple(waiting), tuple(sorted(blocked)),
+                      tuple(leftovers))
+
+
+def _unread_source(source: str | None) -> str:
+    """Why an arrival is resumed although its source's host does not answer."""
+    return (f"its source host {source} was fenced (it holds no copy) and libvirt had reported this migration "
+            "complete: the source never ran past it")
+
+
+def may_hold(copies: tuple[str, ...], generations: tuple[int | None, ...], arriving_from: tuple[str | None, ...],
+             metas: tuple[VmMeta, ...], hosts: set[str]) -> tuple[frozenset[str], str]:
+    """The hosts other than ``copies`` (the hosts a VM has copies on) that may hold another copy of it, and why.
+
+    vcsched makes a second copy of a VM only by migrating it, and every attempt names its destination on the
+    source before it starts (``migrating_to``, with the new generation: :func:`hypervisor.migration.
+    record_attempt`); the destination's copy names its source (``arriving_from``).  A mark stays until the
+    attempt's destination is verified to hold no copy, and no step migrates a VM while the host its mark names
+    does not answer (:func:`vcsched.plans.check.holder_answers`), so a copy elsewhere is always named by a mark
+    on a copy that can be read, or by an arrival's source.  Copies from before generations (generation 0, or
+    no metadata: a VM in doubt has been the source of an attempt, which raises its number to 1 at least) carry
+    no such marks: any host may hold another copy of them.
+    """
+    if any(not g for g in generations):
+        return frozenset(hosts) - set(copies), "a copy without a migration generation: any host may hold another"
+    named = {src for src in arriving_from if src} | {m.migrating_to for m in metas if m.migrating_to}
+    return frozenset(named & hosts) - set(copies), "named by its copies' migration marks"
 
 
 @dataclass(frozen=True)
