@@ -143,7 +143,7 @@ def virtual_clusters(cluster: Cluster, inv: Inventory, sharing: Sharing,
         lowest_of_job.append(min(ys, key=lambda vy: (vy.value, not vy.upper_bound)) if ys else None)
     job_yield = np.array([vy.value if vy is not None else 0.0 for vy in lowest_of_job])
     if sharing.policy == "drf-pools":
-        from scipy.sparse import csr_matrix
+        from scipy.sparse import csr_matrix  # lazy: scipy costs ~0.4 s to import (only under drf-pools)
 
         # weights[j, g]: job j's yield if it belongs to virtual cluster g, so that shares @ weights sums each
         # virtual cluster's jobs, every one at its own yield.
@@ -183,7 +183,7 @@ def _pool_dominance(instance: Instance, hosts: Sequence[int], weights: csr_matri
     """Under ``drf-pools``: each virtual cluster's largest share of one (host, resource) pair — its jobs' loads
     on the pair over the pair's capacity (``inf`` on a pair of capacity 0 it needs) — and which pair, among
     equals the last, as :func:`vcsched.policies.shares.pool_shares` names it; sparse throughout (1,000 hosts)."""
-    from scipy.sparse import diags
+    from scipy.sparse import diags  # lazy: scipy costs ~0.4 s to import (only under drf-pools)
 
     caps = capacities(instance, np.asarray(hosts, dtype=np.int64))
     per_unit = 1.0 / np.where(caps.capacity > 0, caps.capacity, 1.0)
