@@ -918,7 +918,7 @@ class Controller:
         cluster, store = self.failover.cluster, self.failover.store
         leftovers = plan_repair(inventory, fenced=frozenset(store.fenced())).leftovers  # marks read, nothing more
         recovery = plan_recovery(cluster, inventory, host, store.to_recover(host, inventory),
-                                 waited_on=host in self._blocked or host in leftovers, fenced=store.fenced())
+                                 waited_on=host in self._blocked or host in leftovers)
         self._stranded(host, recovery.stranded)
         if recovery.plan is None:
             return
@@ -930,8 +930,7 @@ class Controller:
             if fresh.host(host).down is None:
                 self.events.emit("decision", kind="recover", reason=f"host {host} answers again: nothing restarted")
                 return
-            recovery = plan_recovery(cluster, fresh, host, store.to_recover(host, fresh), waited_on=uow.waits_for(host),
-                                     fenced=store.fenced())
+            recovery = plan_recovery(cluster, fresh, host, store.to_recover(host, fresh), waited_on=uow.waits_for(host))
             self._stranded(host, recovery.stranded)
             if recovery.plan is None:
                 return
