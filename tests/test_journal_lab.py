@@ -218,6 +218,11 @@ def calibrate(lab: Lab, state: Path, dom: Any, *extra: Any) -> subprocess.Popen[
                    dom.name(), "--pairs", "1", "--window", "0.5", *extra)
 
 
+def calibrate_managed(lab: Lab, state: Path, dom: Any, *extra: Any) -> subprocess.Popen[str]:
+    """A VM vcsched manages is calibrated only under its cluster's lock (docs/calibration.md)."""
+    return calibrate(lab, state, dom, "--cluster", lab.cluster_file, "--allow-managed", *extra)
+
+
 def test_calibration_refuses_a_domain_vcsched_does_not_manage(lab: Lab, state: Path) -> None:
     other = start_lab_guest(lab, 0, wait=False)  # unmanaged: no vcsched metadata
     try:
@@ -242,7 +247,7 @@ def test_a_calibration_killed_while_pinned_and_uncapped_is_put_back_by_the_next(
     the next calibration puts it back first (then measures, and restores what it found)."""
     before = settings(guest)
     assert all(before[1][0]) and before[3] == libvirt.VIR_DOMAIN_RUNNING  # on every CPU, running, at its cap
-    proc = calibrate(lab, state, guest, "--caps", "0.25", "--duration", "60", "--cpu", "0")
+    proc = calibrate_managed(lab, state, guest, "--caps", "0.25", "--duration", "60", "--cpu", "0")
     try:
         wait_for("the calibration pinning and uncapping the domain", lambda: pinned_and_uncapped(guest), proc)
         proc.kill()
@@ -251,7 +256,7 @@ def test_a_calibration_killed_while_pinned_and_uncapped_is_put_back_by_the_next(
         if proc.poll() is None:
             proc.kill()
     assert settings(guest) != before  # what SIGKILL left
-    code, _out, err = ended(calibrate(lab, state, guest, "--caps", "0.5", "--duration", "1.2"))
+    code, _out, err = ended(calibrate_managed(lab, state, guest, "--caps", "0.5", "--duration", "1.2"))
     assert code == 0, err
     assert settings(guest) == before, err
     assert f"a killed calibration's {VM} on {lab.hosts[0].connect_uri}: vCPU 0 pinning put back" in err
@@ -259,7 +264,7 @@ def test_a_calibration_killed_while_pinned_and_uncapped_is_put_back_by_the_next(
 
 def test_sigterm_during_calibration_leaves_the_domain_running_as_found(lab: Lab, guest: Any, state: Path) -> None:
     before = settings(guest)
-    proc = calibrate(lab, state, guest, "--caps", "0.25", "--duration", "60", "--cpu", "0")
+    proc = calibrate_managed(lab, state, guest, "--caps", "0.25", "--duration", "60", "--cpu", "0")
     try:
         wait_for("the calibration pinning and uncapping the domain", lambda: pinned_and_uncapped(guest), proc)
         proc.send_signal(signal.SIGTERM)
