@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from acting.definitions import DefinitionStore
     from acting.lock import LockSet
     from hypervisor.base import Hypervisor
+    from hypervisor.identity import Identities
     from hypervisor.libvirt_backend import LibvirtHypervisor
     from vcsched.control.power import PowerState
     from vcsched.formats.cluster import Cluster
@@ -376,30 +377,32 @@ def for_cluster(cluster: Cluster, hv: LibvirtHypervisor, *, apply: bool, coordin
 
         if not apply:
             return record_reader(cluster, hv, coordination)()
-        return store_for(cluster, hv.identities(), coordination).read()
+        return store_for(cluster, identities, coordination).read()
 
     if not apply:
         return UnitOfWork(hv, None, reporting=reporting, before_step=before_step, power=power)
     from acting.definitions import DefinitionStore
 
-    lock = cluster_lock(cluster, hv, coordination, ttl)
+    identities = hv.identities()  # read once: the lock's name, and the power record's (named like the lock)
+    lock = cluster_lock(cluster, hv, coordination, ttl, identities)
     return UnitOfWork(hv, lock, wait=wait, settle=settle, store=DefinitionStore.for_url(lock.url, cluster.name),
                       reporting=reporting, before_step=before_step, power=power)
 
 
 def cluster_lock(cluster: Cluster, hv: LibvirtHypervisor, coordination: str | None = None,
-                 ttl: float | None = None) -> LockSet:
+                 ttl: float | None = None, identities: Identities | None = None) -> LockSet:
     """The (unacquired) lock of ``cluster`` on ``coordination`` (else the cluster file's, else the default;
     acting/lock.py): the lock of every key its hosts' identities, read through ``hv``, are claimed by
     (acting/lock_names.py), not a lock named after the file's ``name`` (hypervisor/identity.py); ``hv`` then acts
     only on the hosts those locks cover.  Its TTL is ``ttl``, else the cluster file's ``lock_ttl``.  The lock of
     every unit of work of the cluster (:func:`for_cluster`), and of what else changes its VMs (`vcsched
-    calibrate --domain` of a VM it manages)."""
+    calibrate --domain` of a VM it manages).  ``identities``: ``hv.identities()`` as the caller read it already
+    (each read asks every host that has no declared UUID)."""
     from acting.lock import DEFAULT_TTL, resolve_url
     from acting.lock_names import admission, cluster_locks, lock_keys
 
     url = resolve_url(coordination, cluster.coordination)
-    identities = hv.identities()
+    identities = identities if identities is not None else hv.identities()
     keys = lock_keys(url, cluster.name, identities)
     hv.act_only_as(identities.known, admission(url, keys))
     return cluster_locks(url, cluster.name, keys, ttl=ttl or cluster.lock_ttl or DEFAULT_TTL)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from rich.progress import ProgressColumn
 
     from acting.executor import ApplyReport
+    from acting.power import PowerStore
     from acting.unit_of_work import Reporting, UnitOfWork
     from hypervisor.identity import Identities
     from hypervisor.libvirt_backend import LibvirtHypervisor
@@ -330,6 +331,14 @@ def host_identities(cluster: Cluster, hv: LibvirtHypervisor | None = None) -> Id
 
     with LibvirtHypervisor(cluster, on_notice=notice) as own:
         return own.identities()
+
+
+def power_store(cluster: Cluster, hv: object = None, coordination: str | None = None) -> PowerStore:
+    """The cluster's power record (acting/power.py), named like its lock by the hosts' identities read through
+    ``hv`` (a unit of work's adapter) or connections of its own: every command that reads or changes it."""
+    from acting.power import store_for
+
+    return store_for(cluster, host_identities(cluster, hv), coordination)  # type: ignore[arg-type]
 
 
 def apply_shown(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False, planned_here: bool = False,

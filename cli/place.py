@@ -183,11 +183,11 @@ def _by_waking(cluster: Cluster, uow: UnitOfWork, inventory: Inventory, refused:
     decision on the cluster with it awake — a dry run's as it would be, --apply's on the cluster read again once
     the host answers (it is woken under this command's lock).  ``(refused, inventory, None)`` when no wake
     helps; a wake that fails is a refusal naming it (the host is then wake-failed)."""
-    from acting.power import agents, store_for, wake_host
-    from cli.common import host_identities
+    from acting.power import agents, wake_host
+    from cli.common import power_store
     from vcsched.control.power import unwakeable, wake_to_admit, wakeable, woken
 
-    store = store_for(cluster, host_identities(cluster, uow.hv), coordination)  # type: ignore[arg-type]
+    store = power_store(cluster, uow.hv, coordination)
     state = store.read()
     found = wake_to_admit(cluster, inventory, state, decide)
     if found is None:  # said, so that no one wakes a host by hand for nothing (or wonders why none was woken)

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from cli.app import EXIT_OK, console, emit_json, refuse
-from cli.common import acting_on, host_identities, load_cluster, render_plan
+from cli.common import acting_on, load_cluster, power_store, render_plan
 from cli.params import Bytes, Duration, cluster_option, json_option, lock_options
 from vcsched.formats.cluster import Cluster
 from vcsched.formats.units import UNLIMITED, format_budget
@@ -106,14 +106,13 @@ def status_cmd(cluster_file: str | None, window: float, budget: int, coordinatio
     Reads only (no lock).  Exit codes: 0 shown, 1 the power record cannot be
     read, 2 bad input.
     """
-    from acting.power import store_for
     from cli.recommend import _store
     from vcsched.control.power import decide, energy_saved, overdue, watts
 
     cluster = load_cluster(cluster_file)
     now = time.time()
     with acting_on(cluster, apply=False, coordination=coordination, wait=0.0, ttl=None, quiet=True) as (uow, inv):
-        state = store_for(cluster, host_identities(cluster, uow.hv), coordination).read()  # type: ignore[arg-type]
+        state = power_store(cluster, uow.hv, coordination).read()
         kept_on = _store(cluster, coordination, uow.hv).read().kept_on(now)  # skipped sleeps (`vcsched skip`)
     decision = decide(cluster, inv, state, now, budget=budget, kept_on=kept_on)
     saved = energy_saved(cluster, state, now, window)
@@ -205,7 +204,7 @@ def sleep_cmd(host: str, cluster_file: str | None, budget: int, do_apply: bool, 
     locked, 2 bad input (an unknown HOST), 130 interrupted.  A dry run exits
     as --apply would before its power-off.
     """
-    from acting.power import agents, sleep_host, store_for
+    from acting.power import agents, sleep_host
     from cli.common import apply_would_refuse
     from vcsched.control.power import sleep_check
 
@@ -214,7 +213,7 @@ def sleep_cmd(host: str, cluster_file: str | None, budget: int, do_apply: bool, 
     out: dict[str, Any] = {"host": host, "applied": do_apply}
     with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
                    quiet=as_json) as (uow, inventory):
-        store = store_for(cluster, host_identities(cluster, uow.hv), coordination)  # type: ignore[arg-type]
+        store = power_store(cluster, uow.hv, coordination)
         why, evacuation = sleep_check(cluster, inventory, store.read(), host, time.time(), budget)
         if why is not None or evacuation is None or evacuation.plan is None:
             reason = f"{host} may not sleep: {why}"
@@ -283,7 +282,7 @@ def wake_cmd(host: str, cluster_file: str | None, timeout: float | None, do_appl
     Exit codes: 0 HOST may be woken (dry run) / answers again, 1 it is on
     already, its wake failed, or the cluster is locked, 2 bad input.
     """
-    from acting.power import PowerRefused, agents, store_for, wake_host
+    from acting.power import PowerRefused, agents, wake_host
     from vcsched.control.power import wake_deadline
 
     cluster = load_cluster(cluster_file)
@@ -291,7 +290,7 @@ def wake_cmd(host: str, cluster_file: str | None, timeout: float | None, do_appl
     out: dict[str, Any] = {"host": host, "applied": do_apply}
     with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
                    quiet=as_json) as (uow, inventory):
-        store = store_for(cluster, host_identities(cluster, uow.hv), coordination)  # type: ignore[arg-type]
+        store = power_store(cluster, uow.hv, coordination)
         state = store.read()
         record = state.of(host)
         limit = timeout if timeout is not None else wake_deadline(cluster, state, host)
@@ -344,11 +343,11 @@ def clear_cmd(host: str, cluster_file: str | None, coordination: str | None, as_
 
     Exit codes: 0 cleared (or nothing to clear), 2 bad input.
     """
-    from acting.power import clear_host, store_for
+    from acting.power import clear_host
 
     cluster = load_cluster(cluster_file)
     cluster.host(host)
-    store = store_for(cluster, host_identities(cluster), coordination)
+    store = power_store(cluster, None, coordination)
     was = store.read().of(host)
     after = clear_host(store, host).of(host) if was.failed else was
     if as_json:

@@ -241,14 +241,14 @@ def _approve_power(cluster: Any, uow: Any, store: Any, rec: Any, coordination: s
     """Carry out an approved sleep or wake (acting/power_saving.py), re-validated on the live inventory under the
     lock held by ``uow``: stale (exit 1, nothing changed) when the host may no longer sleep, no longer sleeps, or
     its evacuation no longer holds; otherwise through the same sleep_host / wake_host as `vcsched run`."""
-    from acting.power import agents, store_for
+    from acting.power import agents
     from acting.power_saving import carry_out
-    from cli.common import host_identities
+    from cli.common import power_store
     from vcsched.control import recommend as rc
 
     declared = {v.name: v.meta.cpu_need_cores for v in uow.inventory().managed() if v.meta is not None}
     needs, _ = rc.current_needs(store.read(), declared, time.time())
-    power = store_for(cluster, host_identities(cluster, uow.hv), coordination)
+    power = power_store(cluster, uow.hv, coordination)
     with _settled_if_not_applied(store, rec.id):
         if as_json:
             result = carry_out(uow, cluster, rec.plan, store=power, agent=agents(cluster), needs=needs)
