@@ -128,8 +128,6 @@ def _exit_past_hung_hosts(code: object, before: int = 0) -> None:
     """
     if _abandoned_now() <= before or not (code is None or isinstance(code, int)):
         return
-    import os
-
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code or 0)
