@@ -86,6 +86,15 @@ from acting.power_saving import (
     sleep_held,
     wake_test_due,
 )
+from acting.recovery import (
+    NotFailed,
+    RecoveryRun,
+    RestartRun,
+    plan_host_recovery,
+    plan_lost_restart,
+    recover_host,
+    restart_lost,
+)
 from acting.restore import restore_journal
 from acting.sampling import Clock, CpuSampler, SystemClock
 from acting.unit_of_work import Reporting, UnitOfWork
@@ -94,7 +103,6 @@ from hypervisor.journal import PROBE, Journal, journal_dir, pending, probe_entri
 from vcsched.control.audit import DEFAULT_SETTLE_WINDOWS, AuditLog, Pending, audit, interrupted, mean_used
 from vcsched.control.audit import add as add_audit
 from vcsched.control.audit import pending as pending_audit
-from vcsched.control.failover import plan_recovery, plan_restart
 from vcsched.control.observe import DEFAULT_PARAMS, Estimate, ObserveParams, cap_plan, estimate_all, probe_caps
 from vcsched.control.rebalance import NOTHING, Decision, RebalanceOptions, Rebalancer
 from vcsched.control.recommend import (
@@ -116,7 +124,9 @@ from vcsched.plans.repair import plan_repair
 from vcsched.plans.steps import CreateStep, MigrateStep
 
 if TYPE_CHECKING:
+    from acting.fence import FenceResult
     from vcsched.control.power import PowerDecision, PowerState
+    from vcsched.formats.cluster import ClusterHost
     from vcsched.plans.repair import RepairReport
 
 
@@ -617,24 +627,31 @@ class Controller:
                          steps=len(plan.steps), effect=kept.effect, valid_until=kept.valid_until)
 
     def _apply(self, uow: UnitOfWork, plan: Plan, kind: str, take_over: bool = False,
-               after_step: Callable[[StepResult], None] | None = None,
-               irreversible: Callable[[], bool] | None = None) -> ApplyReport | None:
+               after_step: Callable[[StepResult], None] | None = None) -> ApplyReport:
         """Apply ``plan`` through ``uow`` (each step an event and a metric); ``take_over``: a plan that sets every
         cap, which, applied whole, makes this interval's probe caps its own (module docstring).  ``after_step``
-        runs as each step ends, so that what a step did is said even when a stop (SIGTERM) ends the plan early.
-        ``irreversible`` (fencing): run once the plan is validated whole; None when it failed (nothing applied)."""
+        runs as each step ends, so that what a step did is said even when a stop (SIGTERM) ends the plan early."""
         start = self.clock.monotonic()
+        report = uow.apply(plan, on_step=self._step_said(kind, after_step))
+        assert report is not None  # no irreversible action: always a report
+        return self._applied(plan, kind, report, start, take_over)
 
+    def _step_said(self, kind: str, after_step: Callable[[StepResult], None] | None = None
+                   ) -> Callable[[StepResult], None]:
+        """What :meth:`_apply` does as each step of a ``kind`` plan ends (a metric, a ``step`` event, then
+        ``after_step``): given as ``on_step`` to an acting function that applies itself (acting/recovery.py)."""
         def on_step(r: StepResult) -> None:
             self.metrics.add_step(r.step.op, r.outcome)
             self.events.emit("step", kind=kind, outcome=r.outcome, seconds=r.seconds, detail=r.detail,
                              **r.step.to_dict())
             if after_step is not None:
                 after_step(r)
+        return on_step
 
-        report = uow.apply(plan, irreversible=irreversible, on_step=on_step)
-        if report is None:
-            return None
+    def _applied(self, plan: Plan, kind: str, report: ApplyReport, start: float,
+                 take_over: bool = False) -> ApplyReport:
+        """What :meth:`_apply` does once ``plan`` (begun at monotonic ``start``) was applied: the ``applied`` event and
+        metrics, the probe caps taken over, leadership checked, a stop (SIGTERM) obeyed."""
         moved = sum(r.step.bytes for r in report.results
                     if isinstance(r.step, MigrateStep) and r.outcome == DONE)
         self.metrics.add_plan(report.ok, moved)
@@ -913,59 +930,60 @@ class Controller:
                 self.events.emit("vm_stranded", vm=vm, host=host, reason=why)
 
     def _recover(self, inventory: Inventory, host: str) -> None:
-        """Plan the recovery of failed ``host``; fence it and create its VMs (not in a dry run)."""
+        """Plan the recovery of failed ``host``; fence it and create its VMs (not in a dry run), through
+        acting/recovery.py's :func:`~acting.recovery.recover` on a fresh read under the lock."""
         assert self.failover is not None
-        cluster, store = self.failover.cluster, self.failover.store
+        cluster, store, failover = self.failover.cluster, self.failover.store, self.failover
         leftovers = plan_repair(inventory, fenced=frozenset(store.fenced())).leftovers  # marks read, nothing more
-        recovery = plan_recovery(cluster, inventory, host, store.to_recover(host, inventory),
-                                 waited_on=host in self._blocked or host in leftovers)
+        recovery = plan_host_recovery(cluster, store, inventory, host,
+                                      waited_on=host in self._blocked or host in leftovers).recovery
         self._stranded(host, recovery.stranded)
         if recovery.plan is None:
             return
         self.events.emit("plan", kind="recover", dry_run=self.options.dry_run, plan=recovery.plan.to_dict())
         if self.options.dry_run:
             return
-        with self._acting() as uow:
-            fresh = self._reserved(uow.inventory())
-            if fresh.host(host).down is None:
-                self.events.emit("decision", kind="recover", reason=f"host {host} answers again: nothing restarted")
-                return
-            recovery = plan_recovery(cluster, fresh, host, store.to_recover(host, fresh), waited_on=uow.waits_for(host))
-            self._stranded(host, recovery.stranded)
-            if recovery.plan is None:
-                return
-            failover = self.failover
+        below: dict[str, tuple[float, float]] = {}
+        begun: list[float] = []  # [when the recovery is detected failed, when the plan starts]
 
-            def fence() -> bool:
-                """Once the recovery plan is validated whole (acting/unit_of_work.py), once per failure."""
-                if host in self.failures.fenced:
-                    return True
-                result = failover.fence(cluster.host(host))
-                self.metrics.add_failure("fence_ok" if result.fenced else "fence_failed")
-                self.events.emit("host_fenced", **result.to_dict())
-                if not result.fenced:
-                    return False  # its VMs may still run there: nothing is created; tried again next interval
+        def planned(run: RecoveryRun) -> None:
+            self._stranded(host, run.recovery.stranded)
+            below.update({vm: (got, floor) for vm, got, floor in run.recovery.below_floor})
+            if run.recovery.plan is not None:
+                begun[:] = [self.failures.failed_at.get(host, self.clock.monotonic()), self.clock.monotonic()]
+
+        def fence(target: ClusterHost) -> FenceResult:
+            """Once the recovery plan is validated whole (acting/unit_of_work.py), once per failure."""
+            result = failover.fence(target)
+            self.metrics.add_failure("fence_ok" if result.fenced else "fence_failed")
+            self.events.emit("host_fenced", **result.to_dict())
+            if result.fenced:  # else its VMs may still run there: nothing is created; tried again next interval
                 self.failures.fenced.add(host)
-                try:  # its VMs not restarted now count as lost (vcsched/control/lost.py)
-                    store.mark_fenced(host)
-                except StoreError as exc:
-                    self._error("definitions", exc)  # the host is off either way: its VMs restart below
-                return True
+            return result
 
-            detected = self.failures.failed_at.get(host, self.clock.monotonic())
+        def restarted(r: StepResult) -> None:
+            if isinstance(r.step, CreateStep) and r.outcome == DONE:
+                seconds = self.clock.monotonic() - begun[0]
+                self.metrics.add_restart(seconds)
+                self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, failed_host=host,
+                                 seconds_since_failed=round(seconds, 3))
+                if r.step.vm in below:
+                    self._below_floor(r.step.vm, r.step.host, host, *below[r.step.vm])
 
-            below = {vm: (got, floor) for vm, got, floor in recovery.below_floor}
-
-            def restarted(r: StepResult) -> None:
-                if isinstance(r.step, CreateStep) and r.outcome == DONE:
-                    seconds = self.clock.monotonic() - detected
-                    self.metrics.add_restart(seconds)
-                    self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, failed_host=host,
-                                     seconds_since_failed=round(seconds, 3))
-                    if r.step.vm in below:
-                        self._below_floor(r.step.vm, r.step.host, host, *below[r.step.vm])
-
-            self._apply(uow, recovery.plan, "recover", after_step=restarted, irreversible=fence)
+        with self._acting() as uow:
+            try:
+                run = recover_host(uow, cluster, store, self._reserved(uow.inventory()), host, fence=fence,
+                                   already_fenced=host in self.failures.fenced, planned=planned,
+                                   on_step=self._step_said("recover", restarted),
+                                   unmarked=lambda exc: self._error("definitions", exc))
+            except NotFailed as exc:
+                reason = f"{exc}: nothing restarted" if exc.asleep else f"host {host} answers again: nothing restarted"
+                self.events.emit("decision", kind="recover", reason=reason)
+                return
+            if run.refused is not None:
+                raise run.refused  # the interval's error, as any plan refused (nothing fenced, nothing changed)
+            if run.report is not None and run.recovery.plan is not None:  # applied (not: the fence failed)
+                self._applied(run.recovery.plan, "recover", run.report, begun[1])
 
     def _restart_lost(self, inventory: Inventory) -> None:
         """Start the lost VMs (vcsched/control/lost.py: recorded, running nowhere, not awaiting a recovery) again
@@ -988,8 +1006,7 @@ class Controller:
         self.failures.said_lost = {x.vm for x in lost}  # one that runs again and is lost later is said again
         if not lost:
             return
-        records = {x.vm: store.get(x.vm) for x in lost}
-        restart = plan_restart(cluster, inventory, [d.step for d in records.values() if d is not None])
+        restart = plan_lost_restart(cluster, store, inventory, lost=lost).restart
         recorded_on = {x.vm: x.host for x in lost}
         for vm, why in restart.refused:  # said once per VM and failure of its host, as a recovery's strandings
             self._stranded(recorded_on[vm], ((vm, why),))
@@ -1002,22 +1019,27 @@ class Controller:
         self.events.emit("plan", kind="restart", dry_run=self.options.dry_run, plan=restart.plan.to_dict())
         if self.options.dry_run:
             return
+        below: dict[str, tuple[float, float]] = {}
+        begun: list[float] = []
+
+        def planned(run: RestartRun) -> None:
+            below.update({vm: (got, floor) for vm, got, floor in run.restart.below_floor})
+            if run.restart.plan is not None:
+                begun[:] = [self.clock.monotonic()]
+
+        def restarted(r: StepResult) -> None:
+            if isinstance(r.step, CreateStep) and r.outcome == DONE:
+                self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, lost=True)
+                if r.step.vm in below:
+                    self._below_floor(r.step.vm, r.step.host, "", *below[r.step.vm])
+
         try:
             with self._acting() as uow:
-                fresh = self._reserved(uow.inventory())  # under the lock: what another command did meanwhile ...
-                still = [store.get(x.vm) for x in store.lost(fresh)]  # ... is in it, and in its records
-                restart = plan_restart(cluster, fresh, [d.step for d in still if d is not None])
-                if restart.plan is None:
-                    return
-                below = {vm: (got, floor) for vm, got, floor in restart.below_floor}
-
-                def restarted(r: StepResult) -> None:
-                    if isinstance(r.step, CreateStep) and r.outcome == DONE:
-                        self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, lost=True)
-                        if r.step.vm in below:
-                            self._below_floor(r.step.vm, r.step.host, "", *below[r.step.vm])
-
-                self._apply(uow, restart.plan, "restart", after_step=restarted)
+                # Under the lock, on a fresh read: what another command did meanwhile is in it, and in its records.
+                run = restart_lost(uow, cluster, store, self._reserved(uow.inventory()), planned=planned,
+                                   on_step=self._step_said("restart", restarted))
+                if run.report is not None and run.restart.plan is not None:
+                    self._applied(run.restart.plan, "restart", run.report, begun[0])
         except LockBusy as exc:
             self.events.emit("lock-busy", action="restart", reason=str(exc))
 

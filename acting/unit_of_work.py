@@ -37,9 +37,18 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
 from acting.definitions import StoreError, recorder
-from acting.executor import ApplyReport, ClusterChangedMeanwhile, SnapshotMismatch, StepResult, apply_plan, check_whole
+from acting.executor import (
+    ApplyReport,
+    ClusterChangedMeanwhile,
+    PlanRefused,
+    SnapshotMismatch,
+    StepResult,
+    apply_plan,
+    check_whole,
+)
 from hypervisor import hazards
 from vcsched.errors import InputError, VcschedError
+from vcsched.plans.claims import PlanMismatch
 from vcsched.plans.steps import CreateStep
 
 if TYPE_CHECKING:
@@ -270,6 +279,16 @@ class UnitOfWork:
             raise DryRun("only a dry run validates on an inventory it read before: acting reads under the lock")
         with _changed_meanwhile(plan, planned_here):
             return check_whole(self.hv, plan, force=force, inventory=inventory, define=not self.dry_run)[1]
+
+    def would_refuse(self, plan: Plan, *, force: bool = False, planned_here: bool = True,
+                     inventory: Inventory | None = None) -> PlanRefused | PlanMismatch | None:
+        """Why applying ``plan`` would be refused before its first step (:meth:`validate`'s refusal), or None: what
+        a dry run checks so that it exits as ``--apply`` would (docs/cli.md), and says why."""
+        try:
+            self.validate(plan, force=force, planned_here=planned_here, inventory=inventory)
+        except (PlanRefused, PlanMismatch) as exc:
+            return exc
+        return None
 
     # ------------------------------------------------------------------ 5–7: act, apply, record
 

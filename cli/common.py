@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import ProgressColumn
 
-    from acting.executor import ApplyReport
+    from acting.executor import ApplyReport, StepResult
     from acting.power import PowerStore
     from acting.unit_of_work import Reporting, UnitOfWork
     from hypervisor.identity import Identities
@@ -347,20 +347,55 @@ def apply_shown(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False
     it finishes.  ``planned_here``: the plan was computed by this command from a read moments earlier (``place``,
     ``adapt``, ``drain``, ``recover`` with ``--apply``): a cluster that changed in between is refused (exit 1)
     and the command asked to be run again, instead of the saved-plan advice (recompute, or --force)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    with steps_shown(quiet) as shown:
+        shown.start(plan)
+        return uow.apply(plan, force=force, planned_here=planned_here, irreversible=irreversible,
+                         on_step=shown.step if shown.live else None)
 
-    from acting.executor import StepResult
 
-    if quiet or not plan.steps:
-        return uow.apply(plan, force=force, planned_here=planned_here, irreversible=irreversible)
-    with Progress(TextColumn("applying"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                  console=console, transient=True) as progress:
-        task = progress.add_task("", total=len(plan.steps))
+class StepsShown:
+    """The progress bar of a plan being applied (:func:`steps_shown`): :meth:`start` it once the plan is known and
+    is about to be applied (a command whose acting function plans and applies starts it from its ``planned``
+    callback, acting/recovery.py), and give :meth:`step` as the apply's ``on_step``."""
 
-        def on_step(r: StepResult) -> None:
-            progress.update(task, advance=1, description=f"{r.step.op} {r.step.vm}: {r.outcome}")
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.progress: Any = None
+        self.task: Any = None
 
-        return uow.apply(plan, force=force, planned_here=planned_here, irreversible=irreversible, on_step=on_step)
+    @property
+    def live(self) -> bool:
+        return self.progress is not None
+
+    def start(self, plan: Plan) -> None:
+        """Show the bar of ``plan``'s steps (not when quiet, nor for a plan with no step)."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        if self.quiet or not plan.steps or self.progress is not None:
+            return
+        self.progress = Progress(TextColumn("applying"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.description}"), console=console, transient=True)
+        self.progress.start()
+        self.task = self.progress.add_task("", total=len(plan.steps))
+
+    def step(self, r: StepResult) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, advance=1, description=f"{r.step.op} {r.step.vm}: {r.outcome}")
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+@contextmanager
+def steps_shown(quiet: bool) -> Iterator[StepsShown]:
+    """A :class:`StepsShown`, its bar taken down on the way out (a transient bar: nothing of it stays)."""
+    shown = StepsShown(quiet)
+    try:
+        yield shown
+    finally:
+        shown.stop()
 
 
 def apply_would_refuse(uow: UnitOfWork, plan: Plan, inventory: Inventory | None = None, *, force: bool = False,
@@ -370,14 +405,8 @@ def apply_would_refuse(uow: UnitOfWork, plan: Plan, inventory: Inventory | None 
     else a saved one, `vcsched apply --dry-run`, whose snapshot ``force`` lets differ).  A dry run runs it so that
     it exits with the code ``--apply`` would (docs/cli.md: 1 where --apply refuses); it only reads, on the
     ``inventory`` it planned on when given (no second read of every host)."""
-    from acting.executor import PlanRefused
-    from vcsched.plans.claims import PlanMismatch
-
-    try:
-        uow.validate(plan, force=force, planned_here=planned_here, inventory=inventory)
-    except (PlanRefused, PlanMismatch) as exc:
-        return str(exc)
-    return None
+    refused = uow.would_refuse(plan, force=force, planned_here=planned_here, inventory=inventory)
+    return None if refused is None else str(refused)
 
 
 def run_apply(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False,

@@ -10,7 +10,7 @@ from cli.app import EXIT_OK, console, emit_json, refuse
 from cli.params import cluster_option, json_option, lock_options
 
 if TYPE_CHECKING:
-    from acting.definitions import DefinitionStore
+    from acting.fence import FenceResult
     from vcsched.control.failover import Recovery
 
 
@@ -59,76 +59,63 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
     step finishes first).
     """
     from acting.definitions import DefinitionStore
-    from acting.executor import PlanRefused
-    from acting.fence import FenceResult, fence_host
+    from acting.fence import fence_host
     from acting.lock import resolve_url
-    from cli.common import (
-        acting_on,
-        apply_exit_code,
-        apply_shown,
-        apply_would_refuse,
-        load_cluster,
-        render_plan,
-        render_report,
-    )
-    from vcsched.control.failover import plan_recovery
-    from vcsched.plans.claims import PlanMismatch
+    from acting.recovery import NotFailed, RecoveryRun, recover_host
+    from cli.common import acting_on, apply_exit_code, load_cluster, render_plan, render_report, steps_shown
+    from vcsched.formats.cluster import ClusterHost
 
     cluster = load_cluster(cluster_file)
     cluster.host(host)
     store = DefinitionStore.for_url(resolve_url(coordination, cluster.coordination), cluster.name)
     out: dict[str, Any] = {"host": host}
     with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
-                   quiet=True) as (uow, inventory):
-        state = inventory.host(host)
-        if state.down is None:
-            reason = f"host {host} answers: it has not failed; nothing changed (`vcsched drain {host}` moves its VMs)"
-            return _refused(out, reason, as_json)
-        if state.asleep:  # powered off by vcsched, empty: not a failure (docs/power.md)
-            reason = (f"host {host} is asleep (vcsched power saving put it to sleep, empty): it has not failed; "
-                      f"nothing changed (`vcsched power wake {host} --apply` wakes it)")
-            return _refused(out, reason, as_json)
-        out["down"] = state.down
-        records = store.to_recover(host, inventory)
-        recovery = plan_recovery(cluster, inventory, host, records, waited_on=uow.waits_for(host))
-        out["recovery"] = recovery.to_dict()
-        out["plan"] = None if recovery.plan is None else recovery.plan.to_dict()
-        if not as_json:
-            _render(host, state.down, recovery, len(records))
-            if recovery.plan is not None:
-                render_plan(recovery.plan, inventory)
-        report = None
-        if do_apply and recovery.plan is not None:
-            fenced: list[FenceResult] = []
+                   quiet=True) as (uow, inventory), steps_shown(quiet=as_json) as shown:
 
-            def fence() -> bool:
-                fenced.append(fence_host(cluster.host(host)))
-                out["fence"] = fenced[0].to_dict()
-                if fenced[0].fenced:
-                    if not as_json:
-                        console.print(f"[green]fenced[/]: {fenced[0].detail} ({fenced[0].seconds:.1f} s)",
-                                      highlight=False)
-                    _mark_fenced(store, host)
-                return fenced[0].fenced
+        def planned(run: RecoveryRun) -> None:  # said before anything changes
+            recovery = run.recovery
+            out["down"] = inventory.host(host).down
+            out["recovery"] = recovery.to_dict()
+            out["plan"] = None if recovery.plan is None else recovery.plan.to_dict()
+            if not as_json:
+                _render(host, out["down"], recovery, len(run.records))
+                if recovery.plan is not None:
+                    render_plan(recovery.plan, inventory)
+            if do_apply and recovery.plan is not None:
+                shown.start(recovery.plan)
 
-            try:  # the plan is checked whole on the live cluster before the host is fenced (acting/unit_of_work.py)
-                report = apply_shown(uow, recovery.plan, quiet=as_json, planned_here=True, irreversible=fence)
-            except (PlanRefused, PlanMismatch) as exc:
-                done = f"{host} was fenced" if fenced else "nothing fenced"
-                return _refused(out, f"the recovery plan does not hold on the live cluster: {exc}; {done}, "
-                                "nothing restarted", as_json)
-            if report is None:
-                return _refused(out, f"{fenced[0].detail}: nothing restarted", as_json)
+        def fence(target: ClusterHost) -> FenceResult:  # once the plan is validated whole (acting/recovery.py)
+            result = fence_host(target)
+            out["fence"] = result.to_dict()
+            if result.fenced and not as_json:
+                console.print(f"[green]fenced[/]: {result.detail} ({result.seconds:.1f} s)", highlight=False)
+            return result
+
+        try:
+            run = recover_host(uow, cluster, store, inventory, host, fence=fence, planned=planned,
+                               on_step=shown.step)
+        except NotFailed as exc:
+            advice = (f"`vcsched power wake {host} --apply` wakes it" if exc.asleep
+                      else f"`vcsched drain {host}` moves its VMs")
+            return _refused(out, f"{exc}; nothing changed ({advice})", as_json)
+        shown.stop()
+        recovery, report = run.recovery, run.report
+        if run.refused is not None and do_apply:
+            done = f"{host} was fenced" if run.fence is not None else "nothing fenced"
+            return _refused(out, f"the recovery plan does not hold on the live cluster: {run.refused}; {done}, "
+                            "nothing restarted", as_json)
+        if run.refused is not None:
+            return _refused(out, f"--apply would refuse: the recovery plan does not hold on the live cluster: "
+                            f"{run.refused}; nothing fenced, nothing restarted", as_json)
+        if run.fence_failed:
+            assert run.fence is not None
+            return _refused(out, f"{run.fence.detail}: nothing restarted", as_json)
+        if report is not None:
             out["apply"] = report.to_dict()
             if not as_json:
                 render_report(report)
-        elif recovery.plan is not None:
-            why = apply_would_refuse(uow, recovery.plan)  # as --apply checks before fencing
-            if why is not None:
-                return _refused(out, f"--apply would refuse: the recovery plan does not hold on the live cluster: "
-                                f"{why}; nothing fenced, nothing restarted", as_json)
-            if not as_json:
-                console.print("dry run: nothing changed (use --apply to fence and create)")
+        elif recovery.plan is not None and not do_apply and not as_json:
+            console.print("dry run: nothing changed (use --apply to fence and create)")
     code = apply_exit_code(report) if report is not None else EXIT_OK
     if as_json:
         emit_json({"ok": code == EXIT_OK and not recovery.stranded, **out})
@@ -136,18 +123,6 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
         return refuse(f"{len(recovery.stranded)} VM(s) of {host} stranded: "
                       + "; ".join(f"{vm}: {why}" for vm, why in recovery.stranded[:3]))
     return code
-
-
-def _mark_fenced(store: DefinitionStore, host: str) -> None:
-    """Say in the store that ``host`` is off, so that a VM not restarted counts as lost (docs/failures.md); a
-    store that cannot be written is said, and the recovery goes on (the host is off either way)."""
-    from acting.definitions import StoreError
-    from cli.common import notice
-
-    try:
-        store.mark_fenced(host)
-    except StoreError as exc:
-        notice(f"{exc}: its stranded VMs will not be listed as lost")
 
 
 def _refused(out: dict[str, Any], reason: str, as_json: bool) -> int:

@@ -10,10 +10,7 @@ from cli.app import EXIT_OK, console, emit_json, refuse
 from cli.params import cluster_option, json_option, lock_options
 
 if TYPE_CHECKING:
-    from acting.definitions import DefinitionStore
     from vcsched.control.failover import Restart
-    from vcsched.inventory import Inventory
-    from vcsched.plans.steps import CreateStep
 
 
 @click.command("restart")
@@ -59,16 +56,8 @@ def restart_cmd(vms: tuple[str, ...], cluster_file: str | None, do_apply: bool, 
     """
     from acting.definitions import DefinitionStore
     from acting.lock import resolve_url
-    from cli.common import (
-        acting_on,
-        apply_exit_code,
-        apply_would_refuse,
-        load_cluster,
-        render_plan,
-        render_report,
-        run_apply,
-    )
-    from vcsched.control.failover import plan_restart
+    from acting.recovery import RestartRun, restart_lost
+    from cli.common import acting_on, apply_exit_code, load_cluster, render_plan, render_report, steps_shown
     from vcsched.errors import InputError
 
     cluster = load_cluster(cluster_file)
@@ -79,29 +68,33 @@ def restart_cmd(vms: tuple[str, ...], cluster_file: str | None, do_apply: bool, 
         raise InputError(f"VM {unknown[0]!r}: not recorded in the definitions store of cluster {cluster.name!r} "
                          f"({store.where}): vcsched did not create it, or it was removed")
     out: dict[str, Any] = {"vms": list(records)}
-    report = None
     with acting_on(cluster, apply=do_apply, coordination=coordination, wait=wait, ttl=lock_ttl,
-                   quiet=as_json) as (uow, inventory):
-        lost, not_lost = _lost(store, inventory, [d.step for d in records.values() if d is not None])
-        restart = plan_restart(cluster, inventory, lost, below_floor_ok=True)
-        refused = (*not_lost, *restart.refused)
-        out["restart"] = {**restart.to_dict(), "refused": [{"vm": vm, "reason": why} for vm, why in refused]}
-        out["plan"] = None if restart.plan is None else restart.plan.to_dict()
-        if not as_json:
-            _render(restart, refused)
-            if restart.plan is not None:
-                render_plan(restart.plan, inventory)
-        if do_apply and restart.plan is not None:
-            report = run_apply(uow, restart.plan, quiet=as_json, planned_here=True)
+                   quiet=as_json) as (uow, inventory), steps_shown(quiet=as_json) as shown:
+
+        def planned(run: RestartRun) -> None:  # said before anything changes
+            plan = run.restart.plan
+            out["restart"] = {**run.restart.to_dict(),
+                              "refused": [{"vm": vm, "reason": why} for vm, why in run.not_restarted]}
+            out["plan"] = None if plan is None else plan.to_dict()
+            if not as_json:
+                _render(run.restart, run.not_restarted)
+                if plan is not None:
+                    render_plan(plan, inventory)
+            if do_apply and plan is not None:
+                shown.start(plan)
+
+        run = restart_lost(uow, cluster, store, inventory, [d.step for d in records.values() if d is not None],
+                           below_floor_ok=True, planned=planned, on_step=shown.step)
+        shown.stop()
+        report, refused = run.report, run.not_restarted
+        if report is not None:
             out["apply"] = report.to_dict()
             if not as_json:
                 render_report(report)
-        elif restart.plan is not None:
-            why = apply_would_refuse(uow, restart.plan)  # the dry run exits as --apply would (docs/cli.md)
-            if why is not None:
-                out["refused"] = f"--apply would refuse: {why}; nothing created"
-            elif not as_json:
-                console.print("dry run: nothing changed (use --apply to create)")
+        elif run.refused is not None:
+            out["refused"] = f"--apply would refuse: {run.refused}; nothing created"
+        elif run.restart.plan is not None and not as_json:
+            console.print("dry run: nothing changed (use --apply to create)")
     code = apply_exit_code(report) if report is not None else EXIT_OK
     if "refused" in out:
         if as_json:
@@ -114,23 +107,6 @@ def restart_cmd(vms: tuple[str, ...], cluster_file: str | None, do_apply: bool, 
     if refused:
         return refuse(f"{len(refused)} VM(s) not restarted: " + "; ".join(f"{vm}: {why}" for vm, why in refused[:3]))
     return code
-
-
-def _lost(store: DefinitionStore, inventory: Inventory, records: list[CreateStep]
-          ) -> tuple[list[CreateStep], list[tuple[str, str]]]:
-    """The records of VMs that are lost, and ``(vm, why)`` for the others: running, or awaiting recovery."""
-    lost = {x.vm for x in store.lost(inventory)}
-    where = {v.name: v.host for v in inventory.vms}
-    keep, refused = [], []
-    for r in records:
-        if r.vm in lost:
-            keep.append(r)
-        elif r.vm in where:
-            refused.append((r.vm, f"it is on {where[r.vm]} (not lost)"))
-        else:
-            refused.append((r.vm, f"its host {r.host} does not answer and was not fenced: it may still run there "
-                                  f"(`vcsched recover {r.host}` fences the host and restarts its VMs)"))
-    return keep, refused
 
 
 def _render(restart: Restart, refused: tuple[tuple[str, str], ...]) -> None:

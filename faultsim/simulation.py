@@ -881,49 +881,52 @@ class Schedule:
             hv.close()
 
     def recover(self, pid: int, *, final: bool = False) -> str:
-        """``vcsched recover HOST --apply`` (cli/recover.py): its unit of work (the lock, a repair), the recovery
-        planned from the definitions store's records (:func:`vcsched.control.failover.plan_recovery`), then applied
-        through the unit of work with the fence as its irreversible action: validated whole first, then fenced
-        (:meth:`fence_agent`), then the creates.  A fence followed by a refused plan loses the host's VMs: that
-        is a violation here (the order the unit of work enforces; the switch ``fence-before-validate``)."""
-        from acting.executor import PlanRefused
-        from vcsched.control.failover import plan_recovery
-        from vcsched.plans.claims import PlanMismatch
+        """``vcsched recover HOST --apply`` (cli/recover.py): its unit of work (the lock, a repair), then the product's
+        own recovery, :func:`acting.recovery.recover_host`: planned from the definitions store's records, validated
+        whole, then fenced (:meth:`fence_agent`), then the creates.  A fence followed by a refused plan loses the
+        host's VMs: that is a violation here (the order the unit of work enforces; the switch
+        ``fence-before-validate``)."""
+        from acting.recovery import NotFailed, RecoveryRun, recover_host
 
         def body(hv: Any) -> str:
             fenced: list[bool] = []
-            with self.unit_of_work(hv, pid) as uow:
-                inventory = uow.inventory()
-                if inventory.host(self.target).down is None:
-                    return f"refused: host {self.target} answers: it has not failed"
-                if inventory.host(self.target).asleep:  # cli/recover.py: powered off by vcsched, empty
-                    return f"refused: host {self.target} is asleep: it has not failed"
-                records = self.store.to_recover(self.target, inventory)
-                recovery = plan_recovery(self.cluster, inventory, self.target, records,
-                                         waited_on=uow.waits_for(self.target))
+
+            def planned(run: RecoveryRun) -> None:
+                recovery = run.recovery
                 self.stranded = dict(recovery.stranded)
                 self.note(f"p{pid} recovery of {self.target}: restarts {list(recovery.restarts)}, "
                           f"stranded {recovery.stranded}, running {list(recovery.running)}")
-                if recovery.plan is None:
-                    return f"stranded: {recovery.stranded}" if recovery.stranded else "ok"
 
-                def fence() -> bool:
-                    result = self.fence_agent(self.target, final=final)
-                    fenced.append(self.target in self.powered)
-                    if result:
-                        self.store.mark_fenced(self.target)
-                    return result
-
+            with self.unit_of_work(hv, pid) as uow:
                 try:
-                    report = uow.apply(recovery.plan, planned_here=True, irreversible=fence, threads=False)
-                except (PlanRefused, PlanMismatch) as exc:
+                    run = recover_host(uow, self.cluster, self.store, uow.inventory(), self.target,
+                                       fence=self.fence_of(fenced, final=final), planned=planned, threads=False)
+                except NotFailed as exc:  # cli/recover.py: answers, or powered off by vcsched, empty
+                    return (f"refused: host {self.target} is asleep: it has not failed" if exc.asleep
+                            else f"refused: host {self.target} answers: it has not failed")
+                recovery, refused = run.recovery, run.refused
+                if refused is not None:
                     if fenced and fenced[-1]:
                         self.violate(f"{self.target} fenced, then its recovery plan refused: its VMs "
-                                     f"{[r.vm for r in records]} run nowhere ({type(exc).__name__}: {exc})")
-                    return f"refused: {type(exc).__name__}: {exc}"
-                return "not fenced: nothing restarted" if report is None else _ended(report, recovery.stranded)
+                                     f"{[r.vm for r in run.records]} run nowhere ({type(refused).__name__}: {refused})")
+                    return f"refused: {type(refused).__name__}: {refused}"
+                if recovery.plan is None:
+                    return f"stranded: {recovery.stranded}" if recovery.stranded else "ok"
+                return "not fenced: nothing restarted" if run.report is None else _ended(run.report, recovery.stranded)
 
         return self.process(pid, body)
+
+    def fence_of(self, fenced: list[bool], *, final: bool = False) -> Callable[[Any], Any]:
+        """The fence a recovery is given (:func:`acting.fence.fence_host`'s place): :meth:`fence_agent`, its answer as
+        a :class:`acting.fence.FenceResult`; ``fenced`` gets, at each fence, whether the host is then off."""
+        from acting.fence import FenceResult
+
+        def fence(host: Any) -> FenceResult:
+            ok = self.fence_agent(host.name, final=final)
+            fenced.append(host.name in self.powered)
+            return FenceResult(host.name, "fence_sim", ok, "off, then status off" if ok else "the agent failed", 0.0)
+
+        return fence
 
     def controller(self, pid: int, *, final: bool = False) -> str:
         """``vcsched run`` (acting/controller.py's :class:`Controller`, act mode) for :data:`CONTROLLER_CYCLES`
@@ -937,7 +940,6 @@ class Schedule:
         from acting.controller import Controller, RunOptions
         from acting.events import EventLog
         from acting.failure import Failover
-        from acting.fence import FenceResult
         from acting.metrics import ControllerMetrics
         from vcsched.control.rebalance import RebalanceOptions
         from vcsched.formats.windows import ALWAYS
@@ -948,16 +950,12 @@ class Schedule:
         clock = SimClock(self.world)
         stream = io.StringIO()
 
-        def fence(host: Any) -> FenceResult:
-            ok = self.fence_agent(host.name, final=final)
-            return FenceResult(host.name, "fence_sim", ok, "off, then status off" if ok else "the agent failed", 0.0)
-
         options = RunOptions(CONTROLLER_INTERVAL_S, RebalanceOptions(1 << 40, 0.05, 1, 0.0, schedule=ALWAYS),
                              sample=CONTROLLER_SAMPLE_S, probe_seconds=CONTROLLER_PROBE_S)
         ctl = Controller("sim", hv, options, leader_lock=lambda: SimLock(leader, pid),
                          cluster_lock=lambda: SimLock(self.lock, pid), events=EventLog(stream, f"p{pid}", clock.time),
                          metrics=ControllerMetrics("sim"), clock=clock, journals=self.journals,
-                         failover=Failover(self.cluster, self.store, fence=fence),
+                         failover=Failover(self.cluster, self.store, fence=self.fence_of([], final=final)),
                          power=None if self.powerwork is None else self.powerwork.store.read)
         self.ctl = ctl
         try:
@@ -987,24 +985,23 @@ class Schedule:
 
     def restart(self, pid: int, *, final: bool = False) -> str:
         """``vcsched restart VM... --apply`` (cli/restart.py) for every VM the store says is lost: its unit of work,
-        the lost records (:meth:`acting.definitions.DefinitionStore.lost`), :func:`vcsched.control.failover.
-        plan_restart` (below floors allowed: naming a VM is choosing that it runs), applied through the unit of
-        work.  The VMs it refuses (no room) are stranded, with the reason."""
-        from vcsched.control.failover import plan_restart
+        then the product's own restart, :func:`acting.recovery.restart_lost` (below floors allowed: naming a VM is
+        choosing that it runs).  The VMs it refuses (no room) are stranded, with the reason."""
+        from acting.recovery import RestartRun, restart_lost
+
+        def planned(run: RestartRun) -> None:
+            restart = run.restart
+            self.stranded = dict(restart.refused)
+            self.note(f"p{pid} restart of {sorted(r.vm for r in run.records)}: {list(restart.restarts)}, "
+                      f"refused {restart.refused}")
 
         def body(hv: Any) -> str:
             with self.unit_of_work(hv, pid) as uow:
-                inventory = uow.inventory()
-                lost = {x.vm for x in self.store.lost(inventory)}
-                records = [d.step for vm, d in sorted(self.store.all().items()) if vm in lost]
-                restart = plan_restart(self.cluster, inventory, records, below_floor_ok=True)
-                self.stranded = dict(restart.refused)
-                self.note(f"p{pid} restart of {sorted(lost)}: {list(restart.restarts)}, refused {restart.refused}")
-                if restart.plan is None:
-                    return f"stranded: {restart.refused}" if restart.refused else "ok"
-                report = uow.apply(restart.plan, planned_here=True, threads=False)
-                assert report is not None  # no irreversible action: always a report
-                return _ended(report, restart.refused)
+                run = restart_lost(uow, self.cluster, self.store, uow.inventory(), below_floor_ok=True,
+                                   planned=planned, threads=False)
+                if run.report is None:
+                    return f"stranded: {run.restart.refused}" if run.restart.refused else "ok"
+                return _ended(run.report, run.restart.refused)
 
         return self.process(pid, body)
 
