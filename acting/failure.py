@@ -15,7 +15,8 @@ controller's leader, once per interval (:meth:`acting.controller.Controller.tick
    are reported (``vm_stranded``, once each, with the reason: no fence agent,
    local disk, no room);
 3. under the cluster lock, on a fresh inventory (the host must still be
-   down), once the recovery plan is validated whole against it
+   down), through :func:`acting.recovery.recover_host` (the sequence `vcsched
+   recover` runs too), once the recovery plan is validated whole against it
    (acting/unit_of_work.py: a plan refused fences nothing): the host is
    fenced with its agent, once per failure (``host_fenced``
    with ``fenced`` true or false); when fencing fails or the agent does not say
