@@ -73,11 +73,6 @@ class RecoveryRun:
     refused: PlanRefused | PlanMismatch | None = None
     report: ApplyReport | None = None
 
-    @property
-    def fence_failed(self) -> bool:
-        """The fence agent did not confirm the host off: its VMs may still run there, nothing was created."""
-        return self.fence is not None and not self.fence.fenced
-
 
 @dataclass(frozen=True)
 class RestartRun:
@@ -105,7 +100,7 @@ def _nothing(*_: object) -> None:
 
 
 def plan_host_recovery(cluster: Cluster, store: DefinitionStore, inventory: Inventory, host: str, *,
-                waited_on: bool) -> RecoveryRun:
+                       waited_on: bool) -> RecoveryRun:
     """The recovery of ``host`` planned on ``inventory`` from the store's records (nothing done): the one call of
     :func:`vcsched.control.failover.plan_recovery` (``waited_on`` is its).  Raises :class:`NotFailed` when
     ``host`` answers or sleeps."""
@@ -120,10 +115,10 @@ def plan_host_recovery(cluster: Cluster, store: DefinitionStore, inventory: Inve
 
 
 def recover_host(uow: UnitOfWork, cluster: Cluster, store: DefinitionStore, inventory: Inventory, host: str, *,
-            fence: Callable[[ClusterHost], FenceResult], already_fenced: bool = False,
-            planned: Callable[[RecoveryRun], None] = _nothing,
-            on_step: Callable[[StepResult], None] | None = None,
-            unmarked: Callable[[StoreError], None] | None = None, threads: bool = True) -> RecoveryRun:
+                 fence: Callable[[ClusterHost], FenceResult], already_fenced: bool = False,
+                 planned: Callable[[RecoveryRun], None] = _nothing,
+                 on_step: Callable[[StepResult], None] | None = None,
+                 unmarked: Callable[[StoreError], None] | None = None, threads: bool = True) -> RecoveryRun:
     """Recover failed ``host`` through ``uow`` (open; a dry run only checks), planned on ``inventory`` (read through
     ``uow``, under its lock): the module's sequence.  ``fence`` runs the host's fence agent, only once the plan is
     validated whole; ``already_fenced``: the caller fenced it earlier in this same failure (the controller, once per
@@ -170,8 +165,8 @@ def _unmarked(uow: UnitOfWork) -> Callable[[StoreError], None]:
 
 
 def plan_lost_restart(cluster: Cluster, store: DefinitionStore, inventory: Inventory,
-               records: Sequence[CreateStep] | None = None, *, lost: Sequence[Lost] | None = None,
-               below_floor_ok: bool | None = None) -> RestartRun:
+                      records: Sequence[CreateStep] | None = None, *, lost: Sequence[Lost] | None = None,
+                      below_floor_ok: bool | None = None) -> RestartRun:
     """The restart of lost VMs planned on ``inventory`` (nothing done): every lost VM's record (``records`` None),
     or those of ``records`` that are lost (the others in ``not_lost``, with why).  ``lost``: the store's lost VMs
     on ``inventory`` when the caller read them already (the controller, which says each).  ``below_floor_ok`` as
@@ -197,9 +192,9 @@ def plan_lost_restart(cluster: Cluster, store: DefinitionStore, inventory: Inven
 
 
 def restart_lost(uow: UnitOfWork, cluster: Cluster, store: DefinitionStore, inventory: Inventory,
-            records: Sequence[CreateStep] | None = None, *, below_floor_ok: bool | None = None,
-            planned: Callable[[RestartRun], None] = _nothing, on_step: Callable[[StepResult], None] | None = None,
-            threads: bool = True) -> RestartRun:
+                 records: Sequence[CreateStep] | None = None, *, below_floor_ok: bool | None = None,
+                 planned: Callable[[RestartRun], None] = _nothing,
+                 on_step: Callable[[StepResult], None] | None = None, threads: bool = True) -> RestartRun:
     """Restart lost VMs through ``uow`` (open; a dry run only checks), planned on ``inventory`` (read through
     ``uow``, under its lock) by :func:`plan_lost_restart` (``records``, ``below_floor_ok``: its).  ``planned``,
     ``on_step`` and ``threads`` as :func:`recover_host`'s.  Raises what the unit of work raises (an apply refused

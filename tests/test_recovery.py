@@ -68,7 +68,7 @@ def test_a_recovery_is_planned_then_fenced_and_marked_then_its_vms_created_and_r
         run = recover_host(uow, c, store, uow.inventory(), "h1", fence=fence, planned=planned,
                            on_step=lambda r: order.append(f"{r.step.op} {r.outcome}"))
     assert order[:2] == ["planned", "fence"] and f"create {DONE}" in order
-    assert run.fence is not None and run.fence.fenced and not run.fence_failed and run.refused is None
+    assert run.fence is not None and run.fence.fenced and run.refused is None
     assert run.report is not None and run.report.ok and hv.vms["b-0"].active
     assert [r.vm for r in run.records] == ["b-0"]
     assert "h1" in store.fenced()  # its VMs not restarted would now count as lost
@@ -92,7 +92,7 @@ def test_a_fence_that_fails_creates_nothing_and_marks_nothing(tmp_path: Path) ->
     hv, c, store = failed_h1(tmp_path)
     with UnitOfWork(hv, Lock(), store=store) as uow:
         run = recover_host(uow, c, store, uow.inventory(), "h1", fence=Fence(works=False))
-    assert run.fence_failed and run.report is None and run.refused is None
+    assert run.fence is not None and not run.fence.fenced and run.report is None and run.refused is None
     assert "b-0" not in hv.vms and "h1" not in store.fenced()
 
 
