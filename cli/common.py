@@ -12,7 +12,7 @@ import dataclasses
 import os
 import platform
 import tomllib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -341,16 +341,16 @@ def power_store(cluster: Cluster, hv: object = None, coordination: str | None = 
     return store_for(cluster, host_identities(cluster, hv), coordination)  # type: ignore[arg-type]
 
 
-def apply_shown(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False, planned_here: bool = False,
-                irreversible: Callable[[], bool] | None = None) -> ApplyReport | None:
+def apply_shown(uow: UnitOfWork, plan: Plan, *, quiet: bool, force: bool = False,
+                planned_here: bool = False) -> ApplyReport | None:
     """:meth:`acting.unit_of_work.UnitOfWork.apply`, with a progress bar (unless ``quiet``), one line per step as
     it finishes.  ``planned_here``: the plan was computed by this command from a read moments earlier (``place``,
-    ``adapt``, ``drain``, ``recover`` with ``--apply``): a cluster that changed in between is refused (exit 1)
-    and the command asked to be run again, instead of the saved-plan advice (recompute, or --force)."""
+    ``adapt``, ``drain`` with ``--apply``): a cluster that changed in between is refused (exit 1) and the command
+    asked to be run again, instead of the saved-plan advice (recompute, or --force).  (A command whose acting
+    function applies itself, `recover` and `restart`, gives :func:`steps_shown`'s bar to that function.)"""
     with steps_shown(quiet) as shown:
         shown.start(plan)
-        return uow.apply(plan, force=force, planned_here=planned_here, irreversible=irreversible,
-                         on_step=shown.step if shown.live else None)
+        return uow.apply(plan, force=force, planned_here=planned_here, on_step=shown.step if shown.live else None)
 
 
 class StepsShown:
