@@ -931,7 +931,7 @@ class Controller:
 
     def _recover(self, inventory: Inventory, host: str) -> None:
         """Plan the recovery of failed ``host``; fence it and create its VMs (not in a dry run), through
-        acting/recovery.py's :func:`~acting.recovery.recover` on a fresh read under the lock."""
+        acting/recovery.py's :func:`~acting.recovery.recover_host` on a fresh read under the lock."""
         assert self.failover is not None
         cluster, store, failover = self.failover.cluster, self.failover.store, self.failover
         leftovers = plan_repair(inventory, fenced=frozenset(store.fenced())).leftovers  # marks read, nothing more
@@ -944,13 +944,14 @@ class Controller:
         if self.options.dry_run:
             return
         below: dict[str, tuple[float, float]] = {}
-        begun: list[float] = []  # [when the recovery is detected failed, when the plan starts]
+        detected = start = 0.0  # when the host was declared failed; when its recovery plan starts (monotonic)
 
-        def planned(run: RecoveryRun) -> None:
+        def planned(run: RecoveryRun) -> None:  # on the fresh read, before anything changes
+            nonlocal detected, start
             self._stranded(host, run.recovery.stranded)
             below.update({vm: (got, floor) for vm, got, floor in run.recovery.below_floor})
             if run.recovery.plan is not None:
-                begun[:] = [self.failures.failed_at.get(host, self.clock.monotonic()), self.clock.monotonic()]
+                detected, start = self.failures.failed_at.get(host, self.clock.monotonic()), self.clock.monotonic()
 
         def fence(target: ClusterHost) -> FenceResult:
             """Once the recovery plan is validated whole (acting/unit_of_work.py), once per failure."""
@@ -963,7 +964,7 @@ class Controller:
 
         def restarted(r: StepResult) -> None:
             if isinstance(r.step, CreateStep) and r.outcome == DONE:
-                seconds = self.clock.monotonic() - begun[0]
+                seconds = self.clock.monotonic() - detected
                 self.metrics.add_restart(seconds)
                 self.events.emit("vm_restarted", vm=r.step.vm, host=r.step.host, failed_host=host,
                                  seconds_since_failed=round(seconds, 3))
@@ -983,7 +984,7 @@ class Controller:
             if run.refused is not None:
                 raise run.refused  # the interval's error, as any plan refused (nothing fenced, nothing changed)
             if run.report is not None and run.recovery.plan is not None:  # applied (not: the fence failed)
-                self._applied(run.recovery.plan, "recover", run.report, begun[1])
+                self._applied(run.recovery.plan, "recover", run.report, start)
 
     def _restart_lost(self, inventory: Inventory) -> None:
         """Start the lost VMs (vcsched/control/lost.py: recorded, running nowhere, not awaiting a recovery) again
@@ -1020,12 +1021,13 @@ class Controller:
         if self.options.dry_run:
             return
         below: dict[str, tuple[float, float]] = {}
-        begun: list[float] = []
+        start = 0.0  # when the restart plan starts (monotonic)
 
-        def planned(run: RestartRun) -> None:
+        def planned(run: RestartRun) -> None:  # on the fresh read, before anything changes
+            nonlocal start
             below.update({vm: (got, floor) for vm, got, floor in run.restart.below_floor})
             if run.restart.plan is not None:
-                begun[:] = [self.clock.monotonic()]
+                start = self.clock.monotonic()
 
         def restarted(r: StepResult) -> None:
             if isinstance(r.step, CreateStep) and r.outcome == DONE:
@@ -1039,7 +1041,7 @@ class Controller:
                 run = restart_lost(uow, cluster, store, self._reserved(uow.inventory()), planned=planned,
                                    on_step=self._step_said("restart", restarted))
                 if run.report is not None and run.restart.plan is not None:
-                    self._applied(run.restart.plan, "restart", run.report, begun[0])
+                    self._applied(run.restart.plan, "restart", run.report, start)
         except LockBusy as exc:
             self.events.emit("lock-busy", action="restart", reason=str(exc))
 
