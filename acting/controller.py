@@ -918,7 +918,7 @@ class Controller:
         cluster, store = self.failover.cluster, self.failover.store
         leftovers = plan_repair(inventory, fenced=frozenset(store.fenced())).leftovers  # marks read, nothing more
         recovery = plan_recovery(cluster, inventory, host, store.to_recover(host, inventory),
-                                 waited_on=host in self._blocked or host in leftovers)
+                                 waited_on=host in self._blocked or host in leftovers, fenced=store.fenced())
         self._stranded(host, recovery.stranded)
         if recovery.plan is None:
             return
@@ -930,7 +930,8 @@ class Controller:
             if fresh.host(host).down is None:
                 self.events.emit("decision", kind="recover", reason=f"host {host} answers again: nothing restarted")
                 return
-            recovery = plan_recovery(cluster, fresh, host, store.to_recover(host, fresh), waited_on=uow.waits_for(host))
+            recovery = plan_recovery(cluster, fresh, host, store.to_recover(host, fresh), waited_on=uow.waits_for(host),
+                                     fenced=store.fenced())
             self._stranded(host, recovery.stranded)
             if recovery.plan is None:
                 return

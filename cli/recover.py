@@ -90,7 +90,8 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
             return _refused(out, reason, as_json)
         out["down"] = state.down
         records = store.to_recover(host, inventory)
-        recovery = plan_recovery(cluster, inventory, host, records, waited_on=uow.waits_for(host))
+        recovery = plan_recovery(cluster, inventory, host, records, waited_on=uow.waits_for(host),
+                                 fenced=store.fenced())
         out["recovery"] = recovery.to_dict()
         out["plan"] = None if recovery.plan is None else recovery.plan.to_dict()
         if not as_json:

@@ -900,7 +900,7 @@ class Schedule:
                     return f"refused: host {self.target} is asleep: it has not failed"
                 records = self.store.to_recover(self.target, inventory)
                 recovery = plan_recovery(self.cluster, inventory, self.target, records,
-                                         waited_on=uow.waits_for(self.target))
+                                         waited_on=uow.waits_for(self.target), fenced=self.store.fenced())
                 self.stranded = dict(recovery.stranded)
                 self.note(f"p{pid} recovery of {self.target}: restarts {list(recovery.restarts)}, "
                           f"stranded {recovery.stranded}, running {list(recovery.running)}")

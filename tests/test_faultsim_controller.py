@@ -167,3 +167,11 @@ def test_floors_give_the_failure_workloads_virtual_clusters_a_min_yield_and_the_
 def test_only_runs_the_schedules_of_the_workloads_named() -> None:
     summary = run_schedules(64, 5, extras=Extras(only=frozenset({"controller"})))
     assert summary.schedules == 2  # 21 and 53
+
+
+def test_a_recovery_restarts_nothing_another_unfenced_host_down_may_run() -> None:
+    """Seed 1, schedule 8245 with --sigterm: a migration h0 -> h1 confirmed, its process gone before recording
+    it; a repair resumed vc0-2 on h1; h1 and h0 stopped answering, and the recovery of h0 restarted vc0-2 (its
+    record names h0) on h2 while it ran on h1, down but not fenced: it ran twice."""
+    out = replay(1, 8245, extras=Extras(sigterm=True))
+    assert out.violations == [] and out.result == "ok", out.violations

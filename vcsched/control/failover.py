@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -450,7 +450,7 @@ def has_disk(step: CreateStep) -> bool:
 
 
 def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Sequence[CreateStep], *,
-                  waited_on: bool = False) -> Recovery:
+                  waited_on: bool = False, fenced: Collection[str] = ()) -> Recovery:
     """The recovery of ``host`` (down in ``inventory``) from the definition ``records`` of its VMs.
 
     ``waited_on``: a VM in doubt waits for ``host`` to settle (:attr:`vcsched.plans.repair.RepairPlan.blocked`:
@@ -465,6 +465,12 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
     file's ``on_failure = "strand"`` — no CPU at the floors.  With ``on_failure = "restart"`` (the default) a VM
     whose floor cannot be met restarts below it, listed in ``below_floor`` and in the plan's ``extra``, which
     is what lets the whole-plan check accept the plan (:mod:`vcsched.plans.claims`).
+
+    While another host does not answer and was not fenced (``fenced``: the definitions store's fence marks), a VM
+    recorded on ``host`` may run there (a migration cut after its switch-over, before its step was recorded):
+    nothing is restarted — each waits, stranded with that reason — but ``host`` is fenced all the same, so that
+    once the other host is recovered too they are lost and restarted (:mod:`vcsched.control.lost`, the same rule;
+    found by the fault simulation with SIGTERM, seed 1 schedule 8245, docs/faultsim.md).
     """
     survivors = without_hosts(inventory, [host]).up()
     elsewhere = {v.name: v.host for v in survivors.vms if v.active}
@@ -475,6 +481,13 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
         why = (f"host {host} has no fence agent (cluster file: fence = {{agent = ...}}): it may still run there, "
                "so it is not started elsewhere")
         return Recovery(host, False, (), tuple((r.vm, why) for r in pending), running, None, None)
+    holders = [h.name for h in inventory.hosts
+               if h.name != host and h.down is not None and not h.asleep and h.name not in fenced]
+    if holders and pending:
+        why = (f"host(s) {', '.join(holders)} do not answer and were not fenced: it may run there (a migration cut "
+               f"after its switch-over); it is restarted once they are recovered too")
+        caps = _recovery_plan(cluster, inventory, survivors, (), {}, {"recover": host})  # fence {host} all the same
+        return Recovery(host, True, (), tuple((r.vm, why) for r in pending), running, caps, caps.min_yield)
     stranded: list[tuple[str, str]] = []
     unshared = [h.name for h in survivors.hosts if not cluster.shares_storage(host, h.name)]
     candidates = []
