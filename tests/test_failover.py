@@ -348,3 +348,12 @@ def test_with_another_host_down_and_not_fenced_nothing_is_restarted_but_the_host
     assert not any(s.op == "create" for s in rec.plan.steps)
     rec = plan_recovery(cluster, hv.inventory(), "h1", [record("web-0")], fenced={"h2": 1.0})
     assert [vm for vm, _ in rec.restarts] == ["web-0"] and not rec.stranded
+
+
+def test_with_every_other_host_down_a_recovery_plans_nothing_and_does_not_crash() -> None:
+    """scripts/faultsim --seed 20261127 --replay 2981: every host down, the recovery's caps plan had no host to
+    read the reference size from (ValueError: max() arg is an empty sequence)."""
+    hv = down_h1([], n_hosts=2)
+    hv.down["h0"] = "host h0: did not answer within 15 s (host_timeout)"
+    rec = plan_recovery(fenced(fenced(cluster_of(2), "h1"), "h0"), hv.inventory(), "h1", [record("web-0")])
+    assert rec.plan is None and rec.restarts == () and [vm for vm, _ in rec.stranded] == ["web-0"]

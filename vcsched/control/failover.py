@@ -486,8 +486,10 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
     if holders and pending:
         why = (f"host(s) {', '.join(holders)} do not answer and were not fenced: it may run there (a migration cut "
                f"after its switch-over); it is restarted once they are recovered too")
-        caps = _recovery_plan(cluster, inventory, survivors, (), {}, {"recover": host})  # fence {host} all the same
-        return Recovery(host, True, (), tuple((r.vm, why) for r in pending), running, caps, caps.min_yield)
+        # Fence it all the same (a plan that re-sets the survivors' caps), unless no host answers at all.
+        caps = _recovery_plan(cluster, inventory, survivors, (), {}, {"recover": host}) if survivors.hosts else None
+        return Recovery(host, True, (), tuple((r.vm, why) for r in pending), running, caps,
+                        None if caps is None else caps.min_yield)
     stranded: list[tuple[str, str]] = []
     unshared = [h.name for h in survivors.hosts if not cluster.shares_storage(host, h.name)]
     candidates = []
@@ -499,7 +501,7 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
             candidates.append(r)
     placed, more, plan, below = restart_records(cluster, inventory, survivors, host, candidates, {"recover": host},
                                                 cluster.on_failure == "restart")
-    if plan is None and waited_on:
+    if plan is None and waited_on and survivors.hosts:
         plan = _recovery_plan(cluster, inventory, survivors, (), {}, {"recover": host})
     return Recovery(host, True, placed, (*stranded, *more), running, plan, None if plan is None else plan.min_yield,
                     below)
