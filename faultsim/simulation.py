@@ -1056,6 +1056,14 @@ class Schedule:
 
     def _power_off(self, host: str) -> None:
         self.fenced_away |= {d.uuid for d in self.world.hosts[host].domains.values() if d.meta is not None}
+        # A paused arrival from this host that libvirt was not recorded to have completed: repair destroys it
+        # (vcsched/plans/repair.py SOURCE_FENCED: the source may have run past its state) and the VM is restarted
+        # from its record, as the fenced host's own VMs are — its state went with the fence as theirs did (seed 1,
+        # schedule 7157: the source's copy was confirmed away before the fence, the mark not written, lease lost).
+        self.fenced_away |= {d.uuid for h in self.world.hosts.values() if h.name != host
+                             for d in h.domains.values()
+                             if d.meta is not None and d.meta.get("arriving_from") == host
+                             and d.meta.get("completed") != "true"}
         self.world.power_off(host)
         self.powered.add(host)
         self.check(f"after {host} was fenced")

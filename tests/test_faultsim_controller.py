@@ -175,3 +175,13 @@ def test_a_recovery_restarts_nothing_another_unfenced_host_down_may_run() -> Non
     record names h0) on h2 while it ran on h1, down but not fenced: it ran twice."""
     out = replay(1, 8245, extras=Extras(sigterm=True))
     assert out.violations == [] and out.result == "ok", out.violations
+
+
+def test_a_recovery_plans_around_a_copy_in_doubt_and_a_fenced_sources_arrival_restarts_from_its_record() -> None:
+    """Seed 1, schedule 7157: a probe's migration h1 -> h0 was confirmed after its lease was lost (the arrival
+    left paused, not marked completed); h1 stopped answering.  The recovery of h1 planned h0's caps full as if
+    the paused arrival held none, the whole-plan check (which keeps its cap) refused it at every interval, and
+    vc0-0 stayed paused everywhere.  Planned around it, h1 is fenced, repair destroys the arrival (its source was
+    fenced: its state cannot be trusted) and vc0-0 restarts from its record."""
+    out = replay(1, 7157)
+    assert out.violations == [] and out.result == "ok", out.violations
