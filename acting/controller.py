@@ -905,7 +905,15 @@ class Controller:
             except StoreError as exc:
                 self._error("recover", exc)
 
-    def _stranded(self, host: str, stranded: tuple[tuple[str, str], ...]) -> None:
+    def _stranded(self, host: str, stranded: tuple[tuple[str, str], ...],
+                  waiting: tuple[tuple[str, str], ...] = ()) -> None:
+        """Each VM a recovery does not restart, said once per VM and failure: ``vm_stranded`` (it cannot be), or
+        ``vm_waiting`` (not yet: another failed host that is not fenced may run it; no metric, no alert — its
+        recovery follows, after which this one restarts it)."""
+        for vm, why in waiting:
+            if (host, f"waiting {vm}") not in self.failures.said_stranded:
+                self.failures.said_stranded.add((host, f"waiting {vm}"))
+                self.events.emit("vm_waiting", vm=vm, host=host, reason=why)
         for vm, why in stranded:
             if (host, vm) not in self.failures.said_stranded:
                 self.failures.said_stranded.add((host, vm))
@@ -919,7 +927,7 @@ class Controller:
         leftovers = plan_repair(inventory, fenced=frozenset(store.fenced())).leftovers  # marks read, nothing more
         recovery = plan_recovery(cluster, inventory, host, store.to_recover(host, inventory),
                                  waited_on=host in self._blocked or host in leftovers, fenced=store.fenced())
-        self._stranded(host, recovery.stranded)
+        self._stranded(host, recovery.stranded, recovery.waiting)
         if recovery.plan is None:
             return
         self.events.emit("plan", kind="recover", dry_run=self.options.dry_run, plan=recovery.plan.to_dict())
@@ -932,7 +940,7 @@ class Controller:
                 return
             recovery = plan_recovery(cluster, fresh, host, store.to_recover(host, fresh), waited_on=uow.waits_for(host),
                                      fenced=store.fenced())
-            self._stranded(host, recovery.stranded)
+            self._stranded(host, recovery.stranded, recovery.waiting)
             if recovery.plan is None:
                 return
             failover = self.failover

@@ -901,9 +901,9 @@ class Schedule:
                 records = self.store.to_recover(self.target, inventory)
                 recovery = plan_recovery(self.cluster, inventory, self.target, records,
                                          waited_on=uow.waits_for(self.target), fenced=self.store.fenced())
-                self.stranded = dict(recovery.stranded)
+                self.stranded = dict((*recovery.stranded, *recovery.waiting))  # waiting: another host not fenced
                 self.note(f"p{pid} recovery of {self.target}: restarts {list(recovery.restarts)}, "
-                          f"stranded {recovery.stranded}, running {list(recovery.running)}")
+                          f"stranded {recovery.stranded}, waiting {recovery.waiting}, running {list(recovery.running)}")
                 if recovery.plan is None:
                     return f"stranded: {recovery.stranded}" if recovery.stranded else "ok"
 
@@ -974,7 +974,7 @@ class Schedule:
             hv.close()
             events = [json.loads(line) for line in stream.getvalue().splitlines()]
             for e in events:
-                if e["event"] == "vm_stranded":
+                if e["event"] in ("vm_stranded", "vm_waiting"):
                     self.stranded[e["vm"]] = e["reason"]
                 elif e["event"] in ("vm_restarted", "host_fenced", "applied", "host_failed", "error"):
                     self.note(f"p{pid} event {e['event']}: " + json.dumps({k: v for k, v in e.items()

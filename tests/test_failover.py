@@ -344,10 +344,10 @@ def test_with_another_host_down_and_not_fenced_nothing_is_restarted_but_the_host
     cluster = fenced(fenced(cluster_of(4), "h1"), "h2")
     rec = plan_recovery(cluster, hv.inventory(), "h1", [record("web-0")])
     assert rec.fence and rec.restarts == () and rec.plan is not None  # fenced: the plan re-sets the caps only
-    assert [vm for vm, _ in rec.stranded] == ["web-0"] and "h2" in rec.stranded[0][1], rec.stranded
+    assert [vm for vm, _ in rec.waiting] == ["web-0"] and "h2" in rec.waiting[0][1] and not rec.stranded
     assert not any(s.op == "create" for s in rec.plan.steps)
     rec = plan_recovery(cluster, hv.inventory(), "h1", [record("web-0")], fenced={"h2": 1.0})
-    assert [vm for vm, _ in rec.restarts] == ["web-0"] and not rec.stranded
+    assert [vm for vm, _ in rec.restarts] == ["web-0"] and not rec.stranded and not rec.waiting
 
 
 def test_with_every_other_host_down_a_recovery_plans_nothing_and_does_not_crash() -> None:
@@ -356,4 +356,4 @@ def test_with_every_other_host_down_a_recovery_plans_nothing_and_does_not_crash(
     hv = down_h1([], n_hosts=2)
     hv.down["h0"] = "host h0: did not answer within 15 s (host_timeout)"
     rec = plan_recovery(fenced(fenced(cluster_of(2), "h1"), "h0"), hv.inventory(), "h1", [record("web-0")])
-    assert rec.plan is None and rec.restarts == () and [vm for vm, _ in rec.stranded] == ["web-0"]
+    assert rec.plan is None and rec.restarts == () and [vm for vm, _ in rec.waiting] == ["web-0"]

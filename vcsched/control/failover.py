@@ -431,10 +431,14 @@ class Recovery:
     plan: Plan | None
     min_yield: float | None
     below_floor: tuple[tuple[str, float, float], ...] = ()
+    #: ``(vm, why)`` for the VMs not restarted *yet*: another host that does not answer and was not fenced may run
+    #: them; they restart once it is recovered too (not stranded: nothing is wrong with them or the survivors).
+    waiting: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {"host": self.host, "fence": self.fence, "restarts": [{"vm": vm, "host": h} for vm, h in self.restarts],
                 "stranded": [{"vm": vm, "reason": why} for vm, why in self.stranded],
+                "waiting": [{"vm": vm, "reason": why} for vm, why in self.waiting],
                 "running": [{"vm": vm, "host": h} for vm, h in self.running],
                 "below_floor": [{"vm": vm, "yield": round(y, 6), "min_yield": f} for vm, y, f in self.below_floor],
                 "min_yield_after": self.min_yield}
@@ -468,7 +472,7 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
 
     While another host does not answer and was not fenced (``fenced``: the definitions store's fence marks), a VM
     recorded on ``host`` may run there (a migration cut after its switch-over, before its step was recorded):
-    nothing is restarted — each waits, stranded with that reason — but ``host`` is fenced all the same, so that
+    nothing is restarted — each waits (``waiting``, with that reason) — but ``host`` is fenced all the same, so that
     once the other host is recovered too they are lost and restarted (:mod:`vcsched.control.lost`, the same rule;
     found by the fault simulation with SIGTERM, seed 1 schedule 8245, docs/faultsim.md).
     """
@@ -488,8 +492,8 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
                f"after its switch-over); it is restarted once they are recovered too")
         # Fence it all the same (a plan that re-sets the survivors' caps), unless no host answers at all.
         caps = _recovery_plan(cluster, inventory, survivors, (), {}, {"recover": host}) if survivors.hosts else None
-        return Recovery(host, True, (), tuple((r.vm, why) for r in pending), running, caps,
-                        None if caps is None else caps.min_yield)
+        return Recovery(host, True, (), (), running, caps, None if caps is None else caps.min_yield,
+                        waiting=tuple((r.vm, why) for r in pending))
     stranded: list[tuple[str, str]] = []
     unshared = [h.name for h in survivors.hosts if not cluster.shares_storage(host, h.name)]
     candidates = []
