@@ -185,3 +185,31 @@ def test_a_recovery_plans_around_a_copy_in_doubt_and_a_fenced_sources_arrival_re
     fenced: its state cannot be trusted) and vc0-0 restarts from its record."""
     out = replay(1, 7157)
     assert out.violations == [] and out.result == "ok", out.violations
+
+
+def test_floors_make_half_the_failure_schedules_strand_and_the_default_run_has_sigterm_and_floors() -> None:
+    """``--floors``: about half of the failure schedules say on_failure = "strand" (drawn apart from the schedule's
+    own draws), the rest keep the default "restart"; the command line turns SIGTERM and floors on unless told
+    --no-sigterm / --no-floors (docs/faultsim.md)."""
+    import random
+
+    from faultsim.simulation import STRAND_SHARE, main
+
+    rt = Runtime()
+    failure = [i for i in range(400) if Schedule(rt, 5, i, extras=Extras(floors=True)).floored]
+    strands = [i for i in failure if Schedule(rt, 5, i, extras=Extras(floors=True)).cluster.on_failure == "strand"]
+    assert 0 < len(strands) < len(failure)
+    assert strands == [i for i in failure if random.Random(f"strand/5/{i}").random() < STRAND_SHARE]
+    assert Schedule(rt, 5, strands[0]).cluster.on_failure == "restart"  # without --floors: the plain schedule
+    summary = run_schedules(len(strands), 5, extras=Extras(sigterm=True, floors=True,
+                                                           only=frozenset({"recover", "restart", "controller"})))
+    assert summary.violations == [], summary.violations
+    import contextlib
+    import io
+    import json
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["--schedules", "22", "--seed", "5", "--only", "controller", "--json"])
+    doc = json.loads(out.getvalue())
+    assert doc["sigterm"] is True and doc["floors"] is True and doc["violations"] == []
