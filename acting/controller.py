@@ -922,7 +922,15 @@ class Controller:
             except StoreError as exc:
                 self._error("recover", exc)
 
-    def _stranded(self, host: str, stranded: tuple[tuple[str, str], ...]) -> None:
+    def _stranded(self, host: str, stranded: tuple[tuple[str, str], ...],
+                  waiting: tuple[tuple[str, str], ...] = ()) -> None:
+        """Each VM a recovery does not restart, said once per VM and failure: ``vm_stranded`` (it cannot be), or
+        ``vm_waiting`` (not yet: another failed host that is not fenced may run it; no metric, no alert — its
+        recovery follows, after which this one restarts it)."""
+        for vm, why in waiting:
+            if (host, f"waiting {vm}") not in self.failures.said_stranded:
+                self.failures.said_stranded.add((host, f"waiting {vm}"))
+                self.events.emit("vm_waiting", vm=vm, host=host, reason=why)
         for vm, why in stranded:
             if (host, vm) not in self.failures.said_stranded:
                 self.failures.said_stranded.add((host, vm))
@@ -937,7 +945,7 @@ class Controller:
         leftovers = plan_repair(inventory, fenced=frozenset(store.fenced())).leftovers  # marks read, nothing more
         recovery = plan_host_recovery(cluster, store, inventory, host,
                                       waited_on=host in self._blocked or host in leftovers).recovery
-        self._stranded(host, recovery.stranded)
+        self._stranded(host, recovery.stranded, recovery.waiting)
         if recovery.plan is None:
             return
         self.events.emit("plan", kind="recover", dry_run=self.options.dry_run, plan=recovery.plan.to_dict())
@@ -948,7 +956,7 @@ class Controller:
 
         def planned(run: RecoveryRun) -> None:  # on the fresh read, before anything changes
             nonlocal detected, start
-            self._stranded(host, run.recovery.stranded)
+            self._stranded(host, run.recovery.stranded, run.recovery.waiting)
             below.update({vm: (got, floor) for vm, got, floor in run.recovery.below_floor})
             if run.recovery.plan is not None:
                 detected, start = self.failures.failed_at.get(host, self.clock.monotonic()), self.clock.monotonic()

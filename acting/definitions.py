@@ -272,13 +272,20 @@ class DefinitionStore:
                 self.put(step.definition)
             elif isinstance(step, RemoveStep | ReleaseStep):
                 self.delete(step.vm)
-            elif isinstance(step, MigrateStep | SetNeedStep):
+            elif isinstance(step, MigrateStep):
+                self.moved(step.vm, step.host)
+            elif isinstance(step, SetNeedStep):
                 old = self.get(step.vm)
-                if old is None:
-                    continue  # a VM from before the store: nothing to update
-                changes: dict[str, Any] = {"host": step.host} if isinstance(step, MigrateStep) else {
-                    "cpu_need_cores": step.cpu_need_cores}
-                self.put(dataclasses.replace(old.step, **changes))
+                if old is not None:  # else a VM from before the store: nothing to update
+                    self.put(dataclasses.replace(old.step, cpu_need_cores=step.cpu_need_cores))
+
+    def moved(self, vm: str, host: str) -> None:
+        """The record of ``vm`` names ``host``, where it now runs: a migration recorded, or repair's resume of its
+        paused arrival there (:meth:`acting.unit_of_work.UnitOfWork.settle_in_doubt`).  A VM with no record (from
+        before the store) is left without one."""
+        old = self.get(vm)
+        if old is not None and old.host != host:
+            self.put(dataclasses.replace(old.step, host=host))
 
 
 def _parse(where: str, text: str) -> Definition:

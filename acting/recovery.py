@@ -111,7 +111,8 @@ def plan_host_recovery(cluster: Cluster, store: DefinitionStore, inventory: Inve
         raise NotFailed(f"host {host} is asleep (vcsched power saving put it to sleep, empty): it has not failed",
                         asleep=True)
     records = tuple(store.to_recover(host, inventory))
-    return RecoveryRun(host, records, plan_recovery(cluster, inventory, host, records, waited_on=waited_on))
+    return RecoveryRun(host, records, plan_recovery(cluster, inventory, host, records, waited_on=waited_on,
+                                                    fenced=store.fenced()))
 
 
 def recover_host(uow: UnitOfWork, cluster: Cluster, store: DefinitionStore, inventory: Inventory, host: str, *,

@@ -174,6 +174,7 @@ class UnitOfWork:
             report = self.hv.repair(self.lock_guard, apply=not self.dry_run, fenced=self._fenced(),
                                     inventory=self.asleep(self.hv.inventory()))
         self.repaired = report
+        self._record_resumed(report)
         self.reporting.settled(report)
         # A refused repair reports applied=False (hypervisor/settlement.py): what says it was meant to act is
         # that this is no dry run.
@@ -184,6 +185,22 @@ class UnitOfWork:
             self.reporting.note(f"{len(report.plan.waiting)} in-doubt VM(s) not settled yet: "
                                 + "; ".join(report.plan.waiting))
         return report
+
+    def _record_resumed(self, report: RepairReport) -> None:
+        """Each VM whose paused arrival repair resumed is recorded where it now runs: the migration that left it
+        there was never recorded (its process died, or lost its lease, after the switch-over), so its record still
+        names the source.  Left so, a recovery of that source would take it for one of its own VMs, and a status
+        would look for it in the wrong place (seed 1, schedule 8245 with SIGTERM, docs/faultsim.md)."""
+        from vcsched.plans.repair import RESUME
+
+        if self.store is None or self.dry_run:
+            return
+        for action, outcome, _ in report.outcomes:
+            if action.action == RESUME and outcome == "done":
+                try:
+                    self.store.moved(action.vm, action.host)
+                except (StoreError, InputError) as exc:
+                    self.reporting.note(f"{exc}: VM {action.vm}'s record still names the host it left")
 
     def _fenced(self) -> frozenset[str]:
         """The hosts the definitions store marks fenced: off since, holding no copy of any VM (a mark is cleared when

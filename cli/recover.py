@@ -53,8 +53,13 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
     answers is not recovered (use `vcsched drain`).  Re-running converges:
     VMs already running elsewhere are left alone.
 
+    While another host does not answer and was not fenced, HOST's VMs
+    wait (said, exit 1): one may run there, its migration cut after the
+    switch-over before vcsched recorded it.  HOST is fenced all the same;
+    they restart once that host is recovered too (or answers again).
+
     Exit codes: 0 every VM of HOST runs (or will, dry run), 1 a VM is
-    stranded / HOST answers or is asleep (docs/power.md) / the plan is refused / fencing failed / a step
+    stranded or waits / HOST answers or is asleep (docs/power.md) / the plan is refused / fencing failed / a step
     failed / the cluster is locked, 2 bad input, 130 interrupted (a running
     step finishes first).
     """
@@ -117,10 +122,12 @@ def recover_cmd(host: str, cluster_file: str | None, do_apply: bool, as_json: bo
             console.print("dry run: nothing changed (use --apply to fence and create)")
     code = apply_exit_code(report) if report is not None else EXIT_OK
     if as_json:
-        emit_json({"ok": code == EXIT_OK and not recovery.stranded, **out})
+        emit_json({"ok": code == EXIT_OK and not recovery.stranded and not recovery.waiting, **out})
     if recovery.stranded:
         return refuse(f"{len(recovery.stranded)} VM(s) of {host} stranded: "
                       + "; ".join(f"{vm}: {why}" for vm, why in recovery.stranded[:3]))
+    if recovery.waiting:
+        return refuse(f"{len(recovery.waiting)} VM(s) of {host} not restarted yet: {recovery.waiting[0][1]}")
     return code
 
 
@@ -135,12 +142,14 @@ def _refused(out: dict[str, Any], reason: str, as_json: bool) -> int:
 
 def _render(host: str, down: str, recovery: Recovery, recorded: int) -> None:
     console.print(f"host {host} is down ({down}); {recorded} VM(s) recorded on it", highlight=False)
-    if recovery.fence and recovery.restarts:
+    if recovery.fence and recovery.plan is not None:
         console.print(f"1. fence {host} (its fence agent: off, then status must say off)", highlight=False)
         for i, (vm, target) in enumerate(recovery.restarts, start=2):
             console.print(f"{i}. create {vm} on {target}", highlight=False)
     for vm, where in recovery.running:
         console.print(f"{vm}: already runs on {where}", highlight=False)
+    for vm, why in recovery.waiting:
+        console.print(f"[yellow]waits[/]: {vm}: {why}", highlight=False)
     for vm, why in recovery.stranded:
         console.print(f"[yellow]stranded[/]: {vm}: {why}", highlight=False)
     for vm, got, floor in recovery.below_floor:

@@ -333,3 +333,27 @@ def test_a_host_an_in_doubt_vm_waits_for_is_fenced_with_nothing_to_restart() -> 
     assert rec.fence and rec.restarts == () and rec.plan is not None
     assert not rec.plan.created_vms() and apply_plan(hv, rec.plan).ok
     assert plan_recovery(cluster_of(3), hv.inventory(), "h1", [], waited_on=True).plan is None  # no agent: never
+
+
+def test_with_another_host_down_and_not_fenced_nothing_is_restarted_but_the_host_is_fenced_all_the_same() -> None:
+    """A VM recorded on h1 may run on h2, down but not fenced (a migration cut after its switch-over, its step not
+    recorded): restarting it would run it twice (scripts/faultsim --seed 1 --replay 8245 --sigterm).  h1 is fenced
+    all the same, so that once h2 is recovered too they are lost and restarted; with h2 fenced, they restart."""
+    hv = down_h1([managed("old-0", "h0", "old", 0.5, cap=0.5)], n_hosts=4)
+    hv.down["h2"] = "host h2: did not answer within 15 s (host_timeout)"
+    cluster = fenced(fenced(cluster_of(4), "h1"), "h2")
+    rec = plan_recovery(cluster, hv.inventory(), "h1", [record("web-0")])
+    assert rec.fence and rec.restarts == () and rec.plan is not None  # fenced: the plan re-sets the caps only
+    assert [vm for vm, _ in rec.waiting] == ["web-0"] and "h2" in rec.waiting[0][1] and not rec.stranded
+    assert not any(s.op == "create" for s in rec.plan.steps)
+    rec = plan_recovery(cluster, hv.inventory(), "h1", [record("web-0")], fenced={"h2": 1.0})
+    assert [vm for vm, _ in rec.restarts] == ["web-0"] and not rec.stranded and not rec.waiting
+
+
+def test_with_every_other_host_down_a_recovery_plans_nothing_and_does_not_crash() -> None:
+    """scripts/faultsim --seed 20261127 --replay 2981: every host down, the recovery's caps plan had no host to
+    read the reference size from (ValueError: max() arg is an empty sequence)."""
+    hv = down_h1([], n_hosts=2)
+    hv.down["h0"] = "host h0: did not answer within 15 s (host_timeout)"
+    rec = plan_recovery(fenced(fenced(cluster_of(2), "h1"), "h0"), hv.inventory(), "h1", [record("web-0")])
+    assert rec.plan is None and rec.restarts == () and [vm for vm, _ in rec.waiting] == ["web-0"]

@@ -167,3 +167,49 @@ def test_floors_give_the_failure_workloads_virtual_clusters_a_min_yield_and_the_
 def test_only_runs_the_schedules_of_the_workloads_named() -> None:
     summary = run_schedules(64, 5, extras=Extras(only=frozenset({"controller"})))
     assert summary.schedules == 2  # 21 and 53
+
+
+def test_a_recovery_restarts_nothing_another_unfenced_host_down_may_run() -> None:
+    """Seed 1, schedule 8245 with --sigterm: a migration h0 -> h1 confirmed, its process gone before recording
+    it; a repair resumed vc0-2 on h1; h1 and h0 stopped answering, and the recovery of h0 restarted vc0-2 (its
+    record names h0) on h2 while it ran on h1, down but not fenced: it ran twice."""
+    out = replay(1, 8245, extras=Extras(sigterm=True))
+    assert out.violations == [] and out.result == "ok", out.violations
+
+
+def test_a_recovery_plans_around_a_copy_in_doubt_and_a_fenced_sources_arrival_restarts_from_its_record() -> None:
+    """Seed 1, schedule 7157: a probe's migration h1 -> h0 was confirmed after its lease was lost (the arrival
+    left paused, not marked completed); h1 stopped answering.  The recovery of h1 planned h0's caps full as if
+    the paused arrival held none, the whole-plan check (which keeps its cap) refused it at every interval, and
+    vc0-0 stayed paused everywhere.  Planned around it, h1 is fenced, repair destroys the arrival (its source was
+    fenced: its state cannot be trusted) and vc0-0 restarts from its record."""
+    out = replay(1, 7157)
+    assert out.violations == [] and out.result == "ok", out.violations
+
+
+def test_floors_make_half_the_failure_schedules_strand_and_the_default_run_has_sigterm_and_floors() -> None:
+    """``--floors``: about half of the failure schedules say on_failure = "strand" (drawn apart from the schedule's
+    own draws), the rest keep the default "restart"; the command line turns SIGTERM and floors on unless told
+    --no-sigterm / --no-floors (docs/faultsim.md)."""
+    import random
+
+    from faultsim.simulation import STRAND_SHARE, main
+
+    rt = Runtime()
+    failure = [i for i in range(400) if Schedule(rt, 5, i, extras=Extras(floors=True)).floored]
+    strands = [i for i in failure if Schedule(rt, 5, i, extras=Extras(floors=True)).cluster.on_failure == "strand"]
+    assert 0 < len(strands) < len(failure)
+    assert strands == [i for i in failure if random.Random(f"strand/5/{i}").random() < STRAND_SHARE]
+    assert Schedule(rt, 5, strands[0]).cluster.on_failure == "restart"  # without --floors: the plain schedule
+    summary = run_schedules(len(strands), 5, extras=Extras(sigterm=True, floors=True,
+                                                           only=frozenset({"recover", "restart", "controller"})))
+    assert summary.violations == [], summary.violations
+    import contextlib
+    import io
+    import json
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["--schedules", "22", "--seed", "5", "--only", "controller", "--json"])
+    doc = json.loads(out.getvalue())
+    assert doc["sigterm"] is True and doc["floors"] is True and doc["violations"] == []

@@ -121,3 +121,20 @@ def test_a_dry_run_exits_as_apply_would_when_the_live_cluster_refuses_the_plan(t
 def test_an_unknown_host_is_bad_input(tmp_path: Path) -> None:
     r = run("h9", "--cluster", cluster(tmp_path, None))
     assert r.exit_code == 2 and "host 'h9': not in cluster" in r.stderr  # type: ignore[attr-defined]
+
+
+def test_with_another_host_down_and_not_fenced_its_vms_wait_and_the_exit_is_1(tmp_path: Path, state: Path) -> None:
+    """h2 does not answer either and was not fenced: a VM recorded on h1 may run there (a migration cut after its
+    switch-over, not recorded), so nothing is created; h1 is fenced all the same (its plan re-sets caps only)."""
+    recorded(state, "web-0", "web-1")
+    c = cluster(tmp_path, agent(tmp_path, 2), scheme="sim")
+    (tmp_path / "h2.xml").unlink()
+    r = run("h1", "--cluster", c, "--json")
+    assert r.exit_code == 1, r.output  # type: ignore[attr-defined]
+    doc = json.loads(r.stdout)  # type: ignore[attr-defined]
+    assert [x["vm"] for x in doc["recovery"]["waiting"]] == ["web-1", "web-0"] and not doc["recovery"]["stranded"]
+    assert "h2" in doc["recovery"]["waiting"][0]["reason"] and not doc["recovery"]["restarts"]
+    assert doc["plan"] is not None and "create" not in {s["op"] for s in doc["plan"]["steps"]}
+    text = run("h1", "--cluster", c)
+    assert "1. fence h1" in text.stdout and "waits: web-1" in text.stdout  # type: ignore[attr-defined]
+    assert "not restarted yet" in text.output  # type: ignore[attr-defined]

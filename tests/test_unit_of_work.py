@@ -229,3 +229,22 @@ def test_a_fence_mark_lives_until_its_host_answers_under_the_lock(tmp_path: Path
     with UnitOfWork(hv, Lock(), store=store) as uow:
         report = uow.apply(plan)
     assert report is not None and report.ok and set(store.fenced()) == {"h0"}
+
+
+def test_a_resume_by_the_settlement_on_entry_is_recorded_where_the_vm_now_runs(tmp_path: Path) -> None:
+    """A migration h0 -> h1 switched over and its process died before recording it: the record names h0, the VM
+    is a paused arrival on h1.  The settlement on entry resumes it there, and records h1 — left naming h0, a
+    recovery of h0 took it for one of its own VMs (scripts/faultsim --seed 1 --replay 8245 --sigterm)."""
+    from hypervisor.libvirt_backend import LibvirtHypervisor
+    from tests.test_settlement import domain, hosts, node
+
+    store = DefinitionStore.for_url(f"file://{tmp_path}/coordination", "t")
+    store.put(CreateStep("v", "h0", "vc", 1, 128 << 20, 0.5, 0.5, Boot("kernel", "/k", "/i", "")))
+    c = hosts(tmp_path, h0=node(), h1=node(domain("v", arriving_from="h0")))
+    with LibvirtHypervisor(c) as hv:
+        hv.conn("h1").lookupByName("v").suspend()
+        with UnitOfWork(hv, Lock(), store=store) as uow:
+            assert uow.repaired is not None and [(a.action, a.host, o) for a, o, _ in uow.repaired.outcomes] == [
+                ("resume", "h1", "done")]
+    recorded = store.get("v")
+    assert recorded is not None and recorded.host == "h1"

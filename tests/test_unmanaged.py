@@ -356,3 +356,22 @@ def test_top_marks_a_host_whose_unmanaged_io_takes_its_declared_rate() -> None:
     assert h1.unmanaged_io_full == () and host_marks(h1) == ""
     idle = top_view(inv, "yield", {"legacy": [io_sample(float(i), 1.0 * MiB, None) for i in range(5)]}, {}, [])
     assert idle.hosts[0].unmanaged_io_full == ()
+
+
+def test_a_copy_in_doubt_keeps_its_cap_on_its_host_for_every_plan() -> None:
+    """A paused arrival in doubt (its source down, not fenced) is never acted on, but repair may resume it where it
+    stands, so the whole-plan check keeps its cap there; a recovery planned around it as if that host were free
+    was refused at every interval, and the failed host's VMs stayed down (scripts/faultsim --seed 1 --replay
+    7157).  Every plan is built on usable_cores, which now leaves that cap out."""
+    arrival = dataclasses.replace(managed("db-0", "h0", "db", 0.5, cap=0.75), paused=True, in_doubt=True,
+                                  arriving_from="h1")
+    inv = inventory_of([arrival], n_hosts=3, cores=1)
+    assert inv.doubtful_cores("h0") == 0.75 and inv.usable_cores(inv.host("h0")) == 0.25
+    assert inv.unmanaged_cores("h0") == 0.0  # not an unmanaged domain: shown as the managed VM's copy
+    hv = memory_hypervisor(inv)
+    hv.down["h1"] = "host h1: did not answer"
+    cluster = dataclasses.replace(cluster_of(3), hosts=tuple(
+        dataclasses.replace(h, fence=FenceConfig("/bin/true")) if h.name == "h1" else h for h in cluster_of(3).hosts))
+    rec = [CreateStep("web-0", "h1", "web", 1, 128 * MiB, 0.5, 0.5, Boot("kernel", "/k", "/i", ""))]
+    recovery = plan_recovery(cluster, hv.inventory(), "h1", rec)
+    assert recovery.restarts == (("web-0", "h2"),)  # h0's quarter core is too small for a need of half a core

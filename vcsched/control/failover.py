@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -431,10 +431,14 @@ class Recovery:
     plan: Plan | None
     min_yield: float | None
     below_floor: tuple[tuple[str, float, float], ...] = ()
+    #: ``(vm, why)`` for the VMs not restarted *yet*: another host that does not answer and was not fenced may run
+    #: them; they restart once it is recovered too (not stranded: nothing is wrong with them or the survivors).
+    waiting: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {"host": self.host, "fence": self.fence, "restarts": [{"vm": vm, "host": h} for vm, h in self.restarts],
                 "stranded": [{"vm": vm, "reason": why} for vm, why in self.stranded],
+                "waiting": [{"vm": vm, "reason": why} for vm, why in self.waiting],
                 "running": [{"vm": vm, "host": h} for vm, h in self.running],
                 "below_floor": [{"vm": vm, "yield": round(y, 6), "min_yield": f} for vm, y, f in self.below_floor],
                 "min_yield_after": self.min_yield}
@@ -450,7 +454,7 @@ def has_disk(step: CreateStep) -> bool:
 
 
 def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Sequence[CreateStep], *,
-                  waited_on: bool = False) -> Recovery:
+                  waited_on: bool = False, fenced: Collection[str] = ()) -> Recovery:
     """The recovery of ``host`` (down in ``inventory``) from the definition ``records`` of its VMs.
 
     ``waited_on``: a VM in doubt waits for ``host`` to settle (:attr:`vcsched.plans.repair.RepairPlan.blocked`:
@@ -465,6 +469,12 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
     file's ``on_failure = "strand"`` — no CPU at the floors.  With ``on_failure = "restart"`` (the default) a VM
     whose floor cannot be met restarts below it, listed in ``below_floor`` and in the plan's ``extra``, which
     is what lets the whole-plan check accept the plan (:mod:`vcsched.plans.claims`).
+
+    While another host does not answer and was not fenced (``fenced``: the definitions store's fence marks), a VM
+    recorded on ``host`` may run there (a migration cut after its switch-over, before its step was recorded):
+    nothing is restarted — each waits (``waiting``, with that reason) — but ``host`` is fenced all the same, so that
+    once the other host is recovered too they are lost and restarted (:mod:`vcsched.control.lost`, the same rule;
+    found by the fault simulation with SIGTERM, seed 1 schedule 8245, docs/faultsim.md).
     """
     survivors = without_hosts(inventory, [host]).up()
     elsewhere = {v.name: v.host for v in survivors.vms if v.active}
@@ -475,6 +485,15 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
         why = (f"host {host} has no fence agent (cluster file: fence = {{agent = ...}}): it may still run there, "
                "so it is not started elsewhere")
         return Recovery(host, False, (), tuple((r.vm, why) for r in pending), running, None, None)
+    holders = [h.name for h in inventory.hosts
+               if h.name != host and h.down is not None and not h.asleep and h.name not in fenced]
+    if holders and pending:
+        why = (f"host(s) {', '.join(holders)} do not answer and were not fenced: it may run there (a migration cut "
+               f"after its switch-over); it is restarted once they are recovered too")
+        # Fence it all the same (a plan that re-sets the survivors' caps), unless no host answers at all.
+        caps = _recovery_plan(cluster, inventory, survivors, (), {}, {"recover": host}) if survivors.hosts else None
+        return Recovery(host, True, (), (), running, caps, None if caps is None else caps.min_yield,
+                        waiting=tuple((r.vm, why) for r in pending))
     stranded: list[tuple[str, str]] = []
     unshared = [h.name for h in survivors.hosts if not cluster.shares_storage(host, h.name)]
     candidates = []
@@ -486,7 +505,7 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
             candidates.append(r)
     placed, more, plan, below = restart_records(cluster, inventory, survivors, host, candidates, {"recover": host},
                                                 cluster.on_failure == "restart")
-    if plan is None and waited_on:
+    if plan is None and waited_on and survivors.hosts:
         plan = _recovery_plan(cluster, inventory, survivors, (), {}, {"recover": host})
     return Recovery(host, True, placed, (*stranded, *more), running, plan, None if plan is None else plan.min_yield,
                     below)
