@@ -186,10 +186,21 @@ def plan_lost_restart(cluster: Cluster, store: DefinitionStore, inventory: Inven
             elif r.vm in where:
                 not_lost.append((r.vm, f"it is on {where[r.vm]} (not lost)"))
             else:
-                not_lost.append((r.vm, f"its host {r.host} does not answer and was not fenced: it may still run "
-                                       f"there (`vcsched recover {r.host}` fences the host and restarts its VMs)"))
+                not_lost.append((r.vm, _awaiting_why(r, inventory, store)))
     return RestartRun(tuple(chosen), plan_restart(cluster, inventory, chosen, below_floor_ok=below_floor_ok),
                       tuple(not_lost))
+
+
+def _awaiting_why(record: CreateStep, inventory: Inventory, store: DefinitionStore) -> str:
+    """Why a recorded VM that runs on no answering host is not lost (vcsched/control/lost.py): its own host, or
+    another host, does not answer and was not fenced, so it may still run there."""
+    fenced = store.fenced()
+    holders = [h.name for h in inventory.hosts if h.down is not None and not h.asleep and h.name not in fenced]
+    if record.host in holders or not holders:
+        return (f"its host {record.host} does not answer and was not fenced: it may still run there "
+                f"(`vcsched recover {record.host}` fences the host and restarts its VMs)")
+    return (f"host(s) {', '.join(holders)} do not answer and were not fenced: it may run there (a migration cut "
+            f"after its switch-over, not recorded); `vcsched recover {holders[0]}` fences it, then it is lost")
 
 
 def restart_lost(uow: UnitOfWork, cluster: Cluster, store: DefinitionStore, inventory: Inventory,

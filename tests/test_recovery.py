@@ -208,3 +208,19 @@ def test_the_fault_simulation_runs_the_product_recovery_itself(monkeypatch: pyte
     assert workload_of(index) in ("recover", "restart", "controller")
     out = replay(1, index)
     assert calls and not out.violations
+
+
+def test_a_vm_of_a_fenced_host_waits_while_another_unfenced_host_is_down_and_the_reason_names_that_host(
+        tmp_path: Path) -> None:
+    """h1 fenced, b-0 not restarted; h2 down and not fenced may run b-0 (a migration cut after its switch-over):
+    not lost, and the reason names h2, not h1 (which was fenced).  A recovery of h1 then makes b-0 wait too."""
+    hv, c, store = failed_h1(tmp_path)
+    hv.down["h2"] = "host h2: did not answer"
+    store.mark_fenced("h1")
+    with UnitOfWork(hv, Lock(), store=store) as uow:
+        run = restart_lost(uow, c, store, uow.inventory(), [B0], below_floor_ok=True)
+        assert run.report is None and [vm for vm, _ in run.not_lost] == ["b-0"]
+        assert "host(s) h2 do not answer" in run.not_lost[0][1] and "recover h2" in run.not_lost[0][1]
+        recovery = plan_host_recovery(c, store, uow.inventory(), "h1", waited_on=False).recovery
+    assert recovery.restarts == () and [vm for vm, _ in recovery.waiting] == ["b-0"] and not recovery.stranded
+    assert recovery.plan is not None  # h1 is fenced all the same (a caps-only plan)
