@@ -105,7 +105,7 @@ CONTROLLER_CYCLES = 5
 #: (killed at its timeout; it may have switched the host off all the same), or the process is killed right after
 #: the power went off (nothing restarted, nothing recorded as fenced).
 FENCE_FAIL, FENCE_HANG, FENCE_KILL = 0.1, 0.1, 0.05
-#: With ``--sigterm``: in a controller schedule, the chance that a ``kill`` fault is a SIGTERM instead.
+#: With ``--sigterm``: in a controller or probe schedule, the chance that a ``kill`` fault is a SIGTERM instead.
 SIGTERM_SHARE = 0.5
 #: With ``--floors``: the floor (``min_yield``) of every virtual cluster but the first in the recover, restart and
 #: controller schedules.
@@ -475,6 +475,10 @@ class Schedule:
         self.extras = extras
         #: The controller of the running process (a SIGTERM sets its ``stop``).
         self.ctl: Any = None
+        #: The stop event of the running process that handles SIGTERM as an orderly stop (cli/signals.py): the
+        #: controller's (`vcsched run`), or the probe's (`observe --probe`); None for the one-shot commands, for
+        #: which SIGTERM is Python's default, an end at once — the ``kill`` fault.
+        self.stoppable: threading.Event | None = None
         self.rng = random.Random(f"{seed}/{index}")
         self.sc = scenario(self.rng.randrange(SCENARIOS))
         #: The plan the command works on.  ``place`` saves the plan it computed and later processes apply it
@@ -736,10 +740,10 @@ class Schedule:
                     conn.closed = True
             raise sim_error(libvirt.VIR_ERR_INTERNAL_ERROR, "internal error: connection closed due to keepalive "
                             "timeout")
-        if kind == "kill" and self.ctl is not None and self.extras.sigterm and self.rng.random() < SIGTERM_SHARE:
-            if not self.ctl.stop.is_set():
+        if kind == "kill" and self.stoppable is not None and self.extras.sigterm and self.rng.random() < SIGTERM_SHARE:
+            if not self.stoppable.is_set():
                 self.fault("sigterm", f"process {c.process} receives SIGTERM at {c.host}.{c.method}")
-                self.ctl.stop.set()  # the running step finishes; no further step starts
+                self.stoppable.set()  # the running step finishes; no further step starts (a probe: caps put back)
             return
         if kind == "kill":
             self.fault(kind, f"process {c.process} killed at {c.host}.{c.method}")
@@ -965,6 +969,7 @@ class Schedule:
                          failover=Failover(self.cluster, self.store, fence=self.fence_of([], final=final)),
                          power=None if self.powerwork is None else self.powerwork.store.read)
         self.ctl = ctl
+        self.stoppable = ctl.stop
         try:
             for _ in range(CONTROLLER_CYCLES * (3 if final else 1)):
                 if ctl.stop.is_set():
@@ -975,7 +980,7 @@ class Schedule:
                 self.note(f"p{pid} stopped (SIGTERM)")
                 self.check(f"after p{pid} stopped")
         finally:
-            self.ctl = None
+            self.ctl = self.stoppable = None
             hv.close()
             events = [json.loads(line) for line in stream.getvalue().splitlines()]
             for e in events:
@@ -1091,7 +1096,14 @@ class Schedule:
         from hypervisor.journal import PROBE, Journal
 
         def body(hv: Any) -> str:
-            stop = threading.Event()
+            stop = threading.Event()  # set by SIGTERM or Ctrl-C in cli/observe.py (cli/signals.py)
+            self.stoppable = stop
+            try:
+                return probe(hv, stop)
+            finally:
+                self.stoppable = None
+
+        def probe(hv: Any, stop: threading.Event) -> str:
             sampler = CpuSampler(PROBE_WINDOW_S + PROBE_SAMPLE_S, SimClock(self.world))
             sampler.sample_for(hv, PROBE_WINDOW_S, PROBE_SAMPLE_S, stop)
             with self.unit_of_work(hv, pid) as uow:  # in-doubt VMs settled first
@@ -1106,6 +1118,9 @@ class Schedule:
                 if final:
                     self.check_caps("after the final probe")
                 failed = [what for what, r in done.reports().items() if not r.ok]
+                if stop.is_set():  # cli/observe.py: Interrupted (exit 128 + the signal); what it could not put
+                    # back stays journaled, and the final process checks that no cap is left raised
+                    return "stopped (SIGTERM)" + (f": {', '.join(failed)} not ok" if failed else "")
                 return f"stopped: {', '.join(failed)} not ok" if failed else "ok"
 
         return self.process(pid, body)

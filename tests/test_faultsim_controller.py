@@ -213,3 +213,13 @@ def test_floors_make_half_the_failure_schedules_strand_and_the_default_run_has_s
         main(["--schedules", "22", "--seed", "5", "--only", "controller", "--json"])
     doc = json.loads(out.getvalue())
     assert doc["sigterm"] is True and doc["floors"] is True and doc["violations"] == []
+
+
+def test_a_sigterm_stops_a_probe_in_order_and_every_vm_runs_once_with_its_cap() -> None:
+    """``--sigterm`` reaches `observe --probe` too (it handles SIGTERM as an orderly stop, cli/signals.py): seed 11,
+    schedule 91, SIGTERM at p4's read; the probe stops, puts back what it raised, and the process ends; the final
+    process finds no cap left raised.  Without --sigterm the schedule is the plain one (a kill, or nothing)."""
+    out = replay(11, 91, extras=Extras(sigterm=True))
+    assert out.faults["sigterm"] >= 1 and out.violations == [] and out.result == "ok", out.violations
+    assert any("p4 ends: stopped (SIGTERM)" in line for line in out.trace)
+    assert replay(11, 91).faults["sigterm"] == 0
