@@ -240,3 +240,23 @@ def test_a_host_vcsched_put_to_sleep_is_never_declared_failed_nor_fenced(tmp_pat
     assert not run.events("host-down")  # asleep, not down
     # (This fixture's h1 "slept" with VMs on it, which sleep_host never does: its records name h1, and a host
     # asleep holds no VM, so they are lost and restarted like those of a host that answers without them.)
+
+
+def test_with_two_hosts_failed_each_is_fenced_and_every_vm_runs_once_after_both(tmp_path: Path) -> None:
+    """h1 and h2 lose power together.  While one is down and not fenced, the other's VMs may run there (a
+    migration cut after its switch-over, not recorded): the first recovery fences its host and says its VMs wait
+    (``vm_waiting``, not stranded: no metric); the second fences the other host and restarts both hosts' VMs."""
+    fences = Fences()
+    run, hv = setup(tmp_path, fences)
+    run.controller.failover.store.put(  # type: ignore[union-attr]
+        CreateStep("c-0", "h2", "c", 1, 128 << 20, 0.3, 0.3, Boot("kernel", "/k", "/i", "quiet")))
+    run.cycles(3)
+    power_loss(hv, "h1")
+    power_loss(hv, "h2")
+    run.cycles(8)
+    waiting = run.events("vm_waiting")
+    assert waiting and all("do not answer and were not fenced" in w["reason"] for w in waiting), waiting
+    assert sorted(fences.calls) == ["h1", "h2"] and not run.events("vm_stranded")
+    assert sorted(r["vm"] for r in run.events("vm_restarted")) == ["b-0", "c-0"]
+    assert hv.vms["b-0"].host == hv.vms["c-0"].host == "h0" and hv.vms["b-0"].active and hv.vms["c-0"].active
+    assert run.controller.metrics.failures.get("vms_stranded", 0) == 0
