@@ -14,7 +14,8 @@ and at every simulated libvirt call whether to inject one fault of :data:`KINDS`
 busy guests, the probe journal, the next process's restore; no cap may stay raised), and every
 :data:`TWIN_EVERY`-th starts with a VM in doubt and a host down (:meth:`Schedule.twin`); power schedules (a host
 put to sleep, or woken, through acting/power.py, with their own faults and invariants) are in
-:mod:`faultsim.power`.  The faults:
+:mod:`faultsim.power`, and approve schedules (`vcsched run --mode recommend` proposes, `vcsched approve` approves
+through :func:`acting.approval.approve`) in :mod:`faultsim.approve`.  The faults:
 
 * ``error``: the call fails with a libvirt error (some transient: the backend retries those);
 * ``hang``: the call does not answer within ``host_timeout`` (the clock jumps; keepalive closes the
@@ -1326,7 +1327,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", type=int, metavar="INDEX", help="replay schedule INDEX of --seed and print its trace")
     ap.add_argument("--stop", action="store_true", help="stop at the first violation")
     ap.add_argument("--sigterm", action="store_true",
-                    help=f"controller schedules: {SIGTERM_SHARE:.0%} of the kills are a SIGTERM instead")
+                    help=f"controller schedules (and approve schedules' recommending controller): "
+                         f"{SIGTERM_SHARE:.0%} of the kills are a SIGTERM instead")
     ap.add_argument("--only", default="", metavar="WORKLOADS",
                     help="run only these workloads' schedules, comma-separated (probe, approve, recover, restart, "
                          "controller, sleep, wake, command); the others are skipped")
