@@ -107,13 +107,14 @@ class ApproveWork:
         self.changes[c.process] += 1
 
     def run(self, pid: int, *, final: bool = False) -> str:
-        """One process: the recommending controller's intervals, perhaps a placement (the first process of a stale
-        schedule), then one `vcsched approve` per open recommendation."""
+        """One process: the recommending controller's intervals, in a stale schedule a placement (by the first process
+        that has proposals, and by the final one), then one `vcsched approve` per open recommendation (the final
+        process repairs first)."""
         s = self.s
         if final:
             s.plan = None
             self._repair(pid)
-        self.recommend(pid, final=final)
+        self.recommend(pid)
         from faultsim.simulation import SimClock
         from vcsched.control.recommend import open_ones
 
@@ -137,7 +138,7 @@ class ApproveWork:
         finally:
             hv.close()
 
-    def recommend(self, pid: int, *, final: bool) -> None:
+    def recommend(self, pid: int) -> None:
         """``vcsched run --mode recommend`` for :data:`CYCLES` intervals (acting/controller.py): it records what it
         would apply in the book and changes no host."""
         from acting.controller import Controller, RunOptions
