@@ -59,7 +59,7 @@ class Approval:
     @property
     def ok(self) -> bool:
         if self.power is not None:
-            return bool(getattr(self.power, "slept", False) or getattr(self.power, "woke", False))
+            return _carried_out(self.power)
         return self.report is not None and self.report.ok
 
 
@@ -170,9 +170,14 @@ def _approve_power(uow: UnitOfWork, cluster: Cluster, store: Book, rec: rc.Recom
     what = f"{rec.kind} {rec.plan['power']['host']} ..."
     with settled_if_not_applied(store, rec.id), (carrying_out or _silent)(what):
         result = carry_out(uow, cluster, rec.plan, store=record, agent=agent or agents(cluster), needs=needs)
-    ok = bool(getattr(result, "slept", False) or getattr(result, "woke", False))
+    ok = _carried_out(result)
     done = store.update(lambda book: rc.settle(book, rec.id, rc.APPLIED if ok else rc.FAILED, result.reason))
     return Approval(done, said, power=result)
+
+
+def _carried_out(result: SleepResult | WakeResult) -> bool:
+    """Whether a sleep slept, or a wake woke."""
+    return bool(getattr(result, "slept", False) or getattr(result, "woke", False))
 
 
 def _silent(_: str) -> AbstractContextManager[object]:
