@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -118,27 +116,6 @@ def recommendations_cmd(cluster_file: str | None, show_all: bool, as_json: bool,
     return EXIT_OK
 
 
-def _check_floors(cluster: Any, inventory: Any, book: Any, rec: Any) -> None:
-    """Refuse ``rec`` if a VM it touches would end below its floor with the current needs
-    (:func:`vcsched.control.recommend.check_floors`); the floor: the VM's own, at least the cluster file's."""
-    from vcsched.control import recommend as rc
-    from vcsched.plans.plan import plan_from_dict
-
-    try:
-        plan = plan_from_dict({k: v for k, v in rec.plan.items() if k != "power"})  # a sleep: its evacuation
-    except Exception:
-        return  # not a plan any more: applying it says why (stale)
-    touched = {s.vm for s in plan.steps}
-    caps = {vm: p.cap_cores for vm, p in plan.per_vm.items() if vm in touched}
-    declared, floors = {}, {}
-    for v in inventory.managed():
-        if v.meta is not None:
-            declared[v.name] = v.meta.cpu_need_cores
-            floors[v.name] = max(v.meta.min_yield or 0.0, cluster.min_yield)
-    needs, source = rc.current_needs(book, declared, time.time())
-    rc.check_floors(rec, caps, needs, floors, source)
-
-
 @click.command("approve")
 @click.argument("rec_id", metavar="ID")
 @cluster_option()
@@ -175,13 +152,11 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
     locked, 2 bad input (an unknown ID), 130 interrupted (the running step
     finishes; the report says what was done).
     """
+    from acting.approval import approve
     from acting.lock import member_id
-    from acting.power_saving import power_target
     from acting.unit_of_work import for_cluster
-    from cli.common import apply_exit_code, load_cluster, notice, render_report, reporting, run_apply
+    from cli.common import apply_exit_code, load_cluster, notice, power_store, render_report, reporting, run_apply
     from hypervisor.libvirt_backend import LibvirtHypervisor
-    from vcsched.control import recommend as rc
-    from vcsched.plans.plan import plan_from_dict
 
     cluster = load_cluster(cluster_file)
     with LibvirtHypervisor(cluster, on_notice=notice) as hv:
@@ -189,79 +164,28 @@ def approve_cmd(rec_id: str, cluster_file: str | None, as_json: bool, wait: floa
         store.read().get(rec_id)  # an unknown id is bad input before any lock is taken
         with for_cluster(cluster, hv, apply=True, coordination=coordination, wait=wait, ttl=lock_ttl,
                          reporting=reporting()) as uow:
-            book = store.read()
-            target, note = rc.resolve(book, rec_id, time.time())
-            if note is not None and not as_json:
-                console.print(note, highlight=False)
-            _check_floors(cluster, uow.inventory(), book, target)
-            rec = store.update(lambda book: rc.approve(book, rec_id, time.time(), member_id()))
-            rec_id = rec.id  # the same proposal made again, when rec_id was superseded by it
-            if power_target(rec.plan) is not None:
-                return _approve_power(cluster, uow, store, rec, coordination, as_json, note)
-            with _settled_if_not_applied(store, rec_id):
-                plan = plan_from_dict(dict(rec.plan))
-                report = run_apply(uow, plan, quiet=as_json)
-            state = rc.APPLIED if report.ok else rc.FAILED
-            bad = report.failed()
-            detail = "applied" if report.ok else (report.stopped or (bad.detail if bad is not None else "failed"))
-            rec = store.update(lambda book: rc.settle(book, rec_id, state, detail))
+            done = approve(uow, cluster, store, rec_id, member=member_id(),
+                           note=lambda line: None if as_json else console.print(line, highlight=False),
+                           apply=lambda plan: run_apply(uow, plan, quiet=as_json),
+                           power=lambda: power_store(cluster, uow.hv, coordination),
+                           carrying_out=None if as_json else console.status)
+    rec = done.recommendation
+    if done.power is not None:  # a sleep or a wake (acting/power_saving.py)
+        if as_json:
+            emit_json({"ok": done.ok, "recommendation": rec.to_dict(time.time()), "power": done.power.to_dict(),
+                       "note": done.note})
+        else:
+            console.print(f"recommendation {rec.id}: {rec.state}: {done.power.reason}", highlight=False)
+        return EXIT_OK if done.ok else refuse(f"recommendation {rec.id} failed: {done.power.reason}")
+    report = done.report
+    assert report is not None
     if as_json:
         emit_json({"ok": report.ok, "recommendation": rec.to_dict(time.time()), "apply": report.to_dict(),
-                   "note": note})
+                   "note": done.note})
     else:
         render_report(report)
-        console.print(f"recommendation {rec_id}: {state}", highlight=False)
+        console.print(f"recommendation {rec.id}: {rec.state}", highlight=False)
     return apply_exit_code(report)
-
-
-@contextlib.contextmanager
-def _settled_if_not_applied(store: Any, rec_id: str) -> Iterator[None]:
-    """An approved recommendation that is not carried out is settled in the book: **stale** when it no longer holds
-    on the live inventory (the snapshot, the plan replayed, its claims; a power proposal's host) — refused, exit 1,
-    nothing changed — and **failed** on anything else (a host down, the lock lost, Ctrl-C), re-raised."""
-    from acting.power_saving import Stale
-    from vcsched.control import recommend as rc
-    from vcsched.errors import InputError
-    from vcsched.plans.claims import PlanMismatch
-
-    try:
-        yield
-    except (InputError, PlanMismatch, Stale) as exc:
-        why = f"the cluster changed since it was made: {exc}"
-        store.update(lambda book: rc.settle(book, rec_id, rc.STALE, why))
-        raise rc.Refused(f"recommendation {rec_id} is stale: {why}") from None
-    except BaseException as exc:
-        failed = f"not applied: {exc or type(exc).__name__}"
-        store.update(lambda book: rc.settle(book, rec_id, rc.FAILED, failed))
-        raise
-
-
-def _approve_power(cluster: Any, uow: Any, store: Any, rec: Any, coordination: str | None, as_json: bool,
-                   note: str | None) -> int:
-    """Carry out an approved sleep or wake (acting/power_saving.py), re-validated on the live inventory under the
-    lock held by ``uow``: stale (exit 1, nothing changed) when the host may no longer sleep, no longer sleeps, or
-    its evacuation no longer holds; otherwise through the same sleep_host / wake_host as `vcsched run`."""
-    from acting.power import agents
-    from acting.power_saving import carry_out
-    from cli.common import power_store
-    from vcsched.control import recommend as rc
-
-    declared = {v.name: v.meta.cpu_need_cores for v in uow.inventory().managed() if v.meta is not None}
-    needs, _ = rc.current_needs(store.read(), declared, time.time())
-    power = power_store(cluster, uow.hv, coordination)
-    with _settled_if_not_applied(store, rec.id):
-        if as_json:
-            result = carry_out(uow, cluster, rec.plan, store=power, agent=agents(cluster), needs=needs)
-        else:
-            with console.status(f"{rec.kind} {rec.plan['power']['host']} ..."):
-                result = carry_out(uow, cluster, rec.plan, store=power, agent=agents(cluster), needs=needs)
-    ok = bool(getattr(result, "slept", False) or getattr(result, "woke", False))
-    done = store.update(lambda book: rc.settle(book, rec.id, rc.APPLIED if ok else rc.FAILED, result.reason))
-    if as_json:
-        emit_json({"ok": ok, "recommendation": done.to_dict(time.time()), "power": result.to_dict(), "note": note})
-    else:
-        console.print(f"recommendation {rec.id}: {done.state}: {result.reason}", highlight=False)
-    return EXIT_OK if ok else refuse(f"recommendation {rec.id} failed: {result.reason}")
 
 
 @click.command("skip")

@@ -14,7 +14,8 @@ and at every simulated libvirt call whether to inject one fault of :data:`KINDS`
 busy guests, the probe journal, the next process's restore; no cap may stay raised), and every
 :data:`TWIN_EVERY`-th starts with a VM in doubt and a host down (:meth:`Schedule.twin`); power schedules (a host
 put to sleep, or woken, through acting/power.py, with their own faults and invariants) are in
-:mod:`faultsim.power`.  The faults:
+:mod:`faultsim.power`, and approve schedules (`vcsched run --mode recommend` proposes, `vcsched approve` approves
+through :func:`acting.approval.approve`) in :mod:`faultsim.approve`.  The faults:
 
 * ``error``: the call fails with a libvirt error (some transient: the backend retries those);
 * ``hang``: the call does not answer within ``host_timeout`` (the clock jumps; keepalive closes the
@@ -170,10 +171,14 @@ FAILURE_WORKLOADS = ("recover", "restart", "controller")
 
 
 def workload_of(index: int) -> str | None:
-    """What schedule ``index`` runs, by its index alone: ``probe``, one of :data:`FAILURE_WORKLOADS`, or None (its
-    scenario's command: place, drain or adapt)."""
+    """What schedule ``index`` runs, by its index alone: ``probe``, ``approve`` (faultsim/approve.py), one of
+    :data:`FAILURE_WORKLOADS`, or None (its scenario's command: place, drain or adapt)."""
     if index % PROBE_EVERY == PROBE_EVERY - 1:
         return "probe"
+    from faultsim.approve import APPROVE_AT, APPROVE_EVERY
+
+    if index % APPROVE_EVERY == APPROVE_AT:
+        return "approve"
     if index % RECOVER_EVERY != RECOVER_AT:
         return None
     if index % CONTROLLER_EVERY == CONTROLLER_AT:
@@ -464,6 +469,8 @@ class Outcome:
     calls: int = 0
     result: str = ""
     workload: str = ""
+    #: Approve schedules: how each approval ended (applied, failed, stale, refused, locked, killed).
+    approvals: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 class Schedule:
@@ -519,7 +526,7 @@ class Schedule:
         #: ``probe``: this schedule runs ``vcsched observe --probe`` (every guest busy at its cap, so each one
         #: capped below its vCPUs on a host with room is probed); else the scenario's command.
         kind = workload_of(index)
-        self.workload = kind if kind == "probe" else self.sc.command
+        self.workload = kind if kind in ("probe", "approve") else self.sc.command
         #: The caps vcsched set (the starting ones: a probe schedule changes no cap for good).
         self.caps = {d.uuid: d.cap_cores() for h in self.world.hosts.values() for d in h.domains.values()
                      if d.meta is not None}
@@ -536,6 +543,12 @@ class Schedule:
         self.leader: SimLockService | None = None  # the controller's leader lock
         #: ``sleep`` / ``wake``: a power schedule (faultsim/power.py: the host, the record, the agent, the checks).
         self.powerwork: Any = None
+        #: ``approve``: `vcsched run --mode recommend` and `vcsched approve` (faultsim/approve.py).
+        self.approval: Any = None
+        if kind == "approve":
+            from faultsim.approve import ApproveWork
+
+            self.approval = ApproveWork(self)
         if kind in FAILURE_WORKLOADS:
             self.workload = "recover"
             per_host = collections.Counter(v[1] for v in self.sc.vms if v[1] != "h0")
@@ -684,6 +697,8 @@ class Schedule:
             self.violate(f"a host was changed {who}: {where}")
         if c.method == "migrate.confirm":
             self.switched.discard((c.process, c.vm))
+        if self.approval is not None:
+            self.approval.changed(c)
         self.check(f"after {where}")
 
     def violate(self, what: str) -> None:
@@ -697,7 +712,7 @@ class Schedule:
     def hook(self, c: Call) -> None:
         if self.keep_trace:
             self.note(f"p{c.process} {c.host}.{c.method}({c.vm or ''})")
-        if self.workload in ("probe", "controller"):
+        if self.workload in ("probe", "controller", "approve"):
             self._burn()
         if not self.injecting or self.depth:
             return
@@ -1155,6 +1170,9 @@ class Schedule:
             self.note("workload: observe --probe")
         run = {"probe": self.observe_probe, "recover": self.recover, "restart": self.restart,
                "controller": self.controller}.get(self.workload, self.command)
+        if self.approval is not None:
+            run = self.approval.run
+            self.note(f"workload: approve ({'a VM placed before the approvals' if self.approval.stale else 'fresh'})")
         if self.powerwork is not None:
             run = self.powerwork.run
             self.note(f"workload: {self.workload} {self.powerwork.host} (with {self.powerwork.companion})")
@@ -1227,6 +1245,8 @@ class Schedule:
         finally:
             w.hook = w.after = None
             self.out.calls = w.calls
+            if self.approval is not None:
+                self.out.approvals = self.approval.outcomes
             self.rt.alive.clear()
             if self.journals is not None:
                 shutil.rmtree(self.journals, ignore_errors=True)
@@ -1252,10 +1272,13 @@ class Summary:
     calls: int
     #: Schedules per workload (place, drain, adapt, probe, recover, restart, controller, sleep, wake).
     workloads: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: How the approvals of the approve schedules ended (faultsim/approve.py).
+    approvals: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schedules": self.schedules, "faults": dict(sorted(self.faults.items())),
-                "violations": self.violations, "calls": self.calls, "workloads": dict(sorted(self.workloads.items()))}
+                "violations": self.violations, "calls": self.calls, "workloads": dict(sorted(self.workloads.items())),
+                "approvals": dict(sorted(self.approvals.items()))}
 
 
 @contextlib.contextmanager
@@ -1283,6 +1306,7 @@ def run_schedules(n: int, seed: int, *, rate: float = DEFAULT_RATE, first: int =
     violations: list[dict[str, Any]] = []
     calls = ran = 0
     workloads: collections.Counter[str] = collections.Counter()
+    approvals: collections.Counter[str] = collections.Counter()
     with rt.installed():
         for i in range(first, first + n):
             if not extras.runs(i):
@@ -1292,14 +1316,15 @@ def run_schedules(n: int, seed: int, *, rate: float = DEFAULT_RATE, first: int =
             faults.update(out.faults)
             calls += out.calls
             workloads[out.workload] += 1
+            approvals.update(out.approvals)
             if out.violations:
                 violations.append({"seed": seed, "schedule": i, "workload": out.workload,
                                    "violations": out.violations})
                 if on_violation is not None:
                     on_violation(out)
                 if stop_at_first:
-                    return Summary(ran, faults, violations, calls, workloads)
-    return Summary(ran, faults, violations, calls, workloads)
+                    return Summary(ran, faults, violations, calls, workloads, approvals)
+    return Summary(ran, faults, violations, calls, workloads, approvals)
 
 
 def replay(seed: int, index: int, *, rate: float = DEFAULT_RATE, extras: Extras = Extras()) -> Outcome:
@@ -1329,11 +1354,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", type=int, metavar="INDEX", help="replay schedule INDEX of --seed and print its trace")
     ap.add_argument("--stop", action="store_true", help="stop at the first violation")
     ap.add_argument("--sigterm", action=argparse.BooleanOptionalAction, default=True,
-                    help=f"controller schedules: {SIGTERM_SHARE:.0%} of the kills are a SIGTERM instead (default: on; "
-                         "--no-sigterm gives the plain schedules that the tests pin)")
+                    help=f"controller and probe schedules (and approve schedules' recommending controller): "
+                         f"{SIGTERM_SHARE:.0%} of the kills are a SIGTERM instead (default: on; --no-sigterm gives "
+                         "the plain schedules that the tests pin)")
     ap.add_argument("--only", default="", metavar="WORKLOADS",
-                    help="run only these workloads' schedules, comma-separated (probe, recover, restart, controller, "
-                         "sleep, wake, command); the others are skipped")
+                    help="run only these workloads' schedules, comma-separated (probe, approve, recover, restart, "
+                         "controller, sleep, wake, command); the others are skipped")
     ap.add_argument("--floors", action=argparse.BooleanOptionalAction, default=True,
                     help=f"recover, restart and controller schedules: every virtual cluster but vc0 has min_yield "
                          f"{FLOOR}, and {STRAND_SHARE:.0%} of them say on_failure = \"strand\" (default: on; "
@@ -1343,9 +1369,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.schedules < 1 or not 0 <= args.rate <= 1:
         ap.error("--schedules must be at least 1 and --rate within [0, 1]")
     only = frozenset(w for w in args.only.split(",") if w)
-    if only - {"probe", "command", "sleep", "wake", *FAILURE_WORKLOADS}:
-        ap.error(f"--only: {args.only!r}: the workloads are probe, recover, restart, controller, sleep, wake and "
-                 "command")
+    if only - {"probe", "approve", "command", "sleep", "wake", *FAILURE_WORKLOADS}:
+        ap.error(f"--only: {args.only!r}: the workloads are probe, approve, recover, restart, controller, sleep, "
+                 "wake and command")
     extras = Extras(sigterm=args.sigterm, floors=args.floors, only=only)
     with hazards_on(tuple(args.hazard)):
         if args.replay is not None:
@@ -1382,6 +1408,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{doc['schedules_per_s']} schedules/s), {s.calls} simulated libvirt calls")
         print("workloads: " + ", ".join(f"{k} {v}" for k, v in sorted(s.workloads.items())))
         print("faults injected: " + ", ".join(f"{k} {v}" for k, v in sorted(s.faults.items())))
+        if s.approvals:
+            print("approvals: " + ", ".join(f"{k} {v}" for k, v in sorted(s.approvals.items())))
         print(f"violations: {len(s.violations)}" + (f" (hazards on: {', '.join(args.hazard)})" if args.hazard else ""))
     return 1 if s.violations else 0
 

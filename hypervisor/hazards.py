@@ -52,10 +52,15 @@ LOST_WHILE_HOLDER_DOWN = "lost-while-holder-down"
 #: there since counts as lost (the mark's lifetime before docs/faultsim.md's "runs twice" fix).
 STALE_FENCE_MARK = "stale-fence-mark"
 
+#: `vcsched approve` applies a recommendation's plan step by step without validating it whole against the live
+#: inventory first (its snapshot, the plan replayed, its claims): a recommendation the cluster changed under since
+#: it was made — stale — is applied as if it still held (acting/approval.py).
+APPROVE_UNVALIDATED = "approve-unvalidated"
+
 KNOWN = frozenset({RESUME_UNREAD_SOURCE, SETTLE_WITHOUT_LOCK, FIRST_COPY_LOOKUP, PROBE_NO_RESTORE,
                    IN_DOUBT_PLANNABLE, RESUME_WITHOUT_GENERATION, MIGRATE_WHILE_HOLDER_DOWN,
                    FENCE_BEFORE_VALIDATE, POWER_OFF_UNCHECKED, WAKE_ANY_UUID, LOST_WHILE_HOLDER_DOWN,
-                   STALE_FENCE_MARK})
+                   STALE_FENCE_MARK, APPROVE_UNVALIDATED})
 
 #: The hazards switched on (empty in production).
 HAZARDS: set[str] = set()

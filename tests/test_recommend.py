@@ -171,6 +171,47 @@ def test_approving_applies_exactly_its_steps_and_the_yields_predicted(tmp_path: 
         assert yield_of(v.cap_or_vcpus, p.cpu_need_cores) == pytest.approx(p.yield_, abs=1e-4)  # the quota grid
 
 
+def test_approve_applies_the_recommendation_through_the_unit_of_work_and_settles_it(tmp_path: Path) -> None:
+    """acting.approval.approve, the sequence `vcsched approve` and the fault simulation run: under the lock, the
+    plan applied, the book settled applied and naming who approved; a second approval is refused."""
+    from acting.approval import approve
+    from acting.unit_of_work import UnitOfWork
+    from tests.builders import cluster_of
+
+    hv, run, store = recommending(tmp_path)
+    run.cycles(6)
+    r = next(r for r in rc.open_ones(store.read(), run.clock.time()) if r.kind == "re-balance")
+    locks = FakeLocks()
+    with UnitOfWork(hv, locks.lock("cluster", "alice")) as uow:
+        done = approve(uow, cluster_of(2), store, r.id, member="alice", clock=run.clock.time, threads=False)
+    assert done.ok and done.note is None and done.report is not None and done.power is None
+    assert (done.recommendation.id, done.recommendation.state, done.recommendation.decided_by) == \
+        (r.id, rc.APPLIED, "alice")
+    assert all(hv.vms[vm].host == p.host for vm, p in plan_from_dict(dict(r.plan)).per_vm.items())
+    with UnitOfWork(hv, locks.lock("cluster", "bob")) as uow, pytest.raises(rc.Refused, match="already applied by"):
+        approve(uow, cluster_of(2), store, r.id, member="bob", clock=run.clock.time)
+
+
+def test_approve_refuses_a_recommendation_the_cluster_changed_under_as_stale_and_changes_nothing(
+        tmp_path: Path) -> None:
+    from acting.approval import approve
+    from acting.unit_of_work import UnitOfWork
+    from tests.builders import cluster_of
+
+    hv, run, store = recommending(tmp_path)
+    run.cycles(6)
+    r = next(r for r in rc.open_ones(store.read(), run.clock.time()) if r.kind == "re-balance")
+    moved = {vm for vm, _ in r.moves}
+    other = next(v for v in sorted(hv.vms.values(), key=lambda v: v.name) if v.name not in moved)
+    hv.vms[other.name] = dataclasses.replace(other, host="h1" if other.host == "h0" else "h0")  # someone moved it
+    before = dict(hv.vms)
+    with UnitOfWork(hv, FakeLocks().lock("cluster", "alice")) as uow, \
+            pytest.raises(rc.Refused, match=f"recommendation {r.id} is stale: the cluster changed since it was made"):
+        approve(uow, cluster_of(2), store, r.id, member="alice", clock=run.clock.time)
+    assert hv.vms == before
+    assert store.read().get(r.id).state == rc.STALE
+
+
 def test_a_skipped_move_is_not_proposed_again_within_the_veto(tmp_path: Path) -> None:
     _, run, store = recommending(tmp_path)
     run.cycles(6)
