@@ -69,7 +69,7 @@ def _nothing(_: str) -> None:
 
 def approve(uow: UnitOfWork, cluster: Cluster, store: Book, rec_id: str, *, member: str,
             clock: Callable[[], float] = time.time, note: Callable[[str], None] = _nothing,
-            apply: Callable[[Plan], ApplyReport] | None = None, threads: bool = True,
+            apply: Callable[[Plan], ApplyReport] | None = None, threads: bool | None = None,
             power: Callable[[], PowerStore] | None = None, agent: Agent | None = None,
             carrying_out: Callable[[str], AbstractContextManager[object]] | None = None) -> Approval:
     """Approve recommendation ``rec_id`` of ``store`` and carry it out through ``uow`` (open, its lock held).
@@ -83,7 +83,8 @@ def approve(uow: UnitOfWork, cluster: Cluster, store: Book, rec_id: str, *, memb
     ``member``: who approves (in the book); ``clock``: the time validity and the needs' freshness are judged at;
     ``note``: said at once when ``rec_id`` was superseded by the same proposal (before a refusal, too);
     ``apply``: how the plan goes through ``uow`` (the CLI: with its progress bar; default
-    ``uow.apply(plan, threads=threads)``); ``power``: the cluster's power record, read only for a sleep or a wake
+    ``uow.apply(plan, threads=threads)``; ``threads`` None: the unit of work's); ``power``: the cluster's power
+    record, read only for a sleep or a wake
     (with ``agent``, default the cluster file's agents); ``carrying_out``: a context around a sleep or a wake
     (the CLI's spinner), given its description."""
     book = store.read()
@@ -184,10 +185,11 @@ def _silent(_: str) -> AbstractContextManager[object]:
     return nullcontext()
 
 
-def _unvalidated(uow: UnitOfWork, plan: Plan, threads: bool) -> ApplyReport:
+def _unvalidated(uow: UnitOfWork, plan: Plan, threads: bool | None) -> ApplyReport:
     """The hazard :data:`hypervisor.hazards.APPROVE_UNVALIDATED`: the plan applied step by step on the inventory read
     now, without the whole-plan check (its snapshot, the plan replayed, its claims): a stale recommendation is
     applied as if it still held."""
     from acting.executor import apply_plan
 
-    return apply_plan(uow.hv, plan, guard=uow.guard, threads=threads, checked=(uow.hv.inventory(), True))
+    return apply_plan(uow.hv, plan, guard=uow.guard, threads=uow.threads if threads is None else threads,
+                      checked=(uow.hv.inventory(), True))

@@ -269,6 +269,9 @@ class Controller:
     #: Power saving (acting/power_saving.py): with the cluster file's ``power_saving`` "auto" hosts are put to sleep
     #: and woken, with "recommend" (or ``--mode recommend``) proposed; None: never (docs/power.md §8).
     power_saving: PowerSaving | None = None
+    #: Whether a wave's migrations run at once, in threads (:class:`acting.unit_of_work.UnitOfWork`'s ``threads``):
+    #: False in the fault simulation, whose schedules must replay exactly (threads interleave as the OS schedules).
+    threads: bool = True
 
     def __post_init__(self) -> None:
         if self.power_saving is not None and self.power is None:
@@ -404,7 +407,7 @@ class Controller:
                           wait=self.options.lock_wait_s,
                           store=self.failover.store if self.failover is not None else None,
                           reporting=Reporting(note=warn, settled=settled), before_step=self._guard(None),
-                          power=self.power)
+                          power=self.power, threads=self.threads)
 
     # ------------------------------------------------------------------ the loop
 

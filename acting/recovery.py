@@ -119,13 +119,14 @@ def recover_host(uow: UnitOfWork, cluster: Cluster, store: DefinitionStore, inve
                  fence: Callable[[ClusterHost], FenceResult], already_fenced: bool = False,
                  planned: Callable[[RecoveryRun], None] = _nothing,
                  on_step: Callable[[StepResult], None] | None = None,
-                 unmarked: Callable[[StoreError], None] | None = None, threads: bool = True) -> RecoveryRun:
+                 unmarked: Callable[[StoreError], None] | None = None, threads: bool | None = None) -> RecoveryRun:
     """Recover failed ``host`` through ``uow`` (open; a dry run only checks), planned on ``inventory`` (read through
     ``uow``, under its lock): the module's sequence.  ``fence`` runs the host's fence agent, only once the plan is
     validated whole; ``already_fenced``: the caller fenced it earlier in this same failure (the controller, once per
     failure): not fenced nor marked again.  ``planned`` is called once the recovery is planned, before anything
     changes; ``on_step`` as each step ends; ``unmarked`` when the store cannot record the fence (default: a note of
-    the unit of work; the recovery goes on, the host is off either way); ``threads`` as the executor's.
+    the unit of work; the recovery goes on, the host is off either way); ``threads`` as the executor's (None: the
+    unit of work's, :class:`acting.unit_of_work.UnitOfWork`).
 
     Raises :class:`NotFailed` (nothing planned), and what the unit of work raises; a plan that does not hold on
     the live cluster is returned as ``refused``, with whether the host was fenced before (``fence``)."""
@@ -206,7 +207,7 @@ def _awaiting_why(record: CreateStep, inventory: Inventory, store: DefinitionSto
 def restart_lost(uow: UnitOfWork, cluster: Cluster, store: DefinitionStore, inventory: Inventory,
                  records: Sequence[CreateStep] | None = None, *, below_floor_ok: bool | None = None,
                  planned: Callable[[RestartRun], None] = _nothing,
-                 on_step: Callable[[StepResult], None] | None = None, threads: bool = True) -> RestartRun:
+                 on_step: Callable[[StepResult], None] | None = None, threads: bool | None = None) -> RestartRun:
     """Restart lost VMs through ``uow`` (open; a dry run only checks), planned on ``inventory`` (read through
     ``uow``, under its lock) by :func:`plan_lost_restart` (``records``, ``below_floor_ok``: its).  ``planned``,
     ``on_step`` and ``threads`` as :func:`recover_host`'s.  Raises what the unit of work raises (an apply refused

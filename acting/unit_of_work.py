@@ -115,14 +115,19 @@ class UnitOfWork:
     (`cordon`).  ``before_step``: the caller's own condition checked before every step, besides the lock (the
     controller: not stopping, still the leader).  ``store``: where each step that took effect is recorded
     (None: nowhere).  ``power``: reads the cluster's power record (acting/power.py), so that a host that does not
-    answer because vcsched put it to sleep is read as asleep, not down (None: no record).
+    answer because vcsched put it to sleep is read as asleep, not down (None: no record).  ``threads``: whether
+    a wave's migrations run at once, in threads (the default of :meth:`apply`; False: one after the other, in
+    plan order, in the caller's thread).  The fault simulation passes False for every unit of work it builds or
+    is given (the controller's, a power action's, an approval's): a wave's threads interleave their libvirt
+    calls as the OS schedules them, so a schedule would not replay exactly (docs/faultsim.md).
     """
 
     def __init__(self, hv: Hypervisor, lock: Lock | None, *, wait: float = 0.0, settle: bool = True,
                  store: DefinitionStore | None = None, reporting: Reporting = Reporting(),
                  before_step: Callable[[], None] | None = None,
-                 power: Callable[[], PowerState] | None = None) -> None:
+                 power: Callable[[], PowerState] | None = None, threads: bool = True) -> None:
         self.hv = hv
+        self.threads = threads
         self.power = power
         self.lock = lock
         self.wait = wait
@@ -311,7 +316,8 @@ class UnitOfWork:
 
     def apply(self, plan: Plan, *, force: bool = False, planned_here: bool = False,
               irreversible: Callable[[], bool] | None = None,
-              on_step: Callable[[StepResult], None] | None = None, threads: bool = True) -> ApplyReport | None:
+              on_step: Callable[[StepResult], None] | None = None,
+              threads: bool | None = None) -> ApplyReport | None:
         """Validate ``plan`` whole, then (with ``irreversible``) perform the irreversible action it must follow,
         then apply it step by step under :meth:`guard`, recording each step that took effect.  The plan is checked
         whole once: by the executor before its first step, or, with ``irreversible``, before that action (the
@@ -319,7 +325,8 @@ class UnitOfWork:
 
         ``irreversible`` runs only once the plan is known to hold on the live cluster, under the guard; it
         returns whether it succeeded: False (fencing failed, the host may still run its VMs) applies nothing
-        and returns None.  ``on_step``: this plan's own callback, after the reporting's ``step``.
+        and returns None.  ``on_step``: this plan's own callback, after the reporting's ``step``.  ``threads``: as
+        the constructor's (None: the constructor's).
         Raises as :meth:`validate` before anything changed; :class:`DryRun` in a dry run."""
         if not self._open:
             raise DryRun("the unit of work is not open: enter it (`with UnitOfWork(...)`) before applying")
@@ -347,7 +354,8 @@ class UnitOfWork:
                 on_step(result)
 
         with _changed_meanwhile(plan, planned_here):
-            return apply_plan(self._reading(), plan, force=force, guard=self.guard, threads=threads, checked=checked,
+            return apply_plan(self._reading(), plan, force=force, guard=self.guard,
+                              threads=self.threads if threads is None else threads, checked=checked,
                               on_step=recorder(self.store, self.reporting.note, then), restore_guard=self.lock_guard)
 
 

@@ -158,7 +158,7 @@ class ApproveWork:
                              sample=SAMPLE_S, recommend=True)
         ctl = Controller("sim", hv, options, leader_lock=lambda: SimLock(leader, pid),
                          cluster_lock=lambda: SimLock(s.lock, pid), events=EventLog(stream, f"p{pid}", clock.time),
-                         metrics=ControllerMetrics("sim"), clock=clock, recommendations=self.book)
+                         metrics=ControllerMetrics("sim"), clock=clock, recommendations=self.book, threads=False)
         s.ctl = ctl
         s.stoppable = ctl.stop  # a SIGTERM sets it (Schedule.hook)
         try:

@@ -487,6 +487,8 @@ class Schedule:
         #: which SIGTERM is Python's default, an end at once — the ``kill`` fault.
         self.stoppable: threading.Event | None = None
         self.rng = random.Random(f"{seed}/{index}")
+        #: The thread the schedule runs in: every simulated libvirt call must be made from it (:meth:`hook`).
+        self.thread = threading.current_thread()
         self.sc = scenario(self.rng.randrange(SCENARIOS))
         #: The plan the command works on.  ``place`` saves the plan it computed and later processes apply it
         #: (``vcsched apply``); ``drain`` and ``adapt`` either do the same (``-o plan.json``, then ``vcsched
@@ -710,6 +712,11 @@ class Schedule:
     # -------------------------------------------------------------- the fault hook
 
     def hook(self, c: Call) -> None:
+        if threading.current_thread() is not self.thread and not any("from thread" in v for v in self.out.violations):
+            # A schedule replays exactly only if every call is made in the schedule's own thread, in program order:
+            # calls from a thread (a migration wave's, issue 37) interleave as the OS schedules them.
+            self.out.violations.append(f"crash: p{c.process} {c.host}.{c.method}({c.vm or ''}) called from thread "
+                                       f"{threading.current_thread().name}: the schedule cannot replay exactly")
         if self.keep_trace:
             self.note(f"p{c.process} {c.host}.{c.method}({c.vm or ''})")
         if self.workload in ("probe", "controller", "approve"):
@@ -869,7 +876,7 @@ class Schedule:
             self.check("after repair")
 
         return UnitOfWork(hv, SimLock(self.lock, pid), store=self.store, reporting=Reporting(settled=settled),
-                          power=None if self.powerwork is None else self.powerwork.store.read)
+                          power=None if self.powerwork is None else self.powerwork.store.read, threads=False)
 
     def command(self, pid: int, *, repair_only: bool = False, final: bool = False) -> str:
         """A command that changes hosts (cli/common.py's ``acting_on``): its unit of work — the lock, a repair —
@@ -982,7 +989,7 @@ class Schedule:
                          cluster_lock=lambda: SimLock(self.lock, pid), events=EventLog(stream, f"p{pid}", clock.time),
                          metrics=ControllerMetrics("sim"), clock=clock, journals=self.journals,
                          failover=Failover(self.cluster, self.store, fence=self.fence_of([], final=final)),
-                         power=None if self.powerwork is None else self.powerwork.store.read)
+                         power=None if self.powerwork is None else self.powerwork.store.read, threads=False)
         self.ctl = ctl
         self.stoppable = ctl.stop
         try:
