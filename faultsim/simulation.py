@@ -1305,9 +1305,11 @@ def hazards_on(names: Iterator[str] | tuple[str, ...] | frozenset[str] = ()) -> 
 
 
 def run_schedules(n: int, seed: int, *, rate: float = DEFAULT_RATE, first: int = 0, extras: Extras = Extras(),
-                  on_violation: Callable[[Outcome], None] | None = None, stop_at_first: bool = False) -> Summary:
+                  on_violation: Callable[[Outcome], None] | None = None, stop_at_first: bool = False,
+                  on_outcome: Callable[[Outcome], None] | None = None) -> Summary:
     """Schedules ``first`` .. ``first + n - 1`` of ``seed`` (those ``extras.only`` keeps: the count says how many
-    ran); each violation with its seed and index."""
+    ran); each violation with its seed and index.  ``on_outcome``: given each schedule's outcome, with its trace
+    (kept only then: ``--digests``)."""
     rt = Runtime()
     faults: collections.Counter[str] = collections.Counter()
     violations: list[dict[str, Any]] = []
@@ -1319,7 +1321,9 @@ def run_schedules(n: int, seed: int, *, rate: float = DEFAULT_RATE, first: int =
             if not extras.runs(i):
                 continue
             ran += 1
-            out = Schedule(rt, seed, i, rate=rate, extras=extras).run()
+            out = Schedule(rt, seed, i, rate=rate, extras=extras, keep_trace=on_outcome is not None).run()
+            if on_outcome is not None:
+                on_outcome(out)
             faults.update(out.faults)
             calls += out.calls
             workloads[out.workload] += 1
@@ -1341,6 +1345,15 @@ def replay(seed: int, index: int, *, rate: float = DEFAULT_RATE, extras: Extras 
         return Schedule(rt, seed, index, rate=rate, keep_trace=True, extras=extras).run()
 
 
+
+
+def digest(out: Outcome) -> str:
+    """A schedule's outcome in 12 hex digits: its trace (every call and fault, on the simulated clock), faults,
+    violations and result.  Two runs of a seed must give each schedule the same digest (``--digests``)."""
+    import hashlib
+
+    text = "\n".join([*out.trace, repr(sorted(out.faults.items())), repr(out.violations), out.result])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1372,6 +1385,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"{FLOOR}, and {STRAND_SHARE:.0%} of them say on_failure = \"strand\" (default: on; "
                          "--no-floors gives the plain schedules that the tests pin)")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    ap.add_argument("--digests", action="store_true",
+                    help="also each schedule's digest (its trace, faults, violations and result): two runs of a seed "
+                         "must agree on every one (a schedule replays exactly); slower, every trace is kept")
     args = ap.parse_args(argv)
     if args.schedules < 1 or not 0 <= args.rate <= 1:
         ap.error("--schedules must be at least 1 and --rate within [0, 1]")
@@ -1401,13 +1417,17 @@ def main(argv: list[str] | None = None) -> int:
                       + (f" --rate {args.rate:g}" if args.rate != DEFAULT_RATE else "")
                       + "".join(f" --hazard {h}" for h in args.hazard), file=sys.stderr)
 
+        digests: dict[int, str] = {}
         s = run_schedules(args.schedules, args.seed, rate=args.rate, first=args.first, on_violation=shown,
-                          stop_at_first=args.stop, extras=extras)
+                          stop_at_first=args.stop, extras=extras,
+                          on_outcome=(lambda o: digests.__setitem__(o.index, digest(o))) if args.digests else None)
         wall, cpu = time.monotonic() - wall, time.process_time() - cpu
     doc = s.to_dict() | {"seed": args.seed, "first": args.first, "rate": args.rate, "hazards": sorted(args.hazard),
                          "sigterm": args.sigterm, "floors": args.floors, "only": sorted(only),
                          "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
                          "schedules_per_s": round(s.schedules / wall, 1) if wall > 0 else None}
+    if args.digests:
+        doc["digests"] = {str(i): d for i, d in sorted(digests.items())}
     if args.json:
         print(json.dumps(doc))
     else:
@@ -1418,6 +1438,8 @@ def main(argv: list[str] | None = None) -> int:
         if s.approvals:
             print("approvals: " + ", ".join(f"{k} {v}" for k, v in sorted(s.approvals.items())))
         print(f"violations: {len(s.violations)}" + (f" (hazards on: {', '.join(args.hazard)})" if args.hazard else ""))
+        for i, d in sorted(digests.items()):
+            print(f"schedule {i}: {d}")
     return 1 if s.violations else 0
 
 
