@@ -39,6 +39,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import os
 import random
 import shutil
 import tempfile
@@ -277,7 +278,10 @@ class Runtime:
     order (``apply_plan(threads=False)``).  What has no injection point is swapped for the duration of a batch
     (test-only; docs/faultsim.md): a migration's lease watch is a thread polling ``hv.lease``, here polled by
     the simulated migration at each of its phases; and the probe journal's process identity
-    (``journal.own_pid``, ``journal.process_started``) is the simulated process's, alive while it runs.
+    (``journal.own_pid``, ``journal.process_started``) is the simulated process's, alive while it runs.  vcsched's
+    state directory (:func:`hypervisor.files.state_dir`: the hosts known down, stamped with the wall clock, the
+    power saving's asleep marks, the default probe journals) is a private temporary one: the machine's is shared
+    with every other vcsched on it, whose records a schedule must neither read nor receive (issue 37).
     """
 
     def __init__(self) -> None:
@@ -326,6 +330,11 @@ class Runtime:
         def sim_started(pid: int) -> int | None:
             return pid if pid in rt.alive else None
 
+        from hypervisor.files import STATE_DIR_ENV
+
+        state = tempfile.mkdtemp(prefix="vcsched-faultsim-state-")
+        state_before = os.environ.get(STATE_DIR_ENV)
+        os.environ[STATE_DIR_ENV] = state
         saved: dict[tuple[Any, str], Any] = {(migration, "lease_watch"): migration.lease_watch,
                                              (journal, "process_started"): journal.process_started,
                                              (journal, "own_pid"): journal.own_pid}
@@ -338,6 +347,11 @@ class Runtime:
         finally:
             for (mod, name), value in saved.items():
                 setattr(mod, name, value)
+            if state_before is None:
+                os.environ.pop(STATE_DIR_ENV, None)
+            else:
+                os.environ[STATE_DIR_ENV] = state_before
+            shutil.rmtree(state, ignore_errors=True)
 
 
 class SimClock:

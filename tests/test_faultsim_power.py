@@ -244,3 +244,15 @@ def test_no_schedule_starts_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     summary = run_schedules(POWER_EVERY * 4, 7, first=WAVE_IN_THREADS[1] - SLEEP_AT, extras=SCRIPT_EXTRAS)
     assert started == []
     assert summary.violations == []
+
+
+def test_a_schedule_neither_reads_nor_writes_the_machines_state_directory() -> None:
+    """A sleep records its host asleep in the hosts known down (hypervisor/down_hosts.py, stamped with the wall
+    clock), and a controller's probe journal defaults to the state directory's: in the simulation both go to a
+    private directory, not the one every other vcsched on the machine (and every other simulation) shares."""
+    from hypervisor.files import state_dir
+
+    before = sorted(p.name for p in state_dir().iterdir()) if state_dir().exists() else []
+    out = replay(*WAVE_IN_THREADS, extras=SCRIPT_EXTRAS)
+    assert out.result == "ok" and any("asleep" in line for line in out.trace)
+    assert (sorted(p.name for p in state_dir().iterdir()) if state_dir().exists() else []) == before
