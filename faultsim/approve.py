@@ -29,7 +29,6 @@ planned cap) or refused with a reason.
 from __future__ import annotations
 
 import collections
-import io
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -141,45 +140,22 @@ class ApproveWork:
     def recommend(self, pid: int) -> None:
         """``vcsched run --mode recommend`` for :data:`CYCLES` intervals (acting/controller.py): it records what it
         would apply in the book and changes no host."""
-        from acting.controller import Controller, RunOptions
-        from acting.events import EventLog
-        from acting.metrics import ControllerMetrics
-        from faultsim.simulation import CONTROLLER_INTERVAL_S, SimClock, SimLock
+        from acting.controller import RunOptions
+        from faultsim.simulation import CONTROLLER_INTERVAL_S
         from vcsched.control.rebalance import RebalanceOptions
         from vcsched.formats.windows import ALWAYS
 
         s = self.s
-        assert s.leader is not None
-        leader = s.leader
-        hv = s.hypervisor()
-        clock = SimClock(s.world)
-        stream = io.StringIO()
         options = RunOptions(CONTROLLER_INTERVAL_S, RebalanceOptions(1 << 40, 0.05, 1, 0.0, schedule=ALWAYS),
                              sample=SAMPLE_S, recommend=True)
-        ctl = Controller("sim", hv, options, leader_lock=lambda: SimLock(leader, pid),
-                         cluster_lock=lambda: SimLock(s.lock, pid), events=EventLog(stream, f"p{pid}", clock.time),
-                         metrics=ControllerMetrics("sim"), clock=clock, recommendations=self.book, threads=False)
-        s.ctl = ctl
-        s.stoppable = ctl.stop  # a SIGTERM sets it (Schedule.hook)
-        try:
-            for _ in range(CYCLES):
-                if ctl.stop.is_set():
-                    break
-                ctl.cycle()
-            if ctl.stop.is_set():  # SIGTERM (--sigterm): run()'s way out
-                ctl.finish()
-                s.note(f"p{pid} stopped (SIGTERM)")
-        finally:
-            s.ctl = s.stoppable = None
-            hv.close()
-            for line in stream.getvalue().splitlines():
-                e = json.loads(line)
-                if e["event"] in ("recommendation", "error"):
-                    s.note(f"p{pid} event {e['event']}: " + json.dumps({k: v for k, v in e.items()
-                                                                       if k in ("id", "kind", "new", "withheld",
-                                                                                "error", "during")}))
-            if leader.holder == pid:
-                leader.holder = None
+
+        def said(e: dict[str, Any]) -> None:
+            if e["event"] in ("recommendation", "error"):
+                s.note(f"p{pid} event {e['event']}: " + json.dumps({k: v for k, v in e.items()
+                                                                   if k in ("id", "kind", "new", "withheld",
+                                                                            "error", "during")}))
+
+        s.run_controller(pid, options, CYCLES, said, recommendations=self.book)
 
     def place(self, pid: int) -> str | None:
         """`vcsched place --apply` of one VM (``lateN-0``) between the proposals and their approval, which go stale:

@@ -494,8 +494,6 @@ class Schedule:
                  keep_trace: bool = False, extras: Extras = Extras()) -> None:
         self.rt = rt
         self.extras = extras
-        #: The controller of the running process (a SIGTERM sets its ``stop``).
-        self.ctl: Any = None
         #: The stop event of the running process that handles SIGTERM as an orderly stop (cli/signals.py): the
         #: controller's (`vcsched run`), or the probe's (`observe --probe`); None for the one-shot commands, for
         #: which SIGTERM is Python's default, an end at once — the ``kill`` fault.
@@ -981,33 +979,55 @@ class Schedule:
         restarted): each interval samples, restarts lost VMs, detects the failed host and recovers it (fencing
         with :meth:`fence_agent`), probes and rebalances, through its unit of work.  The VMs it strands (its
         ``vm_stranded`` events) may legitimately not run at the end."""
+        import json
+
+        from acting.controller import RunOptions
+        from acting.failure import Failover
+        from vcsched.control.rebalance import RebalanceOptions
+        from vcsched.formats.windows import ALWAYS
+
+        options = RunOptions(CONTROLLER_INTERVAL_S, RebalanceOptions(1 << 40, 0.05, 1, 0.0, schedule=ALWAYS),
+                             sample=CONTROLLER_SAMPLE_S, probe_seconds=CONTROLLER_PROBE_S)
+
+        def said(e: dict[str, Any]) -> None:
+            if e["event"] in ("vm_stranded", "vm_waiting"):
+                self.stranded[e["vm"]] = e["reason"]
+            elif e["event"] in ("vm_restarted", "host_fenced", "applied", "host_failed", "error"):
+                self.note(f"p{pid} event {e['event']}: " + json.dumps({k: v for k, v in e.items()
+                                                                      if k not in ("time", "member", "event")}))
+
+        stopped = self.run_controller(pid, options, CONTROLLER_CYCLES * (3 if final else 1), said,
+                                      journals=self.journals,
+                                      failover=Failover(self.cluster, self.store, fence=self.fence_of([], final=final)),
+                                      power=None if self.powerwork is None else self.powerwork.store.read)
+        return "stopped (SIGTERM)" if stopped else "ok"
+
+    def run_controller(self, pid: int, options: Any, cycles: int, said: Callable[[dict[str, Any]], None],
+                       **components: Any) -> bool:
+        """A simulated `vcsched run` process (acting/controller.py's :class:`Controller`, any mode): ``cycles``
+        intervals on the simulated hosts, clock, leader lock and cluster lock, its waves in plan order; a SIGTERM
+        (:attr:`stoppable`) ends it as ``run()`` does (``finish``), after which the invariants are checked.  Each
+        event it emitted is handed to ``said`` once it ends (killed or not), and the locks it held are free.
+        ``components``: the controller's own (a failover, the recommendations book, ...).  Whether it stopped on
+        SIGTERM."""
         import io
         import json
 
-        from acting.controller import Controller, RunOptions
+        from acting.controller import Controller
         from acting.events import EventLog
-        from acting.failure import Failover
         from acting.metrics import ControllerMetrics
-        from vcsched.control.rebalance import RebalanceOptions
-        from vcsched.formats.windows import ALWAYS
 
         assert self.leader is not None
         leader = self.leader
         hv = self.hypervisor()
         clock = SimClock(self.world)
         stream = io.StringIO()
-
-        options = RunOptions(CONTROLLER_INTERVAL_S, RebalanceOptions(1 << 40, 0.05, 1, 0.0, schedule=ALWAYS),
-                             sample=CONTROLLER_SAMPLE_S, probe_seconds=CONTROLLER_PROBE_S)
         ctl = Controller("sim", hv, options, leader_lock=lambda: SimLock(leader, pid),
                          cluster_lock=lambda: SimLock(self.lock, pid), events=EventLog(stream, f"p{pid}", clock.time),
-                         metrics=ControllerMetrics("sim"), clock=clock, journals=self.journals,
-                         failover=Failover(self.cluster, self.store, fence=self.fence_of([], final=final)),
-                         power=None if self.powerwork is None else self.powerwork.store.read, threads=False)
-        self.ctl = ctl
+                         metrics=ControllerMetrics("sim"), clock=clock, threads=False, **components)
         self.stoppable = ctl.stop
         try:
-            for _ in range(CONTROLLER_CYCLES * (3 if final else 1)):
+            for _ in range(cycles):
                 if ctl.stop.is_set():
                     break
                 ctl.cycle()
@@ -1016,20 +1036,15 @@ class Schedule:
                 self.note(f"p{pid} stopped (SIGTERM)")
                 self.check(f"after p{pid} stopped")
         finally:
-            self.ctl = self.stoppable = None
+            self.stoppable = None
             hv.close()
-            events = [json.loads(line) for line in stream.getvalue().splitlines()]
-            for e in events:
-                if e["event"] in ("vm_stranded", "vm_waiting"):
-                    self.stranded[e["vm"]] = e["reason"]
-                elif e["event"] in ("vm_restarted", "host_fenced", "applied", "host_failed", "error"):
-                    self.note(f"p{pid} event {e['event']}: " + json.dumps({k: v for k, v in e.items()
-                                                                          if k not in ("time", "member", "event")}))
+            for line in stream.getvalue().splitlines():
+                said(json.loads(line))
             if leader.holder == pid:
                 leader.holder = None
             if self.lock.holder == pid:
                 self.lock.holder = None
-        return "stopped (SIGTERM)" if ctl.stop.is_set() else "ok"
+        return ctl.stop.is_set()
 
     def restart(self, pid: int, *, final: bool = False) -> str:
         """``vcsched restart VM... --apply`` (cli/restart.py) for every VM the store says is lost: its unit of work,
