@@ -153,23 +153,24 @@ def power_status(fence: FenceConfig, timeout_s: float = DEFAULT_AGENT_TIMEOUT_S)
 
 
 def switch_off(host: str, agent: str, run: Callable[[str], AgentRun],
-               timeout_s: float = DEFAULT_AGENT_TIMEOUT_S) -> FenceResult:
+               timeout_s: float = DEFAULT_AGENT_TIMEOUT_S, clock: Callable[[], float] = time.monotonic) -> FenceResult:
     """``off``, then ``status``, through ``run`` (one agent run of the action it is given): ``fenced`` only when
     ``off`` exited 0 and ``status`` then said off.  The one place both fencing and power saving's power-off
-    (acting/power.py) judge an agent."""
-    start = time.monotonic()
+    (acting/power.py) judge an agent.  ``clock`` times it: the caller's, so that a power-off under a simulated
+    clock reports simulated seconds (the machine's own made a replay's trace differ with the machine's load)."""
+    start = clock()
     off = run("off")
     if off.returncode != 0:
         return FenceResult(host, agent, False, f"host {host}: fence agent {agent}: {_failed(off, timeout_s)}",
-                           time.monotonic() - start)
+                           clock() - start)
     status = run("status")
     state = run_state(status)
     if state != "off":
         why = "still on" if state == "on" else f"status unknown ({_failed(status, timeout_s)})"
         return FenceResult(host, agent, False, f"host {host}: fence agent {agent}: off exited 0 but the host is "
-                           f"{why}", time.monotonic() - start)
+                           f"{why}", clock() - start)
     return FenceResult(host, agent, True, f"host {host} is off (fence agent {agent}: off, then status off)",
-                       time.monotonic() - start)
+                       clock() - start)
 
 
 def fence_host(host: ClusterHost, timeout_s: float = DEFAULT_AGENT_TIMEOUT_S) -> FenceResult:

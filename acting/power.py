@@ -259,7 +259,7 @@ def sleep_host(uow: UnitOfWork, cluster: Cluster, host: str, evacuation: Plan, *
         return runs[-1]
 
     try:
-        off = switch_off(host, config.agent if config is not None else "(none)", run)
+        off = switch_off(host, config.agent if config is not None else "(none)", run, clock=clock)
     except VcschedError as exc:  # the agent could not be run at all (none, not executable): nothing was switched
         store.change(lambda s: s.with_host(record))
         return refused(f"host {host}: its power agent cannot be run ({exc}): the host stays on", report)

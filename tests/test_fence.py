@@ -202,3 +202,19 @@ def test_an_agent_that_hangs_is_killed_at_the_timeout(tmp_path: Path) -> None:
 def test_a_host_without_agent_is_never_fenced() -> None:
     result = fence_host(ClusterHost("h0", "test:///default"))
     assert not result.fenced and "has no fence agent" in result.detail
+
+
+def test_switch_off_is_timed_by_the_callers_clock() -> None:
+    """A power-off under the fault simulation's clock reports simulated seconds: timed by the machine's clock, a
+    replay's trace (its ``power_slept`` event) differed with the machine's load (scripts/faultsim --seed 7
+    --replay 386 under load)."""
+    from acting.fence import STATUS_OFF, AgentRun, switch_off
+
+    now = [100.0]
+
+    def run(action: str) -> AgentRun:
+        now[0] += 2.5  # each agent run takes 2.5 s of the caller's clock
+        return AgentRun(action, 0 if action == "off" else STATUS_OFF, "", "", 0.0)
+
+    result = switch_off("h1", "fence_fake", run, clock=lambda: now[0])
+    assert result.fenced and result.seconds == 5.0
