@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from acting.definitions import StoreError
 from acting.executor import PlanRefused
 from vcsched.control.failover import Recovery, Restart, plan_recovery, plan_restart
+from vcsched.control.lost import unseen_holders
 from vcsched.errors import VcschedError
 from vcsched.plans.claims import PlanMismatch
 
@@ -181,22 +182,22 @@ def plan_lost_restart(cluster: Cluster, store: DefinitionStore, inventory: Inven
         lost_names = {x.vm for x in lost}
         where = {v.name: v.host for v in inventory.vms}
         chosen = []
+        holders: tuple[str, ...] | None = None  # read once, for the first VM that awaits a host
         for r in records:
             if r.vm in lost_names:
                 chosen.append(r)
             elif r.vm in where:
                 not_lost.append((r.vm, f"it is on {where[r.vm]} (not lost)"))
             else:
-                not_lost.append((r.vm, _awaiting_why(r, inventory, store)))
+                holders = unseen_holders(inventory, store.fenced()) if holders is None else holders
+                not_lost.append((r.vm, _awaiting_why(r, holders)))
     return RestartRun(tuple(chosen), plan_restart(cluster, inventory, chosen, below_floor_ok=below_floor_ok),
                       tuple(not_lost))
 
 
-def _awaiting_why(record: CreateStep, inventory: Inventory, store: DefinitionStore) -> str:
+def _awaiting_why(record: CreateStep, holders: tuple[str, ...]) -> str:
     """Why a recorded VM that runs on no answering host is not lost (vcsched/control/lost.py): its own host, or
-    another host, does not answer and was not fenced, so it may still run there."""
-    fenced = store.fenced()
-    holders = [h.name for h in inventory.hosts if h.down is not None and not h.asleep and h.name not in fenced]
+    another host, does not answer and was not fenced (``holders``), so it may still run there."""
     if record.host in holders or not holders:
         return (f"its host {record.host} does not answer and was not fenced: it may still run there "
                 f"(`vcsched recover {record.host}` fences the host and restarts its VMs)")

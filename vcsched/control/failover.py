@@ -51,6 +51,7 @@ import numpy as np
 
 from vcsched.caps import min_cap, realisable_cap, same_cap
 from vcsched.control.admission import Decision, current_caps, existing_jobs, model_hosts
+from vcsched.control.lost import unseen_holders
 from vcsched.control.unmanaged import full_hosts
 from vcsched.errors import InputError
 from vcsched.formats.cluster import Cluster
@@ -485,8 +486,7 @@ def plan_recovery(cluster: Cluster, inventory: Inventory, host: str, records: Se
         why = (f"host {host} has no fence agent (cluster file: fence = {{agent = ...}}): it may still run there, "
                "so it is not started elsewhere")
         return Recovery(host, False, (), tuple((r.vm, why) for r in pending), running, None, None)
-    holders = [h.name for h in inventory.hosts
-               if h.name != host and h.down is not None and not h.asleep and h.name not in fenced]
+    holders = [h for h in unseen_holders(inventory, fenced) if h != host]
     if holders and pending:
         why = (f"host(s) {', '.join(holders)} do not answer and were not fenced: it may run there (a migration cut "
                f"after its switch-over); it is restarted once they are recovered too")

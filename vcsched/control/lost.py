@@ -51,7 +51,7 @@ records (:func:`vcsched.control.failover.failover` places them).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from vcsched.inventory import Inventory
@@ -83,6 +83,15 @@ class Lost:
                 "since": round(self.since, 3)}
 
 
+def unseen_holders(inventory: Inventory, fenced: Collection[str]) -> tuple[str, ...]:
+    """The hosts that may run any recorded VM unseen (module docstring, "No VM is lost while a host that may hold
+    it does not answer"): those that do not answer and were not ``fenced``.  A host asleep was seen empty before
+    its power-off (acting/power.py): it holds none.  The one rule of lost VMs, of a recovery that restarts nothing
+    while another such host exists (:func:`vcsched.control.failover.plan_recovery`), and of why a VM a restart is
+    asked for is not lost yet (acting/recovery.py)."""
+    return tuple(h.name for h in inventory.hosts if h.down is not None and not h.asleep and h.name not in fenced)
+
+
 def lost_vms(inventory: Inventory, records: Iterable[tuple[CreateStep, float]],
              fenced: Mapping[str, float] | None = None, *, ignore_down_hosts: bool = False) -> tuple[Lost, ...]:
     """Every record (``(create step, time written)``) whose VM no answering host holds and that is not awaiting
@@ -91,9 +100,7 @@ def lost_vms(inventory: Inventory, records: Iterable[tuple[CreateStep, float]],
     of them.  ``ignore_down_hosts``: only ever the fault simulation's mutation switch ``lost-while-holder-down``
     (hypervisor/hazards.py), the rule before."""
     fenced = fenced or {}
-    # A host asleep was seen empty before its power-off (acting/power.py): it holds none of them.
-    if not ignore_down_hosts and any(h.down is not None and not h.asleep and h.name not in fenced
-                                     for h in inventory.hosts):
+    if not ignore_down_hosts and unseen_holders(inventory, fenced):
         return ()
     present = {v.name for v in inventory.vms} | {d.vm for d in inventory.in_doubt}
     hosts = {h.name: h for h in inventory.hosts}
