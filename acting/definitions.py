@@ -282,9 +282,10 @@ class DefinitionStore:
     def moved(self, vm: str, host: str) -> None:
         """The record of ``vm`` names ``host``, where it now runs: a migration recorded, or repair's resume of its
         paused arrival there (:meth:`acting.unit_of_work.UnitOfWork.settle_in_doubt`).  A VM with no record (from
-        before the store) is left without one."""
+        before the store) is left without one.  Written even when it names ``host`` already: the write's time is
+        the last moment vcsched knew the VM ran there (vcsched/control/lost.py)."""
         old = self.get(vm)
-        if old is not None and old.host != host:
+        if old is not None:
             self.put(dataclasses.replace(old.step, host=host))
 
 
