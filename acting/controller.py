@@ -931,8 +931,8 @@ class Controller:
         ``vm_waiting`` (not yet: another failed host that is not fenced may run it; no metric, no alert — its
         recovery follows, after which this one restarts it)."""
         for vm, why in waiting:
-            if (host, f"waiting {vm}") not in self.failures.said_stranded:
-                self.failures.said_stranded.add((host, f"waiting {vm}"))
+            if (host, vm) not in self.failures.said_waiting:
+                self.failures.said_waiting.add((host, vm))
                 self.events.emit("vm_waiting", vm=vm, host=host, reason=why)
         for vm, why in stranded:
             if (host, vm) not in self.failures.said_stranded:

@@ -58,6 +58,7 @@ class FailureState:
     failed_at: dict[str, float] = field(default_factory=dict)  # declared failed (host_failed emitted)
     fenced: set[str] = field(default_factory=set)
     said_stranded: set[tuple[str, str]] = field(default_factory=set)
+    said_waiting: set[tuple[str, str]] = field(default_factory=set)  # (host, vm): vm_waiting said for this failure
     said_lost: set[str] = field(default_factory=set)  # lost VMs (vcsched/control/lost.py) already said
 
     def up(self, host: str) -> bool:
@@ -65,4 +66,5 @@ class FailureState:
         self.down_since.pop(host, None)
         self.fenced.discard(host)
         self.said_stranded = {(h, vm) for h, vm in self.said_stranded if h != host}
+        self.said_waiting = {(h, vm) for h, vm in self.said_waiting if h != host}
         return self.failed_at.pop(host, None) is not None
