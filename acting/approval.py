@@ -91,13 +91,14 @@ def approve(uow: UnitOfWork, cluster: Cluster, store: Book, rec_id: str, *, memb
     target, said = rc.resolve(book, rec_id, clock())
     if said is not None:
         note(said)
-    check_floors(cluster, uow.inventory(), book, target, clock())
+    inventory = uow.inventory()  # read once, under the lock: the floors, and a power proposal's needs
+    check_floors(cluster, inventory, book, target, clock())
     rec = store.update(lambda book: rc.approve(book, rec_id, clock(), member))
     rec_id = rec.id  # the same proposal made again, when rec_id was superseded by it
     from acting.power_saving import power_target
 
     if power_target(rec.plan) is not None:
-        return _approve_power(uow, cluster, store, rec, said, clock, power, agent, carrying_out)
+        return _approve_power(uow, cluster, store, rec, said, inventory, clock, power, agent, carrying_out)
     from vcsched.plans.plan import plan_from_dict
 
     with settled_if_not_applied(store, rec_id):
@@ -155,7 +156,8 @@ def settled_if_not_applied(store: Book, rec_id: str) -> Iterator[None]:
 
 
 def _approve_power(uow: UnitOfWork, cluster: Cluster, store: Book, rec: rc.Recommendation, said: str | None,
-                   clock: Callable[[], float], power: Callable[[], PowerStore] | None, agent: Agent | None,
+                   inventory: Inventory, clock: Callable[[], float], power: Callable[[], PowerStore] | None,
+                   agent: Agent | None,
                    carrying_out: Callable[[str], AbstractContextManager[object]] | None) -> Approval:
     """Carry out an approved sleep or wake (acting/power_saving.py), re-validated on the live inventory under the
     lock held by ``uow``: stale (nothing changed) when the host may no longer sleep, no longer sleeps, or its
@@ -165,7 +167,7 @@ def _approve_power(uow: UnitOfWork, cluster: Cluster, store: Book, rec: rc.Recom
 
     if power is None:
         raise rc.Refused(f"recommendation {rec.id} is a {rec.kind}: no power record to carry it out with")
-    declared = {v.name: v.meta.cpu_need_cores for v in uow.inventory().managed() if v.meta is not None}
+    declared = {v.name: v.meta.cpu_need_cores for v in inventory.managed() if v.meta is not None}
     needs, _ = rc.current_needs(store.read(), declared, clock())
     record = power()
     what = f"{rec.kind} {rec.plan['power']['host']} ..."
